@@ -1,0 +1,45 @@
+// Small-file and directory helpers for host-side code (config, cgroupfs, proc, state dir).
+// Paths given here are trusted host paths; caller- or sandbox-supplied paths never reach
+// these functions (the agent resolves those inside the sandbox root with openat2).
+#pragma once
+
+#include <fcntl.h>
+#include <sys/types.h>
+
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace dsec {
+
+StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes = 1 << 20);
+StatusOr<std::string> ReadFileAt(int dirfd, const std::string& name, size_t max_bytes = 1 << 20);
+// Writes with a single write(2): what cgroupfs and procfs control files need.
+Status WriteStringToFile(const std::string& path, std::string_view data, int flags = O_WRONLY);
+Status WriteFileAt(int dirfd, const std::string& name, std::string_view data,
+                   int flags = O_WRONLY, mode_t mode = 0644);
+// Creates path and missing parents (like mkdir -p); existing directories are fine.
+Status MakeDirs(const std::string& path, mode_t mode = 0755);
+// Removes a tree without following symlinks and without crossing into other mounts
+// (a mount found inside is an error, never descended into). Missing path is OK.
+Status RemoveTree(const std::string& path);
+StatusOr<UniqueFd> OpenDir(const std::string& path, int extra_flags = 0);
+std::string JoinPath(std::string_view a, std::string_view b);
+
+// A temporary directory removed (RemoveTree) on destruction.
+class TempDir {
+ public:
+  static StatusOr<TempDir> Create(const std::string& prefix = "/tmp/dsec-test-");
+  TempDir(TempDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+  TempDir& operator=(TempDir&&) = delete;
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit TempDir(std::string p) : path_(std::move(p)) {}
+  std::string path_;
+};
+
+}  // namespace dsec

@@ -1,0 +1,41 @@
+#include "base/file_util.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+namespace dsec {
+namespace {
+
+TEST(FileUtilTest, WriteReadAndLimit) {
+  auto dir = TempDir::Create();
+  ASSERT_TRUE(dir.ok());
+  std::string p = JoinPath(dir->path(), "f");
+  ASSERT_TRUE(WriteStringToFile(p, "hello", O_WRONLY | O_CREAT | O_TRUNC).ok());
+  EXPECT_EQ(*ReadFileToString(p), "hello");
+  EXPECT_EQ(ReadFileToString(p, 3).status().code(), StatusCode::kTooLarge);
+  EXPECT_EQ(ReadFileToString(p + "x").status().code(), StatusCode::kNotFound);
+}
+
+TEST(FileUtilTest, RemoveTreeDoesNotFollowSymlinks) {
+  auto dir = TempDir::Create();
+  auto outside = TempDir::Create();
+  ASSERT_TRUE(dir.ok() && outside.ok());
+  std::string keep = JoinPath(outside->path(), "keep");
+  ASSERT_TRUE(WriteStringToFile(keep, "x", O_WRONLY | O_CREAT).ok());
+  ASSERT_TRUE(MakeDirs(JoinPath(dir->path(), "a/b/c")).ok());
+  ASSERT_EQ(symlink(outside->path().c_str(), JoinPath(dir->path(), "a/link").c_str()), 0);
+  std::string tree = JoinPath(dir->path(), "a");
+  ASSERT_TRUE(RemoveTree(tree).ok());
+  struct stat st;
+  EXPECT_NE(lstat(tree.c_str(), &st), 0);
+  EXPECT_EQ(stat(keep.c_str(), &st), 0);
+  EXPECT_TRUE(RemoveTree(tree).ok());  // missing is fine
+}
+
+TEST(FileUtilTest, JoinPath) {
+  EXPECT_EQ(JoinPath("/a/", "/b"), "/a/b");
+  EXPECT_EQ(JoinPath("/a", "b"), "/a/b");
+}
+
+}  // namespace
+}  // namespace dsec

@@ -1,0 +1,31 @@
+#include "base/strings.h"
+
+#include <gtest/gtest.h>
+
+namespace dsec {
+namespace {
+
+TEST(StringsTest, Split) {
+  auto p = SplitString("a,,b", ',');
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[1], "");
+  EXPECT_EQ(SplitString("a,,b", ',', true).size(), 2u);
+}
+
+TEST(StringsTest, ParseIntRejectsJunk) {
+  EXPECT_EQ(ParseInt64("-12"), -12);
+  EXPECT_FALSE(ParseInt64("12x"));
+  EXPECT_FALSE(ParseInt64(""));
+  EXPECT_FALSE(ParseInt64("99999999999999999999"));
+  EXPECT_FALSE(ParseUint64("-1"));
+  EXPECT_EQ(ParseUint64("18446744073709551615"), 18446744073709551615ULL);
+}
+
+TEST(StringsTest, TrimAndHex) {
+  EXPECT_EQ(TrimWhitespace("  x y \n"), "x y");
+  EXPECT_EQ(TrimWhitespace("   "), "");
+  EXPECT_EQ(HexEncode(std::string("\x01\xab", 2)), "01ab");
+}
+
+}  // namespace
+}  // namespace dsec
