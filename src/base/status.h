@@ -117,6 +117,7 @@ class [[nodiscard]] StatusOr {
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(value()); }
+  T value_or(T def) const& { return ok() ? value() : std::move(def); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 

@@ -1,0 +1,441 @@
+#include "agent/agent.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "agent/exec.h"
+#include "agent/files.h"
+#include "agent/shell.h"
+#include "base/clock.h"
+
+namespace dsec::agent {
+
+using protocol::Frame;
+using protocol::FrameType;
+using protocol::Json;
+
+namespace {
+constexpr int kAuthTimeoutMs = 5000;
+constexpr size_t kMaxShells = 256;
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+}  // namespace
+
+class Agent::ConnHandler : public EventHandler {
+ public:
+  ConnHandler(Agent* a, bool pending) : a_(a), pending_(pending) {}
+  void OnEvent(uint32_t ev) override {
+    if (pending_) {
+      a_->OnPendingReadable();
+      return;
+    }
+    if (ev & EPOLLOUT) a_->OnConnWritable();
+    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) a_->OnConnReadable();
+  }
+
+ private:
+  Agent* a_;
+  bool pending_;
+};
+
+class Agent::ListenHandler : public EventHandler {
+ public:
+  explicit ListenHandler(Agent* a) : a_(a) {}
+  void OnEvent(uint32_t) override { a_->OnAccept(); }
+
+ private:
+  Agent* a_;
+};
+
+class Agent::SignalHandler : public EventHandler {
+ public:
+  explicit SignalHandler(Agent* a) : a_(a) {}
+  void OnEvent(uint32_t) override { a_->OnSigchld(); }
+
+ private:
+  Agent* a_;
+};
+
+Agent::Agent(AgentConfig cfg, UniqueFd conn, UniqueFd listen)
+    : cfg_(std::move(cfg)), conn_(std::move(conn)), listen_(std::move(listen)) {}
+
+Agent::~Agent() = default;
+
+std::string Agent::NextCgroupName(char prefix) {
+  return std::string(1, prefix) + std::to_string(++cgroup_seq_);
+}
+
+void Agent::ReapLingeringCgroups() {
+  for (auto it = lingering_.begin(); it != lingering_.end();) {
+    if (RemoveCgroup(*this, *it)) {
+      it = lingering_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Agent::RetireDrain(EventHandler* d) {
+  for (auto it = drains_.begin(); it != drains_.end(); ++it) {
+    if (it->get() == d) {
+      retired_drains_.push_back(std::move(*it));
+      drains_.erase(it);
+      return;
+    }
+  }
+}
+
+void Agent::Send(FrameType type, uint8_t flags, uint32_t channel, std::string_view payload) {
+  if (!conn_) return;
+  if (!protocol::EncodeFrame(type, flags, channel, payload, &out_).ok()) return;
+  // Large bursts go out at once; small frames are batched until the end of the loop round.
+  if (out_.size() - out_pos_ >= 256 * 1024) OnConnWritable();
+}
+
+void Agent::SendJson(FrameType type, uint32_t channel, const Json& j) {
+  Send(type, 0, channel, j.dump(-1, ' ', false, Json::error_handler_t::replace));
+}
+
+void Agent::Finish(Op* op, const Json& response) {
+  SendJson(FrameType::kResponse, op->channel(), response);
+  Retire(op);
+}
+
+void Agent::FinishWithError(Op* op, const Status& s) { Finish(op, protocol::ErrorJson(s)); }
+
+void Agent::SetDeadline(Op* op, int64_t deadline_ms) {
+  if (deadline_ms == 0) {
+    deadlines_.erase(op);
+  } else {
+    deadlines_[op] = deadline_ms;
+  }
+}
+
+void Agent::Retire(Op* op) {
+  room_waiters_.erase(op);
+  deadlines_.erase(op);
+  for (auto it = children_.begin(); it != children_.end();) {
+    it = it->second == op ? children_.erase(it) : std::next(it);
+  }
+  auto it = ops_.find(op->channel());
+  if (it != ops_.end() && it->second.get() == op) {
+    retired_.push_back(std::move(it->second));
+    ops_.erase(it);
+  }
+}
+
+void Agent::FlushRetired() {
+  retired_.clear();
+  retired_drains_.clear();
+}
+
+void Agent::UpdateConnInterest() {
+  if (!conn_) return;
+  bool want = out_pos_ < out_.size();
+  if (want == want_write_) return;
+  want_write_ = want;
+  loop_.Modify(conn_.get(), EPOLLIN | (want ? uint32_t{EPOLLOUT} : 0u), conn_handler_.get());
+}
+
+void Agent::OnConnWritable() {
+  while (conn_ && out_pos_ < out_.size()) {
+    ssize_t n = send(conn_.get(), out_.data() + out_pos_, out_.size() - out_pos_,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) break;
+      DropConnection(std::string("send: ") + strerror(errno));
+      return;
+    }
+    out_pos_ += static_cast<size_t>(n);
+  }
+  if (out_pos_ == out_.size()) {
+    out_.clear();
+    out_pos_ = 0;
+  } else if (out_pos_ > (1 << 20)) {
+    out_.erase(0, out_pos_);
+    out_pos_ = 0;
+  }
+  UpdateConnInterest();
+  if (out_.size() - out_pos_ < kLowWater && !room_waiters_.empty()) {
+    auto waiters = std::move(room_waiters_);
+    room_waiters_.clear();
+    for (Op* op : waiters) op->OnRoom();
+  }
+}
+
+void Agent::OnConnReadable() {
+  char buf[64 * 1024];
+  for (int round = 0; round < 8 && conn_; ++round) {
+    ssize_t n = recv(conn_.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) return;
+      DropConnection(std::string("recv: ") + strerror(errno));
+      return;
+    }
+    if (n == 0) {
+      DropConnection("edge closed the connection");
+      return;
+    }
+    if (!decoder_.Feed(std::string_view(buf, static_cast<size_t>(n))).ok()) {
+      DropConnection("malformed frame");
+      return;
+    }
+    Frame f;
+    while (conn_ && decoder_.Next(&f)) HandleFrame(f);
+    if (conn_ && decoder_.failed()) {
+      DropConnection("malformed frame");
+      return;
+    }
+  }
+}
+
+void Agent::DropConnection(const std::string& why) {
+  (void)why;
+  if (conn_) {
+    loop_.Remove(conn_.get());
+    conn_.Reset();
+  }
+  out_.clear();
+  out_pos_ = 0;
+  want_write_ = false;
+  decoder_ = protocol::FrameDecoder();
+  // Channel-bound work has no one to report to; shells stay for a reconnecting edge.
+  std::vector<Op*> ops;
+  for (auto& [ch, op] : ops_) ops.push_back(op.get());
+  for (Op* op : ops) {
+    op->Cancel();
+    Retire(op);
+  }
+  room_waiters_.clear();
+}
+
+void Agent::OnAccept() {
+  int fd = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) return;
+  UniqueFd c(fd);
+  // Only a process outside this sandbox's pid namespace (the edge) shows up with pid 0.
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid != 0) return;
+  if (pending_) loop_.Remove(pending_.get());
+  pending_ = std::move(c);
+  pending_decoder_ = protocol::FrameDecoder(4096);
+  pending_deadline_ = MonotonicMs() + kAuthTimeoutMs;
+  if (!pending_handler_) pending_handler_ = std::make_unique<ConnHandler>(this, true);
+  if (!loop_.Add(pending_.get(), EPOLLIN, pending_handler_.get()).ok()) pending_.Reset();
+}
+
+void Agent::OnPendingReadable() {
+  char buf[4096];
+  ssize_t n = recv(pending_.get(), buf, sizeof buf, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  Frame f;
+  bool ok = n > 0 && pending_decoder_.Feed(std::string_view(buf, static_cast<size_t>(n))).ok();
+  if (ok && !pending_decoder_.Next(&f)) return;  // wait for the whole auth frame
+  bool authed = false;
+  if (ok && f.type == FrameType::kAuth) {
+    auto j = protocol::ParseJson(f.payload);
+    if (j.ok()) {
+      auto secret = protocol::GetString(*j, "secret");
+      authed = secret.ok() && ConstantTimeEquals(*secret, cfg_.secret);
+    }
+  }
+  loop_.Remove(pending_.get());
+  UniqueFd c = std::move(pending_);
+  pending_deadline_ = 0;
+  if (!authed) {
+    std::string err = protocol::EncodeFrameOrDie(
+        FrameType::kError, 0, 0, R"({"error":{"code":"unauthenticated","message":"bad secret"}})");
+    (void)!send(c.get(), err.data(), err.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    return;
+  }
+  // The newest authenticated edge wins: a restarted edge replaces a dead connection.
+  DropConnection("replaced by a reconnecting edge");
+  conn_ = std::move(c);
+  if (!loop_.Add(conn_.get(), EPOLLIN, conn_handler_.get()).ok()) {
+    conn_.Reset();
+    return;
+  }
+  Json shells = Json::array();
+  for (const auto& [id, s] : shells_)
+    if (s->alive()) shells.push_back(id);
+  SendJson(FrameType::kHello, 0,
+           {{"version", protocol::kProtocolVersion}, {"pid", getpid()}, {"shells", shells}});
+}
+
+void Agent::OnSigchld() {
+  signalfd_siginfo si;
+  while (read(sigfd_.get(), &si, sizeof si) == sizeof si) {
+  }
+  while (true) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    auto it = children_.find(pid);
+    if (it == children_.end()) continue;  // an orphan re-parented to us: just reaped
+    Op* op = it->second;
+    children_.erase(it);
+    op->OnChildExit(pid, status);
+  }
+}
+
+void Agent::HandleFrame(Frame& f) {
+  switch (f.type) {
+    case FrameType::kRequest:
+      HandleRequest(f.channel, f.payload);
+      return;
+    case FrameType::kData: {
+      auto it = ops_.find(f.channel);
+      if (it != ops_.end()) it->second->OnData(f);
+      return;
+    }
+    case FrameType::kControl: {
+      auto it = ops_.find(f.channel);
+      auto j = protocol::ParseJson(f.payload);
+      if (it != ops_.end() && j.ok() && j->is_object()) it->second->OnControl(*j);
+      return;
+    }
+    default:
+      return;  // nothing else is meaningful from the edge once serving
+  }
+}
+
+void Agent::HandleRequest(uint32_t channel, const std::string& payload) {
+  auto fail = [&](const Status& s) {
+    SendJson(FrameType::kResponse, channel, protocol::ErrorJson(s));
+  };
+  if (channel == 0 || ops_.count(channel)) return fail(InvalidArgument("channel id in use"));
+  auto parsed = protocol::ParseJson(payload);
+  if (!parsed.ok() || !parsed->is_object())
+    return fail(InvalidArgument("request must be a JSON object"));
+  const Json& j = *parsed;
+  auto opname = protocol::GetString(j, "op");
+  if (!opname.ok()) return fail(opname.status());
+  const std::string& op = *opname;
+  std::unique_ptr<Op> started;
+
+  if (op == "exec") {
+    auto spec = protocol::ExecSpecFromJson(j);
+    if (!spec.ok()) return fail(spec.status());
+    Status err;
+    started = StartExec(this, channel, std::move(*spec), &err);
+    if (!started) return fail(err);
+  } else if (op == "shell_open") {
+    auto spec = protocol::ExecSpecFromJson(j);
+    if (!spec.ok()) return fail(spec.status());
+    if (shells_.size() >= kMaxShells) return fail(ResourceExhausted("too many shell sessions"));
+    std::string id = "sh" + std::to_string(++cgroup_seq_);
+    auto s = ShellSession::Open(this, id, *spec);
+    if (!s.ok()) return fail(s.status());
+    shells_[id] = std::move(*s);
+    return SendJson(FrameType::kResponse, channel, {{"shell_id", id}});
+  } else if (op == "shell_run") {
+    auto id = protocol::GetString(j, "shell_id");
+    auto cmd = protocol::GetString(j, "command");
+    auto timeout = protocol::GetInt(j, "timeout_ms", 0, 0, INT64_MAX / 2);
+    auto maxout = protocol::GetInt(j, "max_output_bytes", 1 << 20, 0, INT64_MAX);
+    for (const Status& s : {id.status(), cmd.status(), timeout.status(), maxout.status()})
+      if (!s.ok()) return fail(s);
+    auto it = shells_.find(*id);
+    if (it == shells_.end()) return fail(NotFound("shell " + *id + " not found"));
+    auto r = it->second->Run(channel, *cmd, *timeout, static_cast<uint64_t>(*maxout));
+    if (!r.ok()) return fail(r.status());
+    started = std::move(*r);
+  } else if (op == "shell_close") {
+    auto id = protocol::GetString(j, "shell_id");
+    if (!id.ok()) return fail(id.status());
+    auto it = shells_.find(*id);
+    if (it == shells_.end()) return fail(NotFound("shell " + *id + " not found"));
+    shells_.erase(it);
+    return SendJson(FrameType::kResponse, channel, {{"ok", true}});
+  } else if (op == "signal_all") {
+    auto sig = protocol::GetInt(j, "signal", SIGKILL, 1, 64);
+    if (!sig.ok()) return fail(sig.status());
+    int n = SignalAllUserProcesses(*this, static_cast<int>(*sig));
+    if (n < 0) return fail(Unimplemented("signal_all needs cgroup2"));
+    return SendJson(FrameType::kResponse, channel, {{"processes", n}});
+  } else if (op == "ping") {
+    return SendJson(FrameType::kResponse, channel,
+                    {{"pid", getpid()}, {"active", active_processes_}});
+  } else {
+    started = HandleFileRequest(this, channel, op, j);
+    if (!started) return;  // answered already
+  }
+  Op* raw = started.get();
+  ops_[channel] = std::move(started);
+  raw->Begin();
+}
+
+int Agent::NextTimeoutMs() {
+  int64_t next = 0;
+  for (const auto& [op, d] : deadlines_)
+    if (next == 0 || d < next) next = d;
+  if (pending_deadline_ && (next == 0 || pending_deadline_ < next)) next = pending_deadline_;
+  if (!lingering_.empty()) {
+    int64_t soon = MonotonicMs() + 500;
+    if (next == 0 || soon < next) next = soon;
+  }
+  if (next == 0) return -1;
+  return static_cast<int>(std::max<int64_t>(0, next - MonotonicMs()));
+}
+
+void Agent::RunDeadlines() {
+  int64_t now = MonotonicMs();
+  std::vector<Op*> due;
+  for (const auto& [op, d] : deadlines_)
+    if (d <= now) due.push_back(op);
+  for (Op* op : due) {
+    deadlines_.erase(op);
+    op->OnDeadline();
+  }
+  if (pending_deadline_ && pending_deadline_ <= now) {
+    loop_.Remove(pending_.get());
+    pending_.Reset();
+    pending_deadline_ = 0;
+  }
+  ReapLingeringCgroups();
+}
+
+int Agent::Run() {
+  if (!loop_.Init().ok()) return 1;
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigfd_.Reset(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!sigfd_) return 1;
+  conn_handler_ = std::make_unique<ConnHandler>(this, false);
+  signal_handler_ = std::make_unique<SignalHandler>(this);
+  if (!loop_.Add(sigfd_.get(), EPOLLIN, signal_handler_.get()).ok()) return 1;
+  if (conn_) {
+    fcntl(conn_.get(), F_SETFL, O_NONBLOCK);
+    if (!loop_.Add(conn_.get(), EPOLLIN, conn_handler_.get()).ok()) return 1;
+  }
+  if (listen_) {
+    listen_handler_ = std::make_unique<ListenHandler>(this);
+    fcntl(listen_.get(), F_SETFL, O_NONBLOCK);
+    if (!loop_.Add(listen_.get(), EPOLLIN, listen_handler_.get()).ok()) return 1;
+  }
+  OnSigchld();  // children that exited before the signalfd existed
+  while (true) {
+    if (!conn_ && !listen_) return 0;  // nobody can ever talk to us again
+    if (!loop_.RunOnce(NextTimeoutMs()).ok()) return 1;
+    RunDeadlines();
+    if (conn_ && out_pos_ < out_.size()) OnConnWritable();
+    FlushRetired();
+  }
+}
+
+}  // namespace dsec::agent

@@ -1,0 +1,152 @@
+// dsec-agent: PID 1 of a sandbox. After setup (setup.h) it serves one edge connection at a
+// time over the framed protocol: many concurrent operations, each on its own channel.
+//
+// Single-threaded around an epoll Loop. Memory is bounded: frames are bounded, the outgoing
+// queue has a high-water mark above which output producers pause, exec output past its cap is
+// counted and dropped, stdin is windowed by acks, and the number of concurrent execs and
+// shells is capped. Operations bound to a channel are cancelled when the connection drops;
+// shell sessions survive it, so a restarted edge that reconnects (listening socket + secret)
+// finds them again.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agent/loop.h"
+#include "base/unique_fd.h"
+#include "protocol/frame.h"
+#include "protocol/messages.h"
+
+namespace dsec::agent {
+
+class Agent;
+class ShellSession;
+
+// An operation bound to a channel (exec, file transfer, ...).
+class Op {
+ public:
+  Op(Agent* agent, uint32_t channel) : agent_(agent), channel_(channel) {}
+  virtual ~Op() = default;
+  uint32_t channel() const { return channel_; }
+  // Called once the agent registered the op on its channel; may Finish() at once.
+  virtual void Begin() {}
+  virtual void OnData(const protocol::Frame& f) { (void)f; }
+  virtual void OnControl(const protocol::Json& j) { (void)j; }
+  // The connection dropped: stop and release resources; no frames may be sent.
+  virtual void Cancel() = 0;
+  // The deadline passed (see Agent::SetDeadline).
+  virtual void OnDeadline() {}
+  // Room appeared in the outgoing queue after the op asked with WaitForRoom().
+  virtual void OnRoom() {}
+  // A child this op started was reaped.
+  virtual void OnChildExit(pid_t pid, int wait_status) {
+    (void)pid;
+    (void)wait_status;
+  }
+
+ protected:
+  Agent* agent_;
+  uint32_t channel_;
+};
+
+// Limits and identities from setup that operations need.
+struct AgentConfig {
+  std::vector<std::string> user_seccomp;
+  isolation::Rlimits rlimits;
+  UniqueFd cgroup_user;  // O_PATH dir of <sb>/user in cgroup2, or invalid
+  bool clone_into_cgroup = true;
+  bool cgroup_kill = true;
+  uint32_t max_execs = 64;
+  std::string secret;
+};
+
+class Agent {
+ public:
+  Agent(AgentConfig cfg, UniqueFd conn, UniqueFd listen);
+  ~Agent();
+  // Serves until a fatal error. Returns the process exit code.
+  int Run();
+
+  // --- used by operations ---
+  Loop& loop() { return loop_; }
+  const AgentConfig& config() const { return cfg_; }
+  void Send(protocol::FrameType type, uint8_t flags, uint32_t channel, std::string_view payload);
+  void SendJson(protocol::FrameType type, uint32_t channel, const protocol::Json& j);
+  // Final response: sends it and retires the op.
+  void Finish(Op* op, const protocol::Json& response);
+  void FinishWithError(Op* op, const Status& s);
+  bool OutputHasRoom() const { return out_.size() - out_pos_ < kHighWater; }
+  bool connected() const { return conn_.valid(); }
+  void WaitForRoom(Op* op) { room_waiters_.insert(op); }
+  void SetDeadline(Op* op, int64_t deadline_ms);  // 0 clears
+  void WatchChild(pid_t pid, Op* op) { children_[pid] = op; }
+  void UnwatchChild(pid_t pid) { children_.erase(pid); }
+  // Execs + shells currently running, for the concurrency cap.
+  int active_processes() const { return active_processes_; }
+  void AdjustActive(int delta) { active_processes_ += delta; }
+  // Names a fresh child cgroup under <sb>/user; its directory is made by the caller.
+  std::string NextCgroupName(char prefix);
+  // Cgroups whose processes outlived their op; removed once empty.
+  void AddLingeringCgroup(const std::string& name) { lingering_.insert(name); }
+  void ReapLingeringCgroups();
+  std::map<std::string, std::unique_ptr<ShellSession>>& shells() { return shells_; }
+  // Child processes that drain an exec's pipes after it finished (background children).
+  void AdoptDrain(std::unique_ptr<EventHandler> drain) { drains_.push_back(std::move(drain)); }
+  void RetireDrain(EventHandler* d);
+
+  static constexpr size_t kHighWater = 4 << 20;
+  static constexpr size_t kLowWater = 1 << 20;
+
+ private:
+  class ConnHandler;
+  class ListenHandler;
+  class SignalHandler;
+  void OnConnReadable();
+  void OnConnWritable();
+  void OnAccept();
+  void OnSigchld();
+  void DropConnection(const std::string& why);
+  void HandleFrame(protocol::Frame& f);
+  void HandleRequest(uint32_t channel, const std::string& payload);
+  void OnPendingReadable();  // a reconnecting edge before it authenticated
+  void Retire(Op* op);
+  void FlushRetired();
+  int NextTimeoutMs();
+  void RunDeadlines();
+  void UpdateConnInterest();
+
+  AgentConfig cfg_;
+  Loop loop_;
+  UniqueFd conn_;
+  UniqueFd listen_;
+  UniqueFd pending_;  // a reconnecting edge before it authenticated
+  protocol::FrameDecoder pending_decoder_;
+  int64_t pending_deadline_ = 0;
+  UniqueFd sigfd_;
+  std::unique_ptr<ConnHandler> conn_handler_;
+  std::unique_ptr<ConnHandler> pending_handler_;
+  std::unique_ptr<ListenHandler> listen_handler_;
+  std::unique_ptr<SignalHandler> signal_handler_;
+  protocol::FrameDecoder decoder_;
+  std::string out_;
+  size_t out_pos_ = 0;
+  bool want_write_ = false;
+  std::map<uint32_t, std::unique_ptr<Op>> ops_;
+  std::vector<std::unique_ptr<Op>> retired_;
+  std::set<Op*> room_waiters_;
+  std::map<Op*, int64_t> deadlines_;
+  std::map<pid_t, Op*> children_;
+  std::map<std::string, std::unique_ptr<ShellSession>> shells_;
+  std::vector<std::unique_ptr<EventHandler>> drains_;
+  std::vector<std::unique_ptr<EventHandler>> retired_drains_;
+  std::set<std::string> lingering_;
+  int active_processes_ = 0;
+  uint64_t cgroup_seq_ = 0;
+};
+
+}  // namespace dsec::agent

@@ -1,0 +1,459 @@
+#include "agent/files.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/fsuid.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include "agent/tar.h"
+#include "base/strings.h"
+#include "sys/syscalls.h"
+
+namespace dsec::agent {
+
+using protocol::FrameType;
+using protocol::Json;
+
+namespace {
+
+constexpr uint64_t kResolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
+constexpr size_t kMaxListEntries = 100000;
+
+// The fs ids of the requesting user for the duration of one step of an operation. Switching
+// fsuid away from 0 also drops the file system capabilities (DAC_OVERRIDE, FOWNER, ...).
+class ScopedFsIds {
+ public:
+  ScopedFsIds(uid_t uid, gid_t gid) {
+    setfsgid(gid);
+    setfsuid(uid);
+  }
+  ~ScopedFsIds() {
+    setfsuid(0);
+    setfsgid(0);
+  }
+  ScopedFsIds(const ScopedFsIds&) = delete;
+  ScopedFsIds& operator=(const ScopedFsIds&) = delete;
+};
+
+struct Ids {
+  uid_t uid = 1000;
+  gid_t gid = 1000;
+};
+
+StatusOr<Ids> GetIds(const Json& req) {
+  DSEC_ASSIGN_OR_RETURN(int64_t uid, protocol::GetInt(req, "uid", 1000, 0, 65535));
+  DSEC_ASSIGN_OR_RETURN(int64_t gid, protocol::GetInt(req, "gid", 1000, 0, 65535));
+  return Ids{static_cast<uid_t>(uid), static_cast<gid_t>(gid)};
+}
+
+StatusOr<std::string> GetPath(const Json& req) {
+  DSEC_ASSIGN_OR_RETURN(std::string path, protocol::GetString(req, "path"));
+  DSEC_RETURN_IF_ERROR(ValidateSandboxPath(path));
+  return path;
+}
+
+int RootFd() {
+  static int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  return fd;
+}
+
+StatusOr<UniqueFd> Resolve(const std::string& path, int flags, mode_t mode = 0) {
+  UniqueFd fd(sys::Openat2(RootFd(), path.c_str(), flags | O_CLOEXEC, mode, kResolve));
+  if (!fd) return ErrnoError("open \"" + path + "\"");
+  return fd;
+}
+
+Status RefuseKernelFs(int fd, const std::string& path) {
+  struct statfs sf;
+  if (fstatfs(fd, &sf) < 0) return ErrnoError("statfs \"" + path + "\"");
+  switch (static_cast<unsigned long>(sf.f_type)) {
+    case PROC_SUPER_MAGIC:
+    case SYSFS_MAGIC:
+    case CGROUP_SUPER_MAGIC:
+    case CGROUP2_SUPER_MAGIC:
+    case DEVPTS_SUPER_MAGIC:
+      return PermissionDenied("\"" + path + "\" is on a kernel file system");
+    default:
+      return OkStatus();
+  }
+}
+
+std::pair<std::string, std::string> SplitParent(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  std::string parent = slash == 0 ? "/" : path.substr(0, slash);
+  return {parent, path.substr(slash + 1)};
+}
+
+// mkdir -p, resolving every prefix from the sandbox root (so symlinks keep their meaning and
+// stay inside). Returns an O_PATH fd of the directory.
+StatusOr<UniqueFd> MakeDirs(const std::string& path, mode_t mode) {
+  std::string prefix;
+  UniqueFd cur;
+  DSEC_ASSIGN_OR_RETURN(cur, Resolve("/", O_PATH | O_DIRECTORY));
+  for (auto comp : SplitString(path, '/', true)) {
+    std::string name(comp);
+    prefix += "/" + name;
+    int fd = sys::Openat2(RootFd(), prefix.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, kResolve);
+    if (fd < 0 && errno == ENOENT) {
+      if (mkdirat(cur.get(), name.c_str(), mode) < 0 && errno != EEXIST)
+        return ErrnoError("mkdir \"" + prefix + "\"");
+      fd = sys::Openat2(RootFd(), prefix.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, kResolve);
+    }
+    if (fd < 0) return ErrnoError("open \"" + prefix + "\"");
+    cur.Reset(fd);
+  }
+  return cur;
+}
+
+std::string TypeName(mode_t m) {
+  if (S_ISREG(m)) return "file";
+  if (S_ISDIR(m)) return "dir";
+  if (S_ISLNK(m)) return "symlink";
+  if (S_ISFIFO(m)) return "fifo";
+  if (S_ISSOCK(m)) return "socket";
+  if (S_ISCHR(m)) return "char";
+  if (S_ISBLK(m)) return "block";
+  return "other";
+}
+
+protocol::FileEntry EntryFromStat(const std::string& name, const struct stat& st) {
+  protocol::FileEntry e;
+  e.name = name;
+  e.type = TypeName(st.st_mode);
+  e.size = static_cast<uint64_t>(st.st_size);
+  e.mode = st.st_mode & 07777;
+  e.mtime_ms = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
+  return e;
+}
+
+// Removes a tree without following symlinks or crossing into other mounts.
+Status RemoveTreeAt(int parent, const std::string& name, dev_t dev, const std::string& what) {
+  struct stat st;
+  if (fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
+    return ErrnoError("stat \"" + what + "\"");
+  if (!S_ISDIR(st.st_mode)) {
+    if (unlinkat(parent, name.c_str(), 0) < 0) return ErrnoError("unlink \"" + what + "\"");
+    return OkStatus();
+  }
+  if (st.st_dev != dev) return PermissionDenied("\"" + what + "\" is a mount point");
+  int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open \"" + what + "\"");
+  DIR* d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return ErrnoError("opendir \"" + what + "\"");
+  }
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(std::move(n));
+  }
+  Status result;
+  for (const auto& n : names) {
+    result = RemoveTreeAt(dirfd(d), n, dev, what + "/" + n);
+    if (!result.ok()) break;
+  }
+  closedir(d);
+  DSEC_RETURN_IF_ERROR(result);
+  if (unlinkat(parent, name.c_str(), AT_REMOVEDIR) < 0) return ErrnoError("rmdir \"" + what + "\"");
+  return OkStatus();
+}
+
+// --- streaming ops ---
+
+class ReadFileOp : public Op {
+ public:
+  ReadFileOp(Agent* a, uint32_t ch, UniqueFd fd, uint64_t size, uint64_t max_bytes)
+      : Op(a, ch), fd_(std::move(fd)), size_(size), remaining_(std::min(size, max_bytes)) {}
+
+  void Begin() override {
+    agent_->SendJson(FrameType::kEvent, channel_, {{"size", size_}});
+    OnRoom();
+  }
+
+  void OnRoom() override {
+    char buf[protocol::kDataChunk];
+    while (remaining_ > 0) {
+      if (!agent_->OutputHasRoom()) {
+        agent_->WaitForRoom(this);
+        return;
+      }
+      ssize_t n = read(fd_.get(), buf, std::min<uint64_t>(sizeof buf, remaining_));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return agent_->FinishWithError(this, ErrnoError("read"));
+      if (n == 0) break;  // the file shrank
+      agent_->Send(FrameType::kData, protocol::kBody, channel_,
+                   std::string_view(buf, static_cast<size_t>(n)));
+      sent_ += static_cast<uint64_t>(n);
+      remaining_ -= static_cast<uint64_t>(n);
+    }
+    agent_->Finish(this, {{"size", size_}, {"bytes", sent_}, {"truncated", sent_ < size_}});
+  }
+
+  void Cancel() override {}
+
+ private:
+  UniqueFd fd_;
+  uint64_t size_, remaining_, sent_ = 0;
+};
+
+class WriteFileOp : public Op {
+ public:
+  WriteFileOp(Agent* a, uint32_t ch, UniqueFd fd, std::string path, mode_t mode, Ids ids)
+      : Op(a, ch), fd_(std::move(fd)), path_(std::move(path)), mode_(mode), ids_(ids) {}
+
+  void OnData(const protocol::Frame& f) override {
+    if (failed_) return;
+    ScopedFsIds as(ids_.uid, ids_.gid);
+    std::string_view d = f.payload;
+    while (!d.empty()) {
+      ssize_t n = write(fd_.get(), d.data(), d.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        failed_ = true;
+        return agent_->FinishWithError(this, ErrnoError("write \"" + path_ + "\""));
+      }
+      d.remove_prefix(static_cast<size_t>(n));
+      bytes_ += static_cast<uint64_t>(n);
+    }
+    if (f.eof()) {
+      if (fchmod(fd_.get(), mode_) < 0) {
+        failed_ = true;
+        return agent_->FinishWithError(this, ErrnoError("chmod \"" + path_ + "\""));
+      }
+      fd_.Reset();
+      agent_->Finish(this, {{"bytes", bytes_}});
+    }
+  }
+
+  void Cancel() override {}
+
+ private:
+  UniqueFd fd_;
+  std::string path_;
+  mode_t mode_;
+  Ids ids_;
+  uint64_t bytes_ = 0;
+  bool failed_ = false;
+};
+
+class TarExtractOp : public Op {
+ public:
+  TarExtractOp(Agent* a, uint32_t ch, UniqueFd dir, Ids ids, uint64_t max_bytes)
+      : Op(a, ch),
+        dir_(std::move(dir)),
+        ids_(ids),
+        extractor_(dir_.get(), TarExtractOptions{ids.uid, ids.gid, max_bytes, 1'000'000}) {}
+
+  void OnData(const protocol::Frame& f) override {
+    if (failed_) return;
+    ScopedFsIds as(ids_.uid, ids_.gid);
+    Status s = extractor_.Feed(f.payload);
+    if (s.ok() && f.eof()) s = extractor_.Finish();
+    if (!s.ok()) {
+      failed_ = true;
+      return agent_->FinishWithError(this, s);
+    }
+    if (f.eof()) {
+      const auto& st = extractor_.stats();
+      agent_->Finish(this, {{"entries", st.entries}, {"bytes", st.bytes}, {"skipped", st.skipped}});
+    }
+  }
+
+  void Cancel() override {}
+
+ private:
+  UniqueFd dir_;
+  Ids ids_;
+  TarExtractor extractor_;
+  bool failed_ = false;
+};
+
+class TarCreateOp : public Op {
+ public:
+  TarCreateOp(Agent* a, uint32_t ch, std::unique_ptr<TarCreator> c, Ids ids)
+      : Op(a, ch), creator_(std::move(c)), ids_(ids) {}
+
+  void Begin() override { OnRoom(); }
+
+  void OnRoom() override {
+    ScopedFsIds as(ids_.uid, ids_.gid);
+    std::string chunk;
+    while (true) {
+      if (!agent_->OutputHasRoom()) {
+        agent_->WaitForRoom(this);
+        return;
+      }
+      chunk.clear();
+      auto more = creator_->Next(&chunk, protocol::kDataChunk);
+      if (!more.ok()) return agent_->FinishWithError(this, more.status());
+      if (!chunk.empty()) {
+        agent_->Send(FrameType::kData, protocol::kBody, channel_, chunk);
+        bytes_ += chunk.size();
+      }
+      if (!*more) break;
+    }
+    agent_->Finish(this, {{"bytes", bytes_}, {"skipped", creator_->skipped()}});
+  }
+
+  void Cancel() override {}
+
+ private:
+  std::unique_ptr<TarCreator> creator_;
+  Ids ids_;
+  uint64_t bytes_ = 0;
+};
+
+StatusOr<std::unique_ptr<Op>> Dispatch(Agent* agent, uint32_t ch, const std::string& op,
+                                       const Json& req) {
+  DSEC_ASSIGN_OR_RETURN(Ids ids, GetIds(req));
+  DSEC_ASSIGN_OR_RETURN(std::string path, GetPath(req));
+  ScopedFsIds as(ids.uid, ids.gid);
+
+  if (op == "read_file") {
+    DSEC_ASSIGN_OR_RETURN(int64_t max, protocol::GetInt(req, "max_bytes", 64 << 20, 0, INT64_MAX));
+    DSEC_ASSIGN_OR_RETURN(int64_t offset, protocol::GetInt(req, "offset", 0, 0, INT64_MAX));
+    // O_NONBLOCK: opening a FIFO must not hang the agent.
+    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, O_RDONLY | O_NONBLOCK | O_NOCTTY));
+    struct stat st;
+    if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + path + "\"");
+    if (S_ISDIR(st.st_mode)) return InvalidArgument("\"" + path + "\" is a directory");
+    if (!S_ISREG(st.st_mode)) return InvalidArgument("\"" + path + "\" is not a regular file");
+    DSEC_RETURN_IF_ERROR(RefuseKernelFs(fd.get(), path));
+    fcntl(fd.get(), F_SETFL, 0);
+    if (offset > 0 && lseek(fd.get(), offset, SEEK_SET) < 0)
+      return ErrnoError("seek \"" + path + "\"");
+    uint64_t size = static_cast<uint64_t>(st.st_size);
+    uint64_t avail =
+        size > static_cast<uint64_t>(offset) ? size - static_cast<uint64_t>(offset) : 0;
+    return std::unique_ptr<Op>(
+        std::make_unique<ReadFileOp>(agent, ch, std::move(fd), avail, static_cast<uint64_t>(max)));
+  }
+  if (op == "write_file") {
+    DSEC_ASSIGN_OR_RETURN(int64_t mode, protocol::GetInt(req, "mode", 0644, 0, 07777));
+    DSEC_ASSIGN_OR_RETURN(bool mkdirs, protocol::GetBool(req, "mkdirs", true));
+    DSEC_ASSIGN_OR_RETURN(bool append, protocol::GetBool(req, "append", false));
+    auto [parent, name] = SplitParent(path);
+    if (name.empty()) return InvalidArgument("\"" + path + "\" names a directory");
+    if (mkdirs) DSEC_RETURN_IF_ERROR(MakeDirs(parent, 0755).status());
+    int flags = O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | (append ? O_APPEND : O_TRUNC);
+    // setuid/setgid bits are never granted through the API.
+    mode_t m = static_cast<mode_t>(mode) & 01777;
+    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, flags, m));
+    struct stat st;
+    if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + path + "\"");
+    if (!S_ISREG(st.st_mode)) return InvalidArgument("\"" + path + "\" is not a regular file");
+    DSEC_RETURN_IF_ERROR(RefuseKernelFs(fd.get(), path));
+    fcntl(fd.get(), F_SETFL, append ? O_APPEND : 0);
+    return std::unique_ptr<Op>(
+        std::make_unique<WriteFileOp>(agent, ch, std::move(fd), path, m, ids));
+  }
+  if (op == "list") {
+    DSEC_ASSIGN_OR_RETURN(int64_t max,
+                          protocol::GetInt(req, "max_entries", 10000, 1, kMaxListEntries));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, O_RDONLY | O_DIRECTORY));
+    DSEC_RETURN_IF_ERROR(RefuseKernelFs(fd.get(), path));
+    DIR* d = fdopendir(fd.Release());
+    if (!d) return ErrnoError("opendir \"" + path + "\"");
+    Json entries = Json::array();
+    bool truncated = false;
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == "..") continue;
+      if (entries.size() >= static_cast<size_t>(max)) {
+        truncated = true;
+        break;
+      }
+      struct stat st;
+      if (fstatat(dirfd(d), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
+      entries.push_back(protocol::ToJson(EntryFromStat(n, st)));
+    }
+    closedir(d);
+    agent->SendJson(FrameType::kResponse, ch, {{"entries", entries}, {"truncated", truncated}});
+    return std::unique_ptr<Op>();
+  }
+  if (op == "stat") {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, O_PATH | O_NOFOLLOW));
+    struct stat st;
+    if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + path + "\"");
+    Json j = protocol::ToJson(EntryFromStat(SplitParent(path).second, st));
+    j["uid"] = st.st_uid;
+    j["gid"] = st.st_gid;
+    agent->SendJson(FrameType::kResponse, ch, j);
+    return std::unique_ptr<Op>();
+  }
+  if (op == "mkdir") {
+    DSEC_ASSIGN_OR_RETURN(int64_t mode, protocol::GetInt(req, "mode", 0755, 0, 01777));
+    DSEC_ASSIGN_OR_RETURN(bool parents, protocol::GetBool(req, "parents", true));
+    if (parents) {
+      DSEC_RETURN_IF_ERROR(MakeDirs(path, static_cast<mode_t>(mode)).status());
+    } else {
+      auto [parent, name] = SplitParent(path);
+      DSEC_ASSIGN_OR_RETURN(UniqueFd pfd, Resolve(parent, O_PATH | O_DIRECTORY));
+      if (mkdirat(pfd.get(), name.c_str(), static_cast<mode_t>(mode)) < 0)
+        return ErrnoError("mkdir \"" + path + "\"");
+    }
+    agent->SendJson(FrameType::kResponse, ch, {{"ok", true}});
+    return std::unique_ptr<Op>();
+  }
+  if (op == "remove") {
+    DSEC_ASSIGN_OR_RETURN(bool recursive, protocol::GetBool(req, "recursive", false));
+    auto [parent, name] = SplitParent(path);
+    if (name.empty()) return InvalidArgument("refusing to remove \"/\"");
+    DSEC_ASSIGN_OR_RETURN(UniqueFd pfd, Resolve(parent, O_RDONLY | O_DIRECTORY));
+    DSEC_RETURN_IF_ERROR(RefuseKernelFs(pfd.get(), path));
+    struct stat st;
+    if (fstatat(pfd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
+      return ErrnoError("stat \"" + path + "\"");
+    if (S_ISDIR(st.st_mode) && !recursive) {
+      if (unlinkat(pfd.get(), name.c_str(), AT_REMOVEDIR) < 0)
+        return ErrnoError("rmdir \"" + path + "\"");
+    } else {
+      struct stat pst;
+      if (fstat(pfd.get(), &pst) < 0) return ErrnoError("stat \"" + parent + "\"");
+      DSEC_RETURN_IF_ERROR(
+          RemoveTreeAt(pfd.get(), name, S_ISDIR(st.st_mode) ? st.st_dev : pst.st_dev, path));
+    }
+    agent->SendJson(FrameType::kResponse, ch, {{"ok", true}});
+    return std::unique_ptr<Op>();
+  }
+  if (op == "tar_extract") {
+    DSEC_ASSIGN_OR_RETURN(int64_t max, protocol::GetInt(req, "max_bytes", 1ll << 32, 0, INT64_MAX));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd pathfd, MakeDirs(path, 0755));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
+    DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
+    return std::unique_ptr<Op>(
+        std::make_unique<TarExtractOp>(agent, ch, std::move(dir), ids, static_cast<uint64_t>(max)));
+  }
+  if (op == "tar_create") {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
+    DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
+    DSEC_ASSIGN_OR_RETURN(auto creator, TarCreator::Open(dir.get(), "."));
+    return std::unique_ptr<Op>(std::make_unique<TarCreateOp>(agent, ch, std::move(creator), ids));
+  }
+  return InvalidArgument("unknown file operation \"" + op + "\"");
+}
+
+}  // namespace
+
+Status ValidateSandboxPath(const std::string& path) {
+  if (path.empty() || path[0] != '/') return InvalidArgument("path must be absolute");
+  if (path.size() > 4096) return InvalidArgument("path is longer than 4096 bytes");
+  if (path.find('\0') != std::string::npos) return InvalidArgument("path contains a NUL byte");
+  return OkStatus();
+}
+
+std::unique_ptr<Op> HandleFileRequest(Agent* agent, uint32_t channel, const std::string& op,
+                                      const Json& req) {
+  auto r = Dispatch(agent, channel, op, req);
+  if (!r.ok()) {
+    agent->SendJson(FrameType::kResponse, channel, protocol::ErrorJson(r.status()));
+    return nullptr;
+  }
+  return std::move(*r);
+}
+
+}  // namespace dsec::agent

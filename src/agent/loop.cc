@@ -1,0 +1,42 @@
+#include "agent/loop.h"
+
+#include <cerrno>
+
+namespace dsec::agent {
+
+Status Loop::Init() {
+  epfd_.Reset(epoll_create1(EPOLL_CLOEXEC));
+  if (!epfd_) return ErrnoError("epoll_create1");
+  return OkStatus();
+}
+
+Status Loop::Add(int fd, uint32_t events, EventHandler* h) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.ptr = h;
+  if (epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) < 0) return ErrnoError("epoll_ctl add");
+  return OkStatus();
+}
+
+void Loop::Modify(int fd, uint32_t events, EventHandler* h) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.ptr = h;
+  epoll_ctl(epfd_.get(), EPOLL_CTL_MOD, fd, &ev);
+}
+
+void Loop::Remove(int fd) { epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, fd, nullptr); }
+
+Status Loop::RunOnce(int timeout_ms) {
+  epoll_event events[64];
+  int n = epoll_wait(epfd_.get(), events, 64, timeout_ms);
+  if (n < 0) {
+    if (errno == EINTR) return OkStatus();
+    return ErrnoError("epoll_wait");
+  }
+  for (int i = 0; i < n; ++i)
+    static_cast<EventHandler*>(events[i].data.ptr)->OnEvent(events[i].events);
+  return OkStatus();
+}
+
+}  // namespace dsec::agent

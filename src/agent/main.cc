@@ -1,0 +1,70 @@
+// dsec-agent entry point. Started by the container backend from a sealed memfd as PID 1 of a
+// new sandbox, with the edge connection on fd 3 and /dev/null on 0-2.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "agent/agent.h"
+#include "agent/setup.h"
+
+using dsec::agent::kChannelFd;
+using dsec::protocol::FrameType;
+using dsec::protocol::Json;
+
+namespace {
+
+void SendBlocking(FrameType type, const Json& j) {
+  std::string f = dsec::protocol::EncodeFrameOrDie(type, 0, 0, j.dump());
+  size_t off = 0;
+  while (off < f.size()) {
+    ssize_t n = send(kChannelFd, f.data() + off, f.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+[[noreturn]] void Fail(const dsec::Status& s) {
+  SendBlocking(FrameType::kError, dsec::protocol::ErrorJson(s));
+  _exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+    printf("dsec-agent %s\n", DSEC_VERSION);
+    return 0;
+  }
+  // Named for tools and tests; nothing in the sandbox may ptrace or read us.
+  prctl(PR_SET_NAME, "dsec-agent", 0, 0, 0);
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  fcntl(kChannelFd, F_SETFD, FD_CLOEXEC);
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+
+  SendBlocking(FrameType::kHello,
+               {{"version", dsec::protocol::kProtocolVersion}, {"pid", getpid()}});
+  dsec::protocol::Frame frame;
+  std::vector<dsec::UniqueFd> fds;
+  if (dsec::Status s = dsec::agent::ReceiveFrameWithFds(kChannelFd, &frame, &fds); !s.ok()) Fail(s);
+  if (frame.type != FrameType::kSetup) Fail(dsec::InvalidArgument("expected a setup frame"));
+  auto json = dsec::protocol::ParseJson(frame.payload);
+  if (!json.ok()) Fail(json.status());
+  auto spec = dsec::protocol::SetupSpecFromJson(*json);
+  if (!spec.ok()) Fail(spec.status());
+  auto setup = dsec::agent::RunSetup(*spec, fds);
+  if (!setup.ok()) Fail(setup.status().WithContext("sandbox setup"));
+  SendBlocking(FrameType::kReady, {{"pid", getpid()}});
+
+  dsec::agent::Agent agent(std::move(setup->config), dsec::UniqueFd(kChannelFd),
+                           std::move(setup->listen));
+  return agent.Run();
+}

@@ -1,0 +1,103 @@
+#include "agent/setup.h"
+
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "isolation/credentials.h"
+#include "isolation/rootfs.h"
+
+namespace dsec::agent {
+
+Status ReceiveFrameWithFds(int sock, protocol::Frame* frame, std::vector<UniqueFd>* fds) {
+  protocol::FrameDecoder decoder;
+  std::string buf(64 * 1024, '\0');
+  while (true) {
+    alignas(cmsghdr) char cm[CMSG_SPACE(sizeof(int) * 253)];
+    iovec io{buf.data(), buf.size()};
+    msghdr m{};
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    m.msg_control = cm;
+    m.msg_controllen = sizeof cm;
+    ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("recvmsg setup");
+    }
+    for (cmsghdr* h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
+      if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
+        fds->emplace_back(fd);
+      }
+    }
+    if (n == 0) return Unavailable("edge closed the connection during setup");
+    DSEC_RETURN_IF_ERROR(decoder.Feed(std::string_view(buf.data(), static_cast<size_t>(n))));
+    if (decoder.Next(frame)) return OkStatus();
+  }
+}
+
+Status BringUpLoopback() {
+  UniqueFd s(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s) return ErrnoError("socket for loopback");
+  ifreq ifr{};
+  strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  if (ioctl(s.get(), SIOCGIFFLAGS, &ifr) < 0) return ErrnoError("SIOCGIFFLAGS lo");
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  if (ioctl(s.get(), SIOCSIFFLAGS, &ifr) < 0) return ErrnoError("SIOCSIFFLAGS lo");
+  return OkStatus();
+}
+
+StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<UniqueFd>& fds) {
+  auto take = [&](int index, const char* what) -> StatusOr<UniqueFd> {
+    if (index < 0) return UniqueFd();
+    if (static_cast<size_t>(index) >= fds.size())
+      return InvalidArgument(std::string("setup is missing the ") + what + " fd");
+    return std::move(fds[static_cast<size_t>(index)]);
+  };
+  DSEC_ASSIGN_OR_RETURN(UniqueFd mount_dir, take(spec.fds.mount_dir, "mount dir"));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd listen, take(spec.fds.listen, "listen"));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd cgroup_user, take(spec.fds.cgroup_user, "cgroup"));
+  std::vector<UniqueFd> layers;
+  std::vector<int> layer_fds;
+  for (int i = 0; i < spec.fds.layer_count; ++i) {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd l, take(spec.fds.first_layer + i, "layer"));
+    if (!l) return InvalidArgument("setup layer fd missing");
+    layer_fds.push_back(l.get());
+    layers.push_back(std::move(l));
+  }
+  if (!mount_dir) return InvalidArgument("setup needs a mount dir fd");
+
+  if (sethostname(spec.hostname.data(), spec.hostname.size()) < 0) return ErrnoError("sethostname");
+  DSEC_RETURN_IF_ERROR(BringUpLoopback());
+  DSEC_RETURN_IF_ERROR(isolation::BuildRootfsAndPivot(spec.rootfs, layer_fds, mount_dir.get()));
+  layers.clear();
+  mount_dir.Reset();
+  fds.clear();  // anything unexpected the edge sent goes too
+
+  // The agent itself: no new privileges, its own (looser) filter, a reduced capability set.
+  DSEC_RETURN_IF_ERROR(isolation::SetNoNewPrivs());
+  DSEC_RETURN_IF_ERROR(isolation::InstallSeccompPrograms(spec.agent_seccomp));
+  DSEC_RETURN_IF_ERROR(isolation::DropBoundingSet(spec.agent_caps));
+  DSEC_RETURN_IF_ERROR(isolation::SetCapabilities(spec.agent_caps));
+
+  SetupResult r;
+  r.listen = std::move(listen);
+  r.config.user_seccomp = spec.user_seccomp;
+  r.config.rlimits = spec.rlimits;
+  r.config.cgroup_user = std::move(cgroup_user);
+  r.config.clone_into_cgroup = spec.clone_into_cgroup;
+  r.config.cgroup_kill = spec.cgroup_kill;
+  r.config.max_execs = spec.max_execs;
+  r.config.secret = spec.secret;
+  return r;
+}
+
+}  // namespace dsec::agent

@@ -1,0 +1,87 @@
+// Streaming tar reader/writer for dsec-agent file upload and download.
+//
+// TarExtractor unpacks a ustar / pax ('x' path, linkpath, size, mtime) / GNU ('L', 'K') stream
+// beneath a directory fd. The sandbox is hostile (it may plant symlinks, even while we run), so
+// every lookup goes through openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) from that fd and the
+// final component is always created with O_EXCL / O_NOFOLLOW semantics: no entry can ever write
+// outside the extraction root. Everything created is owned by options.uid/gid, permission bits
+// are masked with 0777 (no setuid/setgid/sticky), devices and FIFOs are skipped.
+//
+// TarCreator archives a tree (pax format, POSIX ustar headers) without following symlinks and
+// without crossing mount points. Neither side holds a whole file or archive in memory.
+// Single-threaded, no allocation proportional to file sizes; usable from the static agent.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace dsec::agent {
+
+struct TarExtractOptions {
+  uid_t uid = 1000, gid = 1000;           // owner of everything created (fchownat)
+  uint64_t max_total_bytes = 1ull << 32;  // sum of file sizes; exceeded -> error kTooLarge
+  uint64_t max_entries = 1'000'000;       // exceeded -> error kTooLarge
+  // When true, Finish() fails unless the end-of-archive marker (zero block) was seen, so a
+  // stream cut exactly at an entry boundary is reported instead of silently accepted.
+  bool require_end_marker = true;
+};
+
+struct TarExtractStats {
+  uint64_t entries = 0;  // entries created (files, dirs, symlinks, hard links)
+  uint64_t bytes = 0;    // regular-file bytes written
+  uint64_t skipped = 0;  // devices, FIFOs, unknown types, sparse files
+};
+
+class TarExtractor {
+ public:
+  // dest_dirfd: an open directory fd (the extraction root), not owned; it must stay open until
+  // Finish(). All entry paths resolve beneath it.
+  TarExtractor(int dest_dirfd, TarExtractOptions opts);
+  ~TarExtractor();
+  TarExtractor(const TarExtractor&) = delete;
+  TarExtractor& operator=(const TarExtractor&) = delete;
+
+  // Consumes the next part of the archive (any chunking, including 1-byte chunks). Errors are
+  // sticky: once Feed fails, every later call returns the same error. Data after the
+  // end-of-archive marker is ignored.
+  Status Feed(std::string_view data);
+  // Error if the archive ended mid-header, mid-entry, after an extended header, or (with
+  // require_end_marker) without an end-of-archive marker.
+  Status Finish();
+  const TarExtractStats& stats() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class TarCreator {
+ public:
+  // Archives the tree at `path` (resolved beneath root_dirfd with RESOLVE_IN_ROOT; "." for the
+  // whole dir). If it is a directory, its contents are archived with names relative to it (the
+  // directory itself gets no entry); otherwise the single entry is named by its last component.
+  // Regular files, directories and symlinks (stored as links, never followed); FIFOs, sockets,
+  // devices, mount points and files that vanish during the walk are skipped and counted.
+  static StatusOr<std::unique_ptr<TarCreator>> Open(int root_dirfd, const std::string& path);
+  ~TarCreator();
+  TarCreator(const TarCreator&) = delete;
+  TarCreator& operator=(const TarCreator&) = delete;
+
+  // Appends up to max_bytes of archive to *out; returns false in the bool once the whole
+  // archive (including the end marker) has been appended. Errors are sticky.
+  StatusOr<bool> Next(std::string* out, size_t max_bytes);
+  uint64_t skipped() const;
+
+ private:
+  class Impl;
+  explicit TarCreator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsec::agent

@@ -1,0 +1,264 @@
+#include <utility>  // before asio: Boost 1.74's awaitable.hpp needs std::exchange
+
+#include "backends/container/agent_client.h"
+
+#include <boost/asio.hpp>
+#include <deque>
+#include <future>
+#include <thread>
+#include <vector>
+
+namespace dsec::backends::container {
+
+namespace asio = boost::asio;
+using protocol::Frame;
+using protocol::FrameType;
+using protocol::Json;
+
+struct AgentClient::Impl {
+  Impl(asio::io_context& io, int fd)
+      : strand(asio::make_strand(io)), socket(strand, asio::local::stream_protocol(), fd) {}
+  asio::strand<asio::io_context::executor_type> strand;
+  asio::local::stream_protocol::socket socket;
+  protocol::FrameDecoder decoder;
+  std::array<char, 64 * 1024> rbuf;
+  std::deque<std::string> wqueue;
+  bool writing = false;
+  std::map<uint32_t, std::shared_ptr<Call>> calls;
+  std::function<void(const Status&)> on_closed;
+  bool shut = false;
+};
+
+std::shared_ptr<AgentClient> AgentClient::Create(asio::io_context& io, UniqueFd conn) {
+  int fd = conn.Release();
+  return std::shared_ptr<AgentClient>(new AgentClient(std::make_unique<Impl>(io, fd)));
+}
+
+AgentClient::AgentClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+AgentClient::~AgentClient() {
+  boost::system::error_code ec;
+  impl_->socket.close(ec);
+}
+
+void AgentClient::Start(std::function<void(const Status&)> on_closed) {
+  auto self = shared_from_this();
+  asio::dispatch(impl_->strand, [self, cb = std::move(on_closed)]() mutable {
+    self->impl_->on_closed = std::move(cb);
+    // Reads run until the connection ends; the read loop holds a reference to the client.
+    struct Reader {
+      std::shared_ptr<AgentClient> c;
+      void operator()() {
+        auto* impl = c->impl_.get();
+        impl->socket.async_read_some(
+            asio::buffer(impl->rbuf),
+            asio::bind_executor(impl->strand, [c = c](boost::system::error_code ec, size_t n) {
+              auto* impl = c->impl_.get();
+              if (ec) {
+                c->Close();
+                return;
+              }
+              if (!impl->decoder.Feed(std::string_view(impl->rbuf.data(), n)).ok()) {
+                c->Close();
+                return;
+              }
+              Frame f;
+              while (impl->decoder.Next(&f)) {
+                auto it = impl->calls.find(f.channel);
+                if (it == impl->calls.end()) continue;  // late frames of a finished call
+                std::shared_ptr<Call> call = it->second;
+                switch (f.type) {
+                  case FrameType::kData:
+                    call->OnData(f.stream(), f.payload);
+                    break;
+                  case FrameType::kEvent: {
+                    auto j = protocol::ParseJson(f.payload);
+                    if (j.ok()) call->OnEvent(*j);
+                    break;
+                  }
+                  case FrameType::kResponse: {
+                    impl->calls.erase(it);
+                    auto j = protocol::ParseJson(f.payload);
+                    if (!j.ok()) {
+                      call->OnResponse(InternalError("agent sent a malformed response"));
+                    } else if (Status s = protocol::StatusFromJson(*j); !s.ok()) {
+                      call->OnResponse(s);
+                    } else {
+                      call->OnResponse(std::move(*j));
+                    }
+                    break;
+                  }
+                  default:
+                    break;
+                }
+              }
+              if (impl->decoder.failed()) {
+                c->Close();
+                return;
+              }
+              Reader{c}();
+            }));
+      }
+    };
+    Reader{self}();
+  });
+}
+
+namespace {
+
+void Enqueue(const std::shared_ptr<AgentClient>& self, AgentClient::Impl* impl, std::string frame);
+
+}  // namespace
+
+uint32_t AgentClient::StartCall(const Json& request, std::shared_ptr<Call> call) {
+  uint32_t ch = next_channel_.fetch_add(1);
+  if (ch == 0) ch = next_channel_.fetch_add(1);
+  std::string frame = protocol::EncodeFrameOrDie(
+      FrameType::kRequest, 0, ch, request.dump(-1, ' ', false, Json::error_handler_t::replace));
+  auto self = shared_from_this();
+  asio::dispatch(impl_->strand, [self, ch, call = std::move(call), frame = std::move(frame)]() mutable {
+    auto* impl = self->impl_.get();
+    if (impl->shut) {
+      call->OnResponse(Unavailable("sandbox agent connection is closed"));
+      return;
+    }
+    impl->calls[ch] = std::move(call);
+    Enqueue(self, impl, std::move(frame));
+  });
+  return ch;
+}
+
+void AgentClient::SendData(uint32_t channel, uint8_t stream, std::string data, bool eof) {
+  auto self = shared_from_this();
+  asio::dispatch(impl_->strand, [self, channel, stream, data = std::move(data), eof]() {
+    auto* impl = self->impl_.get();
+    if (impl->shut) return;
+    std::string_view rest = data;
+    do {
+      size_t n = std::min(rest.size(), protocol::kDataChunk);
+      bool last = n == rest.size();
+      uint8_t flags = static_cast<uint8_t>(stream | (last && eof ? protocol::kFlagEof : 0));
+      Enqueue(self, impl, protocol::EncodeFrameOrDie(FrameType::kData, flags, channel, rest.substr(0, n)));
+      rest.remove_prefix(n);
+    } while (!rest.empty());
+  });
+}
+
+void AgentClient::SendControl(uint32_t channel, const Json& control) {
+  std::string frame = protocol::EncodeFrameOrDie(FrameType::kControl, 0, channel, control.dump());
+  auto self = shared_from_this();
+  asio::dispatch(impl_->strand, [self, frame = std::move(frame)]() mutable {
+    if (!self->impl_->shut) Enqueue(self, self->impl_.get(), std::move(frame));
+  });
+}
+
+void AgentClient::Close() {
+  closed_ = true;
+  auto self = shared_from_this();
+  asio::dispatch(impl_->strand, [self]() {
+    auto* impl = self->impl_.get();
+    if (impl->shut) return;
+    impl->shut = true;
+    boost::system::error_code ec;
+    impl->socket.close(ec);
+    auto calls = std::move(impl->calls);
+    impl->calls.clear();
+    impl->wqueue.clear();
+    for (auto& [ch, call] : calls) call->OnResponse(Unavailable("sandbox agent connection lost"));
+    if (impl->on_closed) {
+      auto cb = std::move(impl->on_closed);
+      impl->on_closed = nullptr;
+      cb(Unavailable("sandbox agent connection lost"));
+    }
+  });
+}
+
+namespace {
+
+void WriteNext(std::shared_ptr<AgentClient> self, AgentClient::Impl* impl);
+
+void Enqueue(const std::shared_ptr<AgentClient>& self, AgentClient::Impl* impl, std::string frame) {
+  impl->wqueue.push_back(std::move(frame));
+  if (!impl->writing) WriteNext(self, impl);
+}
+
+void WriteNext(std::shared_ptr<AgentClient> self, AgentClient::Impl* impl) {
+  if (impl->wqueue.empty() || impl->shut) {
+    impl->writing = false;
+    return;
+  }
+  impl->writing = true;
+  // Coalesce small frames into one write.
+  if (impl->wqueue.size() > 1 && impl->wqueue.front().size() < 64 * 1024) {
+    std::string merged;
+    while (!impl->wqueue.empty() && merged.size() < 256 * 1024) {
+      merged += impl->wqueue.front();
+      impl->wqueue.pop_front();
+    }
+    impl->wqueue.push_front(std::move(merged));
+  }
+  asio::async_write(impl->socket, asio::buffer(impl->wqueue.front()),
+                    asio::bind_executor(impl->strand, [self, impl](boost::system::error_code ec, size_t) {
+                      if (ec) {
+                        impl->writing = false;
+                        self->Close();
+                        return;
+                      }
+                      if (!impl->wqueue.empty()) impl->wqueue.pop_front();
+                      WriteNext(self, impl);
+                    }));
+}
+
+class SyncCall : public AgentClient::Call {
+ public:
+  SyncCall(std::string* download, uint64_t max) : download_(download), max_(max) {}
+  void OnData(uint8_t, std::string_view data) override {
+    if (!download_) return;
+    size_t room = download_->size() >= max_ ? 0 : max_ - download_->size();
+    download_->append(data.substr(0, std::min(room, data.size())));
+  }
+  void OnResponse(StatusOr<Json> r) override { promise_.set_value(std::move(r)); }
+  std::future<StatusOr<Json>> future() { return promise_.get_future(); }
+
+ private:
+  std::string* download_;
+  uint64_t max_;
+  std::promise<StatusOr<Json>> promise_;
+};
+
+}  // namespace
+
+StatusOr<Json> AgentClient::CallSync(const Json& request, std::string_view upload,
+                                     std::string* download, uint64_t max_download, bool has_upload) {
+  auto call = std::make_shared<SyncCall>(download, max_download);
+  auto fut = call->future();
+  uint32_t ch = StartCall(request, call);
+  if (has_upload) SendData(ch, protocol::kBody, std::string(upload), /*eof=*/true);
+  return fut.get();
+}
+
+struct IoRunner::Impl {
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> guard{io.get_executor()};
+  std::vector<std::thread> threads;
+};
+
+IoRunner::IoRunner(int threads) : impl_(std::make_unique<Impl>()) {
+  for (int i = 0; i < threads; ++i) impl_->threads.emplace_back([this] { impl_->io.run(); });
+}
+
+IoRunner::~IoRunner() {
+  impl_->guard.reset();
+  impl_->io.stop();
+  for (auto& t : impl_->threads) t.join();
+}
+
+asio::io_context& IoRunner::io() { return impl_->io; }
+
+bool IoRunner::OnIoThread() const {
+  for (const auto& t : impl_->threads)
+    if (t.get_id() == std::this_thread::get_id()) return true;
+  return false;
+}
+
+}  // namespace dsec::backends::container

@@ -1,0 +1,203 @@
+#include "backends/container/container_backend.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <seccomp.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+
+#include "backends/container/container_sandbox.h"
+#include "backends/container/launcher.h"
+#include "base/file_util.h"
+#include "base/ids.h"
+#include "base/strings.h"
+#include "isolation/seccomp.h"
+
+namespace dsec::backends::container {
+
+namespace {
+
+std::string DefaultAgentPath() {
+  if (const char* env = getenv("DSEC_AGENT_PATH"); env && *env) return env;
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "dsec-agent";
+  std::string self(buf, static_cast<size_t>(n));
+  std::string dir = self.substr(0, self.rfind('/'));
+  // Installed side by side, or the build tree (src/cli/dsec -> src/agent/dsec-agent).
+  for (const std::string& cand : {dir + "/dsec-agent", dir + "/../agent/dsec-agent",
+                                  dir + "/../src/agent/dsec-agent", dir + "/src/agent/dsec-agent"}) {
+    if (access(cand.c_str(), X_OK) == 0) return cand;
+  }
+  return dir + "/dsec-agent";
+}
+
+// The agent's own filter: allow by default, refuse what a compromised agent could use to
+// leave the sandbox or attack the kernel (it needs none of these after setup).
+StatusOr<std::vector<std::string>> BuildAgentSeccompFilter() {
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+  if (!ctx) return InternalError("seccomp_init failed");
+  auto release = [&] { seccomp_release(ctx); };
+  seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
+  seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0);
+  for (const char* name :
+       {"mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen",
+        "fsconfig", "fsmount", "fspick", "mount_setattr", "unshare", "setns", "bpf", "keyctl",
+        "add_key", "request_key", "userfaultfd", "perf_event_open", "io_uring_setup",
+        "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module",
+        "finit_module", "delete_module", "open_by_handle_at", "reboot", "swapon", "swapoff",
+        "acct", "settimeofday", "clock_settime", "syslog", "kcmp", "pidfd_getfd", "iopl",
+        "ioperm", "quotactl", "lookup_dcookie"}) {
+    int nr = seccomp_syscall_resolve_name(name);
+    if (nr == __NR_SCMP_ERROR) continue;
+    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0); rc < 0) {
+      release();
+      return ErrnoStatus(-rc, std::string("seccomp agent rule ") + name);
+    }
+  }
+  int fd = memfd_create("dsec-agent-seccomp", MFD_CLOEXEC);
+  int rc = fd < 0 ? -errno : seccomp_export_bpf(ctx, fd);
+  release();
+  if (rc < 0) {
+    if (fd >= 0) close(fd);
+    return ErrnoStatus(-rc, "seccomp export agent filter");
+  }
+  off_t size = lseek(fd, 0, SEEK_END);
+  std::string prog(static_cast<size_t>(size), '\0');
+  bool ok = pread(fd, prog.data(), prog.size(), 0) == size;
+  close(fd);
+  if (!ok) return InternalError("read agent seccomp program");
+  return std::vector<std::string>{prog};
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ContainerBackend>> ContainerBackend::Create(ContainerBackendOptions opts) {
+  std::unique_ptr<ContainerBackend> b(new ContainerBackend(std::move(opts)));
+  DSEC_RETURN_IF_ERROR(b->Init());
+  return b;
+}
+
+ContainerBackend::~ContainerBackend() = default;
+
+Status ContainerBackend::Init() {
+  if (geteuid() != 0) return PermissionDenied("the container backend needs root");
+  if (opts_.state_dir.empty()) return InvalidArgument("state dir is required");
+  DSEC_RETURN_IF_ERROR(MakeDirs(opts_.state_dir, 0700));
+  char real[PATH_MAX];
+  if (!realpath(opts_.state_dir.c_str(), real)) return ErrnoError("realpath \"" + opts_.state_dir + "\"");
+  opts_.state_dir = real;
+  instance_id_ = InstanceIdForPath(opts_.state_dir);
+  sandboxes_dir_ = JoinPath(opts_.state_dir, "sandboxes");
+  DSEC_RETURN_IF_ERROR(MakeDirs(sandboxes_dir_, 0700));
+
+  // Sandboxes inherit our hard limits and cannot raise them; give them room.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_max < (1u << 20)) {
+    nofile.rlim_max = 1u << 20;
+    (void)setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+
+  features_ = isolation::KernelFeatures::Detect(opts_.features);
+
+  isolation::CgroupDriverOptions co;
+  co.instance_id = instance_id_;
+  co.mode = opts_.cgroup_mode;
+  co.use_cgroup_kill = features_.cgroup_kill;
+  co.parent_memory_bytes = opts_.parent_memory_bytes;
+  DSEC_ASSIGN_OR_RETURN(cgroups_, isolation::CgroupDriver::Create(co));
+
+  isolation::HostImageOptions ho;
+  ho.store_dir = JoinPath(opts_.state_dir, "images");
+  ho.hidden_paths = opts_.hidden_paths;
+  ho.hidden_paths.push_back(opts_.state_dir);
+  DSEC_ASSIGN_OR_RETURN(host_image_, isolation::HostImage::Prepare(ho));
+
+  isolation::SeccompOptions so;
+  so.allow_ptrace = opts_.allow_ptrace;
+  DSEC_ASSIGN_OR_RETURN(user_seccomp_, isolation::BuildUserSeccompFilter(so));
+  DSEC_ASSIGN_OR_RETURN(agent_seccomp_, BuildAgentSeccompFilter());
+
+  if (opts_.agent_path.empty()) opts_.agent_path = DefaultAgentPath();
+  DSEC_ASSIGN_OR_RETURN(agent_memfd_, SealAgentBinary(opts_.agent_path));
+
+  uid_slots_.assign(opts_.userns_slots, false);
+  io_ = std::make_unique<IoRunner>(std::max(1, opts_.io_threads));
+  return OkStatus();
+}
+
+std::string ContainerBackend::Describe() const {
+  return "container backend instance=" + instance_id_ + " cgroups=" + cgroups_->Describe() + " " +
+         features_.Describe();
+}
+
+StatusOr<uint32_t> ContainerBackend::AllocateUidSlot() {
+  std::lock_guard<std::mutex> l(uid_mu_);
+  for (uint32_t i = 0; i < uid_slots_.size(); ++i) {
+    uint32_t slot = (uid_next_ + i) % static_cast<uint32_t>(uid_slots_.size());
+    if (!uid_slots_[slot]) {
+      uid_slots_[slot] = true;
+      uid_next_ = slot + 1;  // rotate, so a just-freed range is not reused at once
+      return slot;
+    }
+  }
+  return ResourceExhausted("no free user namespace id range");
+}
+
+void ContainerBackend::ReleaseUidSlot(uint32_t slot) {
+  std::lock_guard<std::mutex> l(uid_mu_);
+  if (slot < uid_slots_.size()) uid_slots_[slot] = false;
+}
+
+StatusOr<std::shared_ptr<Sandbox>> ContainerBackend::Create(const SandboxSpec& spec) {
+  DSEC_RETURN_IF_ERROR(ValidateSandboxSpec(spec));
+  if (spec.image != "host")
+    return NotFound("image \"" + spec.image + "\" not found (this node has the built-in \"host\" image)");
+  auto sb = std::make_shared<ContainerSandbox>(this, spec);
+  if (Status s = sb->Start(); !s.ok()) {
+    (void)sb->Destroy();
+    return s.WithContext("create sandbox " + spec.id);
+  }
+  return std::shared_ptr<Sandbox>(std::move(sb));
+}
+
+StatusOr<int> ContainerBackend::CleanupOrphans() {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(sandboxes_dir_.c_str())) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.' || StartsWith(e->d_name, ".tmp-")) names.emplace_back(e->d_name);
+    closedir(d);
+  }
+  // Cgroups without a directory (a crash between the two) are orphans too.
+  if (auto cgs = cgroups_->ListSandboxes(); cgs.ok())
+    for (const auto& n : *cgs)
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  int cleaned = 0;
+  for (const auto& name : names) {
+    std::string dir = JoinPath(sandboxes_dir_, name);
+    if (StartsWith(name, ".tmp-")) {  // a create that died before its directory was ready
+      UniqueFd lock(open(JoinPath(dir, "owner.lock").c_str(), O_RDWR | O_CLOEXEC));
+      if (!lock || flock(lock.get(), LOCK_EX | LOCK_NB) == 0) (void)RemoveTree(dir);
+      continue;
+    }
+    if (!IsSafeName(name)) continue;
+    UniqueFd lock(open(JoinPath(dir, "owner.lock").c_str(), O_RDWR | O_CLOEXEC));
+    if (lock && flock(lock.get(), LOCK_EX | LOCK_NB) < 0) continue;  // alive and owned
+    if (auto cg = cgroups_->OpenSandbox(name); cg.ok()) (void)(*cg)->Destroy();
+    (void)RemoveTree(dir);
+    ++cleaned;
+  }
+  return cleaned;
+}
+
+Status ContainerBackend::Shutdown() { return cgroups_->RemoveParent(); }
+
+}  // namespace dsec::backends::container

@@ -1,0 +1,81 @@
+// The container backend: namespaces + cgroups + seccomp + overlay rootfs, PID 1 = dsec-agent.
+// Owns what all its sandboxes share: detected kernel features, the cgroup driver (parent
+// cgroup "dsec-<instance>"), the host image's mask layers, the compiled seccomp filters, the
+// sealed agent memfd, user-namespace id ranges and the I/O threads agent connections run on.
+// Everything it creates carries the instance id derived from the state dir.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/container/agent_client.h"
+#include "backends/sandbox.h"
+#include "isolation/cgroup.h"
+#include "isolation/credentials.h"
+#include "isolation/features.h"
+#include "isolation/host_image.h"
+
+namespace dsec::backends::container {
+
+struct ContainerBackendOptions {
+  std::string state_dir;  // required; sandboxes/<id> and images/ live here
+  std::string agent_path;  // default: $DSEC_AGENT_PATH, else dsec-agent beside this binary
+  isolation::FeatureSwitches features;
+  std::string cgroup_mode = "auto";  // auto | v1 | v2
+  int64_t parent_memory_bytes = 0;   // limit on all sandboxes together; 0 = none
+  uint32_t userns_base = 1u << 28;   // first host uid/gid of sandbox ranges
+  uint32_t userns_slots = 8192;      // ranges of 65536 ids
+  isolation::Rlimits rlimits;
+  uint32_t max_execs_per_sandbox = 64;
+  uint64_t inodes_per_mb = 256;      // writable layer inode limit = disk_mb * this (>= 4096)
+  std::vector<std::string> hidden_paths;  // the edge's token, config, socket, logs
+  bool allow_ptrace = true;
+  int setup_timeout_ms = 10000;
+  int io_threads = 1;
+};
+
+class ContainerSandbox;
+
+class ContainerBackend : public Backend {
+ public:
+  static StatusOr<std::unique_ptr<ContainerBackend>> Create(ContainerBackendOptions opts);
+  ~ContainerBackend() override;
+
+  std::string name() const override { return "container"; }
+  StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+
+  // Destroys sandboxes of this instance whose owner is gone (their owner.lock is free), e.g.
+  // after `dsec run` was killed. Returns how many were cleaned up.
+  StatusOr<int> CleanupOrphans();
+  // Removes the parent cgroups if no sandbox uses them any more.
+  Status Shutdown();
+
+  const std::string& instance_id() const { return instance_id_; }
+  const isolation::KernelFeatures& features() const { return features_; }
+  std::string Describe() const;
+
+ private:
+  friend class ContainerSandbox;
+  explicit ContainerBackend(ContainerBackendOptions opts) : opts_(std::move(opts)) {}
+  Status Init();
+  StatusOr<uint32_t> AllocateUidSlot();
+  void ReleaseUidSlot(uint32_t slot);
+
+  ContainerBackendOptions opts_;
+  std::string instance_id_;
+  std::string sandboxes_dir_;
+  isolation::KernelFeatures features_;
+  std::unique_ptr<isolation::CgroupDriver> cgroups_;
+  isolation::HostImage host_image_;
+  std::vector<std::string> user_seccomp_;
+  std::vector<std::string> agent_seccomp_;
+  UniqueFd agent_memfd_;
+  std::unique_ptr<IoRunner> io_;
+  std::mutex uid_mu_;
+  std::vector<bool> uid_slots_;  // GUARDED_BY(uid_mu_)
+  uint32_t uid_next_ = 0;        // GUARDED_BY(uid_mu_)
+};
+
+}  // namespace dsec::backends::container

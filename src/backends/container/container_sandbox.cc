@@ -1,0 +1,669 @@
+#include "backends/container/container_sandbox.h"
+
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "backends/container/container_backend.h"
+#include "base/clock.h"
+#include "base/file_util.h"
+#include "base/ids.h"
+#include "isolation/userns.h"
+
+namespace dsec::backends::container {
+
+using protocol::Frame;
+using protocol::FrameType;
+using protocol::Json;
+
+namespace {
+
+constexpr uint64_t kStdinWindow = 1 << 20;
+constexpr uint64_t kMaxPendingStdin = 16 << 20;
+constexpr uint64_t kMaxOutputCap = 256ull << 20;
+constexpr size_t kInlineStdinMax = 256 * 1024;
+
+Status ReadFrameTimeout(int fd, int timeout_ms, protocol::FrameDecoder* dec, Frame* f) {
+  int64_t deadline = MonotonicMs() + timeout_ms;
+  char buf[64 * 1024];
+  while (!dec->Next(f)) {
+    if (dec->failed()) return InternalError("agent sent a malformed frame");
+    int64_t left = deadline - MonotonicMs();
+    if (left <= 0) return DeadlineExceeded("agent did not answer within " + std::to_string(timeout_ms) + " ms");
+    pollfd p{fd, POLLIN, 0};
+    int r = poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno != EINTR) return ErrnoError("poll agent");
+    if (r <= 0) continue;
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n < 0) return ErrnoError("recv from agent");
+    if (n == 0) return Unavailable("agent exited during setup");
+    DSEC_RETURN_IF_ERROR(dec->Feed(std::string_view(buf, static_cast<size_t>(n))));
+  }
+  return OkStatus();
+}
+
+Status SendWithFds(int sock, const std::string& bytes, const std::vector<int>& fds) {
+  size_t off = 0;
+  bool first = true;
+  while (off < bytes.size()) {
+    iovec io{const_cast<char*>(bytes.data() + off), bytes.size() - off};
+    msghdr m{};
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    std::vector<char> cm;
+    if (first && !fds.empty()) {
+      cm.resize(CMSG_SPACE(sizeof(int) * fds.size()));
+      m.msg_control = cm.data();
+      m.msg_controllen = cm.size();
+      cmsghdr* h = CMSG_FIRSTHDR(&m);
+      h->cmsg_level = SOL_SOCKET;
+      h->cmsg_type = SCM_RIGHTS;
+      h->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      memcpy(CMSG_DATA(h), fds.data(), sizeof(int) * fds.size());
+    }
+    ssize_t n = sendmsg(sock, &m, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("send setup to agent");
+    off += static_cast<size_t>(n);
+    first = false;
+  }
+  return OkStatus();
+}
+
+class ExecHandleImpl : public ExecHandle {
+ public:
+  ExecHandleImpl(std::weak_ptr<AgentClient> client, uint32_t channel)
+      : client_(std::move(client)), channel_(channel) {}
+
+  Status WriteStdin(std::string data) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (eof_requested_) return FailedPrecondition("stdin is closed");
+    if (pending_.size() + data.size() > kMaxPendingStdin)
+      return ResourceExhausted("too much stdin buffered; the command is not reading it");
+    pending_ += data;
+    PumpLocked();
+    return OkStatus();
+  }
+  void CloseStdin() override {
+    std::lock_guard<std::mutex> l(mu_);
+    eof_requested_ = true;
+    PumpLocked();
+  }
+  void OnAck(uint64_t n) {
+    std::lock_guard<std::mutex> l(mu_);
+    inflight_ -= std::min(inflight_, n);
+    PumpLocked();
+  }
+  void Signal(int sig) override { Control({{"signal", sig}}); }
+  void Resize(uint16_t cols, uint16_t rows) override { Control({{"resize", {cols, rows}}}); }
+  void Kill() override { Control({{"kill", true}}); }
+
+ private:
+  void Control(const Json& j) {
+    if (auto c = client_.lock()) c->SendControl(channel_, j);
+  }
+  void PumpLocked() {
+    auto c = client_.lock();
+    if (!c) return;
+    while (inflight_ < kStdinWindow && !pending_.empty()) {
+      size_t n = std::min<uint64_t>({kStdinWindow - inflight_, pending_.size(), protocol::kDataChunk});
+      c->SendData(channel_, protocol::kStdin, pending_.substr(0, n), false);
+      pending_.erase(0, n);
+      inflight_ += n;
+    }
+    if (pending_.empty() && eof_requested_ && !eof_sent_) {
+      c->SendData(channel_, protocol::kStdin, "", true);
+      eof_sent_ = true;
+    }
+  }
+
+  std::weak_ptr<AgentClient> client_;
+  uint32_t channel_;
+  std::mutex mu_;
+  std::string pending_;
+  uint64_t inflight_ = 0;
+  bool eof_requested_ = false, eof_sent_ = false;
+};
+
+// Relays one exec's (or shell command's) frames to its observer.
+class ExecCall : public AgentClient::Call {
+ public:
+  ExecCall(std::shared_ptr<ExecObserver> obs, std::shared_ptr<OomTracker> oom)
+      : obs_(std::move(obs)), oom_(std::move(oom)) {}
+  void set_handle(std::weak_ptr<ExecHandleImpl> h) { handle_ = std::move(h); }
+
+  void OnEvent(const Json& e) override {
+    if (auto it = e.find("started"); it != e.end() && it->is_object())
+      obs_->OnStart(it->value("pid", 0));
+    if (auto it = e.find("stdin_ack"); it != e.end() && it->is_number_unsigned())
+      if (auto h = handle_.lock()) h->OnAck(it->get<uint64_t>());
+  }
+  void OnData(uint8_t stream, std::string_view data) override { obs_->OnOutput(stream, data); }
+  void OnResponse(StatusOr<Json> r) override {
+    if (!r.ok()) return obs_->OnExit(r.status());
+    auto res = protocol::ExecResultFromJson(*r);
+    if (res.ok() && res->signal == SIGKILL && oom_) res->oom_killed = oom_->CheckNewKill();
+    obs_->OnExit(res);
+  }
+
+ private:
+  std::shared_ptr<ExecObserver> obs_;
+  std::shared_ptr<OomTracker> oom_;
+  std::weak_ptr<ExecHandleImpl> handle_;
+};
+
+}  // namespace
+
+bool OomTracker::CheckNewKill() {
+  auto n = cgroup->OomKills();
+  if (!n.ok()) return false;
+  return *n > seen.exchange(*n);
+}
+
+ContainerSandbox::ContainerSandbox(ContainerBackend* backend, SandboxSpec spec)
+    : backend_(backend), spec_(std::move(spec)) {
+  if (spec_.hostname.empty()) spec_.hostname = spec_.id;
+  dir_ = JoinPath(backend_->sandboxes_dir_, spec_.id);
+}
+
+ContainerSandbox::~ContainerSandbox() { (void)Destroy(); }
+
+std::string ContainerSandbox::reason() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return reason_;
+}
+
+void ContainerSandbox::MarkFailed(const std::string& why) {
+  std::lock_guard<std::mutex> l(mu_);
+  SandboxState s = state_.load();
+  if (s == SandboxState::kRunning || s == SandboxState::kPaused) {
+    state_ = SandboxState::kFailed;
+    reason_ = why;
+  }
+}
+
+Status ContainerSandbox::Start() {
+  std::lock_guard<std::mutex> l(mu_);
+  return StartLocked();
+}
+
+Status ContainerSandbox::StartLocked() {
+  ContainerBackend& b = *backend_;
+  // The directory appears under its final name only once its owner lock is held, so orphan
+  // cleanup in another process can never take a sandbox that is being created.
+  std::string tmp = JoinPath(b.sandboxes_dir_, ".tmp-" + spec_.id);
+  if (mkdir(tmp.c_str(), 0700) < 0) {
+    if (errno == EEXIST) return Status(StatusCode::kAlreadyExists, "sandbox " + spec_.id + " is being created");
+    return ErrnoError("mkdir \"" + tmp + "\"");
+  }
+  tmp_created_ = true;
+  if (mkdir(JoinPath(tmp, "mnt").c_str(), 0755) < 0) return ErrnoError("mkdir mnt");
+  lock_fd_.Reset(open(JoinPath(tmp, "owner.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock_fd_ || flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0) return ErrnoError("lock sandbox dir");
+  if (rename(tmp.c_str(), dir_.c_str()) < 0) {
+    Status s = errno == EEXIST || errno == ENOTEMPTY
+                   ? Status(StatusCode::kAlreadyExists, "sandbox " + spec_.id + " already exists")
+                   : ErrnoError("rename \"" + tmp + "\"");
+    (void)RemoveTree(tmp);
+    tmp_created_ = false;
+    dir_.clear();  // not ours: Destroy must not touch it
+    return s;
+  }
+  tmp_created_ = false;
+
+  bool userns = b.features_.userns;
+  uint32_t root_uid = 0;
+  if (userns) {
+    DSEC_ASSIGN_OR_RETURN(uint32_t slot, b.AllocateUidSlot());
+    uid_slot_ = slot;
+    uint64_t base = static_cast<uint64_t>(b.opts_.userns_base) + static_cast<uint64_t>(slot) * 65536;
+    if (base + 65536 > 0xFFFFFFFEull) return ResourceExhausted("user namespace id range overflows");
+    root_uid = static_cast<uint32_t>(base);
+  }
+
+  isolation::CgroupLimits limits;
+  limits.memory_bytes = (spec_.memory_mb + spec_.disk_mb) << 20;  // tmpfs pages count too
+  limits.pids = spec_.pids;
+  limits.cpus = spec_.cpus;
+  DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->CreateSandbox(spec_.id, limits));
+  cgroup_ = std::move(cg);
+  oom_ = std::make_shared<OomTracker>();
+  oom_->cgroup = cgroup_;
+  if (userns) DSEC_RETURN_IF_ERROR(cgroup_->Delegate(root_uid, root_uid));
+
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) return ErrnoError("socketpair");
+  UniqueFd conn(sp[0]), child_end(sp[1]);
+  LaunchRequest lr;
+  lr.agent_memfd = b.agent_memfd_.get();
+  lr.channel_fd = child_end.get();
+  lr.userns = userns;
+  bool clone_into = b.features_.clone_into_cgroup && cgroup_->CloneIntoFd() >= 0;
+  lr.cgroup_fd = clone_into ? cgroup_->CloneIntoFd() : -1;
+  DSEC_ASSIGN_OR_RETURN(PendingAgent pending, LaunchAgent(lr));
+  agent_ = std::make_unique<PendingAgent>(std::move(pending));
+  agent_pid_ = agent_->pid();
+  child_end.Reset();
+
+  UniqueFd userns_fd;
+  if (userns) {
+    DSEC_RETURN_IF_ERROR(isolation::WriteIdMaps(agent_pid_, {root_uid, 65536}));
+    DSEC_ASSIGN_OR_RETURN(userns_fd, isolation::OpenUserns(agent_pid_));
+  }
+  DSEC_RETURN_IF_ERROR(cgroup_->AddProcess(agent_pid_, clone_into));
+  // Keep the agent from being the OOM victim. Best effort: some hosts refuse negative
+  // values even to root; user processes start at +500 (spawn.cc) so they go first anyway.
+  (void)WriteStringToFile("/proc/" + std::to_string(agent_pid_) + "/oom_score_adj", "-1000");
+  DSEC_RETURN_IF_ERROR(agent_->Release());
+  DSEC_RETURN_IF_ERROR(Handshake(conn.get(), userns_fd.get()));
+
+  client_ = AgentClient::Create(b.io_->io(), std::move(conn));
+  std::weak_ptr<ContainerSandbox> weak = weak_from_this();
+  client_->Start([weak](const Status&) {
+    if (auto self = weak.lock()) self->MarkFailed("agent exited");
+  });
+  state_ = SandboxState::kRunning;
+  return OkStatus();
+}
+
+Status ContainerSandbox::Handshake(int conn, int userns_fd) {
+  ContainerBackend& b = *backend_;
+  protocol::FrameDecoder dec;
+  Frame f;
+  DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn, b.opts_.setup_timeout_ms, &dec, &f));
+  if (f.type != FrameType::kHello) return InternalError("agent did not say hello");
+
+  DSEC_ASSIGN_OR_RETURN(UniqueFd dirfd, OpenDir(dir_, O_PATH));
+  // A restarted edge reconnects here; binding through /proc/self/fd avoids sun_path limits.
+  UniqueFd listen_fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listen_fd) return ErrnoError("socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/agent.sock", dirfd.get());
+  if (bind(listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+    return ErrnoError("bind agent.sock");
+  if (fchmodat(dirfd.get(), "agent.sock", 0600, 0) < 0) return ErrnoError("chmod agent.sock");
+  if (listen(listen_fd.get(), 4) < 0) return ErrnoError("listen agent.sock");
+
+  // Opened through the agent's root so the fd names the agent's (private) copy of the
+  // directory: move_mount only attaches onto mounts in the caller's namespace.
+  DSEC_ASSIGN_OR_RETURN(UniqueFd mount_dir,
+                        OpenDir("/proc/" + std::to_string(agent_pid_) + "/root" + JoinPath(dir_, "mnt"), O_PATH));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd cg_user, cgroup_->OpenUserDir());
+  std::vector<UniqueFd> layers;
+  for (const auto& path : b.host_image_.layer_paths) {
+    StatusOr<UniqueFd> m = userns_fd >= 0 ? isolation::MakeIdmappedMount(path, userns_fd)
+                                          : isolation::MakeReadonlyBind(path);
+    if (!m.ok()) return m.status();
+    layers.push_back(std::move(*m));
+  }
+
+  protocol::SetupSpec s;
+  s.sandbox_id = spec_.id;
+  s.hostname = spec_.hostname;
+  s.secret = RandomHex(32);
+  auto& r = s.rootfs;
+  r.size_bytes = static_cast<uint64_t>(spec_.disk_mb) << 20;
+  r.inodes = std::max<uint64_t>(4096, static_cast<uint64_t>(spec_.disk_mb) * b.opts_.inodes_per_mb);
+  r.userns = userns_fd >= 0;
+  r.overlays = b.host_image_.overlays;
+  r.symlinks = b.host_image_.symlinks;
+  r.dirs = {{"/tmp", 01777, 0, 0},   {"/var", 0755, 0, 0},  {"/var/tmp", 01777, 0, 0},
+            {"/run", 0755, 0, 0},    {"/home", 0755, 0, 0}, {"/root", 0700, 0, 0},
+            {"/mnt", 0755, 0, 0},    {"/sys", 0555, 0, 0},  {"/workspace", 0755, 1000, 1000}};
+  if (spec_.workdir != "/workspace") r.dirs.push_back({spec_.workdir, 0755, 1000, 1000});
+  r.files = {{"/etc/hostname", spec_.hostname + "\n", 0644, 0, 0},
+             {"/etc/hosts",
+              "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" +
+                  spec_.hostname + "\n",
+              0644, 0, 0}};
+  s.rlimits = b.opts_.rlimits;
+  if (s.rlimits.fsize == 0) s.rlimits.fsize = r.size_bytes;
+  s.user_seccomp = b.user_seccomp_;
+  s.agent_seccomp = b.agent_seccomp_;
+  s.agent_caps = isolation::RootCapabilities() | isolation::CapMask({CAP_DAC_READ_SEARCH});
+  s.clone_into_cgroup = b.features_.clone_into_cgroup;
+  s.cgroup_kill = b.features_.cgroup_kill;
+  s.max_execs = b.opts_.max_execs_per_sandbox;
+  std::vector<int> fds = {mount_dir.get(), listen_fd.get()};
+  s.fds.mount_dir = 0;
+  s.fds.listen = 1;
+  if (cg_user) {
+    s.fds.cgroup_user = static_cast<int>(fds.size());
+    fds.push_back(cg_user.get());
+  }
+  s.fds.first_layer = static_cast<int>(fds.size());
+  s.fds.layer_count = static_cast<int>(layers.size());
+  for (const auto& l : layers) fds.push_back(l.get());
+
+  std::string frame;
+  DSEC_RETURN_IF_ERROR(protocol::EncodeFrame(FrameType::kSetup, 0, 0, protocol::ToJson(s).dump(), &frame));
+  DSEC_RETURN_IF_ERROR(SendWithFds(conn, frame, fds));
+  DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn, b.opts_.setup_timeout_ms, &dec, &f));
+  if (f.type == FrameType::kError) {
+    auto j = protocol::ParseJson(f.payload);
+    Status st = j.ok() ? protocol::StatusFromJson(*j) : InternalError("agent setup failed");
+    return st.ok() ? InternalError("agent setup failed") : st;
+  }
+  if (f.type != FrameType::kReady) return InternalError("agent sent an unexpected frame during setup");
+  return OkStatus();
+}
+
+StatusOr<std::shared_ptr<AgentClient>> ContainerSandbox::Ready() {
+  if (state_.load() == SandboxState::kPaused) DSEC_RETURN_IF_ERROR(Resume());
+  std::lock_guard<std::mutex> l(mu_);
+  SandboxState st = state_.load();
+  if (st != SandboxState::kRunning)
+    return FailedPrecondition("sandbox " + spec_.id + " is " + std::string(SandboxStateName(st)) +
+                              (reason_.empty() ? "" : " (" + reason_ + ")"));
+  return client_;
+}
+
+std::vector<std::string> ContainerSandbox::BaseEnv(const UserIds& u, bool tty) const {
+  std::vector<std::string> env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                  "HOME=" + u.home,
+                                  "USER=" + u.name,
+                                  "LOGNAME=" + u.name,
+                                  "SHELL=/bin/bash",
+                                  "LANG=C.UTF-8",
+                                  "HOSTNAME=" + spec_.hostname};
+  if (tty) env.push_back("TERM=xterm-256color");
+  return env;
+}
+
+namespace {
+void SetEnv(std::vector<std::string>* env, const std::string& k, const std::string& v) {
+  for (auto& e : *env) {
+    if (e.size() > k.size() && e.compare(0, k.size(), k) == 0 && e[k.size()] == '=') {
+      e = k + "=" + v;
+      return;
+    }
+  }
+  env->push_back(k + "=" + v);
+}
+
+Status ValidateEnv(const std::map<std::string, std::string>& env) {
+  for (const auto& [k, v] : env)
+    if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+        v.find('\0') != std::string::npos)
+      return InvalidArgument("env names must be non-empty without '=' or NUL, values without NUL");
+  return OkStatus();
+}
+}  // namespace
+
+StatusOr<protocol::ExecSpec> ContainerSandbox::BuildExecSpec(const ExecRequest& req) {
+  protocol::ExecSpec s;
+  if (req.shell) {
+    s.argv = {"/bin/sh", "-c", *req.shell};
+  } else {
+    if (req.cmd.empty() || req.cmd[0].empty()) return InvalidArgument("cmd must not be empty");
+    s.argv = req.cmd;
+  }
+  for (const auto& a : s.argv)
+    if (a.find('\0') != std::string::npos) return InvalidArgument("cmd must not contain NUL bytes");
+  DSEC_ASSIGN_OR_RETURN(UserIds u, ResolveUser(req.user.empty() ? spec_.user : req.user));
+  s.uid = u.uid;
+  s.gid = u.gid;
+  s.root_caps = u.root;
+  s.cwd = req.cwd.empty() ? spec_.workdir : req.cwd;
+  if (s.cwd[0] != '/' || s.cwd.find('\0') != std::string::npos) return InvalidArgument("cwd must be an absolute path");
+  DSEC_RETURN_IF_ERROR(ValidateEnv(req.env));
+  s.env = BaseEnv(u, req.tty);
+  for (const auto& [k, v] : spec_.env) SetEnv(&s.env, k, v);
+  for (const auto& [k, v] : req.env) SetEnv(&s.env, k, v);
+  if (req.timeout_ms < 0) return InvalidArgument("timeout_ms must not be negative");
+  s.timeout_ms = req.timeout_ms;
+  if (req.max_output_bytes > kMaxOutputCap)
+    return InvalidArgument("max_output_bytes must be at most " + std::to_string(kMaxOutputCap));
+  s.max_output_bytes = req.max_output_bytes;
+  s.tty = req.tty;
+  s.cols = req.cols;
+  s.rows = req.rows;
+  s.stdin_stream = req.stdin_stream;
+  return s;
+}
+
+StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::StartExec(const ExecRequest& req,
+                                                                  std::shared_ptr<ExecObserver> observer) {
+  DSEC_ASSIGN_OR_RETURN(protocol::ExecSpec spec, BuildExecSpec(req));
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  bool stream_stdin = req.stdin_data.size() > kInlineStdinMax;
+  if (stream_stdin) {
+    spec.stdin_stream = true;
+  } else {
+    spec.stdin_data = req.stdin_data;
+  }
+  Json j = protocol::ToJson(spec);
+  j["op"] = "exec";
+  auto call = std::make_shared<ExecCall>(std::move(observer), oom_);
+  uint32_t ch = client->StartCall(j, call);
+  auto handle = std::make_shared<ExecHandleImpl>(client, ch);
+  call->set_handle(handle);
+  if (stream_stdin) {
+    DSEC_RETURN_IF_ERROR(handle->WriteStdin(req.stdin_data));
+    handle->CloseStdin();
+  }
+  exec_count_++;
+  return std::shared_ptr<ExecHandle>(handle);
+}
+
+Json ContainerSandbox::IdsJson(const std::string& user, StatusOr<UserIds>* out) {
+  auto ids = ResolveUser(user.empty() ? spec_.user : user);
+  Json j = Json::object();
+  if (ids.ok()) {
+    j["uid"] = ids->uid;
+    j["gid"] = ids->gid;
+  }
+  if (out) *out = ids;
+  return j;
+}
+
+StatusOr<std::string> ContainerSandbox::OpenShell(const std::string& user) {
+  DSEC_ASSIGN_OR_RETURN(UserIds u, ResolveUser(user.empty() ? spec_.user : user));
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  protocol::ExecSpec s;
+  s.argv = {"/bin/bash"};
+  s.uid = u.uid;
+  s.gid = u.gid;
+  s.root_caps = u.root;
+  s.cwd = spec_.workdir;
+  s.env = BaseEnv(u, false);
+  for (const auto& [k, v] : spec_.env) SetEnv(&s.env, k, v);
+  Json j = protocol::ToJson(s);
+  j["op"] = "shell_open";
+  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(j));
+  return protocol::GetString(r, "shell_id");
+}
+
+StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::RunInShell(
+    const std::string& shell_id, const std::string& command, int64_t timeout_ms,
+    uint64_t max_output_bytes, std::shared_ptr<ExecObserver> observer) {
+  if (timeout_ms < 0) return InvalidArgument("timeout_ms must not be negative");
+  if (max_output_bytes > kMaxOutputCap) return InvalidArgument("max_output_bytes is too large");
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  auto call = std::make_shared<ExecCall>(std::move(observer), oom_);
+  Json j = {{"op", "shell_run"}, {"shell_id", shell_id}, {"command", command},
+            {"timeout_ms", timeout_ms}, {"max_output_bytes", max_output_bytes}};
+  uint32_t ch = client->StartCall(j, call);
+  auto handle = std::make_shared<ExecHandleImpl>(client, ch);
+  call->set_handle(handle);
+  exec_count_++;
+  return std::shared_ptr<ExecHandle>(handle);
+}
+
+Status ContainerSandbox::CloseShell(const std::string& shell_id) {
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  return client->CallSync({{"op", "shell_close"}, {"shell_id", shell_id}}).status();
+}
+
+StatusOr<std::string> ContainerSandbox::ReadFile(const std::string& path, uint64_t max_bytes) {
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  StatusOr<UserIds> ids = NotFound("");
+  Json j = IdsJson("", &ids);
+  DSEC_RETURN_IF_ERROR(ids.status());
+  j["op"] = "read_file";
+  j["path"] = path;
+  j["max_bytes"] = max_bytes;
+  std::string data;
+  DSEC_RETURN_IF_ERROR(client->CallSync(j, {}, &data, max_bytes).status());
+  return data;
+}
+
+Status ContainerSandbox::WriteFile(const std::string& path, std::string_view data, uint32_t mode) {
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  StatusOr<UserIds> ids = NotFound("");
+  Json j = IdsJson("", &ids);
+  DSEC_RETURN_IF_ERROR(ids.status());
+  j["op"] = "write_file";
+  j["path"] = path;
+  j["mode"] = mode;
+  return client->CallSync(j, data, nullptr, 0, /*has_upload=*/true).status();
+}
+
+StatusOr<std::vector<FileEntry>> ContainerSandbox::ListDir(const std::string& path) {
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  Json j = IdsJson("");
+  j["op"] = "list";
+  j["path"] = path;
+  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(j));
+  std::vector<FileEntry> out;
+  auto it = r.find("entries");
+  if (it == r.end() || !it->is_array()) return InternalError("agent list response has no entries");
+  for (const auto& e : *it) {
+    DSEC_ASSIGN_OR_RETURN(FileEntry fe, protocol::FileEntryFromJson(e));
+    out.push_back(std::move(fe));
+  }
+  return out;
+}
+
+StatusOr<FileEntry> ContainerSandbox::Stat(const std::string& path) {
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  Json j = IdsJson("");
+  j["op"] = "stat";
+  j["path"] = path;
+  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(j));
+  return protocol::FileEntryFromJson(r);
+}
+
+Status ContainerSandbox::MakeDir(const std::string& path, uint32_t mode) {
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  Json j = IdsJson("");
+  j["op"] = "mkdir";
+  j["path"] = path;
+  j["mode"] = mode;
+  return client->CallSync(j).status();
+}
+
+Status ContainerSandbox::Remove(const std::string& path, bool recursive) {
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  Json j = IdsJson("");
+  j["op"] = "remove";
+  j["path"] = path;
+  j["recursive"] = recursive;
+  return client->CallSync(j).status();
+}
+
+Status ContainerSandbox::ExtractTar(const std::string& dir, std::string_view tar_bytes) {
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  Json j = IdsJson("");
+  j["op"] = "tar_extract";
+  j["path"] = dir;
+  j["max_bytes"] = static_cast<uint64_t>(spec_.disk_mb) << 20;
+  return client->CallSync(j, tar_bytes, nullptr, 0, true).status();
+}
+
+StatusOr<std::string> ContainerSandbox::CreateTar(const std::string& dir, uint64_t max_bytes) {
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  Json j = IdsJson("");
+  j["op"] = "tar_create";
+  j["path"] = dir;
+  std::string data;
+  DSEC_RETURN_IF_ERROR(client->CallSync(j, {}, &data, max_bytes).status());
+  if (data.size() >= max_bytes) return TooLarge("archive is larger than " + std::to_string(max_bytes) + " bytes");
+  return data;
+}
+
+StatusOr<int> ContainerSandbox::SignalAll(int sig) {
+  if (sig <= 0 || sig >= 65) return InvalidArgument("bad signal number");
+  DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync({{"op", "signal_all"}, {"signal", sig}}));
+  DSEC_ASSIGN_OR_RETURN(int64_t n, protocol::GetInt(r, "processes", 0));
+  return static_cast<int>(n);
+}
+
+Status ContainerSandbox::Pause() {
+  std::lock_guard<std::mutex> l(mu_);
+  SandboxState st = state_.load();
+  if (st == SandboxState::kPaused) return OkStatus();
+  if (st != SandboxState::kRunning)
+    return FailedPrecondition("sandbox " + spec_.id + " is " + std::string(SandboxStateName(st)));
+  DSEC_RETURN_IF_ERROR(cgroup_->Freeze());
+  state_ = SandboxState::kPaused;
+  return OkStatus();
+}
+
+Status ContainerSandbox::Resume() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (state_.load() != SandboxState::kPaused) return OkStatus();
+  DSEC_RETURN_IF_ERROR(cgroup_->Thaw());
+  state_ = SandboxState::kRunning;
+  return OkStatus();
+}
+
+StatusOr<SandboxStats> ContainerSandbox::Stats() {
+  std::shared_ptr<isolation::Cgroup> cg;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (state_.load() == SandboxState::kDestroyed || !cgroup_) return FailedPrecondition("sandbox is destroyed");
+    cg = cgroup_;
+  }
+  DSEC_ASSIGN_OR_RETURN(isolation::CgroupStats c, cg->Stats());
+  SandboxStats s;
+  s.memory_current = c.memory_current;
+  s.memory_peak = c.memory_peak;
+  s.memory_limit = static_cast<uint64_t>(spec_.memory_mb + spec_.disk_mb) << 20;
+  s.cpu_usage_us = c.cpu_usage_us;
+  s.pids = c.pids_current;
+  s.oom_kills = c.oom_kills;
+  s.disk_used = c.shmem;
+  s.disk_limit = static_cast<uint64_t>(spec_.disk_mb) << 20;
+  s.exec_count = exec_count_.load();
+  return s;
+}
+
+Status ContainerSandbox::Destroy() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (state_.load() == SandboxState::kDestroyed) return OkStatus();
+  state_ = SandboxState::kDestroyed;
+  if (client_) client_->Close();
+  Status result;
+  if (cgroup_) (void)cgroup_->KillAll();
+  if (agent_) {
+    // Killing PID 1 of the pid namespace takes every process in it along; reap it.
+    (void)agent_->pidfd().SendSignal(SIGKILL);
+    agent_->Abort();
+  }
+  if (cgroup_) result = cgroup_->Destroy();
+  if (!dir_.empty()) {
+    Status s = RemoveTree(dir_);
+    if (result.ok()) result = s;
+  }
+  if (tmp_created_) (void)RemoveTree(JoinPath(backend_->sandboxes_dir_, ".tmp-" + spec_.id));
+  lock_fd_.Reset();
+  if (uid_slot_ >= 0) {
+    backend_->ReleaseUidSlot(static_cast<uint32_t>(uid_slot_));
+    uid_slot_ = -1;
+  }
+  return result;
+}
+
+}  // namespace dsec::backends::container

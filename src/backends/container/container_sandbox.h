@@ -1,0 +1,91 @@
+// One container sandbox: its cgroup, its agent process and connection, its directory under
+// the state dir (agent.sock for reconnects, owner.lock, the tmpfs attach point) and its user
+// namespace id range. Destroy() releases all of it and is idempotent.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backends/container/agent_client.h"
+#include "backends/container/launcher.h"
+#include "backends/sandbox.h"
+#include "isolation/cgroup.h"
+
+namespace dsec::backends::container {
+
+class ContainerBackend;
+
+// Attributes SIGKILLed execs to the OOM killer when the cgroup's OOM count went up.
+struct OomTracker {
+  std::shared_ptr<isolation::Cgroup> cgroup;
+  std::atomic<uint64_t> seen{0};
+  bool CheckNewKill();
+};
+
+class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<ContainerSandbox> {
+ public:
+  ContainerSandbox(ContainerBackend* backend, SandboxSpec spec);
+  ~ContainerSandbox() override;
+
+  // Builds everything and waits for the agent to be ready.
+  Status Start();
+
+  const SandboxSpec& spec() const override { return spec_; }
+  SandboxState state() const override { return state_.load(); }
+  std::string reason() const override;
+
+  StatusOr<std::shared_ptr<ExecHandle>> StartExec(const ExecRequest& req,
+                                                  std::shared_ptr<ExecObserver> observer) override;
+  StatusOr<std::string> OpenShell(const std::string& user) override;
+  StatusOr<std::shared_ptr<ExecHandle>> RunInShell(const std::string& shell_id,
+                                                   const std::string& command, int64_t timeout_ms,
+                                                   uint64_t max_output_bytes,
+                                                   std::shared_ptr<ExecObserver> observer) override;
+  Status CloseShell(const std::string& shell_id) override;
+  StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) override;
+  Status WriteFile(const std::string& path, std::string_view data, uint32_t mode) override;
+  StatusOr<std::vector<FileEntry>> ListDir(const std::string& path) override;
+  StatusOr<FileEntry> Stat(const std::string& path) override;
+  Status MakeDir(const std::string& path, uint32_t mode) override;
+  Status Remove(const std::string& path, bool recursive) override;
+  Status ExtractTar(const std::string& dir, std::string_view tar_bytes) override;
+  StatusOr<std::string> CreateTar(const std::string& dir, uint64_t max_bytes) override;
+  StatusOr<int> SignalAll(int sig) override;
+  Status Pause() override;
+  Status Resume() override;
+  StatusOr<SandboxStats> Stats() override;
+  Status Destroy() override;
+
+  pid_t agent_pid() const { return agent_pid_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  Status StartLocked();
+  Status Handshake(int conn, int userns_fd);
+  // Ready for agent calls: running (a paused sandbox is resumed first).
+  StatusOr<std::shared_ptr<AgentClient>> Ready();
+  protocol::Json IdsJson(const std::string& user, StatusOr<UserIds>* ids = nullptr);
+  StatusOr<protocol::ExecSpec> BuildExecSpec(const ExecRequest& req);
+  std::vector<std::string> BaseEnv(const UserIds& u, bool tty) const;
+  void MarkFailed(const std::string& why);
+
+  ContainerBackend* backend_;
+  SandboxSpec spec_;
+  std::string dir_;
+  std::atomic<SandboxState> state_{SandboxState::kCreating};
+  mutable std::mutex mu_;
+  std::string reason_;                        // GUARDED_BY(mu_)
+  std::shared_ptr<isolation::Cgroup> cgroup_;  // set in Start, never reset
+  std::shared_ptr<struct OomTracker> oom_;
+  std::unique_ptr<PendingAgent> agent_;        // GUARDED_BY(mu_)
+  std::shared_ptr<AgentClient> client_;        // GUARDED_BY(mu_)
+  UniqueFd lock_fd_;
+  pid_t agent_pid_ = -1;
+  int64_t uid_slot_ = -1;
+  bool tmp_created_ = false;
+  std::atomic<uint64_t> exec_count_{0};
+};
+
+}  // namespace dsec::backends::container

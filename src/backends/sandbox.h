@@ -1,0 +1,160 @@
+// The Sandbox interface every execution form implements (container now; fncall workers and
+// microVMs later), and the Backend that creates them. All forms run the same dsec-agent, so
+// exec, shells and file operations share one shape; backends differ in create, destroy,
+// pause/resume and stats.
+//
+// Thread safety: Sandbox methods may be called from any thread except the backend's I/O
+// threads (synchronous methods block on them). Observer callbacks run on an I/O thread and
+// must not block.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "protocol/messages.h"
+
+namespace dsec::backends {
+
+using ExecResult = protocol::ExecResult;
+using FileEntry = protocol::FileEntry;
+
+struct SandboxSpec {
+  std::string id;  // chosen by the caller (unique per node)
+  std::string kind = "container";
+  std::string image = "host";
+  double cpus = 1.0;
+  int64_t memory_mb = 512;
+  int64_t pids = 256;
+  int64_t disk_mb = 256;
+  std::string user = "sandbox";
+  std::string workdir = "/workspace";
+  std::map<std::string, std::string> env;
+  std::string hostname;  // defaults to the id
+};
+
+enum class SandboxState { kCreating, kRunning, kPaused, kFailed, kDestroyed };
+std::string_view SandboxStateName(SandboxState s);
+
+struct ExecRequest {
+  std::vector<std::string> cmd;
+  std::optional<std::string> shell;  // run by /bin/sh -c instead of cmd
+  std::map<std::string, std::string> env;
+  std::string cwd;   // default: the sandbox's workdir
+  std::string user;  // default: the sandbox's user
+  int64_t timeout_ms = 30000;
+  uint64_t max_output_bytes = 1 << 20;
+  std::string stdin_data;
+  bool stdin_stream = false;  // the caller writes stdin through the ExecHandle
+  bool tty = false;
+  uint16_t cols = 80, rows = 24;
+};
+
+// Output and result of a buffered exec.
+struct ExecOutput {
+  ExecResult result;
+  std::string stdout_data;
+  std::string stderr_data;
+};
+
+class ExecObserver {
+ public:
+  virtual ~ExecObserver() = default;
+  virtual void OnStart(int pid) { (void)pid; }
+  // stream: protocol::kStdout or kStderr.
+  virtual void OnOutput(uint8_t stream, std::string_view data) = 0;
+  // Exactly once. An error means the exec could not run or the sandbox went away.
+  virtual void OnExit(const StatusOr<ExecResult>& result) = 0;
+};
+
+class ExecHandle {
+ public:
+  virtual ~ExecHandle() = default;
+  // Queued and sent as the command reads; bounded (ResourceExhausted when it stops reading).
+  virtual Status WriteStdin(std::string data) = 0;
+  virtual void CloseStdin() = 0;
+  virtual void Signal(int sig) = 0;
+  virtual void Resize(uint16_t cols, uint16_t rows) = 0;
+  virtual void Kill() = 0;  // the whole process tree
+};
+
+struct SandboxStats {
+  uint64_t memory_current = 0, memory_peak = 0, memory_limit = 0;
+  uint64_t cpu_usage_us = 0;
+  uint64_t pids = 0;
+  uint64_t oom_kills = 0;
+  uint64_t disk_used = 0, disk_limit = 0;
+  uint64_t exec_count = 0;
+};
+
+class Sandbox {
+ public:
+  virtual ~Sandbox() = default;
+  virtual const SandboxSpec& spec() const = 0;
+  const std::string& id() const { return spec().id; }
+  virtual SandboxState state() const = 0;
+  // Why the sandbox failed ("agent exited", ...); empty otherwise.
+  virtual std::string reason() const = 0;
+
+  // Streaming exec: output and the result go to `observer`.
+  virtual StatusOr<std::shared_ptr<ExecHandle>> StartExec(const ExecRequest& req,
+                                                          std::shared_ptr<ExecObserver> observer) = 0;
+  // Buffered exec: waits for the command and returns its output (capped per stream).
+  StatusOr<ExecOutput> Exec(const ExecRequest& req);
+
+  // Persistent shells (cwd, env and background jobs persist between commands).
+  virtual StatusOr<std::string> OpenShell(const std::string& user = "") = 0;
+  virtual StatusOr<std::shared_ptr<ExecHandle>> RunInShell(const std::string& shell_id,
+                                                           const std::string& command,
+                                                           int64_t timeout_ms,
+                                                           uint64_t max_output_bytes,
+                                                           std::shared_ptr<ExecObserver> observer) = 0;
+  StatusOr<ExecOutput> RunShell(const std::string& shell_id, const std::string& command,
+                                int64_t timeout_ms = 30000, uint64_t max_output_bytes = 1 << 20);
+  virtual Status CloseShell(const std::string& shell_id) = 0;
+
+  // Files, resolved inside the sandbox root, as the sandbox's user.
+  virtual StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) = 0;
+  virtual Status WriteFile(const std::string& path, std::string_view data, uint32_t mode = 0644) = 0;
+  virtual StatusOr<std::vector<FileEntry>> ListDir(const std::string& path) = 0;
+  virtual StatusOr<FileEntry> Stat(const std::string& path) = 0;
+  virtual Status MakeDir(const std::string& path, uint32_t mode = 0755) = 0;
+  virtual Status Remove(const std::string& path, bool recursive) = 0;
+  virtual Status ExtractTar(const std::string& dir, std::string_view tar_bytes) = 0;
+  virtual StatusOr<std::string> CreateTar(const std::string& dir, uint64_t max_bytes) = 0;
+
+  // Signals every user process (the agent survives). Returns how many there were.
+  virtual StatusOr<int> SignalAll(int sig) = 0;
+  virtual Status Pause() = 0;
+  virtual Status Resume() = 0;
+  virtual StatusOr<SandboxStats> Stats() = 0;
+  // Removes every kernel object and file the sandbox made. Safe to call twice.
+  virtual Status Destroy() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Returns when the sandbox is running.
+  virtual StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) = 0;
+};
+
+struct UserIds {
+  uint32_t uid = 1000, gid = 1000;
+  bool root = false;  // root keeps the reduced root capability set
+  std::string name;   // for USER/LOGNAME/HOME
+  std::string home;
+};
+// "sandbox" (uid 1000), "root", or numeric "uid" / "uid:gid" (0-65535).
+StatusOr<UserIds> ResolveUser(const std::string& user);
+
+// Validates resource fields (positive, bounded) and ids. Shared by every backend and the API.
+Status ValidateSandboxSpec(const SandboxSpec& spec);
+
+}  // namespace dsec::backends

@@ -1,0 +1,33 @@
+// dsec: the command-line interface. `dsec run` works locally (as root, no daemon needed).
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <iostream>
+
+#include "base/logging.h"
+#include "cli/run.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsec: sandboxes for agentic RL"};
+  app.require_subcommand(1);
+  dsec::cli::GlobalOptions global;
+  const char* env_state = getenv("DSEC_STATE_DIR");
+  global.state_dir = env_state && *env_state ? env_state : "/var/lib/dsec/local";
+  app.add_option("--state-dir", global.state_dir, "State directory for local sandboxes");
+  app.add_option("--log-level", global.log_level, "trace|debug|info|warn|error");
+  app.set_version_flag("--version", std::string("dsec ") + DSEC_VERSION);
+  int exit_code = 0;
+  dsec::cli::RegisterRun(app, global, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "dsec: " << e.what() << " (see dsec --help)\n";
+    return 2;
+  }
+  return exit_code;
+}

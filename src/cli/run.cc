@@ -1,0 +1,256 @@
+#include "cli/run.h"
+
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "backends/container/container_backend.h"
+#include "base/ids.h"
+#include "base/strings.h"
+
+namespace dsec::cli {
+
+namespace {
+
+struct RunOptions {
+  std::string image = "host";
+  double cpu = 1.0;
+  int64_t memory_mb = 512;
+  int64_t pids = 256;
+  int64_t disk_mb = 256;
+  double timeout_s = 0;
+  std::string user = "sandbox";
+  std::string workdir = "/workspace";
+  std::vector<std::string> env;
+  std::string tty = "auto";
+  bool no_userns = false;
+  std::vector<std::string> cmd;
+};
+
+void WriteAll(int fd, std::string_view d) {
+  while (!d.empty()) {
+    ssize_t n = write(fd, d.data(), d.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    d.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+class StreamObserver : public backends::ExecObserver {
+ public:
+  void OnOutput(uint8_t stream, std::string_view data) override {
+    WriteAll(stream == protocol::kStderr ? STDERR_FILENO : STDOUT_FILENO, data);
+  }
+  void OnExit(const StatusOr<backends::ExecResult>& r) override {
+    std::lock_guard<std::mutex> l(mu_);
+    result_ = r;
+    done_ = true;
+    cv_.notify_all();
+  }
+  StatusOr<backends::ExecResult> Wait() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return done_; });
+    return result_;
+  }
+  bool done() {
+    std::lock_guard<std::mutex> l(mu_);
+    return done_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  StatusOr<backends::ExecResult> result_ = InternalError("no result");
+};
+
+class RawTerminal {
+ public:
+  RawTerminal() {
+    if (tcgetattr(STDIN_FILENO, &saved_) == 0) {
+      termios raw = saved_;
+      cfmakeraw(&raw);
+      active_ = tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+    }
+  }
+  ~RawTerminal() {
+    if (active_) tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+
+ private:
+  termios saved_{};
+  bool active_ = false;
+};
+
+int Run(const GlobalOptions& g, RunOptions o) {
+  if (geteuid() != 0) {
+    std::cerr << "dsec: run needs root (it creates namespaces and cgroups); try sudo\n";
+    return 125;
+  }
+  if (o.cmd.empty()) {
+    std::cerr << "dsec: run needs a command: dsec run [flags] -- CMD [ARGS...]\n";
+    return 125;
+  }
+  backends::SandboxSpec spec;
+  spec.id = NewSandboxId("local");
+  spec.image = o.image;
+  spec.cpus = o.cpu;
+  spec.memory_mb = o.memory_mb;
+  spec.pids = o.pids;
+  spec.disk_mb = o.disk_mb;
+  spec.user = o.user;
+  spec.workdir = o.workdir;
+  for (const auto& kv : o.env) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "dsec: --env takes KEY=VALUE, not \"" << kv << "\"\n";
+      return 125;
+    }
+    spec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (Status s = backends::ValidateSandboxSpec(spec); !s.ok()) {
+    std::cerr << "dsec: " << s.message() << "\n";
+    return 125;
+  }
+  if (auto u = backends::ResolveUser(o.user); !u.ok()) {
+    std::cerr << "dsec: " << u.status().message() << "\n";
+    return 125;
+  }
+  if (o.timeout_s < 0) {
+    std::cerr << "dsec: --timeout must not be negative\n";
+    return 125;
+  }
+
+  // Signals the CLI forwards are handled by one thread; everything else blocks them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH}) sigaddset(&sigs, s);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  backends::container::ContainerBackendOptions bo;
+  bo.state_dir = g.state_dir;
+  bo.features.userns = !o.no_userns;
+  auto backend = backends::container::ContainerBackend::Create(bo);
+  if (!backend.ok()) {
+    std::cerr << "dsec: " << backend.status().message() << "\n";
+    return 125;
+  }
+  (void)(*backend)->CleanupOrphans();
+  auto sb = (*backend)->Create(spec);
+  if (!sb.ok()) {
+    std::cerr << "dsec: " << sb.status().message() << "\n";
+    return 125;
+  }
+
+  bool tty = o.tty == "always" || (o.tty == "auto" && isatty(STDIN_FILENO) && isatty(STDOUT_FILENO));
+  backends::ExecRequest req;
+  req.cmd = o.cmd;
+  req.timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
+  req.max_output_bytes = 256ull << 20;
+  req.stdin_stream = true;
+  req.tty = tty;
+  if (tty) {
+    winsize ws{};
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col && ws.ws_row) {
+      req.cols = ws.ws_col;
+      req.rows = ws.ws_row;
+    }
+  }
+  auto obs = std::make_shared<StreamObserver>();
+  std::unique_ptr<RawTerminal> raw;
+  if (tty) raw = std::make_unique<RawTerminal>();
+  auto handle = (*sb)->StartExec(req, obs);
+  if (!handle.ok()) {
+    raw.reset();
+    std::cerr << "dsec: " << handle.status().message() << "\n";
+    (void)(*sb)->Destroy();
+    return 125;
+  }
+  std::shared_ptr<backends::ExecHandle> h = *handle;
+
+  std::atomic<bool> finished{false};
+  std::thread stdin_thread([h, &finished] {
+    char buf[65536];
+    while (!finished) {
+      ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      if (!h->WriteStdin(std::string(buf, static_cast<size_t>(n))).ok()) break;
+    }
+    h->CloseStdin();
+  });
+  stdin_thread.detach();  // may sit in read(2) on a terminal; the process exits anyway
+  std::thread signal_thread([h, &sigs, &finished, tty] {
+    int interrupts = 0;
+    while (!finished) {
+      timespec ts{0, 200 * 1000 * 1000};
+      int sig = sigtimedwait(&sigs, nullptr, &ts);
+      if (sig <= 0) continue;
+      if (sig == SIGWINCH) {
+        winsize ws{};
+        if (tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) h->Resize(ws.ws_col, ws.ws_row);
+        continue;
+      }
+      if (++interrupts > 1 || sig == SIGQUIT) {
+        h->Kill();
+      } else {
+        h->Signal(sig);
+      }
+    }
+  });
+
+  auto result = obs->Wait();
+  finished = true;
+  signal_thread.join();
+  raw.reset();
+  int code;
+  if (!result.ok()) {
+    std::cerr << "dsec: " << result.status().message() << "\n";
+    code = 125;
+  } else {
+    code = result->exit_code;
+    if (result->timed_out) {
+      std::cerr << "dsec: command timed out after " << o.timeout_s << " s\n";
+      code = 124;
+    } else if (result->oom_killed) {
+      std::cerr << "dsec: command was killed by the OOM killer (limit " << o.memory_mb
+                << " MB memory + " << o.disk_mb << " MB disk)\n";
+    }
+    if (result->stdout_truncated || result->stderr_truncated)
+      std::cerr << "dsec: output was truncated at " << req.max_output_bytes << " bytes\n";
+  }
+  if (Status s = (*sb)->Destroy(); !s.ok()) std::cerr << "dsec: cleanup: " << s.message() << "\n";
+  (void)(*backend)->Shutdown();
+  return code;
+}
+
+}  // namespace
+
+void RegisterRun(CLI::App& app, GlobalOptions& global, int* exit_code) {
+  auto opts = std::make_shared<RunOptions>();
+  CLI::App* run = app.add_subcommand("run", "Run a command in a fresh sandbox, then destroy it");
+  run->add_option("--image", opts->image, "Image (default: host)");
+  run->add_option("--cpu", opts->cpu, "CPU cap in cores")->check(CLI::PositiveNumber);
+  run->add_option("--memory", opts->memory_mb, "Memory limit in MB")->check(CLI::Range(16, 1 << 22));
+  run->add_option("--pids", opts->pids, "Process limit")->check(CLI::Range(8, 1 << 22));
+  run->add_option("--disk", opts->disk_mb, "Writable layer size in MB")->check(CLI::Range(1, 1 << 22));
+  run->add_option("--timeout", opts->timeout_s, "Kill the command after this many seconds")
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--user", opts->user, "sandbox (default), root, or uid[:gid]");
+  run->add_option("--workdir", opts->workdir, "Working directory (default /workspace)");
+  run->add_option("--env", opts->env, "KEY=VALUE (repeatable)");
+  run->add_option("--tty", opts->tty, "auto|always|never")->check(CLI::IsMember({"auto", "always", "never"}));
+  run->add_flag("--no-userns", opts->no_userns, "Force the no-user-namespace fallback");
+  run->add_option("cmd", opts->cmd, "Command and arguments (after --)")->required();
+  run->callback([opts, &global, exit_code] { *exit_code = Run(global, *opts); });
+}
+
+}  // namespace dsec::cli

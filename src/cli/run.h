@@ -1,0 +1,17 @@
+// `dsec run`: one-shot sandboxed command. Creates a sandbox, runs CMD with the caller's
+// stdin/stdout/stderr streamed (a pty when both ends are terminals), destroys the sandbox and
+// exits with CMD's exit code (128+signal when killed; 124 on timeout).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace dsec::cli {
+
+struct GlobalOptions {
+  std::string state_dir;
+  std::string log_level = "warn";
+};
+
+void RegisterRun(CLI::App& app, GlobalOptions& global, int* exit_code);
+
+}  // namespace dsec::cli

@@ -1,0 +1,312 @@
+// cgroup v1 hybrid driver: memory, pids and cpu limits on v1 hierarchies; process tracking,
+// cgroup.kill, cgroup.freeze and cpu.stat on the cgroup2 mount (which carries no controllers
+// on such hosts). Without any cgroup2 mount, the v1 freezer and cpuacct hierarchies stand in.
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <optional>
+
+#include "base/file_util.h"
+#include "base/strings.h"
+#include "isolation/cgroup.h"
+#include "isolation/cgroup_internal.h"
+
+namespace dsec::isolation {
+
+using internal::FindKeyedValue;
+using internal::ReadControl;
+using internal::V2Dir;
+using internal::WriteControl;
+
+namespace {
+
+struct Hierarchies {
+  std::string memory, pids, cpu;
+  std::string freezer, cpuacct;  // used only without cgroup2
+  std::string v2;                // cgroup2 mount, may be empty
+};
+
+class CgroupV1Hybrid : public Cgroup {
+ public:
+  CgroupV1Hybrid(std::string name, const Hierarchies& h, const std::string& parent_name,
+                 bool use_kill)
+      : name_(std::move(name)), use_kill_(use_kill) {
+    auto dir = [&](const std::string& root) {
+      return root.empty() ? std::string() : JoinPath(JoinPath(root, parent_name), name_);
+    };
+    memory_ = dir(h.memory);
+    pids_ = dir(h.pids);
+    cpu_ = dir(h.cpu);
+    if (!h.v2.empty()) {
+      v2_.emplace(dir(h.v2), use_kill);
+    } else {
+      freezer_ = dir(h.freezer);
+      cpuacct_ = dir(h.cpuacct);
+    }
+  }
+
+  std::vector<std::string> V1Dirs() const {
+    std::vector<std::string> out;
+    for (const auto* d : {&memory_, &pids_, &cpu_, &freezer_, &cpuacct_})
+      if (!d->empty()) out.push_back(*d);
+    return out;
+  }
+
+  Status Init(bool create) {
+    for (const auto& d : V1Dirs()) {
+      if (create ? mkdir(d.c_str(), 0755) < 0 : access(d.c_str(), F_OK) < 0)
+        return ErrnoError(std::string(create ? "mkdir" : "access") + " \"" + d + "\"");
+    }
+    if (v2_) return create ? v2_->Create() : v2_->Open();
+    return OkStatus();
+  }
+
+  const std::string& name() const override { return name_; }
+
+  Status SetLimits(const CgroupLimits& l) override {
+    std::string limit = l.memory_bytes > 0 ? std::to_string(l.memory_bytes) : "-1";
+    // memsw (memory+swap) must stay >= the memory limit, so order the writes accordingly;
+    // setting both equal turns swap off for the sandbox.
+    std::string memsw = JoinPath(memory_, "memory.memsw.limit_in_bytes");
+    bool has_memsw = access(memsw.c_str(), F_OK) == 0;
+    if (has_memsw && l.memory_bytes <= 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, "-1"));
+    DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(memory_, "memory.limit_in_bytes"), limit));
+    if (has_memsw && l.memory_bytes > 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, limit));
+    if (!has_memsw) (void)WriteControl(JoinPath(memory_, "memory.swappiness"), "0");
+    DSEC_RETURN_IF_ERROR(
+        WriteControl(JoinPath(pids_, "pids.max"), l.pids > 0 ? std::to_string(l.pids) : "max"));
+    DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(cpu_, "cpu.cfs_period_us"), "100000"));
+    int64_t quota = -1;
+    if (l.cpus > 0) quota = std::max<int64_t>(1000, std::llround(l.cpus * 100000));
+    return WriteControl(JoinPath(cpu_, "cpu.cfs_quota_us"), std::to_string(quota));
+  }
+
+  int CloneIntoFd() const override { return v2_ ? v2_->fd() : -1; }
+
+  Status AddProcess(pid_t pid, bool cloned_into_v2) override {
+    std::string p = std::to_string(pid);
+    for (const auto& d : V1Dirs()) DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(d, "cgroup.procs"), p));
+    if (v2_ && !cloned_into_v2)
+      DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(v2_->path(), "cgroup.procs"), p));
+    return OkStatus();
+  }
+
+  StatusOr<UniqueFd> OpenUserDir() const override {
+    if (!v2_) return UniqueFd();
+    return OpenDir(JoinPath(v2_->path(), "user"), O_PATH);
+  }
+
+  Status Delegate(uid_t uid, gid_t gid) override {
+    return v2_ ? v2_->Delegate(uid, gid) : OkStatus();
+  }
+
+  Status KillAll() override {
+    if (v2_) return v2_->Kill();
+    for (int round = 0; round < 50; ++round) {
+      (void)SetV1Frozen(true);
+      auto pids = internal::ListProcsRecursive(memory_);
+      for (pid_t p : pids) kill(p, SIGKILL);
+      (void)SetV1Frozen(false);
+      if (pids.empty()) return OkStatus();
+      usleep(1000);
+    }
+    return Unavailable("processes in cgroup " + name_ + " survived SIGKILL");
+  }
+
+  Status Freeze() override { return v2_ ? v2_->SetFrozen(true) : SetV1Frozen(true); }
+  Status Thaw() override { return v2_ ? v2_->SetFrozen(false) : SetV1Frozen(false); }
+
+  StatusOr<bool> IsFrozen() override {
+    if (v2_) return v2_->IsFrozen();
+    DSEC_ASSIGN_OR_RETURN(std::string st, ReadControl(JoinPath(freezer_, "freezer.state")));
+    return TrimWhitespace(st) == "FROZEN";
+  }
+
+  StatusOr<bool> IsPopulated() override {
+    if (v2_) return v2_->IsPopulated();
+    DSEC_ASSIGN_OR_RETURN(std::string procs, ReadControl(JoinPath(memory_, "cgroup.procs")));
+    return !TrimWhitespace(procs).empty();
+  }
+
+  StatusOr<CgroupStats> Stats() override {
+    CgroupStats s;
+    DSEC_ASSIGN_OR_RETURN(std::string cur, ReadControl(JoinPath(memory_, "memory.usage_in_bytes")));
+    s.memory_current = ParseUint64(TrimWhitespace(cur)).value_or(0);
+    DSEC_ASSIGN_OR_RETURN(std::string peak,
+                          ReadControl(JoinPath(memory_, "memory.max_usage_in_bytes")));
+    s.memory_peak = ParseUint64(TrimWhitespace(peak)).value_or(0);
+    DSEC_ASSIGN_OR_RETURN(std::string oom, ReadControl(JoinPath(memory_, "memory.oom_control")));
+    s.oom_kills = FindKeyedValue(oom, "oom_kill").value_or(0);
+    if (auto ms = ReadControl(JoinPath(memory_, "memory.stat")); ms.ok())
+      s.shmem = FindKeyedValue(*ms, "total_shmem").value_or(0);
+    DSEC_ASSIGN_OR_RETURN(std::string pids, ReadControl(JoinPath(pids_, "pids.current")));
+    s.pids_current = ParseUint64(TrimWhitespace(pids)).value_or(0);
+    if (v2_) {
+      DSEC_ASSIGN_OR_RETURN(s.cpu_usage_us, v2_->CpuUsageUs());
+    } else if (!cpuacct_.empty()) {
+      DSEC_ASSIGN_OR_RETURN(std::string ns, ReadControl(JoinPath(cpuacct_, "cpuacct.usage")));
+      s.cpu_usage_us = ParseUint64(TrimWhitespace(ns)).value_or(0) / 1000;
+    }
+    return s;
+  }
+
+  StatusOr<uint64_t> OomKills() override {
+    DSEC_ASSIGN_OR_RETURN(std::string oom, ReadControl(JoinPath(memory_, "memory.oom_control")));
+    return FindKeyedValue(oom, "oom_kill").value_or(0);
+  }
+
+  Status Destroy() override {
+    (void)KillAll();
+    internal::WaitUntilEmpty([&] { return IsPopulated().value_or(false); });
+    Status result;
+    if (v2_) result = v2_->RemoveAll();
+    for (const auto& d : V1Dirs()) {
+      Status s = internal::RemoveCgroupDir(d);
+      if (result.ok()) result = s;
+    }
+    return result;
+  }
+
+ private:
+  Status SetV1Frozen(bool frozen) {
+    if (freezer_.empty()) return Unimplemented("no freezer hierarchy");
+    DSEC_RETURN_IF_ERROR(
+        WriteControl(JoinPath(freezer_, "freezer.state"), frozen ? "FROZEN" : "THAWED"));
+    for (int i = 0; frozen && i < 200; ++i) {
+      auto st = ReadControl(JoinPath(freezer_, "freezer.state"));
+      if (!st.ok() || TrimWhitespace(*st) == "FROZEN") break;
+      usleep(i < 20 ? 200 : 10000);
+    }
+    return OkStatus();
+  }
+
+  std::string name_;
+  bool use_kill_;
+  std::string memory_, pids_, cpu_, freezer_, cpuacct_;
+  std::optional<V2Dir> v2_;
+};
+
+class CgroupV1HybridDriver : public CgroupDriver {
+ public:
+  CgroupV1HybridDriver(Hierarchies h, const CgroupDriverOptions& o)
+      : h_(std::move(h)), parent_name_("dsec-" + o.instance_id), opts_(o) {}
+
+  std::vector<std::string> Roots() const {
+    std::vector<std::string> out = {h_.memory, h_.pids, h_.cpu};
+    if (!h_.v2.empty()) {
+      out.push_back(h_.v2);
+    } else {
+      out.push_back(h_.freezer);
+      if (!h_.cpuacct.empty() && h_.cpuacct != h_.cpu) out.push_back(h_.cpuacct);
+    }
+    return out;
+  }
+
+  Status Init() {
+    for (const auto& r : Roots()) {
+      std::string p = JoinPath(r, parent_name_);
+      if (mkdir(p.c_str(), 0755) < 0 && errno != EEXIST) return ErrnoError("mkdir \"" + p + "\"");
+    }
+    // Children of a v1 cpuset/memory cgroup inherit hierarchy; nothing else to enable.
+    if (opts_.parent_memory_bytes > 0)
+      DSEC_RETURN_IF_ERROR(SetParentMemoryLimit(opts_.parent_memory_bytes));
+    return OkStatus();
+  }
+
+  std::string Describe() const override {
+    std::string s = "v1-hybrid (memory=" + h_.memory + " pids=" + h_.pids + " cpu=" + h_.cpu;
+    s += h_.v2.empty() ? " freezer=" + h_.freezer : " cgroup2=" + h_.v2;
+    return s + ")";
+  }
+  bool is_v2() const override { return false; }
+
+  StatusOr<std::unique_ptr<Cgroup>> CreateSandbox(const std::string& name,
+                                                  const CgroupLimits& limits) override {
+    auto cg = std::make_unique<CgroupV1Hybrid>(name, h_, parent_name_, opts_.use_cgroup_kill);
+    if (Status s = cg->Init(true); !s.ok()) {
+      (void)cg->Destroy();
+      return s;
+    }
+    if (Status s = cg->SetLimits(limits); !s.ok()) {
+      (void)cg->Destroy();
+      return s;
+    }
+    return std::unique_ptr<Cgroup>(std::move(cg));
+  }
+
+  StatusOr<std::unique_ptr<Cgroup>> OpenSandbox(const std::string& name) override {
+    auto cg = std::make_unique<CgroupV1Hybrid>(name, h_, parent_name_, opts_.use_cgroup_kill);
+    DSEC_RETURN_IF_ERROR(cg->Init(false));
+    return std::unique_ptr<Cgroup>(std::move(cg));
+  }
+
+  StatusOr<std::vector<std::string>> ListSandboxes() override {
+    std::vector<std::string> out;
+    std::string p = JoinPath(h_.memory, parent_name_);
+    DIR* d = opendir(p.c_str());
+    if (!d) return ErrnoError("opendir \"" + p + "\"");
+    while (dirent* e = readdir(d))
+      if (e->d_type == DT_DIR && e->d_name[0] != '.') out.emplace_back(e->d_name);
+    closedir(d);
+    return out;
+  }
+
+  Status SetParentMemoryLimit(int64_t bytes) override {
+    std::string dir = JoinPath(h_.memory, parent_name_);
+    std::string v = bytes > 0 ? std::to_string(bytes) : "-1";
+    std::string memsw = JoinPath(dir, "memory.memsw.limit_in_bytes");
+    bool has_memsw = access(memsw.c_str(), F_OK) == 0;
+    if (has_memsw && bytes <= 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, "-1"));
+    DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(dir, "memory.limit_in_bytes"), v));
+    if (has_memsw && bytes > 0) (void)WriteControl(memsw, v);
+    return OkStatus();
+  }
+
+  Status RemoveParent() override {
+    Status result;
+    for (const auto& r : Roots()) {
+      Status s = internal::RemoveParentDir(JoinPath(r, parent_name_));
+      if (result.ok()) result = s;
+    }
+    return result;
+  }
+
+ private:
+  Hierarchies h_;
+  std::string parent_name_;
+  CgroupDriverOptions opts_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<CgroupDriver>> NewCgroupV1HybridDriver(
+    const internal::CgroupMounts& mounts, const CgroupDriverOptions& opts) {
+  Hierarchies h;
+  auto find = [&](const char* c) -> std::string {
+    auto it = mounts.v1.find(c);
+    return it == mounts.v1.end() ? std::string() : it->second;
+  };
+  h.memory = find("memory");
+  h.pids = find("pids");
+  h.cpu = find("cpu");
+  h.v2 = mounts.v2;
+  if (h.v2.empty()) {
+    h.freezer = find("freezer");
+    h.cpuacct = find("cpuacct");
+  }
+  for (auto [name, path] : {std::pair{"memory", h.memory}, {"pids", h.pids}, {"cpu", h.cpu}}) {
+    if (path.empty())
+      return Unimplemented(std::string("cgroup v1 hierarchy for \"") + name + "\" is not mounted");
+  }
+  if (h.v2.empty() && h.freezer.empty())
+    return Unimplemented("neither a cgroup2 mount nor a v1 freezer hierarchy is available");
+  auto d = std::make_unique<CgroupV1HybridDriver>(std::move(h), opts);
+  DSEC_RETURN_IF_ERROR(d->Init());
+  return std::unique_ptr<CgroupDriver>(std::move(d));
+}
+
+}  // namespace dsec::isolation

@@ -1,0 +1,329 @@
+#include "isolation/rootfs.h"
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/scope_guard.h"
+#include "base/strings.h"
+#include "sys/syscalls.h"
+
+namespace dsec::isolation {
+
+namespace {
+
+constexpr uint64_t kInRoot = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+
+std::vector<std::string_view> Components(std::string_view path) {
+  return SplitString(path, '/', /*skip_empty=*/true);
+}
+
+Status CheckComponents(const std::string& path) {
+  if (path.empty() || path[0] != '/') return InvalidArgument("path \"" + path + "\" is not absolute");
+  for (auto c : Components(path))
+    if (c == "." || c == "..") return InvalidArgument("path \"" + path + "\" has . or ..");
+  return OkStatus();
+}
+
+// Attaches a detached mount (fsmount/open_tree fd) on top of the object `target` refers to.
+Status Attach(int mount_fd, int target_fd, const std::string& what) {
+  if (sys::MoveMount(mount_fd, "", target_fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) <
+      0)
+    return ErrnoError("move_mount onto \"" + what + "\"");
+  return OkStatus();
+}
+
+struct FsParam {
+  const char* key;
+  std::string value;  // empty: a flag
+};
+
+// fsopen + fsconfig + fsmount: a new detached filesystem mount.
+StatusOr<UniqueFd> NewMount(const char* fstype, const std::vector<FsParam>& params,
+                            unsigned attrs) {
+  UniqueFd fs(sys::FsOpen(fstype, FSOPEN_CLOEXEC));
+  if (!fs) return ErrnoError(std::string("fsopen ") + fstype);
+  for (const auto& p : params) {
+    int rc = p.value.empty()
+                 ? sys::FsConfig(fs.get(), FSCONFIG_SET_FLAG, p.key, nullptr, 0)
+                 : sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, p.key, p.value.c_str(), 0);
+    if (rc < 0) return ErrnoError(std::string("fsconfig ") + fstype + " " + p.key + "=" + p.value);
+  }
+  if (sys::FsConfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+    return ErrnoError(std::string("fsconfig ") + fstype + " create");
+  UniqueFd mnt(sys::FsMount(fs.get(), FSMOUNT_CLOEXEC, attrs));
+  if (!mnt) return ErrnoError(std::string("fsmount ") + fstype);
+  return mnt;
+}
+
+StatusOr<UniqueFd> CloneTree(int dirfd, const char* path, unsigned extra_flags = 0) {
+  UniqueFd fd(sys::OpenTree(dirfd, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | extra_flags));
+  if (!fd) return ErrnoError(std::string("open_tree \"") + path + "\"");
+  return fd;
+}
+
+Status SetReadonly(int mount_fd, const std::string& what) {
+  mount_attr attr{};
+  attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+  if (sys::MountSetattr(mount_fd, "", AT_EMPTY_PATH, &attr) < 0)
+    return ErrnoError("mount_setattr readonly \"" + what + "\"");
+  return OkStatus();
+}
+
+// Creates (or truncates) a regular file inside root; a symlink in the final position is
+// replaced, never followed.
+StatusOr<UniqueFd> CreateFileInRoot(int root, const std::string& path, mode_t mode) {
+  int flags = O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW;
+  auto fd = OpenInRoot(root, path, flags, mode);
+  if (!fd.ok() && (fd.status().error_number() == ELOOP || fd.status().error_number() == EISDIR)) {
+    auto slash = path.rfind('/');
+    DSEC_ASSIGN_OR_RETURN(UniqueFd parent, OpenInRoot(root, path.substr(0, slash + 1),
+                                                      O_PATH | O_DIRECTORY));
+    std::string name = path.substr(slash + 1);
+    if (unlinkat(parent.get(), name.c_str(), 0) < 0 && errno != ENOENT)
+      return ErrnoError("unlink \"" + path + "\"");
+    fd = OpenInRoot(root, path, flags, mode);
+  }
+  return fd;
+}
+
+Status WriteAllFd(int fd, std::string_view data, const std::string& what) {
+  while (!data.empty()) {
+    ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write \"" + what + "\"");
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return OkStatus();
+}
+
+Status SetupDev(int root, int dev_null_src) {
+  DSEC_ASSIGN_OR_RETURN(UniqueFd dev, MakeDirInRoot(root, "/dev", 0755, 0, 0, /*replace=*/true));
+  for (const char* name : {"null", "zero", "full", "random", "urandom", "tty"}) {
+    std::string path = std::string("/dev/") + name;
+    DSEC_ASSIGN_OR_RETURN(UniqueFd target, CreateFileInRoot(root, path, 0666));
+    UniqueFd src;
+    if (std::string_view(name) == "null") {
+      DSEC_ASSIGN_OR_RETURN(src, CloneTree(dev_null_src, "", AT_EMPTY_PATH));
+    } else {
+      DSEC_ASSIGN_OR_RETURN(src, CloneTree(AT_FDCWD, path.c_str()));
+    }
+    DSEC_ASSIGN_OR_RETURN(UniqueFd tpath, OpenInRoot(root, path, O_PATH | O_NOFOLLOW));
+    DSEC_RETURN_IF_ERROR(Attach(src.get(), tpath.get(), path));
+  }
+  DSEC_ASSIGN_OR_RETURN(UniqueFd pts, MakeDirInRoot(root, "/dev/pts", 0755, 0, 0, true));
+  DSEC_ASSIGN_OR_RETURN(
+      UniqueFd devpts,
+      NewMount("devpts", {{"newinstance", ""}, {"ptmxmode", "0666"}, {"mode", "0620"}, {"gid", "5"}},
+               MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
+  DSEC_RETURN_IF_ERROR(Attach(devpts.get(), pts.get(), "/dev/pts"));
+  // /dev/shm is a directory in the writable layer: shared memory counts against the disk.
+  DSEC_ASSIGN_OR_RETURN(UniqueFd shm, MakeDirInRoot(root, "/dev/shm", 01777, 0, 0, true));
+  for (const auto& [name, target] :
+       {std::pair{"ptmx", "pts/ptmx"}, {"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"},
+        {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}, {"core", "/proc/kcore"}}) {
+    if (std::string_view(name) == "core") continue;
+    if (symlinkat(target, dev.get(), name) < 0 && errno != EEXIST)
+      return ErrnoError(std::string("symlink /dev/") + name);
+  }
+  return OkStatus();
+}
+
+Status SetupProc(int root, int dev_null_src) {
+  DSEC_ASSIGN_OR_RETURN(UniqueFd procdir, MakeDirInRoot(root, "/proc", 0555, 0, 0, true));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd proc, NewMount("proc", {}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
+                                                              MOUNT_ATTR_NOEXEC));
+  DSEC_RETURN_IF_ERROR(Attach(proc.get(), procdir.get(), "/proc"));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd p, OpenInRoot(root, "/proc", O_PATH | O_DIRECTORY));
+  for (const auto& rel : ProcMaskedPaths()) {
+    struct stat st;
+    if (fstatat(p.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // not on this kernel
+    UniqueFd target(openat(p.get(), rel.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (!target) return ErrnoError("open /proc/" + rel);
+    UniqueFd mask;
+    if (S_ISDIR(st.st_mode)) {
+      DSEC_ASSIGN_OR_RETURN(mask, NewMount("tmpfs", {{"size", "4k"}, {"nr_inodes", "1"}, {"mode", "0555"}},
+                                           MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
+                                               MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
+    } else {
+      DSEC_ASSIGN_OR_RETURN(mask, CloneTree(dev_null_src, "", AT_EMPTY_PATH));
+      DSEC_RETURN_IF_ERROR(SetReadonly(mask.get(), "/proc/" + rel));
+    }
+    DSEC_RETURN_IF_ERROR(Attach(mask.get(), target.get(), "/proc/" + rel));
+  }
+  for (const auto& rel : ProcReadonlyPaths()) {
+    struct stat st;
+    if (fstatat(p.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
+    DSEC_ASSIGN_OR_RETURN(UniqueFd ro, CloneTree(p.get(), rel.c_str(), AT_RECURSIVE));
+    mount_attr attr{};
+    attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+    if (sys::MountSetattr(ro.get(), "", AT_EMPTY_PATH | AT_RECURSIVE, &attr) < 0)
+      return ErrnoError("mount_setattr readonly /proc/" + rel);
+    UniqueFd target(openat(p.get(), rel.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (!target) return ErrnoError("open /proc/" + rel);
+    DSEC_RETURN_IF_ERROR(Attach(ro.get(), target.get(), "/proc/" + rel));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+const std::vector<std::string>& ProcMaskedPaths() {
+  static const std::vector<std::string> kPaths = {
+      "kcore",      "keys",        "key-users",     "kallsyms",  "sysrq-trigger", "timer_list",
+      "timer_stats", "kpagecount", "kpageflags",    "kpagecgroup", "sched_debug", "latency_stats",
+      "acpi",       "scsi",        "asound",        "firmware",  "config.gz",     "vmallocinfo",
+      "slabinfo",   "pagetypeinfo", "iomem",        "ioports",   "kmsg"};
+  return kPaths;
+}
+
+const std::vector<std::string>& ProcReadonlyPaths() {
+  static const std::vector<std::string> kPaths = {"sys", "bus", "fs", "irq"};
+  return kPaths;
+}
+
+StatusOr<UniqueFd> OpenInRoot(int root, const std::string& path, int flags, mode_t mode) {
+  DSEC_RETURN_IF_ERROR(CheckComponents(path));
+  UniqueFd fd(sys::Openat2(root, path.c_str(), flags | O_CLOEXEC, mode, kInRoot));
+  if (!fd) return ErrnoError("open \"" + path + "\" in sandbox root");
+  return fd;
+}
+
+StatusOr<UniqueFd> MakeDirInRoot(int root, const std::string& path, mode_t mode, uid_t uid,
+                                 gid_t gid, bool replace) {
+  DSEC_RETURN_IF_ERROR(CheckComponents(path));
+  UniqueFd cur(fcntl(root, F_DUPFD_CLOEXEC, 3));
+  if (!cur) return ErrnoError("dup root fd");
+  auto comps = Components(path);
+  for (size_t i = 0; i < comps.size(); ++i) {
+    bool last = i + 1 == comps.size();
+    std::string name(comps[i]);
+    const uint64_t kBeneath = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    int fd = sys::Openat2(cur.get(), name.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, kBeneath);
+    if (fd < 0 && (errno == ELOOP || errno == ENOTDIR) && last && replace) {
+      if (unlinkat(cur.get(), name.c_str(), 0) < 0) return ErrnoError("unlink \"" + path + "\"");
+      errno = ENOENT;
+    }
+    if (fd < 0 && errno == ENOENT) {
+      if (mkdirat(cur.get(), name.c_str(), last ? mode : 0755) < 0 && errno != EEXIST)
+        return ErrnoError("mkdir \"" + path + "\"");
+      if (last) {
+        // mkdir honours the umask; set the exact mode and owner.
+        if (fchmodat(cur.get(), name.c_str(), mode, 0) < 0) return ErrnoError("chmod \"" + path + "\"");
+        if (fchownat(cur.get(), name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+          return ErrnoError("chown \"" + path + "\"");
+      }
+      fd = sys::Openat2(cur.get(), name.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, kBeneath);
+    }
+    if (fd < 0) return ErrnoError("open \"" + path + "\" in sandbox root");
+    cur.Reset(fd);
+  }
+  return cur;
+}
+
+Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds,
+                           int mount_dir) {
+  // 1. Nothing we mount propagates back to the host, and host mounts stop propagating in.
+  if (mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0)
+    return ErrnoError("mount --make-rprivate /");
+
+  // 2. The writable layer.
+  DSEC_ASSIGN_OR_RETURN(
+      UniqueFd tmpfs,
+      NewMount("tmpfs",
+               {{"size", std::to_string(spec.size_bytes)},
+                {"nr_inodes", std::to_string(spec.inodes)},
+                {"mode", "0755"}},
+               MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+  DSEC_RETURN_IF_ERROR(Attach(tmpfs.get(), mount_dir, "sandbox tmpfs"));
+  // Relative paths below (overlay layer options) resolve against the tmpfs root.
+  if (fchdir(tmpfs.get()) < 0) return ErrnoError("fchdir tmpfs");
+  for (const char* d : {"root", "up", "wk", "layers"})
+    if (mkdir(d, 0755) < 0) return ErrnoError(std::string("mkdir ") + d);
+
+  // 3. Attach every layer once, under layers/<index>.
+  for (size_t i = 0; i < layer_fds.size(); ++i) {
+    std::string name = "layers/" + std::to_string(i);
+    if (mkdir(name.c_str(), 0755) < 0) return ErrnoError("mkdir " + name);
+    UniqueFd target(open(name.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!target) return ErrnoError("open " + name);
+    DSEC_RETURN_IF_ERROR(Attach(layer_fds[i], target.get(), name));
+  }
+
+  auto overlay = [&](size_t index, const OverlaySpec& o) -> StatusOr<UniqueFd> {
+    if (o.lower_fds.empty()) return InvalidArgument("overlay " + o.target + " has no layers");
+    std::string lower;
+    for (int li : o.lower_fds) {
+      if (li < 0 || static_cast<size_t>(li) >= layer_fds.size())
+        return InvalidArgument("overlay " + o.target + " names a missing layer");
+      if (!lower.empty()) lower += ':';
+      lower += "layers/" + std::to_string(li);
+    }
+    std::string up = "up/" + std::to_string(index), wk = "wk/" + std::to_string(index);
+    if (mkdir(up.c_str(), 0755) < 0 || mkdir(wk.c_str(), 0755) < 0)
+      return ErrnoError("mkdir overlay dirs for " + o.target);
+    std::vector<FsParam> params = {{"lowerdir", lower}, {"upperdir", up}, {"workdir", wk}};
+    if (spec.userns) params.push_back({"userxattr", ""});
+    return NewMount("overlay", params, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+  };
+
+  // 4. The root: an overlay, or (host image) the tmpfs directory bound onto itself so it is a
+  // mount point pivot_root accepts.
+  UniqueFd rootdir(open("root", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!rootdir) return ErrnoError("open root");
+  size_t first_sub = 0;
+  if (!spec.overlays.empty() && spec.overlays[0].target == "/") {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd ov, overlay(0, spec.overlays[0]));
+    DSEC_RETURN_IF_ERROR(Attach(ov.get(), rootdir.get(), "/"));
+    first_sub = 1;
+  } else {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd self, CloneTree(AT_FDCWD, "root"));
+    DSEC_RETURN_IF_ERROR(Attach(self.get(), rootdir.get(), "/"));
+  }
+  UniqueFd root(open("root", O_PATH | O_DIRECTORY | O_CLOEXEC));  // the mount on top
+  if (!root) return ErrnoError("open root mount");
+  for (size_t i = first_sub; i < spec.overlays.size(); ++i) {
+    const auto& o = spec.overlays[i];
+    DSEC_RETURN_IF_ERROR(CheckComponents(o.target));
+    if (o.target == "/") return InvalidArgument("only the first overlay may target /");
+    DSEC_ASSIGN_OR_RETURN(UniqueFd target, MakeDirInRoot(root.get(), o.target, 0755, 0, 0, true));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd ov, overlay(i, o));
+    DSEC_RETURN_IF_ERROR(Attach(ov.get(), target.get(), o.target));
+  }
+  for (const auto& l : spec.symlinks) {
+    DSEC_RETURN_IF_ERROR(CheckComponents(l.path));
+    auto slash = l.path.rfind('/');
+    DSEC_ASSIGN_OR_RETURN(UniqueFd parent,
+                          MakeDirInRoot(root.get(), slash == 0 ? "/" : l.path.substr(0, slash),
+                                        0755, 0, 0, false));
+    std::string name = l.path.substr(slash + 1);
+    if (symlinkat(l.target.c_str(), parent.get(), name.c_str()) < 0 && errno != EEXIST)
+      return ErrnoError("symlink \"" + l.path + "\"");
+  }
+  for (const auto& d : spec.dirs)
+    DSEC_RETURN_IF_ERROR(MakeDirInRoot(root.get(), d.path, d.mode, d.uid, d.gid, true).status());
+  for (const auto& f : spec.files) {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, CreateFileInRoot(root.get(), f.path, f.mode));
+    DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), f.content, f.path));
+    if (fchown(fd.get(), f.uid, f.gid) < 0 || fchmod(fd.get(), f.mode) < 0)
+      return ErrnoError("chown/chmod \"" + f.path + "\"");
+  }
+
+  // 5. /dev and /proc.
+  UniqueFd dev_null(open("/dev/null", O_PATH | O_CLOEXEC));
+  if (!dev_null) return ErrnoError("open host /dev/null");
+  DSEC_RETURN_IF_ERROR(SetupDev(root.get(), dev_null.get()));
+  DSEC_RETURN_IF_ERROR(SetupProc(root.get(), dev_null.get()));
+
+  // 6. pivot_root by fds: the new root becomes "/", the old one is stacked on it and detached.
+  if (fchdir(root.get()) < 0) return ErrnoError("fchdir new root");
+  if (sys::PivotRoot(".", ".") < 0) return ErrnoError("pivot_root");
+  if (umount2(".", MNT_DETACH) < 0) return ErrnoError("umount old root");
+  if (chdir("/") < 0) return ErrnoError("chdir /");
+  return OkStatus();
+}
+
+}  // namespace dsec::isolation

@@ -1,0 +1,84 @@
+// Root filesystem of a sandbox, built inside the sandbox's fresh mount namespace by the agent
+// before it serves ("InitInChild"), from a spec the edge computed ("InitFromParent" side is
+// the container backend). Steps, in order:
+//   1. private propagation for everything inherited from the host;
+//   2. a size- and inode-limited tmpfs (the writable layer; its pages are charged to the
+//      sandbox's memory cgroup) attached at a directory the edge made for this sandbox;
+//   3. image layers arrive as detached mounts (idmapped when the sandbox has a user
+//      namespace) and are attached inside that tmpfs; overlays stack them under per-overlay
+//      upper/work dirs in the same tmpfs (one disk budget);
+//   4. the root: an overlay ("/" target) or a tmpfs directory with overlays on sub-paths
+//      (the host image), plus symlinks, dirs and files from the spec;
+//   5. minimal /dev (null zero full random urandom tty bound from the host; devpts; shm;
+//      std fds), fresh /proc with dangerous entries masked and /proc/sys read-only, no /sys;
+//   6. pivot_root into it by fds and detach the old root.
+// Every path inside the new root is resolved with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS
+// | RESOLVE_NO_MAGICLINKS) and every mount is attached by fd, so a symlink planted in an image
+// can never redirect a mount or a write onto the host.
+// Privileges: CAP_SYS_ADMIN in the mount namespace's owning user namespace.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace dsec::isolation {
+
+struct OverlaySpec {
+  std::string target;           // absolute path inside the sandbox; "/" for the root
+  std::vector<int> lower_fds;   // indices into the received fds; topmost layer first
+};
+
+struct SymlinkSpec {
+  std::string path;    // absolute, inside the sandbox
+  std::string target;  // link text
+};
+
+struct DirSpec {
+  std::string path;
+  uint32_t mode = 0755;
+  uint32_t uid = 0, gid = 0;
+};
+
+struct FileSpec {
+  std::string path;
+  std::string content;
+  uint32_t mode = 0644;
+  uint32_t uid = 0, gid = 0;
+};
+
+struct RootfsSpec {
+  uint64_t size_bytes = 256ull << 20;
+  uint64_t inodes = 65536;
+  bool userns = false;  // overlays need "userxattr" inside a user namespace
+  std::vector<OverlaySpec> overlays;
+  std::vector<SymlinkSpec> symlinks;
+  std::vector<DirSpec> dirs;
+  std::vector<FileSpec> files;
+};
+
+// Entries masked in the sandbox's /proc (bound over with /dev/null or an empty read-only
+// tmpfs) and those made read-only.
+const std::vector<std::string>& ProcMaskedPaths();
+const std::vector<std::string>& ProcReadonlyPaths();
+
+// Builds the root per spec and pivots into it. `layer_fds` are the detached layer mounts,
+// `mount_dir` an O_PATH fd of a host directory to attach the tmpfs on (private to this mount
+// namespace). On return the caller's root and cwd are the sandbox's "/".
+Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds,
+                           int mount_dir);
+
+// Opens `path` inside `root` (openat2 RESOLVE_IN_ROOT|NO_SYMLINKS|NO_MAGICLINKS).
+StatusOr<UniqueFd> OpenInRoot(int root, const std::string& path, int flags, mode_t mode = 0);
+// mkdir -p inside root without following symlinks; a symlink or non-directory in the way of
+// the final component is replaced when `replace` is set (mount points such as /proc and /dev),
+// an error otherwise. Returns an O_PATH fd of the directory.
+StatusOr<UniqueFd> MakeDirInRoot(int root, const std::string& path, mode_t mode, uid_t uid,
+                                 gid_t gid, bool replace);
+
+}  // namespace dsec::isolation

@@ -1,0 +1,337 @@
+#include "protocol/messages.h"
+
+#include "base/base64.h"
+
+namespace dsec::protocol {
+
+StatusOr<Json> ParseJson(std::string_view payload) {
+  Json j = Json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("malformed JSON");
+  return j;
+}
+
+StatusOr<std::string> GetString(const Json& j, const char* key, std::optional<std::string> def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (def) return *def;
+    return InvalidArgument(std::string("missing field \"") + key + "\"");
+  }
+  if (!it->is_string()) return InvalidArgument(std::string("field \"") + key + "\" must be a string");
+  return it->get<std::string>();
+}
+
+StatusOr<int64_t> GetInt(const Json& j, const char* key, std::optional<int64_t> def, int64_t min,
+                         int64_t max) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (def) return *def;
+    return InvalidArgument(std::string("missing field \"") + key + "\"");
+  }
+  int64_t v;
+  if (it->is_number_integer()) {
+    v = it->get<int64_t>();
+  } else if (it->is_number_unsigned()) {
+    uint64_t u = it->get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX))
+      return InvalidArgument(std::string("field \"") + key + "\" is out of range");
+    v = static_cast<int64_t>(u);
+  } else {
+    return InvalidArgument(std::string("field \"") + key + "\" must be an integer");
+  }
+  if (v < min || v > max)
+    return InvalidArgument(std::string("field \"") + key + "\" must be between " +
+                           std::to_string(min) + " and " + std::to_string(max));
+  return v;
+}
+
+StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (def) return *def;
+    return InvalidArgument(std::string("missing field \"") + key + "\"");
+  }
+  if (!it->is_boolean()) return InvalidArgument(std::string("field \"") + key + "\" must be a boolean");
+  return it->get<bool>();
+}
+
+namespace {
+
+StatusOr<std::vector<std::string>> GetStringList(const Json& j, const char* key, size_t max) {
+  std::vector<std::string> out;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return out;
+  if (!it->is_array() || it->size() > max)
+    return InvalidArgument(std::string("field \"") + key + "\" must be an array of at most " +
+                           std::to_string(max) + " strings");
+  for (const auto& e : *it) {
+    if (!e.is_string()) return InvalidArgument(std::string("field \"") + key + "\" must hold strings");
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+Json ProgramsToJson(const std::vector<std::string>& progs) {
+  Json a = Json::array();
+  for (const auto& p : progs) a.push_back(Base64Encode(p));
+  return a;
+}
+
+StatusOr<std::vector<std::string>> ProgramsFromJson(const Json& j, const char* key) {
+  DSEC_ASSIGN_OR_RETURN(auto enc, GetStringList(j, key, 16));
+  std::vector<std::string> out;
+  for (const auto& e : enc) {
+    auto d = Base64Decode(e);
+    if (!d) return InvalidArgument(std::string("field \"") + key + "\" is not base64");
+    out.push_back(std::move(*d));
+  }
+  return out;
+}
+
+Json ToJson(const isolation::RootfsSpec& r) {
+  Json j = {{"size_bytes", r.size_bytes}, {"inodes", r.inodes}, {"userns", r.userns}};
+  Json ov = Json::array();
+  for (const auto& o : r.overlays) ov.push_back({{"target", o.target}, {"lower", o.lower_fds}});
+  j["overlays"] = ov;
+  Json sl = Json::array();
+  for (const auto& s : r.symlinks) sl.push_back({{"path", s.path}, {"target", s.target}});
+  j["symlinks"] = sl;
+  Json ds = Json::array();
+  for (const auto& d : r.dirs)
+    ds.push_back({{"path", d.path}, {"mode", d.mode}, {"uid", d.uid}, {"gid", d.gid}});
+  j["dirs"] = ds;
+  Json fs = Json::array();
+  for (const auto& f : r.files)
+    fs.push_back({{"path", f.path}, {"content", f.content}, {"mode", f.mode}, {"uid", f.uid},
+                  {"gid", f.gid}});
+  j["files"] = fs;
+  return j;
+}
+
+StatusOr<isolation::RootfsSpec> RootfsFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("rootfs must be an object");
+  isolation::RootfsSpec r;
+  DSEC_ASSIGN_OR_RETURN(int64_t size, GetInt(j, "size_bytes", {}, 1 << 20, INT64_MAX));
+  DSEC_ASSIGN_OR_RETURN(int64_t inodes, GetInt(j, "inodes", {}, 64, INT64_MAX));
+  r.size_bytes = static_cast<uint64_t>(size);
+  r.inodes = static_cast<uint64_t>(inodes);
+  DSEC_ASSIGN_OR_RETURN(r.userns, GetBool(j, "userns", false));
+  auto arr = [&](const char* key) -> const Json& {
+    static const Json kEmpty = Json::array();
+    auto it = j.find(key);
+    return it != j.end() && it->is_array() ? *it : kEmpty;
+  };
+  for (const auto& o : arr("overlays")) {
+    isolation::OverlaySpec spec;
+    DSEC_ASSIGN_OR_RETURN(spec.target, GetString(o, "target"));
+    auto lower = o.find("lower");
+    if (lower == o.end() || !lower->is_array()) return InvalidArgument("overlay.lower must be an array");
+    for (const auto& l : *lower) {
+      if (!l.is_number_integer()) return InvalidArgument("overlay.lower must hold integers");
+      spec.lower_fds.push_back(l.get<int>());
+    }
+    r.overlays.push_back(std::move(spec));
+  }
+  for (const auto& s : arr("symlinks")) {
+    isolation::SymlinkSpec spec;
+    DSEC_ASSIGN_OR_RETURN(spec.path, GetString(s, "path"));
+    DSEC_ASSIGN_OR_RETURN(spec.target, GetString(s, "target"));
+    r.symlinks.push_back(std::move(spec));
+  }
+  for (const auto& d : arr("dirs")) {
+    isolation::DirSpec spec;
+    DSEC_ASSIGN_OR_RETURN(spec.path, GetString(d, "path"));
+    DSEC_ASSIGN_OR_RETURN(int64_t mode, GetInt(d, "mode", 0755, 0, 07777));
+    DSEC_ASSIGN_OR_RETURN(int64_t uid, GetInt(d, "uid", 0, 0, UINT32_MAX));
+    DSEC_ASSIGN_OR_RETURN(int64_t gid, GetInt(d, "gid", 0, 0, UINT32_MAX));
+    spec.mode = static_cast<uint32_t>(mode);
+    spec.uid = static_cast<uint32_t>(uid);
+    spec.gid = static_cast<uint32_t>(gid);
+    r.dirs.push_back(std::move(spec));
+  }
+  for (const auto& f : arr("files")) {
+    isolation::FileSpec spec;
+    DSEC_ASSIGN_OR_RETURN(spec.path, GetString(f, "path"));
+    DSEC_ASSIGN_OR_RETURN(spec.content, GetString(f, "content", ""));
+    DSEC_ASSIGN_OR_RETURN(int64_t mode, GetInt(f, "mode", 0644, 0, 07777));
+    DSEC_ASSIGN_OR_RETURN(int64_t uid, GetInt(f, "uid", 0, 0, UINT32_MAX));
+    DSEC_ASSIGN_OR_RETURN(int64_t gid, GetInt(f, "gid", 0, 0, UINT32_MAX));
+    spec.mode = static_cast<uint32_t>(mode);
+    spec.uid = static_cast<uint32_t>(uid);
+    spec.gid = static_cast<uint32_t>(gid);
+    r.files.push_back(std::move(spec));
+  }
+  return r;
+}
+
+}  // namespace
+
+Json ToJson(const SetupSpec& s) {
+  return {{"sandbox_id", s.sandbox_id},
+          {"hostname", s.hostname},
+          {"secret", s.secret},
+          {"rootfs", ToJson(s.rootfs)},
+          {"rlimits",
+           {{"nofile", s.rlimits.nofile},
+            {"fsize", s.rlimits.fsize},
+            {"core", s.rlimits.core},
+            {"stack", s.rlimits.stack}}},
+          {"user_seccomp", ProgramsToJson(s.user_seccomp)},
+          {"agent_seccomp", ProgramsToJson(s.agent_seccomp)},
+          {"agent_caps", s.agent_caps},
+          {"clone_into_cgroup", s.clone_into_cgroup},
+          {"cgroup_kill", s.cgroup_kill},
+          {"max_execs", s.max_execs},
+          {"fds",
+           {{"mount_dir", s.fds.mount_dir},
+            {"listen", s.fds.listen},
+            {"cgroup_user", s.fds.cgroup_user},
+            {"first_layer", s.fds.first_layer},
+            {"layer_count", s.fds.layer_count}}}};
+}
+
+StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("setup must be an object");
+  SetupSpec s;
+  DSEC_ASSIGN_OR_RETURN(s.sandbox_id, GetString(j, "sandbox_id"));
+  DSEC_ASSIGN_OR_RETURN(s.hostname, GetString(j, "hostname"));
+  DSEC_ASSIGN_OR_RETURN(s.secret, GetString(j, "secret"));
+  auto rootfs = j.find("rootfs");
+  if (rootfs == j.end()) return InvalidArgument("missing field \"rootfs\"");
+  DSEC_ASSIGN_OR_RETURN(s.rootfs, RootfsFromJson(*rootfs));
+  auto rl = j.find("rlimits");
+  if (rl != j.end() && rl->is_object()) {
+    DSEC_ASSIGN_OR_RETURN(int64_t nofile, GetInt(*rl, "nofile", 65536, 16, 1 << 30));
+    DSEC_ASSIGN_OR_RETURN(int64_t fsize, GetInt(*rl, "fsize", 0, 0, INT64_MAX));
+    DSEC_ASSIGN_OR_RETURN(int64_t core, GetInt(*rl, "core", 0, 0, INT64_MAX));
+    DSEC_ASSIGN_OR_RETURN(int64_t stack, GetInt(*rl, "stack", 8 << 20, 1 << 16, INT64_MAX));
+    s.rlimits = {static_cast<uint64_t>(nofile), static_cast<uint64_t>(fsize),
+                 static_cast<uint64_t>(core), static_cast<uint64_t>(stack)};
+  }
+  DSEC_ASSIGN_OR_RETURN(s.user_seccomp, ProgramsFromJson(j, "user_seccomp"));
+  DSEC_ASSIGN_OR_RETURN(s.agent_seccomp, ProgramsFromJson(j, "agent_seccomp"));
+  auto caps = j.find("agent_caps");
+  if (caps != j.end() && caps->is_number_unsigned()) s.agent_caps = caps->get<uint64_t>();
+  DSEC_ASSIGN_OR_RETURN(s.clone_into_cgroup, GetBool(j, "clone_into_cgroup", true));
+  DSEC_ASSIGN_OR_RETURN(s.cgroup_kill, GetBool(j, "cgroup_kill", true));
+  DSEC_ASSIGN_OR_RETURN(int64_t max_execs, GetInt(j, "max_execs", 64, 1, 4096));
+  s.max_execs = static_cast<uint32_t>(max_execs);
+  auto fds = j.find("fds");
+  if (fds == j.end() || !fds->is_object()) return InvalidArgument("missing field \"fds\"");
+  DSEC_ASSIGN_OR_RETURN(int64_t md, GetInt(*fds, "mount_dir", -1, -1, 252));
+  DSEC_ASSIGN_OR_RETURN(int64_t ls, GetInt(*fds, "listen", -1, -1, 252));
+  DSEC_ASSIGN_OR_RETURN(int64_t cg, GetInt(*fds, "cgroup_user", -1, -1, 252));
+  DSEC_ASSIGN_OR_RETURN(int64_t fl, GetInt(*fds, "first_layer", -1, -1, 252));
+  DSEC_ASSIGN_OR_RETURN(int64_t lc, GetInt(*fds, "layer_count", 0, 0, 252));
+  s.fds = {static_cast<int>(md), static_cast<int>(ls), static_cast<int>(cg), static_cast<int>(fl),
+           static_cast<int>(lc)};
+  return s;
+}
+
+Json ToJson(const ExecSpec& s) {
+  Json j = {{"argv", s.argv},         {"env", s.env},
+            {"cwd", s.cwd},           {"uid", s.uid},
+            {"gid", s.gid},           {"root_caps", s.root_caps},
+            {"timeout_ms", s.timeout_ms}, {"max_output_bytes", s.max_output_bytes},
+            {"stdin_stream", s.stdin_stream}, {"tty", s.tty},
+            {"cols", s.cols},         {"rows", s.rows}};
+  if (!s.stdin_data.empty()) j["stdin_b64"] = Base64Encode(s.stdin_data);
+  return j;
+}
+
+StatusOr<ExecSpec> ExecSpecFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("exec spec must be an object");
+  ExecSpec s;
+  DSEC_ASSIGN_OR_RETURN(s.argv, GetStringList(j, "argv", 65536));
+  if (s.argv.empty() || s.argv[0].empty()) return InvalidArgument("argv must not be empty");
+  DSEC_ASSIGN_OR_RETURN(s.env, GetStringList(j, "env", 4096));
+  DSEC_ASSIGN_OR_RETURN(s.cwd, GetString(j, "cwd", "/"));
+  DSEC_ASSIGN_OR_RETURN(int64_t uid, GetInt(j, "uid", 1000, 0, 65535));
+  DSEC_ASSIGN_OR_RETURN(int64_t gid, GetInt(j, "gid", 1000, 0, 65535));
+  s.uid = static_cast<uint32_t>(uid);
+  s.gid = static_cast<uint32_t>(gid);
+  DSEC_ASSIGN_OR_RETURN(s.root_caps, GetBool(j, "root_caps", false));
+  DSEC_ASSIGN_OR_RETURN(s.timeout_ms, GetInt(j, "timeout_ms", 0, 0, INT64_MAX / 2));
+  DSEC_ASSIGN_OR_RETURN(int64_t maxout, GetInt(j, "max_output_bytes", 1 << 20, 0, INT64_MAX));
+  s.max_output_bytes = static_cast<uint64_t>(maxout);
+  DSEC_ASSIGN_OR_RETURN(s.stdin_stream, GetBool(j, "stdin_stream", false));
+  DSEC_ASSIGN_OR_RETURN(std::string in, GetString(j, "stdin_b64", ""));
+  auto dec = Base64Decode(in);
+  if (!dec) return InvalidArgument("stdin_b64 is not base64");
+  s.stdin_data = std::move(*dec);
+  DSEC_ASSIGN_OR_RETURN(s.tty, GetBool(j, "tty", false));
+  DSEC_ASSIGN_OR_RETURN(int64_t cols, GetInt(j, "cols", 80, 1, 10000));
+  DSEC_ASSIGN_OR_RETURN(int64_t rows, GetInt(j, "rows", 24, 1, 10000));
+  s.cols = static_cast<uint16_t>(cols);
+  s.rows = static_cast<uint16_t>(rows);
+  return s;
+}
+
+Json ToJson(const ExecResult& r) {
+  return {{"exit_code", r.exit_code},
+          {"signal", r.signal},
+          {"timed_out", r.timed_out},
+          {"oom_killed", r.oom_killed},
+          {"stdout_truncated", r.stdout_truncated},
+          {"stderr_truncated", r.stderr_truncated},
+          {"stdout_bytes", r.stdout_bytes},
+          {"stderr_bytes", r.stderr_bytes},
+          {"duration_ms", r.duration_ms},
+          {"pid", r.pid}};
+}
+
+StatusOr<ExecResult> ExecResultFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("exec result must be an object");
+  DSEC_RETURN_IF_ERROR(StatusFromJson(j));
+  ExecResult r;
+  DSEC_ASSIGN_OR_RETURN(int64_t code, GetInt(j, "exit_code", -1, INT32_MIN, INT32_MAX));
+  DSEC_ASSIGN_OR_RETURN(int64_t sig, GetInt(j, "signal", 0, 0, 128));
+  r.exit_code = static_cast<int>(code);
+  r.signal = static_cast<int>(sig);
+  DSEC_ASSIGN_OR_RETURN(r.timed_out, GetBool(j, "timed_out", false));
+  DSEC_ASSIGN_OR_RETURN(r.oom_killed, GetBool(j, "oom_killed", false));
+  DSEC_ASSIGN_OR_RETURN(r.stdout_truncated, GetBool(j, "stdout_truncated", false));
+  DSEC_ASSIGN_OR_RETURN(r.stderr_truncated, GetBool(j, "stderr_truncated", false));
+  DSEC_ASSIGN_OR_RETURN(int64_t ob, GetInt(j, "stdout_bytes", 0, 0, INT64_MAX));
+  DSEC_ASSIGN_OR_RETURN(int64_t eb, GetInt(j, "stderr_bytes", 0, 0, INT64_MAX));
+  r.stdout_bytes = static_cast<uint64_t>(ob);
+  r.stderr_bytes = static_cast<uint64_t>(eb);
+  auto d = j.find("duration_ms");
+  if (d != j.end() && d->is_number()) r.duration_ms = d->get<double>();
+  DSEC_ASSIGN_OR_RETURN(int64_t pid, GetInt(j, "pid", 0, 0, INT32_MAX));
+  r.pid = static_cast<int>(pid);
+  return r;
+}
+
+Json ToJson(const FileEntry& e) {
+  return {{"name", e.name}, {"type", e.type}, {"size", e.size}, {"mode", e.mode},
+          {"mtime", e.mtime_ms}};
+}
+
+StatusOr<FileEntry> FileEntryFromJson(const Json& j) {
+  FileEntry e;
+  DSEC_ASSIGN_OR_RETURN(e.name, GetString(j, "name"));
+  DSEC_ASSIGN_OR_RETURN(e.type, GetString(j, "type"));
+  DSEC_ASSIGN_OR_RETURN(int64_t size, GetInt(j, "size", 0, 0, INT64_MAX));
+  DSEC_ASSIGN_OR_RETURN(int64_t mode, GetInt(j, "mode", 0, 0, 0177777));
+  DSEC_ASSIGN_OR_RETURN(e.mtime_ms, GetInt(j, "mtime", 0));
+  e.size = static_cast<uint64_t>(size);
+  e.mode = static_cast<uint32_t>(mode);
+  return e;
+}
+
+Json ErrorJson(const Status& s) {
+  return {{"error", {{"code", std::string(StatusCodeName(s.code()))}, {"message", s.message()}}}};
+}
+
+Status StatusFromJson(const Json& j) {
+  auto it = j.find("error");
+  if (it == j.end() || !it->is_object()) return OkStatus();
+  std::string code = GetString(*it, "code", "internal").value_or("internal");
+  std::string msg = GetString(*it, "message", "agent error").value_or("agent error");
+  for (int c = 1; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (StatusCodeName(static_cast<StatusCode>(c)) == code) return Status(static_cast<StatusCode>(c), msg);
+  }
+  return InternalError(msg);
+}
+
+}  // namespace dsec::protocol

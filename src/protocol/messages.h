@@ -1,0 +1,104 @@
+// Typed edge <-> agent messages carried as JSON in kSetup/kRequest/kResponse/kEvent frames.
+// Parsing validates types and bounds; anything malformed is an InvalidArgument Status.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "isolation/credentials.h"
+#include "isolation/rootfs.h"
+
+namespace dsec::protocol {
+
+using Json = nlohmann::json;
+
+inline constexpr int kProtocolVersion = 1;
+
+// Parses a JSON payload; never throws.
+StatusOr<Json> ParseJson(std::string_view payload);
+
+// Fd roles in the kSetup frame's SCM_RIGHTS array.
+struct SetupFds {
+  int mount_dir = -1;     // directory to attach the sandbox tmpfs on
+  int listen = -1;        // listening unix socket for reconnecting edges
+  int cgroup_user = -1;   // cgroup2 <sb>/user dir (may be absent)
+  int first_layer = -1;   // layers follow, in order
+  int layer_count = 0;
+};
+
+struct SetupSpec {
+  std::string sandbox_id;
+  std::string hostname;
+  std::string secret;  // hex; authenticates reconnecting edges
+  isolation::RootfsSpec rootfs;
+  isolation::Rlimits rlimits;
+  std::vector<std::string> user_seccomp;   // raw BPF programs
+  std::vector<std::string> agent_seccomp;  // installed on the agent itself after setup
+  uint64_t agent_caps = 0;                 // bounding/effective set the agent keeps
+  bool clone_into_cgroup = true;
+  bool cgroup_kill = true;
+  uint32_t max_execs = 64;                 // concurrent execs + shells
+  SetupFds fds;
+};
+Json ToJson(const SetupSpec& s);
+StatusOr<SetupSpec> SetupSpecFromJson(const Json& j);
+
+struct ExecSpec {
+  std::vector<std::string> argv;  // argv[0] looked up in PATH from env when it has no '/'
+  std::vector<std::string> env;   // complete environment, "K=V"
+  std::string cwd = "/";
+  uint32_t uid = 1000, gid = 1000;
+  bool root_caps = false;          // keep the reduced root capability set (uid 0 only)
+  int64_t timeout_ms = 0;          // 0 = none
+  uint64_t max_output_bytes = 1 << 20;  // per stream
+  bool stdin_stream = false;       // edge sends kData stdin frames (and EOF)
+  std::string stdin_data;          // or: this, then EOF
+  bool tty = false;
+  uint16_t cols = 80, rows = 24;
+};
+Json ToJson(const ExecSpec& s);
+StatusOr<ExecSpec> ExecSpecFromJson(const Json& j);
+
+struct ExecResult {
+  int exit_code = -1;
+  int signal = 0;
+  bool timed_out = false;
+  bool oom_killed = false;  // set by the edge from cgroup OOM counters
+  bool stdout_truncated = false;
+  bool stderr_truncated = false;
+  uint64_t stdout_bytes = 0;  // total produced, including what was dropped past the cap
+  uint64_t stderr_bytes = 0;
+  double duration_ms = 0;
+  int pid = 0;
+};
+Json ToJson(const ExecResult& r);
+StatusOr<ExecResult> ExecResultFromJson(const Json& j);
+
+struct FileEntry {
+  std::string name;
+  std::string type;  // file dir symlink fifo socket char block other
+  uint64_t size = 0;
+  uint32_t mode = 0;
+  int64_t mtime_ms = 0;
+};
+Json ToJson(const FileEntry& e);
+StatusOr<FileEntry> FileEntryFromJson(const Json& j);
+
+// Error payload of a kResponse/kError: {"error": {"code", "message"}}.
+Json ErrorJson(const Status& s);
+// If j carries an error, the Status it names; OK otherwise.
+Status StatusFromJson(const Json& j);
+
+// Typed getters used by parsers: bad type or range -> InvalidArgument naming the field.
+StatusOr<std::string> GetString(const Json& j, const char* key, std::optional<std::string> def = {});
+StatusOr<int64_t> GetInt(const Json& j, const char* key, std::optional<int64_t> def = {},
+                         int64_t min = INT64_MIN, int64_t max = INT64_MAX);
+StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def = {});
+
+}  // namespace dsec::protocol
