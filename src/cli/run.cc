@@ -14,6 +14,7 @@
 
 #include "backends/container/container_backend.h"
 #include "base/ids.h"
+#include "base/scope_guard.h"
 #include "base/strings.h"
 
 namespace dsec::cli {
@@ -143,6 +144,7 @@ int Run(const GlobalOptions& g, RunOptions o) {
     std::cerr << "dsec: " << backend.status().message() << "\n";
     return 125;
   }
+  auto shutdown = MakeScopeGuard([&] { (void)(*backend)->Shutdown(); });
   (void)(*backend)->CleanupOrphans();
   auto sb = (*backend)->Create(spec);
   if (!sb.ok()) {
@@ -228,7 +230,6 @@ int Run(const GlobalOptions& g, RunOptions o) {
       std::cerr << "dsec: output was truncated at " << req.max_output_bytes << " bytes\n";
   }
   if (Status s = (*sb)->Destroy(); !s.ok()) std::cerr << "dsec: cleanup: " << s.message() << "\n";
-  (void)(*backend)->Shutdown();
   return code;
 }
 

@@ -227,7 +227,15 @@ class CgroupV1HybridDriver : public CgroupDriver {
   StatusOr<std::unique_ptr<Cgroup>> CreateSandbox(const std::string& name,
                                                   const CgroupLimits& limits) override {
     auto cg = std::make_unique<CgroupV1Hybrid>(name, h_, parent_name_, opts_.use_cgroup_kill);
-    if (Status s = cg->Init(true); !s.ok()) {
+    Status s = cg->Init(true);
+    if (s.error_number() == ENOENT) {
+      // Another process on this state dir removed the (then empty) parent; make it again.
+      (void)cg->Destroy();
+      DSEC_RETURN_IF_ERROR(Init());
+      cg = std::make_unique<CgroupV1Hybrid>(name, h_, parent_name_, opts_.use_cgroup_kill);
+      s = cg->Init(true);
+    }
+    if (!s.ok()) {
       (void)cg->Destroy();
       return s;
     }

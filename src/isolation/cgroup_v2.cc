@@ -138,7 +138,13 @@ class CgroupV2Driver : public CgroupDriver {
                                                   const CgroupLimits& limits) override {
     auto cg = std::make_unique<CgroupV2>(name, JoinPath(parent_, name), opts_.use_cgroup_kill,
                                          opts_.plain_directory_tree);
-    DSEC_RETURN_IF_ERROR(cg->Init(true));
+    Status init = cg->Init(true);
+    if (init.error_number() == ENOENT) {
+      // Another process on this state dir removed the (then empty) parent; make it again.
+      DSEC_RETURN_IF_ERROR(Init());
+      init = cg->Init(true);
+    }
+    DSEC_RETURN_IF_ERROR(init);
     if (Status s = cg->SetLimits(limits); !s.ok()) {
       (void)cg->Destroy();
       return s;

@@ -41,7 +41,7 @@ Status SetCapabilities(uint64_t caps) {
   __user_cap_data_struct data[2] = {};
   for (int i = 0; i < 2; ++i) {
     auto word = static_cast<uint32_t>(caps >> (32 * i));
-    data[i].effective = data[i].permitted = data[i].inheritable = word;
+    data[i].effective = data[i].permitted = word;  // inheritable stays empty
   }
   if (syscall(SYS_capset, &hdr, data) < 0) return ErrnoError("capset");
   return OkStatus();

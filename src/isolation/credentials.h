@@ -38,7 +38,7 @@ struct ExecCredentials {
 };
 
 Status DropBoundingSet(uint64_t keep);
-Status SetCapabilities(uint64_t caps);  // effective = permitted = inheritable; ambient cleared
+Status SetCapabilities(uint64_t caps);  // effective = permitted; inheritable, ambient empty
 Status ApplyRlimits(const Rlimits& r);
 Status SetNoNewPrivs();
 Status InstallSeccompPrograms(const std::vector<std::string>& programs);

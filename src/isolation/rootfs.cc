@@ -63,14 +63,6 @@ StatusOr<UniqueFd> CloneTree(int dirfd, const char* path, unsigned extra_flags =
   return fd;
 }
 
-Status SetReadonly(int mount_fd, const std::string& what) {
-  mount_attr attr{};
-  attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
-  if (sys::MountSetattr(mount_fd, "", AT_EMPTY_PATH, &attr) < 0)
-    return ErrnoError("mount_setattr readonly \"" + what + "\"");
-  return OkStatus();
-}
-
 // Creates (or truncates) a regular file inside root; a symlink in the final position is
 // replaced, never followed.
 StatusOr<UniqueFd> CreateFileInRoot(int root, const std::string& path, mode_t mode) {
@@ -149,8 +141,12 @@ Status SetupProc(int root, int dev_null_src) {
                                            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
                                                MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
     } else {
+      // /dev/null, read-only: reads as empty (nodev would make it EACCES instead).
       DSEC_ASSIGN_OR_RETURN(mask, CloneTree(dev_null_src, "", AT_EMPTY_PATH));
-      DSEC_RETURN_IF_ERROR(SetReadonly(mask.get(), "/proc/" + rel));
+      mount_attr attr{};
+      attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+      if (sys::MountSetattr(mask.get(), "", AT_EMPTY_PATH, &attr) < 0)
+        return ErrnoError("mount_setattr readonly /proc/" + rel);
     }
     DSEC_RETURN_IF_ERROR(Attach(mask.get(), target.get(), "/proc/" + rel));
   }
