@@ -56,10 +56,8 @@ class Op {
 
 // Limits and identities from setup that operations need.
 struct AgentConfig {
-  std::vector<std::string> user_seccomp;
   isolation::Rlimits rlimits;
   UniqueFd cgroup_user;  // O_PATH dir of <sb>/user in cgroup2, or invalid
-  bool clone_into_cgroup = true;
   bool cgroup_kill = true;
   uint32_t max_execs = 64;
   std::string secret;

@@ -45,10 +45,11 @@ int main(int argc, char** argv) {
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   fcntl(kChannelFd, F_SETFD, FD_CLOEXEC);
   signal(SIGPIPE, SIG_IGN);
+  // The launcher starts us with every signal blocked; only SIGCHLD (read via signalfd) is.
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
 
   SendBlocking(FrameType::kHello,
                {{"version", dsec::protocol::kProtocolVersion}, {"pid", getpid()}});

@@ -50,6 +50,7 @@ Status BringUpLoopback() {
   ifreq ifr{};
   strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
   if (ioctl(s.get(), SIOCGIFFLAGS, &ifr) < 0) return ErrnoError("SIOCGIFFLAGS lo");
+  if (ifr.ifr_flags & IFF_UP) return OkStatus();  // a pooled namespace the edge prepared
   ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
   if (ioctl(s.get(), SIOCSIFFLAGS, &ifr) < 0) return ErrnoError("SIOCSIFFLAGS lo");
   return OkStatus();
@@ -82,18 +83,18 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   mount_dir.Reset();
   fds.clear();  // anything unexpected the edge sent goes too
 
-  // The agent itself: no new privileges, its own (looser) filter, a reduced capability set.
+  // From here on the agent runs under the same seccomp profile as user code (it needs nothing
+  // the profile refuses), with no new privileges and a reduced capability set. Children
+  // inherit the compiled filter, so no exec pays for compiling it again.
   DSEC_RETURN_IF_ERROR(isolation::SetNoNewPrivs());
-  DSEC_RETURN_IF_ERROR(isolation::InstallSeccompPrograms(spec.agent_seccomp));
+  DSEC_RETURN_IF_ERROR(isolation::InstallSeccompPrograms(spec.seccomp));
   DSEC_RETURN_IF_ERROR(isolation::DropBoundingSet(spec.agent_caps));
   DSEC_RETURN_IF_ERROR(isolation::SetCapabilities(spec.agent_caps));
 
   SetupResult r;
   r.listen = std::move(listen);
-  r.config.user_seccomp = spec.user_seccomp;
   r.config.rlimits = spec.rlimits;
   r.config.cgroup_user = std::move(cgroup_user);
-  r.config.clone_into_cgroup = spec.clone_into_cgroup;
   r.config.cgroup_kill = spec.cgroup_kill;
   r.config.max_execs = spec.max_execs;
   r.config.secret = spec.secret;

@@ -42,7 +42,7 @@ std::string EnvValue(const std::vector<std::string>& env, const std::string& key
 [[noreturn]] void ChildMain(Agent& agent, const SpawnRequest& req, int err_fd, int procs_fd,
                             const char* const* argv, const char* const* envp) {
   const AgentConfig& cfg = agent.config();
-  // Without CLONE_INTO_CGROUP the child joins its cgroup before doing anything else.
+  // Join the exec's cgroup before anything else, so nothing it starts can escape it.
   if (procs_fd >= 0 && write(procs_fd, "0", 1) != 1) ChildFail(err_fd, "join exec cgroup", errno);
   sigset_t all;
   sigemptyset(&all);
@@ -79,8 +79,7 @@ std::string EnvValue(const std::vector<std::string>& env, const std::string& key
   creds.uid = req.uid;
   creds.gid = req.gid;
   creds.caps = req.uid == 0 && req.root_caps ? isolation::RootCapabilities() : 0;
-  creds.rlimits = cfg.rlimits;
-  creds.seccomp_programs = &cfg.user_seccomp;
+  creds.rlimits = cfg.rlimits;  // seccomp: inherited from the agent
   if (Status s = isolation::ApplyExecCredentials(creds); !s.ok()) ChildFail(err_fd, s);
   umask(022);
   if (chdir(req.cwd.c_str()) < 0) ChildFail(err_fd, "chdir \"" + req.cwd + "\"", errno);
@@ -113,17 +112,16 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req) {
   if (req.argv.empty()) return InvalidArgument("empty argv");
   const AgentConfig& cfg = agent.config();
   Spawned out;
-  UniqueFd cgroup_dir, procs;
+  UniqueFd procs;
   if (cfg.cgroup_user.valid()) {
     out.cgroup = agent.NextCgroupName(req.cgroup_prefix);
     if (mkdirat(cfg.cgroup_user.get(), out.cgroup.c_str(), 0755) < 0)
       return ErrnoError("mkdir exec cgroup " + out.cgroup);
-    if (cfg.clone_into_cgroup) {
-      cgroup_dir = OpenInCgroup(agent, out.cgroup, O_RDONLY | O_DIRECTORY);
-      if (!cgroup_dir) return ErrnoError("open exec cgroup " + out.cgroup);
-    } else {
-      procs = OpenInCgroup(agent, out.cgroup + "/cgroup.procs", O_WRONLY);
-      if (!procs) return ErrnoError("open " + out.cgroup + "/cgroup.procs");
+    procs = OpenInCgroup(agent, out.cgroup + "/cgroup.procs", O_WRONLY);
+    if (!procs) {
+      Status s = ErrnoError("open " + out.cgroup + "/cgroup.procs");
+      RemoveCgroup(agent, out.cgroup);
+      return s;
     }
   }
   int ep[2];
@@ -137,24 +135,14 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req) {
   for (const auto& e : req.env) envp.push_back(e.c_str());
   envp.push_back(nullptr);
 
-  clone_args args{};
-  int pidfd = -1;
-  args.flags = CLONE_PIDFD;
-  args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
-  args.exit_signal = SIGCHLD;
-  if (cgroup_dir) {
-    args.flags |= CLONE_INTO_CGROUP;
-    args.cgroup = static_cast<uint64_t>(cgroup_dir.get());
-  }
-  long pid = sys::Clone3(&args);
+  pid_t pid = fork();
   if (pid < 0) {
-    Status s = ErrnoError("clone3");
+    Status s = ErrnoError("fork");
     if (!out.cgroup.empty()) RemoveCgroup(agent, out.cgroup);
     return s;
   }
   if (pid == 0) ChildMain(agent, req, err_w.get(), procs.get(), argv.data(), envp.data());
-  out.pid = static_cast<pid_t>(pid);
-  out.pidfd.Reset(pidfd);
+  out.pid = pid;
   err_w.Reset();
   fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
   out.err_pipe = std::move(err_r);

@@ -1,6 +1,8 @@
-// Starting user processes inside the sandbox: each gets its own cgroup under <sb>/user
-// (clone3 CLONE_INTO_CGROUP, or the child joins it itself as the fallback), a new session,
-// its stdio, and the exec credential sequence (isolation/credentials.h) before execve.
+// Starting user processes inside the sandbox: each gets its own cgroup under <sb>/user (the
+// child joins it first thing: the agent runs under the seccomp profile, which refuses clone3,
+// so CLONE_INTO_CGROUP is not available here), a new session, its stdio, and the exec
+// credential sequence (isolation/credentials.h) before execve. The seccomp filter is
+// inherited from the agent, already compiled.
 // Exec failures come back through a CLOEXEC error pipe as "dsec: <what>: <errno text>".
 #pragma once
 
@@ -34,7 +36,6 @@ struct SpawnRequest {
 
 struct Spawned {
   pid_t pid = -1;
-  UniqueFd pidfd;
   UniqueFd err_pipe;   // read end; holds a message if exec failed
   std::string cgroup;  // name under <sb>/user, empty without cgroup2
 };

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <set>
+
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "sys/syscalls.h"
@@ -130,6 +132,7 @@ Status SetupProc(int root, int dev_null_src) {
                                                               MOUNT_ATTR_NOEXEC));
   DSEC_RETURN_IF_ERROR(Attach(proc.get(), procdir.get(), "/proc"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd p, OpenInRoot(root, "/proc", O_PATH | O_DIRECTORY));
+  UniqueFd ro_null;
   for (const auto& rel : ProcMaskedPaths()) {
     struct stat st;
     if (fstatat(p.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // not on this kernel
@@ -141,12 +144,16 @@ Status SetupProc(int root, int dev_null_src) {
                                            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
                                                MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
     } else {
-      // /dev/null, read-only: reads as empty (nodev would make it EACCES instead).
-      DSEC_ASSIGN_OR_RETURN(mask, CloneTree(dev_null_src, "", AT_EMPTY_PATH));
-      mount_attr attr{};
-      attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
-      if (sys::MountSetattr(mask.get(), "", AT_EMPTY_PATH, &attr) < 0)
-        return ErrnoError("mount_setattr readonly /proc/" + rel);
+      // /dev/null, read-only: reads as empty (nodev would make it EACCES instead). One
+      // read-only clone is made once; each mask clones that.
+      if (!ro_null) {
+        DSEC_ASSIGN_OR_RETURN(ro_null, CloneTree(dev_null_src, "", AT_EMPTY_PATH));
+        mount_attr attr{};
+        attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+        if (sys::MountSetattr(ro_null.get(), "", AT_EMPTY_PATH, &attr) < 0)
+          return ErrnoError("mount_setattr readonly /dev/null clone");
+      }
+      DSEC_ASSIGN_OR_RETURN(mask, CloneTree(ro_null.get(), "", AT_EMPTY_PATH));
     }
     DSEC_RETURN_IF_ERROR(Attach(mask.get(), target.get(), "/proc/" + rel));
   }
@@ -168,11 +175,12 @@ Status SetupProc(int root, int dev_null_src) {
 }  // namespace
 
 const std::vector<std::string>& ProcMaskedPaths() {
+  // Docker's list plus the kernel address and page maps (kallsyms, kpage*). Each mask is a
+  // mount, so the list stays at what leaks or controls host state.
   static const std::vector<std::string> kPaths = {
-      "kcore",      "keys",        "key-users",     "kallsyms",  "sysrq-trigger", "timer_list",
-      "timer_stats", "kpagecount", "kpageflags",    "kpagecgroup", "sched_debug", "latency_stats",
-      "acpi",       "scsi",        "asound",        "firmware",  "config.gz",     "vmallocinfo",
-      "slabinfo",   "pagetypeinfo", "iomem",        "ioports",   "kmsg"};
+      "kcore",       "keys",       "key-users",     "kallsyms",   "sysrq-trigger",
+      "timer_list",  "timer_stats", "kpagecount",   "kpageflags", "kpagecgroup",
+      "sched_debug", "latency_stats", "acpi",        "scsi",       "asound"};
   return kPaths;
 }
 
@@ -249,6 +257,7 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
     DSEC_RETURN_IF_ERROR(Attach(layer_fds[i], target.get(), name));
   }
 
+  std::vector<bool> written(spec.files.size(), false);
   auto overlay = [&](size_t index, const OverlaySpec& o) -> StatusOr<UniqueFd> {
     if (o.lower_fds.empty()) return InvalidArgument("overlay " + o.target + " has no layers");
     std::string lower;
@@ -261,6 +270,22 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
     std::string up = "up/" + std::to_string(index), wk = "wk/" + std::to_string(index);
     if (mkdir(up.c_str(), 0755) < 0 || mkdir(wk.c_str(), 0755) < 0)
       return ErrnoError("mkdir overlay dirs for " + o.target);
+    // Files that sit directly in the overlay's root go straight into its upper layer before
+    // the mount: no copy-up later. (Deeper ones would need upper dirs that shadow the image's
+    // directory attributes, so they are written through the mounted tree instead.)
+    for (size_t fi = 0; fi < spec.files.size(); ++fi) {
+      const FileSpec& f = spec.files[fi];
+      auto slash = f.path.rfind('/');
+      std::string parent = slash == 0 ? "/" : f.path.substr(0, slash);
+      if (parent != o.target || written[fi]) continue;
+      std::string p = up + "/" + f.path.substr(slash + 1);
+      UniqueFd fd(open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, f.mode));
+      if (!fd) return ErrnoError("create \"" + f.path + "\"");
+      DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), f.content, f.path));
+      if (fchown(fd.get(), f.uid, f.gid) < 0 || fchmod(fd.get(), f.mode) < 0)
+        return ErrnoError("chown/chmod \"" + f.path + "\"");
+      written[fi] = true;
+    }
     std::vector<FsParam> params = {{"lowerdir", lower}, {"upperdir", up}, {"workdir", wk}};
     if (spec.userns) params.push_back({"userxattr", ""});
     return NewMount("overlay", params, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
@@ -270,12 +295,31 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
   // mount point pivot_root accepts.
   UniqueFd rootdir(open("root", O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!rootdir) return ErrnoError("open root");
+  std::set<std::string> made_early;
   size_t first_sub = 0;
   if (!spec.overlays.empty() && spec.overlays[0].target == "/") {
     DSEC_ASSIGN_OR_RETURN(UniqueFd ov, overlay(0, spec.overlays[0]));
     DSEC_RETURN_IF_ERROR(Attach(ov.get(), rootdir.get(), "/"));
     first_sub = 1;
   } else {
+    // The root is our own fresh tmpfs directory: top-level symlinks and directories can be made
+    // with plain *at() calls (nothing from an image is in it to trick them).
+    for (const auto& l : spec.symlinks) {
+      DSEC_RETURN_IF_ERROR(CheckComponents(l.path));
+      if (l.path.find('/', 1) != std::string::npos) continue;  // nested: done below
+      if (symlinkat(l.target.c_str(), rootdir.get(), l.path.c_str() + 1) < 0)
+        return ErrnoError("symlink \"" + l.path + "\"");
+      made_early.insert(l.path);
+    }
+    for (const auto& d : spec.dirs) {
+      DSEC_RETURN_IF_ERROR(CheckComponents(d.path));
+      if (d.path.find('/', 1) != std::string::npos) continue;
+      const char* name = d.path.c_str() + 1;
+      if (mkdirat(rootdir.get(), name, 0700) < 0 || fchmodat(rootdir.get(), name, d.mode, 0) < 0 ||
+          fchownat(rootdir.get(), name, d.uid, d.gid, AT_SYMLINK_NOFOLLOW) < 0)
+        return ErrnoError("mkdir \"" + d.path + "\"");
+      made_early.insert(d.path);
+    }
     DSEC_ASSIGN_OR_RETURN(UniqueFd self, CloneTree(AT_FDCWD, "root"));
     DSEC_RETURN_IF_ERROR(Attach(self.get(), rootdir.get(), "/"));
   }
@@ -290,6 +334,7 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
     DSEC_RETURN_IF_ERROR(Attach(ov.get(), target.get(), o.target));
   }
   for (const auto& l : spec.symlinks) {
+    if (made_early.count(l.path)) continue;
     DSEC_RETURN_IF_ERROR(CheckComponents(l.path));
     auto slash = l.path.rfind('/');
     DSEC_ASSIGN_OR_RETURN(UniqueFd parent,
@@ -299,9 +344,13 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
     if (symlinkat(l.target.c_str(), parent.get(), name.c_str()) < 0 && errno != EEXIST)
       return ErrnoError("symlink \"" + l.path + "\"");
   }
-  for (const auto& d : spec.dirs)
+  for (const auto& d : spec.dirs) {
+    if (made_early.count(d.path)) continue;
     DSEC_RETURN_IF_ERROR(MakeDirInRoot(root.get(), d.path, d.mode, d.uid, d.gid, true).status());
-  for (const auto& f : spec.files) {
+  }
+  for (size_t fi = 0; fi < spec.files.size(); ++fi) {
+    const FileSpec& f = spec.files[fi];
+    if (written[fi]) continue;
     DSEC_ASSIGN_OR_RETURN(UniqueFd fd, CreateFileInRoot(root.get(), f.path, f.mode));
     DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), f.content, f.path));
     if (fchown(fd.get(), f.uid, f.gid) < 0 || fchmod(fd.get(), f.mode) < 0)

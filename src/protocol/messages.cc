@@ -175,10 +175,8 @@ Json ToJson(const SetupSpec& s) {
             {"fsize", s.rlimits.fsize},
             {"core", s.rlimits.core},
             {"stack", s.rlimits.stack}}},
-          {"user_seccomp", ProgramsToJson(s.user_seccomp)},
-          {"agent_seccomp", ProgramsToJson(s.agent_seccomp)},
+          {"seccomp", ProgramsToJson(s.seccomp)},
           {"agent_caps", s.agent_caps},
-          {"clone_into_cgroup", s.clone_into_cgroup},
           {"cgroup_kill", s.cgroup_kill},
           {"max_execs", s.max_execs},
           {"fds",
@@ -207,11 +205,9 @@ StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
     s.rlimits = {static_cast<uint64_t>(nofile), static_cast<uint64_t>(fsize),
                  static_cast<uint64_t>(core), static_cast<uint64_t>(stack)};
   }
-  DSEC_ASSIGN_OR_RETURN(s.user_seccomp, ProgramsFromJson(j, "user_seccomp"));
-  DSEC_ASSIGN_OR_RETURN(s.agent_seccomp, ProgramsFromJson(j, "agent_seccomp"));
+  DSEC_ASSIGN_OR_RETURN(s.seccomp, ProgramsFromJson(j, "seccomp"));
   auto caps = j.find("agent_caps");
   if (caps != j.end() && caps->is_number_unsigned()) s.agent_caps = caps->get<uint64_t>();
-  DSEC_ASSIGN_OR_RETURN(s.clone_into_cgroup, GetBool(j, "clone_into_cgroup", true));
   DSEC_ASSIGN_OR_RETURN(s.cgroup_kill, GetBool(j, "cgroup_kill", true));
   DSEC_ASSIGN_OR_RETURN(int64_t max_execs, GetInt(j, "max_execs", 64, 1, 4096));
   s.max_execs = static_cast<uint32_t>(max_execs);

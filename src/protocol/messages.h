@@ -38,10 +38,10 @@ struct SetupSpec {
   std::string secret;  // hex; authenticates reconnecting edges
   isolation::RootfsSpec rootfs;
   isolation::Rlimits rlimits;
-  std::vector<std::string> user_seccomp;   // raw BPF programs
-  std::vector<std::string> agent_seccomp;  // installed on the agent itself after setup
+  // Raw BPF programs the agent installs on itself once setup is done; every process in the
+  // sandbox inherits them.
+  std::vector<std::string> seccomp;
   uint64_t agent_caps = 0;                 // bounding/effective set the agent keeps
-  bool clone_into_cgroup = true;
   bool cgroup_kill = true;
   uint32_t max_execs = 64;                 // concurrent execs + shells
   SetupFds fds;

@@ -44,14 +44,14 @@ TEST(MessagesTest, SetupSpecRoundTrip) {
   s.rootfs.symlinks.push_back({"/bin", "usr/bin"});
   s.rootfs.dirs.push_back({"/workspace", 0755, 1000, 1000});
   s.rootfs.files.push_back({"/etc/hosts", "127.0.0.1 localhost\n", 0644, 0, 0});
-  s.user_seccomp = {std::string("\x01\x02\x00", 3)};
+  s.seccomp = {std::string("\x01\x02\x00", 3)};
   s.fds = {0, 1, 2, 3, 2};
   auto back = SetupSpecFromJson(ToJson(s));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->rootfs.overlays[0].lower_fds, (std::vector<int>{0, 1}));
   EXPECT_EQ(back->rootfs.dirs[0].uid, 1000u);
   EXPECT_EQ(back->rootfs.files[0].content, "127.0.0.1 localhost\n");
-  EXPECT_EQ(back->user_seccomp, s.user_seccomp);
+  EXPECT_EQ(back->seccomp, s.seccomp);
   EXPECT_EQ(back->fds.layer_count, 2);
 }
 

@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/capability.h>
-#include <seccomp.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -38,44 +37,6 @@ std::string DefaultAgentPath() {
     if (access(cand.c_str(), X_OK) == 0) return cand;
   }
   return dir + "/dsec-agent";
-}
-
-// The agent's own filter: allow by default, refuse what a compromised agent could use to
-// leave the sandbox or attack the kernel (it needs none of these after setup).
-StatusOr<std::vector<std::string>> BuildAgentSeccompFilter() {
-  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-  if (!ctx) return InternalError("seccomp_init failed");
-  auto release = [&] { seccomp_release(ctx); };
-  seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
-  seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0);
-  for (const char* name :
-       {"mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen",
-        "fsconfig", "fsmount", "fspick", "mount_setattr", "unshare", "setns", "bpf", "keyctl",
-        "add_key", "request_key", "userfaultfd", "perf_event_open", "io_uring_setup",
-        "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module",
-        "finit_module", "delete_module", "open_by_handle_at", "reboot", "swapon", "swapoff",
-        "acct", "settimeofday", "clock_settime", "syslog", "kcmp", "pidfd_getfd", "iopl",
-        "ioperm", "quotactl", "lookup_dcookie"}) {
-    int nr = seccomp_syscall_resolve_name(name);
-    if (nr == __NR_SCMP_ERROR) continue;
-    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0); rc < 0) {
-      release();
-      return ErrnoStatus(-rc, std::string("seccomp agent rule ") + name);
-    }
-  }
-  int fd = memfd_create("dsec-agent-seccomp", MFD_CLOEXEC);
-  int rc = fd < 0 ? -errno : seccomp_export_bpf(ctx, fd);
-  release();
-  if (rc < 0) {
-    if (fd >= 0) close(fd);
-    return ErrnoStatus(-rc, "seccomp export agent filter");
-  }
-  off_t size = lseek(fd, 0, SEEK_END);
-  std::string prog(static_cast<size_t>(size), '\0');
-  bool ok = pread(fd, prog.data(), prog.size(), 0) == size;
-  close(fd);
-  if (!ok) return InternalError("read agent seccomp program");
-  return std::vector<std::string>{prog};
 }
 
 }  // namespace
@@ -123,13 +84,14 @@ Status ContainerBackend::Init() {
 
   isolation::SeccompOptions so;
   so.allow_ptrace = opts_.allow_ptrace;
-  DSEC_ASSIGN_OR_RETURN(user_seccomp_, isolation::BuildUserSeccompFilter(so));
-  DSEC_ASSIGN_OR_RETURN(agent_seccomp_, BuildAgentSeccompFilter());
+  DSEC_ASSIGN_OR_RETURN(seccomp_, isolation::BuildUserSeccompFilter(so));
 
   if (opts_.agent_path.empty()) opts_.agent_path = DefaultAgentPath();
   DSEC_ASSIGN_OR_RETURN(agent_memfd_, SealAgentBinary(opts_.agent_path));
 
+  DSEC_ASSIGN_OR_RETURN(launcher_, Launcher::Start({opts_.state_dir}));
   uid_slots_.assign(opts_.userns_slots, false);
+  if (opts_.netns_pool > 0) netns_ = std::make_unique<isolation::NetnsPool>(opts_.netns_pool);
   io_ = std::make_unique<IoRunner>(std::max(1, opts_.io_threads));
   return OkStatus();
 }

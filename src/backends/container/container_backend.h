@@ -11,11 +11,13 @@
 #include <vector>
 
 #include "backends/container/agent_client.h"
+#include "backends/container/launcher.h"
 #include "backends/sandbox.h"
 #include "isolation/cgroup.h"
 #include "isolation/credentials.h"
 #include "isolation/features.h"
 #include "isolation/host_image.h"
+#include "isolation/netns.h"
 
 namespace dsec::backends::container {
 
@@ -33,6 +35,8 @@ struct ContainerBackendOptions {
   std::vector<std::string> hidden_paths;  // the edge's token, config, socket, logs
   bool allow_ptrace = true;
   int setup_timeout_ms = 10000;
+  // Loopback-only network namespaces kept for reuse (0: a fresh one per sandbox).
+  size_t netns_pool = 256;
   int io_threads = 1;
 };
 
@@ -69,10 +73,11 @@ class ContainerBackend : public Backend {
   isolation::KernelFeatures features_;
   std::unique_ptr<isolation::CgroupDriver> cgroups_;
   isolation::HostImage host_image_;
-  std::vector<std::string> user_seccomp_;
-  std::vector<std::string> agent_seccomp_;
+  std::vector<std::string> seccomp_;
   UniqueFd agent_memfd_;
   std::unique_ptr<IoRunner> io_;
+  std::unique_ptr<Launcher> launcher_;
+  std::unique_ptr<isolation::NetnsPool> netns_;  // null when pooling is off
   std::mutex uid_mu_;
   std::vector<bool> uid_slots_;  // GUARDED_BY(uid_mu_)
   uint32_t uid_next_ = 0;        // GUARDED_BY(uid_mu_)

@@ -240,6 +240,9 @@ Status ContainerSandbox::StartLocked() {
   oom_->cgroup = cgroup_;
   if (userns) DSEC_RETURN_IF_ERROR(cgroup_->Delegate(root_uid, root_uid));
 
+  if (b.netns_) {
+    DSEC_ASSIGN_OR_RETURN(netns_, b.netns_->Acquire());
+  }
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) return ErrnoError("socketpair");
   UniqueFd conn(sp[0]), child_end(sp[1]);
@@ -249,7 +252,8 @@ Status ContainerSandbox::StartLocked() {
   lr.userns = userns;
   bool clone_into = b.features_.clone_into_cgroup && cgroup_->CloneIntoFd() >= 0;
   lr.cgroup_fd = clone_into ? cgroup_->CloneIntoFd() : -1;
-  DSEC_ASSIGN_OR_RETURN(PendingAgent pending, LaunchAgent(lr));
+  lr.netns_fd = netns_.ns.get();
+  DSEC_ASSIGN_OR_RETURN(PendingAgent pending, b.launcher_->Launch(lr));
   agent_ = std::make_unique<PendingAgent>(std::move(pending));
   agent_pid_ = agent_->pid();
   child_end.Reset();
@@ -281,6 +285,7 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   Frame f;
   DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn, b.opts_.setup_timeout_ms, &dec, &f));
   if (f.type != FrameType::kHello) return InternalError("agent did not say hello");
+  agent_->Execd();
 
   DSEC_ASSIGN_OR_RETURN(UniqueFd dirfd, OpenDir(dir_, O_PATH));
   // A restarted edge reconnects here; binding through /proc/self/fd avoids sun_path limits.
@@ -328,10 +333,8 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
               0644, 0, 0}};
   s.rlimits = b.opts_.rlimits;
   if (s.rlimits.fsize == 0) s.rlimits.fsize = r.size_bytes;
-  s.user_seccomp = b.user_seccomp_;
-  s.agent_seccomp = b.agent_seccomp_;
+  s.seccomp = b.seccomp_;
   s.agent_caps = isolation::RootCapabilities() | isolation::CapMask({CAP_DAC_READ_SEARCH});
-  s.clone_into_cgroup = b.features_.clone_into_cgroup;
   s.cgroup_kill = b.features_.cgroup_kill;
   s.max_execs = b.opts_.max_execs_per_sandbox;
   std::vector<int> fds = {mount_dir.get(), listen_fd.get()};
@@ -652,10 +655,19 @@ Status ContainerSandbox::Destroy() {
     (void)agent_->pidfd().SendSignal(SIGKILL);
     agent_->Abort();
   }
+  // Nothing runs in the network namespace any more (the agent, PID 1 of the only pid
+  // namespace in it, is reaped), so it can serve another sandbox.
+  if (netns_.ns && backend_->netns_) backend_->netns_->Release(std::move(netns_));
+  netns_ = {};
   if (cgroup_) result = cgroup_->Destroy();
   if (!dir_.empty()) {
-    Status s = RemoveTree(dir_);
-    if (result.ok()) result = s;
+    // The directory holds exactly these; anything else falls back to the tree walk.
+    for (const char* f : {"agent.sock", "owner.lock"}) (void)unlink(JoinPath(dir_, f).c_str());
+    (void)rmdir(JoinPath(dir_, "mnt").c_str());
+    if (rmdir(dir_.c_str()) < 0 && errno != ENOENT) {
+      Status s = RemoveTree(dir_);
+      if (result.ok()) result = s;
+    }
   }
   if (tmp_created_) (void)RemoveTree(JoinPath(backend_->sandboxes_dir_, ".tmp-" + spec_.id));
   lock_fd_.Reset();

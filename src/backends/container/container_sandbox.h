@@ -12,6 +12,7 @@
 #include "backends/container/launcher.h"
 #include "backends/sandbox.h"
 #include "isolation/cgroup.h"
+#include "isolation/netns.h"
 
 namespace dsec::backends::container {
 
@@ -82,6 +83,7 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   std::unique_ptr<PendingAgent> agent_;        // GUARDED_BY(mu_)
   std::shared_ptr<AgentClient> client_;        // GUARDED_BY(mu_)
   UniqueFd lock_fd_;
+  isolation::Netns netns_;  // pooled namespace, returned on destroy
   pid_t agent_pid_ = -1;
   int64_t uid_slot_ = -1;
   bool tmp_created_ = false;

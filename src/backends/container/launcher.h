@@ -1,15 +1,29 @@
 // Starts dsec-agent as PID 1 of a new sandbox ("InitFromParent" side, step 2 of DESIGN.md's
-// isolation sequence): clone3 into new mount, pid, uts, ipc, net and cgroup namespaces (and a
-// user namespace when enabled), born in the sandbox's cgroup (CLONE_INTO_CGROUP) when the
-// kernel allows. The child waits until the parent wrote its id maps and cgroup membership,
-// then becomes root of its user namespace and execs the agent from the sealed memfd with the
-// edge connection on fd 3 and /dev/null on 0-2; every other fd closes at exec.
+// isolation sequence): a clone into new mount, pid, uts, ipc, cgroup and network namespaces
+// (or a pooled network namespace) and a user namespace when enabled. The child waits until the
+// parent wrote its id maps and cgroup membership, becomes root of its user namespace and execs
+// the agent from the sealed memfd, with the edge connection on fd 3 and /dev/null on 0-2;
+// every other fd closes at exec.
 //
-// The caller may be multithreaded: the child runs only raw syscalls on data prepared before
-// the clone (no allocation, no glibc setxid broadcast).
+// All clones happen on one launcher thread that lives in a private mount namespace holding
+// only what a new sandbox needs (/, /proc, /dev, the state dir's mount): every sandbox copies,
+// and later tears down, that small namespace instead of the host's. The clone shares the
+// edge's address space (CLONE_VM, like posix_spawn) so nothing is copied for it: the child runs
+// on its own stack, with every signal blocked, and only makes raw syscalls that touch no
+// memory of the parent's (not even errno) until it execs.
 #pragma once
 
 #include <sys/types.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "base/pidfd.h"
 #include "base/status.h"
@@ -21,26 +35,54 @@ struct LaunchRequest {
   int agent_memfd = -1;
   int channel_fd = -1;  // child end of the edge <-> agent socketpair
   bool userns = false;
-  int cgroup_fd = -1;   // v2 cgroup dir for CLONE_INTO_CGROUP; -1 to join later
+  int cgroup_fd = -1;  // v2 cgroup dir for CLONE_INTO_CGROUP; -1 to join later
+  // An existing network namespace to start in (the launcher thread joins it for the clone);
+  // -1 for a new one.
+  int netns_fd = -1;
 };
 
 // A started agent that is still waiting for Release().
 class PendingAgent {
  public:
-  PendingAgent(PidFd pid, UniqueFd go) : pid_(std::move(pid)), go_(std::move(go)) {}
+  PendingAgent(PidFd pid, UniqueFd go, void* stack, size_t stack_size)
+      : pid_(std::move(pid)), go_(std::move(go)), stack_(stack), stack_size_(stack_size) {}
+  PendingAgent(PendingAgent&& o) noexcept;
+  PendingAgent& operator=(PendingAgent&&) = delete;
+  ~PendingAgent();
   PidFd& pidfd() { return pid_; }
   pid_t pid() const { return pid_.pid(); }
   // Lets the child continue to exec the agent.
   Status Release();
-  // Kills and reaps the child (use when setting it up failed).
+  // The child has exec'd (the agent said hello): its launch stack is free.
+  void Execd() { FreeStack(); }
+  // Kills and reaps the child (use when setting it up failed, and on destroy).
   void Abort();
 
  private:
+  void FreeStack();
   PidFd pid_;
   UniqueFd go_;
+  void* stack_ = nullptr;
+  size_t stack_size_ = 0;
 };
 
-StatusOr<PendingAgent> LaunchAgent(const LaunchRequest& req);
+class Launcher {
+ public:
+  // `keep` are paths whose mounts must stay visible to new sandboxes (the state dir).
+  static StatusOr<std::unique_ptr<Launcher>> Start(const std::vector<std::string>& keep);
+  ~Launcher();
+  // Thread-safe; the clone itself runs on the launcher thread.
+  StatusOr<PendingAgent> Launch(const LaunchRequest& req);
+
+ private:
+  Launcher() = default;
+  void Run(std::vector<std::string> keep, std::promise<Status>* ready);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                        // GUARDED_BY(mu_)
+  std::thread thread_;
+};
 
 // A sealed memfd holding the agent binary: the sandbox can neither rewrite the host binary
 // nor the memfd (F_SEAL_WRITE|SHRINK|GROW|SEAL).
