@@ -108,7 +108,8 @@ class Sandbox {
   StatusOr<ExecOutput> Exec(const ExecRequest& req);
 
   // Persistent shells (cwd, env and background jobs persist between commands).
-  virtual StatusOr<std::string> OpenShell(const std::string& user = "") = 0;
+  // user: "" for the sandbox's default user.
+  virtual StatusOr<std::string> OpenShell(const std::string& user) = 0;
   virtual StatusOr<std::shared_ptr<ExecHandle>> RunInShell(const std::string& shell_id,
                                                            const std::string& command,
                                                            int64_t timeout_ms,
@@ -120,10 +121,10 @@ class Sandbox {
 
   // Files, resolved inside the sandbox root, as the sandbox's user.
   virtual StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) = 0;
-  virtual Status WriteFile(const std::string& path, std::string_view data, uint32_t mode = 0644) = 0;
+  virtual Status WriteFile(const std::string& path, std::string_view data, uint32_t mode) = 0;
   virtual StatusOr<std::vector<FileEntry>> ListDir(const std::string& path) = 0;
   virtual StatusOr<FileEntry> Stat(const std::string& path) = 0;
-  virtual Status MakeDir(const std::string& path, uint32_t mode = 0755) = 0;
+  virtual Status MakeDir(const std::string& path, uint32_t mode) = 0;
   virtual Status Remove(const std::string& path, bool recursive) = 0;
   virtual Status ExtractTar(const std::string& dir, std::string_view tar_bytes) = 0;
   virtual StatusOr<std::string> CreateTar(const std::string& dir, uint64_t max_bytes) = 0;

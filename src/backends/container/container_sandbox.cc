@@ -139,16 +139,19 @@ class ExecCall : public AgentClient::Call {
  public:
   ExecCall(std::shared_ptr<ExecObserver> obs, std::shared_ptr<OomTracker> oom)
       : obs_(std::move(obs)), oom_(std::move(oom)) {}
-  void set_handle(std::weak_ptr<ExecHandleImpl> h) { handle_ = std::move(h); }
+  // The call keeps the stdin state alive until the command finishes: a caller may drop its
+  // handle right after starting (buffered Exec does) while stdin is still being streamed.
+  void set_handle(std::shared_ptr<ExecHandleImpl> h) { handle_ = std::move(h); }
 
   void OnEvent(const Json& e) override {
     if (auto it = e.find("started"); it != e.end() && it->is_object())
       obs_->OnStart(it->value("pid", 0));
-    if (auto it = e.find("stdin_ack"); it != e.end() && it->is_number_unsigned())
-      if (auto h = handle_.lock()) h->OnAck(it->get<uint64_t>());
+    if (auto it = e.find("stdin_ack"); it != e.end() && it->is_number_unsigned() && handle_)
+      handle_->OnAck(it->get<uint64_t>());
   }
   void OnData(uint8_t stream, std::string_view data) override { obs_->OnOutput(stream, data); }
   void OnResponse(StatusOr<Json> r) override {
+    handle_.reset();
     if (!r.ok()) return obs_->OnExit(r.status());
     auto res = protocol::ExecResultFromJson(*r);
     if (res.ok() && res->signal == SIGKILL && oom_) res->oom_killed = oom_->CheckNewKill();
@@ -158,7 +161,7 @@ class ExecCall : public AgentClient::Call {
  private:
   std::shared_ptr<ExecObserver> obs_;
   std::shared_ptr<OomTracker> oom_;
-  std::weak_ptr<ExecHandleImpl> handle_;
+  std::shared_ptr<ExecHandleImpl> handle_;
 };
 
 }  // namespace
@@ -315,7 +318,8 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   protocol::SetupSpec s;
   s.sandbox_id = spec_.id;
   s.hostname = spec_.hostname;
-  s.secret = RandomHex(32);
+  secret_ = RandomHex(32);
+  s.secret = secret_;
   auto& r = s.rootfs;
   r.size_bytes = static_cast<uint64_t>(spec_.disk_mb) << 20;
   r.inodes = std::max<uint64_t>(4096, static_cast<uint64_t>(spec_.disk_mb) * b.opts_.inodes_per_mb);

@@ -60,6 +60,9 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   Status Destroy() override;
 
   pid_t agent_pid() const { return agent_pid_; }
+  // What a reconnecting edge needs: the agent's socket and the secret it authenticates with.
+  std::string agent_socket() const { return dir_ + "/agent.sock"; }
+  const std::string& secret() const { return secret_; }
   const std::string& dir() const { return dir_; }
 
  private:
@@ -87,6 +90,7 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   pid_t agent_pid_ = -1;
   int64_t uid_slot_ = -1;
   bool tmp_created_ = false;
+  std::string secret_;
   std::atomic<uint64_t> exec_count_{0};
 };
 
