@@ -2,7 +2,12 @@
 // in-process (no CLI start), serial latency and throughput with N concurrent workers.
 // Usage: lifecycle_bench [--iterations N] [--concurrency 1,2,8] [--state-dir DIR] [--no-userns]
 //                        [--exec-only] (exec latency in one live sandbox)
-// Prints one line per configuration: p50/p90/p99/max in ms and cycles per second.
+//                        [--peer NAME -- CMD...] (time an external command per cycle instead,
+//                        e.g. bwrap or crun, with the same workers and statistics)
+// Prints one line per configuration: p50/p90/p99/max in ms and cycles per second, and with
+// --json a machine-readable line per configuration for bench/run.
+#include <fcntl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -17,6 +22,11 @@
 #include "base/ids.h"
 #include "base/strings.h"
 
+#include <spawn.h>
+#include <sys/wait.h>
+
+extern char** environ;
+
 using namespace dsec;
 
 namespace {
@@ -24,6 +34,25 @@ namespace {
 struct Summary {
   double p50, p90, p99, max, per_sec;
 };
+
+// Runs argv once, output to /dev/null; returns false if it did not exit 0.
+bool RunOnce(const std::vector<std::string>& argv) {
+  std::vector<char*> a;
+  for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid;
+  int rc = posix_spawnp(&pid, a[0], &fa, nullptr, a.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return false;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
 Summary Summarize(std::vector<double> v, double wall_s) {
   std::sort(v.begin(), v.end());
@@ -37,20 +66,71 @@ int main(int argc, char** argv) {
   int iterations = 200;
   std::vector<int> concurrency = {1, 2, 8};
   std::string state_dir;
-  bool no_userns = false, exec_only = false;
+  bool no_userns = false, exec_only = false, json = false;
+  std::string peer;
+  std::vector<std::string> peer_cmd;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--iterations" && i + 1 < argc) iterations = std::stoi(argv[++i]);
+    if (a == "--") {
+      peer_cmd.assign(argv + i + 1, argv + argc);
+      break;
+    }
+    if (a == "--iterations" && i + 1 < argc)
+      iterations = std::stoi(argv[++i]);
     else if (a == "--concurrency" && i + 1 < argc) {
       concurrency.clear();
-      for (auto c : SplitString(argv[++i], ',', true)) concurrency.push_back(std::stoi(std::string(c)));
-    } else if (a == "--state-dir" && i + 1 < argc) state_dir = argv[++i];
-    else if (a == "--no-userns") no_userns = true;
-    else if (a == "--exec-only") exec_only = true;
+      for (auto c : SplitString(argv[++i], ',', true))
+        concurrency.push_back(std::stoi(std::string(c)));
+    } else if (a == "--state-dir" && i + 1 < argc)
+      state_dir = argv[++i];
+    else if (a == "--no-userns")
+      no_userns = true;
+    else if (a == "--exec-only")
+      exec_only = true;
+    else if (a == "--json")
+      json = true;
+    else if (a == "--peer" && i + 1 < argc)
+      peer = argv[++i];
     else {
       fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
     }
+  }
+  auto report = [&](const char* what, const std::string& name, int c, const Summary& s,
+                    int failures) {
+    printf(
+        "%s %s concurrency=%d n=%d p50=%.2fms p90=%.2fms p99=%.2fms max=%.2fms rate=%.0f/s "
+        "failures=%d\n",
+        what, name.c_str(), c, iterations, s.p50, s.p90, s.p99, s.max, s.per_sec, failures);
+    if (json)
+      printf(
+          "JSON {\"workload\":\"%s\",\"system\":\"%s\",\"concurrency\":%d,\"n\":%d,\"p50\":%.3f,"
+          "\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f,\"rate\":%.1f,\"failures\":%d}\n",
+          what, name.c_str(), c, iterations, s.p50, s.p90, s.p99, s.max, s.per_sec, failures);
+    fflush(stdout);
+  };
+  if (!peer.empty()) {
+    if (peer_cmd.empty()) {
+      fprintf(stderr, "--peer needs -- CMD...\n");
+      return 2;
+    }
+    for (int c : concurrency) {
+      std::vector<double> lat(static_cast<size_t>(iterations));
+      std::atomic<int> next{0}, failures{0};
+      Stopwatch wall;
+      std::vector<std::thread> ts;
+      for (int w = 0; w < c; ++w)
+        ts.emplace_back([&] {
+          for (int i; (i = next++) < iterations;) {
+            Stopwatch sw;
+            if (!RunOnce(peer_cmd)) failures++;
+            lat[static_cast<size_t>(i)] = sw.ElapsedMs();
+          }
+        });
+      for (auto& t : ts) t.join();
+      report("lifecycle", peer, c, Summarize(lat, wall.ElapsedMs() / 1000), failures.load());
+    }
+    return 0;
   }
   auto tmp = TempDir::Create("/tmp/dsec-bench-");
   if (!tmp.ok()) return 1;
@@ -89,16 +169,15 @@ int main(int argc, char** argv) {
         });
       for (auto& t : ts) t.join();
       auto s = Summarize(lat, wall.ElapsedMs() / 1000);
-      printf("exec_true concurrency=%d n=%d p50=%.2fms p90=%.2fms p99=%.2fms max=%.2fms rate=%.0f/s\n", c,
-             iterations, s.p50, s.p90, s.p99, s.max, s.per_sec);
+      report("exec", "dsec", c, s, 0);
       auto a = Summarize(agent_ms, 1);
       printf("  in the agent (spawn to exit) p50=%.2fms\n", a.p50);
     }
     (void)(*sb)->Destroy();
   } else {
     for (int c : concurrency) {
-      std::vector<double> lat(static_cast<size_t>(iterations)), create(lat.size()), exec(lat.size()),
-          destroy(lat.size());
+      std::vector<double> lat(static_cast<size_t>(iterations)), create(lat.size()),
+          exec(lat.size()), destroy(lat.size());
       std::atomic<int> next{0}, failures{0};
       Stopwatch wall;
       std::vector<std::thread> ts;
@@ -130,8 +209,7 @@ int main(int argc, char** argv) {
       for (auto& t : ts) t.join();
       double secs = wall.ElapsedMs() / 1000;
       auto s = Summarize(lat, secs);
-      printf("lifecycle concurrency=%d n=%d p50=%.2fms p90=%.2fms p99=%.2fms max=%.2fms rate=%.0f/s failures=%d\n",
-             c, iterations, s.p50, s.p90, s.p99, s.max, s.per_sec, failures.load());
+      report("lifecycle", "dsec", c, s, failures.load());
       auto cs = Summarize(create, secs), es = Summarize(exec, secs), ds = Summarize(destroy, secs);
       printf("  phases p50: create=%.2fms exec=%.2fms destroy=%.2fms\n", cs.p50, es.p50, ds.p50);
     }

@@ -4,18 +4,23 @@
 #include <mutex>
 
 #include "base/ids.h"
-#include "protocol/frame.h"
 #include "base/strings.h"
+#include "protocol/frame.h"
 
 namespace dsec::backends {
 
 std::string_view SandboxStateName(SandboxState s) {
   switch (s) {
-    case SandboxState::kCreating: return "creating";
-    case SandboxState::kRunning: return "running";
-    case SandboxState::kPaused: return "paused";
-    case SandboxState::kFailed: return "failed";
-    case SandboxState::kDestroyed: return "destroyed";
+    case SandboxState::kCreating:
+      return "creating";
+    case SandboxState::kRunning:
+      return "running";
+    case SandboxState::kPaused:
+      return "paused";
+    case SandboxState::kFailed:
+      return "failed";
+    case SandboxState::kDestroyed:
+      return "destroyed";
   }
   return "unknown";
 }
@@ -81,8 +86,9 @@ StatusOr<UserIds> ResolveUser(const std::string& user) {
   auto uid = ParseUint64(user.substr(0, colon));
   auto gid = colon == std::string::npos ? uid : ParseUint64(user.substr(colon + 1));
   if (!uid || !gid || *uid > 65535 || *gid > 65535)
-    return InvalidArgument("user must be \"sandbox\", \"root\" or a numeric uid[:gid] below 65536, not \"" +
-                           user + "\"");
+    return InvalidArgument(
+        "user must be \"sandbox\", \"root\" or a numeric uid[:gid] below 65536, not \"" + user +
+        "\"");
   u.uid = static_cast<uint32_t>(*uid);
   u.gid = static_cast<uint32_t>(*gid);
   u.root = u.uid == 0;
@@ -96,7 +102,8 @@ Status ValidateSandboxSpec(const SandboxSpec& s) {
   if (!(s.cpus > 0 && s.cpus <= 1024)) return InvalidArgument("cpu must be > 0 and <= 1024");
   if (s.memory_mb < 16 || s.memory_mb > (1 << 22))
     return InvalidArgument("memory_mb must be between 16 and 4194304");
-  if (s.pids < 8 || s.pids > (1 << 22)) return InvalidArgument("pids must be between 8 and 4194304");
+  if (s.pids < 8 || s.pids > (1 << 22))
+    return InvalidArgument("pids must be between 8 and 4194304");
   if (s.disk_mb < 1 || s.disk_mb > (1 << 22))
     return InvalidArgument("disk_mb must be between 1 and 4194304");
   if (!s.hostname.empty() && (s.hostname.size() > 63 || !IsSafeName(s.hostname)))

@@ -102,19 +102,17 @@ class Sandbox {
   virtual std::string reason() const = 0;
 
   // Streaming exec: output and the result go to `observer`.
-  virtual StatusOr<std::shared_ptr<ExecHandle>> StartExec(const ExecRequest& req,
-                                                          std::shared_ptr<ExecObserver> observer) = 0;
+  virtual StatusOr<std::shared_ptr<ExecHandle>> StartExec(
+      const ExecRequest& req, std::shared_ptr<ExecObserver> observer) = 0;
   // Buffered exec: waits for the command and returns its output (capped per stream).
   StatusOr<ExecOutput> Exec(const ExecRequest& req);
 
   // Persistent shells (cwd, env and background jobs persist between commands).
   // user: "" for the sandbox's default user.
   virtual StatusOr<std::string> OpenShell(const std::string& user) = 0;
-  virtual StatusOr<std::shared_ptr<ExecHandle>> RunInShell(const std::string& shell_id,
-                                                           const std::string& command,
-                                                           int64_t timeout_ms,
-                                                           uint64_t max_output_bytes,
-                                                           std::shared_ptr<ExecObserver> observer) = 0;
+  virtual StatusOr<std::shared_ptr<ExecHandle>> RunInShell(
+      const std::string& shell_id, const std::string& command, int64_t timeout_ms,
+      uint64_t max_output_bytes, std::shared_ptr<ExecObserver> observer) = 0;
   StatusOr<ExecOutput> RunShell(const std::string& shell_id, const std::string& command,
                                 int64_t timeout_ms = 30000, uint64_t max_output_bytes = 1 << 20);
   virtual Status CloseShell(const std::string& shell_id) = 0;

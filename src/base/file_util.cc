@@ -52,7 +52,8 @@ Status RemoveTreeAt(int parent, const char* name, dev_t dev, const std::string& 
       return ErrnoError("unlink \"" + what + "\"");
     return OkStatus();
   }
-  if (st.st_dev != dev) return FailedPrecondition("refusing to remove mount point \"" + what + "\"");
+  if (st.st_dev != dev)
+    return FailedPrecondition("refusing to remove mount point \"" + what + "\"");
   int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return ErrnoError("open \"" + what + "\"");
   DIR* d = fdopendir(fd);
@@ -113,8 +114,7 @@ Status MakeDirs(const std::string& path, mode_t mode) {
     pos = path.find('/', pos + 1);
     cur = path.substr(0, pos);
     if (cur.empty()) continue;
-    if (mkdir(cur.c_str(), mode) < 0 && errno != EEXIST)
-      return ErrnoError("mkdir \"" + cur + "\"");
+    if (mkdir(cur.c_str(), mode) < 0 && errno != EEXIST) return ErrnoError("mkdir \"" + cur + "\"");
   }
   struct stat st;
   if (stat(path.c_str(), &st) < 0) return ErrnoError("stat \"" + path + "\"");

@@ -18,8 +18,8 @@ StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes
 StatusOr<std::string> ReadFileAt(int dirfd, const std::string& name, size_t max_bytes = 1 << 20);
 // Writes with a single write(2): what cgroupfs and procfs control files need.
 Status WriteStringToFile(const std::string& path, std::string_view data, int flags = O_WRONLY);
-Status WriteFileAt(int dirfd, const std::string& name, std::string_view data,
-                   int flags = O_WRONLY, mode_t mode = 0644);
+Status WriteFileAt(int dirfd, const std::string& name, std::string_view data, int flags = O_WRONLY,
+                   mode_t mode = 0644);
 // Creates path and missing parents (like mkdir -p); existing directories are fine.
 Status MakeDirs(const std::string& path, mode_t mode = 0755);
 // Removes a tree without following symlinks and without crossing into other mounts

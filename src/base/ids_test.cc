@@ -27,7 +27,9 @@ TEST(IdsTest, InstanceIdIsStableAndDistinct) {
 }
 
 TEST(IdsTest, UnsafeNamesRejected) {
-  for (const std::string& bad : std::vector<std::string>{"", ".", "..", "a/b", "a..b", std::string("a\0b", 3), "a b", "../x", std::string(129, 'a')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", ".", "..", "a/b", "a..b", std::string("a\0b", 3), "a b", "../x",
+                                std::string(129, 'a')}) {
     EXPECT_FALSE(IsSafeName(bad)) << bad;
   }
   EXPECT_TRUE(IsSafeName("sb-node-abc.def_1"));

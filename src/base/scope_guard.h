@@ -12,7 +12,8 @@ class [[nodiscard]] ScopeGuard {
   ~ScopeGuard() {
     if (active_) f_();
   }
-  ScopeGuard(ScopeGuard&& o) noexcept : f_(std::move(o.f_)), active_(std::exchange(o.active_, false)) {}
+  ScopeGuard(ScopeGuard&& o) noexcept
+      : f_(std::move(o.f_)), active_(std::exchange(o.active_, false)) {}
   ScopeGuard(const ScopeGuard&) = delete;
   ScopeGuard& operator=(const ScopeGuard&) = delete;
   void Dismiss() { active_ = false; }

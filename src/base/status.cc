@@ -6,20 +6,34 @@ namespace dsec {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid_argument";
-    case StatusCode::kNotFound: return "not_found";
-    case StatusCode::kAlreadyExists: return "already_exists";
-    case StatusCode::kPermissionDenied: return "permission_denied";
-    case StatusCode::kUnauthenticated: return "unauthenticated";
-    case StatusCode::kFailedPrecondition: return "failed_precondition";
-    case StatusCode::kResourceExhausted: return "resource_exhausted";
-    case StatusCode::kTooLarge: return "too_large";
-    case StatusCode::kDeadlineExceeded: return "deadline_exceeded";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kUnimplemented: return "unimplemented";
-    case StatusCode::kAborted: return "aborted";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kNotFound:
+      return "not_found";
+    case StatusCode::kAlreadyExists:
+      return "already_exists";
+    case StatusCode::kPermissionDenied:
+      return "permission_denied";
+    case StatusCode::kUnauthenticated:
+      return "unauthenticated";
+    case StatusCode::kFailedPrecondition:
+      return "failed_precondition";
+    case StatusCode::kResourceExhausted:
+      return "resource_exhausted";
+    case StatusCode::kTooLarge:
+      return "too_large";
+    case StatusCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kUnimplemented:
+      return "unimplemented";
+    case StatusCode::kAborted:
+      return "aborted";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -42,12 +56,14 @@ Status Status::WithContext(std::string_view context) const {
 
 StatusCode StatusCodeFromErrno(int err) {
   switch (err) {
-    case 0: return StatusCode::kOk;
+    case 0:
+      return StatusCode::kOk;
     case ENOENT:
     case ESRCH:
     case ENXIO:
       return StatusCode::kNotFound;
-    case EEXIST: return StatusCode::kAlreadyExists;
+    case EEXIST:
+      return StatusCode::kAlreadyExists;
     case EPERM:
     case EACCES:
     case EROFS:
@@ -72,7 +88,8 @@ StatusCode StatusCodeFromErrno(int err) {
     case E2BIG:
     case EMSGSIZE:
       return StatusCode::kTooLarge;
-    case ETIMEDOUT: return StatusCode::kDeadlineExceeded;
+    case ETIMEDOUT:
+      return StatusCode::kDeadlineExceeded;
     case ENOSYS:
     case EOPNOTSUPP:
       return StatusCode::kUnimplemented;
@@ -84,7 +101,8 @@ StatusCode StatusCodeFromErrno(int err) {
     case EPIPE:
     case ENOTCONN:
       return StatusCode::kUnavailable;
-    default: return StatusCode::kInternal;
+    default:
+      return StatusCode::kInternal;
   }
 }
 

@@ -97,12 +97,12 @@ class [[nodiscard]] StatusOr {
     if (std::get<Status>(v_).ok())
       v_ = Status(StatusCode::kInternal, "StatusOr constructed from OK status");
   }
-  StatusOr(const T& v) : v_(v) {}       // NOLINT(google-explicit-constructor)
+  StatusOr(const T& v) : v_(v) {}        // NOLINT(google-explicit-constructor)
   StatusOr(T&& v) : v_(std::move(v)) {}  // NOLINT(google-explicit-constructor)
   template <typename U>
-    requires(std::is_constructible_v<T, U &&> && !std::is_same_v<std::decay_t<U>, T> &&
-             !std::is_same_v<std::decay_t<U>, Status>)
-  StatusOr(U&& v) : v_(T(std::forward<U>(v))) {}  // NOLINT(google-explicit-constructor)
+  requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
+           !std::is_same_v<std::decay_t<U>, Status>) StatusOr(U&& v)
+      : v_(T(std::forward<U>(v))) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const& {
@@ -136,9 +136,9 @@ const Status& AsStatus(const StatusOr<T>& s) {
 #define DSEC_CONCAT_INNER_(a, b) a##b
 #define DSEC_CONCAT_(a, b) DSEC_CONCAT_INNER_(a, b)
 
-#define DSEC_RETURN_IF_ERROR(expr)                                        \
-  do {                                                                    \
-    auto&& dsec_status_ = (expr);                                         \
+#define DSEC_RETURN_IF_ERROR(expr)                                           \
+  do {                                                                       \
+    auto&& dsec_status_ = (expr);                                            \
     if (!dsec_status_.ok()) return ::dsec::internal::AsStatus(dsec_status_); \
   } while (0)
 

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
+#include <string_view>
 
 #include "base/logging.h"
 #include "cli/run.h"
@@ -17,8 +18,19 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("dsec ") + DSEC_VERSION);
   int exit_code = 0;
   dsec::cli::RegisterRun(app, global, &exit_code);
+  // Everything after the first "--" is the command, verbatim (CLI11 would otherwise give
+  // options like "-c" to itself or to a repeatable flag before it).
+  int parse_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--") {
+      global.command.assign(argv + i + 1, argv + argc);
+      global.has_command = true;
+      parse_argc = i;
+      break;
+    }
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(parse_argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

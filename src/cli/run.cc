@@ -152,7 +152,8 @@ int Run(const GlobalOptions& g, RunOptions o) {
     return 125;
   }
 
-  bool tty = o.tty == "always" || (o.tty == "auto" && isatty(STDIN_FILENO) && isatty(STDOUT_FILENO));
+  bool tty =
+      o.tty == "always" || (o.tty == "auto" && isatty(STDIN_FILENO) && isatty(STDOUT_FILENO));
   backends::ExecRequest req;
   req.cmd = o.cmd;
   req.timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
@@ -240,18 +241,33 @@ void RegisterRun(CLI::App& app, GlobalOptions& global, int* exit_code) {
   CLI::App* run = app.add_subcommand("run", "Run a command in a fresh sandbox, then destroy it");
   run->add_option("--image", opts->image, "Image (default: host)");
   run->add_option("--cpu", opts->cpu, "CPU cap in cores")->check(CLI::PositiveNumber);
-  run->add_option("--memory", opts->memory_mb, "Memory limit in MB")->check(CLI::Range(16, 1 << 22));
+  run->add_option("--memory", opts->memory_mb, "Memory limit in MB")
+      ->check(CLI::Range(16, 1 << 22));
   run->add_option("--pids", opts->pids, "Process limit")->check(CLI::Range(8, 1 << 22));
-  run->add_option("--disk", opts->disk_mb, "Writable layer size in MB")->check(CLI::Range(1, 1 << 22));
+  run->add_option("--disk", opts->disk_mb, "Writable layer size in MB")
+      ->check(CLI::Range(1, 1 << 22));
   run->add_option("--timeout", opts->timeout_s, "Kill the command after this many seconds")
       ->check(CLI::NonNegativeNumber);
   run->add_option("--user", opts->user, "sandbox (default), root, or uid[:gid]");
   run->add_option("--workdir", opts->workdir, "Working directory (default /workspace)");
-  run->add_option("--env", opts->env, "KEY=VALUE (repeatable)");
-  run->add_option("--tty", opts->tty, "auto|always|never")->check(CLI::IsMember({"auto", "always", "never"}));
+  run->add_option("--env", opts->env, "KEY=VALUE (repeatable)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  run->add_option("--tty", opts->tty, "auto|always|never")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
   run->add_flag("--no-userns", opts->no_userns, "Force the no-user-namespace fallback");
-  run->add_option("cmd", opts->cmd, "Command and arguments (after --)")->required();
-  run->callback([opts, &global, exit_code] { *exit_code = Run(global, *opts); });
+  run->add_option("cmd", opts->cmd, "Command and arguments (after --)");
+  run->callback([opts, &global, exit_code] {
+    if (global.has_command) {
+      if (!opts->cmd.empty()) {
+        std::cerr << "dsec: unexpected argument \"" << opts->cmd[0] << "\" before --\n";
+        *exit_code = 2;
+        return;
+      }
+      opts->cmd = global.command;
+    }
+    *exit_code = Run(global, *opts);
+  });
 }
 
 }  // namespace dsec::cli

@@ -4,12 +4,16 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
 
 namespace dsec::cli {
 
 struct GlobalOptions {
   std::string state_dir;
   std::string log_level = "warn";
+  std::vector<std::string> command;  // after "--"
+  bool has_command = false;
 };
 
 void RegisterRun(CLI::App& app, GlobalOptions& global, int* exit_code);

@@ -77,10 +77,10 @@ struct CgroupDriverOptions {
   std::string instance_id;  // parent cgroup is "dsec-<instance_id>"
   // "auto" (detect), "v2" or "v1" (hybrid). Tests may point roots at fake trees.
   std::string mode = "auto";
-  std::string v2_root;                // override the cgroup2 mount path
-  std::string v1_root;                // override the directory holding v1 hierarchies
-  bool use_cgroup_kill = true;        // false forces the freeze+kill fallback
-  int64_t parent_memory_bytes = 0;    // limit for the parent (all sandboxes); 0 = none
+  std::string v2_root;              // override the cgroup2 mount path
+  std::string v1_root;              // override the directory holding v1 hierarchies
+  bool use_cgroup_kill = true;      // false forces the freeze+kill fallback
+  int64_t parent_memory_bytes = 0;  // limit for the parent (all sandboxes); 0 = none
   // Unit tests only: the roots are plain directories, so control files are created on write
   // (lets the v2 driver's writes be checked on hosts without a v2 controller hierarchy).
   bool plain_directory_tree = false;

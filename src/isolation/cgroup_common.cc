@@ -34,7 +34,8 @@ CgroupMounts ParseCgroupMounts(const std::string& mountinfo) {
       if (m.v2.empty()) m.v2 = mountpoint;
     } else if (fstype == "cgroup") {
       for (auto opt : SplitString(fields[dash + 3], ',')) {
-        if (opt == "rw" || opt == "ro" || StartsWith(opt, "name=") || StartsWith(opt, "release_agent"))
+        if (opt == "rw" || opt == "ro" || StartsWith(opt, "name=") ||
+            StartsWith(opt, "release_agent"))
           continue;
         m.v1.emplace(std::string(opt), mountpoint);
       }
@@ -63,7 +64,9 @@ Status WriteControl(const std::string& path, const std::string& value, bool crea
   return WriteStringToFile(path, value, create ? O_WRONLY | O_CREAT | O_TRUNC : O_WRONLY);
 }
 
-StatusOr<std::string> ReadControl(const std::string& path) { return ReadFileToString(path, 1 << 20); }
+StatusOr<std::string> ReadControl(const std::string& path) {
+  return ReadFileToString(path, 1 << 20);
+}
 
 std::vector<pid_t> ListProcsRecursive(const std::string& dir) {
   std::vector<pid_t> out;
@@ -140,8 +143,7 @@ Status V2Dir::Kill() {
 }
 
 Status V2Dir::SetFrozen(bool frozen) {
-  DSEC_RETURN_IF_ERROR(
-      WriteControl(JoinPath(path_, "cgroup.freeze"), frozen ? "1" : "0", plain_));
+  DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(path_, "cgroup.freeze"), frozen ? "1" : "0", plain_));
   if (!frozen || plain_) return OkStatus();
   // Freezing completes asynchronously; wait (bounded) so callers see a frozen sandbox.
   for (int i = 0; i < 200; ++i) {
@@ -173,8 +175,7 @@ Status V2Dir::Delegate(uid_t uid, gid_t gid) {
   for (const char* rel : {"cgroup.procs", "cgroup.threads", "user", "user/cgroup.procs",
                           "user/cgroup.threads", "user/cgroup.kill", "user/cgroup.freeze"}) {
     std::string p = JoinPath(path_, rel);
-    if (chown(p.c_str(), uid, gid) < 0 && errno != ENOENT)
-      return ErrnoError("chown \"" + p + "\"");
+    if (chown(p.c_str(), uid, gid) < 0 && errno != ENOENT) return ErrnoError("chown \"" + p + "\"");
   }
   return OkStatus();
 }

@@ -17,8 +17,8 @@ namespace dsec::isolation::internal {
 
 // cgroup mounts found in /proc/self/mountinfo.
 struct CgroupMounts {
-  std::string v2;                              // cgroup2 mount point, empty if none
-  std::map<std::string, std::string> v1;       // controller -> v1 mount point
+  std::string v2;                         // cgroup2 mount point, empty if none
+  std::map<std::string, std::string> v1;  // controller -> v1 mount point
 };
 CgroupMounts ParseCgroupMounts(const std::string& mountinfo);
 StatusOr<CgroupMounts> DetectCgroupMounts();

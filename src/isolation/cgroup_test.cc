@@ -91,7 +91,8 @@ TEST(CgroupV2Test, WritesLimitsAndControllers) {
 TEST(CgroupV2Test, MissingControllerIsAClearError) {
   auto dir = TempDir::Create();
   ASSERT_TRUE(dir.ok());
-  ASSERT_TRUE(WriteStringToFile(dir->path() + "/cgroup.controllers", "cpu io\n", O_WRONLY | O_CREAT).ok());
+  ASSERT_TRUE(
+      WriteStringToFile(dir->path() + "/cgroup.controllers", "cpu io\n", O_WRONLY | O_CREAT).ok());
   CgroupDriverOptions o;
   o.instance_id = "test02";
   o.mode = "v2";
@@ -260,7 +261,9 @@ TEST_P(CgroupPrivilegedTest, OomIsDetected) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KillPaths, CgroupPrivilegedTest, ::testing::Values(true, false),
-                         [](const auto& info) { return info.param ? "CgroupKill" : "FreezeAndKill"; });
+                         [](const auto& info) {
+                           return info.param ? "CgroupKill" : "FreezeAndKill";
+                         });
 
 }  // namespace
 }  // namespace dsec::isolation

@@ -89,7 +89,8 @@ class CgroupV1Hybrid : public Cgroup {
 
   Status AddProcess(pid_t pid, bool cloned_into_v2) override {
     std::string p = std::to_string(pid);
-    for (const auto& d : V1Dirs()) DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(d, "cgroup.procs"), p));
+    for (const auto& d : V1Dirs())
+      DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(d, "cgroup.procs"), p));
     if (v2_ && !cloned_into_v2)
       DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(v2_->path(), "cgroup.procs"), p));
     return OkStatus();

@@ -42,7 +42,8 @@ class CgroupV2 : public Cgroup {
         Write("memory.max", l.memory_bytes > 0 ? std::to_string(l.memory_bytes) : "max"));
     // memory.swap.max is absent when swap accounting is off; then there is nothing to limit.
     std::string swap = JoinPath(dir_.path(), "memory.swap.max");
-    if (plain_ || access(swap.c_str(), F_OK) == 0) DSEC_RETURN_IF_ERROR(Write("memory.swap.max", "0"));
+    if (plain_ || access(swap.c_str(), F_OK) == 0)
+      DSEC_RETURN_IF_ERROR(Write("memory.swap.max", "0"));
     DSEC_RETURN_IF_ERROR(Write("pids.max", l.pids > 0 ? std::to_string(l.pids) : "max"));
     return Write("cpu.max", CpuMax(l.cpus));
   }
@@ -117,8 +118,8 @@ class CgroupV2Driver : public CgroupDriver {
       bool found = false;
       for (auto tok : SplitString(TrimWhitespace(avail), ' ', true)) found |= tok == c;
       if (!found)
-        return Unimplemented(std::string("cgroup v2 controller \"") + c + "\" is not available at " +
-                             root_);
+        return Unimplemented(std::string("cgroup v2 controller \"") + c +
+                             "\" is not available at " + root_);
       enable += std::string(enable.empty() ? "+" : " +") + c;
     }
     bool plain = opts_.plain_directory_tree;

@@ -53,7 +53,8 @@ TEST(CredentialsPrivilegedTest, UnprivilegedUserEndsWithNothing) {
   c.uid = c.gid = 1000;
   std::string st = StatusAfter(c);
   ASSERT_EQ(st.find("ERROR"), std::string::npos) << st;
-  for (const char* k : {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"}) EXPECT_EQ(ParseCapLine(st, k), 0u) << k;
+  for (const char* k : {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"})
+    EXPECT_EQ(ParseCapLine(st, k), 0u) << k;
   EXPECT_NE(st.find("NoNewPrivs:\t1"), std::string::npos);
   EXPECT_NE(st.find("Uid:\t1000\t1000\t1000\t1000"), std::string::npos);
   EXPECT_NE(st.find("Groups:\t \n"), std::string::npos);  // no supplementary groups

@@ -118,14 +118,21 @@ std::string ProbeUserns() {
   if (!reason.empty()) return reason;
   if (!WIFEXITED(status)) return "probe child killed";
   switch (WEXITSTATUS(status)) {
-    case 0: return "";
-    case 10: return "unshare(CLONE_NEWUSER) not permitted";
+    case 0:
+      return "";
+    case 10:
+      return "unshare(CLONE_NEWUSER) not permitted";
     case 16:
-    case 17: return "tmpfs cannot be mounted in a user namespace";
-    case 21: return "tmpfs lacks user xattrs (kernel < 6.6)";
-    case 22: return "idmapped mount cannot be attached in the user namespace";
-    case 23: return "overlay over idmapped layers not supported in a user namespace";
-    default: return "probe step " + std::to_string(WEXITSTATUS(status)) + " failed";
+    case 17:
+      return "tmpfs cannot be mounted in a user namespace";
+    case 21:
+      return "tmpfs lacks user xattrs (kernel < 6.6)";
+    case 22:
+      return "idmapped mount cannot be attached in the user namespace";
+    case 23:
+      return "overlay over idmapped layers not supported in a user namespace";
+    default:
+      return "probe step " + std::to_string(WEXITSTATUS(status)) + " failed";
   }
 }
 

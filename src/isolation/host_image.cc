@@ -31,8 +31,8 @@ std::string FilterDbLines(const std::string& content, const std::string& name,
 
 // One mask layer's planned content, so it can be hashed before anything is written.
 struct MaskPlan {
-  std::vector<std::string> whiteouts;                       // relative paths
-  std::vector<std::pair<std::string, std::string>> files;   // relative path, content
+  std::vector<std::string> whiteouts;                      // relative paths
+  std::vector<std::pair<std::string, std::string>> files;  // relative path, content
   bool empty() const { return whiteouts.empty() && files.empty(); }
 };
 
@@ -59,7 +59,8 @@ Status Materialize(const std::string& root, const MaskPlan& plan) {
 }
 
 bool IsUnder(const std::string& path, const std::string& dir) {
-  return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/';
+  return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
+         path[dir.size()] == '/';
 }
 
 }  // namespace

@@ -21,14 +21,21 @@ namespace dsec::isolation {
 
 struct HostImageOptions {
   std::string store_dir;  // where generated mask layers live (under the edge's state dir)
-  std::vector<std::string> dirs = {"/usr", "/bin", "/sbin", "/lib",  "/lib32",
-                                   "/lib64", "/libx32", "/etc", "/opt"};
+  std::vector<std::string> dirs = {"/usr",   "/bin",    "/sbin", "/lib", "/lib32",
+                                   "/lib64", "/libx32", "/etc",  "/opt"};
   // Paths under /etc to hide (glob patterns relative to /etc).
-  std::vector<std::string> etc_secrets = {"shadow",  "shadow-",     "gshadow",
-                                          "gshadow-", "ssh/ssh_host_*_key", "ssl/private",
-                                          "security/opasswd", "krb5.keytab",
+  std::vector<std::string> etc_secrets = {"shadow",
+                                          "shadow-",
+                                          "gshadow",
+                                          "gshadow-",
+                                          "ssh/ssh_host_*_key",
+                                          "ssl/private",
+                                          "security/opasswd",
+                                          "krb5.keytab",
                                           "NetworkManager/system-connections",
-                                          "wpa_supplicant", "letsencrypt", "dsec"};
+                                          "wpa_supplicant",
+                                          "letsencrypt",
+                                          "dsec"};
   // Absolute host paths of the edge's own files, hidden wherever they fall under `dirs`.
   std::vector<std::string> hidden_paths;
   uint32_t sandbox_uid = 1000;

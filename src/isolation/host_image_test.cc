@@ -55,7 +55,8 @@ TEST(HostImagePrivilegedTest, PrepareMasksSecretsAndOwnPaths) {
   EXPECT_NE(passwd->find("sandbox:x:1000:1000"), std::string::npos);
   // Never /root, /home, /var: not even as overlays.
   for (const auto& ov : img->overlays)
-    for (const char* bad : {"/root", "/home", "/var", "/run", "/srv", "/mnt"}) EXPECT_NE(ov.target, bad);
+    for (const char* bad : {"/root", "/home", "/var", "/run", "/srv", "/mnt"})
+      EXPECT_NE(ov.target, bad);
   // Content-addressed and reused: a second Prepare gives the same layer set.
   auto again = HostImage::Prepare(o);
   ASSERT_TRUE(again.ok());

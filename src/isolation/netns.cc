@@ -34,7 +34,8 @@ bool HasTcpState(int fd) {
   ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
   if (n <= 0) return true;  // cannot tell: do not reuse
   buf[n] = '\0';
-  for (const char* line = buf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : nullptr) {
+  for (const char* line = buf; line && *line;
+       line = strchr(line, '\n') ? strchr(line, '\n') + 1 : nullptr) {
     if (strncmp(line, "TCP:", 4) != 0 && strncmp(line, "TCP6:", 5) != 0) continue;
     unsigned long inuse = 0, tw = 0;
     const char* p = strstr(line, "inuse ");

@@ -22,7 +22,8 @@ std::vector<std::string_view> Components(std::string_view path) {
 }
 
 Status CheckComponents(const std::string& path) {
-  if (path.empty() || path[0] != '/') return InvalidArgument("path \"" + path + "\" is not absolute");
+  if (path.empty() || path[0] != '/')
+    return InvalidArgument("path \"" + path + "\" is not absolute");
   for (auto c : Components(path))
     if (c == "." || c == "..") return InvalidArgument("path \"" + path + "\" has . or ..");
   return OkStatus();
@@ -30,8 +31,8 @@ Status CheckComponents(const std::string& path) {
 
 // Attaches a detached mount (fsmount/open_tree fd) on top of the object `target` refers to.
 Status Attach(int mount_fd, int target_fd, const std::string& what) {
-  if (sys::MoveMount(mount_fd, "", target_fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) <
-      0)
+  if (sys::MoveMount(mount_fd, "", target_fd, "",
+                     MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
     return ErrnoError("move_mount onto \"" + what + "\"");
   return OkStatus();
 }
@@ -72,8 +73,8 @@ StatusOr<UniqueFd> CreateFileInRoot(int root, const std::string& path, mode_t mo
   auto fd = OpenInRoot(root, path, flags, mode);
   if (!fd.ok() && (fd.status().error_number() == ELOOP || fd.status().error_number() == EISDIR)) {
     auto slash = path.rfind('/');
-    DSEC_ASSIGN_OR_RETURN(UniqueFd parent, OpenInRoot(root, path.substr(0, slash + 1),
-                                                      O_PATH | O_DIRECTORY));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd parent,
+                          OpenInRoot(root, path.substr(0, slash + 1), O_PATH | O_DIRECTORY));
     std::string name = path.substr(slash + 1);
     if (unlinkat(parent.get(), name.c_str(), 0) < 0 && errno != ENOENT)
       return ErrnoError("unlink \"" + path + "\"");
@@ -111,14 +112,18 @@ Status SetupDev(int root, int dev_null_src) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd pts, MakeDirInRoot(root, "/dev/pts", 0755, 0, 0, true));
   DSEC_ASSIGN_OR_RETURN(
       UniqueFd devpts,
-      NewMount("devpts", {{"newinstance", ""}, {"ptmxmode", "0666"}, {"mode", "0620"}, {"gid", "5"}},
+      NewMount("devpts",
+               {{"newinstance", ""}, {"ptmxmode", "0666"}, {"mode", "0620"}, {"gid", "5"}},
                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
   DSEC_RETURN_IF_ERROR(Attach(devpts.get(), pts.get(), "/dev/pts"));
   // /dev/shm is a directory in the writable layer: shared memory counts against the disk.
   DSEC_ASSIGN_OR_RETURN(UniqueFd shm, MakeDirInRoot(root, "/dev/shm", 01777, 0, 0, true));
-  for (const auto& [name, target] :
-       {std::pair{"ptmx", "pts/ptmx"}, {"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"},
-        {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}, {"core", "/proc/kcore"}}) {
+  for (const auto& [name, target] : {std::pair{"ptmx", "pts/ptmx"},
+                                     {"fd", "/proc/self/fd"},
+                                     {"stdin", "/proc/self/fd/0"},
+                                     {"stdout", "/proc/self/fd/1"},
+                                     {"stderr", "/proc/self/fd/2"},
+                                     {"core", "/proc/kcore"}}) {
     if (std::string_view(name) == "core") continue;
     if (symlinkat(target, dev.get(), name) < 0 && errno != EEXIST)
       return ErrnoError(std::string("symlink /dev/") + name);
@@ -128,21 +133,24 @@ Status SetupDev(int root, int dev_null_src) {
 
 Status SetupProc(int root, int dev_null_src) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd procdir, MakeDirInRoot(root, "/proc", 0555, 0, 0, true));
-  DSEC_ASSIGN_OR_RETURN(UniqueFd proc, NewMount("proc", {}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
-                                                              MOUNT_ATTR_NOEXEC));
+  DSEC_ASSIGN_OR_RETURN(
+      UniqueFd proc,
+      NewMount("proc", {}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
   DSEC_RETURN_IF_ERROR(Attach(proc.get(), procdir.get(), "/proc"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd p, OpenInRoot(root, "/proc", O_PATH | O_DIRECTORY));
   UniqueFd ro_null;
   for (const auto& rel : ProcMaskedPaths()) {
     struct stat st;
-    if (fstatat(p.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // not on this kernel
+    if (fstatat(p.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
+      continue;  // not on this kernel
     UniqueFd target(openat(p.get(), rel.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
     if (!target) return ErrnoError("open /proc/" + rel);
     UniqueFd mask;
     if (S_ISDIR(st.st_mode)) {
-      DSEC_ASSIGN_OR_RETURN(mask, NewMount("tmpfs", {{"size", "4k"}, {"nr_inodes", "1"}, {"mode", "0555"}},
-                                           MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
-                                               MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
+      DSEC_ASSIGN_OR_RETURN(
+          mask,
+          NewMount("tmpfs", {{"size", "4k"}, {"nr_inodes", "1"}, {"mode", "0555"}},
+                   MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
     } else {
       // /dev/null, read-only: reads as empty (nodev would make it EACCES instead). One
       // read-only clone is made once; each mask clones that.
@@ -178,9 +186,9 @@ const std::vector<std::string>& ProcMaskedPaths() {
   // Docker's list plus the kernel address and page maps (kallsyms, kpage*). Each mask is a
   // mount, so the list stays at what leaks or controls host state.
   static const std::vector<std::string> kPaths = {
-      "kcore",       "keys",       "key-users",     "kallsyms",   "sysrq-trigger",
-      "timer_list",  "timer_stats", "kpagecount",   "kpageflags", "kpagecgroup",
-      "sched_debug", "latency_stats", "acpi",        "scsi",       "asound"};
+      "kcore",       "keys",          "key-users",  "kallsyms",   "sysrq-trigger",
+      "timer_list",  "timer_stats",   "kpagecount", "kpageflags", "kpagecgroup",
+      "sched_debug", "latency_stats", "acpi",       "scsi",       "asound"};
   return kPaths;
 }
 
@@ -216,7 +224,8 @@ StatusOr<UniqueFd> MakeDirInRoot(int root, const std::string& path, mode_t mode,
         return ErrnoError("mkdir \"" + path + "\"");
       if (last) {
         // mkdir honours the umask; set the exact mode and owner.
-        if (fchmodat(cur.get(), name.c_str(), mode, 0) < 0) return ErrnoError("chmod \"" + path + "\"");
+        if (fchmodat(cur.get(), name.c_str(), mode, 0) < 0)
+          return ErrnoError("chmod \"" + path + "\"");
         if (fchownat(cur.get(), name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
           return ErrnoError("chown \"" + path + "\"");
       }
@@ -235,13 +244,11 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
     return ErrnoError("mount --make-rprivate /");
 
   // 2. The writable layer.
-  DSEC_ASSIGN_OR_RETURN(
-      UniqueFd tmpfs,
-      NewMount("tmpfs",
-               {{"size", std::to_string(spec.size_bytes)},
-                {"nr_inodes", std::to_string(spec.inodes)},
-                {"mode", "0755"}},
-               MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd tmpfs, NewMount("tmpfs",
+                                                 {{"size", std::to_string(spec.size_bytes)},
+                                                  {"nr_inodes", std::to_string(spec.inodes)},
+                                                  {"mode", "0755"}},
+                                                 MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
   DSEC_RETURN_IF_ERROR(Attach(tmpfs.get(), mount_dir, "sandbox tmpfs"));
   // Relative paths below (overlay layer options) resolve against the tmpfs root.
   if (fchdir(tmpfs.get()) < 0) return ErrnoError("fchdir tmpfs");
@@ -315,7 +322,8 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
       DSEC_RETURN_IF_ERROR(CheckComponents(d.path));
       if (d.path.find('/', 1) != std::string::npos) continue;
       const char* name = d.path.c_str() + 1;
-      if (mkdirat(rootdir.get(), name, 0700) < 0 || fchmodat(rootdir.get(), name, d.mode, 0) < 0 ||
+      if ((mkdirat(rootdir.get(), name, 0700) < 0 && errno != EEXIST) ||
+          fchmodat(rootdir.get(), name, d.mode, 0) < 0 ||
           fchownat(rootdir.get(), name, d.uid, d.gid, AT_SYMLINK_NOFOLLOW) < 0)
         return ErrnoError("mkdir \"" + d.path + "\"");
       made_early.insert(d.path);
@@ -337,9 +345,9 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
     if (made_early.count(l.path)) continue;
     DSEC_RETURN_IF_ERROR(CheckComponents(l.path));
     auto slash = l.path.rfind('/');
-    DSEC_ASSIGN_OR_RETURN(UniqueFd parent,
-                          MakeDirInRoot(root.get(), slash == 0 ? "/" : l.path.substr(0, slash),
-                                        0755, 0, 0, false));
+    DSEC_ASSIGN_OR_RETURN(
+        UniqueFd parent,
+        MakeDirInRoot(root.get(), slash == 0 ? "/" : l.path.substr(0, slash), 0755, 0, 0, false));
     std::string name = l.path.substr(slash + 1);
     if (symlinkat(l.target.c_str(), parent.get(), name.c_str()) < 0 && errno != EEXIST)
       return ErrnoError("symlink \"" + l.path + "\"");

@@ -30,8 +30,8 @@
 namespace dsec::isolation {
 
 struct OverlaySpec {
-  std::string target;           // absolute path inside the sandbox; "/" for the root
-  std::vector<int> lower_fds;   // indices into the received fds; topmost layer first
+  std::string target;          // absolute path inside the sandbox; "/" for the root
+  std::vector<int> lower_fds;  // indices into the received fds; topmost layer first
 };
 
 struct SymlinkSpec {

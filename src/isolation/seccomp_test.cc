@@ -12,8 +12,8 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -63,8 +63,10 @@ TEST(SeccompTest, OrdinaryWorkIsAllowed) {
             0);
   EXPECT_EQ(UnderProfile([] { return static_cast<long>(socket(AF_INET, SOCK_STREAM, 0)); }), 0);
   EXPECT_EQ(UnderProfile([] { return static_cast<long>(socket(AF_UNIX, SOCK_DGRAM, 0)); }), 0);
-  EXPECT_EQ(UnderProfile([] { return static_cast<long>(mknod("/tmp/.dsec-seccomp-fifo", S_IFIFO | 0600, 0)) |
-                                     unlink("/tmp/.dsec-seccomp-fifo"); }),
+  EXPECT_EQ(UnderProfile([] {
+              return static_cast<long>(mknod("/tmp/.dsec-seccomp-fifo", S_IFIFO | 0600, 0)) |
+                     unlink("/tmp/.dsec-seccomp-fifo");
+            }),
             0);
   EXPECT_EQ(UnderProfile([] { return static_cast<long>(personality(0xffffffff)); }), 0);
 }
@@ -72,8 +74,10 @@ TEST(SeccompTest, OrdinaryWorkIsAllowed) {
 TEST(SeccompTest, NamespacesAndMountsAreRefused) {
   EXPECT_EQ(UnderProfile([] { return static_cast<long>(unshare(CLONE_NEWUSER)); }), EPERM);
   EXPECT_EQ(UnderProfile([] { return static_cast<long>(unshare(CLONE_NEWNS)); }), EPERM);
-  EXPECT_EQ(UnderProfile([] { return syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0); }), EPERM);
-  EXPECT_EQ(UnderProfile([] { return syscall(SYS_clone, CLONE_NEWNET | SIGCHLD, 0, 0, 0, 0); }), EPERM);
+  EXPECT_EQ(UnderProfile([] { return syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0); }),
+            EPERM);
+  EXPECT_EQ(UnderProfile([] { return syscall(SYS_clone, CLONE_NEWNET | SIGCHLD, 0, 0, 0, 0); }),
+            EPERM);
   // clone3 cannot be inspected, so it is "not implemented" and libc falls back to clone.
   EXPECT_EQ(UnderProfile([] {
               clone_args a{};
@@ -82,7 +86,9 @@ TEST(SeccompTest, NamespacesAndMountsAreRefused) {
               return syscall(SYS_clone3, &a, sizeof a);
             }),
             ENOSYS);
-  EXPECT_EQ(UnderProfile([] { return static_cast<long>(mount("none", "/tmp", "tmpfs", 0, nullptr)); }), EPERM);
+  EXPECT_EQ(
+      UnderProfile([] { return static_cast<long>(mount("none", "/tmp", "tmpfs", 0, nullptr)); }),
+      EPERM);
   EXPECT_EQ(UnderProfile([] { return static_cast<long>(umount2("/tmp", MNT_DETACH)); }), EPERM);
   EXPECT_EQ(UnderProfile([] { return syscall(SYS_fsopen, "proc", 0); }), EPERM);
   EXPECT_EQ(UnderProfile([] { return syscall(SYS_open_tree, AT_FDCWD, "/", 1); }), EPERM);
@@ -102,15 +108,23 @@ TEST(SeccompTest, KernelAttackSurfaceIsRefused) {
   EXPECT_EQ(UnderProfile([] { return syscall(SYS_finit_module, -1, "", 0); }), EPERM);
   EXPECT_EQ(UnderProfile([] { return static_cast<long>(personality(ADDR_NO_RANDOMIZE)); }), ENOSYS);
   EXPECT_EQ(UnderProfile([] { return static_cast<long>(socket(AF_PACKET, SOCK_RAW, 0)); }), ENOSYS);
-  EXPECT_EQ(UnderProfile([] { return static_cast<long>(socket(40 /* AF_VSOCK */, SOCK_STREAM, 0)); }), ENOSYS);
+  EXPECT_EQ(
+      UnderProfile([] { return static_cast<long>(socket(40 /* AF_VSOCK */, SOCK_STREAM, 0)); }),
+      ENOSYS);
   // High bits in the family must not sneak past the allowlist (the kernel truncates to int).
-  EXPECT_EQ(UnderProfile([] { return syscall(SYS_socket, (1L << 32) | AF_INET, SOCK_STREAM, 0); }), ENOSYS);
+  EXPECT_EQ(UnderProfile([] { return syscall(SYS_socket, (1L << 32) | AF_INET, SOCK_STREAM, 0); }),
+            ENOSYS);
 }
 
 TEST(SeccompTest, DeviceNodesAreRefused) {
-  EXPECT_EQ(UnderProfile([] { return static_cast<long>(mknod("/tmp/.dsec-sda", S_IFBLK | 0600, makedev(8, 0))); }),
+  EXPECT_EQ(UnderProfile([] {
+              return static_cast<long>(mknod("/tmp/.dsec-sda", S_IFBLK | 0600, makedev(8, 0)));
+            }),
             EPERM);
-  EXPECT_EQ(UnderProfile([] { return static_cast<long>(mknodat(AT_FDCWD, "/tmp/.dsec-mem", S_IFCHR | 0600, makedev(1, 1))); }),
+  EXPECT_EQ(UnderProfile([] {
+              return static_cast<long>(
+                  mknodat(AT_FDCWD, "/tmp/.dsec-mem", S_IFCHR | 0600, makedev(1, 1)));
+            }),
             EPERM);
 }
 
@@ -121,7 +135,8 @@ TEST(SeccompTest, TiocstiIsRefusedWhateverTheHighBits) {
   char c = 'x';
   EXPECT_EQ(UnderProfile([&] { return static_cast<long>(ioctl(m, TIOCSTI, &c)); }), EPERM);
   EXPECT_EQ(UnderProfile([&] { return syscall(SYS_ioctl, m, (1UL << 32) | TIOCSTI, &c); }), EPERM);
-  EXPECT_EQ(UnderProfile([&] { return syscall(SYS_ioctl, m, (0xdeadUL << 32) | TIOCSTI, &c); }), EPERM);
+  EXPECT_EQ(UnderProfile([&] { return syscall(SYS_ioctl, m, (0xdeadUL << 32) | TIOCSTI, &c); }),
+            EPERM);
   // Other terminal ioctls still work.
   winsize ws{};
   EXPECT_EQ(UnderProfile([&] { return static_cast<long>(ioctl(m, TIOCGWINSZ, &ws)); }), 0);

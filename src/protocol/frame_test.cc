@@ -10,7 +10,8 @@ namespace {
 TEST(FrameTest, RoundTripAcrossArbitrarySplits) {
   std::string wire;
   ASSERT_TRUE(EncodeFrame(FrameType::kRequest, 0, 7, R"({"op":"ping"})", &wire).ok());
-  ASSERT_TRUE(EncodeFrame(FrameType::kData, kStdout | kFlagEof, 9, std::string(70000, 'x'), &wire).ok());
+  ASSERT_TRUE(
+      EncodeFrame(FrameType::kData, kStdout | kFlagEof, 9, std::string(70000, 'x'), &wire).ok());
   ASSERT_TRUE(EncodeFrame(FrameType::kResponse, 0, 7, "", &wire).ok());
   for (size_t step : {1u, 5u, 12u, 13u, 4096u, 1u << 20}) {
     FrameDecoder d;

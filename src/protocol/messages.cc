@@ -16,7 +16,8 @@ StatusOr<std::string> GetString(const Json& j, const char* key, std::optional<st
     if (def) return *def;
     return InvalidArgument(std::string("missing field \"") + key + "\"");
   }
-  if (!it->is_string()) return InvalidArgument(std::string("field \"") + key + "\" must be a string");
+  if (!it->is_string())
+    return InvalidArgument(std::string("field \"") + key + "\" must be a string");
   return it->get<std::string>();
 }
 
@@ -50,7 +51,8 @@ StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def) 
     if (def) return *def;
     return InvalidArgument(std::string("missing field \"") + key + "\"");
   }
-  if (!it->is_boolean()) return InvalidArgument(std::string("field \"") + key + "\" must be a boolean");
+  if (!it->is_boolean())
+    return InvalidArgument(std::string("field \"") + key + "\" must be a boolean");
   return it->get<bool>();
 }
 
@@ -64,7 +66,8 @@ StatusOr<std::vector<std::string>> GetStringList(const Json& j, const char* key,
     return InvalidArgument(std::string("field \"") + key + "\" must be an array of at most " +
                            std::to_string(max) + " strings");
   for (const auto& e : *it) {
-    if (!e.is_string()) return InvalidArgument(std::string("field \"") + key + "\" must hold strings");
+    if (!e.is_string())
+      return InvalidArgument(std::string("field \"") + key + "\" must hold strings");
     out.push_back(e.get<std::string>());
   }
   return out;
@@ -101,7 +104,10 @@ Json ToJson(const isolation::RootfsSpec& r) {
   j["dirs"] = ds;
   Json fs = Json::array();
   for (const auto& f : r.files)
-    fs.push_back({{"path", f.path}, {"content", f.content}, {"mode", f.mode}, {"uid", f.uid},
+    fs.push_back({{"path", f.path},
+                  {"content", f.content},
+                  {"mode", f.mode},
+                  {"uid", f.uid},
                   {"gid", f.gid}});
   j["files"] = fs;
   return j;
@@ -124,7 +130,8 @@ StatusOr<isolation::RootfsSpec> RootfsFromJson(const Json& j) {
     isolation::OverlaySpec spec;
     DSEC_ASSIGN_OR_RETURN(spec.target, GetString(o, "target"));
     auto lower = o.find("lower");
-    if (lower == o.end() || !lower->is_array()) return InvalidArgument("overlay.lower must be an array");
+    if (lower == o.end() || !lower->is_array())
+      return InvalidArgument("overlay.lower must be an array");
     for (const auto& l : *lower) {
       if (!l.is_number_integer()) return InvalidArgument("overlay.lower must hold integers");
       spec.lower_fds.push_back(l.get<int>());
@@ -224,12 +231,18 @@ StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
 }
 
 Json ToJson(const ExecSpec& s) {
-  Json j = {{"argv", s.argv},         {"env", s.env},
-            {"cwd", s.cwd},           {"uid", s.uid},
-            {"gid", s.gid},           {"root_caps", s.root_caps},
-            {"timeout_ms", s.timeout_ms}, {"max_output_bytes", s.max_output_bytes},
-            {"stdin_stream", s.stdin_stream}, {"tty", s.tty},
-            {"cols", s.cols},         {"rows", s.rows}};
+  Json j = {{"argv", s.argv},
+            {"env", s.env},
+            {"cwd", s.cwd},
+            {"uid", s.uid},
+            {"gid", s.gid},
+            {"root_caps", s.root_caps},
+            {"timeout_ms", s.timeout_ms},
+            {"max_output_bytes", s.max_output_bytes},
+            {"stdin_stream", s.stdin_stream},
+            {"tty", s.tty},
+            {"cols", s.cols},
+            {"rows", s.rows}};
   if (!s.stdin_data.empty()) j["stdin_b64"] = Base64Encode(s.stdin_data);
   return j;
 }
@@ -299,7 +312,10 @@ StatusOr<ExecResult> ExecResultFromJson(const Json& j) {
 }
 
 Json ToJson(const FileEntry& e) {
-  return {{"name", e.name}, {"type", e.type}, {"size", e.size}, {"mode", e.mode},
+  return {{"name", e.name},
+          {"type", e.type},
+          {"size", e.size},
+          {"mode", e.mode},
           {"mtime", e.mtime_ms}};
 }
 
@@ -325,7 +341,8 @@ Status StatusFromJson(const Json& j) {
   std::string code = GetString(*it, "code", "internal").value_or("internal");
   std::string msg = GetString(*it, "message", "agent error").value_or("agent error");
   for (int c = 1; c <= static_cast<int>(StatusCode::kInternal); ++c) {
-    if (StatusCodeName(static_cast<StatusCode>(c)) == code) return Status(static_cast<StatusCode>(c), msg);
+    if (StatusCodeName(static_cast<StatusCode>(c)) == code)
+      return Status(static_cast<StatusCode>(c), msg);
   }
   return InternalError(msg);
 }

@@ -25,10 +25,10 @@ StatusOr<Json> ParseJson(std::string_view payload);
 
 // Fd roles in the kSetup frame's SCM_RIGHTS array.
 struct SetupFds {
-  int mount_dir = -1;     // directory to attach the sandbox tmpfs on
-  int listen = -1;        // listening unix socket for reconnecting edges
-  int cgroup_user = -1;   // cgroup2 <sb>/user dir (may be absent)
-  int first_layer = -1;   // layers follow, in order
+  int mount_dir = -1;    // directory to attach the sandbox tmpfs on
+  int listen = -1;       // listening unix socket for reconnecting edges
+  int cgroup_user = -1;  // cgroup2 <sb>/user dir (may be absent)
+  int first_layer = -1;  // layers follow, in order
   int layer_count = 0;
 };
 
@@ -41,9 +41,9 @@ struct SetupSpec {
   // Raw BPF programs the agent installs on itself once setup is done; every process in the
   // sandbox inherits them.
   std::vector<std::string> seccomp;
-  uint64_t agent_caps = 0;                 // bounding/effective set the agent keeps
+  uint64_t agent_caps = 0;  // bounding/effective set the agent keeps
   bool cgroup_kill = true;
-  uint32_t max_execs = 64;                 // concurrent execs + shells
+  uint32_t max_execs = 64;  // concurrent execs + shells
   SetupFds fds;
 };
 Json ToJson(const SetupSpec& s);
@@ -54,11 +54,11 @@ struct ExecSpec {
   std::vector<std::string> env;   // complete environment, "K=V"
   std::string cwd = "/";
   uint32_t uid = 1000, gid = 1000;
-  bool root_caps = false;          // keep the reduced root capability set (uid 0 only)
-  int64_t timeout_ms = 0;          // 0 = none
+  bool root_caps = false;               // keep the reduced root capability set (uid 0 only)
+  int64_t timeout_ms = 0;               // 0 = none
   uint64_t max_output_bytes = 1 << 20;  // per stream
-  bool stdin_stream = false;       // edge sends kData stdin frames (and EOF)
-  std::string stdin_data;          // or: this, then EOF
+  bool stdin_stream = false;            // edge sends kData stdin frames (and EOF)
+  std::string stdin_data;               // or: this, then EOF
   bool tty = false;
   uint16_t cols = 80, rows = 24;
 };
@@ -96,7 +96,8 @@ Json ErrorJson(const Status& s);
 Status StatusFromJson(const Json& j);
 
 // Typed getters used by parsers: bad type or range -> InvalidArgument naming the field.
-StatusOr<std::string> GetString(const Json& j, const char* key, std::optional<std::string> def = {});
+StatusOr<std::string> GetString(const Json& j, const char* key,
+                                std::optional<std::string> def = {});
 StatusOr<int64_t> GetInt(const Json& j, const char* key, std::optional<int64_t> def = {},
                          int64_t min = INT64_MIN, int64_t max = INT64_MAX);
 StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def = {});

@@ -52,15 +52,18 @@ const std::map<std::string, std::function<long()>>& Attempts() {
   static const std::map<std::string, std::function<long()>> m = {
       {"unshare_user", [] { return static_cast<long>(unshare(CLONE_NEWUSER)); }},
       {"unshare_net", [] { return static_cast<long>(unshare(CLONE_NEWNET)); }},
-      {"clone3", [] {
+      {"clone3",
+       [] {
          clone_args a{};
          a.flags = CLONE_NEWUSER;
          a.exit_signal = SIGCHLD;
          return syscall(SYS_clone3, &a, sizeof a);
        }},
       {"mount_proc", [] { return static_cast<long>(mount("proc", "/tmp", "proc", 0, nullptr)); }},
-      {"mount_sysfs", [] { return static_cast<long>(mount("sysfs", "/tmp", "sysfs", 0, nullptr)); }},
-      {"mount_cgroup", [] { return static_cast<long>(mount("cgroup", "/tmp", "cgroup2", 0, nullptr)); }},
+      {"mount_sysfs",
+       [] { return static_cast<long>(mount("sysfs", "/tmp", "sysfs", 0, nullptr)); }},
+      {"mount_cgroup",
+       [] { return static_cast<long>(mount("cgroup", "/tmp", "cgroup2", 0, nullptr)); }},
       {"umount_proc_mask", [] { return static_cast<long>(umount2("/proc/kallsyms", MNT_DETACH)); }},
       {"tiocsti", Tiocsti},
       {"bpf", [] { return syscall(SYS_bpf, 0, 0, 0); }},
@@ -70,19 +73,23 @@ const std::map<std::string, std::function<long()>>& Attempts() {
       {"keyctl", [] { return syscall(SYS_keyctl, 0, 0, 0, 0, 0); }},
       {"open_by_handle_at", [] { return syscall(SYS_open_by_handle_at, AT_FDCWD, 0, 0); }},
       {"x32", [] { return syscall(0x40000000 | SYS_getpid); }},
-      {"mknod_dev", [] { return static_cast<long>(mknod("/tmp/.probe-sda", S_IFBLK | 0600, makedev(8, 0))); }},
+      {"mknod_dev",
+       [] { return static_cast<long>(mknod("/tmp/.probe-sda", S_IFBLK | 0600, makedev(8, 0))); }},
       {"ptrace_pid1", [] { return ptrace(PTRACE_ATTACH, 1, 0, 0); }},
       {"kill_pid1", [] { return static_cast<long>(kill(1, SIGKILL)); }},
       {"write_pid1_exe", [] { return WriteFile("/proc/1/exe"); }},
       {"read_pid1_environ", [] { return ReadFile("/proc/1/environ"); }},
       {"read_pid1_mem", [] { return ReadFile("/proc/1/mem"); }},
       {"open_pid1_fd0", [] { return static_cast<long>(open("/proc/1/fd/0", O_RDONLY)); }},
-      {"list_pid1_fds", [] { return static_cast<long>(open("/proc/1/fd", O_RDONLY | O_DIRECTORY)); }},
-      {"readlink_pid1_fd", [] {
+      {"list_pid1_fds",
+       [] { return static_cast<long>(open("/proc/1/fd", O_RDONLY | O_DIRECTORY)); }},
+      {"readlink_pid1_fd",
+       [] {
          char buf[256];
          return static_cast<long>(readlink("/proc/1/fd/3", buf, sizeof buf));
        }},
-      {"pid1_map_files", [] {
+      {"pid1_map_files",
+       [] {
          int fd = open("/proc/1/map_files", O_RDONLY | O_DIRECTORY);
          if (fd < 0) return -1L;
          // Read to the end: the kernel hands out "." and ".." before it checks access.

@@ -116,15 +116,16 @@ uint32_t AgentClient::StartCall(const Json& request, std::shared_ptr<Call> call)
   std::string frame = protocol::EncodeFrameOrDie(
       FrameType::kRequest, 0, ch, request.dump(-1, ' ', false, Json::error_handler_t::replace));
   auto self = shared_from_this();
-  asio::dispatch(impl_->strand, [self, ch, call = std::move(call), frame = std::move(frame)]() mutable {
-    auto* impl = self->impl_.get();
-    if (impl->shut) {
-      call->OnResponse(Unavailable("sandbox agent connection is closed"));
-      return;
-    }
-    impl->calls[ch] = std::move(call);
-    Enqueue(self, impl, std::move(frame));
-  });
+  asio::dispatch(impl_->strand,
+                 [self, ch, call = std::move(call), frame = std::move(frame)]() mutable {
+                   auto* impl = self->impl_.get();
+                   if (impl->shut) {
+                     call->OnResponse(Unavailable("sandbox agent connection is closed"));
+                     return;
+                   }
+                   impl->calls[ch] = std::move(call);
+                   Enqueue(self, impl, std::move(frame));
+                 });
   return ch;
 }
 
@@ -138,7 +139,8 @@ void AgentClient::SendData(uint32_t channel, uint8_t stream, std::string data, b
       size_t n = std::min(rest.size(), protocol::kDataChunk);
       bool last = n == rest.size();
       uint8_t flags = static_cast<uint8_t>(stream | (last && eof ? protocol::kFlagEof : 0));
-      Enqueue(self, impl, protocol::EncodeFrameOrDie(FrameType::kData, flags, channel, rest.substr(0, n)));
+      Enqueue(self, impl,
+              protocol::EncodeFrameOrDie(FrameType::kData, flags, channel, rest.substr(0, n)));
       rest.remove_prefix(n);
     } while (!rest.empty());
   });
@@ -197,16 +199,17 @@ void WriteNext(std::shared_ptr<AgentClient> self, AgentClient::Impl* impl) {
     }
     impl->wqueue.push_front(std::move(merged));
   }
-  asio::async_write(impl->socket, asio::buffer(impl->wqueue.front()),
-                    asio::bind_executor(impl->strand, [self, impl](boost::system::error_code ec, size_t) {
-                      if (ec) {
-                        impl->writing = false;
-                        self->Close();
-                        return;
-                      }
-                      if (!impl->wqueue.empty()) impl->wqueue.pop_front();
-                      WriteNext(self, impl);
-                    }));
+  asio::async_write(
+      impl->socket, asio::buffer(impl->wqueue.front()),
+      asio::bind_executor(impl->strand, [self, impl](boost::system::error_code ec, size_t) {
+        if (ec) {
+          impl->writing = false;
+          self->Close();
+          return;
+        }
+        if (!impl->wqueue.empty()) impl->wqueue.pop_front();
+        WriteNext(self, impl);
+      }));
 }
 
 class SyncCall : public AgentClient::Call {
@@ -229,7 +232,8 @@ class SyncCall : public AgentClient::Call {
 }  // namespace
 
 StatusOr<Json> AgentClient::CallSync(const Json& request, std::string_view upload,
-                                     std::string* download, uint64_t max_download, bool has_upload) {
+                                     std::string* download, uint64_t max_download,
+                                     bool has_upload) {
   auto call = std::make_shared<SyncCall>(download, max_download);
   auto fut = call->future();
   uint32_t ch = StartCall(request, call);

@@ -54,8 +54,8 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
   // the end); body data from the agent is appended to *download (at most max_download bytes).
   // Must not be called on an io_context thread.
   StatusOr<protocol::Json> CallSync(const protocol::Json& request, std::string_view upload = {},
-                                    std::string* download = nullptr,
-                                    uint64_t max_download = 0, bool has_upload = false);
+                                    std::string* download = nullptr, uint64_t max_download = 0,
+                                    bool has_upload = false);
 
   struct Impl;  // opaque; defined in agent_client.cc
 

@@ -32,8 +32,9 @@ std::string DefaultAgentPath() {
   std::string self(buf, static_cast<size_t>(n));
   std::string dir = self.substr(0, self.rfind('/'));
   // Installed side by side, or the build tree (src/cli/dsec -> src/agent/dsec-agent).
-  for (const std::string& cand : {dir + "/dsec-agent", dir + "/../agent/dsec-agent",
-                                  dir + "/../src/agent/dsec-agent", dir + "/src/agent/dsec-agent"}) {
+  for (const std::string& cand :
+       {dir + "/dsec-agent", dir + "/../agent/dsec-agent", dir + "/../src/agent/dsec-agent",
+        dir + "/src/agent/dsec-agent"}) {
     if (access(cand.c_str(), X_OK) == 0) return cand;
   }
   return dir + "/dsec-agent";
@@ -54,7 +55,8 @@ Status ContainerBackend::Init() {
   if (opts_.state_dir.empty()) return InvalidArgument("state dir is required");
   DSEC_RETURN_IF_ERROR(MakeDirs(opts_.state_dir, 0700));
   char real[PATH_MAX];
-  if (!realpath(opts_.state_dir.c_str(), real)) return ErrnoError("realpath \"" + opts_.state_dir + "\"");
+  if (!realpath(opts_.state_dir.c_str(), real))
+    return ErrnoError("realpath \"" + opts_.state_dir + "\"");
   opts_.state_dir = real;
   instance_id_ = InstanceIdForPath(opts_.state_dir);
   sandboxes_dir_ = JoinPath(opts_.state_dir, "sandboxes");
@@ -122,7 +124,8 @@ void ContainerBackend::ReleaseUidSlot(uint32_t slot) {
 StatusOr<std::shared_ptr<Sandbox>> ContainerBackend::Create(const SandboxSpec& spec) {
   DSEC_RETURN_IF_ERROR(ValidateSandboxSpec(spec));
   if (spec.image != "host")
-    return NotFound("image \"" + spec.image + "\" not found (this node has the built-in \"host\" image)");
+    return NotFound("image \"" + spec.image +
+                    "\" not found (this node has the built-in \"host\" image)");
   auto sb = std::make_shared<ContainerSandbox>(this, spec);
   if (Status s = sb->Start(); !s.ok()) {
     (void)sb->Destroy();

@@ -22,7 +22,7 @@
 namespace dsec::backends::container {
 
 struct ContainerBackendOptions {
-  std::string state_dir;  // required; sandboxes/<id> and images/ live here
+  std::string state_dir;   // required; sandboxes/<id> and images/ live here
   std::string agent_path;  // default: $DSEC_AGENT_PATH, else dsec-agent beside this binary
   isolation::FeatureSwitches features;
   std::string cgroup_mode = "auto";  // auto | v1 | v2
@@ -31,7 +31,7 @@ struct ContainerBackendOptions {
   uint32_t userns_slots = 8192;      // ranges of 65536 ids
   isolation::Rlimits rlimits;
   uint32_t max_execs_per_sandbox = 64;
-  uint64_t inodes_per_mb = 256;      // writable layer inode limit = disk_mb * this (>= 4096)
+  uint64_t inodes_per_mb = 256;           // writable layer inode limit = disk_mb * this (>= 4096)
   std::vector<std::string> hidden_paths;  // the edge's token, config, socket, logs
   bool allow_ptrace = true;
   int setup_timeout_ms = 10000;

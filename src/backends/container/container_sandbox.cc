@@ -37,7 +37,8 @@ Status ReadFrameTimeout(int fd, int timeout_ms, protocol::FrameDecoder* dec, Fra
   while (!dec->Next(f)) {
     if (dec->failed()) return InternalError("agent sent a malformed frame");
     int64_t left = deadline - MonotonicMs();
-    if (left <= 0) return DeadlineExceeded("agent did not answer within " + std::to_string(timeout_ms) + " ms");
+    if (left <= 0)
+      return DeadlineExceeded("agent did not answer within " + std::to_string(timeout_ms) + " ms");
     pollfd p{fd, POLLIN, 0};
     int r = poll(&p, 1, static_cast<int>(left));
     if (r < 0 && errno != EINTR) return ErrnoError("poll agent");
@@ -115,7 +116,8 @@ class ExecHandleImpl : public ExecHandle {
     auto c = client_.lock();
     if (!c) return;
     while (inflight_ < kStdinWindow && !pending_.empty()) {
-      size_t n = std::min<uint64_t>({kStdinWindow - inflight_, pending_.size(), protocol::kDataChunk});
+      size_t n =
+          std::min<uint64_t>({kStdinWindow - inflight_, pending_.size(), protocol::kDataChunk});
       c->SendData(channel_, protocol::kStdin, pending_.substr(0, n), false);
       pending_.erase(0, n);
       inflight_ += n;
@@ -205,13 +207,15 @@ Status ContainerSandbox::StartLocked() {
   // cleanup in another process can never take a sandbox that is being created.
   std::string tmp = JoinPath(b.sandboxes_dir_, ".tmp-" + spec_.id);
   if (mkdir(tmp.c_str(), 0700) < 0) {
-    if (errno == EEXIST) return Status(StatusCode::kAlreadyExists, "sandbox " + spec_.id + " is being created");
+    if (errno == EEXIST)
+      return Status(StatusCode::kAlreadyExists, "sandbox " + spec_.id + " is being created");
     return ErrnoError("mkdir \"" + tmp + "\"");
   }
   tmp_created_ = true;
   if (mkdir(JoinPath(tmp, "mnt").c_str(), 0755) < 0) return ErrnoError("mkdir mnt");
   lock_fd_.Reset(open(JoinPath(tmp, "owner.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock_fd_ || flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0) return ErrnoError("lock sandbox dir");
+  if (!lock_fd_ || flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0)
+    return ErrnoError("lock sandbox dir");
   if (rename(tmp.c_str(), dir_.c_str()) < 0) {
     Status s = errno == EEXIST || errno == ENOTEMPTY
                    ? Status(StatusCode::kAlreadyExists, "sandbox " + spec_.id + " already exists")
@@ -228,7 +232,8 @@ Status ContainerSandbox::StartLocked() {
   if (userns) {
     DSEC_ASSIGN_OR_RETURN(uint32_t slot, b.AllocateUidSlot());
     uid_slot_ = slot;
-    uint64_t base = static_cast<uint64_t>(b.opts_.userns_base) + static_cast<uint64_t>(slot) * 65536;
+    uint64_t base =
+        static_cast<uint64_t>(b.opts_.userns_base) + static_cast<uint64_t>(slot) * 65536;
     if (base + 65536 > 0xFFFFFFFEull) return ResourceExhausted("user namespace id range overflows");
     root_uid = static_cast<uint32_t>(base);
   }
@@ -304,8 +309,9 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
 
   // Opened through the agent's root so the fd names the agent's (private) copy of the
   // directory: move_mount only attaches onto mounts in the caller's namespace.
-  DSEC_ASSIGN_OR_RETURN(UniqueFd mount_dir,
-                        OpenDir("/proc/" + std::to_string(agent_pid_) + "/root" + JoinPath(dir_, "mnt"), O_PATH));
+  DSEC_ASSIGN_OR_RETURN(
+      UniqueFd mount_dir,
+      OpenDir("/proc/" + std::to_string(agent_pid_) + "/root" + JoinPath(dir_, "mnt"), O_PATH));
   DSEC_ASSIGN_OR_RETURN(UniqueFd cg_user, cgroup_->OpenUserDir());
   std::vector<UniqueFd> layers;
   for (const auto& path : b.host_image_.layer_paths) {
@@ -326,10 +332,12 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   r.userns = userns_fd >= 0;
   r.overlays = b.host_image_.overlays;
   r.symlinks = b.host_image_.symlinks;
-  r.dirs = {{"/tmp", 01777, 0, 0},   {"/var", 0755, 0, 0},  {"/var/tmp", 01777, 0, 0},
-            {"/run", 0755, 0, 0},    {"/home", 0755, 0, 0}, {"/root", 0700, 0, 0},
-            {"/mnt", 0755, 0, 0},    {"/sys", 0555, 0, 0},  {"/workspace", 0755, 1000, 1000}};
-  if (spec_.workdir != "/workspace") r.dirs.push_back({spec_.workdir, 0755, 1000, 1000});
+  r.dirs = {{"/tmp", 01777, 0, 0}, {"/var", 0755, 0, 0},  {"/var/tmp", 01777, 0, 0},
+            {"/run", 0755, 0, 0},  {"/home", 0755, 0, 0}, {"/root", 0700, 0, 0},
+            {"/mnt", 0755, 0, 0},  {"/sys", 0555, 0, 0},  {"/workspace", 0755, 1000, 1000}};
+  bool listed = false;
+  for (const auto& d : r.dirs) listed |= d.path == spec_.workdir;
+  if (!listed) r.dirs.push_back({spec_.workdir, 0755, 1000, 1000});
   r.files = {{"/etc/hostname", spec_.hostname + "\n", 0644, 0, 0},
              {"/etc/hosts",
               "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" +
@@ -353,7 +361,8 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   for (const auto& l : layers) fds.push_back(l.get());
 
   std::string frame;
-  DSEC_RETURN_IF_ERROR(protocol::EncodeFrame(FrameType::kSetup, 0, 0, protocol::ToJson(s).dump(), &frame));
+  DSEC_RETURN_IF_ERROR(
+      protocol::EncodeFrame(FrameType::kSetup, 0, 0, protocol::ToJson(s).dump(), &frame));
   DSEC_RETURN_IF_ERROR(SendWithFds(conn, frame, fds));
   DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn, b.opts_.setup_timeout_ms, &dec, &f));
   if (f.type == FrameType::kError) {
@@ -361,7 +370,8 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
     Status st = j.ok() ? protocol::StatusFromJson(*j) : InternalError("agent setup failed");
     return st.ok() ? InternalError("agent setup failed") : st;
   }
-  if (f.type != FrameType::kReady) return InternalError("agent sent an unexpected frame during setup");
+  if (f.type != FrameType::kReady)
+    return InternalError("agent sent an unexpected frame during setup");
   return OkStatus();
 }
 
@@ -376,13 +386,14 @@ StatusOr<std::shared_ptr<AgentClient>> ContainerSandbox::Ready() {
 }
 
 std::vector<std::string> ContainerSandbox::BaseEnv(const UserIds& u, bool tty) const {
-  std::vector<std::string> env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                                  "HOME=" + u.home,
-                                  "USER=" + u.name,
-                                  "LOGNAME=" + u.name,
-                                  "SHELL=/bin/bash",
-                                  "LANG=C.UTF-8",
-                                  "HOSTNAME=" + spec_.hostname};
+  std::vector<std::string> env = {
+      "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+      "HOME=" + u.home,
+      "USER=" + u.name,
+      "LOGNAME=" + u.name,
+      "SHELL=/bin/bash",
+      "LANG=C.UTF-8",
+      "HOSTNAME=" + spec_.hostname};
   if (tty) env.push_back("TERM=xterm-256color");
   return env;
 }
@@ -422,7 +433,8 @@ StatusOr<protocol::ExecSpec> ContainerSandbox::BuildExecSpec(const ExecRequest& 
   s.gid = u.gid;
   s.root_caps = u.root;
   s.cwd = req.cwd.empty() ? spec_.workdir : req.cwd;
-  if (s.cwd[0] != '/' || s.cwd.find('\0') != std::string::npos) return InvalidArgument("cwd must be an absolute path");
+  if (s.cwd[0] != '/' || s.cwd.find('\0') != std::string::npos)
+    return InvalidArgument("cwd must be an absolute path");
   DSEC_RETURN_IF_ERROR(ValidateEnv(req.env));
   s.env = BaseEnv(u, req.tty);
   for (const auto& [k, v] : spec_.env) SetEnv(&s.env, k, v);
@@ -439,8 +451,8 @@ StatusOr<protocol::ExecSpec> ContainerSandbox::BuildExecSpec(const ExecRequest& 
   return s;
 }
 
-StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::StartExec(const ExecRequest& req,
-                                                                  std::shared_ptr<ExecObserver> observer) {
+StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::StartExec(
+    const ExecRequest& req, std::shared_ptr<ExecObserver> observer) {
   DSEC_ASSIGN_OR_RETURN(protocol::ExecSpec spec, BuildExecSpec(req));
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
   bool stream_stdin = req.stdin_data.size() > kInlineStdinMax;
@@ -498,8 +510,11 @@ StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::RunInShell(
   if (max_output_bytes > kMaxOutputCap) return InvalidArgument("max_output_bytes is too large");
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
   auto call = std::make_shared<ExecCall>(std::move(observer), oom_);
-  Json j = {{"op", "shell_run"}, {"shell_id", shell_id}, {"command", command},
-            {"timeout_ms", timeout_ms}, {"max_output_bytes", max_output_bytes}};
+  Json j = {{"op", "shell_run"},
+            {"shell_id", shell_id},
+            {"command", command},
+            {"timeout_ms", timeout_ms},
+            {"max_output_bytes", max_output_bytes}};
   uint32_t ch = client->StartCall(j, call);
   auto handle = std::make_shared<ExecHandleImpl>(client, ch);
   call->set_handle(handle);
@@ -595,7 +610,8 @@ StatusOr<std::string> ContainerSandbox::CreateTar(const std::string& dir, uint64
   j["path"] = dir;
   std::string data;
   DSEC_RETURN_IF_ERROR(client->CallSync(j, {}, &data, max_bytes).status());
-  if (data.size() >= max_bytes) return TooLarge("archive is larger than " + std::to_string(max_bytes) + " bytes");
+  if (data.size() >= max_bytes)
+    return TooLarge("archive is larger than " + std::to_string(max_bytes) + " bytes");
   return data;
 }
 
@@ -630,7 +646,8 @@ StatusOr<SandboxStats> ContainerSandbox::Stats() {
   std::shared_ptr<isolation::Cgroup> cg;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (state_.load() == SandboxState::kDestroyed || !cgroup_) return FailedPrecondition("sandbox is destroyed");
+    if (state_.load() == SandboxState::kDestroyed || !cgroup_)
+      return FailedPrecondition("sandbox is destroyed");
     cg = cgroup_;
   }
   DSEC_ASSIGN_OR_RETURN(isolation::CgroupStats c, cg->Stats());

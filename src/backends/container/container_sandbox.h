@@ -80,11 +80,11 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   std::string dir_;
   std::atomic<SandboxState> state_{SandboxState::kCreating};
   mutable std::mutex mu_;
-  std::string reason_;                        // GUARDED_BY(mu_)
+  std::string reason_;                         // GUARDED_BY(mu_)
   std::shared_ptr<isolation::Cgroup> cgroup_;  // set in Start, never reset
   std::shared_ptr<struct OomTracker> oom_;
-  std::unique_ptr<PendingAgent> agent_;        // GUARDED_BY(mu_)
-  std::shared_ptr<AgentClient> client_;        // GUARDED_BY(mu_)
+  std::unique_ptr<PendingAgent> agent_;  // GUARDED_BY(mu_)
+  std::shared_ptr<AgentClient> client_;  // GUARDED_BY(mu_)
   UniqueFd lock_fd_;
   isolation::Netns netns_;  // pooled namespace, returned on destroy
   pid_t agent_pid_ = -1;

@@ -181,25 +181,50 @@ TEST_P(ContainerPrivilegedTest, UserCodeHasNoPrivileges) {
   EXPECT_EQ(ParseCapLine(root.stdout_data, "CapEff"), isolation::RootCapabilities());
   EXPECT_EQ(ParseCapLine(root.stdout_data, "CapBnd"), isolation::RootCapabilities());
   // Every thread of a multithreaded process is filtered.
-  auto th = Sh(sb.get(),
-               "python3 -c 'import threading,time; t=threading.Thread(target=time.sleep,args=(1,)); "
-               "t.start(); import os; "
-               "print(sorted(set(open(\"/proc/self/task/%s/status\" % x).read().split(\"Seccomp:\\t\")[1][0] "
-               "for x in os.listdir(\"/proc/self/task\"))))'");
+  auto th =
+      Sh(sb.get(),
+         "python3 -c 'import threading,time; t=threading.Thread(target=time.sleep,args=(1,)); "
+         "t.start(); import os; "
+         "print(sorted(set(open(\"/proc/self/task/%s/status\" % "
+         "x).read().split(\"Seccomp:\\t\")[1][0] "
+         "for x in os.listdir(\"/proc/self/task\"))))'");
   EXPECT_EQ(Trim(th.stdout_data), "['2']") << th.stderr_data;
 }
 
 TEST_P(ContainerPrivilegedTest, EscapeAttemptsAreBlocked) {
   auto sb = Create();
   ASSERT_TRUE(sb);
-  std::vector<std::string> names = {
-      "unshare_user", "unshare_net", "clone3",        "mount_proc",      "mount_sysfs",
-      "mount_cgroup", "umount_proc_mask", "tiocsti",  "bpf",             "userfaultfd",
-      "io_uring",     "perf_event_open",  "keyctl",   "open_by_handle_at", "mknod_dev",
-      "ptrace_pid1",  "kill_pid1",        "write_pid1_exe", "read_pid1_environ", "read_pid1_mem",
-      "open_pid1_fd0", "list_pid1_fds",   "readlink_pid1_fd", "pid1_map_files", "sysrq",
-      "proc_sys_write", "read_kcore",
-      "dev_mem",      "dev_kvm",          "sethostname", "chroot"};
+  std::vector<std::string> names = {"unshare_user",
+                                    "unshare_net",
+                                    "clone3",
+                                    "mount_proc",
+                                    "mount_sysfs",
+                                    "mount_cgroup",
+                                    "umount_proc_mask",
+                                    "tiocsti",
+                                    "bpf",
+                                    "userfaultfd",
+                                    "io_uring",
+                                    "perf_event_open",
+                                    "keyctl",
+                                    "open_by_handle_at",
+                                    "mknod_dev",
+                                    "ptrace_pid1",
+                                    "kill_pid1",
+                                    "write_pid1_exe",
+                                    "read_pid1_environ",
+                                    "read_pid1_mem",
+                                    "open_pid1_fd0",
+                                    "list_pid1_fds",
+                                    "readlink_pid1_fd",
+                                    "pid1_map_files",
+                                    "sysrq",
+                                    "proc_sys_write",
+                                    "read_kcore",
+                                    "dev_mem",
+                                    "dev_kvm",
+                                    "sethostname",
+                                    "chroot"};
   for (const std::string user : {"sandbox", "root"}) {
     auto res = Probe(sb.get(), names, user);
     for (const auto& n : names) {
@@ -223,19 +248,20 @@ TEST_P(ContainerPrivilegedTest, EscapeAttemptsAreBlocked) {
 TEST_P(ContainerPrivilegedTest, OnlyLoopback) {
   auto sb = Create();
   ASSERT_TRUE(sb);
-  auto o = Sh(sb.get(),
-              "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
-              "python3 - <<'EOF'\n"
-              "import socket, threading\n"
-              "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
-              "port = s.getsockname()[1]\n"
-              "threading.Thread(target=lambda: s.accept()[0].sendall(b'pong'), daemon=True).start()\n"
-              "c = socket.create_connection(('127.0.0.1', port)); print(c.recv(4).decode())\n"
-              "try:\n"
-              "    socket.create_connection(('10.0.0.1', 80), timeout=2); print('reached')\n"
-              "except OSError as e:\n"
-              "    print('unreachable', e.errno)\n"
-              "EOF");
+  auto o =
+      Sh(sb.get(),
+         "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
+         "python3 - <<'EOF'\n"
+         "import socket, threading\n"
+         "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+         "port = s.getsockname()[1]\n"
+         "threading.Thread(target=lambda: s.accept()[0].sendall(b'pong'), daemon=True).start()\n"
+         "c = socket.create_connection(('127.0.0.1', port)); print(c.recv(4).decode())\n"
+         "try:\n"
+         "    socket.create_connection(('10.0.0.1', 80), timeout=2); print('reached')\n"
+         "except OSError as e:\n"
+         "    print('unreachable', e.errno)\n"
+         "EOF");
   EXPECT_EQ(o.stdout_data, "lo\npong\nunreachable 101\n") << o.stderr_data;
 }
 
@@ -243,18 +269,22 @@ TEST_P(ContainerPrivilegedTest, ImageIsReadOnlyUnderTheOverlay) {
   auto sb = Create();
   ASSERT_TRUE(sb);
   std::string marker = "/usr/bin/dsec-test-" + RandomHex(4);
-  auto w = Sh(sb.get(), "echo hi > " + marker + " && cat " + marker + " && echo x >> /bin/bash && echo appended",
-              "root");
+  auto w =
+      Sh(sb.get(),
+         "echo hi > " + marker + " && cat " + marker + " && echo x >> /bin/bash && echo appended",
+         "root");
   EXPECT_EQ(w.stdout_data, "hi\nappended\n") << w.stderr_data;
   struct stat st;
   EXPECT_NE(stat(marker.c_str(), &st), 0);  // the host never saw it
   auto denied = Sh(sb.get(), "echo x > /usr/bin/nope");
   EXPECT_NE(denied.result.exit_code, 0);
   // Secrets and the edge's own state are not there at all.
-  auto hidden = Sh(sb.get(), "ls /etc/shadow /etc/gshadow " + backend_->Describe().substr(0, 0) +
-                                 "/root/.bashrc 2>&1; ls /home | wc -l; ls -d /var/lib 2>&1",
+  auto hidden = Sh(sb.get(),
+                   "ls /etc/shadow /etc/gshadow " + backend_->Describe().substr(0, 0) +
+                       "/root/.bashrc 2>&1; ls /home | wc -l; ls -d /var/lib 2>&1",
                    "root");
-  EXPECT_NE(hidden.stdout_data.find("/etc/shadow': No such file"), std::string::npos) << hidden.stdout_data;
+  EXPECT_NE(hidden.stdout_data.find("/etc/shadow': No such file"), std::string::npos)
+      << hidden.stdout_data;
 }
 
 TEST_P(ContainerPrivilegedTest, MemoryBombIsOomKilledAndReported) {
@@ -331,8 +361,8 @@ TEST_P(ContainerPrivilegedTest, DiskAndInodesFillToEnospc) {
 TEST_P(ContainerPrivilegedTest, OutputFloodIsCappedAndTheAgentStaysSmall) {
   auto sb = Create();
   ASSERT_TRUE(sb);
-  auto o = Sh(sb.get(), "head -c 300000000 /dev/zero; yes | head -c 100000000 >&2; echo done >&2", "",
-              60000, 1 << 20);
+  auto o = Sh(sb.get(), "head -c 300000000 /dev/zero; yes | head -c 100000000 >&2; echo done >&2",
+              "", 60000, 1 << 20);
   EXPECT_EQ(o.result.exit_code, 0);
   EXPECT_TRUE(o.result.stdout_truncated);
   EXPECT_TRUE(o.result.stderr_truncated);
@@ -364,7 +394,9 @@ TEST_P(ContainerPrivilegedTest, TimeoutKillsTheWholeTree) {
   EXPECT_EQ(Trim(Sh(sb.get(), "pgrep -c sleep").stdout_data), "1");
   // A background child that keeps writing to the finished command's stdout keeps running: its
   // output is drained and dropped, it does not block or die of SIGPIPE.
-  auto noisy = Sh(sb.get(), "(while true; do echo tick; sleep 0.05; done) & echo $! > /tmp/noisy.pid; echo first");
+  auto noisy =
+      Sh(sb.get(),
+         "(while true; do echo tick; sleep 0.05; done) & echo $! > /tmp/noisy.pid; echo first");
   EXPECT_NE(noisy.stdout_data.find("first\n"), std::string::npos) << noisy.stdout_data;
   usleep(300000);
   EXPECT_EQ(Sh(sb.get(), "kill -0 $(cat /tmp/noisy.pid)").result.exit_code, 0);
@@ -399,7 +431,8 @@ TEST_P(ContainerPrivilegedTest, ExitCodesSignalsStdinAndErrors) {
   r.cwd = "";
   r.env = {{"FOO", "bar"}};
   r.cmd = {"sh", "-c", "echo $FOO $PATH"};
-  EXPECT_EQ(sb->Exec(r)->stdout_data, "bar /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
+  EXPECT_EQ(sb->Exec(r)->stdout_data,
+            "bar /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
   // Bad requests are errors, not crashes.
   ExecRequest bad;
   EXPECT_EQ(sb->Exec(bad).status().code(), StatusCode::kInvalidArgument);
@@ -431,7 +464,8 @@ TEST_P(ContainerPrivilegedTest, ShellSessionsPersistState) {
   ASSERT_TRUE(sb);
   auto sh = sb->OpenShell("");
   ASSERT_TRUE(sh.ok()) << sh.status().ToString();
-  EXPECT_EQ(sb->RunShell(*sh, "cd /tmp && export FOO=bar && x() { echo fn; }")->result.exit_code, 0);
+  EXPECT_EQ(sb->RunShell(*sh, "cd /tmp && export FOO=bar && x() { echo fn; }")->result.exit_code,
+            0);
   auto o = sb->RunShell(*sh, "pwd; echo $FOO; x");
   EXPECT_EQ(o->stdout_data, "/tmp\nbar\nfn\n");
   auto nonl = sb->RunShell(*sh, "printf abc; printf err >&2; false");
@@ -472,8 +506,9 @@ TEST_P(ContainerPrivilegedTest, FilesStayInsideTheSandbox) {
   EXPECT_EQ(sb->Stat("/workspace/a")->type, "dir");
   // Symlinks resolve inside the sandbox: "/" is the sandbox's root, never the host's.
   std::string host_marker = "/tmp/dsec-host-marker-" + RandomHex(4);
-  Sh(sb.get(), "ln -s / /workspace/root_link; ln -s ../../../../../../tmp /workspace/up_link; "
-               "ln -s /proc/self/root /workspace/magic");
+  Sh(sb.get(),
+     "ln -s / /workspace/root_link; ln -s ../../../../../../tmp /workspace/up_link; "
+     "ln -s /proc/self/root /workspace/magic");
   ASSERT_TRUE(sb->WriteFile("/workspace/root_link" + host_marker, "x", 0644).ok());
   ASSERT_TRUE(sb->WriteFile("/workspace/up_link/" + host_marker.substr(5), "y", 0644).ok());
   struct stat st;

@@ -56,7 +56,8 @@ int ChildMain(void* p) {
   long chan = RawSyscall(SYS_fcntl, a->channel_fd, F_DUPFD_CLOEXEC, 10);
   if (exe < 0 || chan < 0) return 122;
   if (RawSyscall(SYS_dup3, chan, 3, 0) < 0) return 123;
-  long null = RawSyscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>("/dev/null"), O_RDWR | O_CLOEXEC);
+  long null =
+      RawSyscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>("/dev/null"), O_RDWR | O_CLOEXEC);
   if (null < 0) return 124;
   for (int fd = 0; fd < 3; ++fd)
     if (RawSyscall(SYS_dup3, null, fd, 0) < 0) return 125;
@@ -74,7 +75,8 @@ struct MountEntry {
 
 // Leaves this thread's (private) mount namespace with only what new sandboxes need.
 Status TrimMounts(const std::vector<std::string>& keep) {
-  if (mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) return ErrnoError("make-rprivate /");
+  if (mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0)
+    return ErrnoError("make-rprivate /");
   DSEC_ASSIGN_OR_RETURN(std::string info, ReadFileToString("/proc/thread-self/mountinfo", 4 << 20));
   std::vector<MountEntry> mounts;
   std::istringstream in(info);
@@ -95,7 +97,8 @@ Status TrimMounts(const std::vector<std::string>& keep) {
       if (under(k, point)) return true;  // the mount holding k, or one above it
     return false;
   };
-  std::sort(mounts.begin(), mounts.end(), [](const MountEntry& a, const MountEntry& b) { return a.depth > b.depth; });
+  std::sort(mounts.begin(), mounts.end(),
+            [](const MountEntry& a, const MountEntry& b) { return a.depth > b.depth; });
   for (const auto& m : mounts) {
     if (needed(m.point)) continue;
     (void)umount2(m.point.c_str(), MNT_DETACH);  // best effort: a busy or gone mount is fine

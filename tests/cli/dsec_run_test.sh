@@ -1,0 +1,63 @@
+#!/bin/bash
+# `dsec run` end to end: exit codes, streaming, limits, errors, and no residue.
+# Usage: dsec_run_test.sh PATH/TO/dsec   (needs root; prints SKIPPED otherwise)
+set -u
+DSEC=${1:?usage: dsec_run_test.sh path/to/dsec}
+if [ "$(id -u)" != 0 ]; then echo "[  SKIPPED ] dsec run tests need root"; exit 0; fi
+STATE=$(mktemp -d /tmp/dsec-clitest-XXXXXX)
+cleanup() { rm -rf "$STATE"; }
+trap cleanup EXIT
+export DSEC_STATE_DIR=$STATE/state
+fails=0
+check() {  # name expected actual
+  if [ "$2" == "$3" ]; then echo "ok   $1"; else echo "FAIL $1: expected [$2] got [$3]"; fails=$((fails+1)); fi
+}
+run() { "$DSEC" run "$@" </dev/null; }
+
+out=$(run -- /bin/sh -c 'echo hi; whoami; hostname | cut -c1-9'); check "stdout and identity" $'hi\nsandbox\nsb-local-' "$out"
+run -- /bin/sh -c 'exit 42'; check "exit code" 42 $?
+run -- /bin/sh -c 'kill -KILL $$'; check "killed by signal" 137 $?
+out=$(echo "streamed stdin" | "$DSEC" run -- tr a-z A-Z); check "stdin" "STREAMED STDIN" "$out"
+out=$(head -c 2000000 /dev/zero | "$DSEC" run -- wc -c); check "large stdin" 2000000 "$out"
+err=$(run -- /bin/sh -c 'echo oops >&2' 2>&1 >/dev/null); check "stderr" oops "$err"
+run --timeout 1 -- sleep 30 2>/dev/null; check "timeout exit code" 124 $?
+err=$(run --timeout 1 -- sleep 30 2>&1); check "timeout message" "dsec: command timed out after 1 s" "$err"
+run --memory 32 --disk 8 -- python3 -c 'x=[]
+while True: x.append(b"x" * (1<<20))' 2>/dev/null; check "oom exit code" 137 $?
+out=$(run --user root -- id -u); check "--user root" 0 "$out"
+out=$(run --env FOO=bar --env X=1 -- /bin/sh -c 'echo $FOO$X'); check "--env" bar1 "$out"
+out=$(run --workdir /tmp -- pwd); check "--workdir" /tmp "$out"
+out=$(run --no-userns -- id -u); check "--no-userns" 1000 "$out"
+run -- nosuchcommand 2>/dev/null; check "command not found" 127 $?
+
+# Bad input: a one-line error and a non-zero exit, never a crash.
+for args in "--memory -5 -- true" "--memory abc -- true" "--cpu 0 -- true" "--bogus -- true" \
+            "--image nope -- true" "stray -- true" "--timeout 2 extra -- true" "--user nobody-here -- true" "--env NOEQUALS -- true" "--tty maybe -- true"; do
+  # shellcheck disable=SC2086
+  err=$("$DSEC" run $args 2>&1 </dev/null); rc=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ $rc -ne 0 ] && [ "$lines" == 1 ] && [[ "$err" == dsec:* ]]; then echo "ok   bad input: $args"
+  else echo "FAIL bad input: $args -> rc=$rc: $err"; fails=$((fails+1)); fi
+done
+"$DSEC" run 2>/dev/null; [ $? -ne 0 ] && echo "ok   no command" || { echo "FAIL no command"; fails=$((fails+1)); }
+
+# Nothing left behind: no sandbox dirs, cgroups, agents.
+left=$(ls "$STATE/state/sandboxes" 2>/dev/null | wc -l); check "no sandbox dirs left" 0 "$left"
+agents=$(pgrep -c -x dsec-agent || true); check "no agents left" 0 "$agents"
+cg=$(ls -d /sys/fs/cgroup/*/dsec-*/sb-local-* /sys/fs/cgroup/dsec-*/sb-local-* 2>/dev/null | wc -l)
+check "no sandbox cgroups left" 0 "$cg"
+
+# A killed `dsec run` leaves an orphan; the next run cleans it up.
+"$DSEC" run -- sleep 60 </dev/null >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 50); do [ "$(ls "$STATE/state/sandboxes" 2>/dev/null | wc -l)" -ge 1 ] && break; sleep 0.1; done
+sleep 0.3
+kill -9 $pid; wait $pid 2>/dev/null
+run -- true
+left=$(ls "$STATE/state/sandboxes" 2>/dev/null | wc -l); check "orphan of a killed run cleaned" 0 "$left"
+# The killed agent was re-parented to the host's init, which reaps it in its own time.
+for _ in $(seq 50); do [ "$(pgrep -c -x dsec-agent)" == 0 ] && break; sleep 0.1; done
+agents=$(pgrep -c -x dsec-agent || true); check "orphan agent gone" 0 "$agents"
+
+if [ $fails -ne 0 ]; then echo "$fails failed"; exit 1; fi
+echo "all passed"
