@@ -220,6 +220,7 @@ void Agent::DropConnection(const std::string& why) {
     Retire(op);
   }
   room_waiters_.clear();
+  if (cfg_.orphan_timeout_ms >= 0) orphan_deadline_ = MonotonicMs() + cfg_.orphan_timeout_ms;
 }
 
 void Agent::OnAccept() {
@@ -264,6 +265,7 @@ void Agent::OnPendingReadable() {
   }
   // The newest authenticated edge wins: a restarted edge replaces a dead connection.
   DropConnection("replaced by a reconnecting edge");
+  orphan_deadline_ = 0;
   conn_ = std::move(c);
   if (!loop_.Add(conn_.get(), EPOLLIN, conn_handler_.get()).ok()) {
     conn_.Reset();
@@ -384,6 +386,7 @@ int Agent::NextTimeoutMs() {
   for (const auto& [op, d] : deadlines_)
     if (next == 0 || d < next) next = d;
   if (pending_deadline_ && (next == 0 || pending_deadline_ < next)) next = pending_deadline_;
+  if (orphan_deadline_ && (next == 0 || orphan_deadline_ < next)) next = orphan_deadline_;
   if (!lingering_.empty()) {
     int64_t soon = MonotonicMs() + 500;
     if (next == 0 || soon < next) next = soon;
@@ -431,6 +434,8 @@ int Agent::Run() {
   OnSigchld();  // children that exited before the signalfd existed
   while (true) {
     if (!conn_ && !listen_) return 0;  // nobody can ever talk to us again
+    // Orphaned for too long: end the sandbox (PID 1 exiting takes everything with it).
+    if (!conn_ && orphan_deadline_ && MonotonicMs() >= orphan_deadline_) return 0;
     if (!loop_.RunOnce(NextTimeoutMs()).ok()) return 1;
     RunDeadlines();
     if (conn_ && out_pos_ < out_.size()) OnConnWritable();

@@ -61,6 +61,7 @@ struct AgentConfig {
   bool cgroup_kill = true;
   uint32_t max_execs = 64;
   std::string secret;
+  int64_t orphan_timeout_ms = -1;  // see SetupSpec
 };
 
 class Agent {
@@ -125,6 +126,7 @@ class Agent {
   UniqueFd pending_;  // a reconnecting edge before it authenticated
   protocol::FrameDecoder pending_decoder_;
   int64_t pending_deadline_ = 0;
+  int64_t orphan_deadline_ = 0;  // no edge connected since; 0 = connected or waiting forever
   UniqueFd sigfd_;
   std::unique_ptr<ConnHandler> conn_handler_;
   std::unique_ptr<ConnHandler> pending_handler_;

@@ -98,6 +98,7 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   r.config.cgroup_kill = spec.cgroup_kill;
   r.config.max_execs = spec.max_execs;
   r.config.secret = spec.secret;
+  r.config.orphan_timeout_ms = spec.orphan_timeout_ms;
   return r;
 }
 

@@ -1182,12 +1182,12 @@ class TarCreator::Impl {
     }
   }
 
+  // The mount id decides when the kernel reports it: on overlayfs a regular file's st_dev is
+  // that of its real layer while directories report the overlay's, so st_dev alone would take
+  // every file of an overlay root for a mount point. st_dev is only the fallback.
   bool SameMount(const struct statx& stx) const {
-    if (makedev(stx.stx_dev_major, stx.stx_dev_minor) != root_dev_) return false;
-    if (have_mnt_id_ && (stx.stx_mask & STATX_MNT_ID) && stx.stx_mnt_id != root_mnt_id_) {
-      return false;
-    }
-    return true;
+    if (have_mnt_id_ && (stx.stx_mask & STATX_MNT_ID)) return stx.stx_mnt_id == root_mnt_id_;
+    return makedev(stx.stx_dev_major, stx.stx_dev_minor) == root_dev_;
   }
 
   // Returns true if an entry was produced; false if the name was skipped.

@@ -139,6 +139,7 @@ int Run(const GlobalOptions& g, RunOptions o) {
   backends::container::ContainerBackendOptions bo;
   bo.state_dir = g.state_dir;
   bo.features.userns = !o.no_userns;
+  bo.orphan_timeout_ms = 0;  // nothing re-adopts a dsec run sandbox: it ends with us
   auto backend = backends::container::ContainerBackend::Create(bo);
   if (!backend.ok()) {
     std::cerr << "dsec: " << backend.status().message() << "\n";

@@ -40,7 +40,7 @@ namespace {
   if (write(sock, "u", 1) != 1) _exit(11);
   char buf[1];
   iovec io{buf, 1};
-  alignas(cmsghdr) char cm[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char cm[CMSG_SPACE(sizeof(int) * 2)];
   msghdr m{};
   m.msg_iov = &io;
   m.msg_iovlen = 1;
@@ -48,9 +48,10 @@ namespace {
   m.msg_controllen = sizeof cm;
   if (recvmsg(sock, &m, 0) != 1 || buf[0] != 'f') _exit(12);
   cmsghdr* h = CMSG_FIRSTHDR(&m);
-  if (!h || h->cmsg_type != SCM_RIGHTS) _exit(13);
-  int tree;
-  memcpy(&tree, CMSG_DATA(h), sizeof tree);
+  if (!h || h->cmsg_type != SCM_RIGHTS || h->cmsg_len != CMSG_LEN(sizeof(int) * 2)) _exit(13);
+  int trees[2];
+  memcpy(trees, CMSG_DATA(h), sizeof trees);
+  int tree = trees[0], mask = trees[1];
   if (setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0) _exit(14);
   if (mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) _exit(15);
   int fs = sys::FsOpen("tmpfs", FSOPEN_CLOEXEC);
@@ -61,12 +62,13 @@ namespace {
   if (mnt < 0) _exit(17);
   if (sys::MoveMount(mnt, "", AT_FDCWD, "/tmp", MOVE_MOUNT_F_EMPTY_PATH) != 0) _exit(18);
   if (chdir("/tmp") != 0) _exit(19);
-  for (const char* d : {"l", "u", "w", "m"})
+  for (const char* d : {"l", "k", "u", "w", "m"})
     if (mkdir(d, 0755) != 0) _exit(20);
   if (setxattr("u", "user.dsec", "1", 1, 0) != 0) _exit(21);
   if (sys::MoveMount(tree, "", AT_FDCWD, "l", MOVE_MOUNT_F_EMPTY_PATH) != 0) _exit(22);
+  if (sys::MoveMount(mask, "", AT_FDCWD, "k", MOVE_MOUNT_F_EMPTY_PATH) != 0) _exit(26);
   if (mount("overlay", "m", "overlay", MS_NOSUID | MS_NODEV,
-            "lowerdir=l,upperdir=u,workdir=w,userxattr") != 0)
+            "lowerdir=k:l,upperdir=u,workdir=w,userxattr") != 0)
     _exit(23);
   struct stat st;
   if (stat("m/bin", &st) != 0 || st.st_uid != 0) _exit(24);
@@ -91,8 +93,17 @@ std::string ProbeUserns() {
     Status s = WriteIdMaps(pid, map);
     StatusOr<UniqueFd> ns = s.ok() ? OpenUserns(pid) : StatusOr<UniqueFd>(s);
     StatusOr<UniqueFd> tree = ns.ok() ? MakeIdmappedMount("/usr", ns->get()) : ns.status();
+    // A tmpfs layer too (the host image's mask is one): idmapping tmpfs needs 6.3+.
+    UniqueFd fs(sys::FsOpen("tmpfs", FSOPEN_CLOEXEC));
+    UniqueFd tmp;
+    if (fs && sys::FsConfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) == 0)
+      tmp.Reset(sys::FsMount(fs.get(), FSMOUNT_CLOEXEC, 0));
+    StatusOr<UniqueFd> mask = tmp && ns.ok() ? MakeIdmappedMount("", ns->get(), tmp.get())
+                                             : StatusOr<UniqueFd>(Unimplemented("tmpfs layer"));
+    if (tree.ok() && !mask.ok())
+      tree = Status(mask.status().code(), "idmapped tmpfs: " + mask.status().message());
     if (tree.ok()) {
-      alignas(cmsghdr) char cm[CMSG_SPACE(sizeof(int))] = {};
+      alignas(cmsghdr) char cm[CMSG_SPACE(sizeof(int) * 2)] = {};
       char b = 'f';
       iovec io{&b, 1};
       msghdr m{};
@@ -103,9 +114,9 @@ std::string ProbeUserns() {
       cmsghdr* h = CMSG_FIRSTHDR(&m);
       h->cmsg_level = SOL_SOCKET;
       h->cmsg_type = SCM_RIGHTS;
-      h->cmsg_len = CMSG_LEN(sizeof(int));
-      int tfd = tree->get();
-      memcpy(CMSG_DATA(h), &tfd, sizeof tfd);
+      h->cmsg_len = CMSG_LEN(sizeof(int) * 2);
+      int tfds[2] = {tree->get(), mask->get()};
+      memcpy(CMSG_DATA(h), tfds, sizeof tfds);
       if (sendmsg(parent.get(), &m, MSG_NOSIGNAL) != 1) reason = "sendmsg failed";
     } else {
       reason = tree.status().message();

@@ -1,5 +1,6 @@
 #include "isolation/host_image.h"
 
+#include <dirent.h>
 #include <glob.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -11,6 +12,7 @@
 #include "base/file_util.h"
 #include "base/ids.h"
 #include "base/strings.h"
+#include "sys/syscalls.h"
 
 namespace dsec::isolation {
 
@@ -36,24 +38,32 @@ struct MaskPlan {
   bool empty() const { return whiteouts.empty() && files.empty(); }
 };
 
-Status Materialize(const std::string& root, const MaskPlan& plan) {
-  DSEC_RETURN_IF_ERROR(MakeDirs(root, 0755));
-  auto parent_of = [&](const std::string& rel) {
-    auto slash = rel.rfind('/');
-    return slash == std::string::npos ? root : JoinPath(root, rel.substr(0, slash));
+// Writes the plan into the directory `root` (an fd of our fresh tmpfs) with *at() calls.
+Status Materialize(int root, const MaskPlan& plan) {
+  auto parent_of = [&](const std::string& rel, std::string* name) -> StatusOr<UniqueFd> {
+    UniqueFd cur(fcntl(root, F_DUPFD_CLOEXEC, 3));
+    auto comps = SplitString(rel, '/', true);
+    for (size_t i = 0; i + 1 < comps.size(); ++i) {
+      std::string c(comps[i]);
+      if (mkdirat(cur.get(), c.c_str(), 0755) < 0 && errno != EEXIST)
+        return ErrnoError("mkdir mask \"" + rel + "\"");
+      cur.Reset(openat(cur.get(), c.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!cur) return ErrnoError("open mask \"" + rel + "\"");
+    }
+    *name = std::string(comps.back());
+    return cur;
   };
   for (const auto& w : plan.whiteouts) {
-    DSEC_RETURN_IF_ERROR(MakeDirs(parent_of(w), 0755));
-    std::string p = JoinPath(root, w);
+    std::string name;
+    DSEC_ASSIGN_OR_RETURN(UniqueFd dir, parent_of(w, &name));
     // An overlay whiteout: a 0/0 character device hides the entry in lower layers.
-    if (mknod(p.c_str(), S_IFCHR | 0000, makedev(0, 0)) < 0 && errno != EEXIST)
-      return ErrnoError("mknod whiteout \"" + p + "\"");
+    if (mknodat(dir.get(), name.c_str(), S_IFCHR | 0000, makedev(0, 0)) < 0 && errno != EEXIST)
+      return ErrnoError("mknod whiteout \"" + w + "\"");
   }
   for (const auto& [rel, content] : plan.files) {
-    DSEC_RETURN_IF_ERROR(MakeDirs(parent_of(rel), 0755));
-    std::string p = JoinPath(root, rel);
-    DSEC_RETURN_IF_ERROR(WriteStringToFile(p, content, O_WRONLY | O_CREAT | O_TRUNC));
-    if (chmod(p.c_str(), 0644) < 0) return ErrnoError("chmod \"" + p + "\"");
+    std::string name;
+    DSEC_ASSIGN_OR_RETURN(UniqueFd dir, parent_of(rel, &name));
+    DSEC_RETURN_IF_ERROR(WriteFileAt(dir.get(), name, content, O_WRONLY | O_CREAT | O_TRUNC, 0644));
   }
   return OkStatus();
 }
@@ -80,82 +90,105 @@ std::string GroupWithSandboxUser(const std::string& host_group, uint32_t gid) {
 }
 
 StatusOr<HostImage> HostImage::Prepare(const HostImageOptions& opts) {
-  if (opts.store_dir.empty()) return InvalidArgument("host image needs a store dir");
   HostImage img;
-  std::string description;  // what the mask layers contain; names their directory
-  std::vector<std::pair<std::string, MaskPlan>> plans;  // dir -> plan
+  struct stat root_st;
+  if (stat("/", &root_st) < 0) return ErrnoError("stat /");
+  img.root_mtime_ns =
+      static_cast<int64_t>(root_st.st_mtim.tv_sec) * 1000000000 + root_st.st_mtim.tv_nsec;
 
-  for (const auto& dir : opts.dirs) {
-    struct stat st;
-    if (lstat(dir.c_str(), &st) < 0) continue;  // e.g. /libx32 on most hosts
-    if (S_ISLNK(st.st_mode)) {
-      char buf[4096];
-      ssize_t n = readlink(dir.c_str(), buf, sizeof buf - 1);
-      if (n < 0) return ErrnoError("readlink \"" + dir + "\"");
-      std::string target(buf, static_cast<size_t>(n));
-      // Only links that stay inside the allowlist are reproduced.
-      std::string resolved = target[0] == '/' ? target : "/" + target;
-      bool allowed = std::any_of(opts.dirs.begin(), opts.dirs.end(), [&](const std::string& d) {
-        return resolved == d || IsUnder(resolved, d);
-      });
-      if (allowed) img.symlinks.push_back({dir, target});
-      continue;
-    }
-    if (!S_ISDIR(st.st_mode)) continue;
-    MaskPlan plan;
-    if (dir == "/etc") {
-      for (const auto& pattern : opts.etc_secrets) {
-        glob_t g{};
-        std::string full = "/etc/" + pattern;
-        if (glob(full.c_str(), GLOB_NOSORT, nullptr, &g) == 0) {
-          for (size_t i = 0; i < g.gl_pathc; ++i) plan.whiteouts.push_back(g.gl_pathv[i] + 5);
-        }
-        globfree(&g);
+  auto allowed_top = [&](const std::string& name) {
+    return std::find(opts.dirs.begin(), opts.dirs.end(), "/" + name) != opts.dirs.end();
+  };
+  MaskPlan plan;                      // one mask layer for the whole root
+  std::vector<std::string> separate;  // allowlisted dirs on another filesystem than /
+  // Hide every top-level entry of / that is not allowlisted.
+  if (DIR* d = opendir("/")) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == "..") continue;
+      if (!allowed_top(n)) {
+        plan.whiteouts.push_back(n);
+        continue;
       }
-      std::string shell = access("/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh";
-      DSEC_ASSIGN_OR_RETURN(std::string passwd, ReadFileToString("/etc/passwd", 16 << 20));
-      DSEC_ASSIGN_OR_RETURN(std::string group, ReadFileToString("/etc/group", 16 << 20));
-      plan.files.push_back(
-          {"passwd", PasswdWithSandboxUser(passwd, opts.sandbox_uid, opts.sandbox_gid, shell)});
-      plan.files.push_back({"group", GroupWithSandboxUser(group, opts.sandbox_gid)});
+      struct stat st;
+      if (lstat(("/" + n).c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev != root_st.st_dev)
+        separate.push_back("/" + n);
     }
-    for (const auto& hidden : opts.hidden_paths) {
-      if (IsUnder(hidden, dir)) plan.whiteouts.push_back(hidden.substr(dir.size() + 1));
+    closedir(d);
+  } else {
+    return ErrnoError("opendir /");
+  }
+  // Secrets under /etc.
+  for (const auto& pattern : opts.etc_secrets) {
+    glob_t g{};
+    std::string full = "/etc/" + pattern;
+    if (glob(full.c_str(), GLOB_NOSORT, nullptr, &g) == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) plan.whiteouts.push_back(g.gl_pathv[i] + 1);
+    }
+    globfree(&g);
+  }
+  // The edge's own files, wherever they fall under an allowlisted dir.
+  for (const auto& hidden : opts.hidden_paths) {
+    for (const auto& dir : opts.dirs) {
       if (hidden == dir)
         return InvalidArgument("edge path \"" + hidden + "\" is an allowlisted host image dir");
+      if (IsUnder(hidden, dir)) plan.whiteouts.push_back(hidden.substr(1));
     }
-    std::sort(plan.whiteouts.begin(), plan.whiteouts.end());
-    description += dir + "\n";
-    for (const auto& w : plan.whiteouts) description += "w " + w + "\n";
-    for (const auto& [rel, content] : plan.files) description += "f " + rel + "\n" + content;
-    plans.emplace_back(dir, std::move(plan));
   }
+  std::string shell = access("/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh";
+  DSEC_ASSIGN_OR_RETURN(std::string passwd, ReadFileToString("/etc/passwd", 16 << 20));
+  DSEC_ASSIGN_OR_RETURN(std::string group, ReadFileToString("/etc/group", 16 << 20));
+  plan.files.push_back(
+      {"etc/passwd", PasswdWithSandboxUser(passwd, opts.sandbox_uid, opts.sandbox_gid, shell)});
+  plan.files.push_back({"etc/group", GroupWithSandboxUser(group, opts.sandbox_gid)});
+  std::sort(plan.whiteouts.begin(), plan.whiteouts.end());
+  plan.whiteouts.erase(std::unique(plan.whiteouts.begin(), plan.whiteouts.end()),
+                       plan.whiteouts.end());
 
-  // Content-addressed: a layer set is never modified once written, because sandboxes of a
-  // previous edge run may still have it mounted.
-  img.mask_dir = JoinPath(opts.store_dir, "host-" + InstanceIdForPath(description));
-  std::string ready = JoinPath(img.mask_dir, ".ready");
-  bool exists = access(ready.c_str(), F_OK) == 0;
-  if (!exists) {
-    DSEC_RETURN_IF_ERROR(RemoveTree(img.mask_dir));  // a half-written earlier attempt
-    for (const auto& [dir, plan] : plans) {
-      if (plan.empty()) continue;
-      DSEC_RETURN_IF_ERROR(Materialize(JoinPath(JoinPath(img.mask_dir, "layers"), dir), plan));
+  // The mask: a detached, read-only tmpfs mount held by fd.
+  auto build_mask = [&](const MaskPlan& p) -> StatusOr<std::shared_ptr<const UniqueFd>> {
+    UniqueFd fs(sys::FsOpen("tmpfs", FSOPEN_CLOEXEC));
+    if (!fs) return ErrnoError("fsopen tmpfs for the host image mask");
+    if (sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, "size", "16m", 0) < 0 ||
+        sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, "mode", "0755", 0) < 0 ||
+        sys::FsConfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+      return ErrnoError("fsconfig mask tmpfs");
+    UniqueFd mnt(sys::FsMount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+    if (!mnt) return ErrnoError("fsmount mask tmpfs");
+    DSEC_RETURN_IF_ERROR(Materialize(mnt.get(), p));
+    mount_attr ro{};
+    ro.attr_set = MOUNT_ATTR_RDONLY;
+    if (sys::MountSetattr(mnt.get(), "", AT_EMPTY_PATH, &ro) < 0)
+      return ErrnoError("mask read-only");
+    return std::make_shared<const UniqueFd>(std::move(mnt));
+  };
+  DSEC_ASSIGN_OR_RETURN(auto mask, build_mask(plan));
+  img.whiteouts = plan.whiteouts;
+  img.layers = {HostLayer{"", mask}, HostLayer{"/", nullptr}};
+  img.overlays.push_back({"/", {0, 1}});
+  for (const auto& sdir : separate) {
+    // A separate filesystem is a separate overlay; its part of the mask goes with it.
+    MaskPlan sub;
+    for (const auto& w : plan.whiteouts)
+      if (IsUnder("/" + w, sdir)) sub.whiteouts.push_back(w.substr(sdir.size()));
+    int idx = static_cast<int>(img.layers.size());
+    if (sub.empty()) {
+      img.layers.push_back({sdir, nullptr});
+      img.overlays.push_back({sdir, {idx}});
+    } else {
+      DSEC_ASSIGN_OR_RETURN(auto sub_mask, build_mask(sub));
+      img.layers.push_back({"", sub_mask});
+      img.layers.push_back({sdir, nullptr});
+      img.overlays.push_back({sdir, {idx, idx + 1}});
     }
-    DSEC_RETURN_IF_ERROR(WriteStringToFile(ready, description, O_WRONLY | O_CREAT | O_TRUNC));
-  }
-  for (const auto& [dir, plan] : plans) {
-    OverlaySpec o;
-    o.target = dir;
-    if (!plan.empty()) {
-      o.lower_fds.push_back(static_cast<int>(img.layer_paths.size()));
-      img.layer_paths.push_back(JoinPath(JoinPath(img.mask_dir, "layers"), dir));
-    }
-    o.lower_fds.push_back(static_cast<int>(img.layer_paths.size()));
-    img.layer_paths.push_back(dir);
-    img.overlays.push_back(std::move(o));
   }
   return img;
+}
+
+bool HostImage::Stale() const {
+  struct stat st;
+  if (stat("/", &st) < 0) return true;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec != root_mtime_ns;
 }
 
 }  // namespace dsec::isolation

@@ -1,26 +1,35 @@
 // The built-in "host" image: an allowlist of the host's system dirs (/usr, /bin, /sbin, /lib*,
-// /etc, /opt), read-only and never /root, /home, /var, /run, /srv, /mnt. Each allowed
-// directory becomes an overlay in the sandbox whose lowers are a generated mask layer and the
-// host directory. The mask layer (built once per distinct content, never modified after) holds
-//  - overlay whiteouts for secrets (/etc/shadow, gshadow, ssh host keys, ssl/private, ...) and
-//    for every path of the edge's own (state dir, token, config, socket, logs) that lies
-//    under an allowed dir, so they do not exist inside the sandbox at all;
+// /etc, /opt), read-only, and nothing else of the host: never /root, /home, /var, /run, /srv,
+// /mnt, /tmp, nor the edge's own files.
+//
+// It is one overlay rooted at "/" whose lowers are a generated mask layer above the host's root
+// filesystem. The mask layer is a small detached tmpfs the edge holds by fd (it must not live on
+// the root filesystem: overlay refuses overlapping layers); it is never modified after it was
+// built, and each sandbox gets its own (idmapped) clone of it. It holds
+//  - overlay whiteouts for every top-level entry of / that is not allowlisted, so the sandbox
+//    sees /usr, /etc, ... and nothing else (mount points such as /proc and /dev show only as
+//    the root filesystem's empty directories, since overlay lowers do not cross mounts);
+//  - whiteouts for secrets (/etc/shadow, gshadow, ssh host keys, ssl/private, ...) and for
+//    every path of the edge's own (state dir, token, config, socket, logs) under an allowed dir;
 //  - /etc/passwd and /etc/group with the `sandbox` user (uid/gid 1000, HOME /workspace)
 //    replacing any host entry with that name or id.
-// Symlinked entries (merged-/usr hosts: /bin -> usr/bin) are reproduced as symlinks.
-// Privileges: host root (mknod of whiteouts). Called by the container backend at start.
+// An allowlisted dir on a different filesystem than / gets an overlay of its own.
+// Because new top-level entries could appear on the host later, Current() re-checks the root
+// directory (one stat) and rebuilds the mask when it changed.
+// Privileges: host root (mknod of whiteouts). Called by the container backend.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
+#include "base/unique_fd.h"
 #include "isolation/rootfs.h"
 
 namespace dsec::isolation {
 
 struct HostImageOptions {
-  std::string store_dir;  // where generated mask layers live (under the edge's state dir)
   std::vector<std::string> dirs = {"/usr",   "/bin",    "/sbin", "/lib", "/lib32",
                                    "/lib64", "/libx32", "/etc",  "/opt"};
   // Paths under /etc to hide (glob patterns relative to /etc).
@@ -42,14 +51,22 @@ struct HostImageOptions {
   uint32_t sandbox_gid = 1000;
 };
 
+// A lower layer: a host directory, or a detached mount the edge made (the mask).
+struct HostLayer {
+  std::string host_path;                  // when mount is null
+  std::shared_ptr<const UniqueFd> mount;  // detached tmpfs, read-only
+  std::string Describe() const { return mount ? "(mask)" : host_path; }
+};
+
 struct HostImage {
-  // Host paths to hand to each sandbox as read-only layer mounts, in index order.
-  std::vector<std::string> layer_paths;
-  std::vector<OverlaySpec> overlays;  // lower_fds index into layer_paths
-  std::vector<SymlinkSpec> symlinks;
-  std::string mask_dir;  // the generated layer set in use
+  std::vector<HostLayer> layers;       // handed to each sandbox as read-only layer mounts
+  std::vector<OverlaySpec> overlays;   // lower_fds index into layers; the first targets "/"
+  int64_t root_mtime_ns = 0;           // of "/" when the mask was computed
+  std::vector<std::string> whiteouts;  // what the mask hides (for diagnostics and tests)
 
   static StatusOr<HostImage> Prepare(const HostImageOptions& opts);
+  // True if "/" changed since Prepare (an entry was added or removed at the top).
+  bool Stale() const;
 };
 
 // passwd/group content with the sandbox user replacing any conflicting entry.

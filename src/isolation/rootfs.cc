@@ -5,8 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <set>
-
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "sys/syscalls.h"
@@ -180,6 +178,54 @@ Status SetupProc(int root, int dev_null_src) {
   return OkStatus();
 }
 
+// Creates a directory or file (and missing parents, 0755 root) in an overlay's upper dir
+// before the overlay is mounted. `upper` is our own fresh directory: nothing can be in the way.
+Status MakeUpperPath(int upper, const std::string& path, bool is_dir, uint32_t mode, uint32_t uid,
+                     uint32_t gid, std::string_view content) {
+  DSEC_RETURN_IF_ERROR(CheckComponents(path));
+  auto comps = Components(path);
+  if (comps.empty()) return OkStatus();
+  UniqueFd cur(fcntl(upper, F_DUPFD_CLOEXEC, 3));
+  for (size_t i = 0; i + 1 < comps.size(); ++i) {
+    std::string c(comps[i]);
+    if (mkdirat(cur.get(), c.c_str(), 0755) < 0 && errno != EEXIST)
+      return ErrnoError("mkdir \"" + path + "\" (parent)");
+    cur.Reset(openat(cur.get(), c.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!cur) return ErrnoError("open \"" + path + "\" (parent)");
+  }
+  std::string name(comps.back());
+  if (is_dir) {
+    if (mkdirat(cur.get(), name.c_str(), 0700) < 0 && errno != EEXIST)
+      return ErrnoError("mkdir \"" + path + "\"");
+    // mkdir honours the umask: set the exact mode and owner.
+    if (fchmodat(cur.get(), name.c_str(), mode, 0) < 0 ||
+        fchownat(cur.get(), name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+      return ErrnoError("chmod/chown \"" + path + "\"");
+    return OkStatus();
+  }
+  UniqueFd fd(
+      openat(cur.get(), name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode));
+  if (!fd) return ErrnoError("create \"" + path + "\"");
+  DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), content, path));
+  if (fchown(fd.get(), uid, gid) < 0 || fchmod(fd.get(), mode) < 0)
+    return ErrnoError("chown/chmod \"" + path + "\"");
+  return OkStatus();
+}
+
+Status MakeUpperSymlink(int upper, const SymlinkSpec& l) {
+  auto slash = l.path.rfind('/');
+  if (slash != 0)
+    DSEC_RETURN_IF_ERROR(MakeUpperPath(upper, l.path.substr(0, slash), true, 0755, 0, 0, {}));
+  UniqueFd parent(slash == 0 ? fcntl(upper, F_DUPFD_CLOEXEC, 3)
+                             : sys::Openat2(upper, l.path.substr(1, slash - 1).c_str(),
+                                            O_PATH | O_DIRECTORY | O_CLOEXEC, 0,
+                                            RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS));
+  if (!parent) return ErrnoError("open parent of \"" + l.path + "\"");
+  if (symlinkat(l.target.c_str(), parent.get(), l.path.c_str() + slash + 1) < 0 && errno != EEXIST)
+    return ErrnoError("symlink \"" + l.path + "\"");
+  return OkStatus();
+}
+
 }  // namespace
 
 const std::vector<std::string>& ProcMaskedPaths() {
@@ -264,7 +310,8 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
     DSEC_RETURN_IF_ERROR(Attach(layer_fds[i], target.get(), name));
   }
 
-  std::vector<bool> written(spec.files.size(), false);
+  if (spec.overlays.empty() || spec.overlays[0].target != "/")
+    return InvalidArgument("the first overlay must be the root (\"/\")");
   auto overlay = [&](size_t index, const OverlaySpec& o) -> StatusOr<UniqueFd> {
     if (o.lower_fds.empty()) return InvalidArgument("overlay " + o.target + " has no layers");
     std::string lower;
@@ -275,94 +322,42 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
       lower += "layers/" + std::to_string(li);
     }
     std::string up = "up/" + std::to_string(index), wk = "wk/" + std::to_string(index);
-    if (mkdir(up.c_str(), 0755) < 0 || mkdir(wk.c_str(), 0755) < 0)
+    // The upper may already hold what was prepared for it (the root's, below).
+    if ((mkdir(up.c_str(), 0755) < 0 && errno != EEXIST) || mkdir(wk.c_str(), 0755) < 0)
       return ErrnoError("mkdir overlay dirs for " + o.target);
-    // Files that sit directly in the overlay's root go straight into its upper layer before
-    // the mount: no copy-up later. (Deeper ones would need upper dirs that shadow the image's
-    // directory attributes, so they are written through the mounted tree instead.)
-    for (size_t fi = 0; fi < spec.files.size(); ++fi) {
-      const FileSpec& f = spec.files[fi];
-      auto slash = f.path.rfind('/');
-      std::string parent = slash == 0 ? "/" : f.path.substr(0, slash);
-      if (parent != o.target || written[fi]) continue;
-      std::string p = up + "/" + f.path.substr(slash + 1);
-      UniqueFd fd(open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, f.mode));
-      if (!fd) return ErrnoError("create \"" + f.path + "\"");
-      DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), f.content, f.path));
-      if (fchown(fd.get(), f.uid, f.gid) < 0 || fchmod(fd.get(), f.mode) < 0)
-        return ErrnoError("chown/chmod \"" + f.path + "\"");
-      written[fi] = true;
-    }
     std::vector<FsParam> params = {{"lowerdir", lower}, {"upperdir", up}, {"workdir", wk}};
     if (spec.userns) params.push_back({"userxattr", ""});
     return NewMount("overlay", params, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
   };
 
-  // 4. The root: an overlay, or (host image) the tmpfs directory bound onto itself so it is a
-  // mount point pivot_root accepts.
+  // 4. The root overlay. The spec's directories and files go straight into its upper layer
+  // before the mount: it is our own fresh tmpfs directory, so plain *at() calls are safe, and
+  // nothing needs a copy-up later. (A directory made there over a whiteout in the image hides
+  // whatever is below, as a directory created through the overlay would.)
+  {
+    std::string up0 = "up/0";
+    if (mkdir(up0.c_str(), 0755) < 0) return ErrnoError("mkdir up/0");
+    UniqueFd up(open(up0.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!up) return ErrnoError("open up/0");
+    for (const auto& d : spec.dirs)
+      DSEC_RETURN_IF_ERROR(MakeUpperPath(up.get(), d.path, true, d.mode, d.uid, d.gid, {}));
+    for (const auto& f : spec.files)
+      DSEC_RETURN_IF_ERROR(MakeUpperPath(up.get(), f.path, false, f.mode, f.uid, f.gid, f.content));
+    for (const auto& l : spec.symlinks) DSEC_RETURN_IF_ERROR(MakeUpperSymlink(up.get(), l));
+  }
   UniqueFd rootdir(open("root", O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!rootdir) return ErrnoError("open root");
-  std::set<std::string> made_early;
-  size_t first_sub = 0;
-  if (!spec.overlays.empty() && spec.overlays[0].target == "/") {
-    DSEC_ASSIGN_OR_RETURN(UniqueFd ov, overlay(0, spec.overlays[0]));
-    DSEC_RETURN_IF_ERROR(Attach(ov.get(), rootdir.get(), "/"));
-    first_sub = 1;
-  } else {
-    // The root is our own fresh tmpfs directory: top-level symlinks and directories can be made
-    // with plain *at() calls (nothing from an image is in it to trick them).
-    for (const auto& l : spec.symlinks) {
-      DSEC_RETURN_IF_ERROR(CheckComponents(l.path));
-      if (l.path.find('/', 1) != std::string::npos) continue;  // nested: done below
-      if (symlinkat(l.target.c_str(), rootdir.get(), l.path.c_str() + 1) < 0)
-        return ErrnoError("symlink \"" + l.path + "\"");
-      made_early.insert(l.path);
-    }
-    for (const auto& d : spec.dirs) {
-      DSEC_RETURN_IF_ERROR(CheckComponents(d.path));
-      if (d.path.find('/', 1) != std::string::npos) continue;
-      const char* name = d.path.c_str() + 1;
-      if ((mkdirat(rootdir.get(), name, 0700) < 0 && errno != EEXIST) ||
-          fchmodat(rootdir.get(), name, d.mode, 0) < 0 ||
-          fchownat(rootdir.get(), name, d.uid, d.gid, AT_SYMLINK_NOFOLLOW) < 0)
-        return ErrnoError("mkdir \"" + d.path + "\"");
-      made_early.insert(d.path);
-    }
-    DSEC_ASSIGN_OR_RETURN(UniqueFd self, CloneTree(AT_FDCWD, "root"));
-    DSEC_RETURN_IF_ERROR(Attach(self.get(), rootdir.get(), "/"));
-  }
+  DSEC_ASSIGN_OR_RETURN(UniqueFd root_ov, overlay(0, spec.overlays[0]));
+  DSEC_RETURN_IF_ERROR(Attach(root_ov.get(), rootdir.get(), "/"));
   UniqueFd root(open("root", O_PATH | O_DIRECTORY | O_CLOEXEC));  // the mount on top
   if (!root) return ErrnoError("open root mount");
-  for (size_t i = first_sub; i < spec.overlays.size(); ++i) {
+  for (size_t i = 1; i < spec.overlays.size(); ++i) {
     const auto& o = spec.overlays[i];
     DSEC_RETURN_IF_ERROR(CheckComponents(o.target));
     if (o.target == "/") return InvalidArgument("only the first overlay may target /");
     DSEC_ASSIGN_OR_RETURN(UniqueFd target, MakeDirInRoot(root.get(), o.target, 0755, 0, 0, true));
     DSEC_ASSIGN_OR_RETURN(UniqueFd ov, overlay(i, o));
     DSEC_RETURN_IF_ERROR(Attach(ov.get(), target.get(), o.target));
-  }
-  for (const auto& l : spec.symlinks) {
-    if (made_early.count(l.path)) continue;
-    DSEC_RETURN_IF_ERROR(CheckComponents(l.path));
-    auto slash = l.path.rfind('/');
-    DSEC_ASSIGN_OR_RETURN(
-        UniqueFd parent,
-        MakeDirInRoot(root.get(), slash == 0 ? "/" : l.path.substr(0, slash), 0755, 0, 0, false));
-    std::string name = l.path.substr(slash + 1);
-    if (symlinkat(l.target.c_str(), parent.get(), name.c_str()) < 0 && errno != EEXIST)
-      return ErrnoError("symlink \"" + l.path + "\"");
-  }
-  for (const auto& d : spec.dirs) {
-    if (made_early.count(d.path)) continue;
-    DSEC_RETURN_IF_ERROR(MakeDirInRoot(root.get(), d.path, d.mode, d.uid, d.gid, true).status());
-  }
-  for (size_t fi = 0; fi < spec.files.size(); ++fi) {
-    const FileSpec& f = spec.files[fi];
-    if (written[fi]) continue;
-    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, CreateFileInRoot(root.get(), f.path, f.mode));
-    DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), f.content, f.path));
-    if (fchown(fd.get(), f.uid, f.gid) < 0 || fchmod(fd.get(), f.mode) < 0)
-      return ErrnoError("chown/chmod \"" + f.path + "\"");
   }
 
   // 5. /dev and /proc.

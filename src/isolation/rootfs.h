@@ -7,8 +7,9 @@
 //   3. image layers arrive as detached mounts (idmapped when the sandbox has a user
 //      namespace) and are attached inside that tmpfs; overlays stack them under per-overlay
 //      upper/work dirs in the same tmpfs (one disk budget);
-//   4. the root: an overlay ("/" target) or a tmpfs directory with overlays on sub-paths
-//      (the host image), plus symlinks, dirs and files from the spec;
+//   4. the root: an overlay (the first in the spec must target "/"; more may stack on
+//      sub-paths), whose upper dir is given the spec's dirs, files and symlinks before the
+//      mount (no copy-ups later);
 //   5. minimal /dev (null zero full random urandom tty bound from the host; devpts; shm;
 //      std fds), fresh /proc with dangerous entries masked and /proc/sys read-only, no /sys;
 //   6. pivot_root into it by fds and detach the old root.

@@ -22,8 +22,9 @@ StatusOr<UniqueFd> OpenUserns(pid_t pid) {
 }
 
 namespace {
-StatusOr<UniqueFd> CloneTree(const std::string& path, mount_attr* attr) {
-  UniqueFd fd(sys::OpenTree(AT_FDCWD, path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+StatusOr<UniqueFd> CloneTree(int dirfd, const std::string& path, mount_attr* attr) {
+  unsigned flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (path.empty() ? AT_EMPTY_PATH : 0);
+  UniqueFd fd(sys::OpenTree(dirfd, path.c_str(), flags));
   if (!fd) return ErrnoError("open_tree \"" + path + "\"");
   if (sys::MountSetattr(fd.get(), "", AT_EMPTY_PATH, attr) != 0)
     return ErrnoError("mount_setattr \"" + path + "\"");
@@ -31,17 +32,17 @@ StatusOr<UniqueFd> CloneTree(const std::string& path, mount_attr* attr) {
 }
 }  // namespace
 
-StatusOr<UniqueFd> MakeIdmappedMount(const std::string& path, int userns_fd) {
+StatusOr<UniqueFd> MakeIdmappedMount(const std::string& path, int userns_fd, int dirfd) {
   mount_attr attr{};
   attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
   attr.userns_fd = static_cast<uint64_t>(userns_fd);
-  return CloneTree(path, &attr);
+  return CloneTree(dirfd, path, &attr);
 }
 
-StatusOr<UniqueFd> MakeReadonlyBind(const std::string& path) {
+StatusOr<UniqueFd> MakeReadonlyBind(const std::string& path, int dirfd) {
   mount_attr attr{};
   attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-  return CloneTree(path, &attr);
+  return CloneTree(dirfd, path, &attr);
 }
 
 }  // namespace dsec::isolation

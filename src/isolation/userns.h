@@ -3,6 +3,7 @@
 // Privileges: host root.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/types.h>
 
 #include <string>
@@ -21,10 +22,11 @@ struct UsernsMap {
 // Writes /proc/<pid>/{uid,gid}_map. setgroups stays allowed (a privileged writer).
 Status WriteIdMaps(pid_t pid, const UsernsMap& map);
 StatusOr<UniqueFd> OpenUserns(pid_t pid);
-// A detached, read-only, nosuid, nodev clone of `path` idmapped through the user namespace
-// `userns_fd` (open_tree + mount_setattr). The receiver attaches it with move_mount.
-StatusOr<UniqueFd> MakeIdmappedMount(const std::string& path, int userns_fd);
-// Same without idmapping: a detached read-only bind of `path` (used when userns is off).
-StatusOr<UniqueFd> MakeReadonlyBind(const std::string& path);
+// A detached, read-only, nosuid, nodev clone of `path` (or, with an empty path, of the mount
+// `dirfd` refers to) idmapped through the user namespace `userns_fd` (open_tree +
+// mount_setattr). The receiver attaches it with move_mount.
+StatusOr<UniqueFd> MakeIdmappedMount(const std::string& path, int userns_fd, int dirfd = AT_FDCWD);
+// Same without idmapping: a detached read-only clone (used when userns is off).
+StatusOr<UniqueFd> MakeReadonlyBind(const std::string& path, int dirfd = AT_FDCWD);
 
 }  // namespace dsec::isolation

@@ -22,9 +22,10 @@ int main(int argc, char** argv) {
   SetupSpec s;
   s.sandbox_id = "sb-x";
   s.rootfs.overlays.push_back({"/usr", {0}});
-  for (const std::string& payload : {ToJson(e).dump(), ToJson(s).dump(), ToJson(ExecResult{}).dump(),
-                                     std::string(R"({"error":{"code":"not_found","message":"x"}})"),
-                                     std::string("{}"), std::string("[1,2,3]")}) {
+  for (const std::string& payload :
+       {ToJson(e).dump(), ToJson(s).dump(), ToJson(ExecResult{}).dump(),
+        std::string(R"({"error":{"code":"not_found","message":"x"}})"), std::string("{}"),
+        std::string("[1,2,3]")}) {
     std::string f = "\x05";  // chunking byte
     f += EncodeFrameOrDie(FrameType::kRequest, 0, 1, payload);
     f += EncodeFrameOrDie(FrameType::kData, kStdout | kFlagEof, 1, "data");
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
     }
   }
   std::mt19937 rng(12345);
-  for (const auto& seed : seeds) LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(seed.data()), seed.size());
+  for (const auto& seed : seeds)
+    LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(seed.data()), seed.size());
   for (int i = 0; i < iterations; ++i) {
     std::string in = seeds[rng() % seeds.size()];
     int mutations = 1 + static_cast<int>(rng() % 8);

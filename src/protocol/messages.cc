@@ -186,6 +186,7 @@ Json ToJson(const SetupSpec& s) {
           {"agent_caps", s.agent_caps},
           {"cgroup_kill", s.cgroup_kill},
           {"max_execs", s.max_execs},
+          {"orphan_timeout_ms", s.orphan_timeout_ms},
           {"fds",
            {{"mount_dir", s.fds.mount_dir},
             {"listen", s.fds.listen},
@@ -218,6 +219,7 @@ StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(s.cgroup_kill, GetBool(j, "cgroup_kill", true));
   DSEC_ASSIGN_OR_RETURN(int64_t max_execs, GetInt(j, "max_execs", 64, 1, 4096));
   s.max_execs = static_cast<uint32_t>(max_execs);
+  DSEC_ASSIGN_OR_RETURN(s.orphan_timeout_ms, GetInt(j, "orphan_timeout_ms", -1, -1, INT64_MAX / 2));
   auto fds = j.find("fds");
   if (fds == j.end() || !fds->is_object()) return InvalidArgument("missing field \"fds\"");
   DSEC_ASSIGN_OR_RETURN(int64_t md, GetInt(*fds, "mount_dir", -1, -1, 252));

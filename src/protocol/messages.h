@@ -44,6 +44,9 @@ struct SetupSpec {
   uint64_t agent_caps = 0;  // bounding/effective set the agent keeps
   bool cgroup_kill = true;
   uint32_t max_execs = 64;  // concurrent execs + shells
+  // How long the agent waits for an edge after its connection dropped before ending the
+  // sandbox: -1 forever (an edge may restart and re-adopt it), 0 at once.
+  int64_t orphan_timeout_ms = -1;
   SetupFds fds;
 };
 Json ToJson(const SetupSpec& s);

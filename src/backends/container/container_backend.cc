@@ -78,11 +78,9 @@ Status ContainerBackend::Init() {
   co.parent_memory_bytes = opts_.parent_memory_bytes;
   DSEC_ASSIGN_OR_RETURN(cgroups_, isolation::CgroupDriver::Create(co));
 
-  isolation::HostImageOptions ho;
-  ho.store_dir = JoinPath(opts_.state_dir, "images");
-  ho.hidden_paths = opts_.hidden_paths;
-  ho.hidden_paths.push_back(opts_.state_dir);
-  DSEC_ASSIGN_OR_RETURN(host_image_, isolation::HostImage::Prepare(ho));
+  host_image_opts_.hidden_paths = opts_.hidden_paths;
+  host_image_opts_.hidden_paths.push_back(opts_.state_dir);
+  DSEC_ASSIGN_OR_RETURN(host_image_, isolation::HostImage::Prepare(host_image_opts_));
 
   isolation::SeccompOptions so;
   so.allow_ptrace = opts_.allow_ptrace;
@@ -101,6 +99,15 @@ Status ContainerBackend::Init() {
 std::string ContainerBackend::Describe() const {
   return "container backend instance=" + instance_id_ + " cgroups=" + cgroups_->Describe() + " " +
          features_.Describe();
+}
+
+StatusOr<isolation::HostImage> ContainerBackend::CurrentHostImage() {
+  std::lock_guard<std::mutex> l(host_image_mu_);
+  // A new top-level entry on the host must not show through; one stat per create tells.
+  if (host_image_.Stale()) {
+    DSEC_ASSIGN_OR_RETURN(host_image_, isolation::HostImage::Prepare(host_image_opts_));
+  }
+  return host_image_;
 }
 
 StatusOr<uint32_t> ContainerBackend::AllocateUidSlot() {

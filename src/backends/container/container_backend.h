@@ -37,6 +37,9 @@ struct ContainerBackendOptions {
   int setup_timeout_ms = 10000;
   // Loopback-only network namespaces kept for reuse (0: a fresh one per sandbox).
   size_t netns_pool = 256;
+  // How long an agent outlives its owner (this process) waiting to be re-adopted: -1 forever
+  // (an edge restarting on the same state dir), 0 not at all (dsec run).
+  int64_t orphan_timeout_ms = -1;
   int io_threads = 1;
 };
 
@@ -65,6 +68,8 @@ class ContainerBackend : public Backend {
   explicit ContainerBackend(ContainerBackendOptions opts) : opts_(std::move(opts)) {}
   Status Init();
   StatusOr<uint32_t> AllocateUidSlot();
+  // The host image as of now: rebuilt if the host's root directory changed since.
+  StatusOr<isolation::HostImage> CurrentHostImage();
   void ReleaseUidSlot(uint32_t slot);
 
   ContainerBackendOptions opts_;
@@ -72,7 +77,9 @@ class ContainerBackend : public Backend {
   std::string sandboxes_dir_;
   isolation::KernelFeatures features_;
   std::unique_ptr<isolation::CgroupDriver> cgroups_;
-  isolation::HostImage host_image_;
+  std::mutex host_image_mu_;
+  isolation::HostImageOptions host_image_opts_;
+  isolation::HostImage host_image_;  // GUARDED_BY(host_image_mu_)
   std::vector<std::string> seccomp_;
   UniqueFd agent_memfd_;
   std::unique_ptr<IoRunner> io_;

@@ -313,10 +313,13 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
       UniqueFd mount_dir,
       OpenDir("/proc/" + std::to_string(agent_pid_) + "/root" + JoinPath(dir_, "mnt"), O_PATH));
   DSEC_ASSIGN_OR_RETURN(UniqueFd cg_user, cgroup_->OpenUserDir());
+  DSEC_ASSIGN_OR_RETURN(isolation::HostImage image, b.CurrentHostImage());
   std::vector<UniqueFd> layers;
-  for (const auto& path : b.host_image_.layer_paths) {
-    StatusOr<UniqueFd> m = userns_fd >= 0 ? isolation::MakeIdmappedMount(path, userns_fd)
-                                          : isolation::MakeReadonlyBind(path);
+  for (const auto& layer : image.layers) {
+    const std::string& path = layer.mount ? std::string() : layer.host_path;
+    int dirfd = layer.mount ? layer.mount->get() : AT_FDCWD;
+    StatusOr<UniqueFd> m = userns_fd >= 0 ? isolation::MakeIdmappedMount(path, userns_fd, dirfd)
+                                          : isolation::MakeReadonlyBind(path, dirfd);
     if (!m.ok()) return m.status();
     layers.push_back(std::move(*m));
   }
@@ -330,11 +333,19 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   r.size_bytes = static_cast<uint64_t>(spec_.disk_mb) << 20;
   r.inodes = std::max<uint64_t>(4096, static_cast<uint64_t>(spec_.disk_mb) * b.opts_.inodes_per_mb);
   r.userns = userns_fd >= 0;
-  r.overlays = b.host_image_.overlays;
-  r.symlinks = b.host_image_.symlinks;
-  r.dirs = {{"/tmp", 01777, 0, 0}, {"/var", 0755, 0, 0},  {"/var/tmp", 01777, 0, 0},
-            {"/run", 0755, 0, 0},  {"/home", 0755, 0, 0}, {"/root", 0700, 0, 0},
-            {"/mnt", 0755, 0, 0},  {"/sys", 0555, 0, 0},  {"/workspace", 0755, 1000, 1000}};
+  r.overlays = image.overlays;
+  // The host image hides every top-level entry it does not allow; these are the sandbox's own.
+  r.dirs = {{"/tmp", 01777, 0, 0},
+            {"/var", 0755, 0, 0},
+            {"/var/tmp", 01777, 0, 0},
+            {"/run", 0755, 0, 0},
+            {"/home", 0755, 0, 0},
+            {"/root", 0700, 0, 0},
+            {"/mnt", 0755, 0, 0},
+            {"/sys", 0555, 0, 0},
+            {"/proc", 0555, 0, 0},
+            {"/dev", 0755, 0, 0},
+            {"/workspace", 0755, 1000, 1000}};
   bool listed = false;
   for (const auto& d : r.dirs) listed |= d.path == spec_.workdir;
   if (!listed) r.dirs.push_back({spec_.workdir, 0755, 1000, 1000});
@@ -349,6 +360,7 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   s.agent_caps = isolation::RootCapabilities() | isolation::CapMask({CAP_DAC_READ_SEARCH});
   s.cgroup_kill = b.features_.cgroup_kill;
   s.max_execs = b.opts_.max_execs_per_sandbox;
+  s.orphan_timeout_ms = b.opts_.orphan_timeout_ms;
   std::vector<int> fds = {mount_dir.get(), listen_fd.get()};
   s.fds.mount_dir = 0;
   s.fds.listen = 1;
