@@ -104,7 +104,14 @@ void Agent::Send(FrameType type, uint8_t flags, uint32_t channel, std::string_vi
 }
 
 void Agent::SendJson(FrameType type, uint32_t channel, const Json& j) {
-  Send(type, 0, channel, j.dump(-1, ' ', false, Json::error_handler_t::replace));
+  std::string payload = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (payload.size() > protocol::kMaxPayload) {
+    // The edge waits for a response: it must get one, even if not this one.
+    payload = protocol::ErrorJson(TooLarge("response of " + std::to_string(payload.size()) +
+                                           " bytes does not fit in a frame"))
+                  .dump();
+  }
+  Send(type, 0, channel, payload);
 }
 
 void Agent::Finish(Op* op, const Json& response) {

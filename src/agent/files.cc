@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/fsuid.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -33,6 +34,9 @@ class ScopedFsIds {
   ~ScopedFsIds() {
     setfsuid(0);
     setfsgid(0);
+    // Changing fs ids resets "dumpable" to fs.suid_dumpable, which a host may set to 1: the
+    // agent must never become readable through /proc/1 by root in the sandbox.
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   }
   ScopedFsIds(const ScopedFsIds&) = delete;
   ScopedFsIds& operator=(const ScopedFsIds&) = delete;
@@ -129,8 +133,13 @@ protocol::FileEntry EntryFromStat(const std::string& name, const struct stat& st
   return e;
 }
 
-// Removes a tree without following symlinks or crossing into other mounts.
-Status RemoveTreeAt(int parent, const std::string& name, dev_t dev, const std::string& what) {
+// Removes a tree without following symlinks or crossing into other mounts, at most
+// kMaxRemoveDepth levels deep (the agent's stack and fds are not the sandbox's to exhaust).
+constexpr int kMaxRemoveDepth = 256;
+Status RemoveTreeAt(int parent, const std::string& name, dev_t dev, const std::string& what,
+                    int depth = 0) {
+  if (depth > kMaxRemoveDepth)
+    return InvalidArgument("\"" + what.substr(0, 256) + "...\" is nested too deeply to remove");
   struct stat st;
   if (fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
     return ErrnoError("stat \"" + what + "\"");
@@ -153,7 +162,7 @@ Status RemoveTreeAt(int parent, const std::string& name, dev_t dev, const std::s
   }
   Status result;
   for (const auto& n : names) {
-    result = RemoveTreeAt(dirfd(d), n, dev, what + "/" + n);
+    result = RemoveTreeAt(dirfd(d), n, dev, what + "/" + n, depth + 1);
     if (!result.ok()) break;
   }
   closedir(d);
@@ -360,10 +369,12 @@ StatusOr<std::unique_ptr<Op>> Dispatch(Agent* agent, uint32_t ch, const std::str
     if (!d) return ErrnoError("opendir \"" + path + "\"");
     Json entries = Json::array();
     bool truncated = false;
+    size_t bytes = 0;  // the response must fit in one frame
     while (dirent* e = readdir(d)) {
       std::string n = e->d_name;
       if (n == "." || n == "..") continue;
-      if (entries.size() >= static_cast<size_t>(max)) {
+      bytes += n.size() * 6 + 96;  // worst-case JSON escaping plus the other fields
+      if (entries.size() >= static_cast<size_t>(max) || bytes > protocol::kMaxPayload / 2) {
         truncated = true;
         break;
       }

@@ -1,6 +1,8 @@
 #include "agent/setup.h"
 
+#include <grp.h>
 #include <net/if.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -76,6 +78,11 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   }
   if (!mount_dir) return InvalidArgument("setup needs a mount dir fd");
 
+  // The agent keeps no supplementary groups (without a user namespace it would otherwise hold
+  // the edge's), and its cgroup namespace is rooted at its own cgroup whether or not the
+  // launcher could clone it straight into it.
+  if (setgroups(0, nullptr) < 0) return ErrnoError("setgroups(0)");
+  if (unshare(CLONE_NEWCGROUP) < 0) return ErrnoError("unshare(CLONE_NEWCGROUP)");
   if (sethostname(spec.hostname.data(), spec.hostname.size()) < 0) return ErrnoError("sethostname");
   DSEC_RETURN_IF_ERROR(BringUpLoopback());
   DSEC_RETURN_IF_ERROR(isolation::BuildRootfsAndPivot(spec.rootfs, layer_fds, mount_dir.get()));

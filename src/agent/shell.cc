@@ -74,9 +74,12 @@ class ShellRunOp : public Op {
     if (!session_) return;
     if (!timed_out_) {
       timed_out_ = true;
-      // Kill the command's processes, not bash; bash then reports and carries on.
+      // Kill the command's processes, not bash; bash then reports and carries on. Frozen
+      // first, so nothing can fork past the kill.
+      FreezeCgroup(*agent_, session_->proc_.cgroup, true);
       for (pid_t p : CgroupPids(*agent_, session_->proc_.cgroup))
         if (p != session_->proc_.pid) kill(p, SIGKILL);
+      FreezeCgroup(*agent_, session_->proc_.cgroup, false);
       agent_->SetDeadline(this, MonotonicMs() + kStuckGraceMs);
       return;
     }
@@ -154,6 +157,10 @@ StatusOr<std::unique_ptr<ShellSession>> ShellSession::Open(Agent* agent, std::st
   DSEC_ASSIGN_OR_RETURN(s->proc_, Spawn(*agent, req));
   agent->AdjustActive(1);
   s->cmd_w_ = std::move(pipes[5]);
+  // Commands are written without blocking PID 1: room for large ones, and a shell that stops
+  // reading its commands (code in it can get at the pipe) ends instead of wedging the agent.
+  fcntl(s->cmd_w_.get(), F_SETPIPE_SZ, 1 << 20);
+  fcntl(s->cmd_w_.get(), F_SETFL, O_NONBLOCK);
   s->out_ = std::make_unique<Reader>(s.get(), std::move(pipes[0]), 0);
   s->err_ = std::make_unique<Reader>(s.get(), std::move(pipes[2]), 1);
   s->status_ = std::make_unique<Reader>(s.get(), std::move(pipes[6]), 2);
@@ -170,7 +177,14 @@ ShellSession::ShellSession(Agent* agent, std::string id) : agent_(agent), id_(st
 
 ShellSession::~ShellSession() {
   if (run_) run_->Complete(128 + SIGKILL, true);  // closed while a command ran
-  if (alive_) Close();
+  if (alive_) {
+    // OnExit will not run for us any more: account for the session here. bash is reaped by
+    // the agent's generic reaper; its cgroup goes once empty.
+    Close();
+    alive_ = false;
+    agent_->AdjustActive(-1);
+    if (!RemoveCgroup(*agent_, proc_.cgroup)) agent_->AddLingeringCgroup(proc_.cgroup);
+  }
   if (proc_.pid > 0) agent_->UnwatchChild(proc_.pid);
 }
 
@@ -197,17 +211,16 @@ StatusOr<std::unique_ptr<Op>> ShellSession::Run(uint32_t channel, const std::str
   msg.push_back('\0');
   msg += marker_;
   msg.push_back('\0');
-  // Commands are small; a blocking write of the control pipe is fine (bash is reading it).
-  int fl = fcntl(cmd_w_.get(), F_GETFL);
-  fcntl(cmd_w_.get(), F_SETFL, fl & ~O_NONBLOCK);
-  size_t off = 0;
-  while (off < msg.size()) {
-    ssize_t n = write(cmd_w_.get(), msg.data() + off, msg.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("write shell command");
-    }
-    off += static_cast<size_t>(n);
+  if (msg.size() > (1 << 20) - 4096) return TooLarge("shell commands are limited to 1 MiB");
+  ssize_t n;
+  do {
+    n = write(cmd_w_.get(), msg.data(), msg.size());
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(msg.size())) {
+    // The pipe was emptied after every command; if it has no room now, something in the
+    // session took it over. End the session rather than block.
+    Close();
+    return FailedPrecondition("shell " + id_ + " stopped reading commands; it was ended");
   }
   auto op = std::make_unique<ShellRunOp>(agent_, channel, this, max_output);
   run_ = op.get();

@@ -192,6 +192,22 @@ void KillCgroup(Agent& agent, const std::string& name) {
   }
 }
 
+void FreezeCgroup(Agent& agent, const std::string& name, bool frozen) {
+  if (!agent.config().cgroup_user.valid() || name.empty()) return;
+  UniqueFd f = OpenInCgroup(agent, name + "/cgroup.freeze", O_WRONLY);
+  if (!f || write(f.get(), frozen ? "1" : "0", 1) != 1 || !frozen) return;
+  // Freezing completes asynchronously; wait (bounded) until it has.
+  for (int i = 0; i < 200; ++i) {
+    UniqueFd ev = OpenInCgroup(agent, name + "/cgroup.events", O_RDONLY);
+    char buf[256];
+    ssize_t n = ev ? read(ev.get(), buf, sizeof buf - 1) : -1;
+    if (n <= 0) return;
+    buf[n] = '\0';
+    if (strstr(buf, "frozen 1")) return;
+    usleep(i < 20 ? 100 : 2000);
+  }
+}
+
 int SignalAllUserProcesses(Agent& agent, int sig) {
   const AgentConfig& cfg = agent.config();
   if (!cfg.cgroup_user.valid()) return -1;

@@ -44,6 +44,8 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req);
 
 // SIGKILLs every process of a child cgroup (cgroup.kill, or freeze + kill + thaw).
 void KillCgroup(Agent& agent, const std::string& name);
+// Freezes (or thaws) a child cgroup of <sb>/user; best effort.
+void FreezeCgroup(Agent& agent, const std::string& name, bool frozen);
 // Sends sig to every process in <sb>/user (all user code; the agent is outside it).
 int SignalAllUserProcesses(Agent& agent, int sig);
 // Pids in a child cgroup of <sb>/user (not recursive).

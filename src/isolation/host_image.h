@@ -11,11 +11,13 @@
 //    the root filesystem's empty directories, since overlay lowers do not cross mounts);
 //  - whiteouts for secrets (/etc/shadow, gshadow, ssh host keys, ssl/private, ...) and for
 //    every path of the edge's own (state dir, token, config, socket, logs) under an allowed dir;
+//  - whiteouts for every entry under /etc and /opt that is not world-readable;
 //  - /etc/passwd and /etc/group with the `sandbox` user (uid/gid 1000, HOME /workspace)
 //    replacing any host entry with that name or id.
 // An allowlisted dir on a different filesystem than / gets an overlay of its own.
-// Because new top-level entries could appear on the host later, Current() re-checks the root
-// directory (one stat) and rebuilds the mask when it changed.
+// Because entries could appear on the host later, the backend re-checks /, /etc and /opt
+// (three stats) at each create and rebuilds the mask when one changed; changes deeper down are
+// picked up at the next rebuild.
 // Privileges: host root (mknod of whiteouts). Called by the container backend.
 #pragma once
 
@@ -61,11 +63,11 @@ struct HostLayer {
 struct HostImage {
   std::vector<HostLayer> layers;       // handed to each sandbox as read-only layer mounts
   std::vector<OverlaySpec> overlays;   // lower_fds index into layers; the first targets "/"
-  int64_t root_mtime_ns = 0;           // of "/" when the mask was computed
+  std::vector<int64_t> watch_mtimes;   // of /, /etc and /opt when the mask was computed
   std::vector<std::string> whiteouts;  // what the mask hides (for diagnostics and tests)
 
   static StatusOr<HostImage> Prepare(const HostImageOptions& opts);
-  // True if "/" changed since Prepare (an entry was added or removed at the top).
+  // True if /, /etc or /opt changed since Prepare (an entry added or removed directly inside).
   bool Stale() const;
 };
 

@@ -5,9 +5,12 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 
 #include "base/file_util.h"
+#include "base/ids.h"
+#include "base/scope_guard.h"
 
 namespace dsec::isolation {
 namespace {
@@ -68,6 +71,23 @@ TEST(HostImagePrivilegedTest, PrepareMasksEverythingButTheAllowlist) {
   EXPECT_LT(mkdirat(m, "new", 0755), 0);
   EXPECT_EQ(errno, EROFS);
   EXPECT_FALSE(img->Stale());
+}
+
+TEST(HostImagePrivilegedTest, HidesWhatTheHostKeepsPrivate) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (writes a file under /opt)";
+  std::string dir = "/opt/dsec-test-" + RandomHex(4);
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  auto cleanup = MakeScopeGuard([&] { (void)RemoveTree(dir); });
+  ASSERT_TRUE(WriteStringToFile(dir + "/secret", "x", O_WRONLY | O_CREAT).ok());
+  ASSERT_EQ(chmod((dir + "/secret").c_str(), 0600), 0);
+  ASSERT_TRUE(WriteStringToFile(dir + "/public", "x", O_WRONLY | O_CREAT).ok());
+  ASSERT_EQ(chmod((dir + "/public").c_str(), 0644), 0);
+  auto img = HostImage::Prepare({});
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  const auto& w = img->whiteouts;
+  EXPECT_NE(std::find(w.begin(), w.end(), dir.substr(1) + "/secret"), w.end());
+  EXPECT_EQ(std::find(w.begin(), w.end(), dir.substr(1) + "/public"), w.end());
+  EXPECT_TRUE(img->Stale() == false);
 }
 
 TEST(HostImageTest, RefusesToHideAWholeAllowlistedDir) {

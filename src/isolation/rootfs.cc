@@ -104,6 +104,12 @@ Status SetupDev(int root, int dev_null_src) {
     } else {
       DSEC_ASSIGN_OR_RETURN(src, CloneTree(AT_FDCWD, path.c_str()));
     }
+    // Read-only: device I/O still works, but nobody (root without a user namespace included)
+    // can chmod or chown the host's device node through it.
+    mount_attr ro{};
+    ro.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+    if (sys::MountSetattr(src.get(), "", AT_EMPTY_PATH, &ro) < 0)
+      return ErrnoError("mount_setattr readonly " + path);
     DSEC_ASSIGN_OR_RETURN(UniqueFd tpath, OpenInRoot(root, path, O_PATH | O_NOFOLLOW));
     DSEC_RETURN_IF_ERROR(Attach(src.get(), tpath.get(), path));
   }
@@ -137,7 +143,9 @@ Status SetupProc(int root, int dev_null_src) {
   DSEC_RETURN_IF_ERROR(Attach(proc.get(), procdir.get(), "/proc"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd p, OpenInRoot(root, "/proc", O_PATH | O_DIRECTORY));
   UniqueFd ro_null;
-  for (const auto& rel : ProcMaskedPaths()) {
+  std::vector<std::string> masked = ProcMaskedPaths();
+  masked.insert(masked.end(), ProcAgentMaskedPaths().begin(), ProcAgentMaskedPaths().end());
+  for (const auto& rel : masked) {
     struct stat st;
     if (fstatat(p.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
       continue;  // not on this kernel
@@ -235,6 +243,14 @@ const std::vector<std::string>& ProcMaskedPaths() {
       "kcore",       "keys",          "key-users",  "kallsyms",   "sysrq-trigger",
       "timer_list",  "timer_stats",   "kpagecount", "kpageflags", "kpagecgroup",
       "sched_debug", "latency_stats", "acpi",       "scsi",       "asound"};
+  return kPaths;
+}
+
+const std::vector<std::string>& ProcAgentMaskedPaths() {
+  // PID 1 is the agent for the sandbox's whole life. Root inside shares its uid, so these
+  // would let it make the agent the OOM killer's first choice.
+  static const std::vector<std::string> kPaths = {"1/oom_score_adj", "1/oom_adj",
+                                                  "1/task/1/oom_score_adj", "1/task/1/oom_adj"};
   return kPaths;
 }
 

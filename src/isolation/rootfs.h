@@ -66,6 +66,8 @@ struct RootfsSpec {
 // Entries masked in the sandbox's /proc (bound over with /dev/null or an empty read-only
 // tmpfs) and those made read-only.
 const std::vector<std::string>& ProcMaskedPaths();
+// Files of PID 1 (the agent, which builds the root) masked the same way.
+const std::vector<std::string>& ProcAgentMaskedPaths();
 const std::vector<std::string>& ProcReadonlyPaths();
 
 // Builds the root per spec and pivots into it. `layer_fds` are the detached layer mounts,

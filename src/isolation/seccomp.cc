@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdlib>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -418,15 +420,21 @@ StatusOr<Ctx> Build(const SeccompOptions& opts) {
   }
   // clone3 gets the default action, ENOSYS (libseccomp refuses a rule equal to the default).
 
-  // ioctl is allowed here; TIOCSTI is refused by a hand-written prefix (see TiocstiPrefix),
+  // ioctl is allowed here; TIOCSTI is refused by a hand-written prefix (HandWrittenPrefix),
   // because libseccomp 2.5 cannot express "low 32 bits differ": it lets
   // cmd = (1 << 32) | TIOCSTI through, and the kernel truncates cmd to 32 bits.
   DSEC_RETURN_IF_ERROR(Rule(c, SCMP_ACT_ALLOW, "ioctl", 0));
 
-  // socket: the families a tool call needs. Raw/packet/vsock/alg/etc. are refused.
-  for (int fam : {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK}) {
+  // socket: the families a tool call needs. Raw/packet/vsock/alg/etc. are refused, and netlink
+  // only speaks route (ip addr) and sock_diag (ss): no kernel uevents, no audit, no xfrm.
+  for (int fam : {AF_UNIX, AF_INET, AF_INET6}) {
     scmp_arg_cmp a = SCMP_A0(SCMP_CMP_EQ, static_cast<uint64_t>(fam));
     DSEC_RETURN_IF_ERROR(Rule(c, SCMP_ACT_ALLOW, "socket", 1, &a));
+  }
+  for (uint64_t proto : {0 /* NETLINK_ROUTE */, 4 /* NETLINK_SOCK_DIAG */}) {
+    scmp_arg_cmp a[] = {SCMP_A0(SCMP_CMP_EQ, static_cast<uint64_t>(AF_NETLINK)),
+                        SCMP_A2(SCMP_CMP_EQ, proto)};
+    DSEC_RETURN_IF_ERROR(Rule(c, SCMP_ACT_ALLOW, "socket", 2, a));
   }
 
   // mknod: regular files, FIFOs and sockets only; device nodes are refused.
@@ -449,24 +457,98 @@ StatusOr<Ctx> Build(const SeccompOptions& opts) {
   return ctx;
 }
 
-// Instructions that run before libseccomp's program: ioctl(fd, TIOCSTI, ...) -> EPERM,
-// comparing only the low 32 bits of cmd as the kernel does; anything else falls through to
-// the first instruction of the main program (cBPF jumps are relative, so prepending is safe).
-std::string TiocstiPrefix() {
+// A small cBPF assembler with forward labels, for the hand-written prefix below.
+class Prefix {
+ public:
+  int NewLabel() { return next_label_++; }
+  void Bind(int label) { labels_[label] = static_cast<int>(code_.size()); }
+  void Load(uint32_t offset) { Emit(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offset)); }
+  // if A == k goto on_eq else goto on_ne (-1: the next instruction)
+  void JumpIfEqual(uint32_t k, int on_eq, int on_ne) {
+    Emit(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, k, 0, 0), on_eq, on_ne);
+  }
+  void Return(uint32_t action) { Emit(BPF_STMT(BPF_RET | BPF_K, action)); }
+  void Jump(int label) { Emit(BPF_STMT(BPF_JMP | BPF_JA, 0), -1, -1, label); }
+  std::string Assemble() {
+    for (size_t i = 0; i < code_.size(); ++i) {
+      auto target = [&](int label) -> uint8_t {
+        if (label < 0) return 0;
+        int off = labels_.at(label) - static_cast<int>(i) - 1;
+        if (off < 0 || off > 255) abort();  // forward and short, by construction
+        return static_cast<uint8_t>(off);
+      };
+      code_[i].jt = target(jt_[i]);
+      code_[i].jf = target(jf_[i]);
+      if (ja_[i] >= 0)
+        code_[i].k = static_cast<uint32_t>(labels_.at(ja_[i]) - static_cast<int>(i) - 1);
+    }
+    return std::string(reinterpret_cast<const char*>(code_.data()),
+                       code_.size() * sizeof(sock_filter));
+  }
+
+ private:
+  void Emit(sock_filter f, int jt = -1, int jf = -1, int ja = -1) {
+    code_.push_back(f);
+    jt_.push_back(jt);
+    jf_.push_back(jf);
+    ja_.push_back(ja);
+  }
+  std::vector<sock_filter> code_;
+  std::vector<int> jt_, jf_, ja_;
+  std::map<int, int> labels_;
+  int next_label_ = 0;
+};
+
+// Instructions that run before libseccomp's program, for checks libseccomp 2.5 cannot express
+// correctly: the kernel truncates these arguments to 32 bits (cmd, pid_t), but libseccomp lets
+// any value with high bits set through a "not equal" rule. Here only the low 32 bits are
+// compared. Anything not refused falls through to the main program (cBPF jumps are relative,
+// so prepending is safe).
+//  - ioctl(fd, TIOCSTI, ...): terminal input injection.
+//  - prlimit64, sched_set{affinity,attr,scheduler,param} on pid 1, setpriority/ioprio_set on
+//    pid 1 or on a whole user: root inside shares PID 1's uid, and must not be able to starve
+//    the agent, lower its limits (RLIMIT_CPU ends in SIGKILL) or deprioritize it.
+std::string HandWrittenPrefix() {
 #if !defined(__x86_64__)
-#error "TiocstiPrefix: add this architecture's AUDIT_ARCH and argument layout"
+#error "HandWrittenPrefix: add this architecture's AUDIT_ARCH and argument layout"
 #endif
-  constexpr uint32_t kArgLow = offsetof(seccomp_data, args[1]);  // little-endian: low word
-  sock_filter prog[] = {
-      /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-      /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, 5),  // -> 7
-      /* 2 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      /* 3 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_ioctl, 0, 3),  // -> 7
-      /* 4 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kArgLow),
-      /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TIOCSTI, 0, 1),  // -> 7
-      /* 6 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+  auto arg_low = [](int i) {  // little-endian: the low word of args[i]
+    return static_cast<uint32_t>(offsetof(seccomp_data, args) + i * sizeof(uint64_t));
   };
-  return std::string(reinterpret_cast<const char*>(prog), sizeof prog);
+  struct Rule {
+    uint32_t nr;
+    std::vector<std::pair<int, uint32_t>> refuse;  // (arg index, low-32-bit value)
+  };
+  const std::vector<Rule> rules = {
+      {__NR_ioctl, {{1, static_cast<uint32_t>(TIOCSTI)}}},
+      {__NR_prlimit64, {{0, 1}}},
+      {__NR_sched_setaffinity, {{0, 1}}},
+      {__NR_sched_setattr, {{0, 1}}},
+      {__NR_sched_setscheduler, {{0, 1}}},
+      {__NR_sched_setparam, {{0, 1}}},
+      {__NR_setpriority, {{1, 1}, {0, 2 /* PRIO_USER */}}},
+      {__NR_ioprio_set, {{1, 1}, {0, 3 /* IOPRIO_WHO_USER */}}},
+  };
+  Prefix p;
+  int end = p.NewLabel(), refuse = p.NewLabel();
+  p.Load(offsetof(seccomp_data, arch));
+  p.JumpIfEqual(AUDIT_ARCH_X86_64, -1, end);  // foreign ABIs: the main program kills them
+  for (const auto& r : rules) {
+    int next = p.NewLabel();
+    p.Load(offsetof(seccomp_data, nr));
+    p.JumpIfEqual(r.nr, -1, next);
+    for (const auto& [arg, value] : r.refuse) {
+      p.Load(arg_low(arg));
+      p.JumpIfEqual(value, refuse, -1);
+    }
+    p.Bind(next);
+  }
+  // Not refused: continue with the main program, which starts right after this prefix.
+  p.Jump(end);
+  p.Bind(refuse);
+  p.Return(SECCOMP_RET_ERRNO | EPERM);
+  p.Bind(end);
+  return p.Assemble();
 }
 
 }  // namespace
@@ -486,7 +568,7 @@ StatusOr<std::vector<std::string>> BuildUserSeccompFilter(const SeccompOptions& 
   close(fd);
   if (!s.ok()) return s;
   // One program: each installed filter costs a JIT compile, which is slow on nested VMs.
-  programs.push_back(TiocstiPrefix() + out);
+  programs.push_back(HandWrittenPrefix() + out);
   return programs;
 }
 

@@ -10,6 +10,7 @@
 #include <sys/mount.h>
 #include <sys/personality.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -113,6 +114,46 @@ TEST(SeccompTest, KernelAttackSurfaceIsRefused) {
       ENOSYS);
   // High bits in the family must not sneak past the allowlist (the kernel truncates to int).
   EXPECT_EQ(UnderProfile([] { return syscall(SYS_socket, (1L << 32) | AF_INET, SOCK_STREAM, 0); }),
+            ENOSYS);
+}
+
+TEST(SeccompTest, Pid1CannotBeRetunedFromInside) {
+  // In a sandbox pid 1 is the agent; here it is host init, and the filter refuses before the
+  // kernel would even look (high bits in a pid_t argument are truncated by the kernel).
+  rlimit r{1, 1};
+  EXPECT_EQ(UnderProfile([&] { return syscall(SYS_prlimit64, 1, RLIMIT_CPU, &r, nullptr); }),
+            EPERM);
+  EXPECT_EQ(
+      UnderProfile([&] { return syscall(SYS_prlimit64, (1L << 32) | 1, RLIMIT_CPU, &r, nullptr); }),
+      EPERM);
+  EXPECT_EQ(UnderProfile([] { return static_cast<long>(setpriority(PRIO_PROCESS, 1, 19)); }),
+            EPERM);
+  EXPECT_EQ(UnderProfile([] { return static_cast<long>(setpriority(PRIO_USER, 0, 19)); }), EPERM);
+  EXPECT_EQ(UnderProfile([] { return syscall(SYS_ioprio_set, 1, 1, 0); }), EPERM);
+  EXPECT_EQ(UnderProfile([] { return syscall(SYS_ioprio_set, 3, 0, 0); }), EPERM);
+  sched_param sp{};
+  EXPECT_EQ(UnderProfile([&] { return static_cast<long>(sched_setscheduler(1, SCHED_IDLE, &sp)); }),
+            EPERM);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  EXPECT_EQ(UnderProfile([&] { return static_cast<long>(sched_setaffinity(1, sizeof set, &set)); }),
+            EPERM);
+  // The same calls on oneself work.
+  EXPECT_EQ(UnderProfile([] { return static_cast<long>(setpriority(PRIO_PROCESS, 0, 5)); }), 0);
+  rlimit mine{};
+  EXPECT_EQ(UnderProfile([&] { return syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, nullptr, &mine); }),
+            0);
+}
+
+TEST(SeccompTest, NetlinkOnlyRouteAndSockDiag) {
+  EXPECT_EQ(UnderProfile([] { return static_cast<long>(socket(AF_NETLINK, SOCK_RAW, 0)); }), 0);
+  EXPECT_EQ(UnderProfile([] { return static_cast<long>(socket(AF_NETLINK, SOCK_RAW, 4)); }), 0);
+  EXPECT_EQ(UnderProfile([] { return static_cast<long>(socket(AF_NETLINK, SOCK_RAW, 15)); }),
+            ENOSYS);  // uevents
+  EXPECT_EQ(UnderProfile([] { return static_cast<long>(socket(AF_NETLINK, SOCK_RAW, 9)); }),
+            ENOSYS);  // audit
+  EXPECT_EQ(UnderProfile([] { return syscall(SYS_socket, AF_NETLINK, SOCK_RAW, (1L << 32) | 15); }),
             ENOSYS);
 }
 

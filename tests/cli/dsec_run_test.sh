@@ -9,6 +9,9 @@ cleanup() { rm -rf "$STATE"; }
 trap cleanup EXIT
 export DSEC_STATE_DIR=$STATE/state
 fails=0
+# Agents that exist before we start are not ours (another run, another edge).
+preexisting=$(pgrep -x dsec-agent | sort)
+our_agents() { comm -13 <(echo "$preexisting") <(pgrep -x dsec-agent | sort) | grep -c . ; }
 check() {  # name expected actual
   if [ "$2" == "$3" ]; then echo "ok   $1"; else echo "FAIL $1: expected [$2] got [$3]"; fails=$((fails+1)); fi
 }
@@ -43,9 +46,18 @@ done
 
 # Nothing left behind: no sandbox dirs, cgroups, agents.
 left=$(ls "$STATE/state/sandboxes" 2>/dev/null | wc -l); check "no sandbox dirs left" 0 "$left"
-agents=$(pgrep -c -x dsec-agent || true); check "no agents left" 0 "$agents"
-cg=$(ls -d /sys/fs/cgroup/*/dsec-*/sb-local-* /sys/fs/cgroup/dsec-*/sb-local-* 2>/dev/null | wc -l)
+agents=$(our_agents); check "no agents left" 0 "$agents"
+# This state dir's instance id (FNV-1a 64 of its canonical path, as the edge computes it).
+inst=$(python3 -c '
+import os, sys
+h = 1469598103934665603
+for c in os.path.realpath(sys.argv[1]).encode():
+    h = ((h ^ c) * 1099511628211) & (2**64 - 1)
+print(h.to_bytes(8, "big").hex()[:12])' "$STATE/state")
+cg=$(ls -d /sys/fs/cgroup/*/dsec-"$inst"/sb-* /sys/fs/cgroup/dsec-"$inst"/sb-* 2>/dev/null | wc -l)
 check "no sandbox cgroups left" 0 "$cg"
+parents=$(ls -d /sys/fs/cgroup/*/dsec-"$inst" /sys/fs/cgroup/dsec-"$inst" 2>/dev/null | wc -l)
+check "parent cgroups removed" 0 "$parents"
 
 # A killed `dsec run` leaves an orphan; the next run cleans it up.
 "$DSEC" run -- sleep 60 </dev/null >/dev/null 2>&1 &
@@ -56,8 +68,8 @@ kill -9 $pid; wait $pid 2>/dev/null
 run -- true
 left=$(ls "$STATE/state/sandboxes" 2>/dev/null | wc -l); check "orphan of a killed run cleaned" 0 "$left"
 # The killed agent was re-parented to the host's init, which reaps it in its own time.
-for _ in $(seq 50); do [ "$(pgrep -c -x dsec-agent)" == 0 ] && break; sleep 0.1; done
-agents=$(pgrep -c -x dsec-agent || true); check "orphan agent gone" 0 "$agents"
+for _ in $(seq 50); do [ "$(our_agents)" == 0 ] && break; sleep 0.1; done
+agents=$(our_agents); check "orphan agent gone" 0 "$agents"
 
 if [ $fails -ne 0 ]; then echo "$fails failed"; exit 1; fi
 echo "all passed"

@@ -11,6 +11,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -107,6 +108,19 @@ const std::map<std::string, std::function<long()>>& Attempts() {
       {"dev_kvm", [] { return static_cast<long>(open("/dev/kvm", O_RDWR)); }},
       {"sethostname", [] { return static_cast<long>(sethostname("x", 1)); }},
       {"chroot", [] { return static_cast<long>(chroot("/tmp")); }},
+      {"prlimit_pid1",
+       [] {
+         struct rlimit r = {1, 1};
+         return syscall(SYS_prlimit64, 1, RLIMIT_CPU, &r, nullptr);
+       }},
+      {"setpriority_pid1", [] { return static_cast<long>(setpriority(PRIO_PROCESS, 1, 19)); }},
+      {"sched_pid1",
+       [] {
+         struct sched_param sp = {};
+         return static_cast<long>(sched_setscheduler(1, SCHED_IDLE, &sp));
+       }},
+      {"uevent_socket", [] { return static_cast<long>(socket(AF_NETLINK, SOCK_RAW, 15)); }},
+      {"chmod_dev_null", [] { return static_cast<long>(chmod("/dev/null", 0600)); }},
   };
   return m;
 }

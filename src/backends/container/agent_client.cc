@@ -3,6 +3,7 @@
 #include "backends/container/agent_client.h"
 
 #include <boost/asio.hpp>
+#include <chrono>
 #include <deque>
 #include <future>
 #include <thread>
@@ -212,33 +213,52 @@ void WriteNext(std::shared_ptr<AgentClient> self, AgentClient::Impl* impl) {
       }));
 }
 
+// Collects a call's body data in a buffer of its own (the caller may give up waiting and go
+// away) and hands it over with the response.
 class SyncCall : public AgentClient::Call {
  public:
-  SyncCall(std::string* download, uint64_t max) : download_(download), max_(max) {}
+  struct Result {
+    StatusOr<Json> response = InternalError("no response");
+    std::string data;
+  };
+  explicit SyncCall(uint64_t max) : max_(max) {}
   void OnData(uint8_t, std::string_view data) override {
-    if (!download_) return;
-    size_t room = download_->size() >= max_ ? 0 : max_ - download_->size();
-    download_->append(data.substr(0, std::min(room, data.size())));
+    size_t room = data_.size() >= max_ ? 0 : max_ - data_.size();
+    data_.append(data.substr(0, std::min(room, data.size())));
   }
-  void OnResponse(StatusOr<Json> r) override { promise_.set_value(std::move(r)); }
-  std::future<StatusOr<Json>> future() { return promise_.get_future(); }
+  void OnResponse(StatusOr<Json> r) override {
+    promise_.set_value(Result{std::move(r), std::move(data_)});
+  }
+  std::future<Result> future() { return promise_.get_future(); }
 
  private:
-  std::string* download_;
   uint64_t max_;
-  std::promise<StatusOr<Json>> promise_;
+  std::string data_;
+  std::promise<Result> promise_;
 };
 
 }  // namespace
 
+void AgentClient::Abandon(uint32_t channel) {
+  auto self = shared_from_this();
+  asio::dispatch(impl_->strand, [self, channel]() { self->impl_->calls.erase(channel); });
+}
+
 StatusOr<Json> AgentClient::CallSync(const Json& request, std::string_view upload,
-                                     std::string* download, uint64_t max_download,
-                                     bool has_upload) {
-  auto call = std::make_shared<SyncCall>(download, max_download);
+                                     std::string* download, uint64_t max_download, bool has_upload,
+                                     int64_t timeout_ms) {
+  auto call = std::make_shared<SyncCall>(download ? max_download : 0);
   auto fut = call->future();
   uint32_t ch = StartCall(request, call);
   if (has_upload) SendData(ch, protocol::kBody, std::string(upload), /*eof=*/true);
-  return fut.get();
+  if (fut.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
+    Abandon(ch);
+    return DeadlineExceeded("the sandbox agent did not answer within " +
+                            std::to_string(timeout_ms) + " ms");
+  }
+  SyncCall::Result r = fut.get();
+  if (download) *download = std::move(r.data);
+  return std::move(r.response);
 }
 
 struct IoRunner::Impl {

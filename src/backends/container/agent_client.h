@@ -52,10 +52,15 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
 
   // Blocking request/response for simple operations. `upload` is sent as body data (EOF at
   // the end); body data from the agent is appended to *download (at most max_download bytes).
-  // Must not be called on an io_context thread.
+  // Gives up with DeadlineExceeded after timeout_ms (the channel is abandoned). Must not be
+  // called on an io_context thread.
+  static constexpr int64_t kDefaultCallTimeoutMs = 120000;
   StatusOr<protocol::Json> CallSync(const protocol::Json& request, std::string_view upload = {},
                                     std::string* download = nullptr, uint64_t max_download = 0,
-                                    bool has_upload = false);
+                                    bool has_upload = false,
+                                    int64_t timeout_ms = kDefaultCallTimeoutMs);
+  // Forgets a call: late frames for it are dropped and its callbacks never run.
+  void Abandon(uint32_t channel);
 
   struct Impl;  // opaque; defined in agent_client.cc
 

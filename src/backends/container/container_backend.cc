@@ -48,7 +48,11 @@ StatusOr<std::unique_ptr<ContainerBackend>> ContainerBackend::Create(ContainerBa
   return b;
 }
 
-ContainerBackend::~ContainerBackend() = default;
+ContainerBackend::~ContainerBackend() {
+  // Only removes the parent cgroups if no sandbox uses them (rmdir refuses otherwise), so a
+  // backend that goes away with sandboxes alive leaves those for the next one to adopt.
+  if (cgroups_) (void)cgroups_->RemoveParent();
+}
 
 Status ContainerBackend::Init() {
   if (geteuid() != 0) return PermissionDenied("the container backend needs root");
