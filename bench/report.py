@@ -51,12 +51,19 @@ for c in sorted({k[2] for k in rows}):
         ratio = med(dsec_key, "rate") / med(key, "rate") if dsec_key in rows else float("nan")
         print(f"| {s} | {c} | {med(key, 'p50'):.2f} | {med(key, 'p99'):.2f} | {med(key, 'rate'):.0f} |"
               f" {ratio:.2f} |")
+exec_rows = sorted(k for k in rows if k[0] == "exec")
+if exec_rows:
+    print("\n## Exec `true` in a live DSec sandbox (through the agent)\n")
+    print("| workers | p50 ms | p99 ms | execs/s |")
+    print("|---:|---:|---:|---:|")
+    for k in exec_rows:
+        print(f"| {k[2]} | {med(k, 'p50'):.2f} | {med(k, 'p99'):.2f} | {med(k, 'rate'):.0f} |")
 print("""
 What each does per cycle:
 - **dsec**: cgroups (memory+disk, pids, cpu quota) in every v1 hierarchy plus cgroup2
-  tracking, user namespace with idmapped host layers, new mount/pid/uts/ipc/cgroup namespaces
-  and a pooled loopback-only network namespace, overlay root over /usr, /etc, /opt with a
-  size-limited tmpfs upper, masked /proc, minimal /dev, seccomp, agent start and handshake,
+  tracking, user namespace with an idmapped host root, new mount/pid/uts/ipc/cgroup namespaces
+  and a pooled loopback-only network namespace, one overlay root (in-memory mask layer that
+  hides secrets and non-allowlisted paths, over the host /) with a size-limited tmpfs upper, masked /proc, minimal /dev, seccomp, agent start and handshake,
   exec through the agent, then full teardown.
 - **bwrap** `--unshare-all --ro-bind / / --dev /dev --proc /proc /bin/true`: new namespaces
   (including a fresh network namespace), bind mounts; no cgroups, no writable layer, no agent.
