@@ -29,18 +29,6 @@ StatusOr<std::string> ReadAll(int fd, const std::string& what, size_t max_bytes)
   return out;
 }
 
-Status WriteAll(int fd, const std::string& what, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("write \"" + what + "\"");
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return OkStatus();
-}
-
 Status RemoveTreeAt(int parent, const char* name, dev_t dev, const std::string& what) {
   struct stat st;
   if (fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
@@ -81,6 +69,18 @@ Status RemoveTreeAt(int parent, const char* name, dev_t dev, const std::string& 
 
 }  // namespace
 
+Status WriteAllFd(int fd, std::string_view data, const std::string& what) {
+  while (!data.empty()) {
+    ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write \"" + what + "\"");
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return OkStatus();
+}
+
 StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return ErrnoError("open \"" + path + "\"");
@@ -96,14 +96,14 @@ StatusOr<std::string> ReadFileAt(int dirfd, const std::string& name, size_t max_
 Status WriteStringToFile(const std::string& path, std::string_view data, int flags) {
   UniqueFd fd(open(path.c_str(), flags | O_CLOEXEC, 0644));
   if (!fd) return ErrnoError("open \"" + path + "\"");
-  return WriteAll(fd.get(), path, data);
+  return WriteAllFd(fd.get(), data, path);
 }
 
 Status WriteFileAt(int dirfd, const std::string& name, std::string_view data, int flags,
                    mode_t mode) {
   UniqueFd fd(openat(dirfd, name.c_str(), flags | O_CLOEXEC, mode));
   if (!fd) return ErrnoError("open \"" + name + "\"");
-  return WriteAll(fd.get(), name, data);
+  return WriteAllFd(fd.get(), data, name);
 }
 
 Status MakeDirs(const std::string& path, mode_t mode) {
@@ -135,6 +135,20 @@ StatusOr<UniqueFd> OpenDir(const std::string& path, int extra_flags) {
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | extra_flags));
   if (!fd) return ErrnoError("open \"" + path + "\"");
   return fd;
+}
+
+StatusOr<std::vector<std::string>> ListDir(const std::string& path, bool dirs_only) {
+  DIR* d = opendir(path.c_str());
+  if (!d) return ErrnoError("opendir \"" + path + "\"");
+  std::vector<std::string> out;
+  while (dirent* e = readdir(d)) {
+    std::string_view n = e->d_name;
+    if (n == "." || n == "..") continue;
+    if (dirs_only && e->d_type != DT_DIR) continue;
+    out.emplace_back(n);
+  }
+  closedir(d);
+  return out;
 }
 
 std::string JoinPath(std::string_view a, std::string_view b) {

@@ -8,6 +8,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 #include "base/unique_fd.h"
@@ -20,6 +21,8 @@ StatusOr<std::string> ReadFileAt(int dirfd, const std::string& name, size_t max_
 Status WriteStringToFile(const std::string& path, std::string_view data, int flags = O_WRONLY);
 Status WriteFileAt(int dirfd, const std::string& name, std::string_view data, int flags = O_WRONLY,
                    mode_t mode = 0644);
+// Writes all of data to fd, retrying short writes and EINTR.
+Status WriteAllFd(int fd, std::string_view data, const std::string& what);
 // Creates path and missing parents (like mkdir -p); existing directories are fine.
 Status MakeDirs(const std::string& path, mode_t mode = 0755);
 // Removes a tree without following symlinks and without crossing into other mounts
@@ -27,6 +30,9 @@ Status MakeDirs(const std::string& path, mode_t mode = 0755);
 Status RemoveTree(const std::string& path);
 StatusOr<UniqueFd> OpenDir(const std::string& path, int extra_flags = 0);
 std::string JoinPath(std::string_view a, std::string_view b);
+// Names in a directory, without "." and ".."; with dirs_only, only entries whose
+// d_type is DT_DIR (cgroupfs, procfs, tmpfs and ext4 all report it).
+StatusOr<std::vector<std::string>> ListDir(const std::string& path, bool dirs_only = false);
 
 // A temporary directory removed (RemoveTree) on destruction.
 class TempDir {

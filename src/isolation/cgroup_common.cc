@@ -1,6 +1,5 @@
 // Shared cgroup helpers: mount detection, keyed-file parsing and the cgroup2 directory
 // operations both drivers use.
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -74,29 +73,25 @@ std::vector<pid_t> ListProcsRecursive(const std::string& dir) {
     for (auto tok : SplitString(*procs, '\n', true))
       if (auto v = ParseInt64(tok)) out.push_back(static_cast<pid_t>(*v));
   }
-  DIR* d = opendir(dir.c_str());
-  if (!d) return out;
-  std::vector<std::string> subdirs;
-  while (dirent* e = readdir(d)) {
-    if (e->d_type == DT_DIR && e->d_name[0] != '.') subdirs.push_back(JoinPath(dir, e->d_name));
-  }
-  closedir(d);
-  for (const auto& s : subdirs) {
-    auto more = ListProcsRecursive(s);
+  auto subdirs = ListDir(dir, /*dirs_only=*/true);
+  if (!subdirs.ok()) return out;
+  for (const auto& s : *subdirs) {
+    auto more = ListProcsRecursive(JoinPath(dir, s));
     out.insert(out.end(), more.begin(), more.end());
   }
   return out;
 }
 
+StatusOr<std::vector<std::string>> ListSandboxDirs(const std::string& parent) {
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(parent, /*dirs_only=*/true));
+  std::erase_if(names, [](const std::string& n) { return n[0] == '.'; });
+  return names;
+}
+
 Status RemoveCgroupDir(const std::string& path) {
   // Depth first: nested cgroups (per-exec ones the agent made) go before their parent.
-  if (DIR* d = opendir(path.c_str())) {
-    std::vector<std::string> subdirs;
-    while (dirent* e = readdir(d)) {
-      if (e->d_type == DT_DIR && e->d_name[0] != '.') subdirs.push_back(JoinPath(path, e->d_name));
-    }
-    closedir(d);
-    for (const auto& s : subdirs) DSEC_RETURN_IF_ERROR(RemoveCgroupDir(s));
+  if (auto subdirs = ListDir(path, /*dirs_only=*/true); subdirs.ok()) {
+    for (const auto& s : *subdirs) DSEC_RETURN_IF_ERROR(RemoveCgroupDir(JoinPath(path, s)));
   }
   for (int i = 0; i < 200; ++i) {
     if (rmdir(path.c_str()) == 0 || errno == ENOENT) return OkStatus();

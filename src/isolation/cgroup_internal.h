@@ -57,6 +57,8 @@ Status WriteControl(const std::string& path, const std::string& value, bool crea
 StatusOr<std::string> ReadControl(const std::string& path);
 // Every pid in dir/cgroup.procs and nested cgroups (v1 or v2).
 std::vector<pid_t> ListProcsRecursive(const std::string& dir);
+// Child cgroups of a parent (names not starting with '.').
+StatusOr<std::vector<std::string>> ListSandboxDirs(const std::string& parent);
 // rmdir with retries while the kernel finishes releasing exited tasks (EBUSY).
 Status RemoveCgroupDir(const std::string& path);
 // Removes an edge's parent cgroup unless sandboxes (of another process on the same state dir)

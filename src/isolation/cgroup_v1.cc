@@ -1,7 +1,6 @@
 // cgroup v1 hybrid driver: memory, pids and cpu limits on v1 hierarchies; process tracking,
 // cgroup.kill, cgroup.freeze and cpu.stat on the cgroup2 mount (which carries no controllers
 // on such hosts). Without any cgroup2 mount, the v1 freezer and cpuacct hierarchies stand in.
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <signal.h>
@@ -254,14 +253,7 @@ class CgroupV1HybridDriver : public CgroupDriver {
   }
 
   StatusOr<std::vector<std::string>> ListSandboxes() override {
-    std::vector<std::string> out;
-    std::string p = JoinPath(h_.memory, parent_name_);
-    DIR* d = opendir(p.c_str());
-    if (!d) return ErrnoError("opendir \"" + p + "\"");
-    while (dirent* e = readdir(d))
-      if (e->d_type == DT_DIR && e->d_name[0] != '.') out.emplace_back(e->d_name);
-    closedir(d);
-    return out;
+    return internal::ListSandboxDirs(JoinPath(h_.memory, parent_name_));
   }
 
   Status SetParentMemoryLimit(int64_t bytes) override {

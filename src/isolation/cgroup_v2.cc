@@ -2,7 +2,6 @@
 // Layout: <root>/dsec-<instance>/<sandbox>/{user/...}; the parent enables memory, pids and cpu
 // for its children, and a sandbox's own subtree_control stays empty so the agent can live in
 // it beside user/.
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -161,13 +160,7 @@ class CgroupV2Driver : public CgroupDriver {
   }
 
   StatusOr<std::vector<std::string>> ListSandboxes() override {
-    std::vector<std::string> out;
-    DIR* d = opendir(parent_.c_str());
-    if (!d) return ErrnoError("opendir \"" + parent_ + "\"");
-    while (dirent* e = readdir(d))
-      if (e->d_type == DT_DIR && e->d_name[0] != '.') out.emplace_back(e->d_name);
-    closedir(d);
-    return out;
+    return internal::ListSandboxDirs(parent_);
   }
 
   Status SetParentMemoryLimit(int64_t bytes) override {

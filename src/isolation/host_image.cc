@@ -73,15 +73,9 @@ Status Materialize(int root, const MaskPlan& plan) {
 void CollectUnreadable(const std::string& dir, dev_t dev, std::vector<std::string>* out,
                        int depth) {
   if (depth > 32) return;
-  DIR* d = opendir(dir.c_str());
-  if (!d) return;
-  std::vector<std::string> names;
-  while (dirent* e = readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") names.push_back(std::move(n));
-  }
-  closedir(d);
-  for (const auto& n : names) {
+  auto names = ListDir(dir);
+  if (!names.ok()) return;
+  for (const auto& n : *names) {
     std::string path = dir + "/" + n;
     struct stat st;
     if (lstat(path.c_str(), &st) < 0 || S_ISLNK(st.st_mode) || st.st_dev != dev) continue;
@@ -141,21 +135,15 @@ StatusOr<HostImage> HostImage::Prepare(const HostImageOptions& opts) {
   MaskPlan plan;                      // one mask layer for the whole root
   std::vector<std::string> separate;  // allowlisted dirs on another filesystem than /
   // Hide every top-level entry of / that is not allowlisted.
-  if (DIR* d = opendir("/")) {
-    while (dirent* e = readdir(d)) {
-      std::string n = e->d_name;
-      if (n == "." || n == "..") continue;
-      if (!allowed_top(n)) {
-        plan.whiteouts.push_back(n);
-        continue;
-      }
-      struct stat st;
-      if (lstat(("/" + n).c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev != root_st.st_dev)
-        separate.push_back("/" + n);
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> top, ListDir("/"));
+  for (const auto& n : top) {
+    if (!allowed_top(n)) {
+      plan.whiteouts.push_back(n);
+      continue;
     }
-    closedir(d);
-  } else {
-    return ErrnoError("opendir /");
+    struct stat st;
+    if (lstat(("/" + n).c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev != root_st.st_dev)
+      separate.push_back("/" + n);
   }
   // Anything under /etc or /opt that the host did not make world-readable is not for
   // sandboxes (root inside could read it otherwise): pg_hba.conf, ssl/private, vpn keys, ...

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file_util.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "sys/syscalls.h"
@@ -79,18 +80,6 @@ StatusOr<UniqueFd> CreateFileInRoot(int root, const std::string& path, mode_t mo
     fd = OpenInRoot(root, path, flags, mode);
   }
   return fd;
-}
-
-Status WriteAllFd(int fd, std::string_view data, const std::string& what) {
-  while (!data.empty()) {
-    ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("write \"" + what + "\"");
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return OkStatus();
 }
 
 Status SetupDev(int root, int dev_null_src) {
