@@ -67,6 +67,9 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   };
   DSEC_ASSIGN_OR_RETURN(UniqueFd mount_dir, take(spec.fds.mount_dir, "mount dir"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd listen, take(spec.fds.listen, "listen"));
+  // The edge only binds it: listening here makes SO_PEERCRED name the agent, so a reconnecting
+  // edge can check who it talks to.
+  if (listen && ::listen(listen.get(), 4) < 0) return ErrnoError("listen agent.sock");
   DSEC_ASSIGN_OR_RETURN(UniqueFd cgroup_user, take(spec.fds.cgroup_user, "cgroup"));
   std::vector<UniqueFd> layers;
   std::vector<int> layer_fds;

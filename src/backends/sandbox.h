@@ -134,6 +134,15 @@ class Sandbox {
   virtual StatusOr<SandboxStats> Stats() = 0;
   // Removes every kernel object and file the sandbox made. Safe to call twice.
   virtual Status Destroy() = 0;
+
+  // Shell sessions alive in the sandbox (including ones found when it was adopted).
+  virtual std::vector<std::string> ListShells() = 0;
+  // What a later process needs to re-adopt this sandbox (Backend::Adopt): an opaque string
+  // holding secrets; store it where only the edge can read it.
+  virtual std::string AdoptionHandle() const = 0;
+  // Lets go without destroying: the sandbox keeps running for a later Adopt (an edge shutting
+  // down with --persist). Afterwards this object is inert (state kDestroyed).
+  virtual void Detach() = 0;
 };
 
 class Backend {
@@ -142,6 +151,13 @@ class Backend {
   virtual std::string name() const = 0;
   // Returns when the sandbox is running.
   virtual StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) = 0;
+  // Takes over a sandbox that a previous process on the same state made and left running,
+  // given the spec it was created with and its AdoptionHandle(). On failure whatever is left of
+  // it is destroyed (unless another live process owns it: kAlreadyExists).
+  virtual StatusOr<std::shared_ptr<Sandbox>> Adopt(const SandboxSpec& spec,
+                                                   const std::string& handle) = 0;
+  // Destroys what earlier processes left behind and nobody adopted. Returns how many.
+  virtual StatusOr<int> CleanupOrphans() = 0;
 };
 
 struct UserIds {

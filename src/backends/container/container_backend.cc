@@ -127,6 +127,18 @@ StatusOr<uint32_t> ContainerBackend::AllocateUidSlot() {
   return ResourceExhausted("no free user namespace id range");
 }
 
+Status ContainerBackend::ClaimUidSlot(uint32_t slot) {
+  std::lock_guard<std::mutex> l(uid_mu_);
+  if (slot >= uid_slots_.size())
+    return FailedPrecondition("user namespace slot " + std::to_string(slot) +
+                              " is outside this edge's range");
+  if (uid_slots_[slot])
+    return Status(StatusCode::kAlreadyExists,
+                  "user namespace slot " + std::to_string(slot) + " is already in use");
+  uid_slots_[slot] = true;
+  return OkStatus();
+}
+
 void ContainerBackend::ReleaseUidSlot(uint32_t slot) {
   std::lock_guard<std::mutex> l(uid_mu_);
   if (slot < uid_slots_.size()) uid_slots_[slot] = false;
@@ -141,6 +153,17 @@ StatusOr<std::shared_ptr<Sandbox>> ContainerBackend::Create(const SandboxSpec& s
   if (Status s = sb->Start(); !s.ok()) {
     (void)sb->Destroy();
     return s.WithContext("create sandbox " + spec.id);
+  }
+  return std::shared_ptr<Sandbox>(std::move(sb));
+}
+
+StatusOr<std::shared_ptr<Sandbox>> ContainerBackend::Adopt(const SandboxSpec& spec,
+                                                           const std::string& handle) {
+  DSEC_RETURN_IF_ERROR(ValidateSandboxSpec(spec));
+  auto sb = std::make_shared<ContainerSandbox>(this, spec);
+  if (Status s = sb->Adopt(handle); !s.ok()) {
+    (void)sb->Destroy();  // kills and removes what is left, unless another process owns it
+    return s.WithContext("adopt sandbox " + spec.id);
   }
   return std::shared_ptr<Sandbox>(std::move(sb));
 }

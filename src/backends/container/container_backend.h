@@ -52,10 +52,12 @@ class ContainerBackend : public Backend {
 
   std::string name() const override { return "container"; }
   StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+  StatusOr<std::shared_ptr<Sandbox>> Adopt(const SandboxSpec& spec,
+                                           const std::string& handle) override;
 
   // Destroys sandboxes of this instance whose owner is gone (their owner.lock is free), e.g.
   // after `dsec run` was killed. Returns how many were cleaned up.
-  StatusOr<int> CleanupOrphans();
+  StatusOr<int> CleanupOrphans() override;
   // Removes the parent cgroups if no sandbox uses them any more.
   Status Shutdown();
 
@@ -68,6 +70,8 @@ class ContainerBackend : public Backend {
   explicit ContainerBackend(ContainerBackendOptions opts) : opts_(std::move(opts)) {}
   Status Init();
   StatusOr<uint32_t> AllocateUidSlot();
+  // Marks a slot used by an adopted sandbox.
+  Status ClaimUidSlot(uint32_t slot);
   // The host image as of now: rebuilt if the host's root directory changed since.
   StatusOr<isolation::HostImage> CurrentHostImage();
   void ReleaseUidSlot(uint32_t slot);

@@ -278,13 +278,131 @@ Status ContainerSandbox::StartLocked() {
   DSEC_RETURN_IF_ERROR(agent_->Release());
   DSEC_RETURN_IF_ERROR(Handshake(conn.get(), userns_fd.get()));
 
-  client_ = AgentClient::Create(b.io_->io(), std::move(conn));
-  std::weak_ptr<ContainerSandbox> weak = weak_from_this();
-  client_->Start([weak](const Status&) {
-    if (auto self = weak.lock()) self->MarkFailed("agent exited");
-  });
+  StartClient(std::move(conn));
   state_ = SandboxState::kRunning;
   return OkStatus();
+}
+
+void ContainerSandbox::StartClient(UniqueFd conn) {
+  client_ = AgentClient::Create(backend_->io_->io(), std::move(conn));
+  std::weak_ptr<ContainerSandbox> weak = weak_from_this();
+  client_->Start([weak](const Status&) {
+    auto self = weak.lock();
+    if (!self) return;
+    // The agent is PID 1: if it is gone, so is everything else. Tell an OOM kill apart.
+    bool oom = self->oom_ && self->oom_->cgroup->OomKills().value_or(0) > self->oom_->seen.load();
+    self->MarkFailed(oom ? "oom" : "agent exited");
+  });
+}
+
+Status ContainerSandbox::Adopt(const std::string& handle) {
+  std::lock_guard<std::mutex> l(mu_);
+  return AdoptLocked(handle);
+}
+
+Status ContainerSandbox::AdoptLocked(const std::string& handle) {
+  ContainerBackend& b = *backend_;
+  DSEC_ASSIGN_OR_RETURN(Json h, protocol::ParseJson(handle));
+  DSEC_ASSIGN_OR_RETURN(secret_, protocol::GetString(h, "secret"));
+  DSEC_ASSIGN_OR_RETURN(int64_t slot, protocol::GetInt(h, "uid_slot", -1, -1, INT32_MAX));
+  if (secret_.empty()) return InvalidArgument("adoption handle has no secret");
+
+  lock_fd_.Reset(open(JoinPath(dir_, "owner.lock").c_str(), O_RDWR | O_CLOEXEC));
+  if (!lock_fd_) {
+    Status s = ErrnoError("open \"" + JoinPath(dir_, "owner.lock") + "\"");
+    dir_.clear();  // nothing of ours to clean up here
+    return s;
+  }
+  if (flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0) {
+    lock_fd_.Reset();
+    dir_.clear();  // another live process owns it: hands off
+    return Status(StatusCode::kAlreadyExists,
+                  "sandbox " + spec_.id + " is owned by another process");
+  }
+  if (slot >= 0) {
+    DSEC_RETURN_IF_ERROR(b.ClaimUidSlot(static_cast<uint32_t>(slot)));
+    uid_slot_ = slot;
+  }
+  DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->OpenSandbox(spec_.id));
+  cgroup_ = std::move(cg);
+  oom_ = std::make_shared<OomTracker>();
+  oom_->cgroup = cgroup_;
+  oom_->seen = cgroup_->OomKills().value_or(0);
+  // A frozen agent cannot answer: thaw for the handshake, freeze again after.
+  bool frozen = cgroup_->IsFrozen().value_or(false);
+  if (frozen) DSEC_RETURN_IF_ERROR(cgroup_->Thaw());
+
+  DSEC_ASSIGN_OR_RETURN(UniqueFd dirfd, OpenDir(dir_, O_PATH));
+  UniqueFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!conn) return ErrnoError("socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/agent.sock", dirfd.get());
+  if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+    return ErrnoError("connect to the agent of " + spec_.id);
+  // Whoever listens there must be this sandbox's agent: PID 1 of a pid namespace, in its cgroup.
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid <= 0)
+    return ErrnoError("SO_PEERCRED agent.sock");
+  std::string proc = "/proc/" + std::to_string(cred.pid);
+  auto cgroups = ReadFileToString(proc + "/cgroup");
+  if (!cgroups.ok() || cgroups->find("/" + spec_.id + "\n") == std::string::npos)
+    return FailedPrecondition("the process behind agent.sock is not in sandbox " + spec_.id);
+  DSEC_ASSIGN_OR_RETURN(adopted_agent_, PidFd::Open(cred.pid));
+  agent_pid_ = cred.pid;
+
+  std::string auth;
+  DSEC_RETURN_IF_ERROR(
+      protocol::EncodeFrame(FrameType::kAuth, 0, 0, Json({{"secret", secret_}}).dump(), &auth));
+  DSEC_RETURN_IF_ERROR(SendWithFds(conn.get(), auth, {}));
+  protocol::FrameDecoder dec;
+  Frame f;
+  DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn.get(), b.opts_.setup_timeout_ms, &dec, &f));
+  if (f.type != FrameType::kHello)
+    return Status(StatusCode::kUnauthenticated, "the agent refused the secret");
+  if (auto j = protocol::ParseJson(f.payload); j.ok()) {
+    if (auto it = j->find("shells"); it != j->end() && it->is_array())
+      for (const auto& id : *it)
+        if (id.is_string()) shells_.insert(id.get<std::string>());
+  }
+  // Frames the agent sent right after hello stay in `dec`; there are none before our first
+  // request, so the client can start on the bare connection.
+  StartClient(std::move(conn));
+  state_ = SandboxState::kRunning;
+  if (frozen) {
+    DSEC_RETURN_IF_ERROR(cgroup_->Freeze());
+    state_ = SandboxState::kPaused;
+  }
+  return OkStatus();
+}
+
+std::string ContainerSandbox::AdoptionHandle() const {
+  return Json({{"secret", secret_}, {"uid_slot", uid_slot_}}).dump();
+}
+
+std::vector<std::string> ContainerSandbox::ListShells() {
+  std::lock_guard<std::mutex> l(mu_);
+  return {shells_.begin(), shells_.end()};
+}
+
+void ContainerSandbox::Detach() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (state_.load() == SandboxState::kDestroyed) return;
+  state_ = SandboxState::kDestroyed;
+  // The agent sees its edge go and waits (orphan timeout) for the next one to reconnect.
+  if (client_) client_->Close();
+  // Still in use by the agent: never back into the pool.
+  netns_ = {};
+  agent_.reset();  // already exec'd: nothing is killed
+  adopted_agent_ = PidFd();
+  lock_fd_.Reset();
+  dir_.clear();
+  cgroup_.reset();
+  if (uid_slot_ >= 0) {
+    backend_->ReleaseUidSlot(static_cast<uint32_t>(uid_slot_));
+    uid_slot_ = -1;
+  }
 }
 
 Status ContainerSandbox::Handshake(int conn, int userns_fd) {
@@ -305,7 +423,7 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   if (bind(listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
     return ErrnoError("bind agent.sock");
   if (fchmodat(dirfd.get(), "agent.sock", 0600, 0) < 0) return ErrnoError("chmod agent.sock");
-  if (listen(listen_fd.get(), 4) < 0) return ErrnoError("listen agent.sock");
+  // The agent calls listen(), so that SO_PEERCRED on a reconnect names it (see Adopt).
 
   // Opened through the agent's root so the fd names the agent's (private) copy of the
   // directory: move_mount only attaches onto mounts in the caller's namespace.
@@ -512,7 +630,10 @@ StatusOr<std::string> ContainerSandbox::OpenShell(const std::string& user) {
   Json j = protocol::ToJson(s);
   j["op"] = "shell_open";
   DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(j));
-  return protocol::GetString(r, "shell_id");
+  DSEC_ASSIGN_OR_RETURN(std::string id, protocol::GetString(r, "shell_id"));
+  std::lock_guard<std::mutex> l(mu_);
+  shells_.insert(id);
+  return id;
 }
 
 StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::RunInShell(
@@ -536,7 +657,12 @@ StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::RunInShell(
 
 Status ContainerSandbox::CloseShell(const std::string& shell_id) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  return client->CallSync({{"op", "shell_close"}, {"shell_id", shell_id}}).status();
+  Status s = client->CallSync({{"op", "shell_close"}, {"shell_id", shell_id}}).status();
+  if (s.ok() || s.code() == StatusCode::kNotFound) {
+    std::lock_guard<std::mutex> l(mu_);
+    shells_.erase(shell_id);
+  }
+  return s;
 }
 
 StatusOr<std::string> ContainerSandbox::ReadFile(const std::string& path, uint64_t max_bytes) {
@@ -687,6 +813,13 @@ Status ContainerSandbox::Destroy() {
     // Killing PID 1 of the pid namespace takes every process in it along; reap it.
     (void)agent_->pidfd().SendSignal(SIGKILL);
     agent_->Abort();
+  }
+  if (adopted_agent_.valid()) {
+    // Not our child: init reaps it. The cgroup kill above already took it; this is for hosts
+    // where that failed.
+    (void)adopted_agent_.SendSignal(SIGKILL);
+    (void)adopted_agent_.WaitReadable(2000);
+    adopted_agent_ = PidFd();
   }
   // Nothing runs in the network namespace any more (the agent, PID 1 of the only pid
   // namespace in it, is reaped), so it can serve another sandbox.

@@ -6,11 +6,13 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "backends/container/agent_client.h"
 #include "backends/container/launcher.h"
 #include "backends/sandbox.h"
+#include "base/pidfd.h"
 #include "isolation/cgroup.h"
 #include "isolation/netns.h"
 
@@ -32,6 +34,8 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
 
   // Builds everything and waits for the agent to be ready.
   Status Start();
+  // Reconnects to the agent of a sandbox a previous edge made (see Backend::Adopt).
+  Status Adopt(const std::string& handle);
 
   const SandboxSpec& spec() const override { return spec_; }
   SandboxState state() const override { return state_.load(); }
@@ -58,6 +62,9 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   Status Resume() override;
   StatusOr<SandboxStats> Stats() override;
   Status Destroy() override;
+  std::vector<std::string> ListShells() override;
+  std::string AdoptionHandle() const override;
+  void Detach() override;
 
   pid_t agent_pid() const { return agent_pid_; }
   // What a reconnecting edge needs: the agent's socket and the secret it authenticates with.
@@ -68,6 +75,8 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
  private:
   Status StartLocked();
   Status Handshake(int conn, int userns_fd);
+  Status AdoptLocked(const std::string& handle);
+  void StartClient(UniqueFd conn);
   // Ready for agent calls: running (a paused sandbox is resumed first).
   StatusOr<std::shared_ptr<AgentClient>> Ready();
   protocol::Json IdsJson(const std::string& user, StatusOr<UserIds>* ids = nullptr);
@@ -83,7 +92,9 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   std::string reason_;                         // GUARDED_BY(mu_)
   std::shared_ptr<isolation::Cgroup> cgroup_;  // set in Start, never reset
   std::shared_ptr<struct OomTracker> oom_;
-  std::unique_ptr<PendingAgent> agent_;  // GUARDED_BY(mu_)
+  std::unique_ptr<PendingAgent> agent_;  // GUARDED_BY(mu_); launched by us
+  PidFd adopted_agent_;                  // GUARDED_BY(mu_); found by Adopt
+  std::set<std::string> shells_;         // GUARDED_BY(mu_)
   std::shared_ptr<AgentClient> client_;  // GUARDED_BY(mu_)
   UniqueFd lock_fd_;
   isolation::Netns netns_;  // pooled namespace, returned on destroy
