@@ -184,7 +184,14 @@ TEST_P(CgroupPrivilegedTest, KillFreezeStatsDestroy) {
     if (fork() == 0) setsid();  // a detached grandchild must die too
     while (true) pause();
   });
-  usleep(20000);
+  // Wait for the grandchild: a fork still in flight while freezing briefly reports the cgroup
+  // as not frozen (the new task joins unfrozen, then freezes), which is not what this checks.
+  for (int i = 0; i < 400; ++i) {
+    auto st = cg->Stats();
+    if (st.ok() && st->pids_current >= 3) break;
+    usleep(5000);
+  }
+  usleep(5000);
   EXPECT_TRUE(*cg->IsPopulated());
   ASSERT_TRUE(cg->Freeze().ok());
   EXPECT_TRUE(*cg->IsFrozen());
