@@ -32,6 +32,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "unimplemented";
     case StatusCode::kAborted:
       return "aborted";
+    case StatusCode::kOverCapacity:
+      return "over_capacity";
     case StatusCode::kInternal:
       return "internal";
   }

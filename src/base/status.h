@@ -25,7 +25,8 @@ enum class StatusCode {
   kUnavailable,  // 503
   kUnimplemented,
   kAborted,
-  kInternal,  // 500
+  kOverCapacity,  // 429: admission refused, retry later (not ENOSPC-like exhaustion)
+  kInternal,      // 500
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -81,6 +82,9 @@ inline Status PermissionDenied(std::string m) {
 }
 inline Status Unimplemented(std::string m) {
   return Status(StatusCode::kUnimplemented, std::move(m));
+}
+inline Status OverCapacity(std::string m) {
+  return Status(StatusCode::kOverCapacity, std::move(m));
 }
 inline Status TooLarge(std::string m) { return Status(StatusCode::kTooLarge, std::move(m)); }
 inline Status DeadlineExceeded(std::string m) {

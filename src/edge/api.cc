@@ -1,0 +1,361 @@
+#include "edge/api.h"
+
+#include <boost/asio/post.hpp>
+
+#include "base/logging.h"
+#include "base/strings.h"
+#include "edge/json_body.h"
+
+namespace dsec::edge {
+
+namespace {
+
+// Compares without an early exit, so response time does not tell how much of a guess matched.
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size() || b.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+bool Mutating(const std::string& m) {
+  return m == "POST" || m == "PUT" || m == "PATCH" || m == "DELETE";
+}
+
+std::vector<std::string> SplitPattern(std::string_view p) {
+  std::vector<std::string> out;
+  for (auto s : SplitString(p, '/', true)) out.emplace_back(s);
+  return out;
+}
+
+// Wraps the server's Responder: counts every answer, and records it for idempotency.
+class ApiResponder : public Responder {
+ public:
+  ApiResponder(std::shared_ptr<Responder> inner, Metrics* metrics, std::string method,
+               Idempotency* idem = nullptr, std::string key = {}, std::string hash = {},
+               uint64_t capture_max = 0)
+      : inner_(std::move(inner)),
+        metrics_(metrics),
+        method_(std::move(method)),
+        idem_(idem),
+        key_(std::move(key)),
+        hash_(std::move(hash)),
+        capture_max_(capture_max) {}
+
+  void Send(HttpResponse r) override {
+    metrics_->CountRequest(method_, r.status);
+    if (idem_) idem_->Finish(key_, hash_, r);
+    inner_->Send(std::move(r));
+  }
+  void StartStream(int status, std::string ct,
+                   std::vector<std::pair<std::string, std::string>> headers) override {
+    metrics_->CountRequest(method_, status);
+    status_ = status;
+    ct_ = ct;
+    inner_->StartStream(status, std::move(ct), std::move(headers));
+  }
+  void Write(std::string chunk) override {
+    Capture(chunk);
+    inner_->Write(std::move(chunk));
+  }
+  void End(std::string last) override {
+    if (idem_) {
+      Capture(last);
+      HttpResponse r;
+      r.status = status_;
+      r.content_type = ct_;
+      r.body = std::move(captured_);
+      idem_->Finish(key_, hash_, r);
+    }
+    inner_->End(std::move(last));
+  }
+  void OnDisconnect(std::function<void()> cb) override { inner_->OnDisconnect(std::move(cb)); }
+  void AcceptWebSocket(std::shared_ptr<WebSocketHandler> h) override {
+    metrics_->CountRequest(method_, 101);
+    inner_->AcceptWebSocket(std::move(h));
+  }
+
+ private:
+  void Capture(const std::string& c) {
+    // Past the cap the record becomes a 409 anyway; stop copying.
+    if (idem_ && captured_.size() <= capture_max_) captured_ += c;
+  }
+  std::shared_ptr<Responder> inner_;
+  Metrics* metrics_;
+  std::string method_;
+  Idempotency* idem_;
+  std::string key_, hash_;
+  uint64_t capture_max_;
+  int status_ = 200;
+  std::string ct_, captured_;
+};
+
+}  // namespace
+
+std::pair<int, std::string_view> HttpErrorFor(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument:
+      return {400, "bad_request"};
+    case StatusCode::kUnauthenticated:
+      return {401, "unauthorized"};
+    case StatusCode::kPermissionDenied:
+      return {403, "forbidden"};
+    case StatusCode::kNotFound:
+      return {404, "not_found"};
+    case StatusCode::kAlreadyExists:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kAborted:
+      return {409, "conflict"};
+    case StatusCode::kTooLarge:
+      return {413, "too_large"};
+    case StatusCode::kResourceExhausted:  // ENOSPC and the like inside the sandbox
+    case StatusCode::kUnimplemented:
+      return {422, "unprocessable"};
+    case StatusCode::kOverCapacity:
+      return {429, "over_capacity"};
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded:
+      return {503, "unavailable"};
+    default:
+      return {500, "internal"};
+  }
+}
+
+Status ValidateId(std::string_view what, std::string_view id) {
+  bool ok = !id.empty() && id.size() <= 128 && id.find("..") == std::string_view::npos;
+  for (char c : id)
+    ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+  if (!ok)
+    return InvalidArgument(std::string(what) +
+                           " must be 1-128 characters of A-Z a-z 0-9 . _ - (and no \"..\")");
+  return OkStatus();
+}
+
+// --- Ctx ---------------------------------------------------------------------------------
+
+void Ctx::Reply(int status, const Json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  res->Send(std::move(r));
+}
+
+void Ctx::NoContent() {
+  HttpResponse r;
+  r.status = 204;
+  res->Send(std::move(r));
+}
+
+void Ctx::Raw(int status, std::string content_type, std::string body) {
+  HttpResponse r;
+  r.status = status;
+  r.content_type = std::move(content_type);
+  r.body = std::move(body);
+  res->Send(std::move(r));
+}
+
+void Ctx::Fail(int status, std::string_view code, std::string_view message) {
+  api->deps().metrics->CountError(std::string(code));
+  HttpResponse r = JsonError(status, code, message);
+  if (status == 429 || status == 503) r.headers.emplace_back("Retry-After", "1");
+  if (status >= 500) DSEC_LOG_WARN("{} {} -> {}: {}", req.method, req.path, status, message);
+  res->Send(std::move(r));
+}
+
+void Ctx::Fail(const Status& s) {
+  auto [status, code] = HttpErrorFor(s.code());
+  Fail(status, code, s.message());
+}
+
+StatusOr<std::shared_ptr<SandboxEntry>> Ctx::Entry() {
+  const std::string& id = params["id"];
+  DSEC_RETURN_IF_ERROR(ValidateId("sandbox id", id));
+  return api->deps().manager->Get(id);
+}
+
+StatusOr<std::shared_ptr<backends::Sandbox>> Ctx::Sandbox(std::shared_ptr<SandboxEntry>* entry) {
+  DSEC_ASSIGN_OR_RETURN(auto e, Entry());
+  if (entry) *entry = e;
+  return e->Sandbox();
+}
+
+StatusOr<std::string> Ctx::RequiredQuery(const char* name) const {
+  const std::string* v = req.Query(name);
+  if (!v || v->empty())
+    return InvalidArgument(std::string("query parameter \"") + name + "\" is required");
+  if (v->find('\0') != std::string::npos)
+    return InvalidArgument(std::string("\"") + name + "\" contains NUL");
+  return *v;
+}
+
+StatusOr<int64_t> Ctx::IntQuery(const char* name, int64_t def, int64_t lo, int64_t hi) const {
+  const std::string* v = req.Query(name);
+  if (!v || v->empty()) return def;
+  auto n = ParseInt64(*v);
+  if (!n || *n < lo || *n > hi)
+    return InvalidArgument(std::string("query parameter \"") + name +
+                           "\" must be an integer between " + std::to_string(lo) + " and " +
+                           std::to_string(hi));
+  return *n;
+}
+
+bool Ctx::FlagQuery(const char* name) const {
+  const std::string* v = req.Query(name);
+  return v && (*v == "1" || *v == "true");
+}
+
+// --- Api ---------------------------------------------------------------------------------
+
+Api::Api(Deps deps) : d_(std::move(deps)) {
+  RegisterSandboxRoutes(this);
+  RegisterExecRoutes(this);
+  RegisterFileRoutes(this);
+}
+
+void Api::Add(const char* method, const char* pattern, RouteFn fn, bool upload) {
+  routes_.push_back({method, SplitPattern(pattern), fn, upload});
+}
+
+const Route* Api::Match(const std::string& method, const std::string& target,
+                        std::map<std::string, std::string>* params, bool* path_known) const {
+  // Split the raw path, then decode each segment: "a%2Fb" stays one (invalid) id.
+  std::string_view raw = target;
+  raw = raw.substr(0, raw.find('?'));
+  std::vector<std::string> segs;
+  for (auto s : SplitString(raw, '/', true)) {
+    std::string d;
+    if (!PercentDecode(s, false, &d)) return nullptr;
+    segs.push_back(std::move(d));
+  }
+  *path_known = false;
+  const Route* best = nullptr;
+  int best_literals = -1;
+  for (const auto& r : routes_) {
+    if (r.segments.size() != segs.size()) continue;
+    int literals = 0;
+    bool ok = true;
+    for (size_t i = 0; i < segs.size() && ok; ++i) {
+      if (r.segments[i][0] == ':') continue;
+      ok = r.segments[i] == segs[i];
+      ++literals;
+    }
+    if (!ok) continue;
+    *path_known = true;
+    if (r.method != method || literals <= best_literals) continue;
+    best = &r;
+    best_literals = literals;
+  }
+  if (best && params) {
+    for (size_t i = 0; i < segs.size(); ++i)
+      if (best->segments[i][0] == ':') (*params)[best->segments[i].substr(1)] = segs[i];
+  }
+  return best;
+}
+
+Preflight Api::Check(HttpRequest& req) {
+  Preflight pf;
+  pf.body_limit = d_.cfg.max_json_body_bytes;
+  bool known = false;
+  if (const Route* r = Match(req.method, req.target, nullptr, &known); r && r->upload)
+    pf.body_limit = d_.cfg.max_upload_bytes;
+  auto deny = [&](int status, std::string_view code, std::string_view msg) {
+    d_.metrics->CountRequest(req.method, status);
+    d_.metrics->CountError(std::string(code));
+    pf.ok = false;
+    pf.error = JsonError(status, code, msg);
+    if (status == 401) pf.error.headers.emplace_back("WWW-Authenticate", "Bearer");
+    return pf;
+  };
+  if (req.via_unix) {
+    if (req.peer_uid != 0) return deny(403, "forbidden", "the edge socket is for root only");
+    pf.principal = "unix";
+    return pf;
+  }
+  if (req.method == "GET" && (req.path == "/v1/health" || req.path == "/v1/health/")) {
+    pf.principal = "anonymous";
+    return pf;
+  }
+  std::string auth = req.Header("authorization");
+  std::string_view token;
+  if (auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0)
+    token = std::string_view(auth).substr(7);
+  for (const auto& t : d_.tokens) {
+    if (!token.empty() && ConstantTimeEquals(token, t)) {
+      pf.principal = "token:" + Idempotency::Hash(t);
+      return pf;
+    }
+  }
+  return deny(401, "unauthorized", token.empty() ? "missing bearer token" : "invalid token");
+}
+
+void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
+  auto ctx = std::make_shared<Ctx>();
+  ctx->api = this;
+  bool known = false;
+  const Route* route = Match(req.method, req.target, &ctx->params, &known);
+  ctx->req = std::move(req);
+  if (!route) {
+    ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+    if (known)
+      return ctx->Fail(404, "not_found",
+                       "no route for " + ctx->req.method + " " + ctx->req.path +
+                           " (other methods exist for this path)");
+    return ctx->Fail(404, "not_found", "no route for " + ctx->req.method + " " + ctx->req.path);
+  }
+
+  std::string key;
+  if (Mutating(ctx->req.method)) {
+    key = ctx->req.Header("idempotency-key");
+    if (!route->upload && !ctx->req.body.empty()) {
+      // request_id in a JSON body; JSON errors are left for the handler to report.
+      auto j = protocol::ParseJson(ctx->req.body);
+      if (j.ok() && j->is_object()) {
+        if (auto it = j->find("request_id"); it != j->end() && !it->is_null()) {
+          if (!it->is_string()) {
+            ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+            return ctx->Fail(400, "bad_request", "\"request_id\" must be a string");
+          }
+          std::string rid = it->get<std::string>();
+          if (!key.empty() && key != rid) {
+            ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+            return ctx->Fail(400, "bad_request",
+                             "\"request_id\" and the Idempotency-Key header differ");
+          }
+          key = rid;
+        }
+      }
+    }
+    bool printable = key.size() <= 128;
+    for (char c : key) printable = printable && c >= 0x20 && c < 0x7f;
+    if (!printable) {
+      ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+      return ctx->Fail(400, "bad_request", "request ids are 1-128 printable ASCII characters");
+    }
+  }
+  if (key.empty()) {
+    ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+  } else {
+    std::string scoped =
+        ctx->req.principal + "\n" + ctx->req.method + "\n" + ctx->req.target + "\n" + key;
+    std::string hash = Idempotency::Hash(ctx->req.body);
+    auto plain = std::make_shared<ApiResponder>(res, d_.metrics, ctx->req.method);
+    auto decision =
+        d_.idempotency->Begin(scoped, hash, [plain](HttpResponse r) { plain->Send(std::move(r)); });
+    if (decision != Idempotency::Decision::kRun) return;
+    ctx->res =
+        std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method, d_.idempotency,
+                                       scoped, hash, d_.cfg.idempotency_max_body_bytes);
+  }
+  RouteFn fn = route->fn;
+  boost::asio::post(*d_.workers, [ctx, fn] {
+    try {
+      fn(ctx);
+    } catch (const std::exception& e) {
+      // Handlers return Status; this is a bug, but the daemon stays up.
+      DSEC_LOG_ERROR("handler threw: {} {}: {}", ctx->req.method, ctx->req.path, e.what());
+      ctx->Fail(500, "internal", "internal error");
+    }
+  });
+}
+
+}  // namespace dsec::edge

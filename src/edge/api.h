@@ -1,0 +1,107 @@
+// The REST API of ../shared/API.md on top of the HTTP server: routing, authentication,
+// idempotency, error mapping and metrics here; the handlers live in api_sandboxes.cc,
+// api_exec.cc and api_files.cc. Handlers run on the worker pool (they may block on sandbox
+// setup or agent calls); long-running ones (exec, streams, attach) return early and finish
+// from the backend's callbacks.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "edge/audit_log.h"
+#include "edge/config.h"
+#include "edge/http_server.h"
+#include "edge/idempotency.h"
+#include "edge/manager.h"
+#include "edge/metrics.h"
+
+namespace dsec::edge {
+
+class Api;
+
+// One request being handled. Shared: async handlers keep it until they answer.
+class Ctx {
+ public:
+  HttpRequest req;
+  std::map<std::string, std::string> params;  // from the route pattern
+  std::shared_ptr<Responder> res;
+  Api* api = nullptr;
+
+  void Reply(int status, const Json& body);
+  void NoContent();
+  void Raw(int status, std::string content_type, std::string body);
+  void Fail(const Status& s);
+  void Fail(int status, std::string_view code, std::string_view message);
+
+  // The sandbox named by the {id} path parameter (validated; touched for idle TTL).
+  StatusOr<std::shared_ptr<SandboxEntry>> Entry();
+  // Its backend sandbox, waiting while it is still being created.
+  StatusOr<std::shared_ptr<backends::Sandbox>> Sandbox(
+      std::shared_ptr<SandboxEntry>* entry = nullptr);
+  // A query parameter that must be given.
+  StatusOr<std::string> RequiredQuery(const char* name) const;
+  // An integer query parameter (default when absent).
+  StatusOr<int64_t> IntQuery(const char* name, int64_t def, int64_t lo, int64_t hi) const;
+  bool FlagQuery(const char* name) const;  // "1" or "true"
+};
+
+using RouteFn = void (*)(const std::shared_ptr<Ctx>&);
+
+struct Route {
+  std::string method;
+  std::vector<std::string> segments;  // literal, or ":name"
+  RouteFn fn;
+  bool upload = false;  // raw body up to max_upload_bytes
+};
+
+class Api {
+ public:
+  struct Deps {
+    EdgeConfig cfg;
+    Manager* manager = nullptr;
+    backends::Backend* backend = nullptr;
+    Idempotency* idempotency = nullptr;
+    Metrics* metrics = nullptr;
+    AuditLog* audit = nullptr;
+    boost::asio::thread_pool* workers = nullptr;
+    boost::asio::io_context* timers = nullptr;  // for waits with deadlines
+    std::vector<std::string> tokens;
+    std::string instance;
+    Json features;
+    std::function<int64_t()> connections;
+  };
+  explicit Api(Deps deps);
+
+  Preflight Check(HttpRequest& headers_only);
+  void Handle(HttpRequest&& req, std::shared_ptr<Responder> res);
+
+  const Deps& deps() const { return d_; }
+  Deps& deps() { return d_; }
+
+ private:
+  const Route* Match(const std::string& method, const std::string& target,
+                     std::map<std::string, std::string>* params, bool* path_known) const;
+  void Add(const char* method, const char* pattern, RouteFn fn, bool upload = false);
+  friend void RegisterSandboxRoutes(Api* api);
+  friend void RegisterExecRoutes(Api* api);
+  friend void RegisterFileRoutes(Api* api);
+
+  Deps d_;
+  std::vector<Route> routes_;
+};
+
+void RegisterSandboxRoutes(Api* api);
+void RegisterExecRoutes(Api* api);
+void RegisterFileRoutes(Api* api);
+
+// HTTP status and API error code for a Status.
+std::pair<int, std::string_view> HttpErrorFor(StatusCode code);
+// A 1-128 char id of [A-Za-z0-9._-] without "..".
+Status ValidateId(std::string_view what, std::string_view id);
+
+}  // namespace dsec::edge

@@ -1,0 +1,716 @@
+// Exec routes: buffered, streamed (NDJSON) and background execs, signal-all, shell sessions
+// and the WebSocket attach. None of them holds a worker thread while a command runs: output
+// and the exit arrive through ExecObserver callbacks on the backend's I/O threads.
+// Every exec is written to the audit log when it starts and when it ends.
+#include <boost/asio/steady_timer.hpp>
+#include <csignal>
+
+#include "base/base64.h"
+#include "base/clock.h"
+#include "base/ids.h"
+#include "edge/api.h"
+#include "edge/json_body.h"
+#include "protocol/frame.h"
+
+namespace dsec::edge {
+
+namespace {
+
+using backends::ExecHandle;
+using backends::ExecObserver;
+using backends::ExecRequest;
+using backends::ExecResult;
+
+constexpr uint64_t kDefaultOutput = 1 << 20;
+constexpr int64_t kMaxTimeoutMs = 86400000;
+
+// Output bytes kept for a JSON string: utf-8 (invalid sequences become U+FFFD when encoded)
+// or base64. A multi-byte character split across chunks is carried to the next chunk.
+class Encoder {
+ public:
+  explicit Encoder(bool base64) : base64_(base64) {}
+  std::string Take(std::string_view data, bool final) {
+    if (base64_) return Base64Encode(data);
+    std::string s = carry_ + std::string(data);
+    carry_.clear();
+    if (!final) {
+      // Keep back an incomplete UTF-8 sequence at the end (at most 3 bytes).
+      size_t n = s.size(), i = n;
+      while (i > 0 && n - i < 3 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) --i;
+      if (i > 0) {
+        unsigned char lead = static_cast<unsigned char>(s[i - 1]);
+        size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+        if (need > 1 && n - (i - 1) < need) {
+          carry_ = s.substr(i - 1);
+          s.resize(i - 1);
+        }
+      }
+    }
+    return s;
+  }
+
+ private:
+  bool base64_;
+  std::string carry_;
+};
+
+struct ExecParams {
+  ExecRequest req;
+  bool base64 = false;
+  bool background = false;
+  Json audit_cmd;
+};
+
+StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
+  DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
+  ExecParams p;
+  DSEC_ASSIGN_OR_RETURN(auto cmd, b.StringArray("cmd", 4096, 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(auto shell, b.String("shell", 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(auto stdin_data, b.String("stdin", cfg.max_json_body_bytes));
+  DSEC_ASSIGN_OR_RETURN(auto stdin_enc, b.String("stdin_encoding", 16));
+  DSEC_ASSIGN_OR_RETURN(auto env, b.StringMap("env", 256, 256, 32 << 10));
+  DSEC_ASSIGN_OR_RETURN(auto cwd, b.String("cwd", 4096));
+  DSEC_ASSIGN_OR_RETURN(auto user, b.String("user", 64));
+  DSEC_ASSIGN_OR_RETURN(auto timeout, b.Int("timeout_ms", 0, kMaxTimeoutMs));
+  DSEC_ASSIGN_OR_RETURN(auto max_out,
+                        b.Int("max_output_bytes", 0, static_cast<int64_t>(cfg.max_output_bytes)));
+  DSEC_ASSIGN_OR_RETURN(auto enc, b.String("encoding", 16));
+  DSEC_ASSIGN_OR_RETURN(auto background, b.Bool("background"));
+  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+  (void)rid;
+  DSEC_RETURN_IF_ERROR(b.Finish());
+  if (cmd.has_value() == shell.has_value())
+    return InvalidArgument("give exactly one of \"cmd\" (an array) and \"shell\" (a string)");
+  if (cmd) {
+    if (cmd->empty() || (*cmd)[0].empty()) return InvalidArgument("\"cmd\" must not be empty");
+    p.req.cmd = *cmd;
+    p.audit_cmd = AuditLog::Command(*cmd);
+  } else {
+    p.req.shell = *shell;
+    p.audit_cmd = AuditLog::Clip(*shell);
+  }
+  if (enc && *enc != "utf-8" && *enc != "base64")
+    return InvalidArgument("\"encoding\" must be \"utf-8\" or \"base64\"");
+  p.base64 = enc && *enc == "base64";
+  if (stdin_data) {
+    if (stdin_enc && *stdin_enc == "base64") {
+      auto d = Base64Decode(*stdin_data);
+      if (!d) return InvalidArgument("\"stdin\" is not valid base64");
+      p.req.stdin_data = std::move(*d);
+    } else if (stdin_enc && *stdin_enc != "utf-8") {
+      return InvalidArgument("\"stdin_encoding\" must be \"utf-8\" or \"base64\"");
+    } else {
+      p.req.stdin_data = std::move(*stdin_data);
+    }
+  }
+  if (env) p.req.env = Flatten(*env);
+  if (cwd) p.req.cwd = *cwd;
+  if (user) p.req.user = *user;
+  p.req.timeout_ms = timeout.value_or(30000);
+  p.req.max_output_bytes = static_cast<uint64_t>(max_out.value_or(kDefaultOutput));
+  p.background = background.value_or(false);
+  return p;
+}
+
+// The exec result fields shared by every response shape (without the output).
+Json ResultJson(const ExecResult& r, bool base64) {
+  return {{"exit_code", r.exit_code},
+          {"signal", r.signal ? Json(r.signal) : Json(nullptr)},
+          {"stdout_truncated", r.stdout_truncated},
+          {"stderr_truncated", r.stderr_truncated},
+          {"timed_out", r.timed_out},
+          {"oom_killed", r.oom_killed},
+          {"duration_ms", r.duration_ms},
+          {"stdout_bytes", r.stdout_bytes},
+          {"stderr_bytes", r.stderr_bytes},
+          {"encoding", base64 ? "base64" : "utf-8"}};
+}
+
+Json ErrorJson(const Status& s) {
+  auto [status, code] = HttpErrorFor(s.code());
+  (void)status;
+  return {{"error", {{"code", code}, {"message", s.message()}}}};
+}
+
+// Audit: one line when a command starts and one when it ends.
+struct Audited {
+  AuditLog* log = nullptr;
+  Metrics* metrics = nullptr;
+  Json base;  // id, sandbox, kind, principal, remote
+
+  static Audited Start(const std::shared_ptr<Ctx>& c, const std::string& sandbox, const char* kind,
+                       Json command, const std::string& user, const std::string& cwd) {
+    Audited a;
+    a.log = c->api->deps().audit;
+    a.metrics = c->api->deps().metrics;
+    a.base = {{"exec", RandomBase32(12)},
+              {"sandbox", sandbox},
+              {"kind", kind},
+              {"principal", c->req.principal},
+              {"remote", c->req.remote}};
+    Json start = a.base;
+    start["event"] = "start";
+    start["command"] = std::move(command);
+    start["user"] = user;
+    start["cwd"] = cwd;
+    a.log->Record(std::move(start));
+    return a;
+  }
+  void End(const StatusOr<ExecResult>& r) const {
+    Json end = base;
+    end["event"] = "exit";
+    if (r.ok()) {
+      end.update(ResultJson(*r, false));
+      end.erase("encoding");
+      metrics->ObserveExec(r->duration_ms / 1000.0);
+    } else {
+      end["error"] = r.status().ToString();
+    }
+    log->Record(std::move(end));
+  }
+};
+
+// Collects output (capped) and calls `done` once with the result JSON, or an error.
+class CollectObserver : public ExecObserver {
+ public:
+  using Done = std::function<void(const StatusOr<Json>&)>;
+  CollectObserver(uint64_t cap, bool base64, Done done, Audited audit,
+                  std::shared_ptr<SandboxEntry> entry)
+      : cap_(cap),
+        base64_(base64),
+        done_(std::move(done)),
+        audit_(std::move(audit)),
+        entry_(std::move(entry)) {}
+
+  void OnOutput(uint8_t stream, std::string_view data) override {
+    std::string& buf = stream == protocol::kStderr ? err_ : out_;
+    // The agent enforces the cap; this keeps a misbehaving agent from growing us.
+    if (buf.size() < cap_) buf.append(data.substr(0, cap_ - buf.size()));
+  }
+  void OnExit(const StatusOr<ExecResult>& r) override {
+    audit_.End(r);
+    entry_->active_execs--;
+    entry_->Touch();
+    if (!r.ok()) return done_(r.status());
+    Json j = ResultJson(*r, base64_);
+    Encoder eo(base64_), ee(base64_);
+    j["stdout"] = eo.Take(out_, true);
+    j["stderr"] = ee.Take(err_, true);
+    done_(j);
+  }
+
+ private:
+  uint64_t cap_;
+  bool base64_;
+  Done done_;
+  Audited audit_;
+  std::shared_ptr<SandboxEntry> entry_;
+  std::string out_, err_;
+};
+
+// Writes NDJSON events to a streaming response. Events that arrive before the stream is
+// started (a fast command) are held and flushed in order by Begin().
+class StreamObserver : public ExecObserver {
+ public:
+  StreamObserver(std::shared_ptr<Responder> res, bool base64, Audited audit,
+                 std::shared_ptr<SandboxEntry> entry)
+      : res_(std::move(res)),
+        out_(base64),
+        err_(base64),
+        base64_(base64),
+        audit_(std::move(audit)),
+        entry_(std::move(entry)) {}
+
+  void Begin() {
+    std::lock_guard<std::mutex> l(mu_);
+    res_->StartStream(200, "application/x-ndjson", {{"Cache-Control", "no-store"}});
+    started_ = true;
+    for (auto& line : pending_) res_->Write(std::move(line));
+    pending_.clear();
+    if (!final_.empty()) res_->End(std::move(final_));
+  }
+  void OnOutput(uint8_t stream, std::string_view data) override {
+    bool is_err = stream == protocol::kStderr;
+    std::string text = (is_err ? err_ : out_).Take(data, false);
+    if (text.empty()) return;
+    Emit(Json{{is_err ? "stderr" : "stdout", text}});
+  }
+  void OnExit(const StatusOr<ExecResult>& r) override {
+    audit_.End(r);
+    entry_->active_execs--;
+    entry_->Touch();
+    for (bool is_err : {false, true}) {
+      std::string rest = (is_err ? err_ : out_).Take("", true);
+      if (!rest.empty()) Emit(Json{{is_err ? "stderr" : "stdout", rest}});
+    }
+    Json last = r.ok() ? Json{{"exit", ResultJson(*r, base64_)}} : ErrorJson(r.status());
+    std::string line = last.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+    std::lock_guard<std::mutex> l(mu_);
+    if (started_) {
+      res_->End(std::move(line));
+    } else {
+      final_ = std::move(line);
+    }
+  }
+
+ private:
+  void Emit(const Json& j) {
+    std::string line = j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+    std::lock_guard<std::mutex> l(mu_);
+    if (started_) {
+      res_->Write(std::move(line));
+    } else {
+      pending_.push_back(std::move(line));
+    }
+  }
+  std::shared_ptr<Responder> res_;
+  Encoder out_, err_;
+  bool base64_;
+  Audited audit_;
+  std::shared_ptr<SandboxEntry> entry_;
+  std::mutex mu_;
+  bool started_ = false;
+  std::vector<std::string> pending_;
+  std::string final_;
+};
+
+Json BackgroundJson(BackgroundExec& b) {
+  std::lock_guard<std::mutex> l(b.mu);
+  Json j = {{"exec_id", b.id},
+            {"state", b.done ? "exited" : "running"},
+            {"started_at", b.started_at},
+            {"result", nullptr}};
+  if (b.done) {
+    if (b.result.contains("error")) {
+      j["error"] = b.result["error"];
+    } else {
+      j["result"] = b.result;
+    }
+  }
+  return j;
+}
+
+// Reserves one of the sandbox's concurrent exec slots.
+Status TakeExecSlot(SandboxEntry& e, int max) {
+  if (e.active_execs.fetch_add(1) >= max) {
+    e.active_execs--;
+    return OverCapacity("sandbox " + e.id + " already runs " + std::to_string(max) +
+                        " commands at once");
+  }
+  return OkStatus();
+}
+
+void Exec(const std::shared_ptr<Ctx>& c) {
+  const auto& d = c->api->deps();
+  auto p = ParseExec(c->req.body, d.cfg);
+  if (!p.ok()) return c->Fail(p.status());
+  std::shared_ptr<SandboxEntry> e;
+  auto sb = c->Sandbox(&e);
+  if (!sb.ok()) return c->Fail(sb.status());
+  if (Status s = TakeExecSlot(*e, d.cfg.max_execs_per_sandbox); !s.ok()) {
+    d.metrics->CountReject("execs_per_sandbox");
+    return c->Fail(s);
+  }
+  const std::string& user = p->req.user.empty() ? e->params.user : p->req.user;
+  const std::string& cwd = p->req.cwd.empty() ? e->params.workdir : p->req.cwd;
+  const char* kind = p->background ? "background" : "exec";
+  Audited audit = Audited::Start(c, e->id, kind, p->audit_cmd, user, cwd);
+
+  if (c->FlagQuery("stream") && !p->background) {
+    auto obs = std::make_shared<StreamObserver>(c->res, p->base64, audit, e);
+    auto h = (*sb)->StartExec(p->req, obs);
+    if (!h.ok()) {
+      e->active_execs--;
+      audit.End(h.status());
+      return c->Fail(h.status());
+    }
+    obs->Begin();
+    // API.md: a client that goes away takes its command with it.
+    std::weak_ptr<ExecHandle> weak = *h;
+    c->res->OnDisconnect([weak] {
+      if (auto handle = weak.lock()) handle->Kill();
+    });
+    return;
+  }
+  if (p->background) {
+    auto bg = e->AddBackground(static_cast<size_t>(d.cfg.max_background_execs_kept));
+    auto obs = std::make_shared<CollectObserver>(
+        p->req.max_output_bytes, p->base64,
+        [bg](const StatusOr<Json>& r) {
+          std::map<uint64_t, std::function<void()>> ws;
+          {
+            std::lock_guard<std::mutex> l(bg->mu);
+            bg->done = true;
+            bg->result = r.ok() ? *r : ErrorJson(r.status());
+            bg->handle.reset();
+            ws.swap(bg->waiters);
+          }
+          for (auto& [id, w] : ws) w();
+        },
+        audit, e);
+    auto h = (*sb)->StartExec(p->req, obs);
+    if (!h.ok()) {
+      e->active_execs--;
+      audit.End(h.status());
+      return c->Fail(h.status());
+    }
+    {
+      std::lock_guard<std::mutex> l(bg->mu);
+      if (!bg->done) bg->handle = *h;
+    }
+    return c->Reply(202, {{"exec_id", bg->id}});
+  }
+  auto obs = std::make_shared<CollectObserver>(
+      p->req.max_output_bytes, p->base64,
+      [c](const StatusOr<Json>& r) {
+        if (!r.ok()) return c->Fail(r.status());
+        c->Reply(200, *r);
+      },
+      audit, e);
+  auto h = (*sb)->StartExec(p->req, obs);
+  if (!h.ok()) {
+    e->active_execs--;
+    audit.End(h.status());
+    return c->Fail(h.status());
+  }
+}
+
+StatusOr<std::shared_ptr<BackgroundExec>> FindExec(const std::shared_ptr<Ctx>& c) {
+  DSEC_ASSIGN_OR_RETURN(auto e, c->Entry());
+  DSEC_RETURN_IF_ERROR(ValidateId("exec id", c->params["eid"]));
+  auto bg = e->FindBackground(c->params["eid"]);
+  if (!bg) return NotFound("exec " + c->params["eid"] + " not found in sandbox " + e->id);
+  return bg;
+}
+
+void ListExecs(const std::shared_ptr<Ctx>& c) {
+  auto e = c->Entry();
+  if (!e.ok()) return c->Fail(e.status());
+  Json list = Json::array();
+  for (auto& b : (*e)->Backgrounds()) list.push_back(BackgroundJson(*b));
+  c->Reply(200, {{"execs", list}});
+}
+
+void GetExec(const std::shared_ptr<Ctx>& c) {
+  auto bg = FindExec(c);
+  if (!bg.ok()) return c->Fail(bg.status());
+  auto wait = c->IntQuery("wait_ms", 0, 0, 600000);
+  if (!wait.ok()) return c->Fail(wait.status());
+  auto b = *bg;
+  {
+    std::unique_lock<std::mutex> l(b->mu);
+    if (b->done || *wait == 0) {
+      l.unlock();
+      return c->Reply(200, BackgroundJson(*b));
+    }
+    // Answer when it ends or when the wait is over, whichever is first; no thread waits.
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    auto timer = std::make_shared<boost::asio::steady_timer>(*c->api->deps().timers);
+    timer->expires_after(std::chrono::milliseconds(*wait));
+    uint64_t id = b->next_waiter++;
+    b->waiters[id] = [c, b, answered, timer] {
+      if (answered->exchange(true)) return;
+      timer->cancel();
+      c->Reply(200, BackgroundJson(*b));
+    };
+    timer->async_wait([c, b, answered, timer, id](const boost::system::error_code&) {
+      {
+        std::lock_guard<std::mutex> l(b->mu);
+        b->waiters.erase(id);
+      }
+      if (answered->exchange(true)) return;
+      c->Reply(200, BackgroundJson(*b));
+    });
+  }
+}
+
+void KillExec(const std::shared_ptr<Ctx>& c) {
+  auto bg = FindExec(c);
+  if (!bg.ok()) return c->Fail(bg.status());
+  std::shared_ptr<ExecHandle> h;
+  {
+    std::lock_guard<std::mutex> l((*bg)->mu);
+    h = (*bg)->handle;
+  }
+  if (h) h->Kill();
+  c->NoContent();
+}
+
+StatusOr<int> ParseSignal(const Json* v) {
+  if (!v) return InvalidArgument("\"signal\" is required");
+  if (v->is_number_integer()) {
+    int64_t n = v->get<int64_t>();
+    if (n < 1 || n > 64) return InvalidArgument("signal numbers are 1-64");
+    return static_cast<int>(n);
+  }
+  if (!v->is_string()) return InvalidArgument("\"signal\" must be a name or a number");
+  std::string s = v->get<std::string>();
+  if (s.rfind("SIG", 0) == 0) s = s.substr(3);
+  static const std::pair<const char*, int> kNames[] = {
+      {"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"KILL", SIGKILL},
+      {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"TERM", SIGTERM}, {"STOP", SIGSTOP},
+      {"CONT", SIGCONT}, {"ALRM", SIGALRM}, {"PIPE", SIGPIPE}, {"WINCH", SIGWINCH}};
+  for (const auto& [name, sig] : kNames)
+    if (s == name) return sig;
+  return InvalidArgument("unknown signal \"" + v->get<std::string>() + "\"");
+}
+
+void SignalAll(const std::shared_ptr<Ctx>& c) {
+  auto run = [&]() -> StatusOr<int> {
+    DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
+    const Json* sig = b.Raw("signal");
+    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+    (void)rid;
+    DSEC_RETURN_IF_ERROR(b.Finish());
+    DSEC_ASSIGN_OR_RETURN(int signo, ParseSignal(sig));
+    DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
+    return sb->SignalAll(signo);
+  };
+  auto n = run();
+  if (!n.ok()) return c->Fail(n.status());
+  c->Reply(200, {{"signaled", *n}});
+}
+
+// --- shells --------------------------------------------------------------------------------
+
+void OpenShell(const std::shared_ptr<Ctx>& c) {
+  auto run = [&]() -> StatusOr<std::string> {
+    DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
+    DSEC_ASSIGN_OR_RETURN(auto user, b.String("user", 64));
+    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+    (void)rid;
+    DSEC_RETURN_IF_ERROR(b.Finish());
+    DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
+    return sb->OpenShell(user.value_or(""));
+  };
+  auto id = run();
+  if (!id.ok()) return c->Fail(id.status());
+  c->Reply(201, {{"shell_id", *id}});
+}
+
+void ListShells(const std::shared_ptr<Ctx>& c) {
+  auto sb = c->Sandbox();
+  if (!sb.ok()) return c->Fail(sb.status());
+  c->Reply(200, {{"shells", (*sb)->ListShells()}});
+}
+
+void RunShell(const std::shared_ptr<Ctx>& c) {
+  const auto& d = c->api->deps();
+  struct Req {
+    std::string command;
+    int64_t timeout_ms;
+    uint64_t max_output;
+    bool base64;
+  };
+  auto parse = [&]() -> StatusOr<Req> {
+    DSEC_RETURN_IF_ERROR(ValidateId("shell id", c->params["sid"]));
+    DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
+    DSEC_ASSIGN_OR_RETURN(auto cmd, b.String("command", 1 << 20));
+    DSEC_ASSIGN_OR_RETURN(auto timeout, b.Int("timeout_ms", 0, kMaxTimeoutMs));
+    DSEC_ASSIGN_OR_RETURN(
+        auto max_out, b.Int("max_output_bytes", 0, static_cast<int64_t>(d.cfg.max_output_bytes)));
+    DSEC_ASSIGN_OR_RETURN(auto enc, b.String("encoding", 16));
+    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+    (void)rid;
+    DSEC_RETURN_IF_ERROR(b.Finish());
+    if (!cmd) return InvalidArgument("\"command\" is required");
+    if (enc && *enc != "utf-8" && *enc != "base64")
+      return InvalidArgument("\"encoding\" must be \"utf-8\" or \"base64\"");
+    return Req{*cmd, timeout.value_or(60000),
+               static_cast<uint64_t>(max_out.value_or(kDefaultOutput)), enc && *enc == "base64"};
+  };
+  auto r = parse();
+  if (!r.ok()) return c->Fail(r.status());
+  std::shared_ptr<SandboxEntry> e;
+  auto sb = c->Sandbox(&e);
+  if (!sb.ok()) return c->Fail(sb.status());
+  if (Status s = TakeExecSlot(*e, d.cfg.max_execs_per_sandbox); !s.ok()) return c->Fail(s);
+  Audited audit = Audited::Start(c, e->id, "shell", AuditLog::Clip(r->command), e->params.user,
+                                 "shell:" + c->params["sid"]);
+  auto obs = std::make_shared<CollectObserver>(
+      r->max_output, r->base64,
+      [c](const StatusOr<Json>& res) {
+        if (!res.ok()) return c->Fail(res.status());
+        c->Reply(200, *res);
+      },
+      audit, e);
+  auto h = (*sb)->RunInShell(c->params["sid"], r->command, r->timeout_ms, r->max_output, obs);
+  if (!h.ok()) {
+    e->active_execs--;
+    audit.End(h.status());
+    return c->Fail(h.status());
+  }
+}
+
+void CloseShell(const std::shared_ptr<Ctx>& c) {
+  Status s = ValidateId("shell id", c->params["sid"]);
+  auto sb = c->Sandbox();
+  if (s.ok()) s = sb.status();
+  if (s.ok()) s = (*sb)->CloseShell(c->params["sid"]);
+  if (!s.ok()) return c->Fail(s);
+  c->NoContent();
+}
+
+// --- attach ------------------------------------------------------------------------------
+
+class AttachSession : public WebSocketHandler,
+                      public ExecObserver,
+                      public std::enable_shared_from_this<AttachSession> {
+ public:
+  AttachSession(std::shared_ptr<backends::Sandbox> sb, ExecRequest req, Audited audit,
+                std::shared_ptr<SandboxEntry> entry)
+      : sb_(std::move(sb)),
+        req_(std::move(req)),
+        audit_(std::move(audit)),
+        entry_(std::move(entry)) {}
+
+  void OnOpen(std::shared_ptr<WebSocketConn> conn) override {
+    std::lock_guard<std::mutex> l(mu_);
+    conn_ = conn;
+    auto h = sb_->StartExec(req_, shared_from_this());
+    if (!h.ok()) {
+      entry_->active_execs--;
+      audit_.End(h.status());
+      conn->Send(ErrorJson(h.status()).dump(), false);
+      conn->Close();
+      return;
+    }
+    handle_ = *h;
+  }
+  void OnMessage(std::string data, bool binary) override {
+    std::shared_ptr<ExecHandle> h;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      h = handle_;
+    }
+    if (!h) return;
+    if (binary) {
+      if (Status s = h->WriteStdin(std::move(data)); !s.ok()) Abort(s);
+      return;
+    }
+    auto j = protocol::ParseJson(data);
+    if (!j.ok() || !j->is_object())
+      return Abort(InvalidArgument("control frames are JSON objects"));
+    if (auto it = j->find("resize"); it != j->end()) {
+      if (it->is_array() && it->size() == 2 && (*it)[0].is_number_unsigned() &&
+          (*it)[1].is_number_unsigned())
+        h->Resize(static_cast<uint16_t>(std::min<uint64_t>((*it)[0].get<uint64_t>(), 65535)),
+                  static_cast<uint16_t>(std::min<uint64_t>((*it)[1].get<uint64_t>(), 65535)));
+    }
+    if (auto it = j->find("signal"); it != j->end()) {
+      auto sig = ParseSignal(&*it);
+      if (sig.ok()) h->Signal(*sig);
+    }
+    if (j->value("eof", false)) h->CloseStdin();
+  }
+  void OnClose() override {
+    std::shared_ptr<ExecHandle> h;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      h = handle_;
+      conn_.reset();
+    }
+    if (h && !exited_) h->Kill();  // the client went away: so does its command
+  }
+  void OnOutput(uint8_t stream, std::string_view data) override {
+    auto conn = Conn();
+    if (!conn) return;
+    if (stream == protocol::kStderr && !req_.tty) {
+      conn->Send(Json({{"stderr", Base64Encode(data)}}).dump(), false);
+    } else {
+      conn->Send(std::string(data), true);
+    }
+  }
+  void OnExit(const StatusOr<ExecResult>& r) override {
+    exited_ = true;
+    audit_.End(r);
+    entry_->active_execs--;
+    entry_->Touch();
+    auto conn = Conn();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      handle_.reset();
+    }
+    if (!conn) return;
+    Json last = r.ok() ? Json{{"exit", ResultJson(*r, false)}} : ErrorJson(r.status());
+    conn->Send(last.dump(-1, ' ', false, Json::error_handler_t::replace), false);
+    conn->Close();
+  }
+
+ private:
+  std::shared_ptr<WebSocketConn> Conn() {
+    std::lock_guard<std::mutex> l(mu_);
+    return conn_;
+  }
+  void Abort(const Status& s) {
+    if (auto conn = Conn()) {
+      conn->Send(ErrorJson(s).dump(), false);
+      conn->Close();
+    }
+  }
+  std::shared_ptr<backends::Sandbox> sb_;
+  ExecRequest req_;
+  Audited audit_;
+  std::shared_ptr<SandboxEntry> entry_;
+  std::mutex mu_;
+  std::shared_ptr<WebSocketConn> conn_;
+  std::shared_ptr<ExecHandle> handle_;
+  std::atomic<bool> exited_{false};
+};
+
+void Attach(const std::shared_ptr<Ctx>& c) {
+  const auto& d = c->api->deps();
+  if (!c->req.websocket_upgrade)
+    return c->Fail(400, "bad_request", "attach needs a WebSocket upgrade request");
+  ExecRequest req;
+  req.cmd = c->req.QueryAll("cmd");
+  if (const std::string* sh = c->req.Query("shell")) req.shell = *sh;
+  if (req.cmd.empty() && !req.shell) req.cmd = {"/bin/bash"};
+  if (!req.cmd.empty() && req.shell)
+    return c->Fail(400, "bad_request", "give \"cmd\" or \"shell\", not both");
+  req.tty = c->FlagQuery("tty");
+  auto cols = c->IntQuery("cols", 80, 1, 65535);
+  auto rows = c->IntQuery("rows", 24, 1, 65535);
+  auto timeout = c->IntQuery("timeout_ms", 0, 0, kMaxTimeoutMs);
+  for (const auto* s : {&cols, &rows, &timeout})
+    if (!s->ok()) return c->Fail(s->status());
+  req.cols = static_cast<uint16_t>(*cols);
+  req.rows = static_cast<uint16_t>(*rows);
+  req.timeout_ms = *timeout;
+  req.max_output_bytes = d.cfg.max_output_bytes;
+  req.stdin_stream = true;
+  if (const std::string* u = c->req.Query("user")) req.user = *u;
+  if (const std::string* w = c->req.Query("cwd")) req.cwd = *w;
+  for (const auto& kv : c->req.QueryAll("env")) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return c->Fail(400, "bad_request", "env parameters are KEY=VALUE");
+    req.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  std::shared_ptr<SandboxEntry> e;
+  auto sb = c->Sandbox(&e);
+  if (!sb.ok()) return c->Fail(sb.status());
+  if (Status s = TakeExecSlot(*e, d.cfg.max_execs_per_sandbox); !s.ok()) return c->Fail(s);
+  Json cmd = req.shell ? Json(AuditLog::Clip(*req.shell)) : AuditLog::Command(req.cmd);
+  Audited audit =
+      Audited::Start(c, e->id, "attach", cmd, req.user.empty() ? e->params.user : req.user,
+                     req.cwd.empty() ? e->params.workdir : req.cwd);
+  c->res->AcceptWebSocket(std::make_shared<AttachSession>(*sb, std::move(req), audit, e));
+}
+
+}  // namespace
+
+void RegisterExecRoutes(Api* a) {
+  a->Add("POST", "/v1/sandboxes/:id/exec", Exec);
+  a->Add("GET", "/v1/sandboxes/:id/execs", ListExecs);
+  a->Add("GET", "/v1/sandboxes/:id/execs/:eid", GetExec);
+  a->Add("DELETE", "/v1/sandboxes/:id/execs/:eid", KillExec);
+  a->Add("POST", "/v1/sandboxes/:id/signal", SignalAll);
+  a->Add("POST", "/v1/sandboxes/:id/shells", OpenShell);
+  a->Add("GET", "/v1/sandboxes/:id/shells", ListShells);
+  a->Add("POST", "/v1/sandboxes/:id/shells/:sid/run", RunShell);
+  a->Add("DELETE", "/v1/sandboxes/:id/shells/:sid", CloseShell);
+  a->Add("GET", "/v1/sandboxes/:id/attach", Attach);
+}
+
+}  // namespace dsec::edge

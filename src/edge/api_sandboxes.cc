@@ -1,0 +1,262 @@
+// Sandbox lifecycle routes: create/get/list/patch/delete, stats, pause/resume, jobs, and the
+// node-level endpoints (health, node, images, metrics).
+#include <boost/asio/post.hpp>
+
+#include "edge/api.h"
+#include "edge/json_body.h"
+
+namespace dsec::edge {
+
+namespace {
+
+constexpr int64_t kMaxTtlS = 30 * 86400;
+
+Status ValidateLabels(const std::map<std::string, std::optional<std::string>>& labels) {
+  for (const auto& [k, v] : labels)
+    for (char c : k)
+      if (!isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' && c != '/')
+        return InvalidArgument("label keys are 1-63 characters of A-Z a-z 0-9 . _ - /");
+  return OkStatus();
+}
+
+// "network": {"mode": "none"} is what this node offers.
+Status CheckNetwork(const Json* n) {
+  if (!n) return OkStatus();
+  if (!n->is_object() || !n->contains("mode") || !(*n)["mode"].is_string())
+    return InvalidArgument("\"network\" must be {\"mode\": \"none\" | \"allowlist\", ...}");
+  std::string mode = (*n)["mode"];
+  for (const auto& [k, v] : n->items())
+    if (k != "mode" && k != "rules") return InvalidArgument("unknown field \"network." + k + "\"");
+  if (mode == "none") {
+    if (n->contains("rules")) return InvalidArgument("\"rules\" needs network mode \"allowlist\"");
+    return OkStatus();
+  }
+  if (mode == "allowlist")
+    return Unimplemented("network mode \"allowlist\" (egress) is not available on this node yet");
+  return InvalidArgument("network mode must be \"none\" or \"allowlist\"");
+}
+
+StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
+                                                   bool* count_given) {
+  DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
+  CreateParams p;
+  p.cpu = cfg.default_cpu;
+  p.memory_mb = cfg.default_memory_mb;
+  p.pids = cfg.default_pids;
+  p.disk_mb = cfg.default_disk_mb;
+  p.ttl_s = cfg.default_ttl_s;
+  DSEC_ASSIGN_OR_RETURN(auto kind, b.String("kind", 32));
+  DSEC_ASSIGN_OR_RETURN(auto image, b.String("image", 256));
+  DSEC_ASSIGN_OR_RETURN(auto cpu, b.Number("cpu", 0.01, 64));
+  DSEC_ASSIGN_OR_RETURN(auto memory, b.Int("memory_mb", 16, 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(auto pids, b.Int("pids", 8, 1 << 22));
+  DSEC_ASSIGN_OR_RETURN(auto disk, b.Int("disk_mb", 1, 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(auto ttl, b.Int("ttl_s", 1, kMaxTtlS));
+  DSEC_ASSIGN_OR_RETURN(auto idle, b.Int("idle_ttl_s", 0, kMaxTtlS));
+  DSEC_ASSIGN_OR_RETURN(auto user, b.String("user", 64));
+  DSEC_ASSIGN_OR_RETURN(auto workdir, b.String("workdir", 1024));
+  DSEC_ASSIGN_OR_RETURN(auto env, b.StringMap("env", 256, 256, 32 << 10));
+  DSEC_ASSIGN_OR_RETURN(auto labels, b.StringMap("labels", 64, 63, 256));
+  DSEC_ASSIGN_OR_RETURN(auto count, b.Int("count", 1, cfg.max_count));
+  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+  (void)rid;
+  const Json* network = b.Raw("network");
+  const Json* pool = b.Raw("pool");
+  DSEC_RETURN_IF_ERROR(b.Finish());
+  if (kind) {
+    if (*kind == "microvm")
+      return Unimplemented("kind \"microvm\" is not available on this node yet");
+    if (*kind != "container") return InvalidArgument("kind must be \"container\" or \"microvm\"");
+  }
+  if (pool) return Unimplemented("pools are not available on this node yet");
+  DSEC_RETURN_IF_ERROR(CheckNetwork(network));
+  if (image) p.image = *image;
+  if (cpu) p.cpu = *cpu;
+  if (memory) p.memory_mb = *memory;
+  if (pids) p.pids = *pids;
+  if (disk) p.disk_mb = *disk;
+  if (ttl) p.ttl_s = *ttl;
+  if (idle) p.idle_ttl_s = *idle;
+  if (user) {
+    DSEC_RETURN_IF_ERROR(backends::ResolveUser(*user).status());
+    p.user = *user;
+  }
+  if (workdir) {
+    if (workdir->empty() || (*workdir)[0] != '/' || workdir->find('\0') != std::string::npos)
+      return InvalidArgument("\"workdir\" must be an absolute path");
+    p.workdir = *workdir;
+  }
+  if (env) {
+    for (const auto& [k, v] : *env)
+      if (k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+          (v && v->find('\0') != std::string::npos))
+        return InvalidArgument("env names must not contain '=' or NUL, values no NUL");
+    p.env = Flatten(*env);
+  }
+  if (labels) {
+    DSEC_RETURN_IF_ERROR(ValidateLabels(*labels));
+    p.labels = Flatten(*labels);
+  }
+  *count_given = count.has_value();
+  return std::make_pair(p, static_cast<int>(count.value_or(1)));
+}
+
+void CreateSandbox(const std::shared_ptr<Ctx>& c) {
+  bool count_given = false;
+  auto parsed = ParseCreate(c->req.body, c->api->deps().cfg, &count_given);
+  if (!parsed.ok()) return c->Fail(parsed.status());
+  const std::string* wait = c->req.Query("wait");
+  bool wait_ready = !(wait && (*wait == "0" || *wait == "false"));
+  auto* workers = c->api->deps().workers;
+  auto made = c->api->deps().manager->Create(
+      parsed->first, parsed->second, wait_ready,
+      [workers](std::function<void()> task) { boost::asio::post(*workers, std::move(task)); });
+  if (!made.ok()) return c->Fail(made.status());
+  if (count_given) return c->Reply(201, {{"sandboxes", *made}});
+  c->Reply(201, made->front());
+}
+
+void GetSandbox(const std::shared_ptr<Ctx>& c) {
+  auto e = c->Entry();
+  if (!e.ok()) return c->Fail(e.status());
+  c->Reply(200, c->api->deps().manager->Record(**e));
+}
+
+void ListSandboxes(const std::shared_ptr<Ctx>& c) {
+  ListFilter f;
+  for (const auto& l : c->req.QueryAll("label")) {
+    size_t eq = l.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return c->Fail(400, "bad_request", "label filters are key=value");
+    f.labels.emplace_back(l.substr(0, eq), l.substr(eq + 1));
+  }
+  if (const std::string* s = c->req.Query("state")) {
+    if (*s != "creating" && *s != "running" && *s != "paused" && *s != "failed")
+      return c->Fail(400, "bad_request", "state must be creating, running, paused or failed");
+    f.state = *s;
+  }
+  if (const std::string* k = c->req.Query("kind")) f.kind = *k;
+  auto limit = c->IntQuery("limit", 100, 1, 1000);
+  if (!limit.ok()) return c->Fail(limit.status());
+  f.limit = static_cast<size_t>(*limit);
+  if (const std::string* cur = c->req.Query("cursor")) f.cursor = *cur;
+  auto r = c->api->deps().manager->List(f);
+  if (!r.ok()) return c->Fail(r.status());
+  c->Reply(200, *r);
+}
+
+void PatchSandbox(const std::shared_ptr<Ctx>& c) {
+  auto run = [&]() -> StatusOr<Json> {
+    DSEC_RETURN_IF_ERROR(ValidateId("sandbox id", c->params["id"]));
+    DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
+    PatchParams p;
+    DSEC_ASSIGN_OR_RETURN(p.ttl_s, b.Int("ttl_s", 1, kMaxTtlS));
+    DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, b.Int("idle_ttl_s", 0, kMaxTtlS));
+    DSEC_ASSIGN_OR_RETURN(auto labels, b.StringMap("labels", 64, 63, 256, /*null_deletes=*/true));
+    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+    (void)rid;
+    const Json* network = b.Raw("network");
+    DSEC_RETURN_IF_ERROR(b.Finish());
+    DSEC_RETURN_IF_ERROR(CheckNetwork(network));
+    if (labels) {
+      DSEC_RETURN_IF_ERROR(ValidateLabels(*labels));
+      p.labels = *labels;
+    }
+    return c->api->deps().manager->Patch(c->params["id"], p);
+  };
+  auto r = run();
+  if (!r.ok()) return c->Fail(r.status());
+  c->Reply(200, *r);
+}
+
+void DeleteSandbox(const std::shared_ptr<Ctx>& c) {
+  Status s = ValidateId("sandbox id", c->params["id"]);
+  if (s.ok()) s = c->api->deps().manager->Delete(c->params["id"]);
+  if (!s.ok()) return c->Fail(s);
+  c->NoContent();
+}
+
+void Stats(const std::shared_ptr<Ctx>& c) {
+  auto sb = c->Sandbox();
+  if (!sb.ok()) return c->Fail(sb.status());
+  auto st = (*sb)->Stats();
+  if (!st.ok()) return c->Fail(st.status());
+  c->Reply(200, {{"cpu_time_ms", static_cast<double>(st->cpu_usage_us) / 1000.0},
+                 {"memory_current", st->memory_current},
+                 {"memory_peak", st->memory_peak},
+                 {"memory_limit", st->memory_limit},
+                 {"disk_used", st->disk_used},
+                 {"disk_limit", st->disk_limit},
+                 {"pids", st->pids},
+                 {"oom_kills", st->oom_kills},
+                 {"exec_count", st->exec_count}});
+}
+
+void PauseOrResume(const std::shared_ptr<Ctx>& c, bool pause) {
+  Status s = ValidateId("sandbox id", c->params["id"]);
+  if (!s.ok()) return c->Fail(s);
+  if (auto b = JsonBody::Parse(c->req.body); !b.ok()) return c->Fail(b.status());
+  auto* m = c->api->deps().manager;
+  auto r = pause ? m->Pause(c->params["id"]) : m->Resume(c->params["id"]);
+  if (!r.ok()) return c->Fail(r.status());
+  c->Reply(200, *r);
+}
+void Pause(const std::shared_ptr<Ctx>& c) { PauseOrResume(c, true); }
+void Resume(const std::shared_ptr<Ctx>& c) { PauseOrResume(c, false); }
+
+void Job(const std::shared_ptr<Ctx>& c, const char* action) {
+  const std::string& job = c->params["job"];
+  if (job.empty() || job.size() > 256) return c->Fail(400, "bad_request", "bad job name");
+  auto n = c->api->deps().manager->JobAction(job, action);
+  if (!n.ok()) return c->Fail(n.status());
+  c->Reply(200, {{"affected", *n}});
+}
+void PauseJob(const std::shared_ptr<Ctx>& c) { Job(c, "pause"); }
+void ResumeJob(const std::shared_ptr<Ctx>& c) { Job(c, "resume"); }
+void DeleteJob(const std::shared_ptr<Ctx>& c) { Job(c, "delete"); }
+
+void Health(const std::shared_ptr<Ctx>& c) { c->Reply(200, {{"ok", true}}); }
+
+void Node(const std::shared_ptr<Ctx>& c) {
+  const auto& d = c->api->deps();
+  Json j = d.manager->NodeInfo();
+  j["version"] = DSEC_VERSION;
+  j["instance"] = d.instance;
+  j["backends"] = Json::array({"container"});
+  j["pools"] = Json::array();
+  j["features"] = d.features;
+  j["connections"] = d.connections ? d.connections() : 0;
+  c->Reply(200, j);
+}
+
+void Images(const std::shared_ptr<Ctx>& c) {
+  c->Reply(200, {{"images", Json::array({{{"name", "host"}, {"builtin", true}}})}});
+}
+
+void MetricsText(const std::shared_ptr<Ctx>& c) {
+  const auto& d = c->api->deps();
+  c->Raw(200, "text/plain; version=0.0.4; charset=utf-8",
+         d.metrics->Render(d.manager->Gauges(), d.connections ? d.connections() : 0));
+}
+
+}  // namespace
+
+void RegisterSandboxRoutes(Api* a) {
+  a->Add("POST", "/v1/sandboxes", CreateSandbox);
+  a->Add("GET", "/v1/sandboxes", ListSandboxes);
+  a->Add("GET", "/v1/sandboxes/:id", GetSandbox);
+  a->Add("PATCH", "/v1/sandboxes/:id", PatchSandbox);
+  a->Add("DELETE", "/v1/sandboxes/:id", DeleteSandbox);
+  a->Add("GET", "/v1/sandboxes/:id/stats", Stats);
+  a->Add("POST", "/v1/sandboxes/:id/pause", Pause);
+  a->Add("POST", "/v1/sandboxes/:id/resume", Resume);
+  a->Add("POST", "/v1/jobs/:job/pause", PauseJob);
+  a->Add("POST", "/v1/jobs/:job/resume", ResumeJob);
+  a->Add("DELETE", "/v1/jobs/:job", DeleteJob);
+  a->Add("GET", "/v1/health", Health);
+  a->Add("GET", "/v1/node", Node);
+  a->Add("GET", "/v1/images", Images);
+  a->Add("GET", "/metrics", MetricsText);
+}
+
+}  // namespace dsec::edge

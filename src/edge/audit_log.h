@@ -1,0 +1,45 @@
+// The exec audit log: one JSON line per exec, shell command and attach session (who, when,
+// which sandbox, the command, exit, sizes), for reward-hacking forensics. It lives on the host
+// under a root-only directory that no sandbox can see (the state dir is hidden from every
+// image), and rotates by size: exec.log -> exec.log.1 -> ... keeping `keep` old files.
+// Thread safety: Record is thread-safe; each line is one write(2) with O_APPEND.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+#include "protocol/messages.h"
+
+namespace dsec::edge {
+
+class AuditLog {
+ public:
+  static StatusOr<std::unique_ptr<AuditLog>> Open(const std::string& path, uint64_t max_bytes,
+                                                  int keep);
+  // Adds "time_ms" and writes the entry as one line. Never fails the caller: an I/O error is
+  // counted and logged once.
+  void Record(protocol::Json entry);
+  uint64_t write_errors() const { return write_errors_; }
+
+  // A command as the log keeps it: at most this many bytes of each argument and in total.
+  static protocol::Json Command(const std::vector<std::string>& argv);
+  static std::string Clip(const std::string& s);
+
+ private:
+  AuditLog() = default;
+  void RotateLocked();
+
+  std::string path_;
+  uint64_t max_bytes_ = 0;
+  int keep_ = 0;
+  std::mutex mu_;
+  UniqueFd fd_;        // GUARDED_BY(mu_)
+  uint64_t size_ = 0;  // GUARDED_BY(mu_)
+  uint64_t write_errors_ = 0;
+};
+
+}  // namespace dsec::edge

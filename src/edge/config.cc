@@ -1,0 +1,189 @@
+#include "edge/config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <variant>
+
+#include "base/file_util.h"
+#include "base/strings.h"
+
+namespace dsec::edge {
+
+namespace {
+
+using Field = std::variant<std::string*, bool*, int*, int64_t*, uint64_t*, double*>;
+
+std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
+  return {
+      {"listen", &c->listen},
+      {"socket", &c->socket},
+      {"state_dir", &c->state_dir},
+      {"token_file", &c->token_file},
+      {"node", &c->node},
+      {"persist", &c->persist},
+      {"log_level", &c->log_level},
+      {"max_sandboxes", &c->max_sandboxes},
+      {"memory_overcommit", &c->memory_overcommit},
+      {"reserve_memory_mb", &c->reserve_memory_mb},
+      {"default_cpu", &c->default_cpu},
+      {"default_memory_mb", &c->default_memory_mb},
+      {"default_pids", &c->default_pids},
+      {"default_disk_mb", &c->default_disk_mb},
+      {"default_ttl_s", &c->default_ttl_s},
+      {"max_header_bytes", &c->max_header_bytes},
+      {"max_json_body_bytes", &c->max_json_body_bytes},
+      {"max_upload_bytes", &c->max_upload_bytes},
+      {"max_download_bytes", &c->max_download_bytes},
+      {"max_output_bytes", &c->max_output_bytes},
+      {"max_execs_per_sandbox", &c->max_execs_per_sandbox},
+      {"max_background_execs_kept", &c->max_background_execs_kept},
+      {"max_connections", &c->max_connections},
+      {"idle_timeout_s", &c->idle_timeout_s},
+      {"max_count", &c->max_count},
+      {"io_threads", &c->io_threads},
+      {"worker_threads", &c->worker_threads},
+      {"agent_io_threads", &c->agent_io_threads},
+      {"idempotency_max_records", &c->idempotency_max_records},
+      {"idempotency_max_age_s", &c->idempotency_max_age_s},
+      {"idempotency_max_body_bytes", &c->idempotency_max_body_bytes},
+      {"audit_log", &c->audit_log},
+      {"audit_max_bytes", &c->audit_max_bytes},
+      {"audit_keep", &c->audit_keep},
+      {"orphan_timeout_s", &c->orphan_timeout_s},
+      {"reap_interval_ms", &c->reap_interval_ms},
+      {"cgroup_mode", &c->cgroup_mode},
+      {"userns", &c->userns},
+      {"clone_into_cgroup", &c->clone_into_cgroup},
+      {"cgroup_kill", &c->cgroup_kill},
+      {"netns_pool", &c->netns_pool},
+      {"agent_path", &c->agent_path},
+  };
+}
+
+Status SetField(const std::string& key, const nlohmann::json& v, Field f) {
+  auto bad = [&](const char* want) {
+    return InvalidArgument("config \"" + key + "\" must be " + want);
+  };
+  if (auto* s = std::get_if<std::string*>(&f)) {
+    if (!v.is_string()) return bad("a string");
+    **s = v.get<std::string>();
+  } else if (auto* b = std::get_if<bool*>(&f)) {
+    if (!v.is_boolean()) return bad("true or false");
+    **b = v.get<bool>();
+  } else if (auto* d = std::get_if<double*>(&f)) {
+    if (!v.is_number()) return bad("a number");
+    **d = v.get<double>();
+  } else {
+    if (!v.is_number_integer()) return bad("an integer");
+    if (auto* i = std::get_if<int*>(&f)) {
+      if (v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) return bad("in range");
+      **i = v.get<int>();
+    } else if (auto* i64 = std::get_if<int64_t*>(&f)) {
+      **i64 = v.get<int64_t>();
+    } else if (auto* u = std::get_if<uint64_t*>(&f)) {
+      if (v.get<int64_t>() < 0) return bad("non-negative");
+      **u = v.get<uint64_t>();
+    }
+  }
+  return OkStatus();
+}
+
+std::string Num(double v) {
+  char b[32];
+  snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+std::string SanitizeNode(const std::string& raw) {
+  std::string out;
+  for (char c : raw) {
+    if (isalnum(static_cast<unsigned char>(c))) out += static_cast<char>(tolower(c));
+    if (out.size() == 24) break;
+  }
+  return out.empty() ? "node" : out;
+}
+
+}  // namespace
+
+Status LoadConfigFile(const std::string& path, EdgeConfig* cfg) {
+  DSEC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 1 << 20));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("config file \"" + path + "\" is not a JSON object");
+  auto fields = Fields(cfg);
+  for (const auto& [key, value] : j.items()) {
+    auto it =
+        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return key == f.first; });
+    if (it == fields.end()) return InvalidArgument("config file: unknown key \"" + key + "\"");
+    DSEC_RETURN_IF_ERROR(SetField(key, value, it->second));
+  }
+  return OkStatus();
+}
+
+Status ParseHostPort(const std::string& s, std::string* host, uint16_t* port) {
+  size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return InvalidArgument("listen address \"" + s + "\" must be HOST:PORT");
+  std::string h = s.substr(0, colon);
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  auto p = ParseInt64(s.substr(colon + 1));
+  if (!p || *p < 0 || *p > 65535) return InvalidArgument("bad port in \"" + s + "\"");
+  *host = h;
+  *port = static_cast<uint16_t>(*p);
+  return OkStatus();
+}
+
+Status FinalizeConfig(EdgeConfig* c) {
+  if (c->state_dir.empty() || c->state_dir[0] != '/')
+    return InvalidArgument("--state-dir must be an absolute path");
+  if (c->token_file.empty()) c->token_file = JoinPath(c->state_dir, "token");
+  if (c->audit_log.empty()) c->audit_log = JoinPath(c->state_dir, "audit/exec.log");
+  if (c->node.empty()) {
+    char host[256] = {};
+    (void)gethostname(host, sizeof host - 1);
+    c->node = SanitizeNode(host);
+  } else if (SanitizeNode(c->node) != c->node) {
+    return InvalidArgument("node name must be 1-24 lowercase letters and digits");
+  }
+  if (!c->listen.empty()) {
+    std::string h;
+    uint16_t p;
+    DSEC_RETURN_IF_ERROR(ParseHostPort(c->listen, &h, &p));
+  }
+  if (c->listen.empty() && c->socket.empty())
+    return InvalidArgument("nothing to serve: both --listen and --socket are empty");
+  struct Range {
+    const char* name;
+    double v, lo, hi;
+  };
+  for (const Range& r : std::initializer_list<Range>{
+           {"max_sandboxes", double(c->max_sandboxes), 1, 1 << 20},
+           {"memory_overcommit", c->memory_overcommit, 0.1, 1000},
+           {"default_cpu", c->default_cpu, 0.01, 64},
+           {"default_memory_mb", double(c->default_memory_mb), 16, 1 << 20},
+           {"default_pids", double(c->default_pids), 8, 1 << 22},
+           {"default_disk_mb", double(c->default_disk_mb), 1, 1 << 20},
+           {"default_ttl_s", double(c->default_ttl_s), 1, 2592000},
+           {"max_header_bytes", double(c->max_header_bytes), 1024, 1 << 20},
+           {"max_json_body_bytes", double(c->max_json_body_bytes), 1024, 1 << 30},
+           {"max_execs_per_sandbox", double(c->max_execs_per_sandbox), 1, 4096},
+           {"max_connections", double(c->max_connections), 1, 1 << 20},
+           {"io_threads", double(c->io_threads), 1, 64},
+           {"worker_threads", double(c->worker_threads), 1, 1024},
+           {"agent_io_threads", double(c->agent_io_threads), 1, 64},
+           {"max_count", double(c->max_count), 1, 4096},
+           {"reap_interval_ms", double(c->reap_interval_ms), 10, 60000},
+           {"orphan_timeout_s", double(c->orphan_timeout_s), -1, 1e9},
+           {"idle_timeout_s", double(c->idle_timeout_s), 1, 86400},
+       }) {
+    if (!(r.v >= r.lo && r.v <= r.hi))
+      return InvalidArgument(std::string(r.name) + " must be between " + Num(r.lo) + " and " +
+                             Num(r.hi));
+  }
+  return OkStatus();
+}
+
+}  // namespace dsec::edge

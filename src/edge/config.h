@@ -1,0 +1,83 @@
+// dsec-edge configuration: defaults, then a JSON config file, then command-line flags.
+// Every bound the daemon enforces on callers lives here so it can be tuned per node.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace dsec::edge {
+
+struct EdgeConfig {
+  // Where it serves. An empty listen or socket turns that side off.
+  std::string listen = "127.0.0.1:7070";
+  std::string socket = "/run/dsec/edge.sock";  // root-only, no token
+  std::string state_dir = "/var/lib/dsec/edge";
+  std::string token_file;  // default <state_dir>/token, created (0600) if missing
+  std::string config_file;
+  std::string node;      // node name in sandbox ids; default: the host name
+  bool persist = false;  // on SIGTERM leave sandboxes running for the next edge
+  std::string log_level = "info";
+
+  // Admission.
+  int64_t max_sandboxes = 4096;
+  double memory_overcommit = 8.0;
+  int64_t reserve_memory_mb = -1;  // kept out of the parent cgroup; -1: max(1 GiB, 10%)
+
+  // Defaults for new sandboxes.
+  double default_cpu = 1.0;
+  int64_t default_memory_mb = 512;
+  int64_t default_pids = 256;
+  int64_t default_disk_mb = 256;
+  int64_t default_ttl_s = 3600;
+
+  // Bounds on callers.
+  uint64_t max_header_bytes = 16 << 10;
+  uint64_t max_json_body_bytes = 1 << 20;
+  uint64_t max_upload_bytes = 256ull << 20;    // file and archive uploads
+  uint64_t max_download_bytes = 256ull << 20;  // file reads and archives
+  uint64_t max_output_bytes = 256ull << 20;    // per stream per exec
+  int max_execs_per_sandbox = 64;
+  int max_background_execs_kept = 256;  // finished ones are forgotten beyond this, per sandbox
+  int max_connections = 16384;
+  int idle_timeout_s = 120;  // keep-alive connections with no request
+  int max_count = 256;       // "count" on create
+
+  // Threads.
+  int io_threads = 2;       // HTTP
+  int worker_threads = 64;  // blocking handlers (create, files)
+  int agent_io_threads = 1;
+
+  // Idempotency records.
+  int64_t idempotency_max_records = 100000;
+  int64_t idempotency_max_age_s = 86400;
+  uint64_t idempotency_max_body_bytes = 8 << 20;
+
+  // Exec audit log (outside every sandbox).
+  std::string audit_log;  // default <state_dir>/audit/exec.log
+  uint64_t audit_max_bytes = 64ull << 20;
+  int audit_keep = 4;
+
+  // Sandboxes outlive a crashed edge this long, waiting to be re-adopted.
+  int64_t orphan_timeout_s = 3600;
+  int reap_interval_ms = 500;
+
+  // Container backend.
+  std::string cgroup_mode = "auto";
+  bool userns = true;             // false forces the no-user-namespace fallback
+  bool clone_into_cgroup = true;  // false forces the fallback
+  bool cgroup_kill = true;        // false forces the fallback
+  int netns_pool = 256;
+  std::string agent_path;  // default: dsec-agent beside dsec-edge
+};
+
+// Reads the JSON config file into cfg (unknown keys and wrong types are errors).
+Status LoadConfigFile(const std::string& path, EdgeConfig* cfg);
+// Fills derived defaults (token file, audit log, node name) and checks ranges.
+Status FinalizeConfig(EdgeConfig* cfg);
+// Splits "host:port" ("[::1]:7070" for IPv6).
+Status ParseHostPort(const std::string& s, std::string* host, uint16_t* port);
+
+}  // namespace dsec::edge

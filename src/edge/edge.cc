@@ -1,0 +1,218 @@
+#include "edge/edge.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <iostream>
+#include <thread>
+
+#include "backends/container/container_backend.h"
+#include "base/clock.h"
+#include "base/file_util.h"
+#include "base/ids.h"
+#include "base/logging.h"
+#include "base/strings.h"
+#include "edge/api.h"
+#include "edge/audit_log.h"
+#include "edge/http_server.h"
+#include "edge/idempotency.h"
+#include "edge/manager.h"
+#include "edge/metrics.h"
+#include "edge/state_store.h"
+
+namespace dsec::edge {
+
+StatusOr<std::vector<std::string>> LoadOrCreateTokens(const std::string& path) {
+  if (access(path.c_str(), F_OK) != 0) {
+    std::string dir = path.substr(0, path.rfind('/'));
+    if (!dir.empty()) DSEC_RETURN_IF_ERROR(MakeDirs(dir, 0700));
+    UniqueFd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) return ErrnoError("create token file \"" + path + "\"");
+    DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), RandomHex(32) + "\n", path));
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 077))
+    DSEC_LOG_WARN("token file is readable by others: path={} mode={:o}", path, st.st_mode & 0777);
+  DSEC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 1 << 20));
+  std::vector<std::string> tokens;
+  for (auto line : SplitString(text, '\n', true)) {
+    line = TrimWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    if (line.size() < 16) return InvalidArgument("tokens must be at least 16 characters");
+    tokens.emplace_back(line);
+  }
+  if (tokens.empty()) return InvalidArgument("token file \"" + path + "\" has no token");
+  return tokens;
+}
+
+namespace {
+
+int WaitForSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  while (true) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (sig == SIGHUP) {
+      DSEC_LOG_INFO("SIGHUP ignored (restart the edge to reload its config)");
+      continue;
+    }
+    return sig;
+  }
+}
+
+}  // namespace
+
+int RunEdge(EdgeConfig cfg) {
+  auto fail = [](const std::string& what, const Status& s) {
+    std::cerr << "dsec-edge: " << what << ": " << s.message() << "\n";
+    return 1;
+  };
+  if (geteuid() != 0) return fail("start", PermissionDenied("dsec-edge must run as root"));
+  if (Status s = MakeDirs(cfg.state_dir, 0700); !s.ok()) return fail("state dir", s);
+  (void)chmod(cfg.state_dir.c_str(), 0700);
+  // One edge per state dir: the second one would fight the first over every sandbox.
+  UniqueFd lock(open(JoinPath(cfg.state_dir, "edge.lock").c_str(),
+                     O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!lock || flock(lock.get(), LOCK_EX | LOCK_NB) < 0)
+    return fail("state dir", Status(StatusCode::kAlreadyExists,
+                                    "another dsec-edge is running on " + cfg.state_dir));
+  auto tokens = LoadOrCreateTokens(cfg.token_file);
+  if (!tokens.ok()) return fail("tokens", tokens.status());
+  // Best effort: some hosts refuse negative values even to root.
+  if (Status s = WriteStringToFile("/proc/self/oom_score_adj", "-1000"); !s.ok())
+    DSEC_LOG_WARN("could not set oom_score_adj -1000: {}", s.message());
+
+  auto store = StateStore::Open(JoinPath(cfg.state_dir, "state.db"));
+  if (!store.ok()) return fail("state db", store.status());
+  auto audit = AuditLog::Open(cfg.audit_log, cfg.audit_max_bytes, cfg.audit_keep);
+  if (!audit.ok()) return fail("audit log", audit.status());
+
+  backends::container::ContainerBackendOptions bo;
+  bo.state_dir = cfg.state_dir;
+  bo.agent_path = cfg.agent_path;
+  bo.features.userns = cfg.userns;
+  bo.features.clone_into_cgroup = cfg.clone_into_cgroup;
+  bo.features.cgroup_kill = cfg.cgroup_kill;
+  bo.cgroup_mode = cfg.cgroup_mode;
+  int64_t node_mb = NodeMemoryMb();
+  int64_t reserve =
+      cfg.reserve_memory_mb >= 0 ? cfg.reserve_memory_mb : std::max<int64_t>(1024, node_mb / 10);
+  bo.parent_memory_bytes = std::max<int64_t>(256, node_mb - reserve) << 20;
+  bo.hidden_paths = {cfg.token_file, cfg.audit_log.substr(0, cfg.audit_log.rfind('/'))};
+  if (!cfg.config_file.empty()) bo.hidden_paths.push_back(cfg.config_file);
+  if (!cfg.socket.empty()) bo.hidden_paths.push_back(cfg.socket);
+  bo.orphan_timeout_ms = cfg.orphan_timeout_s < 0 ? -1 : cfg.orphan_timeout_s * 1000;
+  bo.netns_pool = static_cast<size_t>(std::max(0, cfg.netns_pool));
+  bo.io_threads = cfg.agent_io_threads;
+  bo.max_execs_per_sandbox = static_cast<uint32_t>(cfg.max_execs_per_sandbox);
+  auto backend = backends::container::ContainerBackend::Create(bo);
+  if (!backend.ok()) return fail("container backend", backend.status());
+  DSEC_LOG_INFO("{}", (*backend)->Describe());
+
+  Metrics metrics;
+  Manager manager(cfg, backend->get(), store->get(), &metrics);
+  auto recovered = manager.Recover();
+  if (!recovered.ok()) return fail("recover", recovered.status());
+  DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
+
+  Idempotency idem(store->get(), cfg.idempotency_max_records, cfg.idempotency_max_age_s,
+                   cfg.idempotency_max_body_bytes);
+  boost::asio::thread_pool workers(static_cast<size_t>(cfg.worker_threads));
+  boost::asio::io_context timers;
+  auto timers_work = boost::asio::make_work_guard(timers);
+  std::thread timer_thread([&] { timers.run(); });
+
+  Api::Deps deps;
+  deps.cfg = cfg;
+  deps.manager = &manager;
+  deps.backend = backend->get();
+  deps.idempotency = &idem;
+  deps.metrics = &metrics;
+  deps.audit = audit->get();
+  deps.workers = &workers;
+  deps.timers = &timers;
+  deps.tokens = *tokens;
+  deps.instance = (*backend)->instance_id();
+  const auto& f = (*backend)->features();
+  deps.features = {{"kernel", f.kernel_release},
+                   {"userns", f.userns},
+                   {"clone_into_cgroup", f.clone_into_cgroup},
+                   {"cgroup_kill", f.cgroup_kill}};
+  Api api(std::move(deps));
+
+  HttpServerOptions ho;
+  ho.listen = cfg.listen;
+  ho.unix_path = cfg.socket;
+  ho.max_header_bytes = cfg.max_header_bytes;
+  ho.max_connections = cfg.max_connections;
+  ho.idle_timeout_s = cfg.idle_timeout_s;
+  ho.io_threads = cfg.io_threads;
+  if (!cfg.socket.empty()) {
+    std::string dir = cfg.socket.substr(0, cfg.socket.rfind('/'));
+    if (!dir.empty()) (void)MakeDirs(dir, 0755);
+  }
+  auto server = HttpServer::Start(
+      ho, [&api](HttpRequest& r) { return api.Check(r); },
+      [&api](HttpRequest&& r, std::shared_ptr<Responder> res) {
+        api.Handle(std::move(r), std::move(res));
+      });
+  if (!server.ok()) {
+    manager.Shutdown(/*persist=*/true);  // nothing served yet: leave adopted ones as they were
+    timers_work.reset();
+    timers.stop();
+    timer_thread.join();
+    return fail("serve", server.status());
+  }
+  api.deps().connections = [s = server->get()] { return s->connections(); };
+  manager.StartReaper();
+
+  std::atomic<bool> done{false};
+  std::thread pruner([&] {
+    // Idempotency records: bounded by count and age.
+    int64_t next = 0;
+    while (!done) {
+      if (MonotonicMs() >= next) {
+        idem.Prune();
+        next = MonotonicMs() + 60000;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+
+  std::string where = cfg.listen.empty() ? "" : "http://" + cfg.listen;
+  if (!cfg.listen.empty() && cfg.listen.ends_with(":0"))
+    where = "http://" + cfg.listen.substr(0, cfg.listen.size() - 1) +
+            std::to_string((*server)->tcp_port());
+  // One line on stdout when ready, for scripts.
+  std::cout << "dsec-edge ready node=" << cfg.node << " url=" << where << " socket=" << cfg.socket
+            << " adopted=" << recovered->first << std::endl;
+  DSEC_LOG_INFO("serving: url={} socket={} node={} state_dir={}", where, cfg.socket, cfg.node,
+                cfg.state_dir);
+
+  int sig = WaitForSignal();
+  DSEC_LOG_INFO("signal {}: shutting down{}", sig, cfg.persist ? " (persist)" : "");
+  (*server)->Stop();
+  manager.Shutdown(cfg.persist);
+  workers.join();
+  done = true;
+  pruner.join();
+  timers_work.reset();
+  timers.stop();
+  timer_thread.join();
+  if (!cfg.persist) {
+    if (Status s = (*backend)->Shutdown(); !s.ok())
+      DSEC_LOG_WARN("parent cgroups not removed: {}", s.message());
+  }
+  DSEC_LOG_INFO("stopped");
+  return 0;
+}
+
+}  // namespace dsec::edge

@@ -1,0 +1,111 @@
+#include "edge/idempotency.h"
+
+#include "base/clock.h"
+#include "base/logging.h"
+
+namespace dsec::edge {
+
+Idempotency::Idempotency(StateStore* store, int64_t max_records, int64_t max_age_s,
+                         uint64_t max_body)
+    : store_(store), max_records_(max_records), max_age_s_(max_age_s), max_body_(max_body) {}
+
+std::string Idempotency::Hash(std::string_view data) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+bool Idempotency::Recordable(int status) {
+  return status != 429 && status != 503 && status != 401 && status != 403;
+}
+
+HttpResponse Idempotency::Mismatch() {
+  return JsonError(409, "conflict",
+                   "this request id was already used for a different request body");
+}
+
+HttpResponse Idempotency::Replay(const StoredResponse& r) const {
+  HttpResponse out;
+  out.status = r.status;
+  out.content_type = r.content_type;
+  out.body = r.body;
+  out.headers.emplace_back("Idempotent-Replay", "true");
+  return out;
+}
+
+Idempotency::Decision Idempotency::Begin(const std::string& key, const std::string& hash,
+                                         std::function<void(HttpResponse)> reply) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (auto it = inflight_.find(key); it != inflight_.end()) {
+    if (it->second.hash != hash) {
+      l.unlock();
+      reply(Mismatch());
+      return Decision::kReplayed;
+    }
+    it->second.waiters.push_back(std::move(reply));
+    return Decision::kWaiting;
+  }
+  auto stored = store_->GetResponse(key);
+  if (!stored.ok()) {
+    l.unlock();
+    reply(JsonError(503, "unavailable", "state db: " + stored.status().message()));
+    return Decision::kReplayed;
+  }
+  if (stored->has_value()) {
+    const StoredResponse& r = **stored;
+    HttpResponse out = r.request_hash == hash ? Replay(r) : Mismatch();
+    l.unlock();
+    reply(std::move(out));
+    return Decision::kReplayed;
+  }
+  inflight_[key].hash = hash;
+  return Decision::kRun;
+}
+
+void Idempotency::Finish(const std::string& key, const std::string& hash, const HttpResponse& r) {
+  if (Recordable(r.status)) {
+    StoredResponse s;
+    s.status = r.status;
+    s.content_type = r.content_type;
+    s.body = r.body;
+    s.request_hash = hash;
+    s.created_ms = WallMs();
+    if (s.body.size() > max_body_) {
+      HttpResponse big =
+          JsonError(409, "conflict",
+                    "this request already ran; its response (" + std::to_string(r.body.size()) +
+                        " bytes) was too large to keep for replay");
+      s.status = big.status;
+      s.content_type = big.content_type;
+      s.body = big.body;
+    }
+    if (Status st = store_->PutResponse(key, s); !st.ok())
+      DSEC_LOG_ERROR("idempotency record failed: error={}", st.ToString());
+  }
+  std::vector<std::function<void(HttpResponse)>> waiters;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = inflight_.find(key);
+    if (it != inflight_.end()) {
+      waiters = std::move(it->second.waiters);
+      inflight_.erase(it);
+    }
+  }
+  for (auto& w : waiters) {
+    HttpResponse copy = r;
+    copy.headers.emplace_back("Idempotent-Replay", "true");
+    w(std::move(copy));
+  }
+}
+
+void Idempotency::Prune() {
+  auto n = store_->PruneResponses(WallMs() - max_age_s_ * 1000, max_records_);
+  if (!n.ok()) DSEC_LOG_WARN("idempotency prune failed: error={}", n.status().ToString());
+}
+
+}  // namespace dsec::edge

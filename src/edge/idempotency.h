@@ -1,0 +1,58 @@
+// Idempotency keys (API.md): a mutating request carrying `request_id` (JSON body) or an
+// `Idempotency-Key` header runs at most once per (caller, method, target, key). Its response is
+// recorded in the state DB before the caller sees it; a retry with the same key and body gets
+// the recorded response, a retry with another body gets 409, and a retry that arrives while
+// the first is still running waits for it and gets the same answer.
+//
+// Not recorded: 429 and 503 (by contract "nothing was done, try again") and 401/403.
+// Retention is bounded by count and age. A response larger than the record cap is replaced
+// by a 409 that says so (the request did run; its output is too big to keep).
+// Thread safety: all methods are thread-safe.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "edge/http_server.h"
+#include "edge/state_store.h"
+
+namespace dsec::edge {
+
+class Idempotency {
+ public:
+  Idempotency(StateStore* store, int64_t max_records, int64_t max_age_s, uint64_t max_body);
+
+  enum class Decision { kRun, kReplayed, kWaiting };
+  // For a request with `key` (already scoped) and body hash `hash`: kRun (the caller must
+  // call Finish with its response), kReplayed (`reply` was called with the recorded or a 409
+  // response), or kWaiting (`reply` will be called when the first request finishes).
+  Decision Begin(const std::string& key, const std::string& hash,
+                 std::function<void(HttpResponse)> reply);
+  // Records (when recordable) and wakes waiters. Call before sending `r` to the caller.
+  void Finish(const std::string& key, const std::string& hash, const HttpResponse& r);
+  void Prune();
+
+  static bool Recordable(int status);
+  // FNV-1a 64, hex: for request bodies and token fingerprints (not a secret MAC).
+  static std::string Hash(std::string_view data);
+
+ private:
+  struct InFlight {
+    std::string hash;
+    std::vector<std::function<void(HttpResponse)>> waiters;
+  };
+  HttpResponse Replay(const StoredResponse& r) const;
+  static HttpResponse Mismatch();
+
+  StateStore* store_;
+  int64_t max_records_, max_age_s_;
+  uint64_t max_body_;
+  std::mutex mu_;
+  std::map<std::string, InFlight> inflight_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace dsec::edge

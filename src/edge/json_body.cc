@@ -1,0 +1,152 @@
+#include "edge/json_body.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dsec::edge {
+
+using protocol::Json;
+
+namespace {
+Status TypeError(const char* name, const char* want) {
+  return InvalidArgument(std::string("\"") + name + "\" must be " + want);
+}
+}  // namespace
+
+StatusOr<JsonBody> JsonBody::Parse(std::string_view body) {
+  if (std::all_of(body.begin(), body.end(),
+                  [](char c) { return isspace(static_cast<unsigned char>(c)); }))
+    return JsonBody(Json::object());
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("request body is not valid JSON");
+  if (!j.is_object()) return InvalidArgument("request body must be a JSON object");
+  return JsonBody(std::move(j));
+}
+
+const Json* JsonBody::Take(const char* name) {
+  seen_.emplace_back(name);
+  auto it = j_.find(name);
+  if (it == j_.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+const Json* JsonBody::Raw(const char* name) { return Take(name); }
+
+StatusOr<std::optional<std::string>> JsonBody::String(const char* name, size_t max_len) {
+  const Json* v = Take(name);
+  if (!v) return std::optional<std::string>();
+  if (!v->is_string()) return TypeError(name, "a string");
+  std::string s = v->get<std::string>();
+  if (s.size() > max_len)
+    return InvalidArgument(std::string("\"") + name + "\" is longer than " +
+                           std::to_string(max_len) + " bytes");
+  return std::optional<std::string>(std::move(s));
+}
+
+StatusOr<std::optional<int64_t>> JsonBody::Int(const char* name, int64_t lo, int64_t hi) {
+  const Json* v = Take(name);
+  if (!v) return std::optional<int64_t>();
+  if (!v->is_number_integer()) {
+    // 512.0 is fine; 512.5, true and "512" are not.
+    if (v->is_number_float()) {
+      double d = v->get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && d >= static_cast<double>(lo) &&
+          d <= static_cast<double>(hi))
+        return std::optional<int64_t>(static_cast<int64_t>(d));
+    }
+    return TypeError(
+        name, ("an integer between " + std::to_string(lo) + " and " + std::to_string(hi)).c_str());
+  }
+  bool in_range = v->is_number_unsigned()
+                      ? v->get<uint64_t>() <= static_cast<uint64_t>(std::max<int64_t>(hi, 0)) &&
+                            static_cast<int64_t>(v->get<uint64_t>()) >= lo
+                      : v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
+  if (!in_range)
+    return InvalidArgument(std::string("\"") + name + "\" must be between " + std::to_string(lo) +
+                           " and " + std::to_string(hi));
+  return std::optional<int64_t>(v->get<int64_t>());
+}
+
+StatusOr<std::optional<double>> JsonBody::Number(const char* name, double lo, double hi) {
+  const Json* v = Take(name);
+  if (!v) return std::optional<double>();
+  if (!v->is_number()) return TypeError(name, "a number");
+  double d = v->get<double>();
+  if (!(d >= lo && d <= hi)) {
+    char b[128];
+    snprintf(b, sizeof b, "\"%s\" must be between %g and %g", name, lo, hi);
+    return InvalidArgument(b);
+  }
+  return std::optional<double>(d);
+}
+
+StatusOr<std::optional<bool>> JsonBody::Bool(const char* name) {
+  const Json* v = Take(name);
+  if (!v) return std::optional<bool>();
+  if (!v->is_boolean()) return TypeError(name, "true or false");
+  return std::optional<bool>(v->get<bool>());
+}
+
+StatusOr<std::optional<std::map<std::string, std::optional<std::string>>>> JsonBody::StringMap(
+    const char* name, size_t max_entries, size_t max_key, size_t max_value, bool null_deletes) {
+  using Map = std::map<std::string, std::optional<std::string>>;
+  const Json* v = Take(name);
+  if (!v) return std::optional<Map>();
+  if (!v->is_object()) return TypeError(name, "an object of strings");
+  if (v->size() > max_entries)
+    return InvalidArgument(std::string("\"") + name + "\" has more than " +
+                           std::to_string(max_entries) + " entries");
+  Map out;
+  for (const auto& [k, val] : v->items()) {
+    if (k.empty() || k.size() > max_key)
+      return InvalidArgument(std::string("\"") + name + "\" keys must be 1-" +
+                             std::to_string(max_key) + " bytes");
+    if (val.is_null() && null_deletes) {
+      out[k] = std::nullopt;
+      continue;
+    }
+    if (!val.is_string()) return TypeError(name, "an object of strings");
+    if (val.get_ref<const std::string&>().size() > max_value)
+      return InvalidArgument(std::string("\"") + name + "\" values must be at most " +
+                             std::to_string(max_value) + " bytes");
+    out[k] = val.get<std::string>();
+  }
+  return std::optional<Map>(std::move(out));
+}
+
+StatusOr<std::optional<std::vector<std::string>>> JsonBody::StringArray(const char* name,
+                                                                        size_t max_items,
+                                                                        size_t max_len) {
+  const Json* v = Take(name);
+  if (!v) return std::optional<std::vector<std::string>>();
+  if (!v->is_array()) return TypeError(name, "an array of strings");
+  if (v->size() > max_items)
+    return InvalidArgument(std::string("\"") + name + "\" has more than " +
+                           std::to_string(max_items) + " items");
+  std::vector<std::string> out;
+  for (const auto& e : *v) {
+    if (!e.is_string()) return TypeError(name, "an array of strings");
+    if (e.get_ref<const std::string&>().size() > max_len)
+      return InvalidArgument(std::string("\"") + name + "\" items must be at most " +
+                             std::to_string(max_len) + " bytes");
+    out.push_back(e.get<std::string>());
+  }
+  return std::optional<std::vector<std::string>>(std::move(out));
+}
+
+Status JsonBody::Finish() const {
+  for (const auto& [k, v] : j_.items())
+    if (std::find(seen_.begin(), seen_.end(), k) == seen_.end())
+      return InvalidArgument("unknown field \"" + k + "\"");
+  return OkStatus();
+}
+
+std::map<std::string, std::string> Flatten(
+    const std::map<std::string, std::optional<std::string>>& m) {
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : m)
+    if (v) out[k] = *v;
+  return out;
+}
+
+}  // namespace dsec::edge

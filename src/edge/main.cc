@@ -1,0 +1,75 @@
+// dsec-edge: the node daemon. Flags override the config file, which overrides defaults.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "base/logging.h"
+#include "edge/config.h"
+#include "edge/edge.h"
+
+int main(int argc, char** argv) {
+  // Before any thread exists: termination signals are taken by sigwait in RunEdge, and a
+  // client hanging up must not kill the daemon.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&sigs, s);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  dsec::edge::EdgeConfig flags;
+  CLI::App app{"dsec-edge: the DSec node daemon"};
+  app.set_version_flag("--version", std::string("dsec-edge ") + DSEC_VERSION);
+  std::string config_file;
+  app.add_option("--config", config_file, "JSON config file");
+  auto* listen = app.add_option("--listen", flags.listen, "TCP HOST:PORT (token auth); '' = off");
+  auto* sock = app.add_option("--socket", flags.socket, "Unix socket path (root only); '' = off");
+  auto* state = app.add_option("--state-dir", flags.state_dir, "State directory");
+  auto* token = app.add_option("--token-file", flags.token_file, "Bearer tokens, one per line");
+  auto* node = app.add_option("--node", flags.node, "Node name in sandbox ids");
+  auto* persist = app.add_flag("--persist", flags.persist,
+                               "On SIGTERM leave sandboxes running for the next edge");
+  auto* level = app.add_option("--log-level", flags.log_level, "trace|debug|info|warn|error");
+  auto* max_sb = app.add_option("--max-sandboxes", flags.max_sandboxes, "Admission: sandboxes");
+  auto* overcommit =
+      app.add_option("--memory-overcommit", flags.memory_overcommit, "Admission: memory ratio");
+  auto* agent = app.add_option("--agent", flags.agent_path, "dsec-agent binary");
+  bool no_userns = false;
+  app.add_flag("--no-userns", no_userns, "Force the no-user-namespace fallback");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "dsec-edge: " << e.what() << " (see dsec-edge --help)\n";
+    return 2;
+  }
+
+  dsec::edge::EdgeConfig cfg;
+  if (!config_file.empty()) {
+    if (auto s = dsec::edge::LoadConfigFile(config_file, &cfg); !s.ok()) {
+      std::cerr << "dsec-edge: " << s.message() << "\n";
+      return 2;
+    }
+    cfg.config_file = config_file;
+  }
+  auto set = [](CLI::Option* o, auto& dst, const auto& src) {
+    if (o->count()) dst = src;
+  };
+  set(listen, cfg.listen, flags.listen);
+  set(sock, cfg.socket, flags.socket);
+  set(state, cfg.state_dir, flags.state_dir);
+  set(token, cfg.token_file, flags.token_file);
+  set(node, cfg.node, flags.node);
+  set(persist, cfg.persist, flags.persist);
+  set(level, cfg.log_level, flags.log_level);
+  set(max_sb, cfg.max_sandboxes, flags.max_sandboxes);
+  set(overcommit, cfg.memory_overcommit, flags.memory_overcommit);
+  set(agent, cfg.agent_path, flags.agent_path);
+  if (no_userns) cfg.userns = false;
+  if (auto s = dsec::edge::FinalizeConfig(&cfg); !s.ok()) {
+    std::cerr << "dsec-edge: " << s.message() << "\n";
+    return 2;
+  }
+  dsec::log::Init(cfg.log_level);
+  return dsec::edge::RunEdge(std::move(cfg));
+}

@@ -1,0 +1,652 @@
+#include "edge/manager.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include "base/clock.h"
+#include "base/ids.h"
+#include "base/logging.h"
+#include "base/strings.h"
+
+namespace dsec::edge {
+
+namespace {
+
+constexpr int kCreateThreads = 4;  // for "count": setup work that can overlap
+constexpr int kDestroyThreads = 8;
+
+template <typename Map>
+Json MapJson(const Map& m) {
+  Json j = Json::object();
+  for (const auto& [k, v] : m) j[k] = v;
+  return j;
+}
+
+StatusOr<std::map<std::string, std::string>> StringMap(const Json& j, const char* name) {
+  std::map<std::string, std::string> out;
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return out;
+  if (!it->is_object()) return InvalidArgument(std::string(name) + " must be an object");
+  for (const auto& [k, v] : it->items()) {
+    if (!v.is_string()) return InvalidArgument(std::string(name) + " values must be strings");
+    out[k] = v.get<std::string>();
+  }
+  return out;
+}
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads.
+void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
+  if (n <= 1 || threads <= 1) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<int> next{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < std::min(n, threads); ++t)
+    ts.emplace_back([&] {
+      for (int i; (i = next++) < n;) fn(i);
+    });
+  for (auto& t : ts) t.join();
+}
+
+}  // namespace
+
+Json ToJson(const CreateParams& p) {
+  return {{"kind", p.kind},
+          {"image", p.image},
+          {"cpu", p.cpu},
+          {"memory_mb", p.memory_mb},
+          {"pids", p.pids},
+          {"disk_mb", p.disk_mb},
+          {"ttl_s", p.ttl_s},
+          {"idle_ttl_s", p.idle_ttl_s},
+          {"user", p.user},
+          {"workdir", p.workdir},
+          {"env", MapJson(p.env)},
+          {"labels", MapJson(p.labels)},
+          {"network", {{"mode", p.network_mode}}}};
+}
+
+StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("params must be an object");
+  CreateParams p;
+  DSEC_ASSIGN_OR_RETURN(p.kind, protocol::GetString(j, "kind", p.kind));
+  DSEC_ASSIGN_OR_RETURN(p.image, protocol::GetString(j, "image", p.image));
+  if (auto it = j.find("cpu"); it != j.end() && it->is_number()) p.cpu = it->get<double>();
+  DSEC_ASSIGN_OR_RETURN(p.memory_mb, protocol::GetInt(j, "memory_mb", p.memory_mb));
+  DSEC_ASSIGN_OR_RETURN(p.pids, protocol::GetInt(j, "pids", p.pids));
+  DSEC_ASSIGN_OR_RETURN(p.disk_mb, protocol::GetInt(j, "disk_mb", p.disk_mb));
+  DSEC_ASSIGN_OR_RETURN(p.ttl_s, protocol::GetInt(j, "ttl_s", p.ttl_s));
+  DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, protocol::GetInt(j, "idle_ttl_s", p.idle_ttl_s));
+  DSEC_ASSIGN_OR_RETURN(p.user, protocol::GetString(j, "user", p.user));
+  DSEC_ASSIGN_OR_RETURN(p.workdir, protocol::GetString(j, "workdir", p.workdir));
+  DSEC_ASSIGN_OR_RETURN(p.env, StringMap(j, "env"));
+  DSEC_ASSIGN_OR_RETURN(p.labels, StringMap(j, "labels"));
+  if (auto it = j.find("network"); it != j.end() && it->is_object())
+    p.network_mode = it->value("mode", "none");
+  return p;
+}
+
+int64_t NodeMemoryMb() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb / 1024;
+    in.ignore(256, '\n');
+  }
+  return 1024;
+}
+
+// --- SandboxEntry ------------------------------------------------------------------------
+
+void SandboxEntry::Touch() { last_used_at = WallMs(); }
+
+StatusOr<std::shared_ptr<backends::Sandbox>> SandboxEntry::Sandbox(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_for(l, std::chrono::milliseconds(timeout_ms),
+               [&] { return phase_ != Phase::kCreating || deleted_; });
+  if (deleted_) return NotFound("sandbox " + id + " was deleted");
+  if (phase_ == Phase::kCreating) return Unavailable("sandbox " + id + " is still being created");
+  if (phase_ == Phase::kFailed)
+    return FailedPrecondition("sandbox " + id + " failed" +
+                              (reason_.empty() ? std::string() : " (" + reason_ + ")"));
+  return sb_;
+}
+
+std::shared_ptr<BackgroundExec> SandboxEntry::AddBackground(size_t keep) {
+  auto b = std::make_shared<BackgroundExec>();
+  b->id = "ex-" + RandomBase32(12);
+  b->started_at = WallMs();
+  std::lock_guard<std::mutex> l(mu_);
+  bg_.push_back(b);
+  // Forget the oldest finished ones beyond the bound (running ones are always kept).
+  for (auto it = bg_.begin(); bg_.size() > keep && it != bg_.end();) {
+    std::lock_guard<std::mutex> bl((*it)->mu);
+    it = (*it)->done ? bg_.erase(it) : std::next(it);
+  }
+  return b;
+}
+
+std::shared_ptr<BackgroundExec> SandboxEntry::FindBackground(const std::string& exec_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto& b : bg_)
+    if (b->id == exec_id) return b;
+  return nullptr;
+}
+
+std::vector<std::shared_ptr<BackgroundExec>> SandboxEntry::Backgrounds() {
+  std::lock_guard<std::mutex> l(mu_);
+  return {bg_.begin(), bg_.end()};
+}
+
+// --- Manager -----------------------------------------------------------------------------
+
+Manager::Manager(const EdgeConfig& cfg, backends::Backend* backend, StateStore* store,
+                 Metrics* metrics)
+    : cfg_(cfg), backend_(backend), store_(store), metrics_(metrics) {
+  admit_memory_mb_ =
+      static_cast<int64_t>(static_cast<double>(NodeMemoryMb()) * cfg_.memory_overcommit);
+}
+
+Manager::~Manager() { Shutdown(cfg_.persist); }
+
+std::vector<std::shared_ptr<SandboxEntry>> Manager::Snapshot() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::shared_ptr<SandboxEntry>> out;
+  out.reserve(entries_.size());
+  for (const auto& [id, e] : entries_) out.push_back(e);
+  return out;
+}
+
+size_t Manager::size() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return entries_.size();
+}
+
+std::string Manager::StateName(const SandboxEntry& e) const {
+  std::lock_guard<std::mutex> l(e.mu_);
+  switch (e.phase_) {
+    case SandboxEntry::Phase::kCreating:
+      return "creating";
+    case SandboxEntry::Phase::kFailed:
+      return "failed";
+    case SandboxEntry::Phase::kReady:
+      break;
+  }
+  switch (e.sb_->state()) {
+    case backends::SandboxState::kPaused:
+      return "paused";
+    case backends::SandboxState::kFailed:
+    case backends::SandboxState::kDestroyed:
+      return "failed";
+    default:
+      return "running";
+  }
+}
+
+Json Manager::Record(const SandboxEntry& e) const {
+  std::string state = StateName(e);
+  std::lock_guard<std::mutex> l(e.mu_);
+  std::string reason = e.reason_;
+  if (reason.empty() && state == "failed" && e.sb_) reason = e.sb_->reason();
+  const CreateParams& p = e.params;
+  return {{"id", e.id},
+          {"kind", p.kind},
+          {"state", state},
+          {"node", cfg_.node},
+          {"image", p.image},
+          {"created_at", e.created_at_},
+          {"expires_at", e.expires_at_},
+          {"ttl_s", p.ttl_s},
+          {"idle_ttl_s", e.idle_ttl_s_},
+          {"last_used_at", e.last_used_at.load()},
+          {"limits",
+           {{"cpu", p.cpu}, {"memory_mb", p.memory_mb}, {"pids", p.pids}, {"disk_mb", p.disk_mb}}},
+          {"user", p.user},
+          {"workdir", p.workdir},
+          {"network", {{"mode", p.network_mode}}},
+          {"labels", MapJson(e.labels_)},
+          {"reason", reason.empty() ? Json(nullptr) : Json(reason)}};
+}
+
+Json Manager::StoredRecord(const SandboxEntry& e) const {
+  std::lock_guard<std::mutex> l(e.mu_);
+  return {{"params", ToJson(e.params)},
+          {"labels", MapJson(e.labels_)},
+          {"created_at", e.created_at_},
+          {"expires_at", e.expires_at_},
+          {"idle_ttl_s", e.idle_ttl_s_}};
+}
+
+void Manager::Persist(const SandboxEntry& e) {
+  if (Status s = store_->UpdateRecord(e.id, StoredRecord(e).dump()); !s.ok())
+    DSEC_LOG_ERROR("state db update failed: sandbox={} error={}", e.id, s.ToString());
+}
+
+Status Manager::Admit(const CreateParams& p, int count) {
+  // Caller holds mu_.
+  int64_t n = static_cast<int64_t>(entries_.size());
+  if (n + count > cfg_.max_sandboxes) {
+    metrics_->CountReject("max_sandboxes");
+    return OverCapacity("node is full: " + std::to_string(n) + " of " +
+                        std::to_string(cfg_.max_sandboxes) + " sandboxes");
+  }
+  int64_t want = p.memory_mb * count;
+  if (memory_mb_ + want > admit_memory_mb_) {
+    metrics_->CountReject("memory");
+    return OverCapacity("node memory is fully committed: " + std::to_string(memory_mb_) + " of " +
+                        std::to_string(admit_memory_mb_) + " MiB");
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<Json>> Manager::Create(
+    const CreateParams& p, int count, bool wait,
+    const std::function<void(std::function<void()>)>& background) {
+  if (shut_down_) return Unavailable("the edge is shutting down");
+  std::vector<std::shared_ptr<SandboxEntry>> made;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    DSEC_RETURN_IF_ERROR(Admit(p, count));
+    int64_t now = WallMs();
+    for (int i = 0; i < count; ++i) {
+      auto e = std::make_shared<SandboxEntry>(NewSandboxId(cfg_.node), p);
+      e->labels_ = p.labels;
+      e->created_at_ = now;
+      e->expires_at_ = now + p.ttl_s * 1000;
+      e->idle_ttl_s_ = p.idle_ttl_s;
+      e->last_used_at = now;
+      entries_[e->id] = e;
+      made.push_back(e);
+    }
+    memory_mb_ += p.memory_mb * count;
+  }
+  if (!wait) {
+    std::vector<Json> out;
+    for (auto& e : made) {
+      out.push_back(Record(*e));
+      background([this, e] { (void)CreateOne(e); });
+    }
+    return out;
+  }
+  std::vector<StatusOr<Json>> results(made.size(), InternalError("not run"));
+  ParallelFor(static_cast<int>(made.size()), kCreateThreads,
+              [&](int i) { results[i] = CreateOne(made[static_cast<size_t>(i)]); });
+  std::vector<Json> out;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].ok()) {
+      // All or nothing: the ones that did start go again.
+      for (size_t k = 0; k < made.size(); ++k)
+        if (results[k].ok()) (void)Delete(made[k]->id, "create_failed");
+      return results[i].status();
+    }
+    out.push_back(std::move(*results[i]));
+  }
+  return out;
+}
+
+StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
+  backends::SandboxSpec spec;
+  spec.id = e->id;
+  spec.kind = e->params.kind;
+  spec.image = e->params.image;
+  spec.cpus = e->params.cpu;
+  spec.memory_mb = e->params.memory_mb;
+  spec.pids = e->params.pids;
+  spec.disk_mb = e->params.disk_mb;
+  spec.user = e->params.user;
+  spec.workdir = e->params.workdir;
+  spec.env = e->params.env;
+  Stopwatch sw;
+  auto sb = backend_->Create(spec);
+  if (!sb.ok()) {
+    {
+      std::lock_guard<std::mutex> l(e->mu_);
+      e->create_error_ = sb.status().message();
+    }
+    // Nothing was made (the backend cleaned up): the id disappears as if never admitted.
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (entries_.erase(e->id)) memory_mb_ -= e->params.memory_mb;
+    }
+    std::lock_guard<std::mutex> l(e->mu_);
+    e->deleted_ = true;
+    e->cv_.notify_all();
+    DSEC_LOG_WARN("create failed: sandbox={} error={}", e->id, sb.status().ToString());
+    return sb.status();
+  }
+  metrics_->ObserveCreate(sw.ElapsedMs() / 1000.0);
+  metrics_->CountCreated();
+  bool deleted;
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    e->sb_ = *sb;
+    e->phase_ = SandboxEntry::Phase::kReady;
+    deleted = e->deleted_;
+  }
+  if (!deleted) {
+    StoredSandbox row{e->id, StoredRecord(*e).dump(), (*sb)->AdoptionHandle()};
+    if (Status s = store_->PutSandbox(row); !s.ok())
+      DSEC_LOG_ERROR("state db insert failed: sandbox={} error={}", e->id, s.ToString());
+  }
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    e->cv_.notify_all();
+  }
+  if (deleted) {  // deleted while it was being made (wait=0): Delete left the teardown to us
+    Destroy(e);
+    return NotFound("sandbox " + e->id + " was deleted while it was created");
+  }
+  return Record(*e);
+}
+
+StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return NotFound("sandbox " + id + " not found");
+  it->second->Touch();
+  return it->second;
+}
+
+StatusOr<Json> Manager::List(const ListFilter& f) const {
+  std::vector<std::pair<std::pair<int64_t, std::string>, std::shared_ptr<SandboxEntry>>> all;
+  for (auto& e : Snapshot()) {
+    std::lock_guard<std::mutex> l(e->mu_);
+    all.push_back({{e->created_at_, e->id}, e});
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::optional<std::pair<int64_t, std::string>> after;
+  if (!f.cursor.empty()) {
+    size_t dot = f.cursor.find('.');
+    auto ts = dot == std::string::npos ? std::nullopt : ParseInt64(f.cursor.substr(0, dot));
+    if (!ts) return InvalidArgument("bad cursor");
+    after = std::make_pair(*ts, f.cursor.substr(dot + 1));
+  }
+  Json list = Json::array();
+  std::string last_key;
+  bool more = false;
+  for (const auto& [key, e] : all) {
+    if (after && !(*after < key)) continue;
+    if (!f.kind.empty() && e->params.kind != f.kind) continue;
+    {
+      std::lock_guard<std::mutex> l(e->mu_);
+      bool ok = true;
+      for (const auto& [k, v] : f.labels) {
+        auto it = e->labels_.find(k);
+        ok = ok && it != e->labels_.end() && it->second == v;
+      }
+      if (!ok) continue;
+    }
+    if (!f.state.empty() && StateName(*e) != f.state) continue;
+    if (list.size() == f.limit) {
+      more = true;
+      break;
+    }
+    list.push_back(Record(*e));
+    last_key = std::to_string(key.first) + "." + key.second;
+  }
+  return Json{{"sandboxes", list}, {"next_cursor", more ? Json(last_key) : Json(nullptr)}};
+}
+
+StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
+  DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    if (p.ttl_s) e->expires_at_ = WallMs() + *p.ttl_s * 1000;
+    if (p.idle_ttl_s) e->idle_ttl_s_ = *p.idle_ttl_s;
+    for (const auto& [k, v] : p.labels) {
+      if (v) {
+        e->labels_[k] = *v;
+      } else {
+        e->labels_.erase(k);
+      }
+    }
+    if (e->labels_.size() > 64) return InvalidArgument("a sandbox has at most 64 labels");
+  }
+  Persist(*e);
+  return Record(*e);
+}
+
+void Manager::Destroy(const std::shared_ptr<SandboxEntry>& e) {
+  std::shared_ptr<backends::Sandbox> sb;
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    sb = e->sb_;
+  }
+  if (sb) {
+    if (Status s = sb->Destroy(); !s.ok())
+      DSEC_LOG_ERROR("destroy incomplete: sandbox={} error={}", e->id, s.ToString());
+  }
+  // Wake anyone waiting on background execs (their agent calls fail with the connection).
+  for (auto& b : e->Backgrounds()) {
+    std::map<uint64_t, std::function<void()>> ws;
+    {
+      std::lock_guard<std::mutex> l(b->mu);
+      ws.swap(b->waiters);
+    }
+    for (auto& [id, w] : ws) w();
+  }
+}
+
+Status Manager::Delete(const std::string& id, const std::string& reason) {
+  std::shared_ptr<SandboxEntry> e;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return NotFound("sandbox " + id + " not found");
+    e = it->second;
+    entries_.erase(it);
+    memory_mb_ -= e->params.memory_mb;
+  }
+  bool creating;
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    e->deleted_ = true;
+    creating = e->phase_ == SandboxEntry::Phase::kCreating;
+    e->cv_.notify_all();
+  }
+  if (Status s = store_->DeleteSandbox(id); !s.ok())
+    DSEC_LOG_ERROR("state db delete failed: sandbox={} error={}", id, s.ToString());
+  metrics_->CountDeleted(reason);
+  if (creating) return OkStatus();  // CreateOne sees deleted_ and tears down when it is done
+  Destroy(e);
+  return OkStatus();
+}
+
+StatusOr<Json> Manager::Pause(const std::string& id) {
+  DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
+  DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox());
+  DSEC_RETURN_IF_ERROR(sb->Pause());
+  return Record(*e);
+}
+
+StatusOr<Json> Manager::Resume(const std::string& id) {
+  DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
+  DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox());
+  DSEC_RETURN_IF_ERROR(sb->Resume());
+  return Record(*e);
+}
+
+StatusOr<int> Manager::JobAction(const std::string& job, const std::string& action) {
+  std::vector<std::string> ids;
+  for (auto& e : Snapshot()) {
+    std::lock_guard<std::mutex> l(e->mu_);
+    auto it = e->labels_.find("job");
+    if (it != e->labels_.end() && it->second == job) ids.push_back(e->id);
+  }
+  std::atomic<int> affected{0};
+  ParallelFor(static_cast<int>(ids.size()), action == "delete" ? kDestroyThreads : 1, [&](int i) {
+    const std::string& id = ids[static_cast<size_t>(i)];
+    bool ok = action == "pause"    ? Pause(id).ok()
+              : action == "resume" ? Resume(id).ok()
+                                   : Delete(id, "job").ok();
+    if (ok) affected++;
+  });
+  return affected.load();
+}
+
+void Manager::MarkFailed(const std::shared_ptr<SandboxEntry>& e, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    if (e->phase_ != SandboxEntry::Phase::kReady || e->deleted_) return;
+    e->phase_ = SandboxEntry::Phase::kFailed;
+    e->reason_ = reason;
+  }
+  {
+    // A failed sandbox holds nothing any more: it no longer counts against node memory.
+    std::lock_guard<std::mutex> l(mu_);
+    if (entries_.count(e->id)) memory_mb_ -= e->params.memory_mb;
+  }
+  DSEC_LOG_WARN("sandbox failed: sandbox={} reason={}", e->id, reason);
+  metrics_->CountError("sandbox_failed");
+  Destroy(e);
+  Json rec = StoredRecord(*e);
+  rec["failed"] = reason;
+  (void)store_->UpdateRecord(e->id, rec.dump());
+}
+
+void Manager::ReapOnce() {
+  int64_t now = WallMs();
+  for (auto& e : Snapshot()) {
+    std::string why;
+    std::shared_ptr<backends::Sandbox> sb;
+    {
+      std::lock_guard<std::mutex> l(e->mu_);
+      if (e->phase_ == SandboxEntry::Phase::kCreating) continue;
+      sb = e->sb_;
+      if (now >= e->expires_at_) {
+        why = "ttl";
+      } else if (e->idle_ttl_s_ > 0 && e->active_execs.load() == 0 &&
+                 now - e->last_used_at.load() >= e->idle_ttl_s_ * 1000) {
+        why = "idle";
+      }
+    }
+    if (!why.empty()) {
+      DSEC_LOG_INFO("reaping sandbox: sandbox={} reason={}", e->id, why);
+      (void)Delete(e->id, why);
+      continue;
+    }
+    if (sb && sb->state() == backends::SandboxState::kFailed) MarkFailed(e, sb->reason());
+  }
+}
+
+void Manager::StartReaper() {
+  reaper_ = std::thread([this] {
+    std::unique_lock<std::mutex> l(reaper_mu_);
+    int64_t last_prune = 0;
+    (void)last_prune;
+    while (!stopping_) {
+      reaper_cv_.wait_for(l, std::chrono::milliseconds(cfg_.reap_interval_ms));
+      if (stopping_) break;
+      l.unlock();
+      ReapOnce();
+      l.lock();
+    }
+  });
+}
+
+StatusOr<std::pair<int, int>> Manager::Recover() {
+  DSEC_ASSIGN_OR_RETURN(std::vector<StoredSandbox> rows, store_->ListSandboxes());
+  int adopted = 0;
+  for (const auto& row : rows) {
+    auto rec = protocol::ParseJson(row.record);
+    StatusOr<CreateParams> p = rec.ok() ? CreateParamsFromJson(rec->value("params", Json::object()))
+                                        : StatusOr<CreateParams>(rec.status());
+    Status result = p.status();
+    if (result.ok() && rec->contains("failed"))
+      result = FailedPrecondition("it had failed: " + rec->value("failed", ""));
+    std::shared_ptr<backends::Sandbox> sb;
+    if (result.ok()) {
+      backends::SandboxSpec spec;
+      spec.id = row.id;
+      spec.kind = p->kind;
+      spec.image = p->image;
+      spec.cpus = p->cpu;
+      spec.memory_mb = p->memory_mb;
+      spec.pids = p->pids;
+      spec.disk_mb = p->disk_mb;
+      spec.user = p->user;
+      spec.workdir = p->workdir;
+      spec.env = p->env;
+      auto a = backend_->Adopt(spec, row.handle);
+      result = a.status();
+      if (a.ok()) sb = *a;
+    }
+    if (!result.ok()) {
+      DSEC_LOG_WARN("could not re-adopt, cleaning up: sandbox={} error={}", row.id,
+                    result.ToString());
+      (void)store_->DeleteSandbox(row.id);
+      continue;
+    }
+    auto e = std::make_shared<SandboxEntry>(row.id, *p);
+    e->sb_ = sb;
+    e->phase_ = SandboxEntry::Phase::kReady;
+    e->labels_ = StringMap(*rec, "labels").value_or(p->labels);
+    e->created_at_ = rec->value("created_at", WallMs());
+    e->expires_at_ = rec->value("expires_at", WallMs() + p->ttl_s * 1000);
+    e->idle_ttl_s_ = rec->value("idle_ttl_s", p->idle_ttl_s);
+    e->last_used_at = WallMs();
+    std::lock_guard<std::mutex> l(mu_);
+    entries_[e->id] = e;
+    memory_mb_ += p->memory_mb;
+    ++adopted;
+  }
+  DSEC_ASSIGN_OR_RETURN(int cleaned, backend_->CleanupOrphans());
+  return std::make_pair(adopted, cleaned);
+}
+
+void Manager::Shutdown(bool persist) {
+  if (shut_down_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> l(reaper_mu_);
+    stopping_ = true;
+  }
+  reaper_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  std::vector<std::shared_ptr<SandboxEntry>> all = Snapshot();
+  if (persist) {
+    for (auto& e : all) {
+      // Wait out creates in flight so nothing is half-made when we go.
+      (void)e->Sandbox(60000);
+      std::lock_guard<std::mutex> l(e->mu_);
+      if (e->sb_) e->sb_->Detach();
+    }
+    DSEC_LOG_INFO("left {} sandboxes running for the next edge (--persist)", all.size());
+    return;
+  }
+  ParallelFor(static_cast<int>(all.size()), kDestroyThreads,
+              [&](int i) { (void)Delete(all[static_cast<size_t>(i)]->id, "shutdown"); });
+  // Creates that were in flight finish and tear down by themselves; wait for them.
+  for (auto& e : all) (void)e->Sandbox(60000);
+  DSEC_LOG_INFO("destroyed {} sandboxes", all.size());
+}
+
+Json Manager::NodeInfo() const {
+  Json by_state = Json::object();
+  int64_t n = 0, mem = 0;
+  for (auto& e : Snapshot()) {
+    by_state[StateName(*e)] = by_state.value(StateName(*e), 0) + 1;
+    ++n;
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    mem = memory_mb_;
+  }
+  return {{"node", cfg_.node},
+          {"capacity",
+           {{"max_sandboxes", cfg_.max_sandboxes},
+            {"memory_mb", NodeMemoryMb()},
+            {"overcommit", cfg_.memory_overcommit},
+            {"admit_memory_mb", admit_memory_mb_}}},
+          {"usage", {{"sandboxes", n}, {"memory_mb", mem}, {"by_state", by_state}}}};
+}
+
+Metrics::Gauges Manager::Gauges() const {
+  Metrics::Gauges g;
+  for (const char* s : {"creating", "running", "paused", "failed"}) g[{s, "container"}] = 0;
+  for (auto& e : Snapshot()) g[{StateName(*e), e->params.kind}]++;
+  return g;
+}
+
+}  // namespace dsec::edge

@@ -1,0 +1,180 @@
+// The edge's sandbox manager: every sandbox on the node, from admission to deletion.
+// Owns admission (max count, memory overcommit), the records the API shows (labels, TTLs,
+// state, failure reason), their persistence in the state DB (with the backend's adoption
+// handle), TTL and idle reaping, failure detection, re-adoption after a restart, and
+// shutdown (destroy all, or detach all with --persist).
+//
+// Thread safety: all public methods are thread-safe. Create, Delete, Recover and Shutdown
+// block (sandbox setup and teardown) and must run on worker threads, not I/O threads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/sandbox.h"
+#include "base/status.h"
+#include "edge/config.h"
+#include "edge/metrics.h"
+#include "edge/state_store.h"
+#include "protocol/messages.h"
+
+namespace dsec::edge {
+
+using protocol::Json;
+
+// What a caller asked for (validated by the API layer; defaults filled in).
+struct CreateParams {
+  std::string kind = "container";
+  std::string image = "host";
+  double cpu = 1.0;
+  int64_t memory_mb = 512;
+  int64_t pids = 256;
+  int64_t disk_mb = 256;
+  int64_t ttl_s = 3600;
+  int64_t idle_ttl_s = 0;
+  std::string user = "sandbox";
+  std::string workdir = "/workspace";
+  std::map<std::string, std::string> env;
+  std::map<std::string, std::string> labels;
+  std::string network_mode = "none";
+};
+Json ToJson(const CreateParams& p);
+StatusOr<CreateParams> CreateParamsFromJson(const Json& j);
+
+// A command started with "background": true; its output is kept (capped) for GET .../execs.
+struct BackgroundExec {
+  std::string id;
+  int64_t started_at = 0;
+  std::mutex mu;
+  bool done = false;                             // GUARDED_BY(mu)
+  Json result;                                   // GUARDED_BY(mu); the exec result when done
+  std::shared_ptr<backends::ExecHandle> handle;  // GUARDED_BY(mu)
+  // Run once when done (or when the sandbox goes); keyed so a timed-out wait removes itself.
+  std::map<uint64_t, std::function<void()>> waiters;  // GUARDED_BY(mu)
+  uint64_t next_waiter = 0;                           // GUARDED_BY(mu)
+};
+
+class SandboxEntry {
+ public:
+  enum class Phase { kCreating, kReady, kFailed };
+
+  SandboxEntry(std::string id, CreateParams p) : id(std::move(id)), params(std::move(p)) {}
+
+  const std::string id;
+  const CreateParams params;  // labels below are the live copy
+  std::atomic<int64_t> last_used_at{0};
+  std::atomic<int> active_execs{0};
+
+  // Records an API call (idle TTL counts time without any).
+  void Touch();
+  // The backend sandbox once ready. Waits (up to timeout) while it is being created.
+  StatusOr<std::shared_ptr<backends::Sandbox>> Sandbox(int64_t timeout_ms = 120000);
+
+  // Background execs.
+  std::shared_ptr<BackgroundExec> AddBackground(size_t keep);
+  std::shared_ptr<BackgroundExec> FindBackground(const std::string& exec_id);
+  std::vector<std::shared_ptr<BackgroundExec>> Backgrounds();
+
+ private:
+  friend class Manager;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Phase phase_ = Phase::kCreating;                  // GUARDED_BY(mu_)
+  std::shared_ptr<backends::Sandbox> sb_;           // GUARDED_BY(mu_)
+  std::string reason_;                              // GUARDED_BY(mu_)
+  std::string create_error_;                        // GUARDED_BY(mu_)
+  std::map<std::string, std::string> labels_;       // GUARDED_BY(mu_)
+  int64_t created_at_ = 0;                          // GUARDED_BY(mu_)
+  int64_t expires_at_ = 0;                          // GUARDED_BY(mu_)
+  int64_t idle_ttl_s_ = 0;                          // GUARDED_BY(mu_)
+  bool deleted_ = false;                            // GUARDED_BY(mu_)
+  std::deque<std::shared_ptr<BackgroundExec>> bg_;  // GUARDED_BY(mu_)
+};
+
+struct ListFilter {
+  std::vector<std::pair<std::string, std::string>> labels;  // all must match
+  std::string state, kind;
+  size_t limit = 100;
+  std::string cursor;
+};
+
+struct PatchParams {
+  std::optional<int64_t> ttl_s, idle_ttl_s;
+  std::map<std::string, std::optional<std::string>> labels;  // nullopt deletes
+};
+
+class Manager {
+ public:
+  Manager(const EdgeConfig& cfg, backends::Backend* backend, StateStore* store, Metrics* metrics);
+  ~Manager();
+
+  // Re-adopts the sandboxes in the state DB, then removes whatever a previous edge left that
+  // nobody could adopt. Returns {adopted, cleaned}.
+  StatusOr<std::pair<int, int>> Recover();
+  void StartReaper();
+
+  // Admission, then creation. With wait=false the records come back "creating" and creation
+  // continues on `background` (which must run the task on a worker thread).
+  StatusOr<std::vector<Json>> Create(const CreateParams& p, int count, bool wait,
+                                     const std::function<void(std::function<void()>)>& background);
+  // NotFound for unknown ids; Touches the entry.
+  StatusOr<std::shared_ptr<SandboxEntry>> Get(const std::string& id);
+  Json Record(const SandboxEntry& e) const;
+  StatusOr<Json> List(const ListFilter& f) const;
+  StatusOr<Json> Patch(const std::string& id, const PatchParams& p);
+  Status Delete(const std::string& id, const std::string& reason = "api");
+  StatusOr<Json> Pause(const std::string& id);
+  StatusOr<Json> Resume(const std::string& id);
+  // "pause" | "resume" | "delete" on every sandbox labelled job=<job>.
+  StatusOr<int> JobAction(const std::string& job, const std::string& action);
+
+  Json NodeInfo() const;
+  Metrics::Gauges Gauges() const;
+  size_t size() const;
+
+  // Expired, idle and failed sandboxes (the reaper calls this every reap_interval_ms).
+  void ReapOnce();
+  // Destroys every sandbox (or, with persist, detaches them for the next edge) and stops the
+  // reaper. Safe to call twice.
+  void Shutdown(bool persist);
+
+ private:
+  Status Admit(const CreateParams& p, int count);
+  StatusOr<Json> CreateOne(const std::shared_ptr<SandboxEntry>& e);
+  void Persist(const SandboxEntry& e);
+  Json StoredRecord(const SandboxEntry& e) const;
+  std::string StateName(const SandboxEntry& e) const;
+  void MarkFailed(const std::shared_ptr<SandboxEntry>& e, const std::string& reason);
+  void Destroy(const std::shared_ptr<SandboxEntry>& e);
+  std::vector<std::shared_ptr<SandboxEntry>> Snapshot() const;
+
+  EdgeConfig cfg_;
+  backends::Backend* backend_;
+  StateStore* store_;
+  Metrics* metrics_;
+  int64_t admit_memory_mb_ = 0;
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<SandboxEntry>> entries_;  // GUARDED_BY(mu_)
+  int64_t memory_mb_ = 0;                                         // GUARDED_BY(mu_)
+
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_cv_;
+  bool stopping_ = false;  // GUARDED_BY(reaper_mu_)
+  std::thread reaper_;
+  std::atomic<bool> shut_down_{false};
+};
+
+// Node memory in MiB (MemTotal).
+int64_t NodeMemoryMb();
+
+}  // namespace dsec::edge

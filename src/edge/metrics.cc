@@ -1,0 +1,118 @@
+#include "edge/metrics.h"
+
+#include <cstdio>
+
+namespace dsec::edge {
+
+namespace {
+
+std::string Num(double v) {
+  char b[32];
+  snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+// Label values are ours (methods, codes, states), but escape anyway: the format requires it.
+std::string Escape(const std::string& v) {
+  std::string o;
+  for (char c : v) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+std::string Label(const char* k, const std::string& v) {
+  return std::string(k) + "=\"" + Escape(v) + "\"";
+}
+
+// Seconds: 1 ms .. 60 s.
+std::vector<double> LatencyBounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  std::lock_guard<std::mutex> l(mu_);
+  counts_[i]++;
+  sum_ += v;
+  count_++;
+}
+
+void Histogram::Render(const std::string& name, std::string* out) const {
+  std::lock_guard<std::mutex> l(mu_);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    *out += name + "_bucket{le=\"" + Num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
+  }
+  cum += counts_.back();
+  *out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
+  *out += name + "_sum " + Num(sum_) + "\n";
+  *out += name + "_count " + std::to_string(count_) + "\n";
+}
+
+Metrics::Metrics() : create_(LatencyBounds()), exec_(LatencyBounds()) {}
+
+void Metrics::Bump(Labeled* m, const std::string& labels) {
+  std::lock_guard<std::mutex> l(mu_);
+  (*m)[labels]++;
+}
+
+void Metrics::CountRequest(const std::string& method, int status) {
+  Bump(&requests_, Label("method", method) + "," + Label("code", std::to_string(status)));
+}
+void Metrics::CountReject(const std::string& reason) { Bump(&rejects_, Label("reason", reason)); }
+void Metrics::CountError(const std::string& code) { Bump(&errors_, Label("code", code)); }
+void Metrics::CountDeleted(const std::string& reason) { Bump(&deleted_, Label("reason", reason)); }
+
+void Metrics::RenderLabeled(const std::string& name, const Labeled& m, std::string* out) {
+  for (const auto& [labels, n] : m) *out += name + "{" + labels + "} " + std::to_string(n) + "\n";
+}
+
+std::string Metrics::Render(const Gauges& sandboxes, int64_t connections) const {
+  std::string o;
+  o += "# HELP dsec_sandboxes Sandboxes on this node by state and kind.\n";
+  o += "# TYPE dsec_sandboxes gauge\n";
+  for (const auto& [k, n] : sandboxes)
+    o += "dsec_sandboxes{" + Label("state", k.first) + "," + Label("kind", k.second) + "} " +
+         std::to_string(n) + "\n";
+  o += "# HELP dsec_http_connections Open HTTP connections.\n";
+  o += "# TYPE dsec_http_connections gauge\n";
+  o += "dsec_http_connections " + std::to_string(connections) + "\n";
+  o += "# HELP dsec_sandbox_create_seconds Time to create a sandbox until it is running.\n";
+  o += "# TYPE dsec_sandbox_create_seconds histogram\n";
+  create_.Render("dsec_sandbox_create_seconds", &o);
+  o += "# HELP dsec_exec_seconds Duration of execs and shell commands.\n";
+  o += "# TYPE dsec_exec_seconds histogram\n";
+  exec_.Render("dsec_exec_seconds", &o);
+  o += "# HELP dsec_sandboxes_created_total Sandboxes created.\n";
+  o += "# TYPE dsec_sandboxes_created_total counter\n";
+  o += "dsec_sandboxes_created_total " + std::to_string(created_.load()) + "\n";
+  std::lock_guard<std::mutex> l(mu_);
+  o += "# HELP dsec_sandboxes_deleted_total Sandboxes deleted, by reason.\n";
+  o += "# TYPE dsec_sandboxes_deleted_total counter\n";
+  RenderLabeled("dsec_sandboxes_deleted_total", deleted_, &o);
+  o += "# HELP dsec_api_requests_total API requests by method and status code.\n";
+  o += "# TYPE dsec_api_requests_total counter\n";
+  RenderLabeled("dsec_api_requests_total", requests_, &o);
+  o += "# HELP dsec_rejects_total Requests refused for capacity or bounds.\n";
+  o += "# TYPE dsec_rejects_total counter\n";
+  RenderLabeled("dsec_rejects_total", rejects_, &o);
+  o += "# HELP dsec_errors_total Error responses by error code.\n";
+  o += "# TYPE dsec_errors_total counter\n";
+  RenderLabeled("dsec_errors_total", errors_, &o);
+  return o;
+}
+
+}  // namespace dsec::edge

@@ -1,0 +1,55 @@
+// Prometheus metrics of one edge: counters, gauges supplied at scrape time, and latency
+// histograms; rendered in the text exposition format 0.0.4 for GET /metrics.
+// Thread safety: every method is thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dsec::edge {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void Observe(double v);
+  // Appends the _bucket/_sum/_count series for `name`.
+  void Render(const std::string& name, std::string* out) const;
+
+ private:
+  std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> counts_;  // GUARDED_BY(mu_); one per bound plus +Inf
+  double sum_ = 0;                // GUARDED_BY(mu_)
+  uint64_t count_ = 0;            // GUARDED_BY(mu_)
+};
+
+class Metrics {
+ public:
+  Metrics();
+  void ObserveCreate(double seconds) { create_.Observe(seconds); }
+  void ObserveExec(double seconds) { exec_.Observe(seconds); }
+  void CountRequest(const std::string& method, int status);
+  void CountReject(const std::string& reason);
+  void CountError(const std::string& code);
+  void CountCreated() { created_++; }
+  void CountDeleted(const std::string& reason);
+
+  using Gauges = std::map<std::pair<std::string, std::string>, int64_t>;  // (state, kind)
+  std::string Render(const Gauges& sandboxes, int64_t connections) const;
+
+ private:
+  using Labeled = std::map<std::string, uint64_t>;  // rendered label set -> count
+  void Bump(Labeled* m, const std::string& labels);
+  static void RenderLabeled(const std::string& name, const Labeled& m, std::string* out);
+
+  Histogram create_, exec_;
+  std::atomic<uint64_t> created_{0};
+  mutable std::mutex mu_;
+  Labeled requests_, rejects_, errors_, deleted_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace dsec::edge
