@@ -1,0 +1,59 @@
+"""libdsec: Python SDK for the DSec sandbox engine.
+
+Blocking::
+
+    from libdsec import DSecClient, DSecContainerRunArgs
+    with DSecClient("http://127.0.0.1:7070", token="...") as client:
+        with client.run_container(DSecContainerRunArgs(memory_limit_mb=512)) as sb:
+            print(sb.run_shell("python3 -c 'print(1)'").stdout)
+
+Asyncio: :class:`AsyncDSecClient` has the same methods as coroutines.
+Every failure raises :class:`DSecError` (``.code``, ``.message``, ``.status``).
+"""
+
+from .aio import AsyncDSecClient, AsyncSandbox, AsyncShell
+from .client import DSecClient, Sandbox, Shell
+from .errors import (
+    BadRequestError,
+    ConflictError,
+    DSecError,
+    DSecTimeoutError,
+    ForbiddenError,
+    InternalError,
+    NotFoundError,
+    OverCapacityError,
+    TooLargeError,
+    UnauthorizedError,
+    UnavailableError,
+    UnprocessableError,
+    UnsafeArchiveError,
+)
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DSecClient",
+    "AsyncDSecClient",
+    "Sandbox",
+    "AsyncSandbox",
+    "Shell",
+    "AsyncShell",
+    "DSecContainerRunArgs",
+    "ExecResult",
+    "ExecEvent",
+    "FileEntry",
+    "DSecError",
+    "BadRequestError",
+    "UnauthorizedError",
+    "ForbiddenError",
+    "NotFoundError",
+    "ConflictError",
+    "TooLargeError",
+    "UnprocessableError",
+    "OverCapacityError",
+    "UnavailableError",
+    "InternalError",
+    "DSecTimeoutError",
+    "UnsafeArchiveError",
+]

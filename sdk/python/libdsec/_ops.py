@@ -1,0 +1,341 @@
+"""Request builders and response decoders shared by DSecClient and
+AsyncDSecClient, so the two differ only in how they send."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+from typing import Any, Mapping, Sequence, Union
+
+from ._http import Request, json_request, raw_request, seg
+from .errors import DSecError, error_from_stream_line
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry
+
+Cmd = Union[str, Sequence[str]]
+Stdin = Union[str, bytes, bytearray, memoryview]
+
+
+def sb_path(sandbox_id: str, *rest: str) -> str:
+    return "/v1/sandboxes/" + seg(sandbox_id) + "".join("/" + r for r in rest)
+
+
+def wait_s(ms: int | float | None) -> float | None:
+    """Client-side allowance for a server-side wait of ``ms`` (0/None = unbounded)."""
+    if not ms:
+        return None
+    return ms / 1000.0
+
+
+# -- sandboxes ---------------------------------------------------------------
+
+
+def create(args: DSecContainerRunArgs, count: int | None, request_id: str | None,
+           wait: bool) -> Request:
+    body = args.to_body()
+    if count is not None:
+        body["count"] = int(count)
+    # Creating may queue behind other creates on a busy node; allow for it.
+    return json_request("POST", "/v1/sandboxes", body, request_id=request_id,
+                        query=None if wait else [("wait", "0")], extra_wait=60.0)
+
+
+def created_records(data: Any, count: int | None) -> list[dict[str, Any]]:
+    if count is None:
+        return [data]
+    return list(data["sandboxes"])
+
+
+def list_query(labels: Mapping[str, str] | None, state: str | None, kind: str | None,
+               page_size: int, cursor: str | None) -> list[tuple[str, Any]]:
+    q: list[tuple[str, Any]] = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+    q += [("state", state), ("kind", kind), ("limit", int(page_size)), ("cursor", cursor)]
+    return q
+
+
+def list_page(query: list[tuple[str, Any]]) -> Request:
+    return json_request("GET", "/v1/sandboxes", query=query, mutating=False)
+
+
+def get(sandbox_id: str) -> Request:
+    return json_request("GET", sb_path(sandbox_id), mutating=False)
+
+
+def delete(sandbox_id: str, request_id: str | None) -> Request:
+    return json_request("DELETE", sb_path(sandbox_id), request_id=request_id,
+                        gone_on_retry_ok=True)
+
+
+def patch(sandbox_id: str, fields: Mapping[str, Any], request_id: str | None) -> Request:
+    body = {k: v for k, v in fields.items() if v is not None}
+    return json_request("PATCH", sb_path(sandbox_id), body, request_id=request_id)
+
+
+def lifecycle(sandbox_id: str, action: str, request_id: str | None) -> Request:
+    return json_request("POST", sb_path(sandbox_id, action), request_id=request_id)
+
+
+def stats(sandbox_id: str) -> Request:
+    return json_request("GET", sb_path(sandbox_id, "stats"), mutating=False)
+
+
+def signal(sandbox_id: str, sig: str | int, request_id: str | None) -> Request:
+    return json_request("POST", sb_path(sandbox_id, "signal"), {"signal": sig},
+                        request_id=request_id)
+
+
+def job(action: str, job_name: str, request_id: str | None) -> Request:
+    path = "/v1/jobs/" + seg(job_name)
+    if action == "delete":
+        return json_request("DELETE", path, request_id=request_id)
+    return json_request("POST", f"{path}/{action}", request_id=request_id)
+
+
+# -- exec --------------------------------------------------------------------
+
+
+def encode_stdin(stdin: Stdin | None) -> tuple[str, str | None]:
+    """Return (text, stdin_encoding): UTF-8 goes as is, other bytes as base64."""
+    if stdin is None:
+        return "", None
+    if isinstance(stdin, str):
+        return stdin, None
+    data = bytes(stdin)
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return base64.b64encode(data).decode("ascii"), "base64"
+
+
+def exec_body(cmd: Cmd, stdin: Stdin | None, env: Mapping[str, str] | None,
+              cwd: str | None, user: str | None, timeout_ms: int,
+              max_output_bytes: int, binary: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if isinstance(cmd, str):
+        body["shell"] = cmd
+    else:
+        argv = [os.fspath(a) for a in cmd]
+        if not argv:
+            raise ValueError("cmd must not be empty")
+        body["cmd"] = argv
+    text, stdin_encoding = encode_stdin(stdin)
+    if text:
+        body["stdin"] = text
+        if stdin_encoding:
+            body["stdin_encoding"] = stdin_encoding
+    if env is not None:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if user is not None:
+        body["user"] = user
+    body["timeout_ms"] = int(timeout_ms)
+    body["max_output_bytes"] = int(max_output_bytes)
+    body["encoding"] = "base64" if binary else "utf-8"
+    return body
+
+
+def exec_request(sandbox_id: str, body: dict[str, Any], *, stream: bool = False,
+                 background: bool = False, request_id: str | None = None) -> Request:
+    if background:
+        body = dict(body, background=True)
+        extra = 0.0
+    else:
+        extra = wait_s(body.get("timeout_ms"))
+    return json_request("POST", sb_path(sandbox_id, "exec"), body, request_id=request_id,
+                        query=[("stream", "1")] if stream else None, extra_wait=extra)
+
+
+def exec_status(sandbox_id: str, exec_id: str, wait_ms: int) -> Request:
+    return json_request("GET", sb_path(sandbox_id, "execs", seg(exec_id)),
+                        query=[("wait_ms", int(wait_ms))] if wait_ms else None,
+                        mutating=False, extra_wait=wait_ms / 1000.0)
+
+
+def exec_kill(sandbox_id: str, exec_id: str, request_id: str | None) -> Request:
+    return json_request("DELETE", sb_path(sandbox_id, "execs", seg(exec_id)),
+                        request_id=request_id, gone_on_retry_ok=True)
+
+
+class ExecStreamDecoder:
+    """Turns the NDJSON bytes of ``POST .../exec?stream=1`` into ExecEvents.
+
+    Feed it chunks as they arrive; it keeps a partial trailing line for the
+    next chunk (a JSON line never contains a raw newline, so splitting on
+    ``\\n`` is exact). The exit event's result carries all output received.
+    A final ``{"error": ...}`` line raises the matching DSecError.
+    """
+
+    def __init__(self, binary: bool) -> None:
+        self.binary = binary
+        self.finished = False
+        self._partial = b""
+        self._out: list[Any] = []
+        self._err: list[Any] = []
+
+    def feed(self, chunk: bytes) -> list[ExecEvent]:
+        events = []
+        data = self._partial + chunk
+        *lines, self._partial = data.split(b"\n")
+        for line in lines:
+            ev = self._line(line)
+            if ev is not None:
+                events.append(ev)
+        return events
+
+    def close(self) -> list[ExecEvent]:
+        """Call at the end of the body; raises if no exit event arrived."""
+        events = []
+        if self._partial.strip():
+            ev = self._line(self._partial)
+            self._partial = b""
+            if ev is not None:
+                events.append(ev)
+        if not self.finished:
+            raise DSecError("unavailable", "exec stream ended before its exit event", None)
+        return events
+
+    def _text(self, value: Any) -> Any:
+        value = value if isinstance(value, str) else ""
+        return base64.b64decode(value) if self.binary else value
+
+    def _line(self, line: bytes) -> ExecEvent | None:
+        line = line.strip()
+        if not line or self.finished:
+            return None
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise DSecError("internal", f"bad line in exec stream: {line[:80]!r}", None) from None
+        if not isinstance(obj, dict):
+            return None
+        if "stdout" in obj:
+            data = self._text(obj["stdout"])
+            self._out.append(data)
+            return ExecEvent("stdout", data)
+        if "stderr" in obj:
+            data = self._text(obj["stderr"])
+            self._err.append(data)
+            return ExecEvent("stderr", data)
+        if "exit" in obj:
+            self.finished = True
+            fields = {k: v for k, v in dict(obj["exit"]).items()
+                      if k not in ("stdout", "stderr", "encoding")}
+            joiner = b"" if self.binary else ""
+            result = dataclasses.replace(
+                ExecResult.from_json(fields),
+                stdout=joiner.join(self._out),
+                stderr=joiner.join(self._err),
+            )
+            return ExecEvent("exit", result=result)
+        if "error" in obj:
+            self.finished = True
+            raise error_from_stream_line(obj["error"] if isinstance(obj["error"], dict) else {})
+        return None  # an event kind this SDK does not know yet
+
+
+# -- shells ------------------------------------------------------------------
+
+
+def shell_open(sandbox_id: str, user: str | None, request_id: str | None) -> Request:
+    return json_request("POST", sb_path(sandbox_id, "shells"), {"user": user},
+                        request_id=request_id)
+
+
+def shell_run(sandbox_id: str, shell_id: str, command: str, timeout_ms: int,
+              max_output_bytes: int, binary: bool, request_id: str | None) -> Request:
+    body = {"command": command, "timeout_ms": int(timeout_ms),
+            "max_output_bytes": int(max_output_bytes),
+            "encoding": "base64" if binary else "utf-8"}
+    return json_request("POST", sb_path(sandbox_id, "shells", seg(shell_id), "run"), body,
+                        request_id=request_id, extra_wait=wait_s(timeout_ms))
+
+
+def shell_close(sandbox_id: str, shell_id: str, request_id: str | None) -> Request:
+    return json_request("DELETE", sb_path(sandbox_id, "shells", seg(shell_id)),
+                        request_id=request_id, gone_on_retry_ok=True)
+
+
+# -- files -------------------------------------------------------------------
+
+
+def octal(mode: int) -> str:
+    return format(int(mode) & 0o7777, "04o")
+
+
+def to_bytes(data: bytes | bytearray | memoryview | str) -> bytes:
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+
+def file_write(sandbox_id: str, path: str, data: bytes | str, mode: int,
+               request_id: str | None) -> Request:
+    return raw_request("PUT", sb_path(sandbox_id, "files"), to_bytes(data),
+                       "application/octet-stream",
+                       query=[("path", path), ("mode", octal(mode))], request_id=request_id)
+
+
+def file_read(sandbox_id: str, path: str, max_bytes: int | None) -> Request:
+    return json_request("GET", sb_path(sandbox_id, "files"), mutating=False,
+                        query=[("path", path), ("max_bytes", max_bytes)])
+
+
+def file_list(sandbox_id: str, path: str) -> Request:
+    return json_request("GET", sb_path(sandbox_id, "files", "list"), mutating=False,
+                        query=[("path", path)])
+
+
+def file_stat(sandbox_id: str, path: str) -> Request:
+    return json_request("GET", sb_path(sandbox_id, "files", "stat"), mutating=False,
+                        query=[("path", path)])
+
+
+def file_remove(sandbox_id: str, path: str, recursive: bool, request_id: str | None) -> Request:
+    return json_request("DELETE", sb_path(sandbox_id, "files"), request_id=request_id,
+                        query=[("path", path), ("recursive", "1" if recursive else None)])
+
+
+def file_mkdir(sandbox_id: str, path: str, mode: int, request_id: str | None) -> Request:
+    return json_request("POST", sb_path(sandbox_id, "files", "mkdir"), request_id=request_id,
+                        query=[("path", path), ("mode", octal(mode))])
+
+
+def archive_put(sandbox_id: str, remote_dir: str, tar_bytes: bytes,
+                request_id: str | None) -> Request:
+    req = raw_request("PUT", sb_path(sandbox_id, "archive"), tar_bytes, "application/x-tar",
+                      query=[("path", remote_dir)], request_id=request_id)
+    req.extra_wait = 60.0  # extracting a large tree takes a while
+    return req
+
+
+def archive_get(sandbox_id: str, remote_dir: str) -> Request:
+    return json_request("GET", sb_path(sandbox_id, "archive"), mutating=False,
+                        query=[("path", remote_dir)], extra_wait=60.0)
+
+
+def entries(data: Any) -> list[FileEntry]:
+    return [FileEntry.from_json(e) for e in data.get("entries", [])]
+
+
+# -- misc --------------------------------------------------------------------
+
+
+def fncall(runtime: str, code: str, stdin: Stdin, files: Mapping[str, str | bytes] | None,
+           timeout_ms: int, memory_mb: int, max_output_bytes: int,
+           request_id: str | None) -> Request:
+    text, stdin_encoding = encode_stdin(stdin)
+    if stdin_encoding:
+        raise ValueError("fncall stdin must be valid UTF-8")
+    body: dict[str, Any] = {"runtime": runtime, "code": code, "stdin": text,
+                            "timeout_ms": int(timeout_ms), "memory_mb": int(memory_mb),
+                            "max_output_bytes": int(max_output_bytes)}
+    if files is not None:
+        body["files"] = {name: (c.decode("utf-8") if isinstance(c, (bytes, bytearray)) else c)
+                         for name, c in files.items()}
+    # The call may wait in the runtime's queue before its own timeout starts.
+    return json_request("POST", "/v1/fncalls", body, request_id=request_id,
+                        extra_wait=wait_s(timeout_ms))
+
+
+def simple_get(path: str) -> Request:
+    return json_request("GET", path, mutating=False)

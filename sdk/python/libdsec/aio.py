@@ -1,0 +1,400 @@
+"""The asyncio client: AsyncDSecClient, AsyncSandbox and AsyncShell.
+
+Same methods and semantics as :mod:`libdsec.client`, as coroutines; see the
+docstrings there for the contracts. ``exec_stream`` returns an async iterator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import time
+from typing import Any, AsyncIterator, Mapping
+
+from . import _archive, _ops
+from ._async import AsyncTransport
+from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
+from ._ops import Cmd, Stdin
+from .errors import DSecError, DSecTimeoutError, NotFoundError
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry
+
+__all__ = ["AsyncDSecClient", "AsyncSandbox", "AsyncShell"]
+
+_STATUS_POLL_MS = 30_000
+
+
+class AsyncDSecClient:
+    """Asyncio client for one DSec edge (or an apiserver).
+
+    Arguments as for :class:`~libdsec.DSecClient`, plus ``max_connections``:
+    the pool's bound on open connections (default 64); more concurrent calls
+    wait for a free connection. Use one client per event loop.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        retries: int = 5,
+        backoff_base: float = 0.1,
+        backoff_cap: float = 5.0,
+        retry_after_cap: float = 30.0,
+        max_connections: int = 64,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        endpoint, token = resolve_config(url, token)
+        self.url = url
+        self.endpoint = endpoint
+        self._t = AsyncTransport(
+            endpoint, token, timeout,
+            RetryPolicy(retries, backoff_base, backoff_cap, retry_after_cap),
+            max_connections, ssl_context,
+        )
+
+    async def _call(self, req: Request) -> bytes:
+        return (await self._t.request(req)).body
+
+    async def _json(self, req: Request) -> Any:
+        return (await self._t.request(req)).json()
+
+    async def close(self) -> None:
+        """Close the pooled connections (the client reconnects if used again)."""
+        await self._t.aclose()
+
+    async def __aenter__(self) -> "AsyncDSecClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        ep = self.endpoint
+        where = f"unix://{ep.unix_path}" if ep.unix_path else f"{ep.scheme}://{ep.host}:{ep.port}"
+        return f"AsyncDSecClient({where!r})"
+
+    # -- sandboxes ---------------------------------------------------------
+
+    async def run_container(self, args: DSecContainerRunArgs | None = None,
+                            request_id: str | None = None, *,
+                            wait: bool = True) -> "AsyncSandbox":
+        """See :meth:`DSecClient.run_container`."""
+        data = await self._json(_ops.create(args or DSecContainerRunArgs(), None,
+                                            request_id, wait))
+        return AsyncSandbox(self, data)
+
+    async def run_containers(self, args: DSecContainerRunArgs | None, count: int,
+                             request_id: str | None = None, *,
+                             wait: bool = True) -> list["AsyncSandbox"]:
+        """See :meth:`DSecClient.run_containers`."""
+        data = await self._json(_ops.create(args or DSecContainerRunArgs(), count,
+                                            request_id, wait))
+        return [AsyncSandbox(self, r) for r in _ops.created_records(data, count)]
+
+    async def get_sandbox(self, sandbox_id: str) -> "AsyncSandbox":
+        """See :meth:`DSecClient.get_sandbox`."""
+        return AsyncSandbox(self, await self._json(_ops.get(sandbox_id)))
+
+    def sandbox(self, sandbox_id: str) -> "AsyncSandbox":
+        """A handle without a request; see :meth:`DSecClient.sandbox`."""
+        return AsyncSandbox(self, sandbox_id)
+
+    async def list_sandboxes(self, labels: Mapping[str, str] | None = None,
+                             state: str | None = None, kind: str | None = None,
+                             page_size: int = 100) -> list[dict[str, Any]]:
+        """See :meth:`DSecClient.list_sandboxes`."""
+        records: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            q = _ops.list_query(labels, state, kind, page_size, cursor)
+            data = await self._json(_ops.list_page(q))
+            records.extend(data.get("sandboxes", []))
+            cursor = data.get("next_cursor")
+            if not cursor:
+                return records
+
+    async def delete_sandbox(self, sandbox_id: str, request_id: str | None = None) -> None:
+        """See :meth:`DSecClient.delete_sandbox`."""
+        await self._call(_ops.delete(sandbox_id, request_id))
+
+    async def pause_job(self, job: str, request_id: str | None = None) -> int:
+        """See :meth:`DSecClient.pause_job`."""
+        return int((await self._json(_ops.job("pause", job, request_id)))["affected"])
+
+    async def resume_job(self, job: str, request_id: str | None = None) -> int:
+        """See :meth:`DSecClient.resume_job`."""
+        return int((await self._json(_ops.job("resume", job, request_id)))["affected"])
+
+    async def delete_job(self, job: str, request_id: str | None = None) -> int:
+        """See :meth:`DSecClient.delete_job`."""
+        return int((await self._json(_ops.job("delete", job, request_id)))["affected"])
+
+    async def health(self) -> dict[str, Any]:
+        return await self._json(_ops.simple_get("/v1/health"))
+
+    async def node(self) -> dict[str, Any]:
+        return await self._json(_ops.simple_get("/v1/node"))
+
+    async def images(self) -> list[dict[str, Any]]:
+        return list((await self._json(_ops.simple_get("/v1/images"))).get("images", []))
+
+    async def run_fncall(self, runtime: str, code: str, stdin: Stdin = "",
+                         files: Mapping[str, str | bytes] | None = None,
+                         timeout_ms: int = 5000, memory_mb: int = 256,
+                         max_output_bytes: int = 65536, *,
+                         request_id: str | None = None) -> ExecResult:
+        """See :meth:`DSecClient.run_fncall`."""
+        req = _ops.fncall(runtime, code, stdin, files, timeout_ms, memory_mb,
+                          max_output_bytes, request_id)
+        return ExecResult.from_json(await self._json(req))
+
+
+class AsyncSandbox:
+    """Asyncio handle on one sandbox; see :class:`~libdsec.Sandbox`.
+    ``async with`` deletes it on exit."""
+
+    def __init__(self, client: AsyncDSecClient, record: Mapping[str, Any] | str) -> None:
+        self._client = client
+        if isinstance(record, str):
+            self.id = record
+            self.record: dict[str, Any] = {"id": record}
+        else:
+            self.record = dict(record)
+            self.id = str(self.record["id"])
+        self._shell: AsyncShell | None = None
+        self._shell_lock = asyncio.Lock()
+
+    @property
+    def client(self) -> AsyncDSecClient:
+        return self._client
+
+    @property
+    def state(self) -> str | None:
+        return self.record.get("state")
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.id!r}, state={self.state!r})"
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.stop()
+        except NotFoundError:
+            pass
+
+    async def _json(self, req: Request) -> Any:
+        return await self._client._json(req)
+
+    async def _call(self, req: Request) -> bytes:
+        return await self._client._call(req)
+
+    def _set_record(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict) and "id" in data:
+            self.record = data
+        return self.record
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def refresh(self) -> dict[str, Any]:
+        return self._set_record(await self._json(_ops.get(self.id)))
+
+    async def update(self, ttl_s: int | None = None, idle_ttl_s: int | None = None,
+                     labels: Mapping[str, str | None] | None = None,
+                     network: Mapping[str, Any] | None = None, *,
+                     request_id: str | None = None) -> dict[str, Any]:
+        """See :meth:`Sandbox.update`."""
+        fields = {"ttl_s": ttl_s, "idle_ttl_s": idle_ttl_s,
+                  "labels": None if labels is None else dict(labels),
+                  "network": None if network is None else dict(network)}
+        return self._set_record(await self._json(_ops.patch(self.id, fields, request_id)))
+
+    async def pause(self, request_id: str | None = None) -> dict[str, Any]:
+        return self._set_record(await self._json(_ops.lifecycle(self.id, "pause", request_id)))
+
+    async def resume(self, request_id: str | None = None) -> dict[str, Any]:
+        return self._set_record(await self._json(_ops.lifecycle(self.id, "resume", request_id)))
+
+    async def stop(self, request_id: str | None = None) -> None:
+        """Delete the sandbox."""
+        self._shell = None
+        await self._client.delete_sandbox(self.id, request_id)
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._json(_ops.stats(self.id))
+
+    async def signal(self, sig: str | int = "KILL", request_id: str | None = None) -> int:
+        return int((await self._json(_ops.signal(self.id, sig, request_id)))["signaled"])
+
+    # -- exec --------------------------------------------------------------
+
+    async def exec(self, cmd: Cmd, stdin: Stdin = b"", env: Mapping[str, str] | None = None,
+                   cwd: str | None = None, user: str | None = None,
+                   timeout_ms: int = 30_000, max_output_bytes: int = 1 << 20,
+                   binary: bool = False, *, request_id: str | None = None) -> ExecResult:
+        """See :meth:`Sandbox.exec`."""
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        data = await self._json(_ops.exec_request(self.id, body, request_id=request_id))
+        return ExecResult.from_json(data, binary=binary)
+
+    def exec_stream(self, cmd: Cmd, stdin: Stdin = b"", env: Mapping[str, str] | None = None,
+                    cwd: str | None = None, user: str | None = None,
+                    timeout_ms: int = 30_000, max_output_bytes: int = 1 << 20,
+                    binary: bool = False, *,
+                    request_id: str | None = None) -> AsyncIterator[ExecEvent]:
+        """See :meth:`Sandbox.exec_stream`; use with ``async for``. To stop
+        early and kill the command promptly, wrap it in
+        ``contextlib.aclosing(...)``."""
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        req = _ops.exec_request(self.id, body, stream=True, request_id=request_id)
+        return _aiter_exec_stream(self._client._t, req, binary)
+
+    async def start_background(self, cmd: Cmd, stdin: Stdin = b"",
+                               env: Mapping[str, str] | None = None, cwd: str | None = None,
+                               user: str | None = None, timeout_ms: int = 30_000,
+                               max_output_bytes: int = 1 << 20, binary: bool = False, *,
+                               request_id: str | None = None) -> str:
+        """See :meth:`Sandbox.start_background`."""
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        req = _ops.exec_request(self.id, body, background=True, request_id=request_id)
+        return str((await self._json(req))["exec_id"])
+
+    async def exec_status(self, exec_id: str, wait_ms: int = 0) -> dict[str, Any]:
+        return await self._json(_ops.exec_status(self.id, exec_id, wait_ms))
+
+    async def wait_exec(self, exec_id: str, timeout_s: float | None = None) -> ExecResult:
+        """See :meth:`Sandbox.wait_exec`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pause = 0.05
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            wait_ms = _STATUS_POLL_MS if remaining is None else int(
+                max(0.0, min(remaining, _STATUS_POLL_MS / 1000)) * 1000)
+            started = time.monotonic()
+            status = await self.exec_status(exec_id, wait_ms=wait_ms)
+            if status.get("state") == "exited" and status.get("result") is not None:
+                return ExecResult.from_json(status["result"])
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DSecTimeoutError(
+                    "timeout", f"exec {exec_id} still running after {timeout_s}s", None)
+            if time.monotonic() - started < wait_ms / 2000:
+                await asyncio.sleep(pause if remaining is None else min(pause, max(remaining, 0)))
+                pause = min(pause * 2, 1.0)
+
+    async def kill_exec(self, exec_id: str, request_id: str | None = None) -> None:
+        await self._call(_ops.exec_kill(self.id, exec_id, request_id))
+
+    # -- shells ------------------------------------------------------------
+
+    async def open_shell(self, user: str | None = None,
+                         request_id: str | None = None) -> "AsyncShell":
+        data = await self._json(_ops.shell_open(self.id, user, request_id))
+        return AsyncShell(self, str(data["shell_id"]))
+
+    async def run_shell(self, command: str, timeout_ms: int = 60_000,
+                        max_output_bytes: int = 1 << 20, binary: bool = False, *,
+                        request_id: str | None = None) -> ExecResult:
+        """See :meth:`Sandbox.run_shell`."""
+        async with self._shell_lock:
+            if self._shell is None:
+                self._shell = await self.open_shell()
+            shell = self._shell
+            try:
+                return await shell.run(command, timeout_ms, max_output_bytes, binary,
+                                       request_id=request_id)
+            except NotFoundError:
+                self._shell = None
+                raise
+
+    # -- files -------------------------------------------------------------
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644,
+                         request_id: str | None = None) -> None:
+        await self._call(_ops.file_write(self.id, path, data, mode, request_id))
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        return await self._call(_ops.file_read(self.id, path, max_bytes))
+
+    async def list_dir(self, path: str) -> list[FileEntry]:
+        return _ops.entries(await self._json(_ops.file_list(self.id, path)))
+
+    async def stat(self, path: str) -> FileEntry:
+        return FileEntry.from_json(await self._json(_ops.file_stat(self.id, path)))
+
+    async def remove(self, path: str, recursive: bool = False,
+                     request_id: str | None = None) -> None:
+        await self._call(_ops.file_remove(self.id, path, recursive, request_id))
+
+    async def mkdir(self, path: str, mode: int = 0o755, request_id: str | None = None) -> None:
+        await self._call(_ops.file_mkdir(self.id, path, mode, request_id))
+
+    async def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str,
+                         request_id: str | None = None) -> None:
+        """See :meth:`Sandbox.upload_dir` (the tar is built in a worker thread)."""
+        tar = await asyncio.to_thread(_archive.build_tar, local_dir)
+        await self._call(_ops.archive_put(self.id, remote_dir, tar, request_id))
+
+    async def download_dir(self, remote_dir: str, local_dir: str | os.PathLike[str],
+                           skip_unsafe: bool = False) -> list[str]:
+        """See :meth:`Sandbox.download_dir` (extracted in a worker thread)."""
+        data = await self._call(_ops.archive_get(self.id, remote_dir))
+        return await asyncio.to_thread(_archive.extract_tar, data, local_dir, skip_unsafe)
+
+
+class AsyncShell:
+    """A persistent shell session; see :class:`~libdsec.client.Shell`."""
+
+    def __init__(self, sandbox: AsyncSandbox, shell_id: str) -> None:
+        self.sandbox = sandbox
+        self.id = shell_id
+
+    def __repr__(self) -> str:
+        return f"AsyncShell({self.id!r}, sandbox={self.sandbox.id!r})"
+
+    async def run(self, command: str, timeout_ms: int = 60_000,
+                  max_output_bytes: int = 1 << 20, binary: bool = False, *,
+                  request_id: str | None = None) -> ExecResult:
+        req = _ops.shell_run(self.sandbox.id, self.id, command, timeout_ms,
+                             max_output_bytes, binary, request_id)
+        return ExecResult.from_json(await self.sandbox._json(req), binary=binary)
+
+    async def close(self, request_id: str | None = None) -> None:
+        await self.sandbox._call(_ops.shell_close(self.sandbox.id, self.id, request_id))
+
+    async def __aenter__(self) -> "AsyncShell":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.close()
+        except NotFoundError:
+            pass
+
+
+async def _aiter_exec_stream(transport: AsyncTransport, req: Request,
+                             binary: bool) -> AsyncIterator[ExecEvent]:
+    stream = await transport.stream(req)
+    decoder = _ops.ExecStreamDecoder(binary)
+    exit_event: ExecEvent | None = None
+    chunks = stream.iter_chunks()
+    try:
+        async for chunk in chunks:
+            for ev in decoder.feed(chunk):
+                if ev.kind == "exit":
+                    exit_event = ev  # yielded after the body's end; see client.py
+                else:
+                    yield ev
+        for ev in decoder.close():
+            if ev.kind == "exit":
+                exit_event = ev
+            else:
+                yield ev
+    finally:
+        await chunks.aclose()
+        stream.close()
+    if exit_event is None:
+        raise DSecError("unavailable", "exec stream ended before its exit event", None)
+    yield exit_event

@@ -1,0 +1,530 @@
+"""The blocking client: DSecClient, Sandbox and Shell."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import threading
+import time
+from typing import Any, Iterator, Mapping
+
+from . import _archive, _ops
+from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
+from ._ops import Cmd, Stdin
+from ._sync import SyncTransport
+from .errors import DSecError, DSecTimeoutError, NotFoundError
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry
+
+__all__ = ["DSecClient", "Sandbox", "Shell"]
+
+_STATUS_POLL_MS = 30_000
+
+
+class DSecClient:
+    """Blocking client for one DSec edge (or an apiserver).
+
+    Args:
+        url: ``http://host:port``, ``https://...`` or ``unix:///path/edge.sock``;
+            ``None`` reads ``DSEC_URL``, else ``http://127.0.0.1:7070``.
+        token: bearer token; ``None`` reads ``DSEC_TOKEN``. Sent on every
+            request when set (the edge's unix socket needs none).
+        timeout: seconds to wait on the socket for the server, on top of any
+            server-side wait the call asks for (an exec's ``timeout_ms``, a
+            ``wait_ms``); ``None`` waits forever. Timeouts are not retried.
+        retries: re-sends after the first attempt on 429, 503 and connection
+            failures (default 5, i.e. 6 attempts; 0 disables). Every mutating
+            call carries one request id for all its attempts, so the server
+            runs it at most once.
+        backoff_base, backoff_cap: exponential backoff with jitter, seconds.
+        retry_after_cap: upper bound on a server's ``Retry-After``, seconds.
+
+    The client is thread-safe: each thread uses its own keep-alive connection.
+    All errors are :class:`~libdsec.DSecError`.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        retries: int = 5,
+        backoff_base: float = 0.1,
+        backoff_cap: float = 5.0,
+        retry_after_cap: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        endpoint, token = resolve_config(url, token)
+        self.url = url
+        self.endpoint = endpoint
+        self._t = SyncTransport(
+            endpoint, token, timeout,
+            RetryPolicy(retries, backoff_base, backoff_cap, retry_after_cap), ssl_context,
+        )
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _call(self, req: Request) -> bytes:
+        return self._t.request(req).body
+
+    def _json(self, req: Request) -> Any:
+        return self._t.request(req).json()
+
+    def close(self) -> None:
+        """Close the client's connections (it reconnects if used again)."""
+        self._t.close()
+
+    def __enter__(self) -> "DSecClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        ep = self.endpoint
+        where = f"unix://{ep.unix_path}" if ep.unix_path else f"{ep.scheme}://{ep.host}:{ep.port}"
+        return f"DSecClient({where!r})"
+
+    # -- sandboxes ---------------------------------------------------------
+
+    def run_container(
+        self,
+        args: DSecContainerRunArgs | None = None,
+        request_id: str | None = None,
+        *,
+        wait: bool = True,
+    ) -> "Sandbox":
+        """Create a sandbox; returns once it is running (``wait=False`` may
+        return it still ``creating``; later calls on it wait for readiness)."""
+        args = args or DSecContainerRunArgs()
+        data = self._json(_ops.create(args, None, request_id, wait))
+        return Sandbox(self, data)
+
+    def run_containers(
+        self,
+        args: DSecContainerRunArgs | None,
+        count: int,
+        request_id: str | None = None,
+        *,
+        wait: bool = True,
+    ) -> list["Sandbox"]:
+        """Create ``count`` alike sandboxes in one request (all or nothing)."""
+        args = args or DSecContainerRunArgs()
+        data = self._json(_ops.create(args, count, request_id, wait))
+        return [Sandbox(self, r) for r in _ops.created_records(data, count)]
+
+    def get_sandbox(self, sandbox_id: str) -> "Sandbox":
+        """Fetch a sandbox's record; raises NotFoundError if it does not exist."""
+        return Sandbox(self, self._json(_ops.get(sandbox_id)))
+
+    def sandbox(self, sandbox_id: str) -> "Sandbox":
+        """A handle on an existing sandbox without a request (record empty
+        until :meth:`Sandbox.refresh`)."""
+        return Sandbox(self, sandbox_id)
+
+    def list_sandboxes(
+        self,
+        labels: Mapping[str, str] | None = None,
+        state: str | None = None,
+        kind: str | None = None,
+        page_size: int = 100,
+    ) -> list[dict[str, Any]]:
+        """All sandbox records matching every label and the state/kind,
+        following ``next_cursor`` across pages of ``page_size``."""
+        records: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            q = _ops.list_query(labels, state, kind, page_size, cursor)
+            data = self._json(_ops.list_page(q))
+            records.extend(data.get("sandboxes", []))
+            cursor = data.get("next_cursor")
+            if not cursor:
+                return records
+
+    def delete_sandbox(self, sandbox_id: str, request_id: str | None = None) -> None:
+        """Delete a sandbox. NotFoundError if it does not exist, except when a
+        retry finds it gone (the lost first attempt deleted it)."""
+        self._call(_ops.delete(sandbox_id, request_id))
+
+    # -- jobs --------------------------------------------------------------
+
+    def pause_job(self, job: str, request_id: str | None = None) -> int:
+        """Pause every sandbox labelled ``job=<job>``; returns how many."""
+        return int(self._json(_ops.job("pause", job, request_id))["affected"])
+
+    def resume_job(self, job: str, request_id: str | None = None) -> int:
+        """Resume every sandbox labelled ``job=<job>``; returns how many."""
+        return int(self._json(_ops.job("resume", job, request_id))["affected"])
+
+    def delete_job(self, job: str, request_id: str | None = None) -> int:
+        """Delete every sandbox labelled ``job=<job>``; returns how many."""
+        return int(self._json(_ops.job("delete", job, request_id))["affected"])
+
+    # -- node --------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """``GET /v1/health`` -> ``{"ok": true}``."""
+        return self._json(_ops.simple_get("/v1/health"))
+
+    def node(self) -> dict[str, Any]:
+        """Node capacity, usage, backends, pools and version."""
+        return self._json(_ops.simple_get("/v1/node"))
+
+    def images(self) -> list[dict[str, Any]]:
+        """The images the node can run, e.g. ``[{"name": "host", "builtin": True}]``."""
+        return list(self._json(_ops.simple_get("/v1/images")).get("images", []))
+
+    def run_fncall(
+        self,
+        runtime: str,
+        code: str,
+        stdin: Stdin = "",
+        files: Mapping[str, str | bytes] | None = None,
+        timeout_ms: int = 5000,
+        memory_mb: int = 256,
+        max_output_bytes: int = 65536,
+        *,
+        request_id: str | None = None,
+    ) -> ExecResult:
+        """Run ``code`` in a warm worker of ``runtime`` (``python``, ``bash``...).
+        ``files`` are written next to it first. ``result.raw`` has ``runtime``
+        and ``queue_ms``. A node without fncalls raises NotFoundError."""
+        req = _ops.fncall(runtime, code, stdin, files, timeout_ms, memory_mb,
+                          max_output_bytes, request_id)
+        return ExecResult.from_json(self._json(req))
+
+
+class Sandbox:
+    """A handle on one sandbox.
+
+    ``record`` is the last sandbox record seen (from create, get, pause,
+    resume, update or :meth:`refresh`); ``state`` reads it. As a context
+    manager the sandbox is deleted on exit.
+    """
+
+    def __init__(self, client: DSecClient, record: Mapping[str, Any] | str) -> None:
+        self._client = client
+        if isinstance(record, str):
+            self.id = record
+            self.record: dict[str, Any] = {"id": record}
+        else:
+            self.record = dict(record)
+            self.id = str(self.record["id"])
+        self._shell: Shell | None = None
+        self._shell_lock = threading.Lock()
+
+    @property
+    def client(self) -> DSecClient:
+        return self._client
+
+    @property
+    def state(self) -> str | None:
+        return self.record.get("state")
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r}, state={self.state!r})"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        except NotFoundError:
+            pass
+
+    def _json(self, req: Request) -> Any:
+        return self._client._json(req)
+
+    def _call(self, req: Request) -> bytes:
+        return self._client._call(req)
+
+    def _set_record(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict) and "id" in data:
+            self.record = data
+        return self.record
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def refresh(self) -> dict[str, Any]:
+        """Re-read the record from the server and return it."""
+        return self._set_record(self._json(_ops.get(self.id)))
+
+    def update(
+        self,
+        ttl_s: int | None = None,
+        idle_ttl_s: int | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        network: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """PATCH the sandbox: ``ttl_s`` restarts the TTL from now; a label
+        set to ``None`` is removed. Returns the new record."""
+        fields = {"ttl_s": ttl_s, "idle_ttl_s": idle_ttl_s,
+                  "labels": None if labels is None else dict(labels),
+                  "network": None if network is None else dict(network)}
+        return self._set_record(self._json(_ops.patch(self.id, fields, request_id)))
+
+    def pause(self, request_id: str | None = None) -> dict[str, Any]:
+        """Freeze every process of the sandbox. Returns the new record."""
+        return self._set_record(self._json(_ops.lifecycle(self.id, "pause", request_id)))
+
+    def resume(self, request_id: str | None = None) -> dict[str, Any]:
+        """Thaw a paused sandbox (any other call also resumes it). Returns the record."""
+        return self._set_record(self._json(_ops.lifecycle(self.id, "resume", request_id)))
+
+    def stop(self, request_id: str | None = None) -> None:
+        """Delete the sandbox (same as ``client.delete_sandbox(id)``)."""
+        self._shell = None
+        self._client.delete_sandbox(self.id, request_id)
+
+    def stats(self) -> dict[str, Any]:
+        """CPU time, memory current/peak/limit, disk used/limit, pids, OOM kills, exec count."""
+        return self._json(_ops.stats(self.id))
+
+    def signal(self, sig: str | int = "KILL", request_id: str | None = None) -> int:
+        """Send ``sig`` to every user process (the agent survives); returns how many."""
+        return int(self._json(_ops.signal(self.id, sig, request_id))["signaled"])
+
+    # -- exec --------------------------------------------------------------
+
+    def exec(
+        self,
+        cmd: Cmd,
+        stdin: Stdin = b"",
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout_ms: int = 30_000,
+        max_output_bytes: int = 1 << 20,
+        binary: bool = False,
+        *,
+        request_id: str | None = None,
+    ) -> ExecResult:
+        """Run a command and wait for it.
+
+        ``cmd`` is an argv list, or a string run by ``/bin/sh -c``. ``stdin``
+        that is not valid UTF-8 is sent base64-encoded. ``timeout_ms=0`` means
+        no timeout. ``binary=True`` returns stdout/stderr as bytes (base64 on
+        the wire); otherwise invalid UTF-8 in the output is replaced.
+        ``max_output_bytes`` caps each stream. Retrying never runs it twice.
+        """
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        data = self._json(_ops.exec_request(self.id, body, request_id=request_id))
+        return ExecResult.from_json(data, binary=binary)
+
+    def exec_stream(
+        self,
+        cmd: Cmd,
+        stdin: Stdin = b"",
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout_ms: int = 30_000,
+        max_output_bytes: int = 1 << 20,
+        binary: bool = False,
+        *,
+        request_id: str | None = None,
+    ) -> Iterator[ExecEvent]:
+        """Like :meth:`exec`, but yield output as it is produced.
+
+        Yields ExecEvent("stdout"/"stderr", data) as lines of the NDJSON
+        stream arrive, then one ExecEvent("exit", result=ExecResult) holding
+        all the output. The request is sent when iteration starts. Stopping
+        the iteration early closes the connection, which kills the command.
+        """
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        req = _ops.exec_request(self.id, body, stream=True, request_id=request_id)
+        return _iter_exec_stream(self._client._t, req, binary)
+
+    def start_background(
+        self,
+        cmd: Cmd,
+        stdin: Stdin = b"",
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout_ms: int = 30_000,
+        max_output_bytes: int = 1 << 20,
+        binary: bool = False,
+        *,
+        request_id: str | None = None,
+    ) -> str:
+        """Start a command without waiting; returns its exec id for
+        :meth:`exec_status`, :meth:`wait_exec` and :meth:`kill_exec`."""
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        req = _ops.exec_request(self.id, body, background=True, request_id=request_id)
+        return str(self._json(req)["exec_id"])
+
+    def exec_status(self, exec_id: str, wait_ms: int = 0) -> dict[str, Any]:
+        """``{"exec_id", "state": "running"|"exited", "started_at", "result"}``;
+        ``wait_ms`` blocks server-side up to that long for the exec to end."""
+        return self._json(_ops.exec_status(self.id, exec_id, wait_ms))
+
+    def wait_exec(self, exec_id: str, timeout_s: float | None = None) -> ExecResult:
+        """Wait for a background exec to end and return its result.
+        Raises DSecTimeoutError if it is still running after ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pause = 0.05
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            wait_ms = _STATUS_POLL_MS if remaining is None else int(
+                max(0.0, min(remaining, _STATUS_POLL_MS / 1000)) * 1000)
+            started = time.monotonic()
+            status = self.exec_status(exec_id, wait_ms=wait_ms)
+            if status.get("state") == "exited" and status.get("result") is not None:
+                return ExecResult.from_json(status["result"])
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DSecTimeoutError(
+                    "timeout", f"exec {exec_id} still running after {timeout_s}s", None)
+            # A server that answers before wait_ms must not make us spin.
+            if time.monotonic() - started < wait_ms / 2000:
+                time.sleep(pause if remaining is None else min(pause, max(remaining, 0)))
+                pause = min(pause * 2, 1.0)
+
+    def kill_exec(self, exec_id: str, request_id: str | None = None) -> None:
+        """Kill a background exec's process tree (no error if a retry finds it gone)."""
+        self._call(_ops.exec_kill(self.id, exec_id, request_id))
+
+    # -- shells ------------------------------------------------------------
+
+    def open_shell(self, user: str | None = None, request_id: str | None = None) -> "Shell":
+        """Start a persistent shell: cwd, env and jobs persist between its runs."""
+        data = self._json(_ops.shell_open(self.id, user, request_id))
+        return Shell(self, str(data["shell_id"]))
+
+    def run_shell(
+        self,
+        command: str,
+        timeout_ms: int = 60_000,
+        max_output_bytes: int = 1 << 20,
+        binary: bool = False,
+        *,
+        request_id: str | None = None,
+    ) -> ExecResult:
+        """Run ``command`` in this Sandbox object's own persistent shell,
+        opened on first use, so ``cd``/``export`` carry over to the next call.
+        Calls from several threads run one after another. If the shell is gone
+        (e.g. the command ran ``exit``) this raises NotFoundError and the next
+        call opens a new shell."""
+        with self._shell_lock:
+            if self._shell is None:
+                self._shell = self.open_shell()
+            shell = self._shell
+            try:
+                return shell.run(command, timeout_ms, max_output_bytes, binary,
+                                 request_id=request_id)
+            except NotFoundError:
+                self._shell = None
+                raise
+
+    # -- files -------------------------------------------------------------
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644,
+                   request_id: str | None = None) -> None:
+        """Create or replace a file (parents are created); ``str`` is UTF-8 encoded."""
+        self._call(_ops.file_write(self.id, path, data, mode, request_id))
+
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """A file's bytes; TooLargeError if it is over ``max_bytes`` (server default 64 MiB)."""
+        return self._call(_ops.file_read(self.id, path, max_bytes))
+
+    def list_dir(self, path: str) -> list[FileEntry]:
+        """The entries of a directory."""
+        return _ops.entries(self._json(_ops.file_list(self.id, path)))
+
+    def stat(self, path: str) -> FileEntry:
+        """One entry (``name`` is the last path component); NotFoundError if missing."""
+        return FileEntry.from_json(self._json(_ops.file_stat(self.id, path)))
+
+    def remove(self, path: str, recursive: bool = False, request_id: str | None = None) -> None:
+        """Delete a file, or a directory tree with ``recursive=True``."""
+        self._call(_ops.file_remove(self.id, path, recursive, request_id))
+
+    def mkdir(self, path: str, mode: int = 0o755, request_id: str | None = None) -> None:
+        """Create a directory and its missing parents."""
+        self._call(_ops.file_mkdir(self.id, path, mode, request_id))
+
+    def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str,
+                   request_id: str | None = None) -> None:
+        """Copy the contents of ``local_dir`` into ``remote_dir`` (created if
+        missing) as one tar; file modes and symlinks are preserved."""
+        tar = _archive.build_tar(local_dir)
+        self._call(_ops.archive_put(self.id, remote_dir, tar, request_id))
+
+    def download_dir(self, remote_dir: str, local_dir: str | os.PathLike[str],
+                     skip_unsafe: bool = False) -> list[str]:
+        """Copy the contents of ``remote_dir`` into ``local_dir``.
+
+        Extraction applies tarfile's ``data`` filter rules, since the
+        sandbox's files are untrusted: a member escaping ``local_dir``, an
+        absolute or escaping link, or a device raises UnsafeArchiveError, or
+        is skipped with ``skip_unsafe=True``. Returns the skipped names.
+        """
+        data = self._call(_ops.archive_get(self.id, remote_dir))
+        return _archive.extract_tar(data, local_dir, skip_unsafe)
+
+
+class Shell:
+    """A persistent shell session in a sandbox (see :meth:`Sandbox.open_shell`)."""
+
+    def __init__(self, sandbox: Sandbox, shell_id: str) -> None:
+        self.sandbox = sandbox
+        self.id = shell_id
+
+    def __repr__(self) -> str:
+        return f"Shell({self.id!r}, sandbox={self.sandbox.id!r})"
+
+    def run(
+        self,
+        command: str,
+        timeout_ms: int = 60_000,
+        max_output_bytes: int = 1 << 20,
+        binary: bool = False,
+        *,
+        request_id: str | None = None,
+    ) -> ExecResult:
+        """Run ``command`` in this shell and return its result."""
+        req = _ops.shell_run(self.sandbox.id, self.id, command, timeout_ms,
+                             max_output_bytes, binary, request_id)
+        return ExecResult.from_json(self.sandbox._json(req), binary=binary)
+
+    def close(self, request_id: str | None = None) -> None:
+        """End the shell (no error if a retry finds it gone)."""
+        self.sandbox._call(_ops.shell_close(self.sandbox.id, self.id, request_id))
+
+    def __enter__(self) -> "Shell":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.close()
+        except NotFoundError:
+            pass
+
+
+def _iter_exec_stream(transport: SyncTransport, req: Request, binary: bool) -> Iterator[ExecEvent]:
+    stream = transport.stream(req)
+    decoder = _ops.ExecStreamDecoder(binary)
+    exit_event: ExecEvent | None = None
+    try:
+        chunks = stream.iter_chunks()
+        for chunk in chunks:
+            for ev in decoder.feed(chunk):
+                if ev.kind == "exit":
+                    # Hold it until the body's end is read, so the
+                    # connection is reusable even if the caller stops here.
+                    exit_event = ev
+                else:
+                    yield ev
+        for ev in decoder.close():
+            if ev.kind == "exit":
+                exit_event = ev
+            else:
+                yield ev
+    finally:
+        stream.close()
+    if exit_event is None:  # decoder.close() raises first; kept for type checkers
+        raise DSecError("unavailable", "exec stream ended before its exit event", None)
+    yield exit_event

@@ -1,0 +1,199 @@
+"""Errors raised by libdsec.
+
+Every failure the SDK reports is a :class:`DSecError`. Server errors carry the
+``code`` and ``message`` of the JSON error body and the HTTP ``status``;
+client-side failures (the server could not be reached, a timeout, an unsafe
+archive) use ``status=None`` and one of the client codes below.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+__all__ = [
+    "DSecError",
+    "BadRequestError",
+    "UnauthorizedError",
+    "ForbiddenError",
+    "NotFoundError",
+    "ConflictError",
+    "TooLargeError",
+    "UnprocessableError",
+    "OverCapacityError",
+    "UnavailableError",
+    "InternalError",
+    "DSecTimeoutError",
+    "UnsafeArchiveError",
+    "error_from_response",
+]
+
+
+class DSecError(Exception):
+    """An error reported by the DSec API or by the SDK itself.
+
+    Attributes:
+        code: machine-readable code, e.g. ``"not_found"``; see the API contract.
+            Client-side codes: ``"unavailable"`` (server unreachable after the
+            retries), ``"timeout"`` (no response in time), ``"unsafe_archive"``.
+        message: one human-readable line.
+        status: the HTTP status, or ``None`` when no response was received.
+        retry_after: seconds from the ``Retry-After`` header, when given.
+
+    Constructing ``DSecError(code, message, status)`` directly is allowed; the
+    SDK itself raises the subclass matching the code (e.g. :class:`NotFoundError`),
+    so ``except DSecError`` catches everything and ``e.code`` is always set.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str = "",
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        # Passing every field to Exception keeps instances picklable, which
+        # matters when they cross multiprocessing boundaries in trainers.
+        super().__init__(code, message, status, retry_after)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        where = f" (HTTP {self.status})" if self.status is not None else ""
+        return f"{self.code}: {self.message}{where}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, "
+            f"status={self.status!r})"
+        )
+
+
+class BadRequestError(DSecError):
+    """400 bad_request: malformed request, unknown field, value out of range."""
+
+
+class UnauthorizedError(DSecError):
+    """401 unauthorized: missing or wrong token."""
+
+
+class ForbiddenError(DSecError):
+    """403 forbidden."""
+
+
+class NotFoundError(DSecError):
+    """404 not_found: unknown sandbox, exec, shell, file, image or route."""
+
+
+class ConflictError(DSecError):
+    """409 conflict: wrong state, or an idempotency key reused with another body."""
+
+
+class TooLargeError(DSecError):
+    """413 too_large."""
+
+
+class UnprocessableError(DSecError):
+    """422 unprocessable: well-formed but not supported (e.g. microvm for now)."""
+
+
+class OverCapacityError(DSecError):
+    """429 over_capacity: node full or too many concurrent execs (after retries)."""
+
+
+class UnavailableError(DSecError):
+    """503 unavailable, or the server could not be reached after the retries."""
+
+
+class InternalError(DSecError):
+    """500 internal."""
+
+
+class DSecTimeoutError(DSecError):
+    """No response within the client-side timeout (code ``"timeout"``).
+
+    Not retried automatically: the server may still be working on the request.
+    Retrying with the same ``request_id`` is safe and returns its result.
+    """
+
+
+class UnsafeArchiveError(DSecError):
+    """A downloaded archive member would escape the destination directory,
+    is an absolute or escaping link, or is a device/fifo (code ``"unsafe_archive"``)."""
+
+
+_CODE_CLASSES: dict[str, type[DSecError]] = {
+    "bad_request": BadRequestError,
+    "unauthorized": UnauthorizedError,
+    "forbidden": ForbiddenError,
+    "not_found": NotFoundError,
+    "conflict": ConflictError,
+    "too_large": TooLargeError,
+    "unprocessable": UnprocessableError,
+    "over_capacity": OverCapacityError,
+    "unavailable": UnavailableError,
+    "internal": InternalError,
+    "timeout": DSecTimeoutError,
+    "unsafe_archive": UnsafeArchiveError,
+}
+
+_STATUS_CODES: dict[int, str] = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    409: "conflict",
+    413: "too_large",
+    422: "unprocessable",
+    429: "over_capacity",
+    500: "internal",
+    502: "unavailable",
+    503: "unavailable",
+    504: "unavailable",
+}
+
+
+def make_error(
+    code: str, message: str, status: int | None = None, retry_after: float | None = None
+) -> DSecError:
+    """Build the :class:`DSecError` subclass registered for ``code``."""
+    cls = _CODE_CLASSES.get(code, DSecError)
+    return cls(code, message, status, retry_after)
+
+
+def fallback_code(status: int) -> str:
+    """The error code implied by an HTTP status when the body has none."""
+    if status in _STATUS_CODES:
+        return _STATUS_CODES[status]
+    return "internal" if status >= 500 else "bad_request"
+
+
+def error_from_response(
+    status: int, body: bytes, retry_after: float | None = None
+) -> DSecError:
+    """Map an HTTP error response to a :class:`DSecError`.
+
+    Uses the ``{"error": {"code", "message"}}`` body when it parses; otherwise
+    (a proxy page, an empty body) derives the code from the status and keeps
+    a bounded excerpt of the body as the message.
+    """
+    code = message = None
+    try:
+        err = json.loads(body)["error"]
+        code, message = err.get("code"), err.get("message")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        pass
+    if not isinstance(code, str) or not code:
+        code = fallback_code(status)
+    if not isinstance(message, str):
+        message = body[:200].decode("utf-8", "replace").strip() or f"HTTP {status}"
+    return make_error(code, message, status, retry_after)
+
+
+def error_from_stream_line(err: Mapping[str, object]) -> DSecError:
+    """Map a final ``{"error": {...}}`` line of an NDJSON exec stream."""
+    code = err.get("code") if isinstance(err.get("code"), str) else "internal"
+    message = err.get("message") if isinstance(err.get("message"), str) else ""
+    return make_error(str(code), str(message), None)

@@ -1,0 +1,645 @@
+"""A fake DSec edge for the SDK's unit tests.
+
+NOT the real daemon: an in-process http.server that implements just enough of
+the v1 API (shapes from notes/api-ext.md) to drive the SDK's real transport
+and client code, plus fault injection (503/429, dropped connections, stalled
+streams) and a log of everything it received. End-to-end tests against a live
+dsec-edge live elsewhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import json
+import socket
+import socketserver
+import sys
+import tarfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+CREATE_FIELDS = {"kind", "image", "cpu", "memory_mb", "pids", "disk_mb", "ttl_s", "idle_ttl_s",
+                 "user", "workdir", "env", "labels", "network", "pool", "count", "request_id"}
+EXEC_FIELDS = {"cmd", "shell", "stdin", "stdin_encoding", "env", "cwd", "user", "timeout_ms",
+               "max_output_bytes", "encoding", "background", "request_id"}
+PATCH_FIELDS = {"ttl_s", "idle_ttl_s", "labels", "network", "request_id"}
+SHELL_OPEN_FIELDS = {"user", "request_id"}
+SHELL_RUN_FIELDS = {"command", "timeout_ms", "max_output_bytes", "encoding", "request_id"}
+SIGNAL_FIELDS = {"signal", "request_id"}
+FNCALL_FIELDS = {"runtime", "code", "stdin", "files", "timeout_ms", "memory_mb",
+                 "max_output_bytes", "request_id"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, headers=None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.headers = headers or {}
+
+
+@dataclass
+class Seen:
+    """One request as the server received it."""
+
+    method: str
+    path: str
+    query: list
+    headers: dict
+    body: bytes
+    conn: int
+
+    @property
+    def json(self):
+        return json.loads(self.body) if self.body else None
+
+    @property
+    def request_id(self):
+        return self.json.get("request_id") if self.body and self.body[:1] == b"{" else None
+
+
+@dataclass
+class Fault:
+    """Applies to the next ``times`` requests matching method and path prefix.
+
+    action: "status" (reply ``status`` with a JSON error or ``raw_body``),
+    "drop" (close without replying, nothing done), "drop_after" (do the work,
+    record it for idempotency unless ``forget``, then close without replying),
+    "close_after" (reply normally, then close the idle connection).
+    """
+
+    method: str
+    path: str
+    action: str
+    times: int = 1
+    status: int = 503
+    retry_after: str | None = None
+    raw_body: bytes | None = None
+    forget: bool = False
+
+
+@dataclass
+class Edge:
+    token: str | None = None
+    fncalls: bool = False
+    chunked_json: bool = False          # send ordinary JSON replies chunked
+    slow_s: float = 0.0                 # GET /v1/node sleeps this long
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    sandboxes: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+    archives: dict = field(default_factory=dict)
+    shells: dict = field(default_factory=dict)
+    execs: dict = field(default_factory=dict)
+    idem: dict = field(default_factory=dict)
+    log: list = field(default_factory=list)
+    faults: list = field(default_factory=list)
+    exec_count: int = 0
+    conn_count: int = 0
+    active: int = 0
+    max_active: int = 0
+    server_errors: list = field(default_factory=list)
+    stream_gate: threading.Event = field(default_factory=threading.Event)
+    stream_progress: list = field(default_factory=list)
+
+    def fault(self, method, path, action, **kw) -> Fault:
+        f = Fault(method, path, action, **kw)
+        with self.lock:
+            self.faults.append(f)
+        return f
+
+    def seen(self, method=None, path=None) -> list[Seen]:
+        with self.lock:
+            return [s for s in self.log
+                    if (method is None or s.method == method)
+                    and (path is None or s.path == path)]
+
+    def conns(self) -> set[int]:
+        with self.lock:
+            return {s.conn for s in self.log}
+
+    def take_fault(self, method, path):
+        with self.lock:
+            for f in self.faults:
+                if f.times > 0 and f.method == method and path.startswith(f.path):
+                    f.times -= 1
+                    return f
+        return None
+
+    def add_sandbox(self, body=None, sid=None) -> dict:
+        body = body or {}
+        sid = sid or f"sb-fake-{uuid.uuid4().hex[:8]}"
+        now = int(time.time() * 1000)
+        rec = {"id": sid, "kind": body.get("kind", "container"), "state": "running",
+               "node": "fake", "image": body.get("image", "host"), "created_at": now,
+               "expires_at": now + 1000 * body.get("ttl_s", 3600),
+               "ttl_s": body.get("ttl_s", 3600), "idle_ttl_s": body.get("idle_ttl_s", 0),
+               "last_used_at": now,
+               "limits": {"cpu": body.get("cpu", 1.0), "memory_mb": body.get("memory_mb", 512),
+                          "pids": body.get("pids", 256), "disk_mb": body.get("disk_mb", 256)},
+               "user": body.get("user", "sandbox"), "workdir": body.get("workdir", "/workspace"),
+               "network": body.get("network", {"mode": "none"}),
+               "labels": dict(body.get("labels") or {}), "reason": None}
+        with self.lock:
+            self.sandboxes[sid] = rec
+        return rec
+
+
+def _strict(body, allowed):
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_request", "body must be a JSON object")
+    unknown = set(body) - allowed
+    if unknown:
+        raise ApiError(400, "bad_request", f"unknown fields {sorted(unknown)}")
+    return body
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 10  # idle keep-alive connections end, so server_close() can join
+
+    def setup(self):
+        super().setup()
+        if self.server.tcp:
+            # Headers and body go out in separate writes; without this, Nagle
+            # plus delayed ACKs add 40 ms to every reply.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        edge = self.server.edge
+        with edge.lock:
+            edge.conn_count += 1
+            self.conn_id = edge.conn_count
+
+    def log_message(self, *args):
+        pass
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = lambda self: self.dispatch()
+
+    # -- plumbing ----------------------------------------------------------
+
+    def send(self, status, body=b"", ctype="application/json", headers=None, chunked=False):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if status != 204:
+            self.send_header("Content-Type", ctype)
+        if chunked and status != 204:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(body), 7):  # tiny chunks exercise the decoder
+                self.write_chunk(body[i:i + 7])
+            self.end_chunks()
+        else:
+            if status != 204:
+                self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    def write_chunk(self, data: bytes):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def end_chunks(self):
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def drop(self):
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def dispatch(self):
+        edge = self.server.edge
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        parts = urlsplit(self.path)
+        path = parts.path  # still %-escaped: routing splits, then unescapes
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        seen = Seen(self.command, path, query, {k.lower(): v for k, v in self.headers.items()},
+                    body, self.conn_id)
+        with edge.lock:
+            edge.log.append(seen)
+            edge.active += 1
+            edge.max_active = max(edge.max_active, edge.active)
+        try:
+            self.handle_api(edge, seen, parts.query)
+        finally:
+            with edge.lock:
+                edge.active -= 1
+
+    def handle_api(self, edge: Edge, seen: Seen, raw_query: str):
+        fault = edge.take_fault(seen.method, seen.path)
+        if fault and fault.action == "drop":
+            return self.drop()
+        if fault and fault.action == "status":
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+            if fault.raw_body is not None:
+                return self.send(fault.status, fault.raw_body, "text/html", headers)
+            err = {"error": {"code": {429: "over_capacity"}.get(fault.status, "unavailable"),
+                             "message": "injected"}}
+            return self.send(fault.status, json.dumps(err).encode(), headers=headers)
+
+        if edge.token and seen.path != "/v1/health" and self.server.tcp:
+            if seen.headers.get("authorization") != f"Bearer {edge.token}":
+                return self.send_error_json(ApiError(401, "unauthorized", "bad token"))
+
+        key = seen.headers.get("idempotency-key")
+        obj = None
+        if seen.body and seen.headers.get("content-type") == "application/json":
+            try:
+                obj = json.loads(seen.body)
+            except ValueError:
+                return self.send_error_json(ApiError(400, "bad_request", "bad JSON"))
+            if isinstance(obj, dict) and obj.get("request_id"):
+                key = obj["request_id"]
+        scope = (seen.method, seen.path + "?" + raw_query, key)
+        if key:
+            with edge.lock:
+                prior = edge.idem.get(scope)
+            if prior is not None:
+                if prior[0] != seen.body:
+                    return self.send_error_json(ApiError(409, "conflict", "key reused"))
+                return self.send(*prior[1])
+
+        if dict(seen.query).get("stream") == "1":
+            return self.stream_exec(edge, seen, obj)
+        try:
+            reply = self.route(edge, seen, obj)
+        except ApiError as e:
+            reply = (e.status, json.dumps({"error": {"code": e.code, "message": e.message}})
+                     .encode(), "application/json", e.headers)
+        if key and not (fault and fault.forget):
+            with edge.lock:
+                edge.idem[scope] = (seen.body, reply)
+        if fault and fault.action == "drop_after":
+            return self.drop()
+        self.send(*reply, chunked=edge.chunked_json and reply[0] == 200
+                  and reply[2] == "application/json")
+        if fault and fault.action == "close_after":
+            self.drop()
+
+    def send_error_json(self, e: ApiError):
+        body = json.dumps({"error": {"code": e.code, "message": e.message}}).encode()
+        self.send(e.status, body, headers=e.headers)
+
+    # -- routes ------------------------------------------------------------
+
+    def route(self, edge: Edge, s: Seen, obj):
+        q = dict(s.query)
+        segs = [unquote(x) for x in s.path.strip("/").split("/")]
+        ok = lambda data, status=200: (status, json.dumps(data).encode(), "application/json", {})
+        empty = (204, b"", "application/json", {})
+        m = s.method
+        if segs[:1] != ["v1"]:
+            raise ApiError(404, "not_found", "no route")
+        segs = segs[1:]
+        if segs == ["health"]:
+            return ok({"ok": True})
+        if segs == ["node"]:
+            time.sleep(edge.slow_s)
+            return ok({"node": "fake", "version": "0", "backends": ["container"]})
+        if segs == ["images"]:
+            return ok({"images": [{"name": "host", "builtin": True}]})
+        if segs == ["fncalls"] and m == "POST" and edge.fncalls:
+            _strict(obj, FNCALL_FIELDS)
+            with edge.lock:
+                edge.exec_count += 1
+            return ok({"exit_code": 0, "signal": None, "stdout": obj["code"], "stderr": "",
+                       "stdout_truncated": False, "stderr_truncated": False,
+                       "timed_out": False, "oom_killed": False, "duration_ms": 1.0,
+                       "stdout_bytes": len(obj["code"]), "stderr_bytes": 0,
+                       "runtime": obj["runtime"], "queue_ms": 0.5})
+        if segs[:1] == ["jobs"] and len(segs) >= 2:
+            if s.body:
+                raise ApiError(400, "bad_request", "no body expected")
+            job = segs[1]
+            with edge.lock:
+                hit = [r for r in edge.sandboxes.values() if r["labels"].get("job") == job]
+                if m == "DELETE" and len(segs) == 2:
+                    for r in hit:
+                        del edge.sandboxes[r["id"]]
+                elif m == "POST" and len(segs) == 3 and segs[2] in ("pause", "resume"):
+                    for r in hit:
+                        r["state"] = "paused" if segs[2] == "pause" else "running"
+                else:
+                    raise ApiError(404, "not_found", "no route")
+            return ok({"affected": len(hit)})
+        if segs[:1] != ["sandboxes"]:
+            raise ApiError(404, "not_found", "no route")
+        if len(segs) == 1:
+            if m == "POST":
+                _strict(obj or {}, CREATE_FIELDS)
+                if obj and "count" in obj:
+                    recs = [edge.add_sandbox(obj) for _ in range(obj["count"])]
+                    return ok({"sandboxes": recs}, 201)
+                return ok(edge.add_sandbox(obj), 201)
+            if m == "GET":
+                want = [v.split("=", 1) for k, v in s.query if k == "label"]
+                with edge.lock:
+                    recs = sorted(edge.sandboxes.values(), key=lambda r: r["id"])
+                recs = [r for r in recs if all(r["labels"].get(k) == v for k, v in want)
+                        and q.get("state") in (None, r["state"])
+                        and q.get("kind") in (None, r["kind"])]
+                start = int(q.get("cursor") or 0)
+                limit = int(q.get("limit", 100))
+                page = recs[start:start + limit]
+                nxt = str(start + limit) if start + limit < len(recs) else None
+                return ok({"sandboxes": page, "next_cursor": nxt})
+        sid = segs[1]
+        with edge.lock:
+            rec = edge.sandboxes.get(sid)
+        if rec is None:
+            raise ApiError(404, "not_found", f"sandbox {sid} not found")
+        rest = segs[2:]
+        if not rest:
+            if m == "GET":
+                return ok(rec)
+            if m == "DELETE":
+                with edge.lock:
+                    edge.sandboxes.pop(sid, None)
+                return empty
+            if m == "PATCH":
+                _strict(obj, PATCH_FIELDS)
+                if "ttl_s" in obj:
+                    rec["ttl_s"] = obj["ttl_s"]
+                for k, v in (obj.get("labels") or {}).items():
+                    if v is None:
+                        rec["labels"].pop(k, None)
+                    else:
+                        rec["labels"][k] = v
+                return ok(rec)
+        if rest in (["pause"], ["resume"]) and m == "POST":
+            if s.body:
+                raise ApiError(400, "bad_request", "no body expected")
+            rec["state"] = "paused" if rest == ["pause"] else "running"
+            return ok(rec)
+        if rest == ["stats"]:
+            return ok({"cpu_time_ms": 1.5, "memory_current": 1, "memory_peak": 2,
+                       "memory_limit": 3, "disk_used": 0, "disk_limit": 4, "pids": 1,
+                       "oom_kills": 0, "exec_count": edge.exec_count})
+        if rest == ["signal"]:
+            _strict(obj, SIGNAL_FIELDS)
+            return ok({"signaled": 3})
+        if rest == ["exec"]:
+            result = self.run_exec(edge, sid, _strict(obj, EXEC_FIELDS))
+            if obj.get("background"):
+                eid = f"ex-{uuid.uuid4().hex[:6]}"
+                delay = float(obj["cmd"][1]) if obj.get("cmd", [""])[0] == "sleep" else 0.0
+                with edge.lock:
+                    edge.execs[(sid, eid)] = (time.monotonic() + delay, result)
+                return ok({"exec_id": eid}, 202)
+            return ok(result)
+        if rest[:1] == ["execs"] and len(rest) == 2:
+            with edge.lock:
+                ent = edge.execs.get((sid, rest[1]))
+            if ent is None:
+                raise ApiError(404, "not_found", "no such exec")
+            if m == "DELETE":
+                with edge.lock:
+                    edge.execs.pop((sid, rest[1]), None)
+                return empty
+            done_at, result = ent
+            left = done_at - time.monotonic()
+            wait = int(q.get("wait_ms", 0)) / 1000
+            if left > 0 and wait:
+                time.sleep(min(left, wait))
+                left = done_at - time.monotonic()
+            done = left <= 0
+            return ok({"exec_id": rest[1], "state": "exited" if done else "running",
+                       "started_at": 0, "result": result if done else None})
+        if rest == ["shells"] and m == "POST":
+            _strict(obj, SHELL_OPEN_FIELDS)
+            shid = f"sh-{uuid.uuid4().hex[:6]}"
+            with edge.lock:
+                edge.shells[(sid, shid)] = rec["workdir"]
+            return ok({"shell_id": shid}, 201)
+        if rest[:1] == ["shells"] and len(rest) >= 2:
+            skey = (sid, rest[1])
+            with edge.lock:
+                cwd = edge.shells.get(skey)
+            if cwd is None:
+                raise ApiError(404, "not_found", "no such shell")
+            if m == "DELETE" and len(rest) == 2:
+                with edge.lock:
+                    edge.shells.pop(skey, None)
+                return empty
+            if rest[2:] == ["run"] and m == "POST":
+                cmd = _strict(obj, SHELL_RUN_FIELDS)["command"]
+                out, code = "", 0
+                if cmd.startswith("cd "):
+                    cwd = cmd[3:].strip()
+                elif cmd == "pwd":
+                    out = cwd + "\n"
+                elif cmd == "exit":
+                    with edge.lock:
+                        edge.shells.pop(skey, None)
+                else:
+                    out = cmd + "\n"
+                with edge.lock:
+                    if cmd != "exit":
+                        edge.shells[skey] = cwd
+                return ok(self.result(out.encode(), b"", code, obj.get("encoding")))
+        if rest[:1] == ["files"]:
+            return self.files(edge, s, sid, rest[1:], q)
+        if rest == ["archive"]:
+            key = (sid, q["path"])
+            if m == "PUT":
+                if s.headers.get("content-type") != "application/x-tar":
+                    raise ApiError(400, "bad_request", "want a tar")
+                tarfile.open(fileobj=io.BytesIO(s.body)).getmembers()  # must parse
+                with edge.lock:
+                    edge.archives[key] = s.body
+                return empty
+            with edge.lock:
+                data = edge.archives.get(key)
+            if data is None:
+                raise ApiError(404, "not_found", "no archive")
+            return (200, data, "application/x-tar", {})
+        raise ApiError(404, "not_found", "no route")
+
+    def files(self, edge, s, sid, rest, q):
+        m = s.method
+        path = q.get("path", "")
+        if not path.startswith("/"):
+            raise ApiError(400, "bad_request", "path must be absolute")
+        empty = (204, b"", "application/json", {})
+        ok = lambda data: (200, json.dumps(data).encode(), "application/json", {})
+        with edge.lock:
+            ent = edge.files.get((sid, path))
+        if not rest and m == "PUT":
+            with edge.lock:
+                edge.files[(sid, path)] = (s.body, int(q.get("mode", "0644"), 8), "file")
+            return empty
+        if not rest and m == "GET":
+            if ent is None:
+                raise ApiError(404, "not_found", f"{path} not found")
+            if "max_bytes" in q and len(ent[0]) > int(q["max_bytes"]):
+                raise ApiError(413, "too_large", "file too large")
+            return (200, ent[0], "application/octet-stream", {})
+        if not rest and m == "DELETE":
+            with edge.lock:
+                victims = [k for k in edge.files if k[0] == sid and
+                           (k[1] == path or (q.get("recursive") == "1"
+                                             and k[1].startswith(path.rstrip("/") + "/")))]
+                for k in victims:
+                    del edge.files[k]
+            if not victims:
+                raise ApiError(404, "not_found", f"{path} not found")
+            return empty
+        if rest == ["mkdir"] and m == "POST":
+            if s.body:
+                raise ApiError(400, "bad_request", "no body expected")
+            with edge.lock:
+                edge.files[(sid, path)] = (b"", int(q.get("mode", "0755"), 8), "dir")
+            return empty
+        if rest == ["stat"]:
+            if ent is None:
+                raise ApiError(404, "not_found", f"{path} not found")
+            return ok(self.entry(path, ent))
+        if rest == ["list"]:
+            prefix = path.rstrip("/") + "/"
+            with edge.lock:
+                items = [(k[1], v) for k, v in edge.files.items()
+                         if k[0] == sid and k[1].startswith(prefix) and "/" not in k[1][len(prefix):]]
+            return ok({"entries": [self.entry(p, v) for p, v in sorted(items)]})
+        raise ApiError(404, "not_found", "no route")
+
+    @staticmethod
+    def entry(path, ent):
+        return {"name": path.rsplit("/", 1)[-1], "type": ent[2], "size": len(ent[0]),
+                "mode": ent[1], "mtime": 1764480000000}
+
+    # -- exec --------------------------------------------------------------
+
+    @staticmethod
+    def result(out: bytes, err: bytes, code: int, encoding, **extra):
+        enc = (lambda b: base64.b64encode(b).decode()) if encoding == "base64" else \
+            (lambda b: b.decode("utf-8", "replace"))
+        res = {"exit_code": code, "signal": None, "stdout": enc(out), "stderr": enc(err),
+               "stdout_truncated": False, "stderr_truncated": False, "timed_out": False,
+               "oom_killed": False, "duration_ms": 2.5, "stdout_bytes": len(out),
+               "stderr_bytes": len(err), "encoding": encoding or "utf-8"}
+        res.update(extra)
+        return res
+
+    def run_exec(self, edge, sid, obj):
+        """echo ARGS / cat (stdin to stdout) / false / bytes / anything else:
+        argv echoed on stderr. A shell string is echoed on stdout."""
+        if ("cmd" in obj) == ("shell" in obj):
+            raise ApiError(400, "bad_request", "cmd xor shell")
+        with edge.lock:
+            edge.exec_count += 1
+        stdin = obj.get("stdin", "")
+        stdin_b = base64.b64decode(stdin) if obj.get("stdin_encoding") == "base64" \
+            else stdin.encode()
+        enc = obj.get("encoding")
+        if "shell" in obj:
+            return self.result(obj["shell"].encode() + b"\n", b"", 0, enc)
+        argv = obj["cmd"]
+        if argv[0] == "echo":
+            return self.result(" ".join(argv[1:]).encode() + b"\n", b"", 0, enc)
+        if argv[0] == "cat":
+            return self.result(stdin_b, b"", 0, enc)
+        if argv[0] == "false":
+            return self.result(b"", b"", 1, enc)
+        if argv[0] == "bytes":
+            return self.result(b"\x00\xff\xfe\n", b"\x80", 0, enc)
+        if argv[0] == "env":
+            return self.result(json.dumps([obj.get("env"), obj.get("cwd"), obj.get("user")])
+                               .encode(), b"", 0, enc)
+        return self.result(b"", json.dumps(argv).encode(), 0, enc)
+
+    def stream_exec(self, edge, seen, obj):
+        """["stream", N]: N output lines alternating stdout/stderr. After the
+        first line the server waits for edge.stream_gate (recording progress
+        in edge.stream_progress), so a test can prove the client got line 1
+        while line 2 was not sent yet; without the gate it would time out.
+        ["stream-error"]: one line, then an error line."""
+        _strict(obj, EXEC_FIELDS)
+        argv = obj["cmd"]
+        b64 = obj.get("encoding") == "base64"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def line(d):
+            self.write_chunk(json.dumps(d).encode() + b"\n")
+
+        def text(s):
+            return base64.b64encode(s.encode()).decode() if b64 else s
+
+        if argv[0] == "stream-error":
+            line({"stdout": text("partial\n")})
+            line({"error": {"code": "internal", "message": "agent died"}})
+            return self.end_chunks()
+        n = int(argv[1])
+        for i in range(n):
+            kind = "stdout" if i % 2 == 0 else "stderr"
+            payload = json.dumps({kind: text(f"line{i}\n")}).encode() + b"\n"
+            if i == 1:
+                edge.stream_progress.append("waiting")
+                edge.stream_progress.append("gate" if edge.stream_gate.wait(5) else "gate-timeout")
+            edge.stream_progress.append(f"send{i}")
+            # Split one line over two chunks: the client must reassemble it.
+            self.write_chunk(payload[:5])
+            self.write_chunk(payload[5:])
+        ex = {k: v for k, v in self.result(b"", b"", 0, None).items()
+              if k not in ("stdout", "stderr")}
+        line({"exit": ex})
+        self.end_chunks()
+
+
+class _QuietErrors:
+    def handle_error(self, request, client_address):
+        # Clients that drop connections (timeouts, streams closed early) are
+        # part of the tests; anything else is a bug in the fake, reported by
+        # the fixtures.
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, ConnectionError):
+            self.edge.server_errors.append(repr(exc))
+
+
+class _TCPServer(_QuietErrors, http.server.ThreadingHTTPServer):
+    daemon_threads = False  # joined by server_close(): tests prove nothing leaks
+    block_on_close = True
+    request_queue_size = 128  # the default backlog of 5 stalls bursts of connects
+    tcp = True
+
+
+class _UnixServer(_QuietErrors, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = False
+    block_on_close = True
+    request_queue_size = 128
+    tcp = False
+
+    def get_request(self):
+        conn, _ = super().get_request()
+        return conn, ("unix", 0)  # BaseHTTPRequestHandler wants a (host, port)
+
+
+class FakeEdgeServer:
+    """Runs an Edge on 127.0.0.1:<free port> or on a unix socket in a thread."""
+
+    def __init__(self, edge: Edge | None = None, unix_path: str | None = None) -> None:
+        self.edge = edge or Edge()
+        if unix_path:
+            self.httpd = _UnixServer(unix_path, Handler)
+            self.url = f"unix://{unix_path}"
+        else:
+            self.httpd = _TCPServer(("127.0.0.1", 0), Handler)
+            self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.httpd.edge = self.edge
+        self.thread = threading.Thread(target=self.httpd.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, name="fake-edge")
+        self.thread.start()
+
+    def close(self) -> None:
+        self.edge.stream_gate.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()  # joins every handler thread
+        self.thread.join()

@@ -1,0 +1,300 @@
+"""SDK unit tests (fake server): AsyncDSecClient and its own HTTP/1.1 client —
+pool bound and reuse, chunked decoding, retries with one request id,
+incremental NDJSON streaming, timeouts, unix sockets, archives."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import stat
+import time
+
+import pytest
+
+from libdsec import (
+    AsyncDSecClient,
+    AsyncSandbox,
+    DSecContainerRunArgs,
+    DSecTimeoutError,
+    ExecResult,
+    InternalError,
+    NotFoundError,
+    UnavailableError,
+)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def make(server, **kw):
+    kw.setdefault("retries", 3)
+    kw.setdefault("backoff_base", 0.01)
+    kw.setdefault("timeout", 10)
+    return AsyncDSecClient(server.url, **kw)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_round_trip(server, edge, chunked):
+    edge.chunked_json = chunked  # replies in 7-byte chunks: exercises the decoder
+
+    async def main():
+        async with make(server) as c:
+            sb = await c.run_container(DSecContainerRunArgs(labels={"job": "j"}))
+            assert isinstance(sb, AsyncSandbox) and sb.state == "running"
+            assert (await c.get_sandbox(sb.id)).record == sb.record
+            r = await sb.exec(["echo", "hi"])
+            assert isinstance(r, ExecResult) and r.stdout == "hi\n"
+            assert (await sb.exec(["bytes"], binary=True)).stdout == b"\x00\xff\xfe\n"
+            assert [x["id"] for x in await c.list_sandboxes(labels={"job": "j"},
+                                                            page_size=1)] == [sb.id]
+            await sb.write_file("/w/a", b"\x00data")
+            assert await sb.read_file("/w/a") == b"\x00data"
+            assert [e.name for e in await sb.list_dir("/w")] == ["a"]
+            await sb.run_shell("cd /r")
+            assert (await sb.run_shell("pwd")).stdout == "/r\n"
+            assert await sb.signal() == 3
+            assert (await sb.pause())["state"] == "paused"
+            assert await c.pause_job("j") == 1
+            assert await c.images() == [{"name": "host", "builtin": True}]
+            async with await c.run_container() as sb2:
+                assert sb2.id in edge.sandboxes
+            assert sb2.id not in edge.sandboxes
+            assert await c.delete_job("j") == 1
+        return True
+
+    assert run(main())
+    assert len(edge.conns()) == 1  # all sequential calls on one keep-alive connection
+
+
+def test_error_mapping(server, edge):
+    edge.fault("GET", "/v1/node", "status", status=500, raw_body=b"oops")
+
+    async def main():
+        async with make(server) as c:
+            with pytest.raises(InternalError) as ei:
+                await c.node()
+            assert (ei.value.code, ei.value.status, ei.value.message) == ("internal", 500, "oops")
+            with pytest.raises(NotFoundError) as ei:
+                await c.get_sandbox("sb-x")
+            assert ei.value.message == "sandbox sb-x not found"
+
+    run(main())
+
+
+def test_retry_503_same_request_id(server, edge):
+    sb = edge.add_sandbox()
+    edge.fault("POST", f"/v1/sandboxes/{sb['id']}/exec", "status", status=503, times=2)
+    edge.fault("PUT", f"/v1/sandboxes/{sb['id']}/files", "status", status=503)
+
+    async def main():
+        async with make(server) as c:
+            s = c.sandbox(sb["id"])
+            assert (await s.exec(["echo", "x"])).stdout == "x\n"
+            await s.write_file("/a", "b")
+
+    run(main())
+    posts = edge.seen("POST", f"/v1/sandboxes/{sb['id']}/exec")
+    assert len(posts) == 3 and len({p.request_id for p in posts}) == 1 and posts[0].request_id
+    assert edge.exec_count == 1
+    puts = edge.seen("PUT")
+    assert len(puts) == 2 and puts[0].headers["idempotency-key"] == \
+        puts[1].headers["idempotency-key"]
+
+
+def test_retry_after_honoured(server, edge):
+    edge.fault("GET", "/v1/images", "status", status=429, retry_after="1")
+
+    async def main():
+        async with make(server) as c:
+            t0 = time.monotonic()
+            await c.images()
+            return time.monotonic() - t0
+
+    assert run(main()) >= 1.0
+    assert len(edge.seen("GET", "/v1/images")) == 2
+
+
+def test_dropped_connections(server, edge):
+    sb = edge.add_sandbox()
+    edge.fault("POST", f"/v1/sandboxes/{sb['id']}/exec", "drop_after")
+    edge.fault("GET", "/v1/images", "drop", times=2)
+    edge.fault("DELETE", f"/v1/sandboxes/{sb['id']}", "drop_after", forget=True)
+
+    async def main():
+        async with make(server) as c:
+            s = c.sandbox(sb["id"])
+            assert (await s.exec(["echo", "once"])).stdout == "once\n"
+            assert await c.images()
+            await s.stop()  # 404 on the retry: already deleted
+            with pytest.raises(NotFoundError):
+                await s.stop()  # 404 on a first attempt is an error
+
+    run(main())
+    posts = edge.seen("POST", f"/v1/sandboxes/{sb['id']}/exec")
+    assert len(posts) == 2 and posts[0].request_id == posts[1].request_id
+    assert edge.exec_count == 1
+    assert len(edge.seen("GET", "/v1/images")) == 3
+    assert len(edge.seen("DELETE")) == 3
+
+
+def test_connection_refused():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+
+    async def main():
+        async with AsyncDSecClient(f"http://127.0.0.1:{port}", retries=1,
+                                   backoff_base=0.01) as c:
+            with pytest.raises(UnavailableError) as ei:
+                await c.health()
+            assert ei.value.status is None and "2 attempt" in ei.value.message
+
+    run(main())
+
+
+def test_stale_connection_resent_without_retries(server, edge):
+    async def main():
+        async with make(server, retries=0) as c:
+            await c.health()
+            edge.fault("POST", "/v1/sandboxes", "drop")
+            await c.run_container()
+            edge.fault("GET", "/v1/health", "close_after")
+            await c.health()
+            await asyncio.sleep(0.05)  # let the loop see the server's FIN
+            await c.health()
+
+    run(main())
+    posts = edge.seen("POST", "/v1/sandboxes")
+    assert len(posts) == 2 and posts[0].request_id == posts[1].request_id
+    assert len(edge.sandboxes) == 1
+    h = edge.seen("GET", "/v1/health")
+    assert h[-1].conn != h[-2].conn
+
+
+def test_stream_is_incremental(server, edge):
+    sb = edge.add_sandbox()
+
+    async def main():
+        async with make(server) as c:
+            s = c.sandbox(sb["id"])
+            events = s.exec_stream(["stream", "4"])
+            first = await events.__anext__()
+            assert (first.kind, first.data) == ("stdout", "line0\n")
+            assert edge.stream_progress[0] == "send0" and "send1" not in edge.stream_progress
+            edge.stream_gate.set()
+            rest = [ev async for ev in events]
+            assert [e.kind for e in rest] == ["stderr", "stdout", "stderr", "exit"]
+            assert rest[-1].result.stdout == "line0\nline2\n"
+            assert rest[-1].result.stderr == "line1\nline3\n"
+            await c.health()  # reuses the stream's connection
+
+    run(main())
+    assert "gate-timeout" not in edge.stream_progress
+    assert len(edge.conns()) == 1
+
+
+def test_stream_early_close_and_error_line(server, edge):
+    sb = edge.add_sandbox()
+
+    async def main():
+        async with make(server) as c:
+            s = c.sandbox(sb["id"])
+            async with contextlib.aclosing(s.exec_stream(["stream", "4"])) as events:
+                async for ev in events:
+                    assert ev.data == "line0\n"
+                    break
+            edge.stream_gate.set()
+            await c.health()
+            with pytest.raises(InternalError):
+                async for _ in s.exec_stream(["stream-error"]):
+                    pass
+            evs = [e async for e in s.exec_stream(["stream", "2"], binary=True)]
+            assert evs[0].data == b"line0\n" and evs[-1].result.stdout == b"line0\n"
+
+    run(main())
+    stream_conn = edge.seen("POST")[0].conn
+    assert edge.seen("GET", "/v1/health")[0].conn != stream_conn
+
+
+def test_pool_bounds_concurrency(server, edge):
+    edge.slow_s = 0.1
+
+    async def main():
+        async with make(server, max_connections=8) as c:
+            results = await asyncio.gather(*(c.node() for _ in range(50)))
+            assert all(r["node"] == "fake" for r in results)
+
+    t0 = time.monotonic()
+    run(main())
+    elapsed = time.monotonic() - t0
+    assert len(edge.seen("GET", "/v1/node")) == 50
+    assert edge.max_active == 8  # the bound was reached and never exceeded
+    assert len(edge.conns()) == 8  # and the connections were reused
+    assert elapsed >= 50 / 8 * 0.1 * 0.9
+
+
+def test_default_pool_serves_50_concurrent_calls(server, edge):
+    edge.slow_s = 0.3
+
+    async def main():
+        async with make(server) as c:
+            assert c._t.max_connections == 64
+            t0 = time.monotonic()
+            results = await asyncio.gather(*(c.node() for _ in range(50)))
+            assert all(r["node"] == "fake" for r in results)
+            return time.monotonic() - t0
+
+    elapsed = run(main())
+    # Under the default bound of 64, all 50 run side by side.
+    assert edge.max_active >= 40 and len(edge.conns()) == 50
+    assert elapsed < 50 * 0.3 / 4
+
+
+def test_timeout_not_retried(server, edge):
+    edge.slow_s = 1.0
+
+    async def main():
+        async with make(server, timeout=0.2) as c:
+            with pytest.raises(DSecTimeoutError):
+                await c.node()
+
+    run(main())
+    assert len(edge.seen("GET", "/v1/node")) == 1
+
+
+def test_unix_socket(unix_server):
+    async def main():
+        async with AsyncDSecClient(unix_server.url) as c:
+            assert await c.health() == {"ok": True}
+            sb = await c.run_container()
+            assert (await sb.exec("echo u")).stdout == "echo u\n"
+            await sb.stop()
+
+    run(main())
+    assert len(unix_server.edge.conns()) == 1
+    assert unix_server.edge.seen()[-1].headers["host"] == "localhost"
+
+
+def test_upload_download_round_trip(server, edge, tmpdir_clean):
+    src, dst = tmpdir_clean / "src", tmpdir_clean / "dst"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "x.sh").write_bytes(b"echo\n")
+    os.chmod(src / "d" / "x.sh", 0o750)
+    os.symlink("d/x.sh", src / "ln")
+    sb = edge.add_sandbox()
+
+    async def main():
+        async with make(server) as c:
+            s = c.sandbox(sb["id"])
+            await s.upload_dir(src, "/w")
+            edge.archives[(sb["id"], "/back")] = edge.archives[(sb["id"], "/w")]
+            assert await s.download_dir("/back", dst) == []
+
+    run(main())
+    assert (dst / "d" / "x.sh").read_bytes() == b"echo\n"
+    assert stat.S_IMODE(os.stat(dst / "d" / "x.sh").st_mode) == 0o750
+    assert os.readlink(dst / "ln") == "d/x.sh"
