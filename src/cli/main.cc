@@ -1,10 +1,12 @@
-// dsec: the command-line interface. `dsec run` works locally (as root, no daemon needed).
+// dsec: the command-line interface. Most commands talk to a dsec-edge (see edge_cmds.h);
+// `dsec run` goes through an edge when one is reachable and works locally (as root) otherwise.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
 #include <string_view>
 
 #include "base/logging.h"
+#include "cli/edge_cmds.h"
 #include "cli/run.h"
 
 int main(int argc, char** argv) {
@@ -15,9 +17,17 @@ int main(int argc, char** argv) {
   global.state_dir = env_state && *env_state ? env_state : "/var/lib/dsec/local";
   app.add_option("--state-dir", global.state_dir, "State directory for local sandboxes");
   app.add_option("--log-level", global.log_level, "trace|debug|info|warn|error");
+  app.add_option("--url", global.url,
+                 "Edge URL: http://HOST:PORT or unix:///PATH (default $DSEC_URL, then the local "
+                 "edge's socket /run/dsec/edge.sock, then http://127.0.0.1:7070)");
+  app.add_option("--token", global.token, "Bearer token for a TCP edge (default $DSEC_TOKEN)");
+  app.add_flag("--json", global.json, "Machine-readable JSON output");
+  app.add_flag("--local", global.local, "dsec run: run here without an edge");
+  app.fallthrough();
   app.set_version_flag("--version", std::string("dsec ") + DSEC_VERSION);
   int exit_code = 0;
   dsec::cli::RegisterRun(app, global, &exit_code);
+  dsec::cli::RegisterEdgeCommands(app, global, &exit_code);
   // Everything after the first "--" is the command, verbatim (CLI11 would otherwise give
   // options like "-c" to itself or to a repeatable flag before it).
   int parse_argc = argc;

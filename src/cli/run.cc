@@ -13,9 +13,12 @@
 #include <thread>
 
 #include "backends/container/container_backend.h"
+#include "base/file_util.h"
 #include "base/ids.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
+#include "cli/attach.h"
+#include "cli/edge_cmds.h"
 
 namespace dsec::cli {
 
@@ -36,19 +39,10 @@ struct RunOptions {
   std::vector<std::string> cmd;
 };
 
-void WriteAll(int fd, std::string_view d) {
-  while (!d.empty()) {
-    ssize_t n = write(fd, d.data(), d.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    d.remove_prefix(static_cast<size_t>(n));
-  }
-}
-
 class StreamObserver : public backends::ExecObserver {
  public:
   void OnOutput(uint8_t stream, std::string_view data) override {
-    WriteAll(stream == protocol::kStderr ? STDERR_FILENO : STDOUT_FILENO, data);
+    (void)WriteAllFd(stream == protocol::kStderr ? STDERR_FILENO : STDOUT_FILENO, data, "output");
   }
   void OnExit(const StatusOr<backends::ExecResult>& r) override {
     std::lock_guard<std::mutex> l(mu_);
@@ -73,25 +67,15 @@ class StreamObserver : public backends::ExecObserver {
   StatusOr<backends::ExecResult> result_ = InternalError("no result");
 };
 
-class RawTerminal {
- public:
-  RawTerminal() {
-    if (tcgetattr(STDIN_FILENO, &saved_) == 0) {
-      termios raw = saved_;
-      cfmakeraw(&raw);
-      active_ = tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+int Run(const GlobalOptions& g, RunOptions o) {
+  if (!o.cmd.empty()) {
+    // Through the edge when one is configured (DSEC_URL) or running here; locally otherwise.
+    RunThroughEdge r{o.image,     o.user, o.workdir, o.tty, o.cpu, o.timeout_s,
+                     o.memory_mb, o.pids, o.disk_mb, o.env, o.cmd};
+    if (!o.no_userns) {
+      if (int code = MaybeRunThroughEdge(g, r); code >= 0) return code;
     }
   }
-  ~RawTerminal() {
-    if (active_) tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
-  }
-
- private:
-  termios saved_{};
-  bool active_ = false;
-};
-
-int Run(const GlobalOptions& g, RunOptions o) {
   if (geteuid() != 0) {
     std::cerr << "dsec: run needs root (it creates namespaces and cgroups); try sudo\n";
     return 125;

@@ -12,6 +12,9 @@ namespace dsec::cli {
 struct GlobalOptions {
   std::string state_dir;
   std::string log_level = "warn";
+  std::string url, token;  // the edge (default: $DSEC_URL / $DSEC_TOKEN, then the local edge)
+  bool json = false;       // machine-readable output
+  bool local = false;      // `run` without an edge even when one is reachable
   std::vector<std::string> command;  // after "--"
   bool has_command = false;
 };

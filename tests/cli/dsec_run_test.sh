@@ -15,13 +15,13 @@ our_agents() { comm -13 <(echo "$preexisting") <(pgrep -x dsec-agent | sort) | g
 check() {  # name expected actual
   if [ "$2" == "$3" ]; then echo "ok   $1"; else echo "FAIL $1: expected [$2] got [$3]"; fails=$((fails+1)); fi
 }
-run() { "$DSEC" run "$@" </dev/null; }
+run() { "$DSEC" --local run "$@" </dev/null; }
 
 out=$(run -- /bin/sh -c 'echo hi; whoami; hostname | cut -c1-9'); check "stdout and identity" $'hi\nsandbox\nsb-local-' "$out"
 run -- /bin/sh -c 'exit 42'; check "exit code" 42 $?
 run -- /bin/sh -c 'kill -KILL $$'; check "killed by signal" 137 $?
-out=$(echo "streamed stdin" | "$DSEC" run -- tr a-z A-Z); check "stdin" "STREAMED STDIN" "$out"
-out=$(head -c 2000000 /dev/zero | "$DSEC" run -- wc -c); check "large stdin" 2000000 "$out"
+out=$(echo "streamed stdin" | "$DSEC" --local run -- tr a-z A-Z); check "stdin" "STREAMED STDIN" "$out"
+out=$(head -c 2000000 /dev/zero | "$DSEC" --local run -- wc -c); check "large stdin" 2000000 "$out"
 err=$(run -- /bin/sh -c 'echo oops >&2' 2>&1 >/dev/null); check "stderr" oops "$err"
 run --timeout 1 -- sleep 30 2>/dev/null; check "timeout exit code" 124 $?
 err=$(run --timeout 1 -- sleep 30 2>&1); check "timeout message" "dsec: command timed out after 1 s" "$err"
@@ -37,12 +37,12 @@ run -- nosuchcommand 2>/dev/null; check "command not found" 127 $?
 for args in "--memory -5 -- true" "--memory abc -- true" "--cpu 0 -- true" "--bogus -- true" \
             "--image nope -- true" "stray -- true" "--timeout 2 extra -- true" "--user nobody-here -- true" "--env NOEQUALS -- true" "--tty maybe -- true"; do
   # shellcheck disable=SC2086
-  err=$("$DSEC" run $args 2>&1 </dev/null); rc=$?
+  err=$("$DSEC" --local run $args 2>&1 </dev/null); rc=$?
   lines=$(printf '%s\n' "$err" | grep -c .)
   if [ $rc -ne 0 ] && [ "$lines" == 1 ] && [[ "$err" == dsec:* ]]; then echo "ok   bad input: $args"
   else echo "FAIL bad input: $args -> rc=$rc: $err"; fails=$((fails+1)); fi
 done
-"$DSEC" run 2>/dev/null; [ $? -ne 0 ] && echo "ok   no command" || { echo "FAIL no command"; fails=$((fails+1)); }
+"$DSEC" --local run 2>/dev/null; [ $? -ne 0 ] && echo "ok   no command" || { echo "FAIL no command"; fails=$((fails+1)); }
 
 # Nothing left behind: no sandbox dirs, cgroups, agents.
 left=$(ls "$STATE/state/sandboxes" 2>/dev/null | wc -l); check "no sandbox dirs left" 0 "$left"
@@ -60,7 +60,7 @@ parents=$(ls -d /sys/fs/cgroup/*/dsec-"$inst" /sys/fs/cgroup/dsec-"$inst" 2>/dev
 check "parent cgroups removed" 0 "$parents"
 
 # A killed `dsec run` leaves an orphan; the next run cleans it up.
-"$DSEC" run -- sleep 60 </dev/null >/dev/null 2>&1 &
+"$DSEC" --local run -- sleep 60 </dev/null >/dev/null 2>&1 &
 pid=$!
 for _ in $(seq 50); do [ "$(ls "$STATE/state/sandboxes" 2>/dev/null | wc -l)" -ge 1 ] && break; sleep 0.1; done
 sleep 0.3

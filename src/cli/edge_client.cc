@@ -1,0 +1,380 @@
+#include "cli/edge_client.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
+#include <cstdlib>
+#include <limits>
+
+#include "base/file_util.h"
+#include "base/strings.h"
+
+namespace dsec::cli {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using Socket = asio::generic::stream_protocol::socket;
+
+namespace {
+
+constexpr uint64_t kMaxJsonResponse = 64ull << 20;
+
+std::string Env(const char* name) {
+  const char* v = getenv(name);
+  return v ? v : "";
+}
+
+Status NetError(const Endpoint& ep, const beast::error_code& ec, std::string_view what) {
+  return Unavailable(std::string(what) + " " + ep.url + ": " + ec.message());
+}
+
+}  // namespace
+
+std::string UrlEncode(std::string_view s, bool keep_slash) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+StatusOr<Endpoint> ResolveEndpoint(std::string url, std::string token) {
+  Endpoint ep;
+  if (url.empty()) url = Env("DSEC_URL");
+  if (token.empty()) token = Env("DSEC_TOKEN");
+  ep.configured = !url.empty();
+  if (url.empty())
+    url = access(kDefaultSocket, F_OK) == 0 ? std::string("unix://") + kDefaultSocket
+                                            : std::string(kDefaultUrl);
+  ep.url = url;
+  if (url.starts_with("unix://") || url.starts_with("/")) {
+    ep.is_unix = true;
+    ep.unix_path = url.starts_with("/") ? url : url.substr(7);
+    if (ep.unix_path.empty() || ep.unix_path[0] != '/' ||
+        ep.unix_path.size() >= sizeof(sockaddr_un::sun_path))
+      return InvalidArgument("DSEC_URL: unix socket path must be absolute and short: " + url);
+  } else if (url.starts_with("http://")) {
+    std::string hp = url.substr(7);
+    while (!hp.empty() && hp.back() == '/') hp.pop_back();
+    if (hp.find('/') != std::string::npos)
+      return InvalidArgument("DSEC_URL must be http://HOST:PORT (no path): " + url);
+    size_t colon = hp.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == hp.size())
+      return InvalidArgument("DSEC_URL must be http://HOST:PORT: " + url);
+    ep.host = hp.substr(0, colon);
+    ep.port = hp.substr(colon + 1);
+    if (ep.host.size() > 2 && ep.host.front() == '[' && ep.host.back() == ']')
+      ep.host = ep.host.substr(1, ep.host.size() - 2);
+    for (char c : ep.port)
+      if (c < '0' || c > '9') return InvalidArgument("DSEC_URL: bad port in " + url);
+  } else {
+    return InvalidArgument("DSEC_URL must be http://HOST:PORT or unix:///PATH, not \"" + url +
+                           "\"");
+  }
+  if (token.empty() && !ep.is_unix) {
+    auto t = ReadFileToString(kDefaultTokenFile, 4096);
+    if (t.ok()) {
+      auto lines = SplitString(*t, '\n', true);
+      if (!lines.empty()) token = std::string(TrimWhitespace(lines[0]));
+    }
+  }
+  ep.token = token;
+  return ep;
+}
+
+Status ApiError(unsigned http_status, std::string_view body) {
+  std::string msg, code;
+  auto j = protocol::ParseJson(body);
+  if (j.ok() && j->is_object() && j->contains("error") && (*j)["error"].is_object()) {
+    const Json& e = (*j)["error"];
+    if (e.contains("message") && e["message"].is_string()) msg = e["message"];
+    if (e.contains("code") && e["code"].is_string()) code = e["code"];
+  }
+  if (msg.empty()) msg = "the edge answered HTTP " + std::to_string(http_status);
+  StatusCode sc;
+  switch (http_status) {
+    case 400:
+      sc = StatusCode::kInvalidArgument;
+      break;
+    case 401:
+      sc = StatusCode::kUnauthenticated;
+      break;
+    case 403:
+      sc = StatusCode::kPermissionDenied;
+      break;
+    case 404:
+      sc = StatusCode::kNotFound;
+      break;
+    case 409:
+      sc = StatusCode::kFailedPrecondition;
+      break;
+    case 413:
+      sc = StatusCode::kTooLarge;
+      break;
+    case 422:
+      sc = StatusCode::kUnimplemented;
+      break;
+    case 429:
+      sc = StatusCode::kOverCapacity;
+      break;
+    case 503:
+      sc = StatusCode::kUnavailable;
+      break;
+    default:
+      sc = StatusCode::kInternal;
+  }
+  if (http_status == 401 && code == "unauthorized")
+    msg += " (set DSEC_TOKEN, or run as root to use the edge's unix socket)";
+  return Status(sc, msg);
+}
+
+EdgeClient::EdgeClient(Endpoint ep) : ep_(std::move(ep)) {}
+EdgeClient::~EdgeClient() { Disconnect(); }
+
+StatusOr<Socket> EdgeClient::Dial() {
+  beast::error_code ec;
+  Socket s(io_);
+  if (ep_.is_unix) {
+    asio::local::stream_protocol::endpoint uep(ep_.unix_path);
+    s.connect(asio::generic::stream_protocol::endpoint(uep), ec);
+    if (ec) return NetError(ep_, ec, "cannot connect to the edge at");
+    return s;
+  }
+  asio::ip::tcp::resolver r(io_);
+  auto results = r.resolve(ep_.host, ep_.port, ec);
+  if (ec) return NetError(ep_, ec, "cannot resolve");
+  for (const auto& e : results) {
+    if (s.is_open()) s.close(ec);
+    s.connect(asio::generic::stream_protocol::endpoint(e.endpoint()), ec);
+    if (!ec) {
+      int one = 1;
+      setsockopt(s.native_handle(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      return s;
+    }
+  }
+  return NetError(ep_, ec, "cannot connect to the edge at");
+}
+
+Status EdgeClient::EnsureConnected() {
+  if (sock_) return OkStatus();
+  DSEC_ASSIGN_OR_RETURN(Socket s, Dial());
+  sock_.emplace(std::move(s));
+  buf_.consume(buf_.size());
+  reused_ = false;
+  return OkStatus();
+}
+
+void EdgeClient::Disconnect() {
+  if (!sock_) return;
+  beast::error_code ec;
+  sock_->shutdown(asio::socket_base::shutdown_both, ec);
+  sock_->close(ec);
+  sock_.reset();
+}
+
+namespace {
+
+template <class Req>
+void SetCommonFields(const Endpoint& ep, Req& req) {
+  req.set(http::field::host, ep.is_unix ? std::string("localhost") : ep.host);
+  req.set(http::field::user_agent, std::string("dsec/") + DSEC_VERSION);
+  if (!ep.token.empty() && !ep.is_unix) req.set(http::field::authorization, "Bearer " + ep.token);
+  req.keep_alive(true);
+}
+
+bool StaleConnection(const beast::error_code& ec) {
+  return ec == http::error::end_of_stream || ec == asio::error::connection_reset ||
+         ec == asio::error::broken_pipe || ec == asio::error::eof;
+}
+
+}  // namespace
+
+StatusOr<EdgeClient::Response> EdgeClient::Call(Verb verb, const std::string& target,
+                                                std::string body, std::string_view content_type) {
+  http::request<http::string_body> req{verb, target, 11};
+  SetCommonFields(ep_, req);
+  if (!body.empty() || verb == Verb::post || verb == Verb::put || verb == Verb::patch) {
+    req.set(http::field::content_type, std::string(content_type));
+    req.body() = std::move(body);
+    req.prepare_payload();
+  }
+  for (int attempt = 0;; ++attempt) {
+    DSEC_RETURN_IF_ERROR(EnsureConnected());
+    bool was_reused = reused_;
+    beast::error_code ec;
+    http::write(*sock_, req, ec);
+    http::response_parser<http::string_body> p;
+    p.body_limit(kMaxJsonResponse);
+    if (!ec) http::read(*sock_, buf_, p, ec);
+    if (ec) {
+      Disconnect();
+      // A keep-alive connection the server closed while idle: nothing reached it; retry once.
+      if (was_reused && attempt == 0 && StaleConnection(ec)) continue;
+      return NetError(ep_, ec, "request to");
+    }
+    reused_ = true;
+    auto res = p.release();
+    if (!res.keep_alive()) Disconnect();
+    return Response{res.result_int(), std::move(res.body())};
+  }
+}
+
+StatusOr<Json> EdgeClient::CallJson(Verb verb, const std::string& target, const Json* body) {
+  DSEC_ASSIGN_OR_RETURN(Response r, Call(verb, target, body ? body->dump() : std::string()));
+  if (r.status < 200 || r.status >= 300) return ApiError(r.status, r.body);
+  if (r.body.empty()) return Json();
+  auto j = protocol::ParseJson(r.body);
+  if (!j.ok()) return InternalError("the edge sent invalid JSON for " + target);
+  return *j;
+}
+
+Status EdgeClient::Download(Verb verb, const std::string& target, std::string body,
+                            const std::function<Status(std::string_view)>& on_data) {
+  http::request<http::string_body> req{verb, target, 11};
+  SetCommonFields(ep_, req);
+  if (!body.empty() || verb == Verb::post) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = std::move(body);
+    req.prepare_payload();
+  }
+  for (int attempt = 0;; ++attempt) {
+    DSEC_RETURN_IF_ERROR(EnsureConnected());
+    bool was_reused = reused_;
+    beast::error_code ec;
+    http::write(*sock_, req, ec);
+    http::response_parser<http::buffer_body> p;
+    p.body_limit(std::numeric_limits<std::uint64_t>::max());  // (boost::none is broken in 1.74)
+    if (!ec) http::read_header(*sock_, buf_, p, ec);
+    if (ec) {
+      Disconnect();
+      if (was_reused && attempt == 0 && StaleConnection(ec)) continue;
+      return NetError(ep_, ec, "request to");
+    }
+    unsigned status = p.get().result_int();
+    bool ok = status >= 200 && status < 300;
+    std::string error_body;
+    std::string chunk(64 << 10, '\0');
+    Status cb_status;
+    while (!p.is_done()) {
+      p.get().body().data = chunk.data();
+      p.get().body().size = chunk.size();
+      http::read(*sock_, buf_, p, ec);
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec) {
+        Disconnect();
+        return NetError(ep_, ec, "reading the answer from");
+      }
+      std::string_view got(chunk.data(), chunk.size() - p.get().body().size);
+      if (got.empty()) continue;
+      if (!ok) {
+        if (error_body.size() < (1 << 20)) error_body.append(got);
+      } else if (cb_status = on_data(got); !cb_status.ok()) {
+        Disconnect();  // the rest of the body is unread
+        return cb_status;
+      }
+    }
+    reused_ = true;
+    if (!p.get().keep_alive()) Disconnect();
+    return ok ? OkStatus() : ApiError(status, error_body);
+  }
+}
+
+Status EdgeClient::Upload(Verb verb, const std::string& target, std::string_view content_type,
+                          const std::function<StatusOr<std::string>()>& next_chunk) {
+  // A fresh connection: a body that fails halfway leaves the connection unusable anyway.
+  Disconnect();
+  DSEC_RETURN_IF_ERROR(EnsureConnected());
+  http::request<http::buffer_body> req{verb, target, 11};
+  SetCommonFields(ep_, req);
+  req.set(http::field::content_type, std::string(content_type));
+  req.chunked(true);
+  req.body().data = nullptr;
+  req.body().more = true;
+  http::request_serializer<http::buffer_body> sr{req};
+  beast::error_code ec;
+  http::write_header(*sock_, sr, ec);
+  std::string chunk;
+  bool sent_all = false;
+  while (!ec) {
+    auto next = next_chunk();
+    if (!next.ok()) {
+      Disconnect();
+      return next.status();
+    }
+    chunk = std::move(*next);
+    if (chunk.empty()) {
+      req.body().data = nullptr;
+      req.body().more = false;
+    } else {
+      req.body().data = chunk.data();
+      req.body().size = chunk.size();
+      req.body().more = true;
+    }
+    http::write(*sock_, sr, ec);
+    if (ec == http::error::need_buffer) ec = {};
+    if (chunk.empty()) {
+      sent_all = !ec;
+      break;
+    }
+  }
+  // Read the answer even when sending failed: the edge may have refused early (413, 404).
+  http::response_parser<http::string_body> p;
+  p.body_limit(kMaxJsonResponse);
+  beast::error_code rec;
+  http::read(*sock_, buf_, p, rec);
+  if (rec) {
+    Disconnect();
+    return NetError(ep_, ec ? ec : rec, sent_all ? "reading the answer from" : "sending to");
+  }
+  auto res = p.release();
+  if (!sent_all || !res.keep_alive()) Disconnect();
+  reused_ = true;
+  if (res.result_int() < 200 || res.result_int() >= 300)
+    return ApiError(res.result_int(), res.body());
+  if (!sent_all) return NetError(ep_, ec, "sending to");
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<EdgeClient::WebSocket>> EdgeClient::OpenWebSocket(
+    const std::string& target) {
+  DSEC_ASSIGN_OR_RETURN(Socket s, Dial());
+  auto ws = std::make_unique<WebSocket>(std::move(s));
+  std::string auth = ep_.token.empty() || ep_.is_unix ? "" : "Bearer " + ep_.token;
+  ws->set_option(
+      beast::websocket::stream_base::decorator([auth](beast::websocket::request_type& r) {
+        r.set(http::field::user_agent, std::string("dsec/") + DSEC_VERSION);
+        if (!auth.empty()) r.set(http::field::authorization, auth);
+      }));
+  ws->read_message_max(64ull << 20);
+  beast::websocket::response_type res;
+  beast::error_code ec;
+  ws->handshake(res, ep_.is_unix ? "localhost" : ep_.host, target, ec);
+  if (ec) {
+    if (res.result_int() != 0 && res.result_int() != 101)
+      return ApiError(res.result_int(), res.body());
+    return NetError(ep_, ec, "WebSocket handshake with");
+  }
+  return ws;
+}
+
+bool EdgeClient::Reachable() {
+  auto r = Call(Verb::get, "/v1/health");
+  return r.ok() && r->status == 200;
+}
+
+}  // namespace dsec::cli

@@ -1,0 +1,681 @@
+#include "cli/edge_cmds.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "agent/tar.h"
+#include "base/base64.h"
+#include "base/file_util.h"
+#include "base/scope_guard.h"
+#include "base/strings.h"
+#include "base/unique_fd.h"
+#include "cli/attach.h"
+#include "cli/edge_client.h"
+
+namespace dsec::cli {
+
+namespace {
+
+constexpr int kFail = 1;        // a dsec error (bad input, API error)
+constexpr int kExecFail = 125;  // exec/run could not run the command at all
+constexpr size_t kIoChunk = 256 << 10;
+
+int Fail(const Status& s, int code = kFail) {
+  std::string m = s.message();
+  for (char& c : m)
+    if (c == '\n') c = ' ';
+  std::cerr << "dsec: " << m << "\n";
+  return code;
+}
+
+StatusOr<std::unique_ptr<EdgeClient>> Connect(const GlobalOptions& g) {
+  DSEC_ASSIGN_OR_RETURN(Endpoint ep, ResolveEndpoint(g.url, g.token));
+  return std::make_unique<EdgeClient>(std::move(ep));
+}
+
+std::string SbPath(const std::string& id) { return "/v1/sandboxes/" + UrlEncode(id, false); }
+
+Status ParseKeyValues(const std::vector<std::string>& kvs, const char* flag, Json* out) {
+  *out = Json::object();
+  for (const auto& kv : kvs) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return InvalidArgument(std::string(flag) + " takes KEY=VALUE, not \"" + kv + "\"");
+    (*out)[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return OkStatus();
+}
+
+void PrintJson(const Json& j) {
+  std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+}
+
+void PrintTable(const std::vector<std::string>& head,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> w(head.size());
+  for (size_t i = 0; i < head.size(); ++i) w[i] = head[i].size();
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size() && i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
+  auto line = [&](const std::vector<std::string>& r) {
+    std::string out;
+    for (size_t i = 0; i < r.size(); ++i) {
+      out += r[i];
+      if (i + 1 < r.size()) out += std::string(w[i] - r[i].size() + 2, ' ');
+    }
+    std::cout << out << "\n";
+  };
+  line(head);
+  for (const auto& r : rows) line(r);
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Duration(int64_t ms) {
+  if (ms < 0) ms = 0;
+  int64_t s = ms / 1000;
+  if (s < 120) return std::to_string(s) + "s";
+  if (s < 7200) return std::to_string(s / 60) + "m";
+  if (s < 172800) return std::to_string(s / 3600) + "h";
+  return std::to_string(s / 86400) + "d";
+}
+
+std::string Num(const Json& j) {
+  if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
+  if (j.is_number()) {
+    char b[32];
+    snprintf(b, sizeof b, "%g", j.get<double>());
+    return b;
+  }
+  return j.is_string() ? j.get<std::string>() : j.dump();
+}
+
+std::string Labels(const Json& rec) {
+  std::string out;
+  if (!rec.contains("labels") || !rec["labels"].is_object()) return out;
+  for (const auto& [k, v] : rec["labels"].items()) {
+    if (!out.empty()) out += ",";
+    out += k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  return out;
+}
+
+std::vector<std::string> Row(const Json& r, int64_t now) {
+  const Json& l = r.contains("limits") ? r["limits"] : Json::object();
+  return {r.value("id", ""),
+          r.value("state", ""),
+          r.value("image", ""),
+          l.contains("cpu") ? Num(l["cpu"]) : "",
+          l.contains("memory_mb") ? Num(l["memory_mb"]) + "M" : "",
+          Duration(now - r.value("created_at", now)),
+          r.contains("expires_at") && r["expires_at"].is_number()
+              ? Duration(r["expires_at"].get<int64_t>() - now)
+              : "-",
+          Labels(r)};
+}
+
+const std::vector<std::string> kHead = {"ID",  "STATE",   "IMAGE", "CPU",
+                                        "MEM", "CREATED", "TTL",   "LABELS"};
+
+// ---- create ------------------------------------------------------------------------------
+
+struct CreateOpts {
+  std::string image = "host", user, workdir;
+  std::optional<double> cpu;
+  std::optional<int64_t> memory_mb, pids, disk_mb, ttl_s, idle_ttl_s, count;
+  std::vector<std::string> env, labels;
+};
+
+StatusOr<Json> CreateBody(const CreateOpts& o) {
+  Json b = {{"image", o.image}};
+  if (o.cpu) b["cpu"] = *o.cpu;
+  if (o.memory_mb) b["memory_mb"] = *o.memory_mb;
+  if (o.pids) b["pids"] = *o.pids;
+  if (o.disk_mb) b["disk_mb"] = *o.disk_mb;
+  if (o.ttl_s) b["ttl_s"] = *o.ttl_s;
+  if (o.idle_ttl_s) b["idle_ttl_s"] = *o.idle_ttl_s;
+  if (!o.user.empty()) b["user"] = o.user;
+  if (!o.workdir.empty()) b["workdir"] = o.workdir;
+  Json env, labels;
+  DSEC_RETURN_IF_ERROR(ParseKeyValues(o.env, "--env", &env));
+  DSEC_RETURN_IF_ERROR(ParseKeyValues(o.labels, "--label", &labels));
+  if (!env.empty()) b["env"] = env;
+  if (!labels.empty()) b["labels"] = labels;
+  if (o.count) b["count"] = *o.count;
+  return b;
+}
+
+int Create(const GlobalOptions& g, const CreateOpts& o) {
+  auto body = CreateBody(o);
+  if (!body.ok()) return Fail(body.status());
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  auto r = (*c)->CallJson(Verb::post, "/v1/sandboxes", &*body);
+  if (!r.ok()) return Fail(r.status());
+  if (g.json) {
+    PrintJson(*r);
+  } else if (r->contains("sandboxes")) {
+    for (const auto& s : (*r)["sandboxes"]) std::cout << s.value("id", "") << "\n";
+  } else {
+    std::cout << r->value("id", "") << "\n";
+  }
+  return 0;
+}
+
+void AddCreateFlags(CLI::App* cmd, CreateOpts* o) {
+  cmd->add_option("--image", o->image, "Image (default: host)");
+  cmd->add_option("--cpu", o->cpu, "CPU cap in cores");
+  cmd->add_option("--memory", o->memory_mb, "Memory limit in MB");
+  cmd->add_option("--pids", o->pids, "Process limit");
+  cmd->add_option("--disk", o->disk_mb, "Writable layer size in MB");
+  cmd->add_option("--ttl", o->ttl_s, "Delete after this many seconds");
+  cmd->add_option("--idle-ttl", o->idle_ttl_s, "Delete after this many idle seconds");
+  cmd->add_option("--user", o->user, "sandbox (default), root, or uid[:gid]");
+  cmd->add_option("--workdir", o->workdir, "Working directory (default /workspace)");
+  cmd->add_option("--env", o->env, "KEY=VALUE (repeatable)")->expected(1)->take_all();
+  cmd->add_option("--label", o->labels, "KEY=VALUE (repeatable)")->expected(1)->take_all();
+}
+
+// ---- ls / get ----------------------------------------------------------------------------
+
+int List(const GlobalOptions& g, const std::vector<std::string>& labels, const std::string& state) {
+  std::string q = "?limit=1000";
+  for (const auto& l : labels) {
+    if (l.find('=') == std::string::npos || l[0] == '=')
+      return Fail(InvalidArgument("--label takes KEY=VALUE, not \"" + l + "\""));
+    q += "&label=" + UrlEncode(l, false);
+  }
+  if (!state.empty()) q += "&state=" + UrlEncode(state, false);
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  Json all = Json::array();
+  std::string cursor;
+  for (int page = 0; page < 100000; ++page) {
+    std::string t = "/v1/sandboxes" + q + (cursor.empty() ? "" : "&cursor=" + UrlEncode(cursor));
+    auto r = (*c)->CallJson(Verb::get, t);
+    if (!r.ok()) return Fail(r.status());
+    for (auto& s : (*r)["sandboxes"]) all.push_back(std::move(s));
+    if (!r->contains("next_cursor") || !(*r)["next_cursor"].is_string()) break;
+    cursor = (*r)["next_cursor"];
+  }
+  if (g.json) {
+    PrintJson(Json{{"sandboxes", all}});
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  int64_t now = NowMs();
+  for (const auto& s : all) rows.push_back(Row(s, now));
+  PrintTable(kHead, rows);
+  return 0;
+}
+
+int Get(const GlobalOptions& g, const std::string& id, bool stats) {
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  auto r = (*c)->CallJson(Verb::get, SbPath(id));
+  if (!r.ok()) return Fail(r.status());
+  std::optional<Json> st;
+  if (stats) {
+    auto s = (*c)->CallJson(Verb::get, SbPath(id) + "/stats");
+    if (!s.ok()) return Fail(s.status());
+    st = *s;
+  }
+  if (g.json) {
+    Json out = *r;
+    if (st) out["stats"] = *st;
+    PrintJson(out);
+    return 0;
+  }
+  int64_t now = NowMs();
+  auto row = Row(*r, now);
+  std::vector<std::vector<std::string>> rows;
+  for (size_t i = 0; i < kHead.size(); ++i) rows.push_back({kHead[i], row[i]});
+  rows.push_back({"NODE", r->value("node", "")});
+  rows.push_back({"USER", r->value("user", "")});
+  rows.push_back({"WORKDIR", r->value("workdir", "")});
+  if (r->contains("reason") && (*r)["reason"].is_string())
+    rows.push_back({"REASON", (*r)["reason"].get<std::string>()});
+  if (st)
+    for (const auto& [k, v] : st->items()) rows.push_back({k, Num(v)});
+  for (const auto& rr : rows)
+    std::cout << rr[0] << ":" << std::string(10 - std::min<size_t>(rr[0].size(), 9), ' ') << rr[1]
+              << "\n";
+  return 0;
+}
+
+// ---- exec ----------------------------------------------------------------------------------
+
+struct ExecOpts {
+  std::string id;
+  bool interactive = false, tty = false;
+  std::vector<std::string> env;
+  std::string cwd, user;
+  double timeout_s = 0;
+  std::vector<std::string> cmd;
+};
+
+// Non-interactive exec: NDJSON stream, output written as it arrives (base64 on the wire so
+// binary output survives).
+int StreamExec(EdgeClient& c, const ExecOpts& o) {
+  Json body = {{"cmd", o.cmd},
+               {"encoding", "base64"},
+               {"max_output_bytes", 256 << 20},
+               {"timeout_ms", static_cast<int64_t>(o.timeout_s * 1000)}};
+  Json env;
+  if (Status s = ParseKeyValues(o.env, "--env", &env); !s.ok()) return Fail(s, kExecFail);
+  if (!env.empty()) body["env"] = env;
+  if (!o.cwd.empty()) body["cwd"] = o.cwd;
+  if (!o.user.empty()) body["user"] = o.user;
+  std::string pending;
+  std::optional<Json> result;
+  Status stream_error;
+  Status s = c.Download(
+      Verb::post, SbPath(o.id) + "/exec?stream=1", body.dump(),
+      [&](std::string_view data) -> Status {
+        pending.append(data);
+        size_t start = 0, nl;
+        while ((nl = pending.find('\n', start)) != std::string::npos) {
+          auto j = protocol::ParseJson(std::string_view(pending).substr(start, nl - start));
+          start = nl + 1;
+          if (!j.ok() || !j->is_object()) continue;
+          for (auto [key, fd] :
+               {std::pair{"stdout", STDOUT_FILENO}, std::pair{"stderr", STDERR_FILENO}}) {
+            if (auto it = j->find(key); it != j->end() && it->is_string()) {
+              if (auto d = Base64Decode(it->get<std::string>())) (void)WriteAllFd(fd, *d, key);
+            }
+          }
+          if (auto it = j->find("exit"); it != j->end()) result = *it;
+          if (auto it = j->find("error"); it != j->end() && it->is_object())
+            stream_error = InternalError(it->value("message", "exec failed"));
+        }
+        pending.erase(0, start);
+        return OkStatus();
+      });
+  if (!s.ok()) return Fail(s, kExecFail);
+  if (!stream_error.ok()) return Fail(stream_error, kExecFail);
+  if (!result) return Fail(Unavailable("the exec stream ended without an exit status"), kExecFail);
+  return ExitCodeForResult(*result, o.timeout_s);
+}
+
+int Exec(const GlobalOptions& g, ExecOpts o) {
+  if (o.cmd.empty())
+    return Fail(InvalidArgument("exec needs a command: dsec exec ID -- CMD..."), kExecFail);
+  if (o.timeout_s < 0) return Fail(InvalidArgument("--timeout must not be negative"), kExecFail);
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status(), kExecFail);
+  if (!o.interactive && !o.tty) return StreamExec(**c, o);
+  AttachOptions a;
+  a.cmd = o.cmd;
+  a.tty = o.tty;
+  a.forward_stdin = o.interactive;
+  a.user = o.user;
+  a.cwd = o.cwd;
+  a.env = o.env;
+  for (const auto& kv : o.env)
+    if (kv.find('=') == std::string::npos || kv[0] == '=')
+      return Fail(InvalidArgument("--env takes KEY=VALUE, not \"" + kv + "\""), kExecFail);
+  a.timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
+  auto r = AttachAndRun(**c, o.id, a);
+  if (!r.ok()) return Fail(r.status(), kExecFail);
+  return ExitCodeForResult(*r, o.timeout_s);
+}
+
+// ---- shell ---------------------------------------------------------------------------------
+
+// On a terminal: an interactive login shell with a PTY. Otherwise each line of stdin runs in one
+// persistent shell session (cwd, env and background jobs carry over), output printed per
+// command; the exit code is the last command's.
+int Shell(const GlobalOptions& g, const std::string& id, const std::string& user,
+          const std::string& session) {
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  if (StdioIsTerminal() && session.empty()) {
+    AttachOptions a;
+    a.shell = "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi";
+    a.tty = true;
+    a.user = user;
+    auto r = AttachAndRun(**c, id, a);
+    if (!r.ok()) return Fail(r.status());
+    return r->value("exit_code", 0);
+  }
+  std::string sid = session;
+  bool own = sid.empty();
+  if (own) {
+    Json body = Json::object();
+    if (!user.empty()) body["user"] = user;
+    auto r = (*c)->CallJson(Verb::post, SbPath(id) + "/shells", &body);
+    if (!r.ok()) return Fail(r.status());
+    sid = r->value("shell_id", "");
+  }
+  auto close = MakeScopeGuard([&] {
+    if (own) (void)(*c)->Call(Verb::delete_, SbPath(id) + "/shells/" + UrlEncode(sid, false));
+  });
+  int last = 0;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (TrimWhitespace(line).empty()) continue;
+    Json body = {{"command", line}, {"timeout_ms", 0}, {"encoding", "base64"}};
+    auto r =
+        (*c)->CallJson(Verb::post, SbPath(id) + "/shells/" + UrlEncode(sid, false) + "/run", &body);
+    if (!r.ok()) return Fail(r.status());
+    for (auto [key, fd] :
+         {std::pair{"stdout", STDOUT_FILENO}, std::pair{"stderr", STDERR_FILENO}}) {
+      if (auto d = Base64Decode(r->value(key, ""))) (void)WriteAllFd(fd, *d, key);
+    }
+    last = ExitCodeForResult(*r, 0);
+  }
+  return last;
+}
+
+// ---- cp ------------------------------------------------------------------------------------
+
+struct Loc {
+  bool remote = false;
+  std::string id, path;
+};
+
+Loc ParseLoc(const std::string& s) {
+  size_t colon = s.find(':');
+  if (colon != std::string::npos && colon > 0 && s.find('/') > colon && s[0] != '.')
+    return {true, s.substr(0, colon), s.substr(colon + 1)};
+  return {false, "", s};
+}
+
+std::string BaseName(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+std::string JoinRemote(std::string dir, const std::string& name) {
+  if (dir.empty() || dir.back() != '/') dir += '/';
+  return dir + name;
+}
+
+std::string Octal(uint32_t mode) {
+  char b[8];
+  snprintf(b, sizeof b, "%04o", mode & 07777);
+  return b;
+}
+
+// Remote stat: nullopt when it does not exist.
+StatusOr<std::optional<Json>> RemoteStat(EdgeClient& c, const std::string& id,
+                                         const std::string& path) {
+  auto r = c.CallJson(Verb::get, SbPath(id) + "/files/stat?path=" + UrlEncode(path));
+  if (r.ok()) return std::optional<Json>(*r);
+  if (r.status().code() == StatusCode::kNotFound &&
+      r.status().message().find("sandbox") == std::string::npos)
+    return std::optional<Json>();
+  return r.status();
+}
+
+Status Upload(EdgeClient& c, const std::string& src, const Loc& dst) {
+  struct stat st;
+  if (stat(src.c_str(), &st) != 0) return ErrnoError("cp: " + src);
+  DSEC_ASSIGN_OR_RETURN(auto target, RemoteStat(c, dst.id, dst.path));
+  bool into_dir = (target && target->value("type", "") == "dir") || dst.path.ends_with("/");
+  std::string path = into_dir ? JoinRemote(dst.path, BaseName(src)) : dst.path;
+  if (S_ISREG(st.st_mode)) {
+    UniqueFd fd(open(src.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return ErrnoError("cp: " + src);
+    std::string buf;
+    return c.Upload(
+        Verb::put, SbPath(dst.id) + "/files?path=" + UrlEncode(path) + "&mode=" + Octal(st.st_mode),
+        "application/octet-stream", [&]() -> StatusOr<std::string> {
+          buf.resize(kIoChunk);
+          ssize_t n;
+          do n = read(fd.get(), buf.data(), buf.size());
+          while (n < 0 && errno == EINTR);
+          if (n < 0) return ErrnoError("cp: reading " + src);
+          buf.resize(static_cast<size_t>(n));
+          return buf;
+        });
+  }
+  if (!S_ISDIR(st.st_mode)) return InvalidArgument("cp: " + src + " is not a file or directory");
+  UniqueFd dir(open(src.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir) return ErrnoError("cp: " + src);
+  DSEC_ASSIGN_OR_RETURN(auto tar, agent::TarCreator::Open(dir.get(), "."));
+  bool done = false;
+  return c.Upload(Verb::put, SbPath(dst.id) + "/archive?path=" + UrlEncode(path),
+                  "application/x-tar", [&]() -> StatusOr<std::string> {
+                    std::string out;
+                    while (!done && out.size() < kIoChunk) {
+                      DSEC_ASSIGN_OR_RETURN(bool more, tar->Next(&out, kIoChunk - out.size()));
+                      done = !more;
+                    }
+                    return out;
+                  });
+}
+
+Status Download(EdgeClient& c, const Loc& src, std::string dst) {
+  DSEC_ASSIGN_OR_RETURN(auto st, RemoteStat(c, src.id, src.path));
+  if (!st) return NotFound("cp: " + src.id + ":" + src.path + ": no such file or directory");
+  struct stat lst;
+  bool dst_is_dir = stat(dst.c_str(), &lst) == 0 && S_ISDIR(lst.st_mode);
+  if (dst_is_dir) dst = dst + "/" + BaseName(src.path);
+  if (st->value("type", "") == "dir") {
+    if (mkdir(dst.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError("cp: mkdir " + dst);
+    UniqueFd dir(open(dst.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir) return ErrnoError("cp: " + dst);
+    agent::TarExtractOptions opts;
+    opts.uid = geteuid();
+    opts.gid = getegid();
+    opts.max_total_bytes = 1ull << 40;
+    agent::TarExtractor x(dir.get(), opts);
+    DSEC_RETURN_IF_ERROR(c.Download(Verb::get,
+                                    SbPath(src.id) + "/archive?path=" + UrlEncode(src.path), "",
+                                    [&](std::string_view d) { return x.Feed(d); }));
+    return x.Finish();
+  }
+  if (st->value("type", "") != "file")
+    return InvalidArgument("cp: " + src.path + " is not a regular file or directory");
+  std::string tmp = dst + ".dsec-cp-" + std::to_string(getpid());
+  UniqueFd fd(
+      open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, st->value("mode", 0644) & 0777));
+  if (!fd) return ErrnoError("cp: " + tmp);
+  auto rm = MakeScopeGuard([&] { unlink(tmp.c_str()); });
+  DSEC_RETURN_IF_ERROR(c.Download(
+      Verb::get, SbPath(src.id) + "/files?path=" + UrlEncode(src.path) + "&max_bytes=268435456", "",
+      [&](std::string_view d) { return WriteAllFd(fd.get(), d, tmp); }));
+  if (fchmod(fd.get(), st->value("mode", 0644) & 0777) != 0) return ErrnoError("cp: chmod " + dst);
+  if (rename(tmp.c_str(), dst.c_str()) != 0) return ErrnoError("cp: " + dst);
+  rm.Dismiss();
+  return OkStatus();
+}
+
+int Copy(const GlobalOptions& g, const std::string& a, const std::string& b) {
+  Loc src = ParseLoc(a), dst = ParseLoc(b);
+  if (src.remote == dst.remote)
+    return Fail(InvalidArgument("cp: exactly one side must be SANDBOX:PATH"));
+  const Loc& remote = src.remote ? src : dst;
+  if (remote.path.empty() || remote.path[0] != '/')
+    return Fail(
+        InvalidArgument("cp: sandbox paths must be absolute, like " + remote.id + ":/workspace"));
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  Status s = src.remote ? Download(**c, src, dst.path) : Upload(**c, src.path, dst);
+  return s.ok() ? 0 : Fail(s);
+}
+
+// ---- pause / resume / rm ------------------------------------------------------------------
+
+int ForEach(const GlobalOptions& g, const std::vector<std::string>& ids, Verb verb,
+            const std::string& suffix, bool missing_ok) {
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  int rc = 0;
+  Json out = Json::array();
+  for (const auto& id : ids) {
+    auto r = (*c)->Call(verb, SbPath(id) + suffix);
+    if (!r.ok()) return Fail(r.status());
+    if (r->status == 404 && missing_ok) continue;
+    if (r->status < 200 || r->status >= 300) {
+      rc = Fail(ApiError(r->status, r->body));
+      continue;
+    }
+    if (g.json) {
+      auto j = protocol::ParseJson(r->body);
+      out.push_back(j.ok() && !r->body.empty() ? *j : Json{{"id", id}});
+    } else {
+      std::cout << id << "\n";
+    }
+  }
+  if (g.json) PrintJson(out);
+  return rc;
+}
+
+int RemoveJob(const GlobalOptions& g, const std::string& job) {
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  auto r = (*c)->CallJson(Verb::delete_, "/v1/jobs/" + UrlEncode(job, false));
+  if (!r.ok()) return Fail(r.status());
+  if (g.json)
+    PrintJson(*r);
+  else
+    std::cout << "deleted " << r->value("affected", 0) << " sandboxes of job " << job << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int MaybeRunThroughEdge(const GlobalOptions& g, const RunThroughEdge& o) {
+  if (g.local) return -1;
+  auto ep = ResolveEndpoint(g.url, g.token);
+  if (!ep.ok()) return Fail(ep.status(), kExecFail);
+  EdgeClient c(*ep);
+  if (!ep->configured && !c.Reachable()) return -1;  // no edge here: run locally
+  Json body = {{"image", o.image},
+               {"cpu", o.cpu},
+               {"memory_mb", o.memory_mb},
+               {"pids", o.pids},
+               {"disk_mb", o.disk_mb},
+               {"user", o.user},
+               {"workdir", o.workdir},
+               {"ttl_s", std::max<int64_t>(3600, static_cast<int64_t>(o.timeout_s) + 600)},
+               {"labels", {{"dsec-run", "1"}}}};
+  Json env;
+  if (Status s = ParseKeyValues(o.env, "--env", &env); !s.ok()) return Fail(s, kExecFail);
+  if (!env.empty()) body["env"] = env;
+  auto r = c.CallJson(Verb::post, "/v1/sandboxes", &body);
+  if (!r.ok()) return Fail(r.status(), kExecFail);
+  std::string id = r->value("id", "");
+  auto del = MakeScopeGuard([&] {
+    auto d = c.Call(Verb::delete_, SbPath(id));
+    if (!d.ok() || (d->status != 204 && d->status != 404))
+      std::cerr << "dsec: cleanup: could not delete " << id << "\n";
+  });
+  AttachOptions a;
+  a.cmd = o.cmd;
+  a.tty = o.tty == "always" || (o.tty == "auto" && StdioIsTerminal());
+  a.timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
+  auto res = AttachAndRun(c, id, a);
+  if (!res.ok()) return Fail(res.status(), kExecFail);
+  return ExitCodeForResult(*res, o.timeout_s);
+}
+
+void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
+  auto co = std::make_shared<CreateOpts>();
+  CLI::App* create = app.add_subcommand("create", "Create a sandbox on the edge; prints its id");
+  AddCreateFlags(create, co.get());
+  create->add_option("--count", co->count, "Create this many alike (1-256)");
+  create->callback([co, &g, exit_code] { *exit_code = Create(g, *co); });
+
+  auto ls_labels = std::make_shared<std::vector<std::string>>();
+  auto ls_state = std::make_shared<std::string>();
+  CLI::App* ls = app.add_subcommand("ls", "List sandboxes");
+  ls->add_option("--label", *ls_labels, "KEY=VALUE filter (repeatable, ANDed)")
+      ->expected(1)
+      ->take_all();
+  ls->add_option("--state", *ls_state, "creating|running|paused|failed");
+  ls->callback([=, &g] { *exit_code = List(g, *ls_labels, *ls_state); });
+
+  auto get_id = std::make_shared<std::string>();
+  auto get_stats = std::make_shared<bool>(false);
+  CLI::App* get = app.add_subcommand("get", "Show one sandbox");
+  get->add_option("id", *get_id, "Sandbox id")->required();
+  get->add_flag("--stats", *get_stats, "Also show resource usage");
+  get->callback([=, &g] { *exit_code = Get(g, *get_id, *get_stats); });
+
+  auto eo = std::make_shared<ExecOpts>();
+  CLI::App* ex = app.add_subcommand("exec", "Run a command in a sandbox: dsec exec ID -- CMD...");
+  ex->add_option("id", eo->id, "Sandbox id")->required();
+  ex->add_flag("-i,--interactive", eo->interactive, "Stream stdin to the command");
+  ex->add_flag("-t,--tty", eo->tty, "Run on a pseudo-terminal");
+  ex->add_option("--env", eo->env, "KEY=VALUE (repeatable)")->expected(1)->take_all();
+  ex->add_option("--cwd", eo->cwd, "Working directory");
+  ex->add_option("--user", eo->user, "User to run as");
+  ex->add_option("--timeout", eo->timeout_s, "Kill the command after this many seconds");
+  ex->add_option("cmd", eo->cmd, "Command (after --)");
+  ex->callback([eo, &g, exit_code] {
+    ExecOpts o = *eo;
+    if (g.has_command) {
+      if (!o.cmd.empty()) {
+        *exit_code =
+            Fail(InvalidArgument("unexpected argument \"" + o.cmd[0] + "\" before --"), kExecFail);
+        return;
+      }
+      o.cmd = g.command;
+    }
+    *exit_code = Exec(g, o);
+  });
+
+  auto sh_id = std::make_shared<std::string>();
+  auto sh_user = std::make_shared<std::string>();
+  auto sh_session = std::make_shared<std::string>();
+  CLI::App* sh = app.add_subcommand(
+      "shell",
+      "Interactive shell in a sandbox (on a terminal); else run stdin's lines in one "
+      "persistent shell session");
+  sh->add_option("id", *sh_id, "Sandbox id")->required();
+  sh->add_option("--user", *sh_user, "User to run as");
+  sh->add_option("--session", *sh_session, "Use this existing shell session (from the API)");
+  sh->callback([=, &g] { *exit_code = Shell(g, *sh_id, *sh_user, *sh_session); });
+
+  auto cp_src = std::make_shared<std::string>();
+  auto cp_dst = std::make_shared<std::string>();
+  CLI::App* cp = app.add_subcommand(
+      "cp", "Copy files or directories: dsec cp PATH ID:/path, dsec cp ID:/path PATH");
+  cp->add_option("src", *cp_src, "Source")->required();
+  cp->add_option("dst", *cp_dst, "Destination")->required();
+  cp->callback([=, &g] { *exit_code = Copy(g, *cp_src, *cp_dst); });
+
+  auto pause_ids = std::make_shared<std::vector<std::string>>();
+  CLI::App* pause = app.add_subcommand("pause", "Freeze sandboxes (they keep their memory)");
+  pause->add_option("ids", *pause_ids, "Sandbox ids")->required();
+  pause->callback([=, &g] { *exit_code = ForEach(g, *pause_ids, Verb::post, "/pause", false); });
+
+  auto resume_ids = std::make_shared<std::vector<std::string>>();
+  CLI::App* resume = app.add_subcommand("resume", "Thaw paused sandboxes");
+  resume->add_option("ids", *resume_ids, "Sandbox ids")->required();
+  resume->callback([=, &g] { *exit_code = ForEach(g, *resume_ids, Verb::post, "/resume", false); });
+
+  auto rm_ids = std::make_shared<std::vector<std::string>>();
+  auto rm_job = std::make_shared<std::string>();
+  auto rm_force = std::make_shared<bool>(false);
+  CLI::App* rm = app.add_subcommand("rm", "Delete sandboxes (or every sandbox of --job)");
+  rm->add_option("ids", *rm_ids, "Sandbox ids");
+  rm->add_option("--job", *rm_job, "Delete the sandboxes labelled job=JOB");
+  rm->add_flag("-f,--force", *rm_force, "No error for ids that do not exist");
+  rm->callback([=, &g] {
+    if (!rm_job->empty()) {
+      *exit_code = rm_ids->empty() ? RemoveJob(g, *rm_job)
+                                   : Fail(InvalidArgument("rm: give ids or --job, not both"));
+      return;
+    }
+    if (rm_ids->empty()) {
+      *exit_code = Fail(InvalidArgument("rm: which sandboxes? give ids or --job"));
+      return;
+    }
+    *exit_code = ForEach(g, *rm_ids, Verb::delete_, "", *rm_force);
+  });
+}
+
+}  // namespace dsec::cli
