@@ -66,11 +66,20 @@ Status ContainerBackend::Init() {
   sandboxes_dir_ = JoinPath(opts_.state_dir, "sandboxes");
   DSEC_RETURN_IF_ERROR(MakeDirs(sandboxes_dir_, 0700));
 
-  // Sandboxes inherit our hard limits and cannot raise them; give them room.
+  // Every live sandbox holds several of our fds (cgroup, owner lock, pidfd, netns, agent
+  // socket), so the usual soft limit of 1024 would cap a node at ~100 sandboxes: raise it to
+  // the hard limit, which is raised first (sandboxes set their own limits; see credentials).
   rlimit nofile{};
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_max < (1u << 20)) {
-    nofile.rlim_max = 1u << 20;
-    (void)setrlimit(RLIMIT_NOFILE, &nofile);
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    if (nofile.rlim_max < (1u << 20)) {
+      rlimit raised = nofile;
+      raised.rlim_max = 1u << 20;
+      if (setrlimit(RLIMIT_NOFILE, &raised) == 0) nofile = raised;
+    }
+    if (nofile.rlim_cur < nofile.rlim_max) {
+      nofile.rlim_cur = nofile.rlim_max;
+      (void)setrlimit(RLIMIT_NOFILE, &nofile);
+    }
   }
 
   features_ = isolation::KernelFeatures::Detect(opts_.features);
