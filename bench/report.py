@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Turns bench/run's JSON lines into bench/RESULTS.md: medians over rounds per system and
-concurrency, with ratios to DSec."""
+concurrency, with ratios to DSec (lifecycle_bench), the API benchmark (api_bench.py, medians
+over rounds) and the idle density run (density_bench.py)."""
 import collections
 import datetime
 import json
@@ -12,10 +13,14 @@ import sys
 
 raw, commit = sys.argv[1], sys.argv[2]
 rows = collections.defaultdict(list)
+density = []
 for line in open(raw):
     if line.startswith("JSON "):
         r = json.loads(line[5:])
-        rows[(r["workload"], r["system"], r["concurrency"])].append(r)
+        if r["workload"] == "density":
+            density.append(r)
+        else:
+            rows[(r["workload"], r["system"], r["concurrency"])].append(r)
 
 
 def med(key, k):
@@ -38,11 +43,13 @@ print(f"- machine: {os.cpu_count()} vCPU {cpu_model()}, {mem_gib:.0f} GiB RAM, k
 print(f"- commit: {commit}; {rounds} interleaved rounds, medians shown")
 print("- workload: create a sandbox -> run /bin/true in it -> destroy it. DSec is timed in-process"
       " through the container backend (no CLI start); peers are timed per command via posix_spawn.\n")
-print("## Lifecycle: create -> exec `true` -> destroy\n")
-print("| system | workers | p50 ms | p99 ms | cycles/s | DSec rate / this |")
-print("|---|---:|---:|---:|---:|---:|")
+life_rows = sorted(k for k in rows if k[0] == "lifecycle")
+if life_rows:
+    print("## Lifecycle: create -> exec `true` -> destroy\n")
+    print("| system | workers | p50 ms | p99 ms | cycles/s | DSec rate / this |")
+    print("|---|---:|---:|---:|---:|---:|")
 systems = ["dsec", "bwrap", "crun", "fork+exec"]
-for c in sorted({k[2] for k in rows}):
+for c in sorted({k[2] for k in life_rows}):
     dsec_key = ("lifecycle", "dsec", c)
     for s in systems:
         key = ("lifecycle", s, c)
@@ -58,7 +65,56 @@ if exec_rows:
     print("|---:|---:|---:|---:|")
     for k in exec_rows:
         print(f"| {k[2]} | {med(k, 'p50'):.2f} | {med(k, 'p99'):.2f} | {med(k, 'rate'):.0f} |")
-print("""
+api_rows = sorted((k for k in rows if k[0] == "api"), key=lambda k: k[2])
+if api_rows:
+    print("\n## Through the API: create -> exec `true` -> delete via dsec-edge\n")
+    print("Python SDK (AsyncDSecClient, keep-alive) over loopback TCP with a token, N clients each"
+          " running cycles back to back; the create call returns when the sandbox runs"
+          " (bench/api_bench.py). Medians over rounds.\n")
+    print("| clients | p50 ms | p90 ms | p99 ms | cycles/s | create p50/p99 | exec p50/p99"
+          " | delete p50/p99 | client CPU |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for k in api_rows:
+        def pair(op):
+            return f"{med(k, op + '_p50'):.1f} / {med(k, op + '_p99'):.1f}"
+        print(f"| {k[2]} | {med(k, 'p50'):.1f} | {med(k, 'p90'):.1f} | {med(k, 'p99'):.1f} |"
+              f" {med(k, 'rate'):.0f} | {pair('create')} | {pair('exec')} | {pair('delete')} |"
+              f" {med(k, 'client_cpu') * 100:.0f}% |")
+for d in density[-1:]:
+    n = d.get("reached", 0)
+    print(f"\n## Idle density: {n:,} idle sandboxes on one edge\n")
+    print(f"Sandboxes with memory_mb={d['memory_mb']}, disk_mb={d['disk_mb']}, created with"
+          f" `count` in batches of {d['batch']} ({d['parallel']} in flight), left idle"
+          " (bench/density_bench.py).\n")
+    print("| measure | value |")
+    print("|---|---:|")
+    fill = f"{n:,} of {d['target']:,} in {d['fill_s']} s ({d['create_rate']}/s)"
+    print(f"| created | {fill} |")
+    if "failure" in d:
+        print(f"| stopped by | {d['failure']} |")
+    if "edge_rss_mb" in d:
+        print(f"| edge RSS | {d['edge_rss_base_mb']} MB -> {d['edge_rss_mb']} MB |")
+        print(f"| edge memory per sandbox (RSS delta / n) | {d['edge_kb_per_sb']:.0f} kB |")
+        print(f"| host memory per sandbox (MemTotal - MemAvailable delta / n) |"
+              f" {d['host_kb_per_sb']:.0f} kB |")
+        k = d["kernel_kb_per_sb"]
+        print(f"| of which slab / page tables / kernel stacks per sandbox |"
+              f" {k['Slab']:.0f} / {k['PageTables']:.0f} / {k['KernelStack']:.0f} kB |")
+        if d.get("cgroup_kb_per_sb") is not None:
+            print(f"| charged to the sandboxes' memory cgroup, per sandbox |"
+                  f" {d['cgroup_kb_per_sb']:.0f} kB |")
+        print(f"| edge fds / threads | {d['edge_fds']:,} / {d['edge_threads']} |")
+    if "exec_p50" in d:
+        print(f"| exec `true` in a random idle sandbox, p50 / p99 ({d['exec_samples']} samples,"
+              f" {d['exec_concurrency']} at a time) | {d['exec_p50']:.1f} / {d['exec_p99']:.1f}"
+              " ms |")
+    if "deleted" in d:
+        print(f"| delete all (`DELETE /v1/jobs/{{job}}`) | {d['deleted']:,} in {d['delete_s']} s |")
+    if "cleanup" in d:
+        print(f"| left on the host after SIGTERM | "
+              f"{'nothing' if not d['cleanup'] else '; '.join(d['cleanup'])} |")
+if life_rows:
+    print("""
 What each does per cycle:
 - **dsec**: cgroups (memory+disk, pids, cpu quota) in every v1 hierarchy plus cgroup2
   tracking, user namespace with an idmapped host root, new mount/pid/uts/ipc/cgroup namespaces
