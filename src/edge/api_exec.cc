@@ -2,6 +2,7 @@
 // and the WebSocket attach. None of them holds a worker thread while a command runs: output
 // and the exit arrive through ExecObserver callbacks on the backend's I/O threads.
 // Every exec is written to the audit log when it starts and when it ends.
+#include <algorithm>
 #include <boost/asio/steady_timer.hpp>
 #include <csignal>
 
@@ -473,6 +474,28 @@ void SignalAll(const std::shared_ptr<Ctx>& c) {
 
 // --- shells --------------------------------------------------------------------------------
 
+// The API's shell ids are "sh-<...>" (api-ext, openapi ShellId); the agent numbers its shells
+// "sh<N>". "sh<N>" <-> "sh-<N>"; any other backend id X <-> "sh-X".
+bool AllDigits(std::string_view s) {
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+std::string ApiShellId(const std::string& id) {
+  if (id.starts_with("sh") && AllDigits(std::string_view(id).substr(2)))
+    return "sh-" + id.substr(2);
+  return "sh-" + id;
+}
+
+// The backend id for an API shell id; NotFound for anything not shaped like one of ours.
+StatusOr<std::string> BackendShellId(const std::string& api_id) {
+  DSEC_RETURN_IF_ERROR(ValidateId("shell id", api_id));
+  if (!api_id.starts_with("sh-") || api_id.size() == 3)
+    return NotFound("shell " + api_id + " not found");
+  std::string rest = api_id.substr(3);
+  return AllDigits(rest) ? "sh" + rest : rest;
+}
+
 void OpenShell(const std::shared_ptr<Ctx>& c) {
   auto run = [&]() -> StatusOr<std::string> {
     DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
@@ -481,7 +504,8 @@ void OpenShell(const std::shared_ptr<Ctx>& c) {
     (void)rid;
     DSEC_RETURN_IF_ERROR(b.Finish());
     DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
-    return sb->OpenShell(user.value_or(""));
+    DSEC_ASSIGN_OR_RETURN(std::string id, sb->OpenShell(user.value_or("")));
+    return ApiShellId(id);
   };
   auto id = run();
   if (!id.ok()) return c->Fail(id.status());
@@ -491,7 +515,9 @@ void OpenShell(const std::shared_ptr<Ctx>& c) {
 void ListShells(const std::shared_ptr<Ctx>& c) {
   auto sb = c->Sandbox();
   if (!sb.ok()) return c->Fail(sb.status());
-  c->Reply(200, {{"shells", (*sb)->ListShells()}});
+  Json ids = Json::array();
+  for (const auto& id : (*sb)->ListShells()) ids.push_back(ApiShellId(id));
+  c->Reply(200, {{"shells", ids}});
 }
 
 void RunShell(const std::shared_ptr<Ctx>& c) {
@@ -502,8 +528,9 @@ void RunShell(const std::shared_ptr<Ctx>& c) {
     uint64_t max_output;
     bool base64;
   };
+  std::string shell_id;
   auto parse = [&]() -> StatusOr<Req> {
-    DSEC_RETURN_IF_ERROR(ValidateId("shell id", c->params["sid"]));
+    DSEC_ASSIGN_OR_RETURN(shell_id, BackendShellId(c->params["sid"]));
     DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
     DSEC_ASSIGN_OR_RETURN(auto cmd, b.String("command", 1 << 20));
     DSEC_ASSIGN_OR_RETURN(auto timeout, b.Int("timeout_ms", 0, kMaxTimeoutMs));
@@ -534,7 +561,7 @@ void RunShell(const std::shared_ptr<Ctx>& c) {
         c->Reply(200, *res);
       },
       audit, e);
-  auto h = (*sb)->RunInShell(c->params["sid"], r->command, r->timeout_ms, r->max_output, obs);
+  auto h = (*sb)->RunInShell(shell_id, r->command, r->timeout_ms, r->max_output, obs);
   if (!h.ok()) {
     e->active_execs--;
     audit.End(h.status());
@@ -543,10 +570,13 @@ void RunShell(const std::shared_ptr<Ctx>& c) {
 }
 
 void CloseShell(const std::shared_ptr<Ctx>& c) {
-  Status s = ValidateId("shell id", c->params["sid"]);
+  auto shell_id = BackendShellId(c->params["sid"]);
+  Status s = shell_id.status();
+  if (s.code() == StatusCode::kNotFound) s = OkStatus();  // 404 after the sandbox check
   auto sb = c->Sandbox();
   if (s.ok()) s = sb.status();
-  if (s.ok()) s = (*sb)->CloseShell(c->params["sid"]);
+  if (s.ok()) s = shell_id.status();
+  if (s.ok()) s = (*sb)->CloseShell(*shell_id);
   if (!s.ok()) return c->Fail(s);
   c->NoContent();
 }

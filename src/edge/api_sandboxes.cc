@@ -192,10 +192,18 @@ void Stats(const std::shared_ptr<Ctx>& c) {
                  {"exec_count", st->exec_count}});
 }
 
+// Body-less actions still take an optional JSON body, strictly: only "request_id".
+Status CheckActionBody(const std::string& body) {
+  DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
+  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+  (void)rid;
+  return b.Finish();
+}
+
 void PauseOrResume(const std::shared_ptr<Ctx>& c, bool pause) {
   Status s = ValidateId("sandbox id", c->params["id"]);
+  if (s.ok()) s = CheckActionBody(c->req.body);
   if (!s.ok()) return c->Fail(s);
-  if (auto b = JsonBody::Parse(c->req.body); !b.ok()) return c->Fail(b.status());
   auto* m = c->api->deps().manager;
   auto r = pause ? m->Pause(c->params["id"]) : m->Resume(c->params["id"]);
   if (!r.ok()) return c->Fail(r.status());
@@ -207,6 +215,7 @@ void Resume(const std::shared_ptr<Ctx>& c) { PauseOrResume(c, false); }
 void Job(const std::shared_ptr<Ctx>& c, const char* action) {
   const std::string& job = c->params["job"];
   if (job.empty() || job.size() > 256) return c->Fail(400, "bad_request", "bad job name");
+  if (Status s = CheckActionBody(c->req.body); !s.ok()) return c->Fail(s);
   auto n = c->api->deps().manager->JobAction(job, action);
   if (!n.ok()) return c->Fail(n.status());
   c->Reply(200, {{"affected", *n}});
@@ -224,8 +233,7 @@ void Node(const std::shared_ptr<Ctx>& c) {
   j["instance"] = d.instance;
   j["backends"] = Json::array({"container"});
   j["pools"] = Json::array();
-  j["features"] = d.features;
-  j["connections"] = d.connections ? d.connections() : 0;
+  j["features"] = d.features;  // open connections are in /metrics (dsec_http_connections)
   c->Reply(200, j);
 }
 

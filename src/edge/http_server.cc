@@ -187,7 +187,7 @@ class WsSession : public SessionBase, public WebSocketConn {
       ws_.binary(out_.front().second);
       ws_.async_write(asio::buffer(out_.front().first), [self](beast::error_code ec, size_t) {
         self->writing_ = false;
-        self->out_.pop_front();
+        if (!self->out_.empty()) self->out_.pop_front();
         if (ec) return self->Finish();
         self->Pump();
       });
@@ -210,7 +210,12 @@ class WsSession : public SessionBase, public WebSocketConn {
   void Finish() {
     if (finished_) return;
     finished_ = true;
-    out_.clear();
+    // A write in flight still reads out_.front(): its completion drops it.
+    if (writing_ && !out_.empty()) {
+      out_.erase(std::next(out_.begin()), out_.end());
+    } else {
+      out_.clear();
+    }
     if (h_) {
       auto h = std::move(h_);
       h->OnClose();
@@ -485,7 +490,7 @@ class HttpSession : public SessionBase {
       asio::async_write(sock_, http::make_chunk(asio::buffer(chunks_.front())),
                         [self](beast::error_code ec, size_t) {
                           self->writing_ = false;
-                          self->chunks_.pop_front();
+                          if (!self->chunks_.empty()) self->chunks_.pop_front();
                           if (ec) return self->Disconnected();
                           self->PumpStream();
                         });
@@ -526,7 +531,14 @@ class HttpSession : public SessionBase {
     beast::error_code ec;
     sock_.shutdown(asio::socket_base::shutdown_both, ec);
     sock_.close(ec);
-    chunks_.clear();
+    // A chunk write in flight still reads chunks_.front() until its completion (now
+    // cancelled) runs and drops it; freeing it here was a use-after-free and a pop_front
+    // of an empty deque when a client hung up mid-stream.
+    if (writing_ && !chunks_.empty()) {
+      chunks_.erase(std::next(chunks_.begin()), chunks_.end());
+    } else {
+      chunks_.clear();
+    }
     srv_->Unregister(this);
     if (on_disconnect_) {
       auto cb = std::move(on_disconnect_);
