@@ -192,6 +192,9 @@ class ExecOp : public Op {
     if (written && spec_.stdin_stream && agent_->connected())
       agent_->SendJson(FrameType::kEvent, channel_, {{"stdin_ack", written}});
     if (stdin_buf_.empty() && stdin_eof_) {
+      // A terminal has no end of file, only the EOF character (^D) a reader in canonical mode
+      // takes as one; send it once when the caller's input ended (not when none was asked for).
+      if (pty_ && spec_.stdin_stream) (void)!write(stdin_w_.get(), "\x04", 1);
       CloseStdin();
     } else if (stdin_registered_) {
       agent_->loop().Modify(stdin_w_.get(), stdin_buf_.empty() ? 0u : uint32_t{EPOLLOUT},
@@ -229,9 +232,11 @@ class ExecOp : public Op {
 
   void KillTree() {
     if (child_.pid <= 0) return;  // never started: kill(-1) would hit every process
-    if (!child_.cgroup.empty()) {
-      KillCgroup(*agent_, child_.cgroup);
-    } else {
+    if (!child_.cgroup.empty()) KillCgroup(*agent_, child_.cgroup);
+    // Also by pid while it is unreaped (so the pid is still ours): a kill that lands before
+    // the child moved itself into its cgroup finds that cgroup empty. Until it has exec'd it
+    // cannot have forked, so the process (and its group, once it made one) is all there is.
+    if (!child_exited_) {
       kill(-child_.pid, SIGKILL);
       kill(child_.pid, SIGKILL);
     }
@@ -296,6 +301,12 @@ class ExecOp : public Op {
     ws.ws_col = spec_.cols;
     ws.ws_row = spec_.rows;
     ioctl(s, TIOCSWINSZ, &ws);
+    // Input goes to the same master: a second descriptor so stdin has its own epoll entry.
+    int w = fcntl(master.get(), F_DUPFD_CLOEXEC, 0);
+    if (w < 0) return ErrnoError("dup pty master");
+    stdin_w_.Reset(w);
+    stdin_buf_ = std::move(spec_.stdin_data);
+    stdin_eof_ = !spec_.stdin_stream;
     out_ = std::make_unique<OutStream>(this, std::move(master), protocol::kStdout);
     pty_ = true;
     return OkStatus();

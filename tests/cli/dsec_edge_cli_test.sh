@@ -50,6 +50,31 @@ out=$(head -c 1000000 /dev/zero | D exec -i "$id" -- wc -c); check "exec -i larg
 out=$(printf 'cd /tmp\nexport X=42\necho $(pwd)$X\n' | D shell "$id"); check "shell keeps cwd and env" /tmp42 "$out"
 printf 'true\nexit 3\n' | D shell "$id" >/dev/null; check "shell exit code" 3 $?
 
+# On a terminal: an interactive login shell on a pty that takes input (driven through a pty here).
+out=$(python3 - "$DSEC" "$id" <<'PY'
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "shell", sys.argv[2]])
+os.write(fd, b"cd /tmp; echo answer=$((6*7)) $(tty | cut -c1-8) $PWD; exit 3\n")
+buf, deadline = b"", time.time() + 20
+while time.time() < deadline:
+    r, _, _ = select.select([fd], [], [], 0.5)
+    if r:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        buf += data
+_, status = os.waitpid(pid, 0)
+line = [l for l in buf.decode(errors="replace").splitlines() if l.startswith("answer=")]
+print(line[-1].strip() if line else "no answer", os.waitstatus_to_exitcode(status))
+PY
+)
+check "interactive shell on a terminal" "answer=42 /dev/pts /tmp 3" "$out"
+
 mkdir -p "$T/tree/sub" && echo hi >"$T/tree/f" && chmod 750 "$T/tree/f" && ln -s f "$T/tree/link" && chmod 700 "$T/tree/sub"
 D cp "$T/tree" "$id:/workspace/"; check "cp dir up" 0 $?
 out=$(D exec "$id" -- stat -c '%a %U %N' /workspace/tree/f /workspace/tree/link /workspace/tree/sub | tr '\n' ';')

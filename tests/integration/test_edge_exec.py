@@ -232,9 +232,6 @@ def test_background_kill(client, sandbox):
     client.delete(f"/v1/sandboxes/{sandbox}/execs/ex-nope", expect=404)
 
 
-@pytest.mark.xfail(strict=False, reason="src/agent: an exec killed before its child has moved "
-                                        "itself into its cgroup survives (cgroup.kill of an "
-                                        "empty cgroup; KillTree should also kill the pid)")
 def test_kill_right_after_start(client, sandbox):
     survivors = []
     for _ in range(25):
@@ -436,8 +433,6 @@ def test_attach_tty(edge, sandbox):
     assert result["exit_code"] == 3
 
 
-@pytest.mark.xfail(strict=True, reason="src/agent/exec.cc: a tty exec gets no stdin (OpenPty "
-                                       "never sets stdin_w_, OnData drops the frames)")
 def test_attach_tty_stdin(edge, sandbox):
     status, _, ws = attach(edge, sandbox, "cmd=/bin/sh&tty=1")
     assert status == 101
