@@ -4,6 +4,7 @@
 // Every exec is written to the audit log when it starts and when it ends.
 #include <algorithm>
 #include <boost/asio/steady_timer.hpp>
+#include <cmath>
 #include <csignal>
 
 #include "base/base64.h"
@@ -121,7 +122,7 @@ Json ResultJson(const ExecResult& r, bool base64) {
           {"stderr_truncated", r.stderr_truncated},
           {"timed_out", r.timed_out},
           {"oom_killed", r.oom_killed},
-          {"duration_ms", r.duration_ms},
+          {"duration_ms", std::round(r.duration_ms * 1000.0) / 1000.0},  // to the microsecond
           {"stdout_bytes", r.stdout_bytes},
           {"stderr_bytes", r.stderr_bytes},
           {"encoding", base64 ? "base64" : "utf-8"}};

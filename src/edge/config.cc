@@ -93,7 +93,7 @@ Status SetField(const std::string& key, const nlohmann::json& v, Field f) {
 
 std::string Num(double v) {
   char b[32];
-  snprintf(b, sizeof b, "%g", v);
+  snprintf(b, sizeof b, "%.10g", v);
   return b;
 }
 

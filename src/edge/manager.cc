@@ -314,6 +314,10 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
     e->deleted_ = true;
     e->cv_.notify_all();
     DSEC_LOG_WARN("create failed: sandbox={} error={}", e->id, sb.status().ToString());
+    // The host ran out of something (fds, memory, disk): not the caller's fault, and worth
+    // retrying later or elsewhere, so 503 with Retry-After rather than 422.
+    if (sb.status().code() == StatusCode::kResourceExhausted)
+      return Unavailable("node is out of resources: " + sb.status().message());
     return sb.status();
   }
   metrics_->ObserveCreate(sw.ElapsedMs() / 1000.0);
