@@ -197,6 +197,10 @@ void SetCommonFields(const Endpoint& ep, Req& req) {
   req.keep_alive(true);
 }
 
+// Only requests that are safe to repeat are retried on a connection the server closed: a POST
+// that did reach a dying edge must not run twice.
+bool Repeatable(Verb v) { return v == Verb::get || v == Verb::head || v == Verb::delete_; }
+
 bool StaleConnection(const beast::error_code& ec) {
   return ec == http::error::end_of_stream || ec == asio::error::connection_reset ||
          ec == asio::error::broken_pipe || ec == asio::error::eof;
@@ -224,7 +228,7 @@ StatusOr<EdgeClient::Response> EdgeClient::Call(Verb verb, const std::string& ta
     if (ec) {
       Disconnect();
       // A keep-alive connection the server closed while idle: nothing reached it; retry once.
-      if (was_reused && attempt == 0 && StaleConnection(ec)) continue;
+      if (was_reused && attempt == 0 && StaleConnection(ec) && Repeatable(verb)) continue;
       return NetError(ep_, ec, "request to");
     }
     reused_ = true;
@@ -262,7 +266,7 @@ Status EdgeClient::Download(Verb verb, const std::string& target, std::string bo
     if (!ec) http::read_header(*sock_, buf_, p, ec);
     if (ec) {
       Disconnect();
-      if (was_reused && attempt == 0 && StaleConnection(ec)) continue;
+      if (was_reused && attempt == 0 && StaleConnection(ec) && Repeatable(verb)) continue;
       return NetError(ep_, ec, "request to");
     }
     unsigned status = p.get().result_int();

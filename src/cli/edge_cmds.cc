@@ -11,6 +11,7 @@
 #include "agent/tar.h"
 #include "base/base64.h"
 #include "base/file_util.h"
+#include "base/ids.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "base/unique_fd.h"
@@ -344,7 +345,7 @@ int Shell(const GlobalOptions& g, const std::string& id, const std::string& user
     a.user = user;
     auto r = AttachAndRun(**c, id, a);
     if (!r.ok()) return Fail(r.status());
-    return r->value("exit_code", 0);
+    return ExitCodeForResult(*r, 0);
   }
   std::string sid = session;
   bool own = sid.empty();
@@ -477,9 +478,10 @@ Status Download(EdgeClient& c, const Loc& src, std::string dst) {
   }
   if (st->value("type", "") != "file")
     return InvalidArgument("cp: " + src.path + " is not a regular file or directory");
-  std::string tmp = dst + ".dsec-cp-" + std::to_string(getpid());
-  UniqueFd fd(
-      open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, st->value("mode", 0644) & 0777));
+  // A fresh name beside the destination (O_EXCL | O_NOFOLLOW: nothing planted there is
+  // followed or reused), renamed over it once complete.
+  std::string tmp = dst + ".dsec-cp-" + RandomHex(8);
+  UniqueFd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd) return ErrnoError("cp: " + tmp);
   auto rm = MakeScopeGuard([&] { unlink(tmp.c_str()); });
   DSEC_RETURN_IF_ERROR(c.Download(

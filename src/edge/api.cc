@@ -347,6 +347,8 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
                                        scoped, hash, d_.cfg.idempotency_max_body_bytes);
   }
   RouteFn fn = route->fn;
+  // Health answers on the IO thread: it must stay truthful while every worker is busy.
+  if (ctx->req.method == "GET" && ctx->req.path == "/v1/health") return fn(ctx);
   boost::asio::post(*d_.workers, [ctx, fn] {
     try {
       fn(ctx);

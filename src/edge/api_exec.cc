@@ -344,6 +344,8 @@ void Exec(const std::shared_ptr<Ctx>& c) {
             std::lock_guard<std::mutex> l(bg->mu);
             bg->done = true;
             bg->result = r.ok() ? *r : ErrorJson(r.status());
+            if (r.ok())
+              bg->result_bytes = r->value("stdout", "").size() + r->value("stderr", "").size();
             bg->handle.reset();
             ws.swap(bg->waiters);
           }
@@ -598,9 +600,10 @@ class AttachSession : public WebSocketHandler,
   void OnOpen(std::shared_ptr<WebSocketConn> conn) override {
     std::lock_guard<std::mutex> l(mu_);
     conn_ = conn;
+    opened_ = true;
     auto h = sb_->StartExec(req_, shared_from_this());
     if (!h.ok()) {
-      entry_->active_execs--;
+      ReleaseSlot();
       audit_.End(h.status());
       conn->Send(ErrorJson(h.status()).dump(), false);
       conn->Close();
@@ -642,6 +645,15 @@ class AttachSession : public WebSocketHandler,
       conn_.reset();
     }
     if (h && !exited_) h->Kill();  // the client went away: so does its command
+    bool opened;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      opened = opened_;
+    }
+    if (!opened && ReleaseSlot()) {
+      // The upgrade failed (or the client left first): nothing ran, but the slot was taken.
+      audit_.End(Unavailable("the WebSocket upgrade did not complete"));
+    }
   }
   void OnOutput(uint8_t stream, std::string_view data) override {
     auto conn = Conn();
@@ -655,7 +667,7 @@ class AttachSession : public WebSocketHandler,
   void OnExit(const StatusOr<ExecResult>& r) override {
     exited_ = true;
     audit_.End(r);
-    entry_->active_execs--;
+    ReleaseSlot();
     entry_->Touch();
     auto conn = Conn();
     {
@@ -673,6 +685,12 @@ class AttachSession : public WebSocketHandler,
     std::lock_guard<std::mutex> l(mu_);
     return conn_;
   }
+  // Gives the exec slot back exactly once; true for the call that did.
+  bool ReleaseSlot() {
+    if (slot_released_.exchange(true)) return false;
+    entry_->active_execs--;
+    return true;
+  }
   void Abort(const Status& s) {
     if (auto conn = Conn()) {
       conn->Send(ErrorJson(s).dump(), false);
@@ -687,6 +705,8 @@ class AttachSession : public WebSocketHandler,
   std::shared_ptr<WebSocketConn> conn_;
   std::shared_ptr<ExecHandle> handle_;
   std::atomic<bool> exited_{false};
+  std::atomic<bool> slot_released_{false};
+  bool opened_ = false;  // OnOpen ran (guarded by mu_)
 };
 
 void Attach(const std::shared_ptr<Ctx>& c) {

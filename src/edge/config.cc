@@ -49,6 +49,7 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"idempotency_max_records", &c->idempotency_max_records},
       {"idempotency_max_age_s", &c->idempotency_max_age_s},
       {"idempotency_max_body_bytes", &c->idempotency_max_body_bytes},
+      {"idempotency_max_total_bytes", &c->idempotency_max_total_bytes},
       {"audit_log", &c->audit_log},
       {"audit_max_bytes", &c->audit_max_bytes},
       {"audit_keep", &c->audit_keep},

@@ -54,6 +54,7 @@ struct EdgeConfig {
   int64_t idempotency_max_records = 100000;
   int64_t idempotency_max_age_s = 86400;
   uint64_t idempotency_max_body_bytes = 8 << 20;
+  uint64_t idempotency_max_total_bytes = 1ull << 30;  // all recorded bodies together
 
   // Exec audit log (outside every sandbox).
   std::string audit_log;  // default <state_dir>/audit/exec.log

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,7 +125,7 @@ int RunEdge(EdgeConfig cfg) {
   DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
 
   Idempotency idem(store->get(), cfg.idempotency_max_records, cfg.idempotency_max_age_s,
-                   cfg.idempotency_max_body_bytes);
+                   cfg.idempotency_max_body_bytes, cfg.idempotency_max_total_bytes);
   boost::asio::thread_pool workers(static_cast<size_t>(cfg.worker_threads));
   boost::asio::io_context timers;
   auto timers_work = boost::asio::make_work_guard(timers);
@@ -153,6 +154,15 @@ int RunEdge(EdgeConfig cfg) {
   ho.unix_path = cfg.socket;
   ho.max_header_bytes = cfg.max_header_bytes;
   ho.max_connections = cfg.max_connections;
+  // Connections must leave most descriptors to the sandboxes (several each) and the agents.
+  if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    int64_t cap = std::max<int64_t>(64, static_cast<int64_t>(nofile.rlim_cur / 4));
+    if (ho.max_connections > cap) {
+      DSEC_LOG_INFO("max_connections {} -> {} (a quarter of RLIMIT_NOFILE {})", ho.max_connections,
+                    cap, nofile.rlim_cur);
+      ho.max_connections = static_cast<int>(cap);
+    }
+  }
   ho.idle_timeout_s = cfg.idle_timeout_s;
   ho.io_threads = cfg.io_threads;
   if (!cfg.socket.empty()) {

@@ -33,6 +33,10 @@ using unix_proto = asio::local::stream_protocol;
 namespace {
 constexpr int kBodyTimeoutS = 600;
 constexpr int kAcceptRetryMs = 100;
+constexpr int kFirstRequestTimeoutS = 15;
+// Output queued for one slow client (a streamed exec or an attach) beyond this drops the client
+// (which kills its command): the code in the sandbox must not be able to grow our memory.
+constexpr size_t kMaxQueuedOutput = 32 << 20;
 }  // namespace
 
 HttpResponse JsonError(int status, std::string_view code, std::string_view message) {
@@ -150,7 +154,9 @@ class WsSession : public SessionBase, public WebSocketConn {
     auto self = Self();
     asio::post(ws_.get_executor(), [self, d = std::move(data), binary]() mutable {
       if (self->finished_) return;
+      self->queued_ += d.size();
       self->out_.emplace_back(std::move(d), binary);
+      if (self->queued_ > kMaxQueuedOutput) return self->Abort();  // a reader this slow
       self->Pump();
     });
   }
@@ -187,7 +193,10 @@ class WsSession : public SessionBase, public WebSocketConn {
       ws_.binary(out_.front().second);
       ws_.async_write(asio::buffer(out_.front().first), [self](beast::error_code ec, size_t) {
         self->writing_ = false;
-        if (!self->out_.empty()) self->out_.pop_front();
+        if (!self->out_.empty()) {
+          self->queued_ -= self->out_.front().first.size();
+          self->out_.pop_front();
+        }
         if (ec) return self->Finish();
         self->Pump();
       });
@@ -229,6 +238,7 @@ class WsSession : public SessionBase, public WebSocketConn {
   http::request<http::string_body> req_;
   beast::flat_buffer rbuf_;
   std::deque<std::pair<std::string, bool>> out_;
+  size_t queued_ = 0;  // bytes in out_
   bool writing_ = false, open_ = false, close_requested_ = false, close_sent_ = false;
   bool finished_ = false;
 };
@@ -251,6 +261,13 @@ class HttpSession : public SessionBase {
 
   void Start() {
     srv_->Register(shared_from_this());
+    if (over_limit_) {
+      // Refuse at once: waiting for its headers would let a flood of idle connections hold
+      // our descriptors for the whole read timeout.
+      HttpResponse r = JsonError(503, "unavailable", "too many connections");
+      r.headers.emplace_back("Retry-After", "1");
+      return Reject(std::move(r));
+    }
     DoRead();
   }
 
@@ -286,7 +303,9 @@ class HttpSession : public SessionBase {
   }
   void DoWrite(uint64_t seq, std::string chunk) {
     if (seq != seq_ || phase_ != Phase::kStreaming || closed_ || chunk.empty()) return;
+    queued_ += chunk.size();
     chunks_.push_back(std::move(chunk));
+    if (queued_ > kMaxQueuedOutput) return Disconnected();  // a reader this slow is gone
     PumpStream();
   }
   void DoEnd(uint64_t seq, std::string last) {
@@ -297,7 +316,10 @@ class HttpSession : public SessionBase {
       return WriteResponse(std::move(r));
     }
     if (phase_ != Phase::kStreaming) return;
-    if (!last.empty()) chunks_.push_back(std::move(last));
+    if (!last.empty()) {
+      queued_ += last.size();
+      chunks_.push_back(std::move(last));
+    }
     end_requested_ = true;
     PumpStream();
   }
@@ -357,7 +379,10 @@ class HttpSession : public SessionBase {
     // against it before any body byte is read.
     parser_->body_limit((std::numeric_limits<uint64_t>::max)());
     raw_req_.reset();
-    ArmTimer(srv_->opts.idle_timeout_s);
+    // A new connection must send its first request promptly (slow-header floods); between
+    // keep-alive requests the longer idle timeout applies.
+    ArmTimer(requests_ == 0 ? std::min(srv_->opts.idle_timeout_s, kFirstRequestTimeoutS)
+                            : srv_->opts.idle_timeout_s);
     auto self = Self();
     http::async_read_header(sock_, buf_, *parser_,
                             [self](beast::error_code ec, size_t) { self->OnHeader(ec); });
@@ -376,6 +401,7 @@ class HttpSession : public SessionBase {
         ec == asio::error::operation_aborted || ec == asio::error::connection_reset)
       return Shutdown();
     if (ec) return Reject(JsonError(400, "bad_request", "malformed HTTP request: " + ec.message()));
+    ++requests_;
     auto& h = parser_->get();
     HttpRequest req;
     req.method = std::string(h.method_string());
@@ -409,11 +435,6 @@ class HttpSession : public SessionBase {
       }
     }
     req.websocket_upgrade = websocket::is_upgrade(h);
-    if (over_limit_) {
-      HttpResponse r = JsonError(503, "unavailable", "too many connections");
-      r.headers.emplace_back("Retry-After", "1");
-      return Reject(std::move(r));
-    }
     Preflight pf = srv_->preflight(req);
     if (!pf.ok) return Reject(std::move(pf.error));
     req.principal = std::move(pf.principal);
@@ -490,7 +511,10 @@ class HttpSession : public SessionBase {
       asio::async_write(sock_, http::make_chunk(asio::buffer(chunks_.front())),
                         [self](beast::error_code ec, size_t) {
                           self->writing_ = false;
-                          if (!self->chunks_.empty()) self->chunks_.pop_front();
+                          if (!self->chunks_.empty()) {
+                            self->queued_ -= self->chunks_.front().size();
+                            self->chunks_.pop_front();
+                          }
                           if (ec) return self->Disconnected();
                           self->PumpStream();
                         });
@@ -555,6 +579,7 @@ class HttpSession : public SessionBase {
   uid_t peer_uid_;
   std::string remote_;
   bool over_limit_;
+  uint64_t requests_ = 0;  // request headers read on this connection
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::optional<http::request<http::string_body>> raw_req_;
@@ -566,6 +591,7 @@ class HttpSession : public SessionBase {
   std::unique_ptr<http::response<http::empty_body>> stream_res_;
   std::unique_ptr<http::response_serializer<http::empty_body>> stream_sr_;
   std::deque<std::string> chunks_;
+  size_t queued_ = 0;  // bytes in chunks_
   bool writing_ = false, end_requested_ = false, watching_ = false;
   std::function<void()> on_disconnect_;
 };

@@ -6,8 +6,12 @@
 namespace dsec::edge {
 
 Idempotency::Idempotency(StateStore* store, int64_t max_records, int64_t max_age_s,
-                         uint64_t max_body)
-    : store_(store), max_records_(max_records), max_age_s_(max_age_s), max_body_(max_body) {}
+                         uint64_t max_body, uint64_t max_total)
+    : store_(store),
+      max_records_(max_records),
+      max_age_s_(max_age_s),
+      max_body_(max_body),
+      max_total_(max_total) {}
 
 std::string Idempotency::Hash(std::string_view data) {
   uint64_t h = 1469598103934665603ull;
@@ -86,6 +90,8 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
     }
     if (Status st = store_->PutResponse(key, s); !st.ok())
       DSEC_LOG_ERROR("idempotency record failed: error={}", st.ToString());
+    // Big responses in a burst must not wait for the periodic prune to be bounded.
+    if (since_prune_ += s.body.size(); since_prune_ > max_total_ / 8) Prune();
   }
   std::vector<std::function<void(HttpResponse)>> waiters;
   {
@@ -104,7 +110,8 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
 }
 
 void Idempotency::Prune() {
-  auto n = store_->PruneResponses(WallMs() - max_age_s_ * 1000, max_records_);
+  since_prune_ = 0;
+  auto n = store_->PruneResponses(WallMs() - max_age_s_ * 1000, max_records_, max_total_);
   if (!n.ok()) DSEC_LOG_WARN("idempotency prune failed: error={}", n.status().ToString());
 }
 

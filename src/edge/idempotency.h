@@ -10,6 +10,7 @@
 // Thread safety: all methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -24,7 +25,9 @@ namespace dsec::edge {
 
 class Idempotency {
  public:
-  Idempotency(StateStore* store, int64_t max_records, int64_t max_age_s, uint64_t max_body);
+  // max_total: the recorded bodies' total; the oldest records go first beyond it.
+  Idempotency(StateStore* store, int64_t max_records, int64_t max_age_s, uint64_t max_body,
+              uint64_t max_total);
 
   enum class Decision { kRun, kReplayed, kWaiting };
   // For a request with `key` (already scoped) and body hash `hash`: kRun (the caller must
@@ -50,7 +53,8 @@ class Idempotency {
 
   StateStore* store_;
   int64_t max_records_, max_age_s_;
-  uint64_t max_body_;
+  uint64_t max_body_, max_total_;
+  std::atomic<uint64_t> since_prune_{0};  // bytes recorded since the last prune
   std::mutex mu_;
   std::map<std::string, InFlight> inflight_;  // GUARDED_BY(mu_)
 };

@@ -1,11 +1,14 @@
 #include "edge/manager.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 
 #include "base/clock.h"
 #include "base/ids.h"
 #include "base/logging.h"
+#include "base/scope_guard.h"
 #include "base/strings.h"
 
 namespace dsec::edge {
@@ -114,16 +117,37 @@ StatusOr<std::shared_ptr<backends::Sandbox>> SandboxEntry::Sandbox(int64_t timeo
   return sb_;
 }
 
+// Output of finished background execs kept per sandbox for GET .../execs/{id}.
+constexpr size_t kMaxKeptOutputBytes = 64 << 20;
+
 std::shared_ptr<BackgroundExec> SandboxEntry::AddBackground(size_t keep) {
   auto b = std::make_shared<BackgroundExec>();
   b->id = "ex-" + RandomBase32(12);
   b->started_at = WallMs();
   std::lock_guard<std::mutex> l(mu_);
   bg_.push_back(b);
-  // Forget the oldest finished ones beyond the bound (running ones are always kept).
-  for (auto it = bg_.begin(); bg_.size() > keep && it != bg_.end();) {
-    std::lock_guard<std::mutex> bl((*it)->mu);
-    it = (*it)->done ? bg_.erase(it) : std::next(it);
+  // Forget the oldest finished ones beyond the count bound, and beyond the bytes of output
+  // kept for them (running ones are always kept).
+  size_t bytes = 0;
+  for (auto& x : bg_) {
+    std::lock_guard<std::mutex> bl(x->mu);
+    bytes += x->result_bytes;
+  }
+  for (auto it = bg_.begin();
+       (bg_.size() > keep || bytes > kMaxKeptOutputBytes) && it != bg_.end();) {
+    bool done;
+    size_t held;
+    {
+      std::lock_guard<std::mutex> bl((*it)->mu);  // unlocked before erase may free it
+      done = (*it)->done;
+      held = (*it)->result_bytes;
+    }
+    if (!done) {
+      ++it;
+      continue;
+    }
+    bytes -= held;
+    it = bg_.erase(it);
   }
   return b;
 }
@@ -244,10 +268,11 @@ Status Manager::Admit(const CreateParams& p, int count) {
 StatusOr<std::vector<Json>> Manager::Create(
     const CreateParams& p, int count, bool wait,
     const std::function<void(std::function<void()>)>& background) {
-  if (shut_down_) return Unavailable("the edge is shutting down");
   std::vector<std::shared_ptr<SandboxEntry>> made;
   {
     std::lock_guard<std::mutex> l(mu_);
+    // Checked under mu_: Shutdown's snapshot (also under mu_) then sees every entry made.
+    if (shut_down_) return Unavailable("the edge is shutting down");
     DSEC_RETURN_IF_ERROR(Admit(p, count));
     int64_t now = WallMs();
     for (int i = 0; i < count; ++i) {
@@ -287,6 +312,17 @@ StatusOr<std::vector<Json>> Manager::Create(
 }
 
 StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
+  // Counted before the deleted_ check: Shutdown marks every entry deleted, then waits for
+  // this to reach zero, so no create can slip past it and outlive the backend.
+  creates_in_flight_++;
+  auto done = MakeScopeGuard([this] { creates_in_flight_--; });
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    if (e->deleted_) {
+      e->cv_.notify_all();
+      return NotFound("sandbox " + e->id + " was deleted before it was created");
+    }
+  }
   backends::SandboxSpec spec;
   spec.id = e->id;
   spec.kind = e->params.kind;
@@ -308,7 +344,7 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
     // Nothing was made (the backend cleaned up): the id disappears as if never admitted.
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (entries_.erase(e->id)) memory_mb_ -= e->params.memory_mb;
+      if (entries_.erase(e->id)) ReleaseMemoryLocked(*e);
     }
     std::lock_guard<std::mutex> l(e->mu_);
     e->deleted_ = true;
@@ -397,16 +433,19 @@ StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
   DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
   {
     std::lock_guard<std::mutex> l(e->mu_);
-    if (p.ttl_s) e->expires_at_ = WallMs() + *p.ttl_s * 1000;
-    if (p.idle_ttl_s) e->idle_ttl_s_ = *p.idle_ttl_s;
+    // Validate on a copy: a refused patch changes nothing.
+    auto labels = e->labels_;
     for (const auto& [k, v] : p.labels) {
       if (v) {
-        e->labels_[k] = *v;
+        labels[k] = *v;
       } else {
-        e->labels_.erase(k);
+        labels.erase(k);
       }
     }
-    if (e->labels_.size() > 64) return InvalidArgument("a sandbox has at most 64 labels");
+    if (labels.size() > 64) return InvalidArgument("a sandbox has at most 64 labels");
+    e->labels_ = std::move(labels);
+    if (p.ttl_s) e->expires_at_ = WallMs() + *p.ttl_s * 1000;
+    if (p.idle_ttl_s) e->idle_ttl_s_ = *p.idle_ttl_s;
   }
   Persist(*e);
   return Record(*e);
@@ -441,7 +480,7 @@ Status Manager::Delete(const std::string& id, const std::string& reason) {
     if (it == entries_.end()) return NotFound("sandbox " + id + " not found");
     e = it->second;
     entries_.erase(it);
-    memory_mb_ -= e->params.memory_mb;
+    ReleaseMemoryLocked(*e);
   }
   bool creating;
   {
@@ -490,6 +529,12 @@ StatusOr<int> Manager::JobAction(const std::string& job, const std::string& acti
   return affected.load();
 }
 
+void Manager::ReleaseMemoryLocked(SandboxEntry& e) {
+  if (!e.memory_counted) return;  // a failed sandbox released it already
+  e.memory_counted = false;
+  memory_mb_ -= e.params.memory_mb;
+}
+
 void Manager::MarkFailed(const std::shared_ptr<SandboxEntry>& e, const std::string& reason) {
   {
     std::lock_guard<std::mutex> l(e->mu_);
@@ -500,7 +545,7 @@ void Manager::MarkFailed(const std::shared_ptr<SandboxEntry>& e, const std::stri
   {
     // A failed sandbox holds nothing any more: it no longer counts against node memory.
     std::lock_guard<std::mutex> l(mu_);
-    if (entries_.count(e->id)) memory_mb_ -= e->params.memory_mb;
+    if (entries_.count(e->id)) ReleaseMemoryLocked(*e);
   }
   DSEC_LOG_WARN("sandbox failed: sandbox={} reason={}", e->id, reason);
   metrics_->CountError("sandbox_failed");
@@ -621,8 +666,8 @@ void Manager::Shutdown(bool persist) {
   }
   ParallelFor(static_cast<int>(all.size()), kDestroyThreads,
               [&](int i) { (void)Delete(all[static_cast<size_t>(i)]->id, "shutdown"); });
-  // Creates that were in flight finish and tear down by themselves; wait for them.
-  for (auto& e : all) (void)e->Sandbox(60000);
+  // Creates that were in flight finish and tear down by themselves (they see deleted_).
+  for (int i = 0; creates_in_flight_ > 0 && i < 12000; ++i) usleep(10000);
   DSEC_LOG_INFO("destroyed {} sandboxes", all.size());
 }
 

@@ -57,6 +57,7 @@ struct BackgroundExec {
   std::mutex mu;
   bool done = false;                             // GUARDED_BY(mu)
   Json result;                                   // GUARDED_BY(mu); the exec result when done
+  size_t result_bytes = 0;                       // GUARDED_BY(mu); its output held in memory
   std::shared_ptr<backends::ExecHandle> handle;  // GUARDED_BY(mu)
   // Run once when done (or when the sandbox goes); keyed so a timed-out wait removes itself.
   std::map<uint64_t, std::function<void()>> waiters;  // GUARDED_BY(mu)
@@ -73,6 +74,8 @@ class SandboxEntry {
   const CreateParams params;  // labels below are the live copy
   std::atomic<int64_t> last_used_at{0};
   std::atomic<int> active_execs{0};
+  // Its memory_mb counts against the node (guarded by the Manager's mutex); released once.
+  bool memory_counted = true;
 
   // Records an API call (idle TTL counts time without any).
   void Touch();
@@ -154,6 +157,7 @@ class Manager {
   Json StoredRecord(const SandboxEntry& e) const;
   std::string StateName(const SandboxEntry& e) const;
   void MarkFailed(const std::shared_ptr<SandboxEntry>& e, const std::string& reason);
+  void ReleaseMemoryLocked(SandboxEntry& e);  // with mu_ held
   void Destroy(const std::shared_ptr<SandboxEntry>& e);
   std::vector<std::shared_ptr<SandboxEntry>> Snapshot() const;
 
@@ -171,6 +175,7 @@ class Manager {
   std::condition_variable reaper_cv_;
   bool stopping_ = false;  // GUARDED_BY(reaper_mu_)
   std::thread reaper_;
+  std::atomic<int> creates_in_flight_{0};
   std::atomic<bool> shut_down_{false};
 };
 

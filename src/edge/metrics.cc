@@ -70,7 +70,14 @@ void Metrics::Bump(Labeled* m, const std::string& labels) {
 }
 
 void Metrics::CountRequest(const std::string& method, int status) {
-  Bump(&requests_, Label("method", method) + "," + Label("code", std::to_string(status)));
+  // Label values come from a fixed set: a caller inventing methods (or, unauthenticated,
+  // anything else) must not grow the metrics without bound.
+  static const char* kMethods[] = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"};
+  std::string m = "other";
+  for (const char* k : kMethods)
+    if (method == k) m = k;
+  if (status < 100 || status > 599) status = 0;
+  Bump(&requests_, Label("method", m) + "," + Label("code", std::to_string(status)));
 }
 void Metrics::CountReject(const std::string& reason) { Bump(&rejects_, Label("reason", reason)); }
 void Metrics::CountError(const std::string& code) { Bump(&errors_, Label("code", code)); }

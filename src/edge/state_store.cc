@@ -163,7 +163,8 @@ Status StateStore::PutResponse(const std::string& key, const StoredResponse& r) 
   return OkStatus();
 }
 
-StatusOr<int64_t> StateStore::PruneResponses(int64_t min_created_ms, int64_t max_records) {
+StatusOr<int64_t> StateStore::PruneResponses(int64_t min_created_ms, int64_t max_records,
+                                             uint64_t max_total_bytes) {
   std::lock_guard<std::mutex> l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("DELETE FROM responses WHERE created_ms < ?1"));
   sqlite3_bind_int64(st, 1, min_created_ms);
@@ -172,6 +173,14 @@ StatusOr<int64_t> StateStore::PruneResponses(int64_t min_created_ms, int64_t max
   DSEC_ASSIGN_OR_RETURN(st, Prepare("DELETE FROM responses WHERE key IN (SELECT key FROM "
                                     "responses ORDER BY created_ms DESC LIMIT -1 OFFSET ?1)"));
   sqlite3_bind_int64(st, 1, max_records);
+  if (sqlite3_step(st) != SQLITE_DONE) return Error("prune responses");
+  n += sqlite3_changes(db_);
+  // Newest first, keep records while their running total of body bytes fits.
+  DSEC_ASSIGN_OR_RETURN(
+      st, Prepare("DELETE FROM responses WHERE key IN (SELECT key FROM (SELECT key, "
+                  "SUM(LENGTH(body)) OVER (ORDER BY created_ms DESC, key) AS total FROM "
+                  "responses) WHERE total > ?1)"));
+  sqlite3_bind_int64(st, 1, static_cast<int64_t>(max_total_bytes));
   if (sqlite3_step(st) != SQLITE_DONE) return Error("prune responses");
   return n + sqlite3_changes(db_);
 }

@@ -48,7 +48,8 @@ class StateStore {
   StatusOr<std::optional<StoredResponse>> GetResponse(const std::string& key);
   Status PutResponse(const std::string& key, const StoredResponse& r);
   // Drops records older than `min_created_ms`, then the oldest beyond `max_records`.
-  StatusOr<int64_t> PruneResponses(int64_t min_created_ms, int64_t max_records);
+  StatusOr<int64_t> PruneResponses(int64_t min_created_ms, int64_t max_records,
+                                   uint64_t max_total_bytes);
   StatusOr<int64_t> CountResponses();
 
  private:
