@@ -377,8 +377,39 @@ StatusOr<std::unique_ptr<EdgeClient::WebSocket>> EdgeClient::OpenWebSocket(
 }
 
 bool EdgeClient::Reachable() {
-  auto r = Call(Verb::get, "/v1/health");
-  return r.ok() && r->status == 200;
+  // Bounded in time: a socket file left by a dead edge, or an edge that is stopped, must not
+  // hang `dsec run` while it decides where to run.
+  asio::generic::stream_protocol::endpoint target;
+  beast::error_code ec;
+  if (ep_.is_unix) {
+    target = asio::local::stream_protocol::endpoint(ep_.unix_path);
+  } else {
+    asio::ip::tcp::resolver r(io_);
+    auto results = r.resolve(ep_.host, ep_.port, ec);
+    if (ec || results.empty()) return false;
+    target = results.begin()->endpoint();
+  }
+  Socket s(io_);
+  http::request<http::empty_body> req{Verb::get, "/v1/health", 11};
+  SetCommonFields(ep_, req);
+  req.keep_alive(false);
+  http::response<http::string_body> res;
+  beast::flat_buffer buf;
+  bool ok = false;
+  s.async_connect(target, [&](beast::error_code e) {
+    if (e) return;
+    http::async_write(s, req, [&](beast::error_code e2, size_t) {
+      if (e2) return;
+      http::async_read(s, buf, res,
+                       [&](beast::error_code e3, size_t) { ok = !e3 && res.result_int() == 200; });
+    });
+  });
+  io_.restart();
+  io_.run_for(std::chrono::seconds(3));
+  s.close(ec);  // whatever is still pending completes as aborted
+  io_.restart();
+  io_.run();
+  return ok;
 }
 
 }  // namespace dsec::cli
