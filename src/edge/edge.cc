@@ -165,9 +165,15 @@ int RunEdge(EdgeConfig cfg) {
   }
   ho.idle_timeout_s = cfg.idle_timeout_s;
   ho.io_threads = cfg.io_threads;
+  // The socket's directory and whichever of its parents we create are removed again on exit.
+  std::vector<std::string> made_dirs;  // deepest first
   if (!cfg.socket.empty()) {
     std::string dir = cfg.socket.substr(0, cfg.socket.rfind('/'));
-    if (!dir.empty()) (void)MakeDirs(dir, 0755);
+    std::vector<std::string> missing;
+    for (std::string d = dir; d.size() > 1 && access(d.c_str(), F_OK) != 0;
+         d = d.substr(0, d.rfind('/')))
+      missing.push_back(d);
+    if (!dir.empty() && MakeDirs(dir, 0755).ok()) made_dirs = std::move(missing);
   }
   auto server = HttpServer::Start(
       ho, [&api](HttpRequest& r) { return api.Check(r); },
@@ -210,6 +216,7 @@ int RunEdge(EdgeConfig cfg) {
   int sig = WaitForSignal();
   DSEC_LOG_INFO("signal {}: shutting down{}", sig, cfg.persist ? " (persist)" : "");
   (*server)->Stop();
+  for (const auto& d : made_dirs) (void)rmdir(d.c_str());  // only while empty
   manager.Shutdown(cfg.persist);
   workers.join();
   done = true;
