@@ -5,6 +5,7 @@ request ids, and the asyncio client."""
 import asyncio
 import os
 import pathlib
+import tempfile
 import threading
 
 import pytest
@@ -53,6 +54,13 @@ def test_run_container_exec_shell_files(sdk):
     with pytest.raises(DSecError) as ei:
         sdk.get_sandbox(sid)
     assert ei.value.code == "not_found" and ei.value.status == 404
+
+
+@pytest.fixture
+def tmp_path():
+    """A temp dir removed afterwards (pytest's own keeps its last runs under /tmp)."""
+    with tempfile.TemporaryDirectory(prefix="dsec-it-sdk-") as d:
+        yield pathlib.Path(d)
 
 
 def test_upload_and_download_dir(sdk, tmp_path):
