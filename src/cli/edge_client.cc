@@ -106,38 +106,15 @@ Status ApiError(unsigned http_status, std::string_view body) {
     if (e.contains("code") && e["code"].is_string()) code = e["code"];
   }
   if (msg.empty()) msg = "the edge answered HTTP " + std::to_string(http_status);
-  StatusCode sc;
-  switch (http_status) {
-    case 400:
-      sc = StatusCode::kInvalidArgument;
-      break;
-    case 401:
-      sc = StatusCode::kUnauthenticated;
-      break;
-    case 403:
-      sc = StatusCode::kPermissionDenied;
-      break;
-    case 404:
-      sc = StatusCode::kNotFound;
-      break;
-    case 409:
-      sc = StatusCode::kFailedPrecondition;
-      break;
-    case 413:
-      sc = StatusCode::kTooLarge;
-      break;
-    case 422:
-      sc = StatusCode::kUnimplemented;
-      break;
-    case 429:
-      sc = StatusCode::kOverCapacity;
-      break;
-    case 503:
-      sc = StatusCode::kUnavailable;
-      break;
-    default:
-      sc = StatusCode::kInternal;
-  }
+  static constexpr std::pair<unsigned, StatusCode> kCodes[] = {
+      {400, StatusCode::kInvalidArgument},    {401, StatusCode::kUnauthenticated},
+      {403, StatusCode::kPermissionDenied},   {404, StatusCode::kNotFound},
+      {409, StatusCode::kFailedPrecondition}, {413, StatusCode::kTooLarge},
+      {422, StatusCode::kUnimplemented},      {429, StatusCode::kOverCapacity},
+      {503, StatusCode::kUnavailable}};
+  StatusCode sc = StatusCode::kInternal;
+  for (auto [h, c] : kCodes)
+    if (h == http_status) sc = c;
   if (http_status == 401 && code == "unauthorized")
     msg += " (set DSEC_TOKEN, or run as root to use the edge's unix socket)";
   return Status(sc, msg);
@@ -208,51 +185,13 @@ bool StaleConnection(const beast::error_code& ec) {
 
 }  // namespace
 
-StatusOr<EdgeClient::Response> EdgeClient::Call(Verb verb, const std::string& target,
-                                                std::string body, std::string_view content_type) {
+StatusOr<unsigned> EdgeClient::Exchange(
+    Verb verb, const std::string& target, std::string body, std::string_view content_type,
+    const std::function<Status(unsigned, std::string_view)>& on_body) {
   http::request<http::string_body> req{verb, target, 11};
   SetCommonFields(ep_, req);
   if (!body.empty() || verb == Verb::post || verb == Verb::put || verb == Verb::patch) {
     req.set(http::field::content_type, std::string(content_type));
-    req.body() = std::move(body);
-    req.prepare_payload();
-  }
-  for (int attempt = 0;; ++attempt) {
-    DSEC_RETURN_IF_ERROR(EnsureConnected());
-    bool was_reused = reused_;
-    beast::error_code ec;
-    http::write(*sock_, req, ec);
-    http::response_parser<http::string_body> p;
-    p.body_limit(kMaxJsonResponse);
-    if (!ec) http::read(*sock_, buf_, p, ec);
-    if (ec) {
-      Disconnect();
-      // A keep-alive connection the server closed while idle: nothing reached it; retry once.
-      if (was_reused && attempt == 0 && StaleConnection(ec) && Repeatable(verb)) continue;
-      return NetError(ep_, ec, "request to");
-    }
-    reused_ = true;
-    auto res = p.release();
-    if (!res.keep_alive()) Disconnect();
-    return Response{res.result_int(), std::move(res.body())};
-  }
-}
-
-StatusOr<Json> EdgeClient::CallJson(Verb verb, const std::string& target, const Json* body) {
-  DSEC_ASSIGN_OR_RETURN(Response r, Call(verb, target, body ? body->dump() : std::string()));
-  if (r.status < 200 || r.status >= 300) return ApiError(r.status, r.body);
-  if (r.body.empty()) return Json();
-  auto j = protocol::ParseJson(r.body);
-  if (!j.ok()) return InternalError("the edge sent invalid JSON for " + target);
-  return *j;
-}
-
-Status EdgeClient::Download(Verb verb, const std::string& target, std::string body,
-                            const std::function<Status(std::string_view)>& on_data) {
-  http::request<http::string_body> req{verb, target, 11};
-  SetCommonFields(ep_, req);
-  if (!body.empty() || verb == Verb::post) {
-    req.set(http::field::content_type, "application/json");
     req.body() = std::move(body);
     req.prepare_payload();
   }
@@ -266,14 +205,12 @@ Status EdgeClient::Download(Verb verb, const std::string& target, std::string bo
     if (!ec) http::read_header(*sock_, buf_, p, ec);
     if (ec) {
       Disconnect();
+      // A keep-alive connection the server closed while idle: nothing reached it; retry once.
       if (was_reused && attempt == 0 && StaleConnection(ec) && Repeatable(verb)) continue;
       return NetError(ep_, ec, "request to");
     }
     unsigned status = p.get().result_int();
-    bool ok = status >= 200 && status < 300;
-    std::string error_body;
     std::string chunk(64 << 10, '\0');
-    Status cb_status;
     while (!p.is_done()) {
       p.get().body().data = chunk.data();
       p.get().body().size = chunk.size();
@@ -285,17 +222,50 @@ Status EdgeClient::Download(Verb verb, const std::string& target, std::string bo
       }
       std::string_view got(chunk.data(), chunk.size() - p.get().body().size);
       if (got.empty()) continue;
-      if (!ok) {
-        if (error_body.size() < (1 << 20)) error_body.append(got);
-      } else if (cb_status = on_data(got); !cb_status.ok()) {
+      if (Status s = on_body(status, got); !s.ok()) {
         Disconnect();  // the rest of the body is unread
-        return cb_status;
+        return s;
       }
     }
     reused_ = true;
     if (!p.get().keep_alive()) Disconnect();
-    return ok ? OkStatus() : ApiError(status, error_body);
+    return status;
   }
+}
+
+StatusOr<EdgeClient::Response> EdgeClient::Call(Verb verb, const std::string& target,
+                                                std::string body, std::string_view content_type) {
+  Response r;
+  DSEC_ASSIGN_OR_RETURN(r.status, Exchange(verb, target, std::move(body), content_type,
+                                           [&](unsigned, std::string_view d) -> Status {
+                                             if (r.body.size() + d.size() > kMaxJsonResponse)
+                                               return TooLarge("the edge's answer is too large");
+                                             r.body.append(d);
+                                             return OkStatus();
+                                           }));
+  return r;
+}
+
+StatusOr<Json> EdgeClient::CallJson(Verb verb, const std::string& target, const Json* body) {
+  DSEC_ASSIGN_OR_RETURN(Response r, Call(verb, target, body ? body->dump() : std::string()));
+  if (r.status < 200 || r.status >= 300) return ApiError(r.status, r.body);
+  if (r.body.empty()) return Json();
+  auto j = protocol::ParseJson(r.body);
+  if (!j.ok()) return InternalError("the edge sent invalid JSON for " + target);
+  return *j;
+}
+
+Status EdgeClient::Download(Verb verb, const std::string& target, std::string body,
+                            const std::function<Status(std::string_view)>& on_data) {
+  std::string error_body;
+  DSEC_ASSIGN_OR_RETURN(unsigned status, Exchange(verb, target, std::move(body), "application/json",
+                                                  [&](unsigned st, std::string_view d) -> Status {
+                                                    if (st >= 200 && st < 300) return on_data(d);
+                                                    if (error_body.size() < (1 << 20))
+                                                      error_body.append(d);
+                                                    return OkStatus();
+                                                  }));
+  return status >= 200 && status < 300 ? OkStatus() : ApiError(status, error_body);
 }
 
 Status EdgeClient::Upload(Verb verb, const std::string& target, std::string_view content_type,

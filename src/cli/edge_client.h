@@ -79,6 +79,11 @@ class EdgeClient {
   StatusOr<std::unique_ptr<WebSocket>> OpenWebSocket(const std::string& target);
 
  private:
+  // Sends one request and streams the answer's body to on_body(status, bytes); returns the
+  // status. Retries once, for repeatable verbs, on a keep-alive connection the server closed.
+  StatusOr<unsigned> Exchange(Verb verb, const std::string& target, std::string body,
+                              std::string_view content_type,
+                              const std::function<Status(unsigned, std::string_view)>& on_body);
   StatusOr<boost::asio::generic::stream_protocol::socket> Dial();
   Status EnsureConnected();
   void Disconnect();

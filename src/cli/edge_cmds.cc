@@ -41,17 +41,6 @@ StatusOr<std::unique_ptr<EdgeClient>> Connect(const GlobalOptions& g) {
 
 std::string SbPath(const std::string& id) { return "/v1/sandboxes/" + UrlEncode(id, false); }
 
-Status ParseKeyValues(const std::vector<std::string>& kvs, const char* flag, Json* out) {
-  *out = Json::object();
-  for (const auto& kv : kvs) {
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      return InvalidArgument(std::string(flag) + " takes KEY=VALUE, not \"" + kv + "\"");
-    (*out)[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return OkStatus();
-}
-
 void PrintJson(const Json& j) {
   std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
 }
@@ -145,9 +134,8 @@ StatusOr<Json> CreateBody(const CreateOpts& o) {
   if (o.idle_ttl_s) b["idle_ttl_s"] = *o.idle_ttl_s;
   if (!o.user.empty()) b["user"] = o.user;
   if (!o.workdir.empty()) b["workdir"] = o.workdir;
-  Json env, labels;
-  DSEC_RETURN_IF_ERROR(ParseKeyValues(o.env, "--env", &env));
-  DSEC_RETURN_IF_ERROR(ParseKeyValues(o.labels, "--label", &labels));
+  DSEC_ASSIGN_OR_RETURN(auto env, ParseKeyValues(o.env, "--env"));
+  DSEC_ASSIGN_OR_RETURN(auto labels, ParseKeyValues(o.labels, "--label"));
   if (!env.empty()) b["env"] = env;
   if (!labels.empty()) b["labels"] = labels;
   if (o.count) b["count"] = *o.count;
@@ -270,9 +258,9 @@ int StreamExec(EdgeClient& c, const ExecOpts& o) {
                {"encoding", "base64"},
                {"max_output_bytes", 256 << 20},
                {"timeout_ms", static_cast<int64_t>(o.timeout_s * 1000)}};
-  Json env;
-  if (Status s = ParseKeyValues(o.env, "--env", &env); !s.ok()) return Fail(s, kExecFail);
-  if (!env.empty()) body["env"] = env;
+  auto env = ParseKeyValues(o.env, "--env");
+  if (!env.ok()) return Fail(env.status(), kExecFail);
+  if (!env->empty()) body["env"] = *env;
   if (!o.cwd.empty()) body["cwd"] = o.cwd;
   if (!o.user.empty()) body["user"] = o.user;
   std::string pending;
@@ -320,9 +308,7 @@ int Exec(const GlobalOptions& g, ExecOpts o) {
   a.user = o.user;
   a.cwd = o.cwd;
   a.env = o.env;
-  for (const auto& kv : o.env)
-    if (kv.find('=') == std::string::npos || kv[0] == '=')
-      return Fail(InvalidArgument("--env takes KEY=VALUE, not \"" + kv + "\""), kExecFail);
+  if (auto env = ParseKeyValues(o.env, "--env"); !env.ok()) return Fail(env.status(), kExecFail);
   a.timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
   auto r = AttachAndRun(**c, o.id, a);
   if (!r.ok()) return Fail(r.status(), kExecFail);
@@ -563,9 +549,9 @@ int MaybeRunThroughEdge(const GlobalOptions& g, const RunThroughEdge& o) {
                {"workdir", o.workdir},
                {"ttl_s", std::max<int64_t>(3600, static_cast<int64_t>(o.timeout_s) + 600)},
                {"labels", {{"dsec-run", "1"}}}};
-  Json env;
-  if (Status s = ParseKeyValues(o.env, "--env", &env); !s.ok()) return Fail(s, kExecFail);
-  if (!env.empty()) body["env"] = env;
+  auto env = ParseKeyValues(o.env, "--env");
+  if (!env.ok()) return Fail(env.status(), kExecFail);
+  if (!env->empty()) body["env"] = *env;
   auto r = c.CallJson(Verb::post, "/v1/sandboxes", &body);
   if (!r.ok()) return Fail(r.status(), kExecFail);
   std::string id = r->value("id", "");

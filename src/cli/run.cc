@@ -93,14 +93,12 @@ int Run(const GlobalOptions& g, RunOptions o) {
   spec.disk_mb = o.disk_mb;
   spec.user = o.user;
   spec.workdir = o.workdir;
-  for (const auto& kv : o.env) {
-    auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      std::cerr << "dsec: --env takes KEY=VALUE, not \"" << kv << "\"\n";
-      return 125;
-    }
-    spec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  auto env = ParseKeyValues(o.env, "--env");
+  if (!env.ok()) {
+    std::cerr << "dsec: " << env.status().message() << "\n";
+    return 125;
   }
+  spec.env = std::move(*env);
   if (Status s = backends::ValidateSandboxSpec(spec); !s.ok()) {
     std::cerr << "dsec: " << s.message() << "\n";
     return 125;
@@ -220,6 +218,18 @@ int Run(const GlobalOptions& g, RunOptions o) {
 }
 
 }  // namespace
+
+StatusOr<std::map<std::string, std::string>> ParseKeyValues(const std::vector<std::string>& kvs,
+                                                            const char* flag) {
+  std::map<std::string, std::string> out;
+  for (const auto& kv : kvs) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return InvalidArgument(std::string(flag) + " takes KEY=VALUE, not \"" + kv + "\"");
+    out[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return out;
+}
 
 void RegisterRun(CLI::App& app, GlobalOptions& global, int* exit_code) {
   auto opts = std::make_shared<RunOptions>();

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "base/status.h"
 
 namespace dsec::cli {
 
@@ -20,5 +23,9 @@ struct GlobalOptions {
 };
 
 void RegisterRun(CLI::App& app, GlobalOptions& global, int* exit_code);
+
+// Repeated KEY=VALUE flags (--env, --label) into a map; `flag` names them in the error.
+StatusOr<std::map<std::string, std::string>> ParseKeyValues(const std::vector<std::string>& kvs,
+                                                            const char* flag);
 
 }  // namespace dsec::cli

@@ -134,55 +134,75 @@ Json ErrorJson(const Status& s) {
   return {{"error", {{"code", code}, {"message", s.message()}}}};
 }
 
-// Audit: one line when a command starts and one when it ends.
-struct Audited {
-  AuditLog* log = nullptr;
-  Metrics* metrics = nullptr;
-  Json base;  // id, sandbox, kind, principal, remote
-
-  static Audited Start(const std::shared_ptr<Ctx>& c, const std::string& sandbox, const char* kind,
-                       Json command, const std::string& user, const std::string& cwd) {
-    Audited a;
-    a.log = c->api->deps().audit;
-    a.metrics = c->api->deps().metrics;
-    a.base = {{"exec", RandomBase32(12)},
-              {"sandbox", sandbox},
-              {"kind", kind},
-              {"principal", c->req.principal},
-              {"remote", c->req.remote}};
-    Json start = a.base;
+// One command in a sandbox: it holds one of the sandbox's concurrent-exec slots and its
+// audit record (a line when it starts, one when it ends). Finish — with the command's exit, or
+// why it never ran — writes the end line and gives the slot back, exactly once; a ticket
+// dropped unfinished finishes itself, so no path (a failed start, a WebSocket upgrade that
+// never completed) can keep a slot.
+class ExecTicket {
+ public:
+  static StatusOr<std::shared_ptr<ExecTicket>> Take(const std::shared_ptr<Ctx>& c,
+                                                    std::shared_ptr<SandboxEntry> e,
+                                                    const char* kind, Json command,
+                                                    const std::string& user,
+                                                    const std::string& cwd) {
+    const auto& d = c->api->deps();
+    int max = d.cfg.max_execs_per_sandbox;
+    if (e->active_execs.fetch_add(1) >= max) {
+      e->active_execs--;
+      d.metrics->CountReject("execs_per_sandbox");
+      return OverCapacity("sandbox " + e->id + " already runs " + std::to_string(max) +
+                          " commands at once");
+    }
+    auto t = std::shared_ptr<ExecTicket>(new ExecTicket(std::move(e), d.audit, d.metrics));
+    t->base_ = {{"exec", RandomBase32(12)},
+                {"sandbox", t->entry_->id},
+                {"kind", kind},
+                {"principal", c->req.principal},
+                {"remote", c->req.remote}};
+    Json start = t->base_;
     start["event"] = "start";
     start["command"] = std::move(command);
     start["user"] = user;
     start["cwd"] = cwd;
-    a.log->Record(std::move(start));
-    return a;
+    t->log_->Record(std::move(start));
+    return t;
   }
-  void End(const StatusOr<ExecResult>& r) const {
-    Json end = base;
+  ~ExecTicket() { Finish(Status(StatusCode::kAborted, "the command never started")); }
+
+  void Finish(const StatusOr<ExecResult>& r) {
+    if (finished_.exchange(true)) return;
+    Json end = base_;
     end["event"] = "exit";
     if (r.ok()) {
       end.update(ResultJson(*r, false));
       end.erase("encoding");
-      metrics->ObserveExec(r->duration_ms / 1000.0);
+      metrics_->ObserveExec(r->duration_ms / 1000.0);
     } else {
       end["error"] = r.status().ToString();
     }
-    log->Record(std::move(end));
+    log_->Record(std::move(end));
+    entry_->active_execs--;
+    entry_->Touch();
   }
+
+ private:
+  ExecTicket(std::shared_ptr<SandboxEntry> e, AuditLog* log, Metrics* metrics)
+      : entry_(std::move(e)), log_(log), metrics_(metrics) {}
+
+  std::shared_ptr<SandboxEntry> entry_;
+  AuditLog* log_;
+  Metrics* metrics_;
+  Json base_;  // exec, sandbox, kind, principal, remote
+  std::atomic<bool> finished_{false};
 };
 
 // Collects output (capped) and calls `done` once with the result JSON, or an error.
 class CollectObserver : public ExecObserver {
  public:
   using Done = std::function<void(const StatusOr<Json>&)>;
-  CollectObserver(uint64_t cap, bool base64, Done done, Audited audit,
-                  std::shared_ptr<SandboxEntry> entry)
-      : cap_(cap),
-        base64_(base64),
-        done_(std::move(done)),
-        audit_(std::move(audit)),
-        entry_(std::move(entry)) {}
+  CollectObserver(uint64_t cap, bool base64, Done done, std::shared_ptr<ExecTicket> ticket)
+      : cap_(cap), base64_(base64), done_(std::move(done)), ticket_(std::move(ticket)) {}
 
   void OnOutput(uint8_t stream, std::string_view data) override {
     std::string& buf = stream == protocol::kStderr ? err_ : out_;
@@ -190,9 +210,7 @@ class CollectObserver : public ExecObserver {
     if (buf.size() < cap_) buf.append(data.substr(0, cap_ - buf.size()));
   }
   void OnExit(const StatusOr<ExecResult>& r) override {
-    audit_.End(r);
-    entry_->active_execs--;
-    entry_->Touch();
+    ticket_->Finish(r);
     if (!r.ok()) return done_(r.status());
     Json j = ResultJson(*r, base64_);
     Encoder eo(base64_), ee(base64_);
@@ -205,8 +223,7 @@ class CollectObserver : public ExecObserver {
   uint64_t cap_;
   bool base64_;
   Done done_;
-  Audited audit_;
-  std::shared_ptr<SandboxEntry> entry_;
+  std::shared_ptr<ExecTicket> ticket_;
   std::string out_, err_;
 };
 
@@ -214,14 +231,12 @@ class CollectObserver : public ExecObserver {
 // started (a fast command) are held and flushed in order by Begin().
 class StreamObserver : public ExecObserver {
  public:
-  StreamObserver(std::shared_ptr<Responder> res, bool base64, Audited audit,
-                 std::shared_ptr<SandboxEntry> entry)
+  StreamObserver(std::shared_ptr<Responder> res, bool base64, std::shared_ptr<ExecTicket> ticket)
       : res_(std::move(res)),
         out_(base64),
         err_(base64),
         base64_(base64),
-        audit_(std::move(audit)),
-        entry_(std::move(entry)) {}
+        ticket_(std::move(ticket)) {}
 
   void Begin() {
     std::lock_guard<std::mutex> l(mu_);
@@ -238,9 +253,7 @@ class StreamObserver : public ExecObserver {
     Emit(Json{{is_err ? "stderr" : "stdout", text}});
   }
   void OnExit(const StatusOr<ExecResult>& r) override {
-    audit_.End(r);
-    entry_->active_execs--;
-    entry_->Touch();
+    ticket_->Finish(r);
     for (bool is_err : {false, true}) {
       std::string rest = (is_err ? err_ : out_).Take("", true);
       if (!rest.empty()) Emit(Json{{is_err ? "stderr" : "stdout", rest}});
@@ -268,8 +281,7 @@ class StreamObserver : public ExecObserver {
   std::shared_ptr<Responder> res_;
   Encoder out_, err_;
   bool base64_;
-  Audited audit_;
-  std::shared_ptr<SandboxEntry> entry_;
+  std::shared_ptr<ExecTicket> ticket_;
   std::mutex mu_;
   bool started_ = false;
   std::vector<std::string> pending_;
@@ -292,16 +304,6 @@ Json BackgroundJson(BackgroundExec& b) {
   return j;
 }
 
-// Reserves one of the sandbox's concurrent exec slots.
-Status TakeExecSlot(SandboxEntry& e, int max) {
-  if (e.active_execs.fetch_add(1) >= max) {
-    e.active_execs--;
-    return OverCapacity("sandbox " + e.id + " already runs " + std::to_string(max) +
-                        " commands at once");
-  }
-  return OkStatus();
-}
-
 void Exec(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
   auto p = ParseExec(c->req.body, d.cfg);
@@ -309,21 +311,17 @@ void Exec(const std::shared_ptr<Ctx>& c) {
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e);
   if (!sb.ok()) return c->Fail(sb.status());
-  if (Status s = TakeExecSlot(*e, d.cfg.max_execs_per_sandbox); !s.ok()) {
-    d.metrics->CountReject("execs_per_sandbox");
-    return c->Fail(s);
-  }
   const std::string& user = p->req.user.empty() ? e->params.user : p->req.user;
   const std::string& cwd = p->req.cwd.empty() ? e->params.workdir : p->req.cwd;
-  const char* kind = p->background ? "background" : "exec";
-  Audited audit = Audited::Start(c, e->id, kind, p->audit_cmd, user, cwd);
+  auto ticket =
+      ExecTicket::Take(c, e, p->background ? "background" : "exec", p->audit_cmd, user, cwd);
+  if (!ticket.ok()) return c->Fail(ticket.status());
 
   if (c->FlagQuery("stream") && !p->background) {
-    auto obs = std::make_shared<StreamObserver>(c->res, p->base64, audit, e);
+    auto obs = std::make_shared<StreamObserver>(c->res, p->base64, *ticket);
     auto h = (*sb)->StartExec(p->req, obs);
     if (!h.ok()) {
-      e->active_execs--;
-      audit.End(h.status());
+      (*ticket)->Finish(h.status());
       return c->Fail(h.status());
     }
     obs->Begin();
@@ -351,11 +349,10 @@ void Exec(const std::shared_ptr<Ctx>& c) {
           }
           for (auto& [id, w] : ws) w();
         },
-        audit, e);
+        *ticket);
     auto h = (*sb)->StartExec(p->req, obs);
     if (!h.ok()) {
-      e->active_execs--;
-      audit.End(h.status());
+      (*ticket)->Finish(h.status());
       return c->Fail(h.status());
     }
     {
@@ -370,11 +367,10 @@ void Exec(const std::shared_ptr<Ctx>& c) {
         if (!r.ok()) return c->Fail(r.status());
         c->Reply(200, *r);
       },
-      audit, e);
+      *ticket);
   auto h = (*sb)->StartExec(p->req, obs);
   if (!h.ok()) {
-    e->active_execs--;
-    audit.End(h.status());
+    (*ticket)->Finish(h.status());
     return c->Fail(h.status());
   }
 }
@@ -554,20 +550,19 @@ void RunShell(const std::shared_ptr<Ctx>& c) {
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e);
   if (!sb.ok()) return c->Fail(sb.status());
-  if (Status s = TakeExecSlot(*e, d.cfg.max_execs_per_sandbox); !s.ok()) return c->Fail(s);
-  Audited audit = Audited::Start(c, e->id, "shell", AuditLog::Clip(r->command), e->params.user,
+  auto ticket = ExecTicket::Take(c, e, "shell", AuditLog::Clip(r->command), e->params.user,
                                  "shell:" + c->params["sid"]);
+  if (!ticket.ok()) return c->Fail(ticket.status());
   auto obs = std::make_shared<CollectObserver>(
       r->max_output, r->base64,
       [c](const StatusOr<Json>& res) {
         if (!res.ok()) return c->Fail(res.status());
         c->Reply(200, *res);
       },
-      audit, e);
+      *ticket);
   auto h = (*sb)->RunInShell(shell_id, r->command, r->timeout_ms, r->max_output, obs);
   if (!h.ok()) {
-    e->active_execs--;
-    audit.End(h.status());
+    (*ticket)->Finish(h.status());
     return c->Fail(h.status());
   }
 }
@@ -590,21 +585,16 @@ class AttachSession : public WebSocketHandler,
                       public ExecObserver,
                       public std::enable_shared_from_this<AttachSession> {
  public:
-  AttachSession(std::shared_ptr<backends::Sandbox> sb, ExecRequest req, Audited audit,
-                std::shared_ptr<SandboxEntry> entry)
-      : sb_(std::move(sb)),
-        req_(std::move(req)),
-        audit_(std::move(audit)),
-        entry_(std::move(entry)) {}
+  AttachSession(std::shared_ptr<backends::Sandbox> sb, ExecRequest req,
+                std::shared_ptr<ExecTicket> ticket)
+      : sb_(std::move(sb)), req_(std::move(req)), ticket_(std::move(ticket)) {}
 
   void OnOpen(std::shared_ptr<WebSocketConn> conn) override {
     std::lock_guard<std::mutex> l(mu_);
     conn_ = conn;
-    opened_ = true;
     auto h = sb_->StartExec(req_, shared_from_this());
     if (!h.ok()) {
-      ReleaseSlot();
-      audit_.End(h.status());
+      ticket_->Finish(h.status());
       conn->Send(ErrorJson(h.status()).dump(), false);
       conn->Close();
       return;
@@ -645,15 +635,8 @@ class AttachSession : public WebSocketHandler,
       conn_.reset();
     }
     if (h && !exited_) h->Kill();  // the client went away: so does its command
-    bool opened;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      opened = opened_;
-    }
-    if (!opened && ReleaseSlot()) {
-      // The upgrade failed (or the client left first): nothing ran, but the slot was taken.
-      audit_.End(Unavailable("the WebSocket upgrade did not complete"));
-    }
+    // Nothing ran (the upgrade failed, or the client left first): the ticket ends here.
+    if (!h && !exited_) ticket_->Finish(Unavailable("the WebSocket upgrade did not complete"));
   }
   void OnOutput(uint8_t stream, std::string_view data) override {
     auto conn = Conn();
@@ -666,9 +649,7 @@ class AttachSession : public WebSocketHandler,
   }
   void OnExit(const StatusOr<ExecResult>& r) override {
     exited_ = true;
-    audit_.End(r);
-    ReleaseSlot();
-    entry_->Touch();
+    ticket_->Finish(r);
     auto conn = Conn();
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -685,12 +666,6 @@ class AttachSession : public WebSocketHandler,
     std::lock_guard<std::mutex> l(mu_);
     return conn_;
   }
-  // Gives the exec slot back exactly once; true for the call that did.
-  bool ReleaseSlot() {
-    if (slot_released_.exchange(true)) return false;
-    entry_->active_execs--;
-    return true;
-  }
   void Abort(const Status& s) {
     if (auto conn = Conn()) {
       conn->Send(ErrorJson(s).dump(), false);
@@ -699,14 +674,11 @@ class AttachSession : public WebSocketHandler,
   }
   std::shared_ptr<backends::Sandbox> sb_;
   ExecRequest req_;
-  Audited audit_;
-  std::shared_ptr<SandboxEntry> entry_;
+  std::shared_ptr<ExecTicket> ticket_;
   std::mutex mu_;
   std::shared_ptr<WebSocketConn> conn_;
   std::shared_ptr<ExecHandle> handle_;
   std::atomic<bool> exited_{false};
-  std::atomic<bool> slot_released_{false};
-  bool opened_ = false;  // OnOpen ran (guarded by mu_)
 };
 
 void Attach(const std::shared_ptr<Ctx>& c) {
@@ -741,12 +713,11 @@ void Attach(const std::shared_ptr<Ctx>& c) {
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e);
   if (!sb.ok()) return c->Fail(sb.status());
-  if (Status s = TakeExecSlot(*e, d.cfg.max_execs_per_sandbox); !s.ok()) return c->Fail(s);
   Json cmd = req.shell ? Json(AuditLog::Clip(*req.shell)) : AuditLog::Command(req.cmd);
-  Audited audit =
-      Audited::Start(c, e->id, "attach", cmd, req.user.empty() ? e->params.user : req.user,
-                     req.cwd.empty() ? e->params.workdir : req.cwd);
-  c->res->AcceptWebSocket(std::make_shared<AttachSession>(*sb, std::move(req), audit, e));
+  auto ticket = ExecTicket::Take(c, e, "attach", cmd, req.user.empty() ? e->params.user : req.user,
+                                 req.cwd.empty() ? e->params.workdir : req.cwd);
+  if (!ticket.ok()) return c->Fail(ticket.status());
+  c->res->AcceptWebSocket(std::make_shared<AttachSession>(*sb, std::move(req), *ticket));
 }
 
 }  // namespace
