@@ -5,8 +5,8 @@ Each episode is what a coding agent's rollout does with its sandbox, through Asy
 
   1. create a sandbox (host image, loopback-only network, memory/pids/disk limits, a TTL)
   2. write a small Python project: a module with a bug, its unit test, a README
-  3. run the tests: `python3 -m pytest -q` if the image has pytest, else
-     `python3 -m unittest` -> they must fail, and the output must name the failing test
+  3. run the tests: `python3 -B -m pytest -q` if the image has pytest, else
+     `python3 -B -m unittest` -> they must fail, and the output must name the failing test
   4. apply a fix (rewrite the module)
   5. rerun the tests -> they must pass
   6. read the module back -> it must be the fixed text
@@ -170,8 +170,11 @@ async def episode(client: AsyncDSecClient, i: int, runner: list[str], job: str,
 
 async def choose_runner(client: AsyncDSecClient, forced: str, job: str) -> tuple[list[str], str]:
     """pytest if the host image has it (one probe sandbox), else unittest."""
-    pytest_cmd = ["python3", "-m", "pytest", "-q"]
-    unittest_cmd = ["python3", "-m", "unittest"]
+    # -B: no bytecode cache. The fix has the buggy file's size and often lands in the same
+    # second, and .pyc files are checked by (mtime seconds, size): a cached .pyc from the
+    # failing run would then be reused and the fixed code never run.
+    pytest_cmd = ["python3", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    unittest_cmd = ["python3", "-B", "-m", "unittest"]
     if forced == "pytest":
         return pytest_cmd, "pytest"
     if forced == "unittest":
@@ -349,9 +352,6 @@ def main() -> int:
         rc = 1
     finally:
         if edge is not None:
-            # A second Ctrl-C while the edge shuts down must not skip the check.
-            import signal
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
             cleanup = edge.stop()
     if "wall" in info:
         print(summary(args, stats, info, edge, cleanup))
