@@ -172,8 +172,6 @@ def main() -> int:
         rc = 1
     finally:
         if edge is not None:
-            import signal
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
             left = edge.stop()
             if left:
                 print("api_bench: edge LEFT BEHIND:\n" + "\n".join("  " + x for x in left),

@@ -335,8 +335,6 @@ def main() -> int:
         rc = 1
     finally:
         if edge is not None:
-            import signal
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
             left = edge.stop()  # before any print: a closed stdout must not skip it
             if res:
                 res["cleanup"] = left

@@ -263,6 +263,9 @@ class EdgeProcess:
         Returns (and keeps in cleanup_report) a list of what was left behind."""
         if self.cleanup_report is not None:
             return self.cleanup_report
+        if threading.current_thread() is threading.main_thread():
+            # A second Ctrl-C while the edge shuts down must not skip the leftover check.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         problems: list[str] = []
         t0 = time.monotonic()
         if self.proc is not None:
