@@ -311,6 +311,26 @@ StatusOr<std::vector<Json>> Manager::Create(
   return out;
 }
 
+namespace {
+
+// What the backend makes (or re-adopts) for a sandbox created with p.
+backends::SandboxSpec SpecFor(const std::string& id, const CreateParams& p) {
+  backends::SandboxSpec spec;
+  spec.id = id;
+  spec.kind = p.kind;
+  spec.image = p.image;
+  spec.cpus = p.cpu;
+  spec.memory_mb = p.memory_mb;
+  spec.pids = p.pids;
+  spec.disk_mb = p.disk_mb;
+  spec.user = p.user;
+  spec.workdir = p.workdir;
+  spec.env = p.env;
+  return spec;
+}
+
+}  // namespace
+
 StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
   // Counted before the deleted_ check: Shutdown marks every entry deleted, then waits for
   // this to reach zero, so no create can slip past it and outlive the backend.
@@ -323,19 +343,8 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
       return NotFound("sandbox " + e->id + " was deleted before it was created");
     }
   }
-  backends::SandboxSpec spec;
-  spec.id = e->id;
-  spec.kind = e->params.kind;
-  spec.image = e->params.image;
-  spec.cpus = e->params.cpu;
-  spec.memory_mb = e->params.memory_mb;
-  spec.pids = e->params.pids;
-  spec.disk_mb = e->params.disk_mb;
-  spec.user = e->params.user;
-  spec.workdir = e->params.workdir;
-  spec.env = e->params.env;
   Stopwatch sw;
-  auto sb = backend_->Create(spec);
+  auto sb = backend_->Create(SpecFor(e->id, e->params));
   if (!sb.ok()) {
     {
       std::lock_guard<std::mutex> l(e->mu_);
@@ -607,18 +616,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
       result = FailedPrecondition("it had failed: " + rec->value("failed", ""));
     std::shared_ptr<backends::Sandbox> sb;
     if (result.ok()) {
-      backends::SandboxSpec spec;
-      spec.id = row.id;
-      spec.kind = p->kind;
-      spec.image = p->image;
-      spec.cpus = p->cpu;
-      spec.memory_mb = p->memory_mb;
-      spec.pids = p->pids;
-      spec.disk_mb = p->disk_mb;
-      spec.user = p->user;
-      spec.workdir = p->workdir;
-      spec.env = p->env;
-      auto a = backend_->Adopt(spec, row.handle);
+      auto a = backend_->Adopt(SpecFor(row.id, *p), row.handle);
       result = a.status();
       if (a.ok()) sb = *a;
     }

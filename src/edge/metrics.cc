@@ -87,37 +87,37 @@ void Metrics::RenderLabeled(const std::string& name, const Labeled& m, std::stri
   for (const auto& [labels, n] : m) *out += name + "{" + labels + "} " + std::to_string(n) + "\n";
 }
 
+namespace {
+
+void Describe(const char* name, const char* type, const char* help, std::string* out) {
+  *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+}  // namespace
+
 std::string Metrics::Render(const Gauges& sandboxes, int64_t connections) const {
   std::string o;
-  o += "# HELP dsec_sandboxes Sandboxes on this node by state and kind.\n";
-  o += "# TYPE dsec_sandboxes gauge\n";
+  Describe("dsec_sandboxes", "gauge", "Sandboxes on this node by state and kind.", &o);
   for (const auto& [k, n] : sandboxes)
     o += "dsec_sandboxes{" + Label("state", k.first) + "," + Label("kind", k.second) + "} " +
          std::to_string(n) + "\n";
-  o += "# HELP dsec_http_connections Open HTTP connections.\n";
-  o += "# TYPE dsec_http_connections gauge\n";
+  Describe("dsec_http_connections", "gauge", "Open HTTP connections.", &o);
   o += "dsec_http_connections " + std::to_string(connections) + "\n";
-  o += "# HELP dsec_sandbox_create_seconds Time to create a sandbox until it is running.\n";
-  o += "# TYPE dsec_sandbox_create_seconds histogram\n";
+  Describe("dsec_sandbox_create_seconds", "histogram",
+           "Time to create a sandbox until it is running.", &o);
   create_.Render("dsec_sandbox_create_seconds", &o);
-  o += "# HELP dsec_exec_seconds Duration of execs and shell commands.\n";
-  o += "# TYPE dsec_exec_seconds histogram\n";
+  Describe("dsec_exec_seconds", "histogram", "Duration of execs and shell commands.", &o);
   exec_.Render("dsec_exec_seconds", &o);
-  o += "# HELP dsec_sandboxes_created_total Sandboxes created.\n";
-  o += "# TYPE dsec_sandboxes_created_total counter\n";
+  Describe("dsec_sandboxes_created_total", "counter", "Sandboxes created.", &o);
   o += "dsec_sandboxes_created_total " + std::to_string(created_.load()) + "\n";
   std::lock_guard<std::mutex> l(mu_);
-  o += "# HELP dsec_sandboxes_deleted_total Sandboxes deleted, by reason.\n";
-  o += "# TYPE dsec_sandboxes_deleted_total counter\n";
+  Describe("dsec_sandboxes_deleted_total", "counter", "Sandboxes deleted, by reason.", &o);
   RenderLabeled("dsec_sandboxes_deleted_total", deleted_, &o);
-  o += "# HELP dsec_api_requests_total API requests by method and status code.\n";
-  o += "# TYPE dsec_api_requests_total counter\n";
+  Describe("dsec_api_requests_total", "counter", "API requests by method and status code.", &o);
   RenderLabeled("dsec_api_requests_total", requests_, &o);
-  o += "# HELP dsec_rejects_total Requests refused for capacity or bounds.\n";
-  o += "# TYPE dsec_rejects_total counter\n";
+  Describe("dsec_rejects_total", "counter", "Requests refused for capacity or bounds.", &o);
   RenderLabeled("dsec_rejects_total", rejects_, &o);
-  o += "# HELP dsec_errors_total Error responses by error code.\n";
-  o += "# TYPE dsec_errors_total counter\n";
+  Describe("dsec_errors_total", "counter", "Error responses by error code.", &o);
   RenderLabeled("dsec_errors_total", errors_, &o);
   return o;
 }
