@@ -95,6 +95,8 @@ int RunEdge(EdgeConfig cfg) {
   if (!store.ok()) return fail("state db", store.status());
   auto audit = AuditLog::Open(cfg.audit_log, cfg.audit_max_bytes, cfg.audit_keep);
   if (!audit.ok()) return fail("audit log", audit.status());
+  // Before the backend: exec observers still inside it when it is torn down report to these.
+  Metrics metrics;
 
   backends::container::ContainerBackendOptions bo;
   bo.state_dir = cfg.state_dir;
@@ -118,7 +120,6 @@ int RunEdge(EdgeConfig cfg) {
   if (!backend.ok()) return fail("container backend", backend.status());
   DSEC_LOG_INFO("{}", (*backend)->Describe());
 
-  Metrics metrics;
   Manager manager(cfg, backend->get(), store->get(), &metrics);
   auto recovered = manager.Recover();
   if (!recovered.ok()) return fail("recover", recovered.status());
