@@ -177,11 +177,8 @@ void AddCreateFlags(CLI::App* cmd, CreateOpts* o) {
 
 int List(const GlobalOptions& g, const std::vector<std::string>& labels, const std::string& state) {
   std::string q = "?limit=1000";
-  for (const auto& l : labels) {
-    if (l.find('=') == std::string::npos || l[0] == '=')
-      return Fail(InvalidArgument("--label takes KEY=VALUE, not \"" + l + "\""));
-    q += "&label=" + UrlEncode(l, false);
-  }
+  if (auto valid = ParseKeyValues(labels, "--label"); !valid.ok()) return Fail(valid.status());
+  for (const auto& l : labels) q += "&label=" + UrlEncode(l, false);  // each one, ANDed
   if (!state.empty()) q += "&state=" + UrlEncode(state, false);
   auto c = Connect(g);
   if (!c.ok()) return Fail(c.status());

@@ -212,8 +212,9 @@ Api::Api(Deps deps) : d_(std::move(deps)) {
   RegisterFileRoutes(this);
 }
 
-void Api::Add(const char* method, const char* pattern, RouteFn fn, bool upload) {
-  routes_.push_back({method, SplitPattern(pattern), fn, upload});
+void Api::Add(const char* method, const char* pattern, RouteFn fn, unsigned flags) {
+  routes_.push_back(
+      {method, SplitPattern(pattern), fn, (flags & kUpload) != 0, (flags & kOnIoThread) != 0});
 }
 
 const Route* Api::Match(const std::string& method, const std::string& target,
@@ -347,8 +348,7 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
                                        scoped, hash, d_.cfg.idempotency_max_body_bytes);
   }
   RouteFn fn = route->fn;
-  // Health answers on the IO thread: it must stay truthful while every worker is busy.
-  if (ctx->req.method == "GET" && ctx->req.path == "/v1/health") return fn(ctx);
+  if (route->on_io_thread) return fn(ctx);
   boost::asio::post(*d_.workers, [ctx, fn] {
     try {
       fn(ctx);

@@ -56,8 +56,11 @@ struct Route {
   std::string method;
   std::vector<std::string> segments;  // literal, or ":name"
   RouteFn fn;
-  bool upload = false;  // raw body up to max_upload_bytes
+  bool upload = false;        // raw body up to max_upload_bytes
+  bool on_io_thread = false;  // cheap and never blocks: answered without a worker
 };
+
+enum RouteFlags : unsigned { kUpload = 1, kOnIoThread = 2 };
 
 class Api {
  public:
@@ -86,7 +89,7 @@ class Api {
  private:
   const Route* Match(const std::string& method, const std::string& target,
                      std::map<std::string, std::string>* params, bool* path_known) const;
-  void Add(const char* method, const char* pattern, RouteFn fn, bool upload = false);
+  void Add(const char* method, const char* pattern, RouteFn fn, unsigned flags = 0);
   friend void RegisterSandboxRoutes(Api* api);
   friend void RegisterExecRoutes(Api* api);
   friend void RegisterFileRoutes(Api* api);

@@ -152,13 +152,13 @@ void GetArchive(const std::shared_ptr<Ctx>& c) {
 }  // namespace
 
 void RegisterFileRoutes(Api* a) {
-  a->Add("PUT", "/v1/sandboxes/:id/files", PutFile, /*upload=*/true);
+  a->Add("PUT", "/v1/sandboxes/:id/files", PutFile, kUpload);
   a->Add("GET", "/v1/sandboxes/:id/files", GetFile);
   a->Add("DELETE", "/v1/sandboxes/:id/files", DeleteFile);
   a->Add("GET", "/v1/sandboxes/:id/files/list", ListFiles);
   a->Add("GET", "/v1/sandboxes/:id/files/stat", StatFile);
   a->Add("POST", "/v1/sandboxes/:id/files/mkdir", MakeDir);
-  a->Add("PUT", "/v1/sandboxes/:id/archive", PutArchive, /*upload=*/true);
+  a->Add("PUT", "/v1/sandboxes/:id/archive", PutArchive, kUpload);
   a->Add("GET", "/v1/sandboxes/:id/archive", GetArchive);
 }
 

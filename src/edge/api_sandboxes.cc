@@ -261,7 +261,8 @@ void RegisterSandboxRoutes(Api* a) {
   a->Add("POST", "/v1/jobs/:job/pause", PauseJob);
   a->Add("POST", "/v1/jobs/:job/resume", ResumeJob);
   a->Add("DELETE", "/v1/jobs/:job", DeleteJob);
-  a->Add("GET", "/v1/health", Health);
+  // On the IO thread: health must stay truthful while every worker is busy.
+  a->Add("GET", "/v1/health", Health, kOnIoThread);
   a->Add("GET", "/v1/node", Node);
   a->Add("GET", "/v1/images", Images);
   a->Add("GET", "/metrics", MetricsText);
