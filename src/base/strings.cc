@@ -1,6 +1,7 @@
 #include "base/strings.h"
 
 #include <charconv>
+#include <cstdio>
 
 namespace dsec {
 
@@ -63,6 +64,12 @@ std::string HexEncode(std::string_view bytes) {
     out.push_back(kHex[c & 15]);
   }
   return out;
+}
+
+std::string FormatNumber(double v) {
+  char b[32];
+  snprintf(b, sizeof b, "%.10g", v);
+  return b;
 }
 
 }  // namespace dsec

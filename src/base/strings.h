@@ -17,5 +17,7 @@ bool StartsWith(std::string_view s, std::string_view prefix);
 std::optional<int64_t> ParseInt64(std::string_view s);
 std::optional<uint64_t> ParseUint64(std::string_view s);
 std::string HexEncode(std::string_view bytes);
+// Shortest readable form of a number: "1", "0.25", "1048576", "1.5e+20" (%.10g).
+std::string FormatNumber(double v);
 
 }  // namespace dsec

@@ -27,5 +27,12 @@ TEST(StringsTest, TrimAndHex) {
   EXPECT_EQ(HexEncode(std::string("\x01\xab", 2)), "01ab");
 }
 
+TEST(StringsTest, FormatNumber) {
+  EXPECT_EQ(FormatNumber(1), "1");
+  EXPECT_EQ(FormatNumber(0.25), "0.25");
+  EXPECT_EQ(FormatNumber(1048576), "1048576");
+  EXPECT_EQ(FormatNumber(1.5e20), "1.5e+20");
+}
+
 }  // namespace
 }  // namespace dsec

@@ -80,11 +80,7 @@ std::string Duration(int64_t ms) {
 
 std::string Num(const Json& j) {
   if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
-  if (j.is_number()) {
-    char b[32];
-    snprintf(b, sizeof b, "%g", j.get<double>());
-    return b;
-  }
+  if (j.is_number()) return FormatNumber(j.get<double>());
   return j.is_string() ? j.get<std::string>() : j.dump();
 }
 

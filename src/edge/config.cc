@@ -92,12 +92,6 @@ Status SetField(const std::string& key, const nlohmann::json& v, Field f) {
   return OkStatus();
 }
 
-std::string Num(double v) {
-  char b[32];
-  snprintf(b, sizeof b, "%.10g", v);
-  return b;
-}
-
 std::string SanitizeNode(const std::string& raw) {
   std::string out;
   for (char c : raw) {
@@ -181,8 +175,8 @@ Status FinalizeConfig(EdgeConfig* c) {
            {"idle_timeout_s", double(c->idle_timeout_s), 1, 86400},
        }) {
     if (!(r.v >= r.lo && r.v <= r.hi))
-      return InvalidArgument(std::string(r.name) + " must be between " + Num(r.lo) + " and " +
-                             Num(r.hi));
+      return InvalidArgument(std::string(r.name) + " must be between " + FormatNumber(r.lo) +
+                             " and " + FormatNumber(r.hi));
   }
   return OkStatus();
 }

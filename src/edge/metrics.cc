@@ -2,15 +2,11 @@
 
 #include <cstdio>
 
+#include "base/strings.h"
+
 namespace dsec::edge {
 
 namespace {
-
-std::string Num(double v) {
-  char b[32];
-  snprintf(b, sizeof b, "%.9g", v);
-  return b;
-}
 
 // Label values are ours (methods, codes, states), but escape anyway: the format requires it.
 std::string Escape(const std::string& v) {
@@ -54,11 +50,11 @@ void Histogram::Render(const std::string& name, std::string* out) const {
   uint64_t cum = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cum += counts_[i];
-    *out += name + "_bucket{le=\"" + Num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
+    *out += name + "_bucket{le=\"" + FormatNumber(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
   }
   cum += counts_.back();
   *out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
-  *out += name + "_sum " + Num(sum_) + "\n";
+  *out += name + "_sum " + FormatNumber(sum_) + "\n";
   *out += name + "_count " + std::to_string(count_) + "\n";
 }
 
