@@ -1,6 +1,7 @@
 #include "agent/agent.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -13,6 +14,7 @@
 #include "agent/files.h"
 #include "agent/shell.h"
 #include "base/clock.h"
+#include "sys/syscalls.h"
 
 namespace dsec::agent {
 
@@ -71,6 +73,17 @@ Agent::Agent(AgentConfig cfg, UniqueFd conn, UniqueFd listen)
     : cfg_(std::move(cfg)), conn_(std::move(conn)), listen_(std::move(listen)) {}
 
 Agent::~Agent() = default;
+
+void Agent::SetZygote(pid_t pid, UniqueFd control) {
+  zygote_control_ = std::move(control);
+  zygote_pidfd_.Reset(sys::PidfdOpen(pid, 0));
+}
+
+bool Agent::ZygoteAlive() const {
+  if (!zygote_control_ || !zygote_pidfd_) return false;
+  pollfd p{zygote_pidfd_.get(), POLLIN, 0};
+  return poll(&p, 1, 0) == 0;  // a pidfd turns readable when the process exits
+}
 
 std::string Agent::NextCgroupName(char prefix) {
   return std::string(1, prefix) + std::to_string(++cgroup_seq_);

@@ -13,6 +13,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -61,7 +62,9 @@ struct AgentConfig {
   bool cgroup_kill = true;
   uint32_t max_execs = 64;
   std::string secret;
-  int64_t orphan_timeout_ms = -1;  // see SetupSpec
+  int64_t orphan_timeout_ms = -1;              // see SetupSpec
+  std::optional<protocol::ZygoteSpec> zygote;  // an fncall worker (zygote_link.h)
+  UniqueFd zygote_binary;                      // until the zygote is started
 };
 
 class Agent {
@@ -74,6 +77,11 @@ class Agent {
   // --- used by operations ---
   Loop& loop() { return loop_; }
   const AgentConfig& config() const { return cfg_; }
+  AgentConfig& mutable_config() { return cfg_; }
+  // The fncall zygote, once started (zygote_link.h).
+  void SetZygote(pid_t pid, UniqueFd control);
+  bool ZygoteAlive() const;
+  int zygote_control() const { return zygote_control_.get(); }
   void Send(protocol::FrameType type, uint8_t flags, uint32_t channel, std::string_view payload);
   void SendJson(protocol::FrameType type, uint32_t channel, const protocol::Json& j);
   // Final response: sends it and retires the op.
@@ -147,6 +155,8 @@ class Agent {
   std::set<std::string> lingering_;
   int active_processes_ = 0;
   uint64_t cgroup_seq_ = 0;
+  UniqueFd zygote_control_;
+  UniqueFd zygote_pidfd_;
 };
 
 }  // namespace dsec::agent

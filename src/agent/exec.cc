@@ -9,7 +9,9 @@
 
 #include <cstring>
 
+#include "agent/zygote_link.h"
 #include "base/clock.h"
+#include "base/fd_passing.h"
 
 namespace dsec::agent {
 
@@ -50,12 +52,23 @@ class StdinWriter : public EventHandler {
   ExecOp* op_;
 };
 
+// The call socket of an fncall (zygote_link.h): the call's end result.
+class CallReader : public EventHandler {
+ public:
+  explicit CallReader(ExecOp* op) : op_(op) {}
+  void OnEvent(uint32_t) override;
+
+ private:
+  ExecOp* op_;
+};
+
 class ExecOp : public Op {
  public:
   ExecOp(Agent* agent, uint32_t channel, protocol::ExecSpec spec)
-      : Op(agent, channel), spec_(std::move(spec)), stdin_writer_(this) {}
+      : Op(agent, channel), spec_(std::move(spec)), stdin_writer_(this), call_reader_(this) {}
 
   ~ExecOp() override {
+    EndCall();
     for (auto* s : {out_.get(), err_.get()})
       if (s && s->fd()) agent_->loop().Remove(s->fd().get());
     if (stdin_w_) agent_->loop().Remove(stdin_w_.get());
@@ -97,10 +110,17 @@ class ExecOp : public Op {
       }
     }
     start_ms_ = MonotonicUs() / 1000.0;
-    DSEC_ASSIGN_OR_RETURN(child_, Spawn(*agent_, req));
+    if (spec_.fncall) {
+      if (spec_.tty) return InvalidArgument("an fncall has no terminal");
+      DSEC_ASSIGN_OR_RETURN(call_, SendZygoteCall(*agent_, protocol::ToJson(*spec_.fncall).dump(),
+                                                  req.stdin_fd, req.stdout_fd, req.stderr_fd));
+      DSEC_RETURN_IF_ERROR(agent_->loop().Add(call_.get(), EPOLLIN, &call_reader_));
+    } else {
+      DSEC_ASSIGN_OR_RETURN(child_, Spawn(*agent_, req));
+      agent_->WatchChild(child_.pid, this);
+    }
     agent_->AdjustActive(1);
     counted_ = true;
-    agent_->WatchChild(child_.pid, this);
     for (auto* s : {out_.get(), err_.get()}) {
       if (!s) continue;
       fcntl(s->fd().get(), F_SETFL, O_NONBLOCK);
@@ -230,7 +250,48 @@ class ExecOp : public Op {
     }
   }
 
+  // An fncall ends when its call socket closes: the call's init exits, and with it every
+  // process in the call's pid namespace.
+  void EndCall() {
+    if (!call_) return;
+    agent_->loop().Remove(call_.get());
+    call_.Reset();
+  }
+
+  void OnCallEvent() {
+    std::string buf;
+    std::vector<UniqueFd> fds;
+    auto n = RecvWithFds(call_.get(), 64 << 10, 0, &buf, &fds);
+    if (!n.ok() && (n.status().code() == StatusCode::kUnavailable)) return;
+    EndCall();
+    int status = SIGKILL;  // gone without a word: killed (the edge checks for an OOM kill)
+    if (n.ok() && *n == 0) {
+      // The zygote may have said why it could not serve the call before it went away.
+      std::string why = ZygoteError(*agent_);
+      if (!why.empty()) {
+        std::string msg = "dsec: fncall worker: " + why + "\n";
+        Deliver(protocol::kStderr, msg.data(), msg.size());
+      }
+    }
+    if (n.ok() && *n > 0) {
+      auto j = protocol::ParseJson(buf);
+      if (j.ok() && j->contains("status") && (*j)["status"].is_number_integer()) {
+        status = (*j)["status"].get<int>();
+      } else if (j.ok() && j->contains("error") && (*j)["error"].is_string()) {
+        std::string msg = "dsec: fncall: " + (*j)["error"].get<std::string>() + "\n";
+        Deliver(protocol::kStderr, msg.data(), msg.size());
+        status = 126 << 8;
+      }
+    }
+    OnChildExit(0, status);
+  }
+
   void KillTree() {
+    if (spec_.fncall) {
+      EndCall();
+      if (!child_exited_ && !cancelled_) OnChildExit(0, SIGKILL);
+      return;
+    }
     if (child_.pid <= 0) return;  // never started: kill(-1) would hit every process
     if (!child_.cgroup.empty()) KillCgroup(*agent_, child_.cgroup);
     // Also by pid while it is unreaped (so the pid is still ours): a kill that lands before
@@ -250,6 +311,7 @@ class ExecOp : public Op {
   void Cancel() override {
     cancelled_ = true;
     agent_->SetDeadline(this, 0);
+    if (spec_.fncall) KillTree();
     if (!child_exited_ && child_.pid > 0) {
       KillTree();
       agent_->UnwatchChild(child_.pid);  // the loop's generic reaper collects it
@@ -258,6 +320,7 @@ class ExecOp : public Op {
   }
 
   void OnChildExit(pid_t, int status) override {
+    if (child_exited_) return;
     child_exited_ = true;
     agent_->SetDeadline(this, 0);
     if (timed_out_) KillTree();  // anything still in the exec's cgroup goes with it
@@ -278,7 +341,7 @@ class ExecOp : public Op {
     r.stdout_bytes = out_bytes_;
     r.stderr_bytes = err_bytes_;
     r.duration_ms = MonotonicUs() / 1000.0 - start_ms_;
-    r.pid = child_.pid;
+    r.pid = std::max(0, static_cast<int>(child_.pid));
     Release();
     agent_->Finish(this, protocol::ToJson(r));
   }
@@ -286,6 +349,7 @@ class ExecOp : public Op {
  private:
   friend class OutStream;
   friend class StdinWriter;
+  friend class CallReader;
 
   Status OpenPty(UniqueFd* slave) {
     UniqueFd master(open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC));
@@ -338,6 +402,8 @@ class ExecOp : public Op {
   std::unique_ptr<OutStream> out_, err_;
   UniqueFd stdin_w_;
   StdinWriter stdin_writer_;
+  CallReader call_reader_;
+  UniqueFd call_;  // fncall: the call socket
   std::string stdin_buf_;
   bool stdin_eof_ = false, stdin_closed_ = false, stdin_registered_ = false;
   bool pty_ = false, child_exited_ = false, timed_out_ = false, cancelled_ = false;
@@ -365,6 +431,8 @@ bool OutStream::ReadAvailable(int budget) {
 }
 
 void StdinWriter::OnEvent(uint32_t) { op_->PumpStdin(); }
+
+void CallReader::OnEvent(uint32_t) { op_->OnCallEvent(); }
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 
 #include "agent/agent.h"
 #include "agent/setup.h"
+#include "agent/zygote_link.h"
 
 using dsec::agent::kChannelFd;
 using dsec::protocol::FrameType;
@@ -63,9 +64,10 @@ int main(int argc, char** argv) {
   if (!spec.ok()) Fail(spec.status());
   auto setup = dsec::agent::RunSetup(*spec, fds);
   if (!setup.ok()) Fail(setup.status().WithContext("sandbox setup"));
-  SendBlocking(FrameType::kReady, {{"pid", getpid()}});
-
   dsec::agent::Agent agent(std::move(setup->config), dsec::UniqueFd(kChannelFd),
                            std::move(setup->listen));
+  // An fncall worker is ready once its zygote is warm.
+  if (dsec::Status s = dsec::agent::StartZygote(agent); !s.ok()) Fail(s);
+  SendBlocking(FrameType::kReady, {{"pid", getpid()}});
   return agent.Run();
 }

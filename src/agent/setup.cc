@@ -71,6 +71,8 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   // edge can check who it talks to.
   if (listen && ::listen(listen.get(), 4) < 0) return ErrnoError("listen agent.sock");
   DSEC_ASSIGN_OR_RETURN(UniqueFd cgroup_user, take(spec.fds.cgroup_user, "cgroup"));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd zygote_binary, take(spec.fds.zygote_binary, "zygote binary"));
+  if (spec.zygote && !zygote_binary) return InvalidArgument("setup is missing the zygote binary");
   std::vector<UniqueFd> layers;
   std::vector<int> layer_fds;
   for (int i = 0; i < spec.fds.layer_count; ++i) {
@@ -109,6 +111,8 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   r.config.max_execs = spec.max_execs;
   r.config.secret = spec.secret;
   r.config.orphan_timeout_ms = spec.orphan_timeout_ms;
+  r.config.zygote = spec.zygote;
+  r.config.zygote_binary = std::move(zygote_binary);
   return r;
 }
 

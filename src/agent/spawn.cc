@@ -78,7 +78,9 @@ std::string EnvValue(const std::vector<std::string>& env, const std::string& key
   isolation::ExecCredentials creds;
   creds.uid = req.uid;
   creds.gid = req.gid;
-  creds.caps = req.uid == 0 && req.root_caps ? isolation::RootCapabilities() : 0;
+  creds.caps = req.uid == 0 && req.caps        ? *req.caps
+               : req.uid == 0 && req.root_caps ? isolation::RootCapabilities()
+                                               : 0;
   creds.rlimits = cfg.rlimits;  // seccomp: inherited from the agent
   if (Status s = isolation::ApplyExecCredentials(creds); !s.ok()) ChildFail(err_fd, s);
   umask(022);

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,8 @@ struct SpawnRequest {
   uid_t uid = 1000;
   gid_t gid = 1000;
   bool root_caps = false;
-  int stdin_fd = -1;  // child ends; -1 = /dev/null
+  std::optional<uint64_t> caps;  // overrides the root capability set (uid 0 only)
+  int stdin_fd = -1;             // child ends; -1 = /dev/null
   int stdout_fd = -1;
   int stderr_fd = -1;
   bool controlling_tty = false;  // stdin_fd is a pty slave to become the controlling tty

@@ -24,7 +24,17 @@ namespace dsec::backends {
 using ExecResult = protocol::ExecResult;
 using FileEntry = protocol::FileEntry;
 
+// An fncall worker: the sandbox also runs a resident zygote (backends/fncall/zygote.h) that
+// serves ExecRequest::fncall calls, each in fresh namespaces forked from it.
+struct WorkerSpec {
+  std::string runtime = "python";    // python | exec
+  std::vector<std::string> preload;  // python: modules imported once, before any call
+  std::vector<std::string> command;  // exec: argv; the call's code is appended
+  int64_t call_disk_mb = 64;         // each call's fresh workdir, /tmp and /dev/shm
+};
+
 struct SandboxSpec {
+  std::optional<WorkerSpec> worker;
   std::string id;  // chosen by the caller (unique per node)
   std::string kind = "container";
   std::string image = "host";
@@ -42,6 +52,7 @@ enum class SandboxState { kCreating, kRunning, kPaused, kFailed, kDestroyed };
 std::string_view SandboxStateName(SandboxState s);
 
 struct ExecRequest {
+  std::optional<protocol::FnCallSpec> fncall;  // fncall workers only: instead of cmd
   std::vector<std::string> cmd;
   std::optional<std::string> shell;  // run by /bin/sh -c instead of cmd
   std::map<std::string, std::string> env;
@@ -132,6 +143,9 @@ class Sandbox {
   virtual Status Pause() = 0;
   virtual Status Resume() = 0;
   virtual StatusOr<SandboxStats> Stats() = 0;
+  // Changes the memory limit (bytes, the writable layer included); fncall pools set each
+  // call's limit on its worker.
+  virtual Status SetMemoryLimit(int64_t bytes) = 0;
   // Removes every kernel object and file the sandbox made. Safe to call twice.
   virtual Status Destroy() = 0;
 

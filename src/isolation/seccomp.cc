@@ -406,17 +406,35 @@ StatusOr<Ctx> Build(const SeccompOptions& opts) {
   for (const char* n : kPtrace)
     DSEC_RETURN_IF_ERROR(Rule(c, opts.allow_ptrace ? SCMP_ACT_ALLOW : eperm, n, 0));
   for (const char* n : kDenied) {
-    if (std::string_view(n) == "personality") continue;
+    std::string_view name(n);
+    if (name == "personality") continue;
+    if (opts.zygote && (name == "mount" || name == "umount2")) {
+      DSEC_RETURN_IF_ERROR(Rule(c, SCMP_ACT_ALLOW, n, 0));
+      continue;
+    }
+    if (opts.zygote && name == "unshare") continue;  // flag-checked like clone, below
     DSEC_RETURN_IF_ERROR(Rule(c, eperm, n, 0));
   }
 
-  // clone: allowed without namespace flags (fork, threads); with any of them, EPERM.
-  scmp_arg_cmp no_ns = SCMP_A0(SCMP_CMP_MASKED_EQ, kNamespaceFlags, 0);
+  // clone: allowed without namespace flags (fork, threads); with any of them, EPERM (the
+  // zygote profile allows the per-call mount, pid and ipc namespaces).
+  const uint64_t refused_ns =
+      opts.zygote ? kNamespaceFlags & ~uint64_t{CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC}
+                  : kNamespaceFlags;
+  scmp_arg_cmp no_ns = SCMP_A0(SCMP_CMP_MASKED_EQ, refused_ns, 0);
   DSEC_RETURN_IF_ERROR(Rule(c, SCMP_ACT_ALLOW, "clone", 1, &no_ns));
   for (uint64_t bit = 1; bit; bit <<= 1) {
-    if (!(kNamespaceFlags & bit)) continue;
+    if (!(refused_ns & bit)) continue;
     scmp_arg_cmp has = SCMP_A0(SCMP_CMP_MASKED_EQ, bit, bit);
     DSEC_RETURN_IF_ERROR(Rule(c, eperm, "clone", 1, &has));
+  }
+  if (opts.zygote) {
+    DSEC_RETURN_IF_ERROR(Rule(c, SCMP_ACT_ALLOW, "unshare", 1, &no_ns));
+    for (uint64_t bit = 1; bit; bit <<= 1) {
+      if (!(refused_ns & bit)) continue;
+      scmp_arg_cmp has = SCMP_A0(SCMP_CMP_MASKED_EQ, bit, bit);
+      DSEC_RETURN_IF_ERROR(Rule(c, eperm, "unshare", 1, &has));
+    }
   }
   // clone3 gets the default action, ENOSYS (libseccomp refuses a rule equal to the default).
 

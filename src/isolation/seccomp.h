@@ -22,6 +22,11 @@ struct SeccompOptions {
   // Allow ptrace/process_vm_* of the caller's own processes (strace, gdb). The kernel's
   // ptrace access checks still keep the agent and other uids out.
   bool allow_ptrace = true;
+  // The looser profile of an fncall worker (its agent and zygote): additionally mount/umount2
+  // and clone with CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC, which the zygote needs to give
+  // each call fresh namespaces and tmpfs. Each call's child installs the full profile on top
+  // before user code runs (filters stack; the strictest answer wins).
+  bool zygote = false;
 };
 
 // Returns the filter programs (currently one), each a struct sock_filter array in bytes, to be

@@ -187,12 +187,18 @@ Json ToJson(const SetupSpec& s) {
           {"cgroup_kill", s.cgroup_kill},
           {"max_execs", s.max_execs},
           {"orphan_timeout_ms", s.orphan_timeout_ms},
+          {"zygote", s.zygote ? Json{{"args", s.zygote->args},
+                                     {"env", s.zygote->env},
+                                     {"call_seccomp", ProgramsToJson(s.zygote->call_seccomp)},
+                                     {"caps", s.zygote->caps}}
+                              : Json()},
           {"fds",
            {{"mount_dir", s.fds.mount_dir},
             {"listen", s.fds.listen},
             {"cgroup_user", s.fds.cgroup_user},
             {"first_layer", s.fds.first_layer},
-            {"layer_count", s.fds.layer_count}}}};
+            {"layer_count", s.fds.layer_count},
+            {"zygote_binary", s.fds.zygote_binary}}}};
 }
 
 StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
@@ -227,8 +233,19 @@ StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(int64_t cg, GetInt(*fds, "cgroup_user", -1, -1, 252));
   DSEC_ASSIGN_OR_RETURN(int64_t fl, GetInt(*fds, "first_layer", -1, -1, 252));
   DSEC_ASSIGN_OR_RETURN(int64_t lc, GetInt(*fds, "layer_count", 0, 0, 252));
-  s.fds = {static_cast<int>(md), static_cast<int>(ls), static_cast<int>(cg), static_cast<int>(fl),
-           static_cast<int>(lc)};
+  DSEC_ASSIGN_OR_RETURN(int64_t zb, GetInt(*fds, "zygote_binary", -1, -1, 252));
+  s.fds = {static_cast<int>(md), static_cast<int>(ls), static_cast<int>(cg),
+           static_cast<int>(fl), static_cast<int>(lc), static_cast<int>(zb)};
+  if (auto z = j.find("zygote"); z != j.end() && !z->is_null()) {
+    if (!z->is_object()) return InvalidArgument("zygote must be an object");
+    ZygoteSpec zs;
+    DSEC_ASSIGN_OR_RETURN(zs.args, GetStringList(*z, "args", 256));
+    DSEC_ASSIGN_OR_RETURN(zs.env, GetStringList(*z, "env", 4096));
+    DSEC_ASSIGN_OR_RETURN(zs.call_seccomp, ProgramsFromJson(*z, "call_seccomp"));
+    auto zc = z->find("caps");
+    if (zc != z->end() && zc->is_number_unsigned()) zs.caps = zc->get<uint64_t>();
+    s.zygote = std::move(zs);
+  }
   return s;
 }
 
@@ -246,14 +263,44 @@ Json ToJson(const ExecSpec& s) {
             {"cols", s.cols},
             {"rows", s.rows}};
   if (!s.stdin_data.empty()) j["stdin_b64"] = Base64Encode(s.stdin_data);
+  if (s.fncall) j["fncall"] = ToJson(*s.fncall);
   return j;
+}
+
+Json ToJson(const FnCallSpec& f) {
+  Json files = Json::array();
+  for (const auto& [name, data] : f.files) files.push_back({name, Base64Encode(data)});
+  return {{"code", f.code}, {"filename", f.filename}, {"files", files}};
+}
+
+StatusOr<FnCallSpec> FnCallSpecFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("fncall must be an object");
+  FnCallSpec f;
+  DSEC_ASSIGN_OR_RETURN(f.code, GetString(j, "code"));
+  DSEC_ASSIGN_OR_RETURN(f.filename, GetString(j, "filename", ""));
+  if (auto it = j.find("files"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > 1024)
+      return InvalidArgument("fncall.files must be an array of at most 1024 entries");
+    for (const auto& e : *it) {
+      if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_string())
+        return InvalidArgument("fncall.files entries must be [name, base64]");
+      auto data = Base64Decode(e[1].get<std::string>());
+      if (!data) return InvalidArgument("fncall.files content is not base64");
+      f.files.emplace_back(e[0].get<std::string>(), std::move(*data));
+    }
+  }
+  return f;
 }
 
 StatusOr<ExecSpec> ExecSpecFromJson(const Json& j) {
   if (!j.is_object()) return InvalidArgument("exec spec must be an object");
   ExecSpec s;
+  if (auto fc = j.find("fncall"); fc != j.end() && !fc->is_null()) {
+    DSEC_ASSIGN_OR_RETURN(s.fncall, FnCallSpecFromJson(*fc));
+  }
   DSEC_ASSIGN_OR_RETURN(s.argv, GetStringList(j, "argv", 65536));
-  if (s.argv.empty() || s.argv[0].empty()) return InvalidArgument("argv must not be empty");
+  if (!s.fncall && (s.argv.empty() || s.argv[0].empty()))
+    return InvalidArgument("argv must not be empty");
   DSEC_ASSIGN_OR_RETURN(s.env, GetStringList(j, "env", 4096));
   DSEC_ASSIGN_OR_RETURN(s.cwd, GetString(j, "cwd", "/"));
   DSEC_ASSIGN_OR_RETURN(int64_t uid, GetInt(j, "uid", 1000, 0, 65535));

@@ -30,6 +30,16 @@ struct SetupFds {
   int cgroup_user = -1;  // cgroup2 <sb>/user dir (may be absent)
   int first_layer = -1;  // layers follow, in order
   int layer_count = 0;
+  int zygote_binary = -1;  // sealed memfd of dsec-zygote (fncall workers)
+};
+
+// What the agent of an fncall worker starts once it is set up: a resident zygote
+// (backends/fncall/zygote.h) that serves FnCallSpec execs by forking, one call at a time.
+struct ZygoteSpec {
+  std::vector<std::string> args;          // after argv[0] (the sealed binary)
+  std::vector<std::string> env;           // complete environment
+  std::vector<std::string> call_seccomp;  // the full profile each call installs on itself
+  uint64_t caps = 0;                      // what the zygote keeps (it runs as root)
 };
 
 struct SetupSpec {
@@ -47,14 +57,23 @@ struct SetupSpec {
   // How long the agent waits for an edge after its connection dropped before ending the
   // sandbox: -1 forever (an edge may restart and re-adopt it), 0 at once.
   int64_t orphan_timeout_ms = -1;
+  std::optional<ZygoteSpec> zygote;
   SetupFds fds;
 };
 Json ToJson(const SetupSpec& s);
 StatusOr<SetupSpec> SetupSpecFromJson(const Json& j);
 
+// A function call served by an fncall worker's zygote (instead of starting argv).
+struct FnCallSpec {
+  std::string code;
+  std::string filename;                                    // for tracebacks; may be empty
+  std::vector<std::pair<std::string, std::string>> files;  // relative path -> content
+};
+
 struct ExecSpec {
-  std::vector<std::string> argv;  // argv[0] looked up in PATH from env when it has no '/'
-  std::vector<std::string> env;   // complete environment, "K=V"
+  std::optional<FnCallSpec> fncall;  // set: argv is ignored (and may be empty)
+  std::vector<std::string> argv;     // argv[0] looked up in PATH from env when it has no '/'
+  std::vector<std::string> env;      // complete environment, "K=V"
   std::string cwd = "/";
   uint32_t uid = 1000, gid = 1000;
   bool root_caps = false;               // keep the reduced root capability set (uid 0 only)
@@ -65,6 +84,8 @@ struct ExecSpec {
   bool tty = false;
   uint16_t cols = 80, rows = 24;
 };
+Json ToJson(const FnCallSpec& f);
+StatusOr<FnCallSpec> FnCallSpecFromJson(const Json& j);
 Json ToJson(const ExecSpec& s);
 StatusOr<ExecSpec> ExecSpecFromJson(const Json& j);
 

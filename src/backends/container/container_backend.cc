@@ -24,20 +24,22 @@ namespace dsec::backends::container {
 
 namespace {
 
-std::string DefaultAgentPath() {
-  if (const char* env = getenv("DSEC_AGENT_PATH"); env && *env) return env;
+// A helper binary: $<env>, else installed beside this binary, else in the build tree
+// (src/cli/dsec -> src/<subdir>/<name>).
+std::string DefaultHelperPath(const char* env_name, const std::string& name,
+                              const std::string& subdir) {
+  if (const char* env = getenv(env_name); env && *env) return env;
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "dsec-agent";
+  if (n <= 0) return name;
   std::string self(buf, static_cast<size_t>(n));
   std::string dir = self.substr(0, self.rfind('/'));
-  // Installed side by side, or the build tree (src/cli/dsec -> src/agent/dsec-agent).
   for (const std::string& cand :
-       {dir + "/dsec-agent", dir + "/../agent/dsec-agent", dir + "/../src/agent/dsec-agent",
-        dir + "/src/agent/dsec-agent"}) {
+       {dir + "/" + name, dir + "/../" + subdir + "/" + name,
+        dir + "/../src/" + subdir + "/" + name, dir + "/src/" + subdir + "/" + name}) {
     if (access(cand.c_str(), X_OK) == 0) return cand;
   }
-  return dir + "/dsec-agent";
+  return dir + "/" + name;
 }
 
 }  // namespace
@@ -98,9 +100,16 @@ Status ContainerBackend::Init() {
   isolation::SeccompOptions so;
   so.allow_ptrace = opts_.allow_ptrace;
   DSEC_ASSIGN_OR_RETURN(seccomp_, isolation::BuildUserSeccompFilter(so));
+  so.zygote = true;
+  DSEC_ASSIGN_OR_RETURN(zygote_seccomp_, isolation::BuildUserSeccompFilter(so));
 
-  if (opts_.agent_path.empty()) opts_.agent_path = DefaultAgentPath();
+  if (opts_.agent_path.empty())
+    opts_.agent_path = DefaultHelperPath("DSEC_AGENT_PATH", "dsec-agent", "agent");
   DSEC_ASSIGN_OR_RETURN(agent_memfd_, SealAgentBinary(opts_.agent_path));
+  if (opts_.zygote_path.empty())
+    opts_.zygote_path = DefaultHelperPath("DSEC_ZYGOTE_PATH", "dsec-zygote", "backends");
+  // Optional: without it the node simply has no fncall workers (creating one says why).
+  if (auto z = SealAgentBinary(opts_.zygote_path); z.ok()) zygote_memfd_ = std::move(*z);
 
   DSEC_ASSIGN_OR_RETURN(launcher_, Launcher::Start({opts_.state_dir}));
   uid_slots_.assign(opts_.userns_slots, false);

@@ -22,8 +22,9 @@
 namespace dsec::backends::container {
 
 struct ContainerBackendOptions {
-  std::string state_dir;   // required; sandboxes/<id> and images/ live here
-  std::string agent_path;  // default: $DSEC_AGENT_PATH, else dsec-agent beside this binary
+  std::string state_dir;    // required; sandboxes/<id> and images/ live here
+  std::string agent_path;   // default: $DSEC_AGENT_PATH, else dsec-agent beside this binary
+  std::string zygote_path;  // default: $DSEC_ZYGOTE_PATH, else dsec-zygote beside this binary
   isolation::FeatureSwitches features;
   std::string cgroup_mode = "auto";  // auto | v1 | v2
   int64_t parent_memory_bytes = 0;   // limit on all sandboxes together; 0 = none
@@ -85,7 +86,9 @@ class ContainerBackend : public Backend {
   isolation::HostImageOptions host_image_opts_;
   isolation::HostImage host_image_;  // GUARDED_BY(host_image_mu_)
   std::vector<std::string> seccomp_;
+  std::vector<std::string> zygote_seccomp_;  // fncall workers (SeccompOptions::zygote)
   UniqueFd agent_memfd_;
+  UniqueFd zygote_memfd_;  // invalid when dsec-zygote was not found
   std::unique_ptr<IoRunner> io_;
   std::unique_ptr<Launcher> launcher_;
   std::unique_ptr<isolation::NetnsPool> netns_;  // null when pooling is off

@@ -14,8 +14,10 @@
 
 #include "backends/container/container_backend.h"
 #include "base/clock.h"
+#include "base/fd_passing.h"
 #include "base/file_util.h"
 #include "base/ids.h"
+#include "base/strings.h"
 #include "isolation/userns.h"
 
 namespace dsec::backends::container {
@@ -52,32 +54,14 @@ Status ReadFrameTimeout(int fd, int timeout_ms, protocol::FrameDecoder* dec, Fra
   return OkStatus();
 }
 
-Status SendWithFds(int sock, const std::string& bytes, const std::vector<int>& fds) {
-  size_t off = 0;
-  bool first = true;
-  while (off < bytes.size()) {
-    iovec io{const_cast<char*>(bytes.data() + off), bytes.size() - off};
-    msghdr m{};
-    m.msg_iov = &io;
-    m.msg_iovlen = 1;
-    std::vector<char> cm;
-    if (first && !fds.empty()) {
-      cm.resize(CMSG_SPACE(sizeof(int) * fds.size()));
-      m.msg_control = cm.data();
-      m.msg_controllen = cm.size();
-      cmsghdr* h = CMSG_FIRSTHDR(&m);
-      h->cmsg_level = SOL_SOCKET;
-      h->cmsg_type = SCM_RIGHTS;
-      h->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      memcpy(CMSG_DATA(h), fds.data(), sizeof(int) * fds.size());
+void SetEnv(std::vector<std::string>* env, const std::string& k, const std::string& v) {
+  for (auto& e : *env) {
+    if (e.size() > k.size() && e.compare(0, k.size(), k) == 0 && e[k.size()] == '=') {
+      e = k + "=" + v;
+      return;
     }
-    ssize_t n = sendmsg(sock, &m, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError("send setup to agent");
-    off += static_cast<size_t>(n);
-    first = false;
   }
-  return OkStatus();
+  env->push_back(k + "=" + v);
 }
 
 class ExecHandleImpl : public ExecHandle {
@@ -476,6 +460,34 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   if (s.rlimits.fsize == 0) s.rlimits.fsize = r.size_bytes;
   s.seccomp = b.seccomp_;
   s.agent_caps = isolation::RootCapabilities() | isolation::CapMask({CAP_DAC_READ_SEARCH});
+  if (spec_.worker) {
+    // The zygote mounts each call's tmpfs and makes its namespaces: CAP_SYS_ADMIN, which only
+    // means something inside the sandbox's own user namespace.
+    if (userns_fd < 0)
+      return FailedPrecondition("fncall workers need user namespaces (userns is off or missing)");
+    if (!b.zygote_memfd_)
+      return FailedPrecondition("dsec-zygote not found at \"" + b.opts_.zygote_path + "\"");
+    const WorkerSpec& w = *spec_.worker;
+    protocol::ZygoteSpec z;
+    z.args = {"--runtime=" + w.runtime, "--workdir=" + spec_.workdir,
+              "--tmpfs-mb=" + std::to_string(w.call_disk_mb),
+              "--inodes=" + std::to_string(std::max<int64_t>(4096, w.call_disk_mb * 256))};
+    if (!w.preload.empty()) z.args.push_back("--preload=" + JoinStrings(w.preload, ","));
+    DSEC_ASSIGN_OR_RETURN(UserIds u, ResolveUser(spec_.user));
+    z.args.push_back("--uid=" + std::to_string(u.uid));
+    z.args.push_back("--gid=" + std::to_string(u.gid));
+    if (w.runtime == "exec") {
+      z.args.push_back("--");
+      for (const auto& a : w.command) z.args.push_back(a);
+    }
+    z.env = BaseEnv(u, false);
+    for (const auto& [k, v] : spec_.env) SetEnv(&z.env, k, v);
+    z.call_seccomp = b.seccomp_;
+    z.caps = isolation::RootCapabilities() | isolation::CapMask({CAP_SYS_ADMIN});
+    s.agent_caps |= z.caps;
+    s.seccomp = b.zygote_seccomp_;
+    s.zygote = std::move(z);
+  }
   s.cgroup_kill = b.features_.cgroup_kill;
   s.max_execs = b.opts_.max_execs_per_sandbox;
   s.orphan_timeout_ms = b.opts_.orphan_timeout_ms;
@@ -489,6 +501,10 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   s.fds.first_layer = static_cast<int>(fds.size());
   s.fds.layer_count = static_cast<int>(layers.size());
   for (const auto& l : layers) fds.push_back(l.get());
+  if (spec_.worker) {
+    s.fds.zygote_binary = static_cast<int>(fds.size());
+    fds.push_back(b.zygote_memfd_.get());
+  }
 
   std::string frame;
   DSEC_RETURN_IF_ERROR(
@@ -529,16 +545,6 @@ std::vector<std::string> ContainerSandbox::BaseEnv(const UserIds& u, bool tty) c
 }
 
 namespace {
-void SetEnv(std::vector<std::string>* env, const std::string& k, const std::string& v) {
-  for (auto& e : *env) {
-    if (e.size() > k.size() && e.compare(0, k.size(), k) == 0 && e[k.size()] == '=') {
-      e = k + "=" + v;
-      return;
-    }
-  }
-  env->push_back(k + "=" + v);
-}
-
 Status ValidateEnv(const std::map<std::string, std::string>& env) {
   for (const auto& [k, v] : env)
     if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
@@ -550,7 +556,10 @@ Status ValidateEnv(const std::map<std::string, std::string>& env) {
 
 StatusOr<protocol::ExecSpec> ContainerSandbox::BuildExecSpec(const ExecRequest& req) {
   protocol::ExecSpec s;
-  if (req.shell) {
+  if (req.fncall) {
+    if (!spec_.worker) return InvalidArgument("sandbox " + spec_.id + " is not an fncall worker");
+    s.fncall = req.fncall;
+  } else if (req.shell) {
     s.argv = {"/bin/sh", "-c", *req.shell};
   } else {
     if (req.cmd.empty() || req.cmd[0].empty()) return InvalidArgument("cmd must not be empty");
@@ -778,6 +787,15 @@ Status ContainerSandbox::Resume() {
   DSEC_RETURN_IF_ERROR(cgroup_->Thaw());
   state_ = SandboxState::kRunning;
   return OkStatus();
+}
+
+Status ContainerSandbox::SetMemoryLimit(int64_t bytes) {
+  if (!cgroup_) return FailedPrecondition("sandbox " + spec_.id + " has no cgroup");
+  isolation::CgroupLimits limits;
+  limits.memory_bytes = bytes;
+  limits.pids = spec_.pids;
+  limits.cpus = spec_.cpus;
+  return cgroup_->SetLimits(limits);
 }
 
 StatusOr<SandboxStats> ContainerSandbox::Stats() {

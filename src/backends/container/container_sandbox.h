@@ -61,6 +61,7 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   Status Pause() override;
   Status Resume() override;
   StatusOr<SandboxStats> Stats() override;
+  Status SetMemoryLimit(int64_t bytes) override;
   Status Destroy() override;
   std::vector<std::string> ListShells() override;
   std::string AdoptionHandle() const override;

@@ -1,0 +1,377 @@
+// dsec-zygote; see zygote.h for the process structure and messages.
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/close_range.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/fncall/zygote.h"
+#include "backends/fncall/zygote_python.h"
+#include "base/base64.h"
+#include "base/fd_passing.h"
+#include "base/status.h"
+#include "base/strings.h"
+#include "base/unique_fd.h"
+#include "isolation/credentials.h"
+#include "protocol/messages.h"
+#include "sys/syscalls.h"
+
+extern char** environ;
+
+namespace dsec::fncall {
+namespace {
+
+using Json = nlohmann::json;
+
+struct Options {
+  std::string runtime = "exec";  // python | exec
+  std::vector<std::string> preload;
+  std::vector<std::string> command;  // exec: the code is appended as the last argument
+  uid_t uid = 1000;
+  gid_t gid = 1000;
+  std::string workdir = "/workspace";
+  uint64_t tmpfs_mb = 64;
+  uint64_t inodes = 16384;
+};
+
+struct InitMsg {
+  std::vector<std::string> seccomp;
+  isolation::Rlimits rlimits;
+};
+
+// Exit codes of the call init before it has a call, which tell the zygote what happened.
+constexpr int kExitControlClosed = 3;
+constexpr int kExitSetupFailed = 4;
+
+void SendJson(int fd, const Json& j) {
+  std::string s = j.dump();
+  (void)!send(fd, s.data(), s.size(), MSG_NOSIGNAL);
+}
+
+[[noreturn]] void Fatal(int control, const std::string& what) {
+  SendJson(control, {{"error", what}});
+  _exit(1);
+}
+
+StatusOr<Options> ParseArgs(int argc, char** argv) {
+  Options o;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    auto eq = a.find('=');
+    if (a.rfind("--", 0) != 0 || eq == std::string::npos)
+      return InvalidArgument("bad argument \"" + a + "\"");
+    std::string k = a.substr(2, eq - 2), v = a.substr(eq + 1);
+    if (k == "runtime") {
+      o.runtime = v;
+    } else if (k == "preload") {
+      for (auto m : SplitString(v, ',', true)) o.preload.emplace_back(m);
+    } else if (k == "uid" || k == "gid" || k == "tmpfs-mb" || k == "inodes") {
+      auto n = ParseInt64(v);
+      if (!n || *n < 0) return InvalidArgument("bad value for --" + k);
+      if (k == "uid") o.uid = static_cast<uid_t>(*n);
+      if (k == "gid") o.gid = static_cast<gid_t>(*n);
+      if (k == "tmpfs-mb") o.tmpfs_mb = static_cast<uint64_t>(*n);
+      if (k == "inodes") o.inodes = static_cast<uint64_t>(*n);
+    } else if (k == "workdir") {
+      o.workdir = v;
+    } else {
+      return InvalidArgument("unknown option --" + k);
+    }
+  }
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  if (o.runtime != "python" && o.runtime != "exec")
+    return InvalidArgument("unknown runtime \"" + o.runtime + "\"");
+  if (o.runtime == "exec" && o.command.empty())
+    return InvalidArgument("the exec runtime needs a command after --");
+  if (o.workdir.empty() || o.workdir[0] != '/' || o.workdir == "/")
+    return InvalidArgument("bad --workdir");
+  return o;
+}
+
+StatusOr<InitMsg> ReceiveInit(int control) {
+  std::string buf;
+  std::vector<UniqueFd> fds;
+  DSEC_ASSIGN_OR_RETURN(size_t n, RecvWithFds(control, kMaxControlMessage, 0, &buf, &fds));
+  if (n == 0) return Unavailable("agent closed the control socket");
+  Json j = Json::parse(buf, nullptr, false);
+  if (j.is_discarded() || !j.contains("init") || !j["init"].is_object())
+    return InvalidArgument("expected an init message");
+  const Json& in = j["init"];
+  InitMsg m;
+  if (auto it = in.find("seccomp"); it != in.end() && it->is_array()) {
+    for (const auto& p : *it) {
+      if (!p.is_string()) return InvalidArgument("seccomp programs must be strings");
+      auto dec = Base64Decode(p.get<std::string>());
+      if (!dec) return InvalidArgument("seccomp program is not base64");
+      m.seccomp.push_back(std::move(*dec));
+    }
+  }
+  if (m.seccomp.empty()) return InvalidArgument("init carries no seccomp profile for calls");
+  if (auto it = in.find("rlimits"); it != in.end() && it->is_object()) {
+    m.rlimits.nofile = it->value("nofile", m.rlimits.nofile);
+    m.rlimits.fsize = it->value("fsize", m.rlimits.fsize);
+    m.rlimits.core = it->value("core", m.rlimits.core);
+    m.rlimits.stack = it->value("stack", m.rlimits.stack);
+  }
+  return m;
+}
+
+Status MountTmpfs(const std::string& path, const std::string& opts) {
+  if (mount("tmpfs", path.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, opts.c_str()) < 0)
+    return ErrnoError("mount tmpfs on " + path);
+  return OkStatus();
+}
+
+// The call's view of the sandbox: fresh writable dirs, a /proc of its own pid namespace, and
+// nothing else writable, so no call can leave a file behind for the next.
+Status PrepareMounts(const Options& o) {
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0)
+    return ErrnoError("make mounts private");
+  // Read-only first (the tmpfs mounts below stay writable): a bind remount changes only this
+  // namespace's view of the mount.
+  if (mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) < 0)
+    return ErrnoError("remount / read-only");
+  std::string size =
+      "size=" + std::to_string(o.tmpfs_mb) + "m,nr_inodes=" + std::to_string(o.inodes);
+  DSEC_RETURN_IF_ERROR(MountTmpfs(o.workdir, size + ",mode=0755,uid=" + std::to_string(o.uid) +
+                                                 ",gid=" + std::to_string(o.gid)));
+  if (o.workdir != "/tmp") DSEC_RETURN_IF_ERROR(MountTmpfs("/tmp", size + ",mode=1777"));
+  struct stat st;
+  if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode))
+    DSEC_RETURN_IF_ERROR(MountTmpfs("/dev/shm", size + ",mode=1777"));
+  // /proc of the new pid namespace: only the call's own processes. The sandbox's /proc has
+  // masked entries, and the kernel then refuses a fresh procfs in a user namespace; in that
+  // case the call keeps the sandbox's /proc (read-only masks intact, the zygote and the agent
+  // visible but not accessible to the call's user).
+  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0 &&
+      errno != EPERM)
+    return ErrnoError("mount /proc");
+  return OkStatus();
+}
+
+bool SafeRelativePath(const std::string& p) {
+  if (p.empty() || p.size() > 4096 || p[0] == '/') return false;
+  for (auto part : SplitString(p, '/', false))
+    if (part.empty() || part == "." || part == "..") return false;
+  return p.find('\0') == std::string::npos;
+}
+
+Status WriteCallFiles(const std::vector<std::pair<std::string, std::string>>& files) {
+  for (const auto& [name, data] : files) {
+    if (!SafeRelativePath(name)) return InvalidArgument("bad file name \"" + name + "\"");
+    // Parents first (the tree is a fresh tmpfs owned by the call's user; no symlinks yet).
+    for (size_t pos = name.find('/'); pos != std::string::npos; pos = name.find('/', pos + 1)) {
+      std::string dir = name.substr(0, pos);
+      if (mkdir(dir.c_str(), 0755) < 0 && errno != EEXIST) return ErrnoError("mkdir " + dir);
+    }
+    UniqueFd fd(open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (!fd) return ErrnoError("create " + name);
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = write(fd.get(), data.data() + off, data.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoError("write " + name);
+      off += static_cast<size_t>(n);
+    }
+  }
+  return OkStatus();
+}
+
+[[noreturn]] void UserFail(const std::string& msg) {
+  std::string line = "dsec: " + msg + "\n";
+  (void)!write(2, line.data(), line.size());
+  _exit(126);
+}
+
+// The user process: stdio, the call's user, files, then the code.
+[[noreturn]] void RunUser(const Options& o, const protocol::FnCallSpec& call,
+                          std::vector<UniqueFd>& fds) {
+  for (int target = 0; target < 3; ++target)
+    if (dup2(fds[2 + static_cast<size_t>(target)].get(), target) < 0) UserFail("dup2 stdio");
+  sys::CloseRange(3, ~0U, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (oom >= 0) {
+    (void)!write(oom, "1000", 4);  // the call dies first when the worker runs out of memory
+    close(oom);
+  }
+  if (setgroups(0, nullptr) < 0 || setresgid(o.gid, o.gid, o.gid) < 0 ||
+      setresuid(o.uid, o.uid, o.uid) < 0)
+    UserFail(std::string("switch to the sandbox user: ") + strerror(errno));
+  if (Status s = isolation::SetCapabilities(0); !s.ok()) UserFail(s.message());
+  // The uid change made the process non-dumpable, which would leave its /proc/self owned by
+  // root; a process that never exec'd must reset it.
+  prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  umask(022);
+  if (chdir(o.workdir.c_str()) < 0) UserFail("chdir " + o.workdir + ": " + strerror(errno));
+  if (Status s = WriteCallFiles(call.files); !s.ok()) UserFail(s.message());
+  if (o.runtime == "python") {
+    std::string filename = call.filename.empty() ? "<fncall>" : call.filename;
+    int rc = PythonRunInChild(call.code, filename);
+    _exit(rc);
+  }
+  std::vector<std::string> args = o.command;
+  args.push_back(call.code);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execvpe(argv[0], argv.data(), environ);
+  int err = errno;
+  std::string line = "dsec: execve \"" + args[0] + "\": " + strerror(err) + "\n";
+  (void)!write(2, line.data(), line.size());
+  _exit(err == ENOENT ? 127 : 126);
+}
+
+StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
+  struct stat st;
+  if (fstat(memfd, &st) < 0) return ErrnoError("fstat request");
+  if (st.st_size <= 0 || static_cast<uint64_t>(st.st_size) > kMaxRequestBytes)
+    return InvalidArgument("request size out of bounds");
+  std::string buf(static_cast<size_t>(st.st_size), '\0');
+  size_t off = 0;
+  while (off < buf.size()) {
+    ssize_t n = pread(memfd, buf.data() + off, buf.size() - off, static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoError("read request");
+    off += static_cast<size_t>(n);
+  }
+  DSEC_ASSIGN_OR_RETURN(auto j, protocol::ParseJson(buf));
+  return protocol::FnCallSpecFromJson(j);
+}
+
+// PID 1 of the call's pid namespace. Its exit ends every process of the call.
+[[noreturn]] void CallInit(const Options& o, const InitMsg& init, int control) {
+  // Signals wait in a signalfd; as the namespace's init it gets no default actions anyway.
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &chld, nullptr);
+  if (Status s = PrepareMounts(o); !s.ok()) Fatal(control, s.message());
+  // Keep only what forking the user process needs (setuid/setgid), then the full profile.
+  uint64_t keep = isolation::CapMask({CAP_SETUID, CAP_SETGID});
+  Status s = isolation::DropBoundingSet(keep);
+  if (s.ok()) s = isolation::ApplyRlimits(init.rlimits);
+  if (s.ok()) s = isolation::SetCapabilities(keep);
+  if (s.ok()) s = isolation::SetNoNewPrivs();
+  if (s.ok()) s = isolation::InstallSeccompPrograms(init.seccomp);
+  if (!s.ok()) {
+    SendJson(control, {{"error", "call setup: " + s.message()}});
+    _exit(kExitSetupFailed);
+  }
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // the call's user cannot ptrace or read its init
+
+  std::string buf;
+  std::vector<UniqueFd> fds;
+  auto n = RecvWithFds(control, kMaxControlMessage, 5, &buf, &fds);
+  if (!n.ok() || *n == 0) _exit(kExitControlClosed);
+  close(control);
+  if (fds.size() != 5) _exit(kExitSetupFailed);
+  int call = fds[0].get();
+  auto req = ReadRequest(fds[1].get());
+  if (!req.ok()) {
+    SendJson(call, {{"error", req.status().message()}});
+    _exit(0);
+  }
+  pid_t user = fork();
+  if (user < 0) {
+    SendJson(call, {{"error", std::string("fork: ") + strerror(errno)}});
+    _exit(0);
+  }
+  if (user == 0) RunUser(o, *req, fds);
+  for (size_t i = 1; i < fds.size(); ++i) fds[i].Reset();
+  int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  pollfd p[2] = {{call, POLLIN, 0}, {sfd, POLLIN, 0}};
+  while (true) {
+    // Reap everything (orphans reparent to us); the user process decides the outcome.
+    int status;
+    pid_t r;
+    while ((r = waitpid(-1, &status, WNOHANG)) > 0) {
+      if (r == user) {
+        SendJson(call, {{"status", status}});
+        _exit(0);
+      }
+    }
+    if (poll(p, 2, -1) < 0 && errno != EINTR) _exit(0);
+    if (p[0].revents) _exit(0);  // the agent ended the call (or went away)
+    if (p[1].revents) {
+      signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) == sizeof si) {
+      }
+    }
+  }
+}
+
+int Main(int argc, char** argv) {
+  const int control = kZygoteControlFd;
+  auto opts = ParseArgs(argc, argv);
+  if (!opts.ok()) Fatal(control, opts.status().message());
+  auto init = ReceiveInit(control);
+  if (!init.ok()) Fatal(control, init.status().message());
+  if (opts->runtime == "python") {
+    if (Status s = PythonInit(opts->preload); !s.ok()) Fatal(control, s.message());
+  }
+  signal(SIGPIPE, SIG_IGN);
+  SendJson(control, {{"ready", {{"pid", getpid()}}}});
+  int failures = 0;
+  while (true) {
+    if (opts->runtime == "python") PythonBeforeFork();
+    pid_t shim = fork();
+    if (opts->runtime == "python") PythonAfterForkParent();
+    if (shim < 0) {
+      if (++failures > 20) Fatal(control, std::string("fork: ") + strerror(errno));
+      usleep(50000);  // e.g. the pids limit while a call's fork bomb is being torn down
+      continue;
+    }
+    if (shim == 0) {
+      // A fresh pid namespace takes effect for the next child: the call's init.
+      if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID) < 0)
+        Fatal(control, std::string("unshare: ") + strerror(errno));
+      pid_t init_pid = fork();
+      if (init_pid < 0) _exit(kExitSetupFailed);
+      if (init_pid == 0) CallInit(*opts, *init, control);
+      close(control);
+      int st;
+      while (waitpid(init_pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 0);
+    }
+    int st;
+    while (waitpid(shim, &st, 0) < 0 && errno == EINTR) {
+    }
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+    if (code == kExitControlClosed || code == 1) return 0;  // agent gone, or reported fatal
+    if (code == kExitSetupFailed) {
+      if (++failures > 5) Fatal(control, "call setup keeps failing");
+      usleep(10000);
+      continue;
+    }
+    failures = 0;
+  }
+}
+
+}  // namespace
+}  // namespace dsec::fncall
+
+int main(int argc, char** argv) { return dsec::fncall::Main(argc, argv); }
