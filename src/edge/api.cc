@@ -210,6 +210,7 @@ Api::Api(Deps deps) : d_(std::move(deps)) {
   RegisterSandboxRoutes(this);
   RegisterExecRoutes(this);
   RegisterFileRoutes(this);
+  RegisterFnCallRoutes(this);
 }
 
 void Api::Add(const char* method, const char* pattern, RouteFn fn, unsigned flags) {

@@ -13,12 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "backends/fncall/pool.h"
+#include "base/base64.h"
 #include "edge/audit_log.h"
 #include "edge/config.h"
 #include "edge/http_server.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
+#include "edge/state_store.h"
 
 namespace dsec::edge {
 
@@ -73,6 +76,8 @@ class Api {
     AuditLog* audit = nullptr;
     boost::asio::thread_pool* workers = nullptr;
     boost::asio::io_context* timers = nullptr;  // for waits with deadlines
+    fncall::PoolSet* pools = nullptr;
+    StateStore* store = nullptr;
     std::vector<std::string> tokens;
     std::string instance;
     Json features;
@@ -93,6 +98,7 @@ class Api {
   friend void RegisterSandboxRoutes(Api* api);
   friend void RegisterExecRoutes(Api* api);
   friend void RegisterFileRoutes(Api* api);
+  friend void RegisterFnCallRoutes(Api* api);
 
   Deps d_;
   std::vector<Route> routes_;
@@ -101,6 +107,46 @@ class Api {
 void RegisterSandboxRoutes(Api* api);
 void RegisterExecRoutes(Api* api);
 void RegisterFileRoutes(Api* api);
+void RegisterFnCallRoutes(Api* api);
+
+// Defaults for a new pool of `kind` (fncall | container) from the node config.
+fncall::PoolConfig PoolDefaults(const EdgeConfig& cfg, const std::string& kind);
+// Starts the built-in runtimes (python, bash) unless turned off, and the pools kept in the
+// state DB (which override built-ins of the same name).
+void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, StateStore* store);
+
+// Output bytes kept for a JSON string: utf-8 (invalid sequences become U+FFFD when encoded)
+// or base64. A multi-byte character split across chunks is carried to the next chunk.
+class Encoder {
+ public:
+  explicit Encoder(bool base64) : base64_(base64) {}
+  std::string Take(std::string_view data, bool final) {
+    if (base64_) return Base64Encode(data);
+    std::string s = carry_ + std::string(data);
+    carry_.clear();
+    if (!final) {
+      // Keep back an incomplete UTF-8 sequence at the end (at most 3 bytes).
+      size_t n = s.size(), i = n;
+      while (i > 0 && n - i < 3 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) --i;
+      if (i > 0) {
+        unsigned char lead = static_cast<unsigned char>(s[i - 1]);
+        size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+        if (need > 1 && n - (i - 1) < need) {
+          carry_ = s.substr(i - 1);
+          s.resize(i - 1);
+        }
+      }
+    }
+    return s;
+  }
+
+ private:
+  bool base64_;
+  std::string carry_;
+};
+
+// The exec result fields shared by every response shape (without the output).
+Json ResultJson(const backends::ExecResult& r, bool base64);
 
 // HTTP status and API error code for a Status.
 std::pair<int, std::string_view> HttpErrorFor(StatusCode code);

@@ -26,36 +26,6 @@ using backends::ExecResult;
 constexpr uint64_t kDefaultOutput = 1 << 20;
 constexpr int64_t kMaxTimeoutMs = 86400000;
 
-// Output bytes kept for a JSON string: utf-8 (invalid sequences become U+FFFD when encoded)
-// or base64. A multi-byte character split across chunks is carried to the next chunk.
-class Encoder {
- public:
-  explicit Encoder(bool base64) : base64_(base64) {}
-  std::string Take(std::string_view data, bool final) {
-    if (base64_) return Base64Encode(data);
-    std::string s = carry_ + std::string(data);
-    carry_.clear();
-    if (!final) {
-      // Keep back an incomplete UTF-8 sequence at the end (at most 3 bytes).
-      size_t n = s.size(), i = n;
-      while (i > 0 && n - i < 3 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) --i;
-      if (i > 0) {
-        unsigned char lead = static_cast<unsigned char>(s[i - 1]);
-        size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-        if (need > 1 && n - (i - 1) < need) {
-          carry_ = s.substr(i - 1);
-          s.resize(i - 1);
-        }
-      }
-    }
-    return s;
-  }
-
- private:
-  bool base64_;
-  std::string carry_;
-};
-
 struct ExecParams {
   ExecRequest req;
   bool base64 = false;
@@ -114,7 +84,8 @@ StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
   return p;
 }
 
-// The exec result fields shared by every response shape (without the output).
+}  // namespace
+
 Json ResultJson(const ExecResult& r, bool base64) {
   return {{"exit_code", r.exit_code},
           {"signal", r.signal ? Json(r.signal) : Json(nullptr)},
@@ -127,6 +98,8 @@ Json ResultJson(const ExecResult& r, bool base64) {
           {"stderr_bytes", r.stderr_bytes},
           {"encoding", base64 ? "base64" : "utf-8"}};
 }
+
+namespace {
 
 Json ErrorJson(const Status& s) {
   auto [status, code] = HttpErrorFor(s.code());

@@ -37,7 +37,7 @@ Status CheckNetwork(const Json* n) {
 }
 
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
-                                                   bool* count_given) {
+                                                   fncall::PoolSet* pools, bool* count_given) {
   DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
   CreateParams p;
   p.cpu = cfg.default_cpu;
@@ -68,8 +68,35 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
       return Unimplemented("kind \"microvm\" is not available on this node yet");
     if (*kind != "container") return InvalidArgument("kind must be \"container\" or \"microvm\"");
   }
-  if (pool) return Unimplemented("pools are not available on this node yet");
   DSEC_RETURN_IF_ERROR(CheckNetwork(network));
+  if (pool && !pool->is_null()) {
+    // A create from a container pool: the pool fixed what its sandboxes are made with.
+    if (!pool->is_string()) return InvalidArgument("\"pool\" must be a pool name");
+    p.pool = pool->get<std::string>();
+    auto src = pools ? pools->Get(p.pool) : nullptr;
+    if (!src) return NotFound("pool " + p.pool + " not found");
+    if (src->config().kind != "container")
+      return InvalidArgument("pool " + p.pool + " is an fncall runtime, not a container pool");
+    backends::SandboxSpec ps = src->ContainerSpec();
+    auto differs = [&](const char* field, bool same) -> Status {
+      if (same) return OkStatus();
+      return InvalidArgument("\"" + std::string(field) + "\" is set by pool " + p.pool +
+                             "; leave it out or make it equal");
+    };
+    DSEC_RETURN_IF_ERROR(differs("image", !image || *image == ps.image));
+    DSEC_RETURN_IF_ERROR(differs("cpu", !cpu || *cpu == ps.cpus));
+    DSEC_RETURN_IF_ERROR(differs("memory_mb", !memory || *memory == ps.memory_mb));
+    DSEC_RETURN_IF_ERROR(differs("pids", !pids || *pids == ps.pids));
+    DSEC_RETURN_IF_ERROR(differs("disk_mb", !disk || *disk == ps.disk_mb));
+    DSEC_RETURN_IF_ERROR(differs("user", !user || *user == ps.user));
+    DSEC_RETURN_IF_ERROR(differs("workdir", !workdir || *workdir == ps.workdir));
+    DSEC_RETURN_IF_ERROR(differs("env", !env || env->empty()));
+    image = ps.image;
+    cpu = ps.cpus;
+    memory = ps.memory_mb;
+    pids = ps.pids;
+    disk = ps.disk_mb;
+  }
   if (image) p.image = *image;
   if (cpu) p.cpu = *cpu;
   if (memory) p.memory_mb = *memory;
@@ -103,7 +130,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
 
 void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   bool count_given = false;
-  auto parsed = ParseCreate(c->req.body, c->api->deps().cfg, &count_given);
+  auto parsed = ParseCreate(c->req.body, c->api->deps().cfg, c->api->deps().pools, &count_given);
   if (!parsed.ok()) return c->Fail(parsed.status());
   const std::string* wait = c->req.Query("wait");
   bool wait_ready = !(wait && (*wait == "0" || *wait == "false"));
@@ -232,7 +259,7 @@ void Node(const std::shared_ptr<Ctx>& c) {
   j["version"] = DSEC_VERSION;
   j["instance"] = d.instance;
   j["backends"] = Json::array({"container"});
-  j["pools"] = Json::array();
+  j["pools"] = d.pools ? d.pools->List() : Json::array();
   j["features"] = d.features;  // open connections are in /metrics (dsec_http_connections)
   c->Reply(200, j);
 }

@@ -61,6 +61,14 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"cgroup_kill", &c->cgroup_kill},
       {"netns_pool", &c->netns_pool},
       {"agent_path", &c->agent_path},
+      {"zygote_path", &c->zygote_path},
+      {"fncall_pools", &c->fncall_pools},
+      {"fncall_python_preload", &c->fncall_python_preload},
+      {"fncall_min_idle", &c->fncall_min_idle},
+      {"fncall_max", &c->fncall_max},
+      {"fncall_max_queue", &c->fncall_max_queue},
+      {"fncall_queue_timeout_ms", &c->fncall_queue_timeout_ms},
+      {"fncall_memory_mb", &c->fncall_memory_mb},
   };
 }
 
@@ -150,6 +158,8 @@ Status FinalizeConfig(EdgeConfig* c) {
   }
   if (c->listen.empty() && c->socket.empty())
     return InvalidArgument("nothing to serve: both --listen and --socket are empty");
+  if (c->fncall_max == 0)
+    c->fncall_max = std::max<int>(8, 4 * static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   struct Range {
     const char* name;
     double v, lo, hi;
@@ -173,6 +183,11 @@ Status FinalizeConfig(EdgeConfig* c) {
            {"reap_interval_ms", double(c->reap_interval_ms), 10, 60000},
            {"orphan_timeout_s", double(c->orphan_timeout_s), -1, 1e9},
            {"idle_timeout_s", double(c->idle_timeout_s), 1, 86400},
+           {"fncall_min_idle", double(c->fncall_min_idle), 0, 1024},
+           {"fncall_max", double(c->fncall_max), 0, 4096},
+           {"fncall_max_queue", double(c->fncall_max_queue), 0, 1 << 20},
+           {"fncall_queue_timeout_ms", double(c->fncall_queue_timeout_ms), 0, 600000},
+           {"fncall_memory_mb", double(c->fncall_memory_mb), 16, 1 << 20},
        }) {
     if (!(r.v >= r.lo && r.v <= r.hi))
       return InvalidArgument(std::string(r.name) + " must be between " + FormatNumber(r.lo) +

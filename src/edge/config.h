@@ -71,7 +71,20 @@ struct EdgeConfig {
   bool clone_into_cgroup = true;  // false forces the fallback
   bool cgroup_kill = true;        // false forces the fallback
   int netns_pool = 256;
-  std::string agent_path;  // default: dsec-agent beside dsec-edge
+  std::string agent_path;   // default: dsec-agent beside dsec-edge
+  std::string zygote_path;  // default: dsec-zygote beside dsec-edge
+
+  // Function calls: the built-in "python" and "bash" runtimes (pools of warm workers; more
+  // pools come from PUT /v1/pools and are kept in the state DB).
+  bool fncall_pools = true;
+  std::string fncall_python_preload =
+      "json,math,re,collections,itertools,functools,random,string,typing,dataclasses,heapq,"
+      "bisect,fractions,decimal,statistics,operator,copy,traceback,io,os,sys,time,datetime";
+  int fncall_min_idle = 2;
+  int fncall_max = 0;  // 0: 4 x cores, at least 8
+  int fncall_max_queue = 256;
+  int64_t fncall_queue_timeout_ms = 10000;
+  int64_t fncall_memory_mb = 512;
 };
 
 // Reads the JSON config file into cfg (unknown keys and wrong types are errors).

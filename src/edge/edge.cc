@@ -101,6 +101,7 @@ int RunEdge(EdgeConfig cfg) {
   backends::container::ContainerBackendOptions bo;
   bo.state_dir = cfg.state_dir;
   bo.agent_path = cfg.agent_path;
+  bo.zygote_path = cfg.zygote_path;
   bo.features.userns = cfg.userns;
   bo.features.clone_into_cgroup = cfg.clone_into_cgroup;
   bo.features.cgroup_kill = cfg.cgroup_kill;
@@ -124,6 +125,10 @@ int RunEdge(EdgeConfig cfg) {
   auto recovered = manager.Recover();
   if (!recovered.ok()) return fail("recover", recovered.status());
   DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
+  // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
+  fncall::PoolSet pools(backend->get(), cfg.node);
+  manager.SetPools(&pools);
+  LoadPools(cfg, (*backend)->features().userns, &pools, store->get());
 
   Idempotency idem(store->get(), cfg.idempotency_max_records, cfg.idempotency_max_age_s,
                    cfg.idempotency_max_body_bytes, cfg.idempotency_max_total_bytes);
@@ -141,6 +146,8 @@ int RunEdge(EdgeConfig cfg) {
   deps.audit = audit->get();
   deps.workers = &workers;
   deps.timers = &timers;
+  deps.pools = &pools;
+  deps.store = store->get();
   deps.tokens = *tokens;
   deps.instance = (*backend)->instance_id();
   const auto& f = (*backend)->features();
@@ -182,6 +189,7 @@ int RunEdge(EdgeConfig cfg) {
         api.Handle(std::move(r), std::move(res));
       });
   if (!server.ok()) {
+    pools.Shutdown();
     manager.Shutdown(/*persist=*/true);  // nothing served yet: leave adopted ones as they were
     timers_work.reset();
     timers.stop();
@@ -218,6 +226,7 @@ int RunEdge(EdgeConfig cfg) {
   DSEC_LOG_INFO("signal {}: shutting down{}", sig, cfg.persist ? " (persist)" : "");
   (*server)->Stop();
   for (const auto& d : made_dirs) (void)rmdir(d.c_str());  // only while empty
+  pools.Shutdown();  // workers and pooled sandboxes go even with --persist: pools restart
   manager.Shutdown(cfg.persist);
   workers.join();
   done = true;

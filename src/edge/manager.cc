@@ -67,7 +67,8 @@ Json ToJson(const CreateParams& p) {
           {"workdir", p.workdir},
           {"env", MapJson(p.env)},
           {"labels", MapJson(p.labels)},
-          {"network", {{"mode", p.network_mode}}}};
+          {"network", {{"mode", p.network_mode}}},
+          {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
 }
 
 StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
@@ -87,6 +88,7 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(p.labels, StringMap(j, "labels"));
   if (auto it = j.find("network"); it != j.end() && it->is_object())
     p.network_mode = it->value("mode", "none");
+  DSEC_ASSIGN_OR_RETURN(p.pool, protocol::GetString(j, "pool", ""));
   return p;
 }
 
@@ -269,6 +271,21 @@ StatusOr<std::vector<Json>> Manager::Create(
     const CreateParams& p, int count, bool wait,
     const std::function<void(std::function<void()>)>& background) {
   std::vector<std::shared_ptr<SandboxEntry>> made;
+  // Ready sandboxes from the pool first; whatever it lacks is created fresh, alike.
+  std::vector<std::shared_ptr<backends::Sandbox>> pooled;
+  if (!p.pool.empty()) {
+    auto pool = pools_ ? pools_->Get(p.pool) : nullptr;
+    if (!pool) return NotFound("pool " + p.pool + " not found");
+    while (static_cast<int>(pooled.size()) < count) {
+      auto sb = pool->TakeSandbox();
+      if (!sb) break;
+      pooled.push_back(std::move(sb));
+    }
+  }
+  auto unused = MakeScopeGuard([&] {
+    for (auto& sb : pooled)
+      if (sb) (void)sb->Destroy();
+  });
   {
     std::lock_guard<std::mutex> l(mu_);
     // Checked under mu_: Shutdown's snapshot (also under mu_) then sees every entry made.
@@ -276,7 +293,9 @@ StatusOr<std::vector<Json>> Manager::Create(
     DSEC_RETURN_IF_ERROR(Admit(p, count));
     int64_t now = WallMs();
     for (int i = 0; i < count; ++i) {
-      auto e = std::make_shared<SandboxEntry>(NewSandboxId(cfg_.node), p);
+      std::string id = static_cast<size_t>(i) < pooled.size() ? pooled[static_cast<size_t>(i)]->id()
+                                                              : NewSandboxId(cfg_.node);
+      auto e = std::make_shared<SandboxEntry>(id, p);
       e->labels_ = p.labels;
       e->created_at_ = now;
       e->expires_at_ = now + p.ttl_s * 1000;
@@ -287,17 +306,24 @@ StatusOr<std::vector<Json>> Manager::Create(
     }
     memory_mb_ += p.memory_mb * count;
   }
+  std::vector<StatusOr<Json>> results(made.size(), InternalError("not run"));
+  for (size_t i = 0; i < pooled.size(); ++i)
+    results[i] = AttachPooled(made[i], std::move(pooled[i]));
+  const size_t first_fresh = pooled.size();
+  pooled.clear();
   if (!wait) {
     std::vector<Json> out;
-    for (auto& e : made) {
-      out.push_back(Record(*e));
-      background([this, e] { (void)CreateOne(e); });
+    for (size_t i = 0; i < made.size(); ++i) {
+      auto e = made[i];
+      out.push_back(i < first_fresh ? *results[i] : Record(*e));
+      if (i >= first_fresh) background([this, e] { (void)CreateOne(e); });
     }
     return out;
   }
-  std::vector<StatusOr<Json>> results(made.size(), InternalError("not run"));
-  ParallelFor(static_cast<int>(made.size()), kCreateThreads,
-              [&](int i) { results[i] = CreateOne(made[static_cast<size_t>(i)]); });
+  ParallelFor(static_cast<int>(made.size() - first_fresh), kCreateThreads, [&](int i) {
+    size_t k = first_fresh + static_cast<size_t>(i);
+    results[k] = CreateOne(made[k]);
+  });
   std::vector<Json> out;
   for (size_t i = 0; i < results.size(); ++i) {
     if (!results[i].ok()) {
@@ -387,6 +413,21 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
     Destroy(e);
     return NotFound("sandbox " + e->id + " was deleted while it was created");
   }
+  return Record(*e);
+}
+
+Json Manager::AttachPooled(const std::shared_ptr<SandboxEntry>& e,
+                           std::shared_ptr<backends::Sandbox> sb) {
+  metrics_->CountCreated();
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    e->sb_ = sb;
+    e->phase_ = SandboxEntry::Phase::kReady;
+    e->cv_.notify_all();
+  }
+  StoredSandbox row{e->id, StoredRecord(*e).dump(), sb->AdoptionHandle()};
+  if (Status s = store_->PutSandbox(row); !s.ok())
+    DSEC_LOG_ERROR("state db insert failed: sandbox={} error={}", e->id, s.ToString());
   return Record(*e);
 }
 

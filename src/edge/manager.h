@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/fncall/pool.h"
 #include "backends/sandbox.h"
 #include "base/status.h"
 #include "edge/config.h"
@@ -46,6 +47,7 @@ struct CreateParams {
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
   std::string network_mode = "none";
+  std::string pool;  // a container pool to take a ready sandbox from (else a fresh create)
 };
 Json ToJson(const CreateParams& p);
 StatusOr<CreateParams> CreateParamsFromJson(const Json& j);
@@ -124,6 +126,8 @@ class Manager {
   // nobody could adopt. Returns {adopted, cleaned}.
   StatusOr<std::pair<int, int>> Recover();
   void StartReaper();
+  // Container pools that creates with CreateParams::pool take sandboxes from.
+  void SetPools(fncall::PoolSet* pools) { pools_ = pools; }
 
   // Admission, then creation. With wait=false the records come back "creating" and creation
   // continues on `background` (which must run the task on a worker thread).
@@ -153,6 +157,8 @@ class Manager {
  private:
   Status Admit(const CreateParams& p, int count);
   StatusOr<Json> CreateOne(const std::shared_ptr<SandboxEntry>& e);
+  // An entry whose sandbox came ready-made from a pool.
+  Json AttachPooled(const std::shared_ptr<SandboxEntry>& e, std::shared_ptr<backends::Sandbox> sb);
   void Persist(const SandboxEntry& e);
   Json StoredRecord(const SandboxEntry& e) const;
   std::string StateName(const SandboxEntry& e) const;
@@ -163,6 +169,7 @@ class Manager {
 
   EdgeConfig cfg_;
   backends::Backend* backend_;
+  fncall::PoolSet* pools_ = nullptr;
   StateStore* store_;
   Metrics* metrics_;
   int64_t admit_memory_mb_ = 0;

@@ -58,7 +58,7 @@ void Histogram::Render(const std::string& name, std::string* out) const {
   *out += name + "_count " + std::to_string(count_) + "\n";
 }
 
-Metrics::Metrics() : create_(LatencyBounds()), exec_(LatencyBounds()) {}
+Metrics::Metrics() : create_(LatencyBounds()), exec_(LatencyBounds()), fncall_(LatencyBounds()) {}
 
 void Metrics::Bump(Labeled* m, const std::string& labels) {
   std::lock_guard<std::mutex> l(mu_);
@@ -77,6 +77,9 @@ void Metrics::CountRequest(const std::string& method, int status) {
 }
 void Metrics::CountReject(const std::string& reason) { Bump(&rejects_, Label("reason", reason)); }
 void Metrics::CountError(const std::string& code) { Bump(&errors_, Label("code", code)); }
+void Metrics::CountFnCall(const std::string& runtime, const std::string& outcome) {
+  Bump(&fncalls_, Label("runtime", runtime) + "," + Label("outcome", outcome));
+}
 void Metrics::CountDeleted(const std::string& reason) { Bump(&deleted_, Label("reason", reason)); }
 
 void Metrics::RenderLabeled(const std::string& name, const Labeled& m, std::string* out) {
@@ -104,6 +107,9 @@ std::string Metrics::Render(const Gauges& sandboxes, int64_t connections) const 
   create_.Render("dsec_sandbox_create_seconds", &o);
   Describe("dsec_exec_seconds", "histogram", "Duration of execs and shell commands.", &o);
   exec_.Render("dsec_exec_seconds", &o);
+  Describe("dsec_fncall_seconds", "histogram", "Duration of function calls (without queueing).",
+           &o);
+  fncall_.Render("dsec_fncall_seconds", &o);
   Describe("dsec_sandboxes_created_total", "counter", "Sandboxes created.", &o);
   o += "dsec_sandboxes_created_total " + std::to_string(created_.load()) + "\n";
   std::lock_guard<std::mutex> l(mu_);
@@ -115,6 +121,8 @@ std::string Metrics::Render(const Gauges& sandboxes, int64_t connections) const 
   RenderLabeled("dsec_rejects_total", rejects_, &o);
   Describe("dsec_errors_total", "counter", "Error responses by error code.", &o);
   RenderLabeled("dsec_errors_total", errors_, &o);
+  Describe("dsec_fncalls_total", "counter", "Function calls by runtime and outcome.", &o);
+  RenderLabeled("dsec_fncalls_total", fncalls_, &o);
   return o;
 }
 

@@ -32,6 +32,9 @@ class Metrics {
   Metrics();
   void ObserveCreate(double seconds) { create_.Observe(seconds); }
   void ObserveExec(double seconds) { exec_.Observe(seconds); }
+  void ObserveFnCall(double seconds) { fncall_.Observe(seconds); }
+  // outcome: done | timeout | rejected (queue full or timed out) | error
+  void CountFnCall(const std::string& runtime, const std::string& outcome);
   void CountRequest(const std::string& method, int status);
   void CountReject(const std::string& reason);
   void CountError(const std::string& code);
@@ -46,10 +49,10 @@ class Metrics {
   void Bump(Labeled* m, const std::string& labels);
   static void RenderLabeled(const std::string& name, const Labeled& m, std::string* out);
 
-  Histogram create_, exec_;
+  Histogram create_, exec_, fncall_;
   std::atomic<uint64_t> created_{0};
   mutable std::mutex mu_;
-  Labeled requests_, rejects_, errors_, deleted_;  // GUARDED_BY(mu_)
+  Labeled requests_, rejects_, errors_, deleted_, fncalls_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace dsec::edge

@@ -15,6 +15,10 @@ CREATE TABLE IF NOT EXISTS sandboxes(
   record TEXT NOT NULL,
   handle TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pools(
+  name TEXT PRIMARY KEY,
+  config TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS responses(
   key TEXT PRIMARY KEY,
   status INTEGER NOT NULL,
@@ -127,6 +131,35 @@ StatusOr<std::vector<StoredSandbox>> StateStore::ListSandboxes() {
   while ((rc = sqlite3_step(st)) == SQLITE_ROW)
     out.push_back({ColumnText(st, 0), ColumnText(st, 1), ColumnText(st, 2)});
   if (rc != SQLITE_DONE) return Error("list sandboxes");
+  return out;
+}
+
+Status StateStore::PutPool(const std::string& name, const std::string& config) {
+  std::lock_guard<std::mutex> l(mu_);
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
+                        Prepare("INSERT OR REPLACE INTO pools(name, config) VALUES(?1, ?2)"));
+  BindText(st, 1, name);
+  BindText(st, 2, config);
+  if (sqlite3_step(st) != SQLITE_DONE) return Error("put pool");
+  return OkStatus();
+}
+
+Status StateStore::DeletePool(const std::string& name) {
+  std::lock_guard<std::mutex> l(mu_);
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("DELETE FROM pools WHERE name = ?1"));
+  BindText(st, 1, name);
+  if (sqlite3_step(st) != SQLITE_DONE) return Error("delete pool");
+  return OkStatus();
+}
+
+StatusOr<std::vector<std::pair<std::string, std::string>>> StateStore::ListPools() {
+  std::lock_guard<std::mutex> l(mu_);
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("SELECT name, config FROM pools ORDER BY name"));
+  std::vector<std::pair<std::string, std::string>> out;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+    out.emplace_back(ColumnText(st, 0), ColumnText(st, 1));
+  if (rc != SQLITE_DONE) return Error("list pools");
   return out;
 }
 

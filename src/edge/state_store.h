@@ -45,6 +45,11 @@ class StateStore {
   Status DeleteSandbox(const std::string& id);
   StatusOr<std::vector<StoredSandbox>> ListSandboxes();
 
+  // Pools made through the API (name -> config JSON), recreated at start.
+  Status PutPool(const std::string& name, const std::string& config);
+  Status DeletePool(const std::string& name);
+  StatusOr<std::vector<std::pair<std::string, std::string>>> ListPools();
+
   StatusOr<std::optional<StoredResponse>> GetResponse(const std::string& key);
   Status PutResponse(const std::string& key, const StoredResponse& r);
   // Drops records older than `min_created_ms`, then the oldest beyond `max_records`.

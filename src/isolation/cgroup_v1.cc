@@ -72,8 +72,14 @@ class CgroupV1Hybrid : public Cgroup {
     // setting both equal turns swap off for the sandbox.
     std::string memsw = JoinPath(memory_, "memory.memsw.limit_in_bytes");
     bool has_memsw = access(memsw.c_str(), F_OK) == 0;
+    // A raise (a limit changed later) needs memsw first; a first limit or a cut, memory first.
+    std::string mem = JoinPath(memory_, "memory.limit_in_bytes");
     if (has_memsw && l.memory_bytes <= 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, "-1"));
-    DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(memory_, "memory.limit_in_bytes"), limit));
+    if (Status s = WriteControl(mem, limit); !s.ok()) {
+      if (!has_memsw || l.memory_bytes <= 0) return s;
+      DSEC_RETURN_IF_ERROR(WriteControl(memsw, limit));
+      DSEC_RETURN_IF_ERROR(WriteControl(mem, limit));
+    }
     if (has_memsw && l.memory_bytes > 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, limit));
     if (!has_memsw) (void)WriteControl(JoinPath(memory_, "memory.swappiness"), "0");
     DSEC_RETURN_IF_ERROR(

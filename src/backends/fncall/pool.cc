@@ -1,0 +1,599 @@
+#include "backends/fncall/pool.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/clock.h"
+#include "base/ids.h"
+#include "base/strings.h"
+#include "protocol/frame.h"
+
+namespace dsec::fncall {
+
+using backends::ExecOutput;
+using backends::Sandbox;
+
+namespace {
+
+constexpr int64_t kWorkerDiskMb = 16;     // the worker's own writable layer (calls get theirs)
+constexpr int64_t kBaselineSlackMb = 16;  // on top of what a fresh worker uses
+constexpr int64_t kIdleRecheckMs = 500;
+constexpr int64_t kQueueRecheckMs = 20;
+constexpr int64_t kFailureBackoffMs = 1000;
+
+bool ValidModuleName(const std::string& m) {
+  if (m.empty() || m.size() > 128 || m.front() == '.' || m.back() == '.') return false;
+  for (char c : m)
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.')) return false;
+  return true;
+}
+
+template <typename T>
+Status GetField(const Json& j, const char* key, T* out, T lo, T hi) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return OkStatus();
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!it->is_number()) return InvalidArgument(std::string("\"") + key + "\" must be a number");
+  } else {
+    if (!it->is_number_integer())
+      return InvalidArgument(std::string("\"") + key + "\" must be an integer");
+  }
+  T v = it->get<T>();
+  if (!(v >= lo && v <= hi))
+    return InvalidArgument(std::string("\"") + key + "\" must be between " + FormatNumber(lo) +
+                           " and " + FormatNumber(hi));
+  *out = v;
+  return OkStatus();
+}
+
+Status GetStrings(const Json& j, const char* key, std::vector<std::string>* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return OkStatus();
+  if (!it->is_array() || it->size() > 256)
+    return InvalidArgument(std::string("\"") + key + "\" must be a list of at most 256 strings");
+  std::vector<std::string> v;
+  for (const auto& e : *it) {
+    if (!e.is_string() || e.get<std::string>().size() > 4096 ||
+        e.get<std::string>().find('\0') != std::string::npos)
+      return InvalidArgument(std::string("\"") + key + "\" must hold strings");
+    v.push_back(e.get<std::string>());
+  }
+  *out = std::move(v);
+  return OkStatus();
+}
+
+// Collects a call's output; the agent already caps each stream at max_output_bytes.
+class Collect : public backends::ExecObserver {
+ public:
+  using Done = std::function<void(StatusOr<ExecOutput>)>;
+  Collect(uint64_t cap, Done done) : cap_(cap), done_(std::move(done)) {}
+  void OnOutput(uint8_t stream, std::string_view data) override {
+    std::string& b = stream == protocol::kStderr ? out_.stderr_data : out_.stdout_data;
+    if (b.size() < cap_) b.append(data.substr(0, cap_ - b.size()));
+  }
+  void OnExit(const StatusOr<backends::ExecResult>& r) override {
+    if (!r.ok()) return done_(r.status());
+    out_.result = *r;
+    done_(std::move(out_));
+  }
+
+ private:
+  uint64_t cap_;
+  Done done_;
+  ExecOutput out_;
+};
+
+}  // namespace
+
+Json ToJson(const PoolConfig& c) {
+  Json j = {{"name", c.name},
+            {"kind", c.kind},
+            {"runtime", c.runtime},
+            {"image", c.image},
+            {"min_idle", c.min_idle},
+            {"max", c.max},
+            {"memory_mb", c.memory_mb},
+            {"disk_mb", c.disk_mb},
+            {"pids", c.pids},
+            {"cpu", c.cpu},
+            {"max_queue", c.max_queue},
+            {"queue_timeout_ms", c.queue_timeout_ms},
+            {"idle_timeout_s", c.idle_timeout_s}};
+  if (c.kind == "container") {
+    j.erase("runtime");
+    j.erase("max_queue");
+    j.erase("queue_timeout_ms");
+    j.erase("idle_timeout_s");
+  }
+  if (c.kind == "fncall" && c.runtime == "python") j["preload"] = c.preload;
+  if (c.kind == "fncall" && c.runtime == "exec") j["command"] = c.command;
+  return j;
+}
+
+StatusOr<PoolConfig> PoolConfigFromJson(const Json& j, PoolConfig c) {
+  if (!j.is_object()) return InvalidArgument("a pool must be a JSON object");
+  static const char* kKnown[] = {"name",           "kind",
+                                 "runtime",        "image",
+                                 "preload",        "command",
+                                 "min_idle",       "max",
+                                 "memory_mb",      "disk_mb",
+                                 "pids",           "cpu",
+                                 "max_queue",      "queue_timeout_ms",
+                                 "idle_timeout_s", "request_id"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (std::find_if(std::begin(kKnown), std::end(kKnown),
+                     [&](const char* k) { return it.key() == k; }) == std::end(kKnown))
+      return InvalidArgument("unknown pool field \"" + it.key() + "\"");
+  }
+  auto str = [&](const char* key, std::string* out) -> Status {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return OkStatus();
+    if (!it->is_string()) return InvalidArgument(std::string("\"") + key + "\" must be a string");
+    *out = it->get<std::string>();
+    return OkStatus();
+  };
+  DSEC_RETURN_IF_ERROR(str("kind", &c.kind));
+  DSEC_RETURN_IF_ERROR(str("runtime", &c.runtime));
+  DSEC_RETURN_IF_ERROR(str("image", &c.image));
+  DSEC_RETURN_IF_ERROR(GetStrings(j, "preload", &c.preload));
+  DSEC_RETURN_IF_ERROR(GetStrings(j, "command", &c.command));
+  DSEC_RETURN_IF_ERROR(GetField(j, "min_idle", &c.min_idle, 0, 1024));
+  DSEC_RETURN_IF_ERROR(GetField(j, "max", &c.max, 1, 4096));
+  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "memory_mb", &c.memory_mb, 16, 1 << 20));
+  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "disk_mb", &c.disk_mb, 1, 1 << 20));
+  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "pids", &c.pids, 16, 1 << 22));
+  DSEC_RETURN_IF_ERROR(GetField(j, "cpu", &c.cpu, 0.01, 1024.0));
+  DSEC_RETURN_IF_ERROR(GetField(j, "max_queue", &c.max_queue, 0, 1 << 20));
+  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "queue_timeout_ms", &c.queue_timeout_ms, 0, 600000));
+  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "idle_timeout_s", &c.idle_timeout_s, 1, 86400 * 7));
+  if (c.kind != "fncall" && c.kind != "container")
+    return InvalidArgument("\"kind\" must be \"fncall\" or \"container\"");
+  if (c.min_idle > c.max) return InvalidArgument("\"min_idle\" must not exceed \"max\"");
+  if (c.kind == "fncall") {
+    if (c.runtime != "python" && c.runtime != "bash" && c.runtime != "exec")
+      return InvalidArgument("\"runtime\" must be \"python\", \"bash\" or \"exec\"");
+    if (c.runtime == "exec" && c.command.empty())
+      return InvalidArgument("an \"exec\" runtime needs a \"command\" (the code is appended)");
+    for (const auto& m : c.preload)
+      if (!ValidModuleName(m)) return InvalidArgument("bad module name \"" + m + "\" in preload");
+  }
+  return c;
+}
+
+// --- Pool ---
+
+Pool::Pool(PoolConfig cfg, backends::Backend* backend, std::string node)
+    : cfg_(std::move(cfg)), backend_(backend), node_(std::move(node)) {}
+
+void Pool::Submit(CallRequest req, CallDone done) {
+  Queued q{std::move(req), std::move(done), MonotonicMs()};
+  std::shared_ptr<Worker> w;
+  std::unique_lock<std::mutex> l(mu_);
+  if (stopped_) {
+    l.unlock();
+    return q.done(Unavailable("pool " + cfg_.name + " is shut down"));
+  }
+  if (cfg_.kind != "fncall") {
+    l.unlock();
+    return q.done(InvalidArgument("pool " + cfg_.name + " is a container pool, not a runtime"));
+  }
+  calls_++;
+  if (!idle_.empty() && queue_.empty()) {
+    w = idle_.back();
+    idle_.pop_back();
+    busy_[w->sb.get()] = w;
+    l.unlock();
+    return Start(std::move(w), std::move(q));
+  }
+  if (static_cast<int>(queue_.size()) >= cfg_.max_queue) {
+    rejected_++;
+    size_t n = queue_.size();
+    l.unlock();
+    return q.done(OverCapacity("pool " + cfg_.name + " is full: " + std::to_string(n) +
+                               " calls already wait for a worker"));
+  }
+  queue_.push_back(std::move(q));
+  l.unlock();
+  if (wake_) wake_();
+}
+
+void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
+  int64_t want = q.req.memory_mb > 0 ? q.req.memory_mb : cfg_.memory_mb;
+  if (want != w->limit_mb) {
+    Status s = w->sb->SetMemoryLimit((want + w->baseline_mb) << 20);
+    if (!s.ok()) {
+      // e.g. a v1 cgroup that cannot shrink below what the worker holds: use a fresh one.
+      std::lock_guard<std::mutex> l(mu_);
+      last_error_ = "set call memory limit: " + s.message();
+      busy_.erase(w->sb.get());
+      Retire(w);
+      queue_.push_front(std::move(q));
+      if (wake_) wake_();
+      return;
+    }
+    w->limit_mb = want;
+  }
+  backends::ExecRequest r;
+  r.fncall = q.req.call;
+  r.stdin_data = q.req.stdin_data;
+  r.timeout_ms = q.req.timeout_ms;
+  r.max_output_bytes = q.req.max_output_bytes;
+  double queue_ms =
+      static_cast<double>(MonotonicUs()) / 1000.0 - static_cast<double>(q.enqueued_ms);
+  auto self = shared_from_this();
+  auto shared_q = std::make_shared<Queued>(std::move(q));
+  auto obs = std::make_shared<Collect>(
+      r.max_output_bytes, [self, w, shared_q, queue_ms](StatusOr<ExecOutput> out) {
+        self->Finished(w, std::move(*shared_q), std::move(out), queue_ms);
+      });
+  auto h = w->sb->StartExec(r, obs);
+  if (h.ok()) return;
+  if (h.status().code() == StatusCode::kInvalidArgument) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      busy_.erase(w->sb.get());
+      w->idle_since_ms = MonotonicMs();
+      idle_.push_back(w);
+    }
+    return shared_q->done(h.status());
+  }
+  // The worker is gone or its zygote died: the call never started; it goes first in line.
+  std::lock_guard<std::mutex> l(mu_);
+  last_error_ = "worker " + w->sb->id() + ": " + h.status().message();
+  busy_.erase(w->sb.get());
+  Retire(w);
+  queue_.push_front(std::move(*shared_q));
+  if (wake_) wake_();
+}
+
+void Pool::Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<ExecOutput> out,
+                    double queue_ms) {
+  bool healthy = out.ok() && w->sb->state() == backends::SandboxState::kRunning &&
+                 out->stderr_data.find("dsec: fncall worker:") == std::string::npos;
+  std::vector<std::pair<std::shared_ptr<Worker>, Queued>> next;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    busy_.erase(w->sb.get());
+    w->calls++;
+    if (healthy && !stopped_) {
+      w->idle_since_ms = MonotonicMs();
+      idle_.push_back(w);
+    } else {
+      if (!out.ok()) last_error_ = "worker " + w->sb->id() + ": " + out.status().message();
+      Retire(w);
+    }
+    std::shared_ptr<Worker> nw;
+    Queued nq;
+    while (NextLocked(&nw, &nq)) next.emplace_back(std::move(nw), std::move(nq));
+  }
+  if (!out.ok()) {
+    q.done(Unavailable("the call's worker failed: " + out.status().message()));
+  } else {
+    CallResult r;
+    r.out = std::move(*out);
+    r.queue_ms = std::max(0.0, queue_ms);
+    r.worker = w->sb->id();
+    q.done(std::move(r));
+  }
+  for (auto& [nw, nq] : next) Start(std::move(nw), std::move(nq));
+  if (!healthy && wake_) wake_();
+}
+
+bool Pool::NextLocked(std::shared_ptr<Worker>* w, Queued* q) {
+  if (idle_.empty() || queue_.empty() || stopped_) return false;
+  *w = idle_.back();
+  idle_.pop_back();
+  *q = std::move(queue_.front());
+  queue_.pop_front();
+  busy_[(*w)->sb.get()] = *w;
+  return true;
+}
+
+void Pool::Retire(std::shared_ptr<Worker> w) {
+  replaced_++;
+  retired_.push_back(std::move(w));
+}
+
+std::shared_ptr<Sandbox> Pool::TakeSandbox() {
+  std::shared_ptr<Worker> w;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (cfg_.kind != "container" || stopped_) return nullptr;
+    // A pooled sandbox that died while idle is not handed out.
+    while (!idle_.empty() && !w) {
+      w = idle_.back();
+      idle_.pop_back();
+      if (w->sb->state() != backends::SandboxState::kRunning) {
+        Retire(w);
+        w = nullptr;
+      }
+    }
+    if (w) {
+      taken_++;
+    } else {
+      missed_++;
+    }
+  }
+  if (wake_) wake_();  // refill
+  return w ? w->sb : nullptr;
+}
+
+backends::SandboxSpec Pool::ContainerSpec() const {
+  backends::SandboxSpec s;
+  s.image = cfg_.image;
+  s.cpus = cfg_.cpu;
+  s.memory_mb = cfg_.memory_mb;
+  s.pids = cfg_.pids;
+  s.disk_mb = cfg_.disk_mb;
+  return s;
+}
+
+StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
+  if (cfg_.kind == "container") {
+    backends::SandboxSpec s = ContainerSpec();
+    s.id = NewSandboxId(node_);
+    DSEC_RETURN_IF_ERROR(backends::ValidateSandboxSpec(s));
+    DSEC_ASSIGN_OR_RETURN(auto sb, backend_->Create(s));
+    auto worker = std::make_shared<Worker>();
+    worker->sb = sb;
+    worker->idle_since_ms = MonotonicMs();
+    return worker;
+  }
+  backends::SandboxSpec s;
+  s.id = NewSandboxId(node_);
+  s.hostname = "fncall";
+  s.image = cfg_.image;
+  s.cpus = cfg_.cpu;
+  s.memory_mb = cfg_.memory_mb;
+  s.pids = cfg_.pids;
+  s.disk_mb = kWorkerDiskMb;
+  backends::WorkerSpec w;
+  w.runtime = cfg_.runtime == "python" ? "python" : "exec";
+  w.preload = cfg_.preload;
+  w.command = cfg_.runtime == "bash" ? std::vector<std::string>{"/bin/bash", "-c"} : cfg_.command;
+  w.call_disk_mb = cfg_.disk_mb;
+  s.worker = std::move(w);
+  DSEC_RETURN_IF_ERROR(backends::ValidateSandboxSpec(s));
+  DSEC_ASSIGN_OR_RETURN(auto sb, backend_->Create(s));
+  auto worker = std::make_shared<Worker>();
+  worker->sb = sb;
+  auto st = sb->Stats();
+  int64_t used_mb = st.ok() ? static_cast<int64_t>((st->memory_current + (1 << 20) - 1) >> 20) : 64;
+  worker->baseline_mb = used_mb + kBaselineSlackMb;
+  worker->limit_mb = cfg_.memory_mb;
+  if (Status s2 = sb->SetMemoryLimit((worker->limit_mb + worker->baseline_mb) << 20); !s2.ok()) {
+    (void)sb->Destroy();
+    return s2;
+  }
+  worker->idle_since_ms = MonotonicMs();
+  return worker;
+}
+
+int64_t Pool::Maintain() {
+  int64_t now = MonotonicMs();
+  std::vector<Queued> expired;
+  std::vector<std::shared_ptr<Worker>> destroy;
+  int want = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    while (!queue_.empty() && now - queue_.front().enqueued_ms > cfg_.queue_timeout_ms) {
+      expired.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+      rejected_++;
+    }
+    destroy.swap(retired_);
+    if (!stopped_) {
+      int total = static_cast<int>(idle_.size() + busy_.size()) + starting_;
+      int need = std::max(cfg_.min_idle - static_cast<int>(idle_.size()) - starting_,
+                          static_cast<int>(queue_.size()) - starting_);
+      // A container pool's sandboxes leave it when taken: only idle ones count against max.
+      if (cfg_.kind == "container") total = static_cast<int>(idle_.size()) + starting_;
+      want = std::max(0, std::min(need, cfg_.max - total));
+      // Shrink: the least recently used idle workers beyond min_idle, once idle long enough.
+      while (static_cast<int>(idle_.size()) > cfg_.min_idle && queue_.empty() &&
+             now - idle_.front()->idle_since_ms > cfg_.idle_timeout_s * 1000) {
+        destroy.push_back(idle_.front());
+        idle_.pop_front();
+      }
+      // Over max after a PUT lowered it: idle ones go first.
+      while (static_cast<int>(idle_.size() + busy_.size()) > cfg_.max && !idle_.empty()) {
+        destroy.push_back(idle_.front());
+        idle_.pop_front();
+      }
+    }
+    starting_ += want;
+  }
+  for (auto& q : expired)
+    q.done(OverCapacity("pool " + cfg_.name + ": no worker became free within " +
+                        std::to_string(cfg_.queue_timeout_ms) + " ms"));
+  for (auto& w : destroy) (void)w->sb->Destroy();
+  bool failed = false;
+  for (int i = 0; i < want; ++i) {
+    auto w = failed ? StatusOr<std::shared_ptr<Worker>>(Unavailable("skipped")) : MakeWorker();
+    std::vector<std::pair<std::shared_ptr<Worker>, Queued>> next;
+    std::vector<Queued> hopeless;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      starting_--;
+      if (w.ok() && stopped_) {
+        destroy = {*w};
+      } else if (w.ok()) {
+        idle_.push_back(*w);
+        std::shared_ptr<Worker> nw;
+        Queued nq;
+        while (NextLocked(&nw, &nq)) next.emplace_back(std::move(nw), std::move(nq));
+      } else if (!failed) {
+        failed = true;
+        last_error_ = "create worker: " + w.status().message();
+        // Nothing will serve the waiting calls: say why now rather than after the timeout.
+        if (idle_.empty() && busy_.empty() && starting_ == 0) {
+          for (auto& q : queue_) hopeless.push_back(std::move(q));
+          queue_.clear();
+        }
+      }
+    }
+    if (w.ok() && stopped_) (void)(*w)->sb->Destroy();
+    for (auto& q : hopeless)
+      q.done(Unavailable("pool " + cfg_.name + " has no workers: " + w.status().message()));
+    for (auto& [nw, nq] : next) Start(std::move(nw), std::move(nq));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (failed) return kFailureBackoffMs;
+  return queue_.empty() ? kIdleRecheckMs : kQueueRecheckMs;
+}
+
+void Pool::UpdateLimits(const PoolConfig& c) {
+  std::lock_guard<std::mutex> l(mu_);
+  cfg_.min_idle = c.min_idle;
+  cfg_.max = c.max;
+  cfg_.max_queue = c.max_queue;
+  cfg_.queue_timeout_ms = c.queue_timeout_ms;
+  cfg_.idle_timeout_s = c.idle_timeout_s;
+}
+
+void Pool::Shutdown() {
+  std::vector<std::shared_ptr<Worker>> all;
+  std::deque<Queued> queued;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopped_ = true;
+    for (auto& w : idle_) all.push_back(w);
+    for (auto& [p, w] : busy_) all.push_back(w);
+    for (auto& w : retired_) all.push_back(w);
+    idle_.clear();
+    retired_.clear();
+    queued.swap(queue_);
+  }
+  for (auto& q : queued) q.done(Unavailable("pool " + cfg_.name + " was removed"));
+  for (auto& w : all) (void)w->sb->Destroy();
+}
+
+Json Pool::Describe() const {
+  std::lock_guard<std::mutex> l(mu_);
+  Json j = ToJson(cfg_);
+  j["workers"] = {{"idle", idle_.size()}, {"busy", busy_.size()}, {"starting", starting_}};
+  if (cfg_.kind == "container") {
+    j["taken"] = taken_;
+    j["missed"] = missed_;
+  } else {
+    j["queued"] = queue_.size();
+    j["calls"] = calls_;
+  }
+  j["rejected"] = rejected_;
+  j["replaced"] = replaced_;
+  j["last_error"] = last_error_.empty() ? Json(nullptr) : Json(last_error_);
+  return j;
+}
+
+// --- PoolSet ---
+
+PoolSet::PoolSet(backends::Backend* backend, std::string node)
+    : backend_(backend), node_(std::move(node)), thread_([this] { Loop(); }) {}
+
+PoolSet::~PoolSet() { Shutdown(); }
+
+void PoolSet::Wake() {
+  std::lock_guard<std::mutex> l(mu_);
+  woken_ = true;
+  cv_.notify_one();
+}
+
+StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
+  DSEC_RETURN_IF_ERROR(ValidateSafeName("pool name", cfg.name));
+  std::shared_ptr<Pool> old;
+  auto pool = std::make_shared<Pool>(cfg, backend_, node_);
+  pool->wake_ = [this] { Wake(); };
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) return Unavailable("shutting down");
+    auto it = pools_.find(cfg.name);
+    if (it != pools_.end()) {
+      const PoolConfig& o = it->second->config();
+      bool same_workers = o.kind == cfg.kind && o.runtime == cfg.runtime &&
+                          o.preload == cfg.preload && o.command == cfg.command &&
+                          o.image == cfg.image && o.memory_mb == cfg.memory_mb &&
+                          o.disk_mb == cfg.disk_mb && o.pids == cfg.pids && o.cpu == cfg.cpu;
+      if (same_workers) {
+        it->second->UpdateLimits(cfg);
+        woken_ = true;
+        cv_.notify_one();
+        return it->second;
+      }
+      old = it->second;
+      removed_.push_back(old);
+    }
+    pools_[cfg.name] = pool;
+    woken_ = true;
+    cv_.notify_one();
+  }
+  return pool;
+}
+
+std::shared_ptr<Pool> PoolSet::Get(const std::string& name) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = pools_.find(name);
+  return it == pools_.end() ? nullptr : it->second;
+}
+
+Status PoolSet::Remove(const std::string& name) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = pools_.find(name);
+  if (it == pools_.end()) return NotFound("pool " + name + " not found");
+  removed_.push_back(it->second);
+  pools_.erase(it);
+  woken_ = true;
+  cv_.notify_one();
+  return OkStatus();
+}
+
+Json PoolSet::List() const {
+  std::vector<std::shared_ptr<Pool>> pools;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [n, p] : pools_) pools.push_back(p);
+  }
+  Json arr = Json::array();
+  for (auto& p : pools) arr.push_back(p->Describe());
+  return arr;
+}
+
+void PoolSet::Loop() {
+  int64_t wait_ms = 0;
+  while (true) {
+    std::vector<std::shared_ptr<Pool>> pools, removed;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait_for(l, std::chrono::milliseconds(wait_ms), [&] { return stop_ || woken_; });
+      if (stop_) return;
+      woken_ = false;
+      for (auto& [n, p] : pools_) pools.push_back(p);
+      removed.swap(removed_);
+    }
+    for (auto& p : removed) p->Shutdown();
+    wait_ms = kIdleRecheckMs;
+    for (auto& p : pools) wait_ms = std::min(wait_ms, p->Maintain());
+  }
+}
+
+void PoolSet::Shutdown() {
+  std::vector<std::shared_ptr<Pool>> all;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [n, p] : pools_) all.push_back(p);
+    for (auto& p : removed_) all.push_back(p);
+    pools_.clear();
+    removed_.clear();
+  }
+  for (auto& p : all) p->Shutdown();
+}
+
+}  // namespace dsec::fncall

@@ -1,0 +1,152 @@
+// Pools of warm sandboxes. kind "container": pre-created container sandboxes, handed out
+// whole by TakeSandbox (a create from the pool) and refilled to `min_idle` in the background.
+// kind "fncall": warm fncall workers (zygote.h), where a runtime is a pool. A pool keeps `min_idle`
+// workers ready, grows to `max` while calls wait, shrinks back after `idle_timeout_s`, and
+// replaces a worker that died or misbehaved. One call per worker at a time (its memory limit is
+// the worker's cgroup, set per call); calls beyond capacity wait in a bounded queue for up to
+// `queue_timeout_ms`, then fail with kOverCapacity.
+//
+// Thread safety: all methods are thread-safe. Submit never blocks: the call's result arrives
+// through its callback (on a backend I/O thread or the maintenance thread). Worker creation
+// and teardown happen on the PoolSet's maintenance thread.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/sandbox.h"
+#include "base/status.h"
+
+namespace dsec::fncall {
+
+using Json = nlohmann::json;
+
+struct PoolConfig {
+  std::string name;
+  std::string kind = "fncall";
+  std::string runtime = "python";    // python | exec (bash is exec of /bin/bash -c)
+  std::vector<std::string> preload;  // python modules imported once per worker
+  std::vector<std::string> command;  // exec: argv the code is appended to
+  std::string image = "host";
+  int min_idle = 2;
+  int max = 8;
+  int64_t memory_mb = 512;  // fncall: per call, the default and the most a call may ask for
+  int64_t disk_mb = 64;     // fncall: each call's fresh workdir and /tmp; container: as create
+  int64_t pids = 256;
+  double cpu = 1.0;
+  int max_queue = 256;
+  int64_t queue_timeout_ms = 10000;
+  int64_t idle_timeout_s = 60;  // idle workers beyond min_idle go after this long
+};
+Json ToJson(const PoolConfig& c);
+// Fields missing from `j` keep the values in `base` (so a PUT may change only some).
+StatusOr<PoolConfig> PoolConfigFromJson(const Json& j, PoolConfig base);
+
+struct CallRequest {
+  protocol::FnCallSpec call;
+  std::string stdin_data;
+  int64_t timeout_ms = 5000;
+  int64_t memory_mb = 0;  // 0: the pool's
+  uint64_t max_output_bytes = 64 << 10;
+};
+
+struct CallResult {
+  backends::ExecOutput out;
+  double queue_ms = 0;
+  std::string worker;
+};
+using CallDone = std::function<void(StatusOr<CallResult>)>;
+
+class Pool : public std::enable_shared_from_this<Pool> {
+ public:
+  Pool(PoolConfig cfg, backends::Backend* backend, std::string node);
+  const PoolConfig& config() const { return cfg_; }
+  void Submit(CallRequest req, CallDone done);
+  // kind "container": a ready sandbox, now the caller's (nullptr when none is idle).
+  std::shared_ptr<backends::Sandbox> TakeSandbox();
+  // kind "container": what each pooled sandbox is created with (its id aside).
+  backends::SandboxSpec ContainerSpec() const;
+  Json Describe() const;
+
+  // --- for the PoolSet's maintenance thread ---
+  // Creates/destroys workers and expires queued calls; returns ms until it wants to run again.
+  int64_t Maintain();
+  void UpdateLimits(const PoolConfig& cfg);  // min_idle, max, queue bounds, idle timeout
+  void Shutdown();                           // destroys every worker, fails queued calls
+
+ private:
+  struct Worker {
+    std::shared_ptr<backends::Sandbox> sb;
+    int64_t baseline_mb = 0;  // the worker's own use (agent, zygote) on top of a call's limit
+    int64_t limit_mb = 0;     // the call limit its cgroup is set to now
+    int64_t idle_since_ms = 0;
+    uint64_t calls = 0;
+  };
+  struct Queued {
+    CallRequest req;
+    CallDone done;
+    int64_t enqueued_ms = 0;
+  };
+  // Runs `q` on `w` (mu_ not held). On a worker failure the call goes back to the queue.
+  void Start(std::shared_ptr<Worker> w, Queued q);
+  void Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<backends::ExecOutput> out,
+                double queue_ms);
+  // Takes an idle worker and the next call, if both exist (mu_ held).
+  bool NextLocked(std::shared_ptr<Worker>* w, Queued* q);
+  void Retire(std::shared_ptr<Worker> w);  // mu_ held: destroyed by the maintenance thread
+  StatusOr<std::shared_ptr<Worker>> MakeWorker();
+
+  PoolConfig cfg_;
+  backends::Backend* backend_;
+  std::string node_;
+  mutable std::mutex mu_;
+  std::deque<std::shared_ptr<Worker>> idle_;  // GUARDED_BY(mu_); most recently used last
+  std::map<backends::Sandbox*, std::shared_ptr<Worker>> busy_;  // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<Worker>> retired_;                // GUARDED_BY(mu_)
+  std::deque<Queued> queue_;                                    // GUARDED_BY(mu_)
+  int starting_ = 0;                                            // GUARDED_BY(mu_)
+  bool stopped_ = false;                                        // GUARDED_BY(mu_)
+  std::string last_error_;                                      // GUARDED_BY(mu_)
+  uint64_t calls_ = 0, rejected_ = 0, replaced_ = 0;            // GUARDED_BY(mu_)
+  uint64_t taken_ = 0, missed_ = 0;                             // GUARDED_BY(mu_)
+  std::function<void()> wake_;  // asks the maintenance thread to run soon
+  friend class PoolSet;
+};
+
+// Every pool of a node, and the thread that maintains them.
+class PoolSet {
+ public:
+  PoolSet(backends::Backend* backend, std::string node);
+  ~PoolSet();
+  // Creates the pool, or updates the limits of an existing one (a changed runtime, preload,
+  // command, image or per-call limits replaces its workers).
+  StatusOr<std::shared_ptr<Pool>> Put(const PoolConfig& cfg);
+  std::shared_ptr<Pool> Get(const std::string& name) const;
+  Status Remove(const std::string& name);
+  Json List() const;
+  void Shutdown();
+
+ private:
+  void Loop();
+  void Wake();
+
+  backends::Backend* backend_;
+  std::string node_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::shared_ptr<Pool>> pools_;  // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<Pool>> removed_;          // GUARDED_BY(mu_); to shut down
+  bool stop_ = false, woken_ = false;                   // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace dsec::fncall
