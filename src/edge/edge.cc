@@ -129,6 +129,7 @@ int RunEdge(EdgeConfig cfg) {
   fncall::PoolSet pools(backend->get(), cfg.node);
   manager.SetPools(&pools);
   LoadPools(cfg, (*backend)->features().userns, &pools, store->get());
+  pools.WaitWarm(30000);  // "ready" means the runtimes answer their first calls warm
 
   Idempotency idem(store->get(), cfg.idempotency_max_records, cfg.idempotency_max_age_s,
                    cfg.idempotency_max_body_bytes, cfg.idempotency_max_total_bytes);

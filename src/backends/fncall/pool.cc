@@ -168,7 +168,7 @@ Pool::Pool(PoolConfig cfg, backends::Backend* backend, std::string node)
     : cfg_(std::move(cfg)), backend_(backend), node_(std::move(node)) {}
 
 void Pool::Submit(CallRequest req, CallDone done) {
-  Queued q{std::move(req), std::move(done), MonotonicMs()};
+  Queued q{std::move(req), std::move(done), MonotonicUs()};
   std::shared_ptr<Worker> w;
   std::unique_lock<std::mutex> l(mu_);
   if (stopped_) {
@@ -181,8 +181,9 @@ void Pool::Submit(CallRequest req, CallDone done) {
   }
   calls_++;
   if (!idle_.empty() && queue_.empty()) {
-    w = idle_.back();
-    idle_.pop_back();
+    w = idle_.front();
+    idle_.pop_front();
+    idle_low_ = std::min(idle_low_, static_cast<int>(idle_.size()));
     busy_[w->sb.get()] = w;
     l.unlock();
     return Start(std::move(w), std::move(q));
@@ -221,7 +222,7 @@ void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
   r.timeout_ms = q.req.timeout_ms;
   r.max_output_bytes = q.req.max_output_bytes;
   double queue_ms =
-      static_cast<double>(MonotonicUs()) / 1000.0 - static_cast<double>(q.enqueued_ms);
+      static_cast<double>(MonotonicUs() - q.enqueued_us) / 1000.0;
   auto self = shared_from_this();
   auto shared_q = std::make_shared<Queued>(std::move(q));
   auto obs = std::make_shared<Collect>(
@@ -283,8 +284,9 @@ void Pool::Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<ExecOutput> ou
 
 bool Pool::NextLocked(std::shared_ptr<Worker>* w, Queued* q) {
   if (idle_.empty() || queue_.empty() || stopped_) return false;
-  *w = idle_.back();
-  idle_.pop_back();
+  *w = idle_.front();
+  idle_.pop_front();
+  idle_low_ = std::min(idle_low_, static_cast<int>(idle_.size()));
   *q = std::move(queue_.front());
   queue_.pop_front();
   busy_[(*w)->sb.get()] = *w;
@@ -378,7 +380,7 @@ int64_t Pool::Maintain() {
   int want = 0;
   {
     std::lock_guard<std::mutex> l(mu_);
-    while (!queue_.empty() && now - queue_.front().enqueued_ms > cfg_.queue_timeout_ms) {
+    while (!queue_.empty() && now - queue_.front().enqueued_us / 1000 > cfg_.queue_timeout_ms) {
       expired.push_back(std::move(queue_.front()));
       queue_.pop_front();
       rejected_++;
@@ -391,11 +393,18 @@ int64_t Pool::Maintain() {
       // A container pool's sandboxes leave it when taken: only idle ones count against max.
       if (cfg_.kind == "container") total = static_cast<int>(idle_.size()) + starting_;
       want = std::max(0, std::min(need, cfg_.max - total));
-      // Shrink: the least recently used idle workers beyond min_idle, once idle long enough.
-      while (static_cast<int>(idle_.size()) > cfg_.min_idle && queue_.empty() &&
-             now - idle_.front()->idle_since_ms > cfg_.idle_timeout_s * 1000) {
-        destroy.push_back(idle_.front());
-        idle_.pop_front();
+      // Shrink: workers that stayed idle through a whole idle_timeout_s window (the fewest
+      // idle at any moment in it, beyond min_idle) were not needed. Calls go to the least
+      // recently used worker (so one that just finished has time to prepare its next call),
+      // hence the window rather than per-worker idle times.
+      if (now - window_start_ms_ >= cfg_.idle_timeout_s * 1000) {
+        int surplus = std::min(idle_low_, static_cast<int>(idle_.size())) - cfg_.min_idle;
+        for (; surplus > 0 && queue_.empty(); --surplus) {
+          destroy.push_back(idle_.back());
+          idle_.pop_back();
+        }
+        window_start_ms_ = now;
+        idle_low_ = static_cast<int>(idle_.size());
       }
       // Over max after a PUT lowered it: idle ones go first.
       while (static_cast<int>(idle_.size() + busy_.size()) > cfg_.max && !idle_.empty()) {
@@ -557,6 +566,19 @@ Json PoolSet::List() const {
   Json arr = Json::array();
   for (auto& p : pools) arr.push_back(p->Describe());
   return arr;
+}
+
+void PoolSet::WaitWarm(int64_t timeout_ms) const {
+  int64_t deadline = MonotonicMs() + timeout_ms;
+  while (MonotonicMs() < deadline) {
+    bool warm = true;
+    for (const auto& p : List()) {
+      int idle = p["workers"]["idle"].get<int>();
+      warm = warm && (idle >= p["min_idle"].get<int>() || !p["last_error"].is_null());
+    }
+    if (warm) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void PoolSet::Loop() {

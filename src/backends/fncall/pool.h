@@ -94,7 +94,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   struct Queued {
     CallRequest req;
     CallDone done;
-    int64_t enqueued_ms = 0;
+    int64_t enqueued_us = 0;
   };
   // Runs `q` on `w` (mu_ not held). On a worker failure the call goes back to the queue.
   void Start(std::shared_ptr<Worker> w, Queued q);
@@ -118,6 +118,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
   std::string last_error_;                                      // GUARDED_BY(mu_)
   uint64_t calls_ = 0, rejected_ = 0, replaced_ = 0;            // GUARDED_BY(mu_)
   uint64_t taken_ = 0, missed_ = 0;                             // GUARDED_BY(mu_)
+  int idle_low_ = 0;            // GUARDED_BY(mu_); fewest idle workers in this window
+  int64_t window_start_ms_ = 0;  // GUARDED_BY(mu_)
   std::function<void()> wake_;  // asks the maintenance thread to run soon
   friend class PoolSet;
 };
@@ -133,6 +135,8 @@ class PoolSet {
   std::shared_ptr<Pool> Get(const std::string& name) const;
   Status Remove(const std::string& name);
   Json List() const;
+  // Waits (up to timeout_ms) until every pool has its min_idle workers or reported an error.
+  void WaitWarm(int64_t timeout_ms) const;
   void Shutdown();
 
  private:

@@ -11,6 +11,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -203,47 +204,6 @@ Status WriteCallFiles(const std::vector<std::pair<std::string, std::string>>& fi
   _exit(126);
 }
 
-// The user process: stdio, the call's user, files, then the code.
-[[noreturn]] void RunUser(const Options& o, const protocol::FnCallSpec& call,
-                          std::vector<UniqueFd>& fds) {
-  for (int target = 0; target < 3; ++target)
-    if (dup2(fds[2 + static_cast<size_t>(target)].get(), target) < 0) UserFail("dup2 stdio");
-  sys::CloseRange(3, ~0U, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
-  int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-  if (oom >= 0) {
-    (void)!write(oom, "1000", 4);  // the call dies first when the worker runs out of memory
-    close(oom);
-  }
-  if (setgroups(0, nullptr) < 0 || setresgid(o.gid, o.gid, o.gid) < 0 ||
-      setresuid(o.uid, o.uid, o.uid) < 0)
-    UserFail(std::string("switch to the sandbox user: ") + strerror(errno));
-  if (Status s = isolation::SetCapabilities(0); !s.ok()) UserFail(s.message());
-  // The uid change made the process non-dumpable, which would leave its /proc/self owned by
-  // root; a process that never exec'd must reset it.
-  prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-  umask(022);
-  if (chdir(o.workdir.c_str()) < 0) UserFail("chdir " + o.workdir + ": " + strerror(errno));
-  if (Status s = WriteCallFiles(call.files); !s.ok()) UserFail(s.message());
-  if (o.runtime == "python") {
-    std::string filename = call.filename.empty() ? "<fncall>" : call.filename;
-    int rc = PythonRunInChild(call.code, filename);
-    _exit(rc);
-  }
-  std::vector<std::string> args = o.command;
-  args.push_back(call.code);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  execvpe(argv[0], argv.data(), environ);
-  int err = errno;
-  std::string line = "dsec: execve \"" + args[0] + "\": " + strerror(err) + "\n";
-  (void)!write(2, line.data(), line.size());
-  _exit(err == ENOENT ? 127 : 126);
-}
-
 StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
   struct stat st;
   if (fstat(memfd, &st) < 0) return ErrnoError("fstat request");
@@ -261,6 +221,73 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
   return protocol::FnCallSpecFromJson(j);
 }
 
+// The user process, forked ahead of its call: it becomes the call's user at once, then waits
+// for the call on the control socket, runs it, and (python) reports its exit code on `sock`
+// before exiting, so the call's end does not wait for the teardown of a whole interpreter.
+[[noreturn]] void UserMain(const Options& o, int control, int sock) {
+  if (o.runtime == "python") PythonAfterForkChild();
+  int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (oom >= 0) {
+    (void)!write(oom, "1000", 4);  // the call dies first when the worker runs out of memory
+    close(oom);
+  }
+  if (setgroups(0, nullptr) < 0 || setresgid(o.gid, o.gid, o.gid) < 0 ||
+      setresuid(o.uid, o.uid, o.uid) < 0)
+    _exit(kExitSetupFailed);
+  if (!isolation::SetCapabilities(0).ok()) _exit(kExitSetupFailed);
+  // The uid change made the process non-dumpable, which would leave its /proc/self owned by
+  // root; a process that never exec'd must reset it.
+  prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  umask(022);
+  if (chdir(o.workdir.c_str()) < 0) _exit(kExitSetupFailed);
+
+  // The call: [call socket, request memfd, stdin, stdout, stderr]. The call socket goes to
+  // the init at once (it reports the outcome and owns the call's lifetime); this process
+  // keeps neither it nor the control socket.
+  std::string buf;
+  std::vector<UniqueFd> fds;
+  auto n = RecvWithFds(control, kMaxControlMessage, 5, &buf, &fds);
+  if (!n.ok() || *n == 0) _exit(kExitControlClosed);
+  close(control);
+  if (fds.size() != 5) _exit(kExitSetupFailed);
+  if (!SendWithFds(sock, "{}", {fds[0].get()}).ok()) _exit(kExitSetupFailed);
+  fds[0].Reset();
+  for (int target = 0; target < 3; ++target)
+    if (dup2(fds[2 + static_cast<size_t>(target)].get(), target) < 0) UserFail("dup2 stdio");
+  auto req = ReadRequest(fds[1].get());
+  fds.clear();
+  if (!req.ok()) UserFail("fncall request: " + req.status().message());
+  int keep = sock;
+  if (o.runtime == "python") {
+    // Only the report socket stays, above everything the code might open first.
+    keep = fcntl(sock, F_DUPFD_CLOEXEC, 1000);
+    if (keep < 0) keep = sock;
+  }
+  sys::CloseRange(3, static_cast<unsigned>(keep) - 1, 0);
+  sys::CloseRange(static_cast<unsigned>(keep) + 1, ~0U, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (Status s = WriteCallFiles(req->files); !s.ok()) UserFail(s.message());
+  if (o.runtime == "python") {
+    std::string filename = req->filename.empty() ? "<fncall>" : req->filename;
+    int rc = PythonRunInChild(req->code, filename);
+    SendJson(keep, {{"rc", rc}});
+    _exit(rc);
+  }
+  close(keep);
+  std::vector<std::string> args = o.command;
+  args.push_back(req->code);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execvpe(argv[0], argv.data(), environ);
+  int err = errno;
+  std::string line = "dsec: execve \"" + args[0] + "\": " + strerror(err) + "\n";
+  (void)!write(2, line.data(), line.size());
+  _exit(err == ENOENT ? 127 : 126);
+}
+
 // PID 1 of the call's pid namespace. Its exit ends every process of the call.
 [[noreturn]] void CallInit(const Options& o, const InitMsg& init, int control) {
   // Signals wait in a signalfd; as the namespace's init it gets no default actions anyway.
@@ -269,7 +296,7 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
   sigaddset(&chld, SIGCHLD);
   sigprocmask(SIG_BLOCK, &chld, nullptr);
   if (Status s = PrepareMounts(o); !s.ok()) Fatal(control, s.message());
-  // Keep only what forking the user process needs (setuid/setgid), then the full profile.
+  // Keep only what the user process needs to become the call's user, then the full profile.
   uint64_t keep = isolation::CapMask({CAP_SETUID, CAP_SETGID});
   Status s = isolation::DropBoundingSet(keep);
   if (s.ok()) s = isolation::ApplyRlimits(init.rlimits);
@@ -281,44 +308,62 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
     _exit(kExitSetupFailed);
   }
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // the call's user cannot ptrace or read its init
+  int up[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, up) < 0) _exit(kExitSetupFailed);
+  pid_t user = fork();
+  if (user < 0) _exit(kExitSetupFailed);
+  if (user == 0) {
+    close(up[0]);
+    UserMain(o, control, up[1]);
+  }
+  close(up[1]);
+  close(control);
+  UniqueFd to_user(up[0]);
 
+  // The user process hands over the call socket once its call arrived.
   std::string buf;
   std::vector<UniqueFd> fds;
-  auto n = RecvWithFds(control, kMaxControlMessage, 5, &buf, &fds);
-  if (!n.ok() || *n == 0) _exit(kExitControlClosed);
-  close(control);
-  if (fds.size() != 5) _exit(kExitSetupFailed);
-  int call = fds[0].get();
-  auto req = ReadRequest(fds[1].get());
-  if (!req.ok()) {
-    SendJson(call, {{"error", req.status().message()}});
-    _exit(0);
+  auto n = RecvWithFds(to_user.get(), 256, 1, &buf, &fds);
+  if (!n.ok() || *n == 0 || fds.size() != 1) {
+    int st = 0;
+    while (waitpid(user, &st, 0) < 0 && errno == EINTR) {
+    }
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : kExitSetupFailed);
   }
-  pid_t user = fork();
-  if (user < 0) {
-    SendJson(call, {{"error", std::string("fork: ") + strerror(errno)}});
-    _exit(0);
-  }
-  if (user == 0) RunUser(o, *req, fds);
-  for (size_t i = 1; i < fds.size(); ++i) fds[i].Reset();
+  UniqueFd call = std::move(fds[0]);
   int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
-  pollfd p[2] = {{call, POLLIN, 0}, {sfd, POLLIN, 0}};
+  pollfd p[3] = {{call.get(), POLLIN, 0}, {sfd, POLLIN, 0}, {to_user.get(), POLLIN, 0}};
   while (true) {
     // Reap everything (orphans reparent to us); the user process decides the outcome.
     int status;
     pid_t r;
     while ((r = waitpid(-1, &status, WNOHANG)) > 0) {
       if (r == user) {
-        SendJson(call, {{"status", status}});
+        SendJson(call.get(), {{"status", status}});
         _exit(0);
       }
     }
-    if (poll(p, 2, -1) < 0 && errno != EINTR) _exit(0);
+    if (poll(p, 3, -1) < 0 && errno != EINTR) _exit(0);
     if (p[0].revents) _exit(0);  // the agent ended the call (or went away)
     if (p[1].revents) {
       signalfd_siginfo si;
       while (read(sfd, &si, sizeof si) == sizeof si) {
       }
+    }
+    if (p[2].revents) {
+      // The code's exit code, reported before the interpreter's teardown (or EOF once it
+      // exec'd or exited: then its wait status decides).
+      std::string msg;
+      std::vector<UniqueFd> none;
+      auto m = RecvWithFds(to_user.get(), 256, 0, &msg, &none);
+      if (m.ok() && *m > 0) {
+        Json j = Json::parse(msg, nullptr, false);
+        if (!j.is_discarded() && j.contains("rc") && j["rc"].is_number_integer()) {
+          SendJson(call.get(), {{"status", (j["rc"].get<int>() & 0xff) << 8}});
+          _exit(0);
+        }
+      }
+      p[2].fd = -1;
     }
   }
 }
@@ -336,29 +381,22 @@ int Main(int argc, char** argv) {
   SendJson(control, {{"ready", {{"pid", getpid()}}}});
   int failures = 0;
   while (true) {
+    // The call's init, straight into fresh pid, mount and ipc namespaces. A raw clone leaves
+    // libc's cached thread id stale in the child; the init never uses it (no raise, abort or
+    // pthread calls) and its own children come from fork(), which sets theirs right.
     if (opts->runtime == "python") PythonBeforeFork();
-    pid_t shim = fork();
+    pid_t init_pid = static_cast<pid_t>(
+        syscall(SYS_clone, CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID | SIGCHLD, nullptr, nullptr,
+                nullptr, nullptr));
     if (opts->runtime == "python") PythonAfterForkParent();
-    if (shim < 0) {
-      if (++failures > 20) Fatal(control, std::string("fork: ") + strerror(errno));
+    if (init_pid < 0) {
+      if (++failures > 20) Fatal(control, std::string("clone: ") + strerror(errno));
       usleep(50000);  // e.g. the pids limit while a call's fork bomb is being torn down
       continue;
     }
-    if (shim == 0) {
-      // A fresh pid namespace takes effect for the next child: the call's init.
-      if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID) < 0)
-        Fatal(control, std::string("unshare: ") + strerror(errno));
-      pid_t init_pid = fork();
-      if (init_pid < 0) _exit(kExitSetupFailed);
-      if (init_pid == 0) CallInit(*opts, *init, control);
-      close(control);
-      int st;
-      while (waitpid(init_pid, &st, 0) < 0 && errno == EINTR) {
-      }
-      _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 0);
-    }
+    if (init_pid == 0) CallInit(*opts, *init, control);
     int st;
-    while (waitpid(shim, &st, 0) < 0 && errno == EINTR) {
+    while (waitpid(init_pid, &st, 0) < 0 && errno == EINTR) {
     }
     int code = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
     if (code == kExitControlClosed || code == 1) return 0;  // agent gone, or reported fatal

@@ -121,8 +121,9 @@ Status PythonInit(const std::vector<std::string>& preload) {
 void PythonBeforeFork() { PyOS_BeforeFork(); }
 void PythonAfterForkParent() { PyOS_AfterFork_Parent(); }
 
+void PythonAfterForkChild() { PyOS_AfterFork_Child(); }
+
 int PythonRunInChild(const std::string& code, const std::string& filename) {
-  PyOS_AfterFork_Child();
   PyObject* c = PyUnicode_DecodeUTF8(code.data(), static_cast<Py_ssize_t>(code.size()), "replace");
   PyObject* f = PyUnicode_FromString(filename.c_str());
   PyObject* r = c && f ? PyObject_CallFunctionObjArgs(g_run, c, f, nullptr) : nullptr;

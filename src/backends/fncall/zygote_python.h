@@ -14,7 +14,9 @@ namespace dsec::fncall {
 Status PythonInit(const std::vector<std::string>& preload);
 void PythonBeforeFork();
 void PythonAfterForkParent();
-// In a forked child: runs `code` as __main__ (SystemExit and tracebacks as `python3 -c` does),
+// First thing in a forked child that will run python code.
+void PythonAfterForkChild();
+// In a forked child (after PythonAfterForkChild): runs `code` as __main__ (SystemExit and tracebacks as `python3 -c` does),
 // runs atexit handlers, flushes stdio and returns the exit code.
 int PythonRunInChild(const std::string& code, const std::string& filename);
 
