@@ -80,6 +80,38 @@ if api_rows:
         print(f"| {k[2]} | {med(k, 'p50'):.1f} | {med(k, 'p90'):.1f} | {med(k, 'p99'):.1f} |"
               f" {med(k, 'rate'):.0f} | {pair('create')} | {pair('exec')} | {pair('delete')} |"
               f" {med(k, 'client_cpu') * 100:.0f}% |")
+fn_rows = [k for k in rows if k[0] == "fncall"]
+if fn_rows:
+    print("\n## Function calls: `print(1)` in python, through the API and side by side\n")
+    print("bench/fncall_bench.py: **dsec** = `POST /v1/fncalls` through dsec-edge (keep-alive"
+          " HTTP over loopback with a token, a thread per client), each call forked from a warm"
+          " zygote into fresh pid/mount/ipc namespaces with fresh tmpfs dirs, no capabilities and"
+          " the full seccomp profile, inside a worker sandbox; **fork-server** = a bare, unisolated"
+          " python fork-server on a unix socket (the floor); **cold-python** = `python3 -c` per"
+          " call; **bwrap+python** = a fresh `bwrap --unshare-all` sandbox running `python3 -c` per"
+          " call. Medians over rounds.\n")
+    print("| system | clients | p50 ms | p99 ms | calls/s | DSec rate / this |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for c in sorted({k[2] for k in fn_rows}):
+        dsec_key = ("fncall", "dsec", c)
+        for s in ["dsec", "fork-server", "cold-python", "bwrap+python"]:
+            key = ("fncall", s, c)
+            if key not in rows:
+                continue
+            ratio = med(dsec_key, "rate") / med(key, "rate") if dsec_key in rows else float("nan")
+            print(f"| {s} | {c} | {med(key, 'p50_ms'):.2f} | {med(key, 'p99_ms'):.2f} |"
+                  f" {med(key, 'rate'):.0f} | {ratio:.2f} |")
+pc_rows = [k for k in rows if k[0] == "pool_create"]
+if pc_rows:
+    print("\n## Container create from a pool vs a fresh create (through the API)\n")
+    print("`POST /v1/sandboxes {\"pool\": ...}` (a pre-created sandbox; the pool refills in the"
+          " background) against a plain create, each followed by a delete, one at a time.\n")
+    print("| create | p50 ms | p99 ms |")
+    print("|---|---:|---:|")
+    for s in ["pool", "fresh"]:
+        key = ("pool_create", s, 1)
+        if key in rows:
+            print(f"| {s} | {med(key, 'p50_ms'):.2f} | {med(key, 'p99_ms'):.2f} |")
 for d in density[-1:]:
     n = d.get("reached", 0)
     print(f"\n## Idle density: {n:,} idle sandboxes on one edge\n")
