@@ -203,6 +203,9 @@ TEST_F(FnCallWorkerTest, BashRuntime) {
   EXPECT_EQ(r.stdout_data, "0\n/tmp:\n\n/workspace:\n") << r.stderr_data;
   r = Call(sb.get(), "exit 7");
   EXPECT_EQ(r.result.exit_code, 7);
+  // Signals at their defaults: `yes` dies of SIGPIPE instead of failing writes forever.
+  r = Call(sb.get(), "yes | head -1; echo ${PIPESTATUS[0]}");
+  EXPECT_EQ(r.stdout_data, "y\n141\n") << r.stderr_data;
 }
 
 }  // namespace

@@ -221,8 +221,7 @@ void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
   r.stdin_data = q.req.stdin_data;
   r.timeout_ms = q.req.timeout_ms;
   r.max_output_bytes = q.req.max_output_bytes;
-  double queue_ms =
-      static_cast<double>(MonotonicUs() - q.enqueued_us) / 1000.0;
+  double queue_ms = static_cast<double>(MonotonicUs() - q.enqueued_us) / 1000.0;
   auto self = shared_from_this();
   auto shared_q = std::make_shared<Queued>(std::move(q));
   auto obs = std::make_shared<Collect>(

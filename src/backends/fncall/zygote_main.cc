@@ -276,6 +276,8 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
     _exit(rc);
   }
   close(keep);
+  // The zygote ignores SIGPIPE; an exec'd runtime starts with every signal at its default.
+  for (int sig = 1; sig < NSIG; ++sig) signal(sig, SIG_DFL);
   std::vector<std::string> args = o.command;
   args.push_back(req->code);
   std::vector<char*> argv;
@@ -385,9 +387,9 @@ int Main(int argc, char** argv) {
     // libc's cached thread id stale in the child; the init never uses it (no raise, abort or
     // pthread calls) and its own children come from fork(), which sets theirs right.
     if (opts->runtime == "python") PythonBeforeFork();
-    pid_t init_pid = static_cast<pid_t>(
-        syscall(SYS_clone, CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID | SIGCHLD, nullptr, nullptr,
-                nullptr, nullptr));
+    pid_t init_pid =
+        static_cast<pid_t>(syscall(SYS_clone, CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID | SIGCHLD,
+                                   nullptr, nullptr, nullptr, nullptr));
     if (opts->runtime == "python") PythonAfterForkParent();
     if (init_pid < 0) {
       if (++failures > 20) Fatal(control, std::string("clone: ") + strerror(errno));
