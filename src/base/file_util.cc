@@ -10,9 +10,7 @@
 
 namespace dsec {
 
-namespace {
-
-StatusOr<std::string> ReadAll(int fd, const std::string& what, size_t max_bytes) {
+StatusOr<std::string> ReadFdToString(int fd, const std::string& what, size_t max_bytes) {
   std::string out;
   char buf[8192];
   while (true) {
@@ -28,6 +26,8 @@ StatusOr<std::string> ReadAll(int fd, const std::string& what, size_t max_bytes)
   }
   return out;
 }
+
+namespace {
 
 Status RemoveTreeAt(int parent, const char* name, dev_t dev, const std::string& what) {
   struct stat st;
@@ -84,13 +84,13 @@ Status WriteAllFd(int fd, std::string_view data, const std::string& what) {
 StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return ErrnoError("open \"" + path + "\"");
-  return ReadAll(fd.get(), path, max_bytes);
+  return ReadFdToString(fd.get(), path, max_bytes);
 }
 
 StatusOr<std::string> ReadFileAt(int dirfd, const std::string& name, size_t max_bytes) {
   UniqueFd fd(openat(dirfd, name.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return ErrnoError("open \"" + name + "\"");
-  return ReadAll(fd.get(), name, max_bytes);
+  return ReadFdToString(fd.get(), name, max_bytes);
 }
 
 Status WriteStringToFile(const std::string& path, std::string_view data, int flags) {

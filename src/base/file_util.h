@@ -17,6 +17,8 @@ namespace dsec {
 
 StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes = 1 << 20);
 StatusOr<std::string> ReadFileAt(int dirfd, const std::string& name, size_t max_bytes = 1 << 20);
+// Reads fd to its end (a pipe, stdin); `what` names it in errors. More than max_bytes: TooLarge.
+StatusOr<std::string> ReadFdToString(int fd, const std::string& what, size_t max_bytes);
 // Writes with a single write(2): what cgroupfs and procfs control files need.
 Status WriteStringToFile(const std::string& path, std::string_view data, int flags = O_WRONLY);
 Status WriteFileAt(int dirfd, const std::string& name, std::string_view data, int flags = O_WRONLY,

@@ -247,7 +247,13 @@ StatusOr<EdgeClient::Response> EdgeClient::Call(Verb verb, const std::string& ta
 }
 
 StatusOr<Json> EdgeClient::CallJson(Verb verb, const std::string& target, const Json* body) {
-  DSEC_ASSIGN_OR_RETURN(Response r, Call(verb, target, body ? body->dump() : std::string()));
+  std::string text;
+  try {
+    if (body) text = body->dump();
+  } catch (const Json::type_error& e) {  // JSON text is UTF-8: nlohmann refuses anything else
+    return InvalidArgument(std::string("cannot send text that is not UTF-8: ") + e.what());
+  }
+  DSEC_ASSIGN_OR_RETURN(Response r, Call(verb, target, std::move(text)));
   if (r.status < 200 || r.status >= 300) return ApiError(r.status, r.body);
   if (r.body.empty()) return Json();
   auto j = protocol::ParseJson(r.body);

@@ -16,52 +16,16 @@
 #include "base/strings.h"
 #include "base/unique_fd.h"
 #include "cli/attach.h"
+#include "cli/cmd_util.h"
 #include "cli/edge_client.h"
 
 namespace dsec::cli {
 
 namespace {
 
-constexpr int kFail = 1;        // a dsec error (bad input, API error)
-constexpr int kExecFail = 125;  // exec/run could not run the command at all
 constexpr size_t kIoChunk = 256 << 10;
 
-int Fail(const Status& s, int code = kFail) {
-  std::string m = s.message();
-  for (char& c : m)
-    if (c == '\n') c = ' ';
-  std::cerr << "dsec: " << m << "\n";
-  return code;
-}
-
-StatusOr<std::unique_ptr<EdgeClient>> Connect(const GlobalOptions& g) {
-  DSEC_ASSIGN_OR_RETURN(Endpoint ep, ResolveEndpoint(g.url, g.token));
-  return std::make_unique<EdgeClient>(std::move(ep));
-}
-
 std::string SbPath(const std::string& id) { return "/v1/sandboxes/" + UrlEncode(id, false); }
-
-void PrintJson(const Json& j) {
-  std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
-}
-
-void PrintTable(const std::vector<std::string>& head,
-                const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> w(head.size());
-  for (size_t i = 0; i < head.size(); ++i) w[i] = head[i].size();
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size() && i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
-  auto line = [&](const std::vector<std::string>& r) {
-    std::string out;
-    for (size_t i = 0; i < r.size(); ++i) {
-      out += r[i];
-      if (i + 1 < r.size()) out += std::string(w[i] - r[i].size() + 2, ' ');
-    }
-    std::cout << out << "\n";
-  };
-  line(head);
-  for (const auto& r : rows) line(r);
-}
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -76,12 +40,6 @@ std::string Duration(int64_t ms) {
   if (s < 7200) return std::to_string(s / 60) + "m";
   if (s < 172800) return std::to_string(s / 3600) + "h";
   return std::to_string(s / 86400) + "d";
-}
-
-std::string Num(const Json& j) {
-  if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
-  if (j.is_number()) return FormatNumber(j.get<double>());
-  return j.is_string() ? j.get<std::string>() : j.dump();
 }
 
 std::string Labels(const Json& rec) {
@@ -114,14 +72,16 @@ const std::vector<std::string> kHead = {"ID",  "STATE",   "IMAGE", "CPU",
 // ---- create ------------------------------------------------------------------------------
 
 struct CreateOpts {
-  std::string image = "host", user, workdir;
+  std::string image, user, workdir, pool;
   std::optional<double> cpu;
   std::optional<int64_t> memory_mb, pids, disk_mb, ttl_s, idle_ttl_s, count;
   std::vector<std::string> env, labels;
 };
 
 StatusOr<Json> CreateBody(const CreateOpts& o) {
-  Json b = {{"image", o.image}};
+  Json b = Json::object();
+  if (!o.image.empty()) b["image"] = o.image;
+  if (!o.pool.empty()) b["pool"] = o.pool;
   if (o.cpu) b["cpu"] = *o.cpu;
   if (o.memory_mb) b["memory_mb"] = *o.memory_mb;
   if (o.pids) b["pids"] = *o.pids;
@@ -567,6 +527,8 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   CLI::App* create = app.add_subcommand("create", "Create a sandbox on the edge; prints its id");
   AddCreateFlags(create, co.get());
   create->add_option("--count", co->count, "Create this many alike (1-256)");
+  create->add_option("--pool", co->pool,
+                     "Take a ready sandbox from this container pool (it sets the limits)");
   create->callback([co, &g, exit_code] { *exit_code = Create(g, *co); });
 
   auto ls_labels = std::make_shared<std::vector<std::string>>();

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The dsec CLI against a live dsec-edge: every edge command, --json, exit codes, cp of files and
-# trees (modes, symlinks), persistent shell sessions, `run` through the edge, bad input (one
-# line, non-zero exit), and nothing left behind.
+# trees (modes, symlinks), persistent shell sessions, `run` through the edge, function calls and
+# pools (fn, pool, create --pool), bad input (one line, non-zero exit), and nothing left behind.
 # Usage: dsec_edge_cli_test.sh PATH/TO/dsec PATH/TO/dsec-edge   (needs root; SKIPPED otherwise)
 set -u
 DSEC=${1:?usage: dsec_edge_cli_test.sh path/to/dsec path/to/dsec-edge}
@@ -97,6 +97,43 @@ out=$(echo via-edge | DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/t
 DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/tokens") "$DSEC" run -- sh -c 'exit 5' </dev/null; check "run exit code" 5 $?
 left=$(D ls --label dsec-run=1 | awk 'NR>1' | grep -c .); check "run deletes its sandbox" 0 "$left"
 
+# Function calls on the built-in runtimes: code from -c or a file, input files, stdin, output,
+# exit codes, --json.
+out=$(D fn --runtime python -c 'print(sum(range(10)))'); check "fn -c" 45 "$out"
+printf 'import sys\nprint(open("in/data.txt").read().strip(), sys.stdin.read().upper())\nsys.exit(3)\n' >"$T/prog.py"
+mkdir -p "$T/fn" && echo data >"$T/fn/data.txt" && printf abc >"$T/fn/stdin"
+out=$(D fn --runtime python --file in/data.txt="$T/fn/data.txt" --stdin-file "$T/fn/stdin" "$T/prog.py"); rc=$?
+check "fn FILE with --file and --stdin-file" "data ABC" "$out"; check "fn exit code" 3 $rc
+printf 'raise ValueError("boom")\n' >"$T/boom.py"
+out=$(D fn --runtime python "$T/boom.py" 2>&1 >/dev/null | grep -c 'File "boom.py", line 1'); check "fn FILE names the code" 1 "$out"
+out=$(echo piped | D fn --runtime bash --stdin-file - -c 'tr a-z A-Z; echo err >&2' 2>"$T/err"); check "fn stdin from -" PIPED "$out"
+check "fn stderr" err "$(cat "$T/err")"
+out=$(echo 'echo code-from-stdin' | D fn --runtime bash -); check "fn code from stdin" code-from-stdin "$out"
+out=$(D fn --runtime bash -c 'printf "\000\377"' | od -An -tx1 | tr -d ' '); check "fn binary output" 00ff "$out"
+D fn --runtime bash -c 'kill -KILL $$'; check "fn killed by signal" 137 $?
+D fn --runtime python --timeout-ms 300 -c 'import time; time.sleep(10)' 2>/dev/null; check "fn timeout" 124 $?
+out=$(D fn --json --runtime python -c 'print(1)' | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["runtime"], r["stdout"].strip(), r["exit_code"], r["queue_ms"] >= 0)')
+check "fn --json" "python 1 0 True" "$out"
+
+# Pools: the built-in runtimes, a new python pool (preload), an exec pool, changes that keep the
+# other fields, a container pool that `create --pool` takes from, and removal.
+pool_field() { D pool get "$1" --json | python3 -c "import json,sys; r=json.load(sys.stdin); print($2)"; }
+out=$(D pool ls | awk 'NR>1 {print $1, $2}' | tr '\n' ';'); check "pool ls" "bash fncall;python fncall;" "$out"
+check "pool get" "python fncall python" "$(pool_field python 'r["name"], r["kind"], r["runtime"]')"
+D pool put py2 --runtime python --preload json,csv --min-idle 1 --max 2 >/dev/null; check "pool put (new)" 0 $?
+check "pool put fields" "['json', 'csv'] 1 2" "$(pool_field py2 'r["preload"], r["min_idle"], r["max"]')"
+out=$(D pool put py2 --max 3 | grep -E '^(preload|max|min_idle):' | tr -s ' ' | tr '\n' ';'); check "pool put keeps the rest" "preload: json,csv;min_idle: 1;max: 3;" "$out"
+out=$(D fn --runtime py2 -c 'import sys; print("csv" in sys.modules)'); check "fn on a new pool (preloaded)" True "$out"
+D pool put ex --min-idle 0 --max 1 -- /bin/sh -c >/dev/null; check "pool put exec" "exec ['/bin/sh', '-c']" "$(pool_field ex 'r["runtime"], r["command"]')"
+out=$(D fn --runtime ex -c 'echo via-exec'); check "fn on an exec pool" via-exec "$out"
+D pool put web --kind container --min-idle 1 --max 1 --memory-mb 128 >/dev/null; check "pool put container" 0 $?
+for _ in $(seq 100); do [ "$(pool_field web 'r["workers"]["idle"]')" == 1 ] && break; sleep 0.1; done
+pid=$(D create --pool web --label job=pooled); check "create --pool" "running 128" "$(D get "$pid" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["state"], r["limits"]["memory_mb"])')"
+check "pool counts the take" 1 "$(pool_field web 'r["taken"]')"
+D rm "$pid" >/dev/null
+out=$(D pool rm py2 ex web); check "pool rm" "py2;ex;web;" "$(echo "$out" | tr '\n' ';')"
+out=$(D pool ls --json | python3 -c 'import json,sys; print(sorted(p["name"] for p in json.load(sys.stdin)["pools"]))'); check "pool ls --json" "['bash', 'python']" "$out"
+
 # Bad input: one line on stderr, non-zero exit, the edge keeps serving.
 err=$(D get nope 2>&1); one_line_error "unknown sandbox" $? "$err"
 err=$(D get 'a/../b' 2>&1); one_line_error "id with .." $? "$err"
@@ -107,6 +144,22 @@ err=$(D exec "$id" 2>&1); one_line_error "exec without command" $? "$err"
 err=$(D cp "$T/blob" "$T/blob3" 2>&1); one_line_error "cp without a sandbox side" $? "$err"
 err=$(D cp "$id:relative" "$T/x" 2>&1); one_line_error "cp relative sandbox path" $? "$err"
 err=$(D cp "$id:/no/such" "$T/x" 2>&1); one_line_error "cp missing source" $? "$err"
+err=$(D fn --runtime nope -c x 2>&1); one_line_error "fn unknown runtime" $? "$err"
+err=$(D fn --runtime python 2>&1); one_line_error "fn without code" $? "$err"
+err=$(D fn -c 'print(1)' 2>&1); one_line_error "fn without --runtime" $? "$err"
+err=$(D fn --runtime python -c x "$T/prog.py" 2>&1); one_line_error "fn with -c and a FILE" $? "$err"
+err=$(D fn --runtime python "$T/nothing.py" 2>&1); one_line_error "fn missing FILE" $? "$err"
+err=$(D fn --runtime python --file novalue -c x 2>&1); one_line_error "fn --file without =" $? "$err"
+err=$(D fn --runtime python --file a="$T/nothing" -c x 2>&1); one_line_error "fn --file missing" $? "$err"
+err=$(D fn --runtime python --memory-mb 1000000 -c x 2>&1); one_line_error "fn memory over the pool's" $? "$err"
+err=$(D fn --runtime python --timeout-ms 0 -c x 2>&1); one_line_error "fn zero timeout" $? "$err"
+err=$(D pool get nope 2>&1); one_line_error "pool get unknown" $? "$err"
+err=$(D pool put bad --runtime ruby 2>&1); one_line_error "pool put bad runtime" $? "$err"
+err=$(D pool put bad 2>&1); one_line_error "pool put without runtime" $? "$err"
+err=$(D pool put bad --runtime python --min-idle 5 --max 2 2>&1); one_line_error "pool put min_idle > max" $? "$err"
+err=$(D pool rm nope 2>&1); one_line_error "pool rm unknown" $? "$err"
+err=$(D create --pool nope 2>&1); one_line_error "create from an unknown pool" $? "$err"
+err=$(D create --pool python 2>&1); one_line_error "create from an fncall pool" $? "$err"
 err=$(DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=wrong "$DSEC" ls 2>&1); one_line_error "wrong token" $? "$err"
 err=$(DSEC_URL=ftp://x "$DSEC" ls 2>&1); one_line_error "bad DSEC_URL" $? "$err"
 err=$(DSEC_URL=unix://$T/nothing.sock "$DSEC" ls 2>&1); one_line_error "no edge there" $? "$err"

@@ -28,7 +28,7 @@ from .errors import (
     UnprocessableError,
     UnsafeArchiveError,
 )
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult
 
 __version__ = "0.1.0"
 
@@ -41,6 +41,7 @@ __all__ = [
     "AsyncShell",
     "DSecContainerRunArgs",
     "ExecResult",
+    "FnCallResult",
     "ExecEvent",
     "FileEntry",
     "DSecError",

@@ -317,24 +317,73 @@ def entries(data: Any) -> list[FileEntry]:
     return [FileEntry.from_json(e) for e in data.get("entries", [])]
 
 
-# -- misc --------------------------------------------------------------------
+# -- function calls ----------------------------------------------------------
 
 
-def fncall(runtime: str, code: str, stdin: Stdin, files: Mapping[str, str | bytes] | None,
-           timeout_ms: int, memory_mb: int, max_output_bytes: int,
-           request_id: str | None) -> Request:
-    text, stdin_encoding = encode_stdin(stdin)
-    if stdin_encoding:
-        raise ValueError("fncall stdin must be valid UTF-8")
-    body: dict[str, Any] = {"runtime": runtime, "code": code, "stdin": text,
-                            "timeout_ms": int(timeout_ms), "memory_mb": int(memory_mb),
-                            "max_output_bytes": int(max_output_bytes)}
+def _b64(data: bytes | bytearray | memoryview) -> str:
+    return base64.b64encode(bytes(data)).decode("ascii")
+
+
+def fncall_body(runtime: str, code: str, stdin: Stdin | None,
+                files: Mapping[str, str | bytes] | None, timeout_ms: int | None,
+                memory_mb: int | None, max_output_bytes: int | None, filename: str | None,
+                binary: bool) -> dict[str, Any]:
+    """The body of ``POST /v1/fncalls``; ``None`` leaves a field to the server's
+    default. Bytes (stdin, file contents) travel base64-encoded."""
+    body: dict[str, Any] = {"runtime": runtime, "code": code}
+    if filename is not None:
+        body["filename"] = filename
+    if isinstance(stdin, str):
+        body["stdin"] = stdin
+    elif stdin is not None:
+        body["stdin"] = _b64(stdin)
+        body["stdin_encoding"] = "base64"
     if files is not None:
-        body["files"] = {name: (c.decode("utf-8") if isinstance(c, (bytes, bytearray)) else c)
-                         for name, c in files.items()}
-    # The call may wait in the runtime's queue before its own timeout starts.
+        wire: dict[str, Any] = {}
+        for name, content in files.items():
+            if isinstance(content, str):
+                wire[name] = content
+            elif isinstance(content, (bytes, bytearray, memoryview)):
+                wire[name] = {"base64": _b64(content)}
+            else:
+                raise TypeError(f"file {name!r}: content must be str or bytes, "
+                                f"not {type(content).__name__}")
+        body["files"] = wire
+    for key, value in (("timeout_ms", timeout_ms), ("memory_mb", memory_mb),
+                       ("max_output_bytes", max_output_bytes)):
+        if value is not None:
+            body[key] = int(value)
+    if binary:
+        body["encoding"] = "base64"
+    return body
+
+
+def fncall(body: dict[str, Any], request_id: str | None) -> Request:
+    # The base timeout also covers the wait for a worker (a pool's queue_timeout_ms, 10 s by
+    # default); the call's own timeout (5 s when not given) comes on top.
     return json_request("POST", "/v1/fncalls", body, request_id=request_id,
-                        extra_wait=wait_s(timeout_ms))
+                        extra_wait=wait_s(body.get("timeout_ms", 5000)))
+
+
+# -- pools -------------------------------------------------------------------
+
+
+def pool_path(name: str) -> str:
+    return "/v1/pools/" + seg(name)
+
+
+def pool_put(name: str, config: Mapping[str, Any], request_id: str | None) -> Request:
+    body = {k: v for k, v in config.items() if v is not None}
+    # A new pool's first workers start in the background: the reply does not wait for them.
+    return json_request("PUT", pool_path(name), body, request_id=request_id)
+
+
+def pool_delete(name: str, request_id: str | None) -> Request:
+    return json_request("DELETE", pool_path(name), request_id=request_id,
+                        gone_on_retry_ok=True)
+
+
+# -- misc --------------------------------------------------------------------
 
 
 def simple_get(path: str) -> Request:

@@ -17,7 +17,7 @@ from ._async import AsyncTransport
 from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
 from ._ops import Cmd, Stdin
 from .errors import DSecError, DSecTimeoutError, NotFoundError
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult
 
 __all__ = ["AsyncDSecClient", "AsyncSandbox", "AsyncShell"]
 
@@ -140,15 +140,36 @@ class AsyncDSecClient:
     async def images(self) -> list[dict[str, Any]]:
         return list((await self._json(_ops.simple_get("/v1/images"))).get("images", []))
 
-    async def run_fncall(self, runtime: str, code: str, stdin: Stdin = "",
+    # -- function calls and pools -----------------------------------------
+
+    async def run_fncall(self, runtime: str, code: str, stdin: Stdin | None = None,
                          files: Mapping[str, str | bytes] | None = None,
-                         timeout_ms: int = 5000, memory_mb: int = 256,
-                         max_output_bytes: int = 65536, *,
-                         request_id: str | None = None) -> ExecResult:
+                         timeout_ms: int | None = None, memory_mb: int | None = None,
+                         max_output_bytes: int | None = None, *,
+                         filename: str | None = None, binary: bool = False,
+                         request_id: str | None = None) -> FnCallResult:
         """See :meth:`DSecClient.run_fncall`."""
-        req = _ops.fncall(runtime, code, stdin, files, timeout_ms, memory_mb,
-                          max_output_bytes, request_id)
-        return ExecResult.from_json(await self._json(req))
+        body = _ops.fncall_body(runtime, code, stdin, files, timeout_ms, memory_mb,
+                                max_output_bytes, filename, binary)
+        data = await self._json(_ops.fncall(body, request_id))
+        return FnCallResult.from_json(data, binary=binary)
+
+    async def list_pools(self) -> list[dict[str, Any]]:
+        """See :meth:`DSecClient.list_pools`."""
+        return list((await self._json(_ops.simple_get("/v1/pools"))).get("pools", []))
+
+    async def get_pool(self, name: str) -> dict[str, Any]:
+        """See :meth:`DSecClient.get_pool`."""
+        return await self._json(_ops.simple_get(_ops.pool_path(name)))
+
+    async def put_pool(self, name: str, *, request_id: str | None = None,
+                       **config: Any) -> dict[str, Any]:
+        """See :meth:`DSecClient.put_pool`."""
+        return await self._json(_ops.pool_put(name, config, request_id))
+
+    async def delete_pool(self, name: str, request_id: str | None = None) -> None:
+        """See :meth:`DSecClient.delete_pool`."""
+        await self._call(_ops.pool_delete(name, request_id))
 
 
 class AsyncSandbox:

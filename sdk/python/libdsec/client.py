@@ -13,7 +13,7 @@ from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
 from ._ops import Cmd, Stdin
 from ._sync import SyncTransport
 from .errors import DSecError, DSecTimeoutError, NotFoundError
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult
 
 __all__ = ["DSecClient", "Sandbox", "Shell"]
 
@@ -174,24 +174,60 @@ class DSecClient:
         """The images the node can run, e.g. ``[{"name": "host", "builtin": True}]``."""
         return list(self._json(_ops.simple_get("/v1/images")).get("images", []))
 
+    # -- function calls and pools -----------------------------------------
+
     def run_fncall(
         self,
         runtime: str,
         code: str,
-        stdin: Stdin = "",
+        stdin: Stdin | None = None,
         files: Mapping[str, str | bytes] | None = None,
-        timeout_ms: int = 5000,
-        memory_mb: int = 256,
-        max_output_bytes: int = 65536,
+        timeout_ms: int | None = None,
+        memory_mb: int | None = None,
+        max_output_bytes: int | None = None,
         *,
+        filename: str | None = None,
+        binary: bool = False,
         request_id: str | None = None,
-    ) -> ExecResult:
-        """Run ``code`` in a warm worker of ``runtime`` (``python``, ``bash``...).
-        ``files`` are written next to it first. ``result.raw`` has ``runtime``
-        and ``queue_ms``. A node without fncalls raises NotFoundError."""
-        req = _ops.fncall(runtime, code, stdin, files, timeout_ms, memory_mb,
-                          max_output_bytes, request_id)
-        return ExecResult.from_json(self._json(req))
+    ) -> FnCallResult:
+        """Run ``code`` on a warm worker of ``runtime`` (``"python"``, ``"bash"``
+        or another fncall pool) and wait for it.
+
+        ``files`` (relative path -> ``str`` or ``bytes``) are written into the
+        call's fresh working directory first; ``stdin`` may be ``str`` or
+        ``bytes``. ``None`` arguments take the server's defaults (timeout 5 s,
+        the pool's memory limit, 64 KiB of output per stream). ``filename``
+        names the code in Python tracebacks; ``binary=True`` returns
+        stdout/stderr as bytes. An unknown runtime raises NotFoundError. A pool
+        whose queue is full or that found no free worker in time answers 429,
+        retried like any 429; after the retries it raises OverCapacityError.
+        """
+        body = _ops.fncall_body(runtime, code, stdin, files, timeout_ms, memory_mb,
+                                max_output_bytes, filename, binary)
+        return FnCallResult.from_json(self._json(_ops.fncall(body, request_id)), binary=binary)
+
+    def list_pools(self) -> list[dict[str, Any]]:
+        """Every warm pool of the node (fncall runtimes and container pools):
+        its config plus live counts (``workers``, ``queued``, ``calls``, ...)."""
+        return list(self._json(_ops.simple_get("/v1/pools")).get("pools", []))
+
+    def get_pool(self, name: str) -> dict[str, Any]:
+        """One pool; NotFoundError if there is none of that name."""
+        return self._json(_ops.simple_get(_ops.pool_path(name)))
+
+    def put_pool(self, name: str, *, request_id: str | None = None,
+                 **config: Any) -> dict[str, Any]:
+        """Create or change a pool, e.g. ``put_pool("py", runtime="python",
+        preload=["numpy"], min_idle=4, max=32)`` or ``put_pool("web",
+        kind="container", min_idle=8)``. Fields left out (or ``None``) keep their
+        values on an existing pool and take the node's defaults on a new one;
+        ``kind`` defaults to ``"fncall"``, so pass ``kind="container"`` with every
+        change of a container pool. Returns the pool."""
+        return self._json(_ops.pool_put(name, config, request_id))
+
+    def delete_pool(self, name: str, request_id: str | None = None) -> None:
+        """Delete a pool and its workers (no error if a retry finds it gone)."""
+        self._call(_ops.pool_delete(name, request_id))
 
 
 class Sandbox:

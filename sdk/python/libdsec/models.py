@@ -6,7 +6,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Union
 
-__all__ = ["DSecContainerRunArgs", "ExecResult", "ExecEvent", "FileEntry"]
+__all__ = ["DSecContainerRunArgs", "ExecResult", "FnCallResult", "ExecEvent", "FileEntry"]
 
 Output = Union[str, bytes]
 
@@ -70,7 +70,7 @@ class ExecResult:
     ``exit_code`` is ``128 + signal`` when a signal ended the command.
     ``stdout_bytes``/``stderr_bytes`` count everything the command wrote, including
     what was cut off by ``max_output_bytes`` (then ``*_truncated`` is true).
-    ``raw`` keeps the server's JSON, e.g. ``runtime`` and ``queue_ms`` of a fncall.
+    ``raw`` keeps the server's JSON.
     """
 
     exit_code: int
@@ -99,23 +99,41 @@ class ExecResult:
         or ``binary`` is true; ``binary`` also turns text output into bytes so a
         caller that asked for bytes always gets bytes.
         """
-        base64_out = d.get("encoding") == "base64"
-        if binary is None:
-            binary = base64_out
-        return cls(
-            exit_code=int(d.get("exit_code", -1)),
-            stdout=_decode_output(d.get("stdout", ""), base64_out, binary),
-            stderr=_decode_output(d.get("stderr", ""), base64_out, binary),
-            signal=d.get("signal"),
-            stdout_truncated=bool(d.get("stdout_truncated", False)),
-            stderr_truncated=bool(d.get("stderr_truncated", False)),
-            timed_out=bool(d.get("timed_out", False)),
-            oom_killed=bool(d.get("oom_killed", False)),
-            duration_ms=float(d.get("duration_ms", 0.0) or 0.0),
-            stdout_bytes=int(d.get("stdout_bytes", 0) or 0),
-            stderr_bytes=int(d.get("stderr_bytes", 0) or 0),
-            raw=dict(d),
-        )
+        return cls(**_exec_fields(d, binary))
+
+
+@dataclass
+class FnCallResult(ExecResult):
+    """The outcome of a function call: an :class:`ExecResult` plus the
+    ``runtime`` that ran it and ``queue_ms``, the time it waited for a worker."""
+
+    runtime: str = ""
+    queue_ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], binary: bool | None = None) -> "FnCallResult":
+        return cls(**_exec_fields(d, binary), runtime=str(d.get("runtime", "")),
+                   queue_ms=float(d.get("queue_ms", 0.0) or 0.0))
+
+
+def _exec_fields(d: Mapping[str, Any], binary: bool | None) -> dict[str, Any]:
+    base64_out = d.get("encoding") == "base64"
+    if binary is None:
+        binary = base64_out
+    return dict(
+        exit_code=int(d.get("exit_code", -1)),
+        stdout=_decode_output(d.get("stdout", ""), base64_out, binary),
+        stderr=_decode_output(d.get("stderr", ""), base64_out, binary),
+        signal=d.get("signal"),
+        stdout_truncated=bool(d.get("stdout_truncated", False)),
+        stderr_truncated=bool(d.get("stderr_truncated", False)),
+        timed_out=bool(d.get("timed_out", False)),
+        oom_killed=bool(d.get("oom_killed", False)),
+        duration_ms=float(d.get("duration_ms", 0.0) or 0.0),
+        stdout_bytes=int(d.get("stdout_bytes", 0) or 0),
+        stderr_bytes=int(d.get("stderr_bytes", 0) or 0),
+        raw=dict(d),
+    )
 
 
 def _decode_output(value: Any, is_base64: bool, want_bytes: bool) -> Output:

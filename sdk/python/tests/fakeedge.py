@@ -31,8 +31,11 @@ PATCH_FIELDS = {"ttl_s", "idle_ttl_s", "labels", "network", "request_id"}
 SHELL_OPEN_FIELDS = {"user", "request_id"}
 SHELL_RUN_FIELDS = {"command", "timeout_ms", "max_output_bytes", "encoding", "request_id"}
 SIGNAL_FIELDS = {"signal", "request_id"}
-FNCALL_FIELDS = {"runtime", "code", "stdin", "files", "timeout_ms", "memory_mb",
-                 "max_output_bytes", "request_id"}
+FNCALL_FIELDS = {"runtime", "code", "filename", "stdin", "stdin_encoding", "files",
+                 "timeout_ms", "memory_mb", "max_output_bytes", "encoding", "request_id"}
+POOL_FIELDS = {"name", "kind", "runtime", "image", "preload", "command", "min_idle", "max",
+               "memory_mb", "disk_mb", "pids", "cpu", "max_queue", "queue_timeout_ms",
+               "idle_timeout_s", "request_id"}
 
 
 class ApiError(Exception):
@@ -85,7 +88,6 @@ class Fault:
 @dataclass
 class Edge:
     token: str | None = None
-    fncalls: bool = False
     chunked_json: bool = False          # send ordinary JSON replies chunked
     slow_s: float = 0.0                 # GET /v1/node sleeps this long
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -94,6 +96,8 @@ class Edge:
     archives: dict = field(default_factory=dict)
     shells: dict = field(default_factory=dict)
     execs: dict = field(default_factory=dict)
+    pools: dict = field(default_factory=dict)
+    fncalls: list = field(default_factory=list)  # decoded (runtime, code, stdin, files)
     idem: dict = field(default_factory=dict)
     log: list = field(default_factory=list)
     faults: list = field(default_factory=list)
@@ -146,6 +150,41 @@ class Edge:
         with self.lock:
             self.sandboxes[sid] = rec
         return rec
+
+    def put_pool(self, name, body) -> tuple[dict, bool]:
+        """PUT /v1/pools/NAME as the edge does it: a new pool takes defaults, an
+        existing one of the same kind keeps the fields the body leaves out."""
+        _strict(body, POOL_FIELDS)
+        kind = body.get("kind", "fncall")
+        with self.lock:
+            old = self.pools.get(name)
+        if old is not None and old["kind"] == kind:
+            pool = {k: v for k, v in old.items() if k not in ("workers", "queued", "calls")}
+        elif kind == "container":
+            pool = {"name": name, "kind": "container", "image": "host", "min_idle": 8, "max": 64,
+                    "memory_mb": 512, "disk_mb": 256, "pids": 256, "cpu": 1.0}
+        elif kind == "fncall":
+            if "runtime" not in body and "command" not in body:
+                raise ApiError(400, "bad_request", '"runtime" is required')
+            pool = {"name": name, "kind": "fncall", "runtime": body.get("runtime", "exec"),
+                    "image": "host", "min_idle": 2, "max": 8, "memory_mb": 512, "disk_mb": 64,
+                    "pids": 256, "cpu": 1.0, "max_queue": 256, "queue_timeout_ms": 10000,
+                    "idle_timeout_s": 60}
+        else:
+            raise ApiError(400, "bad_request", '"kind" must be "fncall" or "container"')
+        pool.update({k: v for k, v in body.items() if k != "request_id" and v is not None})
+        if pool["kind"] == "fncall":  # like the edge: preload for python, command for exec
+            pool.setdefault("preload", [])
+            pool.setdefault("command", [])
+            for key, runtime in (("preload", "python"), ("command", "exec")):
+                if pool["runtime"] != runtime:
+                    del pool[key]
+        live = {"idle": pool["min_idle"], "busy": 0, "starting": 0}
+        pool.update(workers=live, rejected=0, replaced=0, last_error=None)
+        pool.update({"taken": 0, "missed": 0} if kind == "container" else {"queued": 0, "calls": 0})
+        with self.lock:
+            self.pools[name] = pool
+        return pool, old is None
 
 
 def _strict(body, allowed):
@@ -304,15 +343,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return ok({"node": "fake", "version": "0", "backends": ["container"]})
         if segs == ["images"]:
             return ok({"images": [{"name": "host", "builtin": True}]})
-        if segs == ["fncalls"] and m == "POST" and edge.fncalls:
-            _strict(obj, FNCALL_FIELDS)
+        if segs == ["fncalls"] and m == "POST":
+            return ok(self.fncall(edge, _strict(obj, FNCALL_FIELDS)))
+        if segs == ["pools"] and m == "GET":
             with edge.lock:
-                edge.exec_count += 1
-            return ok({"exit_code": 0, "signal": None, "stdout": obj["code"], "stderr": "",
-                       "stdout_truncated": False, "stderr_truncated": False,
-                       "timed_out": False, "oom_killed": False, "duration_ms": 1.0,
-                       "stdout_bytes": len(obj["code"]), "stderr_bytes": 0,
-                       "runtime": obj["runtime"], "queue_ms": 0.5})
+                return ok({"pools": [edge.pools[n] for n in sorted(edge.pools)]})
+        if segs[:1] == ["pools"] and len(segs) == 2:
+            name = segs[1]
+            if m == "PUT":
+                pool, new = edge.put_pool(name, obj if obj is not None else {})
+                return ok(pool, 201 if new else 200)
+            with edge.lock:
+                pool = edge.pools.pop(name, None) if m == "DELETE" else edge.pools.get(name)
+            if pool is None:
+                raise ApiError(404, "not_found", f"pool {name} not found")
+            return empty if m == "DELETE" else ok(pool)
         if segs[:1] == ["jobs"] and len(segs) >= 2:
             if s.body:
                 raise ApiError(400, "bad_request", "no body expected")
@@ -525,6 +570,37 @@ class Handler(http.server.BaseHTTPRequestHandler):
                "stderr_bytes": len(err), "encoding": encoding or "utf-8"}
         res.update(extra)
         return res
+
+    def fncall(self, edge, obj):
+        """Echoes: stdout is the code, stderr is stdin; the decoded inputs are
+        kept in edge.fncalls. Code "exit N" exits N."""
+        with edge.lock:
+            pool = edge.pools.get(obj.get("runtime"))
+        if pool is None or pool["kind"] != "fncall":
+            raise ApiError(404, "not_found", f'no fncall runtime "{obj.get("runtime")}"')
+        if obj.get("memory_mb", 0) > pool["memory_mb"]:
+            raise ApiError(400, "bad_request", f'"memory_mb" must be at most {pool["memory_mb"]}')
+
+        def decode(text):
+            try:
+                return base64.b64decode(text, validate=True)
+            except ValueError:
+                raise ApiError(400, "bad_request", "not valid base64") from None
+
+        stdin = obj.get("stdin", "")
+        stdin = decode(stdin) if obj.get("stdin_encoding") == "base64" else stdin.encode()
+        files = {}
+        for name, content in (obj.get("files") or {}).items():
+            files[name] = decode(content["base64"]) if isinstance(content, dict) \
+                else content.encode()
+        code = obj["code"]
+        with edge.lock:
+            edge.exec_count += 1
+            pool["calls"] += 1
+            edge.fncalls.append((obj["runtime"], code, stdin, files))
+        rc = int(code[5:]) if code.startswith("exit ") else 0
+        return self.result(code.encode(), stdin, rc, obj.get("encoding"),
+                           runtime=obj["runtime"], queue_ms=0.5)
 
     def run_exec(self, edge, sid, obj):
         """echo ARGS / cat (stdin to stdout) / false / bytes / anything else:

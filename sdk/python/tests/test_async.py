@@ -19,6 +19,7 @@ from libdsec import (
     DSecContainerRunArgs,
     DSecTimeoutError,
     ExecResult,
+    FnCallResult,
     InternalError,
     NotFoundError,
     UnavailableError,
@@ -67,6 +68,31 @@ def test_round_trip(server, edge, chunked):
 
     assert run(main())
     assert len(edge.conns()) == 1  # all sequential calls on one keep-alive connection
+
+
+def test_fncall_and_pools(server, edge):
+    edge.fault("POST", "/v1/fncalls", "status", status=429, retry_after="0")
+
+    async def main():
+        async with make(server) as c:
+            with pytest.raises(NotFoundError):
+                await c.get_pool("python")
+            created = await c.put_pool("python", runtime="python", min_idle=1)
+            assert created["workers"]["idle"] == 1
+            r = await c.run_fncall("python", "print(1)", stdin=b"\x00", files={"f": b"\x01"},
+                                   timeout_ms=1000, filename="f.py")
+            assert isinstance(r, FnCallResult) and r.stdout == "print(1)"
+            assert (r.runtime, r.queue_ms, r.stderr) == ("python", 0.5, "\x00")
+            assert [p["name"] for p in await c.list_pools()] == ["python"]
+            assert (await c.get_pool("python"))["calls"] == 1
+            await c.delete_pool("python")
+            assert await c.list_pools() == []
+
+    run(main())
+    posts = edge.seen("POST", "/v1/fncalls")
+    assert len(posts) == 2 and posts[0].request_id == posts[1].request_id  # 429, then retried
+    assert posts[1].json["files"] == {"f": {"base64": "AQ=="}}
+    assert posts[1].json["stdin_encoding"] == "base64" and posts[1].json["filename"] == "f.py"
 
 
 def test_error_mapping(server, edge):

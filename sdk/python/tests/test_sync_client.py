@@ -11,11 +11,14 @@ import tarfile
 import pytest
 
 from libdsec import (
+    BadRequestError,
     DSecContainerRunArgs,
     DSecError,
     DSecTimeoutError,
     ExecResult,
+    FnCallResult,
     NotFoundError,
+    OverCapacityError,
     Sandbox,
     TooLargeError,
     UnsafeArchiveError,
@@ -299,14 +302,84 @@ def test_sandbox_context_manager_deletes(client, edge):
 
 
 def test_fncall(client, edge):
-    with pytest.raises(NotFoundError):  # this edge has no fncalls yet
+    with pytest.raises(NotFoundError):  # no such runtime on this edge
         client.run_fncall("python", "print(1)")
-    edge.fncalls = True
-    r = client.run_fncall("python", "print(1)", files={"in.txt": "data"})
-    assert r.stdout == "print(1)" and r.raw["runtime"] == "python"
+    edge.put_pool("python", {"runtime": "python"})
+    r = client.run_fncall("python", "print(1)")
+    assert isinstance(r, FnCallResult) and isinstance(r, ExecResult) and r.ok
+    assert (r.stdout, r.runtime, r.queue_ms) == ("print(1)", "python", 0.5)
     body = edge.seen("POST", "/v1/fncalls")[-1].json
-    assert body["files"] == {"in.txt": "data"} and body["timeout_ms"] == 5000
-    assert body["memory_mb"] == 256 and body["max_output_bytes"] == 65536
+    assert len(body.pop("request_id")) == 32
+    assert body == {"runtime": "python", "code": "print(1)"}  # the rest: server defaults
+
+    r = client.run_fncall("python", "exit 3", stdin="in", files={"a/in.txt": "text"},
+                          timeout_ms=2000, memory_mb=128, max_output_bytes=100,
+                          filename="main.py")
+    assert r.exit_code == 3 and not r.ok and r.stderr == "in"
+    body = edge.seen("POST", "/v1/fncalls")[-1].json
+    assert body["files"] == {"a/in.txt": "text"} and body["filename"] == "main.py"
+    assert (body["stdin"], body["timeout_ms"], body["memory_mb"], body["max_output_bytes"]) \
+        == ("in", 2000, 128, 100)
+    assert "stdin_encoding" not in body and "encoding" not in body
+
+    # bytes travel base64-encoded: stdin, and files as {"base64": ...}
+    blob = b"\x00\xff\n"
+    r = client.run_fncall("python", "x", stdin=blob, files={"b.bin": blob, "t": "é"},
+                          binary=True)
+    assert r.stderr == blob and r.stdout == b"x"
+    body = edge.seen("POST", "/v1/fncalls")[-1].json
+    assert body["stdin_encoding"] == "base64" and body["encoding"] == "base64"
+    assert body["files"] == {"b.bin": {"base64": "AP8K"}, "t": "é"}
+    assert edge.fncalls[-1][2:] == (blob, {"b.bin": blob, "t": "é".encode()})
+
+    with pytest.raises(TypeError):
+        client.run_fncall("python", "x", files={"n": 1})
+    with pytest.raises(BadRequestError):  # more than the pool allows
+        client.run_fncall("python", "x", memory_mb=4096)
+
+
+def test_fncall_429_is_retried_with_one_request_id(client, edge):
+    edge.put_pool("bash", {"runtime": "bash"})
+    edge.fault("POST", "/v1/fncalls", "status", status=429, retry_after="0", times=2)
+    assert client.run_fncall("bash", "echo hi").stdout == "echo hi"
+    posts = edge.seen("POST", "/v1/fncalls")
+    assert len(posts) == 3 and len({p.request_id for p in posts}) == 1
+    assert len(edge.fncalls) == 1
+    edge.fault("POST", "/v1/fncalls", "status", status=429, retry_after="0", times=10)
+    with pytest.raises(OverCapacityError) as ei:  # the client fixture retries 3 times
+        client.run_fncall("bash", "echo hi")
+    assert ei.value.status == 429 and len(edge.seen("POST", "/v1/fncalls")) == 3 + 4
+
+
+def test_pools(client, edge):
+    assert client.list_pools() == []
+    with pytest.raises(NotFoundError):
+        client.get_pool("py")
+    p = client.put_pool("py", runtime="python", preload=["json", "re"], min_idle=1, max=4,
+                        memory_mb=None)
+    assert p["name"] == "py" and p["preload"] == ["json", "re"] and p["max"] == 4
+    body = edge.seen("PUT", "/v1/pools/py")[-1].json
+    assert body.pop("request_id")
+    assert body == {"runtime": "python", "preload": ["json", "re"], "min_idle": 1, "max": 4}
+    assert client.put_pool("py", max=8)["max"] == 8  # the rest is kept
+    assert client.get_pool("py")["preload"] == ["json", "re"]
+    web = client.put_pool("web", kind="container", min_idle=2, request_id="pool-web-1")
+    assert web["kind"] == "container" and "taken" in web
+    assert edge.seen("PUT", "/v1/pools/web")[-1].request_id == "pool-web-1"
+    assert [x["name"] for x in client.list_pools()] == ["py", "web"]
+    with pytest.raises(BadRequestError):
+        client.put_pool("nope", min_idle=1)  # a new fncall pool needs a runtime
+    client.delete_pool("py")
+    with pytest.raises(NotFoundError):
+        client.delete_pool("py")
+    assert [x["name"] for x in client.list_pools()] == ["web"]
+
+
+def test_delete_pool_404_on_retry_is_success(client, edge):
+    edge.put_pool("gone", {"runtime": "bash"})
+    edge.fault("DELETE", "/v1/pools/gone", "drop_after", forget=True)
+    client.delete_pool("gone")
+    assert "gone" not in edge.pools and len(edge.seen("DELETE", "/v1/pools/gone")) == 2
 
 
 def test_request_ids_unique_per_call(client, edge, sandbox):

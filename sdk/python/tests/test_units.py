@@ -14,6 +14,7 @@ from libdsec import (
     DSecError,
     ExecResult,
     FileEntry,
+    FnCallResult,
     NotFoundError,
     OverCapacityError,
 )
@@ -168,3 +169,24 @@ def test_stream_decoder_binary_error_and_truncation():
     with pytest.raises(DSecError) as ei:
         dec.close()
     assert ei.value.code == "unavailable"
+
+
+def test_fncall_body_omits_defaults_and_encodes_bytes():
+    assert _ops.fncall_body("python", "x", None, None, None, None, None, None, False) == \
+        {"runtime": "python", "code": "x"}
+    body = _ops.fncall_body("bash", "cat", b"\xff", {"a": "t", "b": bytearray(b"\x00")},
+                            1000, 64, 10, "s.sh", True)
+    assert body == {"runtime": "bash", "code": "cat", "filename": "s.sh",
+                    "stdin": "/w==", "stdin_encoding": "base64",
+                    "files": {"a": "t", "b": {"base64": "AA=="}},
+                    "timeout_ms": 1000, "memory_mb": 64, "max_output_bytes": 10,
+                    "encoding": "base64"}
+    with pytest.raises(TypeError):
+        _ops.fncall_body("bash", "x", None, {"a": None}, None, None, None, None, False)
+
+
+def test_fncall_result():
+    r = FnCallResult.from_json({"exit_code": 0, "stdout": "aGk=", "encoding": "base64",
+                                "runtime": "python", "queue_ms": 2})
+    assert isinstance(r, ExecResult) and r.ok
+    assert (r.stdout, r.runtime, r.queue_ms) == (b"hi", "python", 2.0)

@@ -1,0 +1,51 @@
+#include "cli/cmd_util.h"
+
+#include <algorithm>
+#include <iostream>
+
+#include "base/strings.h"
+
+namespace dsec::cli {
+
+int Fail(const Status& s, int code) {
+  std::string m = s.message();
+  for (char& c : m)
+    if (c == '\n') c = ' ';
+  std::cerr << "dsec: " << m << "\n";
+  return code;
+}
+
+StatusOr<std::unique_ptr<EdgeClient>> Connect(const GlobalOptions& g) {
+  DSEC_ASSIGN_OR_RETURN(Endpoint ep, ResolveEndpoint(g.url, g.token));
+  return std::make_unique<EdgeClient>(std::move(ep));
+}
+
+void PrintJson(const Json& j) {
+  std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+}
+
+void PrintTable(const std::vector<std::string>& head,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> w(head.size());
+  for (size_t i = 0; i < head.size(); ++i) w[i] = head[i].size();
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size() && i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
+  auto line = [&](const std::vector<std::string>& r) {
+    std::string out;
+    for (size_t i = 0; i < r.size(); ++i) {
+      out += r[i];
+      if (i + 1 < r.size()) out += std::string(w[i] - r[i].size() + 2, ' ');
+    }
+    std::cout << out << "\n";
+  };
+  line(head);
+  for (const auto& r : rows) line(r);
+}
+
+std::string Num(const Json& j) {
+  if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
+  if (j.is_number()) return FormatNumber(j.get<double>());
+  return j.is_string() ? j.get<std::string>() : j.dump();
+}
+
+}  // namespace dsec::cli

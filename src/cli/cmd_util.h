@@ -1,0 +1,28 @@
+// Helpers shared by the CLI's edge commands (edge_cmds.cc, fncall_cmds.cc): the connection to
+// the edge, one-line errors, and the JSON and table output.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "cli/edge_client.h"
+#include "cli/run.h"
+
+namespace dsec::cli {
+
+inline constexpr int kFail = 1;        // a dsec error (bad input, API error)
+inline constexpr int kExecFail = 125;  // exec/run/fn could not run the command at all
+
+// Prints "dsec: <message>" as one line on stderr and returns code.
+int Fail(const Status& s, int code = kFail);
+StatusOr<std::unique_ptr<EdgeClient>> Connect(const GlobalOptions& g);
+void PrintJson(const Json& j);
+// Left-aligned columns, two spaces apart.
+void PrintTable(const std::vector<std::string>& head,
+                const std::vector<std::vector<std::string>>& rows);
+// A JSON number (or string) as the tables show it.
+std::string Num(const Json& j);
+
+}  // namespace dsec::cli
