@@ -86,7 +86,9 @@ bool Agent::ZygoteAlive() const {
 }
 
 std::string Agent::NextCgroupName(char prefix) {
-  return std::string(1, prefix) + std::to_string(++cgroup_seq_);
+  std::string name(1, prefix);
+  name += std::to_string(++cgroup_seq_);
+  return name;
 }
 
 void Agent::ReapLingeringCgroups() {

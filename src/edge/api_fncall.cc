@@ -198,6 +198,10 @@ void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, State
   std::vector<std::pair<std::string, std::string>> rows;
   if (stored.ok()) rows = std::move(*stored);
   for (const auto& [name, text] : rows) {
+    if (text == "null") {  // a deleted built-in
+      std::erase_if(want, [&](const fncall::PoolConfig& w) { return w.name == name; });
+      continue;
+    }
     auto j = protocol::ParseJson(text);
     std::string kind = j.ok() && j->is_object() ? j->value("kind", "fncall") : "fncall";
     fncall::PoolConfig base = PoolDefaults(cfg, kind);
@@ -230,9 +234,10 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
   if (!j.ok() || !j->is_object()) return c->Fail(InvalidArgument("the body must be a JSON object"));
   if (j->contains("name") && (*j)["name"] != name)
     return c->Fail(InvalidArgument("\"name\" differs from the path"));
-  std::string kind = "fncall";
-  if (auto k = j->find("kind"); k != j->end() && k->is_string()) kind = k->get<std::string>();
   auto existing = d.pools->Get(name);
+  // A PUT without "kind" changes the pool that is there (of whatever kind).
+  std::string kind = existing ? existing->config().kind : "fncall";
+  if (auto k = j->find("kind"); k != j->end() && k->is_string()) kind = k->get<std::string>();
   fncall::PoolConfig base =
       existing && existing->config().kind == kind ? existing->config() : PoolDefaults(d.cfg, kind);
   if (!j->contains("runtime") && kind == "fncall" && !existing) {
@@ -266,8 +271,10 @@ void DeletePool(const std::shared_ptr<Ctx>& c) {
   const std::string& name = c->params["name"];
   if (Status s = ValidateId("pool name", name); !s.ok()) return c->Fail(s);
   if (Status s = d.pools->Remove(name); !s.ok()) return c->Fail(s);
-  if (Status s = d.store->DeletePool(name); !s.ok())
-    DSEC_LOG_ERROR("state db: pool {} not removed: {}", name, s.ToString());
+  // A built-in runtime stays deleted across restarts: its row says so ("null").
+  bool builtin = d.cfg.fncall_pools && (name == "python" || name == "bash");
+  Status s = builtin ? d.store->PutPool(name, "null") : d.store->DeletePool(name);
+  if (!s.ok()) DSEC_LOG_ERROR("state db: pool {} not removed: {}", name, s.ToString());
   c->NoContent();
 }
 

@@ -160,6 +160,8 @@ Status FinalizeConfig(EdgeConfig* c) {
     return InvalidArgument("nothing to serve: both --listen and --socket are empty");
   if (c->fncall_max == 0)
     c->fncall_max = std::max<int>(8, 4 * static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  if (c->fncall_min_idle > c->fncall_max)
+    return InvalidArgument("fncall_min_idle must not exceed fncall_max");
   struct Range {
     const char* name;
     double v, lo, hi;

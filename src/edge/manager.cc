@@ -217,23 +217,26 @@ Json Manager::Record(const SandboxEntry& e) const {
   std::string reason = e.reason_;
   if (reason.empty() && state == "failed" && e.sb_) reason = e.sb_->reason();
   const CreateParams& p = e.params;
-  return {{"id", e.id},
-          {"kind", p.kind},
-          {"state", state},
-          {"node", cfg_.node},
-          {"image", p.image},
-          {"created_at", e.created_at_},
-          {"expires_at", e.expires_at_},
-          {"ttl_s", p.ttl_s},
-          {"idle_ttl_s", e.idle_ttl_s_},
-          {"last_used_at", e.last_used_at.load()},
-          {"limits",
-           {{"cpu", p.cpu}, {"memory_mb", p.memory_mb}, {"pids", p.pids}, {"disk_mb", p.disk_mb}}},
-          {"user", p.user},
-          {"workdir", p.workdir},
-          {"network", {{"mode", p.network_mode}}},
-          {"labels", MapJson(e.labels_)},
-          {"reason", reason.empty() ? Json(nullptr) : Json(reason)}};
+  Json j = {
+      {"id", e.id},
+      {"kind", p.kind},
+      {"state", state},
+      {"node", cfg_.node},
+      {"image", p.image},
+      {"created_at", e.created_at_},
+      {"expires_at", e.expires_at_},
+      {"ttl_s", p.ttl_s},
+      {"idle_ttl_s", e.idle_ttl_s_},
+      {"last_used_at", e.last_used_at.load()},
+      {"limits",
+       {{"cpu", p.cpu}, {"memory_mb", p.memory_mb}, {"pids", p.pids}, {"disk_mb", p.disk_mb}}},
+      {"user", p.user},
+      {"workdir", p.workdir},
+      {"network", {{"mode", p.network_mode}}},
+      {"labels", MapJson(e.labels_)},
+      {"reason", reason.empty() ? Json(nullptr) : Json(reason)}};
+  if (!p.pool.empty()) j["pool"] = p.pool;  // taken ready-made from this container pool
+  return j;
 }
 
 Json Manager::StoredRecord(const SandboxEntry& e) const {

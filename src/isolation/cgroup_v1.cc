@@ -76,8 +76,9 @@ class CgroupV1Hybrid : public Cgroup {
     std::string mem = JoinPath(memory_, "memory.limit_in_bytes");
     if (has_memsw && l.memory_bytes <= 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, "-1"));
     if (Status s = WriteControl(mem, limit); !s.ok()) {
-      if (!has_memsw || l.memory_bytes <= 0) return s;
-      DSEC_RETURN_IF_ERROR(WriteControl(memsw, limit));
+      // Only a raise above memsw can be fixed by ordering; otherwise (e.g. EBUSY: a cut
+      // below what is in use) the first error is the one that explains.
+      if (!has_memsw || l.memory_bytes <= 0 || !WriteControl(memsw, limit).ok()) return s;
       DSEC_RETURN_IF_ERROR(WriteControl(mem, limit));
     }
     if (has_memsw && l.memory_bytes > 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, limit));

@@ -236,7 +236,11 @@ def test_health_node_images(edge, client):
     assert r.json == {"ok": True}
     n = client.get("/v1/node", expect=200).json
     assert n["node"] == "it" and n["instance"] == edge.instance
-    assert n["backends"] == ["container"] and n["pools"] == []
+    assert n["backends"] == ["container"]
+    # The built-in runtimes, warm before the edge said it was ready.
+    builtin = {p["name"]: p for p in n["pools"]}
+    assert {"python", "bash"} <= set(builtin)
+    assert all(builtin[r]["workers"]["idle"] >= builtin[r]["min_idle"] for r in ("python", "bash"))
     assert n["capacity"]["max_sandboxes"] == 4096 and n["capacity"]["overcommit"] == 8
     assert n["capacity"]["admit_memory_mb"] == int(n["capacity"]["memory_mb"] * 8) or \
         abs(n["capacity"]["admit_memory_mb"] - n["capacity"]["memory_mb"] * 8) <= 8

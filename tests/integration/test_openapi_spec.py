@@ -54,14 +54,16 @@ EDGE_OPERATIONS = {
     ("GET", "/v1/node"),
     ("GET", "/v1/images"),
     ("GET", "/metrics"),
+    ("POST", "/v1/fncalls"),
+    ("GET", "/v1/pools"),
+    ("GET", "/v1/pools/{name}"),
+    ("PUT", "/v1/pools/{name}"),
+    ("DELETE", "/v1/pools/{name}"),
 }
 # In shared/API.md but not served by the edge yet: marked `x-dsec-status: planned`.
 PLANNED_OPERATIONS = {
     ("POST", "/v1/sandboxes/{id}/snapshot"),
     ("POST", "/v1/sandboxes/{id}/fork"),
-    ("POST", "/v1/fncalls"),
-    ("GET", "/v1/pools"),
-    ("PUT", "/v1/pools/{name}"),
     ("POST", "/v1/images/import"),
     ("POST", "/v1/images/build"),
     ("DELETE", "/v1/images/{name}"),

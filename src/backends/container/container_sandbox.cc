@@ -458,6 +458,9 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
               0644, 0, 0}};
   s.rlimits = b.opts_.rlimits;
   if (s.rlimits.fsize == 0) s.rlimits.fsize = r.size_bytes;
+  // An fncall worker's own layer is small; its calls write to their own (bigger) tmpfs.
+  if (spec_.worker && s.rlimits.fsize < (static_cast<uint64_t>(spec_.worker->call_disk_mb) << 20))
+    s.rlimits.fsize = static_cast<uint64_t>(spec_.worker->call_disk_mb) << 20;
   s.seccomp = b.seccomp_;
   s.agent_caps = isolation::RootCapabilities() | isolation::CapMask({CAP_DAC_READ_SEARCH});
   if (spec_.worker) {

@@ -67,22 +67,25 @@ Status GetStrings(const Json& j, const char* key, std::vector<std::string>* out)
 // Collects a call's output; the agent already caps each stream at max_output_bytes.
 class Collect : public backends::ExecObserver {
  public:
-  using Done = std::function<void(StatusOr<ExecOutput>)>;
+  // started: the agent had begun the call (else an error means it never ran).
+  using Done = std::function<void(StatusOr<ExecOutput>, bool started)>;
   Collect(uint64_t cap, Done done) : cap_(cap), done_(std::move(done)) {}
+  void OnStart(int) override { started_ = true; }
   void OnOutput(uint8_t stream, std::string_view data) override {
     std::string& b = stream == protocol::kStderr ? out_.stderr_data : out_.stdout_data;
     if (b.size() < cap_) b.append(data.substr(0, cap_ - b.size()));
   }
   void OnExit(const StatusOr<backends::ExecResult>& r) override {
-    if (!r.ok()) return done_(r.status());
+    if (!r.ok()) return done_(r.status(), started_);
     out_.result = *r;
-    done_(std::move(out_));
+    done_(std::move(out_), true);
   }
 
  private:
   uint64_t cap_;
   Done done_;
   ExecOutput out_;
+  bool started_ = false;
 };
 
 }  // namespace
@@ -179,8 +182,8 @@ void Pool::Submit(CallRequest req, CallDone done) {
     l.unlock();
     return q.done(InvalidArgument("pool " + cfg_.name + " is a container pool, not a runtime"));
   }
-  calls_++;
   if (!idle_.empty() && queue_.empty()) {
+    calls_++;
     w = idle_.front();
     idle_.pop_front();
     idle_low_ = std::min(idle_low_, static_cast<int>(idle_.size()));
@@ -188,13 +191,16 @@ void Pool::Submit(CallRequest req, CallDone done) {
     l.unlock();
     return Start(std::move(w), std::move(q));
   }
-  if (static_cast<int>(queue_.size()) >= cfg_.max_queue) {
+  // Calls a new worker will take do not count against the queue bound.
+  int growth = std::max(0, cfg_.max - static_cast<int>(idle_.size() + busy_.size()) - starting_);
+  if (static_cast<int>(queue_.size()) >= cfg_.max_queue + growth) {
     rejected_++;
     size_t n = queue_.size();
     l.unlock();
     return q.done(OverCapacity("pool " + cfg_.name + " is full: " + std::to_string(n) +
                                " calls already wait for a worker"));
   }
+  calls_++;
   queue_.push_back(std::move(q));
   l.unlock();
   if (wake_) wake_();
@@ -205,15 +211,23 @@ void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
   if (want != w->limit_mb) {
     Status s = w->sb->SetMemoryLimit((want + w->baseline_mb) << 20);
     if (!s.ok()) {
-      // e.g. a v1 cgroup that cannot shrink below what the worker holds: use a fresh one.
+      // A cut below what the worker still holds: the previous call's memory is freed while
+      // its processes finish dying (its result came first). The worker rests until the next
+      // maintenance pass and the call goes first in line; a worker that keeps refusing goes.
       std::lock_guard<std::mutex> l(mu_);
-      last_error_ = "set call memory limit: " + s.message();
       busy_.erase(w->sb.get());
-      Retire(w);
+      if (++w->limit_failures > 3) {
+        last_error_ = "set call memory limit: " + s.message();
+        Retire(w);
+      } else {
+        w->rest_until_ms = MonotonicMs() + 10 * w->limit_failures;
+        resting_.push_back(w);
+      }
       queue_.push_front(std::move(q));
       if (wake_) wake_();
       return;
     }
+    w->limit_failures = 0;
     w->limit_mb = want;
   }
   backends::ExecRequest r;
@@ -225,8 +239,8 @@ void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
   auto self = shared_from_this();
   auto shared_q = std::make_shared<Queued>(std::move(q));
   auto obs = std::make_shared<Collect>(
-      r.max_output_bytes, [self, w, shared_q, queue_ms](StatusOr<ExecOutput> out) {
-        self->Finished(w, std::move(*shared_q), std::move(out), queue_ms);
+      r.max_output_bytes, [self, w, shared_q, queue_ms](StatusOr<ExecOutput> out, bool started) {
+        self->Finished(w, std::move(*shared_q), std::move(out), queue_ms, started);
       });
   auto h = w->sb->StartExec(r, obs);
   if (h.ok()) return;
@@ -248,10 +262,11 @@ void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
   if (wake_) wake_();
 }
 
-void Pool::Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<ExecOutput> out,
-                    double queue_ms) {
-  bool healthy = out.ok() && w->sb->state() == backends::SandboxState::kRunning &&
-                 out->stderr_data.find("dsec: fncall worker:") == std::string::npos;
+void Pool::Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<ExecOutput> out, double queue_ms,
+                    bool started) {
+  // Nothing the call printed or how it ended decides (the code could fake either): a worker
+  // whose zygote died fails the next StartExec, which retires it and requeues that call.
+  bool healthy = out.ok() && w->sb->state() == backends::SandboxState::kRunning;
   std::vector<std::pair<std::shared_ptr<Worker>, Queued>> next;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -264,11 +279,19 @@ void Pool::Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<ExecOutput> ou
       if (!out.ok()) last_error_ = "worker " + w->sb->id() + ": " + out.status().message();
       Retire(w);
     }
+    if (!out.ok() && !started && !stopped_) {
+      // The worker could not take the call (its zygote died, say): the call never ran, so it
+      // goes first in line for another worker.
+      queue_.push_front(std::move(q));
+      q.done = nullptr;
+    }
     std::shared_ptr<Worker> nw;
     Queued nq;
     while (NextLocked(&nw, &nq)) next.emplace_back(std::move(nw), std::move(nq));
   }
-  if (!out.ok()) {
+  if (!q.done) {
+    // requeued above
+  } else if (!out.ok()) {
     q.done(Unavailable("the call's worker failed: " + out.status().message()));
   } else {
     CallResult r;
@@ -376,6 +399,7 @@ int64_t Pool::Maintain() {
   int64_t now = MonotonicMs();
   std::vector<Queued> expired;
   std::vector<std::shared_ptr<Worker>> destroy;
+  std::vector<std::pair<std::shared_ptr<Worker>, Queued>> rested;
   int want = 0;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -385,6 +409,15 @@ int64_t Pool::Maintain() {
       rejected_++;
     }
     destroy.swap(retired_);
+    // Rested workers come back first in line for the waiting calls.
+    for (auto it = resting_.begin(); it != resting_.end();) {
+      if ((*it)->rest_until_ms > now) {
+        ++it;
+        continue;
+      }
+      idle_.push_front(*it);
+      it = resting_.erase(it);
+    }
     if (!stopped_) {
       int total = static_cast<int>(idle_.size() + busy_.size()) + starting_;
       int need = std::max(cfg_.min_idle - static_cast<int>(idle_.size()) - starting_,
@@ -412,7 +445,11 @@ int64_t Pool::Maintain() {
       }
     }
     starting_ += want;
+    std::shared_ptr<Worker> nw;
+    Queued nq;
+    while (NextLocked(&nw, &nq)) rested.emplace_back(std::move(nw), std::move(nq));
   }
+  for (auto& [nw, nq] : rested) Start(std::move(nw), std::move(nq));
   for (auto& q : expired)
     q.done(OverCapacity("pool " + cfg_.name + ": no worker became free within " +
                         std::to_string(cfg_.queue_timeout_ms) + " ms"));
@@ -449,7 +486,7 @@ int64_t Pool::Maintain() {
   }
   std::lock_guard<std::mutex> l(mu_);
   if (failed) return kFailureBackoffMs;
-  return queue_.empty() ? kIdleRecheckMs : kQueueRecheckMs;
+  return queue_.empty() && resting_.empty() ? kIdleRecheckMs : kQueueRecheckMs;
 }
 
 void Pool::UpdateLimits(const PoolConfig& c) {
@@ -470,6 +507,8 @@ void Pool::Shutdown() {
     for (auto& w : idle_) all.push_back(w);
     for (auto& [p, w] : busy_) all.push_back(w);
     for (auto& w : retired_) all.push_back(w);
+    for (auto& w : resting_) all.push_back(w);
+    resting_.clear();
     idle_.clear();
     retired_.clear();
     queued.swap(queue_);

@@ -90,6 +90,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
     int64_t limit_mb = 0;     // the call limit its cgroup is set to now
     int64_t idle_since_ms = 0;
     uint64_t calls = 0;
+    int limit_failures = 0;  // memory limit cuts refused in a row
+    int64_t rest_until_ms = 0;
   };
   struct Queued {
     CallRequest req;
@@ -99,7 +101,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   // Runs `q` on `w` (mu_ not held). On a worker failure the call goes back to the queue.
   void Start(std::shared_ptr<Worker> w, Queued q);
   void Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<backends::ExecOutput> out,
-                double queue_ms);
+                double queue_ms, bool started);
   // Takes an idle worker and the next call, if both exist (mu_ held).
   bool NextLocked(std::shared_ptr<Worker>* w, Queued* q);
   void Retire(std::shared_ptr<Worker> w);  // mu_ held: destroyed by the maintenance thread
@@ -112,15 +114,16 @@ class Pool : public std::enable_shared_from_this<Pool> {
   std::deque<std::shared_ptr<Worker>> idle_;  // GUARDED_BY(mu_); most recently used last
   std::map<backends::Sandbox*, std::shared_ptr<Worker>> busy_;  // GUARDED_BY(mu_)
   std::vector<std::shared_ptr<Worker>> retired_;                // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<Worker>> resting_;                // GUARDED_BY(mu_)
   std::deque<Queued> queue_;                                    // GUARDED_BY(mu_)
   int starting_ = 0;                                            // GUARDED_BY(mu_)
   bool stopped_ = false;                                        // GUARDED_BY(mu_)
   std::string last_error_;                                      // GUARDED_BY(mu_)
   uint64_t calls_ = 0, rejected_ = 0, replaced_ = 0;            // GUARDED_BY(mu_)
   uint64_t taken_ = 0, missed_ = 0;                             // GUARDED_BY(mu_)
-  int idle_low_ = 0;            // GUARDED_BY(mu_); fewest idle workers in this window
+  int idle_low_ = 0;             // GUARDED_BY(mu_); fewest idle workers in this window
   int64_t window_start_ms_ = 0;  // GUARDED_BY(mu_)
-  std::function<void()> wake_;  // asks the maintenance thread to run soon
+  std::function<void()> wake_;   // asks the maintenance thread to run soon
   friend class PoolSet;
 };
 
