@@ -196,7 +196,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     levels = [1] + [int(x) for x in args.concurrency.split(",") if x]
-    python = shutil.which("python3") or "/usr/bin/python3"
+    # The Debian interpreter (the one the python runtime embeds), not a shim earlier on PATH.
+    python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else shutil.which("python3")
     bwrap = shutil.which("bwrap")
 
     edge = None

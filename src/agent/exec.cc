@@ -261,7 +261,7 @@ class ExecOp : public Op {
   void OnCallEvent() {
     std::string buf;
     std::vector<UniqueFd> fds;
-    auto n = RecvWithFds(call_.get(), 64 << 10, 0, &buf, &fds);
+    auto n = RecvWithFds(call_.get(), 1024, 0, &buf, &fds);
     if (!n.ok() && (n.status().code() == StatusCode::kUnavailable)) return;
     EndCall();
     int status = SIGKILL;  // gone without a word: killed (the edge checks for an OOM kill)

@@ -56,6 +56,8 @@ struct InitMsg {
 };
 
 // Exit codes of the call init before it has a call, which tell the zygote what happened.
+// A call message is tiny (its request travels in a memfd): no big buffer to fill per call.
+constexpr size_t kMaxCallMessage = 1024;
 constexpr int kExitControlClosed = 3;
 constexpr int kExitSetupFailed = 4;
 
@@ -246,7 +248,7 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
   // keeps neither it nor the control socket.
   std::string buf;
   std::vector<UniqueFd> fds;
-  auto n = RecvWithFds(control, kMaxControlMessage, 5, &buf, &fds);
+  auto n = RecvWithFds(control, kMaxCallMessage, 5, &buf, &fds);
   if (!n.ok() || *n == 0) _exit(kExitControlClosed);
   close(control);
   if (fds.size() != 5) _exit(kExitSetupFailed);

@@ -16,8 +16,8 @@ void PythonBeforeFork();
 void PythonAfterForkParent();
 // First thing in a forked child that will run python code.
 void PythonAfterForkChild();
-// In a forked child (after PythonAfterForkChild): runs `code` as __main__ (SystemExit and tracebacks as `python3 -c` does),
-// runs atexit handlers, flushes stdio and returns the exit code.
+// In a forked child (after PythonAfterForkChild): runs `code` as __main__ (SystemExit and
+// tracebacks as `python3 -c` does), runs atexit handlers, flushes stdio and returns the exit code.
 int PythonRunInChild(const std::string& code, const std::string& filename);
 
 }  // namespace dsec::fncall
