@@ -9,8 +9,10 @@ Each episode is what a coding agent's rollout does with its sandbox, through Asy
      `python3 -B -m unittest` -> they must fail, and the output must name the failing test
   4. apply a fix (rewrite the module)
   5. rerun the tests -> they must pass
-  6. read the module back -> it must be the fixed text
-  7. delete the sandbox
+  6. score the run: a grader function on the edge's warm `python` runtime (POST /v1/fncalls,
+     no sandbox of its own) reads the test output and returns the reward -> it must be 1.0
+  7. read the module back -> it must be the fixed text
+  8. delete the sandbox
 
 200 episodes by default, 32 at a time, with a live progress line on stderr and a summary
 table at the end. With no --url it starts its own dsec-edge (examples/edgeproc.py: temp state
@@ -86,11 +88,28 @@ class EpisodeFailure(Exception):
     pass
 
 
+# The reward: 1.0 when the test output says everything passed (pytest or unittest), else the
+# fraction that passed.
+GRADER = r'''
+import re, sys
+out = sys.stdin.read()
+passed = sum(int(n) for n in re.findall(r"(\d+) passed", out))
+failed = sum(int(n) for n in re.findall(r"(\d+) (?:failed|error)", out))
+m = re.search(r"Ran (\d+) tests?", out)
+if m and not passed and not failed:
+    total = int(m.group(1))
+    bad = re.search(r"FAILED \((?:failures|errors)=(\d+)", out)
+    failed = int(bad.group(1)) if bad else 0
+    passed = total - failed
+print(round(passed / (passed + failed), 3) if passed + failed else 0.0)
+'''
+
+
 class Stats:
     def __init__(self) -> None:
         self.lat: dict[str, list[float]] = {k: [] for k in
-                                            ("create", "write", "exec", "read", "delete",
-                                             "episode")}
+                                            ("create", "write", "exec", "score", "read",
+                                             "delete", "episode")}
         self.ok = 0
         self.failed = 0
         self.running = 0
@@ -145,6 +164,12 @@ async def episode(client: AsyncDSecClient, i: int, runner: list[str], job: str,
             raise EpisodeFailure(f"tests should pass: exit {r.exit_code}"
                                  f"{' (timed out)' if r.timed_out else ''}\n"
                                  f"{tail(r.stdout + r.stderr)}")
+        step = "score"
+        g = await timed(stats, "score", client.run_fncall(
+            "python", GRADER, stdin=r.stdout + r.stderr, timeout_ms=EXEC_TIMEOUT_MS))
+        if g.exit_code != 0 or g.stdout.strip() != "1.0":
+            raise EpisodeFailure(f"grader gave {g.stdout.strip()!r} (exit {g.exit_code})"
+                                 f"\n{tail(g.stderr)}")
         step = "read back"
         data = await timed(stats, "read", sb.read_file(f"{PROJECT}/{module}.py"))
         if data != fixed.encode():
@@ -270,7 +295,7 @@ def summary(args, stats: Stats, info: dict, edge: edgeproc.EdgeProcess | None,
     p = edgeproc.percentile
     wall = info.get("wall", 0.0)
     done = stats.ok + stats.failed
-    calls = sum(len(stats.lat[k]) for k in ("create", "write", "exec", "read", "delete"))
+    calls = sum(len(stats.lat[k]) for k in ("create", "write", "exec", "score", "read", "delete"))
     lines = ["", "== summary",
              f"{'episodes':<22}{done} of {args.episodes}  (ok {stats.ok}, failed {stats.failed})",
              f"{'concurrency':<22}{args.concurrency}",
@@ -281,7 +306,8 @@ def summary(args, stats: Stats, info: dict, edge: edgeproc.EdgeProcess | None,
              "",
              f"{'latency (ms)':<22}{'count':>7}{'p50':>10}{'p99':>10}{'max':>10}"]
     names = {"create": "create sandbox", "write": "write file", "exec": "exec (test run)",
-             "read": "read file", "delete": "delete sandbox", "episode": "whole episode"}
+             "score": "score (fncall)", "read": "read file", "delete": "delete sandbox",
+             "episode": "whole episode"}
     for k, label in names.items():
         xs = stats.lat[k]
         lines.append(f"{label:<22}{len(xs):>7}{fmt_ms(p(xs, 50)):>10}{fmt_ms(p(xs, 99)):>10}"
