@@ -10,6 +10,7 @@
 
 #include <cstring>
 
+#include "base/fd_passing.h"
 #include "isolation/credentials.h"
 #include "isolation/rootfs.h"
 
@@ -17,31 +18,12 @@ namespace dsec::agent {
 
 Status ReceiveFrameWithFds(int sock, protocol::Frame* frame, std::vector<UniqueFd>* fds) {
   protocol::FrameDecoder decoder;
-  std::string buf(64 * 1024, '\0');
+  std::string buf;
   while (true) {
-    alignas(cmsghdr) char cm[CMSG_SPACE(sizeof(int) * 253)];
-    iovec io{buf.data(), buf.size()};
-    msghdr m{};
-    m.msg_iov = &io;
-    m.msg_iovlen = 1;
-    m.msg_control = cm;
-    m.msg_controllen = sizeof cm;
-    ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("recvmsg setup");
-    }
-    for (cmsghdr* h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
-      if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
-      size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
-        fds->emplace_back(fd);
-      }
-    }
-    if (n == 0) return Unavailable("edge closed the connection during setup");
-    DSEC_RETURN_IF_ERROR(decoder.Feed(std::string_view(buf.data(), static_cast<size_t>(n))));
+    auto n = RecvWithFds(sock, 64 * 1024, 253, &buf, fds);
+    if (!n.ok()) return n.status().WithContext("receive setup");
+    if (*n == 0) return Unavailable("edge closed the connection during setup");
+    DSEC_RETURN_IF_ERROR(decoder.Feed(buf));
     if (decoder.Next(frame)) return OkStatus();
   }
 }

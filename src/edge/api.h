@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,10 @@ class Encoder {
   bool base64_;
   std::string carry_;
 };
+
+// A request's "stdin" as bytes, by its "stdin_encoding" (utf-8, the default, or base64).
+StatusOr<std::string> DecodeStdin(std::optional<std::string> data,
+                                  const std::optional<std::string>& encoding);
 
 // The exec result fields shared by every response shape (without the output).
 Json ResultJson(const backends::ExecResult& r, bool base64);

@@ -64,17 +64,7 @@ StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
   if (enc && *enc != "utf-8" && *enc != "base64")
     return InvalidArgument("\"encoding\" must be \"utf-8\" or \"base64\"");
   p.base64 = enc && *enc == "base64";
-  if (stdin_data) {
-    if (stdin_enc && *stdin_enc == "base64") {
-      auto d = Base64Decode(*stdin_data);
-      if (!d) return InvalidArgument("\"stdin\" is not valid base64");
-      p.req.stdin_data = std::move(*d);
-    } else if (stdin_enc && *stdin_enc != "utf-8") {
-      return InvalidArgument("\"stdin_encoding\" must be \"utf-8\" or \"base64\"");
-    } else {
-      p.req.stdin_data = std::move(*stdin_data);
-    }
-  }
+  DSEC_ASSIGN_OR_RETURN(p.req.stdin_data, DecodeStdin(std::move(stdin_data), stdin_enc));
   if (env) p.req.env = Flatten(*env);
   if (cwd) p.req.cwd = *cwd;
   if (user) p.req.user = *user;
@@ -85,6 +75,19 @@ StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
 }
 
 }  // namespace
+
+StatusOr<std::string> DecodeStdin(std::optional<std::string> data,
+                                  const std::optional<std::string>& encoding) {
+  if (!data) return std::string();
+  if (encoding && *encoding == "base64") {
+    auto d = Base64Decode(*data);
+    if (!d) return InvalidArgument("\"stdin\" is not valid base64");
+    return std::move(*d);
+  }
+  if (encoding && *encoding != "utf-8")
+    return InvalidArgument("\"stdin_encoding\" must be \"utf-8\" or \"base64\"");
+  return std::move(*data);
+}
 
 Json ResultJson(const ExecResult& r, bool base64) {
   return {{"exit_code", r.exit_code},

@@ -49,17 +49,7 @@ StatusOr<FnCallParams> ParseFnCall(const std::string& body, const EdgeConfig& cf
       return InvalidArgument("\"filename\" must not contain NUL");
     p.req.call.filename = *filename;
   }
-  if (stdin_data) {
-    if (stdin_enc && *stdin_enc == "base64") {
-      auto d = Base64Decode(*stdin_data);
-      if (!d) return InvalidArgument("\"stdin\" is not valid base64");
-      p.req.stdin_data = std::move(*d);
-    } else if (stdin_enc && *stdin_enc != "utf-8") {
-      return InvalidArgument("\"stdin_encoding\" must be \"utf-8\" or \"base64\"");
-    } else {
-      p.req.stdin_data = std::move(*stdin_data);
-    }
-  }
+  DSEC_ASSIGN_OR_RETURN(p.req.stdin_data, DecodeStdin(std::move(stdin_data), stdin_enc));
   if (files) {
     if (!files->is_object() || files->size() > 256)
       return InvalidArgument("\"files\" must be an object of at most 256 name: content entries");
