@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace dsec {
@@ -40,13 +41,14 @@ Status SendWithFds(int sock, std::string_view bytes, const std::vector<int>& fds
 StatusOr<size_t> RecvWithFds(int sock, size_t max_bytes, size_t max_fds, std::string* bytes,
                              std::vector<UniqueFd>* fds) {
   bytes->resize(max_bytes);
-  alignas(cmsghdr) char cm[CMSG_SPACE(sizeof(int) * 64)];
+  // Room for what the caller takes (SCM_MAX_FD is 253), at least one so extras are seen.
+  std::vector<char> cm(CMSG_SPACE(sizeof(int) * std::clamp<size_t>(max_fds, 1, 253)));
   iovec io{bytes->data(), bytes->size()};
   msghdr m{};
   m.msg_iov = &io;
   m.msg_iovlen = 1;
-  m.msg_control = cm;
-  m.msg_controllen = sizeof cm;
+  m.msg_control = cm.data();
+  m.msg_controllen = cm.size();
   ssize_t n;
   do {
     n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);

@@ -885,6 +885,19 @@ def test_fncall_unknown_runtime_and_edge_stays_up(client):
     ok(py(client, "print('fine')"), "fine\n")
 
 
+def test_fncall_too_large_for_the_agent_is_413_and_edge_stays_up(client):
+    """A body under the JSON limit whose files grow past one agent frame once base64-encoded
+    is refused with 413 (it used to abort the edge)."""
+    big = "x" * (900 * 1024)
+    r = client.post("/v1/fncalls", {"runtime": "python", "code": "print(1)",
+                                    "files": {"big.txt": big}})
+    assert r.status == 413 and r.json["error"]["code"] == "too_large", r
+    r = client.post("/v1/sandboxes/none/exec", {"cmd": ["true"]})  # the edge is still up
+    assert r.status in (400, 404), r
+    ok(py(client, "print(len(open('small.txt').read()))", files={"small.txt": "x" * 200000}),
+       "200000\n")
+
+
 BAD_POOLS = [
     {"runtime": "python", "bogus": 1},
     {"kind": "vm", "runtime": "python"},

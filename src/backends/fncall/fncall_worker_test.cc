@@ -173,6 +173,57 @@ TEST_F(FnCallWorkerTest, CallsHaveNoPrivileges) {
   EXPECT_EQ(r.stdout_data, "-1 1\n-1 1\n") << r.stderr_data;
 }
 
+TEST_F(FnCallWorkerTest, TheCallCannotReachItsInitOrLeaveWritableMounts) {
+  auto sb = Python(this);
+  ASSERT_TRUE(sb);
+  // The only fd the code holds beyond stdio is its exit code pipe: it carries no fds, so the
+  // init can never be handed something to block on.
+  auto r = Call(sb.get(),
+                "import os, socket\n"
+                "def kind(f):\n"
+                "    try: return os.readlink(f'/proc/self/fd/{f}')\n"
+                "    except OSError: return ''\n"
+                "fds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n"
+                "extra = [f for f in fds if f > 2 and kind(f).startswith('pipe:')]\n"
+                "print(len(extra))\n"
+                "try:\n"
+                "    socket.send_fds(socket.socket(fileno=os.dup(extra[0])), [b'x'], [0])\n"
+                "    print('sent')\n"
+                "except OSError as e:\n"
+                "    print('refused', e.errno)\n");
+  EXPECT_EQ(r.stdout_data, "1\nrefused 88\n") << r.stderr_data;  // ENOTSOCK
+  // Every mount but the call's own tmpfs, /proc and /dev is read-only.
+  r = Call(sb.get(),
+           "for line in open('/proc/self/mountinfo'):\n"
+           "    f = line.split()\n"
+           "    t, opts = f[4], f[5].split(',')\n"
+           "    if t in ('/workspace', '/tmp', '/dev/shm') or t.startswith(('/proc', '/dev')):\n"
+           "        continue\n"
+           "    if 'ro' not in opts: print('writable', t)\n"
+           "print('checked')\n");
+  EXPECT_EQ(r.stdout_data, "checked\n") << r.stderr_data;
+  // The call's own /proc carries the sandbox's masks.
+  r = Call(sb.get(),
+           "print(len(open('/proc/kallsyms').read()))\n"
+           "try:\n"
+           "    open('/proc/sysrq-trigger', 'w').write('h')\n"
+           "    print('wrote')\n"
+           "except OSError as e:\n"
+           "    print('refused')\n");
+  EXPECT_EQ(r.stdout_data, "0\nrefused\n") << r.stderr_data;
+  // A forked child that runs to the end does not end the call; threads are waited for.
+  r = Call(sb.get(),
+           "import os, time, threading\n"
+           "threading.Thread(target=lambda: (time.sleep(0.2), print('thread', flush=True)))"
+           ".start()\n"
+           "if os.fork() != 0:\n"
+           "    time.sleep(0.3)\n"
+           "    print('parent', flush=True)\n");
+  EXPECT_NE(r.stdout_data.find("parent"), std::string::npos) << r.stdout_data;
+  EXPECT_NE(r.stdout_data.find("thread"), std::string::npos) << r.stdout_data;
+  EXPECT_EQ(r.result.exit_code, 0);
+}
+
 TEST_F(FnCallWorkerTest, BombsAndTimeoutsAreContainedAndTheWorkerRecovers) {
   auto sb = Python(this);
   ASSERT_TRUE(sb);

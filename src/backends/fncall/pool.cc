@@ -244,7 +244,8 @@ void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
       });
   auto h = w->sb->StartExec(r, obs);
   if (h.ok()) return;
-  if (h.status().code() == StatusCode::kInvalidArgument) {
+  if (h.status().code() == StatusCode::kInvalidArgument ||
+      h.status().code() == StatusCode::kTooLarge) {  // the caller's request, not the worker
     {
       std::lock_guard<std::mutex> l(mu_);
       busy_.erase(w->sb.get());

@@ -29,6 +29,7 @@
 #include "base/strings.h"
 #include "base/unique_fd.h"
 #include "isolation/credentials.h"
+#include "isolation/rootfs.h"
 #include "protocol/messages.h"
 #include "sys/syscalls.h"
 
@@ -145,15 +146,94 @@ Status MountTmpfs(const std::string& path, const std::string& opts) {
   return OkStatus();
 }
 
-// The call's view of the sandbox: fresh writable dirs, a /proc of its own pid namespace, and
-// nothing else writable, so no call can leave a file behind for the next.
+// "\040" etc. in /proc/self/mountinfo fields.
+std::string Unescape(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3') {
+      out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// Every mount of the sandbox read-only in the call's namespace (each keeps its nosuid, nodev,
+// noexec and atime flags), except /proc and /dev, which get their own treatment.
+Status RemountAllReadonly() {
+  std::string info;
+  {
+    UniqueFd fd(open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC));
+    if (!fd) return ErrnoError("open /proc/self/mountinfo");
+    char buf[8192];
+    ssize_t n;
+    while ((n = read(fd.get(), buf, sizeof buf)) > 0) info.append(buf, static_cast<size_t>(n));
+  }
+  for (auto line : SplitString(info, '\n', true)) {
+    auto f = SplitString(line, ' ', false);
+    if (f.size() < 6) continue;
+    std::string target = Unescape(f[4]);
+    auto under = [&](const char* dir) {
+      size_t n = strlen(dir);
+      return target.compare(0, n, dir) == 0 && (target.size() == n || target[n] == '/');
+    };
+    if (under("/proc") || under("/dev")) continue;
+    unsigned long flags = MS_REMOUNT | MS_BIND | MS_RDONLY;
+    for (auto o : SplitString(f[5], ',', true)) {
+      if (o == "nosuid") flags |= MS_NOSUID;
+      if (o == "nodev") flags |= MS_NODEV;
+      if (o == "noexec") flags |= MS_NOEXEC;
+      if (o == "noatime") flags |= MS_NOATIME;
+      if (o == "nodiratime") flags |= MS_NODIRATIME;
+      if (o == "relatime") flags |= MS_RELATIME;
+    }
+    if (mount(nullptr, target.c_str(), nullptr, flags, nullptr) < 0 && errno != ENOENT)
+      return ErrnoError("remount " + target + " read-only");
+  }
+  return OkStatus();
+}
+
+// The sandbox's /proc masks, on the call's own /proc (classic mount(2): the zygote profile
+// allows nothing newer).
+Status MaskProc() {
+  auto masked = isolation::ProcMaskedPaths();
+  for (const auto& a : isolation::ProcAgentMaskedPaths()) masked.push_back(a);
+  for (const auto& rel : masked) {
+    std::string path = "/proc/" + rel;
+    struct stat st;
+    if (lstat(path.c_str(), &st) < 0) continue;  // not on this kernel
+    if (S_ISDIR(st.st_mode)) {
+      if (mount("tmpfs", path.c_str(), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                "size=4k,nr_inodes=1,mode=0555") < 0)
+        return ErrnoError("mask " + path);
+      continue;
+    }
+    if (mount("/dev/null", path.c_str(), nullptr, MS_BIND, nullptr) < 0 ||
+        mount(nullptr, path.c_str(), nullptr,
+              MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, nullptr) < 0)
+      return ErrnoError("mask " + path);
+  }
+  for (const auto& rel : isolation::ProcReadonlyPaths()) {
+    std::string path = "/proc/" + rel;
+    struct stat st;
+    if (lstat(path.c_str(), &st) < 0) continue;
+    if (mount(path.c_str(), path.c_str(), nullptr, MS_BIND | MS_REC, nullptr) < 0 ||
+        mount(nullptr, path.c_str(), nullptr,
+              MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
+      return ErrnoError("read-only " + path);
+  }
+  return OkStatus();
+}
+
+// The call's view of the sandbox: every mount read-only, then fresh writable dirs and a /proc
+// of its own pid namespace (masked like the sandbox's), so no call can leave a file behind
+// for the next.
 Status PrepareMounts(const Options& o) {
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0)
     return ErrnoError("make mounts private");
-  // Read-only first (the tmpfs mounts below stay writable): a bind remount changes only this
-  // namespace's view of the mount.
-  if (mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) < 0)
-    return ErrnoError("remount / read-only");
+  DSEC_RETURN_IF_ERROR(RemountAllReadonly());
   std::string size =
       "size=" + std::to_string(o.tmpfs_mb) + "m,nr_inodes=" + std::to_string(o.inodes);
   DSEC_RETURN_IF_ERROR(MountTmpfs(o.workdir, size + ",mode=0755,uid=" + std::to_string(o.uid) +
@@ -162,14 +242,9 @@ Status PrepareMounts(const Options& o) {
   struct stat st;
   if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode))
     DSEC_RETURN_IF_ERROR(MountTmpfs("/dev/shm", size + ",mode=1777"));
-  // /proc of the new pid namespace: only the call's own processes. The sandbox's /proc has
-  // masked entries, and the kernel then refuses a fresh procfs in a user namespace; in that
-  // case the call keeps the sandbox's /proc (read-only masks intact, the zygote and the agent
-  // visible but not accessible to the call's user).
-  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0 &&
-      errno != EPERM)
+  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
     return ErrnoError("mount /proc");
-  return OkStatus();
+  return MaskProc();
 }
 
 bool SafeRelativePath(const std::string& p) {
@@ -226,7 +301,7 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
 // The user process, forked ahead of its call: it becomes the call's user at once, then waits
 // for the call on the control socket, runs it, and (python) reports its exit code on `sock`
 // before exiting, so the call's end does not wait for the teardown of a whole interpreter.
-[[noreturn]] void UserMain(const Options& o, int control, int sock) {
+[[noreturn]] void UserMain(const Options& o, int control, int sock, int rc_pipe) {
   if (o.runtime == "python") PythonAfterForkChild();
   int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (oom >= 0) {
@@ -254,16 +329,18 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
   if (fds.size() != 5) _exit(kExitSetupFailed);
   if (!SendWithFds(sock, "{}", {fds[0].get()}).ok()) _exit(kExitSetupFailed);
   fds[0].Reset();
+  close(sock);  // nothing but the exit code goes to the init, and only through a pipe
   for (int target = 0; target < 3; ++target)
     if (dup2(fds[2 + static_cast<size_t>(target)].get(), target) < 0) UserFail("dup2 stdio");
   auto req = ReadRequest(fds[1].get());
   fds.clear();
   if (!req.ok()) UserFail("fncall request: " + req.status().message());
-  int keep = sock;
+  int keep = rc_pipe;
   if (o.runtime == "python") {
-    // Only the report socket stays, above everything the code might open first.
-    keep = fcntl(sock, F_DUPFD_CLOEXEC, 1000);
-    if (keep < 0) keep = sock;
+    // Only the exit code pipe stays, above everything the code might open first. A pipe
+    // carries no fds: the code can write to it, but never hand its init anything to hold.
+    keep = fcntl(rc_pipe, F_DUPFD_CLOEXEC, 1000);
+    if (keep < 0) keep = rc_pipe;
   }
   sys::CloseRange(3, static_cast<unsigned>(keep) - 1, 0);
   sys::CloseRange(static_cast<unsigned>(keep) + 1, ~0U, 0);
@@ -273,8 +350,12 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
   if (Status s = WriteCallFiles(req->files); !s.ok()) UserFail(s.message());
   if (o.runtime == "python") {
     std::string filename = req->filename.empty() ? "<fncall>" : req->filename;
+    const pid_t me = getpid();
     int rc = PythonRunInChild(req->code, filename);
-    SendJson(keep, {{"rc", rc}});
+    if (getpid() == me) {  // not a child the code forked and let run to the end
+      std::string msg = Json{{"rc", rc}}.dump();
+      (void)!write(keep, msg.data(), msg.size());
+    }
     _exit(rc);
   }
   close(keep);
@@ -312,17 +393,21 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
     _exit(kExitSetupFailed);
   }
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // the call's user cannot ptrace or read its init
-  int up[2];
+  int up[2], rc[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, up) < 0) _exit(kExitSetupFailed);
+  if (pipe2(rc, O_CLOEXEC) < 0) _exit(kExitSetupFailed);
   pid_t user = fork();
   if (user < 0) _exit(kExitSetupFailed);
   if (user == 0) {
     close(up[0]);
-    UserMain(o, control, up[1]);
+    close(rc[0]);
+    UserMain(o, control, up[1], rc[1]);
   }
   close(up[1]);
+  close(rc[1]);
   close(control);
-  UniqueFd to_user(up[0]);
+  UniqueFd to_user(up[0]), rc_read(rc[0]);
+  fcntl(rc_read.get(), F_SETFL, O_NONBLOCK);
 
   // The user process hands over the call socket once its call arrived.
   std::string buf;
@@ -335,8 +420,9 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
     _exit(WIFEXITED(st) ? WEXITSTATUS(st) : kExitSetupFailed);
   }
   UniqueFd call = std::move(fds[0]);
+  to_user.Reset();  // the only message it carries (with its one fd) has arrived
   int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
-  pollfd p[3] = {{call.get(), POLLIN, 0}, {sfd, POLLIN, 0}, {to_user.get(), POLLIN, 0}};
+  pollfd p[3] = {{call.get(), POLLIN, 0}, {sfd, POLLIN, 0}, {rc_read.get(), POLLIN, 0}};
   while (true) {
     // Reap everything (orphans reparent to us); the user process decides the outcome.
     int status;
@@ -357,11 +443,10 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
     if (p[2].revents) {
       // The code's exit code, reported before the interpreter's teardown (or EOF once it
       // exec'd or exited: then its wait status decides).
-      std::string msg;
-      std::vector<UniqueFd> none;
-      auto m = RecvWithFds(to_user.get(), 256, 0, &msg, &none);
-      if (m.ok() && *m > 0) {
-        Json j = Json::parse(msg, nullptr, false);
+      char buf[256];
+      ssize_t m = read(rc_read.get(), buf, sizeof buf);
+      if (m > 0) {
+        Json j = Json::parse(std::string_view(buf, static_cast<size_t>(m)), nullptr, false);
         if (!j.is_discarded() && j.contains("rc") && j["rc"].is_number_integer()) {
           SendJson(call.get(), {{"status", (j["rc"].get<int>() & 0xff) << 8}});
           _exit(0);

@@ -39,6 +39,11 @@ def _dsec_run(code, filename):
         except BaseException:
             pass
         rc = 1
+    try:  # as at interpreter exit: wait for non-daemon threads, then atexit handlers
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+    except BaseException:
+        pass
     try:
         import atexit
         atexit._run_exitfuncs()
