@@ -37,6 +37,7 @@ Env& GetEnv() {
   o.state_dir = e.dir->path() + "/state";
   o.agent_path = DSEC_TEST_AGENT_PATH;
   o.zygote_path = DSEC_TEST_ZYGOTE_PATH;
+  o.orphan_timeout_ms = 0;  // a killed test run leaves no agent behind
   auto b = container::ContainerBackend::Create(o);
   if (!b.ok()) {
     e.error = b.status().ToString();

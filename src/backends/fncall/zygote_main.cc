@@ -198,9 +198,9 @@ Status RemountAllReadonly() {
 // The sandbox's /proc masks, on the call's own /proc (classic mount(2): the zygote profile
 // allows nothing newer).
 Status MaskProc() {
-  auto masked = isolation::ProcMaskedPaths();
-  for (const auto& a : isolation::ProcAgentMaskedPaths()) masked.push_back(a);
-  for (const auto& rel : masked) {
+  // (Not the agent's own entries: PID 1 here is the call's init, root-owned and
+  // non-dumpable, out of the code's reach anyway.)
+  for (const auto& rel : isolation::ProcMaskedPaths()) {
     std::string path = "/proc/" + rel;
     struct stat st;
     if (lstat(path.c_str(), &st) < 0) continue;  // not on this kernel
