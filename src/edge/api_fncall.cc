@@ -241,12 +241,8 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
     return c->Fail(
         Unimplemented("image \"" + cfg->image + "\": only \"host\" exists on this node"));
   if (cfg->kind == "container") {
-    backends::SandboxSpec spec;
-    spec.id = "sb-check";
-    spec.cpus = cfg->cpu;
-    spec.memory_mb = cfg->memory_mb;
-    spec.pids = cfg->pids;
-    spec.disk_mb = cfg->disk_mb;
+    backends::SandboxSpec spec = fncall::ContainerSpecFor(*cfg);
+    spec.id = "sb-check";  // only the limits are checked here
     if (Status s = backends::ValidateSandboxSpec(spec); !s.ok()) return c->Fail(s);
   }
   auto pool = d.pools->Put(*cfg);

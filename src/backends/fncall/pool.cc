@@ -345,15 +345,17 @@ std::shared_ptr<Sandbox> Pool::TakeSandbox() {
   return w ? w->sb : nullptr;
 }
 
-backends::SandboxSpec Pool::ContainerSpec() const {
+backends::SandboxSpec ContainerSpecFor(const PoolConfig& c) {
   backends::SandboxSpec s;
-  s.image = cfg_.image;
-  s.cpus = cfg_.cpu;
-  s.memory_mb = cfg_.memory_mb;
-  s.pids = cfg_.pids;
-  s.disk_mb = cfg_.disk_mb;
+  s.image = c.image;
+  s.cpus = c.cpu;
+  s.memory_mb = c.memory_mb;
+  s.pids = c.pids;
+  s.disk_mb = c.disk_mb;
   return s;
 }
+
+backends::SandboxSpec Pool::ContainerSpec() const { return ContainerSpecFor(cfg_); }
 
 StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
   if (cfg_.kind == "container") {

@@ -51,6 +51,9 @@ Json ToJson(const PoolConfig& c);
 // Fields missing from `j` keep the values in `base` (so a PUT may change only some).
 StatusOr<PoolConfig> PoolConfigFromJson(const Json& j, PoolConfig base);
 
+// What a container pool's sandboxes are created with (their id aside).
+backends::SandboxSpec ContainerSpecFor(const PoolConfig& c);
+
 struct CallRequest {
   protocol::FnCallSpec call;
   std::string stdin_data;
