@@ -112,10 +112,13 @@ void Enqueue(const std::shared_ptr<AgentClient>& self, AgentClient::Impl* impl, 
 }  // namespace
 
 uint32_t AgentClient::StartCall(const Json& request, std::shared_ptr<Call> call) {
+  return StartCall(request.dump(-1, ' ', false, Json::error_handler_t::replace), std::move(call));
+}
+
+uint32_t AgentClient::StartCall(std::string request, std::shared_ptr<Call> call) {
   uint32_t ch = next_channel_.fetch_add(1);
   if (ch == 0) ch = next_channel_.fetch_add(1);
-  std::string frame = protocol::EncodeFrameOrDie(
-      FrameType::kRequest, 0, ch, request.dump(-1, ' ', false, Json::error_handler_t::replace));
+  std::string frame = protocol::EncodeFrameOrDie(FrameType::kRequest, 0, ch, request);
   auto self = shared_from_this();
   asio::dispatch(impl_->strand,
                  [self, ch, call = std::move(call), frame = std::move(frame)]() mutable {

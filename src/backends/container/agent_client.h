@@ -44,6 +44,8 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
   void Start(std::function<void(const Status&)> on_closed);
   // Opens a channel with `request` ({"op": ...}); returns the channel id.
   uint32_t StartCall(const protocol::Json& request, std::shared_ptr<Call> call);
+  // The same with the request already serialized (at most protocol::kMaxPayload bytes).
+  uint32_t StartCall(std::string request, std::shared_ptr<Call> call);
   void SendData(uint32_t channel, uint8_t stream, std::string data, bool eof);
   void SendControl(uint32_t channel, const protocol::Json& control);
   // Closes the connection; pending calls fail with Unavailable.

@@ -607,12 +607,13 @@ StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::StartExec(
   j["op"] = "exec";
   // One request frame to the agent: command, environment, inline stdin and an fncall's code
   // and files (base64) must fit.
-  size_t frame_bytes = j.dump(-1, ' ', false, Json::error_handler_t::replace).size();
-  if (frame_bytes > protocol::kMaxPayload)
-    return TooLarge("the request is too large for one agent frame (" + std::to_string(frame_bytes) +
-                    " bytes encoded, at most " + std::to_string(protocol::kMaxPayload) + ")");
+  std::string payload = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (payload.size() > protocol::kMaxPayload)
+    return TooLarge("the request is too large for one agent frame (" +
+                    std::to_string(payload.size()) + " bytes encoded, at most " +
+                    std::to_string(protocol::kMaxPayload) + ")");
   auto call = std::make_shared<ExecCall>(std::move(observer), oom_);
-  uint32_t ch = client->StartCall(j, call);
+  uint32_t ch = client->StartCall(std::move(payload), call);
   auto handle = std::make_shared<ExecHandleImpl>(client, ch);
   call->set_handle(handle);
   if (stream_stdin) {

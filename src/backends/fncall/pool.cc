@@ -249,7 +249,6 @@ void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
     {
       std::lock_guard<std::mutex> l(mu_);
       busy_.erase(w->sb.get());
-      w->idle_since_ms = MonotonicMs();
       idle_.push_back(w);
     }
     return shared_q->done(h.status());
@@ -269,29 +268,28 @@ void Pool::Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<ExecOutput> ou
   // whose zygote died fails the next StartExec, which retires it and requeues that call.
   bool healthy = out.ok() && w->sb->state() == backends::SandboxState::kRunning;
   std::vector<std::pair<std::shared_ptr<Worker>, Queued>> next;
+  bool requeued;
   {
     std::lock_guard<std::mutex> l(mu_);
     busy_.erase(w->sb.get());
-    w->calls++;
     if (healthy && !stopped_) {
-      w->idle_since_ms = MonotonicMs();
       idle_.push_back(w);
     } else {
       if (!out.ok()) last_error_ = "worker " + w->sb->id() + ": " + out.status().message();
       Retire(w);
     }
-    if (!out.ok() && !started && !stopped_) {
+    requeued = !out.ok() && !started && !stopped_;
+    if (requeued) {
       // The worker could not take the call (its zygote died, say): the call never ran, so it
       // goes first in line for another worker.
       queue_.push_front(std::move(q));
-      q.done = nullptr;
     }
     std::shared_ptr<Worker> nw;
     Queued nq;
     while (NextLocked(&nw, &nq)) next.emplace_back(std::move(nw), std::move(nq));
   }
-  if (!q.done) {
-    // requeued above
+  if (requeued) {
+    // goes to another worker
   } else if (!out.ok()) {
     q.done(Unavailable("the call's worker failed: " + out.status().message()));
   } else {
@@ -365,16 +363,11 @@ StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
     DSEC_ASSIGN_OR_RETURN(auto sb, backend_->Create(s));
     auto worker = std::make_shared<Worker>();
     worker->sb = sb;
-    worker->idle_since_ms = MonotonicMs();
     return worker;
   }
-  backends::SandboxSpec s;
+  backends::SandboxSpec s = ContainerSpecFor(cfg_);
   s.id = NewSandboxId(node_);
   s.hostname = "fncall";
-  s.image = cfg_.image;
-  s.cpus = cfg_.cpu;
-  s.memory_mb = cfg_.memory_mb;
-  s.pids = cfg_.pids;
   s.disk_mb = kWorkerDiskMb;
   backends::WorkerSpec w;
   w.runtime = cfg_.runtime == "python" ? "python" : "exec";
@@ -394,7 +387,6 @@ StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
     (void)sb->Destroy();
     return s2;
   }
-  worker->idle_since_ms = MonotonicMs();
   return worker;
 }
 
@@ -462,11 +454,13 @@ int64_t Pool::Maintain() {
     auto w = failed ? StatusOr<std::shared_ptr<Worker>>(Unavailable("skipped")) : MakeWorker();
     std::vector<std::pair<std::shared_ptr<Worker>, Queued>> next;
     std::vector<Queued> hopeless;
+    bool late = false;
     {
       std::lock_guard<std::mutex> l(mu_);
       starting_--;
-      if (w.ok() && stopped_) {
-        destroy = {*w};
+      late = w.ok() && stopped_;
+      if (late) {
+        // made while the pool shut down: destroyed below
       } else if (w.ok()) {
         idle_.push_back(*w);
         std::shared_ptr<Worker> nw;
@@ -482,7 +476,7 @@ int64_t Pool::Maintain() {
         }
       }
     }
-    if (w.ok() && stopped_) (void)(*w)->sb->Destroy();
+    if (late) (void)(*w)->sb->Destroy();
     for (auto& q : hopeless)
       q.done(Unavailable("pool " + cfg_.name + " has no workers: " + w.status().message()));
     for (auto& [nw, nq] : next) Start(std::move(nw), std::move(nq));

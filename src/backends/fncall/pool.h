@@ -91,9 +91,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
     std::shared_ptr<backends::Sandbox> sb;
     int64_t baseline_mb = 0;  // the worker's own use (agent, zygote) on top of a call's limit
     int64_t limit_mb = 0;     // the call limit its cgroup is set to now
-    int64_t idle_since_ms = 0;
-    uint64_t calls = 0;
-    int limit_failures = 0;  // memory limit cuts refused in a row
+    int limit_failures = 0;   // memory limit cuts refused in a row
     int64_t rest_until_ms = 0;
   };
   struct Queued {

@@ -25,6 +25,7 @@
 #include "backends/fncall/zygote_python.h"
 #include "base/base64.h"
 #include "base/fd_passing.h"
+#include "base/file_util.h"
 #include "base/status.h"
 #include "base/strings.h"
 #include "base/unique_fd.h"
@@ -163,14 +164,7 @@ std::string Unescape(std::string_view s) {
 // Every mount of the sandbox read-only in the call's namespace (each keeps its nosuid, nodev,
 // noexec and atime flags), except /proc and /dev, which get their own treatment.
 Status RemountAllReadonly() {
-  std::string info;
-  {
-    UniqueFd fd(open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC));
-    if (!fd) return ErrnoError("open /proc/self/mountinfo");
-    char buf[8192];
-    ssize_t n;
-    while ((n = read(fd.get(), buf, sizeof buf)) > 0) info.append(buf, static_cast<size_t>(n));
-  }
+  DSEC_ASSIGN_OR_RETURN(std::string info, ReadFileToString("/proc/self/mountinfo", 4 << 20));
   for (auto line : SplitString(info, '\n', true)) {
     auto f = SplitString(line, ' ', false);
     if (f.size() < 6) continue;
@@ -282,18 +276,9 @@ Status WriteCallFiles(const std::vector<std::pair<std::string, std::string>>& fi
 }
 
 StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
-  struct stat st;
-  if (fstat(memfd, &st) < 0) return ErrnoError("fstat request");
-  if (st.st_size <= 0 || static_cast<uint64_t>(st.st_size) > kMaxRequestBytes)
-    return InvalidArgument("request size out of bounds");
-  std::string buf(static_cast<size_t>(st.st_size), '\0');
-  size_t off = 0;
-  while (off < buf.size()) {
-    ssize_t n = pread(memfd, buf.data() + off, buf.size() - off, static_cast<off_t>(off));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return ErrnoError("read request");
-    off += static_cast<size_t>(n);
-  }
+  // The agent wrote it through the same open file: its offset is at the end.
+  if (lseek(memfd, 0, SEEK_SET) < 0) return ErrnoError("seek request");
+  DSEC_ASSIGN_OR_RETURN(std::string buf, ReadFdToString(memfd, "fncall request", kMaxRequestBytes));
   DSEC_ASSIGN_OR_RETURN(auto j, protocol::ParseJson(buf));
   return protocol::FnCallSpecFromJson(j);
 }
