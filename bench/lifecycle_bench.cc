@@ -5,7 +5,10 @@
 //                        [--peer NAME -- CMD...] (time an external command per cycle instead,
 //                        e.g. bwrap or crun, with the same workers and statistics)
 // Prints one line per configuration: p50/p90/p99/max in ms and cycles per second, and with
-// --json a machine-readable line per configuration for bench/run.
+// --json a machine-readable line per configuration for bench/run, with "cdf": the p0..p100
+// latency percentiles (101 values, ms) for bench/plots.py. A cycle that fails (a create or
+// exec error, or a peer command exiting non-zero) is counted in "failures", the first few are
+// described on stderr, and the exit status is 1 if any cycle failed.
 #include <fcntl.h>
 
 #include <algorithm>
@@ -33,10 +36,11 @@ namespace {
 
 struct Summary {
   double p50, p90, p99, max, per_sec;
+  std::vector<double> cdf;  // p0..p100
 };
 
-// Runs argv once, output to /dev/null; returns false if it did not exit 0.
-bool RunOnce(const std::vector<std::string>& argv) {
+// Runs argv once, output to /dev/null; returns the wait status, or -1 if it could not start.
+int RunOnce(const std::vector<std::string>& argv) {
   std::vector<char*> a;
   for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
   a.push_back(nullptr);
@@ -47,17 +51,42 @@ bool RunOnce(const std::vector<std::string>& argv) {
   pid_t pid;
   int rc = posix_spawnp(&pid, a[0], &fa, nullptr, a.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return false;
+  if (rc != 0) return -1;
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return status;
+}
+
+std::string DescribeStatus(int status) {
+  if (status < 0) return "could not be started";
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
+  return "ended oddly";
+}
+
+// Reports at most a few failures on stderr (the count goes into the summary line).
+void NoteFailure(std::atomic<int>& failures, const std::string& what) {
+  if (failures++ < 3) fprintf(stderr, "lifecycle_bench: %s\n", what.c_str());
 }
 
 Summary Summarize(std::vector<double> v, double wall_s) {
   std::sort(v.begin(), v.end());
   auto pct = [&](double p) { return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))]; };
-  return {pct(0.5), pct(0.9), pct(0.99), v.back(), v.size() / wall_s};
+  Summary s{pct(0.5), pct(0.9), pct(0.99), v.back(), v.size() / wall_s, {}};
+  for (int p = 0; p <= 100; ++p)  // nearest rank over the sorted samples, p0 = min, p100 = max
+    s.cdf.push_back(v[static_cast<size_t>(p * (v.size() - 1) / 100.0 + 0.5)]);
+  return s;
+}
+
+std::string CdfJson(const Summary& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.cdf.size(); ++i) {
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%s%.3f", i ? "," : "", s.cdf[i]);
+    out += buf;
+  }
+  return out + "]";
 }
 
 }  // namespace
@@ -96,6 +125,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  bool any_failures = false;
   auto report = [&](const char* what, const std::string& name, int c, const Summary& s,
                     int failures) {
     printf(
@@ -105,9 +135,12 @@ int main(int argc, char** argv) {
     if (json)
       printf(
           "JSON {\"workload\":\"%s\",\"system\":\"%s\",\"concurrency\":%d,\"n\":%d,\"p50\":%.3f,"
-          "\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f,\"rate\":%.1f,\"failures\":%d}\n",
-          what, name.c_str(), c, iterations, s.p50, s.p90, s.p99, s.max, s.per_sec, failures);
+          "\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f,\"rate\":%.1f,\"failures\":%d,"
+          "\"cdf\":%s}\n",
+          what, name.c_str(), c, iterations, s.p50, s.p90, s.p99, s.max, s.per_sec, failures,
+          CdfJson(s).c_str());
     fflush(stdout);
+    if (failures > 0) any_failures = true;
   };
   if (!peer.empty()) {
     if (peer_cmd.empty()) {
@@ -123,14 +156,17 @@ int main(int argc, char** argv) {
         ts.emplace_back([&] {
           for (int i; (i = next++) < iterations;) {
             Stopwatch sw;
-            if (!RunOnce(peer_cmd)) failures++;
+            int status = RunOnce(peer_cmd);
             lat[static_cast<size_t>(i)] = sw.ElapsedMs();
+            if (status != 0)
+              NoteFailure(failures, peer + ": cycle " + std::to_string(i) + ": " + peer_cmd[0] +
+                                        " " + DescribeStatus(status));
           }
         });
       for (auto& t : ts) t.join();
       report("lifecycle", peer, c, Summarize(lat, wall.ElapsedMs() / 1000), failures.load());
     }
-    return 0;
+    return any_failures ? 1 : 0;
   }
   auto tmp = TempDir::Create("/tmp/dsec-bench-");
   if (!tmp.ok()) return 1;
@@ -154,7 +190,7 @@ int main(int argc, char** argv) {
     if (!sb.ok()) return 1;
     for (int c : concurrency) {
       std::vector<double> lat(static_cast<size_t>(iterations)), agent_ms(lat.size());
-      std::atomic<int> next{0};
+      std::atomic<int> next{0}, failures{0};
       Stopwatch wall;
       std::vector<std::thread> ts;
       for (int w = 0; w < c; ++w)
@@ -162,14 +198,17 @@ int main(int argc, char** argv) {
           for (int i; (i = next++) < iterations;) {
             Stopwatch sw;
             auto r = (*sb)->Exec(req);
-            if (!r.ok() || r->result.exit_code != 0) fprintf(stderr, "exec failed\n");
+            if (!r.ok())
+              NoteFailure(failures, "exec: " + r.status().ToString());
+            else if (r->result.exit_code != 0)
+              NoteFailure(failures, "exec: true exited " + std::to_string(r->result.exit_code));
             lat[static_cast<size_t>(i)] = sw.ElapsedMs();
             if (r.ok()) agent_ms[static_cast<size_t>(i)] = r->result.duration_ms;
           }
         });
       for (auto& t : ts) t.join();
       auto s = Summarize(lat, wall.ElapsedMs() / 1000);
-      report("exec", "dsec", c, s, 0);
+      report("exec", "dsec", c, s, failures.load());
       auto a = Summarize(agent_ms, 1);
       printf("  in the agent (spawn to exit) p50=%.2fms\n", a.p50);
     }
@@ -189,13 +228,16 @@ int main(int argc, char** argv) {
             spec.id = NewSandboxId("bench");
             auto sb = (*backend)->Create(spec);
             if (!sb.ok()) {
-              fprintf(stderr, "create: %s\n", sb.status().ToString().c_str());
-              failures++;
+              NoteFailure(failures, "create: " + sb.status().ToString());
+              lat[static_cast<size_t>(i)] = sw.ElapsedMs();
               continue;
             }
             double t1 = sw.ElapsedMs();
             auto r = (*sb)->Exec(req);
-            if (!r.ok() || r->result.exit_code != 0) failures++;
+            if (!r.ok())
+              NoteFailure(failures, "exec: " + r.status().ToString());
+            else if (r->result.exit_code != 0)
+              NoteFailure(failures, "exec: true exited " + std::to_string(r->result.exit_code));
             double t2 = sw.ElapsedMs();
             (void)(*sb)->Destroy();
             double t3 = sw.ElapsedMs();
@@ -215,5 +257,5 @@ int main(int argc, char** argv) {
     }
   }
   (void)(*backend)->Shutdown();
-  return 0;
+  return any_failures ? 1 : 0;
 }
