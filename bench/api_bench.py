@@ -12,7 +12,8 @@ a free loopback port) and checks after SIGTERM that nothing was left behind.
 
     sudo python3 bench/api_bench.py [--concurrency 1,8,64] [--cycles 300] [--json]
 
---json adds one `JSON {...}` line per level for bench/report.py.
+--json adds one `JSON {...}` line per level for bench/report.py, with "cdf": the cycle latency's
+p0..p100 percentiles (101 values, ms) for bench/plots.py.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ async def level(client: AsyncDSecClient, conc: int, cycles: int, warmup: int, jo
            "errors": len(errors), "wall_s": round(wall, 3), "rate": n / wall if wall else 0.0,
            "client_cpu": round(cpu / wall, 3) if wall else 0.0,
            "p50": pct(lat["cycle"], 50), "p90": pct(lat["cycle"], 90),
-           "p99": pct(lat["cycle"], 99)}
+           "p99": pct(lat["cycle"], 99), "max": max(lat["cycle"], default=0.0),
+           "cdf": [round(pct(lat["cycle"], p), 3) for p in range(101)] if n else []}
     for op in ("create", "exec", "delete"):
         for p in (50, 90, 99):
             row[f"{op}_p{p}"] = pct(lat[op], p)
@@ -145,7 +147,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="also print JSON lines (bench/report.py)")
     ap.add_argument("--url", default=None, help="use a running edge instead of starting one")
     ap.add_argument("--token", default=os.environ.get("DSEC_TOKEN"))
-    ap.add_argument("--edge", default=None, help="dsec-edge binary to start")
+    ap.add_argument("--edge", default=None, help="dsec-edge binary to start (default: $DSEC_EDGE"
+                    " or build/release's)")
     opts = ap.parse_args()
     opts.concurrency = [int(x) for x in opts.concurrency.split(",") if x.strip()]
     if not opts.concurrency or min(opts.concurrency) < 1 or opts.cycles < 1:

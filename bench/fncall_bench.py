@@ -17,6 +17,10 @@ Rounds are interleaved (every system once per round) so drift on a noisy host hi
 With no --url it starts its own edge (examples/edgeproc.py) and checks it leaves nothing.
 
     sudo python3 bench/fncall_bench.py [--rounds 3] [--calls 300] [--concurrency 8,64] [--json]
+                                       [--edge build/release/src/edge/dsec-edge]
+
+--json lines carry p50/p90/p99/max (ms; p50_ms and p99_ms too, as before), calls/s and "cdf":
+the p0..p100 latency percentiles (101 values, ms) for bench/plots.py.
 """
 
 from __future__ import annotations
@@ -157,8 +161,14 @@ def run_level(make_client, conc: int, calls: int) -> dict:
     wall = time.perf_counter() - t0
     if errors:
         raise RuntimeError(errors[0])
-    return {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "rate": len(lat) / wall,
-            "n": len(lat)}
+    return {**stats(lat), "rate": len(lat) / wall, "n": len(lat)}
+
+
+def stats(lat: list[float]) -> dict:
+    """p50/p90/p99/max (ms, also as p50_ms/p99_ms for older reports) and the p0..p100 CDF."""
+    return {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "p50": pct(lat, 50),
+            "p90": pct(lat, 90), "p99": pct(lat, 99), "max": max(lat),
+            "cdf": [round(pct(lat, p), 3) for p in range(101)]}
 
 
 def pool_create(url: str, token: str, n: int, pool: str | None) -> dict:
@@ -180,7 +190,7 @@ def pool_create(url: str, token: str, n: int, pool: str | None) -> dict:
         conn.getresponse().read()
         if pool:
             time.sleep(0.03)  # let the pool refill, as between episodes
-    return {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "rate": 0, "n": n}
+    return {**stats(lat), "rate": 0, "n": n}
 
 
 def main() -> int:
@@ -194,6 +204,8 @@ def main() -> int:
                     help="calls for the per-call-process peers (slow)")
     ap.add_argument("--pool-creates", type=int, default=100)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--edge", default=None, help="dsec-edge binary to start (default: $DSEC_EDGE"
+                    " or build/release's)")
     args = ap.parse_args()
     levels = [1] + [int(x) for x in args.concurrency.split(",") if x]
     # The Debian interpreter (the one the python runtime embeds), not a shim earlier on PATH.
@@ -202,7 +214,7 @@ def main() -> int:
 
     edge = None
     if not args.url:
-        edge = edgeproc.EdgeProcess().start()
+        edge = edgeproc.EdgeProcess(args.edge).start()
         url, token = edge.url, edge.token
     else:
         url, token = args.url, args.token or os.environ.get("DSEC_TOKEN", "")
@@ -276,7 +288,8 @@ def emit(rec: dict, as_json: bool) -> None:
             f"p50 {rec['p50_ms']:7.2f} ms  p99 {rec['p99_ms']:7.2f} ms  {rec['rate']:8.0f}/s")
     print(line, file=sys.stderr)
     if as_json:
-        print("JSON " + json.dumps(rec), flush=True)
+        print("JSON " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                                    for k, v in rec.items()}), flush=True)
 
 
 if __name__ == "__main__":
