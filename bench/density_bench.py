@@ -14,12 +14,24 @@ while they all idle.
   5. check every sandbox is still running, delete them all (DELETE /v1/jobs/{job}), check the
      node is empty, stop the edge and check nothing is left on the host
 
+Scaling curves: when the fill passes 10, 30, 100, 300, 1000, 3000, ... live sandboxes it pauses
+and measures, with that many idling: the latency of single creates (--scaling-creates extra
+sandboxes, one at a time, each deleted right after), of exec `true` in random idle sandboxes
+(--scaling-execs), the edge's RSS and fds, and host memory in use (total and per sandbox). An
+edge doing O(1) work per operation shows flat create/exec latencies from 10 to the limit.
+
+The fill stops at --target sandboxes, or earlier at the memory bound: before host memory in
+use (MemTotal - MemAvailable) would pass --max-host-mem-mb (default: 75% of MemTotal, i.e.
+MemAvailable stays above 25%). `--target max` fills until that bound (the density limit).
+Why it stopped is recorded (stop_reason: target, memory bound, or the create error).
 If creation fails before the target, it stops there, reports how far it got, the error and
 the edge's log tail, and still cleans up.
 
-    sudo python3 bench/density_bench.py [--target 1000] [--batch 50] [--memory-mb 32]
+    sudo python3 bench/density_bench.py [--target 1000|max] [--batch 50] [--memory-mb 32]
+        [--max-host-mem-mb MB] [--scaling-creates 30] [--scaling-execs 50]
 
---json adds a `JSON {...}` line for bench/report.py.
+--json adds a `JSON {...}` line for bench/report.py (workload "density") and one per scaling
+checkpoint (workload "scaling").
 """
 
 from __future__ import annotations
@@ -47,6 +59,17 @@ KERNEL_KEYS = ("Slab", "SUnreclaim", "KernelStack", "PageTables", "Shmem", "Anon
 
 def host_used_kb(mi: dict[str, int]) -> int:
     return mi["MemTotal"] - mi["MemAvailable"]
+
+
+def checkpoints(target: int) -> list[int]:
+    """10, 30, 100, 300, 1000, 3000, ... up to target."""
+    out, base = [], 10
+    while True:
+        for m in (1, 3):
+            if base * m > target:
+                return out
+            out.append(base * m)
+        base *= 10
 
 
 def count_host_pids() -> int:
@@ -91,9 +114,59 @@ class Sampler:
                 f"{'':>6} {'':>7} {'(RSS)':>8} {'(edge)':>7} {'(+used)':>9} {'(host)':>7}")
 
 
+async def scaling_point(client: AsyncDSecClient, args: DSecContainerRunArgs, ids: list[str],
+                        edge: edgeproc.EdgeProcess | None, base_used: int, opts) -> dict:
+    """With len(ids) sandboxes idling: single create/delete, exec `true` and GET latencies in
+    random idle sandboxes, edge RSS and fds, host memory in use."""
+    n = len(ids)
+    await asyncio.sleep(opts.scaling_settle)
+    mi = edgeproc.meminfo_kb()  # before the extra creates
+    used = host_used_kb(mi)
+    rss = edge.rss_kb() if edge else -1
+    fds = edge.fds() if edge else -1
+    create, delete, exe, get = [], [], [], []
+    for _ in range(opts.scaling_creates):
+        t = time.perf_counter()
+        sb = await client.run_container(args)
+        t1 = time.perf_counter()
+        await sb.stop()
+        create.append((t1 - t) * 1e3)
+        delete.append((time.perf_counter() - t1) * 1e3)
+    rng = random.Random(n)
+    for _ in range(opts.scaling_execs):
+        sb = client.sandbox(rng.choice(ids))
+        t = time.perf_counter()
+        r = await sb.exec(["true"])
+        t1 = time.perf_counter()
+        if r.exit_code != 0:
+            raise DSecError("bench", f"{sb.id}: true exited {r.exit_code}", None)
+        await client.get_sandbox(rng.choice(ids))
+        exe.append((t1 - t) * 1e3)
+        get.append((time.perf_counter() - t1) * 1e3)
+    r2 = lambda v: round(v, 3)  # noqa: E731
+    return {"workload": "scaling", "system": "dsec-edge", "live": n,
+            "create_p50": r2(pct(create, 50)), "create_p99": r2(pct(create, 99)),
+            "delete_p50": r2(pct(delete, 50)), "delete_p99": r2(pct(delete, 99)),
+            "exec_p50": r2(pct(exe, 50)), "exec_p99": r2(pct(exe, 99)),
+            "get_p50": r2(pct(get, 50)), "get_p99": r2(pct(get, 99)),
+            "creates": len(create), "execs": len(exe),
+            "edge_rss_kb": rss, "edge_fds": fds, "host_used_kb": used,
+            "host_per_sandbox_kb": round((used - base_used) / n, 1) if n else None,
+            "mem_available_kb": mi["MemAvailable"]}
+
+
+def scaling_line(r: dict) -> str:
+    return (f"  scaling at {r['live']:>6} live: create p50/p99 {r['create_p50']:.1f}/"
+            f"{r['create_p99']:.1f} ms, delete {r['delete_p50']:.1f}/{r['delete_p99']:.1f}, "
+            f"exec {r['exec_p50']:.2f}/{r['exec_p99']:.2f}, get {r['get_p50']:.2f}/"
+            f"{r['get_p99']:.2f}; edge {r['edge_rss_kb'] / 1024:.1f} MB, {r['edge_fds']} fds; "
+            f"host {r['host_per_sandbox_kb']} kB/sandbox")
+
+
 async def run(opts, edge: edgeproc.EdgeProcess | None, url: str, token: str | None) -> dict:
     job = f"density-{os.getpid()}"
     res: dict = {"workload": "density", "system": "dsec-edge", "target": opts.target,
+                 "target_mode": opts.target_mode,
                  "memory_mb": opts.memory_mb, "disk_mb": opts.disk_mb, "job": job}
     args = DSecContainerRunArgs(container_image="host", cpu_cores_limit=opts.cpu,
                                 memory_limit_mb=opts.memory_mb, disk_limit_mb=opts.disk_mb,
@@ -112,14 +185,37 @@ async def run(opts, edge: edgeproc.EdgeProcess | None, url: str, token: str | No
         next_cp = opts.checkpoint
         failure: str | None = None
         lock = asyncio.Lock()
-        state = {"inflight": 0}  # sandboxes asked for, not yet created
+        # inflight: sandboxes asked for, not yet created; goal: fill up to this many (the next
+        # scaling checkpoint, then the target)
+        state = {"inflight": 0, "goal": opts.target, "mem_stop": None}
+        mi0 = edgeproc.meminfo_kb()
+        base_used = host_used_kb(mi0)
+        bound_kb = (opts.max_host_mem_mb * 1024 if opts.max_host_mem_mb is not None
+                    else mi0["MemTotal"] * 3 // 4)
+        res.update(max_host_mem_mb=round(bound_kb / 1024),
+                   host_used_start_mb=round(base_used / 1024))
+
+        def memory_allows(more: int) -> bool:
+            """Would `more` sandboxes (plus those in flight) keep host memory in use under the
+            bound? Per sandbox: what the live ones cost so far, at least 2 MiB."""
+            used = host_used_kb(edgeproc.meminfo_kb())
+            n = len(ids)
+            per = max(2048.0, (used - base_used) / n if n >= 10 else 0.0)
+            if used + (more + state["inflight"]) * per <= bound_kb:
+                return True
+            state["mem_stop"] = (f"memory bound: host memory in use {used // 1024} MB + "
+                                 f"{more + state['inflight']} x {per / 1024:.1f} MB would pass "
+                                 f"{bound_kb // 1024} MB")
+            return False
 
         async def filler() -> None:
             nonlocal failure, next_cp
-            while failure is None:
+            while failure is None and state["mem_stop"] is None:
                 async with lock:
-                    want = min(opts.batch, opts.target - len(ids) - state["inflight"])
+                    want = min(opts.batch, state["goal"] - len(ids) - state["inflight"])
                     if want <= 0:
+                        return
+                    if not memory_allows(want):
                         return
                     state["inflight"] += want
                 t = time.perf_counter()
@@ -140,9 +236,35 @@ async def run(opts, edge: edgeproc.EdgeProcess | None, url: str, token: str | No
                     while next_cp <= len(ids):
                         next_cp += opts.checkpoint
 
-        await asyncio.gather(*(filler() for _ in range(opts.parallel)))
-        fill_s = time.monotonic() - t0
-        res.update(reached=len(ids), fill_s=round(fill_s, 2),
+        scaling: list[dict] = []
+        paused = 0.0  # time spent measuring at checkpoints, not filling
+        cps = checkpoints(opts.target) if opts.scaling_creates or opts.scaling_execs else []
+        for goal in sorted(set(cps + [opts.target])):
+            state["goal"] = goal
+            await asyncio.gather(*(filler() for _ in range(opts.parallel)))
+            full = not (failure or state["mem_stop"] or len(ids) < goal)
+            # The checkpoints, and where the fill ended (the target or the memory bound).
+            if cps and ids and not failure and (goal in cps or goal == opts.target or not full) \
+                    and not (scaling and scaling[-1]["live"] == len(ids)):
+                t = time.monotonic()
+                try:
+                    row = await scaling_point(client, args, ids, edge, base_used, opts)
+                except (DSecError, OSError) as e:
+                    failure = f"at the {goal} checkpoint: {type(e).__name__}: {e}"
+                    break
+                finally:
+                    paused += time.monotonic() - t
+                scaling.append(row)
+                print(scaling_line(row), file=sys.stderr, flush=True)
+                if opts.json:
+                    print("JSON " + json.dumps(row), flush=True)
+            if not full:
+                break
+        fill_s = time.monotonic() - t0 - paused
+        res["stop_reason"] = failure and f"error: {failure}" or state["mem_stop"] or "target"
+        if scaling:
+            res["scaling"] = scaling
+        res.update(reached=len(ids), fill_s=round(fill_s, 2), scaling_pause_s=round(paused, 2),
                    create_rate=round(len(ids) / fill_s, 1) if fill_s else 0,
                    batch=opts.batch, parallel=opts.parallel,
                    batch_ms_p50=pct(create_ms, 50), batch_ms_max=max(create_ms, default=0))
@@ -239,8 +361,10 @@ def report(r: dict) -> str:
                f"target {r['target']})",
            f"  sandboxes created        {n:,} of {r['target']:,} in {r.get('fill_s', 0)} s "
            f"({r.get('create_rate', 0)}/s; batches of {r['batch']}, {r['parallel']} in flight)"]
+    out.append(f"  stopped by               {r.get('stop_reason', '?')} (memory bound "
+               f"{r.get('max_host_mem_mb', '?')} MB in use)")
     if "failure" in r:
-        out.append(f"  STOPPED BY               {r['failure']}")
+        out.append(f"  FAILED                   {r['failure']}")
     if "edge_rss_mb" in r:
         k = r["kernel_kb_per_sb"]
         out += [f"  edge RSS                 {r['edge_rss_base_mb']} MB -> {r['edge_rss_mb']} MB"
@@ -260,6 +384,18 @@ def report(r: dict) -> str:
                    f"sandboxes, {r['exec_concurrency']} at a time; errors {r['exec_errors']})")
         for e in r.get("exec_first_errors", []):
             out.append(f"    error: {e}")
+    if r.get("scaling"):
+        out += ["  scaling (ms; single create/delete, exec `true` and GET in random idle "
+                "sandboxes)",
+                f"  {'live':>7} {'create p50':>10} {'p99':>7} {'delete p50':>10} {'p99':>7} "
+                f"{'exec p50':>8} {'p99':>7} {'get p50':>7} {'p99':>6} {'edge MB':>8} "
+                f"{'fds':>6} {'host kB/sb':>10}"]
+        for x in r["scaling"]:
+            out.append(f"  {x['live']:>7,} {x['create_p50']:>10.1f} {x['create_p99']:>7.1f} "
+                       f"{x['delete_p50']:>10.1f} {x['delete_p99']:>7.1f} {x['exec_p50']:>8.2f} "
+                       f"{x['exec_p99']:>7.2f} {x['get_p50']:>7.2f} {x['get_p99']:>6.2f} "
+                       f"{x['edge_rss_kb'] / 1024:>8.1f} {x['edge_fds']:>6} "
+                       f"{fmt(x['host_per_sandbox_kb']):>10}")
     out.append(f"  states before delete     {r.get('states_before_delete')}")
     for x in r.get("not_running", []):
         out.append(f"    not running: {x}")
@@ -278,7 +414,19 @@ def report(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", type=int, default=1000, help="idle sandboxes (default 1000)")
+    ap.add_argument("--target", default="1000",
+                    help="idle sandboxes (default 1000), or `max`: fill until the memory bound")
+    ap.add_argument("--max-host-mem-mb", type=int, default=None,
+                    help="stop before host memory in use (MemTotal - MemAvailable) would pass "
+                    "this (default: 75%% of MemTotal, i.e. keep 25%% available)")
+    ap.add_argument("--max-count", type=int, default=65536,
+                    help="with --target max: stop at this many at most (default 65536)")
+    ap.add_argument("--scaling-creates", type=int, default=30,
+                    help="single creates (each deleted after) per scaling checkpoint")
+    ap.add_argument("--scaling-execs", type=int, default=50,
+                    help="exec `true` samples per scaling checkpoint (0 and 0: no checkpoints)")
+    ap.add_argument("--scaling-settle", type=float, default=0.5,
+                    help="idle seconds before each checkpoint's measurements")
     ap.add_argument("--batch", type=int, default=50, help="`count` per create (default 50)")
     ap.add_argument("--parallel", type=int, default=2, help="create requests in flight")
     ap.add_argument("--memory-mb", type=int, default=32)
@@ -298,6 +446,11 @@ def main() -> int:
     ap.add_argument("--token", default=os.environ.get("DSEC_TOKEN"))
     ap.add_argument("--edge", default=None, help="dsec-edge binary to start")
     opts = ap.parse_args()
+    opts.target_mode = "max" if opts.target == "max" else "count"
+    try:
+        opts.target = opts.max_count if opts.target == "max" else int(opts.target)
+    except ValueError:
+        ap.error("--target must be a number or `max`")
     if opts.target < 1 or opts.batch < 1 or opts.parallel < 1:
         ap.error("--target, --batch and --parallel must be at least 1")
 
@@ -314,7 +467,9 @@ def main() -> int:
             edge = edgeproc.EdgeProcess(
                 opts.edge, prefix="dsec-density-",
                 max_sandboxes=max(4096, opts.target + opts.batch * opts.parallel),
-                memory_overcommit=max(8.0, math.ceil(need * 1.25)), nofile=opts.edge_nofile)
+                memory_overcommit=min(1000.0, max(8.0, math.ceil(need * 1.25))),
+                nofile=opts.edge_nofile or (max(opts.target * 8 + 1024, 65536)
+                                            if opts.target_mode == "max" else None))
             edge.start()
             url, token = edge.url, edge.token
             limit = edge.nofile_limit()
@@ -347,7 +502,8 @@ def main() -> int:
         print(report(res))
         if opts.json:
             print("JSON " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                                        for k, v in res.items() if k != "node_at_failure"}),
+                                        for k, v in res.items()
+                                        if k not in ("node_at_failure", "scaling")}),
                   flush=True)
         if "failure" in res or res.get("exec_errors") or res.get("not_running") or \
                 res.get("sandboxes_after_delete"):
