@@ -31,6 +31,8 @@ struct ChildArgs {
   int channel_fd;
   int go_r;
   bool userns;
+  int self_join_count;
+  int self_join_fds[8];
   char* argv[2];
   char* envp[1];
   char arg0[16];
@@ -46,6 +48,13 @@ int ChildMain(void* p) {
     n = RawSyscall(SYS_read, a->go_r, reinterpret_cast<long>(&c), 1);
   } while (n == -EINTR);
   if (n != 1) return 120;  // the parent gave up on us
+  // Join the sandbox's v1 cgroups: before the exec, so the agent's memory is charged there.
+  for (int i = 0; i < a->self_join_count; ++i) {
+    do {
+      n = RawSyscall(SYS_write, a->self_join_fds[i], reinterpret_cast<long>("0"), 1);
+    } while (n == -EINTR);
+    if (n != 1) return 119;
+  }
   if (a->userns) {
     // Root of the new user namespace: its maps are written now.
     if (RawSyscall(SYS_setresgid, 0, 0, 0) < 0 || RawSyscall(SYS_setresuid, 0, 0, 0) < 0 ||
@@ -107,6 +116,8 @@ Status TrimMounts(const std::vector<std::string>& keep) {
 }
 
 StatusOr<PendingAgent> LaunchHere(const LaunchRequest& req) {
+  if (req.self_join_fds.size() > sizeof(ChildArgs::self_join_fds) / sizeof(int))
+    return InvalidArgument("too many cgroup hierarchies to join");
   int go[2];
   if (pipe2(go, O_CLOEXEC) < 0) return ErrnoError("pipe2");
   UniqueFd go_r(go[0]), go_w(go[1]);
@@ -118,6 +129,9 @@ StatusOr<PendingAgent> LaunchHere(const LaunchRequest& req) {
   args->channel_fd = req.channel_fd;
   args->go_r = go_r.get();
   args->userns = req.userns;
+  args->self_join_count = static_cast<int>(req.self_join_fds.size());
+  for (size_t i = 0; i < req.self_join_fds.size(); ++i)
+    args->self_join_fds[i] = req.self_join_fds[i];
   strcpy(args->arg0, "dsec-agent");
   args->argv[0] = args->arg0;
   args->argv[1] = nullptr;
