@@ -114,7 +114,7 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req) {
   if (req.argv.empty()) return InvalidArgument("empty argv");
   const AgentConfig& cfg = agent.config();
   Spawned out;
-  UniqueFd procs;
+  UniqueFd procs, cgroup_dir;
   if (cfg.cgroup_user.valid()) {
     out.cgroup = agent.NextCgroupName(req.cgroup_prefix);
     if (mkdirat(cfg.cgroup_user.get(), out.cgroup.c_str(), 0755) < 0)
@@ -125,6 +125,7 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req) {
       RemoveCgroup(agent, out.cgroup);
       return s;
     }
+    cgroup_dir = OpenInCgroup(agent, out.cgroup, O_PATH | O_DIRECTORY);
   }
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) < 0) return ErrnoError("pipe2");
@@ -137,13 +138,28 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req) {
   for (const auto& e : req.env) envp.push_back(e.c_str());
   envp.push_back(nullptr);
 
-  pid_t pid = fork();
+  // Born in its cgroup when the kernel can (clone3 CLONE_INTO_CGROUP): joining by a write to
+  // cgroup.procs takes the global threadgroup lock, which waits for an RCU grace period.
+  // Otherwise the child writes itself into cgroup.procs first thing. The agent is
+  // single-threaded, so a fork-like clone3 is as safe here as fork().
+  pid_t pid = -1;
+  bool born_in_cgroup = false;
+  if (cgroup_dir) {
+    clone_args ca{};
+    ca.flags = CLONE_INTO_CGROUP;
+    ca.exit_signal = SIGCHLD;
+    ca.cgroup = static_cast<uint64_t>(cgroup_dir.get());
+    pid = static_cast<pid_t>(sys::Clone3(&ca));
+    born_in_cgroup = pid >= 0;
+  }
+  if (!born_in_cgroup) pid = fork();
   if (pid < 0) {
     Status s = ErrnoError("fork");
     if (!out.cgroup.empty()) RemoveCgroup(agent, out.cgroup);
     return s;
   }
-  if (pid == 0) ChildMain(agent, req, err_w.get(), procs.get(), argv.data(), envp.data());
+  if (pid == 0)
+    ChildMain(agent, req, err_w.get(), born_in_cgroup ? -1 : procs.get(), argv.data(), envp.data());
   out.pid = pid;
   err_w.Reset();
   fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
