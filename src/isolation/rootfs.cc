@@ -131,32 +131,43 @@ Status SetupProc(int root, int dev_null_src) {
       NewMount("proc", {}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
   DSEC_RETURN_IF_ERROR(Attach(proc.get(), procdir.get(), "/proc"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd p, OpenInRoot(root, "/proc", O_PATH | O_DIRECTORY));
-  UniqueFd ro_null;
+  // Every mask is a clone of one read-only template: an empty tmpfs for directories, /dev/null
+  // for files (it reads as empty; nodev would make it EACCES instead). The last mask of each
+  // kind is the template itself, so no detached mount is left behind to be dissolved on close
+  // (one superblock, and no RCU grace period waited for per sandbox).
   std::vector<std::string> masked = ProcMaskedPaths();
   masked.insert(masked.end(), ProcAgentMaskedPaths().begin(), ProcAgentMaskedPaths().end());
+  std::vector<std::pair<std::string, bool>> present;  // relative path, is a directory
+  int left[2] = {0, 0};                               // masks still to attach: files, dirs
   for (const auto& rel : masked) {
     struct stat st;
-    if (fstatat(p.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
-      continue;  // not on this kernel
+    if (fstatat(p.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // not here
+    present.emplace_back(rel, S_ISDIR(st.st_mode));
+    ++left[S_ISDIR(st.st_mode) ? 1 : 0];
+  }
+  UniqueFd templates[2];
+  if (left[1] > 0) {
+    DSEC_ASSIGN_OR_RETURN(
+        templates[1],
+        NewMount("tmpfs", {{"size", "4k"}, {"nr_inodes", "1"}, {"mode", "0555"}},
+                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
+  }
+  if (left[0] > 0) {
+    DSEC_ASSIGN_OR_RETURN(templates[0], CloneTree(dev_null_src, "", AT_EMPTY_PATH));
+    mount_attr attr{};
+    attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+    if (sys::MountSetattr(templates[0].get(), "", AT_EMPTY_PATH, &attr) < 0)
+      return ErrnoError("mount_setattr readonly /dev/null clone");
+  }
+  for (const auto& [rel, is_dir] : present) {
     UniqueFd target(openat(p.get(), rel.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
     if (!target) return ErrnoError("open /proc/" + rel);
+    UniqueFd& tmpl = templates[is_dir ? 1 : 0];
     UniqueFd mask;
-    if (S_ISDIR(st.st_mode)) {
-      DSEC_ASSIGN_OR_RETURN(
-          mask,
-          NewMount("tmpfs", {{"size", "4k"}, {"nr_inodes", "1"}, {"mode", "0555"}},
-                   MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
+    if (--left[is_dir ? 1 : 0] == 0) {
+      mask = std::move(tmpl);
     } else {
-      // /dev/null, read-only: reads as empty (nodev would make it EACCES instead). One
-      // read-only clone is made once; each mask clones that.
-      if (!ro_null) {
-        DSEC_ASSIGN_OR_RETURN(ro_null, CloneTree(dev_null_src, "", AT_EMPTY_PATH));
-        mount_attr attr{};
-        attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
-        if (sys::MountSetattr(ro_null.get(), "", AT_EMPTY_PATH, &attr) < 0)
-          return ErrnoError("mount_setattr readonly /dev/null clone");
-      }
-      DSEC_ASSIGN_OR_RETURN(mask, CloneTree(ro_null.get(), "", AT_EMPTY_PATH));
+      DSEC_ASSIGN_OR_RETURN(mask, CloneTree(tmpl.get(), "", AT_EMPTY_PATH));
     }
     DSEC_RETURN_IF_ERROR(Attach(mask.get(), target.get(), "/proc/" + rel));
   }
