@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "base/logging.h"
+#include "cli/bench_cmd.h"
 #include "cli/edge_cmds.h"
 #include "cli/fncall_cmds.h"
 #include "cli/run.h"
@@ -31,9 +32,12 @@ int main(int argc, char** argv) {
   dsec::cli::RegisterRun(app, global, &exit_code);
   dsec::cli::RegisterEdgeCommands(app, global, &exit_code);
   dsec::cli::RegisterFnCallCommands(app, global, &exit_code);
+  dsec::cli::RegisterBenchCommand(app);
   // Everything after the first "--" is the command, verbatim (CLI11 would otherwise give
   // options like "-c" to itself or to a repeatable flag before it).
   int parse_argc = argc;
+  if (argc > 1 && std::string_view(argv[1]) == "bench")
+    return dsec::cli::RunBench(std::vector<std::string>(argv + 2, argv + argc));
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--") {
       global.command.assign(argv + i + 1, argv + argc);
