@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""Turns bench/run's JSON lines into bench/RESULTS.md: medians over rounds per system and
-concurrency, with ratios to DSec (lifecycle_bench), the API benchmark (api_bench.py, medians
-over rounds) and the idle density run (density_bench.py)."""
+"""Turns bench/run's JSON lines into bench/RESULTS.md: per workload, medians over rounds per
+system and concurrency with p99 and "DSec rate / this" ratios, the plots bench/plots.py wrote,
+the issue-7 goals measured on this host (computed from the data), and what each system does.
+
+    report.py RAW COMMIT [PLOT_DIR [PLOT_LINK_PREFIX]]
+
+PLOT_DIR (default bench/plots) is where the PNGs are; they are linked as
+PLOT_LINK_PREFIX/NAME.png (default plots/, relative to bench/RESULTS.md). Every section is
+optional: a workload missing from the raw file is left out."""
 import collections
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -12,19 +19,58 @@ import subprocess
 import sys
 
 raw, commit = sys.argv[1], sys.argv[2]
+plot_dir = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(__file__), "plots")
+plot_link = sys.argv[4] if len(sys.argv) > 4 else "plots"
 rows = collections.defaultdict(list)
-density = []
+density, scaling, skipped, notes = [], [], {}, collections.defaultdict(dict)
 for line in open(raw):
-    if line.startswith("JSON "):
+    if not line.startswith("JSON "):
+        continue
+    try:
         r = json.loads(line[5:])
-        if r["workload"] == "density":
-            density.append(r)
-        else:
-            rows[(r["workload"], r["system"], r["concurrency"])].append(r)
+    except ValueError:
+        continue
+    w = r.get("workload")
+    if w == "density":
+        density.append(r)
+    elif w == "scaling":
+        scaling.append(r)
+    elif w == "skipped":
+        skipped[r["system"]] = r.get("reason", "")
+    elif w == "note":
+        notes[r["system"]].update({k: v for k, v in r.items() if k not in ("workload", "system")})
+    elif "system" in r and "concurrency" in r:
+        rows[(w, r["system"], r["concurrency"])].append(r)
+
+NAN = float("nan")
 
 
-def med(key, k):
-    return statistics.median(x[k] for x in rows[key])
+def med(key, k, default=NAN):
+    vals = [x[k] for x in rows.get(key, []) if isinstance(x.get(k), (int, float))]
+    return statistics.median(vals) if vals else default
+
+
+def lat(key, p):
+    """Median over rounds of p50/p99, under either name the benches use."""
+    v = med(key, f"p{p}")
+    return med(key, f"p{p}_ms") if math.isnan(v) else v
+
+
+def fmt(v, digits=2):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}"
+
+
+def ratio(a, b):
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else NAN
+
+
+def plot(name, alt):
+    if os.path.exists(os.path.join(plot_dir, name)):
+        print(f"\n![{alt}]({plot_link}/{name})\n")
 
 
 def cpu_model():
@@ -34,73 +80,171 @@ def cpu_model():
     return platform.processor()
 
 
+ORDER = ["dsec", "dsec-edge", "dsec-pool", "bwrap", "bwrap+python", "crun", "runsc", "sfl",
+         "fork+exec", "fork-server", "cold-python", "qemu-microvm"]
+
+
+def systems_of(workload):
+    names = {k[1] for k in rows if k[0] == workload}
+    return sorted(names, key=lambda s: (ORDER.index(s) if s in ORDER else len(ORDER), s))
+
+
+def side_by_side(workload, dsec_name, unit, heading, intro="", who="workers"):
+    keys = [k for k in rows if k[0] == workload]
+    if not keys:
+        return
+    print(f"\n## {heading}\n")
+    if intro:
+        print(intro + "\n")
+    any_fail = any(x.get("failures") for k in keys for x in rows[k])
+    print(f"| system | {who} | p50 ms | p99 ms | {unit}/s | DSec rate / this |"
+          + (" failed cycles |" if any_fail else ""))
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|" if any_fail else ""))
+    for c in sorted({k[2] for k in keys}):
+        for s in systems_of(workload):
+            key = (workload, s, c)
+            if key not in rows:
+                continue
+            rate = med(key, "rate")
+            r = ratio(med((workload, dsec_name, c), "rate"), rate)
+            rdig = 2 if r < 10 else 1 if r < 100 else 0
+            fails = sum(x.get("failures", 0) for x in rows[key])
+            print(f"| {s} | {c} | {fmt(lat(key, 50))} | {fmt(lat(key, 99))} |"
+                  f" {fmt(rate, 1) if rate < 100 else fmt(rate, 0)} | {fmt(r, rdig)} |"
+                  + (f" {fails} |" if any_fail else ""))
+
+
 mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-rounds = max((len(v) for v in rows.values()), default=0)
+rounds = max((len(v) for k, v in rows.items() if k[0] == "lifecycle"), default=0) or \
+    max((len(v) for v in rows.values()), default=0)
+os_name = subprocess.run(["sh", "-c", ". /etc/os-release; echo $PRETTY_NAME"],
+                         capture_output=True, text=True).stdout.strip()
 print("# Benchmark results\n")
 print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
-print(f"- machine: {os.cpu_count()} vCPU {cpu_model()}, {mem_gib:.0f} GiB RAM, kernel {platform.release()}"
-      f" ({subprocess.run(['sh', '-c', '. /etc/os-release; echo $PRETTY_NAME'], capture_output=True, text=True).stdout.strip()})")
-print(f"- commit: {commit}; {rounds} interleaved rounds, medians shown")
-print("- workload: create a sandbox -> run /bin/true in it -> destroy it. DSec is timed in-process"
-      " through the container backend (no CLI start); peers are timed per command via posix_spawn.\n")
-life_rows = sorted(k for k in rows if k[0] == "lifecycle")
-if life_rows:
-    print("## Lifecycle: create -> exec `true` -> destroy\n")
-    print("| system | workers | p50 ms | p99 ms | cycles/s | DSec rate / this |")
-    print("|---|---:|---:|---:|---:|---:|")
-systems = ["dsec", "bwrap", "crun", "fork+exec"]
-for c in sorted({k[2] for k in life_rows}):
-    dsec_key = ("lifecycle", "dsec", c)
-    for s in systems:
-        key = ("lifecycle", s, c)
-        if key not in rows:
-            continue
-        ratio = med(dsec_key, "rate") / med(key, "rate") if dsec_key in rows else float("nan")
-        print(f"| {s} | {c} | {med(key, 'p50'):.2f} | {med(key, 'p99'):.2f} | {med(key, 'rate'):.0f} |"
-              f" {ratio:.2f} |")
+print(f"- machine: {os.cpu_count()} vCPU {cpu_model()}, {mem_gib:.0f} GiB RAM, kernel"
+      f" {platform.release()} ({os_name})")
+print(f"- commit: {commit}; {rounds} interleaved round(s), medians over rounds shown")
+print("- made by `bench/run` (bench/report.py, bench/plots.py); every figure below comes from"
+      " the same session on this machine, so ratios are the claim, absolute numbers are this"
+      " host's")
+if "qemu-microvm" in notes and notes["qemu-microvm"].get("accel"):
+    print(f"- qemu-microvm accelerator: {notes['qemu-microvm']['accel']}")
+if skipped:
+    print("- skipped peers: " + "; ".join(f"**{s}** ({why})" for s, why in skipped.items()))
+
+# ---- goals (issue 7), computed from the data ----
+goals = []
+
+
+def goal(text, measured, ok, how=""):
+    goals.append((text, measured, ok, how))
+
+
+def rate(w, s, c):
+    return med((w, s, c), "rate")
+
+
+api8, bw8, crun8 = rate("api", "dsec-edge", 8), rate("lifecycle", "bwrap", 8), \
+    rate("lifecycle", "crun", 8)
+if not math.isnan(api8) and not math.isnan(bw8):
+    goal("lifecycle through the API: throughput ≥ bwrap's (8 workers)",
+         f"{api8:.0f} vs {bw8:.0f}/s = {api8 / bw8:.2f}×", api8 >= bw8)
+if not math.isnan(api8) and not math.isnan(crun8):
+    goal("lifecycle through the API: throughput ≥ 1.5× crun's (8 workers)",
+         f"{api8:.0f} vs {crun8:.0f}/s = {api8 / crun8:.2f}×", api8 >= 1.5 * crun8)
+api1, bw1 = lat(("api", "dsec-edge", 1), 50), lat(("lifecycle", "bwrap", 1), 50)
+if not math.isnan(api1) and not math.isnan(bw1):
+    goal("lifecycle through the API: serial p50 ≤ bwrap's", f"{api1:.2f} vs {bw1:.2f} ms",
+         api1 <= bw1)
+in8 = rate("lifecycle", "dsec", 8)
+if not math.isnan(in8) and not math.isnan(bw8):
+    goal("(in-process backend, no API) lifecycle throughput ≥ bwrap's (8 workers)",
+         f"{in8:.0f} vs {bw8:.0f}/s = {in8 / bw8:.2f}×", in8 >= bw8)
+# No benchmark runs pooled lifecycles at a concurrency, so this one compares latencies: a whole
+# serial bwrap cycle against a serial create from a warm pool (the part a pool takes away).
+pool_p50 = lat(("pool_create", "pool", 1), 50)
+if not math.isnan(pool_p50) and not math.isnan(bw1):
+    goal("from a warm pool: ≥ 3× bwrap (serial latency: bwrap cycle p50 / pool create p50;"
+         " no pooled throughput run)",
+         f"{bw1:.2f} / {pool_p50:.2f} ms = {bw1 / pool_p50:.2f}×", bw1 >= 3 * pool_p50)
+fn8, bwp8, fs8 = rate("fncall", "dsec", 8), rate("fncall", "bwrap+python", 8), \
+    rate("fncall", "fork-server", 8)
+if not math.isnan(fn8) and not math.isnan(bwp8):
+    goal("fncall through the API: ≥ 5× the calls/s of bwrap + cold python (8 clients)",
+         f"{fn8:.0f} vs {bwp8:.0f}/s = {fn8 / bwp8:.1f}×", fn8 >= 5 * bwp8)
+if not math.isnan(fn8) and not math.isnan(fs8):
+    goal("fncall through the API: ≥ 50% of the bare python fork-server's calls/s (8 clients)",
+         f"{fn8:.0f} vs {fs8:.0f}/s = {100 * fn8 / fs8:.0f}%", fn8 >= 0.5 * fs8)
+fn1 = lat(("fncall", "dsec", 1), 50)
+if not math.isnan(fn1):
+    goal("fncall through the API: serial p50 ≤ 2 ms", f"{fn1:.2f} ms", fn1 <= 2.0)
+if density:
+    d = density[-1]
+    n = d.get("reached", 0)
+    goal("density: ≥ 1,000 idle container sandboxes", f"{n:,} (target {d.get('target', 0):,})",
+         n >= 1000)
+    if "host_kb_per_sb" in d:
+        goal("density: ≤ 2 MiB host memory per idle sandbox",
+             f"{d['host_kb_per_sb']:.0f} kB", d["host_kb_per_sb"] <= 2048)
+    if "exec_p99" in d:
+        goal("density: exec p99 ≤ 20 ms while they idle", f"{d['exec_p99']:.1f} ms",
+             d["exec_p99"] <= 20)
+if goals:
+    print("\n## Goals (issue 7) on this host\n")
+    print("Computed by bench/report.py from this run's data.\n")
+    print("| goal | measured | |")
+    print("|---|---:|---|")
+    for text, measured, ok, _ in goals:
+        print(f"| {text} | {measured} | {'met' if ok else '**not met**'} |")
+
+# ---- lifecycle ----
+side_by_side("lifecycle", "dsec", "cycles", "Lifecycle: create -> exec `true` -> destroy",
+             "DSec is timed in-process through the container backend (no CLI or API); peers are"
+             " timed per command via posix_spawn (bench/lifecycle_bench.cc), with N workers"
+             " running cycles back to back. runsc and qemu-microvm run fewer cycles and"
+             " concurrency levels (they are slow).")
+plot("lifecycle_cdf.png", "lifecycle latency CDF, serial")
+plot("lifecycle_throughput.png", "lifecycle throughput vs workers")
 exec_rows = sorted(k for k in rows if k[0] == "exec")
 if exec_rows:
     print("\n## Exec `true` in a live DSec sandbox (through the agent)\n")
     print("| workers | p50 ms | p99 ms | execs/s |")
     print("|---:|---:|---:|---:|")
     for k in exec_rows:
-        print(f"| {k[2]} | {med(k, 'p50'):.2f} | {med(k, 'p99'):.2f} | {med(k, 'rate'):.0f} |")
+        print(f"| {k[2]} | {fmt(lat(k, 50))} | {fmt(lat(k, 99))} | {fmt(med(k, 'rate'), 0)} |")
+    plot("exec_cdf.png", "exec latency CDF")
+
+# ---- api ----
 api_rows = sorted((k for k in rows if k[0] == "api"), key=lambda k: k[2])
 if api_rows:
     print("\n## Through the API: create -> exec `true` -> delete via dsec-edge\n")
     print("Python SDK (AsyncDSecClient, keep-alive) over loopback TCP with a token, N clients each"
           " running cycles back to back; the create call returns when the sandbox runs"
-          " (bench/api_bench.py). Medians over rounds.\n")
+          " (bench/api_bench.py). The last column compares with bwrap's lifecycle rate at the"
+          " same concurrency.\n")
     print("| clients | p50 ms | p90 ms | p99 ms | cycles/s | create p50/p99 | exec p50/p99"
-          " | delete p50/p99 | client CPU |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          " | delete p50/p99 | client CPU | DSec rate / bwrap |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for k in api_rows:
         def pair(op):
-            return f"{med(k, op + '_p50'):.1f} / {med(k, op + '_p99'):.1f}"
-        print(f"| {k[2]} | {med(k, 'p50'):.1f} | {med(k, 'p90'):.1f} | {med(k, 'p99'):.1f} |"
-              f" {med(k, 'rate'):.0f} | {pair('create')} | {pair('exec')} | {pair('delete')} |"
-              f" {med(k, 'client_cpu') * 100:.0f}% |")
-fn_rows = [k for k in rows if k[0] == "fncall"]
-if fn_rows:
-    print("\n## Function calls: `print(1)` in python, through the API and side by side\n")
-    print("bench/fncall_bench.py: **dsec** = `POST /v1/fncalls` through dsec-edge (keep-alive"
-          " HTTP over loopback with a token, a thread per client), each call forked from a warm"
-          " zygote into fresh pid/mount/ipc namespaces with fresh tmpfs dirs, no capabilities and"
-          " the full seccomp profile, inside a worker sandbox; **fork-server** = a bare, unisolated"
-          " python fork-server on a unix socket (the floor); **cold-python** = `python3 -c` per"
-          " call; **bwrap+python** = a fresh `bwrap --unshare-all` sandbox running `python3 -c` per"
-          " call. Medians over rounds.\n")
-    print("| system | clients | p50 ms | p99 ms | calls/s | DSec rate / this |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for c in sorted({k[2] for k in fn_rows}):
-        dsec_key = ("fncall", "dsec", c)
-        for s in ["dsec", "fork-server", "cold-python", "bwrap+python"]:
-            key = ("fncall", s, c)
-            if key not in rows:
-                continue
-            ratio = med(dsec_key, "rate") / med(key, "rate") if dsec_key in rows else float("nan")
-            print(f"| {s} | {c} | {med(key, 'p50_ms'):.2f} | {med(key, 'p99_ms'):.2f} |"
-                  f" {med(key, 'rate'):.0f} | {ratio:.2f} |")
+            return f"{fmt(med(k, op + '_p50'), 1)} / {fmt(med(k, op + '_p99'), 1)}"
+        print(f"| {k[2]} | {fmt(med(k, 'p50'), 1)} | {fmt(med(k, 'p90'), 1)} |"
+              f" {fmt(med(k, 'p99'), 1)} | {fmt(med(k, 'rate'), 0)} | {pair('create')} |"
+              f" {pair('exec')} | {pair('delete')} | {med(k, 'client_cpu', 0) * 100:.0f}% |"
+              f" {fmt(ratio(med(k, 'rate'), rate('lifecycle', 'bwrap', k[2])))} |")
+    plot("api_cdf.png", "API cycle latency CDF")
+
+# ---- fncall ----
+side_by_side("fncall", "dsec", "calls", "Function calls: `print(1)` in python, side by side",
+             "bench/fncall_bench.py: **dsec** = `POST /v1/fncalls` through dsec-edge (keep-alive"
+             " HTTP over loopback with a token, a thread per client), each call forked from a warm"
+             " zygote into fresh pid/mount/ipc namespaces with fresh tmpfs dirs, no capabilities"
+             " and the full seccomp profile, inside a worker sandbox; **fork-server** = a bare,"
+             " unisolated python fork-server on a unix socket (the floor); **cold-python** ="
+             " `python3 -c` per call; **bwrap+python** = a fresh `bwrap --unshare-all` sandbox"
+             " running `python3 -c` per call.", who="clients")
+plot("fncall_cdf.png", "function call latency CDF, serial")
+plot("fncall_throughput.png", "function call throughput vs clients")
 pc_rows = [k for k in rows if k[0] == "pool_create"]
 if pc_rows:
     print("\n## Container create from a pool vs a fresh create (through the API)\n")
@@ -111,51 +255,95 @@ if pc_rows:
     for s in ["pool", "fresh"]:
         key = ("pool_create", s, 1)
         if key in rows:
-            print(f"| {s} | {med(key, 'p50_ms'):.2f} | {med(key, 'p99_ms'):.2f} |")
+            print(f"| {s} | {fmt(lat(key, 50))} | {fmt(lat(key, 99))} |")
+
+# ---- episode ----
+side_by_side("episode", "dsec", "episodes", "Episodes: write files, run a small pytest suite,"
+             " read results", "bench/episode_bench.py; **dsec** goes through the API/SDK,"
+             " **dsec-pool** takes its sandbox from a warm pool, **fork+exec** runs the episode"
+             " unisolated (the floor).", who="at a time")
+plot("episode_cdf.png", "episode latency CDF, serial")
+plot("episode_throughput.png", "episode throughput vs concurrency")
+
+# ---- density and scaling ----
 for d in density[-1:]:
     n = d.get("reached", 0)
     print(f"\n## Idle density: {n:,} idle sandboxes on one edge\n")
-    print(f"Sandboxes with memory_mb={d['memory_mb']}, disk_mb={d['disk_mb']}, created with"
-          f" `count` in batches of {d['batch']} ({d['parallel']} in flight), left idle"
-          " (bench/density_bench.py).\n")
+    print(f"Sandboxes with memory_mb={d.get('memory_mb')}, disk_mb={d.get('disk_mb')}, created"
+          f" with `count` in batches of {d.get('batch')} ({d.get('parallel')} in flight), left"
+          " idle (bench/density_bench.py).\n")
     print("| measure | value |")
     print("|---|---:|")
-    fill = f"{n:,} of {d['target']:,} in {d['fill_s']} s ({d['create_rate']}/s)"
-    print(f"| created | {fill} |")
+    print(f"| created | {n:,} of {d.get('target', 0):,} in {d.get('fill_s')} s"
+          f" ({d.get('create_rate')}/s) |")
     if "failure" in d:
         print(f"| stopped by | {d['failure']} |")
     if "edge_rss_mb" in d:
-        print(f"| edge RSS | {d['edge_rss_base_mb']} MB -> {d['edge_rss_mb']} MB |")
-        print(f"| edge memory per sandbox (RSS delta / n) | {d['edge_kb_per_sb']:.0f} kB |")
+        print(f"| edge RSS | {d.get('edge_rss_base_mb')} MB -> {d['edge_rss_mb']} MB |")
+        print(f"| edge memory per sandbox (RSS delta / n) | {d.get('edge_kb_per_sb', 0):.0f} kB |")
         print(f"| host memory per sandbox (MemTotal - MemAvailable delta / n) |"
-              f" {d['host_kb_per_sb']:.0f} kB |")
-        k = d["kernel_kb_per_sb"]
-        print(f"| of which slab / page tables / kernel stacks per sandbox |"
-              f" {k['Slab']:.0f} / {k['PageTables']:.0f} / {k['KernelStack']:.0f} kB |")
+              f" {d.get('host_kb_per_sb', 0):.0f} kB |")
+        k = d.get("kernel_kb_per_sb")
+        if k:
+            print(f"| of which slab / page tables / kernel stacks per sandbox |"
+                  f" {k['Slab']:.0f} / {k['PageTables']:.0f} / {k['KernelStack']:.0f} kB |")
         if d.get("cgroup_kb_per_sb") is not None:
             print(f"| charged to the sandboxes' memory cgroup, per sandbox |"
                   f" {d['cgroup_kb_per_sb']:.0f} kB |")
-        print(f"| edge fds / threads | {d['edge_fds']:,} / {d['edge_threads']} |")
+        print(f"| edge fds / threads | {d.get('edge_fds', 0):,} / {d.get('edge_threads')} |")
     if "exec_p50" in d:
-        print(f"| exec `true` in a random idle sandbox, p50 / p99 ({d['exec_samples']} samples,"
-              f" {d['exec_concurrency']} at a time) | {d['exec_p50']:.1f} / {d['exec_p99']:.1f}"
-              " ms |")
+        print(f"| exec `true` in a random idle sandbox, p50 / p99 ({d.get('exec_samples')}"
+              f" samples, {d.get('exec_concurrency')} at a time) | {d['exec_p50']:.1f} /"
+              f" {d['exec_p99']:.1f} ms |")
     if "deleted" in d:
-        print(f"| delete all (`DELETE /v1/jobs/{{job}}`) | {d['deleted']:,} in {d['delete_s']} s |")
+        print(f"| delete all (`DELETE /v1/jobs/{{job}}`) | {d['deleted']:,} in"
+              f" {d.get('delete_s')} s |")
     if "cleanup" in d:
         print(f"| left on the host after SIGTERM | "
               f"{'nothing' if not d['cleanup'] else '; '.join(d['cleanup'])} |")
-if life_rows:
-    print("""
-What each does per cycle:
+if scaling:
+    print("\n## Scaling: latency and memory vs live sandboxes\n")
+    print("Checkpoints while the density run fills the edge (bench/density_bench.py): create and"
+          " exec latency through the API with that many sandboxes idling, edge and host"
+          " memory.\n")
+    print("| live | create p50 / p99 ms | exec p50 / p99 ms | edge RSS MiB | edge fds |"
+          " host used MiB | host kB / sandbox |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for s in sorted(scaling, key=lambda r: r.get("live", 0)):
+        def g(k, scale=1.0, digits=1):
+            v = s.get(k)
+            return fmt(v / scale, digits) if isinstance(v, (int, float)) else "–"
+        print(f"| {s.get('live', 0):,} | {g('create_p50')} / {g('create_p99')} |"
+              f" {g('exec_p50')} / {g('exec_p99')} | {g('edge_rss_kb', 1024)} |"
+              f" {g('edge_fds', 1, 0)} | {g('host_used_kb', 1024, 0)} |"
+              f" {g('host_per_sandbox_kb', 1, 0)} |")
+    plot("scaling_memory.png", "memory vs live sandboxes")
+    plot("scaling_latency.png", "create and exec latency vs live sandboxes")
+
+if rows or density:
+    accel = notes.get("qemu-microvm", {}).get("accel", "")
+    print(f"""
+## What each system does per cycle
+
 - **dsec**: cgroups (memory+disk, pids, cpu quota) in every v1 hierarchy plus cgroup2
   tracking, user namespace with an idmapped host root, new mount/pid/uts/ipc/cgroup namespaces
   and a pooled loopback-only network namespace, one overlay root (in-memory mask layer that
-  hides secrets and non-allowlisted paths, over the host /) with a size-limited tmpfs upper, masked /proc, minimal /dev, seccomp, agent start and handshake,
-  exec through the agent, then full teardown.
+  hides secrets and non-allowlisted paths, over the host /) with a size-limited tmpfs upper,
+  masked /proc, minimal /dev, seccomp, agent start and handshake, exec through the agent, then
+  full teardown. **dsec-edge** (API rows) adds the REST API, the state DB and the SDK client.
 - **bwrap** `--unshare-all --ro-bind / / --dev /dev --proc /proc /bin/true`: new namespaces
   (including a fresh network namespace), bind mounts; no cgroups, no writable layer, no agent.
 - **crun**: OCI bundle with the host / read-only, memory/pids/cpu cgroup limits, default
   namespaces and mounts, run via `crun run` (create, start, wait, delete).
+- **runsc** (gVisor): the same OCI bundle and limits via `runsc run` on the ptrace platform
+  with no network: a user-space kernel (Sentry) and a gofer per container, cgroups, teardown.
+- **sfl** (SandboxFusion "lite", bench/peers/sandboxfusion_lite.sh): v1 memory/pids/cpu cgroups
+  with limits, a tmpfs + overlayfs of the host /, /proc, /sys and /dev mounted in, `unshare
+  --mount --pid --net --uts --ipc --fork` + chroot, then unmount and remove it all — a shell
+  script spawning a dozen tools per run, as SandboxFusion does.
 - **fork+exec**: `/bin/true` with no isolation (the floor).
+- **cold-python**: `/usr/bin/python3 -c pass` with no isolation (the floor for python work).
+- **qemu-microvm**: `qemu-system-x86_64 -M microvm` booting Debian's cloud kernel (PVH entry,
+  no firmware, no PCI) with an initramfs whose static /init prints a marker and powers off:
+  boot to init and back, a new VM per cycle{(' — ' + accel) if accel else ''}.
 """)
