@@ -195,18 +195,30 @@ async def run(opts, edge: edgeproc.EdgeProcess | None, url: str, token: str | No
         res.update(max_host_mem_mb=round(bound_kb / 1024),
                    host_used_start_mb=round(base_used / 1024))
 
-        def memory_allows(more: int) -> bool:
-            """Would `more` sandboxes (plus those in flight) keep host memory in use under the
-            bound? Per sandbox: what the live ones cost so far, at least 2 MiB."""
+        nofile = edge.nofile_limit() if edge else -1
+
+        def fitting(want: int) -> int:
+            """How many of `want` more sandboxes (besides those in flight) keep host memory in
+            use under the bound (per sandbox: what the live ones cost so far, at least 2 MiB)
+            and the edge's fds under its limit (~7 per sandbox, 200 spare). 0: stop there."""
             used = host_used_kb(edgeproc.meminfo_kb())
             n = len(ids)
             per = max(2048.0, (used - base_used) / n if n >= 10 else 0.0)
-            if used + (more + state["inflight"]) * per <= bound_kb:
-                return True
-            state["mem_stop"] = (f"memory bound: host memory in use {used // 1024} MB + "
-                                 f"{more + state['inflight']} x {per / 1024:.1f} MB would pass "
-                                 f"{bound_kb // 1024} MB")
-            return False
+            fit = int((bound_kb - used) / per) - state["inflight"]
+            if fit <= 0:
+                state["mem_stop"] = (f"memory bound: host memory in use {used // 1024} MB, "
+                                     f"{per / 1024:.1f} MB more per sandbox would pass "
+                                     f"{bound_kb // 1024} MB")
+                return 0
+            if nofile > 0:
+                fds = edge.fds()
+                fd_fit = (nofile - 200 - fds) // 8 - state["inflight"]
+                if fd_fit <= 0:
+                    state["mem_stop"] = (f"the edge's fd limit: {fds} fds open, soft limit "
+                                         f"{nofile} (--edge-nofile to raise it)")
+                    return 0
+                fit = min(fit, fd_fit)
+            return min(want, fit)
 
         async def filler() -> None:
             nonlocal failure, next_cp
@@ -215,7 +227,8 @@ async def run(opts, edge: edgeproc.EdgeProcess | None, url: str, token: str | No
                     want = min(opts.batch, state["goal"] - len(ids) - state["inflight"])
                     if want <= 0:
                         return
-                    if not memory_allows(want):
+                    want = fitting(want)
+                    if want <= 0:
                         return
                     state["inflight"] += want
                 t = time.perf_counter()
