@@ -67,6 +67,11 @@ Status ContainerBackend::Init() {
   instance_id_ = InstanceIdForPath(opts_.state_dir);
   sandboxes_dir_ = JoinPath(opts_.state_dir, "sandboxes");
   DSEC_RETURN_IF_ERROR(MakeDirs(sandboxes_dir_, 0700));
+  // Where every agent attaches its root tmpfs, each in its own mount namespace's view of
+  // this one directory. A directory per sandbox would have to be removed at destroy, and
+  // removing a directory that was a mount point waits for an RCU grace period (~0.5 ms).
+  root_mount_dir_ = JoinPath(opts_.state_dir, "rootmnt");
+  DSEC_RETURN_IF_ERROR(MakeDirs(root_mount_dir_, 0700));
 
   // Every live sandbox holds several of our fds (cgroup, owner lock, pidfd, netns, agent
   // socket), so the usual soft limit of 1024 would cap a node at ~100 sandboxes: raise it to

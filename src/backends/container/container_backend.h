@@ -80,6 +80,7 @@ class ContainerBackend : public Backend {
   ContainerBackendOptions opts_;
   std::string instance_id_;
   std::string sandboxes_dir_;
+  std::string root_mount_dir_;  // see Init()
   isolation::KernelFeatures features_;
   std::unique_ptr<isolation::CgroupDriver> cgroups_;
   std::mutex host_image_mu_;

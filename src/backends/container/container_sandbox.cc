@@ -196,7 +196,6 @@ Status ContainerSandbox::StartLocked() {
     return ErrnoError("mkdir \"" + tmp + "\"");
   }
   tmp_created_ = true;
-  if (mkdir(JoinPath(tmp, "mnt").c_str(), 0755) < 0) return ErrnoError("mkdir mnt");
   lock_fd_.Reset(open(JoinPath(tmp, "owner.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!lock_fd_ || flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0)
     return ErrnoError("lock sandbox dir");
@@ -415,7 +414,7 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   // directory: move_mount only attaches onto mounts in the caller's namespace.
   DSEC_ASSIGN_OR_RETURN(
       UniqueFd mount_dir,
-      OpenDir("/proc/" + std::to_string(agent_pid_) + "/root" + JoinPath(dir_, "mnt"), O_PATH));
+      OpenDir("/proc/" + std::to_string(agent_pid_) + "/root" + b.root_mount_dir_, O_PATH));
   DSEC_ASSIGN_OR_RETURN(UniqueFd cg_user, cgroup_->OpenUserDir());
   DSEC_ASSIGN_OR_RETURN(isolation::HostImage image, b.CurrentHostImage());
   std::vector<UniqueFd> layers;
@@ -857,9 +856,9 @@ Status ContainerSandbox::Destroy() {
   netns_ = {};
   if (cgroup_) result = cgroup_->Destroy();
   if (!dir_.empty()) {
-    // The directory holds exactly these; anything else falls back to the tree walk.
+    // The directory holds exactly these (and "mnt" if an older edge made it); anything else
+    // falls back to the tree walk.
     for (const char* f : {"agent.sock", "owner.lock"}) (void)unlink(JoinPath(dir_, f).c_str());
-    (void)rmdir(JoinPath(dir_, "mnt").c_str());
     if (rmdir(dir_.c_str()) < 0 && errno != ENOENT) {
       Status s = RemoveTree(dir_);
       if (result.ok()) result = s;
