@@ -254,6 +254,7 @@ int main(int argc, char** argv) {
       report("lifecycle", "dsec", c, s, failures.load());
       auto cs = Summarize(create, secs), es = Summarize(exec, secs), ds = Summarize(destroy, secs);
       printf("  phases p50: create=%.2fms exec=%.2fms destroy=%.2fms\n", cs.p50, es.p50, ds.p50);
+      printf("  phases p90: create=%.2fms exec=%.2fms destroy=%.2fms\n", cs.p90, es.p90, ds.p90);
     }
   }
   (void)(*backend)->Shutdown();
