@@ -12,6 +12,11 @@ a free loopback port) and checks after SIGTERM that nothing was left behind.
 
     sudo python3 bench/api_bench.py [--concurrency 1,8,64] [--cycles 300] [--json]
 
+--pool-burst N (default 64, 0 = off) then runs, for 1 and 8 clients, a burst of N cycles whose
+sandboxes come from a warm container pool (PUT /v1/pools/NAME {"kind": "container",
+"min_idle": N}, filled before each burst; POST /v1/sandboxes {"pool": NAME}); the pool refills
+in the background during the burst, as it would in use. Those rows are system "dsec-edge-pool".
+
 --json adds one `JSON {...}` line per level for bench/report.py, with "cdf": the cycle latency's
 p0..p100 percentiles (101 values, ms) for bench/plots.py.
 """
@@ -41,8 +46,20 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+class PoolArgs(DSecContainerRunArgs):
+    """POST /v1/sandboxes {"pool": NAME}: the pool fixes image and limits."""
+
+    def __init__(self, pool: str, labels: dict[str, str]) -> None:
+        super().__init__(labels=labels, ttl_running_stop=600)
+        self.pool = pool
+
+    def to_body(self) -> dict:
+        return {"pool": self.pool, "labels": dict(self.labels or {}),
+                "ttl_s": self.ttl_running_stop}
+
+
 async def level(client: AsyncDSecClient, conc: int, cycles: int, warmup: int, job: str,
-                args: DSecContainerRunArgs) -> dict:
+                args: DSecContainerRunArgs, system: str = "dsec-edge") -> dict:
     lat: dict[str, list[float]] = {"cycle": [], "create": [], "exec": [], "delete": []}
     errors: list[str] = []
     left = {"n": cycles, "warm": warmup}
@@ -82,7 +99,7 @@ async def level(client: AsyncDSecClient, conc: int, cycles: int, warmup: int, jo
     wall = time.monotonic() - w0
     cpu = cpu_seconds() - c0
     n = len(lat["cycle"])
-    row = {"workload": "api", "system": "dsec-edge", "concurrency": conc, "cycles": n,
+    row = {"workload": "api", "system": system, "concurrency": conc, "cycles": n,
            "errors": len(errors), "wall_s": round(wall, 3), "rate": n / wall if wall else 0.0,
            "client_cpu": round(cpu / wall, 3) if wall else 0.0,
            "p50": pct(lat["cycle"], 50), "p90": pct(lat["cycle"], 90),
@@ -111,21 +128,49 @@ async def run(opts, url: str, token: str | None) -> list[dict]:
             if opts.json:
                 print("JSON " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
                                             for k, v in row.items()}), flush=True)
+        if opts.pool_burst > 0:
+            rows += await pool_bursts(client, opts, job)
         left = await client.list_sandboxes(labels={"job": job})
         if left:
             raise SystemExit(f"api_bench: {len(left)} sandboxes left after the run")
     return rows
 
 
+async def pool_bursts(client: AsyncDSecClient, opts, job: str) -> list[dict]:
+    name, n = f"api-bench-{os.getpid()}", opts.pool_burst
+    await client.put_pool(name, kind="container", image="host", min_idle=n, max=n + 8,
+                          memory_mb=opts.memory_mb, disk_mb=opts.disk_mb)
+    rows = []
+    try:
+        for conc in (1, 8):
+            deadline = time.monotonic() + 120
+            while (await client.get_pool(name)).get("workers", {}).get("idle", 0) < n:
+                if time.monotonic() > deadline:
+                    raise DSecError("bench", f"pool {name} did not fill to {n} in 120 s", None)
+                await asyncio.sleep(0.05)
+            print(f"api_bench: {conc} client(s), a burst of {n} cycles from a warm pool ...",
+                  file=sys.stderr)
+            row = await level(client, conc, n, 0, job, PoolArgs(name, {"job": job}),
+                              system="dsec-edge-pool")
+            row["burst"] = n
+            rows.append(row)
+            if opts.json:
+                print("JSON " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                                            for k, v in row.items()}), flush=True)
+    finally:
+        await client.delete_pool(name)
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     out = ["", "API create -> exec `true` -> delete (ms; rate = cycles/s)",
-           f"{'clients':>7} {'cycles':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'rate':>7}  "
+           f"{'system':>14} {'clients':>7} {'cycles':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'rate':>7}  "
            f"{'create p50/p99':>15} {'exec p50/p99':>15} {'delete p50/p99':>15} "
            f"{'client cpu':>10} {'errors':>6}"]
     for r in rows:
         def pair(op):
             return f"{r[op + '_p50']:.1f}/{r[op + '_p99']:.1f}"
-        out.append(f"{r['concurrency']:>7} {r['cycles']:>6} {r['p50']:>7.1f} {r['p90']:>7.1f} "
+        out.append(f"{r['system']:>14} {r['concurrency']:>7} {r['cycles']:>6} {r['p50']:>7.1f} {r['p90']:>7.1f} "
                    f"{r['p99']:>7.1f} {r['rate']:>7.1f}  {pair('create'):>15} "
                    f"{pair('exec'):>15} {pair('delete'):>15} {r['client_cpu'] * 100:>9.0f}% "
                    f"{r['errors']:>6}")
@@ -142,6 +187,8 @@ def main() -> int:
     ap.add_argument("--min-per-client", type=int, default=5,
                     help="at least this many cycles per client (default 5)")
     ap.add_argument("--warmup", type=int, default=10, help="unrecorded cycles per level")
+    ap.add_argument("--pool-burst", type=int, default=64,
+                    help="cycles per warm-pool burst at 1 and 8 clients (0 = none)")
     ap.add_argument("--memory-mb", type=int, default=128)
     ap.add_argument("--disk-mb", type=int, default=64)
     ap.add_argument("--json", action="store_true", help="also print JSON lines (bench/report.py)")

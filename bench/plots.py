@@ -93,7 +93,8 @@ def cdf_plot(rows, workload, conc, title, path, label_by="system", xlabel="laten
         cdf = median_cdf(rows[k])
         if cdf is None:
             continue
-        label = k[1] if label_by == "system" else f"{k[2]} at a time"
+        label = k[1] if label_by == "system" else f"{k[2]} at a time" + (
+            "" if k[1] in ("dsec", "dsec-edge") else f" ({k[1]})")
         st = style(k[1], i) if label_by == "system" else {"color": f"C{i % 10}", "marker": None}
         ax.plot([max(x, 1e-3) for x in cdf], [p / 100 for p in range(101)], label=label,
                 color=st["color"], linewidth=1.8)

@@ -160,10 +160,14 @@ in8 = rate("lifecycle", "dsec", 8)
 if not math.isnan(in8) and not math.isnan(bw8):
     goal("(in-process backend, no API) lifecycle throughput ≥ bwrap's (8 workers)",
          f"{in8:.0f} vs {bw8:.0f}/s = {in8 / bw8:.2f}×", in8 >= bw8)
-# No benchmark runs pooled lifecycles at a concurrency, so this one compares latencies: a whole
-# serial bwrap cycle against a serial create from a warm pool (the part a pool takes away).
+# Pooled lifecycles: a burst from a pool filled beforehand (api_bench.py --pool-burst).
+pool8 = rate("api", "dsec-edge-pool", 8)
+if not math.isnan(pool8) and not math.isnan(bw8):
+    goal("from a warm pool: lifecycle throughput through the API ≥ 3× bwrap's (8 workers;"
+         " a burst from a pool filled beforehand)",
+         f"{pool8:.0f} vs {bw8:.0f}/s = {pool8 / bw8:.2f}×", pool8 >= 3 * bw8)
 pool_p50 = lat(("pool_create", "pool", 1), 50)
-if not math.isnan(pool_p50) and not math.isnan(bw1):
+if math.isnan(pool8) and not math.isnan(pool_p50) and not math.isnan(bw1):
     goal("from a warm pool: ≥ 3× bwrap (serial latency: bwrap cycle p50 / pool create p50;"
          " no pooled throughput run)",
          f"{bw1:.2f} / {pool_p50:.2f} ms = {bw1 / pool_p50:.2f}×", bw1 >= 3 * pool_p50)
@@ -215,20 +219,22 @@ if exec_rows:
     plot("exec_cdf.png", "exec latency CDF")
 
 # ---- api ----
-api_rows = sorted((k for k in rows if k[0] == "api"), key=lambda k: k[2])
+api_rows = sorted((k for k in rows if k[0] == "api"), key=lambda k: (k[1] != "dsec-edge", k[2]))
 if api_rows:
     print("\n## Through the API: create -> exec `true` -> delete via dsec-edge\n")
     print("Python SDK (AsyncDSecClient, keep-alive) over loopback TCP with a token, N clients each"
           " running cycles back to back; the create call returns when the sandbox runs"
-          " (bench/api_bench.py). The last column compares with bwrap's lifecycle rate at the"
-          " same concurrency.\n")
-    print("| clients | p50 ms | p90 ms | p99 ms | cycles/s | create p50/p99 | exec p50/p99"
+          " (bench/api_bench.py). **dsec-edge-pool** rows: a burst of cycles whose sandboxes come"
+          " from a warm container pool filled beforehand (it refills in the background during"
+          " the burst). The last column compares with bwrap's lifecycle rate at the same"
+          " concurrency.\n")
+    print("| system | clients | p50 ms | p90 ms | p99 ms | cycles/s | create p50/p99 | exec p50/p99"
           " | delete p50/p99 | client CPU | DSec rate / bwrap |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for k in api_rows:
         def pair(op):
             return f"{fmt(med(k, op + '_p50'), 1)} / {fmt(med(k, op + '_p99'), 1)}"
-        print(f"| {k[2]} | {fmt(med(k, 'p50'), 1)} | {fmt(med(k, 'p90'), 1)} |"
+        print(f"| {k[1]} | {k[2]} | {fmt(med(k, 'p50'), 1)} | {fmt(med(k, 'p90'), 1)} |"
               f" {fmt(med(k, 'p99'), 1)} | {fmt(med(k, 'rate'), 0)} | {pair('create')} |"
               f" {pair('exec')} | {pair('delete')} | {med(k, 'client_cpu', 0) * 100:.0f}% |"
               f" {fmt(ratio(med(k, 'rate'), rate('lifecycle', 'bwrap', k[2])))} |")
