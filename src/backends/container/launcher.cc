@@ -7,13 +7,16 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/sendfile.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 
+#include "base/fd_passing.h"
 #include "base/file_util.h"
 #include "base/strings.h"
 #include "sys/raw_syscall.h"
@@ -115,7 +118,14 @@ Status TrimMounts(const std::vector<std::string>& keep) {
   return OkStatus();
 }
 
-StatusOr<PendingAgent> LaunchHere(const LaunchRequest& req) {
+// A child cloned on the launcher thread; its fds are in that thread's fd table.
+struct Launched {
+  pid_t pid = -1;
+  UniqueFd pidfd, go;
+  void* stack = nullptr;
+};
+
+StatusOr<Launched> LaunchHere(const LaunchRequest& req) {
   if (req.self_join_fds.size() > sizeof(ChildArgs::self_join_fds) / sizeof(int))
     return InvalidArgument("too many cgroup hierarchies to join");
   int go[2];
@@ -169,8 +179,54 @@ StatusOr<PendingAgent> LaunchHere(const LaunchRequest& req) {
     munmap(stack, kStackSize);
     return ErrnoStatus(static_cast<int>(-pid), "clone3 sandbox namespaces");
   }
-  return PendingAgent(PidFd(static_cast<pid_t>(pid), UniqueFd(pidfd)), std::move(go_w), stack,
-                      kStackSize);
+  Launched l;
+  l.pid = static_cast<pid_t>(pid);
+  l.pidfd.Reset(pidfd);
+  l.go = std::move(go_w);
+  l.stack = stack;
+  return l;
+}
+
+// The request's fds, in a fixed order, for the trip to the launcher thread's fd table.
+std::vector<int> RequestFds(const LaunchRequest& req) {
+  std::vector<int> fds = {req.agent_memfd, req.channel_fd};
+  if (req.cgroup_fd >= 0) fds.push_back(req.cgroup_fd);
+  if (req.netns_fd >= 0) fds.push_back(req.netns_fd);
+  fds.insert(fds.end(), req.self_join_fds.begin(), req.self_join_fds.end());
+  return fds;
+}
+
+// What the edge thread gets back through the promise: no fds (those are numbers in the
+// launcher thread's table; the edge's copies come over the socket).
+struct LaunchedChild {
+  pid_t pid;
+  void* stack;
+};
+
+// On the launcher thread: takes the request's fds off the socket, clones the child and sends
+// its pidfd and go pipe back.
+StatusOr<LaunchedChild> LaunchFromSocket(int sock, const LaunchRequest& req) {
+  size_t want = RequestFds(req).size();
+  std::string bytes;
+  std::vector<UniqueFd> fds;
+  DSEC_ASSIGN_OR_RETURN(size_t n, RecvWithFds(sock, 16, want, &bytes, &fds));
+  if (n == 0 || fds.size() != want) return InternalError("launcher: request fds missing");
+  LaunchRequest mine = req;
+  size_t i = 0;
+  mine.agent_memfd = fds[i++].get();
+  mine.channel_fd = fds[i++].get();
+  if (req.cgroup_fd >= 0) mine.cgroup_fd = fds[i++].get();
+  if (req.netns_fd >= 0) mine.netns_fd = fds[i++].get();
+  for (auto& fd : mine.self_join_fds) fd = fds[i++].get();
+  DSEC_ASSIGN_OR_RETURN(Launched l, LaunchHere(mine));
+  if (Status s = SendWithFds(sock, "L", {l.pidfd.get(), l.go.get()}); !s.ok()) {
+    (void)sys::PidfdSendSignal(l.pidfd.get(), SIGKILL);
+    siginfo_t si;
+    (void)waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(l.pidfd.get()), &si, WEXITED);
+    munmap(l.stack, kStackSize);
+    return s;
+  }
+  return LaunchedChild{l.pid, l.stack};  // l's fds close here, in this thread's table
 }
 
 }  // namespace
@@ -208,10 +264,17 @@ void PendingAgent::Abort() {
 
 StatusOr<std::unique_ptr<Launcher>> Launcher::Start(const std::vector<std::string>& keep) {
   std::unique_ptr<Launcher> l(new Launcher());
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
+    return ErrnoError("socketpair for the launcher");
+  l->sock_.Reset(sp[0]);
+  l->thread_sock_ = sp[1];
   std::promise<Status> ready;
   auto fut = ready.get_future();
   l->thread_ = std::thread(&Launcher::Run, l.get(), keep, &ready);
   Status s = fut.get();
+  // The thread has its own copy of its end by now (or has returned).
+  close(sp[1]);
   if (!s.ok()) return s;  // the thread has returned; ~Launcher joins it
   return l;
 }
@@ -222,8 +285,18 @@ void Launcher::Run(std::vector<std::string> keep, std::promise<Status>* ready) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
-  if (unshare(CLONE_FS) < 0 || unshare(CLONE_NEWNS) < 0) {
-    ready->set_value(ErrnoError("unshare launcher mount namespace"));
+  // A private fd table: each clone copies the cloning thread's table (and the child closes
+  // it all again at exec), so cloning from the edge's own table, which grows by ~7 fds per
+  // live sandbox, would make every create O(live sandboxes). This one holds only the socket
+  // the edge passes each launch's fds over (and stdin/out/err).
+  if (unshare(CLONE_FS | CLONE_FILES) < 0 || unshare(CLONE_NEWNS) < 0) {
+    ready->set_value(ErrnoError("unshare launcher mount namespace and fd table"));
+    return;
+  }
+  int sock = thread_sock_;
+  if ((sock > 3 && sys::CloseRange(3, static_cast<unsigned>(sock) - 1, 0) < 0) ||
+      sys::CloseRange(static_cast<unsigned>(sock) + 1, ~0U, 0) < 0) {
+    ready->set_value(ErrnoError("close the launcher's copy of the edge's fds"));
     return;
   }
   Status s = TrimMounts(keep);
@@ -252,15 +325,36 @@ Launcher::~Launcher() {
 }
 
 StatusOr<PendingAgent> Launcher::Launch(const LaunchRequest& req) {
-  std::promise<StatusOr<PendingAgent>> done;
+  if (req.self_join_fds.size() > 8) return InvalidArgument("too many cgroup hierarchies to join");
+  // One launch's fds on the socket at a time (the thread runs one launch at a time anyway).
+  std::lock_guard<std::mutex> one(launch_mu_);
+  DSEC_RETURN_IF_ERROR(SendWithFds(sock_.get(), "R", RequestFds(req)));
+  std::promise<StatusOr<LaunchedChild>> done;
   auto fut = done.get_future();
+  int thread_sock = thread_sock_;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // (A stopping launcher never reads what was just sent; the socket goes with it.)
     if (stop_) return Unavailable("launcher is stopping");
-    tasks_.push_back([&] { done.set_value(LaunchHere(req)); });
+    tasks_.push_back(
+        [&done, &req, thread_sock] { done.set_value(LaunchFromSocket(thread_sock, req)); });
   }
   cv_.notify_one();
-  return fut.get();
+  StatusOr<LaunchedChild> launched = fut.get();
+  if (!launched.ok()) return launched.status();  // the thread took (and closed) the fds
+  std::string bytes;
+  std::vector<UniqueFd> fds;
+  StatusOr<size_t> n = RecvWithFds(sock_.get(), 16, 2, &bytes, &fds);
+  if (!n.ok() || fds.size() != 2) {
+    // Our child (not reaped), so the pid is still its own.
+    kill(launched->pid, SIGKILL);
+    while (waitpid(launched->pid, nullptr, __WALL) < 0 && errno == EINTR) {
+    }
+    munmap(launched->stack, kStackSize);
+    return n.ok() ? InternalError("launcher: pidfd missing") : n.status();
+  }
+  return PendingAgent(PidFd(launched->pid, std::move(fds[0])), std::move(fds[1]), launched->stack,
+                      kStackSize);
 }
 
 StatusOr<UniqueFd> SealAgentBinary(const std::string& path) {

@@ -82,6 +82,9 @@ class Launcher {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
+  std::mutex launch_mu_;                     // one launch on the socket at a time
+  UniqueFd sock_;                            // the edge's end
+  int thread_sock_ = -1;                     // the end in the launcher thread's own fd table
   bool stop_ = false;                        // GUARDED_BY(mu_)
   std::thread thread_;
 };
