@@ -63,6 +63,12 @@ Status WriteControl(const std::string& path, const std::string& value, bool crea
   return WriteStringToFile(path, value, create ? O_WRONLY | O_CREAT | O_TRUNC : O_WRONLY);
 }
 
+Status WriteControlIfChanged(const std::string& path, const std::string& value, bool create) {
+  if (auto cur = ReadFileToString(path, 4096); cur.ok() && TrimWhitespace(*cur) == value)
+    return OkStatus();
+  return WriteControl(path, value, create);
+}
+
 StatusOr<std::string> ReadControl(const std::string& path) {
   return ReadFileToString(path, 1 << 20);
 }

@@ -54,6 +54,11 @@ class V2Dir {
 
 // Writes a cgroupfs control file with one write(2). `create` is for plain-directory test trees.
 Status WriteControl(const std::string& path, const std::string& value, bool create = false);
+// WriteControl unless the file already reads `value`. For the CPU bandwidth files: every write
+// makes the kernel walk every task group on the host (tg_set_cfs_bandwidth), so a create
+// that writes what is already there would cost O(live sandboxes).
+Status WriteControlIfChanged(const std::string& path, const std::string& value,
+                             bool create = false);
 StatusOr<std::string> ReadControl(const std::string& path);
 // Every pid in dir/cgroup.procs and nested cgroups (v1 or v2).
 std::vector<pid_t> ListProcsRecursive(const std::string& dir);

@@ -20,6 +20,7 @@ using internal::FindKeyedValue;
 using internal::ReadControl;
 using internal::V2Dir;
 using internal::WriteControl;
+using internal::WriteControlIfChanged;
 
 namespace {
 
@@ -85,10 +86,10 @@ class CgroupV1Hybrid : public Cgroup {
     if (!has_memsw) (void)WriteControl(JoinPath(memory_, "memory.swappiness"), "0");
     DSEC_RETURN_IF_ERROR(
         WriteControl(JoinPath(pids_, "pids.max"), l.pids > 0 ? std::to_string(l.pids) : "max"));
-    DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(cpu_, "cpu.cfs_period_us"), "100000"));
+    DSEC_RETURN_IF_ERROR(WriteControlIfChanged(JoinPath(cpu_, "cpu.cfs_period_us"), "100000"));
     int64_t quota = -1;
     if (l.cpus > 0) quota = std::max<int64_t>(1000, std::llround(l.cpus * 100000));
-    return WriteControl(JoinPath(cpu_, "cpu.cfs_quota_us"), std::to_string(quota));
+    return WriteControlIfChanged(JoinPath(cpu_, "cpu.cfs_quota_us"), std::to_string(quota));
   }
 
   int CloneIntoFd() const override { return v2_ ? v2_->fd() : -1; }

@@ -17,6 +17,7 @@ using internal::FindKeyedValue;
 using internal::ReadControl;
 using internal::V2Dir;
 using internal::WriteControl;
+using internal::WriteControlIfChanged;
 
 namespace {
 
@@ -44,7 +45,7 @@ class CgroupV2 : public Cgroup {
     if (plain_ || access(swap.c_str(), F_OK) == 0)
       DSEC_RETURN_IF_ERROR(Write("memory.swap.max", "0"));
     DSEC_RETURN_IF_ERROR(Write("pids.max", l.pids > 0 ? std::to_string(l.pids) : "max"));
-    return Write("cpu.max", CpuMax(l.cpus));
+    return WriteControlIfChanged(JoinPath(dir_.path(), "cpu.max"), CpuMax(l.cpus), plain_);
   }
 
   int CloneIntoFd() const override { return dir_.fd(); }
