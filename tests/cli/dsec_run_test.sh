@@ -71,5 +71,13 @@ left=$(ls "$STATE/state/sandboxes" 2>/dev/null | wc -l); check "orphan of a kill
 for _ in $(seq 50); do [ "$(our_agents)" == 0 ] && break; sleep 0.1; done
 agents=$(our_agents); check "orphan agent gone" 0 "$agents"
 
+# `dsec bench` hands every argument to bench/run (found from the binary's checkout).
+out=$("$DSEC" bench --help 2>&1); rc=$?
+check "bench --help exit" 0 "$rc"
+check "bench --help is bench/run's" 1 "$(grep -c '^Usage: bench/run' <<<"$out")"
+err=$("$DSEC" bench --no-such-option 2>&1); rc=$?
+check "bench bad option exit" 2 "$rc"
+check "bench bad option message" "bench/run: unknown option --no-such-option (see --help)" "$err"
+
 if [ $fails -ne 0 ]; then echo "$fails failed"; exit 1; fi
 echo "all passed"
