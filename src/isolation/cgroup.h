@@ -54,14 +54,6 @@ class Cgroup {
   virtual int CloneIntoFd() const = 0;
   // Moves pid into the sandbox: every v1 hierarchy, and the v2 dir unless `cloned_into_v2`.
   virtual Status AddProcess(pid_t pid, bool cloned_into_v2) = 0;
-  // Write-only fds of each v1 hierarchy's `tasks` file. A new single-threaded process that
-  // writes "0" to each joins the sandbox itself; moving only the calling thread is the one
-  // migration the kernel does without the global threadgroup lock (a pid written by someone
-  // else waits for an RCU grace period on every create). Empty on pure v2 (clone3 does it).
-  virtual StatusOr<std::vector<UniqueFd>> OpenSelfJoinFds() const = 0;
-  // AddProcess for a process that has joined every v1 hierarchy itself: only the v2 dir,
-  // unless `cloned_into_v2`.
-  virtual Status AddSelfJoined(pid_t pid, bool cloned_into_v2) = 0;
   // Opens the v2 "user/" directory for the agent (O_PATH|O_DIRECTORY); -1 fd without cgroup2.
   virtual StatusOr<UniqueFd> OpenUserDir() const = 0;
   // Hands user/ (and the files the agent writes) to the sandbox's root uid/gid, so an agent in

@@ -98,24 +98,8 @@ class CgroupV1Hybrid : public Cgroup {
     std::string p = std::to_string(pid);
     for (const auto& d : V1Dirs())
       DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(d, "cgroup.procs"), p));
-    return AddSelfJoined(pid, cloned_into_v2);
-  }
-
-  StatusOr<std::vector<UniqueFd>> OpenSelfJoinFds() const override {
-    std::vector<UniqueFd> fds;
-    for (const auto& d : V1Dirs()) {
-      std::string tasks = JoinPath(d, "tasks");
-      UniqueFd fd(open(tasks.c_str(), O_WRONLY | O_CLOEXEC));
-      if (!fd) return ErrnoError("open \"" + tasks + "\"");
-      fds.push_back(std::move(fd));
-    }
-    return fds;
-  }
-
-  Status AddSelfJoined(pid_t pid, bool cloned_into_v2) override {
     if (v2_ && !cloned_into_v2)
-      DSEC_RETURN_IF_ERROR(
-          WriteControl(JoinPath(v2_->path(), "cgroup.procs"), std::to_string(pid)));
+      DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(v2_->path(), "cgroup.procs"), p));
     return OkStatus();
   }
 

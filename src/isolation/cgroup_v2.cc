@@ -55,14 +55,6 @@ class CgroupV2 : public Cgroup {
     return Write("cgroup.procs", std::to_string(pid));
   }
 
-  StatusOr<std::vector<UniqueFd>> OpenSelfJoinFds() const override {
-    return std::vector<UniqueFd>();
-  }
-
-  Status AddSelfJoined(pid_t pid, bool cloned_into_v2) override {
-    return AddProcess(pid, cloned_into_v2);
-  }
-
   StatusOr<UniqueFd> OpenUserDir() const override {
     return OpenDir(JoinPath(dir_.path(), "user"), O_PATH);
   }

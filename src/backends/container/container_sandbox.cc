@@ -244,8 +244,6 @@ Status ContainerSandbox::StartLocked() {
   bool clone_into = b.features_.clone_into_cgroup && cgroup_->CloneIntoFd() >= 0;
   lr.cgroup_fd = clone_into ? cgroup_->CloneIntoFd() : -1;
   lr.netns_fd = netns_.ns.get();
-  DSEC_ASSIGN_OR_RETURN(std::vector<UniqueFd> join_fds, cgroup_->OpenSelfJoinFds());
-  for (const auto& fd : join_fds) lr.self_join_fds.push_back(fd.get());
   DSEC_ASSIGN_OR_RETURN(PendingAgent pending, b.launcher_->Launch(lr));
   agent_ = std::make_unique<PendingAgent>(std::move(pending));
   agent_pid_ = agent_->pid();
@@ -256,7 +254,7 @@ Status ContainerSandbox::StartLocked() {
     DSEC_RETURN_IF_ERROR(isolation::WriteIdMaps(agent_pid_, {root_uid, 65536}));
     DSEC_ASSIGN_OR_RETURN(userns_fd, isolation::OpenUserns(agent_pid_));
   }
-  DSEC_RETURN_IF_ERROR(cgroup_->AddSelfJoined(agent_pid_, clone_into));
+  DSEC_RETURN_IF_ERROR(cgroup_->AddProcess(agent_pid_, clone_into));
   // Keep the agent from being the OOM victim. Best effort: some hosts refuse negative
   // values even to root; user processes start at +500 (spawn.cc) so they go first anyway.
   (void)WriteStringToFile("/proc/" + std::to_string(agent_pid_) + "/oom_score_adj", "-1000");

@@ -34,8 +34,6 @@ struct ChildArgs {
   int channel_fd;
   int go_r;
   bool userns;
-  int self_join_count;
-  int self_join_fds[8];
   char* argv[2];
   char* envp[1];
   char arg0[16];
@@ -51,13 +49,6 @@ int ChildMain(void* p) {
     n = RawSyscall(SYS_read, a->go_r, reinterpret_cast<long>(&c), 1);
   } while (n == -EINTR);
   if (n != 1) return 120;  // the parent gave up on us
-  // Join the sandbox's v1 cgroups: before the exec, so the agent's memory is charged there.
-  for (int i = 0; i < a->self_join_count; ++i) {
-    do {
-      n = RawSyscall(SYS_write, a->self_join_fds[i], reinterpret_cast<long>("0"), 1);
-    } while (n == -EINTR);
-    if (n != 1) return 119;
-  }
   if (a->userns) {
     // Root of the new user namespace: its maps are written now.
     if (RawSyscall(SYS_setresgid, 0, 0, 0) < 0 || RawSyscall(SYS_setresuid, 0, 0, 0) < 0 ||
@@ -126,8 +117,6 @@ struct Launched {
 };
 
 StatusOr<Launched> LaunchHere(const LaunchRequest& req) {
-  if (req.self_join_fds.size() > sizeof(ChildArgs::self_join_fds) / sizeof(int))
-    return InvalidArgument("too many cgroup hierarchies to join");
   int go[2];
   if (pipe2(go, O_CLOEXEC) < 0) return ErrnoError("pipe2");
   UniqueFd go_r(go[0]), go_w(go[1]);
@@ -139,9 +128,6 @@ StatusOr<Launched> LaunchHere(const LaunchRequest& req) {
   args->channel_fd = req.channel_fd;
   args->go_r = go_r.get();
   args->userns = req.userns;
-  args->self_join_count = static_cast<int>(req.self_join_fds.size());
-  for (size_t i = 0; i < req.self_join_fds.size(); ++i)
-    args->self_join_fds[i] = req.self_join_fds[i];
   strcpy(args->arg0, "dsec-agent");
   args->argv[0] = args->arg0;
   args->argv[1] = nullptr;
@@ -192,7 +178,6 @@ std::vector<int> RequestFds(const LaunchRequest& req) {
   std::vector<int> fds = {req.agent_memfd, req.channel_fd};
   if (req.cgroup_fd >= 0) fds.push_back(req.cgroup_fd);
   if (req.netns_fd >= 0) fds.push_back(req.netns_fd);
-  fds.insert(fds.end(), req.self_join_fds.begin(), req.self_join_fds.end());
   return fds;
 }
 
@@ -217,7 +202,6 @@ StatusOr<LaunchedChild> LaunchFromSocket(int sock, const LaunchRequest& req) {
   mine.channel_fd = fds[i++].get();
   if (req.cgroup_fd >= 0) mine.cgroup_fd = fds[i++].get();
   if (req.netns_fd >= 0) mine.netns_fd = fds[i++].get();
-  for (auto& fd : mine.self_join_fds) fd = fds[i++].get();
   DSEC_ASSIGN_OR_RETURN(Launched l, LaunchHere(mine));
   if (Status s = SendWithFds(sock, "L", {l.pidfd.get(), l.go.get()}); !s.ok()) {
     (void)sys::PidfdSendSignal(l.pidfd.get(), SIGKILL);
@@ -325,7 +309,6 @@ Launcher::~Launcher() {
 }
 
 StatusOr<PendingAgent> Launcher::Launch(const LaunchRequest& req) {
-  if (req.self_join_fds.size() > 8) return InvalidArgument("too many cgroup hierarchies to join");
   // One launch's fds on the socket at a time (the thread runs one launch at a time anyway).
   std::lock_guard<std::mutex> one(launch_mu_);
   DSEC_RETURN_IF_ERROR(SendWithFds(sock_.get(), "R", RequestFds(req)));

@@ -36,8 +36,6 @@ struct LaunchRequest {
   int channel_fd = -1;  // child end of the edge <-> agent socketpair
   bool userns = false;
   int cgroup_fd = -1;  // v2 cgroup dir for CLONE_INTO_CGROUP; -1 to join later
-  // Files the child writes "0" to before it execs the agent (v1 `tasks`: it joins itself).
-  std::vector<int> self_join_fds;
   // An existing network namespace to start in (the launcher thread joins it for the clone);
   // -1 for a new one.
   int netns_fd = -1;
