@@ -18,7 +18,6 @@ Records from several rounds are combined by taking the median of each percentile
 of the rates. Prints the names of the files it wrote.
 """
 import collections
-import json
 import os
 import statistics
 import sys
@@ -28,6 +27,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
+
+import rawjson  # noqa: E402
 
 
 def plain_log_ticks(axis):
@@ -48,16 +49,17 @@ ORDER = ["dsec", "dsec-edge", "dsec-pool", "bwrap", "bwrap+python", "crun", "run
          "fork+exec", "fork-server", "cold-python", "qemu-microvm"]
 
 
+def save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def load(path):
     rows = collections.defaultdict(list)
     scaling = []
-    for line in open(path):
-        if not line.startswith("JSON "):
-            continue
-        try:
-            r = json.loads(line[5:])
-        except ValueError:
-            continue
+    for r in rawjson.records(path):
         w = r.get("workload")
         if w == "scaling":
             scaling.append(r)
@@ -110,10 +112,7 @@ def cdf_plot(rows, workload, conc, title, path, label_by="system", xlabel="laten
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def throughput_plot(rows, workload, title, ylabel, path):
@@ -146,10 +145,7 @@ def throughput_plot(rows, workload, title, ylabel, path):
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def scaling_plots(scaling, out):
@@ -181,11 +177,7 @@ def scaling_plots(scaling, out):
     a2.set_title("Host memory per sandbox")
     a2.grid(True, which="both", alpha=0.3)
     a2.legend(fontsize=8)
-    fig.tight_layout()
-    p = os.path.join(out, "scaling_memory.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    written.append(save(fig, os.path.join(out, "scaling_memory.png")))
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for key, color, ls, label in (("create_p50", "#2ca02c", "-", "create p50"),
@@ -204,11 +196,7 @@ def scaling_plots(scaling, out):
     ax.set_title("Create and exec latency vs live sandboxes (through the API)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=9)
-    fig.tight_layout()
-    p = os.path.join(out, "scaling_latency.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    written.append(save(fig, os.path.join(out, "scaling_latency.png")))
     return written
 
 

@@ -10,7 +10,6 @@ PLOT_LINK_PREFIX/NAME.png (default plots/, relative to bench/RESULTS.md). Every 
 optional: a workload missing from the raw file is left out."""
 import collections
 import datetime
-import json
 import math
 import os
 import platform
@@ -18,18 +17,14 @@ import statistics
 import subprocess
 import sys
 
+import rawjson
+
 raw, commit = sys.argv[1], sys.argv[2]
 plot_dir = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(__file__), "plots")
 plot_link = sys.argv[4] if len(sys.argv) > 4 else "plots"
 rows = collections.defaultdict(list)
 density, scaling, skipped, notes = [], [], {}, collections.defaultdict(dict)
-for line in open(raw):
-    if not line.startswith("JSON "):
-        continue
-    try:
-        r = json.loads(line[5:])
-    except ValueError:
-        continue
+for r in rawjson.records(raw):
     w = r.get("workload")
     if w == "density":
         density.append(r)
