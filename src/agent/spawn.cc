@@ -114,21 +114,24 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req) {
   if (req.argv.empty()) return InvalidArgument("empty argv");
   const AgentConfig& cfg = agent.config();
   Spawned out;
-  UniqueFd procs, cgroup_dir;
+  // Anything failing after the exec's cgroup exists removes it again.
+  auto fail = [&](Status s) {
+    if (!out.cgroup.empty()) RemoveCgroup(agent, out.cgroup);
+    return s;
+  };
+  UniqueFd cgroup_dir;
   if (cfg.cgroup_user.valid()) {
     out.cgroup = agent.NextCgroupName(req.cgroup_prefix);
-    if (mkdirat(cfg.cgroup_user.get(), out.cgroup.c_str(), 0755) < 0)
-      return ErrnoError("mkdir exec cgroup " + out.cgroup);
-    procs = OpenInCgroup(agent, out.cgroup + "/cgroup.procs", O_WRONLY);
-    if (!procs) {
-      Status s = ErrnoError("open " + out.cgroup + "/cgroup.procs");
-      RemoveCgroup(agent, out.cgroup);
+    if (mkdirat(cfg.cgroup_user.get(), out.cgroup.c_str(), 0755) < 0) {
+      Status s = ErrnoError("mkdir exec cgroup " + out.cgroup);
+      out.cgroup.clear();
       return s;
     }
     cgroup_dir = OpenInCgroup(agent, out.cgroup, O_PATH | O_DIRECTORY);
+    if (!cgroup_dir) return fail(ErrnoError("open exec cgroup " + out.cgroup));
   }
   int ep[2];
-  if (pipe2(ep, O_CLOEXEC) < 0) return ErrnoError("pipe2");
+  if (pipe2(ep, O_CLOEXEC) < 0) return fail(ErrnoError("pipe2"));
   UniqueFd err_r(ep[0]), err_w(ep[1]);
 
   // argv/envp are built before the clone; the child only reads them.
@@ -143,23 +146,22 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req) {
   // Otherwise the child writes itself into cgroup.procs first thing. The agent is
   // single-threaded, so a fork-like clone3 is as safe here as fork().
   pid_t pid = -1;
-  bool born_in_cgroup = false;
+  UniqueFd procs;  // only for the fallback
   if (cgroup_dir) {
     clone_args ca{};
     ca.flags = CLONE_INTO_CGROUP;
     ca.exit_signal = SIGCHLD;
     ca.cgroup = static_cast<uint64_t>(cgroup_dir.get());
     pid = static_cast<pid_t>(sys::Clone3(&ca));
-    born_in_cgroup = pid >= 0;
+    if (pid < 0) {
+      procs.Reset(openat(cgroup_dir.get(), "cgroup.procs", O_WRONLY | O_CLOEXEC));
+      if (!procs) return fail(ErrnoError("open " + out.cgroup + "/cgroup.procs"));
+    }
   }
-  if (!born_in_cgroup) pid = fork();
-  if (pid < 0) {
-    Status s = ErrnoError("fork");
-    if (!out.cgroup.empty()) RemoveCgroup(agent, out.cgroup);
-    return s;
-  }
+  if (pid < 0) pid = fork();
+  if (pid < 0) return fail(ErrnoError("fork"));
   if (pid == 0)
-    ChildMain(agent, req, err_w.get(), born_in_cgroup ? -1 : procs.get(), argv.data(), envp.data());
+    ChildMain(agent, req, err_w.get(), procs ? procs.get() : -1, argv.data(), envp.data());
   out.pid = pid;
   err_w.Reset();
   fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
