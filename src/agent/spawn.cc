@@ -40,10 +40,12 @@ std::string EnvValue(const std::vector<std::string>& env, const std::string& key
 
 // Runs in the forked child. The agent is single-threaded, so allocation is safe here.
 [[noreturn]] void ChildMain(Agent& agent, const SpawnRequest& req, int err_fd, int procs_fd,
-                            const char* const* argv, const char* const* envp) {
+                            int joined_fd, const char* const* argv, const char* const* envp) {
   const AgentConfig& cfg = agent.config();
-  // Join the exec's cgroup before anything else, so nothing it starts can escape it.
+  // Join the exec's cgroup before anything else, so nothing it starts can escape it; closing
+  // joined_fd then tells the parent (Spawn) that signals to the cgroup reach us.
   if (procs_fd >= 0 && write(procs_fd, "0", 1) != 1) ChildFail(err_fd, "join exec cgroup", errno);
+  if (joined_fd >= 0) close(joined_fd);
   sigset_t all;
   sigemptyset(&all);
   sigprocmask(SIG_SETMASK, &all, nullptr);
@@ -66,8 +68,16 @@ std::string EnvValue(const std::vector<std::string>& env, const std::string& key
   for (size_t i = 0; i < extras.size(); ++i)
     if (dup2(extras[i], 3 + static_cast<int>(i)) < 0) ChildFail(err_fd, "dup2", errno);
   if (req.controlling_tty && ioctl(0, TIOCSCTTY, 0) < 0) ChildFail(err_fd, "TIOCSCTTY", errno);
-  // Everything else closes at exec; the error pipe must live until then.
-  sys::CloseRange(3 + static_cast<unsigned>(extras.size()), ~0U, CLOSE_RANGE_CLOEXEC);
+  // Everything else closes now, before anything taken from the request (the cwd, the program's
+  // path) is resolved: the agent's fds include directories outside the sandbox (its cgroup, a
+  // host mount), and /proc/self/fd/N/.. would lead from them to the host's root. Only the
+  // error pipe stays, moved just above the extras, until exec closes it.
+  int first = 3 + static_cast<int>(extras.size());
+  if (err_fd != first) {
+    if (dup3(err_fd, first, O_CLOEXEC) < 0) ChildFail(err_fd, "dup3 error pipe", errno);
+    err_fd = first;
+  }
+  sys::CloseRange(static_cast<unsigned>(first) + 1, ~0U, 0);
   // User code is the preferred OOM victim, inside the sandbox and on the host. (Raising is
   // always allowed; the agent may sit at -1000.)
   int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -145,8 +155,12 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req) {
   // cgroup.procs takes the global threadgroup lock, which waits for an RCU grace period.
   // Otherwise the child writes itself into cgroup.procs first thing. The agent is
   // single-threaded, so a fork-like clone3 is as safe here as fork().
+  // In the fallback Spawn returns only once the child has joined: until then it sits in the
+  // sandbox's top cgroup, where killing the exec's (or every user) cgroup would miss it.
+  // (Under the sandbox's seccomp profile clone3 is ENOSYS, so inside a sandbox this is the path
+  // every exec takes.)
   pid_t pid = -1;
-  UniqueFd procs;  // only for the fallback
+  UniqueFd procs, joined_r, joined_w;  // only for the fallback
   if (cgroup_dir) {
     clone_args ca{};
     ca.flags = CLONE_INTO_CGROUP;
@@ -156,14 +170,27 @@ StatusOr<Spawned> Spawn(Agent& agent, const SpawnRequest& req) {
     if (pid < 0) {
       procs.Reset(openat(cgroup_dir.get(), "cgroup.procs", O_WRONLY | O_CLOEXEC));
       if (!procs) return fail(ErrnoError("open " + out.cgroup + "/cgroup.procs"));
+      int jp[2];
+      if (pipe2(jp, O_CLOEXEC) < 0) return fail(ErrnoError("pipe2"));
+      joined_r.Reset(jp[0]);
+      joined_w.Reset(jp[1]);
     }
   }
   if (pid < 0) pid = fork();
   if (pid < 0) return fail(ErrnoError("fork"));
   if (pid == 0)
-    ChildMain(agent, req, err_w.get(), procs ? procs.get() : -1, argv.data(), envp.data());
+    ChildMain(agent, req, err_w.get(), procs ? procs.get() : -1, joined_w ? joined_w.get() : -1,
+              argv.data(), envp.data());
   out.pid = pid;
   err_w.Reset();
+  if (joined_r) {
+    // EOF once the child closed its end after joining, or died trying (its error then comes
+    // through err_pipe like any other spawn failure).
+    joined_w.Reset();
+    char c;
+    while (read(joined_r.get(), &c, 1) < 0 && errno == EINTR) {
+    }
+  }
   fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
   out.err_pipe = std::move(err_r);
   return out;
