@@ -98,8 +98,12 @@ class CgroupDriver {
                                                           const CgroupLimits& limits) = 0;
   // Opens an existing sandbox's cgroups (re-adoption after an edge restart).
   virtual StatusOr<std::unique_ptr<Cgroup>> OpenSandbox(const std::string& name) = 0;
-  // Names of sandbox cgroups under the parent (for orphan cleanup).
+  // Names of sandbox cgroups under the parent, in any hierarchy (for orphan cleanup).
   virtual StatusOr<std::vector<std::string>> ListSandboxes() = 0;
+  // Removes whatever is left of a sandbox's cgroup set that OpenSandbox cannot open: a crash
+  // between the mkdirs of a create or the rmdirs of a destroy leaves some hierarchies with the
+  // directory and some without (no process is in such a set). Missing directories are fine.
+  virtual Status RemoveSandboxRemains(const std::string& name) = 0;
   virtual Status SetParentMemoryLimit(int64_t bytes) = 0;
   // Removes the parent cgroups if empty (called on clean shutdown). Safe to call twice.
   virtual Status RemoveParent() = 0;

@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "base/file_util.h"
 #include "base/ids.h"
+#include "base/strings.h"
 #include "isolation/cgroup_internal.h"
 
 namespace dsec::isolation {
@@ -214,6 +216,35 @@ TEST_P(CgroupPrivilegedTest, KillFreezeStatsDestroy) {
   auto left = driver_->ListSandboxes();
   ASSERT_TRUE(left.ok());
   EXPECT_EQ(std::count(left->begin(), left->end(), name), 0);
+}
+
+// cgroup v1 leaves socket buffers (TCP, UDP) out of a memory cgroup unless its
+// memory.kmem.tcp.limit_in_bytes was written: a sandbox could otherwise queue gigabytes of host
+// memory in never-read loopback connections (tests/security/test_exhaustion.py).
+TEST_P(CgroupPrivilegedTest, V1SocketBuffersAreChargedAndCapped) {
+  if (driver_->is_v2()) GTEST_SKIP() << "cgroup v2 charges socket memory to memory.current";
+  auto info = ReadFileToString("/proc/self/mountinfo");
+  ASSERT_TRUE(info.ok());
+  std::string memory = internal::ParseCgroupMounts(*info).v1["memory"];
+  ASSERT_FALSE(memory.empty());
+  CgroupLimits l;
+  l.memory_bytes = 48 << 20;
+  Cgroup* cg = Make(l);
+  ASSERT_NE(cg, nullptr);
+  std::string parent;
+  for (const auto& e : std::filesystem::directory_iterator(memory))
+    if (std::filesystem::exists(e.path() / cg->name())) parent = e.path();
+  ASSERT_FALSE(parent.empty());
+  std::string tcp = parent + "/" + cg->name() + "/memory.kmem.tcp.limit_in_bytes";
+  if (access(tcp.c_str(), F_OK) != 0) GTEST_SKIP() << "kernel without v1 tcp accounting";
+  EXPECT_EQ(TrimWhitespace(*ReadFileToString(tcp)), std::to_string(48 << 20));
+  // A later limit change (PATCH memory) moves it along.
+  l.memory_bytes = 96 << 20;
+  ASSERT_TRUE(cg->SetLimits(l).ok());
+  EXPECT_EQ(TrimWhitespace(*ReadFileToString(tcp)), std::to_string(96 << 20));
+  ASSERT_TRUE(driver_->SetParentMemoryLimit(1 << 30).ok());
+  EXPECT_EQ(TrimWhitespace(*ReadFileToString(parent + "/memory.kmem.tcp.limit_in_bytes")),
+            std::to_string(1 << 30));
 }
 
 TEST_P(CgroupPrivilegedTest, PidsLimitStopsForkBomb) {

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -24,6 +25,18 @@ using internal::WriteControlIfChanged;
 
 namespace {
 
+// cgroup v1 charges socket buffers (TCP, and UDP through the same sk_memcg accounting) to a
+// memory cgroup only once its memory.kmem.tcp.limit_in_bytes has been written; until then they
+// come out of host memory, uncapped by the sandbox's limit (a sandbox could queue gigabytes in
+// never-read loopback connections and push the host's TCP into memory pressure). The write
+// turns the accounting on; the cap is the memory limit ("-1": accounted, unlimited). It must
+// happen before the sandbox's first socket, so it is part of the limits set at creation.
+Status SetSocketMemoryLimit(const std::string& memory_dir, const std::string& limit) {
+  std::string tcp = JoinPath(memory_dir, "memory.kmem.tcp.limit_in_bytes");
+  if (access(tcp.c_str(), F_OK) != 0) return OkStatus();  // kernel without v1 tcp accounting
+  return WriteControl(tcp, limit);
+}
+
 struct Hierarchies {
   std::string memory, pids, cpu;
   std::string freezer, cpuacct;  // used only without cgroup2
@@ -34,7 +47,7 @@ class CgroupV1Hybrid : public Cgroup {
  public:
   CgroupV1Hybrid(std::string name, const Hierarchies& h, const std::string& parent_name,
                  bool use_kill)
-      : name_(std::move(name)), use_kill_(use_kill) {
+      : name_(std::move(name)) {
     auto dir = [&](const std::string& root) {
       return root.empty() ? std::string() : JoinPath(JoinPath(root, parent_name), name_);
     };
@@ -84,6 +97,7 @@ class CgroupV1Hybrid : public Cgroup {
     }
     if (has_memsw && l.memory_bytes > 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, limit));
     if (!has_memsw) (void)WriteControl(JoinPath(memory_, "memory.swappiness"), "0");
+    DSEC_RETURN_IF_ERROR(SetSocketMemoryLimit(memory_, limit));
     DSEC_RETURN_IF_ERROR(
         WriteControl(JoinPath(pids_, "pids.max"), l.pids > 0 ? std::to_string(l.pids) : "max"));
     DSEC_RETURN_IF_ERROR(WriteControlIfChanged(JoinPath(cpu_, "cpu.cfs_period_us"), "100000"));
@@ -193,7 +207,6 @@ class CgroupV1Hybrid : public Cgroup {
   }
 
   std::string name_;
-  bool use_kill_;
   std::string memory_, pids_, cpu_, freezer_, cpuacct_;
   std::optional<V2Dir> v2_;
 };
@@ -261,7 +274,26 @@ class CgroupV1HybridDriver : public CgroupDriver {
   }
 
   StatusOr<std::vector<std::string>> ListSandboxes() override {
-    return internal::ListSandboxDirs(JoinPath(h_.memory, parent_name_));
+    std::vector<std::string> out;
+    for (const auto& r : Roots()) {
+      auto names = internal::ListSandboxDirs(JoinPath(r, parent_name_));
+      if (!names.ok()) {
+        if (names.status().error_number() == ENOENT) continue;  // parent not made there yet
+        return names.status();
+      }
+      for (auto& n : *names)
+        if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(std::move(n));
+    }
+    return out;
+  }
+
+  Status RemoveSandboxRemains(const std::string& name) override {
+    Status result;
+    for (const auto& r : Roots()) {
+      Status s = internal::RemoveCgroupDir(JoinPath(JoinPath(r, parent_name_), name));
+      if (result.ok()) result = s;
+    }
+    return result;
   }
 
   Status SetParentMemoryLimit(int64_t bytes) override {
@@ -272,7 +304,7 @@ class CgroupV1HybridDriver : public CgroupDriver {
     if (has_memsw && bytes <= 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, "-1"));
     DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(dir, "memory.limit_in_bytes"), v));
     if (has_memsw && bytes > 0) (void)WriteControl(memsw, v);
-    return OkStatus();
+    return SetSocketMemoryLimit(dir, v);
   }
 
   Status RemoveParent() override {

@@ -164,6 +164,10 @@ class CgroupV2Driver : public CgroupDriver {
     return internal::ListSandboxDirs(parent_);
   }
 
+  Status RemoveSandboxRemains(const std::string& name) override {
+    return internal::RemoveCgroupDir(JoinPath(parent_, name));
+  }
+
   Status SetParentMemoryLimit(int64_t bytes) override {
     return WriteControl(JoinPath(parent_, "memory.max"), bytes > 0 ? std::to_string(bytes) : "max",
                         opts_.plain_directory_tree);

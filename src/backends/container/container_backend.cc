@@ -213,7 +213,10 @@ StatusOr<int> ContainerBackend::CleanupOrphans() {
     if (!IsSafeName(name)) continue;
     UniqueFd lock(open(JoinPath(dir, "owner.lock").c_str(), O_RDWR | O_CLOEXEC));
     if (lock && flock(lock.get(), LOCK_EX | LOCK_NB) < 0) continue;  // alive and owned
-    if (auto cg = cgroups_->OpenSandbox(name); cg.ok()) (void)(*cg)->Destroy();
+    if (auto cg = cgroups_->OpenSandbox(name); cg.ok())
+      (void)(*cg)->Destroy();
+    else  // a set a crash left half made or half removed
+      (void)cgroups_->RemoveSandboxRemains(name);
     (void)RemoveTree(dir);
     ++cleaned;
   }
