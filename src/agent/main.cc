@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
   // Named for tools and tests; nothing in the sandbox may ptrace or read us.
   prctl(PR_SET_NAME, "dsec-agent", 0, 0, 0);
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  // A session (and so a scheduler autogroup) of our own: the launcher's is the edge's, and
+  // root inside may write /proc/1/autogroup, whose nice value applies to the whole autogroup;
+  // shared, it would let a sandbox deprioritize the edge and every other sandbox's agent.
+  setsid();
   fcntl(kChannelFd, F_SETFD, FD_CLOEXEC);
   signal(SIGPIPE, SIG_IGN);
   // The launcher starts us with every signal blocked; only SIGCHLD (read via signalfd) is.

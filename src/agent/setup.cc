@@ -1,5 +1,6 @@
 #include "agent/setup.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <net/if.h>
 #include <sched.h>
@@ -40,6 +41,29 @@ Status BringUpLoopback() {
   return OkStatus();
 }
 
+namespace {
+
+// A user namespace's projid_map can be written once, by anyone inside it, with no capability
+// ("anyone can set any valid project id"): left empty, code in the sandbox (even the sandbox
+// user, through /proc/self/projid_map) could choose which host project ids its own project ids
+// stand for. Write it first: project 0 only, the default project.
+Status SealProjidMap() {
+  UniqueFd fd(open("/proc/self/projid_map", O_WRONLY | O_CLOEXEC));
+  if (!fd) return ErrnoError("open /proc/self/projid_map");
+  static constexpr char kMap[] = "0 0 1\n";
+  if (write(fd.get(), kMap, sizeof kMap - 1) == static_cast<ssize_t>(sizeof kMap - 1))
+    return OkStatus();
+  int err = errno;
+  // Already written (by whoever prepared the namespace) is as good.
+  char buf[256];
+  UniqueFd r(open("/proc/self/projid_map", O_RDONLY | O_CLOEXEC));
+  ssize_t n = r ? read(r.get(), buf, sizeof buf) : -1;
+  if (n > 0) return OkStatus();
+  return ErrnoStatus(err, "write /proc/self/projid_map");
+}
+
+}  // namespace
+
 StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<UniqueFd>& fds) {
   auto take = [&](int index, const char* what) -> StatusOr<UniqueFd> {
     if (index < 0) return UniqueFd();
@@ -76,6 +100,7 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   layers.clear();
   mount_dir.Reset();
   fds.clear();  // anything unexpected the edge sent goes too
+  if (spec.rootfs.userns) DSEC_RETURN_IF_ERROR(SealProjidMap());
 
   // From here on the agent runs under the same seccomp profile as user code (it needs nothing
   // the profile refuses), with no new privileges and a reduced capability set. Children

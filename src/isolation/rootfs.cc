@@ -84,6 +84,14 @@ StatusOr<UniqueFd> CreateFileInRoot(int root, const std::string& path, mode_t mo
 
 Status SetupDev(int root, int dev_null_src) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd dev, MakeDirInRoot(root, "/dev", 0755, 0, 0, /*replace=*/true));
+  {
+    // /dev becomes a mount point (a bind of itself, so its files stay in the writable layer):
+    // a plain directory could be renamed away by root inside, device mounts and all, and
+    // replaced with a symlink or a directory of its own, under the agent's open("/dev/null").
+    DSEC_ASSIGN_OR_RETURN(UniqueFd self, CloneTree(dev.get(), "", AT_EMPTY_PATH));
+    DSEC_RETURN_IF_ERROR(Attach(self.get(), dev.get(), "/dev"));
+    DSEC_ASSIGN_OR_RETURN(dev, OpenInRoot(root, "/dev", O_PATH | O_DIRECTORY));
+  }
   for (const char* name : {"null", "zero", "full", "random", "urandom", "tty"}) {
     std::string path = std::string("/dev/") + name;
     DSEC_ASSIGN_OR_RETURN(UniqueFd target, CreateFileInRoot(root, path, 0666));

@@ -438,8 +438,8 @@ StatusOr<Ctx> Build(const SeccompOptions& opts) {
   }
   // clone3 gets the default action, ENOSYS (libseccomp refuses a rule equal to the default).
 
-  // ioctl is allowed here; TIOCSTI is refused by a hand-written prefix (HandWrittenPrefix),
-  // because libseccomp 2.5 cannot express "low 32 bits differ": it lets
+  // ioctl is allowed here; TIOCSTI and TIOCLINUX are refused by a hand-written prefix
+  // (HandWrittenPrefix), because libseccomp 2.5 cannot express "low 32 bits differ": it lets
   // cmd = (1 << 32) | TIOCSTI through, and the kernel truncates cmd to 32 bits.
   DSEC_RETURN_IF_ERROR(Rule(c, SCMP_ACT_ALLOW, "ioctl", 0));
 
@@ -522,7 +522,8 @@ class Prefix {
 // any value with high bits set through a "not equal" rule. Here only the low 32 bits are
 // compared. Anything not refused falls through to the main program (cBPF jumps are relative,
 // so prepending is safe).
-//  - ioctl(fd, TIOCSTI, ...): terminal input injection.
+//  - ioctl(fd, TIOCSTI, ...): terminal input injection; ioctl(fd, TIOCLINUX, ...): the virtual
+//    console's selection paste (input injection again) and kernel message redirection.
 //  - prlimit64, sched_set{affinity,attr,scheduler,param} on pid 1, setpriority/ioprio_set on
 //    pid 1 or on a whole user: root inside shares PID 1's uid, and must not be able to starve
 //    the agent, lower its limits (RLIMIT_CPU ends in SIGKILL) or deprioritize it.
@@ -538,7 +539,7 @@ std::string HandWrittenPrefix() {
     std::vector<std::pair<int, uint32_t>> refuse;  // (arg index, low-32-bit value)
   };
   const std::vector<Rule> rules = {
-      {__NR_ioctl, {{1, static_cast<uint32_t>(TIOCSTI)}}},
+      {__NR_ioctl, {{1, static_cast<uint32_t>(TIOCSTI)}, {1, static_cast<uint32_t>(TIOCLINUX)}}},
       {__NR_prlimit64, {{0, 1}}},
       {__NR_sched_setaffinity, {{0, 1}}},
       {__NR_sched_setattr, {{0, 1}}},
