@@ -9,6 +9,9 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "agent/tar.h"
 #include "base/strings.h"
 #include "sys/syscalls.h"
@@ -22,6 +25,8 @@ namespace {
 
 constexpr uint64_t kResolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
 constexpr size_t kMaxListEntries = 100000;
+// Archives larger than this are refused even when the caller names no smaller max_bytes.
+constexpr uint64_t kMaxArchiveBytes = 4ull << 30;
 
 // The fs ids of the requesting user for the duration of one step of an operation. Switching
 // fsuid away from 0 also drops the file system capabilities (DAC_OVERRIDE, FOWNER, ...).
@@ -64,10 +69,15 @@ int RootFd() {
   return fd;
 }
 
+// openat2 answers EAGAIN when a rename anywhere raced a lookup with ".." in it (a sandbox can
+// rename in a loop): retry a few times before giving up.
 StatusOr<UniqueFd> Resolve(const std::string& path, int flags, mode_t mode = 0) {
-  UniqueFd fd(sys::Openat2(RootFd(), path.c_str(), flags | O_CLOEXEC, mode, kResolve));
-  if (!fd) return ErrnoError("open \"" + path + "\"");
-  return fd;
+  for (int attempt = 0;; ++attempt) {
+    UniqueFd fd(sys::Openat2(RootFd(), path.c_str(), flags | O_CLOEXEC, mode, kResolve));
+    if (fd) return fd;
+    if ((errno == EAGAIN || errno == EINTR) && attempt < 64) continue;
+    return ErrnoError("open \"" + path + "\"");
+  }
 }
 
 Status RefuseKernelFs(int fd, const std::string& path) {
@@ -91,23 +101,55 @@ std::pair<std::string, std::string> SplitParent(const std::string& path) {
   return {parent, path.substr(slash + 1)};
 }
 
-// mkdir -p, resolving every prefix from the sandbox root (so symlinks keep their meaning and
-// stay inside). Returns an O_PATH fd of the directory.
-StatusOr<UniqueFd> MakeDirs(const std::string& path, mode_t mode) {
-  std::string prefix;
-  UniqueFd cur;
-  DSEC_ASSIGN_OR_RETURN(cur, Resolve("/", O_PATH | O_DIRECTORY));
-  for (auto comp : SplitString(path, '/', true)) {
-    std::string name(comp);
-    prefix += "/" + name;
-    int fd = sys::Openat2(RootFd(), prefix.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, kResolve);
-    if (fd < 0 && errno == ENOENT) {
-      if (mkdirat(cur.get(), name.c_str(), mode) < 0 && errno != EEXIST)
-        return ErrnoError("mkdir \"" + prefix + "\"");
-      fd = sys::Openat2(RootFd(), prefix.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, kResolve);
+// "/" followed by the first n components.
+std::string JoinPrefix(const std::vector<std::string>& comps, size_t n) {
+  std::string p = "/";
+  for (size_t i = 0; i < n; ++i) p += (i ? "/" : "") + comps[i];
+  return p;
+}
+
+// mkdir -p. Existing prefixes are resolved from the sandbox root (so symlinks keep their meaning
+// and stay inside); the deepest existing one is found by binary search (resolving a prefix
+// resolves every shorter one), so a PATH_MAX path of 2,000 components costs a dozen lookups, not
+// 2,000 of growing length. Directories made here are entered without following anything.
+// Returns an O_PATH fd of the directory.
+// Like mkdir -p inside the sandbox root; *created (if given) gets the paths of the directories
+// this call made, outermost first.
+StatusOr<UniqueFd> MakeDirs(const std::string& path, mode_t mode,
+                            std::vector<std::string>* created = nullptr) {
+  std::vector<std::string> comps;
+  for (auto comp : SplitString(path, '/', true)) comps.emplace_back(comp);
+  StatusOr<UniqueFd> full = Resolve(JoinPrefix(comps, comps.size()), O_PATH | O_DIRECTORY);
+  if (full.ok() || full.status().error_number() != ENOENT) return full;
+  DSEC_ASSIGN_OR_RETURN(UniqueFd cur, Resolve("/", O_PATH | O_DIRECTORY));
+  size_t lo = 0, hi = comps.size();  // prefix lo exists, prefix hi does not
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    StatusOr<UniqueFd> m = Resolve(JoinPrefix(comps, mid), O_PATH | O_DIRECTORY);
+    if (m.ok()) {
+      lo = mid;
+      cur = std::move(m).value();
+    } else if (m.status().error_number() == ENOENT) {
+      hi = mid;
+    } else {
+      return m.status();
     }
-    if (fd < 0) return ErrnoError("open \"" + prefix + "\"");
-    cur.Reset(fd);
+  }
+  for (size_t i = lo; i < comps.size(); ++i) {
+    const std::string& name = comps[i];
+    const std::string prefix = JoinPrefix(comps, i + 1);
+    if (mkdirat(cur.get(), name.c_str(), mode) == 0) {
+      if (created) created->push_back(prefix);
+      UniqueFd fd(openat(cur.get(), name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (fd) {
+        cur = std::move(fd);
+        continue;
+      }
+    } else if (errno != EEXIST) {
+      return ErrnoError("mkdir \"" + prefix + "\"");
+    }
+    // Already there ("." and ".." too, or a symlink) or replaced since: resolve it from the root.
+    DSEC_ASSIGN_OR_RETURN(cur, Resolve(prefix, O_PATH | O_DIRECTORY));
   }
   return cur;
 }
@@ -251,10 +293,14 @@ class WriteFileOp : public Op {
 
 class TarExtractOp : public Op {
  public:
-  TarExtractOp(Agent* a, uint32_t ch, UniqueFd dir, Ids ids, uint64_t max_bytes)
+  // made: the directories the op created for its target (MakeDirs), removed again if the
+  // archive is refused before anything was extracted: a refused upload leaves no trace.
+  TarExtractOp(Agent* a, uint32_t ch, UniqueFd dir, Ids ids, uint64_t max_bytes,
+               std::vector<std::string> made)
       : Op(a, ch),
         dir_(std::move(dir)),
         ids_(ids),
+        made_(std::move(made)),
         extractor_(dir_.get(), TarExtractOptions{ids.uid, ids.gid, max_bytes, 1'000'000}) {}
 
   void OnData(const protocol::Frame& f) override {
@@ -264,6 +310,7 @@ class TarExtractOp : public Op {
     if (s.ok() && f.eof()) s = extractor_.Finish();
     if (!s.ok()) {
       failed_ = true;
+      if (extractor_.stats().entries == 0) RemoveMade();
       return agent_->FinishWithError(this, s);
     }
     if (f.eof()) {
@@ -275,16 +322,30 @@ class TarExtractOp : public Op {
   void Cancel() override {}
 
  private:
+  void RemoveMade() {
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) {
+      size_t slash = it->rfind('/');
+      std::string parent = slash == 0 || slash == std::string::npos ? "/" : it->substr(0, slash);
+      auto pfd = Resolve(parent, O_PATH | O_DIRECTORY);
+      if (!pfd.ok() || unlinkat(pfd->get(), it->substr(slash + 1).c_str(), AT_REMOVEDIR) < 0)
+        return;  // not empty (or replaced): keep it and its parents
+    }
+  }
+
   UniqueFd dir_;
   Ids ids_;
+  std::vector<std::string> made_;
   TarExtractor extractor_;
   bool failed_ = false;
 };
 
+// Stops with kTooLarge once the archive passes max_bytes: the caller only keeps that much, so
+// streaming the rest (a 1 TB sparse file is 1 TB of zeros) would be work for nobody.
 class TarCreateOp : public Op {
  public:
-  TarCreateOp(Agent* a, uint32_t ch, std::unique_ptr<TarCreator> c, Ids ids)
-      : Op(a, ch), creator_(std::move(c)), ids_(ids) {}
+  TarCreateOp(Agent* a, uint32_t ch, std::unique_ptr<TarCreator> c, Ids ids, std::string path,
+              uint64_t max_bytes)
+      : Op(a, ch), creator_(std::move(c)), ids_(ids), path_(std::move(path)), max_(max_bytes) {}
 
   void Begin() override { OnRoom(); }
 
@@ -297,8 +358,15 @@ class TarCreateOp : public Op {
         return;
       }
       chunk.clear();
-      auto more = creator_->Next(&chunk, protocol::kDataChunk);
+      // One byte past the limit is enough to tell an archive that does not fit.
+      auto more = creator_->Next(
+          &chunk, static_cast<size_t>(std::min<uint64_t>(protocol::kDataChunk, max_ - bytes_ + 1)));
       if (!more.ok()) return agent_->FinishWithError(this, more.status());
+      if (bytes_ + chunk.size() > max_) {
+        return agent_->FinishWithError(this,
+                                       TooLarge("the archive of \"" + path_ + "\" is larger than " +
+                                                std::to_string(max_) + " bytes"));
+      }
       if (!chunk.empty()) {
         agent_->Send(FrameType::kData, protocol::kBody, channel_, chunk);
         bytes_ += chunk.size();
@@ -313,6 +381,8 @@ class TarCreateOp : public Op {
  private:
   std::unique_ptr<TarCreator> creator_;
   Ids ids_;
+  std::string path_;
+  uint64_t max_;
   uint64_t bytes_ = 0;
 };
 
@@ -351,7 +421,11 @@ StatusOr<std::unique_ptr<Op>> Dispatch(Agent* agent, uint32_t ch, const std::str
     int flags = O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | (append ? O_APPEND : O_TRUNC);
     // setuid/setgid bits are never granted through the API.
     mode_t m = static_cast<mode_t>(mode) & 01777;
-    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, flags, m));
+    StatusOr<UniqueFd> opened = Resolve(path, flags, m);
+    // ENXIO: a FIFO without a reader (O_NONBLOCK), or a device or socket.
+    if (!opened.ok() && opened.status().error_number() == ENXIO)
+      return InvalidArgument("\"" + path + "\" is not a regular file");
+    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, std::move(opened));
     struct stat st;
     if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + path + "\"");
     if (!S_ISREG(st.st_mode)) return InvalidArgument("\"" + path + "\" is not a regular file");
@@ -397,7 +471,8 @@ StatusOr<std::unique_ptr<Op>> Dispatch(Agent* agent, uint32_t ch, const std::str
     return std::unique_ptr<Op>();
   }
   if (op == "mkdir") {
-    DSEC_ASSIGN_OR_RETURN(int64_t mode, protocol::GetInt(req, "mode", 0755, 0, 01777));
+    DSEC_ASSIGN_OR_RETURN(int64_t mode, protocol::GetInt(req, "mode", 0755, 0, 07777));
+    mode &= 01777;  // setuid/setgid bits are never granted through the API
     DSEC_ASSIGN_OR_RETURN(bool parents, protocol::GetBool(req, "parents", true));
     if (parents) {
       DSEC_RETURN_IF_ERROR(MakeDirs(path, static_cast<mode_t>(mode)).status());
@@ -412,8 +487,14 @@ StatusOr<std::unique_ptr<Op>> Dispatch(Agent* agent, uint32_t ch, const std::str
   }
   if (op == "remove") {
     DSEC_ASSIGN_OR_RETURN(bool recursive, protocol::GetBool(req, "recursive", false));
-    auto [parent, name] = SplitParent(path);
+    std::string trimmed = path;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+    auto [parent, name] = SplitParent(trimmed);
     if (name.empty()) return InvalidArgument("refusing to remove \"/\"");
+    // "x/.." names x's parent (and "/.." the root): the name to unlink would be ".." itself,
+    // and a recursive remove would empty a directory other than the one named.
+    if (name == "." || name == "..")
+      return InvalidArgument("\"" + path + "\" must not end in \".\" or \"..\"");
     DSEC_ASSIGN_OR_RETURN(UniqueFd pfd, Resolve(parent, O_RDONLY | O_DIRECTORY));
     DSEC_RETURN_IF_ERROR(RefuseKernelFs(pfd.get(), path));
     struct stat st;
@@ -433,17 +514,22 @@ StatusOr<std::unique_ptr<Op>> Dispatch(Agent* agent, uint32_t ch, const std::str
   }
   if (op == "tar_extract") {
     DSEC_ASSIGN_OR_RETURN(int64_t max, protocol::GetInt(req, "max_bytes", 1ll << 32, 0, INT64_MAX));
-    DSEC_ASSIGN_OR_RETURN(UniqueFd pathfd, MakeDirs(path, 0755));
+    std::vector<std::string> made;
+    DSEC_ASSIGN_OR_RETURN(UniqueFd pathfd, MakeDirs(path, 0755, &made));
     DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
     DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
-    return std::unique_ptr<Op>(
-        std::make_unique<TarExtractOp>(agent, ch, std::move(dir), ids, static_cast<uint64_t>(max)));
+    return std::unique_ptr<Op>(std::make_unique<TarExtractOp>(
+        agent, ch, std::move(dir), ids, static_cast<uint64_t>(max), std::move(made)));
   }
   if (op == "tar_create") {
+    DSEC_ASSIGN_OR_RETURN(
+        int64_t max, protocol::GetInt(req, "max_bytes", static_cast<int64_t>(kMaxArchiveBytes), 0,
+                                      static_cast<int64_t>(kMaxArchiveBytes)));
     DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
     DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
     DSEC_ASSIGN_OR_RETURN(auto creator, TarCreator::Open(dir.get(), "."));
-    return std::unique_ptr<Op>(std::make_unique<TarCreateOp>(agent, ch, std::move(creator), ids));
+    return std::unique_ptr<Op>(std::make_unique<TarCreateOp>(agent, ch, std::move(creator), ids,
+                                                             path, static_cast<uint64_t>(max)));
   }
   return InvalidArgument("unknown file operation \"" + op + "\"");
 }

@@ -33,6 +33,10 @@ constexpr uint64_t kResolveFlags = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
 // Retries for openat2 EAGAIN (concurrent rename) and for create-after-unlink races.
 constexpr int kMaxRetries = 32;
 constexpr uint64_t kMaxOctal11 = 077777777777ull;  // largest value of an 11-digit octal field
+// TarCreator skips (and counts) entries whose archive path is longer than PATH_MAX, and
+// directories nested deeper than this many levels below the archived one.
+constexpr size_t kMaxArchivePathBytes = 4096;
+constexpr size_t kMaxArchiveDepth = 1024;
 
 struct Field {
   size_t offset;
@@ -651,30 +655,44 @@ class TarExtractor::Impl {
     if (dir.status().error_number() != ENOENT) {
       return dir.status().WithContext("tar entry " + Quote(entry));
     }
-    // Walk from the root, creating what is missing. Each prefix is looked up again from the
-    // root, so symlinks in it resolve exactly as the kernel would, clamped to the root.
+    // Find the deepest existing prefix by binary search (resolving a prefix resolves every
+    // shorter one; comps has no "." or ".."), looking each up from the root so symlinks in it
+    // resolve exactly as the kernel would, clamped to the root. A per-prefix walk would cost
+    // quadratic time in the depth for every entry of an archive of deep, distinct paths.
     DSEC_ASSIGN_OR_RETURN(UniqueFd cur, OpenBeneath(dest_, "", O_RDONLY | O_DIRECTORY));
-    for (size_t i = 0; i < n; ++i) {
+    size_t lo = 0, hi = n;  // prefix lo exists, prefix hi does not
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      StatusOr<UniqueFd> m = OpenBeneath(dest_, JoinComponents(comps, mid), O_RDONLY | O_DIRECTORY);
+      if (m.ok()) {
+        lo = mid;
+        cur = std::move(m).value();
+      } else if (m.status().error_number() == ENOENT) {
+        hi = mid;
+      } else {
+        return m.status().WithContext("tar entry " + Quote(entry));
+      }
+    }
+    // Then create what is missing: below a directory made here nothing exists yet, so the next
+    // component is made directly; anything found there after all is looked up from the root.
+    for (size_t i = lo; i < n; ++i) {
       const std::string prefix = JoinComponents(comps, i + 1);
-      StatusOr<UniqueFd> next = OpenBeneath(dest_, prefix, O_RDONLY | O_DIRECTORY);
-      if (!next.ok() && next.status().error_number() == ENOENT) {
-        const char* name = comps[i].c_str();
-        if (mkdirat(cur.get(), name, 0700) == 0) {
-          UniqueFd created(
-              openat(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-          if (!created)
-            return ErrnoError("open " + Quote(prefix)).WithContext("tar entry " + Quote(entry));
-          if (fchown(created.get(), opts_.uid, opts_.gid) < 0 || fchmod(created.get(), 0755) < 0) {
-            return ErrnoError("chown/chmod " + Quote(prefix))
-                .WithContext("tar entry " + Quote(entry));
-          }
-          next = std::move(created);
-        } else if (errno == EEXIST) {
-          // Something appeared (or a dangling symlink is there): resolve it again.
-          next = OpenBeneath(dest_, prefix, O_RDONLY | O_DIRECTORY);
-        } else {
-          return ErrnoError("mkdirat " + Quote(prefix)).WithContext("tar entry " + Quote(entry));
+      const char* name = comps[i].c_str();
+      StatusOr<UniqueFd> next = NotFound("");
+      if (mkdirat(cur.get(), name, 0700) == 0) {
+        UniqueFd created(openat(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!created)
+          return ErrnoError("open " + Quote(prefix)).WithContext("tar entry " + Quote(entry));
+        if (fchown(created.get(), opts_.uid, opts_.gid) < 0 || fchmod(created.get(), 0755) < 0) {
+          return ErrnoError("chown/chmod " + Quote(prefix))
+              .WithContext("tar entry " + Quote(entry));
         }
+        next = std::move(created);
+      } else if (errno == EEXIST) {
+        // Something appeared (or a dangling symlink is there): resolve it again.
+        next = OpenBeneath(dest_, prefix, O_RDONLY | O_DIRECTORY);
+      } else {
+        return ErrnoError("mkdirat " + Quote(prefix)).WithContext("tar entry " + Quote(entry));
       }
       if (!next.ok()) return next.status().WithContext("tar entry " + Quote(entry));
       cur = std::move(next).value();
@@ -1192,6 +1210,10 @@ class TarCreator::Impl {
 
   // Returns true if an entry was produced; false if the name was skipped.
   StatusOr<bool> Visit(int dirfd, const std::string& name, const std::string& rel) {
+    // The sandbox may plant a tree tens of thousands of levels deep: every level holds an fd
+    // and its path, so walking it all would take memory quadratic in the depth (and kill the
+    // agent). Names longer than PATH_MAX could not be extracted anywhere anyway.
+    if (rel.size() > kMaxArchivePathBytes) return Skip();
     struct statx stx;
     if (StatxAt(dirfd, name.c_str(), AT_SYMLINK_NOFOLLOW, &stx) < 0) {
       if (errno == ENOENT) return Skip();  // vanished during the walk
@@ -1208,6 +1230,7 @@ class TarCreator::Impl {
         if (StatxAt(fd.get(), "", AT_EMPTY_PATH, &stx) < 0)
           return ErrnoError("statx " + Quote(rel));
         if (!S_ISDIR(stx.stx_mode) || !SameMount(stx)) return Skip();
+        if (stack_.size() > kMaxArchiveDepth) return Skip();  // the root frame is stack_[0]
         Frame frame;
         DSEC_ASSIGN_OR_RETURN(frame.names, ListDir(fd.get(), rel));
         frame.fd = std::move(fd);

@@ -67,7 +67,8 @@ class TarCreator {
   // whole dir). If it is a directory, its contents are archived with names relative to it (the
   // directory itself gets no entry); otherwise the single entry is named by its last component.
   // Regular files, directories and symlinks (stored as links, never followed); FIFOs, sockets,
-  // devices, mount points and files that vanish during the walk are skipped and counted.
+  // devices, mount points, files that vanish during the walk, paths longer than 4096 bytes and
+  // directories more than 1024 levels deep are skipped and counted.
   static StatusOr<std::unique_ptr<TarCreator>> Open(int root_dirfd, const std::string& path);
   ~TarCreator();
   TarCreator(const TarCreator&) = delete;

@@ -442,6 +442,36 @@ TEST_F(TarTest, CreatorSkipsSpecialFiles) {
   EXPECT_TRUE(S_ISLNK(st.st_mode));
 }
 
+// A tree planted thousands of levels deep is archived down to 1024 levels (or PATH_MAX bytes
+// of path); the rest is skipped and counted, without holding an fd and a path per level.
+TEST_F(TarTest, CreatorBoundsDepthAndPathLength) {
+  std::mt19937_64 rng(3);
+  UniqueFd cur(fcntl(src_fd_.get(), F_DUPFD_CLOEXEC, 0));
+  for (int i = 0; i < 1100; ++i) {  // "d/d/d/...": 1100 levels, 2200 bytes of path
+    ASSERT_EQ(mkdirat(cur.get(), "d", 0755), 0);
+    cur.Reset(openat(cur.get(), "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    ASSERT_TRUE(cur);
+  }
+  const std::string long_name(200, 'n');
+  UniqueFd lng(fcntl(src_fd_.get(), F_DUPFD_CLOEXEC, 0));
+  for (int i = 0; i < 25; ++i) {  // 25 x 201 bytes: past PATH_MAX at level 21
+    ASSERT_EQ(mkdirat(lng.get(), long_name.c_str(), 0755), 0);
+    lng.Reset(openat(lng.get(), long_name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    ASSERT_TRUE(lng);
+  }
+  uint64_t skipped = 0;
+  const std::string archive = CreateArchive(src_fd_.get(), ".", &rng, &skipped);
+  EXPECT_EQ(skipped, 2u);  // the 1025th "d" and the 21st long name
+  Result r = Extract(archive);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.stats.entries, 1024u + 20u);
+  std::string deepest;
+  for (int i = 0; i < 1024; ++i) deepest += "d/";
+  struct stat st;
+  EXPECT_EQ(stat(D(deepest).c_str(), &st), 0);
+  EXPECT_NE(stat(D(deepest + "d").c_str(), &st), 0);
+}
+
 TEST_F(TarTest, CreatorDoesNotCrossMountPoints) {
   std::mt19937_64 rng(3);
   const std::string mnt = src_ + "/mnt";
@@ -604,6 +634,27 @@ TEST_F(TarTest, AbsoluteAndDotPathsLandUnderDest) {
   EXPECT_EQ(st.st_uid, kUid);
   ASSERT_EQ(stat(dest_.c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, 0u);
+}
+
+// Missing parents below an existing prefix that goes through a symlink (resolved clamped to
+// dest) are created where the link leads; deep distinct paths are created level by level.
+TEST_F(TarTest, MissingParentsBelowLinksAndDeepPaths) {
+  std::string deep;
+  for (int i = 0; i < 600; ++i) deep += "q/";
+  Result r =
+      Extract(Dir("a/b") + Symlink("a/l", "/a/b") + File("a/l/c/d/e/f", "via link") +
+              File("a/l/c/g", "beside") + Pax(PaxRecord("path", deep + "f")) + File("x", "deep") +
+              Pax(PaxRecord("path", "z/" + deep + "f")) + File("x", "deep2") + End());
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(ReadFile(D("a/b/c/d/e/f")), "via link");
+  EXPECT_EQ(ReadFile(D("a/b/c/g")), "beside");
+  EXPECT_EQ(ReadFile(D(deep + "f")), "deep");
+  EXPECT_EQ(ReadFile(D("z/" + deep + "f")), "deep2");
+  struct stat st;
+  ASSERT_EQ(stat(D("a/b/c/d").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0755u);
+  EXPECT_EQ(st.st_uid, kUid);
+  EXPECT_EQ(ListNames(D("a")), (std::set<std::string>{"b", "l"}));
 }
 
 TEST_F(TarTest, SymlinkToRootCannotEscape) {

@@ -764,6 +764,9 @@ StatusOr<std::string> ContainerSandbox::CreateTar(const std::string& dir, uint64
   Json j = IdsJson("");
   j["op"] = "tar_create";
   j["path"] = dir;
+  // The agent stops at this bound too, instead of streaming the rest for nothing (a sparse 1 TB
+  // file would keep it busy until the call timed out).
+  j["max_bytes"] = max_bytes;
   std::string data;
   DSEC_RETURN_IF_ERROR(client->CallSync(j, {}, &data, max_bytes).status());
   if (data.size() >= max_bytes)
