@@ -257,6 +257,14 @@ const Route* Api::Match(const std::string& method, const std::string& target,
 Preflight Api::Check(HttpRequest& req) {
   Preflight pf;
   pf.body_limit = d_.cfg.max_json_body_bytes;
+  if (req.target.empty() || req.target[0] != '/') {
+    // Only origin-form ("/v1/..."): "v1/node", "*" and absolute URLs route nowhere.
+    d_.metrics->CountRequest(req.method, 400);
+    d_.metrics->CountError("bad_request");
+    pf.ok = false;
+    pf.error = JsonError(400, "bad_request", "the request target must be a path starting with /");
+    return pf;
+  }
   bool known = false;
   if (const Route* r = Match(req.method, req.target, nullptr, &known); r && r->upload)
     pf.body_limit = d_.cfg.max_upload_bytes;
@@ -277,6 +285,11 @@ Preflight Api::Check(HttpRequest& req) {
     pf.principal = "anonymous";
     return pf;
   }
+  // One credential per request: with two Authorization headers, a proxy in front and the edge
+  // could each check a different one.
+  int auth_headers = 0;
+  for (const auto& [k, v] : req.headers) auth_headers += k == "authorization";
+  if (auth_headers > 1) return deny(401, "unauthorized", "more than one Authorization header");
   std::string auth = req.Header("authorization");
   std::string_view token;
   if (auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0)
@@ -311,6 +324,13 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     if (!route->upload && !ctx->req.body.empty()) {
       // request_id in a JSON body; JSON errors are left for the handler to report.
       auto j = protocol::ParseJson(ctx->req.body);
+      if (j.ok() || ctx->req.body.find('\0') != std::string::npos) {
+        // Every JSON body, whichever handler reads it (some parse it themselves).
+        if (Status s = CheckStrictJson(ctx->req.body); !s.ok()) {
+          ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+          return ctx->Fail(s);
+        }
+      }
       if (j.ok() && j->is_object()) {
         if (auto it = j->find("request_id"); it != j->end() && !it->is_null()) {
           if (!it->is_string()) {
@@ -318,6 +338,10 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
             return ctx->Fail(400, "bad_request", "\"request_id\" must be a string");
           }
           std::string rid = it->get<std::string>();
+          if (rid.empty()) {
+            ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+            return ctx->Fail(400, "bad_request", "\"request_id\" must not be empty");
+          }
           if (!key.empty() && key != rid) {
             ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
             return ctx->Fail(400, "bad_request",

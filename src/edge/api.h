@@ -92,9 +92,12 @@ class Api {
   const Deps& deps() const { return d_; }
   Deps& deps() { return d_; }
 
- private:
+  // The route for a method and raw target (nullptr if none); *path_known tells whether any
+  // method has a route for that path. Fills *params (if given) from the route's pattern.
   const Route* Match(const std::string& method, const std::string& target,
                      std::map<std::string, std::string>* params, bool* path_known) const;
+
+ private:
   void Add(const char* method, const char* pattern, RouteFn fn, unsigned flags = 0);
   friend void RegisterSandboxRoutes(Api* api);
   friend void RegisterExecRoutes(Api* api);

@@ -33,6 +33,13 @@ struct ExecParams {
   Json audit_cmd;
 };
 
+// "user" names a user of the sandbox ("sandbox", "root", a name or a uid); empty is an error,
+// not the default.
+Status CheckUser(const std::optional<std::string>& user) {
+  if (user && user->empty()) return InvalidArgument("\"user\" must not be empty");
+  return OkStatus();
+}
+
 StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
   DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
   ExecParams p;
@@ -65,6 +72,9 @@ StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
     return InvalidArgument("\"encoding\" must be \"utf-8\" or \"base64\"");
   p.base64 = enc && *enc == "base64";
   DSEC_ASSIGN_OR_RETURN(p.req.stdin_data, DecodeStdin(std::move(stdin_data), stdin_enc));
+  if (cwd && (cwd->empty() || (*cwd)[0] != '/'))
+    return InvalidArgument("\"cwd\" must be an absolute path");
+  DSEC_RETURN_IF_ERROR(CheckUser(user));
   if (env) p.req.env = Flatten(*env);
   if (cwd) p.req.cwd = *cwd;
   if (user) p.req.user = *user;
@@ -78,14 +88,14 @@ StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
 
 StatusOr<std::string> DecodeStdin(std::optional<std::string> data,
                                   const std::optional<std::string>& encoding) {
+  if (encoding && *encoding != "utf-8" && *encoding != "base64")
+    return InvalidArgument("\"stdin_encoding\" must be \"utf-8\" or \"base64\"");
   if (!data) return std::string();
   if (encoding && *encoding == "base64") {
     auto d = Base64Decode(*data);
     if (!d) return InvalidArgument("\"stdin\" is not valid base64");
     return std::move(*d);
   }
-  if (encoding && *encoding != "utf-8")
-    return InvalidArgument("\"stdin_encoding\" must be \"utf-8\" or \"base64\"");
   return std::move(*data);
 }
 
@@ -478,6 +488,7 @@ void OpenShell(const std::shared_ptr<Ctx>& c) {
     DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
     (void)rid;
     DSEC_RETURN_IF_ERROR(b.Finish());
+    DSEC_RETURN_IF_ERROR(CheckUser(user));
     DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
     DSEC_ASSIGN_OR_RETURN(std::string id, sb->OpenShell(user.value_or("")));
     return ApiShellId(id);

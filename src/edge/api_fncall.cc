@@ -187,7 +187,9 @@ void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, State
   if (!stored.ok()) DSEC_LOG_ERROR("state db: pools not loaded: {}", stored.status().ToString());
   std::vector<std::pair<std::string, std::string>> rows;
   if (stored.ok()) rows = std::move(*stored);
-  for (const auto& [name, text] : rows) {
+  for (const auto& row : rows) {
+    const std::string& name = row.first;  // (clang 14 cannot capture structured bindings)
+    const std::string& text = row.second;
     if (text == "null") {  // a deleted built-in
       std::erase_if(want, [&](const fncall::PoolConfig& w) { return w.name == name; });
       continue;

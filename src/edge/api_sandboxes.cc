@@ -105,6 +105,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   if (ttl) p.ttl_s = *ttl;
   if (idle) p.idle_ttl_s = *idle;
   if (user) {
+    if (user->empty()) return InvalidArgument("\"user\" must not be empty");
     DSEC_RETURN_IF_ERROR(backends::ResolveUser(*user).status());
     p.user = *user;
   }

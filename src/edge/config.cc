@@ -117,7 +117,10 @@ Status LoadConfigFile(const std::string& path, EdgeConfig* cfg) {
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("config file \"" + path + "\" is not a JSON object");
   auto fields = Fields(cfg);
-  for (const auto& [key, value] : j.items()) {
+  for (const auto& item : j.items()) {
+    // (Not a structured binding: clang 14, the fuzz build's compiler, cannot capture those.)
+    const std::string& key = item.key();
+    const nlohmann::json& value = item.value();
     auto it =
         std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return key == f.first; });
     if (it == fields.end()) return InvalidArgument("config file: unknown key \"" + key + "\"");

@@ -1,5 +1,7 @@
 #include "edge/http_server.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +22,7 @@
 
 #include "base/logging.h"
 #include "edge/config.h"
+#include "edge/http_parse.h"
 
 namespace dsec::edge {
 
@@ -71,6 +74,42 @@ bool PercentDecode(std::string_view in, bool plus_is_space, std::string* out) {
   return true;
 }
 
+bool RequestFromHead(const http::request_header<>& h, HttpRequest* req, HttpResponse* error) {
+  req->method = std::string(h.method_string());
+  req->target = std::string(h.target());
+  for (const auto& f : h) {
+    std::string name(f.name_string());
+    for (auto& c : name) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+    req->headers.emplace_back(std::move(name), std::string(f.value()));
+  }
+  std::string_view target = req->target;
+  size_t q = target.find('?');
+  if (!PercentDecode(target.substr(0, q), false, &req->path) ||
+      req->path.find('\0') != std::string::npos) {
+    *error = JsonError(400, "bad_request", "bad percent-encoding in the path");
+    return false;
+  }
+  if (q != std::string_view::npos) {
+    std::string_view qs = target.substr(q + 1);
+    while (!qs.empty()) {
+      size_t amp = qs.find('&');
+      std::string_view part = qs.substr(0, amp);
+      qs = amp == std::string_view::npos ? std::string_view() : qs.substr(amp + 1);
+      if (part.empty()) continue;
+      size_t eq = part.find('=');
+      std::string k, v;
+      if (!PercentDecode(part.substr(0, eq), true, &k) ||
+          (eq != std::string_view::npos && !PercentDecode(part.substr(eq + 1), true, &v))) {
+        *error = JsonError(400, "bad_request", "bad percent-encoding in the query");
+        return false;
+      }
+      req->query.emplace_back(std::move(k), std::move(v));
+    }
+  }
+  req->websocket_upgrade = websocket::is_upgrade(h);
+  return true;
+}
+
 const std::string* HttpRequest::Query(std::string_view name) const {
   for (const auto& [k, v] : query)
     if (k == name) return &v;
@@ -112,6 +151,12 @@ struct HttpServer::Impl {
   std::atomic<bool> stopping{false};
   std::mutex mu;
   std::unordered_map<SessionBase*, std::weak_ptr<SessionBase>> sessions;  // GUARDED_BY(mu)
+  // A descriptor held in reserve: out of descriptors, it is given up for a moment at a time to
+  // accept the waiting connections and refuse them (503), instead of leaving their clients
+  // hanging in the listen backlog until descriptors come back.
+  std::mutex reserve_mu;
+  int reserve_fd = -1;  // GUARDED_BY(reserve_mu)
+  void ShedWaiting(int listen_fd);
 
   void Register(const std::shared_ptr<SessionBase>& s) {
     std::lock_guard<std::mutex> l(mu);
@@ -404,37 +449,15 @@ class HttpSession : public SessionBase {
     ++requests_;
     auto& h = parser_->get();
     HttpRequest req;
-    req.method = std::string(h.method_string());
-    req.target = std::string(h.target());
     req.via_unix = via_unix_;
     req.peer_uid = peer_uid_;
     req.remote = remote_;
-    for (const auto& f : h) {
-      std::string name(f.name_string());
-      for (auto& c : name) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-      req.headers.emplace_back(std::move(name), std::string(f.value()));
-    }
-    std::string_view target = req.target;
-    size_t q = target.find('?');
-    if (!PercentDecode(target.substr(0, q), false, &req.path) ||
-        req.path.find('\0') != std::string::npos)
-      return Reject(JsonError(400, "bad_request", "bad percent-encoding in the path"));
-    if (q != std::string_view::npos) {
-      std::string_view qs = target.substr(q + 1);
-      while (!qs.empty()) {
-        size_t amp = qs.find('&');
-        std::string_view part = qs.substr(0, amp);
-        qs = amp == std::string_view::npos ? std::string_view() : qs.substr(amp + 1);
-        if (part.empty()) continue;
-        size_t eq = part.find('=');
-        std::string k, v;
-        if (!PercentDecode(part.substr(0, eq), true, &k) ||
-            (eq != std::string_view::npos && !PercentDecode(part.substr(eq + 1), true, &v)))
-          return Reject(JsonError(400, "bad_request", "bad percent-encoding in the query"));
-        req.query.emplace_back(std::move(k), std::move(v));
-      }
-    }
-    req.websocket_upgrade = websocket::is_upgrade(h);
+    if (HttpResponse bad; !RequestFromHead(h, &req, &bad)) return Reject(std::move(bad));
+    // A Transfer-Encoding that does not end in chunked leaves the body's length unknown: Beast
+    // would read no body and parse the body's bytes as the next request (a smuggling vector
+    // behind any proxy that frames it otherwise). RFC 9112 6.3: 400, then close.
+    if (h.find(http::field::transfer_encoding) != h.end() && !parser_->chunked())
+      return Reject(JsonError(400, "bad_request", "unsupported Transfer-Encoding"));
     Preflight pf = srv_->preflight(req);
     if (!pf.ok) return Reject(std::move(pf.error));
     req.principal = std::move(pf.principal);
@@ -468,6 +491,11 @@ class HttpSession : public SessionBase {
     DisarmTimer();
     if (ec == http::error::body_limit)
       return Reject(JsonError(413, "too_large", "request body is too large"));
+    // A malformed body (a bad chunk header, an overflowing chunk size) is answered like a
+    // malformed head; a client that went away or timed out is not.
+    if (ec && ec.category() == http::make_error_code(http::error::bad_chunk).category() &&
+        ec != http::error::partial_message && ec != http::error::end_of_stream && !closed_)
+      return Reject(JsonError(400, "bad_request", "malformed HTTP request body: " + ec.message()));
     if (ec) return Shutdown();
     keep_alive_ = parser_->keep_alive();
     req_.body = std::move(parser_->get().body());
@@ -649,10 +677,40 @@ void HttpServer::Impl::StartSession(Socket sock, bool via_unix, uid_t uid, std::
   s->Start();
 }
 
+void HttpServer::Impl::ShedWaiting(int listen_fd) {
+  static const std::string kBusy = [] {
+    HttpResponse r = JsonError(503, "unavailable", "the edge is out of file descriptors");
+    return "HTTP/1.1 503 Service Unavailable\r\nServer: dsec-edge\r\nContent-Type: "
+           "application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+           std::to_string(r.body.size()) + "\r\n\r\n" + r.body;
+  }();
+  std::lock_guard<std::mutex> l(reserve_mu);
+  for (int i = 0; i < 256; ++i) {
+    pollfd pfd{listen_fd, POLLIN, 0};
+    if (poll(&pfd, 1, 0) != 1) break;  // nobody waiting
+    if (reserve_fd >= 0) close(reserve_fd);
+    reserve_fd = -1;
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      char buf[4096];  // read what it sent, so the close is a FIN and not a reset
+      for (int k = 0; k < 4 && recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0; ++k) {
+      }
+      (void)send(fd, kBusy.data(), kBusy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      shutdown(fd, SHUT_WR);
+      close(fd);
+    }
+    reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) break;  // still no descriptor (another thread took it): next time
+  }
+  if (reserve_fd < 0) reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
 void HttpServer::Impl::AcceptTcp() {
   tcp_acceptor->async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket s) {
     if (stopping) return;
     if (ec) {
+      if (ec == asio::error::no_descriptors || ec.value() == ENFILE)
+        ShedWaiting(tcp_acceptor->native_handle());
       // Out of fds and the like: back off instead of spinning.
       tcp_retry->expires_after(std::chrono::milliseconds(kAcceptRetryMs));
       tcp_retry->async_wait([this](beast::error_code e) {
@@ -674,6 +732,8 @@ void HttpServer::Impl::AcceptUnix() {
       asio::make_strand(io), [this](beast::error_code ec, unix_proto::socket s) {
         if (stopping) return;
         if (ec) {
+          if (ec == asio::error::no_descriptors || ec.value() == ENFILE)
+            ShedWaiting(unix_acceptor->native_handle());
           unix_retry->expires_after(std::chrono::milliseconds(kAcceptRetryMs));
           unix_retry->async_wait([this](beast::error_code e) {
             if (!e && !stopping) AcceptUnix();
@@ -743,6 +803,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions opts,
     (void)chmod(p.c_str(), 0600);
     impl->unix_acceptor = std::move(acc);
   }
+  impl->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (impl->tcp_acceptor) impl->AcceptTcp();
   if (impl->unix_acceptor) impl->AcceptUnix();
   impl->work.emplace(impl->io.get_executor());
@@ -776,6 +837,9 @@ void HttpServer::Stop() {
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
   if (!impl_->opts.unix_path.empty()) (void)unlink(impl_->opts.unix_path.c_str());
+  std::lock_guard<std::mutex> l(impl_->reserve_mu);
+  if (impl_->reserve_fd >= 0) close(impl_->reserve_fd);
+  impl_->reserve_fd = -1;
 }
 
 int64_t HttpServer::connections() const { return impl_->conns.load(); }

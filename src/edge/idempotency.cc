@@ -5,6 +5,12 @@
 
 namespace dsec::edge {
 
+namespace {
+// Bounds on the records held in memory while the state DB refuses writes.
+constexpr size_t kMaxUnsavedRecords = 4096;
+constexpr uint64_t kMaxUnsavedBytes = 64 << 20;
+}  // namespace
+
 Idempotency::Idempotency(StateStore* store, int64_t max_records, int64_t max_age_s,
                          uint64_t max_body, uint64_t max_total)
     : store_(store),
@@ -54,6 +60,12 @@ Idempotency::Decision Idempotency::Begin(const std::string& key, const std::stri
     it->second.waiters.push_back(std::move(reply));
     return Decision::kWaiting;
   }
+  if (auto it = unsaved_.find(key); it != unsaved_.end()) {
+    HttpResponse out = it->second.request_hash == hash ? Replay(it->second) : Mismatch();
+    l.unlock();
+    reply(std::move(out));
+    return Decision::kReplayed;
+  }
   auto stored = store_->GetResponse(key);
   if (!stored.ok()) {
     l.unlock();
@@ -88,8 +100,21 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
       s.content_type = big.content_type;
       s.body = big.body;
     }
-    if (Status st = store_->PutResponse(key, s); !st.ok())
-      DSEC_LOG_ERROR("idempotency record failed: error={}", st.ToString());
+    if (Status st = store_->PutResponse(key, s); !st.ok()) {
+      // Kept in memory instead (a retry must still not run it again), written when it can be.
+      std::lock_guard<std::mutex> l(mu_);
+      if (unsaved_.size() < kMaxUnsavedRecords &&
+          unsaved_bytes_ + s.body.size() <= kMaxUnsavedBytes) {
+        unsaved_bytes_ += s.body.size();
+        unsaved_[key] = s;
+        have_unsaved_ = true;
+        DSEC_LOG_ERROR("idempotency record kept in memory: error={}", st.ToString());
+      } else {
+        DSEC_LOG_ERROR("idempotency record lost: error={}", st.ToString());
+      }
+    } else if (have_unsaved_) {
+      FlushUnsaved();  // the state DB takes writes again
+    }
     // Big responses in a burst must not wait for the periodic prune to be bounded.
     if (since_prune_ += s.body.size(); since_prune_ > max_total_ / 8) Prune();
   }
@@ -109,7 +134,18 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
   }
 }
 
+void Idempotency::FlushUnsaved() {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto it = unsaved_.begin(); it != unsaved_.end();) {
+    if (!store_->PutResponse(it->first, it->second).ok()) return;
+    unsaved_bytes_ -= it->second.body.size();
+    it = unsaved_.erase(it);
+  }
+  have_unsaved_ = false;
+}
+
 void Idempotency::Prune() {
+  if (have_unsaved_) FlushUnsaved();
   since_prune_ = 0;
   auto n = store_->PruneResponses(WallMs() - max_age_s_ * 1000, max_records_, max_total_);
   if (!n.ok()) DSEC_LOG_WARN("idempotency prune failed: error={}", n.status().ToString());

@@ -5,6 +5,8 @@
 // the first is still running waits for it and gets the same answer.
 //
 // Not recorded: 429 and 503 (by contract "nothing was done, try again") and 401/403.
+// A record the state DB cannot take (a full state disk) is kept in memory (bounded) and
+// written later, so a retry is still answered from it rather than run again.
 // Retention is bounded by count and age. A response larger than the record cap is replaced
 // by a 409 that says so (the request did run; its output is too big to keep).
 // Thread safety: all methods are thread-safe.
@@ -50,6 +52,7 @@ class Idempotency {
   };
   HttpResponse Replay(const StoredResponse& r) const;
   static HttpResponse Mismatch();
+  void FlushUnsaved();
 
   StateStore* store_;
   int64_t max_records_, max_age_s_;
@@ -57,6 +60,10 @@ class Idempotency {
   std::atomic<uint64_t> since_prune_{0};  // bytes recorded since the last prune
   std::mutex mu_;
   std::map<std::string, InFlight> inflight_;  // GUARDED_BY(mu_)
+  // Records the state DB refused, by key; written again by FlushUnsaved.
+  std::map<std::string, StoredResponse> unsaved_;  // GUARDED_BY(mu_)
+  uint64_t unsaved_bytes_ = 0;                     // GUARDED_BY(mu_)
+  std::atomic<bool> have_unsaved_{false};
 };
 
 }  // namespace dsec::edge

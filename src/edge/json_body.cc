@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <unordered_set>
 
 namespace dsec::edge {
 
@@ -11,15 +13,66 @@ namespace {
 Status TypeError(const char* name, const char* want) {
   return InvalidArgument(std::string("\"") + name + "\" must be " + want);
 }
+// Walks the text (iteratively, any depth) and remembers the keys of every open object.
+class DuplicateKeyFinder : public nlohmann::json_sax<Json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (keys_.back().insert(k).second) return true;
+    duplicate_ = k;
+    return false;  // stops the parse
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+  std::optional<std::string> duplicate_;
+
+ private:
+  std::vector<std::unordered_set<std::string>> keys_;  // of each open object, innermost last
+};
+
 }  // namespace
+
+Status CheckStrictJson(std::string_view body) {
+  if (body.find('\0') != std::string_view::npos)
+    return InvalidArgument("request body is not valid JSON (it contains a NUL byte)");
+  DuplicateKeyFinder f;
+  (void)Json::sax_parse(body, &f);
+  if (f.duplicate_) {
+    std::string k = f.duplicate_->substr(0, 64);
+    for (char& ch : k)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == '"' || ch == '\\') ch = '?';
+    return InvalidArgument("duplicate key \"" + k + "\" in the request body");
+  }
+  return OkStatus();
+}
 
 StatusOr<JsonBody> JsonBody::Parse(std::string_view body) {
   if (std::all_of(body.begin(), body.end(),
                   [](char c) { return isspace(static_cast<unsigned char>(c)); }))
     return JsonBody(Json::object());
+  if (body.find('\0') != std::string_view::npos)
+    return InvalidArgument("request body is not valid JSON");
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument("request body is not valid JSON");
   if (!j.is_object()) return InvalidArgument("request body must be a JSON object");
+  DSEC_RETURN_IF_ERROR(CheckStrictJson(body));
   return JsonBody(std::move(j));
 }
 

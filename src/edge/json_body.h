@@ -44,6 +44,13 @@ class JsonBody {
   std::vector<std::string> seen_;
 };
 
+// InvalidArgument if `body` holds a NUL byte, or some JSON object in it has the same key twice.
+// Such bodies mean different things to different parsers (nlohmann stops at a NUL and takes
+// the last of two keys, others do not), so a proxy in front could check one request while the
+// edge ran another: strict bodies refuse them. Other malformed text passes (its parse reports
+// the error).
+Status CheckStrictJson(std::string_view body);
+
 // Plain string->string map (no nulls) from StringMap's result.
 std::map<std::string, std::string> Flatten(
     const std::map<std::string, std::optional<std::string>>& m);

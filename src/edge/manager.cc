@@ -248,9 +248,10 @@ Json Manager::StoredRecord(const SandboxEntry& e) const {
           {"idle_ttl_s", e.idle_ttl_s_}};
 }
 
-void Manager::Persist(const SandboxEntry& e) {
-  if (Status s = store_->UpdateRecord(e.id, StoredRecord(e).dump()); !s.ok())
-    DSEC_LOG_ERROR("state db update failed: sandbox={} error={}", e.id, s.ToString());
+Status Manager::Persist(const SandboxEntry& e) {
+  Status s = store_->UpdateRecord(e.id, StoredRecord(e).dump());
+  if (!s.ok()) DSEC_LOG_ERROR("state db update failed: sandbox={} error={}", e.id, s.ToString());
+  return s;
 }
 
 Status Manager::Admit(const CreateParams& p, int count) {
@@ -405,8 +406,24 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
   }
   if (!deleted) {
     StoredSandbox row{e->id, StoredRecord(*e).dump(), (*sb)->AdoptionHandle()};
-    if (Status s = store_->PutSandbox(row); !s.ok())
-      DSEC_LOG_ERROR("state db insert failed: sandbox={} error={}", e->id, s.ToString());
+    if (Status s = store_->PutSandbox(row); !s.ok()) {
+      // Not durable (a full state disk): a restarted edge would not know it and would clean it
+      // up as an orphan while the caller relies on it. Undo the create instead.
+      DSEC_LOG_ERROR("state db insert failed, destroying: sandbox={} error={}", e->id,
+                     s.ToString());
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (entries_.erase(e->id)) ReleaseMemoryLocked(*e);
+      }
+      {
+        std::lock_guard<std::mutex> l(e->mu_);
+        e->deleted_ = true;
+        e->cv_.notify_all();
+      }
+      metrics_->CountDeleted("create_failed");
+      Destroy(e);
+      return Unavailable("the sandbox could not be recorded in the state db: " + s.message());
+    }
   }
   {
     std::lock_guard<std::mutex> l(e->mu_);
@@ -484,8 +501,13 @@ StatusOr<Json> Manager::List(const ListFilter& f) const {
 
 StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
   DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
+  std::map<std::string, std::string> old_labels;
+  int64_t old_expires = 0, old_idle = 0;
   {
     std::lock_guard<std::mutex> l(e->mu_);
+    old_labels = e->labels_;
+    old_expires = e->expires_at_;
+    old_idle = e->idle_ttl_s_;
     // Validate on a copy: a refused patch changes nothing.
     auto labels = e->labels_;
     for (const auto& [k, v] : p.labels) {
@@ -500,7 +522,14 @@ StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
     if (p.ttl_s) e->expires_at_ = WallMs() + *p.ttl_s * 1000;
     if (p.idle_ttl_s) e->idle_ttl_s_ = *p.idle_ttl_s;
   }
-  Persist(*e);
+  if (Status s = Persist(*e); !s.ok()) {
+    // Not durable: a restart would bring the old values back. Refuse it instead.
+    std::lock_guard<std::mutex> l(e->mu_);
+    e->labels_ = std::move(old_labels);
+    e->expires_at_ = old_expires;
+    e->idle_ttl_s_ = old_idle;
+    return Unavailable("the change could not be recorded in the state db: " + s.message());
+  }
   return Record(*e);
 }
 

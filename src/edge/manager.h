@@ -159,7 +159,7 @@ class Manager {
   StatusOr<Json> CreateOne(const std::shared_ptr<SandboxEntry>& e);
   // An entry whose sandbox came ready-made from a pool.
   Json AttachPooled(const std::shared_ptr<SandboxEntry>& e, std::shared_ptr<backends::Sandbox> sb);
-  void Persist(const SandboxEntry& e);
+  Status Persist(const SandboxEntry& e);
   Json StoredRecord(const SandboxEntry& e) const;
   std::string StateName(const SandboxEntry& e) const;
   void MarkFailed(const std::shared_ptr<SandboxEntry>& e, const std::string& reason);

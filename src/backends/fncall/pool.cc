@@ -40,8 +40,23 @@ Status GetField(const Json& j, const char* key, T* out, T lo, T hi) {
     if (!it->is_number_integer())
       return InvalidArgument(std::string("\"") + key + "\" must be an integer");
   }
-  T v = it->get<T>();
-  if (!(v >= lo && v <= hi))
+  // Compared before narrowing: 2^63 must not wrap into the range.
+  bool in_range;
+  T v{};
+  if constexpr (std::is_floating_point_v<T>) {
+    v = it->get<T>();
+    in_range = v >= lo && v <= hi;
+  } else if (it->is_number_unsigned()) {
+    uint64_t u = it->get<uint64_t>();
+    in_range = hi >= 0 && u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo &&
+               u <= static_cast<uint64_t>(INT64_MAX);
+    v = static_cast<T>(u);
+  } else {
+    int64_t i = it->get<int64_t>();
+    in_range = i >= static_cast<int64_t>(lo) && i <= static_cast<int64_t>(hi);
+    v = static_cast<T>(i);
+  }
+  if (!in_range)
     return InvalidArgument(std::string("\"") + key + "\" must be between " + FormatNumber(lo) +
                            " and " + FormatNumber(hi));
   *out = v;
