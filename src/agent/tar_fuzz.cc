@@ -1,0 +1,123 @@
+// libFuzzer target for the tar extractor the agent runs on archive uploads (and the CLI on
+// `dsec cp` downloads): each input is extracted, in the chunks a socket might deliver, into a
+// fresh directory beside a canary directory; then the extracted tree is archived again with
+// TarCreator. Real files are written (under $TMPDIR; scripts/fuzz points it at a directory it
+// removes), so the checks are about the file system, not the parser's word:
+//  - nothing appears or changes outside the extraction root (the canary directory is intact,
+//    the parent holds nothing new);
+//  - nothing extracted is a device, a FIFO, a socket, setuid or setgid;
+//  - the bytes written stay within max_total_bytes, the entries within max_entries;
+//  - the re-archived tree is a whole number of 512-byte blocks.
+// A violation traps.
+#include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "agent/tar.h"
+#include "base/file_util.h"
+#include "base/unique_fd.h"
+
+namespace {
+
+constexpr uint64_t kMaxBytes = 1 << 20;
+constexpr uint64_t kMaxEntries = 256;
+
+struct Dirs {
+  std::string base, root, outside, canary;
+};
+
+const Dirs& TheDirs() {
+  static Dirs d = [] {
+    const char* tmp = getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/dsec-tarfuzz-XXXXXX";
+    if (!mkdtemp(tmpl.data())) abort();
+    Dirs r{tmpl, tmpl + "/root", tmpl + "/outside", tmpl + "/outside/canary"};
+    if (mkdir(r.outside.c_str(), 0755) != 0) abort();
+    if (!dsec::WriteStringToFile(r.canary, "canary", O_WRONLY | O_CREAT | O_EXCL).ok()) abort();
+    static std::string base = r.base;
+    atexit([] { (void)dsec::RemoveTree(base); });
+    return r;
+  }();
+  return d;
+}
+
+uint64_t g_bytes = 0, g_entries = 0;
+
+int Inspect(const char* path, const struct stat* st, int type, FTW*) {
+  (void)path;
+  if (type == FTW_F && !S_ISREG(st->st_mode)) __builtin_trap();  // device, FIFO, socket
+  if (st->st_mode & (S_ISUID | S_ISGID)) __builtin_trap();
+  if (S_ISREG(st->st_mode)) g_bytes += static_cast<uint64_t>(st->st_size);
+  ++g_entries;
+  return 0;
+}
+
+void CheckOutsideUntouched(const Dirs& d) {
+  auto base = dsec::ListDir(d.base);
+  if (!base.ok() || base->size() != 2) __builtin_trap();  // only root and outside
+  auto out = dsec::ListDir(d.outside);
+  if (!out.ok() || out->size() != 1) __builtin_trap();
+  auto c = dsec::ReadFileToString(d.canary);
+  if (!c.ok() || *c != "canary") __builtin_trap();
+  struct stat st;
+  if (lstat(d.canary.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)
+    __builtin_trap();  // also: no hard link to it was made from inside the root
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const Dirs& d = TheDirs();
+  std::string_view in(reinterpret_cast<const char*>(data), size);
+  // The first byte picks the chunking: single bytes, or 512..1536-byte reads.
+  uint8_t pick = size ? data[0] : 0;
+  size_t chunk = pick % 4 == 0 ? 1 : 512 * (pick % 3 + 1);
+  if (!in.empty()) in.remove_prefix(1);
+
+  if (mkdir(d.root.c_str(), 0755) != 0) abort();
+  {
+    dsec::UniqueFd root(open(d.root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!root) abort();
+    dsec::agent::TarExtractOptions opts;
+    opts.uid = geteuid();
+    opts.gid = getegid();
+    opts.max_total_bytes = kMaxBytes;
+    opts.max_entries = kMaxEntries;
+    dsec::agent::TarExtractor x(root.get(), opts);
+    bool ok = true;
+    for (size_t off = 0; off < in.size() && ok; off += chunk) ok = x.Feed(in.substr(off, chunk)).ok();
+    if (ok) (void)x.Finish();
+    if (x.stats().bytes > kMaxBytes || x.stats().entries > kMaxEntries) __builtin_trap();
+
+    CheckOutsideUntouched(d);
+    g_bytes = g_entries = 0;
+    if (nftw(d.root.c_str(), Inspect, 16, FTW_PHYS) != 0) abort();
+    // Bytes on disk: what was written, plus nothing else (the root itself is one entry).
+    if (g_bytes > kMaxBytes || g_entries > kMaxEntries + 1) __builtin_trap();
+
+    auto creator = dsec::agent::TarCreator::Open(root.get(), ".");
+    if (creator.ok()) {
+      std::string out;
+      uint64_t total = 0;
+      while (true) {
+        out.clear();
+        auto more = (*creator)->Next(&out, 64 << 10);
+        if (!more.ok()) break;
+        total += out.size();
+        if (!*more) {
+          if (total % 512 != 0) __builtin_trap();
+          break;
+        }
+      }
+    }
+  }
+  if (!dsec::RemoveTree(d.root).ok()) abort();
+  return 0;
+}
