@@ -19,6 +19,12 @@ counts:
               for reuse (netns_pool: bounded by the peak concurrency, checked separately)
   state_dir   entries under the state dir (recursively; the audit log and the sqlite files are
               there from the start)
+  loop_devs   attached loop devices on the host
+  netns       network namespaces of the edge's sandboxes (the idle ones the backend keeps for
+              reuse are counted apart, as netns_pool, and bounded by the peak concurrency)
+  edge_rss    the edge's resident memory: the allocator keeps what the first sandboxes used, so
+              it is compared between the end of the first half of the run and the end (at most
+              4 MiB more), not against the idle baseline
 
 and fails (exit 1) if any compared figure is not back to baseline within a deadline (teardown is
 asynchronous), if any request failed, or if the edge leaves residue after SIGTERM. Prints the
@@ -76,6 +82,35 @@ def count_entries(path):
     return n
 
 
+def loop_devices():
+    n = 0
+    for dev in os.listdir("/sys/block"):
+        if dev.startswith("loop") and os.path.exists(f"/sys/block/{dev}/loop/backing_file"):
+            n += 1
+    return n
+
+
+def net_namespaces(pids):
+    seen = set()
+    for p in pids:
+        try:
+            seen.add(os.stat(f"/proc/{p}/ns/net").st_ino)
+        except OSError:
+            pass
+    return len(seen)
+
+
+def edge_rss_kb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
 def figures(edge):
     own = set(edge.processes()) | set(descendants(edge.pid))
     try:
@@ -98,13 +133,17 @@ def figures(edge):
         "edge_fds": fds,
         "netns_pool": netns,
         "state_dir": count_entries(edge.state_dir),
+        "loop_devs": loop_devices(),
+        "netns": net_namespaces(own),
+        "edge_rss_kb": edge_rss_kb(edge.pid),
         # Informational: other work on the host moves these.
         "host_processes": len(edge_harness.pids()),
         "host_mounts": len(edge_harness.mountinfo()),
     }
 
 
-COMPARED = ("processes", "mounts", "cgroups", "edge_fds", "state_dir")
+COMPARED = ("processes", "mounts", "cgroups", "edge_fds", "state_dir", "loop_devs", "netns")
+RSS_SLACK_KB = 4096
 
 
 def pct(sorted_ms, p):
@@ -206,7 +245,16 @@ def main():
         base = figures(edge)
         print(f"soak: {args.sandboxes} sandboxes, {args.clients} clients, edge pid {edge.pid}, "
               f"instance {edge.instance}")
-        state, lat, elapsed = run(edge, args.sandboxes, args.clients)
+        # Two halves: the edge's RSS after the first one is the reference for the second.
+        half = args.sandboxes // 2
+        state, lat, elapsed = run(edge, half, args.clients)
+        mid_rss = edge_rss_kb(edge.pid)
+        state2, lat2, elapsed2 = run(edge, args.sandboxes - half, args.clients)
+        state["done"] += state2["done"]
+        state["errors"] += state2["errors"]
+        for k in lat:
+            lat[k] += lat2[k]
+        elapsed += elapsed2
         # Teardown is asynchronous in places: poll for the baseline with a deadline.
         deadline = time.monotonic() + args.settle_s
         after = figures(edge)
@@ -227,6 +275,9 @@ def main():
             mark = ""
             if k in COMPARED:
                 mark = "  OK" if after[k] <= base[k] else "  LEAK"
+            elif k == "edge_rss_kb":
+                mark = (f"  (after the first half: {mid_rss}; growth in the second half "
+                        f"{after[k] - mid_rss} kB, at most {RSS_SLACK_KB})")
             elif k == "netns_pool":
                 mark = (f"  (namespaces of live sandboxes and pool workers, plus idle ones kept"
                         f" for reuse; <= {base[k] + args.clients + 2})")
@@ -258,6 +309,9 @@ def main():
             ok = False
             print(f"FAIL: idle netns pool {after['netns_pool']} is more than the peak "
                   f"concurrency ({args.clients} clients) explains")
+        if after["edge_rss_kb"] > mid_rss + RSS_SLACK_KB:
+            ok = False
+            print(f"FAIL: edge RSS grew {mid_rss} -> {after['edge_rss_kb']} kB in the second half")
         if after["threads"] > base["threads"] + 8:
             ok = False
             print(f"FAIL: edge threads grew {base['threads']} -> {after['threads']}")
