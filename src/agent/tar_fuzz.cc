@@ -92,7 +92,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     opts.max_entries = kMaxEntries;
     dsec::agent::TarExtractor x(root.get(), opts);
     bool ok = true;
-    for (size_t off = 0; off < in.size() && ok; off += chunk) ok = x.Feed(in.substr(off, chunk)).ok();
+    for (size_t off = 0; off < in.size() && ok; off += chunk)
+      ok = x.Feed(in.substr(off, chunk)).ok();
     if (ok) (void)x.Finish();
     if (x.stats().bytes > kMaxBytes || x.stats().entries > kMaxEntries) __builtin_trap();
 

@@ -90,7 +90,6 @@ int main(int argc, char** argv) {
     }
     Run(in);
   }
-  printf("ran %d inputs (%zu seeds)\n", iterations + static_cast<int>(seeds.size()),
-         seeds.size());
+  printf("ran %d inputs (%zu seeds)\n", iterations + static_cast<int>(seeds.size()), seeds.size());
   return 0;
 }

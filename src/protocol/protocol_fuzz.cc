@@ -1,7 +1,7 @@
 // libFuzzer target for everything an agent or edge parses off the wire: the frame decoder
 // (fed in arbitrary chunks) and the JSON message parsers. Built by the "fuzz" preset with
 // clang (-fsanitize=fuzzer,address,undefined); the regular build runs the same entry point
-// through fuzz_driver.cc.
+// with the generic driver (src/base/fuzz_driver.cc) over tests/testdata/fuzz/protocol.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

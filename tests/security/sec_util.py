@@ -20,6 +20,19 @@ def probe_binary():
     return pathlib.Path(edge).resolve().parents[2] / "tests" / "dsec-probe"
 
 
+def agent_host_pid(edge, sid):
+    """The host pid of the sandbox's PID 1 (dsec-agent)."""
+    for pid in edge.sandbox_pids(sid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("NSpid:") and line.split()[-1] == "1":
+                        return pid
+        except OSError:
+            pass
+    raise AssertionError(f"no agent process found for {sid}")
+
+
 def install_probe(client, sid, path="/tmp/dsec-probe"):
     """Uploads dsec-probe into the sandbox (mode 0755) and returns its path there."""
     data = probe_binary().read_bytes()

@@ -12,8 +12,8 @@ import struct
 
 import pytest
 
-from sec_util import install_probe, probe
-from test_escape import USER_IDS, USERS, agent_host_pid, run_py
+from sec_util import agent_host_pid, install_probe, probe
+from test_escape import USER_IDS, USERS, run_py
 
 # ---- frames, as src/protocol/frame.h encodes them --------------------------------------------
 

@@ -25,23 +25,25 @@ import pytest
 import edge_fixtures
 import edge_harness
 from edge_harness import Edge, wait_until
+from sec_util import agent_host_pid
 
 NO_POOLS = {"fncall_pools": False}
 
 
 # ---- helpers ------------------------------------------------------------------------------
 
-def agent_pid(edge, sid):
-    """The host pid of a sandbox's PID 1 (dsec-agent)."""
-    for pid in edge.sandbox_pids(sid):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("NSpid:") and line.split()[-1] == "1":
-                        return pid
-        except OSError:
-            pass
-    return None
+def read_to_close(s):
+    """Everything the peer sends until it closes (or the socket times out or fails)."""
+    reply = b""
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            reply += d
+    except OSError:
+        pass
+    return reply
 
 
 def cgroup_ids(edge):
@@ -201,7 +203,7 @@ def test_kill9_mid_exec_kills_the_exec_and_keeps_the_sandbox(make_edge):
 
     t = threading.Thread(target=long_exec)
     t.start()
-    agent = agent_pid(edge, sid)
+    agent = agent_host_pid(edge, sid)
     wait_until(lambda: os.path.exists(f"/proc/{agent}/root/tmp/marker") and
                len(edge.sandbox_pids(sid)) >= 2, 30, interval=0.02, what="the long exec running")
     edge.kill9()
@@ -292,8 +294,7 @@ def test_kill9_of_an_agent_fails_that_sandbox_only(make_edge):
     c = edge.client()
     victim = c.create({"memory_mb": 64})["id"]
     other = c.create({"memory_mb": 64})["id"]
-    pid = agent_pid(edge, victim)
-    assert pid, edge.sandbox_pids(victim)
+    pid = agent_host_pid(edge, victim)
     mem = c.get("/v1/node", expect=200).json["usage"]["memory_mb"]
     os.kill(pid, signal.SIGKILL)
     rec = wait_until(lambda: (lambda r: r if r["state"] == "failed" else None)(
@@ -493,15 +494,7 @@ def test_out_of_descriptors_refuses_and_recovers(make_edge, figure):
             s.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {edge.token}"
                        f"\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
                        "Connection: close\r\n\r\n").encode() + data)
-            reply = b""
-            try:
-                while True:
-                    d = s.recv(65536)
-                    if not d:
-                        break
-                    reply += d
-            except OSError:
-                pass
+            reply = read_to_close(s)
             status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else None
             answers[name] = status
         # A new client is refused at once (503), not left hanging in the listen backlog.
@@ -509,15 +502,7 @@ def test_out_of_descriptors_refuses_and_recovers(make_edge, figure):
         s = socket.create_connection(("127.0.0.1", edge.port), timeout=10)
         socks.append(s)
         s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        reply = b""
-        try:
-            while True:
-                d = s.recv(65536)
-                if not d:
-                    break
-                reply += d
-        except OSError:
-            pass
+        reply = read_to_close(s)
         answers["new client"] = reply.split(b"\r\n", 1)[0].decode(errors="replace")
         answers["new client s"] = round(time.monotonic() - t, 2)
         figure("answers while out of fds", answers)

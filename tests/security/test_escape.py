@@ -50,19 +50,6 @@ def agent_binary():
     pytest.skip(f"dsec-agent not found next to {edge_dir}")
 
 
-def agent_host_pid(edge, sid):
-    """The host pid of the sandbox's PID 1 (the agent)."""
-    for pid in edge.sandbox_pids(sid):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("NSpid:") and line.split()[-1] == "1":
-                        return pid
-        except OSError:
-            pass
-    raise AssertionError(f"no agent process found for {sid}")
-
-
 # ---- the seccomp profile --------------------------------------------------------------------
 
 # Every attempt refused by the profile (or the kernel right behind it), with the exact answer.
