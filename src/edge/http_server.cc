@@ -154,9 +154,26 @@ struct HttpServer::Impl {
   // A descriptor held in reserve: out of descriptors, it is given up for a moment at a time to
   // accept the waiting connections and refuse them (503), instead of leaving their clients
   // hanging in the listen backlog until descriptors come back.
+  //
+  // Any other thread may take the slot while it is given up (a handler opening a file), and the
+  // reserve is then lost until a descriptor frees. So it is taken back before every accept
+  // retry, and a connection accepted while it is missing is refused so that its descriptor
+  // becomes the reserve: otherwise connections held open by clients could use up every
+  // descriptor and leave the rest of the backlog unanswered for as long as they stay.
   std::mutex reserve_mu;
   int reserve_fd = -1;  // GUARDED_BY(reserve_mu)
   void ShedWaiting(int listen_fd);
+  bool RestoreReserve();          // true if a reserve descriptor is held
+  void RefuseForReserve(int fd);  // 503 and close fd; its slot becomes the reserve
+  // A just-accepted connection is served only if the reserve is held (or can be taken back).
+  template <class Socket>
+  bool Admit(Socket& s) {
+    if (RestoreReserve()) return true;
+    beast::error_code ec;
+    int fd = s.release(ec);
+    if (!ec) RefuseForReserve(fd);
+    return false;
+  }
 
   void Register(const std::shared_ptr<SessionBase>& s) {
     std::lock_guard<std::mutex> l(mu);
@@ -677,32 +694,57 @@ void HttpServer::Impl::StartSession(Socket sock, bool via_unix, uid_t uid, std::
   s->Start();
 }
 
-void HttpServer::Impl::ShedWaiting(int listen_fd) {
+namespace {
+
+const std::string& BusyResponse() {
   static const std::string kBusy = [] {
     HttpResponse r = JsonError(503, "unavailable", "the edge is out of file descriptors");
     return "HTTP/1.1 503 Service Unavailable\r\nServer: dsec-edge\r\nContent-Type: "
            "application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
            std::to_string(r.body.size()) + "\r\n\r\n" + r.body;
   }();
+  return kBusy;
+}
+
+// Answers 503 on a connection the edge cannot serve and closes it.
+void RefuseBusy(int fd) {
+  char buf[4096];  // read what it sent, so the close is a FIN and not a reset
+  for (int k = 0; k < 4 && recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0; ++k) {
+  }
+  const std::string& busy = BusyResponse();
+  (void)send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  shutdown(fd, SHUT_WR);
+  close(fd);
+}
+
+int OpenReserve() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
+}  // namespace
+
+bool HttpServer::Impl::RestoreReserve() {
   std::lock_guard<std::mutex> l(reserve_mu);
-  for (int i = 0; i < 256; ++i) {
+  if (reserve_fd < 0) reserve_fd = OpenReserve();
+  return reserve_fd >= 0;
+}
+
+void HttpServer::Impl::RefuseForReserve(int fd) {
+  std::lock_guard<std::mutex> l(reserve_mu);
+  RefuseBusy(fd);
+  if (reserve_fd < 0) reserve_fd = OpenReserve();
+}
+
+void HttpServer::Impl::ShedWaiting(int listen_fd) {
+  std::lock_guard<std::mutex> l(reserve_mu);
+  if (reserve_fd < 0) reserve_fd = OpenReserve();
+  for (int i = 0; i < 256 && reserve_fd >= 0; ++i) {
     pollfd pfd{listen_fd, POLLIN, 0};
     if (poll(&pfd, 1, 0) != 1) break;  // nobody waiting
-    if (reserve_fd >= 0) close(reserve_fd);
-    reserve_fd = -1;
+    close(reserve_fd);
     int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0) {
-      char buf[4096];  // read what it sent, so the close is a FIN and not a reset
-      for (int k = 0; k < 4 && recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0; ++k) {
-      }
-      (void)send(fd, kBusy.data(), kBusy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      shutdown(fd, SHUT_WR);
-      close(fd);
-    }
-    reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) break;  // still no descriptor (another thread took it): next time
+    if (fd >= 0) RefuseBusy(fd);
+    reserve_fd = OpenReserve();
+    if (fd < 0) break;  // another thread took the slot: next time
   }
-  if (reserve_fd < 0) reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
 void HttpServer::Impl::AcceptTcp() {
@@ -714,10 +756,13 @@ void HttpServer::Impl::AcceptTcp() {
       // Out of fds and the like: back off instead of spinning.
       tcp_retry->expires_after(std::chrono::milliseconds(kAcceptRetryMs));
       tcp_retry->async_wait([this](beast::error_code e) {
-        if (!e && !stopping) AcceptTcp();
+        if (e || stopping) return;
+        RestoreReserve();  // before the accept can take a freed slot
+        AcceptTcp();
       });
       return;
     }
+    if (!Admit(s)) return AcceptTcp();
     beast::error_code ig;
     s.set_option(tcp::no_delay(true), ig);
     auto ep = s.remote_endpoint(ig);
@@ -736,10 +781,13 @@ void HttpServer::Impl::AcceptUnix() {
             ShedWaiting(unix_acceptor->native_handle());
           unix_retry->expires_after(std::chrono::milliseconds(kAcceptRetryMs));
           unix_retry->async_wait([this](beast::error_code e) {
-            if (!e && !stopping) AcceptUnix();
+            if (e || stopping) return;
+            RestoreReserve();
+            AcceptUnix();
           });
           return;
         }
+        if (!Admit(s)) return AcceptUnix();
         ucred cred{};
         socklen_t len = sizeof cred;
         uid_t uid = static_cast<uid_t>(-1);
