@@ -5,6 +5,7 @@
 #include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -174,10 +175,11 @@ std::string JoinComponents(const std::vector<std::string>& comps, size_t n) {
 
 // openat2 beneath `root` with RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS: absolute symlinks and
 // ".." are clamped to root, so the result is always inside it. "" means root itself.
-StatusOr<UniqueFd> OpenBeneath(int root, const std::string& rel, int flags) {
+StatusOr<UniqueFd> OpenBeneath(int root, const std::string& rel, int flags,
+                               uint64_t resolve = kResolveFlags) {
   const char* p = rel.empty() ? "." : rel.c_str();
   for (int attempt = 0;; ++attempt) {
-    int fd = sys::Openat2(root, p, flags | O_CLOEXEC, 0, kResolveFlags);
+    int fd = sys::Openat2(root, p, flags | O_CLOEXEC, 0, resolve);
     if (fd >= 0) return UniqueFd(fd);
     if ((errno == EAGAIN || errno == EINTR) && attempt < kMaxRetries) continue;
     return ErrnoError("openat2 " + Quote(p));
@@ -192,6 +194,7 @@ class PaxParser {
     std::optional<std::string> path, linkpath;
     std::optional<uint64_t> size;
     std::optional<int64_t> mtime;
+    std::optional<uint64_t> uid, gid;
     bool sparse = false;
   };
 
@@ -232,8 +235,8 @@ class PaxParser {
           if (c == '=') {
             if (key_.empty()) return Malformed("empty key");
             if (StartsWith(key_, "GNU.sparse.")) result_->sparse = true;
-            keep_ = !key_truncated_ &&
-                    (key_ == "path" || key_ == "linkpath" || key_ == "size" || key_ == "mtime");
+            keep_ = !key_truncated_ && (key_ == "path" || key_ == "linkpath" || key_ == "size" ||
+                                        key_ == "mtime" || key_ == "uid" || key_ == "gid");
             value_.clear();
             state_ = State::kValue;
           } else if (c == '\n' || c == '\0') {
@@ -312,6 +315,15 @@ class PaxParser {
         return Malformed("bad size " + Quote(value_));
       }
       result_->size = v;
+    } else if (key_ == "uid" || key_ == "gid") {
+      auto& field = key_ == "uid" ? result_->uid : result_->gid;
+      if (value_.empty()) {
+        field.reset();
+        return OkStatus();
+      }
+      std::optional<uint64_t> v = ParseUint64(value_);
+      if (!v || *v >= 0xFFFFFFFFull) return Malformed("bad " + key_ + " " + Quote(value_));
+      field = v;
     } else if (key_ == "mtime") {
       if (value_.empty()) {
         result_->mtime.reset();
@@ -552,6 +564,18 @@ class TarExtractor::Impl {
     if (!mtime) return HeaderError("bad mtime field");
     std::optional<uint64_t> mode = ParseOctal(FieldView(h, kMode));
     if (!mode) return HeaderError("bad mode field");
+    entry_uid_ = opts_.uid;
+    entry_gid_ = opts_.gid;
+    if (opts_.image_layer) {
+      std::optional<int64_t> uid =
+          pax_.uid ? std::optional<int64_t>(*pax_.uid) : ParseNumeric(FieldView(h, kUid));
+      std::optional<int64_t> gid =
+          pax_.gid ? std::optional<int64_t>(*pax_.gid) : ParseNumeric(FieldView(h, kGid));
+      if (!uid || !gid || *uid < 0 || *gid < 0 || *uid >= 0xFFFFFFFFll || *gid >= 0xFFFFFFFFll)
+        return HeaderError("bad uid or gid field");
+      entry_uid_ = static_cast<uid_t>(*uid);
+      entry_gid_ = static_cast<gid_t>(*gid);
+    }
     const bool sparse = pax_.sparse;
     ClearMeta();
     entry_name_ = name;
@@ -569,6 +593,21 @@ class TarExtractor::Impl {
     if (kind == '\0') kind = (!name.empty() && name.back() == '/') ? '5' : '0';
     if (kind == '7') kind = '0';            // contiguous file
     if (sparse && kind == '0') kind = 'S';  // pax-format sparse files are not supported
+    if (opts_.image_layer) {
+      if (kind == '3' || kind == '4' || kind == '6')
+        return EntryError(StatusCode::kInvalidArgument, name,
+                          "device nodes and FIFOs are not allowed in an image layer");
+      if (!comps.empty() && StartsWith(comps.back(), ".wh.")) {
+        if (kind == '5')
+          return EntryError(StatusCode::kInvalidArgument, name, "whiteout is a directory");
+        DSEC_RETURN_IF_ERROR(CreateWhiteout(name, comps));
+        if (kind == '0' && data_size > 0) {
+          StartData(DataKind::kSkip, data_size);
+          return OkStatus();
+        }
+        return OkStatus();
+      }
+    }
     switch (kind) {
       case '0': {
         DSEC_RETURN_IF_ERROR(CreateFile(name, comps, *mode, data_size, *mtime));
@@ -650,7 +689,8 @@ class TarExtractor::Impl {
   // Opens (creating missing ones, mode 0755, owned by uid/gid) the directory comps[0..n).
   StatusOr<UniqueFd> OpenParent(const std::string& entry, const std::vector<std::string>& comps,
                                 size_t n) {
-    StatusOr<UniqueFd> dir = OpenBeneath(dest_, JoinComponents(comps, n), O_RDONLY | O_DIRECTORY);
+    StatusOr<UniqueFd> dir =
+        OpenBeneath(dest_, JoinComponents(comps, n), O_RDONLY | O_DIRECTORY, resolve_);
     if (dir.ok()) return dir;
     if (dir.status().error_number() != ENOENT) {
       return dir.status().WithContext("tar entry " + Quote(entry));
@@ -659,11 +699,12 @@ class TarExtractor::Impl {
     // shorter one; comps has no "." or ".."), looking each up from the root so symlinks in it
     // resolve exactly as the kernel would, clamped to the root. A per-prefix walk would cost
     // quadratic time in the depth for every entry of an archive of deep, distinct paths.
-    DSEC_ASSIGN_OR_RETURN(UniqueFd cur, OpenBeneath(dest_, "", O_RDONLY | O_DIRECTORY));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd cur, OpenBeneath(dest_, "", O_RDONLY | O_DIRECTORY, resolve_));
     size_t lo = 0, hi = n;  // prefix lo exists, prefix hi does not
     while (hi - lo > 1) {
       const size_t mid = lo + (hi - lo) / 2;
-      StatusOr<UniqueFd> m = OpenBeneath(dest_, JoinComponents(comps, mid), O_RDONLY | O_DIRECTORY);
+      StatusOr<UniqueFd> m =
+          OpenBeneath(dest_, JoinComponents(comps, mid), O_RDONLY | O_DIRECTORY, resolve_);
       if (m.ok()) {
         lo = mid;
         cur = std::move(m).value();
@@ -690,7 +731,7 @@ class TarExtractor::Impl {
         next = std::move(created);
       } else if (errno == EEXIST) {
         // Something appeared (or a dangling symlink is there): resolve it again.
-        next = OpenBeneath(dest_, prefix, O_RDONLY | O_DIRECTORY);
+        next = OpenBeneath(dest_, prefix, O_RDONLY | O_DIRECTORY, resolve_);
       } else {
         return ErrnoError("mkdirat " + Quote(prefix)).WithContext("tar entry " + Quote(entry));
       }
@@ -739,10 +780,10 @@ class TarExtractor::Impl {
       }
       DSEC_RETURN_IF_ERROR(RemoveExisting(parent.get(), entry, name));
     }
-    if (fchown(fd.get(), opts_.uid, opts_.gid) < 0) {
+    if (fchown(fd.get(), entry_uid_, entry_gid_) < 0) {
       return ErrnoError("fchown " + Quote(name)).WithContext("tar entry " + Quote(entry));
     }
-    if (fchmod(fd.get(), static_cast<mode_t>(mode & 0777)) < 0) {
+    if (fchmod(fd.get(), static_cast<mode_t>(mode & ModeMask())) < 0) {
       return ErrnoError("fchmod " + Quote(name)).WithContext("tar entry " + Quote(entry));
     }
     file_fd_ = std::move(fd);
@@ -783,7 +824,10 @@ class TarExtractor::Impl {
 
   Status CreateDirectory(const std::string& entry, const std::vector<std::string>& comps,
                          uint64_t mode) {
-    if (comps.empty()) {  // "./": the extraction root itself, left as it is
+    if (comps.empty()) {  // "./": the extraction root itself
+      if (opts_.image_layer && (fchown(dest_, entry_uid_, entry_gid_) < 0 ||
+                                fchmod(dest_, static_cast<mode_t>(mode & ModeMask())) < 0))
+        return ErrnoError("chown/chmod the layer root").WithContext("tar entry " + Quote(entry));
       ++stats_.entries;
       return OkStatus();
     }
@@ -797,7 +841,8 @@ class TarExtractor::Impl {
       struct stat st;
       if (fstatat(parent.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
           S_ISDIR(st.st_mode)) {
-        ++stats_.entries;  // existing directory: keep its owner and mode
+        if (opts_.image_layer) break;  // a layer's own entry: its owner and mode apply
+        ++stats_.entries;              // existing directory: keep its owner and mode
         return OkStatus();
       }
       DSEC_RETURN_IF_ERROR(RemoveExisting(parent.get(), entry, name));
@@ -805,8 +850,8 @@ class TarExtractor::Impl {
     UniqueFd dir(
         openat(parent.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!dir) return ErrnoError("open " + Quote(name)).WithContext("tar entry " + Quote(entry));
-    if (fchown(dir.get(), opts_.uid, opts_.gid) < 0 ||
-        fchmod(dir.get(), static_cast<mode_t>(mode & 0777)) < 0) {
+    if (fchown(dir.get(), entry_uid_, entry_gid_) < 0 ||
+        fchmod(dir.get(), static_cast<mode_t>(mode & ModeMask())) < 0) {
       return ErrnoError("chown/chmod " + Quote(name)).WithContext("tar entry " + Quote(entry));
     }
     ++stats_.entries;
@@ -844,7 +889,7 @@ class TarExtractor::Impl {
     if (!S_ISLNK(st.st_mode)) {
       return EntryError(StatusCode::kAborted, entry, "symlink was replaced concurrently");
     }
-    if (fchownat(link.get(), "", opts_.uid, opts_.gid, AT_EMPTY_PATH) < 0) {
+    if (fchownat(link.get(), "", entry_uid_, entry_gid_, AT_EMPTY_PATH) < 0) {
       return ErrnoError("fchownat " + Quote(name)).WithContext("tar entry " + Quote(entry));
     }
     timespec times[2] = {{mtime, 0}, {mtime, 0}};
@@ -867,8 +912,8 @@ class TarExtractor::Impl {
       return EntryError(StatusCode::kInvalidArgument, entry, "hard link target is empty");
     }
     // The target's directory resolves inside the root; its final component is not followed.
-    StatusOr<UniqueFd> tparent =
-        OpenBeneath(dest_, JoinComponents(tcomps, tcomps.size() - 1), O_PATH | O_DIRECTORY);
+    StatusOr<UniqueFd> tparent = OpenBeneath(dest_, JoinComponents(tcomps, tcomps.size() - 1),
+                                             O_PATH | O_DIRECTORY, resolve_);
     if (!tparent.ok()) {
       return tparent.status().WithContext("tar entry " + Quote(entry) + ": hard link target " +
                                           Quote(target));
@@ -904,8 +949,44 @@ class TarExtractor::Impl {
     return OkStatus();
   }
 
+  mode_t ModeMask() const { return opts_.image_layer ? 07777 : 0777; }
+
+  // ".wh.NAME": NAME is deleted from the layers below (an overlayfs whiteout, a 0/0 character
+  // device); ".wh..wh..opq": the directory hides everything below it (opaque).
+  Status CreateWhiteout(const std::string& entry, std::vector<std::string> comps) {
+    std::string hidden = comps.back().substr(4);
+    comps.pop_back();
+    DSEC_ASSIGN_OR_RETURN(UniqueFd parent, OpenParent(entry, comps, comps.size()));
+    if (hidden == ".wh..opq") {
+      UniqueFd dir(openat(parent.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (!dir) return ErrnoError("open").WithContext("tar entry " + Quote(entry));
+      for (const char* key : {"trusted.overlay.opaque", "user.overlay.opaque"})
+        if (fsetxattr(dir.get(), key, "y", 1, 0) < 0)
+          return ErrnoError(std::string("set ") + key).WithContext("tar entry " + Quote(entry));
+      ++stats_.entries;
+      return OkStatus();
+    }
+    if (hidden.empty() || hidden == "." || hidden == ".." || StartsWith(hidden, ".wh."))
+      return EntryError(StatusCode::kInvalidArgument, entry, "bad whiteout name");
+    for (int attempt = 0;; ++attempt) {
+      if (mknodat(parent.get(), hidden.c_str(), S_IFCHR | 0, makedev(0, 0)) == 0) break;
+      if (errno != EEXIST || attempt >= kMaxRetries)
+        return ErrnoError("mknod whiteout " + Quote(hidden))
+            .WithContext("tar entry " + Quote(entry));
+      // A whiteout for a file of this same layer replaces it (a directory is an error).
+      DSEC_RETURN_IF_ERROR(RemoveExisting(parent.get(), entry, hidden));
+    }
+    ++stats_.entries;
+    return OkStatus();
+  }
+
   const int dest_;
   const TarExtractOptions opts_;
+  // Image layers: a symlink in a parent path is an error, not followed (even inside the root).
+  const uint64_t resolve_ =
+      opts_.image_layer ? (kResolveFlags | RESOLVE_NO_SYMLINKS) : kResolveFlags;
+  uid_t entry_uid_ = 0;
+  gid_t entry_gid_ = 0;
   TarExtractStats stats_;
   Status error_;
   bool finished_ = false;

@@ -5,7 +5,8 @@
 // every lookup goes through openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) from that fd and the
 // final component is always created with O_EXCL / O_NOFOLLOW semantics: no entry can ever write
 // outside the extraction root. Everything created is owned by options.uid/gid, permission bits
-// are masked with 0777 (no setuid/setgid/sticky), devices and FIFOs are skipped.
+// are masked with 0777 (no setuid/setgid/sticky), devices and FIFOs are skipped; image layers
+// are extracted with their owners and modes kept (TarExtractOptions::image_layer).
 //
 // TarCreator archives a tree (pax format, POSIX ustar headers) without following symlinks and
 // without crossing mount points. Neither side holds a whole file or archive in memory.
@@ -30,6 +31,13 @@ struct TarExtractOptions {
   // When true, Finish() fails unless the end-of-archive marker (zero block) was seen, so a
   // stream cut exactly at an entry boundary is reported instead of silently accepted.
   bool require_end_marker = true;
+  // Image layers (src/images): the archive's own uid/gid and full mode (setuid, setgid and
+  // sticky bits included) are kept instead of uid/gid and 0777; OCI whiteouts become overlayfs
+  // ones (".wh.NAME" a 0/0 character device NAME, ".wh..wh..opq" the opaque xattrs, trusted.
+  // and user., on its directory); a symlink anywhere in an entry's parent path is an error
+  // instead of being followed inside the root; and devices and FIFOs are an error instead of
+  // being skipped. Needs CAP_MKNOD (whiteouts) and CAP_SYS_ADMIN (trusted. xattrs).
+  bool image_layer = false;
 };
 
 struct TarExtractStats {

@@ -8,10 +8,12 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <random>
@@ -62,14 +64,15 @@ struct Hdr {
   std::string prefix;
   bool base256_size = false;
   int64_t mtime = 1700000000;
+  unsigned uid = 0, gid = 0;
 };
 
 std::string Header(const Hdr& h) {
   std::string b(512, '\0');
   memcpy(b.data(), h.name.data(), std::min<size_t>(h.name.size(), 100));
   PutOctal(&b, 100, 8, h.mode);
-  PutOctal(&b, 108, 8, 0);
-  PutOctal(&b, 116, 8, 0);
+  PutOctal(&b, 108, 8, h.uid);
+  PutOctal(&b, 116, 8, h.gid);
   if (h.base256_size) {
     b[124] = static_cast<char>(0x80);
     uint64_t v = h.size;
@@ -1071,6 +1074,63 @@ TEST_F(TarTest, RandomBlobsDoNotCrash) {
   for (const std::string dir : {"/", "/etc/"}) {
     for (const std::string& n : ListNames(dir)) EXPECT_FALSE(StartsWith(n, u)) << dir << n;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Image layers (TarExtractOptions::image_layer).
+
+TarExtractOptions LayerOpts() {
+  TarExtractOptions o;
+  o.uid = 0;
+  o.gid = 0;
+  o.image_layer = true;
+  return o;
+}
+
+TEST_F(TarTest, ImageLayerKeepsOwnersModesAndMakesWhiteouts) {
+  std::string a =
+      Header({.name = "./", .type = '5', .mode = 0755}) +
+      Header({.name = "etc/", .type = '5', .mode = 0750, .uid = 0, .gid = 42}) +
+      Header({.name = "bin/su", .type = '0', .size = 3, .mode = 04755}) + Pad("abc") +
+      Header({.name = "home/u/f", .type = '0', .size = 1, .mode = 0600, .uid = 1000, .gid = 1000}) +
+      Pad("x") + Header({.name = "tmp/", .type = '5', .mode = 01777}) +
+      HardLink("bin/su2", "bin/su") + Symlink("lib", "/usr/lib") +
+      Header({.name = "etc/.wh.shadow", .type = '0'}) +
+      Header({.name = "var/.wh..wh..opq", .type = '0'}) + End();
+  auto r = Extract(a, LayerOpts());
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  struct stat st;
+  ASSERT_EQ(stat(D("bin/su").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 04755u);
+  EXPECT_EQ(st.st_nlink, 2u);
+  ASSERT_EQ(stat(D("etc").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(st.st_gid, 42u);
+  ASSERT_EQ(stat(D("home/u/f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 1000u);
+  ASSERT_EQ(stat(D("tmp").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 01777u);
+  ASSERT_EQ(lstat(D("etc/shadow").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_EQ(st.st_rdev, makedev(0, 0));
+  char v[8] = {};
+  EXPECT_EQ(getxattr(D("var").c_str(), "trusted.overlay.opaque", v, sizeof v), 1);
+  EXPECT_EQ(getxattr(D("var").c_str(), "user.overlay.opaque", v, sizeof v), 1);
+  EXPECT_EQ(v[0], 'y');
+  EXPECT_EQ(ListNames(D("etc")), (std::set<std::string>{"shadow"}));
+}
+
+TEST_F(TarTest, ImageLayerRejectsDevicesAndWritesThroughSymlinks) {
+  EXPECT_EQ(Extract(Header({.name = "dev/sda", .type = '4'}) + End(), LayerOpts()).status.code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Extract(Header({.name = "fifo", .type = '6'}) + End(), LayerOpts()).status.code(),
+            StatusCode::kInvalidArgument);
+  // A symlink in the parent path is not followed, not even inside the layer.
+  auto r = Extract(Symlink("evil", "/") + File("evil/etc/passwd", "x") + End(), LayerOpts());
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_FALSE(std::filesystem::exists(D("etc/passwd")));
+  EXPECT_FALSE(Extract(File("../up", "x") + End(), LayerOpts()).status.ok());
+  EXPECT_FALSE(Extract(Header({.name = "a/.wh...", .type = '0'}) + End(), LayerOpts()).status.ok());
 }
 
 }  // namespace
