@@ -594,6 +594,12 @@ class TarExtractor::Impl {
     if (kind == '7') kind = '0';            // contiguous file
     if (sparse && kind == '0') kind = 'S';  // pax-format sparse files are not supported
     if (opts_.image_layer) {
+      if (!name.empty() && name[0] == '/')
+        return EntryError(StatusCode::kInvalidArgument, name,
+                          "absolute paths are not allowed in an image layer");
+      if (kind == '1' && !link.empty() && link[0] == '/')
+        return EntryError(StatusCode::kInvalidArgument, name,
+                          "absolute hard link targets are not allowed in an image layer");
       if (kind == '3' || kind == '4' || kind == '6')
         return EntryError(StatusCode::kInvalidArgument, name,
                           "device nodes and FIFOs are not allowed in an image layer");

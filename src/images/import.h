@@ -1,0 +1,65 @@
+// Image importers: one archive stream in, one named image out.
+//
+// The stream may be gzip- or zstd-compressed (detected by its magic) and holds one of
+//  - a root filesystem tar (one layer; `format=rootfs`);
+//  - an OCI image layout (oci-layout, index.json, blobs/sha256/...; `format=oci`), as `umoci`,
+//    `skopeo copy oci-archive:` or `docker save` since Docker 25 write it;
+//  - a `docker save` archive (manifest.json with Config and Layers; `format=docker`).
+// `format=auto` picks by the archive's top-level names. The decompressed archive is spooled to
+// the store's tmp dir (bounded by max_archive_bytes: a zip bomb ends there), OCI and docker
+// archives are unpacked there with the hardened extractor (nothing outside it can be written),
+// every blob is checked against its sha256 digest, every layer against the config's diff_id,
+// and each layer goes through LayerBuilder (whiteouts and opaque dirs per the OCI spec).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+#include "images/store.h"
+
+namespace dsec::images {
+
+// Decompresses a gzip (any number of members) or zstd stream, or passes raw data through,
+// choosing by the first bytes.
+class Decoder {
+ public:
+  using Sink = std::function<Status(std::string_view)>;
+  explicit Decoder(Sink sink);
+  ~Decoder();
+  Status Feed(std::string_view in);
+  Status Finish();  // error if a compressed stream ended early
+  const char* kind() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct ImportOptions {
+  std::string name;             // "name[:tag]"
+  std::string format = "auto";  // auto | rootfs | oci | docker
+  std::string layer_format;     // "" (the store's default) | dir | erofs
+  std::string base;             // rootfs imports: "" or "host" (the layer goes on the host image)
+  uint64_t max_archive_bytes = 32ull << 30;  // decompressed
+};
+
+class Importer {
+ public:
+  static StatusOr<std::unique_ptr<Importer>> Start(ImageStore* store, ImportOptions opts);
+  ~Importer();
+  Status Feed(std::string_view data);
+  StatusOr<Image> Finish();
+
+ private:
+  struct Impl;
+  explicit Importer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Imports a whole archive file (CLI-side tests and tools).
+StatusOr<Image> ImportFile(ImageStore* store, const std::string& path, ImportOptions opts);
+
+}  // namespace dsec::images

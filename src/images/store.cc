@@ -1,0 +1,622 @@
+#include "images/store.h"
+
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <linux/mount.h>
+#include <openssl/evp.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "agent/tar.h"
+#include "base/clock.h"
+#include "base/file_util.h"
+#include "base/ids.h"
+#include "base/logging.h"
+#include "base/strings.h"
+#include "sys/syscalls.h"
+
+namespace dsec::images {
+
+using Json = nlohmann::json;
+
+namespace {
+
+constexpr size_t kMaxStackLayers = 64;
+
+bool NameChar(char c, bool tag) {
+  if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-')
+    return true;
+  return tag && c >= 'A' && c <= 'Z';
+}
+
+std::string Hex(const unsigned char* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += d[p[i] >> 4];
+    out += d[p[i] & 15];
+  }
+  return out;
+}
+
+bool ValidDigest(const std::string& d) {
+  if (d.size() != 7 + 64 || d.compare(0, 7, "sha256:") != 0) return false;
+  return std::all_of(d.begin() + 7, d.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+Json ConfigToJson(const ImageConfig& c) {
+  return Json{{"env", c.env},
+              {"workdir", c.workdir},
+              {"user", c.user},
+              {"entrypoint", c.entrypoint},
+              {"cmd", c.cmd}};
+}
+
+ImageConfig ConfigFromJson(const Json& j) {
+  ImageConfig c;
+  if (!j.is_object()) return c;
+  auto strs = [&](const char* k) {
+    std::vector<std::string> v;
+    if (auto it = j.find(k); it != j.end() && it->is_array())
+      for (const auto& e : *it)
+        if (e.is_string()) v.push_back(e.get<std::string>());
+    return v;
+  };
+  auto str = [&](const char* k) {
+    auto it = j.find(k);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  c.env = strs("env");
+  c.entrypoint = strs("entrypoint");
+  c.cmd = strs("cmd");
+  c.workdir = str("workdir");
+  c.user = str("user");
+  return c;
+}
+
+// Runs argv to completion with stdout/stderr captured (bounded); error with its output.
+Status RunTool(const std::vector<std::string>& argv) {
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) < 0) return ErrnoError("pipe");
+  UniqueFd rd(pipefd[0]), wr(pipefd[1]);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return ErrnoError("fork");
+  if (pid == 0) {
+    dup2(wr.get(), 1);
+    dup2(wr.get(), 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  wr.Reset();
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(rd.get(), buf, sizeof buf)) != 0) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (out.size() < 8192) out.append(buf, static_cast<size_t>(n));
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return OkStatus();
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
+    return FailedPrecondition(argv[0] + " is not installed (Debian: erofs-utils)");
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  if (out.size() > 400) out = "..." + out.substr(out.size() - 400);
+  return InternalError(argv[0] + " failed: " + out);
+}
+
+// Attaches `file` to a free loop device (read-only, autoclear) and mounts it as EROFS: a
+// detached read-only mount. The loop device goes away with the last user of the mount.
+StatusOr<UniqueFd> MountErofs(const std::string& file) {
+  UniqueFd img(open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!img) return ErrnoError("open \"" + file + "\"");
+  UniqueFd ctl(open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!ctl) return ErrnoError("open /dev/loop-control");
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    int n = ioctl(ctl.get(), LOOP_CTL_GET_FREE);
+    if (n < 0) return ErrnoError("LOOP_CTL_GET_FREE");
+    std::string dev = "/dev/loop" + std::to_string(n);
+    UniqueFd loop(open(dev.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!loop) return ErrnoError("open " + dev);
+    loop_config cfg{};
+    cfg.fd = static_cast<uint32_t>(img.get());
+    cfg.block_size = 0;
+    cfg.info.lo_flags = LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR;
+    if (ioctl(loop.get(), LOOP_CONFIGURE, &cfg) < 0) {
+      if (errno == EBUSY) continue;  // taken by someone else meanwhile
+      return ErrnoError("LOOP_CONFIGURE " + dev);
+    }
+    UniqueFd fs(sys::FsOpen("erofs", FSOPEN_CLOEXEC));
+    if (!fs) return ErrnoError("fsopen erofs");
+    if (sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, "source", dev.c_str(), 0) < 0 ||
+        sys::FsConfig(fs.get(), FSCONFIG_SET_FLAG, "ro", nullptr, 0) < 0 ||
+        sys::FsConfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+      return ErrnoError("mount erofs from " + dev + " (\"" + file + "\")");
+    UniqueFd mnt(sys::FsMount(fs.get(), FSMOUNT_CLOEXEC,
+                              MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+    if (!mnt) return ErrnoError("fsmount erofs");
+    return mnt;  // `loop` closes here: the mount keeps the device until it goes
+  }
+  return ResourceExhausted("no free loop device");
+}
+
+}  // namespace
+
+StatusOr<std::string> NormalizeName(std::string_view name) {
+  std::string_view repo = name, tag = "latest";
+  if (size_t colon = name.rfind(':'); colon != std::string_view::npos) {
+    repo = name.substr(0, colon);
+    tag = name.substr(colon + 1);
+  }
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument("image name \"" + std::string(name.substr(0, 200)) + "\": " + why);
+  };
+  if (repo.empty() || repo.size() > 128) return bad("the name must have 1 to 128 characters");
+  if (tag.empty() || tag.size() > 128) return bad("the tag must have 1 to 128 characters");
+  if (!((repo[0] >= 'a' && repo[0] <= 'z') || (repo[0] >= '0' && repo[0] <= '9')))
+    return bad("the name must start with a lowercase letter or a digit");
+  for (char c : repo)
+    if (!NameChar(c, false)) return bad("the name may only hold a-z 0-9 . _ -");
+  for (char c : tag)
+    if (!NameChar(c, true)) return bad("the tag may only hold A-Z a-z 0-9 . _ -");
+  if (repo == "host") return bad("\"host\" is the built-in image");
+  return std::string(repo) + ":" + std::string(tag);
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerBuilder
+
+struct LayerBuilder::Impl {
+  std::string tmp;
+  UniqueFd dir;
+  std::unique_ptr<agent::TarExtractor> tar;
+  EVP_MD_CTX* md = nullptr;
+  ~Impl() {
+    if (md) EVP_MD_CTX_free(md);
+  }
+};
+
+LayerBuilder::LayerBuilder(ImageStore* store) : store_(store) {}
+
+LayerBuilder::~LayerBuilder() {
+  if (impl_ && !done_) {
+    impl_->tar.reset();
+    impl_->dir.Reset();
+    (void)RemoveTree(impl_->tmp);
+  }
+}
+
+Status LayerBuilder::Feed(std::string_view data) {
+  if (done_) return FailedPrecondition("layer already committed");
+  bytes_in_ += data.size();
+  if (EVP_DigestUpdate(impl_->md, data.data(), data.size()) != 1)
+    return InternalError("sha256 update failed");
+  return impl_->tar->Feed(data);
+}
+
+StatusOr<LayerInfo> LayerBuilder::Commit(const std::string& expect_digest,
+                                         const std::string& format) {
+  if (done_) return FailedPrecondition("layer already committed");
+  DSEC_RETURN_IF_ERROR(impl_->tar->Finish());
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  if (EVP_DigestFinal_ex(impl_->md, out, &len) != 1) return InternalError("sha256 final failed");
+  std::string digest = "sha256:" + Hex(out, len);
+  if (!expect_digest.empty() && expect_digest != digest)
+    return InvalidArgument("layer digest mismatch: the archive says " + expect_digest +
+                           ", its content is " + digest);
+  uint64_t size = impl_->tar->stats().bytes;
+  impl_->tar.reset();
+  impl_->dir.Reset();
+  std::string fmt = format.empty() ? store_->opts_.default_format : format;
+  if (fmt != "dir" && fmt != "erofs")
+    return InvalidArgument("layer format \"" + fmt + "\": expected dir or erofs");
+  done_ = true;
+  StatusOr<LayerInfo> info = store_->AddLayer(impl_->tmp, digest, size, fmt);
+  (void)RemoveTree(impl_->tmp);  // what AddLayer did not move into place
+  return info;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ImageStore
+
+ImageStore::Lease::Lease(ImageStore* s) : s_(s) {
+  std::lock_guard<std::mutex> l(s_->mu_);
+  ++s_->leases_;
+}
+
+ImageStore::Lease::~Lease() {
+  std::lock_guard<std::mutex> l(s_->mu_);
+  --s_->leases_;
+}
+
+StatusOr<std::unique_ptr<ImageStore>> ImageStore::Open(StoreOptions opts) {
+  if (opts.root.empty() || opts.root[0] != '/')
+    return InvalidArgument("image store root must be an absolute path");
+  if (opts.default_format != "dir" && opts.default_format != "erofs")
+    return InvalidArgument("image layer format \"" + opts.default_format +
+                           "\": expected dir or erofs");
+  std::unique_ptr<ImageStore> s(new ImageStore(std::move(opts)));
+  DSEC_RETURN_IF_ERROR(MakeDirs(s->opts_.root + "/layers", 0700));
+  // Whatever a crash left half made.
+  DSEC_RETURN_IF_ERROR(RemoveTree(s->opts_.root + "/tmp"));
+  DSEC_RETURN_IF_ERROR(MakeDirs(s->opts_.root + "/tmp", 0700));
+  DSEC_RETURN_IF_ERROR(s->Load());
+  return s;
+}
+
+ImageStore::~ImageStore() = default;
+
+std::string ImageStore::LayerDir(const std::string& digest) const {
+  return opts_.root + "/layers/" + digest.substr(7);
+}
+
+std::string ImageStore::TempPath(const std::string& what) {
+  std::lock_guard<std::mutex> l(mu_);
+  return opts_.root + "/tmp/" + what + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(++tmp_seq_) + "-" + RandomHex(4);
+}
+
+Status ImageStore::Load() {
+  std::string path = opts_.root + "/index.json";
+  if (access(path.c_str(), F_OK) < 0) return SaveLocked();
+  DSEC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 64 << 20));
+  Json j = Json::parse(text, nullptr, false);
+  if (!j.is_object()) return InternalError("image index \"" + path + "\" is not valid JSON");
+  if (auto it = j.find("layers"); it != j.end() && it->is_array()) {
+    for (const auto& l : *it) {
+      LayerInfo info;
+      info.digest = l.value("digest", "");
+      info.size = l.value("size", uint64_t{0});
+      info.format = l.value("format", "dir");
+      if (!ValidDigest(info.digest)) continue;
+      std::string p = LayerDir(info.digest) + (info.format == "erofs" ? ".erofs" : "");
+      if (access(p.c_str(), F_OK) < 0) {
+        DSEC_LOG_WARN("image store: layer {} is missing from disk; dropped", info.digest);
+        continue;
+      }
+      layers_[info.digest] = info;
+    }
+  }
+  if (auto it = j.find("images"); it != j.end() && it->is_array()) {
+    for (const auto& i : *it) {
+      Image img;
+      img.name = i.value("name", "");
+      img.base = i.value("base", "");
+      img.source = i.value("source", "import");
+      img.created_at = i.value("created_at", int64_t{0});
+      img.config = ConfigFromJson(i.value("config", Json::object()));
+      bool whole = true;
+      for (const auto& d : i.value("layers", Json::array())) {
+        if (!d.is_string() || !layers_.count(d.get<std::string>())) whole = false;
+        if (d.is_string()) img.layers.push_back(d.get<std::string>());
+      }
+      if (!whole) {
+        DSEC_LOG_WARN("image store: image {} lost a layer; dropped", img.name);
+        continue;
+      }
+      images_[img.name] = std::move(img);
+    }
+  }
+  if (auto it = j.find("holders"); it != j.end() && it->is_object()) {
+    for (const auto& [holder, ds] : it->items()) {
+      std::vector<std::string> v;
+      for (const auto& d : ds)
+        if (d.is_string() && layers_.count(d.get<std::string>())) v.push_back(d.get<std::string>());
+      holders_[holder] = std::move(v);
+    }
+  }
+  // Layers on disk that the index does not know (a crash between the rename and the index
+  // write) are removed by the next Collect() as unreferenced... once they are known.
+  if (auto names = ListDir(opts_.root + "/layers"); names.ok()) {
+    for (const auto& n : *names) {
+      std::string hex = n.substr(0, n.find('.'));
+      std::string digest = "sha256:" + hex;
+      if (!ValidDigest(digest) || layers_.count(digest)) continue;
+      std::string p = opts_.root + "/layers/" + n;
+      (void)(n.find('.') == std::string::npos
+                 ? RemoveTree(p)
+                 : Status(unlink(p.c_str()) == 0 ? OkStatus() : ErrnoError("unlink")));
+    }
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  return SaveLocked();
+}
+
+Status ImageStore::SaveLocked() {
+  Json j;
+  j["version"] = 1;
+  j["layers"] = Json::array();
+  for (const auto& [d, l] : layers_)
+    j["layers"].push_back({{"digest", d}, {"size", l.size}, {"format", l.format}});
+  j["images"] = Json::array();
+  for (const auto& [n, i] : images_)
+    j["images"].push_back({{"name", i.name},
+                           {"base", i.base},
+                           {"layers", i.layers},
+                           {"config", ConfigToJson(i.config)},
+                           {"source", i.source},
+                           {"created_at", i.created_at}});
+  j["holders"] = Json::object();
+  for (const auto& [h, ds] : holders_) j["holders"][h] = ds;
+  std::string path = opts_.root + "/index.json";
+  std::string tmp = path + ".tmp";
+  UniqueFd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd) return ErrnoError("open \"" + tmp + "\"");
+  DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), j.dump(), tmp));
+  if (fsync(fd.get()) < 0) return ErrnoError("fsync \"" + tmp + "\"");
+  fd.Reset();
+  if (rename(tmp.c_str(), path.c_str()) < 0) return ErrnoError("rename \"" + tmp + "\"");
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<LayerBuilder>> ImageStore::NewLayer() {
+  std::unique_ptr<LayerBuilder> b(new LayerBuilder(this));
+  b->impl_ = std::make_unique<LayerBuilder::Impl>();
+  auto& im = *b->impl_;
+  im.tmp = TempPath("layer");
+  if (mkdir(im.tmp.c_str(), 0755) < 0) return ErrnoError("mkdir \"" + im.tmp + "\"");
+  im.dir.Reset(open(im.tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!im.dir) return ErrnoError("open \"" + im.tmp + "\"");
+  agent::TarExtractOptions o;
+  o.uid = 0;
+  o.gid = 0;
+  o.image_layer = true;
+  o.max_total_bytes = opts_.max_layer_bytes;
+  o.max_entries = opts_.max_layer_entries;
+  im.tar = std::make_unique<agent::TarExtractor>(im.dir.get(), o);
+  im.md = EVP_MD_CTX_new();
+  if (!im.md || EVP_DigestInit_ex(im.md, EVP_sha256(), nullptr) != 1)
+    return InternalError("sha256 init failed");
+  return b;
+}
+
+StatusOr<LayerInfo> ImageStore::AddLayer(const std::string& tmp_dir, const std::string& digest,
+                                         uint64_t size, const std::string& format) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = layers_.find(digest); it != layers_.end()) return it->second;  // deduplicated
+  }
+  std::string final_path = LayerDir(digest);
+  std::string staged = tmp_dir;
+  if (format == "erofs") {
+    staged = tmp_dir + ".erofs";
+    // -x1: extended attributes kept (overlayfs opaque markers); whiteouts are 0/0 devices.
+    DSEC_RETURN_IF_ERROR(RunTool({opts_.mkfs_erofs, "--quiet", "-x1", staged, tmp_dir}));
+    final_path += ".erofs";
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (auto it = layers_.find(digest); it != layers_.end()) {  // another import won the race
+    if (format == "erofs") unlink(staged.c_str());
+    return it->second;
+  }
+  if (rename(staged.c_str(), final_path.c_str()) < 0) {
+    Status s = ErrnoError("rename \"" + staged + "\" -> \"" + final_path + "\"");
+    if (format == "erofs") unlink(staged.c_str());
+    return s;
+  }
+  LayerInfo info{digest, size, format};
+  layers_[digest] = info;
+  DSEC_RETURN_IF_ERROR(SaveLocked());
+  return info;
+}
+
+StatusOr<LayerInfo> ImageStore::GetLayer(const std::string& digest) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = layers_.find(digest);
+  if (it == layers_.end()) return NotFound("layer " + digest + " not found");
+  return it->second;
+}
+
+Status ImageStore::PutImage(Image img) {
+  DSEC_ASSIGN_OR_RETURN(img.name, NormalizeName(img.name));
+  if (img.base != "" && img.base != "host")
+    return InvalidArgument("image base \"" + img.base + "\": expected \"host\" or none");
+  if (img.layers.size() > kMaxStackLayers)
+    return InvalidArgument("an image may have at most " + std::to_string(kMaxStackLayers) +
+                           " layers");
+  if (img.layers.empty() && img.base.empty())
+    return InvalidArgument("an image needs a base or at least one layer");
+  if (img.created_at == 0) img.created_at = WallMs() / 1000;
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& d : img.layers)
+    if (!layers_.count(d)) return NotFound("layer " + d + " not found");
+  images_[img.name] = std::move(img);
+  return SaveLocked();
+}
+
+StatusOr<Image> ImageStore::GetImage(const std::string& name) {
+  DSEC_ASSIGN_OR_RETURN(std::string n, NormalizeName(name));
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = images_.find(n);
+  if (it == images_.end()) return NotFound("image \"" + n + "\" not found");
+  return it->second;
+}
+
+std::vector<Image> ImageStore::ListImages() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<Image> out;
+  for (const auto& [n, i] : images_) out.push_back(i);
+  return out;
+}
+
+Status ImageStore::DeleteImage(const std::string& name) {
+  DSEC_ASSIGN_OR_RETURN(std::string n, NormalizeName(name));
+  std::lock_guard<std::mutex> l(mu_);
+  if (!images_.erase(n)) return NotFound("image \"" + n + "\" not found");
+  return SaveLocked();
+}
+
+int ImageStore::InUse(const Image& img) {
+  std::lock_guard<std::mutex> l(mu_);
+  int n = 0;
+  for (const auto& [h, ds] : holders_)
+    for (const auto& d : img.layers)
+      if (std::find(ds.begin(), ds.end(), d) != ds.end()) {
+        ++n;
+        break;
+      }
+  return n;
+}
+
+uint64_t ImageStore::ImageSize(const Image& img) {
+  std::lock_guard<std::mutex> l(mu_);
+  uint64_t n = 0;
+  for (const auto& d : img.layers)
+    if (auto it = layers_.find(d); it != layers_.end()) n += it->second.size;
+  return n;
+}
+
+StatusOr<Stack> ImageStore::Acquire(const std::vector<std::string>& names,
+                                    const std::string& holder) {
+  if (names.empty()) return InvalidArgument("no image given");
+  std::lock_guard<std::mutex> l(mu_);
+  Stack st;
+  std::vector<std::string> digests;
+  for (size_t k = 0; k < names.size(); ++k) {
+    if (names[k] == "host") {
+      if (k != 0) return InvalidArgument("\"host\" can only be the first image of a stack");
+      st.base = "host";
+      continue;
+    }
+    DSEC_ASSIGN_OR_RETURN(std::string n, NormalizeName(names[k]));
+    auto it = images_.find(n);
+    if (it == images_.end()) return NotFound("image \"" + n + "\" not found");
+    const Image& img = it->second;
+    if (k == 0) {
+      st.base = img.base;
+    } else if (!img.base.empty() && img.base != st.base) {
+      return InvalidArgument("image \"" + n + "\" is based on \"" + img.base +
+                             "\" and cannot be stacked on \"" + names[0] + "\"");
+    }
+    // An image made from the stack below (a snapshot) repeats its layers: only its own count.
+    size_t skip = 0;
+    if (img.layers.size() >= digests.size() &&
+        std::equal(digests.begin(), digests.end(), img.layers.begin()))
+      skip = digests.size();
+    for (size_t i = skip; i < img.layers.size(); ++i) digests.push_back(img.layers[i]);
+    const ImageConfig& c = img.config;
+    for (const auto& e : c.env) {
+      std::string key = e.substr(0, e.find('='));
+      std::erase_if(st.config.env,
+                    [&](const std::string& x) { return x.substr(0, x.find('=')) == key; });
+      st.config.env.push_back(e);
+    }
+    if (!c.workdir.empty()) st.config.workdir = c.workdir;
+    if (!c.user.empty()) st.config.user = c.user;
+    if (!c.entrypoint.empty()) st.config.entrypoint = c.entrypoint;
+    if (!c.cmd.empty()) st.config.cmd = c.cmd;
+  }
+  // A layer listed twice counts once, where it is topmost.
+  std::vector<std::string> uniq;
+  for (size_t i = digests.size(); i-- > 0;)
+    if (std::find(uniq.begin(), uniq.end(), digests[i]) == uniq.end()) uniq.push_back(digests[i]);
+  std::reverse(uniq.begin(), uniq.end());
+  if (uniq.size() > kMaxStackLayers)
+    return InvalidArgument("the stack has " + std::to_string(uniq.size()) + " layers; at most " +
+                           std::to_string(kMaxStackLayers));
+  if (st.base.empty() && uniq.empty()) return InvalidArgument("the image stack is empty");
+  for (const auto& d : uniq) st.layers.push_back(layers_.at(d));
+  if (!holder.empty() && !uniq.empty()) {
+    holders_[holder] = uniq;
+    DSEC_RETURN_IF_ERROR(SaveLocked());
+  }
+  return st;
+}
+
+Status ImageStore::Hold(const std::string& holder, const std::vector<std::string>& digests) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& d : digests)
+    if (!layers_.count(d)) return NotFound("layer " + d + " not found");
+  if (digests.empty()) {
+    if (!holders_.erase(holder)) return OkStatus();
+  } else {
+    holders_[holder] = digests;
+  }
+  return SaveLocked();
+}
+
+void ImageStore::Release(const std::string& holder) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (holders_.erase(holder)) {
+    if (Status s = SaveLocked(); !s.ok())
+      DSEC_LOG_WARN("image store: saving the index failed: {}", s.ToString());
+  }
+}
+
+void ImageStore::RetainHolders(const std::set<std::string>& alive) {
+  std::lock_guard<std::mutex> l(mu_);
+  size_t before = holders_.size();
+  std::erase_if(holders_, [&](const auto& kv) { return !alive.count(kv.first); });
+  if (holders_.size() != before) (void)SaveLocked();
+}
+
+std::vector<std::string> ImageStore::HeldBy(const std::string& holder) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = holders_.find(holder);
+  return it == holders_.end() ? std::vector<std::string>{} : it->second;
+}
+
+bool ImageStore::ReferencedLocked(const std::string& digest) const {
+  for (const auto& [n, i] : images_)
+    if (std::find(i.layers.begin(), i.layers.end(), digest) != i.layers.end()) return true;
+  for (const auto& [h, ds] : holders_)
+    if (std::find(ds.begin(), ds.end(), digest) != ds.end()) return true;
+  return false;
+}
+
+StatusOr<int> ImageStore::Collect() {
+  std::vector<std::pair<std::string, std::string>> doomed;  // path, digest
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (leases_ > 0) return 0;  // an import may be about to reference a fresh layer
+    for (auto it = layers_.begin(); it != layers_.end();) {
+      if (ReferencedLocked(it->first)) {
+        ++it;
+        continue;
+      }
+      doomed.emplace_back(LayerDir(it->first) + (it->second.format == "erofs" ? ".erofs" : ""),
+                          it->first);
+      erofs_mounts_.erase(it->first);  // sandboxes' clones keep the device while they live
+      it = layers_.erase(it);
+    }
+    if (doomed.empty()) return 0;
+    DSEC_RETURN_IF_ERROR(SaveLocked());
+  }
+  for (const auto& [path, digest] : doomed) {
+    Status s = path.size() > 6 && path.compare(path.size() - 6, 6, ".erofs") == 0
+                   ? (unlink(path.c_str()) == 0 ? OkStatus() : ErrnoError("unlink " + path))
+                   : RemoveTree(path);
+    if (!s.ok()) DSEC_LOG_WARN("image store: removing layer {}: {}", digest, s.ToString());
+  }
+  return static_cast<int>(doomed.size());
+}
+
+StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer) {
+  if (layer.format != "erofs") return LayerSource{LayerDir(layer.digest), -1};
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = erofs_mounts_.find(layer.digest);
+  if (it == erofs_mounts_.end()) {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd m, MountErofs(LayerDir(layer.digest) + ".erofs"));
+    it = erofs_mounts_.emplace(layer.digest, std::make_shared<UniqueFd>(std::move(m))).first;
+  }
+  return LayerSource{".", it->second->get()};
+}
+
+}  // namespace dsec::images

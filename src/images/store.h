@@ -1,0 +1,176 @@
+// The edge's image store (issue 5): content-addressed read-only layers and named images, in
+// <state_dir>/images, shared by every sandbox of the node.
+//
+//   images/index.json             images (name -> layers + config) and who holds which layers
+//   images/layers/<hex>/          a directory layer: the layer's tree, overlayfs-ready
+//   images/layers/<hex>.erofs     an EROFS layer, mounted read-only through a loop device
+//   images/tmp/                   layers and uploads being made (removed at open)
+//
+// A layer is named by the sha256 of its uncompressed OCI layer tar (the OCI "diff_id"), so the
+// same layer imported twice, or by two images, is stored once. Layers arrive as tar streams
+// (LayerBuilder): OCI whiteouts become overlayfs whiteouts, owners and modes are kept, and
+// nothing can be written outside the new layer's directory (agent/tar.h, image_layer mode).
+//
+// An image is an ordered list of layers (bottom first) on a base: "host" (the built-in host
+// image below them) or "" (the layers are the whole root filesystem), plus a config (env,
+// workdir, user, entrypoint, cmd). Layers are referenced by images and by holders (a sandbox id
+// that was created from them): a layer is removed only by Collect(), and only once nothing
+// references it and no import is in progress.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace dsec::images {
+
+struct ImageConfig {
+  std::vector<std::string> env;  // "K=V"
+  std::string workdir;
+  std::string user;
+  std::vector<std::string> entrypoint, cmd;
+};
+
+struct LayerInfo {
+  std::string digest;  // "sha256:<hex>" of the uncompressed layer tar
+  uint64_t size = 0;   // bytes of file content in the layer
+  std::string format;  // "dir" | "erofs"
+};
+
+struct Image {
+  std::string name;                 // "name:tag"
+  std::string base;                 // "host" or "" (none)
+  std::vector<std::string> layers;  // digests, bottom first
+  ImageConfig config;
+  std::string source;  // "import" | "snapshot" | "build"
+  int64_t created_at = 0;
+};
+
+// A resolved stack for one sandbox: the base, the layers bottom first, the merged config.
+struct Stack {
+  std::string base;
+  std::vector<LayerInfo> layers;
+  ImageConfig config;
+};
+
+// A layer ready to be stacked: a host directory, or a subtree of a detached read-only mount
+// (EROFS) the store holds open for as long as the store lives.
+struct LayerSource {
+  std::string path;   // absolute host path (dir layers) or "." (erofs: the mount's root)
+  int mount_fd = -1;  // erofs: the detached mount; path is relative to it
+};
+
+struct StoreOptions {
+  std::string root;                    // <state_dir>/images
+  std::string default_format = "dir";  // "dir" | "erofs"
+  uint64_t max_layer_bytes = 16ull << 30;
+  uint64_t max_layer_entries = 2'000'000;
+  std::string mkfs_erofs = "mkfs.erofs";
+};
+
+// "name" or "name:tag" -> "name:tag" (tag "latest" by default). Names: [a-z0-9][a-z0-9._-]*
+// (at most 128), tags [A-Za-z0-9._-]+ (at most 128). "host" is the built-in image.
+StatusOr<std::string> NormalizeName(std::string_view name);
+
+class ImageStore;
+
+// Receives one layer tar stream (uncompressed), hashing and extracting it as it comes.
+class LayerBuilder {
+ public:
+  ~LayerBuilder();
+  Status Feed(std::string_view data);
+  // Completes the layer: verifies `expect_digest` when given, stores it under its digest (or
+  // finds it already stored) in `format` ("" = the store's default).
+  StatusOr<LayerInfo> Commit(const std::string& expect_digest = "", const std::string& format = "");
+  uint64_t bytes_in() const { return bytes_in_; }
+
+ private:
+  friend class ImageStore;
+  struct Impl;
+  explicit LayerBuilder(ImageStore* store);
+  ImageStore* store_;
+  std::unique_ptr<Impl> impl_;
+  uint64_t bytes_in_ = 0;
+  bool done_ = false;
+};
+
+class ImageStore {
+ public:
+  static StatusOr<std::unique_ptr<ImageStore>> Open(StoreOptions opts);
+  ~ImageStore();
+
+  const StoreOptions& options() const { return opts_; }
+
+  // While an Import lease is held, Collect() removes nothing (a layer just committed is not
+  // referenced by any image yet).
+  class Lease {
+   public:
+    explicit Lease(ImageStore* s);
+    ~Lease();
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+
+   private:
+    ImageStore* s_;
+  };
+
+  StatusOr<std::unique_ptr<LayerBuilder>> NewLayer();
+  StatusOr<LayerInfo> GetLayer(const std::string& digest);
+
+  // Adds or replaces the image `img.name` (its layers must exist).
+  Status PutImage(Image img);
+  StatusOr<Image> GetImage(const std::string& name);
+  std::vector<Image> ListImages();
+  // Removes the name; its layers stay while other images or holders reference them.
+  Status DeleteImage(const std::string& name);
+  // How many holders (sandboxes) use any of the image's layers.
+  int InUse(const Image& img);
+  uint64_t ImageSize(const Image& img);
+
+  // Resolves images stacked in order (the first one's base is the stack's; later ones must
+  // have no base, or the same one) and records `holder` as using their layers.
+  StatusOr<Stack> Acquire(const std::vector<std::string>& names, const std::string& holder);
+  // Records holder for exactly these layers (a snapshot's fork, an adopted sandbox).
+  Status Hold(const std::string& holder, const std::vector<std::string>& digests);
+  void Release(const std::string& holder);
+  // Drops every holder not in `alive` (sandboxes that are gone after a restart).
+  void RetainHolders(const std::set<std::string>& alive);
+  std::vector<std::string> HeldBy(const std::string& holder);
+
+  // Removes unreferenced layers; returns how many.
+  StatusOr<int> Collect();
+
+  // A layer ready to be mounted (an EROFS one is mounted on first use).
+  StatusOr<LayerSource> Source(const LayerInfo& layer);
+  std::string LayerDir(const std::string& digest) const;
+
+  std::string TempPath(const std::string& what);  // a fresh name under images/tmp
+
+ private:
+  friend class LayerBuilder;
+  explicit ImageStore(StoreOptions opts) : opts_(std::move(opts)) {}
+  Status Load();
+  Status SaveLocked();
+  bool ReferencedLocked(const std::string& digest) const;
+  StatusOr<LayerInfo> AddLayer(const std::string& tmp_dir, const std::string& digest, uint64_t size,
+                               const std::string& format);
+
+  StoreOptions opts_;
+  std::mutex mu_;
+  std::map<std::string, Image> images_;                            // GUARDED_BY(mu_)
+  std::map<std::string, LayerInfo> layers_;                        // GUARDED_BY(mu_)
+  std::map<std::string, std::vector<std::string>> holders_;        // GUARDED_BY(mu_)
+  std::map<std::string, std::shared_ptr<UniqueFd>> erofs_mounts_;  // GUARDED_BY(mu_)
+  int leases_ = 0;                                                 // GUARDED_BY(mu_)
+  uint64_t tmp_seq_ = 0;                                           // GUARDED_BY(mu_)
+};
+
+}  // namespace dsec::images
