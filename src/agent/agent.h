@@ -65,6 +65,8 @@ struct AgentConfig {
   int64_t orphan_timeout_ms = -1;              // see SetupSpec
   std::optional<protocol::ZygoteSpec> zygote;  // an fncall worker (zygote_link.h)
   UniqueFd zygote_binary;                      // until the zygote is started
+  // The writable layer's tmpfs, held for the edge's snapshots (never passed to children).
+  UniqueFd writable_layer;
 };
 
 class Agent {

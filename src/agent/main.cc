@@ -72,6 +72,8 @@ int main(int argc, char** argv) {
                            std::move(setup->listen));
   // An fncall worker is ready once its zygote is warm.
   if (dsec::Status s = dsec::agent::StartZygote(agent); !s.ok()) Fail(s);
-  SendBlocking(FrameType::kReady, {{"pid", getpid()}});
+  // The writable layer's fd number: the edge opens it through /proc/<pid>/fd for snapshots.
+  SendBlocking(FrameType::kReady,
+               {{"pid", getpid()}, {"layer_fd", agent.config().writable_layer.get()}});
   return agent.Run();
 }

@@ -96,7 +96,9 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   if (unshare(CLONE_NEWCGROUP) < 0) return ErrnoError("unshare(CLONE_NEWCGROUP)");
   if (sethostname(spec.hostname.data(), spec.hostname.size()) < 0) return ErrnoError("sethostname");
   DSEC_RETURN_IF_ERROR(BringUpLoopback());
-  DSEC_RETURN_IF_ERROR(isolation::BuildRootfsAndPivot(spec.rootfs, layer_fds, mount_dir.get()));
+  UniqueFd writable;
+  DSEC_RETURN_IF_ERROR(
+      isolation::BuildRootfsAndPivot(spec.rootfs, layer_fds, mount_dir.get(), &writable));
   layers.clear();
   mount_dir.Reset();
   fds.clear();  // anything unexpected the edge sent goes too
@@ -120,6 +122,7 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   r.config.orphan_timeout_ms = spec.orphan_timeout_ms;
   r.config.zygote = spec.zygote;
   r.config.zygote_binary = std::move(zygote_binary);
+  r.config.writable_layer = std::move(writable);
   return r;
 }
 

@@ -148,6 +148,12 @@ class Sandbox {
   virtual Status SetMemoryLimit(int64_t bytes) = 0;
   // Removes every kernel object and file the sandbox made. Safe to call twice.
   virtual Status Destroy() = 0;
+  // The sandbox's files as an image stack ("host" first when on the host image, then layer
+  // digests bottom first), its writable layer captured as the new top layer while it is frozen
+  // for a moment. A backend without layered images says Unimplemented.
+  virtual StatusOr<std::vector<std::string>> CaptureStack() {
+    return Unimplemented("this kind of sandbox cannot be snapshotted");
+  }
 
   // Shell sessions alive in the sandbox (including ones found when it was adopted).
   virtual std::vector<std::string> ListShells() = 0;

@@ -1,6 +1,7 @@
 #include "cli/cmd_util.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 
 #include "base/strings.h"
@@ -46,6 +47,31 @@ std::string Num(const Json& j) {
   if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
   if (j.is_number()) return FormatNumber(j.get<double>());
   return j.is_string() ? j.get<std::string>() : j.dump();
+}
+
+std::string ImageText(const Json& image) {
+  if (image.is_string()) return image.get<std::string>();
+  if (!image.is_array()) return image.is_null() ? "" : image.dump();
+  std::string out;
+  for (const auto& i : image) out += (out.empty() ? "" : ",") + Num(i);
+  return out;
+}
+
+std::string SbPath(const std::string& id) { return "/v1/sandboxes/" + UrlEncode(id, false); }
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Duration(int64_t ms) {
+  if (ms < 0) ms = 0;
+  int64_t s = ms / 1000;
+  if (s < 120) return std::to_string(s) + "s";
+  if (s < 7200) return std::to_string(s / 60) + "m";
+  if (s < 172800) return std::to_string(s / 3600) + "h";
+  return std::to_string(s / 86400) + "d";
 }
 
 }  // namespace dsec::cli

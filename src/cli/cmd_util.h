@@ -24,5 +24,12 @@ void PrintTable(const std::vector<std::string>& head,
                 const std::vector<std::vector<std::string>>& rows);
 // A JSON number (or string) as the tables show it.
 std::string Num(const Json& j);
+// A sandbox record's "image": a name, or the stacked names joined by ",".
+std::string ImageText(const Json& image);
+
+std::string SbPath(const std::string& id);  // /v1/sandboxes/<id, escaped>
+int64_t NowMs();                            // wall clock, ms since the epoch
+// An age or a time left, as the tables show it: "42s", "5m", "3h", "2d".
+std::string Duration(int64_t ms);
 
 }  // namespace dsec::cli

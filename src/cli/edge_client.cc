@@ -275,7 +275,8 @@ Status EdgeClient::Download(Verb verb, const std::string& target, std::string bo
 }
 
 Status EdgeClient::Upload(Verb verb, const std::string& target, std::string_view content_type,
-                          const std::function<StatusOr<std::string>()>& next_chunk) {
+                          const std::function<StatusOr<std::string>()>& next_chunk,
+                          std::string* response_body) {
   // A fresh connection: a body that fails halfway leaves the connection unusable anyway.
   Disconnect();
   DSEC_RETURN_IF_ERROR(EnsureConnected());
@@ -327,6 +328,7 @@ Status EdgeClient::Upload(Verb verb, const std::string& target, std::string_view
   if (res.result_int() < 200 || res.result_int() >= 300)
     return ApiError(res.result_int(), res.body());
   if (!sent_all) return NetError(ep_, ec, "sending to");
+  if (response_body) *response_body = std::move(res.body());
   return OkStatus();
 }
 

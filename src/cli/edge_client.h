@@ -71,8 +71,10 @@ class EdgeClient {
   Status Download(Verb verb, const std::string& target, std::string body,
                   const std::function<Status(std::string_view)>& on_data);
   // Sends a chunked request body pulled from next_chunk (empty chunk = end); expects 2xx.
+  // response_body, when given, receives the 2xx answer's body.
   Status Upload(Verb verb, const std::string& target, std::string_view content_type,
-                const std::function<StatusOr<std::string>()>& next_chunk);
+                const std::function<StatusOr<std::string>()>& next_chunk,
+                std::string* response_body = nullptr);
 
   // A WebSocket connection to target (e.g. /v1/sandboxes/ID/attach?...). Its own connection.
   using WebSocket = boost::beast::websocket::stream<boost::asio::generic::stream_protocol::socket>;

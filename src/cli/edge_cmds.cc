@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -25,23 +24,6 @@ namespace {
 
 constexpr size_t kIoChunk = 256 << 10;
 
-std::string SbPath(const std::string& id) { return "/v1/sandboxes/" + UrlEncode(id, false); }
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string Duration(int64_t ms) {
-  if (ms < 0) ms = 0;
-  int64_t s = ms / 1000;
-  if (s < 120) return std::to_string(s) + "s";
-  if (s < 7200) return std::to_string(s / 60) + "m";
-  if (s < 172800) return std::to_string(s / 3600) + "h";
-  return std::to_string(s / 86400) + "d";
-}
-
 std::string Labels(const Json& rec) {
   std::string out;
   if (!rec.contains("labels") || !rec["labels"].is_object()) return out;
@@ -56,7 +38,7 @@ std::vector<std::string> Row(const Json& r, int64_t now) {
   const Json& l = r.contains("limits") ? r["limits"] : Json::object();
   return {r.value("id", ""),
           r.value("state", ""),
-          r.value("image", ""),
+          r.contains("image") ? ImageText(r["image"]) : "",
           l.contains("cpu") ? Num(l["cpu"]) : "",
           l.contains("memory_mb") ? Num(l["memory_mb"]) + "M" : "",
           Duration(now - r.value("created_at", now)),
@@ -72,7 +54,8 @@ const std::vector<std::string> kHead = {"ID",  "STATE",   "IMAGE", "CPU",
 // ---- create ------------------------------------------------------------------------------
 
 struct CreateOpts {
-  std::string image, user, workdir, pool;
+  std::vector<std::string> images;  // stacked bottom first
+  std::string user, workdir, pool;
   std::optional<double> cpu;
   std::optional<int64_t> memory_mb, pids, disk_mb, ttl_s, idle_ttl_s, count;
   std::vector<std::string> env, labels;
@@ -80,7 +63,9 @@ struct CreateOpts {
 
 StatusOr<Json> CreateBody(const CreateOpts& o) {
   Json b = Json::object();
-  if (!o.image.empty()) b["image"] = o.image;
+  // One image goes as a string (what every edge understands), several as the stack.
+  if (o.images.size() == 1) b["image"] = o.images[0];
+  if (o.images.size() > 1) b["image"] = o.images;
   if (!o.pool.empty()) b["pool"] = o.pool;
   if (o.cpu) b["cpu"] = *o.cpu;
   if (o.memory_mb) b["memory_mb"] = *o.memory_mb;
@@ -116,7 +101,11 @@ int Create(const GlobalOptions& g, const CreateOpts& o) {
 }
 
 void AddCreateFlags(CLI::App* cmd, CreateOpts* o) {
-  cmd->add_option("--image", o->image, "Image (default: host)");
+  cmd->add_option("--image", o->images,
+                  "Image (default: host); repeat it or give A,B,... to stack images, bottom first")
+      ->delimiter(',')
+      ->expected(1)
+      ->take_all();
   cmd->add_option("--cpu", o->cpu, "CPU cap in cores");
   cmd->add_option("--memory", o->memory_mb, "Memory limit in MB");
   cmd->add_option("--pids", o->pids, "Process limit");

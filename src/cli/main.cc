@@ -1,6 +1,6 @@
-// dsec: the command-line interface. Most commands talk to a dsec-edge (see edge_cmds.h and
-// fncall_cmds.h); `dsec run` goes through an edge when one is reachable and works locally (as
-// root) otherwise.
+// dsec: the command-line interface. Most commands talk to a dsec-edge (see edge_cmds.h,
+// fncall_cmds.h and image_cmds.h); `dsec run` goes through an edge when one is reachable and
+// works locally (as root) otherwise.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -10,6 +10,7 @@
 #include "cli/bench_cmd.h"
 #include "cli/edge_cmds.h"
 #include "cli/fncall_cmds.h"
+#include "cli/image_cmds.h"
 #include "cli/run.h"
 
 int main(int argc, char** argv) {
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   dsec::cli::RegisterRun(app, global, &exit_code);
   dsec::cli::RegisterEdgeCommands(app, global, &exit_code);
   dsec::cli::RegisterFnCallCommands(app, global, &exit_code);
+  dsec::cli::RegisterImageCommands(app, global, &exit_code);
   dsec::cli::RegisterBenchCommand(app);
   // Everything after the first "--" is the command, verbatim (CLI11 would otherwise give
   // options like "-c" to itself or to a repeatable flag before it).

@@ -211,11 +211,12 @@ Api::Api(Deps deps) : d_(std::move(deps)) {
   RegisterExecRoutes(this);
   RegisterFileRoutes(this);
   RegisterFnCallRoutes(this);
+  RegisterImageRoutes(this);
 }
 
 void Api::Add(const char* method, const char* pattern, RouteFn fn, unsigned flags) {
-  routes_.push_back(
-      {method, SplitPattern(pattern), fn, (flags & kUpload) != 0, (flags & kOnIoThread) != 0});
+  routes_.push_back({method, SplitPattern(pattern), fn, (flags & kUpload) != 0,
+                     (flags & kImport) != 0, (flags & kOnIoThread) != 0});
 }
 
 const Route* Api::Match(const std::string& method, const std::string& target,
@@ -268,6 +269,8 @@ Preflight Api::Check(HttpRequest& req) {
   bool known = false;
   if (const Route* r = Match(req.method, req.target, nullptr, &known); r && r->upload)
     pf.body_limit = d_.cfg.max_upload_bytes;
+  else if (r && r->import)
+    pf.body_limit = d_.cfg.max_import_bytes;
   auto deny = [&](int status, std::string_view code, std::string_view msg) {
     d_.metrics->CountRequest(req.method, status);
     d_.metrics->CountError(std::string(code));
@@ -321,7 +324,7 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   std::string key;
   if (Mutating(ctx->req.method)) {
     key = ctx->req.Header("idempotency-key");
-    if (!route->upload && !ctx->req.body.empty()) {
+    if (!route->upload && !route->import && !ctx->req.body.empty()) {
       // request_id in a JSON body; JSON errors are left for the handler to report.
       auto j = protocol::ParseJson(ctx->req.body);
       if (j.ok() || ctx->req.body.find('\0') != std::string::npos) {

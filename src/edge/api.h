@@ -24,6 +24,10 @@
 #include "edge/metrics.h"
 #include "edge/state_store.h"
 
+namespace dsec::images {
+class ImageStore;
+}
+
 namespace dsec::edge {
 
 class Api;
@@ -61,10 +65,11 @@ struct Route {
   std::vector<std::string> segments;  // literal, or ":name"
   RouteFn fn;
   bool upload = false;        // raw body up to max_upload_bytes
+  bool import = false;        // raw body up to max_import_bytes (image archives)
   bool on_io_thread = false;  // cheap and never blocks: answered without a worker
 };
 
-enum RouteFlags : unsigned { kUpload = 1, kOnIoThread = 2 };
+enum RouteFlags : unsigned { kUpload = 1, kOnIoThread = 2, kImport = 4 };
 
 class Api {
  public:
@@ -79,6 +84,7 @@ class Api {
     boost::asio::io_context* timers = nullptr;  // for waits with deadlines
     fncall::PoolSet* pools = nullptr;
     StateStore* store = nullptr;
+    images::ImageStore* images = nullptr;
     std::vector<std::string> tokens;
     std::string instance;
     Json features;
@@ -103,6 +109,7 @@ class Api {
   friend void RegisterExecRoutes(Api* api);
   friend void RegisterFileRoutes(Api* api);
   friend void RegisterFnCallRoutes(Api* api);
+  friend void RegisterImageRoutes(Api* api);
 
   Deps d_;
   std::vector<Route> routes_;
@@ -112,6 +119,7 @@ void RegisterSandboxRoutes(Api* api);
 void RegisterExecRoutes(Api* api);
 void RegisterFileRoutes(Api* api);
 void RegisterFnCallRoutes(Api* api);
+void RegisterImageRoutes(Api* api);
 
 // Defaults for a new pool of `kind` (fncall | container) from the node config.
 fncall::PoolConfig PoolDefaults(const EdgeConfig& cfg, const std::string& kind);

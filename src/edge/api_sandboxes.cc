@@ -2,8 +2,10 @@
 // node-level endpoints (health, node, images, metrics).
 #include <boost/asio/post.hpp>
 
+#include "base/strings.h"
 #include "edge/api.h"
 #include "edge/json_body.h"
+#include "images/store.h"
 
 namespace dsec::edge {
 
@@ -36,6 +38,38 @@ Status CheckNetwork(const Json* n) {
   return InvalidArgument("network mode must be \"none\" or \"allowlist\"");
 }
 
+// "image": a name, or a list of images stacked in order (the first at the bottom), kept as one
+// comma-separated string of normalized names ("host", "name:tag" or "sha256:<hex>" layers).
+StatusOr<std::optional<std::string>> ParseImage(const Json* j) {
+  if (!j) return std::optional<std::string>();
+  std::vector<std::string> names;
+  if (j->is_string()) {
+    names.push_back(j->get<std::string>());
+  } else if (j->is_array() && !j->empty() && j->size() <= 16) {
+    for (const auto& e : *j) {
+      if (!e.is_string()) return InvalidArgument("\"image\" entries must be strings");
+      names.push_back(e.get<std::string>());
+    }
+  } else {
+    return InvalidArgument("\"image\" must be a name or a list of 1 to 16 names");
+  }
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::string n = names[i];
+    if (n == "host" || n == "host:latest") {
+      if (i != 0) return InvalidArgument("\"host\" can only be the first image of a stack");
+      n = "host";
+    } else if (StartsWith(n, "sha256:")) {
+      if (n.size() != 71 || n.find_first_not_of("0123456789abcdef", 7) != std::string::npos)
+        return InvalidArgument("bad layer digest in \"image\"");
+    } else {
+      DSEC_ASSIGN_OR_RETURN(n, images::NormalizeName(n));
+    }
+    out += (i ? "," : "") + n;
+  }
+  return std::optional<std::string>(out);
+}
+
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
                                                    fncall::PoolSet* pools, bool* count_given) {
   DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
@@ -46,7 +80,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   p.disk_mb = cfg.default_disk_mb;
   p.ttl_s = cfg.default_ttl_s;
   DSEC_ASSIGN_OR_RETURN(auto kind, b.String("kind", 32));
-  DSEC_ASSIGN_OR_RETURN(auto image, b.String("image", 256));
+  DSEC_ASSIGN_OR_RETURN(auto image, ParseImage(b.Raw("image")));
   DSEC_ASSIGN_OR_RETURN(auto cpu, b.Number("cpu", 0.01, 64));
   DSEC_ASSIGN_OR_RETURN(auto memory, b.Int("memory_mb", 16, 1 << 20));
   DSEC_ASSIGN_OR_RETURN(auto pids, b.Int("pids", 8, 1 << 22));
@@ -265,10 +299,6 @@ void Node(const std::shared_ptr<Ctx>& c) {
   c->Reply(200, j);
 }
 
-void Images(const std::shared_ptr<Ctx>& c) {
-  c->Reply(200, {{"images", Json::array({{{"name", "host"}, {"builtin", true}}})}});
-}
-
 void MetricsText(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
   c->Raw(200, "text/plain; version=0.0.4; charset=utf-8",
@@ -292,7 +322,6 @@ void RegisterSandboxRoutes(Api* a) {
   // On the IO thread: health must stay truthful while every worker is busy.
   a->Add("GET", "/v1/health", Health, kOnIoThread);
   a->Add("GET", "/v1/node", Node);
-  a->Add("GET", "/v1/images", Images);
   a->Add("GET", "/metrics", MetricsText);
 }
 

@@ -37,6 +37,7 @@ struct EdgeConfig {
   uint64_t max_header_bytes = 16 << 10;
   uint64_t max_json_body_bytes = 1 << 20;
   uint64_t max_upload_bytes = 256ull << 20;    // file and archive uploads
+  uint64_t max_import_bytes = 2ull << 30;      // image archives (POST /v1/images/import)
   uint64_t max_download_bytes = 256ull << 20;  // file reads and archives
   uint64_t max_output_bytes = 256ull << 20;    // per stream per exec
   int max_execs_per_sandbox = 64;
@@ -71,6 +72,10 @@ struct EdgeConfig {
   bool clone_into_cgroup = true;  // false forces the fallback
   bool cgroup_kill = true;        // false forces the fallback
   int netns_pool = 256;
+  // Image store (<state_dir>/images): how new layers are stored, "dir" or "erofs".
+  std::string image_layer_format = "dir";
+  // Largest layer (bytes of unpacked file content) an import, snapshot or build may make.
+  uint64_t image_max_layer_bytes = 16ull << 30;
   std::string agent_path;   // default: dsec-agent beside dsec-edge
   std::string zygote_path;  // default: dsec-zygote beside dsec-edge
 

@@ -11,6 +11,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <iostream>
+#include <set>
 #include <thread>
 
 #include "backends/container/container_backend.h"
@@ -98,7 +99,15 @@ int RunEdge(EdgeConfig cfg) {
   // Before the backend: exec observers still inside it when it is torn down report to these.
   Metrics metrics;
 
+  images::StoreOptions iso;
+  iso.root = JoinPath(cfg.state_dir, "images");
+  iso.default_format = cfg.image_layer_format;
+  iso.max_layer_bytes = cfg.image_max_layer_bytes;
+  auto image_store = images::ImageStore::Open(iso);
+  if (!image_store.ok()) return fail("image store", image_store.status());
+
   backends::container::ContainerBackendOptions bo;
+  bo.image_store = image_store->get();
   bo.state_dir = cfg.state_dir;
   bo.agent_path = cfg.agent_path;
   bo.zygote_path = cfg.zygote_path;
@@ -125,6 +134,13 @@ int RunEdge(EdgeConfig cfg) {
   auto recovered = manager.Recover();
   if (!recovered.ok()) return fail("recover", recovered.status());
   DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
+  {
+    // Layers held by sandboxes that did not come back are free again.
+    auto ids = manager.Ids();
+    (*image_store)->RetainHolders(std::set<std::string>(ids.begin(), ids.end()));
+    if (auto n = (*image_store)->Collect(); n.ok() && *n > 0)
+      DSEC_LOG_INFO("image store: removed {} unreferenced layers", *n);
+  }
   // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
   fncall::PoolSet pools(backend->get(), cfg.node);
   manager.SetPools(&pools);
@@ -149,6 +165,7 @@ int RunEdge(EdgeConfig cfg) {
   deps.timers = &timers;
   deps.pools = &pools;
   deps.store = store->get();
+  deps.images = image_store->get();
   deps.tokens = *tokens;
   deps.instance = (*backend)->instance_id();
   const auto& f = (*backend)->features();

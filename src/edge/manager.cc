@@ -211,6 +211,23 @@ std::string Manager::StateName(const SandboxEntry& e) const {
   }
 }
 
+namespace {
+// A stack of images is shown as the list it was given as; a single image as its name.
+Json ImageField(const std::string& image) {
+  if (image.find(',') == std::string::npos) return image;
+  Json a = Json::array();
+  for (auto n : SplitString(image, ',', /*skip_empty=*/true)) a.push_back(std::string(n));
+  return a;
+}
+}  // namespace
+
+std::vector<std::string> Manager::Ids() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, e] : entries_) out.push_back(id);
+  return out;
+}
+
 Json Manager::Record(const SandboxEntry& e) const {
   std::string state = StateName(e);
   std::lock_guard<std::mutex> l(e.mu_);
@@ -222,7 +239,7 @@ Json Manager::Record(const SandboxEntry& e) const {
       {"kind", p.kind},
       {"state", state},
       {"node", cfg_.node},
-      {"image", p.image},
+      {"image", ImageField(p.image)},
       {"created_at", e.created_at_},
       {"expires_at", e.expires_at_},
       {"ttl_s", p.ttl_s},

@@ -147,6 +147,7 @@ class Manager {
   Json NodeInfo() const;
   Metrics::Gauges Gauges() const;
   size_t size() const;
+  std::vector<std::string> Ids() const;
 
   // Expired, idle and failed sandboxes (the reaper calls this every reap_interval_ms).
   void ReapOnce();

@@ -4,12 +4,16 @@
 #include <linux/openat2.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -194,6 +198,33 @@ bool ValidBlobDigest(const std::string& d) {
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
+std::string Sha256Digest(std::string_view data) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  if (EVP_Digest(data.data(), data.size(), out, &len, EVP_sha256(), nullptr) != 1) return "";
+  return "sha256:" + HexEncode(std::string_view(reinterpret_cast<char*>(out), len));
+}
+
+// The archive's JSON is untrusted: a field of another type than expected reads as missing
+// (nlohmann's value() and get() would throw).
+const Json* Field(const Json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  auto it = j.find(key);
+  return it == j.end() ? nullptr : &*it;
+}
+std::string Str(const Json& j, const char* key) {
+  const Json* f = Field(j, key);
+  return f && f->is_string() ? f->get<std::string>() : std::string();
+}
+
+// A relative path without ".." (a docker manifest.json names its files by path).
+bool InsideArchive(const std::string& p) {
+  if (p.empty() || p[0] == '/' || p.find('\0') != std::string::npos) return false;
+  for (std::string_view c : SplitString(p, '/'))
+    if (c == "..") return false;
+  return true;
+}
+
 // Opens `rel` inside the unpacked archive; symlinks and ".." stay inside it.
 StatusOr<UniqueFd> OpenIn(int root, const std::string& rel) {
   int fd = sys::Openat2(root, rel.c_str(), O_RDONLY | O_CLOEXEC, 0,
@@ -207,9 +238,12 @@ StatusOr<UniqueFd> OpenIn(int root, const std::string& rel) {
   return UniqueFd(fd);
 }
 
-StatusOr<Json> ReadJson(int root, const std::string& rel) {
+// Reads and parses `rel`; with a digest, its bytes must hash to it.
+StatusOr<Json> ReadJson(int root, const std::string& rel, const std::string& digest = "") {
   DSEC_ASSIGN_OR_RETURN(UniqueFd fd, OpenIn(root, rel));
   DSEC_ASSIGN_OR_RETURN(std::string text, ReadFdToString(fd.get(), rel, kMaxJsonBytes));
+  if (!digest.empty() && Sha256Digest(text) != digest)
+    return InvalidArgument("blob \"" + rel + "\" does not match its digest " + digest);
   Json j = Json::parse(text, nullptr, false);
   if (j.is_discarded()) return InvalidArgument("\"" + rel + "\" in the archive is not valid JSON");
   return j;
@@ -217,24 +251,268 @@ StatusOr<Json> ReadJson(int root, const std::string& rel) {
 
 std::string BlobPath(const std::string& digest) { return "blobs/sha256/" + digest.substr(7); }
 
+// The digest a docker archive names a file by ("<hex>.json", "blobs/sha256/<hex>"), or "".
+std::string DigestFromName(const std::string& path) {
+  std::string base = path.substr(path.rfind('/') + 1);
+  if (base.size() == 69 && base.ends_with(".json"))
+    base.resize(64);
+  else if (!StartsWith(path, "blobs/sha256/"))
+    return "";
+  return ValidBlobDigest("sha256:" + base) ? "sha256:" + base : "";
+}
+
+// rootfs.diff_ids: one sha256 per layer, which the layer's tar must hash to.
+StatusOr<std::vector<std::string>> DiffIds(const Json& cfg, size_t layers, const char* what) {
+  const Json* rootfs = Field(cfg, "rootfs");
+  const Json* ids = rootfs ? Field(*rootfs, "diff_ids") : nullptr;
+  if (!ids || !ids->is_array())
+    return InvalidArgument(std::string(what) + " config has no rootfs.diff_ids list");
+  std::vector<std::string> out;
+  for (const auto& d : *ids) {
+    if (!d.is_string() || !ValidBlobDigest(d.get<std::string>()))
+      return InvalidArgument(std::string(what) + " config: a diff_id is not a sha256 digest");
+    out.push_back(d.get<std::string>());
+  }
+  if (out.size() != layers)
+    return InvalidArgument(std::string(what) + " config lists " + std::to_string(out.size()) +
+                           " diff_ids for " + std::to_string(layers) + " layers");
+  return out;
+}
+
 ImageConfig ConfigFromOci(const Json& cfg) {
   ImageConfig c;
-  const Json* cj = nullptr;
-  if (auto it = cfg.find("config"); it != cfg.end() && it->is_object()) cj = &*it;
+  const Json* cj = Field(cfg, "config");
   if (!cj) return c;
   auto strs = [&](const char* k) {
     std::vector<std::string> v;
-    if (auto it = cj->find(k); it != cj->end() && it->is_array())
-      for (const auto& e : *it)
+    if (const Json* a = Field(*cj, k); a && a->is_array())
+      for (const auto& e : *a)
         if (e.is_string()) v.push_back(e.get<std::string>());
     return v;
   };
   c.env = strs("Env");
   c.entrypoint = strs("Entrypoint");
   c.cmd = strs("Cmd");
-  if (auto it = cj->find("WorkingDir"); it != cj->end() && it->is_string()) c.workdir = *it;
-  if (auto it = cj->find("User"); it != cj->end() && it->is_string()) c.user = *it;
+  c.workdir = Str(*cj, "WorkingDir");
+  c.user = Str(*cj, "User");
   return c;
+}
+
+const char* HostArch() {
+#if defined(__x86_64__)
+  return "amd64";
+#elif defined(__aarch64__)
+  return "arm64";
+#elif defined(__arm__)
+  return "arm";
+#elif defined(__powerpc64__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  return "ppc64le";
+#elif defined(__s390x__)
+  return "s390x";
+#elif defined(__riscv) && __riscv_xlen == 64
+  return "riscv64";
+#else
+  return "";
+#endif
+}
+
+// Does a reference annotation ("t", "x:t", "docker.io/library/x:t") name the image `name`?
+bool RefMatches(const std::string& ref, const std::string& name) {
+  return !ref.empty() &&
+         (ref == name || ref == name.substr(name.rfind(':') + 1) || ref.ends_with("/" + name));
+}
+
+// The entry of an OCI index to follow: the only one; or among those for this machine (when
+// entries name a platform), the first, or at the top, when a layout holds several images, the
+// one tagged like the import (as `umoci tag` and `docker save` since Docker 25 record it).
+StatusOr<Json> PickManifest(const Json& index, const std::string& name, bool top) {
+  const Json* ms = Field(index, "manifests");
+  if (!ms || !ms->is_array() || ms->empty()) return InvalidArgument("OCI index has no manifests");
+  if (ms->size() == 1) {
+    if (!(*ms)[0].is_object()) return InvalidArgument("OCI index: a manifest entry is no object");
+    return (*ms)[0];
+  }
+  std::vector<const Json*> ours;
+  for (const auto& m : *ms) {
+    if (!m.is_object()) return InvalidArgument("OCI index: a manifest entry is no object");
+    const Json* p = Field(m, "platform");
+    if (!p || (Str(*p, "os") == "linux" && Str(*p, "architecture") == HostArch()))
+      ours.push_back(&m);
+  }
+  if (ours.empty())
+    return InvalidArgument(std::string("OCI index has no image for linux/") + HostArch());
+  if (top && ours.size() > 1) {
+    std::vector<const Json*> tagged;
+    std::string tags;
+    for (const Json* m : ours) {
+      const Json* a = Field(*m, "annotations");
+      std::string ref = a ? Str(*a, "org.opencontainers.image.ref.name") : "";
+      if (RefMatches(ref, name) || (a && RefMatches(Str(*a, "io.containerd.image.name"), name)))
+        tagged.push_back(m);
+      if (!ref.empty() && tags.size() < 200) tags += (tags.empty() ? "" : ", ") + ref;
+    }
+    if (tagged.empty())
+      return InvalidArgument("the OCI index holds " + std::to_string(ours.size()) +
+                             " images (tags: " + tags + "); import it under one of these tags");
+    ours = tagged;
+  }
+  return *ours[0];
+}
+
+// The image of a docker manifest.json to import: the only one, or the one tagged like the import.
+StatusOr<size_t> PickDockerImage(const Json& list, const std::string& name) {
+  std::string tags;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_object()) return InvalidArgument("docker manifest.json: an entry is no object");
+    if (list.size() == 1) return i;
+    if (const Json* rt = Field(list[i], "RepoTags"); rt && rt->is_array())
+      for (const auto& t : *rt) {
+        if (!t.is_string()) continue;
+        const std::string& tag = t.get_ref<const std::string&>();
+        if (tag == name || tag.ends_with("/" + name)) return i;
+        if (tags.size() < 200) tags += (tags.empty() ? "" : ", ") + tag;
+      }
+  }
+  return InvalidArgument("docker manifest.json holds " + std::to_string(list.size()) + " images (" +
+                         tags + "); import it under one of these names");
+}
+
+// --- Directories a layer does not list.
+//
+// A layer tar may hold "a/b/f" without "a/b/" (umoci writes no entry for a directory whose file
+// changed in place). Extracted on its own, such a layer gets "a/b" with the default owner and
+// mode (root, 0755), and overlayfs shows a directory with the attributes of its topmost copy: the
+// layer would reset a directory of the layers below (a 0750 one made world-readable, /tmp's
+// sticky bit gone). The store records those directories per layer (<layer>.dirs, store.cc);
+// an import then adds one layer on top that gives each directory whose topmost copy is such an
+// unlisted one the owner and mode of the listed copy it covers, as `umoci unpack` or containerd
+// (applying each layer onto the ones below) would show it.
+
+struct DirAttrs {
+  mode_t mode = 0755;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  int64_t mtime = 0;
+  bool SameOwnerAndMode(const DirAttrs& o) const {
+    return mode == o.mode && uid == o.uid && gid == o.gid;
+  }
+};
+
+struct StackLayer {
+  UniqueFd root;
+  std::set<std::string> unlisted;  // "." for the root
+};
+
+bool IsOpaque(int dirfd) {
+  char v = 0;
+  return (fgetxattr(dirfd, "trusted.overlay.opaque", &v, 1) == 1 && v == 'y') ||
+         (fgetxattr(dirfd, "user.overlay.opaque", &v, 1) == 1 && v == 'y');
+}
+
+// What overlayfs finds at `path` in one layer.
+struct Probe {
+  enum Kind { kAbsent, kDir, kOther } kind = kAbsent;  // kOther: a file, symlink or whiteout
+  bool opaque = false;       // the directory hides what the layers below have in it
+  bool hides_below = false;  // a parent directory of path is opaque here
+  DirAttrs attrs;
+};
+
+StatusOr<Probe> ProbeLayer(int root, const std::string& path) {
+  Probe p;
+  UniqueFd cur(fcntl(root, F_DUPFD_CLOEXEC, 0));
+  if (!cur) return ErrnoError("dup");
+  std::vector<std::string_view> comps;
+  if (path != ".") comps = SplitString(path, '/');
+  for (size_t i = 0; i < comps.size(); ++i) {
+    if (i > 0 && IsOpaque(cur.get())) p.hides_below = true;
+    std::string c(comps[i]);
+    // One component at a time, never following a symlink (nor opening a device: O_DIRECTORY).
+    int fd = openat(cur.get(), c.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) return p;
+    if (fd < 0 && (errno == ENOTDIR || errno == ELOOP)) {
+      p.kind = Probe::kOther;
+      return p;
+    }
+    if (fd < 0) return ErrnoError("open \"" + path + "\" in a layer");
+    cur.Reset(fd);
+  }
+  struct stat st;
+  if (fstat(cur.get(), &st) < 0) return ErrnoError("stat \"" + path + "\" in a layer");
+  p.kind = Probe::kDir;
+  p.opaque = IsOpaque(cur.get());
+  p.attrs = {st.st_mode & 07777, st.st_uid, st.st_gid, st.st_mtim.tv_sec};
+  return p;
+}
+
+struct Resolved {
+  bool visible = false;  // a directory in the stacked tree
+  bool restore = false;  // its topmost copy is unlisted and differs from the listed one below
+  DirAttrs attrs;        // what the stacked tree should show
+};
+
+// Walks `path` down the stack (top first) as overlayfs looks it up.
+StatusOr<Resolved> Resolve(const std::vector<StackLayer>& layers, const std::string& path) {
+  Resolved r;
+  for (size_t k = layers.size(); k-- > 0;) {
+    DSEC_ASSIGN_OR_RETURN(Probe p, ProbeLayer(layers[k].root.get(), path));
+    if (p.kind == Probe::kOther) break;  // a non-directory hides the layers below
+    if (p.kind == Probe::kDir) {
+      bool listed = !layers[k].unlisted.count(path);
+      if (!r.visible) {
+        r.visible = true;
+        r.attrs = p.attrs;
+        if (listed) return r;
+      } else if (listed) {
+        r.restore = !p.attrs.SameOwnerAndMode(r.attrs);
+        r.attrs = p.attrs;
+        return r;
+      }
+      if (p.opaque) break;
+    }
+    if (p.hides_below) break;
+  }
+  return r;
+}
+
+// One ustar header block.
+std::string TarHeader(const std::string& name, char type, uint64_t size, const DirAttrs& a) {
+  char h[512] = {};
+  memcpy(h, name.data(), std::min<size_t>(name.size(), 100));
+  snprintf(h + 100, 8, "%07o", static_cast<unsigned>(a.mode & 07777));
+  snprintf(h + 108, 8, "%07o", static_cast<unsigned>(std::min<uid_t>(a.uid, 07777777)));
+  snprintf(h + 116, 8, "%07o", static_cast<unsigned>(std::min<gid_t>(a.gid, 07777777)));
+  snprintf(h + 124, 12, "%011llo", static_cast<unsigned long long>(size & 077777777777ull));
+  snprintf(h + 136, 12, "%011llo",
+           static_cast<unsigned long long>(std::max<int64_t>(a.mtime, 0) & 077777777777ll));
+  memset(h + 148, ' ', 8);
+  h[156] = type;
+  memcpy(h + 257, "ustar", 6);
+  memcpy(h + 263, "00", 2);
+  unsigned sum = 0;
+  for (char c : h) sum += static_cast<unsigned char>(c);
+  snprintf(h + 148, 8, "%06o", sum & 0777777);
+  return std::string(h, sizeof h);
+}
+
+// A directory entry, after a pax header when the name or an id does not fit ustar.
+void AppendDirEntry(std::string* out, const std::string& name, const DirAttrs& a) {
+  std::string pax;
+  auto record = [&](const std::string& key, const std::string& value) {
+    std::string body = " " + key + "=" + value + "\n";
+    size_t len = body.size() + 1;
+    while (std::to_string(len).size() + body.size() != len)
+      len = std::to_string(len).size() + body.size();
+    pax += std::to_string(len) + body;
+  };
+  if (name.size() > 100) record("path", name);
+  if (a.uid > 07777777) record("uid", std::to_string(a.uid));
+  if (a.gid > 07777777) record("gid", std::to_string(a.gid));
+  if (!pax.empty()) {
+    out->append(TarHeader("PaxHeader", 'x', pax.size(), DirAttrs{0644, 0, 0, a.mtime}));
+    out->append(pax);
+    out->append((512 - pax.size() % 512) % 512, '\0');
+  }
+  out->append(TarHeader(name, '5', 0, a));
 }
 
 }  // namespace
@@ -242,14 +520,15 @@ ImageConfig ConfigFromOci(const Json& cfg) {
 struct Importer::Impl {
   ImageStore* store;
   ImportOptions opts;
-  ImageStore::Lease lease;
+  std::optional<ImageStore::Lease> lease;
   std::string spool;
   UniqueFd spool_fd;
   uint64_t spooled = 0;
   std::unique_ptr<Decoder> dec;
   std::string unpacked;
+  int committed = 0;  // layers this import stored (or found stored)
 
-  Impl(ImageStore* s, ImportOptions o) : store(s), opts(std::move(o)), lease(s) {}
+  Impl(ImageStore* s, ImportOptions o) : store(s), opts(std::move(o)) { lease.emplace(s); }
   ~Impl() {
     spool_fd.Reset();
     if (!spool.empty()) unlink(spool.c_str());
@@ -287,17 +566,60 @@ struct Importer::Impl {
     EVP_MD_CTX_free(md);
     DSEC_RETURN_IF_ERROR(st.WithContext("layer \"" + rel + "\""));
     DSEC_RETURN_IF_ERROR(d.Finish().WithContext("layer \"" + rel + "\""));
-    if (!blob_digest.empty()) {
-      static const char* hx = "0123456789abcdef";
-      std::string got = "sha256:";
-      for (unsigned i = 0; i < len; ++i) {
-        got += hx[out[i] >> 4];
-        got += hx[out[i] & 15];
-      }
-      if (got != blob_digest)
-        return InvalidArgument("blob \"" + rel + "\" does not match its digest " + blob_digest);
+    if (!blob_digest.empty() &&
+        "sha256:" + HexEncode(std::string_view(reinterpret_cast<char*>(out), len)) != blob_digest)
+      return InvalidArgument("blob \"" + rel + "\" does not match its digest " + blob_digest);
+    DSEC_ASSIGN_OR_RETURN(LayerInfo info, builder->Commit(diff_id, opts.layer_format));
+    ++committed;
+    return info;
+  }
+
+  // Adds the layer that restores directories the image's layers did not list (above), if any
+  // needs it.
+  Status RestoreUnlistedDirs(Image* img) {
+    std::vector<StackLayer> layers;
+    std::set<std::string> candidates;
+    for (const auto& digest : img->layers) {
+      DSEC_ASSIGN_OR_RETURN(LayerInfo info, store->GetLayer(digest));
+      DSEC_ASSIGN_OR_RETURN(LayerSource src, store->Source(info));
+      StackLayer l;
+      l.root.Reset(src.mount_fd >= 0 ? openat(src.mount_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                                     : open(src.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (!l.root) return ErrnoError("open layer " + digest);
+      auto dirs = ReadFileToString(store->LayerDir(digest) + ".dirs", 256 << 20);
+      if (!dirs.ok() && dirs.status().error_number() != ENOENT) return dirs.status();
+      if (dirs.ok())
+        for (std::string_view p : SplitString(*dirs, '\0', /*skip_empty=*/true))
+          l.unlisted.emplace(p);
+      candidates.insert(l.unlisted.begin(), l.unlisted.end());
+      layers.push_back(std::move(l));
     }
-    return builder->Commit(diff_id, opts.layer_format);
+    std::map<std::string, DirAttrs> entries;
+    for (const auto& path : candidates) {
+      DSEC_ASSIGN_OR_RETURN(Resolved r, Resolve(layers, path));
+      if (!r.restore) continue;
+      entries[path] = r.attrs;
+      // Its parents go into the new layer too, as the stack shows them (a directory the new
+      // layer did not list would take the default owner and mode, on top of everything).
+      for (std::string p = path; p != ".";) {
+        size_t slash = p.rfind('/');
+        p = slash == std::string::npos ? "." : p.substr(0, slash);
+        if (entries.count(p)) break;
+        DSEC_ASSIGN_OR_RETURN(Resolved up, Resolve(layers, p));
+        entries[p] = up.attrs;
+      }
+    }
+    if (entries.empty()) return OkStatus();
+    std::string tar;
+    for (const auto& [path, attrs] : entries)
+      AppendDirEntry(&tar, path == "." ? "./" : path + "/", attrs);
+    tar.append(1024, '\0');
+    DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer());
+    DSEC_RETURN_IF_ERROR(builder->Feed(tar));
+    DSEC_ASSIGN_OR_RETURN(LayerInfo l, builder->Commit("", opts.layer_format));
+    ++committed;
+    img->layers.push_back(l.digest);
+    return OkStatus();
   }
 
   StatusOr<Image> Rootfs() {
@@ -313,6 +635,7 @@ struct Importer::Impl {
       DSEC_RETURN_IF_ERROR(builder->Feed(std::string_view(buf.data(), static_cast<size_t>(n))));
     }
     DSEC_ASSIGN_OR_RETURN(LayerInfo layer, builder->Commit("", opts.layer_format));
+    ++committed;
     Image img;
     img.name = opts.name;
     img.base = opts.base;
@@ -355,50 +678,40 @@ struct Importer::Impl {
     DSEC_RETURN_IF_ERROR(Unpack());
     DSEC_ASSIGN_OR_RETURN(UniqueFd root, OpenDir(unpacked, O_RDONLY));
     DSEC_ASSIGN_OR_RETURN(Json index, ReadJson(root.get(), "index.json"));
-    // index.json -> (a nested index ->) a manifest.
+    // index.json -> (a nested index ->) a manifest, each blob checked against its digest.
     Json manifest;
-    for (int depth = 0; depth < 3; ++depth) {
-      auto ms = index.find("manifests");
-      if (ms == index.end() || !ms->is_array() || ms->empty())
-        return InvalidArgument("OCI index has no manifests");
-      const Json& m = (*ms)[0];
-      std::string digest = m.value("digest", "");
+    for (int depth = 0; !manifest.is_object(); ++depth) {
+      if (depth == 3) return InvalidArgument("OCI index: no image manifest found");
+      DSEC_ASSIGN_OR_RETURN(Json m, PickManifest(index, opts.name, depth == 0));
+      std::string digest = Str(m, "digest");
       if (!ValidBlobDigest(digest)) return InvalidArgument("OCI index: bad manifest digest");
-      DSEC_ASSIGN_OR_RETURN(Json next, ReadJson(root.get(), BlobPath(digest)));
-      std::string mt = m.value("mediaType", next.value("mediaType", ""));
-      if (mt.find("index") != std::string::npos || next.contains("manifests")) {
+      DSEC_ASSIGN_OR_RETURN(Json next, ReadJson(root.get(), BlobPath(digest), digest));
+      if (!next.is_object()) return InvalidArgument("OCI manifest is not a JSON object");
+      std::string mt = Str(m, "mediaType").empty() ? Str(next, "mediaType") : Str(m, "mediaType");
+      if (mt.find("index") != std::string::npos || Field(next, "manifests"))
         index = std::move(next);
-        continue;
-      }
-      manifest = std::move(next);
-      break;
+      else
+        manifest = std::move(next);
     }
-    if (!manifest.is_object()) return InvalidArgument("OCI index: no image manifest found");
-    std::string cfg_digest =
-        manifest.contains("config") ? manifest["config"].value("digest", "") : "";
+    const Json* cfg_desc = Field(manifest, "config");
+    std::string cfg_digest = cfg_desc ? Str(*cfg_desc, "digest") : "";
     if (!ValidBlobDigest(cfg_digest)) return InvalidArgument("OCI manifest: bad config digest");
-    DSEC_ASSIGN_OR_RETURN(Json cfg, ReadJson(root.get(), BlobPath(cfg_digest)));
-    std::vector<std::string> diff_ids;
-    if (cfg.contains("rootfs") && cfg["rootfs"].contains("diff_ids"))
-      for (const auto& d : cfg["rootfs"]["diff_ids"])
-        if (d.is_string()) diff_ids.push_back(d.get<std::string>());
-    auto layers = manifest.find("layers");
-    if (layers == manifest.end() || !layers->is_array())
-      return InvalidArgument("OCI manifest has no layers list");
-    if (!diff_ids.empty() && diff_ids.size() != layers->size())
-      return InvalidArgument("OCI config lists " + std::to_string(diff_ids.size()) +
-                             " diff_ids for " + std::to_string(layers->size()) + " layers");
+    DSEC_ASSIGN_OR_RETURN(Json cfg, ReadJson(root.get(), BlobPath(cfg_digest), cfg_digest));
+    const Json* layers = Field(manifest, "layers");
+    if (!layers || !layers->is_array()) return InvalidArgument("OCI manifest has no layers list");
+    DSEC_ASSIGN_OR_RETURN(std::vector<std::string> diff_ids, DiffIds(cfg, layers->size(), "OCI"));
     Image img;
     img.name = opts.name;
     img.config = ConfigFromOci(cfg);
     img.source = "import";
     for (size_t i = 0; i < layers->size(); ++i) {
-      std::string digest = (*layers)[i].value("digest", "");
+      std::string digest = Str((*layers)[i], "digest");
       if (!ValidBlobDigest(digest)) return InvalidArgument("OCI manifest: bad layer digest");
-      std::string diff = i < diff_ids.size() ? diff_ids[i] : "";
-      DSEC_ASSIGN_OR_RETURN(LayerInfo l, ImportLayer(root.get(), BlobPath(digest), digest, diff));
+      DSEC_ASSIGN_OR_RETURN(LayerInfo l,
+                            ImportLayer(root.get(), BlobPath(digest), digest, diff_ids[i]));
       img.layers.push_back(l.digest);
     }
+    DSEC_RETURN_IF_ERROR(RestoreUnlistedDirs(&img));
     return img;
   }
 
@@ -406,22 +719,21 @@ struct Importer::Impl {
     DSEC_RETURN_IF_ERROR(Unpack());
     DSEC_ASSIGN_OR_RETURN(UniqueFd root, OpenDir(unpacked, O_RDONLY));
     DSEC_ASSIGN_OR_RETURN(Json manifest, ReadJson(root.get(), "manifest.json"));
-    if (!manifest.is_array() || manifest.empty() || !manifest[0].is_object())
+    if (!manifest.is_array() || manifest.empty())
       return InvalidArgument("docker manifest.json lists no image");
-    const Json& m = manifest[0];
-    std::string cfg_path = m.value("Config", "");
+    DSEC_ASSIGN_OR_RETURN(size_t pick, PickDockerImage(manifest, opts.name));
+    const Json& m = manifest[pick];
+    std::string cfg_path = Str(m, "Config");
     if (cfg_path.empty()) return InvalidArgument("docker manifest.json has no Config");
-    DSEC_ASSIGN_OR_RETURN(Json cfg, ReadJson(root.get(), cfg_path));
-    std::vector<std::string> diff_ids;
-    if (cfg.contains("rootfs") && cfg["rootfs"].contains("diff_ids"))
-      for (const auto& d : cfg["rootfs"]["diff_ids"])
-        if (d.is_string()) diff_ids.push_back(d.get<std::string>());
-    auto layers = m.find("Layers");
-    if (layers == m.end() || !layers->is_array())
+    if (!InsideArchive(cfg_path))
+      return InvalidArgument("docker manifest.json: Config \"" + cfg_path.substr(0, 200) +
+                             "\" is outside the archive");
+    DSEC_ASSIGN_OR_RETURN(Json cfg, ReadJson(root.get(), cfg_path, DigestFromName(cfg_path)));
+    const Json* layers = Field(m, "Layers");
+    if (!layers || !layers->is_array())
       return InvalidArgument("docker manifest.json has no Layers");
-    if (!diff_ids.empty() && diff_ids.size() != layers->size())
-      return InvalidArgument("docker config lists " + std::to_string(diff_ids.size()) +
-                             " diff_ids for " + std::to_string(layers->size()) + " layers");
+    DSEC_ASSIGN_OR_RETURN(std::vector<std::string> diff_ids,
+                          DiffIds(cfg, layers->size(), "docker"));
     Image img;
     img.name = opts.name;
     img.config = ConfigFromOci(cfg);
@@ -429,11 +741,35 @@ struct Importer::Impl {
     for (size_t i = 0; i < layers->size(); ++i) {
       if (!(*layers)[i].is_string()) return InvalidArgument("docker manifest: bad layer path");
       std::string path = (*layers)[i].get<std::string>();
-      std::string diff = i < diff_ids.size() ? diff_ids[i] : "";
-      DSEC_ASSIGN_OR_RETURN(LayerInfo l, ImportLayer(root.get(), path, "", diff));
+      if (!InsideArchive(path))
+        return InvalidArgument("docker manifest.json: layer \"" + path.substr(0, 200) +
+                               "\" is outside the archive");
+      std::string blob = StartsWith(path, "blobs/sha256/") ? DigestFromName(path) : "";
+      DSEC_ASSIGN_OR_RETURN(LayerInfo l, ImportLayer(root.get(), path, blob, diff_ids[i]));
       img.layers.push_back(l.digest);
     }
+    DSEC_RETURN_IF_ERROR(RestoreUnlistedDirs(&img));
     return img;
+  }
+
+  StatusOr<Image> Run() {
+    DSEC_RETURN_IF_ERROR(dec->Finish());
+    if (spooled == 0) return InvalidArgument("the archive is empty");
+    std::string format = opts.format;
+    if (format == "auto") {
+      DSEC_ASSIGN_OR_RETURN(std::set<std::string> top, TopLevelNames(spool_fd.get()));
+      if (top.count("oci-layout") || top.count("index.json"))
+        format = "oci";
+      else if (top.count("manifest.json"))
+        format = "docker";
+      else
+        format = "rootfs";
+    }
+    StatusOr<Image> img = format == "oci" ? Oci() : format == "docker" ? Docker() : Rootfs();
+    if (!img.ok()) return img.status().WithContext("import " + format + " archive");
+    if (format != "rootfs" && !opts.base.empty()) img->base = opts.base;
+    DSEC_RETURN_IF_ERROR(store->PutImage(*img));
+    return store->GetImage(img->name);
   }
 };
 
@@ -469,23 +805,15 @@ Status Importer::Feed(std::string_view data) { return impl_->dec->Feed(data); }
 
 StatusOr<Image> Importer::Finish() {
   Impl& im = *impl_;
-  DSEC_RETURN_IF_ERROR(im.dec->Finish());
-  if (im.spooled == 0) return InvalidArgument("the archive is empty");
-  std::string format = im.opts.format;
-  if (format == "auto") {
-    DSEC_ASSIGN_OR_RETURN(std::set<std::string> top, TopLevelNames(im.spool_fd.get()));
-    if (top.count("oci-layout") || top.count("index.json"))
-      format = "oci";
-    else if (top.count("manifest.json"))
-      format = "docker";
-    else
-      format = "rootfs";
+  StatusOr<Image> img = im.Run();
+  if (!img.ok() && im.committed > 0) {
+    // The layers stored before the failure are referenced by nothing: collect them now that
+    // this import's lease is gone (with another import or snapshot under way, the next
+    // collection does).
+    im.lease.reset();
+    (void)im.store->Collect();
   }
-  StatusOr<Image> img = format == "oci" ? im.Oci() : format == "docker" ? im.Docker() : im.Rootfs();
-  if (!img.ok()) return img.status().WithContext("import " + format + " archive");
-  if (format != "rootfs" && !im.opts.base.empty()) img->base = im.opts.base;
-  DSEC_RETURN_IF_ERROR(im.store->PutImage(*img));
-  return im.store->GetImage(img->name);
+  return img;
 }
 
 StatusOr<Image> ImportFile(ImageStore* store, const std::string& path, ImportOptions opts) {

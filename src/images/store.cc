@@ -1,5 +1,6 @@
 #include "images/store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/loop.h>
 #include <linux/mount.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <nlohmann/json.hpp>
 
 #include "agent/tar.h"
@@ -28,6 +30,17 @@ using Json = nlohmann::json;
 namespace {
 
 constexpr size_t kMaxStackLayers = 64;
+
+// The owner the extractor gives the directories it makes because an entry needs them but the
+// layer does not list them (a uid no archive entry has in practice): Commit() finds them by it.
+constexpr uid_t kUnlistedOwner = 0xFFFFFFFE;
+
+// What a layer tar may hold besides file content: a header and padding per entry, extended
+// headers, the end marker and the zeros tools pad with. Beyond it the stream is a bomb.
+constexpr uint64_t kTarOverheadPerEntry = 4096;
+constexpr uint64_t kTarOverheadFixed = 1 << 20;
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : b + a; }
 
 bool NameChar(char c, bool tag) {
   if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-')
@@ -79,6 +92,47 @@ ImageConfig ConfigFromJson(const Json& j) {
   c.workdir = str("workdir");
   c.user = str("user");
   return c;
+}
+
+// The directories of a freshly extracted layer that the tar did not list (kUnlistedOwner):
+// each gets the default owner and mode (root, 0755) and its path ("." for the root) is
+// appended, NUL-terminated, to *out. Breadth first, one open directory at a time.
+Status FixUnlistedDirs(int root, std::string* out) {
+  std::deque<std::string> todo{"."};
+  while (!todo.empty()) {
+    std::string rel = std::move(todo.front());
+    todo.pop_front();
+    int fd = sys::Openat2(root, rel.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0,
+                          RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+    if (fd < 0) return ErrnoError("open layer directory \"" + rel + "\"");
+    UniqueFd dir(fd);
+    struct stat st;
+    if (fstat(dir.get(), &st) < 0) return ErrnoError("stat layer directory \"" + rel + "\"");
+    if (st.st_uid == kUnlistedOwner && st.st_gid == kUnlistedOwner) {
+      if (fchown(dir.get(), 0, 0) < 0 || fchmod(dir.get(), 0755) < 0)
+        return ErrnoError("chown layer directory \"" + rel + "\"");
+      out->append(rel);
+      out->push_back('\0');
+    }
+    int dup_fd = fcntl(dir.get(), F_DUPFD_CLOEXEC, 0);
+    if (dup_fd < 0) return ErrnoError("dup");
+    DIR* d = fdopendir(dup_fd);
+    if (!d) {
+      close(dup_fd);
+      return ErrnoError("opendir layer directory \"" + rel + "\"");
+    }
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      bool is_dir = e->d_type == DT_DIR;
+      if (e->d_type == DT_UNKNOWN)
+        is_dir =
+            fstatat(dir.get(), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+      if (is_dir) todo.push_back(rel == "." ? name : rel + "/" + name);
+    }
+    closedir(d);
+  }
+  return OkStatus();
 }
 
 // Runs argv to completion with stdout/stderr captured (bounded); error with its output.
@@ -199,11 +253,21 @@ LayerBuilder::~LayerBuilder() {
     impl_->tar.reset();
     impl_->dir.Reset();
     (void)RemoveTree(impl_->tmp);
+    unlink((impl_->tmp + ".dirs").c_str());
   }
 }
 
 Status LayerBuilder::Feed(std::string_view data) {
   if (done_) return FailedPrecondition("layer already committed");
+  // The extractor bounds file content, not what it skips (zeros after the end marker, the data
+  // of entries it ignores), so the stream as a whole is bounded too.
+  const StoreOptions& o = store_->opts_;
+  uint64_t cap = SaturatingAdd(SaturatingAdd(o.max_layer_bytes, kTarOverheadFixed),
+                               o.max_layer_entries > UINT64_MAX / kTarOverheadPerEntry
+                                   ? UINT64_MAX
+                                   : o.max_layer_entries * kTarOverheadPerEntry);
+  if (data.size() > cap - std::min(bytes_in_, cap))
+    return TooLarge("the layer is larger than " + std::to_string(cap) + " bytes once decompressed");
   bytes_in_ += data.size();
   if (EVP_DigestUpdate(impl_->md, data.data(), data.size()) != 1)
     return InternalError("sha256 update failed");
@@ -223,13 +287,26 @@ StatusOr<LayerInfo> LayerBuilder::Commit(const std::string& expect_digest,
                            ", its content is " + digest);
   uint64_t size = impl_->tar->stats().bytes;
   impl_->tar.reset();
-  impl_->dir.Reset();
   std::string fmt = format.empty() ? store_->opts_.default_format : format;
   if (fmt != "dir" && fmt != "erofs")
     return InvalidArgument("layer format \"" + fmt + "\": expected dir or erofs");
+  // The directories the tar did not list are recorded beside the layer (<layer>.dirs): the
+  // importer restores their owner and mode from the layers below (see import.cc).
+  if (!store_->GetLayer(digest).ok()) {
+    std::string unlisted;
+    DSEC_RETURN_IF_ERROR(FixUnlistedDirs(impl_->dir.get(), &unlisted));
+    if (!unlisted.empty()) {
+      std::string side = impl_->tmp + ".dirs";
+      UniqueFd fd(open(side.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+      if (!fd) return ErrnoError("create \"" + side + "\"");
+      DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), unlisted, side));
+    }
+  }
+  impl_->dir.Reset();
   done_ = true;
   StatusOr<LayerInfo> info = store_->AddLayer(impl_->tmp, digest, size, fmt);
   (void)RemoveTree(impl_->tmp);  // what AddLayer did not move into place
+  unlink((impl_->tmp + ".dirs").c_str());
   return info;
 }
 
@@ -371,12 +448,15 @@ StatusOr<std::unique_ptr<LayerBuilder>> ImageStore::NewLayer() {
   b->impl_ = std::make_unique<LayerBuilder::Impl>();
   auto& im = *b->impl_;
   im.tmp = TempPath("layer");
-  if (mkdir(im.tmp.c_str(), 0755) < 0) return ErrnoError("mkdir \"" + im.tmp + "\"");
+  if (mkdir(im.tmp.c_str(), 0700) < 0) return ErrnoError("mkdir \"" + im.tmp + "\"");
   im.dir.Reset(open(im.tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!im.dir) return ErrnoError("open \"" + im.tmp + "\"");
+  // The root too is unlisted until a "./" entry says otherwise; its mode is not the umask's.
+  if (fchown(im.dir.get(), kUnlistedOwner, kUnlistedOwner) < 0 || fchmod(im.dir.get(), 0755) < 0)
+    return ErrnoError("chown \"" + im.tmp + "\"");
   agent::TarExtractOptions o;
-  o.uid = 0;
-  o.gid = 0;
+  o.uid = kUnlistedOwner;  // only directories the extractor makes unasked get these
+  o.gid = kUnlistedOwner;
   o.image_layer = true;
   o.max_total_bytes = opts_.max_layer_bytes;
   o.max_entries = opts_.max_layer_entries;
@@ -406,9 +486,17 @@ StatusOr<LayerInfo> ImageStore::AddLayer(const std::string& tmp_dir, const std::
     if (format == "erofs") unlink(staged.c_str());
     return it->second;
   }
+  // The unlisted directories first: a layer is never in place without them.
+  std::string side = tmp_dir + ".dirs", final_side = LayerDir(digest) + ".dirs";
+  if (rename(side.c_str(), final_side.c_str()) < 0 && errno != ENOENT) {
+    Status s = ErrnoError("rename \"" + side + "\" -> \"" + final_side + "\"");
+    if (format == "erofs") unlink(staged.c_str());
+    return s;
+  }
   if (rename(staged.c_str(), final_path.c_str()) < 0) {
     Status s = ErrnoError("rename \"" + staged + "\" -> \"" + final_path + "\"");
     if (format == "erofs") unlink(staged.c_str());
+    unlink(final_side.c_str());
     return s;
   }
   LayerInfo info{digest, size, format};
@@ -433,7 +521,7 @@ Status ImageStore::PutImage(Image img) {
                            " layers");
   if (img.layers.empty() && img.base.empty())
     return InvalidArgument("an image needs a base or at least one layer");
-  if (img.created_at == 0) img.created_at = WallMs() / 1000;
+  if (img.created_at == 0) img.created_at = WallMs();
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& d : img.layers)
     if (!layers_.count(d)) return NotFound("layer " + d + " not found");
@@ -493,6 +581,11 @@ StatusOr<Stack> ImageStore::Acquire(const std::vector<std::string>& names,
     if (names[k] == "host") {
       if (k != 0) return InvalidArgument("\"host\" can only be the first image of a stack");
       st.base = "host";
+      continue;
+    }
+    if (StartsWith(names[k], "sha256:")) {  // a layer by digest (forks, snapshots' stacks)
+      if (!layers_.count(names[k])) return NotFound("layer " + names[k] + " not found");
+      digests.push_back(names[k]);
       continue;
     }
     DSEC_ASSIGN_OR_RETURN(std::string n, NormalizeName(names[k]));
@@ -600,17 +693,36 @@ StatusOr<int> ImageStore::Collect() {
     DSEC_RETURN_IF_ERROR(SaveLocked());
   }
   for (const auto& [path, digest] : doomed) {
-    Status s = path.size() > 6 && path.compare(path.size() - 6, 6, ".erofs") == 0
-                   ? (unlink(path.c_str()) == 0 ? OkStatus() : ErrnoError("unlink " + path))
-                   : RemoveTree(path);
+    unlink((LayerDir(digest) + ".dirs").c_str());
+    bool file = path.size() > 6 && path.compare(path.size() - 6, 6, ".erofs") == 0;
+    Status s = file ? (unlink(path.c_str()) == 0 ? OkStatus() : ErrnoError("unlink " + path))
+                    : RemoveTree(path);
+    if (!file) unlink((path + ".erofs").c_str());  // its copy for stacking on the host image
     if (!s.ok()) DSEC_LOG_WARN("image store: removing layer {}: {}", digest, s.ToString());
   }
   return static_cast<int>(doomed.size());
 }
 
-StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer) {
-  if (layer.format != "erofs") return LayerSource{LayerDir(layer.digest), -1};
+StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer, bool own_fs) {
+  if (layer.format != "erofs" && !own_fs) return LayerSource{LayerDir(layer.digest), -1};
+  if (layer.format != "erofs") {
+    // A directory layer on the filesystem that holds the host's root cannot be stacked on the
+    // host image (overlayfs refuses a layer inside another): it gets an EROFS copy, once.
+    std::lock_guard<std::mutex> b(erofs_build_mu_);
+    std::string img = LayerDir(layer.digest) + ".erofs";
+    if (access(img.c_str(), F_OK) != 0) {
+      std::string tmp = TempPath("erofs") + ".erofs";
+      DSEC_RETURN_IF_ERROR(
+          RunTool({opts_.mkfs_erofs, "--quiet", "-x1", tmp, LayerDir(layer.digest)}));
+      if (rename(tmp.c_str(), img.c_str()) < 0) {
+        Status s = ErrnoError("rename \"" + tmp + "\"");
+        unlink(tmp.c_str());
+        return s;
+      }
+    }
+  }
   std::lock_guard<std::mutex> l(mu_);
+  if (!layers_.count(layer.digest)) return NotFound("layer " + layer.digest + " not found");
   auto it = erofs_mounts_.find(layer.digest);
   if (it == erofs_mounts_.end()) {
     DSEC_ASSIGN_OR_RETURN(UniqueFd m, MountErofs(LayerDir(layer.digest) + ".erofs"));

@@ -50,8 +50,8 @@ struct Image {
   std::string base;                 // "host" or "" (none)
   std::vector<std::string> layers;  // digests, bottom first
   ImageConfig config;
-  std::string source;  // "import" | "snapshot" | "build"
-  int64_t created_at = 0;
+  std::string source;      // "import" | "snapshot" | "build"
+  int64_t created_at = 0;  // ms since the epoch
 };
 
 // A resolved stack for one sandbox: the base, the layers bottom first, the merged config.
@@ -136,7 +136,8 @@ class ImageStore {
   uint64_t ImageSize(const Image& img);
 
   // Resolves images stacked in order (the first one's base is the stack's; later ones must
-  // have no base, or the same one) and records `holder` as using their layers.
+  // have no base, or the same one) and records `holder` as using their layers. "host" may come
+  // first; "sha256:<hex>" entries name single layers.
   StatusOr<Stack> Acquire(const std::vector<std::string>& names, const std::string& holder);
   // Records holder for exactly these layers (a snapshot's fork, an adopted sandbox).
   Status Hold(const std::string& holder, const std::vector<std::string>& digests);
@@ -149,7 +150,9 @@ class ImageStore {
   StatusOr<int> Collect();
 
   // A layer ready to be mounted (an EROFS one is mounted on first use).
-  StatusOr<LayerSource> Source(const LayerInfo& layer);
+  // With own_fs, a directory layer is given as an EROFS copy (made on first use): layers
+  // stacked on the host image must not share a filesystem with the host's root.
+  StatusOr<LayerSource> Source(const LayerInfo& layer, bool own_fs = false);
   std::string LayerDir(const std::string& digest) const;
 
   std::string TempPath(const std::string& what);  // a fresh name under images/tmp
@@ -169,8 +172,9 @@ class ImageStore {
   std::map<std::string, LayerInfo> layers_;                        // GUARDED_BY(mu_)
   std::map<std::string, std::vector<std::string>> holders_;        // GUARDED_BY(mu_)
   std::map<std::string, std::shared_ptr<UniqueFd>> erofs_mounts_;  // GUARDED_BY(mu_)
-  int leases_ = 0;                                                 // GUARDED_BY(mu_)
-  uint64_t tmp_seq_ = 0;                                           // GUARDED_BY(mu_)
+  std::mutex erofs_build_mu_;
+  int leases_ = 0;        // GUARDED_BY(mu_)
+  uint64_t tmp_seq_ = 0;  // GUARDED_BY(mu_)
 };
 
 }  // namespace dsec::images

@@ -307,8 +307,8 @@ StatusOr<UniqueFd> MakeDirInRoot(int root, const std::string& path, mode_t mode,
   return cur;
 }
 
-Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds,
-                           int mount_dir) {
+Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds, int mount_dir,
+                           UniqueFd* writable) {
   // 1. Nothing we mount propagates back to the host, and host mounts stop propagating in.
   if (mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0)
     return ErrnoError("mount --make-rprivate /");
@@ -395,6 +395,7 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
   if (sys::PivotRoot(".", ".") < 0) return ErrnoError("pivot_root");
   if (umount2(".", MNT_DETACH) < 0) return ErrnoError("umount old root");
   if (chdir("/") < 0) return ErrnoError("chdir /");
+  if (writable) *writable = std::move(tmpfs);
   return OkStatus();
 }
 

@@ -72,9 +72,11 @@ const std::vector<std::string>& ProcReadonlyPaths();
 
 // Builds the root per spec and pivots into it. `layer_fds` are the detached layer mounts,
 // `mount_dir` an O_PATH fd of a host directory to attach the tmpfs on (private to this mount
-// namespace). On return the caller's root and cwd are the sandbox's "/".
-Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds,
-                           int mount_dir);
+// namespace). On return the caller's root and cwd are the sandbox's "/". With `writable`, the
+// writable layer's tmpfs (its root holds up/<i>, the upper dir of overlay i) is kept open there,
+// unreachable from inside the new root: the edge reads it through the agent for snapshots.
+Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds, int mount_dir,
+                           UniqueFd* writable = nullptr);
 
 // Opens `path` inside `root` (openat2 RESOLVE_IN_ROOT|NO_SYMLINKS|NO_MAGICLINKS).
 StatusOr<UniqueFd> OpenInRoot(int root, const std::string& path, int flags, mode_t mode = 0);

@@ -14,6 +14,7 @@ error status must carry a JSON error body whose code fits the status.
 """
 
 import base64
+import glob
 import hashlib
 import http.client
 import json
@@ -623,6 +624,20 @@ class Edge:
         state = str(self.state_dir)
         return [m for m in mountinfo() if m == state or m.startswith(state + "/")]
 
+    def loop_devices(self):
+        """Loop devices backed by files in this edge's state dir (EROFS image layers)."""
+        state = str(self.state_dir)
+        out = []
+        for bf in glob.glob("/sys/block/loop*/loop/backing_file"):
+            try:
+                with open(bf) as f:
+                    back = f.read().strip()
+            except OSError:
+                continue
+            if back == state or back.startswith(state + "/"):
+                out.append(f"/dev/{bf.split('/')[3]} -> {back}")
+        return out
+
     def residue(self):
         """What is left of this edge on the host; empty when it cleaned up."""
         out = {}
@@ -639,6 +654,9 @@ class Edge:
         mnt = self.mounts()
         if mnt:
             out["mounts"] = mnt
+        loops = self.loop_devices()
+        if loops:
+            out["loop_devices"] = loops
         return out
 
     def force_clean(self):
@@ -668,6 +686,9 @@ class Edge:
             time.sleep(0.2)
         for m in sorted(self.mounts(), key=len, reverse=True):
             subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL, check=False)
+        for loop in self.loop_devices():
+            subprocess.run(["losetup", "-d", loop.split()[0]], stderr=subprocess.DEVNULL,
+                           check=False)
         for d in sorted(self.cgroup_dirs(), key=len, reverse=True):
             for _ in range(20):
                 try:

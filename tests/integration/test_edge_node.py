@@ -247,7 +247,8 @@ def test_health_node_images(edge, client):
     assert n["usage"]["sandboxes"] == sum(n["usage"]["by_state"].values())
     assert isinstance(n["features"], dict)
     imgs = client.get("/v1/images", expect=200).json
-    assert {"name": "host", "builtin": True} in imgs["images"]
+    host = [i for i in imgs["images"] if i["name"] == "host"]
+    assert host and host[0]["source"] == "builtin" and host[0]["builtin"] is True
 
 
 # ---- auth ---------------------------------------------------------------------------------

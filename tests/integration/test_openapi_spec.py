@@ -53,6 +53,11 @@ EDGE_OPERATIONS = {
     ("GET", "/v1/health"),
     ("GET", "/v1/node"),
     ("GET", "/v1/images"),
+    ("GET", "/v1/images/{name}"),
+    ("DELETE", "/v1/images/{name}"),
+    ("POST", "/v1/images/import"),
+    ("POST", "/v1/sandboxes/{id}/snapshot"),
+    ("POST", "/v1/sandboxes/{id}/fork"),
     ("GET", "/metrics"),
     ("POST", "/v1/fncalls"),
     ("GET", "/v1/pools"),
@@ -62,16 +67,21 @@ EDGE_OPERATIONS = {
 }
 # In shared/API.md but not served by the edge yet: marked `x-dsec-status: planned`.
 PLANNED_OPERATIONS = {
-    ("POST", "/v1/sandboxes/{id}/snapshot"),
-    ("POST", "/v1/sandboxes/{id}/fork"),
-    ("POST", "/v1/images/import"),
     ("POST", "/v1/images/build"),
-    ("DELETE", "/v1/images/{name}"),
     ("GET", "/v1/nodes"),
 }
 NO_ERROR_RESPONSE_NEEDED = {("GET", "/v1/health"), ("GET", "/metrics")}
 
 # ---- example bodies (api-ext.md and shared/API.md) ------------------------------------------
+
+HOST_IMAGE = {"name": "host", "base": None, "layers": [],
+              "config": {"env": [], "workdir": "", "user": "", "entrypoint": [], "cmd": []},
+              "size": 0, "source": "builtin", "builtin": True, "created_at": 0, "in_use": None}
+IMAGE = {"name": "proj:abc", "base": "host",
+         "layers": [{"digest": "sha256:" + "ab" * 32, "size": 1024, "format": "erofs"}],
+         "config": {"env": ["K=V"], "workdir": "/workspace", "user": "", "entrypoint": [],
+                    "cmd": []},
+         "size": 1024, "source": "snapshot", "created_at": 1764480000000, "in_use": 3}
 
 RECORD = {
     "id": "sb-node1-abc", "kind": "container", "state": "running", "node": "node1",
@@ -362,7 +372,13 @@ VALID_RESPONSES = [
     ("DELETE", "/v1/jobs/rollout-7", 200, {"affected": 5}),
     ("GET", "/v1/health", 200, {"ok": True}),
     ("GET", "/v1/node", 200, NODE),
-    ("GET", "/v1/images", 200, {"images": [{"name": "host", "builtin": True}]}),
+    ("GET", "/v1/images", 200, {"images": [HOST_IMAGE, IMAGE]}),
+    ("GET", "/v1/images/proj:abc", 200, IMAGE),
+    ("DELETE", "/v1/images/proj:abc", 204, None),
+    ("POST", "/v1/images/import?name=proj:abc", 201, IMAGE),
+    ("POST", SB + "/snapshot", 201, IMAGE),
+    ("POST", SB + "/fork", 201, {"sandboxes": [RECORD, RECORD]}),
+    ("DELETE", "/v1/images/host", 409, error("conflict")),
     ("GET", SB, 404, error("not_found", "sandbox sb-node1-abc not found")),
     ("GET", "/v1/node", 401, error("unauthorized")),
     ("POST", "/v1/sandboxes", 422, error("unprocessable")),

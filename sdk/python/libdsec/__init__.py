@@ -28,7 +28,16 @@ from .errors import (
     UnprocessableError,
     UnsafeArchiveError,
 )
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult
+from .models import (
+    DSecContainerRunArgs,
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    FnCallResult,
+    Image,
+    ImageConfig,
+    ImageLayer,
+)
 
 __version__ = "0.1.0"
 
@@ -44,6 +53,9 @@ __all__ = [
     "FnCallResult",
     "ExecEvent",
     "FileEntry",
+    "Image",
+    "ImageLayer",
+    "ImageConfig",
     "DSecError",
     "BadRequestError",
     "UnauthorizedError",

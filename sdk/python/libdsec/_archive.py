@@ -1,11 +1,14 @@
-"""Tar helpers for upload_dir / download_dir."""
+"""Tar helpers for upload_dir / download_dir, and the streamed rootfs tar of
+import_image."""
 
 from __future__ import annotations
 
 import copy
 import io
 import os
+import stat
 import tarfile
+from typing import Iterator
 
 from .errors import UnsafeArchiveError
 
@@ -31,6 +34,83 @@ def build_tar(local_dir: str | os.PathLike[str]) -> bytes:
             tar.add(os.path.join(root, name), arcname=name, recursive=True,
                     filter=_anonymous)
     return buf.getvalue()
+
+
+_BLOCK = 512
+
+
+def iter_rootfs_tar(local_dir: str | os.PathLike[str],
+                    chunk_size: int = 1 << 20) -> Iterator[bytes]:
+    """Yield a pax tar of the contents of ``local_dir`` (not the directory
+    itself) in pieces of about ``chunk_size`` bytes, reading one file at a
+    time: an image's root filesystem, never held in memory whole.
+
+    Unlike :func:`build_tar` it keeps what an image needs: numeric owners
+    (uid/gid as they are, no user names) and full modes (setuid, setgid and
+    sticky bits too). Symlinks are stored as links, never followed; hard links
+    stay hard links; directories on other file systems (mount points) are left
+    out, and so are devices, FIFOs and sockets (the edge refuses them in
+    image layers). A file that shrinks while it is read is padded with zeros,
+    one that grows is cut at the size recorded in its header. Local errors
+    (unreadable files) raise OSError.
+    """
+    root = os.fspath(local_dir)
+    root_dev = os.stat(root).st_dev
+    # A TarFile in write mode only for gettarinfo(): it maps stat results to
+    # TarInfo and remembers inodes, so a second name of a file becomes a link.
+    helper = tarfile.TarFile(fileobj=io.BytesIO(), mode="w", format=tarfile.PAX_FORMAT)
+    out = bytearray()
+
+    def raise_error(e: OSError) -> None:
+        raise e
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=raise_error):
+        keep = []
+        for name in sorted(dirnames + filenames):
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if stat.S_ISDIR(st.st_mode):
+                if st.st_dev != root_dev:
+                    continue  # a mount point: not crossed
+                keep.append(name)
+            elif not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                continue  # device, FIFO, socket
+            info = helper.gettarinfo(full, os.path.relpath(full, root))
+            if info is None:
+                continue
+            info.uname = info.gname = ""
+            info.mtime = int(info.mtime)  # a float would cost a pax record per entry
+            out += info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+            if info.type == tarfile.REGTYPE and info.size:
+                yield from _file_blocks(full, info.size, out, chunk_size)
+            if len(out) >= chunk_size:
+                yield bytes(out)
+                out.clear()
+        dirnames[:] = [d for d in dirnames if d in keep]
+        dirnames.sort()
+    out += b"\0" * (2 * _BLOCK)
+    yield bytes(out)
+
+
+def _file_blocks(path: str, size: int, out: bytearray, chunk_size: int) -> Iterator[bytes]:
+    """Append one member's content (exactly ``size`` bytes, then padding to a
+    block) to ``out``, yielding ``out``'s bytes whenever it is full."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        left = size
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)  # not swapped since the lstat
+        while left:
+            data = os.read(fd, min(left, chunk_size)) if regular else b""
+            if not data:
+                data = b"\0" * left  # shrank while read: keep the header's size
+            out += data
+            left -= len(data)
+            if len(out) >= chunk_size:
+                yield bytes(out)
+                out.clear()
+    finally:
+        os.close(fd)
+    out += b"\0" * (-size % _BLOCK)
 
 
 def _inside(path: str, root: str) -> bool:

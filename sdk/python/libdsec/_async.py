@@ -20,6 +20,7 @@ from ._http import (
     timed_out,
     unavailable,
 )
+from ._upload import BodyReadError
 from .errors import DSecError
 
 _READ_SIZE = 64 * 1024
@@ -166,6 +167,29 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str],
         return status, headers, keep_alive
 
 
+async def _read_head_block(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bool]:
+    """Like _read_head, but the head is taken from the reader in one call:
+    once a failed write has closed the connection, the reader raises on
+    every new call even with the reply already in its buffer."""
+    while True:
+        try:
+            block = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            raise _ProtocolError("response head too large") from None
+        except asyncio.IncompleteReadError as e:
+            if not e.partial:
+                raise ConnectionResetError("server closed the connection before replying") \
+                    from None
+            raise
+        status_line = block.split(b"\n", 1)[0].split(b" ", 2)
+        if len(status_line) > 1 and status_line[1][:1] == b"1" and status_line[1] != b"101":
+            continue  # an interim reply
+        head = asyncio.StreamReader()
+        head.feed_data(block)
+        head.feed_eof()
+        return await _read_head(head)
+
+
 class AsyncStream:
     """A 2xx response whose body the caller reads incrementally."""
 
@@ -287,17 +311,56 @@ class AsyncTransport:
 
     # -- one attempt -------------------------------------------------------
 
-    def _encode(self, req: Request) -> bytes:
+    def _encode(self, req: Request, length: int | None = -1) -> bytes:
+        """The request head, and the body unless it is streamed: ``length``
+        is then its Content-Length, or None for chunked."""
         lines = [f"{req.method} {req.target(self.endpoint)} HTTP/1.1",
                  f"Host: {self.endpoint.host_header}"]
         headers = dict(self._headers)
         headers.update(req.headers)
-        if req.body is not None or req.method in _BODY_METHODS:
+        if req.stream_body is not None:
+            if length is None:
+                headers["Transfer-Encoding"] = "chunked"
+            else:
+                headers["Content-Length"] = str(length)
+        elif req.body is not None or req.method in _BODY_METHODS:
             headers["Content-Length"] = str(len(req.body or b""))
         for k, v in headers.items():
             lines.append(f"{k}: {v}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        return head + (req.body or b"")
+        return head if req.stream_body is not None else head + (req.body or b"")
+
+    async def _send_streamed(self, conn: _Conn, req: Request, timeout: float | None,
+                             replied: asyncio.Future) -> bool:
+        """Writes the head and the body piece by piece; each write (and each
+        local read, in a worker thread) gets the whole timeout, so a large
+        upload is bounded by progress rather than by its total time. Stops
+        once ``replied`` is done (the server answered before the end: it
+        refused the body). Returns whether the whole body went out."""
+        length, chunks = req.stream_body.open()
+        try:
+            async with asyncio.timeout(timeout):
+                conn.writer.write(self._encode(req, length))
+                await conn.writer.drain()
+            while not replied.done():
+                chunk = await asyncio.to_thread(next, chunks, None)
+                if chunk is None:
+                    if length is None:
+                        async with asyncio.timeout(timeout):
+                            conn.writer.write(b"0\r\n\r\n")
+                            await conn.writer.drain()
+                    return True
+                if length is None:
+                    chunk = b"%X\r\n%s\r\n" % (len(chunk), chunk)
+                async with asyncio.timeout(timeout):
+                    conn.writer.write(chunk)
+                    await conn.writer.drain()
+            return False
+        finally:
+            try:
+                chunks.close()
+            except ValueError:  # cancelled while a worker thread was reading it
+                pass
 
     async def _attempt(self, req: Request, stream: bool) -> Response | AsyncStream:
         timeout = req.timeout(self.timeout)
@@ -305,18 +368,50 @@ class AsyncTransport:
         owned: _Conn | None = conn
         reusable = False
         got_reply = False
+        streamed = req.stream_body is not None
+        complete = True
+        head_task: asyncio.Future | None = None
         try:
-            async with asyncio.timeout(timeout):
-                conn.writer.write(self._encode(req))
-                await conn.writer.drain()
-                status, headers, keep_alive = await _read_head(conn.reader)
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            if streamed:
+                # The reply is read while the body goes out: a server may
+                # refuse it early (413) and stop reading or close, and its
+                # answer must not be lost behind the failed write.
+                head_task = asyncio.ensure_future(_read_head_block(conn.reader))
+                try:
+                    complete = await self._send_streamed(conn, req, timeout, head_task)
+                except OSError as e:  # TimeoutError included
+                    complete = False
+                    try:
+                        async with asyncio.timeout(1.0):
+                            await asyncio.shield(head_task)
+                    except (OSError, asyncio.IncompleteReadError, _ProtocolError, ValueError):
+                        pass
+                    if not head_task.done() or head_task.exception() is not None:
+                        raise e
+                deadline = None if timeout is None else loop.time() + timeout
+            else:
+                async with asyncio.timeout_at(deadline):
+                    conn.writer.write(self._encode(req))
+                    await conn.writer.drain()
+            async with asyncio.timeout_at(deadline):
+                if head_task is not None:
+                    status, headers, keep_alive = await head_task
+                else:
+                    status, headers, keep_alive = await _read_head(conn.reader)
                 got_reply = True
                 body = _Body(conn.reader, req.method, status, headers, keep_alive)
                 if stream and status < 400:
                     owned = None  # ownership moves to the stream
                     return AsyncStream(self, conn, status, headers, body, timeout)
-                data = await body.read_all()
-                reusable = body.reusable_when_done
+                try:
+                    data = await body.read_all()
+                except (OSError, asyncio.IncompleteReadError):
+                    if complete:
+                        raise
+                    data = b""  # refused mid-body and gone: the status says enough
+                reusable = body.reusable_when_done and complete and (not streamed or status < 400)
                 return Response(status, headers, data)
         except TimeoutError:
             raise timed_out(req, timeout) from None
@@ -324,6 +419,11 @@ class AsyncTransport:
             # ValueError: a line over the StreamReader limit.
             raise RetryableError(e, fresh_retry=reused and not got_reply) from None
         finally:
+            if head_task is not None:
+                if not head_task.done():
+                    head_task.cancel()
+                elif not head_task.cancelled():
+                    head_task.exception()  # retrieved: no "never retrieved" warning
             if owned is not None:
                 self._release(owned, reusable)
 
@@ -337,6 +437,8 @@ class AsyncTransport:
             try:
                 result = await self._attempt(req, stream)
             except RetryableError as e:
+                if not req.resendable():
+                    raise unavailable(req, e, attempt + 1) from None
                 if e.fresh_retry and not fresh_used:
                     fresh_used = resent = True
                     continue
@@ -347,7 +449,7 @@ class AsyncTransport:
                 resent = True
                 continue
             delay = status_retry_delay(self.retry, result.status, result.headers, attempt)
-            if delay is not None:
+            if delay is not None and req.resendable():
                 if isinstance(result, AsyncStream):
                     result.close()
                 await asyncio.sleep(delay)
@@ -359,8 +461,12 @@ class AsyncTransport:
             return finish(req, result, resent)
 
     async def request(self, req: Request) -> Response:
-        """Send ``req`` with retries; return the response or raise DSecError."""
-        result = await self._send(req, stream=False)
+        """Send ``req`` with retries; return the response or raise DSecError
+        (or, for a streamed body, the OSError reading it locally)."""
+        try:
+            result = await self._send(req, stream=False)
+        except BodyReadError as e:
+            raise e.cause from None
         assert isinstance(result, Response)
         return result
 

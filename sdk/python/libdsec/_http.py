@@ -90,6 +90,8 @@ class Request:
     server may take arbitrarily long, so no client timeout applies.
     ``gone_on_retry_ok`` makes a 404 on a retried attempt a success: the
     earlier attempt probably deleted the thing before its reply was lost.
+    ``stream_body`` (an ``_upload.BodySource``), when set, replaces ``body``:
+    the body is produced in pieces and never held whole.
     """
 
     method: str
@@ -100,6 +102,11 @@ class Request:
     extra_wait: float | None = 0.0
     gone_on_retry_ok: bool = False
     request_id: str | None = None
+    stream_body: Any = None
+
+    def resendable(self) -> bool:
+        """False for a streamed body that cannot start again (a pipe)."""
+        return self.stream_body is None or bool(self.stream_body.replayable)
 
     def target(self, endpoint: Endpoint) -> str:
         # Keep '/', ':' and '=' literal so paths, image tags and label=k=v read
@@ -180,6 +187,24 @@ def raw_request(
     rid = request_id or new_request_id()
     headers = {"Content-Type": content_type, "Idempotency-Key": rid}
     return Request(method, path, _clean_query(query), bytes(body), headers, 0.0, False, rid)
+
+
+def stream_request(
+    method: str,
+    path: str,
+    source: Any,
+    content_type: str,
+    *,
+    query: Iterable[tuple[str, Any]] | None = None,
+    request_id: str | None = None,
+    extra_wait: float | None = 0.0,
+) -> Request:
+    """A mutating request whose body comes from ``source`` (an
+    ``_upload.BodySource``); its request id goes in ``Idempotency-Key``."""
+    rid = request_id or new_request_id()
+    headers = {"Content-Type": content_type, "Idempotency-Key": rid}
+    return Request(method, path, _clean_query(query), None, headers, extra_wait, False, rid,
+                   source)
 
 
 def base_headers(endpoint: Endpoint, token: str | None) -> dict[str, str]:

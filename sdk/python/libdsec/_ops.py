@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import io
 import json
 import os
 from typing import Any, Mapping, Sequence, Union
+from urllib.parse import quote
 
-from ._http import Request, json_request, raw_request, seg
+from . import _upload
+from ._http import Request, json_request, raw_request, seg, stream_request
 from .errors import DSecError, error_from_stream_line
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, Image
 
 Cmd = Union[str, Sequence[str]]
 Stdin = Union[str, bytes, bytearray, memoryview]
@@ -83,6 +86,21 @@ def stats(sandbox_id: str) -> Request:
 def signal(sandbox_id: str, sig: str | int, request_id: str | None) -> Request:
     return json_request("POST", sb_path(sandbox_id, "signal"), {"signal": sig},
                         request_id=request_id)
+
+
+def snapshot(sandbox_id: str, image: str, request_id: str | None) -> Request:
+    # Capturing a large writable layer takes a while.
+    return json_request("POST", sb_path(sandbox_id, "snapshot"), {"image": image},
+                        request_id=request_id, extra_wait=300.0)
+
+
+def fork(sandbox_id: str, count: int, request_id: str | None) -> Request:
+    count = int(count)
+    if count < 1:
+        raise ValueError("count must be at least 1")
+    # Like a create of `count` sandboxes, plus copying the writable layer.
+    return json_request("POST", sb_path(sandbox_id, "fork"), {"count": count},
+                        request_id=request_id, extra_wait=120.0)
 
 
 def job(action: str, job_name: str, request_id: str | None) -> Request:
@@ -381,6 +399,59 @@ def pool_put(name: str, config: Mapping[str, Any], request_id: str | None) -> Re
 def pool_delete(name: str, request_id: str | None) -> Request:
     return json_request("DELETE", pool_path(name), request_id=request_id,
                         gone_on_retry_ok=True)
+
+
+# -- images ------------------------------------------------------------------
+
+IMPORT_FORMATS = ("auto", "rootfs", "oci", "docker")
+
+
+def image_path(name: str) -> str:
+    # ':' is valid in a path segment and keeps "debian:bookworm" readable.
+    return "/v1/images/" + quote(str(name), safe=":")
+
+
+def image_get(name: str) -> Request:
+    return json_request("GET", image_path(name), mutating=False)
+
+
+def image_delete(name: str, request_id: str | None) -> Request:
+    return json_request("DELETE", image_path(name), request_id=request_id,
+                        gone_on_retry_ok=True)
+
+
+def image_import(name: str, source: Any, format: str, layer_format: str | None,
+                 base: str | None, request_id: str | None) -> Request:
+    """``POST /v1/images/import``: ``source`` is a path (a directory is sent as
+    a rootfs tar packed on the fly), a binary file object, or bytes."""
+    if format not in IMPORT_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(IMPORT_FORMATS)}, not {format!r}")
+    body: _upload.BodySource
+    if isinstance(source, (str, os.PathLike)):
+        if os.path.isdir(source):
+            if format not in ("auto", "rootfs"):
+                raise ValueError(f"{os.fspath(source)!r} is a directory: it is sent as a rootfs "
+                                 f"tar, so format must be 'auto' or 'rootfs', not {format!r}")
+            format = "rootfs"
+            body = _upload.DirTarBody(source)
+        else:
+            body = _upload.FileBody(source)  # raises FileNotFoundError & co. now
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        body = _upload.FileObjBody(io.BytesIO(bytes(source)))
+    elif hasattr(source, "read"):
+        body = _upload.FileObjBody(source)
+    else:
+        raise TypeError("import_image takes a path, a binary file object or bytes, "
+                        f"not {type(source).__name__}")
+    query = [("name", name), ("format", format), ("layer_format", layer_format),
+             ("base", base)]
+    # The edge unpacks and stores the layers after the last byte: allow for it.
+    return stream_request("POST", "/v1/images/import", body, "application/octet-stream",
+                          query=query, request_id=request_id, extra_wait=600.0)
+
+
+def images(data: Any) -> list[Image]:
+    return [Image.from_json(i) for i in data.get("images", [])]
 
 
 # -- misc --------------------------------------------------------------------

@@ -24,6 +24,7 @@ from ._http import (
     timed_out,
     unavailable,
 )
+from ._upload import BodyReadError
 from .errors import DSecError
 
 _READ_SIZE = 64 * 1024
@@ -72,6 +73,16 @@ def _looks_alive(conn: http.client.HTTPConnection) -> bool:
         except OSError:
             pass
     return False
+
+
+def _early_response(conn: http.client.HTTPConnection) -> http.client.HTTPResponse | None:
+    """The reply a server sent before it stopped reading our body, if any."""
+    if conn.sock is None:
+        return None
+    try:
+        return conn.getresponse()
+    except (OSError, http.client.HTTPException):
+        return None
 
 
 class _OpenStream:
@@ -203,20 +214,34 @@ class SyncTransport:
         headers.update(req.headers)
         target = req.target(self.endpoint)
         reusable = False
+        chunks = None
         try:
             if conn.sock is None:
                 try:
                     conn.connect()
                 except OSError as e:  # refused, missing socket file, connect timeout
                     raise RetryableError(e) from None
+            body = req.body
+            if req.stream_body is not None:
+                # http.client sends an iterable as is after a Content-Length
+                # header, and chunked without one.
+                length, chunks = req.stream_body.open()
+                body = chunks
+                if length is not None:
+                    headers["Content-Length"] = str(length)
             try:
-                conn.request(req.method, target, body=req.body, headers=headers)
+                conn.request(req.method, target, body=body, headers=headers)
                 resp = conn.getresponse()
             except TimeoutError:
                 raise timed_out(req, timeout) from None
             except (OSError, http.client.HTTPException) as e:
-                # Nothing of the reply was read: safe to re-send (request id).
-                raise RetryableError(e, fresh_retry=reused) from None
+                # A server may refuse a streamed body early (413) and close:
+                # its answer can still be there to read.
+                resp = _early_response(conn) if chunks is not None else None
+                if resp is None:
+                    # Nothing of the reply was read: safe to re-send (request id).
+                    raise RetryableError(e, fresh_retry=reused) from None
+                reusable = False
             if stream and resp.status < 400:
                 opened = _OpenStream(self, conn, resp, timeout)
                 conn = None  # ownership moves to the stream
@@ -227,9 +252,11 @@ class SyncTransport:
                 raise timed_out(req, timeout) from None
             except (OSError, http.client.HTTPException) as e:
                 raise RetryableError(e) from None
-            reusable = not resp.will_close
+            reusable = not resp.will_close and (chunks is None or resp.status < 400)
             return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, body)
         finally:
+            if chunks is not None:
+                chunks.close()
             if conn is not None:
                 self._release(conn, reusable)
 
@@ -243,6 +270,8 @@ class SyncTransport:
             try:
                 result = self._attempt(req, stream)
             except RetryableError as e:
+                if not req.resendable():
+                    raise unavailable(req, e, attempt + 1) from None
                 if e.fresh_retry and not fresh_used:
                     fresh_used = resent = True
                     continue
@@ -253,7 +282,7 @@ class SyncTransport:
                 resent = True
                 continue
             delay = status_retry_delay(self.retry, result.status, result.headers, attempt)
-            if delay is not None:
+            if delay is not None and req.resendable():
                 if isinstance(result, _OpenStream):
                     result.close()
                 time.sleep(delay)
@@ -265,8 +294,12 @@ class SyncTransport:
             return finish(req, result, resent)
 
     def request(self, req: Request) -> Response:
-        """Send ``req`` with retries; return the response or raise DSecError."""
-        result = self._send(req, stream=False)
+        """Send ``req`` with retries; return the response or raise DSecError
+        (or, for a streamed body, the OSError reading it locally)."""
+        try:
+            result = self._send(req, stream=False)
+        except BodyReadError as e:
+            raise e.cause from None
         assert isinstance(result, Response)
         return result
 

@@ -10,14 +10,14 @@ import asyncio
 import os
 import ssl
 import time
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, BinaryIO, Mapping
 
 from . import _archive, _ops
 from ._async import AsyncTransport
 from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
 from ._ops import Cmd, Stdin
 from .errors import DSecError, DSecTimeoutError, NotFoundError
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult, Image
 
 __all__ = ["AsyncDSecClient", "AsyncSandbox", "AsyncShell"]
 
@@ -140,6 +140,41 @@ class AsyncDSecClient:
     async def images(self) -> list[dict[str, Any]]:
         return list((await self._json(_ops.simple_get("/v1/images"))).get("images", []))
 
+    # -- images ------------------------------------------------------------
+
+    async def list_images(self) -> list[Image]:
+        """See :meth:`DSecClient.list_images`."""
+        return _ops.images(await self._json(_ops.simple_get("/v1/images")))
+
+    async def get_image(self, name: str) -> Image:
+        """See :meth:`DSecClient.get_image`."""
+        return Image.from_json(await self._json(_ops.image_get(name)))
+
+    async def delete_image(self, name: str, request_id: str | None = None) -> None:
+        """See :meth:`DSecClient.delete_image`."""
+        await self._call(_ops.image_delete(name, request_id))
+
+    async def import_image(self, name: str,
+                           path_or_fileobj: str | os.PathLike[str] | BinaryIO | bytes,
+                           format: str = "auto", layer_format: str | None = None,
+                           base: str | None = None, *,
+                           request_id: str | None = None) -> Image:
+        """See :meth:`DSecClient.import_image` (the body is read, and a
+        directory packed, in worker threads)."""
+        req = _ops.image_import(name, path_or_fileobj, format, layer_format, base, request_id)
+        return Image.from_json(await self._json(req))
+
+    async def snapshot(self, sandbox_id: str, image: str,
+                       request_id: str | None = None) -> Image:
+        """See :meth:`DSecClient.snapshot`."""
+        return Image.from_json(await self._json(_ops.snapshot(sandbox_id, image, request_id)))
+
+    async def fork(self, sandbox_id: str, count: int = 1,
+                   request_id: str | None = None) -> list["AsyncSandbox"]:
+        """See :meth:`DSecClient.fork`."""
+        data = await self._json(_ops.fork(sandbox_id, count, request_id))
+        return [AsyncSandbox(self, r) for r in data.get("sandboxes", [])]
+
     # -- function calls and pools -----------------------------------------
 
     async def run_fncall(self, runtime: str, code: str, stdin: Stdin | None = None,
@@ -249,6 +284,15 @@ class AsyncSandbox:
 
     async def signal(self, sig: str | int = "KILL", request_id: str | None = None) -> int:
         return int((await self._json(_ops.signal(self.id, sig, request_id)))["signaled"])
+
+    async def snapshot(self, image: str, request_id: str | None = None) -> Image:
+        """See :meth:`Sandbox.snapshot`."""
+        return await self._client.snapshot(self.id, image, request_id)
+
+    async def fork(self, count: int = 1,
+                   request_id: str | None = None) -> list["AsyncSandbox"]:
+        """See :meth:`Sandbox.fork`."""
+        return await self._client.fork(self.id, count, request_id)
 
     # -- exec --------------------------------------------------------------
 

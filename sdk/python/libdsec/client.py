@@ -6,14 +6,14 @@ import os
 import ssl
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 from . import _archive, _ops
 from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
 from ._ops import Cmd, Stdin
 from ._sync import SyncTransport
 from .errors import DSecError, DSecTimeoutError, NotFoundError
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult
+from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult, Image
 
 __all__ = ["DSecClient", "Sandbox", "Shell"]
 
@@ -171,8 +171,67 @@ class DSecClient:
         return self._json(_ops.simple_get("/v1/node"))
 
     def images(self) -> list[dict[str, Any]]:
-        """The images the node can run, e.g. ``[{"name": "host", "builtin": True}]``."""
+        """The image records of the node as plain dicts (see :meth:`list_images`)."""
         return list(self._json(_ops.simple_get("/v1/images")).get("images", []))
+
+    # -- images ------------------------------------------------------------
+
+    def list_images(self) -> list[Image]:
+        """Every image of the node, the built-in ``host`` included."""
+        return _ops.images(self._json(_ops.simple_get("/v1/images")))
+
+    def get_image(self, name: str) -> Image:
+        """One image (``"x"`` means ``"x:latest"``); NotFoundError if unknown."""
+        return Image.from_json(self._json(_ops.image_get(name)))
+
+    def delete_image(self, name: str, request_id: str | None = None) -> None:
+        """Delete an image. Its layers stay while sandboxes still use them.
+        NotFoundError if unknown (except when a retry finds it gone);
+        ConflictError for the built-in ``host``."""
+        self._call(_ops.image_delete(name, request_id))
+
+    def import_image(
+        self,
+        name: str,
+        path_or_fileobj: str | os.PathLike[str] | BinaryIO | bytes,
+        format: str = "auto",
+        layer_format: str | None = None,
+        base: str | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> Image:
+        """Import an image named ``name`` (``"name:tag"``) and return it.
+
+        ``path_or_fileobj`` is an archive — a tar, tar.gz or tar.zst of a root
+        filesystem, an OCI image layout as a tar, or a ``docker save`` tar — as
+        a path, a binary file object or bytes; or the path of a directory,
+        packed into a tar as it is sent (numeric owners, full modes, symlinks
+        not followed; devices, FIFOs, sockets and other file systems left out)
+        and imported with ``format="rootfs"``. Files are streamed, never read
+        whole. ``format``: ``"auto"``, ``"rootfs"``, ``"oci"`` or ``"docker"``;
+        ``layer_format``: ``"dir"`` or ``"erofs"`` (default: the node's);
+        ``base="host"`` stacks the files on the built-in host image.
+
+        A bad name or a corrupt or malicious archive raises BadRequestError,
+        one over the node's limits TooLargeError, an existing name
+        ConflictError. Local read errors raise OSError. A retry (429, 503, a
+        lost connection) sends the body again, so a pipe or other unseekable
+        file object is sent once, without retries.
+        """
+        req = _ops.image_import(name, path_or_fileobj, format, layer_format, base, request_id)
+        return Image.from_json(self._json(req))
+
+    def snapshot(self, sandbox_id: str, image: str, request_id: str | None = None) -> Image:
+        """Save a sandbox's current files as the new image ``image``
+        (``"name:tag"``): its writable layer becomes a new top layer."""
+        return Image.from_json(self._json(_ops.snapshot(sandbox_id, image, request_id)))
+
+    def fork(self, sandbox_id: str, count: int = 1,
+             request_id: str | None = None) -> list["Sandbox"]:
+        """Create ``count`` (1..64) sandboxes starting from a sandbox's current
+        files; processes start fresh. All or nothing."""
+        data = self._json(_ops.fork(sandbox_id, count, request_id))
+        return [Sandbox(self, r) for r in data.get("sandboxes", [])]
 
     # -- function calls and pools -----------------------------------------
 
@@ -322,6 +381,16 @@ class Sandbox:
     def signal(self, sig: str | int = "KILL", request_id: str | None = None) -> int:
         """Send ``sig`` to every user process (the agent survives); returns how many."""
         return int(self._json(_ops.signal(self.id, sig, request_id))["signaled"])
+
+    def snapshot(self, image: str, request_id: str | None = None) -> Image:
+        """Save this sandbox's current files as the new image ``image``
+        (``"name:tag"``); see :meth:`DSecClient.snapshot`."""
+        return self._client.snapshot(self.id, image, request_id)
+
+    def fork(self, count: int = 1, request_id: str | None = None) -> list["Sandbox"]:
+        """``count`` new sandboxes starting from this one's current files
+        (processes start fresh); see :meth:`DSecClient.fork`."""
+        return self._client.fork(self.id, count, request_id)
 
     # -- exec --------------------------------------------------------------
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import datetime
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Literal, Mapping, Sequence, Union
 
-__all__ = ["DSecContainerRunArgs", "ExecResult", "FnCallResult", "ExecEvent", "FileEntry"]
+__all__ = ["DSecContainerRunArgs", "ExecResult", "FnCallResult", "ExecEvent", "FileEntry",
+           "Image", "ImageLayer", "ImageConfig"]
 
 Output = Union[str, bytes]
 
@@ -19,9 +21,12 @@ class DSecContainerRunArgs:
     them to the wire names (``cpu_cores_limit`` -> ``cpu``, ``ttl_running_stop``
     -> ``ttl_s``, ``network_rules`` -> ``network``, ...). ``None`` fields are
     omitted so the node's defaults apply. Sizes are MiB, times seconds.
+
+    ``container_image`` is one image name, or a non-empty list of names
+    stacked in order, bottom first (``["debian:bookworm", "proj:abc123"]``).
     """
 
-    container_image: str = "host"
+    container_image: str | Sequence[str] = "host"
     cpu_cores_limit: float = 1.0
     memory_limit_mb: int = 512
     pids_limit: int = 256
@@ -39,7 +44,7 @@ class DSecContainerRunArgs:
         """The JSON body for ``POST /v1/sandboxes`` (without count/request_id)."""
         body: dict[str, Any] = {
             "kind": self.kind,
-            "image": self.container_image,
+            "image": _image_field(self.container_image),
             # The edge's strict parser wants a float for cpu and ints for the
             # rest; coercing here lets callers write cpu_cores_limit=1.
             "cpu": None if self.cpu_cores_limit is None else float(self.cpu_cores_limit),
@@ -59,6 +64,16 @@ class DSecContainerRunArgs:
 
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
+
+
+def _image_field(image: str | Sequence[str] | None) -> str | list[str] | None:
+    """A name goes as a string; a list (the stack, bottom first) as a list."""
+    if image is None or isinstance(image, str):
+        return image
+    names = list(image)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError("container_image must be a name or a non-empty list of names")
+    return names
 
 
 @dataclass
@@ -194,4 +209,100 @@ class FileEntry:
             size=int(d.get("size", 0) or 0),
             mode=int(d.get("mode", 0) or 0),
             mtime=int(d.get("mtime", 0) or 0),
+        )
+
+
+@dataclass
+class ImageLayer:
+    """One read-only layer of an image: ``digest`` is ``"sha256:<hex>"`` of
+    the uncompressed layer tar, ``size`` its bytes of file content, ``format``
+    how the node stores it (``"dir"`` or ``"erofs"``)."""
+
+    digest: str
+    size: int = 0
+    format: str = "dir"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ImageLayer":
+        return cls(digest=str(d.get("digest", "")), size=int(d.get("size", 0) or 0),
+                   format=str(d.get("format", "dir")))
+
+
+@dataclass
+class ImageConfig:
+    """Defaults an image gives its sandboxes (empty values: the node's)."""
+
+    env: list[str] = field(default_factory=list)  # "KEY=VALUE"
+    workdir: str = ""
+    user: str = ""
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "ImageConfig":
+        d = d or {}
+        return cls(env=[str(e) for e in d.get("env") or []],
+                   workdir=str(d.get("workdir") or ""), user=str(d.get("user") or ""),
+                   entrypoint=[str(e) for e in d.get("entrypoint") or []],
+                   cmd=[str(e) for e in d.get("cmd") or []])
+
+
+@dataclass
+class Image:
+    """An image record (``GET /v1/images/{name}``).
+
+    ``base`` is ``"host"`` when the layers sit on the built-in host image,
+    ``None`` when they are the whole root filesystem. ``layers`` are bottom
+    first (none for the built-in ``host``). ``source`` is ``"builtin"``,
+    ``"import"``, ``"snapshot"`` or ``"build"``; ``in_use`` counts the
+    sandboxes using its layers; ``size`` is in bytes. ``created_at`` is kept as
+    the server sent it (an RFC 3339 string); :attr:`created` parses it.
+    ``raw`` keeps the server's JSON.
+    """
+
+    name: str
+    base: str | None = None
+    layers: list[ImageLayer] = field(default_factory=list)
+    config: ImageConfig = field(default_factory=ImageConfig)
+    size: int = 0
+    source: str = ""
+    created_at: str | int | None = None
+    in_use: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def builtin(self) -> bool:
+        return self.source == "builtin" or self.raw.get("builtin") is True
+
+    @property
+    def created(self) -> datetime.datetime | None:
+        """``created_at`` as an aware UTC datetime (None if absent or unparsable).
+        Numbers are taken as ms since the epoch (seconds when too small for ms)."""
+        v = self.created_at
+        try:
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                sec = v / 1000 if v >= 100_000_000_000 else v
+                return datetime.datetime.fromtimestamp(sec, datetime.timezone.utc)
+            if isinstance(v, str) and v:
+                t = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
+                if t.tzinfo is None:
+                    t = t.replace(tzinfo=datetime.timezone.utc)
+                return t.astimezone(datetime.timezone.utc)
+        except (ValueError, OverflowError, OSError):
+            pass
+        return None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Image":
+        base = d.get("base")
+        return cls(
+            name=str(d.get("name", "")),
+            base=str(base) if base else None,
+            layers=[ImageLayer.from_json(x) for x in d.get("layers") or []],
+            config=ImageConfig.from_json(d.get("config")),
+            size=int(d.get("size", 0) or 0),
+            source=str(d.get("source") or ("builtin" if d.get("builtin") else "")),
+            created_at=d.get("created_at"),
+            in_use=int(d.get("in_use", 0) or 0),
+            raw=dict(d),
         )

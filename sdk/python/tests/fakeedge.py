@@ -10,9 +10,11 @@ dsec-edge live elsewhere.
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import io
 import json
+import re
 import socket
 import socketserver
 import sys
@@ -33,6 +35,10 @@ SHELL_RUN_FIELDS = {"command", "timeout_ms", "max_output_bytes", "encoding", "re
 SIGNAL_FIELDS = {"signal", "request_id"}
 FNCALL_FIELDS = {"runtime", "code", "filename", "stdin", "stdin_encoding", "files",
                  "timeout_ms", "memory_mb", "max_output_bytes", "encoding", "request_id"}
+SNAPSHOT_FIELDS = {"image", "request_id"}
+FORK_FIELDS = {"count", "request_id"}
+IMPORT_QUERY = {"name", "format", "layer_format", "base"}
+IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9._-]+)?$")
 POOL_FIELDS = {"name", "kind", "runtime", "image", "preload", "command", "min_idle", "max",
                "memory_mb", "disk_mb", "pids", "cpu", "max_queue", "queue_timeout_ms",
                "idle_timeout_s", "request_id"}
@@ -97,6 +103,10 @@ class Edge:
     shells: dict = field(default_factory=dict)
     execs: dict = field(default_factory=dict)
     pools: dict = field(default_factory=dict)
+    images: dict = field(default_factory=dict)   # name -> image record (host is implicit)
+    imports: list = field(default_factory=list)  # (query dict, body bytes, headers) received
+    max_import_bytes: int = 64 << 20
+    refuse_imports: bool = False  # 413 before reading an import's body, then close
     fncalls: list = field(default_factory=list)  # decoded (runtime, code, stdin, files)
     idem: dict = field(default_factory=dict)
     log: list = field(default_factory=list)
@@ -151,6 +161,51 @@ class Edge:
             self.sandboxes[sid] = rec
         return rec
 
+    # -- images ------------------------------------------------------------
+
+    @staticmethod
+    def image_name(name: str) -> str:
+        if name == "host":
+            return name
+        if not isinstance(name, str) or not IMAGE_NAME.match(name):
+            raise ApiError(400, "bad_request", f"bad image name {name!r}")
+        return name if ":" in name else name + ":latest"
+
+    def image_record(self, name: str) -> dict | None:
+        """The record as the edge sends it, ``in_use`` counted now."""
+        with self.lock:
+            if name == "host":
+                rec = {"name": "host", "base": None, "layers": [],
+                       "config": {"env": [], "workdir": "", "user": "", "entrypoint": [],
+                                  "cmd": []},
+                       "size": 0, "source": "builtin", "created_at": "1970-01-01T00:00:00Z"}
+            elif name in self.images:
+                rec = dict(self.images[name])
+            else:
+                return None
+            digests = {layer["digest"] for layer in rec["layers"]}
+            rec["in_use"] = sum(
+                1 for sb in self.sandboxes.values()
+                if any(i == name or (digests and digests <= self._layers_of(i))
+                       for i in _image_list(sb["image"])))
+        return rec
+
+    def _layers_of(self, name) -> set:
+        rec = self.images.get(name if ":" in name or name == "host" else name + ":latest")
+        return {layer["digest"] for layer in rec["layers"]} if rec else set()
+
+    def add_image(self, name, layers, source, base=None, config=None) -> dict:
+        rec = {"name": name, "base": base, "layers": layers,
+               "config": config or {"env": ["PATH=/usr/bin:/bin"], "workdir": "", "user": "",
+                                    "entrypoint": [], "cmd": []},
+               "size": sum(layer["size"] for layer in layers), "source": source,
+               "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        with self.lock:
+            if name in self.images or name == "host":
+                raise ApiError(409, "conflict", f"image {name} exists")
+            self.images[name] = rec
+        return self.image_record(name)
+
     def put_pool(self, name, body) -> tuple[dict, bool]:
         """PUT /v1/pools/NAME as the edge does it: a new pool takes defaults, an
         existing one of the same kind keeps the fields the body leaves out."""
@@ -185,6 +240,15 @@ class Edge:
         with self.lock:
             self.pools[name] = pool
         return pool, old is None
+
+
+def _image_list(image) -> list:
+    return list(image) if isinstance(image, list) else [image]
+
+
+def _layer(data: bytes, size: int) -> dict:
+    return {"digest": "sha256:" + hashlib.sha256(data).hexdigest(), "size": size,
+            "format": "dir"}
 
 
 def _strict(body, allowed):
@@ -236,6 +300,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
 
+    def read_chunked(self) -> bytes:
+        parts = []
+        while True:
+            line = self.rfile.readline()
+            if not line:  # the client gave up mid-body
+                raise ConnectionResetError("request body cut short")
+            size = int(line.split(b";")[0].strip(), 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()  # CRLF after the chunk
+
     def write_chunk(self, data: bytes):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
@@ -253,8 +331,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def dispatch(self):
         edge = self.server.edge
-        n = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(n) if n else b""
+        if edge.refuse_imports and self.path.startswith("/v1/images/import"):
+            # Like the edge over its body limit: answer at once, close unread.
+            self.close_connection = True
+            return self.send_error_json(ApiError(413, "too_large", "request body is too large"))
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            body = self.read_chunked()
+        else:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n) if n else b""
         parts = urlsplit(self.path)
         path = parts.path  # still %-escaped: routing splits, then unescapes
         query = parse_qsl(parts.query, keep_blank_values=True)
@@ -341,8 +426,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if segs == ["node"]:
             time.sleep(edge.slow_s)
             return ok({"node": "fake", "version": "0", "backends": ["container"]})
-        if segs == ["images"]:
-            return ok({"images": [{"name": "host", "builtin": True}]})
+        if segs == ["images"] and m == "GET":
+            with edge.lock:
+                names = sorted(edge.images)
+            return ok({"images": [edge.image_record(n) for n in ["host"] + names]})
+        if segs == ["images", "import"] and m == "POST":
+            return ok(self.import_image(edge, s), 201)
+        if segs[:1] == ["images"] and len(segs) == 2:
+            name = edge.image_name(segs[1])
+            if m == "GET":
+                rec = edge.image_record(name)
+                if rec is None:
+                    raise ApiError(404, "not_found", f"image {name} not found")
+                return ok(rec)
+            if m == "DELETE":
+                if name == "host":
+                    raise ApiError(409, "conflict", "the built-in image host cannot be deleted")
+                with edge.lock:
+                    if edge.images.pop(name, None) is None:
+                        raise ApiError(404, "not_found", f"image {name} not found")
+                return empty
         if segs == ["fncalls"] and m == "POST":
             return ok(self.fncall(edge, _strict(obj, FNCALL_FIELDS)))
         if segs == ["pools"] and m == "GET":
@@ -378,6 +481,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if len(segs) == 1:
             if m == "POST":
                 _strict(obj or {}, CREATE_FIELDS)
+                image = (obj or {}).get("image", "host")
+                if isinstance(image, list):
+                    if not image or not all(isinstance(i, str) for i in image):
+                        raise ApiError(400, "bad_request", '"image": a name or a non-empty list')
+                    for i in image:
+                        if edge.image_record(edge.image_name(i)) is None:
+                            raise ApiError(404, "not_found", f"image {i} not found")
+                elif not isinstance(image, str):
+                    raise ApiError(400, "bad_request", '"image": a name or a non-empty list')
                 if obj and "count" in obj:
                     recs = [edge.add_sandbox(obj) for _ in range(obj["count"])]
                     return ok({"sandboxes": recs}, 201)
@@ -422,6 +534,30 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 raise ApiError(400, "bad_request", "no body expected")
             rec["state"] = "paused" if rest == ["pause"] else "running"
             return ok(rec)
+        if rest == ["snapshot"] and m == "POST":
+            name = edge.image_name(_strict(obj, SNAPSHOT_FIELDS).get("image"))
+            stack = [edge.image_record(edge.image_name(i)) for i in _image_list(rec["image"])]
+            base = "host" if stack[0] is None or stack[0]["source"] == "builtin" \
+                else stack[0]["base"]
+            layers = [layer for r in stack if r for layer in r["layers"]]
+            with edge.lock:
+                files = sorted((k[1], v[0]) for k, v in edge.files.items() if k[0] == sid)
+            top = json.dumps([[p, d.decode("latin-1")] for p, d in files]).encode()
+            return ok(edge.add_image(name, layers + [_layer(top, sum(len(d) for _, d in files))],
+                                     "snapshot", base), 201)
+        if rest == ["fork"] and m == "POST":
+            count = _strict(obj if obj is not None else {}, FORK_FIELDS).get("count", 1)
+            if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 64:
+                raise ApiError(400, "bad_request", '"count" must be 1..64')
+            body = {"image": rec["image"], "labels": rec["labels"], "ttl_s": rec["ttl_s"],
+                    "user": rec["user"], "workdir": rec["workdir"], **rec["limits"]}
+            kids = [edge.add_sandbox(body) for _ in range(count)]
+            with edge.lock:
+                for k in kids:
+                    for key, v in list(edge.files.items()):
+                        if key[0] == sid:
+                            edge.files[(k["id"], key[1])] = v
+            return ok({"sandboxes": kids}, 201)
         if rest == ["stats"]:
             return ok({"cpu_time_ms": 1.5, "memory_current": 1, "memory_peak": 2,
                        "memory_limit": 3, "disk_used": 0, "disk_limit": 4, "pids": 1,
@@ -552,6 +688,42 @@ class Handler(http.server.BaseHTTPRequestHandler):
                          if k[0] == sid and k[1].startswith(prefix) and "/" not in k[1][len(prefix):]]
             return ok({"entries": [self.entry(p, v) for p, v in sorted(items)]})
         raise ApiError(404, "not_found", "no route")
+
+    def import_image(self, edge, s):
+        """Like the edge, as far as a fake can: the body must be a tar (gzip is
+        fine), an OCI layout for format=oci, a docker save for docker."""
+        q = dict(s.query)
+        unknown = {k for k, _ in s.query} - IMPORT_QUERY
+        if unknown:
+            raise ApiError(400, "bad_request", f"unknown parameters {sorted(unknown)}")
+        if "name" not in q:
+            raise ApiError(400, "bad_request", '"name" is required')
+        name = edge.image_name(q["name"])
+        fmt = q.get("format", "auto")
+        if fmt not in ("auto", "rootfs", "oci", "docker") \
+                or q.get("layer_format", "dir") not in ("dir", "erofs") \
+                or q.get("base", "host") != "host":
+            raise ApiError(400, "bad_request", "bad format, layer_format or base")
+        with edge.lock:
+            edge.imports.append((q, s.body, s.headers))
+        if len(s.body) > edge.max_import_bytes:
+            raise ApiError(413, "too_large", "the archive is over the import limit")
+        try:
+            with tarfile.open(fileobj=io.BytesIO(s.body), mode="r:*") as tar:
+                members = tar.getmembers()
+        except (tarfile.TarError, EOFError, OSError):
+            raise ApiError(400, "bad_request", "not a tar, tar.gz or tar.zst archive") from None
+        names = {m.name.rstrip("/") for m in members}
+        if any(m.name.startswith("/") or ".." in m.name.split("/") for m in members):
+            raise ApiError(400, "bad_request", "an entry escapes the root")
+        if fmt == "auto":
+            fmt = "oci" if "index.json" in names else \
+                "docker" if "manifest.json" in names else "rootfs"
+        if (fmt == "oci") != ("index.json" in names) and fmt != "docker":
+            raise ApiError(400, "bad_request", f"not a {fmt} archive")
+        layer = dict(_layer(s.body, sum(m.size for m in members if m.isfile())),
+                     format=q.get("layer_format", "dir"))
+        return edge.add_image(name, [layer], "import", q.get("base"))
 
     @staticmethod
     def entry(path, ent):

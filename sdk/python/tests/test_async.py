@@ -59,7 +59,7 @@ def test_round_trip(server, edge, chunked):
             assert await sb.signal() == 3
             assert (await sb.pause())["state"] == "paused"
             assert await c.pause_job("j") == 1
-            assert await c.images() == [{"name": "host", "builtin": True}]
+            assert [i["name"] for i in await c.images()] == ["host"]
             async with await c.run_container() as sb2:
                 assert sb2.id in edge.sandboxes
             assert sb2.id not in edge.sandboxes

@@ -123,7 +123,7 @@ def test_dropped_connection_after_work_is_replayed_not_rerun(client, edge, sandb
 
 def test_dropped_before_reply_get_is_retried(client, edge):
     edge.fault("GET", "/v1/images", "drop", times=2)
-    assert client.images() == [{"name": "host", "builtin": True}]
+    assert [i["name"] for i in client.images()] == ["host"]
     assert len(edge.seen("GET", "/v1/images")) == 3
 
 

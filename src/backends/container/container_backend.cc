@@ -169,9 +169,9 @@ void ContainerBackend::ReleaseUidSlot(uint32_t slot) {
 
 StatusOr<std::shared_ptr<Sandbox>> ContainerBackend::Create(const SandboxSpec& spec) {
   DSEC_RETURN_IF_ERROR(ValidateSandboxSpec(spec));
-  if (spec.image != "host")
+  if (spec.image != "host" && !opts_.image_store)
     return NotFound("image \"" + spec.image +
-                    "\" not found (this node has the built-in \"host\" image)");
+                    "\" not found (this node has the built-in \"host\" image only)");
   auto sb = std::make_shared<ContainerSandbox>(this, spec);
   if (Status s = sb->Start(); !s.ok()) {
     (void)sb->Destroy();

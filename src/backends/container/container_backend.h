@@ -13,6 +13,7 @@
 #include "backends/container/agent_client.h"
 #include "backends/container/launcher.h"
 #include "backends/sandbox.h"
+#include "images/store.h"
 #include "isolation/cgroup.h"
 #include "isolation/credentials.h"
 #include "isolation/features.h"
@@ -42,6 +43,8 @@ struct ContainerBackendOptions {
   // (an edge restarting on the same state dir), 0 not at all (dsec run).
   int64_t orphan_timeout_ms = -1;
   int io_threads = 1;
+  // Layered images beyond the built-in "host" (not owned; null: only "host").
+  images::ImageStore* image_store = nullptr;
 };
 
 class ContainerSandbox;

@@ -2,23 +2,32 @@
 
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/magic.h>
+#include <linux/openat2.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "backends/container/container_backend.h"
 #include "base/clock.h"
 #include "base/fd_passing.h"
 #include "base/file_util.h"
 #include "base/ids.h"
+#include "base/logging.h"
+#include "base/scope_guard.h"
 #include "base/strings.h"
+#include "images/capture.h"
+#include "isolation/host_image.h"
 #include "isolation/userns.h"
+#include "sys/syscalls.h"
 
 namespace dsec::backends::container {
 
@@ -210,6 +219,21 @@ Status ContainerSandbox::StartLocked() {
   }
   tmp_created_ = false;
 
+  if (spec_.image == "host") {
+    stack_.base = "host";
+  } else {
+    std::vector<std::string> names;
+    for (auto n : SplitString(spec_.image, ',', /*skip_empty=*/true)) names.emplace_back(n);
+    DSEC_ASSIGN_OR_RETURN(stack_, b.opts_.image_store->Acquire(names, spec_.id));
+    holds_image_ = true;
+    // The image's environment, under what the caller asked for.
+    for (const auto& kv : stack_.config.env) {
+      size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) continue;
+      spec_.env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+    }
+  }
+
   bool userns = b.features_.userns;
   uint32_t root_uid = 0;
   if (userns) {
@@ -219,6 +243,7 @@ Status ContainerSandbox::StartLocked() {
         static_cast<uint64_t>(b.opts_.userns_base) + static_cast<uint64_t>(slot) * 65536;
     if (base + 65536 > 0xFFFFFFFEull) return ResourceExhausted("user namespace id range overflows");
     root_uid = static_cast<uint32_t>(base);
+    id_base_ = root_uid;
   }
 
   isolation::CgroupLimits limits;
@@ -306,6 +331,22 @@ Status ContainerSandbox::AdoptLocked(const std::string& handle) {
     DSEC_RETURN_IF_ERROR(b.ClaimUidSlot(static_cast<uint32_t>(slot)));
     uid_slot_ = slot;
   }
+  // What snapshots need (absent in handles of older edges: those sandboxes cannot snapshot).
+  layer_fd_ = static_cast<int>(h.value("layer_fd", -1));
+  id_base_ = h.value("id_base", uint32_t{0});
+  if (auto it = h.find("overlays"); it != h.end() && it->is_array())
+    for (const auto& t : *it)
+      if (t.is_string()) overlay_targets_.push_back(t.get<std::string>());
+  stack_.base = "host";
+  if (auto it = h.find("stack"); it != h.end() && it->is_object()) {
+    stack_.base = it->value("base", "host");
+    if (b.opts_.image_store)
+      for (const auto& d : it->value("layers", Json::array()))
+        if (d.is_string())
+          if (auto l = b.opts_.image_store->GetLayer(d.get<std::string>()); l.ok())
+            stack_.layers.push_back(*l);
+    holds_image_ = !stack_.layers.empty();
+  }
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->OpenSandbox(spec_.id));
   cgroup_ = std::move(cg);
   oom_ = std::make_shared<OomTracker>();
@@ -361,7 +402,18 @@ Status ContainerSandbox::AdoptLocked(const std::string& handle) {
 }
 
 std::string ContainerSandbox::AdoptionHandle() const {
-  return Json({{"secret", secret_}, {"uid_slot", uid_slot_}}).dump();
+  return Json({{"secret", secret_},
+               {"uid_slot", uid_slot_},
+               {"layer_fd", layer_fd_},
+               {"overlays", overlay_targets_},
+               {"id_base", id_base_},
+               {"stack",
+                [&] {
+                  Json l = Json::array();
+                  for (const auto& x : stack_.layers) l.push_back(x.digest);
+                  return Json({{"base", stack_.base}, {"layers", l}});
+                }()}})
+      .dump();
 }
 
 std::vector<std::string> ContainerSandbox::ListShells() {
@@ -414,15 +466,64 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
       UniqueFd mount_dir,
       OpenDir("/proc/" + std::to_string(agent_pid_) + "/root" + b.root_mount_dir_, O_PATH));
   DSEC_ASSIGN_OR_RETURN(UniqueFd cg_user, cgroup_->OpenUserDir());
-  DSEC_ASSIGN_OR_RETURN(isolation::HostImage image, b.CurrentHostImage());
   std::vector<UniqueFd> layers;
-  for (const auto& layer : image.layers) {
-    const std::string& path = layer.mount ? std::string() : layer.host_path;
-    int dirfd = layer.mount ? layer.mount->get() : AT_FDCWD;
+  auto add_layer = [&](const std::string& path, int dirfd) -> StatusOr<int> {
     StatusOr<UniqueFd> m = userns_fd >= 0 ? isolation::MakeIdmappedMount(path, userns_fd, dirfd)
                                           : isolation::MakeReadonlyBind(path, dirfd);
-    if (!m.ok()) return m.status();
+    if (!m.ok()) return m.status().WithContext("layer \"" + path + "\"");
     layers.push_back(std::move(*m));
+    return static_cast<int>(layers.size() - 1);
+  };
+  std::vector<isolation::OverlaySpec> overlays;
+  if (stack_.base == "host") {
+    DSEC_ASSIGN_OR_RETURN(isolation::HostImage image, b.CurrentHostImage());
+    for (const auto& layer : image.layers) {
+      const std::string& path = layer.mount ? std::string() : layer.host_path;
+      DSEC_RETURN_IF_ERROR(add_layer(path, layer.mount ? layer.mount->get() : AT_FDCWD).status());
+    }
+    overlays = image.overlays;
+  } else {
+    overlays.push_back({"/", {}});
+  }
+  // Image layers go above the host image's, topmost first; an overlay on a sub-path (a host
+  // directory on another filesystem) gets the layers' subtrees there.
+  std::string passwd, group;
+  bool passwd_found = false, group_found = false;
+  std::vector<long> inserted(overlays.size(), 0);
+  for (size_t k = stack_.layers.size(); k-- > 0;) {
+    DSEC_ASSIGN_OR_RETURN(images::LayerSource src,
+                          b.opts_.image_store->Source(stack_.layers[k], stack_.base == "host"));
+    UniqueFd root(src.mount_fd >= 0 ? fcntl(src.mount_fd, F_DUPFD_CLOEXEC, 3)
+                                    : open(src.path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!root) return ErrnoError("open layer " + stack_.layers[k].digest);
+    std::string path = src.mount_fd >= 0 ? std::string() : src.path;
+    int dirfd = src.mount_fd >= 0 ? src.mount_fd : AT_FDCWD;
+    DSEC_ASSIGN_OR_RETURN(int idx, add_layer(path, dirfd));
+    overlays[0].lower_fds.insert(overlays[0].lower_fds.begin() + inserted[0]++, idx);
+    for (size_t o = 1; o < overlays.size(); ++o) {
+      std::string rel = overlays[o].target.substr(1);
+      struct stat st;
+      if (fstatat(root.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
+        continue;
+      DSEC_ASSIGN_OR_RETURN(int sub, add_layer(src.mount_fd >= 0 ? rel : path + "/" + rel, dirfd));
+      overlays[o].lower_fds.insert(overlays[o].lower_fds.begin() + inserted[o]++, sub);
+    }
+    // Without the host image, the sandbox user is added to the image's own passwd and group.
+    if (stack_.base != "host") {
+      for (auto [file, out, found] : {std::tuple{"etc/passwd", &passwd, &passwd_found},
+                                      std::tuple{"etc/group", &group, &group_found}}) {
+        if (*found) continue;
+        struct stat st;
+        if (fstatat(root.get(), file, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
+        *found = true;  // a whiteout or anything else hides the layers below
+        if (!S_ISREG(st.st_mode)) continue;
+        int fd = sys::Openat2(root.get(), file, O_RDONLY | O_CLOEXEC, 0,
+                              RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+        if (fd < 0) continue;
+        UniqueFd f(fd);
+        if (auto text = ReadFdToString(f.get(), file, 1 << 20); text.ok()) *out = *text;
+      }
+    }
   }
 
   protocol::SetupSpec s;
@@ -434,7 +535,9 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   r.size_bytes = static_cast<uint64_t>(spec_.disk_mb) << 20;
   r.inodes = std::max<uint64_t>(4096, static_cast<uint64_t>(spec_.disk_mb) * b.opts_.inodes_per_mb);
   r.userns = userns_fd >= 0;
-  r.overlays = image.overlays;
+  r.overlays = overlays;
+  overlay_targets_.clear();
+  for (const auto& o : overlays) overlay_targets_.push_back(o.target);
   // The host image hides every top-level entry it does not allow; these are the sandbox's own.
   r.dirs = {{"/tmp", 01777, 0, 0},
             {"/var", 0755, 0, 0},
@@ -455,6 +558,12 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
               "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" +
                   spec_.hostname + "\n",
               0644, 0, 0}};
+  if (stack_.base != "host") {
+    r.files.push_back({"/etc/passwd",
+                       isolation::PasswdWithSandboxUser(passwd, 1000, 1000, "/bin/sh"), 0644, 0,
+                       0});
+    r.files.push_back({"/etc/group", isolation::GroupWithSandboxUser(group, 1000), 0644, 0, 0});
+  }
   s.rlimits = b.opts_.rlimits;
   if (s.rlimits.fsize == 0) s.rlimits.fsize = r.size_bytes;
   // An fncall worker's own layer is small; its calls write to their own (bigger) tmpfs.
@@ -520,6 +629,9 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   }
   if (f.type != FrameType::kReady)
     return InternalError("agent sent an unexpected frame during setup");
+  if (auto j = protocol::ParseJson(f.payload); j.ok() && j->is_object())
+    if (auto it = j->find("layer_fd"); it != j->end() && it->is_number_integer())
+      layer_fd_ = it->get<int>();
   return OkStatus();
 }
 
@@ -871,7 +983,71 @@ Status ContainerSandbox::Destroy() {
     backend_->ReleaseUidSlot(static_cast<uint32_t>(uid_slot_));
     uid_slot_ = -1;
   }
+  if (holds_image_ && backend_->opts_.image_store) {
+    holds_image_ = false;
+    backend_->opts_.image_store->Release(spec_.id);
+    if (auto n = backend_->opts_.image_store->Collect(); !n.ok())
+      DSEC_LOG_WARN("image store: collect: {}", n.status().ToString());
+  }
   return result;
+}
+
+StatusOr<std::vector<std::string>> ContainerSandbox::CaptureStack() {
+  images::ImageStore* store = backend_->opts_.image_store;
+  if (!store) return FailedPrecondition("this node has no image store");
+  std::lock_guard<std::mutex> l(mu_);
+  SandboxState st = state_.load();
+  if (st != SandboxState::kRunning && st != SandboxState::kPaused)
+    return FailedPrecondition("sandbox " + spec_.id + " is " + std::string(SandboxStateName(st)));
+  if (layer_fd_ < 0 || overlay_targets_.empty())
+    return FailedPrecondition("sandbox " + spec_.id +
+                              " was started by an older agent and cannot be snapshotted");
+  // The agent holds the writable layer's tmpfs; through its fd table we reach the very mount
+  // (nothing inside the sandbox can). It must be a tmpfs, with the upper dirs the setup made.
+  UniqueFd tmpfs(
+      open(("/proc/" + std::to_string(agent_pid_) + "/fd/" + std::to_string(layer_fd_)).c_str(),
+           O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!tmpfs) return ErrnoError("open the writable layer of " + spec_.id);
+  struct statfs sfs;
+  if (fstatfs(tmpfs.get(), &sfs) < 0 || sfs.f_type != TMPFS_MAGIC)
+    return FailedPrecondition("the writable layer of " + spec_.id + " is not its tmpfs");
+  std::vector<UniqueFd> uppers;
+  std::vector<images::CaptureSource> sources;
+  for (size_t i = 0; i < overlay_targets_.size(); ++i) {
+    std::string rel = "up/" + std::to_string(i);
+    int fd = sys::Openat2(
+        tmpfs.get(), rel.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0,
+        RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV);
+    if (fd < 0) return ErrnoError("open upper dir " + rel + " of " + spec_.id);
+    uppers.emplace_back(fd);
+    sources.push_back({fd, overlay_targets_[i]});
+  }
+  images::CaptureOptions co;
+  co.id_base = id_base_;
+  // Per-sandbox files the edge writes at every create, and mount points.
+  co.skip = {"/etc/hostname", "/etc/hosts"};
+  co.empty = {"/proc", "/sys", "/dev"};
+
+  images::ImageStore::Lease lease(store);
+  DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer());
+  // Frozen while read, so the layer is one consistent state (a paused sandbox stays paused).
+  bool thaw = st == SandboxState::kRunning;
+  if (thaw) DSEC_RETURN_IF_ERROR(cgroup_->Freeze());
+  Status captured = images::WriteLayerTar(
+      sources, co, [&](std::string_view d) { return builder->Feed(d); }, nullptr);
+  if (thaw) {
+    if (Status s = cgroup_->Thaw(); !s.ok()) {
+      DSEC_LOG_ERROR("thaw {} after snapshot: {}", spec_.id, s.ToString());
+      if (captured.ok()) captured = s;
+    }
+  }
+  DSEC_RETURN_IF_ERROR(captured.WithContext("capture the writable layer of " + spec_.id));
+  DSEC_ASSIGN_OR_RETURN(images::LayerInfo layer, builder->Commit());
+  std::vector<std::string> out;
+  if (stack_.base == "host") out.push_back("host");
+  for (const auto& x : stack_.layers) out.push_back(x.digest);
+  if (std::find(out.begin(), out.end(), layer.digest) == out.end()) out.push_back(layer.digest);
+  return out;
 }
 
 }  // namespace dsec::backends::container

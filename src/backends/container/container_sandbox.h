@@ -13,6 +13,7 @@
 #include "backends/container/launcher.h"
 #include "backends/sandbox.h"
 #include "base/pidfd.h"
+#include "images/store.h"
 #include "isolation/cgroup.h"
 #include "isolation/netns.h"
 
@@ -64,6 +65,7 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   Status SetMemoryLimit(int64_t bytes) override;
   Status Destroy() override;
   std::vector<std::string> ListShells() override;
+  StatusOr<std::vector<std::string>> CaptureStack() override;
   std::string AdoptionHandle() const override;
   void Detach() override;
 
@@ -104,6 +106,14 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   bool tmp_created_ = false;
   std::string secret_;
   std::atomic<uint64_t> exec_count_{0};
+  // Images: the layers stacked on (or instead of) the host image, whether the store counts this
+  // sandbox as their holder, and what a snapshot reads: the agent's fd number of the writable
+  // layer, the overlays' targets (upper dir i belongs to target i) and the id range's base.
+  images::Stack stack_;
+  bool holds_image_ = false;
+  int layer_fd_ = -1;
+  std::vector<std::string> overlay_targets_;
+  uint32_t id_base_ = 0;
 };
 
 }  // namespace dsec::backends::container

@@ -1,0 +1,13 @@
+// The CLI's image commands, all through a dsec-edge: `dsec image ls|inspect|rm|import`, and the
+// ones that turn a sandbox into images or sandboxes: `dsec snapshot` and `dsec fork`.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "cli/run.h"
+
+namespace dsec::cli {
+
+void RegisterImageCommands(CLI::App& app, GlobalOptions& global, int* exit_code);
+
+}  // namespace dsec::cli

@@ -1,0 +1,205 @@
+// Image routes (issue 5): list, inspect, delete and import images; snapshot a sandbox into an
+// image; fork a sandbox into N new ones from its current files.
+#include <boost/asio/post.hpp>
+
+#include "base/strings.h"
+#include "edge/api.h"
+#include "edge/json_body.h"
+#include "images/import.h"
+#include "images/store.h"
+
+namespace dsec::edge {
+
+namespace {
+
+Json ImageJson(images::ImageStore* store, const images::Image& img) {
+  Json layers = Json::array();
+  for (const auto& d : img.layers) {
+    auto l = store->GetLayer(d);
+    layers.push_back(
+        {{"digest", d}, {"size", l.ok() ? l->size : 0}, {"format", l.ok() ? l->format : "dir"}});
+  }
+  const auto& c = img.config;
+  return {{"name", img.name},
+          {"base", img.base.empty() ? Json(nullptr) : Json(img.base)},
+          {"layers", layers},
+          {"config",
+           {{"env", c.env},
+            {"workdir", c.workdir},
+            {"user", c.user},
+            {"entrypoint", c.entrypoint},
+            {"cmd", c.cmd}}},
+          {"size", store->ImageSize(img)},
+          {"source", img.source},
+          {"created_at", img.created_at},
+          {"in_use", store->InUse(img)}};
+}
+
+Json HostImageJson() {
+  return {{"name", "host"},
+          {"base", nullptr},
+          {"layers", Json::array()},
+          {"config",
+           {{"env", Json::array()},
+            {"workdir", ""},
+            {"user", ""},
+            {"entrypoint", Json::array()},
+            {"cmd", Json::array()}}},
+          {"size", 0},
+          {"source", "builtin"},
+          {"builtin", true},
+          {"created_at", 0},
+          {"in_use", nullptr}};
+}
+
+StatusOr<images::ImageStore*> Store(const std::shared_ptr<Ctx>& c) {
+  images::ImageStore* s = c->api->deps().images;
+  if (!s) return FailedPrecondition("this node has no image store");
+  return s;
+}
+
+void ListImages(const std::shared_ptr<Ctx>& c) {
+  Json out = Json::array({HostImageJson()});
+  if (images::ImageStore* s = c->api->deps().images)
+    for (const auto& img : s->ListImages()) out.push_back(ImageJson(s, img));
+  c->Reply(200, {{"images", out}});
+}
+
+void GetImage(const std::shared_ptr<Ctx>& c) {
+  const std::string& name = c->params["name"];
+  if (name == "host" || name == "host:latest") return c->Reply(200, HostImageJson());
+  auto s = Store(c);
+  if (!s.ok()) return c->Fail(s.status());
+  auto img = (*s)->GetImage(name);
+  if (!img.ok()) return c->Fail(img.status());
+  c->Reply(200, ImageJson(*s, *img));
+}
+
+void DeleteImage(const std::shared_ptr<Ctx>& c) {
+  const std::string& name = c->params["name"];
+  if (name == "host" || name == "host:latest")
+    return c->Fail(409, "conflict", "\"host\" is the built-in image and cannot be deleted");
+  auto s = Store(c);
+  if (!s.ok()) return c->Fail(s.status());
+  if (Status st = (*s)->DeleteImage(name); !st.ok()) return c->Fail(st);
+  // Its layers go now unless another image or a sandbox still uses them.
+  (void)(*s)->Collect();
+  c->NoContent();
+}
+
+void ImportImage(const std::shared_ptr<Ctx>& c) {
+  auto s = Store(c);
+  if (!s.ok()) return c->Fail(s.status());
+  auto name = c->RequiredQuery("name");
+  if (!name.ok()) return c->Fail(name.status());
+  images::ImportOptions o;
+  o.name = *name;
+  if (const std::string* f = c->req.Query("format"); f && !f->empty()) o.format = *f;
+  if (const std::string* f = c->req.Query("layer_format"); f && !f->empty()) o.layer_format = *f;
+  if (const std::string* b = c->req.Query("base"); b && !b->empty()) o.base = *b;
+  o.max_archive_bytes = c->api->deps().cfg.max_import_bytes;
+  auto imp = images::Importer::Start(*s, o);
+  if (!imp.ok()) return c->Fail(imp.status());
+  std::string_view body = c->req.body;
+  Status st;
+  while (st.ok() && !body.empty()) {
+    size_t n = std::min<size_t>(body.size(), 1 << 20);
+    st = (*imp)->Feed(body.substr(0, n));
+    body.remove_prefix(n);
+  }
+  StatusOr<images::Image> img = st.ok() ? (*imp)->Finish() : StatusOr<images::Image>(st);
+  imp->reset();
+  if (!img.ok()) {
+    Status e = img.status();
+    // A bad archive is the caller's: 400 unless it is too large (413) or the node failed.
+    if (e.code() == StatusCode::kFailedPrecondition || e.code() == StatusCode::kInternal ||
+        e.code() == StatusCode::kTooLarge || e.code() == StatusCode::kResourceExhausted)
+      return c->Fail(e);
+    return c->Fail(400, "bad_request", e.message());
+  }
+  c->Reply(201, ImageJson(*s, *img));
+}
+
+// "image" of the sandbox as the list of names it was made from.
+std::vector<std::string> StackNames(const std::string& image) {
+  std::vector<std::string> out;
+  for (auto n : SplitString(image, ',', /*skip_empty=*/true)) out.emplace_back(n);
+  return out;
+}
+
+void Snapshot(const std::shared_ptr<Ctx>& c) {
+  auto s = Store(c);
+  if (!s.ok()) return c->Fail(s.status());
+  auto body = JsonBody::Parse(c->req.body);
+  if (!body.ok()) return c->Fail(body.status());
+  auto name = body->String("image", 300);
+  auto rid = body->String("request_id", 128);
+  if (!name.ok()) return c->Fail(name.status());
+  if (!rid.ok()) return c->Fail(rid.status());
+  if (Status f = body->Finish(); !f.ok()) return c->Fail(f);
+  if (!name->has_value()) return c->Fail(400, "bad_request", "\"image\" (name:tag) is required");
+  auto norm = images::NormalizeName(**name);
+  if (!norm.ok()) return c->Fail(norm.status());
+  std::shared_ptr<SandboxEntry> e;
+  auto sb = c->Sandbox(&e);
+  if (!sb.ok()) return c->Fail(sb.status());
+  images::ImageStore::Lease lease(*s);  // the new layer is unreferenced until PutImage
+  auto stack = (*sb)->CaptureStack();
+  if (!stack.ok()) return c->Fail(stack.status());
+  images::Image img;
+  img.name = *norm;
+  img.source = "snapshot";
+  for (const auto& n : *stack) {
+    if (n == "host")
+      img.base = "host";
+    else
+      img.layers.push_back(n);
+  }
+  // The config of what it was made from (if those images still exist).
+  if (auto from = (*s)->Acquire(StackNames(e->params.image), ""); from.ok())
+    img.config = from->config;
+  if (Status st = (*s)->PutImage(img); !st.ok()) return c->Fail(st);
+  auto stored = (*s)->GetImage(img.name);
+  if (!stored.ok()) return c->Fail(stored.status());
+  c->Reply(201, ImageJson(*s, *stored));
+}
+
+void Fork(const std::shared_ptr<Ctx>& c) {
+  auto s = Store(c);
+  if (!s.ok()) return c->Fail(s.status());
+  auto body = JsonBody::Parse(c->req.body);
+  if (!body.ok()) return c->Fail(body.status());
+  auto count = body->Int("count", 1, std::min(64, c->api->deps().cfg.max_count));
+  auto rid = body->String("request_id", 128);
+  if (!count.ok()) return c->Fail(count.status());
+  if (!rid.ok()) return c->Fail(rid.status());
+  if (Status f = body->Finish(); !f.ok()) return c->Fail(f);
+  std::shared_ptr<SandboxEntry> e;
+  auto sb = c->Sandbox(&e);
+  if (!sb.ok()) return c->Fail(sb.status());
+  images::ImageStore::Lease lease(*s);  // until the forks hold the new layer
+  auto stack = (*sb)->CaptureStack();
+  if (!stack.ok()) return c->Fail(stack.status());
+  CreateParams p = e->params;
+  p.image = JoinStrings(*stack, ",");
+  p.pool.clear();
+  auto* workers = c->api->deps().workers;
+  auto made = c->api->deps().manager->Create(
+      p, static_cast<int>(count->value_or(1)), /*wait=*/true,
+      [workers](std::function<void()> f) { boost::asio::post(*workers, std::move(f)); });
+  if (!made.ok()) return c->Fail(made.status());
+  c->Reply(201, {{"sandboxes", *made}});
+}
+
+}  // namespace
+
+void RegisterImageRoutes(Api* a) {
+  a->Add("GET", "/v1/images", ListImages);
+  a->Add("GET", "/v1/images/:name", GetImage);
+  a->Add("DELETE", "/v1/images/:name", DeleteImage);
+  a->Add("POST", "/v1/images/import", ImportImage, kImport);
+  a->Add("POST", "/v1/sandboxes/:id/snapshot", Snapshot);
+  a->Add("POST", "/v1/sandboxes/:id/fork", Fork);
+}
+
+}  // namespace dsec::edge
