@@ -113,6 +113,7 @@ void ImportImage(const std::shared_ptr<Ctx>& c) {
     Status e = img.status();
     // A bad archive is the caller's: 400 unless it is too large (413) or the node failed.
     if (e.code() == StatusCode::kFailedPrecondition || e.code() == StatusCode::kInternal ||
+        e.code() == StatusCode::kAlreadyExists ||
         e.code() == StatusCode::kTooLarge || e.code() == StatusCode::kResourceExhausted)
       return c->Fail(e);
     return c->Fail(400, "bad_request", e.message());
@@ -140,6 +141,8 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   if (!name->has_value()) return c->Fail(400, "bad_request", "\"image\" (name:tag) is required");
   auto norm = images::NormalizeName(**name);
   if (!norm.ok()) return c->Fail(norm.status());
+  if ((*s)->GetImage(*norm).ok())  // checked again when it is added
+    return c->Fail(409, "conflict", "image \"" + *norm + "\" already exists");
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e);
   if (!sb.ok()) return c->Fail(sb.status());

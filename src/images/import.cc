@@ -786,6 +786,8 @@ StatusOr<std::unique_ptr<Importer>> Importer::Start(ImageStore* store, ImportOpt
     return InvalidArgument("layer format \"" + opts.layer_format + "\": expected dir or erofs");
   if (!opts.base.empty() && opts.base != "host")
     return InvalidArgument("base \"" + opts.base + "\": expected \"host\" or none");
+  if (store->GetImage(opts.name).ok())  // checked again when it is added
+    return Status(StatusCode::kAlreadyExists, "image \"" + opts.name + "\" already exists");
   auto impl = std::make_unique<Impl>(store, std::move(opts));
   Impl* im = impl.get();
   im->spool = store->TempPath("upload");

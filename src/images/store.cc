@@ -512,7 +512,7 @@ StatusOr<LayerInfo> ImageStore::GetLayer(const std::string& digest) {
   return it->second;
 }
 
-Status ImageStore::PutImage(Image img) {
+Status ImageStore::PutImage(Image img, bool replace) {
   DSEC_ASSIGN_OR_RETURN(img.name, NormalizeName(img.name));
   if (img.base != "" && img.base != "host")
     return InvalidArgument("image base \"" + img.base + "\": expected \"host\" or none");
@@ -525,6 +525,8 @@ Status ImageStore::PutImage(Image img) {
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& d : img.layers)
     if (!layers_.count(d)) return NotFound("layer " + d + " not found");
+  if (!replace && images_.count(img.name))
+    return Status(StatusCode::kAlreadyExists, "image \"" + img.name + "\" already exists");
   images_[img.name] = std::move(img);
   return SaveLocked();
 }

@@ -125,8 +125,9 @@ class ImageStore {
   StatusOr<std::unique_ptr<LayerBuilder>> NewLayer();
   StatusOr<LayerInfo> GetLayer(const std::string& digest);
 
-  // Adds or replaces the image `img.name` (its layers must exist).
-  Status PutImage(Image img);
+  // Adds the image `img.name` (its layers must exist). An existing name is AlreadyExists
+  // unless `replace`.
+  Status PutImage(Image img, bool replace = false);
   StatusOr<Image> GetImage(const std::string& name);
   std::vector<Image> ListImages();
   // Removes the name; its layers stay while other images or holders reference them.

@@ -165,6 +165,40 @@ err=$(DSEC_URL=ftp://x "$DSEC" ls 2>&1); one_line_error "bad DSEC_URL" $? "$err"
 err=$(DSEC_URL=unix://$T/nothing.sock "$DSEC" ls 2>&1); one_line_error "no edge there" $? "$err"
 check "edge still serving" 1 "$(D ls --json >/dev/null && echo 1)"
 
+# Images: import a directory (sent as a rootfs tar) and an archive, stack them, snapshot, fork.
+if [ -x /bin/busybox ]; then
+  mkdir -p "$T/rootfs/bin" "$T/rootfs/etc" "$T/layer/srv"
+  cp /bin/busybox "$T/rootfs/bin/"
+  for a in sh cat ls; do ln "$T/rootfs/bin/busybox" "$T/rootfs/bin/$a"; done
+  echo from-dir >"$T/rootfs/etc/motd"
+  echo layer >"$T/layer/srv/l.txt"
+  tar -C "$T/layer" -czf "$T/layer.tar.gz" .
+  check "image import dir" "clibb:1" "$(D image import clibb:1 "$T/rootfs")"
+  check "image import tar.gz from stdin" "clilayer:latest" "$(D image import clilayer - <"$T/layer.tar.gz")"
+  check "image ls" 3 "$(D image ls | awk 'NR>1' | grep -c '^\(host\|clibb:1\|clilayer:latest\) ')"
+  check "image inspect" "1 import" "$(D image inspect clibb:1 | python3 -c 'import json,sys; r=json.load(sys.stdin); print(len(r["layers"]), r["source"])')"
+  sid=$(D create --image clibb:1,clilayer --memory 64)
+  check "create from a stack" "from-dir layer" "$(D exec "$sid" -- /bin/sh -c 'echo $(cat /etc/motd /srv/l.txt)')"
+  D exec "$sid" -- /bin/sh -c 'echo snap > /workspace/s' >/dev/null
+  check "snapshot" "clisnap:1" "$(D snapshot "$sid" clisnap:1)"
+  forks=$(D fork "$sid" -n 2)
+  check "fork prints ids" 2 "$(echo "$forks" | grep -c '^sb-')"
+  for f in $forks; do check "fork sees the files" snap "$(D exec "$f" -- /bin/cat /workspace/s)"; D rm "$f" >/dev/null; done
+  err=$(D image import clibb:1 "$T/rootfs" 2>&1); one_line_error "image import of a taken name" $? "$err"
+  err=$(D image import cli-x:1 "$T/nothing" 2>&1); one_line_error "image import of a missing path" $? "$err"
+  err=$(D image rm host 2>&1); one_line_error "image rm host" $? "$err"
+  err=$(D image inspect nope:1 2>&1); one_line_error "image inspect unknown" $? "$err"
+  err=$(D create --image nope:1 2>&1); one_line_error "create from an unknown image" $? "$err"
+  err=$(D snapshot "$sid" 'Bad Name' 2>&1); one_line_error "snapshot with a bad name" $? "$err"
+  err=$(D fork "$sid" -n 65 2>&1); one_line_error "fork of 65" $? "$err"
+  D rm "$sid" >/dev/null
+  D image rm clibb:1 clilayer clisnap:1; check "image rm" 0 $?
+  check "only host left" "host" "$(D image ls | awk 'NR>1 {print $1}')"
+  check "no layers left" 0 "$(ls "$T/state/images/layers" | wc -l)"
+else
+  echo "[  SKIPPED ] image CLI cases: /bin/busybox is missing (busybox-static)"
+fi
+
 D rm "$id" >/dev/null; check "rm" 0 $?
 err=$(D rm "$id" 2>&1); one_line_error "rm twice" $? "$err"
 D rm -f "$id"; check "rm -f of a missing id" 0 $?
