@@ -113,8 +113,8 @@ void ImportImage(const std::shared_ptr<Ctx>& c) {
     Status e = img.status();
     // A bad archive is the caller's: 400 unless it is too large (413) or the node failed.
     if (e.code() == StatusCode::kFailedPrecondition || e.code() == StatusCode::kInternal ||
-        e.code() == StatusCode::kAlreadyExists ||
-        e.code() == StatusCode::kTooLarge || e.code() == StatusCode::kResourceExhausted)
+        e.code() == StatusCode::kAlreadyExists || e.code() == StatusCode::kTooLarge ||
+        e.code() == StatusCode::kResourceExhausted)
       return c->Fail(e);
     return c->Fail(400, "bad_request", e.message());
   }
