@@ -600,9 +600,15 @@ class TarExtractor::Impl {
       if (kind == '1' && !link.empty() && link[0] == '/')
         return EntryError(StatusCode::kInvalidArgument, name,
                           "absolute hard link targets are not allowed in an image layer");
-      if (kind == '3' || kind == '4' || kind == '6')
+      if (kind == '3' || kind == '4' || kind == '6') {
+        if (opts_.skip_dev_nodes && comps.size() >= 2 && comps[0] == "dev") {
+          ++stats_.skipped;
+          if (data_size > 0) StartData(DataKind::kSkip, data_size);
+          return OkStatus();
+        }
         return EntryError(StatusCode::kInvalidArgument, name,
                           "device nodes and FIFOs are not allowed in an image layer");
+      }
       if (!comps.empty() && StartsWith(comps.back(), ".wh.")) {
         if (kind == '5')
           return EntryError(StatusCode::kInvalidArgument, name, "whiteout is a directory");

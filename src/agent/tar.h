@@ -38,6 +38,10 @@ struct TarExtractOptions {
   // instead of being followed inside the root; and devices and FIFOs are an error instead of
   // being skipped. Needs CAP_MKNOD (whiteouts) and CAP_SYS_ADMIN (trusted. xattrs).
   bool image_layer = false;
+  // With image_layer: device nodes and FIFOs under the archive's top-level dev/ are skipped
+  // instead of refused (a Debian root filesystem from mmdebstrap has /dev/null and friends;
+  // every sandbox mounts its own /dev over it anyway).
+  bool skip_dev_nodes = false;
 };
 
 struct TarExtractStats {

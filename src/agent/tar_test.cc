@@ -1133,5 +1133,23 @@ TEST_F(TarTest, ImageLayerRejectsDevicesAndWritesThroughSymlinks) {
   EXPECT_FALSE(Extract(Header({.name = "a/.wh...", .type = '0'}) + End(), LayerOpts()).status.ok());
 }
 
+TEST_F(TarTest, ImageLayerSkipsDevNodesOnlyUnderDevWhenAsked) {
+  TarExtractOptions o = LayerOpts();
+  o.skip_dev_nodes = true;
+  auto r = Extract(Header({.name = "./dev/", .type = '5', .mode = 0755}) +
+                       Header({.name = "./dev/null", .type = '3'}) +
+                       Header({.name = "dev/fifo", .type = '6'}) + File("etc/x", "x") + End(),
+                   o);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.stats.skipped, 2u);
+  EXPECT_TRUE(ListNames(D("dev")).empty());
+  EXPECT_TRUE(std::filesystem::exists(D("etc/x")));
+  // Anywhere else (or /dev itself as a device) it is still refused.
+  EXPECT_EQ(Extract(Header({.name = "etc/sda", .type = '4'}) + End(), o).status.code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Extract(Header({.name = "dev", .type = '3'}) + End(), o).status.code(),
+            StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dsec::agent

@@ -1,5 +1,6 @@
-// The CLI's image commands, all through a dsec-edge: `dsec image ls|inspect|rm|import`, and the
-// ones that turn a sandbox into images or sandboxes: `dsec snapshot` and `dsec fork`.
+// The CLI's image commands, all through a dsec-edge: `dsec image ls|inspect|rm|import`, image
+// builds (`dsec image build|build-status|build-log|build-cancel`), and the ones that turn a
+// sandbox into images or sandboxes: `dsec snapshot` and `dsec fork`.
 #pragma once
 
 #include <CLI/CLI.hpp>

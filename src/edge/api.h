@@ -31,6 +31,7 @@ class ImageStore;
 namespace dsec::edge {
 
 class Api;
+class Builds;
 
 // One request being handled. Shared: async handlers keep it until they answer.
 class Ctx {
@@ -85,6 +86,7 @@ class Api {
     fncall::PoolSet* pools = nullptr;
     StateStore* store = nullptr;
     images::ImageStore* images = nullptr;
+    Builds* builds = nullptr;
     std::vector<std::string> tokens;
     std::string instance;
     Json features;

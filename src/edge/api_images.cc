@@ -4,6 +4,7 @@
 
 #include "base/strings.h"
 #include "edge/api.h"
+#include "edge/builds.h"
 #include "edge/json_body.h"
 #include "images/import.h"
 #include "images/store.h"
@@ -194,9 +195,62 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   c->Reply(201, {{"sandboxes", *made}});
 }
 
+StatusOr<Builds*> BuildsOf(const std::shared_ptr<Ctx>& c) {
+  Builds* b = c->api->deps().builds;
+  if (!b || !c->api->deps().images) return FailedPrecondition("this node does not build images");
+  return b;
+}
+
+void StartBuild(const std::shared_ptr<Ctx>& c) {
+  auto b = BuildsOf(c);
+  if (!b.ok()) return c->Fail(b.status());
+  auto req = ParseBuildRequest(c->req.body, c->api->deps().cfg);
+  if (!req.ok()) return c->Fail(req.status());
+  for (const auto& n : req->from) {
+    if (n == "host") continue;
+    if (auto img = c->api->deps().images->GetImage(n); !img.ok()) return c->Fail(img.status());
+  }
+  auto rec = (*b)->Start(std::move(*req));
+  if (!rec.ok()) return c->Fail(rec.status());
+  c->Reply(202, *rec);
+}
+
+void GetBuild(const std::shared_ptr<Ctx>& c) {
+  auto b = BuildsOf(c);
+  if (!b.ok()) return c->Fail(b.status());
+  auto rec = (*b)->Get(c->params["id"]);
+  if (!rec.ok()) return c->Fail(rec.status());
+  c->Reply(200, *rec);
+}
+
+void BuildLog(const std::shared_ptr<Ctx>& c) {
+  auto b = BuildsOf(c);
+  if (!b.ok()) return c->Fail(b.status());
+  auto offset = c->IntQuery("offset", 0, 0, int64_t{1} << 62);
+  if (!offset.ok()) return c->Fail(offset.status());
+  auto max = c->IntQuery("max_bytes", 1 << 20, 1, 4 << 20);
+  if (!max.ok()) return c->Fail(max.status());
+  auto rec =
+      (*b)->Log(c->params["id"], static_cast<uint64_t>(*offset), static_cast<uint64_t>(*max));
+  if (!rec.ok()) return c->Fail(rec.status());
+  c->Reply(200, *rec);
+}
+
+void CancelBuild(const std::shared_ptr<Ctx>& c) {
+  auto b = BuildsOf(c);
+  if (!b.ok()) return c->Fail(b.status());
+  auto rec = (*b)->Cancel(c->params["id"]);
+  if (!rec.ok()) return c->Fail(rec.status());
+  c->Reply(200, *rec);
+}
+
 }  // namespace
 
 void RegisterImageRoutes(Api* a) {
+  a->Add("POST", "/v1/images/build", StartBuild);
+  a->Add("GET", "/v1/images/builds/:id", GetBuild);
+  a->Add("GET", "/v1/images/builds/:id/log", BuildLog);
+  a->Add("DELETE", "/v1/images/builds/:id", CancelBuild);
   a->Add("GET", "/v1/images", ListImages);
   a->Add("GET", "/v1/images/:name", GetImage);
   a->Add("DELETE", "/v1/images/:name", DeleteImage);

@@ -63,6 +63,8 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"netns_pool", &c->netns_pool},
       {"image_layer_format", &c->image_layer_format},
       {"image_max_layer_bytes", &c->image_max_layer_bytes},
+      {"max_builds", &c->max_builds},
+      {"build_mirror", &c->build_mirror},
       {"agent_path", &c->agent_path},
       {"zygote_path", &c->zygote_path},
       {"fncall_pools", &c->fncall_pools},
@@ -168,6 +170,11 @@ Status FinalizeConfig(EdgeConfig* c) {
     c->fncall_max = std::max<int>(8, 4 * static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   if (c->fncall_min_idle > c->fncall_max)
     return InvalidArgument("fncall_min_idle must not exceed fncall_max");
+  if (c->image_layer_format != "dir" && c->image_layer_format != "erofs")
+    return InvalidArgument("image_layer_format must be \"dir\" or \"erofs\"");
+  if (!c->build_mirror.empty() && c->build_mirror.rfind("http://", 0) != 0 &&
+      c->build_mirror.rfind("https://", 0) != 0 && c->build_mirror.rfind("file://", 0) != 0)
+    return InvalidArgument("build_mirror must be an http://, https:// or file:// URL");
   struct Range {
     const char* name;
     double v, lo, hi;
@@ -196,6 +203,7 @@ Status FinalizeConfig(EdgeConfig* c) {
            {"fncall_max_queue", double(c->fncall_max_queue), 0, 1 << 20},
            {"fncall_queue_timeout_ms", double(c->fncall_queue_timeout_ms), 0, 600000},
            {"fncall_memory_mb", double(c->fncall_memory_mb), 16, 1 << 20},
+           {"max_builds", double(c->max_builds), 1, 64},
        }) {
     if (!(r.v >= r.lo && r.v <= r.hi))
       return InvalidArgument(std::string(r.name) + " must be between " + FormatNumber(r.lo) +

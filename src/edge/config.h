@@ -76,6 +76,10 @@ struct EdgeConfig {
   std::string image_layer_format = "dir";
   // Largest layer (bytes of unpacked file content) an import, snapshot or build may make.
   uint64_t image_max_layer_bytes = 16ull << 30;
+  // Image builds (POST /v1/images/build): how many run at once (more wait in a queue), and
+  // the Debian mirror mmdebstrap uses ("" = deb.debian.org).
+  int max_builds = 2;
+  std::string build_mirror;
   std::string agent_path;   // default: dsec-agent beside dsec-edge
   std::string zygote_path;  // default: dsec-zygote beside dsec-edge
 

@@ -22,6 +22,7 @@
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/audit_log.h"
+#include "edge/builds.h"
 #include "edge/http_server.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"
@@ -141,6 +142,9 @@ int RunEdge(EdgeConfig cfg) {
     if (auto n = (*image_store)->Collect(); n.ok() && *n > 0)
       DSEC_LOG_INFO("image store: removed {} unreferenced layers", *n);
   }
+  Builds builds(cfg, &manager, image_store->get());
+  if (int n = builds.CleanupLost(); n > 0)
+    DSEC_LOG_INFO("deleted {} sandboxes of builds a previous edge left", n);
   // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
   fncall::PoolSet pools(backend->get(), cfg.node);
   manager.SetPools(&pools);
@@ -166,6 +170,7 @@ int RunEdge(EdgeConfig cfg) {
   deps.pools = &pools;
   deps.store = store->get();
   deps.images = image_store->get();
+  deps.builds = &builds;
   deps.tokens = *tokens;
   deps.instance = (*backend)->instance_id();
   const auto& f = (*backend)->features();
@@ -207,6 +212,7 @@ int RunEdge(EdgeConfig cfg) {
         api.Handle(std::move(r), std::move(res));
       });
   if (!server.ok()) {
+    builds.Shutdown();
     pools.Shutdown();
     manager.Shutdown(/*persist=*/true);  // nothing served yet: leave adopted ones as they were
     timers_work.reset();
@@ -244,7 +250,8 @@ int RunEdge(EdgeConfig cfg) {
   DSEC_LOG_INFO("signal {}: shutting down{}", sig, cfg.persist ? " (persist)" : "");
   (*server)->Stop();
   for (const auto& d : made_dirs) (void)rmdir(d.c_str());  // only while empty
-  pools.Shutdown();  // workers and pooled sandboxes go even with --persist: pools restart
+  builds.Shutdown();  // a build in progress is canceled; its sandbox goes
+  pools.Shutdown();   // workers and pooled sandboxes go even with --persist: pools restart
   manager.Shutdown(cfg.persist);
   workers.join();
   done = true;

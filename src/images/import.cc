@@ -539,7 +539,7 @@ struct Importer::Impl {
   StatusOr<LayerInfo> ImportLayer(int root, const std::string& rel, const std::string& blob_digest,
                                   const std::string& diff_id) {
     DSEC_ASSIGN_OR_RETURN(UniqueFd fd, OpenIn(root, rel));
-    DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer());
+    DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer(opts.skip_dev_nodes));
     Decoder d([&](std::string_view s) { return builder->Feed(s); });
     EVP_MD_CTX* md = EVP_MD_CTX_new();
     if (!md || EVP_DigestInit_ex(md, EVP_sha256(), nullptr) != 1) {
@@ -614,7 +614,7 @@ struct Importer::Impl {
     for (const auto& [path, attrs] : entries)
       AppendDirEntry(&tar, path == "." ? "./" : path + "/", attrs);
     tar.append(1024, '\0');
-    DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer());
+    DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer(opts.skip_dev_nodes));
     DSEC_RETURN_IF_ERROR(builder->Feed(tar));
     DSEC_ASSIGN_OR_RETURN(LayerInfo l, builder->Commit("", opts.layer_format));
     ++committed;
@@ -623,7 +623,7 @@ struct Importer::Impl {
   }
 
   StatusOr<Image> Rootfs() {
-    DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer());
+    DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer(opts.skip_dev_nodes));
     std::vector<char> buf(kChunk);
     off_t off = 0;
     for (;;) {
@@ -768,6 +768,7 @@ struct Importer::Impl {
     StatusOr<Image> img = format == "oci" ? Oci() : format == "docker" ? Docker() : Rootfs();
     if (!img.ok()) return img.status().WithContext("import " + format + " archive");
     if (format != "rootfs" && !opts.base.empty()) img->base = opts.base;
+    if (!opts.add_image) return img;
     DSEC_RETURN_IF_ERROR(store->PutImage(*img));
     return store->GetImage(img->name);
   }
@@ -786,7 +787,7 @@ StatusOr<std::unique_ptr<Importer>> Importer::Start(ImageStore* store, ImportOpt
     return InvalidArgument("layer format \"" + opts.layer_format + "\": expected dir or erofs");
   if (!opts.base.empty() && opts.base != "host")
     return InvalidArgument("base \"" + opts.base + "\": expected \"host\" or none");
-  if (store->GetImage(opts.name).ok())  // checked again when it is added
+  if (opts.add_image && store->GetImage(opts.name).ok())  // checked again when it is added
     return Status(StatusCode::kAlreadyExists, "image \"" + opts.name + "\" already exists");
   auto impl = std::make_unique<Impl>(store, std::move(opts));
   Impl* im = impl.get();

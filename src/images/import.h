@@ -44,6 +44,10 @@ struct ImportOptions {
   std::string layer_format;     // "" (the store's default) | dir | erofs
   std::string base;             // rootfs imports: "" or "host" (the layer goes on the host image)
   uint64_t max_archive_bytes = 32ull << 30;  // decompressed
+  // false: the layers are stored but no image is added; Finish() returns what it would be
+  // (the caller holds an ImageStore::Lease until it references the layers).
+  bool add_image = true;
+  bool skip_dev_nodes = false;  // see agent::TarExtractOptions
 };
 
 class Importer {

@@ -443,7 +443,7 @@ Status ImageStore::SaveLocked() {
   return OkStatus();
 }
 
-StatusOr<std::unique_ptr<LayerBuilder>> ImageStore::NewLayer() {
+StatusOr<std::unique_ptr<LayerBuilder>> ImageStore::NewLayer(bool skip_dev_nodes) {
   std::unique_ptr<LayerBuilder> b(new LayerBuilder(this));
   b->impl_ = std::make_unique<LayerBuilder::Impl>();
   auto& im = *b->impl_;
@@ -458,6 +458,7 @@ StatusOr<std::unique_ptr<LayerBuilder>> ImageStore::NewLayer() {
   o.uid = kUnlistedOwner;  // only directories the extractor makes unasked get these
   o.gid = kUnlistedOwner;
   o.image_layer = true;
+  o.skip_dev_nodes = skip_dev_nodes;
   o.max_total_bytes = opts_.max_layer_bytes;
   o.max_entries = opts_.max_layer_entries;
   im.tar = std::make_unique<agent::TarExtractor>(im.dir.get(), o);

@@ -122,7 +122,8 @@ class ImageStore {
     ImageStore* s_;
   };
 
-  StatusOr<std::unique_ptr<LayerBuilder>> NewLayer();
+  // skip_dev_nodes: see agent::TarExtractOptions.
+  StatusOr<std::unique_ptr<LayerBuilder>> NewLayer(bool skip_dev_nodes = false);
   StatusOr<LayerInfo> GetLayer(const std::string& digest);
 
   // Adds the image `img.name` (its layers must exist). An existing name is AlreadyExists

@@ -56,6 +56,10 @@ EDGE_OPERATIONS = {
     ("GET", "/v1/images/{name}"),
     ("DELETE", "/v1/images/{name}"),
     ("POST", "/v1/images/import"),
+    ("POST", "/v1/images/build"),
+    ("GET", "/v1/images/builds/{id}"),
+    ("DELETE", "/v1/images/builds/{id}"),
+    ("GET", "/v1/images/builds/{id}/log"),
     ("POST", "/v1/sandboxes/{id}/snapshot"),
     ("POST", "/v1/sandboxes/{id}/fork"),
     ("GET", "/metrics"),
@@ -67,7 +71,6 @@ EDGE_OPERATIONS = {
 }
 # In shared/API.md but not served by the edge yet: marked `x-dsec-status: planned`.
 PLANNED_OPERATIONS = {
-    ("POST", "/v1/images/build"),
     ("GET", "/v1/nodes"),
 }
 NO_ERROR_RESPONSE_NEEDED = {("GET", "/v1/health"), ("GET", "/metrics")}

@@ -1,0 +1,534 @@
+#include "edge/builds.h"
+
+#include <algorithm>
+#include <future>
+
+#include "base/clock.h"
+#include "base/ids.h"
+#include "base/logging.h"
+#include "base/strings.h"
+#include "edge/json_body.h"
+#include "images/bootstrap.h"
+#include "images/import.h"
+
+namespace dsec::edge {
+
+namespace {
+
+constexpr size_t kMaxQueued = 16;
+constexpr size_t kMaxKeptJobs = 100;
+constexpr size_t kMaxLogBytes = 4 << 20;  // the tail kept per build
+constexpr const char* kBuildLabel = "dsec.build";
+
+std::string Short(const std::string& cmd) {
+  std::string s = cmd.substr(0, std::min<size_t>(cmd.size(), 60));
+  for (char& c : s)
+    if (c == '\n' || c == '\t') c = ' ';
+  return cmd.size() > 60 ? s + "..." : s;
+}
+
+void SetEnvEntry(std::vector<std::string>* env, const std::string& k, const std::string& v) {
+  std::string prefix = k + "=";
+  for (auto& e : *env)
+    if (e.rfind(prefix, 0) == 0) {
+      e = prefix + v;
+      return;
+    }
+  env->push_back(prefix + v);
+}
+
+}  // namespace
+
+StatusOr<BuildRequest> ParseBuildRequest(std::string_view body, const EdgeConfig& cfg) {
+  DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
+  BuildRequest r;
+  DSEC_ASSIGN_OR_RETURN(auto name, b.String("name", 300));
+  DSEC_ASSIGN_OR_RETURN(auto base, b.String("base", 64));
+  DSEC_ASSIGN_OR_RETURN(auto variant, b.String("variant", 16));
+  DSEC_ASSIGN_OR_RETURN(auto packages, b.StringArray("packages", 256, 128));
+  DSEC_ASSIGN_OR_RETURN(auto run, b.StringArray("run", 64, 64 << 10));
+  DSEC_ASSIGN_OR_RETURN(auto env, b.StringMap("env", 256, 256, 32 << 10));
+  DSEC_ASSIGN_OR_RETURN(auto workdir, b.String("workdir", 4096));
+  DSEC_ASSIGN_OR_RETURN(auto memory, b.Int("memory_mb", 64, 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(auto disk, b.Int("disk_mb", 16, 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(auto timeout, b.Int("timeout_s", 1, 86400));
+  DSEC_ASSIGN_OR_RETURN(auto request_id, b.String("request_id", 128));
+  (void)request_id;  // the API layer's idempotency uses it
+  std::optional<std::vector<std::string>> from;
+  if (const protocol::Json* f = b.Raw("from")) {
+    from.emplace();
+    if (f->is_string()) {
+      from->push_back(f->get<std::string>());
+    } else if (f->is_array() && !f->empty() && f->size() <= 16) {
+      for (const auto& x : *f) {
+        if (!x.is_string()) return InvalidArgument("\"from\" must be an image name or a list");
+        from->push_back(x.get<std::string>());
+      }
+    } else {
+      return InvalidArgument("\"from\" must be an image name or a list of 1-16 of them");
+    }
+  }
+  DSEC_RETURN_IF_ERROR(b.Finish());
+  if (!name) return InvalidArgument("\"name\" (name:tag) is required");
+  DSEC_ASSIGN_OR_RETURN(r.name, images::NormalizeName(*name));
+  if (base.has_value() == from.has_value())
+    return InvalidArgument(
+        "give either \"base\" (debian:SUITE, made with mmdebstrap) or \"from\" (images)");
+  if (base) {
+    if (base->rfind("debian:", 0) != 0)
+      return InvalidArgument("\"base\" must be debian:SUITE (e.g. debian:bookworm); use \"from\" "
+                             "to start from an image");
+    r.suite = base->substr(7);
+  } else {
+    for (auto& n : *from) {
+      if (n == "host" || n == "host:latest") {
+        if (&n != &from->front())
+          return InvalidArgument("\"host\" can only be the first image of \"from\"");
+        n = "host";
+        continue;
+      }
+      DSEC_ASSIGN_OR_RETURN(n, images::NormalizeName(n));
+    }
+    r.from = *from;
+    if (packages && !packages->empty())
+      return InvalidArgument("\"packages\" need a \"base\" (debian:SUITE); with \"from\", install "
+                             "them in a \"run\" step");
+    if (!run || run->empty())
+      return InvalidArgument("a build \"from\" images needs \"run\" steps");
+  }
+  if (variant) r.variant = *variant;
+  if (packages) r.packages = *packages;
+  if (run) {
+    for (const auto& c : *run)
+      if (c.empty() || c.find('\0') != std::string::npos)
+        return InvalidArgument("\"run\" steps must be non-empty commands without NUL");
+    r.run = *run;
+  }
+  if (env) {
+    for (const auto& [k, v] : *env) {
+      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+          !v || v->find('\0') != std::string::npos)
+        return InvalidArgument("env names must not contain '=' or NUL, values no NUL");
+      r.env[k] = *v;
+    }
+  }
+  if (workdir) {
+    if (workdir->empty() || (*workdir)[0] != '/' || workdir->find('\0') != std::string::npos)
+      return InvalidArgument("\"workdir\" must be an absolute path");
+    r.workdir = *workdir;
+  }
+  if (!r.suite.empty()) {
+    images::BootstrapOptions bo;
+    bo.suite = r.suite;
+    bo.variant = r.variant;
+    bo.packages = r.packages;
+    DSEC_RETURN_IF_ERROR(images::ValidateBootstrap(bo));
+  }
+  (void)cfg;
+  if (memory) r.memory_mb = *memory;
+  if (disk) r.disk_mb = *disk;
+  r.timeout_s = timeout.value_or(3600);
+  return r;
+}
+
+struct Builds::Job {
+  std::string id;
+  BuildRequest req;
+  std::string state = "queued";  // queued running succeeded failed canceled
+  struct Step {
+    std::string name, state = "pending";  // pending running done failed canceled
+  };
+  std::vector<Step> steps;
+  int current = -1;
+  std::string log;  // the kept tail
+  uint64_t log_start = 0;  // offset of log[0] in the whole log
+  std::string error;
+  std::string image;  // the image made, once succeeded
+  std::string sandbox_id;
+  std::shared_ptr<backends::ExecHandle> exec;
+  std::atomic<bool> cancel{false};
+  int64_t created_at = 0, started_at = 0, finished_at = 0, deadline_ms = 0;
+};
+
+Builds::Builds(const EdgeConfig& cfg, Manager* manager, images::ImageStore* store)
+    : cfg_(cfg), manager_(manager), store_(store) {
+  for (int i = 0; i < cfg_.max_builds; ++i) workers_.emplace_back([this] { Worker(); });
+}
+
+Builds::~Builds() { Shutdown(); }
+
+void Builds::Shutdown() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    for (auto& j : queue_) {
+      j->state = "canceled";
+      j->error = "the edge shut down";
+      j->finished_at = WallMs();
+    }
+    queue_.clear();
+    for (auto& [id, j] : jobs_) {
+      j->cancel = true;
+      if (j->exec) j->exec->Kill();
+    }
+  }
+  cv_.notify_all();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
+}
+
+int Builds::CleanupLost() {
+  int n = 0;
+  for (const auto& id : manager_->Ids()) {
+    auto e = manager_->Get(id);
+    if (!e.ok() || !(*e)->params.labels.count(kBuildLabel)) continue;
+    if (manager_->Delete(id, "its build was lost when the edge restarted").ok()) ++n;
+  }
+  return n;
+}
+
+Json Builds::RecordLocked(const Job& j) const {
+  Json steps = Json::array();
+  size_t done = 0;
+  for (const auto& s : j.steps) {
+    steps.push_back({{"name", s.name}, {"state", s.state}});
+    done += s.state == "done";
+  }
+  auto opt = [](const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); };
+  auto ts = [](int64_t t) { return t ? Json(t) : Json(nullptr); };
+  return {{"id", j.id},
+          {"name", j.req.name},
+          {"state", j.state},
+          {"steps", steps},
+          {"step", j.current >= 0 && j.state == "running" ? Json(j.current) : Json(nullptr)},
+          {"progress", j.steps.empty() ? 0.0 : double(done) / double(j.steps.size())},
+          {"error", opt(j.error)},
+          {"image", opt(j.image)},
+          {"sandbox", opt(j.sandbox_id)},
+          {"log_bytes", j.log_start + j.log.size()},
+          {"created_at", j.created_at},
+          {"started_at", ts(j.started_at)},
+          {"finished_at", ts(j.finished_at)}};
+}
+
+void Builds::PruneLocked() {
+  if (jobs_.size() <= kMaxKeptJobs) return;
+  std::vector<std::shared_ptr<Job>> finished;
+  for (const auto& [id, j] : jobs_)
+    if (j->finished_at) finished.push_back(j);
+  std::sort(finished.begin(), finished.end(),
+            [](const auto& a, const auto& b) { return a->finished_at < b->finished_at; });
+  for (const auto& j : finished) {
+    if (jobs_.size() <= kMaxKeptJobs) break;
+    jobs_.erase(j->id);
+  }
+}
+
+StatusOr<Json> Builds::Start(BuildRequest req) {
+  if (store_->GetImage(req.name).ok())  // checked again when the image is added
+    return Status(StatusCode::kAlreadyExists, "image \"" + req.name + "\" already exists");
+  auto j = std::make_shared<Job>();
+  j->id = "bld-" + RandomHex(8);
+  j->req = std::move(req);
+  j->created_at = WallMs();
+  if (!j->req.suite.empty()) j->steps.push_back({"bootstrap debian:" + j->req.suite});
+  if (!j->req.run.empty()) {
+    j->steps.push_back({"start a build sandbox"});
+    for (const auto& c : j->req.run) j->steps.push_back({"run: " + Short(c)});
+    j->steps.push_back({"capture the sandbox's files"});
+  }
+  j->steps.push_back({"save image " + j->req.name});
+  std::lock_guard<std::mutex> l(mu_);
+  if (stopping_) return Unavailable("the edge is shutting down");
+  if (queue_.size() >= kMaxQueued)
+    return OverCapacity(std::to_string(kMaxQueued) + " builds are already waiting");
+  for (const auto& [id, other] : jobs_)
+    if (other->req.name == j->req.name && !other->finished_at)
+      return Status(StatusCode::kAlreadyExists,
+                    "build " + id + " is already making image \"" + j->req.name + "\"");
+  jobs_[j->id] = j;
+  queue_.push_back(j);
+  PruneLocked();
+  cv_.notify_one();
+  return RecordLocked(*j);
+}
+
+StatusOr<Json> Builds::Get(const std::string& id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return NotFound("build " + id + " not found");
+  return RecordLocked(*it->second);
+}
+
+StatusOr<Json> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return NotFound("build " + id + " not found");
+  const Job& j = *it->second;
+  uint64_t from = std::max(offset, j.log_start);
+  uint64_t end = j.log_start + j.log.size();
+  if (from > end) from = end;
+  std::string text = j.log.substr(from - j.log_start, max_bytes);
+  // Whole UTF-8 characters only (the next call continues where this one stopped).
+  size_t cut = text.size();
+  if (cut > 0 && from + cut < end) {
+    size_t k = cut;
+    while (k > 0 && cut - k < 4 && (static_cast<unsigned char>(text[k - 1]) & 0xC0) == 0x80) --k;
+    if (k > 0 && (static_cast<unsigned char>(text[k - 1]) & 0x80)) cut = k - 1;
+    text.resize(cut);
+  }
+  return Json{{"offset", from},
+              {"next_offset", from + text.size()},
+              {"text", text},
+              {"done", j.finished_at != 0}};
+}
+
+StatusOr<Json> Builds::Cancel(const std::string& id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return NotFound("build " + id + " not found");
+  Job& j = *it->second;
+  if (j.finished_at) return RecordLocked(j);  // nothing to cancel
+  j.cancel = true;
+  if (j.exec) j.exec->Kill();
+  auto q = std::find(queue_.begin(), queue_.end(), it->second);
+  if (q != queue_.end()) {
+    queue_.erase(q);
+    j.state = "canceled";
+    j.error = "canceled before it started";
+    j.finished_at = WallMs();
+    for (auto& s : j.steps) s.state = "canceled";
+  }
+  return RecordLocked(j);
+}
+
+void Builds::Worker() {
+  for (;;) {
+    std::shared_ptr<Job> j;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      j = queue_.front();
+      queue_.pop_front();
+      j->state = "running";
+      j->started_at = WallMs();
+      j->deadline_ms = MonotonicMs() + j->req.timeout_s * 1000;
+    }
+    Run(j);
+  }
+}
+
+void Builds::Run(const std::shared_ptr<Job>& j) {
+  DSEC_LOG_INFO("build {} of {} started", j->id, j->req.name);
+  Status s = RunSteps(j);
+  std::string sid;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    sid = j->sandbox_id;
+    j->exec.reset();
+  }
+  if (!sid.empty()) {
+    if (Status d = manager_->Delete(sid, "build finished"); !d.ok() && d.code() != StatusCode::kNotFound)
+      DSEC_LOG_WARN("build {}: delete sandbox {}: {}", j->id, sid, d.ToString());
+  }
+  if (!s.ok()) (void)store_->Collect();  // the layers a failed build stored
+  std::lock_guard<std::mutex> l(mu_);
+  if (s.ok()) {
+    j->state = "succeeded";
+  } else {
+    bool canceled = j->cancel.load();
+    j->state = canceled ? "canceled" : "failed";
+    j->error = canceled ? "canceled" : s.message();
+    for (auto& st : j->steps)
+      if (st.state == "running" || st.state == "pending") st.state = canceled ? "canceled" : "failed";
+    std::string line = "\n[dsec] build " + j->state + ": " + j->error + "\n";
+    j->log += line;
+  }
+  j->finished_at = WallMs();
+  DSEC_LOG_INFO("build {} of {}: {}{}", j->id, j->req.name, j->state,
+                j->error.empty() ? "" : " (" + j->error + ")");
+}
+
+Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
+  const BuildRequest& r = j->req;
+  auto append = [this, j](std::string_view d) {
+    std::lock_guard<std::mutex> l(mu_);
+    j->log.append(d);
+    if (j->log.size() > kMaxLogBytes) {
+      size_t drop = j->log.size() - kMaxLogBytes + (kMaxLogBytes / 4);
+      j->log.erase(0, drop);
+      j->log_start += drop;
+    }
+  };
+  int k = 0;
+  auto begin = [&] {
+    std::lock_guard<std::mutex> l(mu_);
+    j->current = k;
+    j->steps[k].state = "running";
+    return "[dsec] step " + std::to_string(k + 1) + "/" + std::to_string(j->steps.size()) + ": " +
+           j->steps[k].name + "\n";
+  };
+  auto done = [&] {
+    std::lock_guard<std::mutex> l(mu_);
+    j->steps[k].state = "done";
+    ++k;
+  };
+  auto check = [&]() -> Status {
+    if (j->cancel) return Status(StatusCode::kAborted, "canceled");
+    if (MonotonicMs() > j->deadline_ms)
+      return DeadlineExceeded("the build ran past its timeout of " + std::to_string(r.timeout_s) +
+                              " s");
+    return OkStatus();
+  };
+
+  images::ImageStore::Lease lease(store_);  // its new layers are referenced only at the end
+  images::Image img;
+  img.name = r.name;
+  img.source = "build";
+  std::vector<std::string> stack;  // what the build sandbox starts from
+
+  if (!r.suite.empty()) {
+    append(begin());
+    images::ImportOptions io;
+    io.name = r.name;
+    io.format = "rootfs";
+    io.add_image = false;
+    io.skip_dev_nodes = true;
+    io.max_archive_bytes = cfg_.image_max_layer_bytes;
+    DSEC_ASSIGN_OR_RETURN(auto imp, images::Importer::Start(store_, io));
+    images::BootstrapOptions bo;
+    bo.suite = r.suite;
+    bo.variant = r.variant;
+    bo.packages = r.packages;
+    bo.mirror = cfg_.build_mirror;
+    bo.deadline_ms = j->deadline_ms;
+    DSEC_RETURN_IF_ERROR(images::Bootstrap(
+        bo, [&](std::string_view d) { return imp->Feed(d); }, append, &j->cancel));
+    DSEC_ASSIGN_OR_RETURN(images::Image made, imp->Finish());
+    img.layers = made.layers;
+    img.config = made.config;
+    stack = made.layers;
+    append("[dsec] root filesystem stored as layer " + made.layers.back() + "\n");
+    done();
+  } else {
+    DSEC_ASSIGN_OR_RETURN(images::Stack from, store_->Acquire(r.from, ""));
+    img.base = from.base;
+    img.config = from.config;
+    stack = r.from;
+  }
+  DSEC_RETURN_IF_ERROR(check());
+
+  if (!r.run.empty()) {
+    append(begin());
+    CreateParams p;
+    p.image = JoinStrings(stack, ",");
+    p.cpu = std::max(2.0, cfg_.default_cpu);
+    p.memory_mb = r.memory_mb;
+    p.disk_mb = r.disk_mb;
+    p.pids = std::max<int64_t>(1024, cfg_.default_pids);
+    p.ttl_s = r.timeout_s + 600;
+    p.env = r.env;
+    p.labels = {{kBuildLabel, j->id}};
+    DSEC_ASSIGN_OR_RETURN(std::vector<Json> made,
+                          manager_->Create(p, 1, /*wait=*/true,
+                                           [](std::function<void()> f) { f(); }));
+    std::string sid = made.at(0).value("id", "");
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      j->sandbox_id = sid;
+    }
+    DSEC_ASSIGN_OR_RETURN(auto entry, manager_->Get(sid));
+    DSEC_ASSIGN_OR_RETURN(auto sb, entry->Sandbox());
+    if (!r.workdir.empty()) {
+      // Made by root like the rest of the build (the sandbox's own workdir is the user's).
+      backends::ExecRequest mk;
+      mk.cmd = {"/bin/mkdir", "-p", "--", r.workdir};
+      mk.user = "root";
+      mk.cwd = "/";
+      DSEC_ASSIGN_OR_RETURN(backends::ExecOutput o, sb->Exec(mk));
+      if (o.result.exit_code != 0)
+        return InvalidArgument("cannot make the workdir " + r.workdir + ": " +
+                               Short(o.stderr_data));
+    }
+    append("[dsec] sandbox " + sid + " from " + JoinStrings(r.from.empty() ? stack : r.from, ",") +
+           "\n");
+    done();
+
+    for (const auto& cmd : r.run) {
+      DSEC_RETURN_IF_ERROR(check());
+      append(begin());
+      append("$ " + cmd + "\n");
+      struct Observer : backends::ExecObserver {
+        std::function<void(std::string_view)> out;
+        std::promise<StatusOr<protocol::ExecResult>> result;
+        void OnOutput(uint8_t, std::string_view d) override { out(d); }
+        void OnExit(const StatusOr<protocol::ExecResult>& r) override { result.set_value(r); }
+      };
+      auto obs = std::make_shared<Observer>();
+      obs->out = append;
+      auto fut = obs->result.get_future();
+      backends::ExecRequest er;
+      er.shell = cmd;
+      er.user = "root";
+      er.cwd = r.workdir.empty() ? "/" : r.workdir;
+      er.timeout_ms = std::max<int64_t>(1000, j->deadline_ms - MonotonicMs());
+      er.max_output_bytes = cfg_.max_output_bytes;  // the log keeps its own bounded tail
+      auto started = sb->StartExec(er, obs);
+      if (!started.ok()) return started.status().WithContext("step \"" + Short(cmd) + "\"");
+      auto handle = *started;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        j->exec = handle;
+        if (j->cancel) handle->Kill();
+      }
+      while (fut.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready)
+        if (j->cancel) handle->Kill();
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        j->exec.reset();
+      }
+      StatusOr<protocol::ExecResult> res = fut.get();
+      DSEC_RETURN_IF_ERROR(check());
+      if (!res.ok()) return res.status().WithContext("step \"" + Short(cmd) + "\"");
+      if (res->timed_out) return DeadlineExceeded("step \"" + Short(cmd) + "\" timed out");
+      if (res->oom_killed)
+        return ResourceExhausted("step \"" + Short(cmd) + "\" ran out of memory (memory_mb " +
+                                 std::to_string(r.memory_mb) + ")");
+      if (res->exit_code != 0)
+        return InvalidArgument(
+            "step \"" + Short(cmd) + "\" " +
+            (res->signal ? "was killed by signal " + std::to_string(res->signal)
+                         : "exited with status " + std::to_string(res->exit_code)));
+      done();
+    }
+
+    append(begin());
+    DSEC_ASSIGN_OR_RETURN(std::vector<std::string> captured, sb->CaptureStack());
+    img.layers.clear();
+    img.base.clear();
+    for (const auto& d : captured) {
+      if (d == "host")
+        img.base = "host";
+      else
+        img.layers.push_back(d);
+    }
+    append("[dsec] captured layer " + img.layers.back() + "\n");
+    done();
+  }
+
+  append(begin());
+  for (const auto& [key, v] : r.env) SetEnvEntry(&img.config.env, key, v);
+  if (!r.workdir.empty()) img.config.workdir = r.workdir;
+  DSEC_RETURN_IF_ERROR(store_->PutImage(img));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    j->image = img.name;
+  }
+  append("[dsec] image " + img.name + " saved (" + std::to_string(img.layers.size()) +
+         " layers)\n");
+  done();
+  return OkStatus();
+}
+
+}  // namespace dsec::edge

@@ -1,0 +1,88 @@
+// Image builds (issue 5): POST /v1/images/build runs a build job in the background.
+//
+//   {"name": "py:3.11", "base": "debian:bookworm", "packages": ["python3", "git"]}
+//       bootstraps a Debian root filesystem from Debian's mirror with mmdebstrap (the tar it
+//       writes is imported as it comes) and makes it one layer;
+//   {"name": "proj:abc", "from": ["py:3.11"], "run": ["git clone ...", "pip install ..."]}
+//       starts a sandbox from existing images, runs each command as root in it, in order, and
+//       captures its writable layer (a snapshot) as the new image's top layer.
+// Both may be combined (a base, then run steps). A job reports its steps, the current one,
+// a bounded log (mmdebstrap's progress, the commands' output) and, at the end, the image or
+// the error. Jobs live in the edge's memory: after a restart they are gone, and sandboxes a
+// lost build left (labelled dsec.build) are deleted.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+#include "edge/config.h"
+#include "edge/manager.h"
+#include "images/store.h"
+
+namespace dsec::edge {
+
+struct BuildRequest {
+  std::string name;                  // "name:tag" (normalized)
+  std::string suite;                 // base "debian:<suite>": bootstrap with mmdebstrap
+  std::string variant = "minbase";   // mmdebstrap --variant
+  std::vector<std::string> from;     // or start from these images (stacked)
+  std::vector<std::string> packages;  // with a Debian base
+  std::vector<std::string> run;       // shell commands, run as root in a build sandbox
+  std::map<std::string, std::string> env;  // for the commands, and kept in the image
+  std::string workdir;                     // for the commands, and kept in the image
+  int64_t memory_mb = 2048, disk_mb = 4096;
+  int64_t timeout_s = 3600;  // the whole build
+};
+
+// Parses and validates a POST /v1/images/build body.
+StatusOr<BuildRequest> ParseBuildRequest(std::string_view body, const EdgeConfig& cfg);
+
+class Builds {
+ public:
+  Builds(const EdgeConfig& cfg, Manager* manager, images::ImageStore* store);
+  ~Builds();  // Shutdown()
+  Builds(const Builds&) = delete;
+  Builds& operator=(const Builds&) = delete;
+
+  // Deletes the sandboxes of builds a previous edge left (call after Manager::Recover).
+  int CleanupLost();
+  // Cancels every build and waits for them (their sandboxes are deleted). Idempotent.
+  void Shutdown();
+
+  // Queues a build; its record (state "queued" or "running"). OverCapacity when the queue is
+  // full, AlreadyExists when the name is taken.
+  StatusOr<Json> Start(BuildRequest req);
+  StatusOr<Json> Get(const std::string& id);
+  // The log from byte `offset` (at most max_bytes): {"offset", "next_offset", "text", "done"}.
+  StatusOr<Json> Log(const std::string& id, uint64_t offset, uint64_t max_bytes);
+  // Cancels a queued or running build (its sandbox is deleted, its layers collected).
+  StatusOr<Json> Cancel(const std::string& id);
+
+ private:
+  struct Job;
+  void Worker();
+  void Run(const std::shared_ptr<Job>& job);
+  Status RunSteps(const std::shared_ptr<Job>& job);
+  Json RecordLocked(const Job& j) const;
+  void PruneLocked();
+
+  EdgeConfig cfg_;
+  Manager* manager_;
+  images::ImageStore* store_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_;  // GUARDED_BY(mu_)
+  std::deque<std::shared_ptr<Job>> queue_;            // GUARDED_BY(mu_)
+  bool stopping_ = false;                             // GUARDED_BY(mu_)
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace dsec::edge
