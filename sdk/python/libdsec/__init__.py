@@ -15,6 +15,7 @@ from .aio import AsyncDSecClient, AsyncSandbox, AsyncShell
 from .client import DSecClient, Sandbox, Shell
 from .errors import (
     BadRequestError,
+    BuildFailedError,
     ConflictError,
     DSecError,
     DSecTimeoutError,
@@ -29,6 +30,8 @@ from .errors import (
     UnsafeArchiveError,
 )
 from .models import (
+    Build,
+    BuildStep,
     DSecContainerRunArgs,
     ExecEvent,
     ExecResult,
@@ -56,6 +59,8 @@ __all__ = [
     "Image",
     "ImageLayer",
     "ImageConfig",
+    "Build",
+    "BuildStep",
     "DSecError",
     "BadRequestError",
     "UnauthorizedError",
@@ -69,4 +74,5 @@ __all__ = [
     "InternalError",
     "DSecTimeoutError",
     "UnsafeArchiveError",
+    "BuildFailedError",
 ]

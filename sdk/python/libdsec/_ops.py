@@ -454,6 +454,95 @@ def images(data: Any) -> list[Image]:
     return [Image.from_json(i) for i in data.get("images", [])]
 
 
+# -- image builds ------------------------------------------------------------
+
+
+def _names(value: Any, what: str, *, one_ok: bool) -> list[str]:
+    """A list of non-empty strings; a lone string is one item when ``one_ok``
+    (a string is never split into characters)."""
+    if isinstance(value, str):
+        if not one_ok:
+            raise TypeError(f"{what} must be a list of strings, not a string")
+        value = [value]
+    if isinstance(value, (bytes, bytearray)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{what} must be a list of strings, not {type(value).__name__}")
+    items = list(value)
+    if not all(isinstance(x, str) and x for x in items):
+        raise TypeError(f"{what} must be a list of non-empty strings")
+    return items
+
+
+def build_body(name: str, base: str | None, from_: str | Sequence[str] | None,
+               packages: Sequence[str] | None, run: str | Sequence[str] | None,
+               env: Mapping[str, str] | None, workdir: str | None, variant: str | None,
+               memory_mb: int | None, disk_mb: int | None,
+               timeout_s: int | None) -> dict[str, Any]:
+    """The body of ``POST /v1/images/build``; ``None`` leaves a field to the
+    node. What only the node can judge (a suite, package names, unknown
+    images) it answers with 400/404."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("name (\"name:tag\") is required")
+    if (base is None) == (from_ is None):
+        raise ValueError("give either base (\"debian:SUITE\") or from_ (an image or a list "
+                         "of images, bottom first)")
+    body: dict[str, Any] = {"name": name}
+    if base is not None:
+        body["base"] = str(base)
+    if from_ is not None:
+        images = _names(from_, "from_", one_ok=True)
+        if not images:
+            raise ValueError("from_ must name at least one image")
+        body["from"] = images[0] if len(images) == 1 else images
+    if packages is not None:
+        body["packages"] = _names(packages, "packages", one_ok=False)
+    if variant is not None:
+        body["variant"] = str(variant)
+    if run is not None:
+        body["run"] = _names(run, "run", one_ok=True)  # a string is one command
+    if env is not None:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    if workdir is not None:
+        body["workdir"] = str(workdir)
+    for key, value in (("memory_mb", memory_mb), ("disk_mb", disk_mb),
+                       ("timeout_s", timeout_s)):
+        if value is not None:
+            body[key] = int(value)
+    return body
+
+
+def build_path(build_id: str, *rest: str) -> str:
+    return "/v1/images/builds/" + seg(build_id) + "".join("/" + r for r in rest)
+
+
+def build_start(body: dict[str, Any], request_id: str | None) -> Request:
+    # The node answers at once (202) with the queued build; the work goes on in the background.
+    return json_request("POST", "/v1/images/build", body, request_id=request_id)
+
+
+def build_get(build_id: str) -> Request:
+    return json_request("GET", build_path(build_id), mutating=False)
+
+
+def build_log(build_id: str, offset: int, max_bytes: int | None) -> Request:
+    offset = int(offset)
+    if offset < 0:
+        raise ValueError("offset must not be negative")
+    return json_request("GET", build_path(build_id, "log"), mutating=False,
+                        query=[("offset", offset),
+                               ("max_bytes", None if max_bytes is None else int(max_bytes))])
+
+
+def build_log_page(data: Any) -> tuple[str, int, bool]:
+    """``(text, next_offset, done)`` of a log page. When the node no longer
+    keeps the part asked for (it keeps a tail), ``text`` starts later: at
+    ``next_offset - len(text.encode())``."""
+    return str(data.get("text", "")), int(data.get("next_offset", 0)), bool(data.get("done"))
+
+
+def build_cancel(build_id: str, request_id: str | None) -> Request:
+    return json_request("DELETE", build_path(build_id), request_id=request_id)
+
+
 # -- misc --------------------------------------------------------------------
 
 

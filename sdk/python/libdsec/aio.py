@@ -7,17 +7,26 @@ docstrings there for the contracts. ``exec_stream`` returns an async iterator.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import ssl
 import time
-from typing import Any, AsyncIterator, BinaryIO, Mapping
+from typing import Any, AsyncIterator, BinaryIO, Callable, Mapping, Sequence
 
 from . import _archive, _ops
 from ._async import AsyncTransport
 from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
 from ._ops import Cmd, Stdin
-from .errors import DSecError, DSecTimeoutError, NotFoundError
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult, Image
+from .errors import BuildFailedError, DSecError, DSecTimeoutError, NotFoundError
+from .models import (
+    Build,
+    DSecContainerRunArgs,
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    FnCallResult,
+    Image,
+)
 
 __all__ = ["AsyncDSecClient", "AsyncSandbox", "AsyncShell"]
 
@@ -174,6 +183,89 @@ class AsyncDSecClient:
         """See :meth:`DSecClient.fork`."""
         data = await self._json(_ops.fork(sandbox_id, count, request_id))
         return [AsyncSandbox(self, r) for r in data.get("sandboxes", [])]
+
+    # -- image builds ------------------------------------------------------
+
+    async def build_image(self, name: str, *, base: str | None = None,
+                          from_: str | Sequence[str] | None = None,
+                          packages: Sequence[str] | None = None,
+                          run: str | Sequence[str] | None = None,
+                          env: Mapping[str, str] | None = None, workdir: str | None = None,
+                          variant: str | None = None, memory_mb: int | None = None,
+                          disk_mb: int | None = None, timeout_s: int | None = None,
+                          wait: bool = True, poll_interval: float = 0.5,
+                          on_log: Callable[[str], Any] | None = None,
+                          request_id: str | None = None) -> Build:
+        """See :meth:`DSecClient.build_image`. ``on_log`` may be a plain
+        function or a coroutine function. Cancelling the task while it waits
+        cancels the build."""
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+        body = _ops.build_body(name, base, from_, packages, run, env, workdir, variant,
+                               memory_mb, disk_mb, timeout_s)
+        build = Build.from_json(await self._json(_ops.build_start(body, request_id)))
+        if not wait:
+            return build
+        try:
+            return await self._follow_build(build, poll_interval, on_log, None)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            try:  # the build is ours: leave nothing running behind
+                await self.cancel_build(build.id)
+            except DSecError:
+                pass
+            raise
+
+    async def get_build(self, build_id: str) -> Build:
+        """See :meth:`DSecClient.get_build`."""
+        return Build.from_json(await self._json(_ops.build_get(build_id)))
+
+    async def build_log(self, build_id: str, offset: int = 0,
+                        max_bytes: int | None = None) -> tuple[str, int, bool]:
+        """See :meth:`DSecClient.build_log`."""
+        return _ops.build_log_page(
+            await self._json(_ops.build_log(build_id, offset, max_bytes)))
+
+    async def cancel_build(self, build_id: str, request_id: str | None = None) -> Build:
+        """See :meth:`DSecClient.cancel_build`."""
+        return Build.from_json(await self._json(_ops.build_cancel(build_id, request_id)))
+
+    async def wait_build(self, build_id: str, *, poll_interval: float = 0.5,
+                         on_log: Callable[[str], Any] | None = None,
+                         timeout_s: float | None = None) -> Build:
+        """See :meth:`DSecClient.wait_build`."""
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+        return await self._follow_build(await self.get_build(build_id), poll_interval, on_log,
+                                        timeout_s)
+
+    async def _follow_build(self, build: Build, poll_interval: float,
+                            on_log: Callable[[str], Any] | None,
+                            timeout_s: float | None) -> Build:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        offset = 0
+        while True:
+            if on_log is not None:
+                while True:  # after a finished record this drains the whole log
+                    text, offset, _ = await self.build_log(build.id, offset)
+                    if not text:
+                        break
+                    res = on_log(text)
+                    if inspect.isawaitable(res):
+                        await res
+            if build.finished:
+                if not build.ok:
+                    raise BuildFailedError(build)
+                return build
+            pause = poll_interval
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DSecTimeoutError(
+                        "timeout", f"build {build.id} still {build.state} after {timeout_s}s",
+                        None)
+                pause = min(pause, left)
+            await asyncio.sleep(pause)
+            build = await self.get_build(build.id)
 
     # -- function calls and pools -----------------------------------------
 

@@ -6,14 +6,22 @@ import os
 import ssl
 import threading
 import time
-from typing import Any, BinaryIO, Iterator, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
 from . import _archive, _ops
 from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
 from ._ops import Cmd, Stdin
 from ._sync import SyncTransport
-from .errors import DSecError, DSecTimeoutError, NotFoundError
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, FnCallResult, Image
+from .errors import BuildFailedError, DSecError, DSecTimeoutError, NotFoundError
+from .models import (
+    Build,
+    DSecContainerRunArgs,
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    FnCallResult,
+    Image,
+)
 
 __all__ = ["DSecClient", "Sandbox", "Shell"]
 
@@ -232,6 +240,134 @@ class DSecClient:
         files; processes start fresh. All or nothing."""
         data = self._json(_ops.fork(sandbox_id, count, request_id))
         return [Sandbox(self, r) for r in data.get("sandboxes", [])]
+
+    # -- image builds ------------------------------------------------------
+
+    def build_image(
+        self,
+        name: str,
+        *,
+        base: str | None = None,
+        from_: str | Sequence[str] | None = None,
+        packages: Sequence[str] | None = None,
+        run: str | Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        variant: str | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: int | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.5,
+        on_log: Callable[[str], Any] | None = None,
+        request_id: str | None = None,
+    ) -> Build:
+        """Build the image ``name`` (``"name:tag"``) on the node.
+
+        Either ``base="debian:SUITE"`` — a new Debian root filesystem made with
+        mmdebstrap (plus ``packages``; ``variant`` ``"minbase"`` by default) —
+        or ``from_``: an image, or a list of images stacked bottom first
+        (``"host"`` may come first). ``run`` holds shell commands (a string is
+        one command) run as root, in order, in a build sandbox from those
+        (needed with ``from_``, optional with ``base``); their files become the
+        image's top layer. ``env`` and ``workdir`` apply to the commands and are
+        kept in the image. ``memory_mb``/``disk_mb`` size the build sandbox,
+        ``timeout_s`` bounds the whole build (node defaults: 2048, 4096, 3600).
+
+        With ``wait=False`` returns the queued :class:`Build` at once (see
+        :meth:`get_build`, :meth:`wait_build`). Otherwise polls every
+        ``poll_interval`` seconds until it finishes, feeding new log text to
+        ``on_log(str)`` as it comes, and returns the succeeded Build (its
+        ``.image`` is the name); a failed or canceled build raises
+        :class:`BuildFailedError` (``.build``). Interrupting the wait
+        (KeyboardInterrupt) cancels the build.
+
+        Bad arguments the SDK can tell raise ValueError/TypeError before
+        sending; the node answers BadRequestError (bad name, suite, package,
+        a ``from_`` build without ``run``, ...), NotFoundError (an unknown
+        ``from_`` image), ConflictError (the image exists, or a build of it
+        runs), OverCapacityError (its build queue stays full through the
+        retries).
+        """
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+        body = _ops.build_body(name, base, from_, packages, run, env, workdir, variant,
+                               memory_mb, disk_mb, timeout_s)
+        build = Build.from_json(self._json(_ops.build_start(body, request_id)))
+        if not wait:
+            return build
+        try:
+            return self._follow_build(build, poll_interval, on_log, None)
+        except KeyboardInterrupt:
+            try:  # the build is ours: leave nothing running behind
+                self.cancel_build(build.id)
+            except DSecError:
+                pass
+            raise
+
+    def get_build(self, build_id: str) -> Build:
+        """A build's record; NotFoundError if the node does not know it (builds
+        live in the node's memory: a restart forgets them)."""
+        return Build.from_json(self._json(_ops.build_get(build_id)))
+
+    def build_log(self, build_id: str, offset: int = 0,
+                  max_bytes: int | None = None) -> tuple[str, int, bool]:
+        """The build's log from byte ``offset`` (at most ``max_bytes``, node
+        default 1 MiB, at most 4 MiB): ``(text, next_offset, done)``; ``done``
+        once the build has finished. Pass ``next_offset`` to read on. The node
+        keeps the last 4 MiB: an older ``offset`` gets text from the oldest
+        byte kept."""
+        return _ops.build_log_page(self._json(_ops.build_log(build_id, offset, max_bytes)))
+
+    def cancel_build(self, build_id: str, request_id: str | None = None) -> Build:
+        """Cancel a queued or running build (its sandbox is deleted); returns
+        its record, which may still say ``running`` for a moment. A finished
+        build is returned as it is."""
+        return Build.from_json(self._json(_ops.build_cancel(build_id, request_id)))
+
+    def wait_build(
+        self,
+        build_id: str,
+        *,
+        poll_interval: float = 0.5,
+        on_log: Callable[[str], Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Build:
+        """Wait for a build (e.g. one started with ``wait=False``) like
+        :meth:`build_image` does: returns it when it succeeded, raises
+        BuildFailedError when it failed or was canceled, DSecTimeoutError when
+        it is still going after ``timeout_s`` (the build goes on). ``on_log``
+        gets the whole log, from its start."""
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+        return self._follow_build(self.get_build(build_id), poll_interval, on_log, timeout_s)
+
+    def _follow_build(self, build: Build, poll_interval: float,
+                      on_log: Callable[[str], Any] | None, timeout_s: float | None) -> Build:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        offset = 0
+        while True:
+            if on_log is not None:
+                # After a finished record the log is complete: this drains it.
+                while True:
+                    text, offset, _ = self.build_log(build.id, offset)
+                    if not text:
+                        break
+                    on_log(text)
+            if build.finished:
+                if not build.ok:
+                    raise BuildFailedError(build)
+                return build
+            pause = poll_interval
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DSecTimeoutError(
+                        "timeout", f"build {build.id} still {build.state} after {timeout_s}s",
+                        None)
+                pause = min(pause, left)
+            time.sleep(pause)
+            build = self.get_build(build.id)
 
     # -- function calls and pools -----------------------------------------
 

@@ -9,7 +9,10 @@ archive) use ``status=None`` and one of the client codes below.
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from .models import Build
 
 __all__ = [
     "DSecError",
@@ -25,6 +28,7 @@ __all__ = [
     "InternalError",
     "DSecTimeoutError",
     "UnsafeArchiveError",
+    "BuildFailedError",
     "error_from_response",
 ]
 
@@ -122,6 +126,30 @@ class DSecTimeoutError(DSecError):
 class UnsafeArchiveError(DSecError):
     """A downloaded archive member would escape the destination directory,
     is an absolute or escaping link, or is a device/fifo (code ``"unsafe_archive"``)."""
+
+
+class BuildFailedError(DSecError):
+    """An image build the SDK waited for failed or was canceled.
+
+    ``build`` is its final :class:`~libdsec.Build` (``.state``, ``.error``,
+    ``.steps``; the log stays readable with ``build_log(build.id)``). ``code``
+    is ``"build_failed"`` or ``"build_canceled"``; ``status`` is ``None`` (the
+    requests themselves succeeded).
+    """
+
+    def __init__(self, build: "Build") -> None:
+        canceled = build.state == "canceled"
+        what = build.error or build.state
+        super().__init__(
+            "build_canceled" if canceled else "build_failed",
+            f"build {build.id} of {build.name} {build.state}: {what}",
+            None,
+        )
+        self.build = build
+
+    def __reduce__(self):  # type: ignore[override]
+        # Picklable (e.g. across multiprocessing) although __init__ takes the build.
+        return (type(self), (self.build,))
 
 
 _CODE_CLASSES: dict[str, type[DSecError]] = {

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence, Union
 
 __all__ = ["DSecContainerRunArgs", "ExecResult", "FnCallResult", "ExecEvent", "FileEntry",
-           "Image", "ImageLayer", "ImageConfig"]
+           "Image", "ImageLayer", "ImageConfig", "Build", "BuildStep"]
 
 Output = Union[str, bytes]
 
@@ -304,5 +304,94 @@ class Image:
             source=str(d.get("source") or ("builtin" if d.get("builtin") else "")),
             created_at=d.get("created_at"),
             in_use=int(d.get("in_use", 0) or 0),
+            raw=dict(d),
+        )
+
+
+BUILD_STATES = ("queued", "running", "succeeded", "failed", "canceled")
+BUILD_FINISHED = frozenset({"succeeded", "failed", "canceled"})
+
+
+@dataclass
+class BuildStep:
+    """One step of an image build: ``name`` as the node shows it (``"bootstrap
+    debian:bookworm"``, ``"run: pip install ..."``, ``"save image x:1"``) and
+    ``state``: ``pending``, ``running``, ``done``, ``failed`` or ``canceled``."""
+
+    name: str
+    state: str = "pending"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "BuildStep":
+        return cls(name=str(d.get("name", "")), state=str(d.get("state", "pending")))
+
+
+@dataclass
+class Build:
+    """An image build job (``POST /v1/images/build``, ``GET /v1/images/builds/{id}``).
+
+    ``state`` is ``queued``, ``running``, ``succeeded``, ``failed`` or
+    ``canceled``; ``step`` the index in ``steps`` of the running step (``None``
+    when none runs); ``progress`` the share of steps done (0..1); ``error`` why
+    it failed; ``image`` the image's name once it succeeded; ``sandbox`` the
+    build sandbox's id (once made); ``log_bytes`` the log's length so far.
+    Times are ms since the epoch (``started_at``/``finished_at`` ``None``
+    until then). ``raw`` keeps the server's JSON.
+    """
+
+    id: str
+    name: str = ""
+    state: str = "queued"
+    steps: list[BuildStep] = field(default_factory=list)
+    step: int | None = None
+    progress: float = 0.0
+    error: str | None = None
+    image: str | None = None
+    sandbox: str | None = None
+    log_bytes: int = 0
+    created_at: int = 0
+    started_at: int | None = None
+    finished_at: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the build succeeded (the image exists)."""
+        return self.state == "succeeded"
+
+    @property
+    def finished(self) -> bool:
+        """True once the build succeeded, failed or was canceled."""
+        return self.state in BUILD_FINISHED
+
+    @property
+    def current_step(self) -> BuildStep | None:
+        """The running step, if any."""
+        if self.step is None or not 0 <= self.step < len(self.steps):
+            return None
+        return self.steps[self.step]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Build":
+        def opt_int(v: Any) -> int | None:
+            return None if v is None else int(v)
+
+        def opt_str(v: Any) -> str | None:
+            return None if v is None or v == "" else str(v)
+
+        return cls(
+            id=str(d.get("id", "")),
+            name=str(d.get("name", "")),
+            state=str(d.get("state", "queued")),
+            steps=[BuildStep.from_json(s) for s in d.get("steps") or []],
+            step=opt_int(d.get("step")),
+            progress=float(d.get("progress", 0.0) or 0.0),
+            error=opt_str(d.get("error")),
+            image=opt_str(d.get("image")),
+            sandbox=opt_str(d.get("sandbox")),
+            log_bytes=int(d.get("log_bytes", 0) or 0),
+            created_at=int(d.get("created_at", 0) or 0),
+            started_at=opt_int(d.get("started_at")),
+            finished_at=opt_int(d.get("finished_at")),
             raw=dict(d),
         )

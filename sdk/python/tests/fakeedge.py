@@ -39,6 +39,10 @@ SNAPSHOT_FIELDS = {"image", "request_id"}
 FORK_FIELDS = {"count", "request_id"}
 IMPORT_QUERY = {"name", "format", "layer_format", "base"}
 IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9._-]+)?$")
+BUILD_FIELDS = {"name", "base", "from", "packages", "variant", "run", "env", "workdir",
+                "memory_mb", "disk_mb", "timeout_s", "request_id"}
+BUILD_VARIANTS = {"minbase", "apt", "essential", "required", "important", "standard"}
+DEBIAN_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+([=/][A-Za-z0-9.+~:_-]+)?$")
 POOL_FIELDS = {"name", "kind", "runtime", "image", "preload", "command", "min_idle", "max",
                "memory_mb", "disk_mb", "pids", "cpu", "max_queue", "queue_timeout_ms",
                "idle_timeout_s", "request_id"}
@@ -108,6 +112,12 @@ class Edge:
     max_import_bytes: int = 64 << 20
     refuse_imports: bool = False  # 413 before reading an import's body, then close
     fncalls: list = field(default_factory=list)  # decoded (runtime, code, stdin, files)
+    builds: dict = field(default_factory=dict)  # id -> FakeBuild, in creation order
+    build_workers: int = 2           # builds running at once (the edge's max_builds)
+    max_queued_builds: int = 16      # more waiting -> 429
+    build_step_s: float = 0.03       # how long a step takes (a "sleep N" run step: N s)
+    build_cancel_s: float = 0.05     # a canceled running build still "running" this long
+    build_log_keep: int = 4 << 20    # the log tail kept per build
     idem: dict = field(default_factory=dict)
     log: list = field(default_factory=list)
     faults: list = field(default_factory=list)
@@ -201,10 +211,82 @@ class Edge:
                "size": sum(layer["size"] for layer in layers), "source": source,
                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         with self.lock:
-            if name in self.images or name == "host":
-                raise ApiError(409, "conflict", f"image {name} exists")
-            self.images[name] = rec
+            self._put_image_locked(name, rec)
         return self.image_record(name)
+
+    def _put_image_locked(self, name, rec) -> None:
+        if name in self.images or name == "host":
+            raise ApiError(409, "conflict", f"image {name} exists")
+        self.images[name] = rec
+
+    # -- image builds ------------------------------------------------------
+
+    def start_build(self, obj) -> dict:
+        """POST /v1/images/build: validated in the edge's order (400, then 404 for
+        an unknown "from" image, 409 for a taken name, 429 for a full queue, 409
+        for a build of the same name still going); returns the record."""
+        req = _parse_build(self, obj)
+        for n in req["from"]:
+            if n != "host" and self.image_record(n) is None:
+                raise ApiError(404, "not_found", f"image \"{n}\" not found")
+        build = FakeBuild(self, req)
+        with self.lock:
+            now = time.monotonic()
+            self._advance_locked(now)
+            if req["name"] in self.images:
+                raise ApiError(409, "conflict", f"image \"{req['name']}\" already exists")
+            queued = sum(1 for b in self.builds.values() if b.queued(now))
+            if queued >= self.max_queued_builds:
+                raise ApiError(429, "over_capacity",
+                               f"{self.max_queued_builds} builds are already waiting")
+            for other in self.builds.values():
+                if other.name == req["name"] and not other.finished(now):
+                    raise ApiError(409, "conflict", f"build {other.id} is already making image "
+                                                    f"\"{req['name']}\"")
+            self.builds[build.id] = build
+            self._advance_locked(now)
+            return build.record(now)
+
+    def build(self, build_id) -> tuple["FakeBuild", float]:
+        """The build (advanced to now) and now; 404 if unknown."""
+        with self.lock:
+            now = time.monotonic()
+            self._advance_locked(now)
+            b = self.builds.get(build_id)
+        if b is None:
+            raise ApiError(404, "not_found", f"build {build_id} not found")
+        return b, now
+
+    def cancel_build(self, build_id) -> dict:
+        b, now = self.build(build_id)
+        with self.lock:
+            if b.started is None and b.queue_canceled is None:
+                b.queue_canceled = now  # taken off the queue: canceled at once
+            elif b.started is not None and not b.finished(now) and b.canceled_at is None:
+                b.canceled_at = now + self.build_cancel_s  # its command dies shortly
+            self._advance_locked(now)
+            return b.record(now)
+
+    def _advance_locked(self, now) -> None:
+        """Starts queued builds as workers free up (in creation order) and stores
+        the images of builds that have succeeded by now."""
+        slots = [float("-inf")] * self.build_workers  # when each worker is free
+        for b in self.builds.values():
+            if b.queue_canceled is not None and b.started is None:
+                continue
+            i = min(range(len(slots)), key=slots.__getitem__)
+            if b.started is None:
+                start = max(b.created, slots[i])
+                if start > now:
+                    break  # the queue waits, and everything after it
+                b.started = start
+            slots[i] = b.end()
+            if b.end() <= now and b.outcome() == "succeeded" and not b.saved:
+                b.saved = True
+                try:
+                    self._put_image_locked(b.name, b.image_record())
+                except ApiError as e:  # taken meanwhile: the build fails at its last step
+                    b.save_error = f"image \"{b.name}\" already exists ({e.message})"
 
     def put_pool(self, name, body) -> tuple[dict, bool]:
         """PUT /v1/pools/NAME as the edge does it: a new pool takes defaults, an
@@ -240,6 +322,311 @@ class Edge:
         with self.lock:
             self.pools[name] = pool
         return pool, old is None
+
+
+def _parse_build(edge, obj) -> dict:
+    """ParseBuildRequest of the edge: the same checks, the same order."""
+    obj = _strict(obj if obj is not None else {}, BUILD_FIELDS)
+
+    def typed(key, kind, what):
+        v = obj.get(key)
+        if v is not None and (not isinstance(v, kind) or isinstance(v, bool)):
+            raise ApiError(400, "bad_request", f'"{key}" must be {what}')
+        return v
+
+    name = typed("name", str, "a string")
+    base = typed("base", str, "a string")
+    variant = typed("variant", str, "a string")
+    packages = typed("packages", list, "an array of strings")
+    run = typed("run", list, "an array of strings")
+    env = typed("env", dict, "an object of strings")
+    workdir = typed("workdir", str, "a string")
+    for key, (lo, hi) in {"memory_mb": (64, 1 << 20), "disk_mb": (16, 1 << 20),
+                          "timeout_s": (1, 86400)}.items():
+        v = typed(key, int, "an integer")
+        if v is not None and not lo <= v <= hi:
+            raise ApiError(400, "bad_request", f'"{key}" must be between {lo} and {hi}')
+    for key, v in (("packages", packages), ("run", run)):
+        if v is not None and not all(isinstance(x, str) for x in v):
+            raise ApiError(400, "bad_request", f'"{key}" must be an array of strings')
+    if env is not None and not all(isinstance(v, str) for v in env.values()):
+        raise ApiError(400, "bad_request", '"env" must be an object of strings')
+    from_ = obj.get("from")
+    if from_ is not None:
+        if isinstance(from_, str):
+            from_ = [from_]
+        elif not (isinstance(from_, list) and 1 <= len(from_) <= 16):
+            raise ApiError(400, "bad_request",
+                           '"from" must be an image name or a list of 1-16 of them')
+        elif not all(isinstance(x, str) for x in from_):
+            raise ApiError(400, "bad_request", '"from" must be an image name or a list')
+    if name is None:
+        raise ApiError(400, "bad_request", '"name" (name:tag) is required')
+    name = edge.image_name(name)
+    if name == "host":
+        raise ApiError(400, "bad_request", '"host" is the built-in image')
+    if (base is None) == (from_ is None):
+        raise ApiError(400, "bad_request", 'give either "base" (debian:SUITE, made with '
+                                           'mmdebstrap) or "from" (images)')
+    suite = ""
+    stack = []
+    if base is not None:
+        if not base.startswith("debian:"):
+            raise ApiError(400, "bad_request", '"base" must be debian:SUITE (e.g. '
+                                               'debian:bookworm); use "from" to start from an '
+                                               'image')
+        suite = base[7:]
+    else:
+        for i, n in enumerate(from_):
+            if n in ("host", "host:latest"):
+                if i:
+                    raise ApiError(400, "bad_request",
+                                   '"host" can only be the first image of "from"')
+                stack.append("host")
+            else:
+                stack.append(edge.image_name(n))
+        if packages:
+            raise ApiError(400, "bad_request", '"packages" need a "base" (debian:SUITE); with '
+                                               '"from", install them in a "run" step')
+        if not run:
+            raise ApiError(400, "bad_request", 'a build "from" images needs "run" steps')
+    if any(not c or "\0" in c for c in run or []):
+        raise ApiError(400, "bad_request", '"run" steps must be non-empty commands without NUL')
+    if any(not k or "=" in k or "\0" in k or "\0" in v for k, v in (env or {}).items()):
+        raise ApiError(400, "bad_request", "env names must not contain '=' or NUL, values no NUL")
+    if workdir is not None and not workdir.startswith("/"):
+        raise ApiError(400, "bad_request", '"workdir" must be an absolute path')
+    variant = "minbase" if variant is None else variant
+    if suite:
+        if not re.fullmatch(r"[a-z-]{1,32}", suite):
+            raise ApiError(400, "bad_request",
+                           f'Debian suite "{suite}": expected letters (bookworm, ...)')
+        if variant not in BUILD_VARIANTS:
+            raise ApiError(400, "bad_request", f'variant "{variant}": expected minbase, apt, '
+                                               'essential, required, important or standard')
+        for p in packages or []:
+            if not DEBIAN_PACKAGE.match(p):
+                raise ApiError(400, "bad_request",
+                               f'package "{p}": expected a Debian package name')
+    return {"name": name, "suite": suite, "from": stack, "packages": list(packages or []),
+            "run": list(run or []), "env": dict(env or {}), "workdir": workdir or "",
+            "variant": variant}
+
+
+def _short(cmd: str) -> str:
+    s = cmd[:60].replace("\n", " ").replace("\t", " ")
+    return s + "..." if len(cmd) > 60 else s
+
+
+class FakeBuild:
+    """One build job, computed from the clock: it starts when a worker is free
+    and each step takes edge.build_step_s. Run steps understand "sleep N"
+    (takes N s), "echo TEXT", "spam N" (N bytes of log), "false" and "exit N"
+    (the step fails); anything else just succeeds."""
+
+    def __init__(self, edge, req) -> None:
+        self.edge = edge
+        self.id = "bld-" + uuid.uuid4().hex[:16]
+        self.req = req
+        self.name = req["name"]
+        self.created = time.monotonic()
+        self.created_ms = int(time.time() * 1000)
+        self.started: float | None = None
+        self.canceled_at: float | None = None
+        self.queue_canceled: float | None = None
+        self.saved = False
+        self.save_error: str | None = None
+        self.sandbox = f"sb-fake-{uuid.uuid4().hex[:8]}"
+        self.layer = _layer(self.id.encode(), 1234)
+        step = edge.build_step_s
+        # (name, seconds, log text, error if the step fails)
+        self.steps: list[tuple[str, float, str, str | None]] = []
+        if req["suite"]:
+            self.steps.append((f"bootstrap debian:{req['suite']}", step,
+                               f"I: mmdebstrap --variant={req['variant']} {req['suite']}\n"
+                               f"[dsec] root filesystem stored as layer {self.layer['digest']}\n",
+                               None))
+        if req["run"]:
+            stack = ",".join(req["from"]) or self.name
+            self.steps.append(("start a build sandbox", step,
+                               f"[dsec] sandbox {self.sandbox} from {stack}\n", None))
+            for cmd in req["run"]:
+                self.steps.append(self._run_step(cmd, step))
+            self.steps.append(("capture the sandbox's files", step,
+                               f"[dsec] captured layer {self.layer['digest']}\n", None))
+        self.steps.append((f"save image {self.name}", step,
+                           f"[dsec] image {self.name} saved (N layers)\n", None))
+
+    @staticmethod
+    def _run_step(cmd, step):
+        words = cmd.split()
+        out, secs, error = "", step, None
+        if words[:1] == ["sleep"] and len(words) == 2:
+            secs = float(words[1])
+        elif words[:1] == ["echo"]:
+            out = cmd[5:] + "\n"
+        elif words[:1] == ["spam"] and len(words) == 2:
+            n = int(words[1])
+            out = ("x" * 63 + "\n") * (n // 64) + "y" * (n % 64)
+        elif words == ["false"] or (words[:1] == ["exit"] and len(words) == 2
+                                    and words[1] != "0"):
+            code = 1 if words == ["false"] else int(words[1])
+            out = "about to fail\n"
+            error = f'step "{_short(cmd)}" exited with status {code}'
+        return (f"run: {_short(cmd)}", secs, f"$ {cmd}\n{out}", error)
+
+    # -- the timeline --------------------------------------------------------
+
+    def _ends(self) -> list[float]:
+        """When each step ends, in seconds from the start."""
+        t, out = 0.0, []
+        for _, secs, _, _ in self.steps:
+            t += secs
+            out.append(t)
+        return out
+
+    def _natural(self) -> tuple[float, int | None]:
+        """(seconds from start to the natural end, index of the failing step)."""
+        ends = self._ends()
+        for k, (_, _, _, error) in enumerate(self.steps):
+            if error:
+                return ends[k], k
+        return ends[-1], None
+
+    def end(self) -> float:
+        """When it finishes (started builds only)."""
+        natural = self.started + self._natural()[0]
+        return natural if self.canceled_at is None else min(natural, self.canceled_at)
+
+    def outcome(self) -> str:
+        natural_end = self.started + self._natural()[0]
+        if self.canceled_at is not None and self.canceled_at < natural_end:
+            return "canceled"
+        if self._natural()[1] is not None or self.save_error:
+            return "failed"
+        return "succeeded"
+
+    def queued(self, now) -> bool:
+        return self.queue_canceled is None and (self.started is None or self.started > now)
+
+    def finished(self, now) -> bool:
+        if self.queue_canceled is not None and self.started is None:
+            return True
+        return self.started is not None and self.end() <= now
+
+    def image_record(self) -> dict:
+        req = self.req
+        layers, base = [], None
+        for n in req["from"]:
+            if n == "host":
+                base = "host"
+            else:
+                rec = self.edge.images.get(n)
+                layers += rec["layers"] if rec else []
+                base = base or (rec or {}).get("base")
+        layers.append(self.layer)
+        env = ["PATH=/usr/bin:/bin"] + [f"{k}={v}" for k, v in sorted(req["env"].items())]
+        return {"name": self.name, "base": base, "layers": layers,
+                "config": {"env": env, "workdir": req["workdir"], "user": "",
+                           "entrypoint": [], "cmd": []},
+                "size": sum(layer["size"] for layer in layers), "source": "build",
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def state_at(self, now) -> dict:
+        """The record's fields and the whole log (before the tail is cut) at now."""
+        n = len(self.steps)
+        st = {"steps": [[name, "pending"] for name, *_ in self.steps], "step": None,
+              "error": None, "image": None, "sandbox": None, "log": "",
+              "started_at": None, "finished_at": None, "state": "queued"}
+        if self.queue_canceled is not None and self.started is None:
+            for s in st["steps"]:
+                s[1] = "canceled"
+            st.update(state="canceled", error="canceled before it started",
+                      finished_at=self._ms(self.queue_canceled))
+            return st
+        if self.started is None or self.started > now:
+            return st
+        st["state"] = "running"
+        st["started_at"] = self._ms(self.started)
+        end = self.end()
+        upto = min(now, end)
+        ends = [self.started + e for e in self._ends()]
+        fail_k = self._natural()[1]
+        log = []
+        for k, (name, _, text, _) in enumerate(self.steps):
+            if k > 0 and ends[k - 1] >= upto:
+                break  # not begun by now (or by the end of the build)
+            log.append(f"[dsec] step {k + 1}/{n}: {name}\n")
+            is_run = name.startswith("run: ")
+            if is_run:
+                log.append(text)  # the command line and its output, as it starts
+            if name == "start a build sandbox":
+                st["sandbox"] = self.sandbox
+            if k != fail_k and ends[k] <= upto:
+                st["steps"][k][1] = "done"
+                if not is_run:
+                    log.append(text)  # what the step made, once it is done
+                continue
+            st["steps"][k][1] = "running"  # (the failing one: turned "failed" below)
+            st["step"] = k
+            break
+        if end <= now:
+            outcome = self.outcome()
+            st["state"] = outcome
+            st["step"] = None
+            st["finished_at"] = self._ms(end)
+            if outcome == "succeeded":
+                st["image"] = self.name
+                log[-1] = log[-1].replace("(N layers)", f"({len(self.image_record()['layers'])} "
+                                                        "layers)")
+            else:
+                st["error"] = "canceled" if outcome == "canceled" else \
+                    self.save_error or self.steps[self._natural()[1]][3]
+                if self.save_error:
+                    st["steps"][-1][1] = "running"
+                    log[-1] = ""  # not saved after all
+                for s in st["steps"]:
+                    if s[1] in ("running", "pending"):
+                        s[1] = outcome
+                log.append(f"\n[dsec] build {outcome}: {st['error']}\n")
+        st["log"] = "".join(log)
+        return st
+
+    def _ms(self, t) -> int:
+        return self.created_ms + int((t - self.created) * 1000)
+
+    def log_tail(self, now) -> tuple[bytes, int]:
+        """The log bytes kept and the offset of the first one (the edge drops a
+        quarter more than it must whenever the log outgrows its limit)."""
+        data = self.state_at(now)["log"].encode()
+        keep, start = self.edge.build_log_keep, 0
+        while len(data) - start > keep:
+            start += len(data) - start - keep + keep // 4
+        return data[start:], start
+
+    def record(self, now) -> dict:
+        st = self.state_at(now)
+        done = sum(1 for _, state in st["steps"] if state == "done")
+        data, start = self.log_tail(now)
+        return {"id": self.id, "name": self.name, "state": st["state"],
+                "steps": [{"name": name, "state": state} for name, state in st["steps"]],
+                "step": st["step"], "progress": done / len(st["steps"]),
+                "error": st["error"], "image": st["image"], "sandbox": st["sandbox"],
+                "log_bytes": start + len(data), "created_at": self.created_ms,
+                "started_at": st["started_at"], "finished_at": st["finished_at"]}
+
+    def log_page(self, now, offset, max_bytes) -> dict:
+        data, start = self.log_tail(now)
+        end = start + len(data)
+        frm = min(max(offset, start), end)
+        text = data[frm - start:frm - start + max_bytes]
+        if frm + len(text) < end:  # whole UTF-8 characters only
+            while text and (text[-1] & 0xC0) == 0x80:
+                text = text[:-1]
+            if text and text[-1] & 0x80:
+                text = text[:-1]
+        return {"offset": frm, "next_offset": frm + len(text), "text": text.decode(),
+                "done": self.finished(now)}
 
 
 def _image_list(image) -> list:
@@ -430,6 +817,30 @@ class Handler(http.server.BaseHTTPRequestHandler):
             with edge.lock:
                 names = sorted(edge.images)
             return ok({"images": [edge.image_record(n) for n in ["host"] + names]})
+        if segs == ["images", "build"] and m == "POST":
+            return ok(edge.start_build(obj), 202)
+        if segs[:2] == ["images", "builds"] and len(segs) in (3, 4):
+            if len(segs) == 3 and m == "GET":
+                b, now = edge.build(segs[2])
+                with edge.lock:
+                    return ok(b.record(now))
+            if len(segs) == 3 and m == "DELETE":
+                return ok(edge.cancel_build(segs[2]))
+            if segs[3:] == ["log"] and m == "GET":
+                def num(key, default, lo, hi):
+                    try:
+                        v = int(q.get(key, default))
+                    except ValueError:
+                        v = lo - 1
+                    if not lo <= v <= hi:
+                        raise ApiError(400, "bad_request", f'"{key}" must be {lo}..{hi}')
+                    return v
+                offset = num("offset", 0, 0, 1 << 62)
+                max_bytes = num("max_bytes", 1 << 20, 1, 4 << 20)
+                b, now = edge.build(segs[2])
+                with edge.lock:
+                    return ok(b.log_page(now, offset, max_bytes))
+            raise ApiError(404, "not_found", "no route")
         if segs == ["images", "import"] and m == "POST":
             return ok(self.import_image(edge, s), 201)
         if segs[:1] == ["images"] and len(segs) == 2:
