@@ -24,9 +24,12 @@ plot_dir = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(__
 plot_link = sys.argv[4] if len(sys.argv) > 4 else "plots"
 rows = collections.defaultdict(list)
 density, scaling, skipped, notes = [], [], {}, collections.defaultdict(dict)
+images = collections.defaultdict(list)  # bench/image_bench.py's records by kind
 for r in rawjson.records(raw):
     w = r.get("workload")
-    if w == "density":
+    if w == "images":
+        images[r.get("kind")].append(r)
+    elif w == "density":
         density.append(r)
     elif w == "scaling":
         scaling.append(r)
@@ -320,6 +323,206 @@ if scaling:
               f" {g('host_per_sandbox_kb', 1, 0)} |")
     plot("scaling_memory.png", "memory vs live sandboxes")
     plot("scaling_latency.png", "create and exec latency vs live sandboxes")
+
+
+# ---- images (issue 5) ----
+def img_med(recs, k):
+    vals = [x[k] for x in recs if isinstance(x.get(k), (int, float))]
+    return statistics.median(vals) if vals else NAN
+
+
+def img_pick(kind, **match):
+    return [x for x in images.get(kind, []) if all(x.get(k) == v for k, v in match.items())]
+
+
+def mib(v):
+    return fmt(v / 2**20, 1) if not math.isnan(v) else "–"
+
+
+IMAGE_NAMES = {"host": "`host`", "host+3": "`[\"host\", l1, l2, l3]`",
+               "busybox-3": "`[busybox, bl1, bl2]` (no host)"}
+if images:
+    metas = images.get("meta") or [{}]
+    meta = metas[-1]
+    loads = [x for m in metas for x in (m.get("load_start", [])[:1] + m.get("load_end", [])[:1])]
+    runs = (f"{len(metas)} runs of the stage, {fmt(min(m.get('duration_s', NAN) for m in metas), 0)}"
+            f"–{fmt(max(m.get('duration_s', NAN) for m in metas), 0)} s each" if len(metas) > 1
+            else f"stage time {fmt(meta.get('duration_s', NAN), 0)} s")
+    print("\n## Images (issue 5)\n")
+    print("bench/image_bench.py: two private edges on this host, one storing layers as"
+          " directories (`image_layer_format: dir`), one as EROFS images on loop devices"
+          " (`erofs`); the same archives are imported into both. The cases are interleaved in"
+          " rounds (ABAB/ABBA), medians shown (over runs, for the percentile rows). Through the"
+          f" REST API (raw HTTP, keep-alive). {runs[0].upper() + runs[1:]}"
+          f"{' (--quick)' if meta.get('quick') else ''}"
+          + (f"; host load average (1 min) {fmt(min(loads), 1)}–{fmt(max(loads), 1)} at the"
+             " starts and ends" if loads else "") + ".")
+    short = []
+
+    def cr_p50(im, lf, w=1):
+        return img_med(img_pick("create", image=im, layers=lf, workers=w), "create_p50")
+    h, h3 = cr_p50("host", "erofs"), cr_p50("host+3", "erofs")
+    if not math.isnan(h) and not math.isnan(h3):
+        hd, h3d = cr_p50("host", "dir"), cr_p50("host+3", "dir")
+        short.append(f"3 layers stacked on `host` cost {fmt(h3 - h, 1)} ms of serial create p50"
+                     f" ({fmt(h3, 1)} vs {fmt(h, 1)} ms on the EROFS edge; {fmt(h3d, 1)} vs"
+                     f" {fmt(hd, 1)} on the dir edge).")
+    bd, be = cr_p50("busybox-3", "dir"), cr_p50("busybox-3", "erofs")
+    if not math.isnan(bd) and not math.isnan(be):
+        short.append(f"Dir vs EROFS lowers (the busybox stack): serial create p50 {fmt(bd, 1)} vs"
+                     f" {fmt(be, 1)} ms, 4 workers {fmt(cr_p50('busybox-3', 'dir', 4), 1)} vs"
+                     f" {fmt(cr_p50('busybox-3', 'erofs', 4), 1)} ms.")
+    sd, se = img_pick("snapshot", layers="dir"), img_pick("snapshot", layers="erofs")
+    if sd and se:
+        short.append(f"Snapshot of 100 MiB: {fmt(img_med(sd, 'snapshot_ms'), 0)} ms as a dir"
+                     f" layer, {fmt(img_med(se, 'snapshot_ms'), 0)} ms as EROFS (mkfs.erofs);"
+                     f" but the dir layer's first create on `host` makes its EROFS copy"
+                     f" ({fmt(img_med(sd, 'create_first_ms'), 0)} ms, and"
+                     f" {mib(img_med(sd, 'layer_disk_bytes_after_create'))} MiB on disk for"
+                     f" {mib(img_med(sd, 'layer_bytes'))} MiB of files).")
+    f100 = img_pick("fork", source="100 MiB written")
+    base = img_pick("fork", source="create count (host)")
+    if f100 and base:
+        short.append(f"Fork of 16 from a 100 MiB sandbox: {fmt(img_med(f100, 'call_ms'), 0)} ms"
+                     f" (all 16 answered `true` after {fmt(img_med(f100, 'ready_max_ms'), 0)} ms);"
+                     f" 16 fresh sandboxes with `count`: {fmt(img_med(base, 'call_ms'), 0)} ms.")
+    pd, pe = img_pick("pagecache", layers="dir"), img_pick("pagecache", layers="erofs")
+    if pd and pe:
+        n, d = pd[0]["sandboxes"], pd[0]["data_mib"]
+        short.append(f"{n} sandboxes reading the same {d} MiB share one copy in the page cache"
+                     f" with dir layers ({fmt(img_med(pd, 'cached_kb') / 1024, 0)} MiB of"
+                     f" Cached growth, as for one reader); with EROFS layers the loop device"
+                     f" caches the image file as well: {fmt(img_med(pe, 'cached_kb') / 1024, 0)}"
+                     f" MiB ({fmt(img_med(pe, 'files_kb') / 1024, 0)} of files +"
+                     f" {fmt(img_med(pe, 'loop_file_kb') / 1024, 0)} of the image file"
+                     + (", which is not charged to the sandboxes' cgroups)."
+                        if img_med(pe, "cg_file_kb") < img_med(pe, "files_kb")
+                        + img_med(pe, "loop_file_kb") / 2 else ")."))
+    if short:
+        print("\nIn short (computed from the data below):\n")
+        for x in short:
+            print(f"- {x}")
+    cr = images.get("create", [])
+    if cr:
+        print("\n### Create latency: 3-layer images vs `host`\n")
+        print("**create** = `POST /v1/sandboxes` until it returns a running sandbox; **cycle** ="
+              " create → exec `true` → delete. Layers l1..l3, bl1, bl2: 64 files of 4 KiB each;"
+              " busybox = /bin/busybox (busybox-static) and applet links. **first** = the first"
+              " create of that stack on that edge (it makes the loop mounts, and on the dir edge"
+              " the EROFS copies of host-stacked layers), not in the percentiles. Layers stacked"
+              " on `host` are EROFS-mounted on both edges (the store gives a dir layer an EROFS"
+              " copy there: overlayfs refuses a lower on the host root's filesystem), so only"
+              " the busybox stack compares dir with EROFS lowers.\n")
+        print("| image | layers | workers | cycles | create p50 | create p99 | cycle p50 |"
+              " cycle p99 | cycles/s | first create |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        keys = sorted({(x["workers"], x["image"], x["layers"]) for x in cr},
+                      key=lambda k: (k[0], list(IMAGE_NAMES).index(k[1])
+                                     if k[1] in IMAGE_NAMES else 9, k[2]))
+        for w, im, lf in keys:
+            g = img_pick("create", workers=w, image=im, layers=lf)
+            print(f"| {IMAGE_NAMES.get(im, im)} | {lf} | {w} | {sum(x['cycles'] for x in g)} |"
+                  f" {fmt(img_med(g, 'create_p50'), 1)} | {fmt(img_med(g, 'create_p99'), 1)} |"
+                  f" {fmt(img_med(g, 'cycle_p50'), 1)} | {fmt(img_med(g, 'cycle_p99'), 1)} |"
+                  f" {fmt(img_med(g, 'rate'), 0)} | {fmt(img_med(g, 'first_create_ms'), 0)} |")
+        errs = sum(x.get("errors", 0) for x in cr)
+        if errs:
+            print(f"\n**{errs} failed cycles**: {cr[0].get('first_errors')}")
+    sn = images.get("snapshot", [])
+    if sn:
+        print("\n### Snapshot (pack_diff) of a 100 MiB writable layer\n")
+        print("A `host` sandbox (memory_mb 128, disk_mb 256) writes 4 × 25 MiB from"
+              " /dev/urandom; `POST /v1/sandboxes/{id}/snapshot` makes the image; then two"
+              " sandboxes are created from it (the first one makes the EROFS copy or loop"
+              " mount). Layer size as the API reports it and as stored on disk (after the"
+              " snapshot, and after the first create from it).\n")
+        print("| layers | n | write 100 MiB | snapshot | layer size | on disk | on disk after"
+              " a create | first create from it | later create |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for lf in sorted({x["layers"] for x in sn}):
+            g = img_pick("snapshot", layers=lf)
+            print(f"| {lf} | {len(g)} | {fmt(img_med(g, 'write_s'))} s |"
+                  f" {fmt(img_med(g, 'snapshot_ms'), 0)} ms |"
+                  f" {mib(img_med(g, 'layer_bytes'))} MiB ({g[0].get('layer_format')}) |"
+                  f" {mib(img_med(g, 'layer_disk_bytes'))} MiB |"
+                  f" {mib(img_med(g, 'layer_disk_bytes_after_create'))} MiB |"
+                  f" {fmt(img_med(g, 'create_first_ms'), 0)} ms |"
+                  f" {fmt(img_med(g, 'create_later_ms'), 0)} ms |")
+    fk = images.get("fork", [])
+    if fk:
+        n = fk[0].get("count", 16)
+        print(f"\n### Fork N={n}\n")
+        print(f"One `POST /v1/sandboxes/{{id}}/fork {{\"count\": {n}}}` (it returns when all"
+              f" {n} run); **ready** = from the request until each new sandbox answered `true`"
+              f" ({n} execs in parallel right after the call). Baseline: `POST /v1/sandboxes"
+              f" {{\"image\": \"host\", \"count\": {n}}}`.\n")
+        print("| from | layers | n | call | per sandbox | ready p50 | ready max (all) |"
+              " first exec p50 |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        for src in ("100 MiB written", "1 MiB written", "create count (host)"):
+            for lf in sorted({x["layers"] for x in fk}):
+                g = img_pick("fork", source=src, layers=lf)
+                if not g:
+                    continue
+                label = (f"fork of a sandbox with {src}" if "written" in src
+                         else f"create count={n} from `host`")
+                print(f"| {label} | {lf} | {len(g)} | {fmt(img_med(g, 'call_ms'), 0)} ms |"
+                      f" {fmt(img_med(g, 'per_sandbox_ms'), 1)} ms |"
+                      f" {fmt(img_med(g, 'ready_p50_ms'), 0)} ms |"
+                      f" {fmt(img_med(g, 'ready_max_ms'), 0)} ms |"
+                      f" {fmt(img_med(g, 'exec_p50_ms'), 1)} ms |")
+    pcs = images.get("pagecache", [])
+    if pcs:
+        p0 = pcs[0]
+        print(f"\n### EROFS vs dir layers: host page cache with {p0['sandboxes']} sandboxes on"
+              " one image\n")
+        print(f"Image `[busybox, data]`, data = {p0['data_mib']} MiB in 4 MiB files (random, so"
+              f" incompressible). {p0['sandboxes']} sandboxes (memory_mb {p0['memory_mb']},"
+              " disk_mb 16; the page cache a sandbox reads is charged to its cgroup, so the"
+              " limit must hold it), then `sync; echo 3 > /proc/sys/vm/drop_caches`, one"
+              " sandbox reads all of /data (`dd if=FILE of=/dev/null bs=1M` per file), then the"
+              " others (4 at a time)."
+              " **Cached** = growth of Cached in /proc/meminfo (host-wide, so it includes other"
+              " work: **drift** is the growth over a control interval of"
+              f" {fmt(p0.get('drift_s', NAN), 0)} s with no reader); **files** = /data's pages"
+              " in the page cache (mincore through a sandbox's root); **loop file** = pages of"
+              " the EROFS image file itself in the page cache (read by the loop device: a"
+              " second copy); **cgroup file** = file cache charged to the edge's sandbox"
+              " cgroups; **memory per sandbox** = growth of the memory charged to the edge's"
+              " sandbox cgroups when the sandboxes were created, per sandbox (the host-wide"
+              " figure is in the raw data; on a shared host it is noise). Medians over rounds;"
+              " MiB unless marked.\n")
+        print("| layers | rounds | Cached growth, 1st reader / all | files | loop file | cgroup"
+              " file | Buffers | drift | 1st read (cold) | other reads | memory per sandbox |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for lf in sorted({x["layers"] for x in pcs}):
+            g = img_pick("pagecache", layers=lf)
+
+            def m(k):
+                return fmt(img_med(g, k) / 1024, 0)
+            print(f"| {lf} | {len(g)} | {m('first_cached_kb')} / {m('cached_kb')} |"
+                  f" {m('files_kb')} | {m('loop_file_kb')} | {m('cg_file_kb')} |"
+                  f" {fmt(img_med(g, 'buffers_kb') / 1024, 1)} | {m('drift_cached_kb')} |"
+                  f" {fmt(img_med(g, 'first_read_s'))} s |"
+                  f" {fmt(img_med(g, 'rest_read_s'))} s ({fmt(img_med(g, 'read_mib_s'), 0)}"
+                  f" MiB/s) | {fmt(img_med(g, 'cgroup_kb_per_sb'), 0)} kB |")
+    imp = images.get("import", [])
+    if imp:
+        print("\nImport (`POST /v1/images/import`, rootfs tar) time, ms: " + "; ".join(
+            f"{name} ({fmt(img_pick('import', image=name)[0]['mib'], 1)} MiB)"
+            + "".join(f" {lf} {fmt(img_med(img_pick('import', image=name, layers=lf), 'ms'), 0)}"
+                      for lf in ("dir", "erofs"))
+            for name in dict.fromkeys(x["image"] for x in imp)) + ".")
+    stray = [f"{x['layers']}: {x['stray_layers']}" for x in images.get("store", [])
+             if x.get("stray_layers")]
+    print(f"\nLeft behind after the stage: {'; '.join(meta.get('residue') or []) or 'nothing'}"
+          " (edges stopped and checked: processes, cgroups, mounts, loop devices, temp dirs);"
+          f" unreferenced layers in the stores: {'; '.join(stray) or 'none'}; warning/error"
+          f" lines in the edges' logs: {sum(m.get('edge_warnings', 0) for m in metas)}"
+          + (f" (logs checked in {sum('edge_warnings' in m for m in metas)} of {len(metas)} runs)"
+             if not all("edge_warnings" in m for m in metas) else "")
+          + "".join(f"; `{w}`" for m in metas for w in m.get("first_edge_warnings", [])[:3])
+          + ".")
 
 if rows or density:
     accel = notes.get("qemu-microvm", {}).get("accel", "")
