@@ -76,8 +76,9 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body, const EdgeConfig
         "give either \"base\" (debian:SUITE, made with mmdebstrap) or \"from\" (images)");
   if (base) {
     if (base->rfind("debian:", 0) != 0)
-      return InvalidArgument("\"base\" must be debian:SUITE (e.g. debian:bookworm); use \"from\" "
-                             "to start from an image");
+      return InvalidArgument(
+          "\"base\" must be debian:SUITE (e.g. debian:bookworm); use \"from\" "
+          "to start from an image");
     r.suite = base->substr(7);
   } else {
     for (auto& n : *from) {
@@ -91,10 +92,10 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body, const EdgeConfig
     }
     r.from = *from;
     if (packages && !packages->empty())
-      return InvalidArgument("\"packages\" need a \"base\" (debian:SUITE); with \"from\", install "
-                             "them in a \"run\" step");
-    if (!run || run->empty())
-      return InvalidArgument("a build \"from\" images needs \"run\" steps");
+      return InvalidArgument(
+          "\"packages\" need a \"base\" (debian:SUITE); with \"from\", install "
+          "them in a \"run\" step");
+    if (!run || run->empty()) return InvalidArgument("a build \"from\" images needs \"run\" steps");
   }
   if (variant) r.variant = *variant;
   if (packages) r.packages = *packages;
@@ -140,7 +141,7 @@ struct Builds::Job {
   };
   std::vector<Step> steps;
   int current = -1;
-  std::string log;  // the kept tail
+  std::string log;         // the kept tail
   uint64_t log_start = 0;  // offset of log[0] in the whole log
   std::string error;
   std::string image;  // the image made, once succeeded
@@ -329,7 +330,8 @@ void Builds::Run(const std::shared_ptr<Job>& j) {
     j->exec.reset();
   }
   if (!sid.empty()) {
-    if (Status d = manager_->Delete(sid, "build finished"); !d.ok() && d.code() != StatusCode::kNotFound)
+    if (Status d = manager_->Delete(sid, "build finished");
+        !d.ok() && d.code() != StatusCode::kNotFound)
       DSEC_LOG_WARN("build {}: delete sandbox {}: {}", j->id, sid, d.ToString());
   }
   if (!s.ok()) (void)store_->Collect();  // the layers a failed build stored
@@ -341,7 +343,8 @@ void Builds::Run(const std::shared_ptr<Job>& j) {
     j->state = canceled ? "canceled" : "failed";
     j->error = canceled ? "canceled" : s.message();
     for (auto& st : j->steps)
-      if (st.state == "running" || st.state == "pending") st.state = canceled ? "canceled" : "failed";
+      if (st.state == "running" || st.state == "pending")
+        st.state = canceled ? "canceled" : "failed";
     std::string line = "\n[dsec] build " + j->state + ": " + j->error + "\n";
     j->log += line;
   }
@@ -430,9 +433,9 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
     p.ttl_s = r.timeout_s + 600;
     p.env = r.env;
     p.labels = {{kBuildLabel, j->id}};
-    DSEC_ASSIGN_OR_RETURN(std::vector<Json> made,
-                          manager_->Create(p, 1, /*wait=*/true,
-                                           [](std::function<void()> f) { f(); }));
+    DSEC_ASSIGN_OR_RETURN(
+        std::vector<Json> made,
+        manager_->Create(p, 1, /*wait=*/true, [](std::function<void()> f) { f(); }));
     std::string sid = made.at(0).value("id", "");
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -496,10 +499,10 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
         return ResourceExhausted("step \"" + Short(cmd) + "\" ran out of memory (memory_mb " +
                                  std::to_string(r.memory_mb) + ")");
       if (res->exit_code != 0)
-        return InvalidArgument(
-            "step \"" + Short(cmd) + "\" " +
-            (res->signal ? "was killed by signal " + std::to_string(res->signal)
-                         : "exited with status " + std::to_string(res->exit_code)));
+        return InvalidArgument("step \"" + Short(cmd) + "\" " +
+                               (res->signal
+                                    ? "was killed by signal " + std::to_string(res->signal)
+                                    : "exited with status " + std::to_string(res->exit_code)));
       done();
     }
 

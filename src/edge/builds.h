@@ -30,12 +30,12 @@
 namespace dsec::edge {
 
 struct BuildRequest {
-  std::string name;                  // "name:tag" (normalized)
-  std::string suite;                 // base "debian:<suite>": bootstrap with mmdebstrap
-  std::string variant = "minbase";   // mmdebstrap --variant
-  std::vector<std::string> from;     // or start from these images (stacked)
-  std::vector<std::string> packages;  // with a Debian base
-  std::vector<std::string> run;       // shell commands, run as root in a build sandbox
+  std::string name;                        // "name:tag" (normalized)
+  std::string suite;                       // base "debian:<suite>": bootstrap with mmdebstrap
+  std::string variant = "minbase";         // mmdebstrap --variant
+  std::vector<std::string> from;           // or start from these images (stacked)
+  std::vector<std::string> packages;       // with a Debian base
+  std::vector<std::string> run;            // shell commands, run as root in a build sandbox
   std::map<std::string, std::string> env;  // for the commands, and kept in the image
   std::string workdir;                     // for the commands, and kept in the image
   int64_t memory_mb = 2048, disk_mb = 4096;

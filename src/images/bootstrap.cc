@@ -155,10 +155,9 @@ Status Bootstrap(const BootstrapOptions& o, const std::function<Status(std::stri
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return OkStatus();
   if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
     return FailedPrecondition(o.mmdebstrap + " is not installed (Debian: mmdebstrap)");
-  return InternalError(o.mmdebstrap + (WIFEXITED(st) ? " exited with status " +
-                                                           std::to_string(WEXITSTATUS(st))
-                                                     : " was killed by signal " +
-                                                           std::to_string(WTERMSIG(st))) +
+  return InternalError(o.mmdebstrap +
+                       (WIFEXITED(st) ? " exited with status " + std::to_string(WEXITSTATUS(st))
+                                      : " was killed by signal " + std::to_string(WTERMSIG(st))) +
                        " (see the build log)");
 }
 
