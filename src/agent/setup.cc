@@ -78,6 +78,7 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   if (listen && ::listen(listen.get(), 4) < 0) return ErrnoError("listen agent.sock");
   DSEC_ASSIGN_OR_RETURN(UniqueFd cgroup_user, take(spec.fds.cgroup_user, "cgroup"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd zygote_binary, take(spec.fds.zygote_binary, "zygote binary"));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd disk, take(spec.fds.disk, "disk"));
   if (spec.zygote && !zygote_binary) return InvalidArgument("setup is missing the zygote binary");
   std::vector<UniqueFd> layers;
   std::vector<int> layer_fds;
@@ -97,9 +98,10 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   if (sethostname(spec.hostname.data(), spec.hostname.size()) < 0) return ErrnoError("sethostname");
   DSEC_RETURN_IF_ERROR(BringUpLoopback());
   UniqueFd writable;
-  DSEC_RETURN_IF_ERROR(
-      isolation::BuildRootfsAndPivot(spec.rootfs, layer_fds, mount_dir.get(), &writable));
+  DSEC_RETURN_IF_ERROR(isolation::BuildRootfsAndPivot(spec.rootfs, layer_fds, mount_dir.get(),
+                                                      &writable, disk ? disk.get() : -1));
   layers.clear();
+  disk.Reset();
   mount_dir.Reset();
   fds.clear();  // anything unexpected the edge sent goes too
   if (spec.rootfs.userns) DSEC_RETURN_IF_ERROR(SealProjidMap());

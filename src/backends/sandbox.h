@@ -100,6 +100,7 @@ struct SandboxStats {
   uint64_t pids = 0;
   uint64_t oom_kills = 0;
   uint64_t disk_used = 0, disk_limit = 0;
+  std::string disk_kind = "tmpfs";  // what the writable layer is: "tmpfs" or "image"
   uint64_t exec_count = 0;
 };
 

@@ -70,8 +70,40 @@ StatusOr<std::optional<std::string>> ParseImage(const Json* j) {
   return std::optional<std::string>(out);
 }
 
+// A workdir from an image's config (imported, so untrusted): the same shape a caller may give.
+bool UsableWorkdir(const std::string& w) {
+  if (w.empty() || w[0] != '/' || w.size() > 1024 || w.find('\0') != std::string::npos)
+    return false;
+  for (auto c : SplitString(w, '/', /*skip_empty=*/true))
+    if (c == "." || c == "..") return false;
+  return true;
+}
+
+// What the request left out comes from the image's config (for a stack, the topmost image that
+// sets it, as ImageStore::Acquire merges them): the workdir and the user, and its env under the
+// caller's. It goes into the params rather than only the backend's spec so that the sandbox's
+// record, its execs' default cwd and its forks (made from layer digests, which carry no config)
+// all agree. A user the node cannot resolve (a name like "node": only "sandbox", "root" and
+// numeric ids are known) leaves the default; so does a workdir that is not a clean absolute path.
+Status ApplyImageConfig(images::ImageStore* store, bool workdir_given, bool user_given,
+                        CreateParams* p) {
+  std::vector<std::string> names;
+  for (auto n : SplitString(p->image, ',', /*skip_empty=*/true)) names.emplace_back(n);
+  DSEC_ASSIGN_OR_RETURN(images::Stack stack, store->Acquire(names, /*holder=*/""));
+  const images::ImageConfig& c = stack.config;
+  if (!workdir_given && UsableWorkdir(c.workdir)) p->workdir = c.workdir;
+  if (!user_given && !c.user.empty() && backends::ResolveUser(c.user).ok()) p->user = c.user;
+  for (const auto& kv : c.env) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0 || kv.find('\0') != std::string::npos) continue;
+    p->env.emplace(kv.substr(0, eq), kv.substr(eq + 1));  // the caller's value wins
+  }
+  return OkStatus();
+}
+
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
-                                                   fncall::PoolSet* pools, bool* count_given) {
+                                                   fncall::PoolSet* pools,
+                                                   images::ImageStore* images, bool* count_given) {
   DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
   CreateParams p;
   p.cpu = cfg.default_cpu;
@@ -159,13 +191,17 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
     DSEC_RETURN_IF_ERROR(ValidateLabels(*labels));
     p.labels = Flatten(*labels);
   }
+  // A pool made its sandboxes already, with what it fixes (checked above).
+  if (p.pool.empty() && p.image != "host" && images)
+    DSEC_RETURN_IF_ERROR(ApplyImageConfig(images, workdir.has_value(), user.has_value(), &p));
   *count_given = count.has_value();
   return std::make_pair(p, static_cast<int>(count.value_or(1)));
 }
 
 void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   bool count_given = false;
-  auto parsed = ParseCreate(c->req.body, c->api->deps().cfg, c->api->deps().pools, &count_given);
+  const auto& deps = c->api->deps();
+  auto parsed = ParseCreate(c->req.body, deps.cfg, deps.pools, deps.images, &count_given);
   if (!parsed.ok()) return c->Fail(parsed.status());
   const std::string* wait = c->req.Query("wait");
   bool wait_ready = !(wait && (*wait == "0" || *wait == "false"));
@@ -249,6 +285,7 @@ void Stats(const std::shared_ptr<Ctx>& c) {
                  {"memory_limit", st->memory_limit},
                  {"disk_used", st->disk_used},
                  {"disk_limit", st->disk_limit},
+                 {"disk_kind", st->disk_kind},
                  {"pids", st->pids},
                  {"oom_kills", st->oom_kills},
                  {"exec_count", st->exec_count}});

@@ -32,6 +32,8 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"default_memory_mb", &c->default_memory_mb},
       {"default_pids", &c->default_pids},
       {"default_disk_mb", &c->default_disk_mb},
+      {"tmpfs_disk_max_mb", &c->tmpfs_disk_max_mb},
+      {"disk_dir", &c->disk_dir},
       {"default_ttl_s", &c->default_ttl_s},
       {"max_header_bytes", &c->max_header_bytes},
       {"max_json_body_bytes", &c->max_json_body_bytes},
@@ -170,6 +172,8 @@ Status FinalizeConfig(EdgeConfig* c) {
     c->fncall_max = std::max<int>(8, 4 * static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   if (c->fncall_min_idle > c->fncall_max)
     return InvalidArgument("fncall_min_idle must not exceed fncall_max");
+  if (!c->disk_dir.empty() && c->disk_dir[0] != '/')
+    return InvalidArgument("disk_dir must be an absolute path");
   if (c->image_layer_format != "dir" && c->image_layer_format != "erofs")
     return InvalidArgument("image_layer_format must be \"dir\" or \"erofs\"");
   if (!c->build_mirror.empty() && c->build_mirror.rfind("http://", 0) != 0 &&
@@ -186,6 +190,7 @@ Status FinalizeConfig(EdgeConfig* c) {
            {"default_memory_mb", double(c->default_memory_mb), 16, 1 << 20},
            {"default_pids", double(c->default_pids), 8, 1 << 22},
            {"default_disk_mb", double(c->default_disk_mb), 1, 1 << 20},
+           {"tmpfs_disk_max_mb", double(c->tmpfs_disk_max_mb), 0, 1 << 20},
            {"default_ttl_s", double(c->default_ttl_s), 1, 2592000},
            {"max_header_bytes", double(c->max_header_bytes), 1024, 1 << 20},
            {"max_json_body_bytes", double(c->max_json_body_bytes), 1024, 1 << 30},

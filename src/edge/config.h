@@ -31,6 +31,11 @@ struct EdgeConfig {
   int64_t default_memory_mb = 512;
   int64_t default_pids = 256;
   int64_t default_disk_mb = 256;
+  // Writable layers of up to this many MB are a tmpfs charged to the sandbox's memory; bigger
+  // ones are ext4 disk images in disk_dir ("" = <state_dir>/disks), which must have room for
+  // what such sandboxes write.
+  int64_t tmpfs_disk_max_mb = 1024;
+  std::string disk_dir;
   int64_t default_ttl_s = 3600;
 
   // Bounds on callers.

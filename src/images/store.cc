@@ -2,12 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/loop.h>
 #include <linux/mount.h>
 #include <openssl/evp.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +18,7 @@
 #include "base/ids.h"
 #include "base/logging.h"
 #include "base/strings.h"
+#include "base/subprocess.h"
 #include "sys/syscalls.h"
 
 namespace dsec::images {
@@ -135,79 +133,23 @@ Status FixUnlistedDirs(int root, std::string* out) {
   return OkStatus();
 }
 
-// Runs argv to completion with stdout/stderr captured (bounded); error with its output.
-Status RunTool(const std::vector<std::string>& argv) {
-  int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) < 0) return ErrnoError("pipe");
-  UniqueFd rd(pipefd[0]), wr(pipefd[1]);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) return ErrnoError("fork");
-  if (pid == 0) {
-    dup2(wr.get(), 1);
-    dup2(wr.get(), 2);
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  wr.Reset();
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(rd.get(), buf, sizeof buf)) != 0) {
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    if (out.size() < 8192) out.append(buf, static_cast<size_t>(n));
-  }
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return OkStatus();
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
-    return FailedPrecondition(argv[0] + " is not installed (Debian: erofs-utils)");
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  if (out.size() > 400) out = "..." + out.substr(out.size() - 400);
-  return InternalError(argv[0] + " failed: " + out);
-}
-
 // Attaches `file` to a free loop device (read-only, autoclear) and mounts it as EROFS: a
 // detached read-only mount. The loop device goes away with the last user of the mount.
 StatusOr<UniqueFd> MountErofs(const std::string& file) {
   UniqueFd img(open(file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!img) return ErrnoError("open \"" + file + "\"");
-  UniqueFd ctl(open("/dev/loop-control", O_RDWR | O_CLOEXEC));
-  if (!ctl) return ErrnoError("open /dev/loop-control");
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    int n = ioctl(ctl.get(), LOOP_CTL_GET_FREE);
-    if (n < 0) return ErrnoError("LOOP_CTL_GET_FREE");
-    std::string dev = "/dev/loop" + std::to_string(n);
-    UniqueFd loop(open(dev.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!loop) return ErrnoError("open " + dev);
-    loop_config cfg{};
-    cfg.fd = static_cast<uint32_t>(img.get());
-    cfg.block_size = 0;
-    cfg.info.lo_flags = LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR;
-    if (ioctl(loop.get(), LOOP_CONFIGURE, &cfg) < 0) {
-      if (errno == EBUSY) continue;  // taken by someone else meanwhile
-      return ErrnoError("LOOP_CONFIGURE " + dev);
-    }
-    UniqueFd fs(sys::FsOpen("erofs", FSOPEN_CLOEXEC));
-    if (!fs) return ErrnoError("fsopen erofs");
-    if (sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, "source", dev.c_str(), 0) < 0 ||
-        sys::FsConfig(fs.get(), FSCONFIG_SET_FLAG, "ro", nullptr, 0) < 0 ||
-        sys::FsConfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
-      return ErrnoError("mount erofs from " + dev + " (\"" + file + "\")");
-    UniqueFd mnt(sys::FsMount(fs.get(), FSMOUNT_CLOEXEC,
-                              MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
-    if (!mnt) return ErrnoError("fsmount erofs");
-    return mnt;  // `loop` closes here: the mount keeps the device until it goes
-  }
-  return ResourceExhausted("no free loop device");
+  // Direct I/O: the layer's pages are cached once, by EROFS, not also as the loop's file.
+  DSEC_ASSIGN_OR_RETURN(LoopDevice loop, AttachLoopDevice(img.get(), true, true));
+  UniqueFd fs(sys::FsOpen("erofs", FSOPEN_CLOEXEC));
+  if (!fs) return ErrnoError("fsopen erofs");
+  if (sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, "source", loop.dev.c_str(), 0) < 0 ||
+      sys::FsConfig(fs.get(), FSCONFIG_SET_FLAG, "ro", nullptr, 0) < 0 ||
+      sys::FsConfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+    return ErrnoError("mount erofs from " + loop.dev + " (\"" + file + "\")");
+  UniqueFd mnt(sys::FsMount(fs.get(), FSMOUNT_CLOEXEC,
+                            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+  if (!mnt) return ErrnoError("fsmount erofs");
+  return mnt;  // the loop device's fd closes here: the mount keeps it until it goes
 }
 
 }  // namespace
@@ -479,7 +421,8 @@ StatusOr<LayerInfo> ImageStore::AddLayer(const std::string& tmp_dir, const std::
   if (format == "erofs") {
     staged = tmp_dir + ".erofs";
     // -x1: extended attributes kept (overlayfs opaque markers); whiteouts are 0/0 devices.
-    DSEC_RETURN_IF_ERROR(RunTool({opts_.mkfs_erofs, "--quiet", "-x1", staged, tmp_dir}));
+    DSEC_RETURN_IF_ERROR(
+        RunTool({opts_.mkfs_erofs, "--quiet", "-x1", staged, tmp_dir}, "erofs-utils"));
     final_path += ".erofs";
   }
   std::lock_guard<std::mutex> l(mu_);
@@ -715,8 +658,8 @@ StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer, bool own_fs) {
     std::string img = LayerDir(layer.digest) + ".erofs";
     if (access(img.c_str(), F_OK) != 0) {
       std::string tmp = TempPath("erofs") + ".erofs";
-      DSEC_RETURN_IF_ERROR(
-          RunTool({opts_.mkfs_erofs, "--quiet", "-x1", tmp, LayerDir(layer.digest)}));
+      DSEC_RETURN_IF_ERROR(RunTool(
+          {opts_.mkfs_erofs, "--quiet", "-x1", tmp, LayerDir(layer.digest)}, "erofs-utils"));
       if (rename(tmp.c_str(), img.c_str()) < 0) {
         Status s = ErrnoError("rename \"" + tmp + "\"");
         unlink(tmp.c_str());

@@ -308,18 +308,24 @@ StatusOr<UniqueFd> MakeDirInRoot(int root, const std::string& path, mode_t mode,
 }
 
 Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds, int mount_dir,
-                           UniqueFd* writable) {
+                           UniqueFd* writable, int disk) {
   // 1. Nothing we mount propagates back to the host, and host mounts stop propagating in.
   if (mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0)
     return ErrnoError("mount --make-rprivate /");
 
-  // 2. The writable layer.
-  DSEC_ASSIGN_OR_RETURN(UniqueFd tmpfs, NewMount("tmpfs",
-                                                 {{"size", std::to_string(spec.size_bytes)},
-                                                  {"nr_inodes", std::to_string(spec.inodes)},
-                                                  {"mode", "0755"}},
-                                                 MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
-  DSEC_RETURN_IF_ERROR(Attach(tmpfs.get(), mount_dir, "sandbox tmpfs"));
+  // 2. The writable layer: a tmpfs, or the disk the edge made.
+  UniqueFd tmpfs;
+  if (disk >= 0) {
+    tmpfs.Reset(fcntl(disk, F_DUPFD_CLOEXEC, 3));
+    if (!tmpfs) return ErrnoError("dup disk mount");
+  } else {
+    DSEC_ASSIGN_OR_RETURN(tmpfs, NewMount("tmpfs",
+                                          {{"size", std::to_string(spec.size_bytes)},
+                                           {"nr_inodes", std::to_string(spec.inodes)},
+                                           {"mode", "0755"}},
+                                          MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+  }
+  DSEC_RETURN_IF_ERROR(Attach(tmpfs.get(), mount_dir, "sandbox writable layer"));
   // Relative paths below (overlay layer options) resolve against the tmpfs root.
   if (fchdir(tmpfs.get()) < 0) return ErrnoError("fchdir tmpfs");
   for (const char* d : {"root", "up", "wk", "layers"})

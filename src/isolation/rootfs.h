@@ -75,8 +75,11 @@ const std::vector<std::string>& ProcReadonlyPaths();
 // namespace). On return the caller's root and cwd are the sandbox's "/". With `writable`, the
 // writable layer's tmpfs (its root holds up/<i>, the upper dir of overlay i) is kept open there,
 // unreachable from inside the new root: the edge reads it through the agent for snapshots.
+// With `disk` (a detached mount of a filesystem the edge made, see disk_image.h), that
+// filesystem is the writable layer instead of a tmpfs; spec.size_bytes and inodes are then
+// already its own.
 Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds, int mount_dir,
-                           UniqueFd* writable = nullptr);
+                           UniqueFd* writable = nullptr, int disk = -1);
 
 // Opens `path` inside `root` (openat2 RESOLVE_IN_ROOT|NO_SYMLINKS|NO_MAGICLINKS).
 StatusOr<UniqueFd> OpenInRoot(int root, const std::string& path, int flags, mode_t mode = 0);

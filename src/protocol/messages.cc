@@ -198,7 +198,8 @@ Json ToJson(const SetupSpec& s) {
             {"cgroup_user", s.fds.cgroup_user},
             {"first_layer", s.fds.first_layer},
             {"layer_count", s.fds.layer_count},
-            {"zygote_binary", s.fds.zygote_binary}}}};
+            {"zygote_binary", s.fds.zygote_binary},
+            {"disk", s.fds.disk}}}};
 }
 
 StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
@@ -234,8 +235,9 @@ StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(int64_t fl, GetInt(*fds, "first_layer", -1, -1, 252));
   DSEC_ASSIGN_OR_RETURN(int64_t lc, GetInt(*fds, "layer_count", 0, 0, 252));
   DSEC_ASSIGN_OR_RETURN(int64_t zb, GetInt(*fds, "zygote_binary", -1, -1, 252));
-  s.fds = {static_cast<int>(md), static_cast<int>(ls), static_cast<int>(cg),
-           static_cast<int>(fl), static_cast<int>(lc), static_cast<int>(zb)};
+  DSEC_ASSIGN_OR_RETURN(int64_t dk, GetInt(*fds, "disk", -1, -1, 252));
+  s.fds = {static_cast<int>(md), static_cast<int>(ls), static_cast<int>(cg), static_cast<int>(fl),
+           static_cast<int>(lc), static_cast<int>(zb), static_cast<int>(dk)};
   if (auto z = j.find("zygote"); z != j.end() && !z->is_null()) {
     if (!z->is_object()) return InvalidArgument("zygote must be an object");
     ZygoteSpec zs;

@@ -31,6 +31,8 @@ struct SetupFds {
   int first_layer = -1;  // layers follow, in order
   int layer_count = 0;
   int zygote_binary = -1;  // sealed memfd of dsec-zygote (fncall workers)
+  // A detached mount (an ext4 disk image) to use as the writable layer instead of a tmpfs.
+  int disk = -1;
 };
 
 // What the agent of an fncall worker starts once it is set up: a resident zygote

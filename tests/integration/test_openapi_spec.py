@@ -103,7 +103,8 @@ CREATE = {
 PATCH = {"ttl_s": 600, "idle_ttl_s": 60, "labels": {"job": "rollout-8", "old": None},
          "network": {"mode": "none"}, "request_id": "patch-1"}
 STATS = {"cpu_time_ms": 12.5, "memory_current": 1048576, "memory_peak": 2097152,
-         "memory_limit": 805306368, "disk_used": 4096, "disk_limit": 268435456, "pids": 2,
+         "memory_limit": 805306368, "disk_used": 4096, "disk_limit": 268435456,
+         "disk_kind": "tmpfs", "pids": 2,
          "oom_kills": 0, "exec_count": 3}
 EXEC_REQUEST = {"cmd": ["python3", "-c", "print(1)"], "shell": None, "stdin": "", "env": {},
                 "cwd": None, "user": None, "timeout_ms": 30000, "max_output_bytes": 1048576,

@@ -971,8 +971,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return ok({"sandboxes": kids}, 201)
         if rest == ["stats"]:
             return ok({"cpu_time_ms": 1.5, "memory_current": 1, "memory_peak": 2,
-                       "memory_limit": 3, "disk_used": 0, "disk_limit": 4, "pids": 1,
-                       "oom_kills": 0, "exec_count": edge.exec_count})
+                       "memory_limit": 3, "disk_used": 0, "disk_limit": 4,
+                       "disk_kind": "tmpfs", "pids": 1, "oom_kills": 0,
+                       "exec_count": edge.exec_count})
         if rest == ["signal"]:
             _strict(obj, SIGNAL_FIELDS)
             return ok({"signaled": 3})

@@ -17,7 +17,9 @@
 #include "backends/container/launcher.h"
 #include "base/file_util.h"
 #include "base/ids.h"
+#include "base/logging.h"
 #include "base/strings.h"
+#include "isolation/disk_image.h"
 #include "isolation/seccomp.h"
 
 namespace dsec::backends::container {
@@ -72,6 +74,12 @@ Status ContainerBackend::Init() {
   // removing a directory that was a mount point waits for an RCU grace period (~0.5 ms).
   root_mount_dir_ = JoinPath(opts_.state_dir, "rootmnt");
   DSEC_RETURN_IF_ERROR(MakeDirs(root_mount_dir_, 0700));
+  // Disk images have a name only while they are made; any named one is from a create that
+  // was interrupted.
+  disk_dir_ = opts_.disk_dir.empty() ? JoinPath(opts_.state_dir, "disks") : opts_.disk_dir;
+  DSEC_RETURN_IF_ERROR(MakeDirs(disk_dir_, 0700));
+  DSEC_ASSIGN_OR_RETURN(int stale, isolation::RemoveStaleDiskImages(disk_dir_));
+  if (stale > 0) DSEC_LOG_INFO("removed {} disk images of interrupted creates", stale);
 
   // Every live sandbox holds several of our fds (cgroup, owner lock, pidfd, netns, agent
   // socket), so the usual soft limit of 1024 would cap a node at ~100 sandboxes: raise it to
@@ -100,6 +108,7 @@ Status ContainerBackend::Init() {
 
   host_image_opts_.hidden_paths = opts_.hidden_paths;
   host_image_opts_.hidden_paths.push_back(opts_.state_dir);
+  host_image_opts_.hidden_paths.push_back(disk_dir_);
   DSEC_ASSIGN_OR_RETURN(host_image_, isolation::HostImage::Prepare(host_image_opts_));
 
   isolation::SeccompOptions so;

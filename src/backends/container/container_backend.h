@@ -33,7 +33,12 @@ struct ContainerBackendOptions {
   uint32_t userns_slots = 8192;      // ranges of 65536 ids
   isolation::Rlimits rlimits;
   uint32_t max_execs_per_sandbox = 64;
-  uint64_t inodes_per_mb = 256;           // writable layer inode limit = disk_mb * this (>= 4096)
+  uint64_t inodes_per_mb = 256;  // writable layer inode limit = disk_mb * this (>= 4096)
+  // Writable layers of up to this many MB are a tmpfs (its pages count as the sandbox's
+  // memory: memory limit = memory_mb + disk_mb); bigger ones are ext4 disk images made in
+  // disk_dir (default <state_dir>/disks), not charged to memory (see isolation/disk_image.h).
+  int64_t tmpfs_disk_max_mb = 1024;
+  std::string disk_dir;
   std::vector<std::string> hidden_paths;  // the edge's token, config, socket, logs
   bool allow_ptrace = true;
   int setup_timeout_ms = 10000;
@@ -84,6 +89,7 @@ class ContainerBackend : public Backend {
   std::string instance_id_;
   std::string sandboxes_dir_;
   std::string root_mount_dir_;  // see Init()
+  std::string disk_dir_;        // where disk images are made
   isolation::KernelFeatures features_;
   std::unique_ptr<isolation::CgroupDriver> cgroups_;
   std::mutex host_image_mu_;

@@ -25,6 +25,7 @@
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "images/capture.h"
+#include "isolation/disk_image.h"
 #include "isolation/host_image.h"
 #include "isolation/userns.h"
 #include "sys/syscalls.h"
@@ -246,8 +247,10 @@ Status ContainerSandbox::StartLocked() {
     id_base_ = root_uid;
   }
 
+  // Big writable layers are disk images; smaller ones a tmpfs, whose pages count as memory.
+  disk_image_ = spec_.disk_mb > b.opts_.tmpfs_disk_max_mb;
   isolation::CgroupLimits limits;
-  limits.memory_bytes = (spec_.memory_mb + spec_.disk_mb) << 20;  // tmpfs pages count too
+  limits.memory_bytes = (spec_.memory_mb + (disk_image_ ? 0 : spec_.disk_mb)) << 20;
   limits.pids = spec_.pids;
   limits.cpus = spec_.cpus;
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->CreateSandbox(spec_.id, limits));
@@ -334,6 +337,7 @@ Status ContainerSandbox::AdoptLocked(const std::string& handle) {
   // What snapshots need (absent in handles of older edges: those sandboxes cannot snapshot).
   layer_fd_ = static_cast<int>(h.value("layer_fd", -1));
   id_base_ = h.value("id_base", uint32_t{0});
+  disk_image_ = h.value("disk_image", false);
   if (auto it = h.find("overlays"); it != h.end() && it->is_array())
     for (const auto& t : *it)
       if (t.is_string()) overlay_targets_.push_back(t.get<std::string>());
@@ -407,6 +411,7 @@ std::string ContainerSandbox::AdoptionHandle() const {
                {"layer_fd", layer_fd_},
                {"overlays", overlay_targets_},
                {"id_base", id_base_},
+               {"disk_image", disk_image_},
                {"stack",
                 [&] {
                   Json l = Json::array();
@@ -608,6 +613,18 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   if (cg_user) {
     s.fds.cgroup_user = static_cast<int>(fds.size());
     fds.push_back(cg_user.get());
+  }
+  UniqueFd disk;
+  if (disk_image_) {
+    isolation::DiskImageSpec d;
+    d.dir = b.disk_dir_;
+    d.name = spec_.id;
+    d.bytes = r.size_bytes;
+    d.inodes = r.inodes;
+    d.owner = d.group = id_base_;  // the sandbox's root (0 without a user namespace)
+    DSEC_ASSIGN_OR_RETURN(disk, isolation::MakeDiskImageMount(d));
+    s.fds.disk = static_cast<int>(fds.size());
+    fds.push_back(disk.get());
   }
   s.fds.first_layer = static_cast<int>(fds.size());
   s.fds.layer_count = static_cast<int>(layers.size());
@@ -934,14 +951,28 @@ StatusOr<SandboxStats> ContainerSandbox::Stats() {
   SandboxStats s;
   s.memory_current = c.memory_current;
   s.memory_peak = c.memory_peak;
-  s.memory_limit = static_cast<uint64_t>(spec_.memory_mb + spec_.disk_mb) << 20;
+  s.memory_limit = static_cast<uint64_t>(spec_.memory_mb + (disk_image_ ? 0 : spec_.disk_mb)) << 20;
   s.cpu_usage_us = c.cpu_usage_us;
   s.pids = c.pids_current;
   s.oom_kills = c.oom_kills;
   s.disk_used = c.shmem;
+  if (disk_image_) {
+    DSEC_ASSIGN_OR_RETURN(s.disk_used, DiskImageUsed());
+    s.disk_kind = "image";
+  }
   s.disk_limit = static_cast<uint64_t>(spec_.disk_mb) << 20;
   s.exec_count = exec_count_.load();
   return s;
+}
+
+StatusOr<uint64_t> ContainerSandbox::DiskImageUsed() {
+  if (layer_fd_ < 0) return FailedPrecondition("sandbox " + spec_.id + " has no writable layer fd");
+  std::string fd = "/proc/" + std::to_string(agent_pid_) + "/fd/" + std::to_string(layer_fd_);
+  struct statfs sfs;
+  if (statfs(fd.c_str(), &sfs) < 0) return ErrnoError("statfs the writable layer of " + spec_.id);
+  if (sfs.f_type != EXT4_SUPER_MAGIC)
+    return FailedPrecondition("the writable layer of " + spec_.id + " is not its disk image");
+  return static_cast<uint64_t>(sfs.f_blocks - sfs.f_bfree) * static_cast<uint64_t>(sfs.f_bsize);
 }
 
 Status ContainerSandbox::Destroy() {
@@ -1002,15 +1033,18 @@ StatusOr<std::vector<std::string>> ContainerSandbox::CaptureStack() {
   if (layer_fd_ < 0 || overlay_targets_.empty())
     return FailedPrecondition("sandbox " + spec_.id +
                               " was started by an older agent and cannot be snapshotted");
-  // The agent holds the writable layer's tmpfs; through its fd table we reach the very mount
-  // (nothing inside the sandbox can). It must be a tmpfs, with the upper dirs the setup made.
+  // The agent holds the writable layer's tmpfs (or disk image); through its fd table we reach
+  // the very mount (nothing inside the sandbox can). It must be that filesystem, with the upper
+  // dirs the setup made.
   UniqueFd tmpfs(
       open(("/proc/" + std::to_string(agent_pid_) + "/fd/" + std::to_string(layer_fd_)).c_str(),
            O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!tmpfs) return ErrnoError("open the writable layer of " + spec_.id);
   struct statfs sfs;
-  if (fstatfs(tmpfs.get(), &sfs) < 0 || sfs.f_type != TMPFS_MAGIC)
-    return FailedPrecondition("the writable layer of " + spec_.id + " is not its tmpfs");
+  if (fstatfs(tmpfs.get(), &sfs) < 0 ||
+      sfs.f_type != (disk_image_ ? EXT4_SUPER_MAGIC : TMPFS_MAGIC))
+    return FailedPrecondition("the writable layer of " + spec_.id + " is not its " +
+                              (disk_image_ ? "disk image" : "tmpfs"));
   std::vector<UniqueFd> uppers;
   std::vector<images::CaptureSource> sources;
   for (size_t i = 0; i < overlay_targets_.size(); ++i) {

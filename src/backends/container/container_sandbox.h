@@ -114,6 +114,11 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   int layer_fd_ = -1;
   std::vector<std::string> overlay_targets_;
   uint32_t id_base_ = 0;
+  // The writable layer is an ext4 disk image (disk_mb above the backend's tmpfs_disk_max_mb)
+  // rather than a tmpfs charged to memory.
+  bool disk_image_ = false;
+  // Bytes used in the writable layer's filesystem (statfs of the agent's fd of it).
+  StatusOr<uint64_t> DiskImageUsed();
 };
 
 }  // namespace dsec::backends::container

@@ -1,0 +1,147 @@
+#include "isolation/disk_image.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "base/file_util.h"
+
+namespace dsec::isolation {
+namespace {
+
+size_t LoopDevicesInUse() {
+  size_t n = 0;
+  auto names = ListDir("/sys/block");
+  if (!names.ok()) return 0;
+  for (const auto& b : *names)
+    if (b.rfind("loop", 0) == 0 && ReadFileToString("/sys/block/" + b + "/loop/backing_file").ok())
+      ++n;
+  return n;
+}
+
+// Writes up to `bytes` to a new file in dirfd; returns how much went in and the errno that
+// stopped it (0: all of it).
+std::pair<uint64_t, int> Fill(int dirfd, const char* name, uint64_t bytes) {
+  int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return {0, errno};
+  std::string chunk(64 << 10, 'x');
+  uint64_t done = 0;
+  int err = 0;
+  while (done < bytes) {
+    ssize_t n = write(fd, chunk.data(), chunk.size());
+    if (n < 0) {
+      err = errno;
+      break;
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  if (err == 0 && fsync(fd) < 0) err = errno;
+  close(fd);
+  return {done, err};
+}
+
+TEST(DiskImagePrivilegedTest, SizeAndInodesAreHardCapsAndNothingOutlivesTheMount) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to attach loop devices and mount ext4";
+  if (access("/dev/loop-control", R_OK | W_OK) != 0)
+    GTEST_SKIP() << "no /dev/loop-control: loop devices are unavailable";
+  auto tmp = TempDir::Create("/tmp/dsec-disk-test-");
+  ASSERT_TRUE(tmp.ok());
+  size_t loops = LoopDevicesInUse();
+  DiskImageSpec spec;
+  spec.dir = tmp->path();
+  spec.name = "sb-1";
+  spec.bytes = 64ull << 20;
+  spec.inodes = 2000;
+  spec.owner = 4242;
+  spec.group = 4243;
+  {
+    auto m = MakeDiskImageMount(spec);
+    if (!m.ok() && m.status().code() == StatusCode::kFailedPrecondition)
+      GTEST_SKIP() << m.status().ToString();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    int mnt = m->get();
+    // Nothing named is left in the directory: the loop device holds the only reference.
+    auto names = ListDir(tmp->path());
+    ASSERT_TRUE(names.ok());
+    EXPECT_TRUE(names->empty());
+    EXPECT_EQ(LoopDevicesInUse(), loops + 1);
+
+    struct stat st {};
+    ASSERT_EQ(fstat(mnt, &st), 0);
+    EXPECT_EQ(st.st_uid, 4242u);
+    EXPECT_EQ(st.st_gid, 4243u);
+    struct statfs sfs {};
+    ASSERT_EQ(fstatfs(mnt, &sfs), 0);
+    EXPECT_EQ(sfs.f_type, 0xEF53);  // ext4
+    uint64_t size = static_cast<uint64_t>(sfs.f_blocks) * sfs.f_bsize;
+    EXPECT_LE(size, 64ull << 20);
+    EXPECT_GE(size, 56ull << 20);
+    // No root reserve: only ext4's own small metadata reserve (2%, at most 4096 blocks),
+    // which no write(2) can use.
+    EXPECT_LE(sfs.f_bfree - sfs.f_bavail, sfs.f_blocks / 40);
+    EXPECT_GE(sfs.f_files, 2000u);
+    EXPECT_LT(sfs.f_files, 2000u + 1024);
+    EXPECT_EQ(faccessat(mnt, "lost+found", F_OK, AT_SYMLINK_NOFOLLOW), -1);
+
+    // Bytes: a write past the size stops with ENOSPC, as root (this test) too.
+    auto [done, err] = Fill(mnt, "big", 256ull << 20);
+    EXPECT_EQ(err, ENOSPC);
+    EXPECT_GE(done, 48ull << 20);
+    EXPECT_LE(done, 64ull << 20);
+    ASSERT_EQ(unlinkat(mnt, "big", 0), 0);
+    // Inodes.
+    int made = 0, ferr = 0;
+    for (int i = 0; i < 5000; ++i) {
+      int fd = openat(mnt, ("f" + std::to_string(i)).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        ferr = errno;
+        break;
+      }
+      close(fd);
+      ++made;
+    }
+    EXPECT_EQ(ferr, ENOSPC);
+    EXPECT_GE(made, 1900);
+    EXPECT_LT(made, 3100);
+    // A second image of the same name can be made while this one lives (the name is free).
+    auto m2 = MakeDiskImageMount(spec);
+    ASSERT_TRUE(m2.ok()) << m2.status().ToString();
+    EXPECT_EQ(LoopDevicesInUse(), loops + 2);
+  }
+  // Both mounts are gone with their fds; the loop devices follow (autoclear).
+  for (int i = 0; i < 100 && LoopDevicesInUse() > loops; ++i) usleep(20000);
+  EXPECT_EQ(LoopDevicesInUse(), loops);
+}
+
+TEST(DiskImagePrivilegedTest, BadSpecsAndStaleFiles) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root";
+  auto tmp = TempDir::Create("/tmp/dsec-disk-test-");
+  ASSERT_TRUE(tmp.ok());
+  DiskImageSpec spec;
+  spec.dir = tmp->path();
+  spec.name = "x";
+  spec.bytes = 1 << 20;
+  spec.inodes = 100;
+  EXPECT_EQ(MakeDiskImageMount(spec).status().code(), StatusCode::kInvalidArgument);
+  spec.bytes = 64 << 20;
+  spec.name = "../x";
+  EXPECT_EQ(MakeDiskImageMount(spec).status().code(), StatusCode::kInvalidArgument);
+  spec.name = "x";
+  spec.dir = tmp->path() + "/missing";
+  EXPECT_FALSE(MakeDiskImageMount(spec).ok());
+  // An interrupted create leaves a named file; the sweep takes image files only.
+  ASSERT_TRUE(WriteFileAt(AT_FDCWD, tmp->path() + "/sb-2.img", "x", O_WRONLY | O_CREAT).ok());
+  ASSERT_TRUE(WriteFileAt(AT_FDCWD, tmp->path() + "/keep", "x", O_WRONLY | O_CREAT).ok());
+  auto n = RemoveStaleDiskImages(tmp->path());
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 1);
+  EXPECT_EQ(access((tmp->path() + "/keep").c_str(), F_OK), 0);
+  EXPECT_EQ(*RemoveStaleDiskImages(tmp->path() + "/missing"), 0);
+}
+
+}  // namespace
+}  // namespace dsec::isolation

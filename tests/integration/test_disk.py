@@ -1,0 +1,222 @@
+"""Disk-backed writable layers (issue 5): a sandbox whose disk_mb is above the node's
+tmpfs_disk_max_mb gets an ext4 disk image of exactly disk_mb instead of a tmpfs, not charged to
+its memory. The size and the inode count are hard caps for every user inside (root too, with
+and without a user namespace); snapshot and fork work from it; a killed edge re-adopts it; and
+nothing (loop devices, image files, mounts) outlives the sandbox."""
+
+import os
+
+import pytest
+
+from edge_harness import wait_until
+
+MB = 1 << 20
+# Small enough for tests: anything above 64 MB is a disk image on these edges.
+CONFIG = {"tmpfs_disk_max_mb": 64}
+
+
+def need_loop():
+    if not os.access("/dev/loop-control", os.R_OK | os.W_OK):
+        pytest.skip("no /dev/loop-control: disk images need loop devices")
+
+
+def stats(c, sid):
+    return c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json
+
+
+def py(c, sid, code, user=None, expect_exit=0):
+    fields = {"user": user} if user else {}
+    r = c.exec(sid, cmd=["python3", "-c", code], timeout_ms=120000, **fields)
+    assert r["exit_code"] == expect_exit, r
+    return r["stdout"]
+
+
+FILL = """
+import errno, os, sys
+path, want = sys.argv[1] if len(sys.argv) > 1 else '/workspace/big', {want}
+done, err = 0, 0
+chunk = b'x' * (1 << 20)
+with open('{path}', 'wb') as f:
+    try:
+        while done < want:
+            done += f.write(chunk)
+        f.flush(); os.fsync(f.fileno())
+    except OSError as e:
+        err = e.errno
+print(done >> 20, errno.errorcode.get(err, err))
+"""
+
+INODES = """
+import errno, os
+os.makedirs('/workspace/many', exist_ok=True)
+n, err = 0, 0
+try:
+    while n < 200000:
+        open(f'/workspace/many/{n}', 'w').close(); n += 1
+except OSError as e:
+    err = e.errno
+print(n, errno.errorcode.get(err, err))
+"""
+
+
+def agent_pid(edge, sid):
+    """The host pid of the sandbox's PID 1 (dsec-agent)."""
+    for pid in edge.sandbox_pids(sid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                if any(ln.startswith("NSpid:") and ln.split()[-1] == "1" for ln in f):
+                    return pid
+        except OSError:
+            pass
+    raise AssertionError(f"no agent process found for {sid}")
+
+
+def disk_loops(edge):
+    return [d for d in edge.loop_devices() if "/disks/" in d]
+
+
+def image_files(edge):
+    d = edge.state_dir / "disks"
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+def check_disk_sandbox(c, sid, disk_mb, user=None):
+    st = stats(c, sid)
+    assert st["disk_kind"] == "image", st
+    assert st["disk_limit"] == disk_mb * MB
+    # df inside shows the disk's size (the overlay reports its upper filesystem).
+    size = int(py(c, sid, "import os; s = os.statvfs('/workspace'); "
+                          "print(s.f_blocks * s.f_frsize)"))
+    assert disk_mb * MB * 0.85 <= size <= disk_mb * MB, size
+    out = py(c, sid, FILL.format(want=2 * disk_mb * MB, path="/workspace/big"), user=user)
+    written, err = out.split()
+    assert err == "ENOSPC", out
+    assert disk_mb * 0.8 <= int(written) <= disk_mb, out
+    used = stats(c, sid)["disk_used"]
+    assert disk_mb * MB * 0.8 <= used <= disk_mb * MB, used
+    py(c, sid, "import os; os.remove('/workspace/big')", user=user)
+    wait_until(lambda: stats(c, sid)["disk_used"] < 16 * MB, 10, what="space freed")
+
+
+def test_big_disk_is_an_image_with_hard_caps_not_charged_to_memory(make_edge):
+    """disk_mb=256 on a node with tmpfs_disk_max_mb=64: the writable layer is a 256 MB ext4
+    image; writing 512 MB stops with ENOSPC near 256 MB for the sandbox user and for root; inode
+    exhaustion stops with ENOSPC near disk_mb * 256; the memory limit is memory_mb alone and
+    writing 200 MB through 48 MB of memory does not OOM; a 32 MB disk on the same node is still
+    a tmpfs charged to memory. Deleting frees the loop device and leaves no file."""
+    need_loop()
+    edge = make_edge(config=CONFIG)
+    c = edge.client(timeout=180)
+    sb = c.create({"disk_mb": 256, "memory_mb": 48})
+    sid = sb["id"]
+    try:
+        assert image_files(edge) == []  # the image has no name once attached
+        st = stats(c, sid)
+        assert st["disk_kind"] == "image" and st["memory_limit"] == 48 * MB, st
+        check_disk_sandbox(c, sid, 256)
+        check_disk_sandbox(c, sid, 256, user="root")
+        # 200 MB written through a 48 MB memory limit: page cache is reclaimed, no OOM.
+        out = py(c, sid, FILL.format(want=200 * MB, path="/workspace/mid"))
+        assert out.split() == ["200", "0"], out
+        assert stats(c, sid)["oom_kills"] == 0
+        py(c, sid, "import os; os.remove('/workspace/mid')")
+        n, err = py(c, sid, INODES).split()
+        assert err == "ENOSPC", (n, err)
+        assert 256 * 256 * 0.9 <= int(n) <= 256 * 256, n
+        # Freed inodes are usable again.
+        py(c, sid, "import shutil; shutil.rmtree('/workspace/many'); "
+                   "open('/workspace/keep', 'w').write('kept')")
+        assert py(c, sid, "print(open('/workspace/keep').read())") == "kept\n"
+
+        small = c.create({"disk_mb": 32, "memory_mb": 48})
+        try:
+            st = stats(c, small["id"])
+            assert st["disk_kind"] == "tmpfs" and st["memory_limit"] == 80 * MB, st
+        finally:
+            c.remove(small["id"])
+    finally:
+        c.remove(sid)
+    assert disk_loops(edge) == []
+    assert image_files(edge) == []
+
+
+def test_without_user_namespace_root_is_capped_too(make_edge):
+    """With userns off (root inside is the host's root, with a reduced capability set), the
+    disk image still stops root at its size: no reserved blocks, no growth past the device."""
+    need_loop()
+    edge = make_edge(config={**CONFIG, "userns": False})
+    c = edge.client(timeout=180)
+    sb = c.create({"disk_mb": 128, "user": "root"})
+    try:
+        check_disk_sandbox(c, sb["id"], 128, user="root")
+    finally:
+        c.remove(sb["id"])
+    assert disk_loops(edge) == []
+
+
+def test_snapshot_and_fork_of_a_disk_sandbox(make_edge):
+    """A snapshot of a disk-image sandbox captures its files (from the ext4 upper); sandboxes
+    made from it (tmpfs or image) and a fork of 2 see them, each on its own disk."""
+    need_loop()
+    edge = make_edge(config=CONFIG)
+    c = edge.client(timeout=180)
+    sb = c.create({"disk_mb": 128})
+    ids = [sb["id"]]
+    try:
+        c.sh(sb["id"], "mkdir -p /workspace/d && echo deep > /workspace/d/f && "
+                       "head -c 3000000 /dev/urandom > /workspace/blob && "
+                       "sha256sum /workspace/blob > /workspace/blob.sum")
+        snap = c.post(f"/v1/sandboxes/{sb['id']}/snapshot", {"image": "it-disk-snap:1"},
+                      expect=201).json
+        assert snap["name"] == "it-disk-snap:1"
+        for body in ({"image": "it-disk-snap:1", "disk_mb": 32},
+                     {"image": "it-disk-snap:1", "disk_mb": 96}):
+            new = c.create(body)
+            ids.append(new["id"])
+            assert stats(c, new["id"])["disk_kind"] == ("image" if body["disk_mb"] > 64
+                                                        else "tmpfs")
+            assert c.sh(new["id"], "cat /workspace/d/f; cd /workspace && sha256sum -c blob.sum"
+                        ) == "deep\n/workspace/blob: OK\n"
+        forks = c.post(f"/v1/sandboxes/{sb['id']}/fork", {"count": 2}, expect=201).json
+        for f in forks["sandboxes"]:
+            ids.append(f["id"])
+            assert stats(c, f["id"])["disk_kind"] == "image"
+            assert c.sh(f["id"], "cat /workspace/d/f") == "deep\n"
+        # Independent disks: a write in one fork is nowhere else.
+        c.sh(ids[-1], "echo mine > /workspace/d/f")
+        assert c.sh(ids[-2], "cat /workspace/d/f") == "deep\n"
+        assert c.sh(sb["id"], "cat /workspace/d/f") == "deep\n"
+        # The original, the 96 MB one and the 2 forks (layers may have loop devices too).
+        assert len(disk_loops(edge)) == 4, edge.loop_devices()
+    finally:
+        for x in ids:
+            c.remove(x)
+        c.delete("/v1/images/it-disk-snap:1", expect=204)
+    assert disk_loops(edge) == []
+
+
+def test_killed_edge_readopts_disk_sandboxes_and_nothing_leaks(make_edge):
+    """kill -9 of the edge: the disk sandbox is adopted with its files, caps and stats; a disk
+    sandbox whose agent dies meanwhile takes its loop device with it; an image file left by an
+    interrupted create is removed at start."""
+    need_loop()
+    edge = make_edge(config=CONFIG)
+    c = edge.client(timeout=180)
+    keep = c.create({"disk_mb": 96, "idle_ttl_s": 0})
+    dies = c.create({"disk_mb": 80, "idle_ttl_s": 0})
+    c.sh(keep["id"], "echo survived > /workspace/f")
+    assert len(disk_loops(edge)) == 2
+    agent = agent_pid(edge, dies["id"])
+    edge.kill9()
+    # The second sandbox ends while no edge runs: its namespace goes, and with it its disk.
+    os.kill(agent, 9)
+    (edge.state_dir / "disks" / "sb-interrupted.img").write_bytes(b"\0" * 4096)
+    wait_until(lambda: len(disk_loops(edge)) == 1, 10, what="the dead sandbox's disk freed")
+    edge.launch()
+    c = edge.client(timeout=180)
+    assert image_files(edge) == []
+    assert c.sh(keep["id"], "cat /workspace/f") == "survived\n"
+    check_disk_sandbox(c, keep["id"], 96)
+    c.remove(keep["id"])
+    c.delete(f"/v1/sandboxes/{dies['id']}")
+    assert disk_loops(edge) == []
