@@ -633,6 +633,7 @@ StatusOr<int> ImageStore::Collect() {
       doomed.emplace_back(LayerDir(it->first) + (it->second.format == "erofs" ? ".erofs" : ""),
                           it->first);
       erofs_mounts_.erase(it->first);  // sandboxes' clones keep the device while they live
+      erofs_builds_.erase(it->first);
       it = layers_.erase(it);
     }
     if (doomed.empty()) return 0;
@@ -654,7 +655,14 @@ StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer, bool own_fs) {
   if (layer.format != "erofs") {
     // A directory layer on the filesystem that holds the host's root cannot be stacked on the
     // host image (overlayfs refuses a layer inside another): it gets an EROFS copy, once.
-    std::lock_guard<std::mutex> b(erofs_build_mu_);
+    std::shared_ptr<std::mutex> building;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto& slot = erofs_builds_[layer.digest];
+      if (!slot) slot = std::make_shared<std::mutex>();
+      building = slot;
+    }
+    std::lock_guard<std::mutex> b(*building);
     std::string img = LayerDir(layer.digest) + ".erofs";
     if (access(img.c_str(), F_OK) != 0) {
       std::string tmp = TempPath("erofs") + ".erofs";

@@ -174,9 +174,10 @@ class ImageStore {
   std::map<std::string, LayerInfo> layers_;                        // GUARDED_BY(mu_)
   std::map<std::string, std::vector<std::string>> holders_;        // GUARDED_BY(mu_)
   std::map<std::string, std::shared_ptr<UniqueFd>> erofs_mounts_;  // GUARDED_BY(mu_)
-  std::mutex erofs_build_mu_;
-  int leases_ = 0;        // GUARDED_BY(mu_)
-  uint64_t tmp_seq_ = 0;  // GUARDED_BY(mu_)
+  // One lock per layer whose EROFS copy is being made: creates on other layers go on meanwhile.
+  std::map<std::string, std::shared_ptr<std::mutex>> erofs_builds_;  // GUARDED_BY(mu_)
+  int leases_ = 0;                                                   // GUARDED_BY(mu_)
+  uint64_t tmp_seq_ = 0;                                             // GUARDED_BY(mu_)
 };
 
 }  // namespace dsec::images
