@@ -270,7 +270,7 @@ Preflight Api::Check(HttpRequest& req) {
   if (const Route* r = Match(req.method, req.target, nullptr, &known); r && r->upload)
     pf.body_limit = d_.cfg.max_upload_bytes;
   else if (r && r->import)
-    pf.body_limit = d_.cfg.max_import_bytes;
+    pf.body_limit = d_.cfg.max_import_bytes, pf.spool = true;  // up to GiBs: to disk, not memory
   auto deny = [&](int status, std::string_view code, std::string_view msg) {
     d_.metrics->CountRequest(req.method, status);
     d_.metrics->CountError(std::string(code));

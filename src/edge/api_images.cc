@@ -1,5 +1,7 @@
 // Image routes (issue 5): list, inspect, delete and import images; snapshot a sandbox into an
 // image; fork a sandbox into N new ones from its current files.
+#include <unistd.h>
+
 #include <boost/asio/post.hpp>
 
 #include "base/strings.h"
@@ -101,12 +103,29 @@ void ImportImage(const std::shared_ptr<Ctx>& c) {
   o.max_archive_bytes = c->api->deps().cfg.max_import_bytes;
   auto imp = images::Importer::Start(*s, o);
   if (!imp.ok()) return c->Fail(imp.status());
-  std::string_view body = c->req.body;
   Status st;
-  while (st.ok() && !body.empty()) {
-    size_t n = std::min<size_t>(body.size(), 1 << 20);
-    st = (*imp)->Feed(body.substr(0, n));
-    body.remove_prefix(n);
+  if (c->req.body_file) {
+    // Spooled to disk by the HTTP layer: fed from there, 1 MiB at a time.
+    std::string buf(1 << 20, '\0');
+    for (uint64_t left = c->req.body_size; st.ok() && left > 0;) {
+      ssize_t n = read(c->req.body_file.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        st = n < 0 ? ErrnoError("read the spooled request body")
+                   : InternalError("the spooled request body is short");
+        break;
+      }
+      st = (*imp)->Feed(std::string_view(buf.data(), static_cast<size_t>(n)));
+      left -= static_cast<uint64_t>(n);
+    }
+    c->req.body_file.Reset();
+  } else {
+    std::string_view body = c->req.body;
+    while (st.ok() && !body.empty()) {
+      size_t n = std::min<size_t>(body.size(), 1 << 20);
+      st = (*imp)->Feed(body.substr(0, n));
+      body.remove_prefix(n);
+    }
   }
   StatusOr<images::Image> img = st.ok() ? (*imp)->Finish() : StatusOr<images::Image>(st);
   imp->reset();
@@ -195,53 +214,41 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   c->Reply(201, {{"sandboxes", *made}});
 }
 
-StatusOr<Builds*> BuildsOf(const std::shared_ptr<Ctx>& c) {
+// The build routes' common part: 409 when this node does not build images, else `fn`'s
+// record (with `ok_status`) or its error.
+template <typename Fn>
+void WithBuilds(const std::shared_ptr<Ctx>& c, int ok_status, Fn&& fn) {
   Builds* b = c->api->deps().builds;
-  if (!b || !c->api->deps().images) return FailedPrecondition("this node does not build images");
-  return b;
+  if (!b || !c->api->deps().images)
+    return c->Fail(FailedPrecondition("this node does not build images"));
+  StatusOr<Json> rec = fn(b);
+  if (!rec.ok()) return c->Fail(rec.status());
+  c->Reply(ok_status, *rec);
 }
 
 void StartBuild(const std::shared_ptr<Ctx>& c) {
-  auto b = BuildsOf(c);
-  if (!b.ok()) return c->Fail(b.status());
-  auto req = ParseBuildRequest(c->req.body, c->api->deps().cfg);
-  if (!req.ok()) return c->Fail(req.status());
-  for (const auto& n : req->from) {
-    if (n == "host") continue;
-    if (auto img = c->api->deps().images->GetImage(n); !img.ok()) return c->Fail(img.status());
-  }
-  auto rec = (*b)->Start(std::move(*req));
-  if (!rec.ok()) return c->Fail(rec.status());
-  c->Reply(202, *rec);
+  WithBuilds(c, 202, [&](Builds* b) -> StatusOr<Json> {
+    DSEC_ASSIGN_OR_RETURN(BuildRequest req, ParseBuildRequest(c->req.body));
+    for (const auto& n : req.from)
+      if (n != "host") DSEC_RETURN_IF_ERROR(c->api->deps().images->GetImage(n).status());
+    return b->Start(std::move(req));
+  });
 }
 
 void GetBuild(const std::shared_ptr<Ctx>& c) {
-  auto b = BuildsOf(c);
-  if (!b.ok()) return c->Fail(b.status());
-  auto rec = (*b)->Get(c->params["id"]);
-  if (!rec.ok()) return c->Fail(rec.status());
-  c->Reply(200, *rec);
+  WithBuilds(c, 200, [&](Builds* b) { return b->Get(c->params["id"]); });
 }
 
 void BuildLog(const std::shared_ptr<Ctx>& c) {
-  auto b = BuildsOf(c);
-  if (!b.ok()) return c->Fail(b.status());
-  auto offset = c->IntQuery("offset", 0, 0, int64_t{1} << 62);
-  if (!offset.ok()) return c->Fail(offset.status());
-  auto max = c->IntQuery("max_bytes", 1 << 20, 1, 4 << 20);
-  if (!max.ok()) return c->Fail(max.status());
-  auto rec =
-      (*b)->Log(c->params["id"], static_cast<uint64_t>(*offset), static_cast<uint64_t>(*max));
-  if (!rec.ok()) return c->Fail(rec.status());
-  c->Reply(200, *rec);
+  WithBuilds(c, 200, [&](Builds* b) -> StatusOr<Json> {
+    DSEC_ASSIGN_OR_RETURN(int64_t offset, c->IntQuery("offset", 0, 0, int64_t{1} << 62));
+    DSEC_ASSIGN_OR_RETURN(int64_t max, c->IntQuery("max_bytes", 1 << 20, 1, 4 << 20));
+    return b->Log(c->params["id"], static_cast<uint64_t>(offset), static_cast<uint64_t>(max));
+  });
 }
 
 void CancelBuild(const std::shared_ptr<Ctx>& c) {
-  auto b = BuildsOf(c);
-  if (!b.ok()) return c->Fail(b.status());
-  auto rec = (*b)->Cancel(c->params["id"]);
-  if (!rec.ok()) return c->Fail(rec.status());
-  c->Reply(200, *rec);
+  WithBuilds(c, 200, [&](Builds* b) { return b->Cancel(c->params["id"]); });
 }
 
 }  // namespace

@@ -37,9 +37,49 @@ void SetEnvEntry(std::vector<std::string>* env, const std::string& k, const std:
   env->push_back(prefix + v);
 }
 
+bool IsContinuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+// The length of the UTF-8 sequence a lead byte starts (1 for ASCII and bytes that lead none).
+size_t SequenceLength(char lead) {
+  auto b = static_cast<unsigned char>(lead);
+  return b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
+
 }  // namespace
 
-StatusOr<BuildRequest> ParseBuildRequest(std::string_view body, const EdgeConfig& cfg) {
+namespace internal {
+
+size_t TrimLogHead(std::string* log, size_t max) {
+  if (log->size() <= max) return 0;
+  size_t drop = log->size() - max + max / 4;
+  size_t nl = log->find('\n', drop - 1);
+  if (nl != std::string::npos && nl + 1 - drop <= max / 4) {
+    drop = nl + 1;
+  } else {
+    while (drop < log->size() && IsContinuation((*log)[drop])) ++drop;
+  }
+  log->erase(0, drop);
+  return drop;
+}
+
+size_t Utf8Prefix(std::string_view text, size_t max_bytes, bool final) {
+  size_t cut = std::min(text.size(), max_bytes);
+  if (cut == text.size() && final) return cut;
+  // The last character before `cut`: back over its continuation bytes to its lead byte.
+  size_t k = cut;
+  while (k > 0 && cut - k < 3 && IsContinuation(text[k - 1])) --k;
+  if (k == 0 || IsContinuation(text[k - 1])) return cut;  // not UTF-8: as it is
+  size_t lead = k - 1, len = SequenceLength(text[lead]);
+  if (lead + len <= cut || (len == 1 && k < cut)) return cut;  // whole (or not UTF-8)
+  if (lead > 0) return lead;  // it continues past `cut`: stop before it
+  // The first character is longer than max_bytes: it comes whole, once it is all there.
+  if (len <= text.size()) return len;
+  return final ? text.size() : 0;
+}
+
+}  // namespace internal
+
+StatusOr<BuildRequest> ParseBuildRequest(std::string_view body) {
   DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
   BuildRequest r;
   DSEC_ASSIGN_OR_RETURN(auto name, b.String("name", 300));
@@ -125,7 +165,6 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body, const EdgeConfig
     bo.packages = r.packages;
     DSEC_RETURN_IF_ERROR(images::ValidateBootstrap(bo));
   }
-  (void)cfg;
   if (memory) r.memory_mb = *memory;
   if (disk) r.disk_mb = *disk;
   r.timeout_s = timeout.value_or(3600);
@@ -135,7 +174,7 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body, const EdgeConfig
 struct Builds::Job {
   std::string id;
   BuildRequest req;
-  std::string state = "queued";  // queued running succeeded failed canceled
+  std::string state = "queued";  // queued running canceling succeeded failed canceled
   struct Step {
     std::string name, state = "pending";  // pending running done failed canceled
   };
@@ -144,11 +183,18 @@ struct Builds::Job {
   std::string log;         // the kept tail
   uint64_t log_start = 0;  // offset of log[0] in the whole log
   std::string error;
-  std::string image;  // the image made, once succeeded
-  std::string sandbox_id;
+  std::string image;       // the image made, once succeeded
+  std::string sandbox_id;  // the build sandbox while it exists
   std::shared_ptr<backends::ExecHandle> exec;
   std::atomic<bool> cancel{false};
+  bool saving = false;  // the image is being saved: too late to cancel
   int64_t created_at = 0, started_at = 0, finished_at = 0, deadline_ms = 0;
+
+  // Appends to the log, keeping its bounded tail (the caller holds Builds::mu_).
+  void Append(std::string_view d) {
+    log.append(d);
+    log_start += internal::TrimLogHead(&log, kMaxLogBytes);
+  }
 };
 
 Builds::Builds(const EdgeConfig& cfg, Manager* manager, images::ImageStore* store)
@@ -168,10 +214,8 @@ void Builds::Shutdown() {
       j->finished_at = WallMs();
     }
     queue_.clear();
-    for (auto& [id, j] : jobs_) {
-      j->cancel = true;
-      if (j->exec) j->exec->Kill();
-    }
+    for (auto& [id, j] : jobs_)
+      if (!j->finished_at) CancelRunningLocked(*j);
   }
   cv_.notify_all();
   for (auto& t : workers_)
@@ -197,11 +241,12 @@ Json Builds::RecordLocked(const Job& j) const {
   }
   auto opt = [](const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); };
   auto ts = [](int64_t t) { return t ? Json(t) : Json(nullptr); };
+  bool live = j.state == "running" || j.state == "canceling";  // a step may be running
   return {{"id", j.id},
           {"name", j.req.name},
           {"state", j.state},
           {"steps", steps},
-          {"step", j.current >= 0 && j.state == "running" ? Json(j.current) : Json(nullptr)},
+          {"step", live && j.current >= 0 ? Json(j.current) : Json(nullptr)},
           {"progress", j.steps.empty() ? 0.0 : double(done) / double(j.steps.size())},
           {"error", opt(j.error)},
           {"image", opt(j.image)},
@@ -241,12 +286,13 @@ StatusOr<Json> Builds::Start(BuildRequest req) {
   j->steps.push_back({"save image " + j->req.name});
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_) return Unavailable("the edge is shutting down");
-  if (queue_.size() >= kMaxQueued)
-    return OverCapacity(std::to_string(kMaxQueued) + " builds are already waiting");
+  // A conflict first: retrying it later would not help, so it must not look like a 429.
   for (const auto& [id, other] : jobs_)
     if (other->req.name == j->req.name && !other->finished_at)
       return Status(StatusCode::kAlreadyExists,
                     "build " + id + " is already making image \"" + j->req.name + "\"");
+  if (queue_.size() >= kMaxQueued)
+    return OverCapacity(std::to_string(kMaxQueued) + " builds are already waiting");
   jobs_[j->id] = j;
   queue_.push_back(j);
   PruneLocked();
@@ -269,15 +315,9 @@ StatusOr<Json> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_
   uint64_t from = std::max(offset, j.log_start);
   uint64_t end = j.log_start + j.log.size();
   if (from > end) from = end;
-  std::string text = j.log.substr(from - j.log_start, max_bytes);
+  std::string_view rest = std::string_view(j.log).substr(from - j.log_start);
   // Whole UTF-8 characters only (the next call continues where this one stopped).
-  size_t cut = text.size();
-  if (cut > 0 && from + cut < end) {
-    size_t k = cut;
-    while (k > 0 && cut - k < 4 && (static_cast<unsigned char>(text[k - 1]) & 0xC0) == 0x80) --k;
-    if (k > 0 && (static_cast<unsigned char>(text[k - 1]) & 0x80)) cut = k - 1;
-    text.resize(cut);
-  }
+  std::string text(rest.substr(0, internal::Utf8Prefix(rest, max_bytes, j.finished_at != 0)));
   return Json{{"offset", from},
               {"next_offset", from + text.size()},
               {"text", text},
@@ -290,17 +330,26 @@ StatusOr<Json> Builds::Cancel(const std::string& id) {
   if (it == jobs_.end()) return NotFound("build " + id + " not found");
   Job& j = *it->second;
   if (j.finished_at) return RecordLocked(j);  // nothing to cancel
-  j.cancel = true;
-  if (j.exec) j.exec->Kill();
   auto q = std::find(queue_.begin(), queue_.end(), it->second);
   if (q != queue_.end()) {
     queue_.erase(q);
+    j.cancel = true;
     j.state = "canceled";
     j.error = "canceled before it started";
     j.finished_at = WallMs();
     for (auto& s : j.steps) s.state = "canceled";
+  } else {
+    CancelRunningLocked(j);
   }
   return RecordLocked(j);
+}
+
+void Builds::CancelRunningLocked(Job& j) {
+  // Once its image is being saved the build ends as that goes (it is quick), not canceled.
+  if (j.saving) return;
+  j.cancel = true;
+  j.state = "canceling";  // Run() makes it "canceled" once the sandbox and layers are gone
+  if (j.exec) j.exec->Kill();
 }
 
 void Builds::Worker() {
@@ -329,13 +378,18 @@ void Builds::Run(const std::shared_ptr<Job>& j) {
     sid = j->sandbox_id;
     j->exec.reset();
   }
+  bool sandbox_gone = true;
   if (!sid.empty()) {
     if (Status d = manager_->Delete(sid, "build finished");
-        !d.ok() && d.code() != StatusCode::kNotFound)
+        !d.ok() && d.code() != StatusCode::kNotFound) {
+      // Its TTL (the build's timeout and then some) or the next edge's cleanup removes it.
       DSEC_LOG_WARN("build {}: delete sandbox {}: {}", j->id, sid, d.ToString());
+      sandbox_gone = false;
+    }
   }
   if (!s.ok()) (void)store_->Collect();  // the layers a failed build stored
   std::lock_guard<std::mutex> l(mu_);
+  if (sandbox_gone) j->sandbox_id.clear();  // a finished build names no deleted sandbox
   if (s.ok()) {
     j->state = "succeeded";
   } else {
@@ -345,8 +399,7 @@ void Builds::Run(const std::shared_ptr<Job>& j) {
     for (auto& st : j->steps)
       if (st.state == "running" || st.state == "pending")
         st.state = canceled ? "canceled" : "failed";
-    std::string line = "\n[dsec] build " + j->state + ": " + j->error + "\n";
-    j->log += line;
+    j->Append("\n[dsec] build " + j->state + ": " + j->error + "\n");
   }
   j->finished_at = WallMs();
   DSEC_LOG_INFO("build {} of {}: {}{}", j->id, j->req.name, j->state,
@@ -357,12 +410,7 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
   const BuildRequest& r = j->req;
   auto append = [this, j](std::string_view d) {
     std::lock_guard<std::mutex> l(mu_);
-    j->log.append(d);
-    if (j->log.size() > kMaxLogBytes) {
-      size_t drop = j->log.size() - kMaxLogBytes + (kMaxLogBytes / 4);
-      j->log.erase(0, drop);
-      j->log_start += drop;
-    }
+    j->Append(d);
   };
   int k = 0;
   auto begin = [&] {
@@ -520,7 +568,15 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
     done();
   }
 
+  DSEC_RETURN_IF_ERROR(check());
   append(begin());
+  {
+    // Past this point the build is not canceled (Cancel() sees `saving`): its image may be
+    // stored at any moment, and a canceled build must not leave one.
+    std::lock_guard<std::mutex> l(mu_);
+    if (j->cancel) return Status(StatusCode::kAborted, "canceled");
+    j->saving = true;
+  }
   for (const auto& [key, v] : r.env) SetEnvEntry(&img.config.env, key, v);
   if (!r.workdir.empty()) img.config.workdir = r.workdir;
   DSEC_RETURN_IF_ERROR(store_->PutImage(img));

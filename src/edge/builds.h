@@ -8,8 +8,10 @@
 //       captures its writable layer (a snapshot) as the new image's top layer.
 // Both may be combined (a base, then run steps). A job reports its steps, the current one,
 // a bounded log (mmdebstrap's progress, the commands' output) and, at the end, the image or
-// the error. Jobs live in the edge's memory: after a restart they are gone, and sandboxes a
-// lost build left (labelled dsec.build) are deleted.
+// the error. States: queued -> running -> succeeded | failed, or canceled (at once when queued;
+// a running build is "canceling" until its sandbox is gone and its layers are collected).
+// Jobs live in the edge's memory: after a restart they are gone, and sandboxes a lost build
+// left (labelled dsec.build) are deleted.
 #pragma once
 
 #include <atomic>
@@ -43,7 +45,23 @@ struct BuildRequest {
 };
 
 // Parses and validates a POST /v1/images/build body.
-StatusOr<BuildRequest> ParseBuildRequest(std::string_view body, const EdgeConfig& cfg);
+StatusOr<BuildRequest> ParseBuildRequest(std::string_view body);
+
+namespace internal {
+
+// Drops the head of a build log grown past `max` bytes: a quarter of `max` more than needed,
+// then on to the next line start (or, when that is more than another quarter away, the next
+// UTF-8 character), so the kept tail starts with a whole line. Returns the bytes dropped.
+size_t TrimLogHead(std::string* log, size_t max);
+
+// How many bytes of `text` (the log from some offset on) to return for at most `max_bytes`:
+// whole UTF-8 characters only, and never 0 while `text` holds a whole character, so a reader
+// always makes progress (a first character longer than max_bytes is returned whole). Unless
+// `final` (nothing more will be appended), a character the log ends in the middle of waits
+// for its other bytes. Bytes that are not UTF-8 are returned as they come.
+size_t Utf8Prefix(std::string_view text, size_t max_bytes, bool final);
+
+}  // namespace internal
 
 class Builds {
  public:
@@ -57,13 +75,15 @@ class Builds {
   // Cancels every build and waits for them (their sandboxes are deleted). Idempotent.
   void Shutdown();
 
-  // Queues a build; its record (state "queued" or "running"). OverCapacity when the queue is
-  // full, AlreadyExists when the name is taken.
+  // Queues a build; its record (state "queued" or "running"). AlreadyExists when the name is
+  // taken (checked first), OverCapacity when the queue is full.
   StatusOr<Json> Start(BuildRequest req);
   StatusOr<Json> Get(const std::string& id);
   // The log from byte `offset` (at most max_bytes): {"offset", "next_offset", "text", "done"}.
   StatusOr<Json> Log(const std::string& id, uint64_t offset, uint64_t max_bytes);
-  // Cancels a queued or running build (its sandbox is deleted, its layers collected).
+  // Cancels a queued build ("canceled" at once) or a running one ("canceling" until its
+  // sandbox is deleted and its layers collected, then "canceled"). A build already saving its
+  // image is past canceling and stays "running"; a finished one is returned as it is.
   StatusOr<Json> Cancel(const std::string& id);
 
  private:
@@ -72,6 +92,7 @@ class Builds {
   void Run(const std::shared_ptr<Job>& job);
   Status RunSteps(const std::shared_ptr<Job>& job);
   Json RecordLocked(const Job& j) const;
+  void CancelRunningLocked(Job& j);
   void PruneLocked();
 
   EdgeConfig cfg_;

@@ -185,6 +185,9 @@ int RunEdge(EdgeConfig cfg) {
   HttpServerOptions ho;
   ho.listen = cfg.listen;
   ho.unix_path = cfg.socket;
+  // Image archives arrive here (unlinked files) rather than in memory.
+  ho.spool_dir = JoinPath(cfg.state_dir, "spool");
+  if (Status s = MakeDirs(ho.spool_dir, 0700); !s.ok()) return fail("spool dir", s);
   ho.max_header_bytes = cfg.max_header_bytes;
   ho.max_connections = cfg.max_connections;
   // Connections must leave most descriptors to the sandboxes (several each) and the agents.

@@ -12,6 +12,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "base/file_util.h"
 #include "base/logging.h"
 #include "edge/config.h"
 #include "edge/http_parse.h"
@@ -148,6 +150,7 @@ struct HttpServer::Impl {
   std::unique_ptr<unix_proto::acceptor> unix_acceptor;
   std::unique_ptr<asio::steady_timer> tcp_retry, unix_retry;
   std::atomic<int64_t> conns{0};
+  std::atomic<int> spooling{0};  // bodies being spooled (HttpServerOptions::max_spooled)
   std::atomic<bool> stopping{false};
   std::mutex mu;
   std::unordered_map<SessionBase*, std::weak_ptr<SessionBase>> sessions;  // GUARDED_BY(mu)
@@ -483,17 +486,107 @@ class HttpSession : public SessionBase {
           JsonError(413, "too_large",
                     "request body is larger than " + std::to_string(pf.body_limit) + " bytes"));
     parser_->body_limit(pf.body_limit);
+    bool spool = pf.spool && !req.websocket_upgrade;
+    if (spool) {
+      // The header is parsed and no body byte read: the parser moves to a body type that
+      // hands the body over piece by piece, and the pieces go to an unlinked file.
+      if (srv_->spooling.fetch_add(1) >= srv_->opts.max_spooled) {
+        srv_->spooling.fetch_sub(1);
+        HttpResponse busy = JsonError(429, "over_capacity",
+                                      "too many uploads in progress on this node; retry later");
+        busy.headers.emplace_back("Retry-After", "5");
+        return Reject(std::move(busy));
+      }
+      auto* srv = srv_;
+      spool_slot_ = std::shared_ptr<void>(nullptr, [srv](void*) { srv->spooling.fetch_sub(1); });
+      int fd = open(srv_->opts.spool_dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        spool_slot_.reset();
+        HttpResponse r = JsonError(503, "unavailable",
+                                   std::string("cannot take the request body: ") + strerror(errno));
+        r.headers.emplace_back("Retry-After", "5");
+        return Reject(std::move(r));
+      }
+      req.body_file.Reset(fd);
+      req.body_size = 0;
+      spool_parser_.emplace(std::move(*parser_));
+      spool_parser_->body_limit(pf.body_limit);
+      spool_buf_.resize(64 << 10);
+    }
     req_ = std::move(req);
     auto self = Self();
     if (beast::iequals(h[http::field::expect], "100-continue")) {
       auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
-      http::async_write(sock_, *cont, [self, cont](beast::error_code ec, size_t) {
+      http::async_write(sock_, *cont, [self, cont, spool](beast::error_code ec, size_t) {
         if (ec) return self->Shutdown();
-        self->ReadBody();
+        if (spool) {
+          self->ArmTimer(kBodyTimeoutS);
+          self->ReadSpooled();
+        } else {
+          self->ReadBody();
+        }
       });
       return;
     }
+    if (spool) {
+      ArmTimer(kBodyTimeoutS);
+      return ReadSpooled();
+    }
     ReadBody();
+  }
+
+  void EndSpool() {
+    spool_slot_.reset();
+    spool_parser_.reset();
+    std::vector<char>().swap(spool_buf_);
+  }
+
+  // One piece of a spooled body: read into spool_buf_, appended to the file.
+  void ReadSpooled() {
+    phase_ = Phase::kReading;
+    auto& body = spool_parser_->get().body();
+    body.data = spool_buf_.data();
+    body.size = spool_buf_.size();
+    auto self = Self();
+    http::async_read(sock_, buf_, *spool_parser_, [self](beast::error_code ec, size_t) {
+      if (ec == http::error::need_buffer) ec = {};
+      self->OnSpooled(ec);
+    });
+  }
+
+  void OnSpooled(beast::error_code ec) {
+    if (ec) {
+      DisarmTimer();
+      EndSpool();
+      req_.body_file.Reset();
+      return OnBodyError(ec);
+    }
+    size_t n = spool_buf_.size() - spool_parser_->get().body().size;
+    if (n > 0) {
+      if (Status s = WriteAllFd(req_.body_file.get(), std::string_view(spool_buf_.data(), n),
+                                "spooled request body");
+          !s.ok()) {
+        DisarmTimer();
+        EndSpool();
+        req_.body_file.Reset();
+        HttpResponse r =
+            JsonError(503, "unavailable", "cannot store the request body: " + s.message());
+        r.headers.emplace_back("Retry-After", "5");
+        return Reject(std::move(r));
+      }
+      req_.body_size += n;
+    }
+    if (!spool_parser_->is_done()) return ReadSpooled();
+    DisarmTimer();
+    keep_alive_ = spool_parser_->keep_alive();
+    EndSpool();
+    if (lseek(req_.body_file.get(), 0, SEEK_SET) < 0) {
+      req_.body_file.Reset();
+      return Reject(JsonError(500, "internal", "cannot rewind the request body"));
+    }
+    phase_ = Phase::kHandling;
+    ++seq_;
+    srv_->handler(std::move(req_), MakeResponder());
   }
 
   void ReadBody() {
@@ -506,6 +599,16 @@ class HttpSession : public SessionBase {
 
   void OnBody(beast::error_code ec) {
     DisarmTimer();
+    if (ec) return OnBodyError(ec);
+    keep_alive_ = parser_->keep_alive();
+    req_.body = std::move(parser_->get().body());
+    if (req_.websocket_upgrade) raw_req_.emplace(parser_->release());
+    phase_ = Phase::kHandling;
+    ++seq_;
+    srv_->handler(std::move(req_), MakeResponder());
+  }
+
+  void OnBodyError(beast::error_code ec) {
     if (ec == http::error::body_limit)
       return Reject(JsonError(413, "too_large", "request body is too large"));
     // A malformed body (a bad chunk header, an overflowing chunk size) is answered like a
@@ -513,13 +616,7 @@ class HttpSession : public SessionBase {
     if (ec && ec.category() == http::make_error_code(http::error::bad_chunk).category() &&
         ec != http::error::partial_message && ec != http::error::end_of_stream && !closed_)
       return Reject(JsonError(400, "bad_request", "malformed HTTP request body: " + ec.message()));
-    if (ec) return Shutdown();
-    keep_alive_ = parser_->keep_alive();
-    req_.body = std::move(parser_->get().body());
-    if (req_.websocket_upgrade) raw_req_.emplace(parser_->release());
-    phase_ = Phase::kHandling;
-    ++seq_;
-    srv_->handler(std::move(req_), MakeResponder());
+    Shutdown();
   }
 
   std::shared_ptr<Responder> MakeResponder();
@@ -627,6 +724,9 @@ class HttpSession : public SessionBase {
   uint64_t requests_ = 0;  // request headers read on this connection
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<http::request_parser<http::buffer_body>> spool_parser_;
+  std::vector<char> spool_buf_;
+  std::shared_ptr<void> spool_slot_;  // holds one of srv_->spooling while the body arrives
   std::optional<http::request<http::string_body>> raw_req_;
   HttpRequest req_;
   Phase phase_ = Phase::kReading;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/unique_fd.h"
 
 namespace boost::asio {
 class io_context;
@@ -37,6 +38,10 @@ struct HttpRequest {
   std::vector<std::pair<std::string, std::string>> query;    // decoded, in order
   std::vector<std::pair<std::string, std::string>> headers;  // names lowercased
   std::string body;
+  // When preflight asked for it (Preflight::spool), the body is in this unlinked file instead
+  // (offset 0, body_size bytes) and `body` is empty: big uploads never sit in the edge's memory.
+  UniqueFd body_file;
+  uint64_t body_size = 0;
   bool via_unix = false;
   uid_t peer_uid = static_cast<uid_t>(-1);  // unix socket peers
   std::string remote;                       // "1.2.3.4:5678" or "unix"
@@ -92,6 +97,9 @@ struct Preflight {
   HttpResponse error;  // when !ok: sent, then the connection is closed
   uint64_t body_limit = 0;
   std::string principal;
+  // Read the body into an unlinked file in HttpServerOptions::spool_dir (see
+  // HttpRequest::body_file), 64 KiB at a time.
+  bool spool = false;
 };
 
 struct HttpServerOptions {
@@ -102,6 +110,9 @@ struct HttpServerOptions {
   int idle_timeout_s = 120;
   int io_threads = 2;
   uint64_t max_websocket_message = 1 << 20;
+  std::string spool_dir;  // where spooled bodies go (O_TMPFILE); required for Preflight::spool
+  // Spooled bodies being received at once; more are refused (429) before their bodies are read.
+  int max_spooled = 4;
 };
 
 class HttpServer {

@@ -600,7 +600,7 @@ def wait_build(c, bid, timeout=600):
     deadline = time.monotonic() + timeout
     while True:
         rec = c.get(f"/v1/images/builds/{bid}", expect=200).json
-        if rec["state"] not in ("queued", "running"):
+        if rec["state"] not in ("queued", "running", "canceling"):
             return rec
         assert time.monotonic() < deadline, f"build {bid} still {rec['state']}: {rec}"
         time.sleep(0.2)
@@ -646,11 +646,20 @@ def test_build_from_an_image_with_run_steps(edge, client):
         assert img["source"] == "build" and img["layers"][0] == base["layers"][0]
         assert len(img["layers"]) == 2
         assert "APP_MODE=built" in img["config"]["env"] and img["config"]["workdir"] == "/opt/app"
-        assert build_sandboxes(c) == []
+        assert build_sandboxes(c) == [] and rec["sandbox"] is None
+        # The image's workdir is the sandbox's (its own, the user's); elsewhere the build's
+        # files are as its root steps left them.
         sb = c.create({"image": "it-bld:1"})
         try:
-            out = sh(c, sb["id"], "cat /opt/app/mode; echo $APP_MODE; stat -c %U /opt/app")
-            assert out == "built\nbuilt\nroot\n", out
+            assert sb["workdir"] == "/opt/app"
+            out = sh(c, sb["id"], "pwd; cat mode; echo $APP_MODE; touch mine")
+            assert out == "/opt/app\nbuilt\nbuilt\n", out
+        finally:
+            c.remove(sb["id"])
+        sb = c.create({"image": "it-bld:1", "workdir": "/workspace"})
+        try:
+            out = sh(c, sb["id"], "pwd; stat -c %U /opt/app")
+            assert out == "/workspace\nroot\n", out
         finally:
             c.remove(sb["id"])
         # The name is taken now; a build for it is refused at once.
@@ -674,6 +683,7 @@ def test_build_failure_and_cancel_leave_nothing(edge, client):
                                                 "echo never"]}, expect=202).json
         rec = wait_build(c, r["id"])
         assert rec["state"] == "failed" and "exited with status 3" in rec["error"], rec
+        assert rec["sandbox"] is None, rec
         assert [s["state"] for s in rec["steps"]][:3] == ["done", "done", "failed"]
         log = build_log(c, r["id"])
         assert "oops" in log and "never" not in log.replace("$ echo never", "")
@@ -684,9 +694,10 @@ def test_build_failure_and_cancel_leave_nothing(edge, client):
         wait_until(lambda: c.get(f"/v1/images/builds/{r['id']}", expect=200).json["step"] == 1,
                    30, what="the sleep step running")
         t0 = time.monotonic()
-        c.delete(f"/v1/images/builds/{r['id']}", expect=200)
+        assert c.delete(f"/v1/images/builds/{r['id']}", expect=200).json["state"] == "canceling"
         rec = wait_build(c, r["id"], timeout=30)
         assert rec["state"] == "canceled" and time.monotonic() - t0 < 15, rec
+        assert rec["sandbox"] is None and rec["step"] is None
         # Canceling a finished build returns it as it is.
         assert c.delete(f"/v1/images/builds/{r['id']}", expect=200).json["state"] == "canceled"
         c.get("/v1/images/it-bldc:1", expect=404)

@@ -321,8 +321,9 @@ class DSecClient:
 
     def cancel_build(self, build_id: str, request_id: str | None = None) -> Build:
         """Cancel a queued or running build (its sandbox is deleted); returns
-        its record, which may still say ``running`` for a moment. A finished
-        build is returned as it is."""
+        its record: ``canceled`` for a queued one, ``canceling`` for a running
+        one until its sandbox and layers are gone (``running`` if it was
+        already saving its image). A finished build is returned as it is."""
         return Build.from_json(self._json(_ops.build_cancel(build_id, request_id)))
 
     def wait_build(

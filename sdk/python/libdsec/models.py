@@ -308,7 +308,7 @@ class Image:
         )
 
 
-BUILD_STATES = ("queued", "running", "succeeded", "failed", "canceled")
+BUILD_STATES = ("queued", "running", "canceling", "succeeded", "failed", "canceled")
 BUILD_FINISHED = frozenset({"succeeded", "failed", "canceled"})
 
 
@@ -330,8 +330,8 @@ class BuildStep:
 class Build:
     """An image build job (``POST /v1/images/build``, ``GET /v1/images/builds/{id}``).
 
-    ``state`` is ``queued``, ``running``, ``succeeded``, ``failed`` or
-    ``canceled``; ``step`` the index in ``steps`` of the running step (``None``
+    ``state`` is ``queued``, ``running``, ``canceling``, ``succeeded``,
+    ``failed`` or ``canceled``; ``step`` the index in ``steps`` of the running step (``None``
     when none runs); ``progress`` the share of steps done (0..1); ``error`` why
     it failed; ``image`` the image's name once it succeeded; ``sandbox`` the
     build sandbox's id (once made); ``log_bytes`` the log's length so far.

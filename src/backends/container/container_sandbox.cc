@@ -555,9 +555,18 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
             {"/proc", 0555, 0, 0},
             {"/dev", 0755, 0, 0},
             {"/workspace", 0755, 1000, 1000}};
+  // The workdir belongs to the sandbox's user (an image's or the caller's), so it can write
+  // there; a user the node cannot resolve was refused before.
+  uint32_t wd_uid = 1000, wd_gid = 1000;
+  if (auto u = ResolveUser(spec_.user); u.ok()) wd_uid = u->uid, wd_gid = u->gid;
   bool listed = false;
-  for (const auto& d : r.dirs) listed |= d.path == spec_.workdir;
-  if (!listed) r.dirs.push_back({spec_.workdir, 0755, 1000, 1000});
+  for (auto& d : r.dirs)
+    if (d.path == spec_.workdir) {
+      listed = true;
+      d.uid = wd_uid;
+      d.gid = wd_gid;
+    }
+  if (!listed) r.dirs.push_back({spec_.workdir, 0755, wd_uid, wd_gid});
   r.files = {{"/etc/hostname", spec_.hostname + "\n", 0644, 0, 0},
              {"/etc/hosts",
               "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" +
