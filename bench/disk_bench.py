@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -32,17 +31,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
 import edge_harness  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from image_bench import pct  # noqa: E402
+
 pc = time.perf_counter
 KINDS = {"tmpfs": 256, "image": 2048}
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    if not xs:
-        return math.nan
-    k = (len(xs) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def find_edge(arg):
