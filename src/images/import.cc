@@ -622,18 +622,24 @@ struct Importer::Impl {
     return OkStatus();
   }
 
-  StatusOr<Image> Rootfs() {
-    DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer(opts.skip_dev_nodes));
+  // The spooled archive, from its start, kChunk at a time.
+  template <typename Fn>
+  Status ReadSpool(Fn&& fn) {
     std::vector<char> buf(kChunk);
     off_t off = 0;
     for (;;) {
       ssize_t n = pread(spool_fd.get(), buf.data(), buf.size(), off);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return ErrnoError("read the spooled archive");
-      if (n == 0) break;
+      if (n == 0) return OkStatus();
       off += n;
-      DSEC_RETURN_IF_ERROR(builder->Feed(std::string_view(buf.data(), static_cast<size_t>(n))));
+      DSEC_RETURN_IF_ERROR(fn(std::string_view(buf.data(), static_cast<size_t>(n))));
     }
+  }
+
+  StatusOr<Image> Rootfs() {
+    DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer(opts.skip_dev_nodes));
+    DSEC_RETURN_IF_ERROR(ReadSpool([&](std::string_view d) { return builder->Feed(d); }));
     DSEC_ASSIGN_OR_RETURN(LayerInfo layer, builder->Commit("", opts.layer_format));
     ++committed;
     Image img;
@@ -656,16 +662,7 @@ struct Importer::Impl {
     o.max_total_bytes = opts.max_archive_bytes;
     o.max_entries = 100'000;
     agent::TarExtractor x(dir.get(), o);
-    std::vector<char> buf(kChunk);
-    off_t off = 0;
-    for (;;) {
-      ssize_t n = pread(spool_fd.get(), buf.data(), buf.size(), off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return ErrnoError("read the spooled archive");
-      if (n == 0) break;
-      off += n;
-      DSEC_RETURN_IF_ERROR(x.Feed(std::string_view(buf.data(), static_cast<size_t>(n))));
-    }
+    DSEC_RETURN_IF_ERROR(ReadSpool([&](std::string_view d) { return x.Feed(d); }));
     DSEC_RETURN_IF_ERROR(x.Finish());
     // The spool is no longer needed: give its space back before the layers are made.
     spool_fd.Reset();
