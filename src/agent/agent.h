@@ -95,6 +95,8 @@ class Agent {
   void SetDeadline(Op* op, int64_t deadline_ms);  // 0 clears
   void WatchChild(pid_t pid, Op* op) { children_[pid] = op; }
   void UnwatchChild(pid_t pid) { children_.erase(pid); }
+  // Reaps every exited child now (watched ones reach their op) instead of at the next round.
+  void ReapChildren() { OnSigchld(); }
   // Execs + shells currently running, for the concurrency cap.
   int active_processes() const { return active_processes_; }
   void AdjustActive(int delta) { active_processes_ += delta; }

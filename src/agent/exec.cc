@@ -23,6 +23,8 @@ namespace {
 constexpr size_t kReadChunk = 64 * 1024;
 // The edge keeps at most this much stdin unacknowledged; more is a protocol violation.
 constexpr size_t kStdinLimit = 4 << 20;
+// How long a killed exec waits for its processes to be gone before it answers anyway.
+constexpr int64_t kSettleMs = 2000;
 
 class ExecOp;
 
@@ -237,7 +239,10 @@ class ExecOp : public Op {
       int sig = it->get<int>();
       if (sig > 0 && sig < 65 && !child_exited_ && child_.pid > 0) kill(-child_.pid, sig);
     }
-    if (j.contains("kill") && !child_exited_) KillTree();
+    if (j.contains("kill") && !child_exited_) {
+      killed_ = true;
+      KillTree();
+    }
     if (auto it = j.find("resize"); it != j.end() && it->is_array() && it->size() == 2 && pty_) {
       winsize ws{};
       ws.ws_col = static_cast<unsigned short>((*it)[0].get<int>());
@@ -304,6 +309,10 @@ class ExecOp : public Op {
   }
 
   void OnDeadline() override {
+    if (settling_) {
+      Settle();
+      return;
+    }
     timed_out_ = true;
     KillTree();
   }
@@ -322,8 +331,36 @@ class ExecOp : public Op {
   void OnChildExit(pid_t, int status) override {
     if (child_exited_) return;
     child_exited_ = true;
+    status_ = status;
     agent_->SetDeadline(this, 0);
     if (timed_out_) KillTree();  // anything still in the exec's cgroup goes with it
+    if (timed_out_ || killed_) {
+      settle_until_ = MonotonicMs() + kSettleMs;
+      settling_ = true;
+      Settle();
+      return;
+    }
+    Complete();
+  }
+
+  // A killed command answers once every process of its cgroup has exited and been reaped, so
+  // that nothing of it is left when the exec returns: a process can take a while to act on its
+  // SIGKILL (one throttled by the sandbox's CPU quota runs again only in the next period).
+  // Checked every 2 ms for at most kSettleMs; a process stuck beyond that (uninterruptible
+  // sleep) is left to the lingering-cgroup sweep.
+  void Settle() {
+    int64_t now = MonotonicMs();
+    if (now < settle_until_ && CgroupPopulated(*agent_, child_.cgroup)) {
+      agent_->SetDeadline(this, now + 2);
+      return;
+    }
+    settling_ = false;
+    agent_->ReapChildren();  // they were re-parented to the agent: collect them before answering
+    Complete();
+  }
+
+  void Complete() {
+    int status = status_;
     // What the command wrote before exiting is in the pipes; take it all, then answer.
     for (auto* s : {out_.get(), err_.get()})
       if (s && !s->eof && !s->ReadAvailable(64)) StreamEof(s);
@@ -408,6 +445,9 @@ class ExecOp : public Op {
   bool stdin_eof_ = false, stdin_closed_ = false, stdin_registered_ = false;
   bool pty_ = false, child_exited_ = false, timed_out_ = false, cancelled_ = false;
   bool counted_ = false, released_ = false;
+  bool killed_ = false, settling_ = false;
+  int status_ = 0;
+  int64_t settle_until_ = 0;
   uint64_t out_bytes_ = 0, err_bytes_ = 0;
   bool out_trunc_ = false, err_trunc_ = false;
   double start_ms_ = 0;

@@ -283,6 +283,16 @@ int SignalAllUserProcesses(Agent& agent, int sig) {
   return count;
 }
 
+bool CgroupPopulated(Agent& agent, const std::string& name) {
+  if (!agent.config().cgroup_user.valid() || name.empty()) return false;
+  UniqueFd ev = OpenInCgroup(agent, name + "/cgroup.events", O_RDONLY);
+  char buf[256];
+  ssize_t n = ev ? read(ev.get(), buf, sizeof buf - 1) : -1;
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  return strstr(buf, "populated 1") != nullptr;
+}
+
 bool RemoveCgroup(Agent& agent, const std::string& name) {
   if (!agent.config().cgroup_user.valid() || name.empty()) return true;
   return unlinkat(agent.config().cgroup_user.get(), name.c_str(), AT_REMOVEDIR) == 0 ||

@@ -52,6 +52,9 @@ void FreezeCgroup(Agent& agent, const std::string& name, bool frozen);
 int SignalAllUserProcesses(Agent& agent, int sig);
 // Pids in a child cgroup of <sb>/user (not recursive).
 std::vector<pid_t> CgroupPids(Agent& agent, const std::string& name);
+// Whether a child cgroup (or one below it) still holds a process that has not exited; false
+// when it cannot be read.
+bool CgroupPopulated(Agent& agent, const std::string& name);
 // rmdir of an empty child cgroup; false if still populated.
 bool RemoveCgroup(Agent& agent, const std::string& name);
 

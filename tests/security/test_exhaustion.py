@@ -746,4 +746,22 @@ def test_output_flood_is_truncated_at_max_output_bytes(edge, hostile, figure, fl
     assert took < 15
     assert edge_rss_kb(edge) - rss0 < 64 * 1024, "the edge's memory grew with the flood"
     assert h.stats()["pids"] == 1, "the flooding command outlived its exec"
+
+
+def test_a_timed_out_exec_returns_only_once_its_processes_are_gone(edge, hostile, figure):
+    """A command killed at its timeout while the sandbox is CPU-throttled (half a CPU, a `yes`
+    flood under `sh`) is gone, reaped and uncounted when its exec returns, every time: a
+    throttled process acts on its SIGKILL only in the next quota period, so the agent waits for
+    the exec's cgroup to empty before it answers."""
+    h = hostile(cpu=0.5)
+    left = []
+    for i in range(15):
+        r = h.exec("yes", timeout_ms=300, max_output_bytes=1 << 20)
+        assert r["timed_out"], r
+        pids = h.stats()["pids"]
+        if pids != 1:
+            left.append((i, pids))
+    figure("execs", 15)
+    figure("execs that left a process behind", len(left))
+    assert not left, f"(run, pids) right after a timed-out exec returned: {left}"
     h.delete_and_check(figure)
