@@ -65,6 +65,12 @@ int64_t NowMs() {
       .count();
 }
 
+std::string BaseName(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
 std::string Duration(int64_t ms) {
   if (ms < 0) ms = 0;
   int64_t s = ms / 1000;

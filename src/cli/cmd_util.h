@@ -29,6 +29,7 @@ std::string ImageText(const Json& image);
 
 std::string SbPath(const std::string& id);  // /v1/sandboxes/<id, escaped>
 int64_t NowMs();                            // wall clock, ms since the epoch
+std::string BaseName(std::string path);     // the last component; trailing slashes ignored
 // An age or a time left, as the tables show it: "42s", "5m", "3h", "2d".
 std::string Duration(int64_t ms);
 

@@ -318,12 +318,6 @@ Loc ParseLoc(const std::string& s) {
   return {false, "", s};
 }
 
-std::string BaseName(std::string p) {
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  size_t slash = p.rfind('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
-
 std::string JoinRemote(std::string dir, const std::string& name) {
   if (dir.empty() || dir.back() != '/') dir += '/';
   return dir + name;

@@ -37,11 +37,6 @@ StatusOr<std::string> ReadInput(const std::string& path) {
   return ReadFileToString(path, kMaxInputBytes);
 }
 
-std::string BaseName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 // Bytes (stdin, input files) go base64-encoded, so binary input survives; the code is text.
 StatusOr<Json> FnBody(const FnOpts& o, bool json_out) {
   if (o.code.has_value() == !o.file.empty())

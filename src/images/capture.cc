@@ -20,7 +20,7 @@ namespace {
 
 constexpr size_t kMaxPath = 4096;
 constexpr int kMaxDepth = 1024;
-constexpr size_t kChunk = 256 * 1024;
+constexpr size_t kCaptureChunk = 256 * 1024;
 
 void PutOctal(char* field, size_t width, uint64_t v) {
   // width-1 octal digits and a NUL.
@@ -141,7 +141,7 @@ class Walker {
     ++stats_->entries;
     if (e.type != '0' || e.size == 0) return OkStatus();
     uint64_t left = e.size;
-    std::string buf(kChunk, '\0');
+    std::string buf(kCaptureChunk, '\0');
     while (left > 0) {
       ssize_t n = read(data_fd, buf.data(), std::min<uint64_t>(left, buf.size()));
       if (n < 0 && errno == EINTR) continue;
