@@ -285,9 +285,12 @@ TEST_P(CgroupPrivilegedTest, OomIsDetected) {
   Cgroup* cg = Make(l);
   ASSERT_NE(cg, nullptr);
   pid_t pid = Spawn(cg, [] {
+    // The pages must escape, or the compiler may drop an unused malloc+memset (clang does).
+    [[maybe_unused]] static char* volatile last;
     for (int i = 0; i < 256; ++i) {
       char* m = static_cast<char*>(malloc(1 << 20));
       memset(m, 1, 1 << 20);
+      last = m;
     }
   });
   int status;

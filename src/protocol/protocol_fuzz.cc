@@ -1,5 +1,5 @@
 // libFuzzer target for everything an agent or edge parses off the wire: the frame decoder
-// (fed in arbitrary chunks) and the JSON message parsers. Built by the "fuzz" preset with
+// (fed in arbitrary chunks) and the JSON message parsers. Built by the "asan" preset with
 // clang (-fsanitize=fuzzer,address,undefined); the regular build runs the same entry point
 // with the generic driver (src/base/fuzz_driver.cc) over tests/testdata/fuzz/protocol.
 #include <cstddef>
