@@ -67,6 +67,18 @@ struct ExecRequest {
 };
 
 // Output and result of a buffered exec.
+// A body to send into a sandbox: bytes in memory, or `size` bytes of the file `fd` from offset
+// 0 (an upload the edge spooled to disk), read as they are sent.
+struct UploadBody {
+  UploadBody(std::string_view d) : data(d), size(d.size()) {}     // NOLINT: implicit on purpose
+  UploadBody(const std::string& d) : data(d), size(d.size()) {}   // NOLINT
+  UploadBody(const char* d) : UploadBody(std::string_view(d)) {}  // NOLINT
+  UploadBody(int file, uint64_t bytes) : fd(file), size(bytes) {}
+  std::string_view data;
+  int fd = -1;
+  uint64_t size = 0;
+};
+
 struct ExecOutput {
   ExecResult result;
   std::string stdout_data;
@@ -131,12 +143,12 @@ class Sandbox {
 
   // Files, resolved inside the sandbox root, as the sandbox's user.
   virtual StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) = 0;
-  virtual Status WriteFile(const std::string& path, std::string_view data, uint32_t mode) = 0;
+  virtual Status WriteFile(const std::string& path, const UploadBody& data, uint32_t mode) = 0;
   virtual StatusOr<std::vector<FileEntry>> ListDir(const std::string& path) = 0;
   virtual StatusOr<FileEntry> Stat(const std::string& path) = 0;
   virtual Status MakeDir(const std::string& path, uint32_t mode) = 0;
   virtual Status Remove(const std::string& path, bool recursive) = 0;
-  virtual Status ExtractTar(const std::string& dir, std::string_view tar_bytes) = 0;
+  virtual Status ExtractTar(const std::string& dir, const UploadBody& tar) = 0;
   virtual StatusOr<std::string> CreateTar(const std::string& dir, uint64_t max_bytes) = 0;
 
   // Signals every user process (the agent survives). Returns how many there were.

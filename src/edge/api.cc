@@ -10,6 +10,9 @@ namespace dsec::edge {
 
 namespace {
 
+// Uploads up to this size are read into memory; larger ones (and chunked ones) are spooled.
+constexpr uint64_t kUploadInMemoryMax = 1 << 20;
+
 // Compares without an early exit, so response time does not tell how much of a guess matched.
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size() || b.empty()) return false;
@@ -267,10 +270,17 @@ Preflight Api::Check(HttpRequest& req) {
     return pf;
   }
   bool known = false;
-  if (const Route* r = Match(req.method, req.target, nullptr, &known); r && r->upload)
+  const Route* r = Match(req.method, req.target, nullptr, &known);
+  if (r && r->upload) {
     pf.body_limit = d_.cfg.max_upload_bytes;
-  else if (r && r->import)
-    pf.body_limit = d_.cfg.max_import_bytes, pf.spool = true;  // up to GiBs: to disk, not memory
+    // A large upload (or one of unknown length) goes to disk and then to the sandbox a piece at
+    // a time; a small one stays in memory.
+    auto len = ParseUint64(req.Header("content-length"));
+    if (!len || *len > kUploadInMemoryMax) pf.spool = Preflight::Spool::kUpload;
+  } else if (r && r->import) {
+    pf.body_limit = d_.cfg.max_import_bytes;  // up to GiBs: to disk, not memory
+    pf.spool = Preflight::Spool::kImport;
+  }
   auto deny = [&](int status, std::string_view code, std::string_view msg) {
     d_.metrics->CountRequest(req.method, status);
     d_.metrics->CountError(std::string(code));

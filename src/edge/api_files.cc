@@ -1,6 +1,7 @@
 // File and archive routes. Paths come from the query string and are resolved by the agent
 // inside the sandbox root (openat2 RESOLVE_IN_ROOT), acting as the sandbox's user; the edge
-// only checks their shape. Bodies are bounded by max_upload_bytes / max_download_bytes.
+// only checks their shape. Bodies are bounded by max_upload_bytes / max_download_bytes; an
+// upload over 1 MiB arrives in a spooled file and goes to the agent a piece at a time.
 #include "edge/api.h"
 
 namespace dsec::edge {
@@ -29,6 +30,12 @@ StatusOr<uint32_t> ModeQuery(const std::shared_ptr<Ctx>& c, uint32_t def) {
   return v;
 }
 
+// The request body: in memory, or (a large upload) the file the HTTP layer spooled it to.
+backends::UploadBody Body(const std::shared_ptr<Ctx>& c) {
+  if (c->req.body_file) return {c->req.body_file.get(), c->req.body_size};
+  return c->req.body;
+}
+
 Json EntryJson(const backends::FileEntry& e) {
   return {{"name", e.name},
           {"type", e.type},
@@ -42,7 +49,7 @@ void PutFile(const std::shared_ptr<Ctx>& c) {
     DSEC_ASSIGN_OR_RETURN(std::string path, PathQuery(c));
     DSEC_ASSIGN_OR_RETURN(uint32_t mode, ModeQuery(c, 0644));
     DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
-    return sb->WriteFile(path, c->req.body, mode);
+    return sb->WriteFile(path, Body(c), mode);
   };
   Status s = run();
   if (!s.ok()) return c->Fail(s);
@@ -135,7 +142,7 @@ void PutArchive(const std::shared_ptr<Ctx>& c) {
     DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
     // The agent makes the target directory (and removes what it made if the archive is
     // refused before anything was extracted).
-    return sb->ExtractTar(path, c->req.body);
+    return sb->ExtractTar(path, Body(c));
   };
   Status s = run();
   if (!s.ok()) return c->Fail(s);

@@ -150,7 +150,8 @@ struct HttpServer::Impl {
   std::unique_ptr<unix_proto::acceptor> unix_acceptor;
   std::unique_ptr<asio::steady_timer> tcp_retry, unix_retry;
   std::atomic<int64_t> conns{0};
-  std::atomic<int> spooling{0};  // bodies being spooled (HttpServerOptions::max_spooled)
+  // Bodies being spooled (HttpServerOptions::max_spooled and max_spooled_uploads).
+  std::atomic<int> spooling{0}, spooling_uploads{0};
   std::atomic<bool> stopping{false};
   std::mutex mu;
   std::unordered_map<SessionBase*, std::weak_ptr<SessionBase>> sessions;  // GUARDED_BY(mu)
@@ -486,19 +487,21 @@ class HttpSession : public SessionBase {
           JsonError(413, "too_large",
                     "request body is larger than " + std::to_string(pf.body_limit) + " bytes"));
     parser_->body_limit(pf.body_limit);
-    bool spool = pf.spool && !req.websocket_upgrade;
+    bool spool = pf.spool != Preflight::Spool::kNo && !req.websocket_upgrade;
     if (spool) {
       // The header is parsed and no body byte read: the parser moves to a body type that
       // hands the body over piece by piece, and the pieces go to an unlinked file.
-      if (srv_->spooling.fetch_add(1) >= srv_->opts.max_spooled) {
-        srv_->spooling.fetch_sub(1);
+      bool import = pf.spool == Preflight::Spool::kImport;
+      std::atomic<int>* count = import ? &srv_->spooling : &srv_->spooling_uploads;
+      if (count->fetch_add(1) >=
+          (import ? srv_->opts.max_spooled : srv_->opts.max_spooled_uploads)) {
+        count->fetch_sub(1);
         HttpResponse busy = JsonError(429, "over_capacity",
                                       "too many uploads in progress on this node; retry later");
         busy.headers.emplace_back("Retry-After", "5");
         return Reject(std::move(busy));
       }
-      auto* srv = srv_;
-      spool_slot_ = std::shared_ptr<void>(nullptr, [srv](void*) { srv->spooling.fetch_sub(1); });
+      spool_slot_ = std::shared_ptr<void>(nullptr, [count](void*) { count->fetch_sub(1); });
       int fd = open(srv_->opts.spool_dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
       if (fd < 0) {
         spool_slot_.reset();

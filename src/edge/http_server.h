@@ -98,8 +98,10 @@ struct Preflight {
   uint64_t body_limit = 0;
   std::string principal;
   // Read the body into an unlinked file in HttpServerOptions::spool_dir (see
-  // HttpRequest::body_file), 64 KiB at a time.
-  bool spool = false;
+  // HttpRequest::body_file), 64 KiB at a time: an image archive (at most max_spooled at once)
+  // or a large file/archive upload (at most max_spooled_uploads).
+  enum class Spool { kNo, kImport, kUpload };
+  Spool spool = Spool::kNo;
 };
 
 struct HttpServerOptions {
@@ -112,7 +114,8 @@ struct HttpServerOptions {
   uint64_t max_websocket_message = 1 << 20;
   std::string spool_dir;  // where spooled bodies go (O_TMPFILE); required for Preflight::spool
   // Spooled bodies being received at once; more are refused (429) before their bodies are read.
-  int max_spooled = 4;
+  int max_spooled = 4;           // image archives (GiBs each, unpacked afterwards)
+  int max_spooled_uploads = 16;  // file and archive uploads into sandboxes
 };
 
 class HttpServer {

@@ -2,8 +2,10 @@
 
 #include "backends/container/agent_client.h"
 
+#include <unistd.h>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <future>
 #include <thread>
@@ -25,6 +27,11 @@ struct AgentClient::Impl {
   std::array<char, 64 * 1024> rbuf;
   std::deque<std::string> wqueue;
   bool writing = false;
+  // Bytes of frames handed to the strand and not yet written (wqueue plus the write in
+  // progress, plus frames posted but not yet queued); uploads wait on room_cv for room.
+  std::atomic<uint64_t> queued{0};
+  std::mutex room_mu;
+  std::condition_variable room_cv;
   std::map<uint32_t, std::shared_ptr<Call>> calls;
   std::function<void(const Status&)> on_closed;
   bool shut = false;
@@ -109,6 +116,16 @@ namespace {
 
 void Enqueue(const std::shared_ptr<AgentClient>& self, AgentClient::Impl* impl, std::string frame);
 
+// `bytes` of counted frames left the queue (written or dropped): wakes waiting uploads.
+void Dequeued(AgentClient::Impl* impl, uint64_t bytes) {
+  if (bytes == 0) return;
+  {
+    std::lock_guard<std::mutex> l(impl->room_mu);
+    impl->queued -= bytes;
+  }
+  impl->room_cv.notify_all();
+}
+
 }  // namespace
 
 uint32_t AgentClient::StartCall(const Json& request, std::shared_ptr<Call> call) {
@@ -119,11 +136,13 @@ uint32_t AgentClient::StartCall(std::string request, std::shared_ptr<Call> call)
   uint32_t ch = next_channel_.fetch_add(1);
   if (ch == 0) ch = next_channel_.fetch_add(1);
   std::string frame = protocol::EncodeFrameOrDie(FrameType::kRequest, 0, ch, request);
+  impl_->queued += frame.size();
   auto self = shared_from_this();
   asio::dispatch(impl_->strand,
                  [self, ch, call = std::move(call), frame = std::move(frame)]() mutable {
                    auto* impl = self->impl_.get();
                    if (impl->shut) {
+                     Dequeued(impl, frame.size());
                      call->OnResponse(Unavailable("sandbox agent connection is closed"));
                      return;
                    }
@@ -134,27 +153,35 @@ uint32_t AgentClient::StartCall(std::string request, std::shared_ptr<Call> call)
 }
 
 void AgentClient::SendData(uint32_t channel, uint8_t stream, std::string data, bool eof) {
+  // Framed here, so that the queue's byte count covers them before the strand runs.
+  std::vector<std::string> frames;
+  uint64_t bytes = 0;
+  std::string_view rest = data;
+  do {
+    size_t n = std::min(rest.size(), protocol::kDataChunk);
+    bool last = n == rest.size();
+    uint8_t flags = static_cast<uint8_t>(stream | (last && eof ? protocol::kFlagEof : 0));
+    frames.push_back(
+        protocol::EncodeFrameOrDie(FrameType::kData, flags, channel, rest.substr(0, n)));
+    bytes += frames.back().size();
+    rest.remove_prefix(n);
+  } while (!rest.empty());
+  impl_->queued += bytes;
   auto self = shared_from_this();
-  asio::dispatch(impl_->strand, [self, channel, stream, data = std::move(data), eof]() {
+  asio::dispatch(impl_->strand, [self, frames = std::move(frames), bytes]() mutable {
     auto* impl = self->impl_.get();
-    if (impl->shut) return;
-    std::string_view rest = data;
-    do {
-      size_t n = std::min(rest.size(), protocol::kDataChunk);
-      bool last = n == rest.size();
-      uint8_t flags = static_cast<uint8_t>(stream | (last && eof ? protocol::kFlagEof : 0));
-      Enqueue(self, impl,
-              protocol::EncodeFrameOrDie(FrameType::kData, flags, channel, rest.substr(0, n)));
-      rest.remove_prefix(n);
-    } while (!rest.empty());
+    if (impl->shut) return Dequeued(impl, bytes);
+    for (auto& f : frames) Enqueue(self, impl, std::move(f));
   });
 }
 
 void AgentClient::SendControl(uint32_t channel, const Json& control) {
   std::string frame = protocol::EncodeFrameOrDie(FrameType::kControl, 0, channel, control.dump());
+  impl_->queued += frame.size();
   auto self = shared_from_this();
   asio::dispatch(impl_->strand, [self, frame = std::move(frame)]() mutable {
-    if (!self->impl_->shut) Enqueue(self, self->impl_.get(), std::move(frame));
+    if (self->impl_->shut) return Dequeued(self->impl_.get(), frame.size());
+    Enqueue(self, self->impl_.get(), std::move(frame));
   });
 }
 
@@ -169,7 +196,10 @@ void AgentClient::Close() {
     impl->socket.close(ec);
     auto calls = std::move(impl->calls);
     impl->calls.clear();
+    uint64_t dropped = 0;
+    for (const auto& f : impl->wqueue) dropped += f.size();
     impl->wqueue.clear();
+    Dequeued(impl, dropped);
     for (auto& [ch, call] : calls) call->OnResponse(Unavailable("sandbox agent connection lost"));
     if (impl->on_closed) {
       auto cb = std::move(impl->on_closed);
@@ -211,7 +241,11 @@ void WriteNext(std::shared_ptr<AgentClient> self, AgentClient::Impl* impl) {
           self->Close();
           return;
         }
-        if (!impl->wqueue.empty()) impl->wqueue.pop_front();
+        if (!impl->wqueue.empty()) {
+          uint64_t written = impl->wqueue.front().size();
+          impl->wqueue.pop_front();
+          Dequeued(impl, written);
+        }
         WriteNext(self, impl);
       }));
 }
@@ -261,6 +295,56 @@ StatusOr<Json> AgentClient::CallSync(const Json& request, std::string_view uploa
   }
   SyncCall::Result r = fut.get();
   if (download) *download = std::move(r.data);
+  return std::move(r.response);
+}
+
+StatusOr<Json> AgentClient::CallSyncUpload(const Json& request, int fd, uint64_t size,
+                                           int64_t timeout_ms) {
+  auto call = std::make_shared<SyncCall>(0);
+  auto fut = call->future();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  uint32_t ch = StartCall(request, call);
+  auto answered = [&] {
+    return fut.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  };
+  uint64_t off = 0;
+  Status read_error;
+  do {
+    {
+      // Room in the outgoing queue, or the connection is gone (the call then fails with it).
+      std::unique_lock<std::mutex> l(impl_->room_mu);
+      if (!impl_->room_cv.wait_until(l, deadline, [&] {
+            return impl_->queued.load() < kUploadWindow || closed_.load();
+          })) {
+        break;  // the deadline: the wait for the answer below gives up at once
+      }
+    }
+    if (closed_.load() || answered()) break;  // refused early: the rest is not needed
+    std::string chunk(std::min<uint64_t>(size - off, 1 << 20), '\0');
+    size_t got = 0;
+    while (got < chunk.size()) {
+      ssize_t n = pread(fd, chunk.data() + got, chunk.size() - got, static_cast<off_t>(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        read_error = n < 0 ? ErrnoError("read the spooled upload")
+                           : InternalError("the spooled upload is shorter than its size");
+        break;
+      }
+      got += static_cast<size_t>(n);
+    }
+    chunk.resize(got);
+    off += got;
+    // A read error ends the body where it is; the caller is told the upload failed.
+    SendData(ch, protocol::kBody, std::move(chunk), /*eof=*/off == size || !read_error.ok());
+  } while (off < size && read_error.ok());
+  if (fut.wait_until(deadline) != std::future_status::ready) {
+    Abandon(ch);
+    return DeadlineExceeded("the sandbox agent did not take the upload within " +
+                            std::to_string(timeout_ms) + " ms");
+  }
+  SyncCall::Result r = fut.get();
+  if (!read_error.ok() && r.response.ok())
+    return InternalError(read_error.message() + "; the sandbox holds a partial copy");
   return std::move(r.response);
 }
 

@@ -61,6 +61,12 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
                                     std::string* download = nullptr, uint64_t max_download = 0,
                                     bool has_upload = false,
                                     int64_t timeout_ms = kDefaultCallTimeoutMs);
+  // CallSync with the upload read from `fd` (`size` bytes from offset 0) as it goes out: at
+  // most kUploadWindow bytes of it wait in the outgoing queue, so a large upload is never held
+  // in memory. Stops sending when the agent answered early (it refused the request).
+  static constexpr uint64_t kUploadWindow = 4 << 20;
+  StatusOr<protocol::Json> CallSyncUpload(const protocol::Json& request, int fd, uint64_t size,
+                                          int64_t timeout_ms = kDefaultCallTimeoutMs);
   // Forgets a call: late frames for it are dropped and its callbacks never run.
   void Abandon(uint32_t channel);
 

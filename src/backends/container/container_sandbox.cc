@@ -692,6 +692,12 @@ Status ValidateEnv(const std::map<std::string, std::string>& env) {
       return InvalidArgument("env names must be non-empty without '=' or NUL, values without NUL");
   return OkStatus();
 }
+
+// Sends a body-carrying request: from memory, or streamed from a spooled file.
+Status Upload(AgentClient& client, const Json& request, const UploadBody& body) {
+  if (body.fd >= 0) return client.CallSyncUpload(request, body.fd, body.size).status();
+  return client.CallSync(request, body.data, nullptr, 0, /*has_upload=*/true).status();
+}
 }  // namespace
 
 StatusOr<protocol::ExecSpec> ContainerSandbox::BuildExecSpec(const ExecRequest& req) {
@@ -834,7 +840,7 @@ StatusOr<std::string> ContainerSandbox::ReadFile(const std::string& path, uint64
   return data;
 }
 
-Status ContainerSandbox::WriteFile(const std::string& path, std::string_view data, uint32_t mode) {
+Status ContainerSandbox::WriteFile(const std::string& path, const UploadBody& data, uint32_t mode) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
   StatusOr<UserIds> ids = NotFound("");
   Json j = IdsJson("", &ids);
@@ -842,7 +848,7 @@ Status ContainerSandbox::WriteFile(const std::string& path, std::string_view dat
   j["op"] = "write_file";
   j["path"] = path;
   j["mode"] = mode;
-  return client->CallSync(j, data, nullptr, 0, /*has_upload=*/true).status();
+  return Upload(*client, j, data);
 }
 
 StatusOr<std::vector<FileEntry>> ContainerSandbox::ListDir(const std::string& path) {
@@ -888,13 +894,13 @@ Status ContainerSandbox::Remove(const std::string& path, bool recursive) {
   return client->CallSync(j).status();
 }
 
-Status ContainerSandbox::ExtractTar(const std::string& dir, std::string_view tar_bytes) {
+Status ContainerSandbox::ExtractTar(const std::string& dir, const UploadBody& tar) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
   Json j = IdsJson("");
   j["op"] = "tar_extract";
   j["path"] = dir;
   j["max_bytes"] = static_cast<uint64_t>(spec_.disk_mb) << 20;
-  return client->CallSync(j, tar_bytes, nullptr, 0, true).status();
+  return Upload(*client, j, tar);
 }
 
 StatusOr<std::string> ContainerSandbox::CreateTar(const std::string& dir, uint64_t max_bytes) {

@@ -51,12 +51,12 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
                                                    std::shared_ptr<ExecObserver> observer) override;
   Status CloseShell(const std::string& shell_id) override;
   StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) override;
-  Status WriteFile(const std::string& path, std::string_view data, uint32_t mode) override;
+  Status WriteFile(const std::string& path, const UploadBody& data, uint32_t mode) override;
   StatusOr<std::vector<FileEntry>> ListDir(const std::string& path) override;
   StatusOr<FileEntry> Stat(const std::string& path) override;
   Status MakeDir(const std::string& path, uint32_t mode) override;
   Status Remove(const std::string& path, bool recursive) override;
-  Status ExtractTar(const std::string& dir, std::string_view tar_bytes) override;
+  Status ExtractTar(const std::string& dir, const UploadBody& tar) override;
   StatusOr<std::string> CreateTar(const std::string& dir, uint64_t max_bytes) override;
   StatusOr<int> SignalAll(int sig) override;
   Status Pause() override;

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -579,6 +580,39 @@ TEST_P(ContainerPrivilegedTest, FilesStayInsideTheSandbox) {
   EXPECT_FALSE(sb->Remove("/", true).ok());
   ASSERT_TRUE(sb->MakeDir("/workspace/m/n", 0700).ok());
   EXPECT_EQ(sb->Stat("/workspace/m/n")->mode, 0700u);
+}
+
+// Uploads the edge spooled to a file go to the agent a piece at a time (AgentClient::
+// CallSyncUpload): whole files and archives arrive intact; a refused one ends early.
+TEST_P(ContainerPrivilegedTest, UploadsStreamFromAFile) {
+  auto sb = Create();
+  ASSERT_TRUE(sb);
+  std::string blob(9 << 20, '\0');  // several windows' worth
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>((i * 131) >> 3);
+  UniqueFd f(memfd_create("upload", MFD_CLOEXEC));
+  ASSERT_TRUE(f.valid());
+  ASSERT_TRUE(WriteAllFd(f.get(), blob, "memfd").ok());
+  ASSERT_EQ(lseek(f.get(), 123, SEEK_SET), 123);  // read from offset 0 whatever the position
+  Status w = sb->WriteFile("/workspace/streamed.bin", UploadBody(f.get(), blob.size()), 0600);
+  ASSERT_TRUE(w.ok()) << w.ToString();
+  EXPECT_EQ(*sb->ReadFile("/workspace/streamed.bin", 16 << 20), blob);
+  EXPECT_EQ(Trim(Sh(sb.get(), "stat -c %a /workspace/streamed.bin").stdout_data), "600");
+  // An empty body and a refused one (the target is a directory: the agent answers at once).
+  UniqueFd empty(memfd_create("empty", MFD_CLOEXEC));
+  ASSERT_TRUE(sb->WriteFile("/workspace/empty", UploadBody(empty.get(), 0), 0644).ok());
+  EXPECT_EQ(sb->Stat("/workspace/empty")->size, 0u);
+  EXPECT_FALSE(sb->WriteFile("/workspace", UploadBody(f.get(), blob.size()), 0644).ok());
+  // A file shorter than the size it claims: an error, never a hang.
+  EXPECT_FALSE(sb->WriteFile("/workspace/short", UploadBody(empty.get(), 4096), 0644).ok());
+  // An archive from a file.
+  auto tar = sb->CreateTar("/workspace", 64 << 20);
+  ASSERT_TRUE(tar.ok()) << tar.status().ToString();
+  UniqueFd t(memfd_create("tar", MFD_CLOEXEC));
+  ASSERT_TRUE(WriteAllFd(t.get(), *tar, "memfd").ok());
+  Status x = sb->ExtractTar("/workspace/copy", UploadBody(t.get(), tar->size()));
+  ASSERT_TRUE(x.ok()) << x.ToString();
+  EXPECT_EQ(*sb->ReadFile("/workspace/copy/streamed.bin", 16 << 20), blob);
+  EXPECT_EQ(Trim(Sh(sb.get(), "echo alive").stdout_data), "alive");
 }
 
 TEST_P(ContainerPrivilegedTest, PauseResumeStatsAndSignals) {
