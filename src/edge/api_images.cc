@@ -105,20 +105,9 @@ void ImportImage(const std::shared_ptr<Ctx>& c) {
   if (!imp.ok()) return c->Fail(imp.status());
   Status st;
   if (c->req.body_file) {
-    // Spooled to disk by the HTTP layer: fed from there, 1 MiB at a time.
-    std::string buf(1 << 20, '\0');
-    for (uint64_t left = c->req.body_size; st.ok() && left > 0;) {
-      ssize_t n = read(c->req.body_file.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        st = n < 0 ? ErrnoError("read the spooled request body")
-                   : InternalError("the spooled request body is short");
-        break;
-      }
-      st = (*imp)->Feed(std::string_view(buf.data(), static_cast<size_t>(n)));
-      left -= static_cast<uint64_t>(n);
-    }
-    c->req.body_file.Reset();
+    // Spooled to disk by the HTTP layer: an uncompressed archive is imported from that file
+    // as it is (not written again), a compressed one decompressed from it.
+    st = (*imp)->FeedFile(c->req.body_file.get(), c->req.body_size);
   } else {
     std::string_view body = c->req.body;
     while (st.ok() && !body.empty()) {

@@ -666,7 +666,7 @@ struct Importer::Impl {
     DSEC_RETURN_IF_ERROR(x.Finish());
     // The spool is no longer needed: give its space back before the layers are made.
     spool_fd.Reset();
-    unlink(spool.c_str());
+    if (!spool.empty()) unlink(spool.c_str());
     spool.clear();
     return OkStatus();
   }
@@ -802,6 +802,42 @@ StatusOr<std::unique_ptr<Importer>> Importer::Start(ImageStore* store, ImportOpt
 }
 
 Status Importer::Feed(std::string_view data) { return impl_->dec->Feed(data); }
+
+Status Importer::FeedFile(int fd, uint64_t size) {
+  Impl& im = *impl_;
+  unsigned char h[4] = {};
+  ssize_t n = pread(fd, h, sizeof h, 0);
+  if (n < 0) return ErrnoError("read the archive");
+  bool compressed = (n >= 2 && h[0] == 0x1f && h[1] == 0x8b) ||
+                    (n >= 4 && h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd);
+  if (!compressed && im.spooled == 0) {
+    // Used in place: the empty spool file goes, and nothing more may be fed.
+    if (size > im.opts.max_archive_bytes)
+      return TooLarge("the archive is larger than " + std::to_string(im.opts.max_archive_bytes) +
+                      " bytes");
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) return ErrnoError("dup the archive");
+    im.spool_fd.Reset(own);
+    unlink(im.spool.c_str());
+    im.spool.clear();
+    im.spooled = size;
+    im.dec = std::make_unique<Decoder>([](std::string_view s) -> Status {
+      return s.empty() ? OkStatus() : FailedPrecondition("the archive was already given");
+    });
+    return OkStatus();
+  }
+  std::vector<char> buf(kChunk);
+  for (uint64_t off = 0; off < size;) {
+    ssize_t r =
+        pread(fd, buf.data(), std::min<uint64_t>(buf.size(), size - off), static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoError("read the archive");
+    if (r == 0) return InternalError("the archive is shorter than its size");
+    DSEC_RETURN_IF_ERROR(Feed(std::string_view(buf.data(), static_cast<size_t>(r))));
+    off += static_cast<uint64_t>(r);
+  }
+  return OkStatus();
+}
 
 StatusOr<Image> Importer::Finish() {
   Impl& im = *impl_;

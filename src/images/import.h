@@ -55,6 +55,10 @@ class Importer {
   static StatusOr<std::unique_ptr<Importer>> Start(ImageStore* store, ImportOptions opts);
   ~Importer();
   Status Feed(std::string_view data);
+  // Instead of Feed: the whole archive is `size` bytes of the file `fd` from offset 0 (a body
+  // the edge spooled). An uncompressed one is read in place rather than copied to the spool;
+  // the caller keeps the file open and unchanged until Finish().
+  Status FeedFile(int fd, uint64_t size);
   StatusOr<Image> Finish();
 
  private:

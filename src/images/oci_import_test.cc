@@ -622,6 +622,41 @@ TEST_F(OciImportTest, CompressionsAndDockerSaveGiveTheSameLayers) {
   EXPECT_TRUE(ListDir(root_ + "/tmp").value().empty());
 }
 
+// The edge hands over the file it spooled a request body to: an uncompressed archive is read
+// where it is (nothing is copied to the store's tmp dir), a compressed one is decompressed.
+TEST_F(OciImportTest, FeedFileReadsAnUncompressedArchiveInPlace) {
+  auto base = Import(w_ + "/lt.tar", "ref:1");
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  ASSERT_EQ(RunScript(t_, "gzip -c " + w_ + "/lt.tar > ff.tar.gz"), "");
+  auto feed = [&](const std::string& file, ImportOptions o) -> StatusOr<Image> {
+    UniqueFd fd(open(file.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (!fd || fstat(fd.get(), &st) < 0) return ErrnoError("open " + file);
+    DSEC_ASSIGN_OR_RETURN(auto imp, Importer::Start(store_.get(), o));
+    DSEC_RETURN_IF_ERROR(imp->FeedFile(fd.get(), static_cast<uint64_t>(st.st_size)));
+    bool raw = file.ends_with(".tar");
+    if (raw && !ListDir(root_ + "/tmp").value().empty()) return InternalError("copied to tmp");
+    return imp->Finish();
+  };
+  for (const auto& [file, name] : std::vector<std::pair<std::string, std::string>>{
+           {w_ + "/lt.tar", "ff-raw:1"}, {t_ + "/ff.tar.gz", "ff-gz:1"}}) {
+    SCOPED_TRACE(name);
+    ImportOptions o;
+    o.name = name;
+    auto img = feed(file, o);
+    ASSERT_TRUE(img.ok()) << img.status().ToString();
+    EXPECT_EQ(img->layers, base->layers);
+    EXPECT_EQ(img->config.env, base->config.env);
+  }
+  ImportOptions small;
+  small.name = "ff-big:1";
+  small.max_archive_bytes = 1024;
+  EXPECT_EQ(feed(w_ + "/lt.tar", small).status().code(), StatusCode::kTooLarge);
+  EXPECT_EQ(feed(t_ + "/ff.tar.gz", small).status().code(), StatusCode::kTooLarge);
+  EXPECT_TRUE(ListDir(root_ + "/tmp").value().empty());
+  EXPECT_TRUE(store_->GetImage("ff-big:1").status().code() == StatusCode::kNotFound);
+}
+
 TEST_F(OciImportTest, TamperedLayoutsAreRejected) {
   auto variant = [&](const std::string& name, const std::string& tool_args) {
     std::string dir = Copy(name);
