@@ -256,7 +256,7 @@ void RegisterFnCallCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   put->add_option("name", po->name, "Pool name")->required();
   put->add_option("--kind", po->kind, "fncall (default) or container");
   put->add_option("--runtime", po->runtime, "fncall: python, bash or exec");
-  put->add_option("--image", po->image, "Image (only host today)");
+  put->add_option("--image", po->image, "Image (container pools: any; fncall: host)");
   put->add_option("--preload", po->preload, "python: modules to import once per worker (a,b)");
   put->add_option("--min-idle", po->min_idle, "Workers kept ready");
   put->add_option("--max", po->max, "Most workers (container: most ready sandboxes)");

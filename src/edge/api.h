@@ -123,11 +123,21 @@ void RegisterFileRoutes(Api* api);
 void RegisterFnCallRoutes(Api* api);
 void RegisterImageRoutes(Api* api);
 
+// What an image stack's config (the topmost image that sets each) gives a new sandbox by
+// default: a workdir and a user when usable on this node (a clean absolute path; a user the
+// node resolves), and env. NotFound for an image the store does not have.
+struct ImageDefaults {
+  std::optional<std::string> workdir, user;
+  std::map<std::string, std::string> env;
+};
+StatusOr<ImageDefaults> ImageDefaultsOf(images::ImageStore* store, const std::string& image);
+
 // Defaults for a new pool of `kind` (fncall | container) from the node config.
 fncall::PoolConfig PoolDefaults(const EdgeConfig& cfg, const std::string& kind);
 // Starts the built-in runtimes (python, bash) unless turned off, and the pools kept in the
 // state DB (which override built-ins of the same name).
-void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, StateStore* store);
+void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, StateStore* store,
+               images::ImageStore* images);
 
 // Output bytes kept for a JSON string: utf-8 (invalid sequences become U+FFFD when encoded)
 // or base64. A multi-byte character split across chunks is carried to the next chunk.

@@ -168,7 +168,36 @@ fncall::PoolConfig PoolDefaults(const EdgeConfig& cfg, const std::string& kind) 
   return p;
 }
 
-void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, StateStore* store) {
+// A pool's image: "host", or (container pools) an image of this node's store, normalized; the
+// pool's sandboxes get that image config's defaults, as a create of the image would.
+Status ResolvePoolImage(images::ImageStore* store, fncall::PoolConfig* cfg) {
+  cfg->workdir = "/workspace";
+  cfg->user = "sandbox";
+  cfg->env.clear();
+  if (cfg->image == "host" || cfg->image == "host:latest") {
+    cfg->image = "host";
+    return OkStatus();
+  }
+  // The fncall zygote needs the host image's runtime (its workers fail to start elsewhere).
+  if (cfg->kind != "container")
+    return Unimplemented("image \"" + cfg->image +
+                         "\": fncall pools run on the \"host\" image only (container pools may "
+                         "use any image)");
+  if (!store)
+    return NotFound("image \"" + cfg->image +
+                    "\" not found (this node has the built-in \"host\" image only)");
+  DSEC_ASSIGN_OR_RETURN(cfg->image, images::NormalizeName(cfg->image));
+  DSEC_ASSIGN_OR_RETURN(ImageDefaults d, ImageDefaultsOf(store, cfg->image));
+  if (cfg->kind == "container") {
+    if (d.workdir) cfg->workdir = *d.workdir;
+    if (d.user) cfg->user = *d.user;
+    cfg->env = std::move(d.env);
+  }
+  return OkStatus();
+}
+
+void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, StateStore* store,
+               images::ImageStore* images) {
   std::vector<fncall::PoolConfig> want;
   if (cfg.fncall_pools && !userns) {
     DSEC_LOG_WARN("no built-in fncall runtimes: their workers need user namespaces");
@@ -200,8 +229,9 @@ void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, State
     base.name = name;
     auto c =
         j.ok() ? fncall::PoolConfigFromJson(*j, base) : StatusOr<fncall::PoolConfig>(j.status());
-    if (!c.ok()) {
-      DSEC_LOG_WARN("stored pool {} ignored: {}", name, c.status().message());
+    Status ok = c.ok() ? ResolvePoolImage(images, &*c) : c.status();
+    if (!ok.ok()) {
+      DSEC_LOG_WARN("stored pool {} ignored: {}", name, ok.message());
       continue;
     }
     std::erase_if(want, [&](const fncall::PoolConfig& w) { return w.name == name; });
@@ -239,9 +269,7 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
   base.name = name;
   auto cfg = fncall::PoolConfigFromJson(*j, base);
   if (!cfg.ok()) return c->Fail(cfg.status());
-  if (cfg->image != "host")
-    return c->Fail(
-        Unimplemented("image \"" + cfg->image + "\": only \"host\" exists on this node"));
+  if (Status s = ResolvePoolImage(d.images, &*cfg); !s.ok()) return c->Fail(s);
   if (cfg->kind == "container") {
     backends::SandboxSpec spec = fncall::ContainerSpecFor(*cfg);
     spec.id = "sb-check";  // only the limits are checked here

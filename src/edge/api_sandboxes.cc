@@ -87,17 +87,10 @@ bool UsableWorkdir(const std::string& w) {
 // numeric ids are known) leaves the default; so does a workdir that is not a clean absolute path.
 Status ApplyImageConfig(images::ImageStore* store, bool workdir_given, bool user_given,
                         CreateParams* p) {
-  std::vector<std::string> names;
-  for (auto n : SplitString(p->image, ',', /*skip_empty=*/true)) names.emplace_back(n);
-  DSEC_ASSIGN_OR_RETURN(images::Stack stack, store->Acquire(names, /*holder=*/""));
-  const images::ImageConfig& c = stack.config;
-  if (!workdir_given && UsableWorkdir(c.workdir)) p->workdir = c.workdir;
-  if (!user_given && !c.user.empty() && backends::ResolveUser(c.user).ok()) p->user = c.user;
-  for (const auto& kv : c.env) {
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0 || kv.find('\0') != std::string::npos) continue;
-    p->env.emplace(kv.substr(0, eq), kv.substr(eq + 1));  // the caller's value wins
-  }
+  DSEC_ASSIGN_OR_RETURN(ImageDefaults d, ImageDefaultsOf(store, p->image));
+  if (!workdir_given && d.workdir) p->workdir = *d.workdir;
+  if (!user_given && d.user) p->user = *d.user;
+  p->env.insert(d.env.begin(), d.env.end());  // the caller's value wins
   return OkStatus();
 }
 
@@ -162,6 +155,10 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
     memory = ps.memory_mb;
     pids = ps.pids;
     disk = ps.disk_mb;
+    // Made with its image's config (or the defaults): the record says so.
+    p.workdir = ps.workdir;
+    p.user = ps.user;
+    p.env = ps.env;
   }
   if (image) p.image = *image;
   if (cpu) p.cpu = *cpu;
@@ -180,7 +177,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
       return InvalidArgument("\"workdir\" must be an absolute path");
     p.workdir = *workdir;
   }
-  if (env) {
+  if (env && !env->empty()) {  // (a pool's env stays: a pooled create may only send {})
     for (const auto& [k, v] : *env)
       if (k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
           (v && v->find('\0') != std::string::npos))
@@ -343,6 +340,22 @@ void MetricsText(const std::shared_ptr<Ctx>& c) {
 }
 
 }  // namespace
+
+StatusOr<ImageDefaults> ImageDefaultsOf(images::ImageStore* store, const std::string& image) {
+  std::vector<std::string> names;
+  for (auto n : SplitString(image, ',', /*skip_empty=*/true)) names.emplace_back(n);
+  DSEC_ASSIGN_OR_RETURN(images::Stack stack, store->Acquire(names, /*holder=*/""));
+  const images::ImageConfig& c = stack.config;
+  ImageDefaults d;
+  if (UsableWorkdir(c.workdir)) d.workdir = c.workdir;
+  if (!c.user.empty() && backends::ResolveUser(c.user).ok()) d.user = c.user;
+  for (const auto& kv : c.env) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0 || kv.find('\0') != std::string::npos) continue;
+    d.env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return d;
+}
 
 void RegisterSandboxRoutes(Api* a) {
   a->Add("POST", "/v1/sandboxes", CreateSandbox);

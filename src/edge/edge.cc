@@ -150,7 +150,7 @@ int RunEdge(EdgeConfig cfg) {
   // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
   fncall::PoolSet pools(backend->get(), cfg.node);
   manager.SetPools(&pools);
-  LoadPools(cfg, (*backend)->features().userns, &pools, store->get());
+  LoadPools(cfg, (*backend)->features().userns, &pools, store->get(), image_store->get());
   pools.WaitWarm(30000);  // "ready" means the runtimes answer their first calls warm
 
   Idempotency idem(store->get(), cfg.idempotency_max_records, cfg.idempotency_max_age_s,

@@ -956,12 +956,15 @@ def test_put_pool_bad_names_and_images(client, pools):
         r = client.put(f"/v1/pools/{bad}", {"runtime": "python"})
         assert r.status == 400 and r.json["error"]["code"] == "bad_request", (bad, r)
     img = unique("it-img")
-    for body in ({"kind": "container", "image": "nosuch:1"},
-                 {"runtime": "python", "image": "nosuch:1"}):
+    for body, status, code in (({"kind": "container", "image": "nosuch:1"}, 404, "not_found"),
+                               ({"runtime": "python", "image": "nosuch:1"}, 422, "unprocessable"),
+                               ({"runtime": "bash", "image": "other:1"}, 422, "unprocessable")):
         r = client.put(f"/v1/pools/{img}", body)
         if r.status < 300:
             client.delete(f"/v1/pools/{img}")
-        assert r.status == 422 and r.json["error"]["code"] == "unprocessable", r
+        assert r.status == status and r.json["error"]["code"] == code, r
+    r = client.put(f"/v1/pools/{img}", {"kind": "container", "image": "Bad Name!"})
+    assert r.status == 400 and r.json["error"]["code"] == "bad_request", r
     client.get(f"/v1/pools/{img}", expect=404)
     # A bad PUT on an existing pool leaves it as it was.
     name = pools(runtime="bash", min_idle=1, max=2, memory_mb=128)["name"]

@@ -1,4 +1,5 @@
-"""Image configs as sandbox defaults, and image build jobs' edges (issue 5).
+"""Image configs as sandbox defaults (also for container pools of an image), and image build
+jobs' edges (issue 5).
 
 An image's config (workdir, user, env) fills in what a create leaves out; for a stacked image
 list, the topmost image that sets each wins; forks keep what their source got. Build jobs:
@@ -153,6 +154,80 @@ def test_image_user_is_a_sandbox_default(edge, client, tmp_path):
             c.remove(sid)
         for n in made:
             c.delete(f"/v1/images/{n}", expect=204)
+
+
+def wait_pool_idle(c, name, n, timeout=60):
+    def check():
+        w = c.get(f"/v1/pools/{name}", expect=200).json["workers"]
+        return (w["idle"], w["starting"]) == (n, 0)
+    wait_until(check, timeout, interval=0.05, what=f"pool {name}: {n} idle")
+
+
+def test_container_pool_of_an_image_starts_with_its_config(edge, client, tmp_path):
+    """A container pool may use an image of the store: its ready sandboxes have the image's
+    files and its config's user, workdir and env, and their records say so; a pooled create may
+    repeat those but not change them. The image cannot be deleted while a pool uses it; an
+    unknown image is 404, and a stored pool comes back with its image after a restart."""
+    need_busybox()
+    c = client
+    pool = "it-img-pool"
+    sbs = []
+    import_image(c, "it-pool-img:1", oci_image(tmp_path, "pool", user="1234:1234",
+                                                workingdir="/srv/app", env="APP=pooled"))
+    try:
+        info = c.put(f"/v1/pools/{pool}", {"kind": "container", "image": "it-pool-img:1",
+                                           "min_idle": 1, "max": 2, "memory_mb": 128},
+                     expect=201).json
+        assert info["image"] == "it-pool-img:1", info
+        wait_pool_idle(c, pool, 1)
+        sb = c.post("/v1/sandboxes", {"pool": pool}, expect=201).json
+        sbs.append(sb["id"])
+        assert (sb["pool"], sb["user"], sb["workdir"]) == (pool, "1234:1234", "/srv/app"), sb
+        assert c.get(f"/v1/pools/{pool}", expect=200).json["taken"] == 1
+        out = sh(c, sb["id"], "id -u; pwd; echo $APP; ls /bin/busybox")
+        assert out == "1234\n/srv/app\npooled\n/bin/busybox\n", out
+        rec = c.get(f"/v1/sandboxes/{sb['id']}", expect=200).json
+        assert (rec["user"], rec["workdir"], rec["image"]) == ("1234:1234", "/srv/app",
+                                                              "it-pool-img:1"), rec
+        same = c.post("/v1/sandboxes", {"pool": pool, "workdir": "/srv/app", "env": {}},
+                      expect=201).json
+        sbs.append(same["id"])
+        assert sh(c, same["id"], "echo $APP") == "pooled\n"
+        c.post("/v1/sandboxes", {"pool": pool, "workdir": "/tmp"}, expect=400)
+        r = c.delete("/v1/images/it-pool-img:1", expect=409)
+        assert pool in r.json["error"]["message"]
+        r = c.put("/v1/pools/it-img-pool-bad", {"kind": "container", "image": "it-nosuch:1"},
+                  expect=404)
+        assert r.json["error"]["code"] == "not_found"
+        c.get("/v1/pools/it-img-pool-bad", expect=404)
+    finally:
+        for sid in sbs:
+            c.remove(sid)
+        c.delete(f"/v1/pools/{pool}")
+        c.delete("/v1/images/it-pool-img:1", expect=204)
+
+
+def test_stored_image_pool_comes_back_after_a_restart(make_edge, tmp_path):
+    """A container pool of an image is kept in the state DB: after a restart it is running
+    again with its image's config."""
+    need_busybox()
+    edge = make_edge()
+    c = edge.client()
+    import_image(c, "it-pool-keep:1", oci_image(tmp_path, "keep", workingdir="/srv/keep"))
+    c.put("/v1/pools/it-keep", {"kind": "container", "image": "it-pool-keep:1", "min_idle": 1,
+                                "max": 1, "memory_mb": 96}, expect=201)
+    wait_pool_idle(c, "it-keep", 1)
+    edge.stop()
+    edge.launch()
+    c = edge.client()
+    wait_pool_idle(c, "it-keep", 1)
+    sb = c.post("/v1/sandboxes", {"pool": "it-keep"}, expect=201).json
+    try:
+        assert sb["workdir"] == "/srv/keep" and sh(c, sb["id"], "pwd") == "/srv/keep\n"
+    finally:
+        c.remove(sb["id"])
+    c.delete("/v1/pools/it-keep", expect=204)
+    c.delete("/v1/images/it-pool-keep:1", expect=204)
 
 
 def states_until_done(c, bid, timeout=30):

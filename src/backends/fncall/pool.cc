@@ -361,6 +361,11 @@ std::shared_ptr<Sandbox> Pool::TakeSandbox() {
 backends::SandboxSpec ContainerSpecFor(const PoolConfig& c) {
   backends::SandboxSpec s;
   s.image = c.image;
+  if (c.kind == "container") {
+    s.workdir = c.workdir;
+    s.user = c.user;
+    s.env = c.env;
+  }
   s.cpus = c.cpu;
   s.memory_mb = c.memory_mb;
   s.pids = c.pids;
@@ -572,7 +577,8 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
       const PoolConfig& o = it->second->config();
       bool same_workers = o.kind == cfg.kind && o.runtime == cfg.runtime &&
                           o.preload == cfg.preload && o.command == cfg.command &&
-                          o.image == cfg.image && o.memory_mb == cfg.memory_mb &&
+                          o.image == cfg.image && o.workdir == cfg.workdir && o.user == cfg.user &&
+                          o.env == cfg.env && o.memory_mb == cfg.memory_mb &&
                           o.disk_mb == cfg.disk_mb && o.pids == cfg.pids && o.cpu == cfg.cpu;
       if (same_workers) {
         it->second->UpdateLimits(cfg);
