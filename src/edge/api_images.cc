@@ -174,9 +174,11 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
     else
       img.layers.push_back(n);
   }
-  // The config of what it was made from (if those images still exist).
-  if (auto from = (*s)->Acquire(StackNames(e->params.image), ""); from.ok())
-    img.config = from->config;
+  // The config of what it was made from (if those images still exist); for a fork, of what
+  // its source was made from.
+  const std::string& from_names =
+      e->params.config_from.empty() ? e->params.image : e->params.config_from;
+  if (auto from = (*s)->Acquire(StackNames(from_names), ""); from.ok()) img.config = from->config;
   if (Status st = (*s)->PutImage(img); !st.ok()) return c->Fail(st);
   auto stored = (*s)->GetImage(img.name);
   if (!stored.ok()) return c->Fail(stored.status());
@@ -200,6 +202,7 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   auto stack = (*sb)->CaptureStack();
   if (!stack.ok()) return c->Fail(stack.status());
   CreateParams p = e->params;
+  if (p.config_from.empty()) p.config_from = p.image;
   p.image = JoinStrings(*stack, ",");
   p.pool.clear();
   auto* workers = c->api->deps().workers;

@@ -55,20 +55,22 @@ void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
 }  // namespace
 
 Json ToJson(const CreateParams& p) {
-  return {{"kind", p.kind},
-          {"image", p.image},
-          {"cpu", p.cpu},
-          {"memory_mb", p.memory_mb},
-          {"pids", p.pids},
-          {"disk_mb", p.disk_mb},
-          {"ttl_s", p.ttl_s},
-          {"idle_ttl_s", p.idle_ttl_s},
-          {"user", p.user},
-          {"workdir", p.workdir},
-          {"env", MapJson(p.env)},
-          {"labels", MapJson(p.labels)},
-          {"network", {{"mode", p.network_mode}}},
-          {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
+  Json j = {{"kind", p.kind},
+            {"image", p.image},
+            {"cpu", p.cpu},
+            {"memory_mb", p.memory_mb},
+            {"pids", p.pids},
+            {"disk_mb", p.disk_mb},
+            {"ttl_s", p.ttl_s},
+            {"idle_ttl_s", p.idle_ttl_s},
+            {"user", p.user},
+            {"workdir", p.workdir},
+            {"env", MapJson(p.env)},
+            {"labels", MapJson(p.labels)},
+            {"network", {{"mode", p.network_mode}}},
+            {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
+  if (!p.config_from.empty()) j["config_from"] = p.config_from;
+  return j;
 }
 
 StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
@@ -89,6 +91,7 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
   if (auto it = j.find("network"); it != j.end() && it->is_object())
     p.network_mode = it->value("mode", "none");
   DSEC_ASSIGN_OR_RETURN(p.pool, protocol::GetString(j, "pool", ""));
+  DSEC_ASSIGN_OR_RETURN(p.config_from, protocol::GetString(j, "config_from", ""));
   return p;
 }
 

@@ -48,6 +48,9 @@ struct CreateParams {
   std::map<std::string, std::string> labels;
   std::string network_mode = "none";
   std::string pool;  // a container pool to take a ready sandbox from (else a fresh create)
+  // A fork's image is the layer digests it was made of, which carry no config: this names the
+  // image (stack) whose config it got, for a snapshot of it to carry that config.
+  std::string config_from;
 };
 Json ToJson(const CreateParams& p);
 StatusOr<CreateParams> CreateParamsFromJson(const Json& j);

@@ -83,6 +83,14 @@ def test_image_workdir_and_env_are_sandbox_defaults(edge, client):
         sbs.append(f["id"])
         assert f["workdir"] == "/opt/a"
         assert sh(c, f["id"], "pwd; ls mine; echo $A $BOTH") == "/opt/a\nmine\na from-a\n"
+        # A snapshot of the fork carries the config of what the fork's source was made from.
+        snap = c.post(f"/v1/sandboxes/{f['id']}/snapshot", {"image": "it-wd-fsnap:1"},
+                      expect=201).json
+        made.append("it-wd-fsnap:1")
+        assert snap["config"]["workdir"] == "/opt/a" and "A=a" in snap["config"]["env"], snap
+        again = make({"image": "it-wd-fsnap:1"})
+        assert again["workdir"] == "/opt/a"
+        assert sh(c, again["id"], "pwd; ls mine; echo $A") == "/opt/a\nmine\na\n"
 
         host = make({})
         assert host["workdir"] == "/workspace"
