@@ -34,6 +34,7 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"default_disk_mb", &c->default_disk_mb},
       {"tmpfs_disk_max_mb", &c->tmpfs_disk_max_mb},
       {"disk_dir", &c->disk_dir},
+      {"disk_preallocate", &c->disk_preallocate},
       {"default_ttl_s", &c->default_ttl_s},
       {"max_header_bytes", &c->max_header_bytes},
       {"max_json_body_bytes", &c->max_json_body_bytes},

@@ -36,6 +36,9 @@ struct EdgeConfig {
   // what such sandboxes write.
   int64_t tmpfs_disk_max_mb = 1024;
   std::string disk_dir;
+  // Disk images take their whole size on disk_dir's filesystem at create (a node without room
+  // answers 429), so sandboxes can never fill the host's disk; false: sparse (overcommitted).
+  bool disk_preallocate = true;
   int64_t default_ttl_s = 3600;
 
   // Bounds on callers.

@@ -128,6 +128,7 @@ int RunEdge(EdgeConfig cfg) {
   bo.io_threads = cfg.agent_io_threads;
   bo.max_execs_per_sandbox = static_cast<uint32_t>(cfg.max_execs_per_sandbox);
   bo.tmpfs_disk_max_mb = cfg.tmpfs_disk_max_mb;
+  bo.disk_preallocate = cfg.disk_preallocate;
   bo.disk_dir = cfg.disk_dir;
   auto backend = backends::container::ContainerBackend::Create(bo);
   if (!backend.ok()) return fail("container backend", backend.status());

@@ -33,6 +33,11 @@ struct DiskImageSpec {
   uint64_t inodes = 0;
   uid_t owner = 0;  // of the filesystem's root directory (the sandbox's root, as the host sees it)
   gid_t group = 0;
+  // Allocate all of `bytes` on the host filesystem up front (fallocate): the image can never
+  // fill the host's disk by being written, and a host without room refuses it now
+  // (OverCapacity). Else a sparse file (overcommitted: the host must have room for what is
+  // written).
+  bool preallocate = true;
 };
 
 // Formats (mkfs.ext4, Debian: e2fsprogs), attaches and mounts (nosuid, nodev) a new image;

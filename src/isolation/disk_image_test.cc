@@ -2,13 +2,16 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 
 #include "base/file_util.h"
+#include "base/scope_guard.h"
 
 namespace dsec::isolation {
 namespace {
@@ -114,6 +117,58 @@ TEST(DiskImagePrivilegedTest, SizeAndInodesAreHardCapsAndNothingOutlivesTheMount
   }
   // Both mounts are gone with their fds; the loop devices follow (autoclear).
   for (int i = 0; i < 100 && LoopDevicesInUse() > loops; ++i) usleep(20000);
+  EXPECT_EQ(LoopDevicesInUse(), loops);
+}
+
+uint64_t FreeBytes(const std::string& dir) {
+  struct statfs sfs {};
+  if (statfs(dir.c_str(), &sfs) < 0) return 0;
+  return static_cast<uint64_t>(sfs.f_bavail) * sfs.f_bsize;
+}
+
+// A preallocated image takes its whole size from the host's filesystem at once (so writing it
+// full can never fill the host), gives it back with its mount, and a host without room refuses
+// it (OverCapacity) leaving nothing; a sparse one (preallocate false) takes only what mkfs wrote.
+TEST(DiskImagePrivilegedTest, PreallocatedImagesTakeTheirSpaceUpFront) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to attach loop devices and mount";
+  if (access("/dev/loop-control", R_OK | W_OK) != 0)
+    GTEST_SKIP() << "no /dev/loop-control: loop devices are unavailable";
+  auto tmp = TempDir::Create("/tmp/dsec-disk-test-");
+  ASSERT_TRUE(tmp.ok());
+  size_t loops = LoopDevicesInUse();
+  DiskImageSpec spec;
+  spec.dir = tmp->path();
+  spec.name = "sb-pre";
+  spec.bytes = 512ull << 20;
+  spec.inodes = 4096;
+  uint64_t before = FreeBytes(tmp->path());
+  if (before < (2ull << 30)) GTEST_SKIP() << "less than 2 GiB free under /tmp";
+  {
+    auto m = MakeDiskImageMount(spec);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_GE(before - FreeBytes(tmp->path()), 500ull << 20);  // taken now, not when written
+  }
+  for (int i = 0; i < 100 && LoopDevicesInUse() > loops; ++i) usleep(20000);
+  EXPECT_LT(before - std::min(before, FreeBytes(tmp->path())), 64ull << 20);  // given back
+  spec.preallocate = false;
+  {
+    auto m = MakeDiskImageMount(spec);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_LT(before - std::min(before, FreeBytes(tmp->path())), 128ull << 20);  // sparse
+  }
+  for (int i = 0; i < 100 && LoopDevicesInUse() > loops; ++i) usleep(20000);
+  // A host filesystem without room: a 32 MiB tmpfs asked for a 64 MiB image.
+  std::string small = tmp->path() + "/small";
+  ASSERT_EQ(mkdir(small.c_str(), 0700), 0);
+  ASSERT_EQ(mount("tmpfs", small.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=32m"), 0);
+  auto unmount = MakeScopeGuard([&] { umount2(small.c_str(), MNT_DETACH); });
+  spec.dir = small;
+  spec.bytes = 64ull << 20;
+  spec.preallocate = true;
+  auto full = MakeDiskImageMount(spec);
+  EXPECT_EQ(full.status().code(), StatusCode::kOverCapacity) << full.status().ToString();
+  auto names = ListDir(small);
+  EXPECT_TRUE(names.ok() && names->empty());
   EXPECT_EQ(LoopDevicesInUse(), loops);
 }
 

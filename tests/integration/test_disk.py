@@ -5,6 +5,7 @@ and without a user namespace); snapshot and fork work from it; a killed edge re-
 nothing (loop devices, image files, mounts) outlives the sandbox."""
 
 import os
+import subprocess
 
 import pytest
 
@@ -220,3 +221,37 @@ def test_killed_edge_readopts_disk_sandboxes_and_nothing_leaks(make_edge):
     c.remove(keep["id"])
     c.delete(f"/v1/sandboxes/{dies['id']}")
     assert disk_loops(edge) == []
+
+
+def test_a_node_without_room_refuses_a_disk_image_and_keeps_serving(make_edge, tmp_path):
+    """Disk images take their whole size on disk_dir's filesystem at create: on a node whose
+    disk_dir has 48 MB free, a 256 MB disk is 429 over_capacity (nothing left in disk_dir) and
+    the edge keeps serving; with disk_preallocate false the same create succeeds (sparse)."""
+    need_loop()
+    small = tmp_path / "disks"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,nosuid,nodev", "tmpfs", str(small)],
+                   check=True)
+    try:
+        edge = make_edge(config={**CONFIG, "disk_dir": str(small)})
+        c = edge.client(timeout=120)
+        r = c.post("/v1/sandboxes", {"disk_mb": 256}, expect=429)
+        assert r.json["error"]["code"] == "over_capacity", r.json
+        assert "no room" in r.json["error"]["message"], r.json
+        assert os.listdir(small) == []
+        sid = c.create({"disk_mb": 32})["id"]  # a tmpfs layer: not from disk_dir
+        assert c.sh(sid, "echo ok") == "ok\n"
+        c.remove(sid)
+        edge.stop()
+        edge.config["disk_preallocate"] = False
+        edge.launch()
+        c = edge.client(timeout=120)
+        sb = c.create({"disk_mb": 256})
+        try:
+            assert stats(c, sb["id"])["disk_kind"] == "image"
+            assert c.sh(sb["id"], "echo sparse > /workspace/f && cat /workspace/f") == "sparse\n"
+        finally:
+            c.remove(sb["id"])
+        edge.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

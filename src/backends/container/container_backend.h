@@ -39,6 +39,7 @@ struct ContainerBackendOptions {
   // disk_dir (default <state_dir>/disks), not charged to memory (see isolation/disk_image.h).
   int64_t tmpfs_disk_max_mb = 1024;
   std::string disk_dir;
+  bool disk_preallocate = true;  // disk images take all their space up front (DiskImageSpec)
   std::vector<std::string> hidden_paths;  // the edge's token, config, socket, logs
   bool allow_ptrace = true;
   int setup_timeout_ms = 10000;

@@ -631,6 +631,7 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
     d.bytes = r.size_bytes;
     d.inodes = r.inodes;
     d.owner = d.group = id_base_;  // the sandbox's root (0 without a user namespace)
+    d.preallocate = b.opts_.disk_preallocate;
     DSEC_ASSIGN_OR_RETURN(disk, isolation::MakeDiskImageMount(d));
     s.fds.disk = static_cast<int>(fds.size());
     fds.push_back(disk.get());
