@@ -47,6 +47,17 @@ def find_edge(arg):
     raise SystemExit("disk_bench: no dsec-edge binary (build it or pass --edge)")
 
 
+def stop_edge(edge, name):
+    """Stops a bench's edge and checks what it left (processes, cgroups, mounts, loop devices);
+    returns 1 (and says what) if anything, else 0."""
+    residue = edge.shutdown_and_check()
+    edge.cleanup()
+    if residue:
+        print(f"{name}: the edge left residue: {residue}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def sh(c, sid, script):
     r = c.exec(sid, cmd=["/bin/sh", "-c", script], timeout_ms=300000)
     if r["exit_code"] != 0:
@@ -133,11 +144,7 @@ def main() -> int:
         print(e, file=sys.stderr)
         rc = 1
     finally:
-        residue = edge.shutdown_and_check()
-        edge.cleanup()
-        if residue:
-            print(f"disk_bench: the edge left residue: {residue}", file=sys.stderr)
-            rc = 1
+        rc |= stop_edge(edge, "disk_bench")
     return rc
 
 

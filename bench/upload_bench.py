@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
 import edge_harness  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from disk_bench import find_edge  # noqa: E402
+from disk_bench import find_edge, stop_edge  # noqa: E402
 
 pc = time.perf_counter
 MB = 1 << 20
@@ -42,11 +42,7 @@ OCTET = {"Content-Type": "application/octet-stream"}
 
 
 def peak_rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return edge_harness.peak_rss_kb(pid) / 1024
 
 
 def rootfs_tar(nbytes):
@@ -121,11 +117,7 @@ def main() -> int:
         print(e, file=sys.stderr)
         rc = 1
     finally:
-        residue = edge.shutdown_and_check()
-        edge.cleanup()
-        if residue:
-            print(f"upload_bench: the edge left residue: {residue}", file=sys.stderr)
-            rc = 1
+        rc |= stop_edge(edge, "upload_bench")
     return rc
 
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "base/file_util.h"
@@ -47,18 +48,34 @@ std::pair<uint64_t, int> Fill(int dirfd, const char* name, uint64_t bytes) {
   return {done, err};
 }
 
-TEST(DiskImagePrivilegedTest, SizeAndInodesAreHardCapsAndNothingOutlivesTheMount) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to attach loop devices and mount ext4";
-  if (access("/dev/loop-control", R_OK | W_OK) != 0)
-    GTEST_SKIP() << "no /dev/loop-control: loop devices are unavailable";
-  auto tmp = TempDir::Create("/tmp/dsec-disk-test-");
-  ASSERT_TRUE(tmp.ok());
-  size_t loops = LoopDevicesInUse();
-  DiskImageSpec spec;
-  spec.dir = tmp->path();
-  spec.name = "sb-1";
-  spec.bytes = 64ull << 20;
-  spec.inodes = 2000;
+// Root, loop devices, a temp dir for the images; the loop devices in use before the test.
+class DiskImagePrivilegedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to attach loop devices and mount ext4";
+    if (access("/dev/loop-control", R_OK | W_OK) != 0)
+      GTEST_SKIP() << "no /dev/loop-control: loop devices are unavailable";
+    auto t = TempDir::Create("/tmp/dsec-disk-test-");
+    ASSERT_TRUE(t.ok());
+    tmp_.emplace(std::move(*t));
+    loops_ = LoopDevicesInUse();
+  }
+  DiskImageSpec Spec(const std::string& name, uint64_t bytes, uint64_t inodes) const {
+    DiskImageSpec spec;
+    spec.dir = tmp_->path();
+    spec.name = name;
+    spec.bytes = bytes;
+    spec.inodes = inodes;
+    return spec;
+  }
+  std::optional<TempDir> tmp_;
+  size_t loops_ = 0;
+};
+
+TEST_F(DiskImagePrivilegedTest, SizeAndInodesAreHardCapsAndNothingOutlivesTheMount) {
+  const auto& tmp = tmp_;
+  size_t loops = loops_;
+  DiskImageSpec spec = Spec("sb-1", 64ull << 20, 2000);
   spec.owner = 4242;
   spec.group = 4243;
   {
@@ -129,18 +146,10 @@ uint64_t FreeBytes(const std::string& dir) {
 // A preallocated image takes its whole size from the host's filesystem at once (so writing it
 // full can never fill the host), gives it back with its mount, and a host without room refuses
 // it (OverCapacity) leaving nothing; a sparse one (preallocate false) takes only what mkfs wrote.
-TEST(DiskImagePrivilegedTest, PreallocatedImagesTakeTheirSpaceUpFront) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to attach loop devices and mount";
-  if (access("/dev/loop-control", R_OK | W_OK) != 0)
-    GTEST_SKIP() << "no /dev/loop-control: loop devices are unavailable";
-  auto tmp = TempDir::Create("/tmp/dsec-disk-test-");
-  ASSERT_TRUE(tmp.ok());
-  size_t loops = LoopDevicesInUse();
-  DiskImageSpec spec;
-  spec.dir = tmp->path();
-  spec.name = "sb-pre";
-  spec.bytes = 512ull << 20;
-  spec.inodes = 4096;
+TEST_F(DiskImagePrivilegedTest, PreallocatedImagesTakeTheirSpaceUpFront) {
+  const auto& tmp = tmp_;
+  size_t loops = loops_;
+  DiskImageSpec spec = Spec("sb-pre", 512ull << 20, 4096);
   uint64_t before = FreeBytes(tmp->path());
   if (before < (2ull << 30)) GTEST_SKIP() << "less than 2 GiB free under /tmp";
   {
@@ -172,7 +181,7 @@ TEST(DiskImagePrivilegedTest, PreallocatedImagesTakeTheirSpaceUpFront) {
   EXPECT_EQ(LoopDevicesInUse(), loops);
 }
 
-TEST(DiskImagePrivilegedTest, BadSpecsAndStaleFiles) {
+TEST(DiskImageSpecPrivilegedTest, BadSpecsAndStaleFiles) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root";
   auto tmp = TempDir::Create("/tmp/dsec-disk-test-");
   ASSERT_TRUE(tmp.ok());

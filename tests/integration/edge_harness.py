@@ -432,6 +432,15 @@ def _proc_cgroups(pid):
         return ""
 
 
+def peak_rss_kb(pid):
+    """A process's peak resident set (VmHWM), in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
 def pids():
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 

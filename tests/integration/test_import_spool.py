@@ -8,18 +8,10 @@ import socket
 import tarfile
 import time
 
-from edge_harness import wait_until
+from edge_harness import peak_rss_kb, wait_until
 
 MB = 1 << 20
 OCTET = {"Content-Type": "application/octet-stream"}
-
-
-def peak_rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmHWM")
 
 
 def open_fds(pid):
@@ -94,6 +86,18 @@ def raw_request(edge, head, body_parts, pause=0.0):
         s.close()
 
 
+def start_slow_uploads(edge, head, n):
+    """Opens n connections that each send `head` and 1,000 body bytes, then stall; waits until
+    the edge is receiving all n into spool files. Returns the sockets (the caller closes them)."""
+    slow = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", edge.port), timeout=30)
+        s.sendall(head + b"\0" * 1000)
+        slow.append(s)
+    wait_until(lambda: len(spooled(edge)) == n, 10, what=f"{n} uploads being received")
+    return slow
+
+
 def test_cut_oversized_and_chunked_uploads_leave_nothing(make_edge):
     """An upload cut after 8 MB of a declared 64 MB, a chunked upload past max_import_bytes
     (413 once the limit is crossed) and a chunked upload that fits (imported) all end with no
@@ -141,13 +145,8 @@ def test_at_most_four_uploads_are_received_at_once(make_edge):
     auth = f"Authorization: Bearer {c.token}\r\n".encode()
     head = (b"POST /v1/images/import?name=it-slow:1 HTTP/1.1\r\nHost: x\r\n" + auth +
             b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % MB)
-    slow = []
+    slow = start_slow_uploads(edge, head, 4)
     try:
-        for _ in range(4):
-            s = socket.create_connection(("127.0.0.1", edge.port), timeout=30)
-            s.sendall(head + b"\0" * 1000)
-            slow.append(s)
-        wait_until(lambda: len(spooled(edge)) == 4, 10, what="4 uploads being received")
         r = c.post("/v1/images/import?name=it-fifth:1", rootfs_tar(4096), headers=OCTET,
                    expect=429)
         assert r.json["error"]["code"] == "over_capacity"

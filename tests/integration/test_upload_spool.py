@@ -6,11 +6,10 @@ stay in memory. At most 16 spooled uploads arrive at once (429 beyond), apart fr
 import hashlib
 import io
 import os
-import socket
 import tarfile
 
-from edge_harness import wait_until
-from test_import_spool import peak_rss_kb, raw_request, rootfs_tar, spooled
+from edge_harness import peak_rss_kb, wait_until
+from test_import_spool import raw_request, rootfs_tar, spooled, start_slow_uploads
 
 MB = 1 << 20
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -102,13 +101,8 @@ def test_at_most_sixteen_big_uploads_are_received_at_once(make_edge):
     head = (b"PUT /v1/sandboxes/%s/files?path=/workspace/slow HTTP/1.1\r\nHost: x\r\n"
             % sid.encode() + auth +
             b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % (4 * MB))
-    slow = []
+    slow = start_slow_uploads(edge, head, 16)
     try:
-        for _ in range(16):
-            s = socket.create_connection(("127.0.0.1", edge.port), timeout=30)
-            s.sendall(head + b"\0" * 1000)
-            slow.append(s)
-        wait_until(lambda: len(spooled(edge)) == 16, 10, what="16 uploads being received")
         r = c.put(files(sid, "/workspace/seventeenth"), b"\0" * (2 * MB), headers=OCTET,
                   expect=429)
         assert r.json["error"]["code"] == "over_capacity"
