@@ -52,6 +52,7 @@ void PutFile(const std::shared_ptr<Ctx>& c) {
     return sb->WriteFile(path, Body(c), mode);
   };
   Status s = run();
+  c->req.body_file.Reset();  // the spooled body's space goes before the answer does
   if (!s.ok()) return c->Fail(s);
   c->NoContent();
 }
@@ -145,6 +146,7 @@ void PutArchive(const std::shared_ptr<Ctx>& c) {
     return sb->ExtractTar(path, Body(c));
   };
   Status s = run();
+  c->req.body_file.Reset();
   if (!s.ok()) return c->Fail(s);
   c->NoContent();
 }

@@ -115,6 +115,7 @@ void ImportImage(const std::shared_ptr<Ctx>& c) {
     // Spooled to disk by the HTTP layer: an uncompressed archive is imported from that file
     // as it is (not written again), a compressed one decompressed from it.
     st = (*imp)->FeedFile(c->req.body_file.get(), c->req.body_size);
+    c->req.body_file.Reset();  // the importer holds its own descriptor of it if it needs one
   } else {
     std::string_view body = c->req.body;
     while (st.ok() && !body.empty()) {

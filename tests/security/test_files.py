@@ -209,11 +209,15 @@ def canary():
 
 
 @pytest.fixture
-def big_sandbox(client):
-    """A sandbox whose disk may hold a 1 TB sparse file (disk_mb = 1 TiB, the API's maximum)."""
-    sb = client.create({"memory_mb": 128, "disk_mb": 1 << 20, "labels": {"suite": "security"}})
-    yield sb["id"]
-    client.remove(sb["id"])
+def big_sandbox(make_edge):
+    """(client, id) of a sandbox whose disk may hold a 1 TB sparse file (disk_mb = 1 TiB, the
+    API's maximum), on an edge whose disk images are sparse (disk_preallocate false): by
+    default a disk image takes its whole size on the node at create, which no test host has."""
+    edge = make_edge(config={"disk_preallocate": False})
+    c = edge.client()
+    sb = c.create({"memory_mb": 128, "disk_mb": 1 << 20, "labels": {"suite": "security"}})
+    yield c, sb["id"]
+    c.remove(sb["id"])
 
 
 @pytest.fixture
@@ -468,11 +472,11 @@ def test_pseudo_files_are_refused_with_bounded_responses(client, sandbox, canary
     canary.check()
 
 
-def test_huge_sparse_file_is_listed_but_never_streamed(client, big_sandbox, canary, figure):
+def test_huge_sparse_file_is_listed_but_never_streamed(big_sandbox, canary, figure):
     """A 1 TB sparse file: list and stat report its size without reading it; download is 413
     at once (directly and through a symlink); an archive of its directory is refused (413)
     within seconds instead of streaming a terabyte of zeros; the agent keeps serving."""
-    sid = big_sandbox
+    client, sid = big_sandbox
     out = sh(client, sid, "truncate -s 1T /workspace/huge && ln -s huge /workspace/hl && "
                           "stat -c '%s %b' /workspace/huge")
     assert out.split() == [str(TB), "0"], out
