@@ -66,7 +66,6 @@ struct ExecRequest {
   uint16_t cols = 80, rows = 24;
 };
 
-// Output and result of a buffered exec.
 // A body to send into a sandbox: bytes in memory, or `size` bytes of the file `fd` from offset
 // 0 (an upload the edge spooled to disk), read as they are sent.
 struct UploadBody {
@@ -79,6 +78,7 @@ struct UploadBody {
   uint64_t size = 0;
 };
 
+// Output and result of a buffered exec.
 struct ExecOutput {
   ExecResult result;
   std::string stdout_data;

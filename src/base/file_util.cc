@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <vector>
 
@@ -77,6 +79,25 @@ Status WriteAllFd(int fd, std::string_view data, const std::string& what) {
       return ErrnoError("write \"" + what + "\"");
     }
     data.remove_prefix(static_cast<size_t>(n));
+  }
+  return OkStatus();
+}
+
+Status ReadFileChunks(int fd, uint64_t size, size_t chunk,
+                      const std::function<Status(std::string_view)>& fn, const std::string& what) {
+  std::vector<char> buf(std::min<uint64_t>(chunk, size));
+  for (uint64_t off = 0; off < size;) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - off)), got = 0;
+    while (got < want) {
+      ssize_t n = pread(fd, buf.data() + got, want - got, static_cast<off_t>(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoError("read \"" + what + "\"");
+      if (n == 0)
+        return InternalError("\"" + what + "\" is shorter than " + std::to_string(size) + " bytes");
+      got += static_cast<size_t>(n);
+    }
+    DSEC_RETURN_IF_ERROR(fn(std::string_view(buf.data(), got)));
+    off += got;
   }
   return OkStatus();
 }

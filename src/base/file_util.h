@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,11 @@ Status WriteFileAt(int dirfd, const std::string& name, std::string_view data, in
                    mode_t mode = 0644);
 // Writes all of data to fd, retrying short writes and EINTR.
 Status WriteAllFd(int fd, std::string_view data, const std::string& what);
+// Reads the first `size` bytes of fd (pread: its file position is left alone), handing them to
+// fn `chunk` bytes at a time (the last piece may be shorter); a file shorter than `size` is an
+// error, and so is fn's first error, which stops the reading. `what` names fd in errors.
+Status ReadFileChunks(int fd, uint64_t size, size_t chunk,
+                      const std::function<Status(std::string_view)>& fn, const std::string& what);
 // Creates path and missing parents (like mkdir -p); existing directories are fine.
 Status MakeDirs(const std::string& path, mode_t mode = 0755);
 // Removes a tree without following symlinks and without crossing into other mounts

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
 
 namespace dsec {
 namespace {
@@ -14,6 +18,37 @@ TEST(FileUtilTest, WriteReadAndLimit) {
   EXPECT_EQ(*ReadFileToString(p), "hello");
   EXPECT_EQ(ReadFileToString(p, 3).status().code(), StatusCode::kTooLarge);
   EXPECT_EQ(ReadFileToString(p + "x").status().code(), StatusCode::kNotFound);
+}
+
+TEST(FileUtilTest, ReadFileChunksReadsSizeBytesFromTheStart) {
+  auto dir = TempDir::Create();
+  ASSERT_TRUE(dir.ok());
+  std::string p = JoinPath(dir->path(), "f");
+  ASSERT_TRUE(WriteStringToFile(p, "0123456789", O_WRONLY | O_CREAT | O_TRUNC).ok());
+  UniqueFd fd(open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(fd.valid());
+  ASSERT_EQ(lseek(fd.get(), 5, SEEK_SET), 5);  // the position does not matter
+  std::vector<std::string> pieces;
+  auto collect = [&](std::string_view d) {
+    pieces.emplace_back(d);
+    return OkStatus();
+  };
+  ASSERT_TRUE(ReadFileChunks(fd.get(), 8, 3, collect, "f").ok());
+  EXPECT_EQ(pieces, (std::vector<std::string>{"012", "345", "67"}));
+  pieces.clear();
+  EXPECT_TRUE(ReadFileChunks(fd.get(), 0, 3, collect, "f").ok());
+  EXPECT_TRUE(pieces.empty());
+  EXPECT_EQ(ReadFileChunks(fd.get(), 11, 4, collect, "f").code(), StatusCode::kInternal);
+  int calls = 0;
+  Status stop = ReadFileChunks(
+      fd.get(), 10, 2,
+      [&](std::string_view) {
+        ++calls;
+        return InvalidArgument("enough");
+      },
+      "f");
+  EXPECT_EQ(stop.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(calls, 1);
 }
 
 TEST(FileUtilTest, RemoveTreeDoesNotFollowSymlinks) {

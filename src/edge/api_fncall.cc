@@ -188,11 +188,9 @@ Status ResolvePoolImage(images::ImageStore* store, fncall::PoolConfig* cfg) {
                     "\" not found (this node has the built-in \"host\" image only)");
   DSEC_ASSIGN_OR_RETURN(cfg->image, images::NormalizeName(cfg->image));
   DSEC_ASSIGN_OR_RETURN(ImageDefaults d, ImageDefaultsOf(store, cfg->image));
-  if (cfg->kind == "container") {
-    if (d.workdir) cfg->workdir = *d.workdir;
-    if (d.user) cfg->user = *d.user;
-    cfg->env = std::move(d.env);
-  }
+  if (d.workdir) cfg->workdir = *d.workdir;
+  if (d.user) cfg->user = *d.user;
+  cfg->env = std::move(d.env);
   return OkStatus();
 }
 

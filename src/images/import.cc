@@ -52,13 +52,18 @@ struct Decoder::Impl {
     if (zd) ZSTD_freeDCtx(zd);
   }
 
+  static bool IsGzip(std::string_view h) {
+    return h.size() >= 2 && static_cast<unsigned char>(h[0]) == 0x1f &&
+           static_cast<unsigned char>(h[1]) == 0x8b;
+  }
+  static bool IsZstd(std::string_view h) { return h.substr(0, 4) == "\x28\xb5\x2f\xfd"; }
+
   Status Pick() {
-    auto u = [&](size_t i) { return static_cast<unsigned char>(head[i]); };
-    if (head.size() >= 2 && u(0) == 0x1f && u(1) == 0x8b) {
+    if (IsGzip(head)) {
       kind = Kind::kGzip;
       if (inflateInit2(&zs, 15 + 16) != Z_OK) return InternalError("zlib init failed");
       z_init = true;
-    } else if (head.size() >= 4 && u(0) == 0x28 && u(1) == 0xb5 && u(2) == 0x2f && u(3) == 0xfd) {
+    } else if (IsZstd(head)) {
       kind = Kind::kZstd;
       zd = ZSTD_createDCtx();
       if (!zd) return InternalError("zstd init failed");
@@ -143,6 +148,8 @@ Status Decoder::Finish() {
     return InvalidArgument("zstd: the stream ends early");
   return OkStatus();
 }
+
+bool Decoder::Compressed(std::string_view head) { return Impl::IsGzip(head) || Impl::IsZstd(head); }
 
 const char* Decoder::kind() const {
   switch (impl_->kind) {
@@ -623,18 +630,8 @@ struct Importer::Impl {
   }
 
   // The spooled archive, from its start, kChunk at a time.
-  template <typename Fn>
-  Status ReadSpool(Fn&& fn) {
-    std::vector<char> buf(kChunk);
-    off_t off = 0;
-    for (;;) {
-      ssize_t n = pread(spool_fd.get(), buf.data(), buf.size(), off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return ErrnoError("read the spooled archive");
-      if (n == 0) return OkStatus();
-      off += n;
-      DSEC_RETURN_IF_ERROR(fn(std::string_view(buf.data(), static_cast<size_t>(n))));
-    }
+  Status ReadSpool(const std::function<Status(std::string_view)>& fn) {
+    return ReadFileChunks(spool_fd.get(), spooled, kChunk, fn, "the spooled archive");
   }
 
   StatusOr<Image> Rootfs() {
@@ -805,12 +802,10 @@ Status Importer::Feed(std::string_view data) { return impl_->dec->Feed(data); }
 
 Status Importer::FeedFile(int fd, uint64_t size) {
   Impl& im = *impl_;
-  unsigned char h[4] = {};
+  char h[4];
   ssize_t n = pread(fd, h, sizeof h, 0);
   if (n < 0) return ErrnoError("read the archive");
-  bool compressed = (n >= 2 && h[0] == 0x1f && h[1] == 0x8b) ||
-                    (n >= 4 && h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd);
-  if (!compressed && im.spooled == 0) {
+  if (!Decoder::Compressed(std::string_view(h, static_cast<size_t>(n))) && im.spooled == 0) {
     // Used in place: the empty spool file goes, and nothing more may be fed.
     if (size > im.opts.max_archive_bytes)
       return TooLarge("the archive is larger than " + std::to_string(im.opts.max_archive_bytes) +
@@ -826,17 +821,8 @@ Status Importer::FeedFile(int fd, uint64_t size) {
     });
     return OkStatus();
   }
-  std::vector<char> buf(kChunk);
-  for (uint64_t off = 0; off < size;) {
-    ssize_t r =
-        pread(fd, buf.data(), std::min<uint64_t>(buf.size(), size - off), static_cast<off_t>(off));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoError("read the archive");
-    if (r == 0) return InternalError("the archive is shorter than its size");
-    DSEC_RETURN_IF_ERROR(Feed(std::string_view(buf.data(), static_cast<size_t>(r))));
-    off += static_cast<uint64_t>(r);
-  }
-  return OkStatus();
+  return ReadFileChunks(
+      fd, size, kChunk, [this](std::string_view d) { return Feed(d); }, "the archive");
 }
 
 StatusOr<Image> Importer::Finish() {

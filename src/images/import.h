@@ -32,6 +32,9 @@ class Decoder {
   Status Feed(std::string_view in);
   Status Finish();  // error if a compressed stream ended early
   const char* kind() const;
+  // Whether a stream starting with `head` (its first 4 bytes, or all of a shorter one) is gzip
+  // or zstd, as Feed would decide.
+  static bool Compressed(std::string_view head);
 
  private:
   struct Impl;

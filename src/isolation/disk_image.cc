@@ -28,15 +28,18 @@ StatusOr<UniqueFd> MakeDiskImageMount(const DiskImageSpec& spec) {
     if (named) (void)unlink(path.c_str());
     return s.WithContext("disk image \"" + path + "\"");
   };
-  if (spec.preallocate && fallocate(f.get(), 0, 0, static_cast<off_t>(spec.bytes)) < 0) {
+  // fallocate sets the size too; a filesystem without it (or preallocate off) gets a sparse file.
+  bool allocated =
+      spec.preallocate && fallocate(f.get(), 0, 0, static_cast<off_t>(spec.bytes)) == 0;
+  if (spec.preallocate && !allocated) {
     if (errno == ENOSPC || errno == EDQUOT)
       return fail(OverCapacity("the node has no room for a disk of " +
                                std::to_string(spec.bytes >> 20) + " MiB (" + strerror(errno) +
                                ")"));
     if (errno != EOPNOTSUPP) return fail(ErrnoError("fallocate"));
-    // A filesystem without fallocate: the file stays sparse.
   }
-  if (ftruncate(f.get(), static_cast<off_t>(spec.bytes)) < 0) return fail(ErrnoError("truncate"));
+  if (!allocated && ftruncate(f.get(), static_cast<off_t>(spec.bytes)) < 0)
+    return fail(ErrnoError("truncate"));
   // 4 KiB blocks (mke2fs picks 1 KiB for small sizes; the loop device reads with direct I/O in
   // 4 KiB blocks), no root reserve, no journal, nothing initialized ahead: ~20-50 ms for any
   // size, a few MiB written.

@@ -2,7 +2,6 @@
 
 #include "backends/container/agent_client.h"
 
-#include <unistd.h>
 #include <boost/asio.hpp>
 #include <chrono>
 #include <condition_variable>
@@ -10,6 +9,8 @@
 #include <future>
 #include <thread>
 #include <vector>
+
+#include "base/file_util.h"
 
 namespace dsec::backends::container {
 
@@ -304,47 +305,38 @@ StatusOr<Json> AgentClient::CallSyncUpload(const Json& request, int fd, uint64_t
   auto fut = call->future();
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   uint32_t ch = StartCall(request, call);
-  auto answered = [&] {
-    return fut.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  };
-  uint64_t off = 0;
-  Status read_error;
-  do {
-    {
-      // Room in the outgoing queue, or the connection is gone (the call then fails with it).
-      std::unique_lock<std::mutex> l(impl_->room_mu);
-      if (!impl_->room_cv.wait_until(l, deadline, [&] {
-            return impl_->queued.load() < kUploadWindow || closed_.load();
-          })) {
-        break;  // the deadline: the wait for the answer below gives up at once
-      }
-    }
-    if (closed_.load() || answered()) break;  // refused early: the rest is not needed
-    std::string chunk(std::min<uint64_t>(size - off, 1 << 20), '\0');
-    size_t got = 0;
-    while (got < chunk.size()) {
-      ssize_t n = pread(fd, chunk.data() + got, chunk.size() - got, static_cast<off_t>(off + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        read_error = n < 0 ? ErrnoError("read the spooled upload")
-                           : InternalError("the spooled upload is shorter than its size");
-        break;
-      }
-      got += static_cast<size_t>(n);
-    }
-    chunk.resize(got);
-    off += got;
-    // A read error ends the body where it is; the caller is told the upload failed.
-    SendData(ch, protocol::kBody, std::move(chunk), /*eof=*/off == size || !read_error.ok());
-  } while (off < size && read_error.ok());
+  uint64_t sent = 0;
+  bool stopped = false;  // the deadline passed, the connection went or the agent answered
+  Status read = ReadFileChunks(
+      fd, size, 1 << 20,
+      [&](std::string_view piece) -> Status {
+        // Room in the outgoing queue, or the connection is gone (the call then fails with it).
+        std::unique_lock<std::mutex> l(impl_->room_mu);
+        bool room = impl_->room_cv.wait_until(
+            l, deadline, [&] { return impl_->queued.load() < kUploadWindow || closed_.load(); });
+        l.unlock();
+        // Refused early (the agent answered): the rest is not needed.
+        if (!room || closed_.load() ||
+            fut.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+          stopped = true;
+          return Status(StatusCode::kAborted, "upload stopped");
+        }
+        sent += piece.size();
+        SendData(ch, protocol::kBody, std::string(piece), /*eof=*/sent == size);
+        return OkStatus();
+      },
+      "the spooled upload");
+  // An empty body, or one that could not be read to its end: the body ends where it is (the
+  // caller is told the upload failed).
+  if (!stopped && (size == 0 || !read.ok())) SendData(ch, protocol::kBody, {}, /*eof=*/true);
   if (fut.wait_until(deadline) != std::future_status::ready) {
     Abandon(ch);
     return DeadlineExceeded("the sandbox agent did not take the upload within " +
                             std::to_string(timeout_ms) + " ms");
   }
   SyncCall::Result r = fut.get();
-  if (!read_error.ok() && r.response.ok())
-    return InternalError(read_error.message() + "; the sandbox holds a partial copy");
+  if (!stopped && !read.ok() && r.response.ok())
+    return InternalError(read.message() + "; the sandbox holds a partial copy");
   return std::move(r.response);
 }
 

@@ -361,11 +361,9 @@ std::shared_ptr<Sandbox> Pool::TakeSandbox() {
 backends::SandboxSpec ContainerSpecFor(const PoolConfig& c) {
   backends::SandboxSpec s;
   s.image = c.image;
-  if (c.kind == "container") {
-    s.workdir = c.workdir;
-    s.user = c.user;
-    s.env = c.env;
-  }
+  s.workdir = c.workdir;
+  s.user = c.user;
+  s.env = c.env;
   s.cpus = c.cpu;
   s.memory_mb = c.memory_mb;
   s.pids = c.pids;

@@ -47,7 +47,8 @@ struct PoolConfig {
   int64_t queue_timeout_ms = 10000;
   int64_t idle_timeout_s = 60;  // idle workers beyond min_idle go after this long
   // A container pool's sandboxes start like a create of `image` would: the edge fills these
-  // from the image's config (they are not part of the pool's JSON).
+  // from the image's config (they are not part of the pool's JSON; fncall pools, on host only,
+  // keep the defaults).
   std::string workdir = "/workspace";
   std::string user = "sandbox";
   std::map<std::string, std::string> env;
