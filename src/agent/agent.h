@@ -67,6 +67,8 @@ struct AgentConfig {
   UniqueFd zygote_binary;                      // until the zygote is started
   // The writable layer's tmpfs, held for the edge's snapshots (never passed to children).
   UniqueFd writable_layer;
+  // The host uid range lease (SetupFds::uid_lease), held open until the agent exits.
+  UniqueFd uid_lease;
 };
 
 class Agent {

@@ -79,6 +79,7 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   DSEC_ASSIGN_OR_RETURN(UniqueFd cgroup_user, take(spec.fds.cgroup_user, "cgroup"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd zygote_binary, take(spec.fds.zygote_binary, "zygote binary"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd disk, take(spec.fds.disk, "disk"));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd uid_lease, take(spec.fds.uid_lease, "uid lease"));
   if (spec.zygote && !zygote_binary) return InvalidArgument("setup is missing the zygote binary");
   std::vector<UniqueFd> layers;
   std::vector<int> layer_fds;
@@ -125,6 +126,7 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   r.config.zygote = spec.zygote;
   r.config.zygote_binary = std::move(zygote_binary);
   r.config.writable_layer = std::move(writable);
+  r.config.uid_lease = std::move(uid_lease);
   return r;
 }
 

@@ -1,5 +1,7 @@
 #include "agent/tar.h"
 
+#include "agent/tar_sparse.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
@@ -196,6 +198,10 @@ class PaxParser {
     std::optional<int64_t> mtime;
     std::optional<uint64_t> uid, gid;
     bool sparse = false;
+    // PAX sparse format 1.0 (tar_sparse.h); other GNU.sparse versions are skipped.
+    std::optional<std::string> sparse_name;
+    std::optional<uint64_t> sparse_realsize;
+    std::string sparse_major, sparse_minor;
   };
 
   void Reset(Result* result) {
@@ -235,8 +241,11 @@ class PaxParser {
           if (c == '=') {
             if (key_.empty()) return Malformed("empty key");
             if (StartsWith(key_, "GNU.sparse.")) result_->sparse = true;
-            keep_ = !key_truncated_ && (key_ == "path" || key_ == "linkpath" || key_ == "size" ||
-                                        key_ == "mtime" || key_ == "uid" || key_ == "gid");
+            keep_ =
+                !key_truncated_ && (key_ == "path" || key_ == "linkpath" || key_ == "size" ||
+                                    key_ == "mtime" || key_ == "uid" || key_ == "gid" ||
+                                    key_ == "GNU.sparse.name" || key_ == "GNU.sparse.realsize" ||
+                                    key_ == "GNU.sparse.major" || key_ == "GNU.sparse.minor");
             value_.clear();
             state_ = State::kValue;
           } else if (c == '\n' || c == '\0') {
@@ -301,7 +310,17 @@ class PaxParser {
 
   // An empty value deletes the keyword (the ustar header field applies again).
   Status Apply() {
-    if (key_ == "path") {
+    if (key_ == "GNU.sparse.name") {
+      result_->sparse_name = value_;
+    } else if (key_ == "GNU.sparse.realsize") {
+      std::optional<uint64_t> v = ParseUint64(value_);
+      if (!v || *v > static_cast<uint64_t>(INT64_MAX)) return Malformed("bad sparse realsize");
+      result_->sparse_realsize = v;
+    } else if (key_ == "GNU.sparse.major") {
+      result_->sparse_major = value_;
+    } else if (key_ == "GNU.sparse.minor") {
+      result_->sparse_minor = value_;
+    } else if (key_ == "path") {
       result_->path = value_.empty() ? std::nullopt : std::optional<std::string>(value_);
     } else if (key_ == "linkpath") {
       result_->linkpath = value_.empty() ? std::nullopt : std::optional<std::string>(value_);
@@ -396,7 +415,7 @@ class TarExtractor::Impl {
 
  private:
   enum class State { kHeader, kData, kPadding, kEnd };
-  enum class DataKind { kFile, kLongName, kLongLink, kPax, kSkip };
+  enum class DataKind { kFile, kSparseFile, kLongName, kLongLink, kPax, kSkip };
 
   void Fail(const Status& s) {
     error_ = s;
@@ -577,6 +596,12 @@ class TarExtractor::Impl {
       entry_gid_ = static_cast<gid_t>(*gid);
     }
     const bool sparse = pax_.sparse;
+    // A sparse 1.0 file: the real name and size are in the pax records, its data starts with
+    // the region map.
+    const bool sparse10 = sparse && pax_.sparse_major == "1" && pax_.sparse_minor == "0" &&
+                          pax_.sparse_name && !pax_.sparse_name->empty() && pax_.sparse_realsize;
+    if (sparse10) name = *pax_.sparse_name;
+    const uint64_t sparse_realsize = pax_.sparse_realsize.value_or(0);
     ClearMeta();
     entry_name_ = name;
 
@@ -591,8 +616,8 @@ class TarExtractor::Impl {
 
     char kind = type;
     if (kind == '\0') kind = (!name.empty() && name.back() == '/') ? '5' : '0';
-    if (kind == '7') kind = '0';            // contiguous file
-    if (sparse && kind == '0') kind = 'S';  // pax-format sparse files are not supported
+    if (kind == '7') kind = '0';                         // contiguous file
+    if (sparse && !sparse10 && kind == '0') kind = 'S';  // older pax sparse formats: skipped
     if (opts_.image_layer) {
       if (!name.empty() && name[0] == '/')
         return EntryError(StatusCode::kInvalidArgument, name,
@@ -623,6 +648,14 @@ class TarExtractor::Impl {
     switch (kind) {
       case '0': {
         DSEC_RETURN_IF_ERROR(CreateFile(name, comps, *mode, data_size, *mtime));
+        if (sparse10) {
+          if (data_size == 0) return HeaderError("sparse entry without a map");
+          sparse_ = SparseMap();
+          sparse_realsize_ = sparse_realsize;
+          sparse_region_ = 0;
+          sparse_left_ = 0;
+          data_kind_ = DataKind::kSparseFile;
+        }
         if (data_size == 0) return EndData();
         return OkStatus();
       }
@@ -649,6 +682,8 @@ class TarExtractor::Impl {
       case DataKind::kFile:
         stats_.bytes += d.size();
         return BufferFileData(d);
+      case DataKind::kSparseFile:
+        return ConsumeSparse(d);
       case DataKind::kLongName:
       case DataKind::kLongLink:
         meta_buf_.append(d);  // bounded by the size check in ProcessHeader
@@ -661,9 +696,48 @@ class TarExtractor::Impl {
     return OkStatus();
   }
 
+  // A sparse file's data: the map, then each region's bytes at its offset.
+  Status ConsumeSparse(std::string_view d) {
+    const size_t start = d.size();  // data_remaining_ still counts all of d
+    while (!d.empty()) {
+      if (!sparse_.done()) {
+        DSEC_ASSIGN_OR_RETURN(size_t n, sparse_.Consume(d));
+        d.remove_prefix(n);
+        if (sparse_.done()) {
+          const uint64_t after_map = data_remaining_ - (start - d.size());
+          DSEC_RETURN_IF_ERROR(sparse_.Validate(sparse_realsize_, after_map)
+                                   .WithContext("tar entry " + Quote(entry_name_)));
+        }
+        continue;
+      }
+      while (sparse_left_ == 0) {
+        const auto& regions = sparse_.regions();
+        if (sparse_region_ >= regions.size()) return HeaderError("sparse data past its map");
+        const auto& [off, len] = regions[sparse_region_++];
+        if (len == 0) continue;
+        DSEC_RETURN_IF_ERROR(FlushFile());
+        if (lseek(file_fd_.get(), static_cast<off_t>(off), SEEK_SET) < 0)
+          return ErrnoError("lseek " + Quote(entry_name_));
+        sparse_left_ = len;
+      }
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(sparse_left_, d.size()));
+      stats_.bytes += n;
+      DSEC_RETURN_IF_ERROR(BufferFileData(d.substr(0, n)));
+      sparse_left_ -= n;
+      d.remove_prefix(n);
+    }
+    return OkStatus();
+  }
+
   // Called when an entry's data is complete (immediately for empty data).
   Status EndData() {
     switch (data_kind_) {
+      case DataKind::kSparseFile:
+        if (!sparse_.done()) return HeaderError("sparse entry ends inside its map");
+        DSEC_RETURN_IF_ERROR(FlushFile());
+        if (ftruncate(file_fd_.get(), static_cast<off_t>(sparse_realsize_)) < 0)
+          return ErrnoError("ftruncate " + Quote(entry_name_));
+        [[fallthrough]];
       case DataKind::kFile: {
         DSEC_RETURN_IF_ERROR(FlushFile());
         timespec times[2] = {{file_mtime_, 0}, {file_mtime_, 0}};
@@ -1024,6 +1098,11 @@ class TarExtractor::Impl {
   UniqueFd file_fd_;
   int64_t file_mtime_ = 0;
   std::string write_buf_;
+  // The sparse file being written: its map, real size, next region and bytes left in it.
+  SparseMap sparse_;
+  uint64_t sparse_realsize_ = 0;
+  size_t sparse_region_ = 0;
+  uint64_t sparse_left_ = 0;
 };
 
 TarExtractor::TarExtractor(int dest_dirfd, TarExtractOptions opts)

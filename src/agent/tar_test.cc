@@ -587,6 +587,74 @@ TEST_P(GnuTarTest, ExtractsToTheSameTree) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, GnuTarTest, ::testing::Values("pax", "gnu", "ustar", "v7"));
 
+// PAX sparse format 1.0 (what GNU tar --sparse writes, and snapshots write for files with
+// holes): the regions land at their offsets, the rest stays a hole, the real name and size
+// apply; a GNU tar archive of a sparse file extracts to the same bytes with few blocks.
+TEST_F(TarTest, SparseEntriesKeepHoles) {
+  auto sparse = [](const std::string& real, uint64_t realsize, const std::string& map,
+                   const std::string& data) {
+    return Pax(PaxRecord("GNU.sparse.major", "1") + PaxRecord("GNU.sparse.minor", "0") +
+               PaxRecord("GNU.sparse.name", real) +
+               PaxRecord("GNU.sparse.realsize", std::to_string(realsize))) +
+           File("d/GNUSparseFile.0/" + real, Pad(map) + data);
+  };
+  Result r = Extract(sparse("d/real", 1 << 30, "2\n4096\n5\n1048576\n3\n", "helloabc") +
+                     sparse("d/tail", 1 << 20, "1\n0\n2\n", "hi") + End());
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  struct stat st;
+  ASSERT_EQ(stat(D("d/real").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 1 << 30);
+  EXPECT_LT(st.st_blocks * 512, 1 << 20);
+  EXPECT_FALSE(Exists(D("d/GNUSparseFile.0")));
+  UniqueFd f(open(D("d/real").c_str(), O_RDONLY | O_CLOEXEC));
+  char buf[8];
+  ASSERT_EQ(pread(f.get(), buf, 5, 4096), 5);
+  EXPECT_EQ(std::string(buf, 5), "hello");
+  ASSERT_EQ(pread(f.get(), buf, 3, 1048576), 3);
+  EXPECT_EQ(std::string(buf, 3), "abc");
+  ASSERT_EQ(pread(f.get(), buf, 4, 0), 4);
+  EXPECT_EQ(std::string(buf, 4), std::string(4, '\0'));
+  ASSERT_EQ(stat(D("d/tail").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 1 << 20);  // ends in a hole: the real size, not the data's end
+
+  // Malformed maps: each one refused.
+  for (const auto& [map, data] : std::vector<std::pair<std::string, std::string>>{
+           {"2\n100\n10\n50\n10\n", std::string(20, 'x')},  // out of order / overlapping
+           {"1\n0\n10\n", std::string(5, 'x')},             // fewer bytes than the regions
+           {"1\n0\n5\n", std::string(9, 'x')},              // more bytes than the regions
+           {"1\n4000\n200\n", std::string(200, 'x')},       // past the real size
+           {"9999999\n", ""},                               // more regions than allowed
+           {"1\n0\nx\n", "x"}}) {                           // not a number
+    r = Extract(sparse("bad", 4096, map, data) + End());
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << map;
+  }
+  // Non-NUL padding after the map text.
+  std::string map = "1\n0\n1\n";
+  std::string padded = map + std::string(512 - map.size(), 'P');
+  r = Extract(Pax(PaxRecord("GNU.sparse.major", "1") + PaxRecord("GNU.sparse.minor", "0") +
+                  PaxRecord("GNU.sparse.name", "pad") + PaxRecord("GNU.sparse.realsize", "10")) +
+              File("x", padded + "z") + End());
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+
+  // GNU tar's own sparse archive.
+  ASSERT_EQ(system(("truncate -s 64M '" + src_ + "/big' && printf deep | dd of='" + src_ +
+                    "/big' bs=1 seek=40000000 conv=notrunc status=none && tar --format=posix "
+                    "--sparse -C '" +
+                    src_ + "' -cf '" + src_ + "/gnu.tar' big")
+                       .c_str()),
+            0);
+  auto gnu = ReadFileToString(src_ + "/gnu.tar", 1 << 20);
+  ASSERT_TRUE(gnu.ok()) << gnu.status().ToString();
+  r = Extract(*gnu);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  ASSERT_EQ(stat(D("big").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 64 << 20);
+  EXPECT_LT(st.st_blocks * 512, 1 << 20);
+  UniqueFd g(open(D("big").c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_EQ(pread(g.get(), buf, 4, 40000000), 4);
+  EXPECT_EQ(std::string(buf, 4), "deep");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Hostile archives.
 

@@ -164,7 +164,9 @@ class Sandbox {
   // The sandbox's files as an image stack ("host" first when on the host image, then layer
   // digests bottom first), its writable layer captured as the new top layer while it is frozen
   // for a moment. A backend without layered images says Unimplemented.
-  virtual StatusOr<std::vector<std::string>> CaptureStack() {
+  // `keep_setuid`: keep setuid/setgid bits of the sandbox's files (dropped by default).
+  virtual StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid = false) {
+    (void)keep_setuid;
     return Unimplemented("this kind of sandbox cannot be snapshotted");
   }
 

@@ -284,10 +284,12 @@ int ImportImage(const GlobalOptions& g, const ImportOpts& o) {
 
 // ---- snapshot / fork -----------------------------------------------------------------------
 
-int Snapshot(const GlobalOptions& g, const std::string& id, const std::string& image) {
+int Snapshot(const GlobalOptions& g, const std::string& id, const std::string& image,
+             bool keep_setuid) {
   auto c = Connect(g);
   if (!c.ok()) return Fail(c.status());
   Json body = {{"image", image}};
+  if (keep_setuid) body["keep_setuid"] = true;
   auto r = (*c)->CallJson(Verb::post, SbPath(id) + "/snapshot", &body);
   if (!r.ok()) return Fail(r.status());
   if (g.json)
@@ -884,7 +886,10 @@ void RegisterImageCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
       "snapshot", "Save a sandbox's current files as a new image: dsec snapshot ID NAME:TAG");
   snap->add_option("id", *snap_id, "Sandbox id")->required();
   snap->add_option("image", *snap_image, "New image (name:tag)")->required();
-  snap->callback([=, &g] { *exit_code = Snapshot(g, *snap_id, *snap_image); });
+  auto snap_setuid = std::make_shared<bool>(false);
+  snap->add_flag("--keep-setuid", *snap_setuid,
+                 "Keep setuid/setgid bits of the sandbox's files (dropped by default)");
+  snap->callback([=, &g] { *exit_code = Snapshot(g, *snap_id, *snap_image, *snap_setuid); });
 
   auto fork_id = std::make_shared<std::string>();
   auto fork_count = std::make_shared<int64_t>(1);

@@ -152,8 +152,10 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   if (!body.ok()) return c->Fail(body.status());
   auto name = body->String("image", 300);
   auto rid = body->String("request_id", 128);
+  auto keep_setuid = body->Bool("keep_setuid");
   if (!name.ok()) return c->Fail(name.status());
   if (!rid.ok()) return c->Fail(rid.status());
+  if (!keep_setuid.ok()) return c->Fail(keep_setuid.status());
   if (Status f = body->Finish(); !f.ok()) return c->Fail(f);
   if (!name->has_value()) return c->Fail(400, "bad_request", "\"image\" (name:tag) is required");
   auto norm = images::NormalizeName(**name);
@@ -164,7 +166,7 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   auto sb = c->Sandbox(&e);
   if (!sb.ok()) return c->Fail(sb.status());
   images::ImageStore::Lease lease(*s);  // the new layer is unreferenced until PutImage
-  auto stack = (*sb)->CaptureStack();
+  auto stack = (*sb)->CaptureStack(keep_setuid->value_or(false));
   if (!stack.ok()) return c->Fail(stack.status());
   images::Image img;
   img.name = *norm;
@@ -193,6 +195,8 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   if (!body.ok()) return c->Fail(body.status());
   auto count = body->Int("count", 1, std::min(64, c->api->deps().cfg.max_count));
   auto rid = body->String("request_id", 128);
+  auto keep_setuid = body->Bool("keep_setuid");
+  if (!keep_setuid.ok()) return c->Fail(keep_setuid.status());
   if (!count.ok()) return c->Fail(count.status());
   if (!rid.ok()) return c->Fail(rid.status());
   if (Status f = body->Finish(); !f.ok()) return c->Fail(f);
@@ -200,7 +204,7 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   auto sb = c->Sandbox(&e);
   if (!sb.ok()) return c->Fail(sb.status());
   images::ImageStore::Lease lease(*s);  // until the forks hold the new layer
-  auto stack = (*sb)->CaptureStack();
+  auto stack = (*sb)->CaptureStack(keep_setuid->value_or(false));
   if (!stack.ok()) return c->Fail(stack.status());
   CreateParams p = e->params;
   if (p.config_from.empty()) p.config_from = p.image;

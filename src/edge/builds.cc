@@ -555,7 +555,8 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
     }
 
     append(begin());
-    DSEC_ASSIGN_OR_RETURN(std::vector<std::string> captured, sb->CaptureStack());
+    DSEC_ASSIGN_OR_RETURN(std::vector<std::string> captured,
+                          sb->CaptureStack(/*keep_setuid=*/true));
     img.layers.clear();
     img.base.clear();
     for (const auto& d : captured) {

@@ -28,6 +28,11 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"max_sandboxes", &c->max_sandboxes},
       {"memory_overcommit", &c->memory_overcommit},
       {"reserve_memory_mb", &c->reserve_memory_mb},
+      {"node_sysctls", &c->node_sysctls},
+      {"reserve_pids", &c->reserve_pids},
+      {"pty_max_per_sandbox", &c->pty_max_per_sandbox},
+      {"uid_lock_file", &c->uid_lock_file},
+      {"sockets_per_mb", &c->sockets_per_mb},
       {"default_cpu", &c->default_cpu},
       {"default_memory_mb", &c->default_memory_mb},
       {"default_pids", &c->default_pids},
@@ -173,6 +178,8 @@ Status FinalizeConfig(EdgeConfig* c) {
     c->fncall_max = std::max<int>(8, 4 * static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   if (c->fncall_min_idle > c->fncall_max)
     return InvalidArgument("fncall_min_idle must not exceed fncall_max");
+  if (c->uid_lock_file.empty() || c->uid_lock_file[0] != '/')
+    return InvalidArgument("uid_lock_file must be an absolute path");
   if (!c->disk_dir.empty() && c->disk_dir[0] != '/')
     return InvalidArgument("disk_dir must be an absolute path");
   if (c->image_layer_format != "dir" && c->image_layer_format != "erofs")
@@ -186,6 +193,9 @@ Status FinalizeConfig(EdgeConfig* c) {
   };
   for (const Range& r : std::initializer_list<Range>{
            {"max_sandboxes", double(c->max_sandboxes), 1, 1 << 20},
+           {"pty_max_per_sandbox", double(c->pty_max_per_sandbox), 1, 1 << 20},
+           {"reserve_pids", double(c->reserve_pids), -1, 1 << 22},
+           {"sockets_per_mb", double(c->sockets_per_mb), 0, 1024},
            {"memory_overcommit", c->memory_overcommit, 0.1, 1000},
            {"default_cpu", c->default_cpu, 0.01, 64},
            {"default_memory_mb", double(c->default_memory_mb), 16, 1 << 20},

@@ -25,6 +25,19 @@ struct EdgeConfig {
   int64_t max_sandboxes = 4096;
   double memory_overcommit = 8.0;
   int64_t reserve_memory_mb = -1;  // kept out of the parent cgroup; -1: max(1 GiB, 10%)
+  // Node-wide kernel budgets (edge/node_budget.h): raise fs.file-max, kernel.pid_max and
+  // kernel.pty.max at start (never lowered); the processes all sandboxes may hold together
+  // leave reserve_pids (-1: max(4096, 10%)) of min(pid_max, threads-max) to the host; each
+  // sandbox's devpts hands out at most pty_max_per_sandbox pseudo-terminals.
+  bool node_sysctls = true;
+  int64_t reserve_pids = -1;
+  int pty_max_per_sandbox = 256;
+  // Inet sockets one sandbox may hold: this many per MiB of its memory limit, at least 256
+  // (a cgroup BPF budget; 0: off). Bounds the socket memory the kernel lets escape the memory
+  // cgroup (forced segments, connections not yet accepted).
+  int sockets_per_mb = 4;
+  // Host-wide lease file of user-namespace uid ranges, shared by every edge on the host.
+  std::string uid_lock_file = "/run/dsec/uid-ranges.lock";
 
   // Defaults for new sandboxes.
   double default_cpu = 1.0;

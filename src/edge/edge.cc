@@ -27,6 +27,7 @@
 #include "edge/idempotency.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
+#include "edge/node_budget.h"
 #include "edge/state_store.h"
 
 namespace dsec::edge {
@@ -120,6 +121,19 @@ int RunEdge(EdgeConfig cfg) {
   int64_t reserve =
       cfg.reserve_memory_mb >= 0 ? cfg.reserve_memory_mb : std::max<int64_t>(1024, node_mb / 10);
   bo.parent_memory_bytes = std::max<int64_t>(256, node_mb - reserve) << 20;
+  NodeBudgetOptions nbo;
+  nbo.apply_sysctls = cfg.node_sysctls;
+  nbo.max_sandboxes = cfg.max_sandboxes;
+  nbo.pty_per_sandbox = static_cast<uint32_t>(cfg.pty_max_per_sandbox);
+  nbo.reserve_pids = cfg.reserve_pids;
+  auto budget = PrepareNodeBudget(nbo);
+  if (!budget.ok()) return fail("node budgets", budget.status());
+  for (const auto& c : budget->changes) DSEC_LOG_INFO("node budget: {}", c);
+  bo.parent_pids = budget->sandbox_pids;
+  bo.parent_socket_bytes = budget->sandbox_tcp_bytes;
+  bo.pty_max = budget->pty_per_sandbox;
+  bo.uid_lock_file = cfg.uid_lock_file;
+  bo.sockets_per_mb = static_cast<uint32_t>(cfg.sockets_per_mb);
   bo.hidden_paths = {cfg.token_file, cfg.audit_log.substr(0, cfg.audit_log.rfind('/'))};
   if (!cfg.config_file.empty()) bo.hidden_paths.push_back(cfg.config_file);
   if (!cfg.socket.empty()) bo.hidden_paths.push_back(cfg.socket);
@@ -135,6 +149,7 @@ int RunEdge(EdgeConfig cfg) {
   DSEC_LOG_INFO("{}", (*backend)->Describe());
 
   Manager manager(cfg, backend->get(), store->get(), &metrics);
+  manager.SetNodeBudget(*budget);
   auto recovered = manager.Recover();
   if (!recovered.ok()) return fail("recover", recovered.status());
   DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
@@ -180,7 +195,10 @@ int RunEdge(EdgeConfig cfg) {
   deps.features = {{"kernel", f.kernel_release},
                    {"userns", f.userns},
                    {"clone_into_cgroup", f.clone_into_cgroup},
-                   {"cgroup_kill", f.cgroup_kill}};
+                   {"cgroup_kill", f.cgroup_kill},
+                   {"socket_budget", (*backend)->socket_budget()}};
+  if (!(*backend)->socket_budget())
+    deps.features["socket_budget_reason"] = (*backend)->socket_budget_error();
   Api api(std::move(deps));
 
   HttpServerOptions ho;

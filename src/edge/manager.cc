@@ -276,6 +276,11 @@ Status Manager::Persist(const SandboxEntry& e) {
 
 Status Manager::Admit(const CreateParams& p, int count) {
   // Caller holds mu_.
+  if (budget_.sandbox_pids > 0 && p.pids > budget_.sandbox_pids)
+    return ResourceExhausted("pids " + std::to_string(p.pids) +
+                             " can never fit this node: all sandboxes together may hold " +
+                             std::to_string(budget_.sandbox_pids) +
+                             " processes (reserve_pids and kernel.threads-max set it)");
   int64_t n = static_cast<int64_t>(entries_.size());
   if (n + count > cfg_.max_sandboxes) {
     metrics_->CountReject("max_sandboxes");
@@ -778,7 +783,15 @@ Json Manager::NodeInfo() const {
            {{"max_sandboxes", cfg_.max_sandboxes},
             {"memory_mb", NodeMemoryMb()},
             {"overcommit", cfg_.memory_overcommit},
-            {"admit_memory_mb", admit_memory_mb_}}},
+            {"admit_memory_mb", admit_memory_mb_},
+            {"budgets",
+             {{"file_max", budget_.file_max},
+              {"pid_max", budget_.pid_max},
+              {"threads_max", budget_.threads_max},
+              {"sandbox_pids", budget_.sandbox_pids},
+              {"sandbox_tcp_bytes", budget_.sandbox_tcp_bytes},
+              {"pty_max", budget_.pty_max},
+              {"pty_per_sandbox", budget_.pty_per_sandbox}}}}},
           {"usage", {{"sandboxes", n}, {"memory_mb", mem}, {"by_state", by_state}}}};
 }
 

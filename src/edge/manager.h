@@ -25,6 +25,7 @@
 #include "base/status.h"
 #include "edge/config.h"
 #include "edge/metrics.h"
+#include "edge/node_budget.h"
 #include "edge/state_store.h"
 #include "protocol/messages.h"
 
@@ -131,6 +132,8 @@ class Manager {
   void StartReaper();
   // Container pools that creates with CreateParams::pool take sandboxes from.
   void SetPools(fncall::PoolSet* pools) { pools_ = pools; }
+  // Node-wide kernel budgets (set once at start, before serving).
+  void SetNodeBudget(const NodeBudget& b) { budget_ = b; }
 
   // Admission, then creation. With wait=false the records come back "creating" and creation
   // continues on `background` (which must run the task on a worker thread).
@@ -177,6 +180,7 @@ class Manager {
   StateStore* store_;
   Metrics* metrics_;
   int64_t admit_memory_mb_ = 0;
+  NodeBudget budget_;
 
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxEntry>> entries_;  // GUARDED_BY(mu_)

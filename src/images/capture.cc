@@ -21,6 +21,8 @@ namespace {
 constexpr size_t kMaxPath = 4096;
 constexpr int kMaxDepth = 1024;
 constexpr size_t kCaptureChunk = 256 * 1024;
+// Files whose holes add up to less than this are written whole.
+constexpr uint64_t kSparseMinHole = 64 * 1024;
 
 void PutOctal(char* field, size_t width, uint64_t v) {
   // width-1 octal digits and a NUL.
@@ -44,10 +46,38 @@ struct Entry {
   uint64_t mode = 0, uid = 0, gid = 0, size = 0;
   int64_t mtime = 0;
   std::string link;
+  std::string sparse_name;   // set: a PAX 1.0 sparse entry of this real name...
+  uint64_t sparse_size = 0;  // ...and real size
 };
+
+// A file's data regions (offset, length), from SEEK_DATA/SEEK_HOLE; empty regions are dropped.
+std::vector<std::pair<uint64_t, uint64_t>> DataRegions(int fd, uint64_t size) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  off_t pos = 0;
+  while (static_cast<uint64_t>(pos) < size) {
+    off_t data = lseek(fd, pos, SEEK_DATA);
+    if (data < 0) {
+      if (errno == ENXIO) break;  // only a hole is left
+      return {{0, size}};         // no hole support: all data
+    }
+    off_t hole = lseek(fd, data, SEEK_HOLE);
+    if (hole < 0) hole = static_cast<off_t>(size);
+    hole = std::min<off_t>(hole, static_cast<off_t>(size));
+    if (hole > data)
+      out.emplace_back(static_cast<uint64_t>(data), static_cast<uint64_t>(hole - data));
+    pos = hole;
+  }
+  return out;
+}
 
 std::string Header(const Entry& e) {
   std::string pax;
+  if (!e.sparse_name.empty()) {
+    PaxRecord(&pax, "GNU.sparse.major", "1");
+    PaxRecord(&pax, "GNU.sparse.minor", "0");
+    PaxRecord(&pax, "GNU.sparse.name", e.sparse_name);
+    PaxRecord(&pax, "GNU.sparse.realsize", std::to_string(e.sparse_size));
+  }
   if (e.name.size() > 99) PaxRecord(&pax, "path", e.name);
   if (e.link.size() > 99) PaxRecord(&pax, "linkpath", e.link);
   if (e.size > 077777777777ull) PaxRecord(&pax, "size", std::to_string(e.size));
@@ -102,8 +132,10 @@ class Walker {
     e.type = '5';
     Fill(&e, st);
     DSEC_RETURN_IF_ERROR(Emit(e));
-    UniqueFd dir(fcntl(src.dirfd, F_DUPFD_CLOEXEC, 3));
-    if (!dir) return ErrnoError("dup upper dir");
+    // A new open file description: the directory is read from its start whatever the
+    // caller's fd did before (a dup would share its offset).
+    UniqueFd dir(openat(src.dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir) return ErrnoError("reopen upper dir");
     if (Opaque(dir.get())) DSEC_RETURN_IF_ERROR(Whiteout(prefix, ".wh..opq"));
     if (Listed(opts_.empty, prefix.empty() ? "/" : prefix)) return OkStatus();
     return Dir(std::move(dir), prefix, 0);
@@ -120,8 +152,12 @@ class Walker {
     return 65534;
   }
 
-  void Fill(Entry* e, const struct stat& st) const {
+  void Fill(Entry* e, const struct stat& st) {
     e->mode = st.st_mode & 07777;
+    if (S_ISREG(st.st_mode) && !opts_.keep_setuid && (e->mode & 06000)) {
+      e->mode &= ~uint64_t{06000};
+      ++stats_->setuid_dropped;
+    }
     e->uid = MapId(st.st_uid);
     e->gid = MapId(st.st_gid);
     e->mtime = st.st_mtim.tv_sec;
@@ -140,23 +176,70 @@ class Walker {
     DSEC_RETURN_IF_ERROR(sink_(Header(e)));
     ++stats_->entries;
     if (e.type != '0' || e.size == 0) return OkStatus();
-    uint64_t left = e.size;
+    DSEC_RETURN_IF_ERROR(Copy(e, data_fd, 0, e.size));
+    stats_->bytes += e.size;
+    return Pad(e.size);
+  }
+
+  Status Pad(uint64_t size) {
+    size_t pad = (512 - size % 512) % 512;
+    return pad ? sink_(std::string(pad, '\0')) : OkStatus();
+  }
+
+  // Streams [off, off + len) of the file.
+  Status Copy(const Entry& e, int fd, uint64_t off, uint64_t len) {
     std::string buf(kCaptureChunk, '\0');
-    while (left > 0) {
-      ssize_t n = read(data_fd, buf.data(), std::min<uint64_t>(left, buf.size()));
+    while (len > 0) {
+      ssize_t n =
+          pread(fd, buf.data(), std::min<uint64_t>(len, buf.size()), static_cast<off_t>(off));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return ErrnoError("read \"/" + e.name + "\"");
       if (n == 0) {  // shrank while read (it cannot while frozen): pad with zeros
         std::fill(buf.begin(), buf.end(), '\0');
-        n = static_cast<ssize_t>(std::min<uint64_t>(left, buf.size()));
+        n = static_cast<ssize_t>(std::min<uint64_t>(len, buf.size()));
       }
       DSEC_RETURN_IF_ERROR(sink_(std::string_view(buf.data(), static_cast<size_t>(n))));
-      left -= static_cast<uint64_t>(n);
+      len -= static_cast<uint64_t>(n);
+      off += static_cast<uint64_t>(n);
     }
-    stats_->bytes += e.size;
-    size_t pad = (512 - e.size % 512) % 512;
-    if (pad) DSEC_RETURN_IF_ERROR(sink_(std::string(pad, '\0')));
     return OkStatus();
+  }
+
+  // A regular file: a plain entry, or a sparse one when holes make up a part worth skipping.
+  Status EmitFile(Entry e, int fd, uint64_t allocated) {
+    stats_->apparent_bytes += e.size;
+    if (opts_.max_apparent_bytes > 0 && stats_->apparent_bytes > opts_.max_apparent_bytes)
+      return Status(StatusCode::kTooLarge,
+                    "the files of the writable layer add up to more than " +
+                        std::to_string(opts_.max_apparent_bytes) +
+                        " bytes counting their holes (at \"/" + e.name +
+                        "\"); a snapshot may hold at most that (image_max_layer_bytes)");
+    if (e.size < 2 * kSparseMinHole || allocated + kSparseMinHole > e.size) return Emit(e, fd);
+    auto regions = DataRegions(fd, e.size);
+    uint64_t data = 0;
+    for (const auto& r : regions) data += r.second;
+    if (data + kSparseMinHole > e.size) return Emit(e, fd);
+    // The map: count, then offset/length pairs, one per line; a last empty region at the real
+    // size tells readers where the file ends when it ends in a hole.
+    if (regions.empty() || regions.back().first + regions.back().second < e.size)
+      regions.emplace_back(e.size, 0);
+    std::string map = std::to_string(regions.size()) + "\n";
+    for (const auto& [o, n] : regions) map += std::to_string(o) + "\n" + std::to_string(n) + "\n";
+    map.append((512 - map.size() % 512) % 512, '\0');
+    size_t slash = e.name.rfind('/');
+    std::string dir = slash == std::string::npos ? "" : e.name.substr(0, slash + 1);
+    e.sparse_name = e.name;
+    e.sparse_size = e.size;
+    e.name = dir + "GNUSparseFile.0/" + e.name.substr(dir.size());
+    e.size = map.size() + data;
+    DSEC_RETURN_IF_ERROR(sink_(Header(e)));
+    ++stats_->entries;
+    ++stats_->sparse_files;
+    stats_->hole_bytes += e.sparse_size - data;
+    DSEC_RETURN_IF_ERROR(sink_(map));
+    for (const auto& [o, n] : regions) DSEC_RETURN_IF_ERROR(Copy(e, fd, o, n));
+    stats_->bytes += data;
+    return Pad(e.size);
   }
 
   Status Whiteout(const std::string& dir, const std::string& name) {
@@ -240,7 +323,7 @@ class Walker {
         if (!f) return ErrnoError("open \"" + child + "\"");
         e.type = '0';
         e.size = static_cast<uint64_t>(st.st_size);
-        DSEC_RETURN_IF_ERROR(Emit(e, f.get()));
+        DSEC_RETURN_IF_ERROR(EmitFile(e, f.get(), static_cast<uint64_t>(st.st_blocks) * 512));
       } else {
         ++stats_->skipped;  // FIFOs, sockets, devices
       }

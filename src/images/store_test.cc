@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "base/file_util.h"
+#include "images/capture.h"
 #include "images/import.h"
 #include "images/store.h"
 
@@ -204,6 +205,74 @@ TEST_F(ImageStoreTest, ErofsLayersMountThroughLoopDevices) {
   ASSERT_TRUE(store_->DeleteImage("ero").ok());
   EXPECT_EQ(store_->Collect().value(), 1);
   store_.reset();
+}
+
+// A sandbox's sparse files (3 GiB of holes around a few bytes) and a setuid file it made,
+// captured as a snapshot would: the tar carries only the data (a PAX 1.0 sparse entry that GNU
+// tar reads back), the layer keeps the holes in both formats, and the setuid bit is gone
+// unless asked for.
+TEST_F(ImageStoreTest, CapturedSparseFilesStayHolesAndSetuidBitsAreDropped) {
+  std::string up = tmp_->path() + "/upper";
+  ASSERT_EQ(Sh("mkdir -p " + up + "/data && truncate -s 3G " + up + "/data/big && " +
+               "printf middle | dd of=" + up + "/data/big bs=1 seek=1500000000 conv=notrunc " +
+               "status=none && truncate -s 1G " + up + "/data/empty && echo x > " + up +
+               "/data/tool && chmod 4755 " + up + "/data/tool && ln " + up + "/data/big " + up +
+               "/data/big2"),
+            0);
+  UniqueFd dir(open(up.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(dir);
+  for (bool keep : {false, true}) {
+    std::string tar;
+    CaptureOptions co;
+    co.keep_setuid = keep;
+    CaptureStats stats;
+    ASSERT_TRUE(WriteLayerTar(
+                    {{dir.get(), "/"}}, co,
+                    [&](std::string_view d) {
+                      tar.append(d);
+                      return OkStatus();
+                    },
+                    &stats)
+                    .ok());
+    EXPECT_LT(tar.size(), 1u << 20) << "holes were written into the tar";
+    EXPECT_EQ(stats.sparse_files, 2u);
+    EXPECT_EQ(stats.setuid_dropped, keep ? 0u : 1u);
+    std::string file = tmp_->path() + "/cap.tar";
+    ASSERT_TRUE(WriteStringToFile(file, tar, O_WRONLY | O_CREAT | O_TRUNC).ok());
+    // GNU tar reads the sparse entries back under their real names and sizes.
+    ASSERT_EQ(Sh("rm -rf " + tmp_->path() + "/gnu && mkdir " + tmp_->path() + "/gnu && tar -C " +
+                 tmp_->path() + "/gnu -xf " + file + " && test $(stat -c %s " + tmp_->path() +
+                 "/gnu/data/big) = 3221225472 && dd if=" + tmp_->path() +
+                 "/gnu/data/big bs=1 skip=1500000000 count=6 status=none | grep -q middle"),
+              0);
+    for (const char* fmt : {"dir", "erofs"}) {
+      if (std::string(fmt) == "erofs" && access("/usr/bin/mkfs.erofs", X_OK) != 0) continue;
+      auto b = store_->NewLayer();
+      ASSERT_TRUE(b.ok());
+      ASSERT_TRUE((*b)->Feed(tar).ok());
+      auto layer = (*b)->Commit("", fmt);
+      ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+      auto src = store_->Source(*layer);
+      ASSERT_TRUE(src.ok()) << src.status().ToString();
+      std::string root =
+          src->mount_fd >= 0 ? "/proc/self/fd/" + std::to_string(src->mount_fd) : src->path;
+      struct stat st;
+      ASSERT_EQ(stat((root + "/data/big").c_str(), &st), 0) << fmt;
+      EXPECT_EQ(st.st_size, 3ll << 30) << fmt;
+      EXPECT_LT(st.st_blocks * 512, 8ll << 20) << fmt << ": holes became blocks";
+      EXPECT_EQ(st.st_nlink, 2u) << fmt;
+      ASSERT_EQ(stat((root + "/data/empty").c_str(), &st), 0) << fmt;
+      EXPECT_EQ(st.st_size, 1ll << 30) << fmt;
+      UniqueFd f(open((root + "/data/big").c_str(), O_RDONLY | O_CLOEXEC));
+      char buf[6];
+      ASSERT_EQ(pread(f.get(), buf, 6, 1500000000), 6);
+      EXPECT_EQ(std::string(buf, 6), "middle") << fmt;
+      ASSERT_EQ(pread(f.get(), buf, 6, 1000), 6);
+      EXPECT_EQ(std::string(buf, 6), std::string(6, '\0')) << fmt;
+      ASSERT_EQ(stat((root + "/data/tool").c_str(), &st), 0);
+      EXPECT_EQ(st.st_mode & 07777, keep ? 04755u : 0755u) << fmt;
+    }
+  }
 }
 
 }  // namespace

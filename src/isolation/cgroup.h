@@ -81,6 +81,11 @@ struct CgroupDriverOptions {
   std::string v1_root;              // override the directory holding v1 hierarchies
   bool use_cgroup_kill = true;      // false forces the freeze+kill fallback
   int64_t parent_memory_bytes = 0;  // limit for the parent (all sandboxes); 0 = none
+  // Processes and threads of all sandboxes together (the parent's pids.max); 0 = none.
+  int64_t parent_pids = 0;
+  // v1 only: TCP buffer memory of all sandboxes together (memory.kmem.tcp.limit_in_bytes of the
+  // parent); 0: the parent memory limit.
+  int64_t parent_socket_bytes = 0;
   // Unit tests only: the roots are plain directories, so control files are created on write
   // (lets the v2 driver's writes be checked on hosts without a v2 controller hierarchy).
   bool plain_directory_tree = false;

@@ -235,6 +235,9 @@ class CgroupV1HybridDriver : public CgroupDriver {
     // Children of a v1 cpuset/memory cgroup inherit hierarchy; nothing else to enable.
     if (opts_.parent_memory_bytes > 0)
       DSEC_RETURN_IF_ERROR(SetParentMemoryLimit(opts_.parent_memory_bytes));
+    if (opts_.parent_pids > 0)
+      DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(JoinPath(h_.pids, parent_name_), "pids.max"),
+                                        std::to_string(opts_.parent_pids)));
     return OkStatus();
   }
 
@@ -304,7 +307,10 @@ class CgroupV1HybridDriver : public CgroupDriver {
     if (has_memsw && bytes <= 0) DSEC_RETURN_IF_ERROR(WriteControl(memsw, "-1"));
     DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(dir, "memory.limit_in_bytes"), v));
     if (has_memsw && bytes > 0) (void)WriteControl(memsw, v);
-    return SetSocketMemoryLimit(dir, v);
+    int64_t tcp = opts_.parent_socket_bytes > 0 && (bytes <= 0 || opts_.parent_socket_bytes < bytes)
+                      ? opts_.parent_socket_bytes
+                      : bytes;
+    return SetSocketMemoryLimit(dir, tcp > 0 ? std::to_string(tcp) : "-1");
   }
 
   Status RemoveParent() override {

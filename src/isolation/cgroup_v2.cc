@@ -129,6 +129,9 @@ class CgroupV2Driver : public CgroupDriver {
     DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(parent_, "cgroup.subtree_control"), enable, plain));
     if (opts_.parent_memory_bytes > 0)
       DSEC_RETURN_IF_ERROR(SetParentMemoryLimit(opts_.parent_memory_bytes));
+    if (opts_.parent_pids > 0)
+      DSEC_RETURN_IF_ERROR(
+          WriteControl(JoinPath(parent_, "pids.max"), std::to_string(opts_.parent_pids), plain));
     return OkStatus();
   }
 

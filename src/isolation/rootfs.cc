@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
+
 #include "base/file_util.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
@@ -82,7 +84,7 @@ StatusOr<UniqueFd> CreateFileInRoot(int root, const std::string& path, mode_t mo
   return fd;
 }
 
-Status SetupDev(int root, int dev_null_src) {
+Status SetupDev(int root, int dev_null_src, uint32_t pty_max) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd dev, MakeDirInRoot(root, "/dev", 0755, 0, 0, /*replace=*/true));
   {
     // /dev becomes a mount point (a bind of itself, so its files stay in the writable layer):
@@ -111,11 +113,11 @@ Status SetupDev(int root, int dev_null_src) {
     DSEC_RETURN_IF_ERROR(Attach(src.get(), tpath.get(), path));
   }
   DSEC_ASSIGN_OR_RETURN(UniqueFd pts, MakeDirInRoot(root, "/dev/pts", 0755, 0, 0, true));
-  DSEC_ASSIGN_OR_RETURN(
-      UniqueFd devpts,
-      NewMount("devpts",
-               {{"newinstance", ""}, {"ptmxmode", "0666"}, {"mode", "0620"}, {"gid", "5"}},
-               MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
+  std::vector<FsParam> pts_opts = {
+      {"newinstance", ""}, {"ptmxmode", "0666"}, {"mode", "0620"}, {"gid", "5"}};
+  if (pty_max > 0) pts_opts.push_back({"max", std::to_string(pty_max)});
+  DSEC_ASSIGN_OR_RETURN(UniqueFd devpts,
+                        NewMount("devpts", pts_opts, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
   DSEC_RETURN_IF_ERROR(Attach(devpts.get(), pts.get(), "/dev/pts"));
   // /dev/shm is a directory in the writable layer: shared memory counts against the disk.
   DSEC_ASSIGN_OR_RETURN(UniqueFd shm, MakeDirInRoot(root, "/dev/shm", 01777, 0, 0, true));
@@ -132,13 +134,45 @@ Status SetupDev(int root, int dev_null_src) {
   return OkStatus();
 }
 
-Status SetupProc(int root, int dev_null_src) {
+bool SafeSysctlPath(const std::string& rel) {
+  if (rel.empty() || rel.front() == '/' || rel.back() == '/') return false;
+  for (const auto& c : SplitString(rel, '/')) {
+    if (c.empty() || c == "." || c == "..") return false;
+    for (char ch : c)
+      if (!(islower(static_cast<unsigned char>(ch)) || isdigit(static_cast<unsigned char>(ch)) ||
+            ch == '_' || ch == '-'))
+        return false;
+  }
+  return true;
+}
+
+// Limits of the sandbox's own namespaces, in its fresh /proc (writable to the agent as root of
+// the namespaces' owning user namespace) before /proc/sys becomes read-only.
+Status WriteSysctls(int proc, const std::vector<std::pair<std::string, std::string>>& sysctls) {
+  for (const auto& [rel, value] : sysctls) {
+    if (!SafeSysctlPath(rel)) return InvalidArgument("bad sysctl path \"" + rel + "\"");
+    std::string path = "sys/" + rel;
+    UniqueFd fd(openat(proc, path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) return ErrnoError("open /proc/" + path);
+    if (write(fd.get(), value.data(), value.size()) != static_cast<ssize_t>(value.size()))
+      return ErrnoError("write \"" + value + "\" to /proc/" + path);
+  }
+  return OkStatus();
+}
+
+Status SetupProc(int root, int dev_null_src,
+                 const std::vector<std::pair<std::string, std::string>>& sysctls) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd procdir, MakeDirInRoot(root, "/proc", 0555, 0, 0, true));
   DSEC_ASSIGN_OR_RETURN(
       UniqueFd proc,
       NewMount("proc", {}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
   DSEC_RETURN_IF_ERROR(Attach(proc.get(), procdir.get(), "/proc"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd p, OpenInRoot(root, "/proc", O_PATH | O_DIRECTORY));
+  {
+    UniqueFd dir(openat(p.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir) return ErrnoError("open /proc");
+    DSEC_RETURN_IF_ERROR(WriteSysctls(dir.get(), sysctls));
+  }
   // Every mask is a clone of one read-only template: an empty tmpfs for directories, /dev/null
   // for files (it reads as empty; nodev would make it EACCES instead). The last mask of each
   // kind is the template itself, so no detached mount is left behind to be dissolved on close
@@ -393,8 +427,8 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
   // 5. /dev and /proc.
   UniqueFd dev_null(open("/dev/null", O_PATH | O_CLOEXEC));
   if (!dev_null) return ErrnoError("open host /dev/null");
-  DSEC_RETURN_IF_ERROR(SetupDev(root.get(), dev_null.get()));
-  DSEC_RETURN_IF_ERROR(SetupProc(root.get(), dev_null.get()));
+  DSEC_RETURN_IF_ERROR(SetupDev(root.get(), dev_null.get(), spec.pty_max));
+  DSEC_RETURN_IF_ERROR(SetupProc(root.get(), dev_null.get(), spec.sysctls));
 
   // 6. pivot_root by fds: the new root becomes "/", the old one is stacked on it and detached.
   if (fchdir(root.get()) < 0) return ErrnoError("fchdir new root");

@@ -10,8 +10,9 @@
 //   4. the root: an overlay (the first in the spec must target "/"; more may stack on
 //      sub-paths), whose upper dir is given the spec's dirs, files and symlinks before the
 //      mount (no copy-ups later);
-//   5. minimal /dev (null zero full random urandom tty bound from the host; devpts; shm;
-//      std fds), fresh /proc with dangerous entries masked and /proc/sys read-only, no /sys;
+//   5. minimal /dev (null zero full random urandom tty bound from the host; devpts with its own
+//      pty maximum; shm; std fds), fresh /proc with the sandbox's own namespace limits
+//      written, dangerous entries masked and /proc/sys read-only, no /sys;
 //   6. pivot_root into it by fds and detach the old root.
 // Every path inside the new root is resolved with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS
 // | RESOLVE_NO_MAGICLINKS) and every mount is attached by fd, so a symlink planted in an image
@@ -61,6 +62,14 @@ struct RootfsSpec {
   std::vector<SymlinkSpec> symlinks;
   std::vector<DirSpec> dirs;
   std::vector<FileSpec> files;
+  // The most pseudo-terminals the sandbox's own devpts instance hands out (0: the kernel's
+  // node-wide limit only). Every instance shares kernel.pty.max, so without this one sandbox
+  // could take every pty of the node.
+  uint32_t pty_max = 0;
+  // Written under the sandbox's fresh /proc/sys before it is made read-only: limits of the
+  // sandbox's own namespaces (e.g. "kernel/shm_rmid_forced" = "1" for its ipc namespace).
+  // Paths are relative, made of [a-z0-9_/-] components without "." or "..".
+  std::vector<std::pair<std::string, std::string>> sysctls;
 };
 
 // Entries masked in the sandbox's /proc (bound over with /dev/null or an empty read-only

@@ -110,6 +110,10 @@ Json ToJson(const isolation::RootfsSpec& r) {
                   {"uid", f.uid},
                   {"gid", f.gid}});
   j["files"] = fs;
+  j["pty_max"] = r.pty_max;
+  Json sc = Json::object();
+  for (const auto& [k, v] : r.sysctls) sc[k] = v;
+  j["sysctls"] = sc;
   return j;
 }
 
@@ -167,6 +171,16 @@ StatusOr<isolation::RootfsSpec> RootfsFromJson(const Json& j) {
     spec.gid = static_cast<uint32_t>(gid);
     r.files.push_back(std::move(spec));
   }
+  DSEC_ASSIGN_OR_RETURN(int64_t pty_max, GetInt(j, "pty_max", 0, 0, 1 << 20));
+  r.pty_max = static_cast<uint32_t>(pty_max);
+  if (auto sc = j.find("sysctls"); sc != j.end()) {
+    if (!sc->is_object() || sc->size() > 64)
+      return InvalidArgument("rootfs.sysctls must be an object of at most 64 strings");
+    for (const auto& item : sc->items()) {
+      if (!item.value().is_string()) return InvalidArgument("rootfs.sysctls values are strings");
+      r.sysctls.emplace_back(item.key(), item.value().get<std::string>());
+    }
+  }
   return r;
 }
 
@@ -199,7 +213,8 @@ Json ToJson(const SetupSpec& s) {
             {"first_layer", s.fds.first_layer},
             {"layer_count", s.fds.layer_count},
             {"zygote_binary", s.fds.zygote_binary},
-            {"disk", s.fds.disk}}}};
+            {"disk", s.fds.disk},
+            {"uid_lease", s.fds.uid_lease}}}};
 }
 
 StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
@@ -236,8 +251,9 @@ StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(int64_t lc, GetInt(*fds, "layer_count", 0, 0, 252));
   DSEC_ASSIGN_OR_RETURN(int64_t zb, GetInt(*fds, "zygote_binary", -1, -1, 252));
   DSEC_ASSIGN_OR_RETURN(int64_t dk, GetInt(*fds, "disk", -1, -1, 252));
+  DSEC_ASSIGN_OR_RETURN(int64_t ul, GetInt(*fds, "uid_lease", -1, -1, 252));
   s.fds = {static_cast<int>(md), static_cast<int>(ls), static_cast<int>(cg), static_cast<int>(fl),
-           static_cast<int>(lc), static_cast<int>(zb), static_cast<int>(dk)};
+           static_cast<int>(lc), static_cast<int>(zb), static_cast<int>(dk), static_cast<int>(ul)};
   if (auto z = j.find("zygote"); z != j.end() && !z->is_null()) {
     if (!z->is_object()) return InvalidArgument("zygote must be an object");
     ZygoteSpec zs;

@@ -33,6 +33,9 @@ struct SetupFds {
   int zygote_binary = -1;  // sealed memfd of dsec-zygote (fncall workers)
   // A detached mount (an ext4 disk image) to use as the writable layer instead of a tmpfs.
   int disk = -1;
+  // The sandbox's host uid range lease (isolation/uid_ranges.h): the agent keeps it open for
+  // the sandbox's whole life, so the range is never given to another sandbox meanwhile.
+  int uid_lease = -1;
 };
 
 // What the agent of an fncall worker starts once it is set up: a resident zygote

@@ -88,18 +88,26 @@ def signal(sandbox_id: str, sig: str | int, request_id: str | None) -> Request:
                         request_id=request_id)
 
 
-def snapshot(sandbox_id: str, image: str, request_id: str | None) -> Request:
+def snapshot(sandbox_id: str, image: str, request_id: str | None,
+             keep_setuid: bool = False) -> Request:
+    body = {"image": image}
+    if keep_setuid:
+        body["keep_setuid"] = True
     # Capturing a large writable layer takes a while.
-    return json_request("POST", sb_path(sandbox_id, "snapshot"), {"image": image},
+    return json_request("POST", sb_path(sandbox_id, "snapshot"), body,
                         request_id=request_id, extra_wait=300.0)
 
 
-def fork(sandbox_id: str, count: int, request_id: str | None) -> Request:
+def fork(sandbox_id: str, count: int, request_id: str | None,
+         keep_setuid: bool = False) -> Request:
     count = int(count)
     if count < 1:
         raise ValueError("count must be at least 1")
+    body = {"count": count}
+    if keep_setuid:
+        body["keep_setuid"] = True
     # Like a create of `count` sandboxes, plus copying the writable layer.
-    return json_request("POST", sb_path(sandbox_id, "fork"), {"count": count},
+    return json_request("POST", sb_path(sandbox_id, "fork"), body,
                         request_id=request_id, extra_wait=120.0)
 
 

@@ -174,14 +174,16 @@ class AsyncDSecClient:
         return Image.from_json(await self._json(req))
 
     async def snapshot(self, sandbox_id: str, image: str,
-                       request_id: str | None = None) -> Image:
+                       request_id: str | None = None, keep_setuid: bool = False) -> Image:
         """See :meth:`DSecClient.snapshot`."""
-        return Image.from_json(await self._json(_ops.snapshot(sandbox_id, image, request_id)))
+        return Image.from_json(await self._json(_ops.snapshot(sandbox_id, image, request_id,
+                                                              keep_setuid)))
 
     async def fork(self, sandbox_id: str, count: int = 1,
-                   request_id: str | None = None) -> list["AsyncSandbox"]:
+                   request_id: str | None = None,
+                   keep_setuid: bool = False) -> list["AsyncSandbox"]:
         """See :meth:`DSecClient.fork`."""
-        data = await self._json(_ops.fork(sandbox_id, count, request_id))
+        data = await self._json(_ops.fork(sandbox_id, count, request_id, keep_setuid))
         return [AsyncSandbox(self, r) for r in data.get("sandboxes", [])]
 
     # -- image builds ------------------------------------------------------
@@ -377,14 +379,15 @@ class AsyncSandbox:
     async def signal(self, sig: str | int = "KILL", request_id: str | None = None) -> int:
         return int((await self._json(_ops.signal(self.id, sig, request_id)))["signaled"])
 
-    async def snapshot(self, image: str, request_id: str | None = None) -> Image:
+    async def snapshot(self, image: str, request_id: str | None = None,
+                       keep_setuid: bool = False) -> Image:
         """See :meth:`Sandbox.snapshot`."""
-        return await self._client.snapshot(self.id, image, request_id)
+        return await self._client.snapshot(self.id, image, request_id, keep_setuid)
 
-    async def fork(self, count: int = 1,
-                   request_id: str | None = None) -> list["AsyncSandbox"]:
+    async def fork(self, count: int = 1, request_id: str | None = None,
+                   keep_setuid: bool = False) -> list["AsyncSandbox"]:
         """See :meth:`Sandbox.fork`."""
-        return await self._client.fork(self.id, count, request_id)
+        return await self._client.fork(self.id, count, request_id, keep_setuid)
 
     # -- exec --------------------------------------------------------------
 

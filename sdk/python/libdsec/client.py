@@ -229,16 +229,19 @@ class DSecClient:
         req = _ops.image_import(name, path_or_fileobj, format, layer_format, base, request_id)
         return Image.from_json(self._json(req))
 
-    def snapshot(self, sandbox_id: str, image: str, request_id: str | None = None) -> Image:
+    def snapshot(self, sandbox_id: str, image: str, request_id: str | None = None,
+                 keep_setuid: bool = False) -> Image:
         """Save a sandbox's current files as the new image ``image``
-        (``"name:tag"``): its writable layer becomes a new top layer."""
-        return Image.from_json(self._json(_ops.snapshot(sandbox_id, image, request_id)))
+        (``"name:tag"``): its writable layer becomes a new top layer. Setuid/setgid
+        bits are dropped unless ``keep_setuid``."""
+        return Image.from_json(self._json(_ops.snapshot(sandbox_id, image, request_id,
+                                                        keep_setuid)))
 
     def fork(self, sandbox_id: str, count: int = 1,
-             request_id: str | None = None) -> list["Sandbox"]:
+             request_id: str | None = None, keep_setuid: bool = False) -> list["Sandbox"]:
         """Create ``count`` (1..64) sandboxes starting from a sandbox's current
         files; processes start fresh. All or nothing."""
-        data = self._json(_ops.fork(sandbox_id, count, request_id))
+        data = self._json(_ops.fork(sandbox_id, count, request_id, keep_setuid))
         return [Sandbox(self, r) for r in data.get("sandboxes", [])]
 
     # -- image builds ------------------------------------------------------
@@ -519,15 +522,17 @@ class Sandbox:
         """Send ``sig`` to every user process (the agent survives); returns how many."""
         return int(self._json(_ops.signal(self.id, sig, request_id))["signaled"])
 
-    def snapshot(self, image: str, request_id: str | None = None) -> Image:
+    def snapshot(self, image: str, request_id: str | None = None,
+                 keep_setuid: bool = False) -> Image:
         """Save this sandbox's current files as the new image ``image``
         (``"name:tag"``); see :meth:`DSecClient.snapshot`."""
-        return self._client.snapshot(self.id, image, request_id)
+        return self._client.snapshot(self.id, image, request_id, keep_setuid)
 
-    def fork(self, count: int = 1, request_id: str | None = None) -> list["Sandbox"]:
+    def fork(self, count: int = 1, request_id: str | None = None,
+             keep_setuid: bool = False) -> list["Sandbox"]:
         """``count`` new sandboxes starting from this one's current files
         (processes start fresh); see :meth:`DSecClient.fork`."""
-        return self._client.fork(self.id, count, request_id)
+        return self._client.fork(self.id, count, request_id, keep_setuid)
 
     # -- exec --------------------------------------------------------------
 

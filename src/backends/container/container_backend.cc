@@ -104,6 +104,8 @@ Status ContainerBackend::Init() {
   co.mode = opts_.cgroup_mode;
   co.use_cgroup_kill = features_.cgroup_kill;
   co.parent_memory_bytes = opts_.parent_memory_bytes;
+  co.parent_pids = opts_.parent_pids;
+  co.parent_socket_bytes = opts_.parent_socket_bytes;
   DSEC_ASSIGN_OR_RETURN(cgroups_, isolation::CgroupDriver::Create(co));
 
   host_image_opts_.hidden_paths = opts_.hidden_paths;
@@ -125,8 +127,23 @@ Status ContainerBackend::Init() {
   // Optional: without it the node simply has no fncall workers (creating one says why).
   if (auto z = SealAgentBinary(opts_.zygote_path); z.ok()) zygote_memfd_ = std::move(*z);
 
+  if (opts_.sockets_per_mb == 0) {
+    socket_budget_error_ = "off (sockets_per_mb 0)";
+  } else if (auto sb = isolation::SocketBudget::Create(1u << 21); sb.ok()) {
+    socket_budget_ = std::move(*sb);
+  } else {
+    socket_budget_error_ = sb.status().message();
+    DSEC_LOG_WARN("sandboxes get no socket budget: {}", socket_budget_error_);
+  }
+
   DSEC_ASSIGN_OR_RETURN(launcher_, Launcher::Start({opts_.state_dir}));
-  uid_slots_.assign(opts_.userns_slots, false);
+  if (features_.userns) {
+    isolation::UidRangeOptions uo;
+    uo.lock_file = opts_.uid_lock_file;
+    uo.base = opts_.userns_base;
+    uo.count = opts_.userns_slots;
+    DSEC_ASSIGN_OR_RETURN(uid_ranges_, isolation::UidRangeAllocator::Open(uo));
+  }
   if (opts_.netns_pool > 0) netns_ = std::make_unique<isolation::NetnsPool>(opts_.netns_pool);
   io_ = std::make_unique<IoRunner>(std::max(1, opts_.io_threads));
   return OkStatus();
@@ -144,36 +161,6 @@ StatusOr<isolation::HostImage> ContainerBackend::CurrentHostImage() {
     DSEC_ASSIGN_OR_RETURN(host_image_, isolation::HostImage::Prepare(host_image_opts_));
   }
   return host_image_;
-}
-
-StatusOr<uint32_t> ContainerBackend::AllocateUidSlot() {
-  std::lock_guard<std::mutex> l(uid_mu_);
-  for (uint32_t i = 0; i < uid_slots_.size(); ++i) {
-    uint32_t slot = (uid_next_ + i) % static_cast<uint32_t>(uid_slots_.size());
-    if (!uid_slots_[slot]) {
-      uid_slots_[slot] = true;
-      uid_next_ = slot + 1;  // rotate, so a just-freed range is not reused at once
-      return slot;
-    }
-  }
-  return ResourceExhausted("no free user namespace id range");
-}
-
-Status ContainerBackend::ClaimUidSlot(uint32_t slot) {
-  std::lock_guard<std::mutex> l(uid_mu_);
-  if (slot >= uid_slots_.size())
-    return FailedPrecondition("user namespace slot " + std::to_string(slot) +
-                              " is outside this edge's range");
-  if (uid_slots_[slot])
-    return Status(StatusCode::kAlreadyExists,
-                  "user namespace slot " + std::to_string(slot) + " is already in use");
-  uid_slots_[slot] = true;
-  return OkStatus();
-}
-
-void ContainerBackend::ReleaseUidSlot(uint32_t slot) {
-  std::lock_guard<std::mutex> l(uid_mu_);
-  if (slot < uid_slots_.size()) uid_slots_[slot] = false;
 }
 
 StatusOr<std::shared_ptr<Sandbox>> ContainerBackend::Create(const SandboxSpec& spec) {

@@ -19,6 +19,8 @@
 #include "isolation/features.h"
 #include "isolation/host_image.h"
 #include "isolation/netns.h"
+#include "isolation/socket_budget.h"
+#include "isolation/uid_ranges.h"
 
 namespace dsec::backends::container {
 
@@ -29,8 +31,12 @@ struct ContainerBackendOptions {
   isolation::FeatureSwitches features;
   std::string cgroup_mode = "auto";  // auto | v1 | v2
   int64_t parent_memory_bytes = 0;   // limit on all sandboxes together; 0 = none
+  int64_t parent_pids = 0;           // processes of all sandboxes together; 0 = none
+  int64_t parent_socket_bytes = 0;   // v1: TCP buffers of all sandboxes together; 0 = memory
   uint32_t userns_base = 1u << 28;   // first host uid/gid of sandbox ranges
   uint32_t userns_slots = 8192;      // ranges of 65536 ids
+  // Host-wide lease file shared by every edge on the host (isolation/uid_ranges.h).
+  std::string uid_lock_file = "/run/dsec/uid-ranges.lock";
   isolation::Rlimits rlimits;
   uint32_t max_execs_per_sandbox = 64;
   uint64_t inodes_per_mb = 256;  // writable layer inode limit = disk_mb * this (>= 4096)
@@ -41,6 +47,12 @@ struct ContainerBackendOptions {
   std::string disk_dir;
   bool disk_preallocate = true;  // disk images take all their space up front (DiskImageSpec)
   std::vector<std::string> hidden_paths;  // the edge's token, config, socket, logs
+  // Pseudo-terminals one sandbox's devpts may hand out (the node's kernel.pty.max is sized for
+  // max_sandboxes of these by the edge).
+  uint32_t pty_max = 256;
+  // Inet sockets a sandbox may hold: this many per MiB of its memory limit, at least 256
+  // (isolation/socket_budget.h); 0 turns the budget off.
+  uint32_t sockets_per_mb = 4;
   bool allow_ptrace = true;
   int setup_timeout_ms = 10000;
   // Loopback-only network namespaces kept for reuse (0: a fresh one per sandbox).
@@ -73,18 +85,17 @@ class ContainerBackend : public Backend {
 
   const std::string& instance_id() const { return instance_id_; }
   const isolation::KernelFeatures& features() const { return features_; }
+  // Whether sandboxes get a socket budget; if not, why ("" when on).
+  bool socket_budget() const { return socket_budget_ != nullptr; }
+  const std::string& socket_budget_error() const { return socket_budget_error_; }
   std::string Describe() const;
 
  private:
   friend class ContainerSandbox;
   explicit ContainerBackend(ContainerBackendOptions opts) : opts_(std::move(opts)) {}
   Status Init();
-  StatusOr<uint32_t> AllocateUidSlot();
-  // Marks a slot used by an adopted sandbox.
-  Status ClaimUidSlot(uint32_t slot);
   // The host image as of now: rebuilt if the host's root directory changed since.
   StatusOr<isolation::HostImage> CurrentHostImage();
-  void ReleaseUidSlot(uint32_t slot);
 
   ContainerBackendOptions opts_;
   std::string instance_id_;
@@ -103,9 +114,10 @@ class ContainerBackend : public Backend {
   std::unique_ptr<IoRunner> io_;
   std::unique_ptr<Launcher> launcher_;
   std::unique_ptr<isolation::NetnsPool> netns_;  // null when pooling is off
-  std::mutex uid_mu_;
-  std::vector<bool> uid_slots_;  // GUARDED_BY(uid_mu_)
-  uint32_t uid_next_ = 0;        // GUARDED_BY(uid_mu_)
+  std::unique_ptr<isolation::UidRangeAllocator> uid_ranges_;
+  // Null when off or when the kernel cannot (then socket_budget_error_ says why).
+  std::unique_ptr<isolation::SocketBudget> socket_budget_;
+  std::string socket_budget_error_;
 };
 
 }  // namespace dsec::backends::container

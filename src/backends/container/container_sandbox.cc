@@ -238,12 +238,11 @@ Status ContainerSandbox::StartLocked() {
   bool userns = b.features_.userns;
   uint32_t root_uid = 0;
   if (userns) {
-    DSEC_ASSIGN_OR_RETURN(uint32_t slot, b.AllocateUidSlot());
-    uid_slot_ = slot;
-    uint64_t base =
-        static_cast<uint64_t>(b.opts_.userns_base) + static_cast<uint64_t>(slot) * 65536;
-    if (base + 65536 > 0xFFFFFFFEull) return ResourceExhausted("user namespace id range overflows");
-    root_uid = static_cast<uint32_t>(base);
+    // A host-wide lease: no other edge on this host gives its sandboxes these ids.
+    DSEC_ASSIGN_OR_RETURN(isolation::UidLease lease, b.uid_ranges_->Acquire());
+    uid_slot_ = lease.slot;
+    uid_lease_ = std::move(lease.fd);
+    root_uid = lease.first_id;
     id_base_ = root_uid;
   }
 
@@ -258,6 +257,12 @@ Status ContainerSandbox::StartLocked() {
   oom_ = std::make_shared<OomTracker>();
   oom_->cgroup = cgroup_;
   if (userns) DSEC_RETURN_IF_ERROR(cgroup_->Delegate(root_uid, root_uid));
+  // Before any process is in the cgroup: every socket of the sandbox is counted.
+  if (b.socket_budget_ && cgroup_->CloneIntoFd() >= 0) {
+    uint64_t limit = std::max<uint64_t>(
+        256, static_cast<uint64_t>(limits.memory_bytes >> 20) * b.opts_.sockets_per_mb);
+    DSEC_RETURN_IF_ERROR(b.socket_budget_->Attach(cgroup_->CloneIntoFd(), limit));
+  }
 
   if (b.netns_) {
     DSEC_ASSIGN_OR_RETURN(netns_, b.netns_->Acquire());
@@ -269,6 +274,10 @@ Status ContainerSandbox::StartLocked() {
   lr.agent_memfd = b.agent_memfd_.get();
   lr.channel_fd = child_end.get();
   lr.userns = userns;
+  // The user namespace's owner: the last id of the sandbox's own range, not root, so the
+  // budgets the kernel charges to a namespace's owner (pending signals, message queues,
+  // inotify instances, namespaces) are this sandbox's alone, never the edge's or a neighbour's.
+  if (userns) lr.userns_owner = root_uid + (b.uid_ranges_->options().size - 1);
   bool clone_into = b.features_.clone_into_cgroup && cgroup_->CloneIntoFd() >= 0;
   lr.cgroup_fd = clone_into ? cgroup_->CloneIntoFd() : -1;
   lr.netns_fd = netns_.ns.get();
@@ -331,7 +340,9 @@ Status ContainerSandbox::AdoptLocked(const std::string& handle) {
                   "sandbox " + spec_.id + " is owned by another process");
   }
   if (slot >= 0) {
-    DSEC_RETURN_IF_ERROR(b.ClaimUidSlot(static_cast<uint32_t>(slot)));
+    if (!b.uid_ranges_) return FailedPrecondition("user namespaces are off on this edge");
+    // The agent holds the lease (a sandbox from an edge before leases: we hold it now).
+    DSEC_ASSIGN_OR_RETURN(uid_lease_, b.uid_ranges_->Claim(static_cast<uint32_t>(slot)));
     uid_slot_ = slot;
   }
   // What snapshots need (absent in handles of older edges: those sandboxes cannot snapshot).
@@ -440,9 +451,10 @@ void ContainerSandbox::Detach() {
   dir_.clear();
   cgroup_.reset();
   if (uid_slot_ >= 0) {
-    backend_->ReleaseUidSlot(static_cast<uint32_t>(uid_slot_));
+    backend_->uid_ranges_->Release(static_cast<uint32_t>(uid_slot_));
     uid_slot_ = -1;
   }
+  uid_lease_.Reset();
 }
 
 Status ContainerSandbox::Handshake(int conn, int userns_fd) {
@@ -472,9 +484,15 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
       OpenDir("/proc/" + std::to_string(agent_pid_) + "/root" + b.root_mount_dir_, O_PATH));
   DSEC_ASSIGN_OR_RETURN(UniqueFd cg_user, cgroup_->OpenUserDir());
   std::vector<UniqueFd> layers;
-  auto add_layer = [&](const std::string& path, int dirfd) -> StatusOr<int> {
-    StatusOr<UniqueFd> m = userns_fd >= 0 ? isolation::MakeIdmappedMount(path, userns_fd, dirfd)
-                                          : isolation::MakeReadonlyBind(path, dirfd);
+  // `idmap`: the layer's owners are the sandbox's own (image layers, the host image's mask).
+  // The host's own directories are not idmapped: their files keep host owners, none of which
+  // the sandbox's user namespace maps, so root inside is a stranger to them and may read
+  // exactly what any unprivileged host user may read, whenever the file appeared or was
+  // chmod-ed (the mask only hides names, and may be older than the host's tree).
+  auto add_layer = [&](const std::string& path, int dirfd, bool idmap = true) -> StatusOr<int> {
+    StatusOr<UniqueFd> m = userns_fd >= 0 && idmap
+                               ? isolation::MakeIdmappedMount(path, userns_fd, dirfd)
+                               : isolation::MakeReadonlyBind(path, dirfd);
     if (!m.ok()) return m.status().WithContext("layer \"" + path + "\"");
     layers.push_back(std::move(*m));
     return static_cast<int>(layers.size() - 1);
@@ -484,7 +502,9 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
     DSEC_ASSIGN_OR_RETURN(isolation::HostImage image, b.CurrentHostImage());
     for (const auto& layer : image.layers) {
       const std::string& path = layer.mount ? std::string() : layer.host_path;
-      DSEC_RETURN_IF_ERROR(add_layer(path, layer.mount ? layer.mount->get() : AT_FDCWD).status());
+      DSEC_RETURN_IF_ERROR(
+          add_layer(path, layer.mount ? layer.mount->get() : AT_FDCWD, layer.mount != nullptr)
+              .status());
     }
     overlays = image.overlays;
   } else {
@@ -541,6 +561,10 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   r.inodes = std::max<uint64_t>(4096, static_cast<uint64_t>(spec_.disk_mb) * b.opts_.inodes_per_mb);
   r.userns = userns_fd >= 0;
   r.overlays = overlays;
+  r.pty_max = b.opts_.pty_max;
+  // SysV shared memory nobody has attached goes with its last user instead of living (charged
+  // to the sandbox, invisible to its processes' accounting) until the sandbox is deleted.
+  r.sysctls = {{"kernel/shm_rmid_forced", "1"}};
   overlay_targets_.clear();
   for (const auto& o : overlays) overlay_targets_.push_back(o.target);
   // The host image hides every top-level entry it does not allow; these are the sandbox's own.
@@ -636,6 +660,10 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
     s.fds.disk = static_cast<int>(fds.size());
     fds.push_back(disk.get());
   }
+  if (uid_lease_) {
+    s.fds.uid_lease = static_cast<int>(fds.size());
+    fds.push_back(uid_lease_.get());
+  }
   s.fds.first_layer = static_cast<int>(fds.size());
   s.fds.layer_count = static_cast<int>(layers.size());
   for (const auto& l : layers) fds.push_back(l.get());
@@ -656,6 +684,8 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   }
   if (f.type != FrameType::kReady)
     return InternalError("agent sent an unexpected frame during setup");
+  // The agent holds the uid range's lease from here on; one fd less for the edge per sandbox.
+  uid_lease_.Reset();
   if (auto j = protocol::ParseJson(f.payload); j.ok() && j->is_object())
     if (auto it = j->find("layer_fd"); it != j->end() && it->is_number_integer())
       layer_fd_ = it->get<int>();
@@ -1027,9 +1057,10 @@ Status ContainerSandbox::Destroy() {
   if (tmp_created_) (void)RemoveTree(JoinPath(backend_->sandboxes_dir_, ".tmp-" + spec_.id));
   lock_fd_.Reset();
   if (uid_slot_ >= 0) {
-    backend_->ReleaseUidSlot(static_cast<uint32_t>(uid_slot_));
+    backend_->uid_ranges_->Release(static_cast<uint32_t>(uid_slot_));
     uid_slot_ = -1;
   }
+  uid_lease_.Reset();
   if (holds_image_ && backend_->opts_.image_store) {
     holds_image_ = false;
     backend_->opts_.image_store->Release(spec_.id);
@@ -1039,7 +1070,7 @@ Status ContainerSandbox::Destroy() {
   return result;
 }
 
-StatusOr<std::vector<std::string>> ContainerSandbox::CaptureStack() {
+StatusOr<std::vector<std::string>> ContainerSandbox::CaptureStack(bool keep_setuid) {
   images::ImageStore* store = backend_->opts_.image_store;
   if (!store) return FailedPrecondition("this node has no image store");
   std::lock_guard<std::mutex> l(mu_);
@@ -1077,6 +1108,8 @@ StatusOr<std::vector<std::string>> ContainerSandbox::CaptureStack() {
   // Per-sandbox files the edge writes at every create, and mount points.
   co.skip = {"/etc/hostname", "/etc/hosts"};
   co.empty = {"/proc", "/sys", "/dev"};
+  co.keep_setuid = keep_setuid;
+  co.max_apparent_bytes = store->options().max_layer_bytes;
 
   images::ImageStore::Lease lease(store);
   DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer());

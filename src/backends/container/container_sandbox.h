@@ -65,7 +65,7 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   Status SetMemoryLimit(int64_t bytes) override;
   Status Destroy() override;
   std::vector<std::string> ListShells() override;
-  StatusOr<std::vector<std::string>> CaptureStack() override;
+  StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid = false) override;
   std::string AdoptionHandle() const override;
   void Detach() override;
 
@@ -103,6 +103,9 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   isolation::Netns netns_;  // pooled namespace, returned on destroy
   pid_t agent_pid_ = -1;
   int64_t uid_slot_ = -1;
+  // The host uid range's lease while we hold it: until the agent has its own copy after
+  // setup, or for the sandbox's life if it came from an edge before leases.
+  UniqueFd uid_lease_;
   bool tmp_created_ = false;
   std::string secret_;
   std::atomic<uint64_t> exec_count_{0};

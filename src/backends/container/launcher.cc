@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <linux/close_range.h>
+#include <linux/securebits.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -157,7 +159,23 @@ StatusOr<Launched> LaunchHere(const LaunchRequest& req) {
       return ErrnoError("setns sandbox netns");
     }
   }
+  // The user namespace's owner is the cloning thread's effective uid. A raw setresuid changes
+  // this thread's credentials only (glibc's would change every thread's), and with
+  // SECBIT_NO_SETUID_FIXUP (set in Run) the thread keeps its capabilities meanwhile.
+  bool as_owner = req.userns && req.userns_owner != 0;
+  int dumpable = as_owner ? prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) : -1;
+  if (as_owner && sys::RawSyscall(SYS_setresuid, -1, req.userns_owner, -1) < 0) {
+    munmap(stack, kStackSize);
+    if (own_netns) (void)setns(own_netns.get(), CLONE_NEWNET);
+    return ErrnoError("setresuid(-1, " + std::to_string(req.userns_owner) + ", -1)");
+  }
   long pid = sys::dsec_clone3_run(&ca, sizeof ca, ChildMain, args);
+  if (as_owner) {
+    // No safe way on as anyone but root.
+    if (sys::RawSyscall(SYS_setresuid, -1, 0, -1) < 0) abort();
+    // Changing the euid made the (shared) address space non-dumpable; the edge stays as it was.
+    if (dumpable >= 0) (void)prctl(PR_SET_DUMPABLE, dumpable, 0, 0, 0);
+  }
   // Sockets made on this thread later must not land in the sandbox's namespace; there is no
   // safe way on if we cannot get back.
   if (own_netns && setns(own_netns.get(), CLONE_NEWNET) < 0) abort();
@@ -275,6 +293,12 @@ void Launcher::Run(std::vector<std::string> keep, std::promise<Status>* ready) {
   // the edge passes each launch's fds over (and stdin/out/err).
   if (unshare(CLONE_FS | CLONE_FILES) < 0 || unshare(CLONE_NEWNS) < 0) {
     ready->set_value(ErrnoError("unshare launcher mount namespace and fd table"));
+    return;
+  }
+  // This thread's credentials only (prctl is not broadcast to other threads): an effective
+  // uid switch for a launch (LaunchRequest::userns_owner) keeps every capability.
+  if (prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP, 0, 0, 0) < 0) {
+    ready->set_value(ErrnoError("prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP)"));
     return;
   }
   int sock = thread_sock_;

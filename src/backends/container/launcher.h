@@ -39,6 +39,11 @@ struct LaunchRequest {
   // An existing network namespace to start in (the launcher thread joins it for the clone);
   // -1 for a new one.
   int netns_fd = -1;
+  // With userns: the host uid that owns the new user namespace (0: root). The kernel charges
+  // a user namespace's per-user budgets to its owner in the parent namespace, so a sandbox's
+  // own owner keeps them apart from the edge's and every other sandbox's. The launcher thread
+  // clones with this effective uid (its capabilities kept: SECBIT_NO_SETUID_FIXUP).
+  uid_t userns_owner = 0;
 };
 
 // A started agent that is still waiting for Release().

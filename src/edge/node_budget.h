@@ -1,0 +1,53 @@
+// Node-wide kernel budgets that every sandbox on the node shares, sized at edge start so that no
+// sandbox (nor all of them together) can use one up for its neighbours and the host:
+//  - fs.file-max: the host's open-file table. Raised to its maximum, so what bounds a
+//    sandbox's open files is its memory limit (the kernel charges each struct file and fd
+//    table to the opener's memory cgroup), not a count shared by the whole node.
+//  - kernel.pid_max and kernel.threads-max: the parent cgroup of all sandboxes gets a pids
+//    limit that keeps a reserve of both for the host (pid_max is raised to the kernel's
+//    maximum first, so the bound is set by threads-max, i.e. memory).
+//  - kernel.pty.max: all devpts instances share it; each sandbox's own devpts gets a maximum
+//    (pty_per_sandbox), and pty.max is raised so max_sandboxes of those fit beside the host's
+//    reserved ones.
+//  - net.ipv4.tcp_mem: read, to size the TCP buffers all sandboxes may hold on cgroup v1.
+// Host-wide sysctls are only ever raised, never lowered (another edge on the host may rely on
+// them), and only with apply_sysctls; what changed is listed in `changes`.
+// Privileges: root (writes /proc/sys).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace dsec::edge {
+
+struct NodeBudgetOptions {
+  bool apply_sysctls = true;
+  int64_t max_sandboxes = 4096;
+  uint32_t pty_per_sandbox = 256;
+  int64_t reserve_pids = -1;           // kept for the host; -1: max(4096, 10% of the bound)
+  std::string proc_sys = "/proc/sys";  // tests point this at a fake tree
+};
+
+struct NodeBudget {
+  uint64_t file_max = 0;
+  uint64_t pid_max = 0;
+  uint64_t threads_max = 0;
+  uint64_t pty_max = 0;
+  uint64_t pty_reserve = 0;
+  uint32_t pty_per_sandbox = 0;  // what each sandbox's devpts gets (may be below the option)
+  int64_t sandbox_pids = 0;      // pids.max of the parent cgroup: all sandboxes together
+  // TCP buffer memory of all sandboxes together on cgroup v1 (the parent's
+  // memory.kmem.tcp.limit_in_bytes): 3/4 of the host's TCP memory-pressure threshold
+  // (net.ipv4.tcp_mem[1]), so sandboxes together never put the host's own TCP (the edge's API
+  // connections included) under memory pressure. Cgroup v2 charges socket buffers to
+  // memory.max instead, with no separate limit.
+  int64_t sandbox_tcp_bytes = 0;
+  std::vector<std::string> changes;
+};
+
+StatusOr<NodeBudget> PrepareNodeBudget(const NodeBudgetOptions& opts);
+
+}  // namespace dsec::edge
