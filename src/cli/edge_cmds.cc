@@ -17,6 +17,7 @@
 #include "cli/attach.h"
 #include "cli/cmd_util.h"
 #include "cli/edge_client.h"
+#include "cli/terminal_filter.h"
 
 namespace dsec::cli {
 
@@ -187,6 +188,7 @@ int Get(const GlobalOptions& g, const std::string& id, bool stats) {
 struct ExecOpts {
   std::string id;
   bool interactive = false, tty = false;
+  bool raw = false;  // control sequences reach the terminal as they are
   std::vector<std::string> env;
   std::string cwd, user;
   double timeout_s = 0;
@@ -208,6 +210,13 @@ int StreamExec(EdgeClient& c, const ExecOpts& o) {
   std::string pending;
   std::optional<Json> result;
   Status stream_error;
+  // On a terminal, the command's escape sequences are shown, not obeyed (terminal_filter.h).
+  TerminalFilter filters[2];
+  const bool safe[2] = {!o.raw && isatty(STDOUT_FILENO) == 1, !o.raw && isatty(STDERR_FILENO) == 1};
+  auto emit = [&](int i, std::string_view d) {
+    int fd = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
+    (void)WriteAllFd(fd, safe[i] ? filters[i].Filter(d) : std::string(d), i ? "stderr" : "stdout");
+  };
   Status s = c.Download(
       Verb::post, SbPath(o.id) + "/exec?stream=1", body.dump(),
       [&](std::string_view data) -> Status {
@@ -217,10 +226,9 @@ int StreamExec(EdgeClient& c, const ExecOpts& o) {
           auto j = protocol::ParseJson(std::string_view(pending).substr(start, nl - start));
           start = nl + 1;
           if (!j.ok() || !j->is_object()) continue;
-          for (auto [key, fd] :
-               {std::pair{"stdout", STDOUT_FILENO}, std::pair{"stderr", STDERR_FILENO}}) {
-            if (auto it = j->find(key); it != j->end() && it->is_string()) {
-              if (auto d = Base64Decode(it->get<std::string>())) (void)WriteAllFd(fd, *d, key);
+          for (int i = 0; i < 2; ++i) {
+            if (auto it = j->find(i ? "stderr" : "stdout"); it != j->end() && it->is_string()) {
+              if (auto d = Base64Decode(it->get<std::string>())) emit(i, *d);
             }
           }
           if (auto it = j->find("exit"); it != j->end()) result = *it;
@@ -230,6 +238,8 @@ int StreamExec(EdgeClient& c, const ExecOpts& o) {
         pending.erase(0, start);
         return OkStatus();
       });
+  for (int i = 0; i < 2; ++i)
+    if (safe[i]) (void)WriteAllFd(i ? STDERR_FILENO : STDOUT_FILENO, filters[i].Flush(), "out");
   if (!s.ok()) return Fail(s, kExecFail);
   if (!stream_error.ok()) return Fail(stream_error, kExecFail);
   if (!result) return Fail(Unavailable("the exec stream ended without an exit status"), kExecFail);
@@ -297,7 +307,11 @@ int Shell(const GlobalOptions& g, const std::string& id, const std::string& user
     if (!r.ok()) return Fail(r.status());
     for (auto [key, fd] :
          {std::pair{"stdout", STDOUT_FILENO}, std::pair{"stderr", STDERR_FILENO}}) {
-      if (auto d = Base64Decode(r->value(key, ""))) (void)WriteAllFd(fd, *d, key);
+      auto d = Base64Decode(r->value(key, ""));
+      if (!d) continue;
+      // Whole results: a fresh filter each, nothing held back between them.
+      TerminalFilter f;
+      (void)WriteAllFd(fd, isatty(fd) == 1 ? f.Filter(*d) + f.Flush() : *d, key);
     }
     last = ExitCodeForResult(*r, 0);
   }
@@ -535,6 +549,9 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   ex->add_option("id", eo->id, "Sandbox id")->required();
   ex->add_flag("-i,--interactive", eo->interactive, "Stream stdin to the command");
   ex->add_flag("-t,--tty", eo->tty, "Run on a pseudo-terminal");
+  ex->add_flag("--raw", eo->raw,
+               "Write the command's terminal control sequences as they are (by default, on a "
+               "terminal, they are shown as ^[ ... instead of acting on it)");
   ex->add_option("--env", eo->env, "KEY=VALUE (repeatable)")->expected(1)->take_all();
   ex->add_option("--cwd", eo->cwd, "Working directory");
   ex->add_option("--user", eo->user, "User to run as");

@@ -22,6 +22,7 @@
 #include "edge/idempotency.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
+#include "edge/output_budget.h"
 #include "edge/state_store.h"
 
 namespace dsec::images {
@@ -80,6 +81,7 @@ class Api {
     backends::Backend* backend = nullptr;
     Idempotency* idempotency = nullptr;
     Metrics* metrics = nullptr;
+    OutputBudget* output_budget = nullptr;  // exec output held in memory, node-wide
     AuditLog* audit = nullptr;
     boost::asio::thread_pool* workers = nullptr;
     boost::asio::io_context* timers = nullptr;  // for waits with deadlines

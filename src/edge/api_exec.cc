@@ -183,17 +183,29 @@ class ExecTicket {
   std::atomic<bool> finished_{false};
 };
 
-// Collects output (capped) and calls `done` once with the result JSON, or an error.
+// Collects output (capped per stream, and by the node-wide output budget) and calls `done`
+// once with the result JSON, or an error. The budget's charge lives as long as the observer,
+// or longer if `done` keeps it (charge()) with a background exec's result.
 class CollectObserver : public ExecObserver {
  public:
   using Done = std::function<void(const StatusOr<Json>&)>;
-  CollectObserver(uint64_t cap, bool base64, Done done, std::shared_ptr<ExecTicket> ticket)
-      : cap_(cap), base64_(base64), done_(std::move(done)), ticket_(std::move(ticket)) {}
+  CollectObserver(uint64_t cap, bool base64, Done done, std::shared_ptr<ExecTicket> ticket,
+                  OutputBudget* budget)
+      : cap_(cap),
+        base64_(base64),
+        done_(std::move(done)),
+        ticket_(std::move(ticket)),
+        charge_(budget->NewCharge()) {}
 
   void OnOutput(uint8_t stream, std::string_view data) override {
-    std::string& buf = stream == protocol::kStderr ? err_ : out_;
+    bool is_err = stream == protocol::kStderr;
+    std::string& buf = is_err ? err_ : out_;
     // The agent enforces the cap; this keeps a misbehaving agent from growing us.
-    if (buf.size() < cap_) buf.append(data.substr(0, cap_ - buf.size()));
+    if (buf.size() >= cap_) return;
+    data = data.substr(0, cap_ - buf.size());
+    uint64_t granted = charge_->Take(data.size());
+    if (granted < data.size()) (is_err ? err_dropped_ : out_dropped_) = true;
+    buf.append(data.substr(0, granted));
   }
   void OnExit(const StatusOr<ExecResult>& r) override {
     ticket_->Finish(r);
@@ -202,15 +214,23 @@ class CollectObserver : public ExecObserver {
     Encoder eo(base64_), ee(base64_);
     j["stdout"] = eo.Take(out_, true);
     j["stderr"] = ee.Take(err_, true);
+    // What the node's output budget could not hold is cut like what passed the cap.
+    if (out_dropped_) j["stdout_truncated"] = true;
+    if (err_dropped_) j["stderr_truncated"] = true;
+    std::string().swap(out_);
+    std::string().swap(err_);
     done_(j);
   }
+  const std::shared_ptr<OutputBudget::Charge>& charge() const { return charge_; }
 
  private:
   uint64_t cap_;
   bool base64_;
   Done done_;
   std::shared_ptr<ExecTicket> ticket_;
+  std::shared_ptr<OutputBudget::Charge> charge_;
   std::string out_, err_;
+  bool out_dropped_ = false, err_dropped_ = false;
 };
 
 // Writes NDJSON events to a streaming response. Events that arrive before the stream is
@@ -320,6 +340,7 @@ void Exec(const std::shared_ptr<Ctx>& c) {
   }
   if (p->background) {
     auto bg = e->AddBackground(static_cast<size_t>(d.cfg.max_background_execs_kept));
+    // Its result's output stays charged to the budget for as long as it is kept.
     auto obs = std::make_shared<CollectObserver>(
         p->req.max_output_bytes, p->base64,
         [bg](const StatusOr<Json>& r) {
@@ -335,7 +356,11 @@ void Exec(const std::shared_ptr<Ctx>& c) {
           }
           for (auto& [id, w] : ws) w();
         },
-        *ticket);
+        *ticket, d.output_budget);
+    {
+      std::lock_guard<std::mutex> l(bg->mu);
+      bg->charge = obs->charge();
+    }
     auto h = (*sb)->StartExec(p->req, obs);
     if (!h.ok()) {
       (*ticket)->Finish(h.status());
@@ -353,7 +378,7 @@ void Exec(const std::shared_ptr<Ctx>& c) {
         if (!r.ok()) return c->Fail(r.status());
         c->Reply(200, *r);
       },
-      *ticket);
+      *ticket, d.output_budget);
   auto h = (*sb)->StartExec(p->req, obs);
   if (!h.ok()) {
     (*ticket)->Finish(h.status());
@@ -546,7 +571,7 @@ void RunShell(const std::shared_ptr<Ctx>& c) {
         if (!res.ok()) return c->Fail(res.status());
         c->Reply(200, *res);
       },
-      *ticket);
+      *ticket, c->api->deps().output_budget);
   auto h = (*sb)->RunInShell(shell_id, r->command, r->timeout_ms, r->max_output, obs);
   if (!h.ok()) {
     (*ticket)->Finish(h.status());

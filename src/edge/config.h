@@ -63,6 +63,10 @@ struct EdgeConfig {
   uint64_t max_output_bytes = 256ull << 20;    // per stream per exec
   int max_execs_per_sandbox = 64;
   int max_background_execs_kept = 256;  // finished ones are forgotten beyond this, per sandbox
+  // Exec output the edge holds in memory at once, all sandboxes together (results being
+  // collected, background results kept); past it output is dropped and marked truncated.
+  // 0: max(256, node memory / 32) MiB.
+  int64_t output_memory_mb = 0;
   int max_connections = 16384;
   int idle_timeout_s = 120;  // keep-alive connections with no request
   int max_count = 256;       // "count" on create

@@ -1,6 +1,7 @@
 #include "edge/edge.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -100,6 +101,10 @@ int RunEdge(EdgeConfig cfg) {
   if (!audit.ok()) return fail("audit log", audit.status());
   // Before the backend: exec observers still inside it when it is torn down report to these.
   Metrics metrics;
+  OutputBudget output_budget(
+      static_cast<uint64_t>(cfg.output_memory_mb > 0 ? cfg.output_memory_mb
+                                                     : std::max<int64_t>(256, NodeMemoryMb() / 32))
+      << 20);
 
   images::StoreOptions iso;
   iso.root = JoinPath(cfg.state_dir, "images");
@@ -129,6 +134,14 @@ int RunEdge(EdgeConfig cfg) {
   auto budget = PrepareNodeBudget(nbo);
   if (!budget.ok()) return fail("node budgets", budget.status());
   for (const auto& c : budget->changes) DSEC_LOG_INFO("node budget: {}", c);
+  auto files = PrepareFileBudget(cfg.max_sandboxes, cfg.max_connections, cfg.node_sysctls);
+  if (!files.ok()) return fail("open-file budget", files.status());
+  for (const auto& c : files->changes) DSEC_LOG_INFO("open-file budget: {}", c);
+  if (files->max_sandboxes < cfg.max_sandboxes)
+    DSEC_LOG_WARN(
+        "RLIMIT_NOFILE {} holds {} sandboxes, not max_sandboxes {}: creates beyond are 429 "
+        "(raise the hard limit, or run the edge with CAP_SYS_RESOURCE)",
+        files->nofile, files->max_sandboxes, cfg.max_sandboxes);
   bo.parent_pids = budget->sandbox_pids;
   bo.parent_socket_bytes = budget->sandbox_tcp_bytes;
   bo.pty_max = budget->pty_per_sandbox;
@@ -150,6 +163,7 @@ int RunEdge(EdgeConfig cfg) {
 
   Manager manager(cfg, backend->get(), store->get(), &metrics);
   manager.SetNodeBudget(*budget);
+  manager.SetFileBudget(*files);
   auto recovered = manager.Recover();
   if (!recovered.ok()) return fail("recover", recovered.status());
   DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
@@ -165,6 +179,7 @@ int RunEdge(EdgeConfig cfg) {
     DSEC_LOG_INFO("deleted {} sandboxes of builds a previous edge left", n);
   // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
   fncall::PoolSet pools(backend->get(), cfg.node);
+  pools.SetAdmission([&manager](int64_t mb) { return manager.AdmitPoolSandbox(mb); });
   manager.SetPools(&pools);
   LoadPools(cfg, (*backend)->features().userns, &pools, store->get(), image_store->get());
   pools.WaitWarm(30000);  // "ready" means the runtimes answer their first calls warm
@@ -182,6 +197,7 @@ int RunEdge(EdgeConfig cfg) {
   deps.backend = backend->get();
   deps.idempotency = &idem;
   deps.metrics = &metrics;
+  deps.output_budget = &output_budget;
   deps.audit = audit->get();
   deps.workers = &workers;
   deps.timers = &timers;
@@ -208,16 +224,11 @@ int RunEdge(EdgeConfig cfg) {
   ho.spool_dir = JoinPath(cfg.state_dir, "spool");
   if (Status s = MakeDirs(ho.spool_dir, 0700); !s.ok()) return fail("spool dir", s);
   ho.max_header_bytes = cfg.max_header_bytes;
-  ho.max_connections = cfg.max_connections;
-  // Connections must leave most descriptors to the sandboxes (several each) and the agents.
-  if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
-    int64_t cap = std::max<int64_t>(64, static_cast<int64_t>(nofile.rlim_cur / 4));
-    if (ho.max_connections > cap) {
-      DSEC_LOG_INFO("max_connections {} -> {} (a quarter of RLIMIT_NOFILE {})", ho.max_connections,
-                    cap, nofile.rlim_cur);
-      ho.max_connections = static_cast<int>(cap);
-    }
-  }
+  // Connections get what the sandboxes leave of the edge's descriptors (PrepareFileBudget).
+  ho.max_connections = files->max_connections;
+  if (ho.max_connections < cfg.max_connections)
+    DSEC_LOG_INFO("max_connections {} -> {} (RLIMIT_NOFILE {}, {} sandboxes)", cfg.max_connections,
+                  ho.max_connections, files->nofile, files->max_sandboxes);
   ho.idle_timeout_s = cfg.idle_timeout_s;
   ho.io_threads = cfg.io_threads;
   // The socket's directory and whichever of its parents we create are removed again on exit.
@@ -251,10 +262,19 @@ int RunEdge(EdgeConfig cfg) {
   std::thread pruner([&] {
     // Idempotency records: bounded by count and age.
     int64_t next = 0;
+    uint64_t output_peak = 0;
     while (!done) {
       if (MonotonicMs() >= next) {
         idem.Prune();
         next = MonotonicMs() + 60000;
+      }
+      // Output buffers are mmap'd (see main.cc) and go back at once; whatever smaller pieces
+      // a burst of output left in the heap goes back once most of it was freed again.
+      uint64_t used = output_budget.used();
+      output_peak = std::max(output_peak, used);
+      if (output_peak - used > (64u << 20)) {
+        malloc_trim(0);
+        output_peak = used;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }

@@ -1,4 +1,5 @@
 // dsec-edge: the node daemon. Flags override the config file, which overrides defaults.
+#include <malloc.h>
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,10 @@ int main(int argc, char** argv) {
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&sigs, s);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Exec output, uploads and responses come in buffers that grow to megabytes and go again:
+  // a fixed mmap threshold (glibc raises it as big blocks are freed, keeping them in the heap
+  // for good) serves those from mmap, so their memory goes back to the host when freed.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
 
   dsec::edge::EdgeConfig flags;
   CLI::App app{"dsec-edge: the DSec node daemon"};

@@ -281,19 +281,42 @@ Status Manager::Admit(const CreateParams& p, int count) {
                              " can never fit this node: all sandboxes together may hold " +
                              std::to_string(budget_.sandbox_pids) +
                              " processes (reserve_pids and kernel.threads-max set it)");
-  int64_t n = static_cast<int64_t>(entries_.size());
+  return AdmitLocked(count, p.memory_mb * count, /*pool_included=*/false);
+}
+
+Status Manager::AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included) {
+  // Pools' workers and ready sandboxes are sandboxes of this node too.
+  auto [pooled, pooled_mb] = pools_ ? pools_->Usage() : std::pair<int64_t, int64_t>{0, 0};
+  if (pool_included) {  // the pool counts the one it asks for already
+    pooled = std::max<int64_t>(0, pooled - count);
+    pooled_mb = std::max<int64_t>(0, pooled_mb - memory_mb);
+  }
+  int64_t n = static_cast<int64_t>(entries_.size()) + pooled;
   if (n + count > cfg_.max_sandboxes) {
     metrics_->CountReject("max_sandboxes");
     return OverCapacity("node is full: " + std::to_string(n) + " of " +
-                        std::to_string(cfg_.max_sandboxes) + " sandboxes");
+                        std::to_string(cfg_.max_sandboxes) + " sandboxes (" +
+                        std::to_string(pooled) + " of them in pools)");
   }
-  int64_t want = p.memory_mb * count;
-  if (memory_mb_ + want > admit_memory_mb_) {
+  if (files_.max_sandboxes > 0 && n + count > files_.max_sandboxes) {
+    metrics_->CountReject("open_files");
+    return OverCapacity("the edge is at its open-file budget: " + std::to_string(n) +
+                        " sandboxes of the " + std::to_string(files_.max_sandboxes) +
+                        " its RLIMIT_NOFILE of " + std::to_string(files_.nofile) + " holds");
+  }
+  if (memory_mb_ + pooled_mb + memory_mb > admit_memory_mb_) {
     metrics_->CountReject("memory");
-    return OverCapacity("node memory is fully committed: " + std::to_string(memory_mb_) + " of " +
-                        std::to_string(admit_memory_mb_) + " MiB");
+    return OverCapacity(
+        "node memory is fully committed: " + std::to_string(memory_mb_ + pooled_mb) + " of " +
+        std::to_string(admit_memory_mb_) + " MiB (" + std::to_string(pooled_mb) + " MiB in pools)");
   }
   return OkStatus();
+}
+
+Status Manager::AdmitPoolSandbox(int64_t memory_mb) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (shut_down_) return Unavailable("the edge is shutting down");
+  return AdmitLocked(1, memory_mb, /*pool_included=*/true);
 }
 
 StatusOr<std::vector<Json>> Manager::Create(
@@ -784,6 +807,8 @@ Json Manager::NodeInfo() const {
             {"memory_mb", NodeMemoryMb()},
             {"overcommit", cfg_.memory_overcommit},
             {"admit_memory_mb", admit_memory_mb_},
+            {"edge_max_sandboxes", files_.max_sandboxes},
+            {"edge_nofile", files_.nofile},
             {"budgets",
              {{"file_max", budget_.file_max},
               {"pid_max", budget_.pid_max},

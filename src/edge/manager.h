@@ -26,6 +26,7 @@
 #include "edge/config.h"
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
+#include "edge/output_budget.h"
 #include "edge/state_store.h"
 #include "protocol/messages.h"
 
@@ -65,6 +66,8 @@ struct BackgroundExec {
   Json result;                                   // GUARDED_BY(mu); the exec result when done
   size_t result_bytes = 0;                       // GUARDED_BY(mu); its output held in memory
   std::shared_ptr<backends::ExecHandle> handle;  // GUARDED_BY(mu)
+  // Its share of the node's output budget (edge/output_budget.h): returned when it is forgotten.
+  std::shared_ptr<OutputBudget::Charge> charge;  // GUARDED_BY(mu)
   // Run once when done (or when the sandbox goes); keyed so a timed-out wait removes itself.
   std::map<uint64_t, std::function<void()>> waiters;  // GUARDED_BY(mu)
   uint64_t next_waiter = 0;                           // GUARDED_BY(mu)
@@ -134,6 +137,9 @@ class Manager {
   void SetPools(fncall::PoolSet* pools) { pools_ = pools; }
   // Node-wide kernel budgets (set once at start, before serving).
   void SetNodeBudget(const NodeBudget& b) { budget_ = b; }
+  void SetFileBudget(const FileBudget& b) { files_ = b; }
+  // The admission of one more pool worker or ready pooled sandbox (PoolSet::SetAdmission).
+  Status AdmitPoolSandbox(int64_t memory_mb);
 
   // Admission, then creation. With wait=false the records come back "creating" and creation
   // continues on `background` (which must run the task on a worker thread).
@@ -163,6 +169,7 @@ class Manager {
 
  private:
   Status Admit(const CreateParams& p, int count);
+  Status AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included);
   StatusOr<Json> CreateOne(const std::shared_ptr<SandboxEntry>& e);
   // An entry whose sandbox came ready-made from a pool.
   Json AttachPooled(const std::shared_ptr<SandboxEntry>& e, std::shared_ptr<backends::Sandbox> sb);
@@ -181,6 +188,7 @@ class Manager {
   Metrics* metrics_;
   int64_t admit_memory_mb_ = 0;
   NodeBudget budget_;
+  FileBudget files_;
 
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxEntry>> entries_;  // GUARDED_BY(mu_)

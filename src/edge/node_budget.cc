@@ -1,5 +1,6 @@
 #include "edge/node_budget.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 #include <algorithm>
 
@@ -78,6 +79,45 @@ StatusOr<NodeBudget> PrepareNodeBudget(const NodeBudgetOptions& o) {
   if (!pressure) return InternalError("cannot parse /proc/sys/net/ipv4/tcp_mem: " + tcp_mem);
   b.sandbox_tcp_bytes =
       static_cast<int64_t>(*pressure * static_cast<uint64_t>(getpagesize()) / 4 * 3);
+  return b;
+}
+
+StatusOr<FileBudget> PrepareFileBudget(int64_t max_sandboxes, int max_connections,
+                                       bool apply_sysctls, const std::string& proc_sys) {
+  FileBudget b;
+  NodeBudgetOptions o;
+  o.apply_sysctls = apply_sysctls;
+  o.proc_sys = proc_sys;
+  const uint64_t want = static_cast<uint64_t>(kEdgeFdsBase + max_sandboxes * kEdgeFdsPerSandbox +
+                                              std::max(64, max_connections));
+  // fs.nr_open caps what any process's RLIMIT_NOFILE may be.
+  DSEC_ASSIGN_OR_RETURN(uint64_t nr_open, RaiseSysctl(o, "fs/nr_open", want, &b.changes));
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) < 0) return ErrnoError("getrlimit RLIMIT_NOFILE");
+  uint64_t target = std::min<uint64_t>(want, nr_open);
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < target) {
+    rlimit raised{std::max<rlim_t>(rl.rlim_cur, target), target};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0)  // needs CAP_SYS_RESOURCE
+      b.changes.push_back("RLIMIT_NOFILE hard " + std::to_string(rl.rlim_max) + " -> " +
+                          std::to_string(target));
+    (void)getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  if (rl.rlim_cur < std::min<rlim_t>(rl.rlim_max, target)) {
+    rlimit soft{std::min<rlim_t>(rl.rlim_max, target), rl.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &soft) == 0)
+      b.changes.push_back("RLIMIT_NOFILE soft " + std::to_string(rl.rlim_cur) + " -> " +
+                          std::to_string(soft.rlim_cur));
+    (void)getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  b.nofile = rl.rlim_cur == RLIM_INFINITY ? want : rl.rlim_cur;
+  // Sandboxes first (what they hold they hold for minutes), then connections get what is left,
+  // at least 64.
+  int64_t room = static_cast<int64_t>(b.nofile) - kEdgeFdsBase - 64;
+  b.max_sandboxes = std::max<int64_t>(0, std::min(max_sandboxes, room / kEdgeFdsPerSandbox));
+  int64_t left =
+      static_cast<int64_t>(b.nofile) - kEdgeFdsBase - b.max_sandboxes * kEdgeFdsPerSandbox;
+  b.max_connections =
+      static_cast<int>(std::max<int64_t>(64, std::min<int64_t>(max_connections, left)));
   return b;
 }
 

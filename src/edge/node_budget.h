@@ -50,4 +50,24 @@ struct NodeBudget {
 
 StatusOr<NodeBudget> PrepareNodeBudget(const NodeBudgetOptions& opts);
 
+// The edge's own open-file budget. Every live sandbox holds kEdgeFdsPerSandbox descriptors of
+// the edge's (its agent connection, its network namespace, its owner lock; one spare for a
+// create in flight), and every HTTP connection one. At start the edge raises RLIMIT_NOFILE
+// (and fs.nr_open, with apply_sysctls) to what max_sandboxes and max_connections need, as far
+// as it may; what it could not get lowers how many sandboxes it admits (429 beyond, never an
+// EMFILE in the middle of a create) and how many connections it accepts.
+inline constexpr int64_t kEdgeFdsPerSandbox = 4;
+inline constexpr int64_t kEdgeFdsBase = 512;  // state DB, logs, listeners, threads, pools
+
+struct FileBudget {
+  uint64_t nofile = 0;        // RLIMIT_NOFILE in force
+  int64_t max_sandboxes = 0;  // sandboxes the edge admits (<= the configured max_sandboxes)
+  int max_connections = 0;    // HTTP connections it accepts
+  std::vector<std::string> changes;
+};
+
+StatusOr<FileBudget> PrepareFileBudget(int64_t max_sandboxes, int max_connections,
+                                       bool apply_sysctls,
+                                       const std::string& proc_sys = "/proc/sys");
+
 }  // namespace dsec::edge

@@ -50,8 +50,11 @@ class Cgroup {
   // The sandbox's name (its directory name in every hierarchy).
   virtual const std::string& name() const = 0;
   virtual Status SetLimits(const CgroupLimits& limits) = 0;
-  // Directory fd of the v2 cgroup for clone3(CLONE_INTO_CGROUP); -1 without cgroup2.
+  // Directory fd of the v2 cgroup for clone3(CLONE_INTO_CGROUP) and BPF attach; -1 without
+  // cgroup2, after ReleaseCloneFd, and for a sandbox opened by OpenSandbox.
   virtual int CloneIntoFd() const = 0;
+  // Closes that fd (the sandbox runs; nothing needs it any more).
+  virtual void ReleaseCloneFd() = 0;
   // Moves pid into the sandbox: every v1 hierarchy, and the v2 dir unless `cloned_into_v2`.
   virtual Status AddProcess(pid_t pid, bool cloned_into_v2) = 0;
   // Opens the v2 "user/" directory for the agent (O_PATH|O_DIRECTORY); -1 fd without cgroup2.

@@ -117,11 +117,14 @@ Status V2Dir::Create() {
   if (mkdir(path_.c_str(), 0755) < 0) return ErrnoError("mkdir \"" + path_ + "\"");
   std::string user = JoinPath(path_, "user");
   if (mkdir(user.c_str(), 0755) < 0) return ErrnoError("mkdir \"" + user + "\"");
-  return Open();
+  DSEC_ASSIGN_OR_RETURN(fd_, OpenDir(path_));
+  return OkStatus();
 }
 
 Status V2Dir::Open() {
-  DSEC_ASSIGN_OR_RETURN(fd_, OpenDir(path_));
+  struct stat st;
+  if (stat(path_.c_str(), &st) < 0) return ErrnoError("stat \"" + path_ + "\"");
+  if (!S_ISDIR(st.st_mode)) return FailedPrecondition("\"" + path_ + "\" is not a directory");
   return OkStatus();
 }
 

@@ -34,8 +34,9 @@ class V2Dir {
       : path_(std::move(path)), use_kill_(use_cgroup_kill), plain_(plain) {}
   const std::string& path() const { return path_; }
   Status Create();  // mkdir path and path/user
-  Status Open();    // for re-adoption: the directory must exist
+  Status Open();    // for re-adoption: the directory must exist (no fd is kept)
   int fd() const { return fd_.get(); }
+  void CloseFd() { fd_.Reset(); }
   Status Kill();
   Status SetFrozen(bool frozen);
   StatusOr<bool> IsFrozen() const;

@@ -107,6 +107,9 @@ class CgroupV1Hybrid : public Cgroup {
   }
 
   int CloneIntoFd() const override { return v2_ ? v2_->fd() : -1; }
+  void ReleaseCloneFd() override {
+    if (v2_) v2_->CloseFd();
+  }
 
   Status AddProcess(pid_t pid, bool cloned_into_v2) override {
     std::string p = std::to_string(pid);

@@ -49,6 +49,7 @@ class CgroupV2 : public Cgroup {
   }
 
   int CloneIntoFd() const override { return dir_.fd(); }
+  void ReleaseCloneFd() override { dir_.CloseFd(); }
 
   Status AddProcess(pid_t pid, bool cloned_into_v2) override {
     if (cloned_into_v2) return OkStatus();

@@ -62,13 +62,6 @@ StatusOr<Netns> NetnsPool::CreateLoopbackOnly() {
       s = ErrnoError("open /proc/thread-self/ns/net");
       return;
     }
-    out.sockstat.Reset(open("/proc/thread-self/net/sockstat", O_RDONLY | O_CLOEXEC));
-    // absent without IPv6
-    out.sockstat6.Reset(open("/proc/thread-self/net/sockstat6", O_RDONLY | O_CLOEXEC));
-    if (!out.sockstat) {
-      s = ErrnoError("open /proc/thread-self/net/sockstat");
-      return;
-    }
     s = LoopbackUp();
   });
   t.join();
@@ -77,7 +70,16 @@ StatusOr<Netns> NetnsPool::CreateLoopbackOnly() {
 }
 
 bool NetnsPool::IsQuiet(const Netns& ns) {
-  return !HasTcpState(ns.sockstat.get()) && !HasTcpState(ns.sockstat6.get());
+  bool quiet = false;
+  std::thread t([&] {
+    if (setns(ns.ns.get(), CLONE_NEWNET) < 0) return;  // cannot tell: not reused
+    UniqueFd v4(open("/proc/thread-self/net/sockstat", O_RDONLY | O_CLOEXEC));
+    UniqueFd v6(
+        open("/proc/thread-self/net/sockstat6", O_RDONLY | O_CLOEXEC));  // absent without IPv6
+    quiet = v4 && !HasTcpState(v4.get()) && !HasTcpState(v6.get());
+  });
+  t.join();
+  return quiet;
 }
 
 StatusOr<Netns> NetnsPool::Acquire() {

@@ -18,11 +18,9 @@
 
 namespace dsec::isolation {
 
+// One descriptor per namespace, pooled or in use (a node holds thousands).
 struct Netns {
   UniqueFd ns;
-  // /proc/net/sockstat{,6} opened inside the namespace: reads show its own socket counts
-  // (O(1); /proc/net/tcp would walk the host-wide TCP hash table).
-  UniqueFd sockstat, sockstat6;
 };
 
 class NetnsPool {
@@ -37,7 +35,9 @@ class NetnsPool {
   // Makes a new namespace with lo up, on a short-lived thread (no caller thread ever changes
   // namespace).
   static StatusOr<Netns> CreateLoopbackOnly();
-  // True if the namespace has no TCP sockets (listening, connected or TIME_WAIT).
+  // True if the namespace has no TCP sockets (listening, connected or TIME_WAIT): its own
+  // /proc/net/sockstat{,6}, read on a short-lived thread that joins it (O(1); /proc/net/tcp
+  // would walk the host-wide TCP hash table).
   static bool IsQuiet(const Netns& ns);
 
  private:

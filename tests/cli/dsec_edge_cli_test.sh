@@ -47,6 +47,31 @@ D exec --timeout 1 "$id" -- sleep 30 2>/dev/null; check "exec timeout" 124 $?
 out=$(D exec "$id" -- sh -c 'head -c 3000000 /dev/zero' | wc -c); check "exec large output" 3000000 "$out"
 out=$(echo streamed | D exec -i "$id" -- tr a-z A-Z); check "exec -i stdin" STREAMED "$out"
 out=$(head -c 1000000 /dev/zero | D exec -i "$id" -- wc -c); check "exec -i large stdin" 1000000 "$out"
+# On a terminal, a command's control sequences are shown, not obeyed (clear screen, cursor up,
+# a C1 CSI); piped, and with --raw, they pass as they are.
+out=$(python3 - "$DSEC" "$id" <<'PY'
+import os, pty, sys
+for extra in ([], ["--raw"]):
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(sys.argv[1], [sys.argv[1], "exec", *extra, sys.argv[2], "--",
+                               "printf", "\\033[2J\\033[1Afake\\302\\233ok\\n"])
+    buf = b""
+    while True:
+        try:
+            d = os.read(fd, 4096)
+        except OSError:
+            break
+        if not d:
+            break
+        buf += d
+    os.waitpid(pid, 0)
+    print(repr(buf.replace(b"\r\n", b"\n")))
+PY
+)
+check "exec on a terminal shows escapes" "b'^[[2J^[[1AfakeM-^[ok\\n'
+b'\\x1b[2J\\x1b[1Afake\\xc2\\x9bok\\n'" "$out"
+out=$(D exec "$id" -- printf '\033[2J' | od -An -c | tr -d ' '); check "exec piped keeps escapes" '033[2J' "$out"
 out=$(printf 'cd /tmp\nexport X=42\necho $(pwd)$X\n' | D shell "$id"); check "shell keeps cwd and env" /tmp42 "$out"
 printf 'true\nexit 3\n' | D shell "$id" >/dev/null; check "shell exit code" 3 $?
 

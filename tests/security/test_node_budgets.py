@@ -649,3 +649,64 @@ def test_snapshot_and_forks_of_sparse_files_keep_holes(edge, client, make_edge, 
     finally:
         c.remove(sb)
         c.close()
+
+
+# ---- 9. edge memory from buffered output ---------------------------------------------------
+
+def _rss_mb(pid, key="VmRSS:"):
+    for line in _read(f"/proc/{pid}/status").splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_background_output_floods_are_bounded_and_memory_returns(make_edge, figure):
+    """48 background execs in 4 sandboxes each flood 8 MiB of output (their per-exec cap) on an
+    edge whose node-wide output budget is 128 MiB: the edge's memory grows by about the budget,
+    not by 400 MiB and more; what did not fit is marked truncated; and once the sandboxes are
+    deleted the edge's RSS falls back near where it started."""
+    e = make_edge(config={"output_memory_mb": 128})
+    c = e.client()
+    sbs = [c.create({"memory_mb": 256})["id"] for _ in range(4)]
+    base = _rss_mb(e.pid)
+    peak = base
+    try:
+        with Neighbour(e) as n:
+            eids = []
+            for sb in sbs:
+                for _ in range(12):
+                    eids.append((sb, c.post(f"/v1/sandboxes/{sb}/exec",
+                                            {"shell": "yes | head -c 9000000",
+                                             "max_output_bytes": 8 << 20, "background": True,
+                                             "timeout_ms": 60000}, expect=202).json["exec_id"]))
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                peak = max(peak, _rss_mb(e.pid))
+                states = [c.get(f"/v1/sandboxes/{sb}/execs/{x}", expect=200).json["state"]
+                          for sb, x in eids[::6]]
+                if all(s == "exited" for s in states):
+                    break
+                time.sleep(0.2)
+            peak = max(peak, _rss_mb(e.pid, "VmHWM:"))
+            n.check(figure)
+        figure("edge RSS MB before", round(base, 1))
+        figure("edge RSS MB peak", round(peak, 1))
+        kept, cut = 0, 0
+        for sb, x in eids:
+            r = c.get(f"/v1/sandboxes/{sb}/execs/{x}?wait_ms=60000", expect=200).json["result"]
+            kept += len(r["stdout"])
+            # Cut below its own 8 MiB cap: the budget's doing (and then marked truncated).
+            if len(r["stdout"]) < 8 << 20:
+                cut += 1
+                assert r["stdout_truncated"], {k: v for k, v in r.items() if k != "stdout"}
+        figure("output kept MB (48 x 8 MiB asked)", round(kept / MB, 1))
+        figure("results cut by the budget", cut)
+        assert kept <= 128 * MB, kept
+        assert cut >= 30, cut
+        assert peak - base < 128 + 160, (base, peak)
+    finally:
+        for sb in sbs:
+            c.remove(sb)
+    wait_until(lambda: _rss_mb(e.pid) < base + 64, 20, what="the edge's memory back")
+    figure("edge RSS MB after delete", round(_rss_mb(e.pid), 1))
+    c.close()

@@ -300,6 +300,9 @@ Status ContainerSandbox::StartLocked() {
 
   StartClient(std::move(conn));
   state_ = SandboxState::kRunning;
+  // Running now: what only the start needed goes (each is a descriptor per live sandbox).
+  agent_->DropPidfd();
+  cgroup_->ReleaseCloneFd();
   return OkStatus();
 }
 
@@ -388,7 +391,9 @@ Status ContainerSandbox::AdoptLocked(const std::string& handle) {
   auto cgroups = ReadFileToString(proc + "/cgroup");
   if (!cgroups.ok() || cgroups->find("/" + spec_.id + "\n") == std::string::npos)
     return FailedPrecondition("the process behind agent.sock is not in sandbox " + spec_.id);
-  DSEC_ASSIGN_OR_RETURN(adopted_agent_, PidFd::Open(cred.pid));
+  // (No pidfd is kept for it: one descriptor less per sandbox. Destroy opens one and checks
+  // the process again.)
+  adopted_ = true;
   agent_pid_ = cred.pid;
 
   std::string auth;
@@ -446,7 +451,7 @@ void ContainerSandbox::Detach() {
   // Still in use by the agent: never back into the pool.
   netns_ = {};
   agent_.reset();  // already exec'd: nothing is killed
-  adopted_agent_ = PidFd();
+  adopted_ = false;
   lock_fd_.Reset();
   dir_.clear();
   cgroup_.reset();
@@ -1028,17 +1033,19 @@ Status ContainerSandbox::Destroy() {
   if (client_) client_->Close();
   Status result;
   if (cgroup_) (void)cgroup_->KillAll();
-  if (agent_) {
-    // Killing PID 1 of the pid namespace takes every process in it along; reap it.
-    (void)agent_->pidfd().SendSignal(SIGKILL);
-    agent_->Abort();
-  }
-  if (adopted_agent_.valid()) {
+  // Killing PID 1 of the pid namespace takes every process in it along; reap it.
+  if (agent_) agent_->Abort();
+  if (adopted_ && agent_pid_ > 0) {
     // Not our child: init reaps it. The cgroup kill above already took it; this is for hosts
-    // where that failed.
-    (void)adopted_agent_.SendSignal(SIGKILL);
-    (void)adopted_agent_.WaitReadable(2000);
-    adopted_agent_ = PidFd();
+    // where that failed, and only if the pid is still a process of this sandbox.
+    if (auto p = PidFd::Open(agent_pid_); p.ok()) {
+      auto cgroups = ReadFileToString("/proc/" + std::to_string(agent_pid_) + "/cgroup");
+      if (cgroups.ok() && cgroups->find("/" + spec_.id + "\n") != std::string::npos) {
+        (void)p->SendSignal(SIGKILL);
+        (void)p->WaitReadable(2000);
+      }
+    }
+    adopted_ = false;
   }
   // Nothing runs in the network namespace any more (the agent, PID 1 of the only pid
   // namespace in it, is reaped), so it can serve another sandbox.

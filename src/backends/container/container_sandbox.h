@@ -96,7 +96,7 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   std::shared_ptr<isolation::Cgroup> cgroup_;  // set in Start, never reset
   std::shared_ptr<struct OomTracker> oom_;
   std::unique_ptr<PendingAgent> agent_;  // GUARDED_BY(mu_); launched by us
-  PidFd adopted_agent_;                  // GUARDED_BY(mu_); found by Adopt
+  bool adopted_ = false;                 // GUARDED_BY(mu_); found by Adopt (agent_pid_)
   std::set<std::string> shells_;         // GUARDED_BY(mu_)
   std::shared_ptr<AgentClient> client_;  // GUARDED_BY(mu_)
   UniqueFd lock_fd_;

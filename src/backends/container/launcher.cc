@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "base/fd_passing.h"
 #include "base/file_util.h"
@@ -234,13 +235,23 @@ StatusOr<LaunchedChild> LaunchFromSocket(int sock, const LaunchRequest& req) {
 }  // namespace
 
 PendingAgent::PendingAgent(PendingAgent&& o) noexcept
-    : pid_(std::move(o.pid_)), go_(std::move(o.go_)), stack_(o.stack_), stack_size_(o.stack_size_) {
+    : pid_(std::move(o.pid_)),
+      child_pid_(std::exchange(o.child_pid_, -1)),
+      go_(std::move(o.go_)),
+      stack_(o.stack_),
+      stack_size_(o.stack_size_) {
   o.stack_ = nullptr;
 }
 
 PendingAgent::~PendingAgent() {
   // The stack is shared with a child that may still run on it until it execs or dies.
   if (stack_) Abort();
+}
+
+void PendingAgent::DropPidfd() {
+  if (!pid_.valid()) return;
+  child_pid_ = pid_.pid();
+  pid_ = PidFd();
 }
 
 void PendingAgent::FreeStack() {
@@ -260,6 +271,11 @@ void PendingAgent::Abort() {
     (void)pid_.SendSignal(SIGKILL);
     (void)pid_.Wait();
     pid_ = PidFd();
+  } else if (child_pid_ > 0) {
+    kill(child_pid_, SIGKILL);
+    while (waitpid(child_pid_, nullptr, __WALL) < 0 && errno == EINTR) {
+    }
+    child_pid_ = -1;
   }
   FreeStack();  // the child is gone: nothing runs on the stack any more
 }

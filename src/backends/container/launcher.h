@@ -54,18 +54,22 @@ class PendingAgent {
   PendingAgent(PendingAgent&& o) noexcept;
   PendingAgent& operator=(PendingAgent&&) = delete;
   ~PendingAgent();
-  PidFd& pidfd() { return pid_; }
-  pid_t pid() const { return pid_.pid(); }
+  pid_t pid() const { return pid_.valid() ? pid_.pid() : child_pid_; }
   // Lets the child continue to exec the agent.
   Status Release();
   // The child has exec'd (the agent said hello): its launch stack is free.
   void Execd() { FreeStack(); }
   // Kills and reaps the child (use when setting it up failed, and on destroy).
   void Abort();
+  // Closes the pidfd once the agent runs: one descriptor less per live sandbox. The agent is
+  // our child and nothing in this process reaps children but Abort(), so its pid cannot be
+  // recycled until then and plain kill/waitpid on it stay exact.
+  void DropPidfd();
 
  private:
   void FreeStack();
   PidFd pid_;
+  pid_t child_pid_ = -1;  // after DropPidfd
   UniqueFd go_;
   void* stack_ = nullptr;
   size_t stack_size_ = 0;

@@ -373,7 +373,14 @@ backends::SandboxSpec ContainerSpecFor(const PoolConfig& c) {
 
 backends::SandboxSpec Pool::ContainerSpec() const { return ContainerSpecFor(cfg_); }
 
+std::pair<int64_t, int64_t> Pool::Usage() const {
+  std::lock_guard<std::mutex> l(mu_);
+  int64_t n = static_cast<int64_t>(idle_.size() + busy_.size() + resting_.size()) + starting_;
+  return {n, n * cfg_.memory_mb};
+}
+
 StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
+  if (admit_) DSEC_RETURN_IF_ERROR(admit_(cfg_.memory_mb));
   if (cfg_.kind == "container") {
     backends::SandboxSpec s = ContainerSpec();
     s.id = NewSandboxId(node_);
@@ -567,6 +574,7 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
   std::shared_ptr<Pool> old;
   auto pool = std::make_shared<Pool>(cfg, backend_, node_);
   pool->wake_ = [this] { Wake(); };
+  pool->admit_ = admit_;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stop_) return Unavailable("shutting down");
@@ -592,6 +600,22 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
     cv_.notify_one();
   }
   return pool;
+}
+
+std::pair<int64_t, int64_t> PoolSet::Usage() const {
+  std::vector<std::shared_ptr<Pool>> all;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [name, p] : pools_) all.push_back(p);
+    all.insert(all.end(), removed_.begin(), removed_.end());
+  }
+  std::pair<int64_t, int64_t> sum{0, 0};
+  for (const auto& p : all) {
+    auto [n, mb] = p->Usage();
+    sum.first += n;
+    sum.second += mb;
+  }
+  return sum;
 }
 
 std::shared_ptr<Pool> PoolSet::Get(const std::string& name) const {

@@ -85,6 +85,9 @@ class Pool : public std::enable_shared_from_this<Pool> {
   // kind "container": what each pooled sandbox is created with (its id aside).
   backends::SandboxSpec ContainerSpec() const;
   Json Describe() const;
+  // Sandboxes the pool holds now (workers, or ready container sandboxes, starting ones
+  // included) and the memory they may use (memory_mb each), for the node's admission.
+  std::pair<int64_t, int64_t> Usage() const;
 
   // --- for the PoolSet's maintenance thread ---
   // Creates/destroys workers and expires queued calls; returns ms until it wants to run again.
@@ -131,6 +134,9 @@ class Pool : public std::enable_shared_from_this<Pool> {
   int idle_low_ = 0;             // GUARDED_BY(mu_); fewest idle workers in this window
   int64_t window_start_ms_ = 0;  // GUARDED_BY(mu_)
   std::function<void()> wake_;   // asks the maintenance thread to run soon
+  // The node's admission for one more sandbox of `memory_mb` (set by the PoolSet; may be
+  // empty). Called without mu_ held.
+  std::function<Status(int64_t memory_mb)> admit_;
   friend class PoolSet;
 };
 
@@ -148,6 +154,11 @@ class PoolSet {
   // Waits (up to timeout_ms) until every pool has its min_idle workers or reported an error.
   void WaitWarm(int64_t timeout_ms) const;
   void Shutdown();
+  // All pools' Usage() together.
+  std::pair<int64_t, int64_t> Usage() const;
+  // Every pool asks `admit` before it makes a worker or a ready sandbox: pools are part of the
+  // node's admission (max_sandboxes, committed memory) like creates are. Set before serving.
+  void SetAdmission(std::function<Status(int64_t memory_mb)> admit) { admit_ = std::move(admit); }
 
  private:
   void Loop();
@@ -157,6 +168,7 @@ class PoolSet {
   std::string node_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::function<Status(int64_t)> admit_;                // set once before serving
   std::map<std::string, std::shared_ptr<Pool>> pools_;  // GUARDED_BY(mu_)
   std::vector<std::shared_ptr<Pool>> removed_;          // GUARDED_BY(mu_); to shut down
   bool stop_ = false, woken_ = false;                   // GUARDED_BY(mu_)
