@@ -64,7 +64,18 @@ struct ExecRequest {
   bool stdin_stream = false;  // the caller writes stdin through the ExecHandle
   bool tty = false;
   uint16_t cols = 80, rows = 24;
+  // A grader (API "grader": true): every process in the sandbox is killed first (what the
+  // agent left running could tamper with it through /proc/PID/mem or ptrace as the same uid),
+  // then the command runs as kGraderUid with a clean environment: the base variables and the
+  // request's own env, none of the sandbox's defaults. `user` must be empty. It cannot help
+  // against what root inside changed on disk (/etc/ld.so.preload, .pth files): grade in a
+  // fresh sandbox that receives only the artefacts for that.
+  bool grader = false;
 };
+
+// The uid/gid grader execs run as: never the sandbox user's or root's, so the agent's own
+// processes cannot signal, ptrace or write the memory of a grader.
+inline constexpr uint32_t kGraderUid = 65533;
 
 // A body to send into a sandbox: bytes in memory, or `size` bytes of the file `fd` from offset
 // 0 (an upload the edge spooled to disk), read as they are sent.

@@ -189,6 +189,7 @@ struct ExecOpts {
   std::string id;
   bool interactive = false, tty = false;
   bool raw = false;  // control sequences reach the terminal as they are
+  bool grader = false;
   std::vector<std::string> env;
   std::string cwd, user;
   double timeout_s = 0;
@@ -207,6 +208,7 @@ int StreamExec(EdgeClient& c, const ExecOpts& o) {
   if (!env->empty()) body["env"] = *env;
   if (!o.cwd.empty()) body["cwd"] = o.cwd;
   if (!o.user.empty()) body["user"] = o.user;
+  if (o.grader) body["grader"] = true;
   std::string pending;
   std::optional<Json> result;
   Status stream_error;
@@ -252,6 +254,8 @@ int Exec(const GlobalOptions& g, ExecOpts o) {
   if (o.timeout_s < 0) return Fail(InvalidArgument("--timeout must not be negative"), kExecFail);
   auto c = Connect(g);
   if (!c.ok()) return Fail(c.status(), kExecFail);
+  if (o.grader && (o.interactive || o.tty))
+    return Fail(InvalidArgument("--grader runs non-interactively: no -i or -t"), kExecFail);
   if (!o.interactive && !o.tty) return StreamExec(**c, o);
   AttachOptions a;
   a.cmd = o.cmd;
@@ -549,6 +553,9 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   ex->add_option("id", eo->id, "Sandbox id")->required();
   ex->add_flag("-i,--interactive", eo->interactive, "Stream stdin to the command");
   ex->add_flag("-t,--tty", eo->tty, "Run on a pseudo-terminal");
+  ex->add_flag("--grader", eo->grader,
+               "Kill every process in the sandbox first, then run as a user of its own with a "
+               "clean environment (for grading what an agent left)");
   ex->add_flag("--raw", eo->raw,
                "Write the command's terminal control sequences as they are (by default, on a "
                "terminal, they are shown as ^[ ... instead of acting on it)");

@@ -83,6 +83,7 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"fncall_max_queue", &c->fncall_max_queue},
       {"fncall_queue_timeout_ms", &c->fncall_queue_timeout_ms},
       {"fncall_memory_mb", &c->fncall_memory_mb},
+      {"fncall_worker_max_calls", &c->fncall_worker_max_calls},
   };
 }
 
@@ -198,6 +199,7 @@ Status FinalizeConfig(EdgeConfig* c) {
            {"reserve_pids", double(c->reserve_pids), -1, 1 << 22},
            {"sockets_per_mb", double(c->sockets_per_mb), 0, 1024},
            {"output_memory_mb", double(c->output_memory_mb), 0, 1 << 20},
+           {"fncall_worker_max_calls", double(c->fncall_worker_max_calls), 0, 1e9},
            {"memory_overcommit", c->memory_overcommit, 0.1, 1000},
            {"default_cpu", c->default_cpu, 0.01, 64},
            {"default_memory_mb", double(c->default_memory_mb), 16, 1 << 20},

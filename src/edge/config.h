@@ -119,6 +119,9 @@ struct EdgeConfig {
   int fncall_max_queue = 256;
   int64_t fncall_queue_timeout_ms = 10000;
   int64_t fncall_memory_mb = 512;
+  // An fncall worker is replaced after this many calls (0: never): its calls are forked from
+  // one warm interpreter and share what fork cannot renew (Python's hash secret).
+  int64_t fncall_worker_max_calls = 256;
 };
 
 // Reads the JSON config file into cfg (unknown keys and wrong types are errors).

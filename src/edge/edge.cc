@@ -180,6 +180,7 @@ int RunEdge(EdgeConfig cfg) {
   // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
   fncall::PoolSet pools(backend->get(), cfg.node);
   pools.SetAdmission([&manager](int64_t mb) { return manager.AdmitPoolSandbox(mb); });
+  pools.SetWorkerMaxCalls(cfg.fncall_worker_max_calls);
   manager.SetPools(&pools);
   LoadPools(cfg, (*backend)->features().userns, &pools, store->get(), image_store->get());
   pools.WaitWarm(30000);  // "ready" means the runtimes answer their first calls warm

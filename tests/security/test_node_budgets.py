@@ -710,3 +710,184 @@ def test_background_output_floods_are_bounded_and_memory_returns(make_edge, figu
     wait_until(lambda: _rss_mb(e.pid) < base + 64, 20, what="the edge's memory back")
     figure("edge RSS MB after delete", round(_rss_mb(e.pid), 1))
     c.close()
+
+
+# ---- graders -------------------------------------------------------------------------------
+
+TAMPERER = r"""
+import os, signal, time
+me = os.getpid()
+while True:
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == me:
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read()
+            if b"GRADE-ME" not in cmd:
+                continue
+            with open(f"/proc/{p}/mem", "r+b"):
+                pass
+            with open("/tmp/tampered", "a") as f:
+                f.write(f"opened /proc/{p}/mem\n")
+            os.kill(int(p), signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.01)
+"""
+
+GRADE = "import os, sys, time; time.sleep(1); print('GRADED', os.getuid(), " \
+        "'AGENT_VAR' in os.environ, sys.argv[1])"
+
+
+def test_grader_exec_runs_clear_of_what_the_agent_left(client, figure):
+    """An agent leaves a process behind (as the sandbox user) that opens /proc/PID/mem of
+    every new process of its uid and kills it: a normal exec of the grading command is found
+    and killed. With "grader": true every process in the sandbox is killed first and the
+    command runs as uid 65533 with a clean environment (none of the sandbox's env): it runs
+    to its end untouched, and the agent's background exec and shell session are gone."""
+    sb = client.create({"env": {"AGENT_VAR": "1"}, "labels": {"suite": "budgets"}})["id"]
+    try:
+        client.post(f"/v1/sandboxes/{sb}/exec", {"cmd": ["python3", "-c", TAMPERER],
+                                                 "background": True, "timeout_ms": 0},
+                    expect=202)
+        shell = client.post(f"/v1/sandboxes/{sb}/shells", {}, expect=201).json["shell_id"]
+        client.post(f"/v1/sandboxes/{sb}/shells/{shell}/run",
+                    {"command": "sleep 600 &", "timeout_ms": 5000}, expect=200)
+        time.sleep(0.5)
+        plain = client.exec(sb, cmd=["python3", "-c", GRADE, "GRADE-ME"], timeout_ms=20000)
+        figure("plain exec of the grader", f"exit {plain['exit_code']} signal {plain['signal']}")
+        assert plain["signal"] == 9, plain  # the tamperer got it
+        r = client.exec(sb, cmd=["python3", "-c", GRADE, "GRADE-ME"], grader=True,
+                        timeout_ms=20000)
+        assert r["exit_code"] == 0, r
+        assert r["stdout"] == "GRADED 65533 False GRADE-ME\n", r
+        tampered = client.exec(sb, shell="cat /tmp/tampered")["stdout"]
+        figure("tamper attempts logged", tampered.count("opened"))
+        assert tampered.count("opened") == 1, tampered  # only the plain exec's
+        ps = client.exec(sb, shell="ps -eo user:12,args | grep -v 'ps -eo' | sed 1d")["stdout"]
+        assert "TAMPER" not in ps and "sleep 600" not in ps and "python3" not in ps, ps
+        assert client.post(f"/v1/sandboxes/{sb}/exec", {"cmd": ["true"], "grader": True,
+                                                        "user": "root"}, expect=400)
+    finally:
+        client.remove(sb)
+
+
+# ---- 11. smaller ---------------------------------------------------------------------------
+
+SHM = r"""
+import ctypes, json, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+IPC_PRIVATE, IPC_CREAT = 0, 0o1000
+ids = []
+for _ in range(int(sys.argv[1])):
+    i = libc.shmget(IPC_PRIVATE, 8 << 20, IPC_CREAT | 0o600)
+    addr = libc.shmat(i, None, 0)
+    ctypes.memset(addr, 1, 8 << 20)  # pages charged now
+    ids.append(i)
+print(json.dumps({"segments": ids}))
+"""
+
+
+def test_sysv_shm_goes_with_its_last_user(client, figure):
+    """Eight 8 MiB SysV shared memory segments, attached, filled and left by a process that
+    exits: they do not outlive it (kernel.shm_rmid_forced is on in the sandbox's ipc
+    namespace), so the sandbox's memory comes back at once instead of at delete."""
+    sb = client.create({"labels": {"suite": "budgets"}})["id"]
+    try:
+        before = client.get(f"/v1/sandboxes/{sb}/stats", expect=200).json["memory_current"]
+        r = client.exec(sb, cmd=["python3", "-c", SHM, "8"])
+        assert r["exit_code"] == 0, r
+        left = client.exec(sb, shell="cat /proc/sysvipc/shm | sed 1d | wc -l")["stdout"].strip()
+        after = client.get(f"/v1/sandboxes/{sb}/stats", expect=200).json["memory_current"]
+        figure("segments left after exit", int(left))
+        figure("memory growth MB", round((after - before) / MB, 1))
+        assert left == "0"
+        assert after - before < 32 * MB, (before, after)
+    finally:
+        client.remove(sb)
+
+
+HASH = "print(hash('dsec-hash-probe'))"
+
+
+def test_fncall_workers_share_a_hash_secret_only_for_a_bounded_number_of_calls(make_edge,
+                                                                                 figure):
+    """Calls forked from one warm fncall worker share its interpreter's hash secret (str hashes
+    and set order repeat); with fncall_worker_max_calls 3 a worker is replaced after its third
+    call, so a fourth call sees a new secret. Pool workers also count toward the node's
+    admission: a node with max_sandboxes 4 whose pools hold workers refuses creates beyond."""
+    e = make_edge(config={"fncall_worker_max_calls": 3, "fncall_min_idle": 1, "fncall_max": 1,
+                          "max_sandboxes": 4})
+    c = e.client()
+    try:
+        seen = []
+        for _ in range(7):
+            r = c.post("/v1/fncalls", {"runtime": "python", "code": HASH}, expect=200).json
+            seen.append((r["stdout"].strip(), r.get("worker", "")))
+        hashes = [h for h, _ in seen]
+        figure("hashes of 7 calls", hashes)
+        assert len(set(hashes[:3])) == 1 and hashes[3] != hashes[0], hashes
+        assert hashes[3:6] == [hashes[3]] * 3 and hashes[6] != hashes[3], hashes
+        pooled = sum(p["workers"]["idle"] + p["workers"]["busy"] + p["workers"]["starting"]
+                     for p in c.get("/v1/pools", expect=200).json["pools"]
+                     if p.get("kind", "fncall") == "fncall")
+        figure("fncall workers alive", pooled)
+        made = []
+        try:
+            while True:
+                r = c.post("/v1/sandboxes", {"memory_mb": 64})
+                if r.status != 201:
+                    break
+                made.append(r.json["id"])
+            assert r.status == 429, r
+            assert "pools" in r.json["error"]["message"], r.json
+            figure("creates admitted beside the pools", len(made))
+            assert len(made) + pooled <= 4, (made, pooled)
+        finally:
+            for sid in made:
+                c.remove(sid)
+    finally:
+        c.close()
+
+
+# ---- 10. the edge's own descriptors --------------------------------------------------------
+
+def test_edge_admits_only_what_its_open_file_limit_holds(make_edge, figure, tmp_path):
+    """An edge whose RLIMIT_NOFILE is only 1,000 (hard, so it cannot raise it) computes how many
+    sandboxes that holds at 4 descriptors each and answers the create past it with 429
+    over_capacity naming the limit, never an EMFILE in the middle of a create (503); every
+    admitted sandbox works and the edge keeps serving."""
+    import edge_harness  # noqa: PLC0415
+    wrapper = tmp_path / "edge-nofile-1000"
+    wrapper.write_text(f"#!/bin/sh\nexec prlimit --nofile=1000:1000 "
+                       f"{edge_harness.edge_binary()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    e = make_edge(config={"fncall_pools": False})
+    e.stop()
+    e.binary = wrapper
+    e.launch()
+    c = e.client()
+    made = []
+    try:
+        cap = c.get("/v1/node", expect=200).json["capacity"]
+        figure("edge RLIMIT_NOFILE", cap["edge_nofile"])
+        figure("sandboxes it admits", cap["edge_max_sandboxes"])
+        assert cap["edge_nofile"] == 1000 and 0 < cap["edge_max_sandboxes"] < 200, cap
+        while len(made) < 400:
+            r = c.post("/v1/sandboxes", {"memory_mb": 32, "disk_mb": 16})
+            if r.status != 201:
+                break
+            made.append(r.json["id"])
+        assert r.status == 429, r
+        assert "open-file" in r.json["error"]["message"], r.json
+        assert len(made) == cap["edge_max_sandboxes"], (len(made), cap)
+        for sid in made[:: max(1, len(made) // 10)]:
+            assert c.sh(sid, "echo ok") == "ok\n"
+        assert "EMFILE" not in e.log_tail(400) and "Too many open files" not in e.log_tail(400)
+    finally:
+        for sid in made:
+            c.remove(sid)
+        c.close()

@@ -394,21 +394,24 @@ class AsyncSandbox:
     async def exec(self, cmd: Cmd, stdin: Stdin = b"", env: Mapping[str, str] | None = None,
                    cwd: str | None = None, user: str | None = None,
                    timeout_ms: int = 30_000, max_output_bytes: int = 1 << 20,
-                   binary: bool = False, *, request_id: str | None = None) -> ExecResult:
+                   binary: bool = False, *, request_id: str | None = None,
+                   grader: bool = False) -> ExecResult:
         """See :meth:`Sandbox.exec`."""
-        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary,
+                              grader)
         data = await self._json(_ops.exec_request(self.id, body, request_id=request_id))
         return ExecResult.from_json(data, binary=binary)
 
     def exec_stream(self, cmd: Cmd, stdin: Stdin = b"", env: Mapping[str, str] | None = None,
                     cwd: str | None = None, user: str | None = None,
                     timeout_ms: int = 30_000, max_output_bytes: int = 1 << 20,
-                    binary: bool = False, *,
-                    request_id: str | None = None) -> AsyncIterator[ExecEvent]:
+                    binary: bool = False, *, request_id: str | None = None,
+                    grader: bool = False) -> AsyncIterator[ExecEvent]:
         """See :meth:`Sandbox.exec_stream`; use with ``async for``. To stop
         early and kill the command promptly, wrap it in
         ``contextlib.aclosing(...)``."""
-        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary,
+                              grader)
         req = _ops.exec_request(self.id, body, stream=True, request_id=request_id)
         return _aiter_exec_stream(self._client._t, req, binary)
 
@@ -416,9 +419,10 @@ class AsyncSandbox:
                                env: Mapping[str, str] | None = None, cwd: str | None = None,
                                user: str | None = None, timeout_ms: int = 30_000,
                                max_output_bytes: int = 1 << 20, binary: bool = False, *,
-                               request_id: str | None = None) -> str:
+                               request_id: str | None = None, grader: bool = False) -> str:
         """See :meth:`Sandbox.start_background`."""
-        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary,
+                              grader)
         req = _ops.exec_request(self.id, body, background=True, request_id=request_id)
         return str((await self._json(req))["exec_id"])
 

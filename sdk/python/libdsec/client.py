@@ -548,6 +548,7 @@ class Sandbox:
         binary: bool = False,
         *,
         request_id: str | None = None,
+        grader: bool = False,
     ) -> ExecResult:
         """Run a command and wait for it.
 
@@ -556,8 +557,13 @@ class Sandbox:
         no timeout. ``binary=True`` returns stdout/stderr as bytes (base64 on
         the wire); otherwise invalid UTF-8 in the output is replaced.
         ``max_output_bytes`` caps each stream. Retrying never runs it twice.
+        ``grader=True`` first kills every process in the sandbox (what the agent
+        left running could tamper with a grader of the same uid), then runs the
+        command as a uid of its own with a clean environment; see the README's
+        "Grading" for what it cannot guard against.
         """
-        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary,
+                              grader)
         data = self._json(_ops.exec_request(self.id, body, request_id=request_id))
         return ExecResult.from_json(data, binary=binary)
 
@@ -573,6 +579,7 @@ class Sandbox:
         binary: bool = False,
         *,
         request_id: str | None = None,
+        grader: bool = False,
     ) -> Iterator[ExecEvent]:
         """Like :meth:`exec`, but yield output as it is produced.
 
@@ -581,7 +588,8 @@ class Sandbox:
         all the output. The request is sent when iteration starts. Stopping
         the iteration early closes the connection, which kills the command.
         """
-        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary,
+                              grader)
         req = _ops.exec_request(self.id, body, stream=True, request_id=request_id)
         return _iter_exec_stream(self._client._t, req, binary)
 
@@ -597,10 +605,12 @@ class Sandbox:
         binary: bool = False,
         *,
         request_id: str | None = None,
+        grader: bool = False,
     ) -> str:
         """Start a command without waiting; returns its exec id for
         :meth:`exec_status`, :meth:`wait_exec` and :meth:`kill_exec`."""
-        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary)
+        body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary,
+                              grader)
         req = _ops.exec_request(self.id, body, background=True, request_id=request_id)
         return str(self._json(req)["exec_id"])
 

@@ -749,7 +749,17 @@ StatusOr<protocol::ExecSpec> ContainerSandbox::BuildExecSpec(const ExecRequest& 
   }
   for (const auto& a : s.argv)
     if (a.find('\0') != std::string::npos) return InvalidArgument("cmd must not contain NUL bytes");
-  DSEC_ASSIGN_OR_RETURN(UserIds u, ResolveUser(req.user.empty() ? spec_.user : req.user));
+  UserIds u;
+  if (req.grader) {
+    if (!req.user.empty())
+      return InvalidArgument("a grader exec runs as its own user: no \"user\"");
+    if (req.fncall) return InvalidArgument("fncalls cannot be graders");
+    u.uid = u.gid = kGraderUid;
+    u.name = "grader";
+    u.home = "/";
+  } else {
+    DSEC_ASSIGN_OR_RETURN(u, ResolveUser(req.user.empty() ? spec_.user : req.user));
+  }
   s.uid = u.uid;
   s.gid = u.gid;
   s.root_caps = u.root;
@@ -758,7 +768,8 @@ StatusOr<protocol::ExecSpec> ContainerSandbox::BuildExecSpec(const ExecRequest& 
     return InvalidArgument("cwd must be an absolute path");
   DSEC_RETURN_IF_ERROR(ValidateEnv(req.env));
   s.env = BaseEnv(u, req.tty);
-  for (const auto& [k, v] : spec_.env) SetEnv(&s.env, k, v);
+  if (!req.grader)
+    for (const auto& [k, v] : spec_.env) SetEnv(&s.env, k, v);
   for (const auto& [k, v] : req.env) SetEnv(&s.env, k, v);
   if (req.timeout_ms < 0) return InvalidArgument("timeout_ms must not be negative");
   s.timeout_ms = req.timeout_ms;
@@ -776,6 +787,7 @@ StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::StartExec(
     const ExecRequest& req, std::shared_ptr<ExecObserver> observer) {
   DSEC_ASSIGN_OR_RETURN(protocol::ExecSpec spec, BuildExecSpec(req));
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
+  if (req.grader) DSEC_RETURN_IF_ERROR(KillEveryUserProcess());
   bool stream_stdin = req.stdin_data.size() > kInlineStdinMax;
   if (stream_stdin) {
     spec.stdin_stream = true;
@@ -952,6 +964,18 @@ StatusOr<std::string> ContainerSandbox::CreateTar(const std::string& dir, uint64
   if (data.size() >= max_bytes)
     return TooLarge("archive is larger than " + std::to_string(max_bytes) + " bytes");
   return data;
+}
+
+Status ContainerSandbox::KillEveryUserProcess() {
+  DSEC_RETURN_IF_ERROR(SignalAll(SIGKILL).status());
+  // Until only the agent is left (a process in uninterruptible sleep may take a moment).
+  for (int i = 0; i < 400; ++i) {
+    auto st = cgroup_->Stats();
+    if (st.ok() && st->pids_current <= 1) return OkStatus();
+    usleep(i < 20 ? 500 : 5000);
+  }
+  return Unavailable("sandbox " + spec_.id +
+                     ": processes survived SIGKILL; the grader did not start");
 }
 
 StatusOr<int> ContainerSandbox::SignalAll(int sig) {

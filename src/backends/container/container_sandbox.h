@@ -66,6 +66,8 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   Status Destroy() override;
   std::vector<std::string> ListShells() override;
   StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid = false) override;
+  // SIGKILL to every user process, then waits until only the agent is left (grader execs).
+  Status KillEveryUserProcess();
   std::string AdoptionHandle() const override;
   void Detach() override;
 

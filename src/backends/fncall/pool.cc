@@ -282,12 +282,13 @@ void Pool::Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<ExecOutput> ou
   // Nothing the call printed or how it ended decides (the code could fake either): a worker
   // whose zygote died fails the next StartExec, which retires it and requeues that call.
   bool healthy = out.ok() && w->sb->state() == backends::SandboxState::kRunning;
+  bool worn = started && max_calls_ > 0 && ++w->calls >= max_calls_;
   std::vector<std::pair<std::shared_ptr<Worker>, Queued>> next;
   bool requeued;
   {
     std::lock_guard<std::mutex> l(mu_);
     busy_.erase(w->sb.get());
-    if (healthy && !stopped_) {
+    if (healthy && !worn && !stopped_) {
       idle_.push_back(w);
     } else {
       if (!out.ok()) last_error_ = "worker " + w->sb->id() + ": " + out.status().message();
@@ -315,7 +316,7 @@ void Pool::Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<ExecOutput> ou
     q.done(std::move(r));
   }
   for (auto& [nw, nq] : next) Start(std::move(nw), std::move(nq));
-  if (!healthy && wake_) wake_();
+  if ((!healthy || worn) && wake_) wake_();
 }
 
 bool Pool::NextLocked(std::shared_ptr<Worker>* w, Queued* q) {
@@ -575,6 +576,7 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
   auto pool = std::make_shared<Pool>(cfg, backend_, node_);
   pool->wake_ = [this] { Wake(); };
   pool->admit_ = admit_;
+  if (cfg.kind != "container") pool->max_calls_ = max_calls_;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stop_) return Unavailable("shutting down");

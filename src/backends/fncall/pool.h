@@ -102,6 +102,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
     int64_t limit_mb = 0;     // the call limit its cgroup is set to now
     int limit_failures = 0;   // memory limit cuts refused in a row
     int64_t rest_until_ms = 0;
+    int64_t calls = 0;  // calls it ran
   };
   struct Queued {
     CallRequest req;
@@ -137,6 +138,10 @@ class Pool : public std::enable_shared_from_this<Pool> {
   // The node's admission for one more sandbox of `memory_mb` (set by the PoolSet; may be
   // empty). Called without mu_ held.
   std::function<Status(int64_t memory_mb)> admit_;
+  // A worker retires after this many calls (0: never). Calls forked from one warm interpreter
+  // share its state that fork cannot renew, Python's hash secret above all (str hashes and
+  // set order are the same in every call of a worker); retiring bounds what they share.
+  int64_t max_calls_ = 0;
   friend class PoolSet;
 };
 
@@ -159,6 +164,8 @@ class PoolSet {
   // Every pool asks `admit` before it makes a worker or a ready sandbox: pools are part of the
   // node's admission (max_sandboxes, committed memory) like creates are. Set before serving.
   void SetAdmission(std::function<Status(int64_t memory_mb)> admit) { admit_ = std::move(admit); }
+  // fncall workers retire after this many calls (0: never); set before serving.
+  void SetWorkerMaxCalls(int64_t n) { max_calls_ = n; }
 
  private:
   void Loop();
@@ -169,6 +176,7 @@ class PoolSet {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::function<Status(int64_t)> admit_;                // set once before serving
+  int64_t max_calls_ = 0;                               // set once before serving
   std::map<std::string, std::shared_ptr<Pool>> pools_;  // GUARDED_BY(mu_)
   std::vector<std::shared_ptr<Pool>> removed_;          // GUARDED_BY(mu_); to shut down
   bool stop_ = false, woken_ = false;                   // GUARDED_BY(mu_)
