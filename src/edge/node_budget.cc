@@ -110,14 +110,15 @@ StatusOr<FileBudget> PrepareFileBudget(int64_t max_sandboxes, int max_connection
     (void)getrlimit(RLIMIT_NOFILE, &rl);
   }
   b.nofile = rl.rlim_cur == RLIM_INFINITY ? want : rl.rlim_cur;
-  // Sandboxes first (what they hold they hold for minutes), then connections get what is left,
-  // at least 64.
+  // Sandboxes first (what they hold they hold for minutes), then connections get what is left
+  // (at least 64, never more than configured).
   int64_t room = static_cast<int64_t>(b.nofile) - kEdgeFdsBase - 64;
   b.max_sandboxes = std::max<int64_t>(0, std::min(max_sandboxes, room / kEdgeFdsPerSandbox));
   int64_t left =
       static_cast<int64_t>(b.nofile) - kEdgeFdsBase - b.max_sandboxes * kEdgeFdsPerSandbox;
-  b.max_connections =
-      static_cast<int>(std::max<int64_t>(64, std::min<int64_t>(max_connections, left)));
+  int64_t conns = max_connections;
+  if (left < conns) conns = std::max<int64_t>(64, left);
+  b.max_connections = static_cast<int>(conns);
   return b;
 }
 

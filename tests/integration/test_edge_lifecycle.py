@@ -98,7 +98,9 @@ def test_second_edge_on_same_state_dir_refused(make_edge):
 
 
 def test_capacity_429_with_retry_after(make_edge):
-    edge = make_edge(extra_args=["--max-sandboxes", "2", "--memory-overcommit", "0.1"])
+    # (No fncall pools: their workers count toward max_sandboxes too.)
+    edge = make_edge(extra_args=["--max-sandboxes", "2", "--memory-overcommit", "0.1"],
+                     config={"fncall_pools": False})
     c = edge.client()
     node = c.get("/v1/node", expect=200).json
     assert node["capacity"]["max_sandboxes"] == 2

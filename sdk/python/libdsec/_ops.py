@@ -136,8 +136,14 @@ def encode_stdin(stdin: Stdin | None) -> tuple[str, str | None]:
 
 def exec_body(cmd: Cmd, stdin: Stdin | None, env: Mapping[str, str] | None,
               cwd: str | None, user: str | None, timeout_ms: int,
-              max_output_bytes: int, binary: bool) -> dict[str, Any]:
+              max_output_bytes: int, binary: bool, grader: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {}
+    if grader:
+        # Kills every process in the sandbox first, then runs as a uid of its own with a
+        # clean environment (API.md "grader").
+        if user is not None:
+            raise ValueError("a grader exec runs as its own user: do not pass user")
+        body["grader"] = True
     if isinstance(cmd, str):
         body["shell"] = cmd
     else:

@@ -28,15 +28,15 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 CREATE_FIELDS = {"kind", "image", "cpu", "memory_mb", "pids", "disk_mb", "ttl_s", "idle_ttl_s",
                  "user", "workdir", "env", "labels", "network", "pool", "count", "request_id"}
 EXEC_FIELDS = {"cmd", "shell", "stdin", "stdin_encoding", "env", "cwd", "user", "timeout_ms",
-               "max_output_bytes", "encoding", "background", "request_id"}
+               "max_output_bytes", "encoding", "background", "grader", "request_id"}
 PATCH_FIELDS = {"ttl_s", "idle_ttl_s", "labels", "network", "request_id"}
 SHELL_OPEN_FIELDS = {"user", "request_id"}
 SHELL_RUN_FIELDS = {"command", "timeout_ms", "max_output_bytes", "encoding", "request_id"}
 SIGNAL_FIELDS = {"signal", "request_id"}
 FNCALL_FIELDS = {"runtime", "code", "filename", "stdin", "stdin_encoding", "files",
                  "timeout_ms", "memory_mb", "max_output_bytes", "encoding", "request_id"}
-SNAPSHOT_FIELDS = {"image", "request_id"}
-FORK_FIELDS = {"count", "request_id"}
+SNAPSHOT_FIELDS = {"image", "keep_setuid", "request_id"}
+FORK_FIELDS = {"count", "keep_setuid", "request_id"}
 IMPORT_QUERY = {"name", "format", "layer_format", "base"}
 IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9._-]+)?$")
 BUILD_FIELDS = {"name", "base", "from", "packages", "variant", "run", "env", "workdir",

@@ -265,6 +265,9 @@ def test_snapshot_and_fork(client, edge, sandbox):
     assert img.base == "host" and len(img.layers) == 1 and img.in_use == 0
     body = edge.seen("POST", f"/v1/sandboxes/{sandbox.id}/snapshot")[0].json
     assert body["image"] == "proj:abc123" and body["request_id"]
+    assert "keep_setuid" not in body
+    sandbox.snapshot("proj:setuid", keep_setuid=True)
+    assert edge.seen("POST", f"/v1/sandboxes/{sandbox.id}/snapshot")[-1].json["keep_setuid"]
     with pytest.raises(ConflictError):
         client.snapshot(sandbox.id, "proj:abc123")
 

@@ -116,6 +116,13 @@ def test_exec_variants(client, edge, sandbox):
     r = sandbox.exec(["env"], env={"A": "1"}, cwd="/tmp", user="root", timeout_ms=0)
     assert r.stdout == '[{"A": "1"}, "/tmp", "root"]'
 
+    # A grader exec says so; it runs as its own user, so a user with it is refused locally.
+    sandbox.exec(["true"], grader=True)
+    assert edge.seen("POST")[-1].json["grader"] is True
+    assert "grader" not in (sandbox.exec(["true"]) and edge.seen("POST")[-1].json)
+    with pytest.raises(ValueError):
+        sandbox.exec(["true"], grader=True, user="root")
+
 
 def test_exec_stream_is_incremental(client, edge, sandbox):
     events = sandbox.exec_stream(["stream", "4"])
