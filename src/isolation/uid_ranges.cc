@@ -28,16 +28,29 @@ StatusOr<std::unique_ptr<UidRangeAllocator>> UidRangeAllocator::Open(const UidRa
   return a;
 }
 
-StatusOr<UniqueFd> UidRangeAllocator::TryLock(uint32_t slot) const {
-  // A fresh open file description per lease: OFD locks belong to it, so handing the
-  // descriptor to another process hands over exactly this lease.
+StatusOr<UniqueFd> UidRangeAllocator::OpenLockFile() const {
   UniqueFd fd(open(opts_.lock_file.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return ErrnoError("open \"" + opts_.lock_file + "\"");
+  return fd;
+}
+
+namespace {
+// A write lock on byte `slot`: the lease of range `slot`.
+struct flock SlotLock(uint32_t slot) {
   struct flock fl {};
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET;
   fl.l_start = slot;
   fl.l_len = 1;
+  return fl;
+}
+}  // namespace
+
+StatusOr<UniqueFd> UidRangeAllocator::TryLock(uint32_t slot) const {
+  // A fresh open file description per lease: OFD locks belong to it, so handing the
+  // descriptor to another process hands over exactly this lease.
+  DSEC_ASSIGN_OR_RETURN(UniqueFd fd, OpenLockFile());
+  struct flock fl = SlotLock(slot);
   if (fcntl(fd.get(), F_OFD_SETLK, &fl) < 0) {
     if (errno == EAGAIN || errno == EACCES) return UniqueFd();
     return ErrnoError("F_OFD_SETLK \"" + opts_.lock_file + "\" byte " + std::to_string(slot));
@@ -79,13 +92,8 @@ void UidRangeAllocator::Release(uint32_t slot) {
 }
 
 StatusOr<bool> UidRangeAllocator::Held(uint32_t slot) const {
-  UniqueFd fd(open(opts_.lock_file.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) return ErrnoError("open \"" + opts_.lock_file + "\"");
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = slot;
-  fl.l_len = 1;
+  DSEC_ASSIGN_OR_RETURN(UniqueFd fd, OpenLockFile());
+  struct flock fl = SlotLock(slot);
   if (fcntl(fd.get(), F_OFD_GETLK, &fl) < 0) return ErrnoError("F_OFD_GETLK");
   return fl.l_type != F_UNLCK;
 }

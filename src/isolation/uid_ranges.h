@@ -67,6 +67,7 @@ class UidRangeAllocator {
 
  private:
   explicit UidRangeAllocator(UidRangeOptions opts) : opts_(std::move(opts)) {}
+  StatusOr<UniqueFd> OpenLockFile() const;
   StatusOr<UniqueFd> TryLock(uint32_t slot) const;
 
   UidRangeOptions opts_;

@@ -1,6 +1,7 @@
 """Helpers for the adversarial cases: the probe program, a neighbour whose exec latency is
 measured while an attack runs, and small waits."""
 
+import json
 import os
 import pathlib
 import statistics
@@ -103,7 +104,28 @@ class Neighbour:
     def check(self, figure, name="neighbour exec", limit_ms=5000):
         """Records the neighbour's latency figures and asserts it kept serving."""
         assert self.latencies, "the neighbour ran no exec during the attack"
+        figure(f"{name} errors", len(self.errors))
         assert not self.errors, f"the neighbour's execs failed: {self.errors[:3]}"
         figure(f"{name} p50 ms", round(self.p50, 1))
         figure(f"{name} max ms", round(self.max, 1))
         assert self.max < limit_ms, f"the neighbour stalled: max exec {self.max:.0f} ms"
+
+
+def tty_attach_output(edge, sid, cmd="tty"):
+    """Runs `cmd` through a tty attach (a real pty from the sandbox's devpts); its output."""
+    import edge_harness  # noqa: PLC0415
+    status, _, ws = edge_harness.WebSocket.connect(
+        "127.0.0.1", edge.port, f"/v1/sandboxes/{sid}/attach?cmd={cmd}&tty=1", token=edge.token)
+    assert status == 101, ws
+    out = b""
+    try:
+        ws.sock.settimeout(20)
+        while True:
+            op, payload = ws.recv()
+            if op == 0x2:
+                out += payload
+            elif op != 0x1 or "exit" in json.loads(payload) or "error" in json.loads(payload):
+                break
+    finally:
+        ws.close()
+    return out.decode(errors="replace")

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from sec_util import install_probe, probe
+from sec_util import install_probe, probe, tty_attach_output
 
 USERS = [None, "root"]  # the sandbox's default user (uid 1000) and root inside
 USER_IDS = ["sandbox", "root"]
@@ -273,22 +273,8 @@ def test_hijacked_dev_ptmx_fails_cleanly(edge, client, sandbox):
         assert client.sh(sandbox, "echo ok") == "ok\n"
     # Put it back: a tty works again.
     client.sh(sandbox, "rm -f /dev/ptmx && ln -s pts/ptmx /dev/ptmx", user="root")
-    status, _, ws = edge_harness.WebSocket.connect(
-        "127.0.0.1", edge.port, f"/v1/sandboxes/{sandbox}/attach?cmd=tty&tty=1",
-        token=edge.token)
-    assert status == 101
-    out = b""
-    try:
-        ws.sock.settimeout(20)
-        while True:
-            op, payload = ws.recv()
-            if op == 0x2:
-                out += payload
-            elif op != 0x1 or "exit" in json.loads(payload):
-                break
-    finally:
-        ws.close()
-    assert b"/dev/pts/" in out, out
+    out = tty_attach_output(edge, sandbox)
+    assert "/dev/pts/" in out, out
 
 
 # ---- setuid binaries and file capabilities --------------------------------------------------

@@ -276,14 +276,27 @@ TEST_P(ContainerPrivilegedTest, OnlyLoopback) {
 TEST_P(ContainerPrivilegedTest, ImageIsReadOnlyUnderTheOverlay) {
   auto sb = Create();
   ASSERT_TRUE(sb);
-  std::string marker = "/usr/bin/dsec-test-" + RandomHex(4);
+  // Root inside writes into /etc (a copy-up in the writable layer; /etc has an upper dir). With
+  // a user namespace the host's own directories are not idmapped, so root inside is a stranger
+  // to them: writing /usr/bin or appending to /bin/bash is refused; without one (root is host
+  // root with reduced capabilities), both are copy-ups. Either way the host never sees them.
+  std::string tag = RandomHex(4);
+  std::string etc_marker = "/etc/dsec-test-" + tag, marker = "/usr/bin/dsec-test-" + tag;
+  auto e = Sh(sb.get(), "echo hi > " + etc_marker + " && cat " + etc_marker, "root");
+  EXPECT_EQ(e.stdout_data, "hi\n") << e.stderr_data;
   auto w =
       Sh(sb.get(),
          "echo hi > " + marker + " && cat " + marker + " && echo x >> /bin/bash && echo appended",
          "root");
-  EXPECT_EQ(w.stdout_data, "hi\nappended\n") << w.stderr_data;
+  if (backend_->features().userns) {
+    EXPECT_NE(w.result.exit_code, 0);
+    EXPECT_NE(w.stderr_data.find("Permission denied"), std::string::npos) << w.stderr_data;
+  } else {
+    EXPECT_EQ(w.stdout_data, "hi\nappended\n") << w.stderr_data;
+  }
   struct stat st;
-  EXPECT_NE(stat(marker.c_str(), &st), 0);  // the host never saw it
+  EXPECT_NE(stat(marker.c_str(), &st), 0);  // the host never saw them
+  EXPECT_NE(stat(etc_marker.c_str(), &st), 0);
   auto denied = Sh(sb.get(), "echo x > /usr/bin/nope");
   EXPECT_NE(denied.result.exit_code, 0);
   // Secrets and the edge's own state are not there at all.

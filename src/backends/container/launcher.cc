@@ -52,6 +52,10 @@ int ChildMain(void* p) {
     n = RawSyscall(SYS_read, a->go_r, reinterpret_cast<long>(&c), 1);
   } while (n == -EINTR);
   if (n != 1) return 120;  // the parent gave up on us
+  // The launcher thread's SECBIT_NO_SETUID_FIXUP (see Run) is not the agent's: with it, a uid
+  // or fsuid change would keep capabilities (a file op "as the sandbox user" would still have
+  // CAP_DAC_OVERRIDE).
+  if (RawSyscall(SYS_prctl, PR_SET_SECUREBITS, 0, 0, 0, 0) < 0) return 119;
   if (a->userns) {
     // Root of the new user namespace: its maps are written now.
     if (RawSyscall(SYS_setresgid, 0, 0, 0) < 0 || RawSyscall(SYS_setresuid, 0, 0, 0) < 0 ||
