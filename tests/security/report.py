@@ -23,6 +23,7 @@ CATEGORIES = {
     "test_escape": "Escape",
     "test_control_channel": "The control channel",
     "test_exhaustion": "Resource exhaustion",
+    "test_node_budgets": "Node-wide budgets (issue 20)",
     "test_files": "File transfer paths",
     "test_network": "Network",
     "test_api_abuse": "API abuse",
