@@ -101,6 +101,9 @@ class CgroupDriver {
 
   virtual std::string Describe() const = 0;  // e.g. "v1-hybrid (memory,pids,cpu + cgroup2 at ..)"
   virtual bool is_v2() const = 0;
+  // A cgroup2 hierarchy tracks the sandboxes (pure v2, or a v1 hybrid's cgroup2 mount): what
+  // clone3 into a cgroup and cgroup BPF programs need.
+  virtual bool has_cgroup2() const = 0;
   // Creates the sandbox's cgroups (and user/) and applies limits. Fails if it exists.
   virtual StatusOr<std::unique_ptr<Cgroup>> CreateSandbox(const std::string& name,
                                                           const CgroupLimits& limits) = 0;

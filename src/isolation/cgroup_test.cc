@@ -11,6 +11,7 @@
 
 #include "base/file_util.h"
 #include "base/ids.h"
+#include "base/scope_guard.h"
 #include "base/strings.h"
 #include "isolation/cgroup_internal.h"
 
@@ -58,9 +59,13 @@ TEST(CgroupV2Test, WritesLimitsAndControllers) {
   o.v2_root = root;
   o.plain_directory_tree = true;
   o.parent_memory_bytes = 1 << 30;
+  o.parent_pids = 123456;
   auto d = CgroupDriver::Create(o);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_TRUE((*d)->is_v2());
+  EXPECT_TRUE((*d)->has_cgroup2());
+  // All sandboxes together: the node's pids budget.
+  EXPECT_EQ(*ReadFileToString(root + "/dsec-test01/pids.max"), "123456");
   EXPECT_EQ(*ReadFileToString(root + "/cgroup.subtree_control"), "+memory +pids +cpu");
   EXPECT_EQ(*ReadFileToString(root + "/dsec-test01/cgroup.subtree_control"), "+memory +pids +cpu");
   EXPECT_EQ(*ReadFileToString(root + "/dsec-test01/memory.max"), std::to_string(1 << 30));
@@ -245,6 +250,31 @@ TEST_P(CgroupPrivilegedTest, V1SocketBuffersAreChargedAndCapped) {
   ASSERT_TRUE(driver_->SetParentMemoryLimit(1 << 30).ok());
   EXPECT_EQ(TrimWhitespace(*ReadFileToString(parent + "/memory.kmem.tcp.limit_in_bytes")),
             std::to_string(1 << 30));
+}
+
+// The node's budgets on the parent of all sandboxes: pids.max, and on v1 the TCP buffers of
+// all sandboxes together (below the parent's memory limit).
+TEST_P(CgroupPrivilegedTest, ParentBudgetsAreWritten) {
+  if (driver_->is_v2()) GTEST_SKIP() << "covered by CgroupV2Test on a plain tree";
+  CgroupDriverOptions o;
+  o.instance_id = "test-" + RandomHex(4);
+  o.parent_memory_bytes = 1 << 30;
+  o.parent_pids = 4321;
+  o.parent_socket_bytes = 64 << 20;
+  auto d = CgroupDriver::Create(o);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  auto cleanup = MakeScopeGuard([&] { (void)(*d)->RemoveParent(); });
+  EXPECT_TRUE((*d)->has_cgroup2() || !(*d)->is_v2());
+  auto info = ReadFileToString("/proc/self/mountinfo");
+  ASSERT_TRUE(info.ok());
+  auto mounts = internal::ParseCgroupMounts(*info);
+  std::string parent = "dsec-" + o.instance_id;
+  EXPECT_EQ(TrimWhitespace(*ReadFileToString(mounts.v1["pids"] + "/" + parent + "/pids.max")),
+            "4321");
+  std::string tcp = mounts.v1["memory"] + "/" + parent + "/memory.kmem.tcp.limit_in_bytes";
+  if (access(tcp.c_str(), F_OK) == 0) {
+    EXPECT_EQ(TrimWhitespace(*ReadFileToString(tcp)), std::to_string(64 << 20));
+  }
 }
 
 TEST_P(CgroupPrivilegedTest, PidsLimitStopsForkBomb) {

@@ -250,6 +250,7 @@ class CgroupV1HybridDriver : public CgroupDriver {
     return s + ")";
   }
   bool is_v2() const override { return false; }
+  bool has_cgroup2() const override { return !h_.v2.empty(); }
 
   StatusOr<std::unique_ptr<Cgroup>> CreateSandbox(const std::string& name,
                                                   const CgroupLimits& limits) override {

@@ -138,6 +138,7 @@ class CgroupV2Driver : public CgroupDriver {
 
   std::string Describe() const override { return "v2 (" + root_ + ")"; }
   bool is_v2() const override { return true; }
+  bool has_cgroup2() const override { return true; }
 
   StatusOr<std::unique_ptr<Cgroup>> CreateSandbox(const std::string& name,
                                                   const CgroupLimits& limits) override {

@@ -129,6 +129,8 @@ Status ContainerBackend::Init() {
 
   if (opts_.sockets_per_mb == 0) {
     socket_budget_error_ = "off (sockets_per_mb 0)";
+  } else if (!cgroups_->has_cgroup2()) {
+    socket_budget_error_ = "no cgroup2 hierarchy to attach cgroup BPF programs to";
   } else if (auto sb = isolation::SocketBudget::Create(1u << 21); sb.ok()) {
     socket_budget_ = std::move(*sb);
   } else {
