@@ -647,9 +647,21 @@ class TarExtractor::Impl {
     }
     switch (kind) {
       case '0': {
+        // A sparse file counts at its real size: reserved here, taken back as its data is
+        // written (data_size itself is checked by CreateFile as usual).
+        if (sparse10) {
+          const uint64_t used = stats_.bytes + sparse_reserved_;
+          if (sparse_realsize > opts_.max_total_bytes - std::min(used, opts_.max_total_bytes))
+            return Status(StatusCode::kTooLarge,
+                          "tar entry " + Quote(name) + ": sparse file of real size " +
+                              std::to_string(sparse_realsize) +
+                              " exceeds the remaining extraction limit (" +
+                              std::to_string(opts_.max_total_bytes) + " bytes total)");
+        }
         DSEC_RETURN_IF_ERROR(CreateFile(name, comps, *mode, data_size, *mtime));
         if (sparse10) {
           if (data_size == 0) return HeaderError("sparse entry without a map");
+          sparse_reserved_ += sparse_realsize;
           sparse_ = SparseMap();
           sparse_realsize_ = sparse_realsize;
           sparse_region_ = 0;
@@ -722,6 +734,7 @@ class TarExtractor::Impl {
       }
       const size_t n = static_cast<size_t>(std::min<uint64_t>(sparse_left_, d.size()));
       stats_.bytes += n;
+      sparse_reserved_ -= std::min<uint64_t>(sparse_reserved_, n);  // regions lie within it
       DSEC_RETURN_IF_ERROR(BufferFileData(d.substr(0, n)));
       sparse_left_ -= n;
       d.remove_prefix(n);
@@ -843,7 +856,8 @@ class TarExtractor::Impl {
   Status CreateFile(const std::string& entry, const std::vector<std::string>& comps, uint64_t mode,
                     uint64_t size, int64_t mtime) {
     // Size limit first: a header claiming a huge size fails before anything is created.
-    if (size > opts_.max_total_bytes - std::min(stats_.bytes, opts_.max_total_bytes)) {
+    const uint64_t used = stats_.bytes + sparse_reserved_;
+    if (size > opts_.max_total_bytes - std::min(used, opts_.max_total_bytes)) {
       return Status(StatusCode::kTooLarge,
                     "tar entry " + Quote(entry) + ": size " + std::to_string(size) +
                         " exceeds the remaining extraction limit (" +
@@ -1103,6 +1117,8 @@ class TarExtractor::Impl {
   uint64_t sparse_realsize_ = 0;
   size_t sparse_region_ = 0;
   uint64_t sparse_left_ = 0;
+  // Real sizes of sparse files not yet covered by their written data (max_total_bytes).
+  uint64_t sparse_reserved_ = 0;
 };
 
 TarExtractor::TarExtractor(int dest_dirfd, TarExtractOptions opts)

@@ -25,9 +25,11 @@
 namespace dsec::agent {
 
 struct TarExtractOptions {
-  uid_t uid = 1000, gid = 1000;           // owner of everything created (fchownat)
-  uint64_t max_total_bytes = 1ull << 32;  // sum of file sizes; exceeded -> error kTooLarge
-  uint64_t max_entries = 1'000'000;       // exceeded -> error kTooLarge
+  uid_t uid = 1000, gid = 1000;  // owner of everything created (fchownat)
+  // Sum of file sizes, a sparse file's counted at its real size (its holes included: what a
+  // reader that does not know holes would go through); exceeded -> error kTooLarge.
+  uint64_t max_total_bytes = 1ull << 32;
+  uint64_t max_entries = 1'000'000;  // exceeded -> error kTooLarge
   // When true, Finish() fails unless the end-of-archive marker (zero block) was seen, so a
   // stream cut exactly at an entry boundary is reported instead of silently accepted.
   bool require_end_marker = true;
@@ -47,7 +49,7 @@ struct TarExtractOptions {
 struct TarExtractStats {
   uint64_t entries = 0;  // entries created (files, dirs, symlinks, hard links)
   uint64_t bytes = 0;    // regular-file bytes written
-  uint64_t skipped = 0;  // devices, FIFOs, unknown types, sparse files
+  uint64_t skipped = 0;  // devices, FIFOs, unknown types, sparse files of older pax formats
 };
 
 class TarExtractor {

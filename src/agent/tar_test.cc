@@ -628,6 +628,16 @@ TEST_F(TarTest, SparseEntriesKeepHoles) {
     r = Extract(sparse("bad", 4096, map, data) + End());
     EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << map;
   }
+  // A sparse file counts at its real size against the extraction limit (its data is tiny).
+  TarExtractOptions small = Opts();
+  small.max_total_bytes = 1 << 20;
+  r = Extract(sparse("huge", 1ull << 40, "1\n0\n2\n", "hi") + End(), small);
+  EXPECT_EQ(r.status.code(), StatusCode::kTooLarge) << r.status.ToString();
+  EXPECT_FALSE(Exists(D("huge")));
+  r = Extract(
+      sparse("a", 600 << 10, "1\n0\n2\n", "hi") + sparse("b", 600 << 10, "1\n0\n2\n", "hi") + End(),
+      small);
+  EXPECT_EQ(r.status.code(), StatusCode::kTooLarge) << "two together pass the limit";
   // Non-NUL padding after the map text.
   std::string map = "1\n0\n1\n";
   std::string padded = map + std::string(512 - map.size(), 'P');

