@@ -293,11 +293,10 @@ void Agent::OnPendingReadable() {
     conn_.Reset();
     return;
   }
-  Json shells = Json::array();
+  protocol::Hello hello{protocol::kProtocolVersion, getpid(), {}};
   for (const auto& [id, s] : shells_)
-    if (s->alive()) shells.push_back(id);
-  SendJson(FrameType::kHello, 0,
-           {{"version", protocol::kProtocolVersion}, {"pid", getpid()}, {"shells", shells}});
+    if (s->alive()) hello.shells.push_back(id);
+  SendJson(FrameType::kHello, 0, protocol::Encode(hello));
 }
 
 void Agent::OnSigchld() {
@@ -337,6 +336,85 @@ void Agent::HandleFrame(Frame& f) {
   }
 }
 
+namespace {
+
+// The process operations; the file operations are in files.cc.
+
+StatusOr<Reply> HandleExec(Agent* agent, uint32_t ch, protocol::ExecRequest req) {
+  Status err;
+  std::unique_ptr<Op> op = StartExec(agent, ch, std::move(req.spec), &err);
+  if (!op) return err;
+  return Reply(std::move(op));
+}
+
+StatusOr<Reply> HandleShellOpen(Agent* agent, uint32_t, protocol::ShellOpenRequest req) {
+  if (agent->shells().size() >= kMaxShells) return ResourceExhausted("too many shell sessions");
+  std::string id = agent->NextShellId();
+  DSEC_ASSIGN_OR_RETURN(auto shell, ShellSession::Open(agent, id, req.spec));
+  agent->shells()[id] = std::move(shell);
+  return Reply(protocol::Encode(protocol::ShellOpenResponse{id}));
+}
+
+StatusOr<Reply> HandleShellRun(Agent* agent, uint32_t ch, protocol::ShellRunRequest req) {
+  auto it = agent->shells().find(req.shell_id);
+  if (it == agent->shells().end()) return NotFound("shell " + req.shell_id + " not found");
+  DSEC_ASSIGN_OR_RETURN(auto op, it->second->Run(ch, req.command, req.timeout_ms,
+                                                 req.max_output_bytes));
+  return Reply(std::move(op));
+}
+
+StatusOr<Reply> HandleShellClose(Agent* agent, uint32_t, protocol::ShellCloseRequest req) {
+  auto it = agent->shells().find(req.shell_id);
+  if (it == agent->shells().end()) return NotFound("shell " + req.shell_id + " not found");
+  agent->shells().erase(it);
+  return Reply(protocol::Encode(protocol::OkResponse{}));
+}
+
+StatusOr<Reply> HandleSignalAll(Agent* agent, uint32_t, protocol::SignalAllRequest req) {
+  int n = SignalAllUserProcesses(*agent, req.signal);
+  if (n < 0) return Unimplemented("signal_all needs cgroup2");
+  return Reply(protocol::Encode(protocol::SignalAllResponse{n}));
+}
+
+StatusOr<Reply> HandlePing(Agent* agent, uint32_t, protocol::PingRequest) {
+  return Reply(protocol::Encode(protocol::PingResponse{getpid(), agent->active_processes()}));
+}
+
+// One entry per operation: its name, and its request's parser bound to its handler.
+struct OpEntry {
+  std::string_view name;
+  StatusOr<Reply> (*run)(Agent* agent, uint32_t channel, const Json& request);
+};
+
+template <class Req, StatusOr<Reply> (*Handler)(Agent*, uint32_t, Req)>
+constexpr OpEntry Entry() {
+  return {Req::kOp, [](Agent* agent, uint32_t ch, const Json& j) -> StatusOr<Reply> {
+            DSEC_ASSIGN_OR_RETURN(Req req, protocol::DecodeAs<Req>(j));
+            return Handler(agent, ch, std::move(req));
+          }};
+}
+
+constexpr OpEntry kOps[] = {
+    Entry<protocol::ExecRequest, HandleExec>(),
+    Entry<protocol::ShellOpenRequest, HandleShellOpen>(),
+    Entry<protocol::ShellRunRequest, HandleShellRun>(),
+    Entry<protocol::ShellCloseRequest, HandleShellClose>(),
+    Entry<protocol::SignalAllRequest, HandleSignalAll>(),
+    Entry<protocol::PingRequest, HandlePing>(),
+    Entry<protocol::ReadFileRequest, HandleReadFile>(),
+    Entry<protocol::WriteFileRequest, HandleWriteFile>(),
+    Entry<protocol::ListDirRequest, HandleListDir>(),
+    Entry<protocol::StatRequest, HandleStat>(),
+    Entry<protocol::MakeDirRequest, HandleMakeDir>(),
+    Entry<protocol::RemoveRequest, HandleRemove>(),
+    Entry<protocol::TarExtractRequest, HandleTarExtract>(),
+    Entry<protocol::TarCreateRequest, HandleTarCreate>(),
+};
+
+}  // namespace
+
+std::string Agent::NextShellId() { return "sh" + std::to_string(++cgroup_seq_); }
+
 void Agent::HandleRequest(uint32_t channel, const std::string& payload) {
   auto fail = [&](const Status& s) {
     SendJson(FrameType::kResponse, channel, protocol::ErrorJson(s));
@@ -345,59 +423,17 @@ void Agent::HandleRequest(uint32_t channel, const std::string& payload) {
   auto parsed = protocol::ParseJson(payload);
   if (!parsed.ok() || !parsed->is_object())
     return fail(InvalidArgument("request must be a JSON object"));
-  const Json& j = *parsed;
-  auto opname = protocol::GetString(j, "op");
+  auto opname = protocol::GetString(*parsed, "op");
   if (!opname.ok()) return fail(opname.status());
-  const std::string& op = *opname;
-  std::unique_ptr<Op> started;
-
-  if (op == "exec") {
-    auto spec = protocol::ExecSpecFromJson(j);
-    if (!spec.ok()) return fail(spec.status());
-    Status err;
-    started = StartExec(this, channel, std::move(*spec), &err);
-    if (!started) return fail(err);
-  } else if (op == "shell_open") {
-    auto spec = protocol::ExecSpecFromJson(j);
-    if (!spec.ok()) return fail(spec.status());
-    if (shells_.size() >= kMaxShells) return fail(ResourceExhausted("too many shell sessions"));
-    std::string id = "sh" + std::to_string(++cgroup_seq_);
-    auto s = ShellSession::Open(this, id, *spec);
-    if (!s.ok()) return fail(s.status());
-    shells_[id] = std::move(*s);
-    return SendJson(FrameType::kResponse, channel, {{"shell_id", id}});
-  } else if (op == "shell_run") {
-    auto id = protocol::GetString(j, "shell_id");
-    auto cmd = protocol::GetString(j, "command");
-    auto timeout = protocol::GetInt(j, "timeout_ms", 0, 0, INT64_MAX / 2);
-    auto maxout = protocol::GetInt(j, "max_output_bytes", 1 << 20, 0, INT64_MAX);
-    for (const Status& s : {id.status(), cmd.status(), timeout.status(), maxout.status()})
-      if (!s.ok()) return fail(s);
-    auto it = shells_.find(*id);
-    if (it == shells_.end()) return fail(NotFound("shell " + *id + " not found"));
-    auto r = it->second->Run(channel, *cmd, *timeout, static_cast<uint64_t>(*maxout));
-    if (!r.ok()) return fail(r.status());
-    started = std::move(*r);
-  } else if (op == "shell_close") {
-    auto id = protocol::GetString(j, "shell_id");
-    if (!id.ok()) return fail(id.status());
-    auto it = shells_.find(*id);
-    if (it == shells_.end()) return fail(NotFound("shell " + *id + " not found"));
-    shells_.erase(it);
-    return SendJson(FrameType::kResponse, channel, {{"ok", true}});
-  } else if (op == "signal_all") {
-    auto sig = protocol::GetInt(j, "signal", SIGKILL, 1, 64);
-    if (!sig.ok()) return fail(sig.status());
-    int n = SignalAllUserProcesses(*this, static_cast<int>(*sig));
-    if (n < 0) return fail(Unimplemented("signal_all needs cgroup2"));
-    return SendJson(FrameType::kResponse, channel, {{"processes", n}});
-  } else if (op == "ping") {
-    return SendJson(FrameType::kResponse, channel,
-                    {{"pid", getpid()}, {"active", active_processes_}});
-  } else {
-    started = HandleFileRequest(this, channel, op, j);
-    if (!started) return;  // answered already
-  }
+  const OpEntry* entry = nullptr;
+  for (const OpEntry& e : kOps)
+    if (e.name == *opname) entry = &e;
+  if (!entry) return fail(InvalidArgument("unknown operation \"" + *opname + "\""));
+  StatusOr<Reply> reply = entry->run(this, channel, *parsed);
+  if (!reply.ok()) return fail(reply.status());
+  if (auto* response = std::get_if<Json>(&*reply))
+    return SendJson(FrameType::kResponse, channel, *response);
+  std::unique_ptr<Op> started = std::move(std::get<std::unique_ptr<Op>>(*reply));
   Op* raw = started.get();
   ops_[channel] = std::move(started);
   raw->Begin();

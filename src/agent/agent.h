@@ -15,12 +15,14 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <variant>
 #include <string>
 #include <vector>
 
 #include "agent/loop.h"
 #include "base/unique_fd.h"
 #include "protocol/frame.h"
+#include "protocol/agent_ops.h"
 #include "protocol/messages.h"
 
 namespace dsec::agent {
@@ -54,6 +56,9 @@ class Op {
   Agent* agent_;
   uint32_t channel_;
 };
+
+// What an operation's handler answers: the response at once, or the op that streams it.
+using Reply = std::variant<protocol::Json, std::unique_ptr<Op>>;
 
 // Limits and identities from setup that operations need.
 struct AgentConfig {
@@ -102,6 +107,8 @@ class Agent {
   // Execs + shells currently running, for the concurrency cap.
   int active_processes() const { return active_processes_; }
   void AdjustActive(int delta) { active_processes_ += delta; }
+  // A fresh shell session id.
+  std::string NextShellId();
   // Names a fresh child cgroup under <sb>/user; its directory is made by the caller.
   std::string NextCgroupName(char prefix);
   // Cgroups whose processes outlived their op; removed once empty.

@@ -24,7 +24,6 @@ using protocol::Json;
 namespace {
 
 constexpr uint64_t kResolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-constexpr size_t kMaxListEntries = 100000;
 // Archives larger than this are refused even when the caller names no smaller max_bytes.
 constexpr uint64_t kMaxArchiveBytes = 4ull << 30;
 
@@ -47,22 +46,7 @@ class ScopedFsIds {
   ScopedFsIds& operator=(const ScopedFsIds&) = delete;
 };
 
-struct Ids {
-  uid_t uid = 1000;
-  gid_t gid = 1000;
-};
-
-StatusOr<Ids> GetIds(const Json& req) {
-  DSEC_ASSIGN_OR_RETURN(int64_t uid, protocol::GetInt(req, "uid", 1000, 0, 65535));
-  DSEC_ASSIGN_OR_RETURN(int64_t gid, protocol::GetInt(req, "gid", 1000, 0, 65535));
-  return Ids{static_cast<uid_t>(uid), static_cast<gid_t>(gid)};
-}
-
-StatusOr<std::string> GetPath(const Json& req) {
-  DSEC_ASSIGN_OR_RETURN(std::string path, protocol::GetString(req, "path"));
-  DSEC_RETURN_IF_ERROR(ValidateSandboxPath(path));
-  return path;
-}
+using Ids = protocol::RunAs;
 
 int RootFd() {
   static int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -386,171 +370,150 @@ class TarCreateOp : public Op {
   uint64_t bytes_ = 0;
 };
 
-StatusOr<std::unique_ptr<Op>> Dispatch(Agent* agent, uint32_t ch, const std::string& op,
-                                       const Json& req) {
-  DSEC_ASSIGN_OR_RETURN(Ids ids, GetIds(req));
-  DSEC_ASSIGN_OR_RETURN(std::string path, GetPath(req));
-  ScopedFsIds as(ids.uid, ids.gid);
-
-  if (op == "read_file") {
-    DSEC_ASSIGN_OR_RETURN(int64_t max, protocol::GetInt(req, "max_bytes", 64 << 20, 0, INT64_MAX));
-    DSEC_ASSIGN_OR_RETURN(int64_t offset, protocol::GetInt(req, "offset", 0, 0, INT64_MAX));
-    // O_NONBLOCK: opening a FIFO must not hang the agent.
-    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, O_RDONLY | O_NONBLOCK | O_NOCTTY));
-    struct stat st;
-    if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + path + "\"");
-    if (S_ISDIR(st.st_mode)) return InvalidArgument("\"" + path + "\" is a directory");
-    if (!S_ISREG(st.st_mode)) return InvalidArgument("\"" + path + "\" is not a regular file");
-    DSEC_RETURN_IF_ERROR(RefuseKernelFs(fd.get(), path));
-    fcntl(fd.get(), F_SETFL, 0);
-    if (offset > 0 && lseek(fd.get(), offset, SEEK_SET) < 0)
-      return ErrnoError("seek \"" + path + "\"");
-    uint64_t size = static_cast<uint64_t>(st.st_size);
-    uint64_t avail =
-        size > static_cast<uint64_t>(offset) ? size - static_cast<uint64_t>(offset) : 0;
-    return std::unique_ptr<Op>(
-        std::make_unique<ReadFileOp>(agent, ch, std::move(fd), avail, static_cast<uint64_t>(max)));
-  }
-  if (op == "write_file") {
-    DSEC_ASSIGN_OR_RETURN(int64_t mode, protocol::GetInt(req, "mode", 0644, 0, 07777));
-    DSEC_ASSIGN_OR_RETURN(bool mkdirs, protocol::GetBool(req, "mkdirs", true));
-    DSEC_ASSIGN_OR_RETURN(bool append, protocol::GetBool(req, "append", false));
-    auto [parent, name] = SplitParent(path);
-    if (name.empty()) return InvalidArgument("\"" + path + "\" names a directory");
-    if (mkdirs) DSEC_RETURN_IF_ERROR(MakeDirs(parent, 0755).status());
-    int flags = O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | (append ? O_APPEND : O_TRUNC);
-    // setuid/setgid bits are never granted through the API.
-    mode_t m = static_cast<mode_t>(mode) & 01777;
-    StatusOr<UniqueFd> opened = Resolve(path, flags, m);
-    // ENXIO: a FIFO without a reader (O_NONBLOCK), or a device or socket.
-    if (!opened.ok() && opened.status().error_number() == ENXIO)
-      return InvalidArgument("\"" + path + "\" is not a regular file");
-    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, std::move(opened));
-    struct stat st;
-    if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + path + "\"");
-    if (!S_ISREG(st.st_mode)) return InvalidArgument("\"" + path + "\" is not a regular file");
-    DSEC_RETURN_IF_ERROR(RefuseKernelFs(fd.get(), path));
-    fcntl(fd.get(), F_SETFL, append ? O_APPEND : 0);
-    return std::unique_ptr<Op>(
-        std::make_unique<WriteFileOp>(agent, ch, std::move(fd), path, m, ids));
-  }
-  if (op == "list") {
-    DSEC_ASSIGN_OR_RETURN(int64_t max,
-                          protocol::GetInt(req, "max_entries", 10000, 1, kMaxListEntries));
-    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, O_RDONLY | O_DIRECTORY));
-    DSEC_RETURN_IF_ERROR(RefuseKernelFs(fd.get(), path));
-    DIR* d = fdopendir(fd.Release());
-    if (!d) return ErrnoError("opendir \"" + path + "\"");
-    Json entries = Json::array();
-    bool truncated = false;
-    size_t bytes = 0;  // the response must fit in one frame
-    while (dirent* e = readdir(d)) {
-      std::string n = e->d_name;
-      if (n == "." || n == "..") continue;
-      bytes += n.size() * 6 + 96;  // worst-case JSON escaping plus the other fields
-      if (entries.size() >= static_cast<size_t>(max) || bytes > protocol::kMaxPayload / 2) {
-        truncated = true;
-        break;
-      }
-      struct stat st;
-      if (fstatat(dirfd(d), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
-      entries.push_back(protocol::ToJson(EntryFromStat(n, st)));
-    }
-    closedir(d);
-    agent->SendJson(FrameType::kResponse, ch, {{"entries", entries}, {"truncated", truncated}});
-    return std::unique_ptr<Op>();
-  }
-  if (op == "stat") {
-    DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, O_PATH | O_NOFOLLOW));
-    struct stat st;
-    if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + path + "\"");
-    Json j = protocol::ToJson(EntryFromStat(SplitParent(path).second, st));
-    j["uid"] = st.st_uid;
-    j["gid"] = st.st_gid;
-    agent->SendJson(FrameType::kResponse, ch, j);
-    return std::unique_ptr<Op>();
-  }
-  if (op == "mkdir") {
-    DSEC_ASSIGN_OR_RETURN(int64_t mode, protocol::GetInt(req, "mode", 0755, 0, 07777));
-    mode &= 01777;  // setuid/setgid bits are never granted through the API
-    DSEC_ASSIGN_OR_RETURN(bool parents, protocol::GetBool(req, "parents", true));
-    if (parents) {
-      DSEC_RETURN_IF_ERROR(MakeDirs(path, static_cast<mode_t>(mode)).status());
-    } else {
-      auto [parent, name] = SplitParent(path);
-      DSEC_ASSIGN_OR_RETURN(UniqueFd pfd, Resolve(parent, O_PATH | O_DIRECTORY));
-      if (mkdirat(pfd.get(), name.c_str(), static_cast<mode_t>(mode)) < 0)
-        return ErrnoError("mkdir \"" + path + "\"");
-    }
-    agent->SendJson(FrameType::kResponse, ch, {{"ok", true}});
-    return std::unique_ptr<Op>();
-  }
-  if (op == "remove") {
-    DSEC_ASSIGN_OR_RETURN(bool recursive, protocol::GetBool(req, "recursive", false));
-    std::string trimmed = path;
-    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-    auto [parent, name] = SplitParent(trimmed);
-    if (name.empty()) return InvalidArgument("refusing to remove \"/\"");
-    // "x/.." names x's parent (and "/.." the root): the name to unlink would be ".." itself,
-    // and a recursive remove would empty a directory other than the one named.
-    if (name == "." || name == "..")
-      return InvalidArgument("\"" + path + "\" must not end in \".\" or \"..\"");
-    DSEC_ASSIGN_OR_RETURN(UniqueFd pfd, Resolve(parent, O_RDONLY | O_DIRECTORY));
-    DSEC_RETURN_IF_ERROR(RefuseKernelFs(pfd.get(), path));
-    struct stat st;
-    if (fstatat(pfd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
-      return ErrnoError("stat \"" + path + "\"");
-    if (S_ISDIR(st.st_mode) && !recursive) {
-      if (unlinkat(pfd.get(), name.c_str(), AT_REMOVEDIR) < 0)
-        return ErrnoError("rmdir \"" + path + "\"");
-    } else {
-      struct stat pst;
-      if (fstat(pfd.get(), &pst) < 0) return ErrnoError("stat \"" + parent + "\"");
-      DSEC_RETURN_IF_ERROR(
-          RemoveTreeAt(pfd.get(), name, S_ISDIR(st.st_mode) ? st.st_dev : pst.st_dev, path));
-    }
-    agent->SendJson(FrameType::kResponse, ch, {{"ok", true}});
-    return std::unique_ptr<Op>();
-  }
-  if (op == "tar_extract") {
-    DSEC_ASSIGN_OR_RETURN(int64_t max, protocol::GetInt(req, "max_bytes", 1ll << 32, 0, INT64_MAX));
-    std::vector<std::string> made;
-    DSEC_ASSIGN_OR_RETURN(UniqueFd pathfd, MakeDirs(path, 0755, &made));
-    DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
-    DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
-    return std::unique_ptr<Op>(std::make_unique<TarExtractOp>(
-        agent, ch, std::move(dir), ids, static_cast<uint64_t>(max), std::move(made)));
-  }
-  if (op == "tar_create") {
-    DSEC_ASSIGN_OR_RETURN(
-        int64_t max, protocol::GetInt(req, "max_bytes", static_cast<int64_t>(kMaxArchiveBytes), 0,
-                                      static_cast<int64_t>(kMaxArchiveBytes)));
-    DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
-    DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
-    DSEC_ASSIGN_OR_RETURN(auto creator, TarCreator::Open(dir.get(), "."));
-    return std::unique_ptr<Op>(std::make_unique<TarCreateOp>(agent, ch, std::move(creator), ids,
-                                                             path, static_cast<uint64_t>(max)));
-  }
-  return InvalidArgument("unknown file operation \"" + op + "\"");
-}
-
 }  // namespace
 
-Status ValidateSandboxPath(const std::string& path) {
-  if (path.empty() || path[0] != '/') return InvalidArgument("path must be absolute");
-  if (path.size() > 4096) return InvalidArgument("path is longer than 4096 bytes");
-  if (path.find('\0') != std::string::npos) return InvalidArgument("path contains a NUL byte");
-  return OkStatus();
+// Every handler runs with the requesting user's fs ids: the kernel checks permissions as that
+// user, and what it creates is theirs.
+
+StatusOr<Reply> HandleReadFile(Agent* agent, uint32_t ch, protocol::ReadFileRequest req) {
+  ScopedFsIds as(req.as.uid, req.as.gid);
+  const std::string& path = req.path;
+  // O_NONBLOCK: opening a FIFO must not hang the agent.
+  DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, O_RDONLY | O_NONBLOCK | O_NOCTTY));
+  struct stat st;
+  if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + path + "\"");
+  if (S_ISDIR(st.st_mode)) return InvalidArgument("\"" + path + "\" is a directory");
+  if (!S_ISREG(st.st_mode)) return InvalidArgument("\"" + path + "\" is not a regular file");
+  DSEC_RETURN_IF_ERROR(RefuseKernelFs(fd.get(), path));
+  fcntl(fd.get(), F_SETFL, 0);
+  if (req.offset > 0 && lseek(fd.get(), static_cast<off_t>(req.offset), SEEK_SET) < 0)
+    return ErrnoError("seek \"" + path + "\"");
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t avail = size > req.offset ? size - req.offset : 0;
+  return Reply(std::make_unique<ReadFileOp>(agent, ch, std::move(fd), avail, req.max_bytes));
 }
 
-std::unique_ptr<Op> HandleFileRequest(Agent* agent, uint32_t channel, const std::string& op,
-                                      const Json& req) {
-  auto r = Dispatch(agent, channel, op, req);
-  if (!r.ok()) {
-    agent->SendJson(FrameType::kResponse, channel, protocol::ErrorJson(r.status()));
-    return nullptr;
+StatusOr<Reply> HandleWriteFile(Agent* agent, uint32_t ch, protocol::WriteFileRequest req) {
+  ScopedFsIds as(req.as.uid, req.as.gid);
+  const std::string& path = req.path;
+  auto [parent, name] = SplitParent(path);
+  if (name.empty()) return InvalidArgument("\"" + path + "\" names a directory");
+  if (req.mkdirs) DSEC_RETURN_IF_ERROR(MakeDirs(parent, 0755).status());
+  int flags = O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | (req.append ? O_APPEND : O_TRUNC);
+  // setuid/setgid bits are never granted through the API.
+  mode_t m = static_cast<mode_t>(req.mode) & 01777;
+  StatusOr<UniqueFd> opened = Resolve(path, flags, m);
+  // ENXIO: a FIFO without a reader (O_NONBLOCK), or a device or socket.
+  if (!opened.ok() && opened.status().error_number() == ENXIO)
+    return InvalidArgument("\"" + path + "\" is not a regular file");
+  DSEC_ASSIGN_OR_RETURN(UniqueFd fd, std::move(opened));
+  struct stat st;
+  if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + path + "\"");
+  if (!S_ISREG(st.st_mode)) return InvalidArgument("\"" + path + "\" is not a regular file");
+  DSEC_RETURN_IF_ERROR(RefuseKernelFs(fd.get(), path));
+  fcntl(fd.get(), F_SETFL, req.append ? O_APPEND : 0);
+  return Reply(std::make_unique<WriteFileOp>(agent, ch, std::move(fd), path, m, req.as));
+}
+
+StatusOr<Reply> HandleListDir(Agent*, uint32_t, protocol::ListDirRequest req) {
+  ScopedFsIds as(req.as.uid, req.as.gid);
+  const std::string& path = req.path;
+  DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(path, O_RDONLY | O_DIRECTORY));
+  DSEC_RETURN_IF_ERROR(RefuseKernelFs(fd.get(), path));
+  DIR* d = fdopendir(fd.Release());
+  if (!d) return ErrnoError("opendir \"" + path + "\"");
+  protocol::ListDirResponse out;
+  size_t bytes = 0;  // the response must fit in one frame
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n == "." || n == "..") continue;
+    bytes += n.size() * 6 + 96;  // worst-case JSON escaping plus the other fields
+    if (out.entries.size() >= req.max_entries || bytes > protocol::kMaxPayload / 2) {
+      out.truncated = true;
+      break;
+    }
+    struct stat st;
+    if (fstatat(dirfd(d), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
+    out.entries.push_back(EntryFromStat(n, st));
   }
-  return std::move(*r);
+  closedir(d);
+  return Reply(protocol::Encode(out));
+}
+
+StatusOr<Reply> HandleStat(Agent*, uint32_t, protocol::StatRequest req) {
+  ScopedFsIds as(req.as.uid, req.as.gid);
+  DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(req.path, O_PATH | O_NOFOLLOW));
+  struct stat st;
+  if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + req.path + "\"");
+  protocol::StatResponse out{EntryFromStat(SplitParent(req.path).second, st), st.st_uid,
+                             st.st_gid};
+  return Reply(protocol::Encode(out));
+}
+
+StatusOr<Reply> HandleMakeDir(Agent*, uint32_t, protocol::MakeDirRequest req) {
+  ScopedFsIds as(req.as.uid, req.as.gid);
+  const std::string& path = req.path;
+  mode_t mode = req.mode & 01777;  // setuid/setgid bits are never granted through the API
+  if (req.parents) {
+    DSEC_RETURN_IF_ERROR(MakeDirs(path, mode).status());
+  } else {
+    auto [parent, name] = SplitParent(path);
+    DSEC_ASSIGN_OR_RETURN(UniqueFd pfd, Resolve(parent, O_PATH | O_DIRECTORY));
+    if (mkdirat(pfd.get(), name.c_str(), mode) < 0) return ErrnoError("mkdir \"" + path + "\"");
+  }
+  return Reply(protocol::Encode(protocol::OkResponse{}));
+}
+
+StatusOr<Reply> HandleRemove(Agent*, uint32_t, protocol::RemoveRequest req) {
+  ScopedFsIds as(req.as.uid, req.as.gid);
+  const std::string& path = req.path;
+  std::string trimmed = path;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  auto [parent, name] = SplitParent(trimmed);
+  if (name.empty()) return InvalidArgument("refusing to remove \"/\"");
+  // "x/.." names x's parent (and "/.." the root): the name to unlink would be ".." itself,
+  // and a recursive remove would empty a directory other than the one named.
+  if (name == "." || name == "..")
+    return InvalidArgument("\"" + path + "\" must not end in \".\" or \"..\"");
+  DSEC_ASSIGN_OR_RETURN(UniqueFd pfd, Resolve(parent, O_RDONLY | O_DIRECTORY));
+  DSEC_RETURN_IF_ERROR(RefuseKernelFs(pfd.get(), path));
+  struct stat st;
+  if (fstatat(pfd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0)
+    return ErrnoError("stat \"" + path + "\"");
+  if (S_ISDIR(st.st_mode) && !req.recursive) {
+    if (unlinkat(pfd.get(), name.c_str(), AT_REMOVEDIR) < 0)
+      return ErrnoError("rmdir \"" + path + "\"");
+  } else {
+    struct stat pst;
+    if (fstat(pfd.get(), &pst) < 0) return ErrnoError("stat \"" + parent + "\"");
+    DSEC_RETURN_IF_ERROR(
+        RemoveTreeAt(pfd.get(), name, S_ISDIR(st.st_mode) ? st.st_dev : pst.st_dev, path));
+  }
+  return Reply(protocol::Encode(protocol::OkResponse{}));
+}
+
+StatusOr<Reply> HandleTarExtract(Agent* agent, uint32_t ch, protocol::TarExtractRequest req) {
+  ScopedFsIds as(req.as.uid, req.as.gid);
+  const std::string& path = req.path;
+  std::vector<std::string> made;
+  DSEC_ASSIGN_OR_RETURN(UniqueFd pathfd, MakeDirs(path, 0755, &made));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
+  DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
+  return Reply(std::make_unique<TarExtractOp>(agent, ch, std::move(dir), req.as, req.max_bytes,
+                                              std::move(made)));
+}
+
+StatusOr<Reply> HandleTarCreate(Agent* agent, uint32_t ch, protocol::TarCreateRequest req) {
+  ScopedFsIds as(req.as.uid, req.as.gid);
+  const std::string& path = req.path;
+  // Archives larger than kMaxArchiveBytes are refused even when the caller names no smaller
+  // bound (0).
+  uint64_t max = req.max_bytes == 0 ? kMaxArchiveBytes : std::min(req.max_bytes, kMaxArchiveBytes);
+  DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
+  DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
+  DSEC_ASSIGN_OR_RETURN(auto creator, TarCreator::Open(dir.get(), "."));
+  return Reply(
+      std::make_unique<TarCreateOp>(agent, ch, std::move(creator), req.as, path, max));
 }
 
 }  // namespace dsec::agent

@@ -10,17 +10,19 @@
 #include <memory>
 
 #include "agent/agent.h"
-#include "protocol/messages.h"
+#include "protocol/agent_ops.h"
 
 namespace dsec::agent {
 
-// Handles a file request ("read_file", "write_file", "list", "stat", "mkdir", "remove",
-// "tar_extract", "tar_create"). Returns an op for streaming requests; for the others it
-// answers directly and returns nullptr. Errors are answered on the channel.
-std::unique_ptr<Op> HandleFileRequest(Agent* agent, uint32_t channel, const std::string& op,
-                                      const protocol::Json& req);
-
-// Paths from callers: absolute, no NUL, at most 4096 bytes.
-Status ValidateSandboxPath(const std::string& path);
+// The file operations of the agent's table (agent.cc). Each answers at once or returns the op
+// that streams the body (read_file, tar_create) or takes it (write_file, tar_extract).
+StatusOr<Reply> HandleReadFile(Agent* agent, uint32_t ch, protocol::ReadFileRequest req);
+StatusOr<Reply> HandleWriteFile(Agent* agent, uint32_t ch, protocol::WriteFileRequest req);
+StatusOr<Reply> HandleListDir(Agent* agent, uint32_t ch, protocol::ListDirRequest req);
+StatusOr<Reply> HandleStat(Agent* agent, uint32_t ch, protocol::StatRequest req);
+StatusOr<Reply> HandleMakeDir(Agent* agent, uint32_t ch, protocol::MakeDirRequest req);
+StatusOr<Reply> HandleRemove(Agent* agent, uint32_t ch, protocol::RemoveRequest req);
+StatusOr<Reply> HandleTarExtract(Agent* agent, uint32_t ch, protocol::TarExtractRequest req);
+StatusOr<Reply> HandleTarCreate(Agent* agent, uint32_t ch, protocol::TarCreateRequest req);
 
 }  // namespace dsec::agent

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   sigprocmask(SIG_SETMASK, &mask, nullptr);
 
   SendBlocking(FrameType::kHello,
-               {{"version", dsec::protocol::kProtocolVersion}, {"pid", getpid()}});
+               dsec::protocol::Encode(dsec::protocol::Hello{dsec::protocol::kProtocolVersion, getpid(), {}}));
   dsec::protocol::Frame frame;
   std::vector<dsec::UniqueFd> fds;
   if (dsec::Status s = dsec::agent::ReceiveFrameWithFds(kChannelFd, &frame, &fds); !s.ok()) Fail(s);

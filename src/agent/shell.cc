@@ -63,11 +63,9 @@ class ShellRunOp : public Op {
     r.stdout_bytes = out_bytes_;
     r.stderr_bytes = err_bytes_;
     r.duration_ms = MonotonicUs() / 1000.0 - start_ms_;
-    protocol::Json j = protocol::ToJson(r);
-    if (session_ended) j["session_ended"] = true;
     if (session_) session_->DetachRun();
     session_ = nullptr;
-    agent_->Finish(this, j);
+    agent_->Finish(this, protocol::Encode(protocol::ShellRunResponse{r, session_ended}));
   }
 
   void OnDeadline() override {

@@ -4,58 +4,6 @@
 
 namespace dsec::protocol {
 
-StatusOr<Json> ParseJson(std::string_view payload) {
-  Json j = Json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument("malformed JSON");
-  return j;
-}
-
-StatusOr<std::string> GetString(const Json& j, const char* key, std::optional<std::string> def) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    if (def) return *def;
-    return InvalidArgument(std::string("missing field \"") + key + "\"");
-  }
-  if (!it->is_string())
-    return InvalidArgument(std::string("field \"") + key + "\" must be a string");
-  return it->get<std::string>();
-}
-
-StatusOr<int64_t> GetInt(const Json& j, const char* key, std::optional<int64_t> def, int64_t min,
-                         int64_t max) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    if (def) return *def;
-    return InvalidArgument(std::string("missing field \"") + key + "\"");
-  }
-  int64_t v;
-  if (it->is_number_integer()) {
-    v = it->get<int64_t>();
-  } else if (it->is_number_unsigned()) {
-    uint64_t u = it->get<uint64_t>();
-    if (u > static_cast<uint64_t>(INT64_MAX))
-      return InvalidArgument(std::string("field \"") + key + "\" is out of range");
-    v = static_cast<int64_t>(u);
-  } else {
-    return InvalidArgument(std::string("field \"") + key + "\" must be an integer");
-  }
-  if (v < min || v > max)
-    return InvalidArgument(std::string("field \"") + key + "\" must be between " +
-                           std::to_string(min) + " and " + std::to_string(max));
-  return v;
-}
-
-StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    if (def) return *def;
-    return InvalidArgument(std::string("missing field \"") + key + "\"");
-  }
-  if (!it->is_boolean())
-    return InvalidArgument(std::string("field \"") + key + "\" must be a boolean");
-  return it->get<bool>();
-}
-
 namespace {
 
 StatusOr<std::vector<std::string>> GetStringList(const Json& j, const char* key, size_t max) {
@@ -321,8 +269,8 @@ StatusOr<ExecSpec> ExecSpecFromJson(const Json& j) {
     return InvalidArgument("argv must not be empty");
   DSEC_ASSIGN_OR_RETURN(s.env, GetStringList(j, "env", 4096));
   DSEC_ASSIGN_OR_RETURN(s.cwd, GetString(j, "cwd", "/"));
-  DSEC_ASSIGN_OR_RETURN(int64_t uid, GetInt(j, "uid", 1000, 0, 65535));
-  DSEC_ASSIGN_OR_RETURN(int64_t gid, GetInt(j, "gid", 1000, 0, 65535));
+  DSEC_ASSIGN_OR_RETURN(int64_t uid, GetInt(j, "uid", std::nullopt, 0, 65535));
+  DSEC_ASSIGN_OR_RETURN(int64_t gid, GetInt(j, "gid", std::nullopt, 0, 65535));
   s.uid = static_cast<uint32_t>(uid);
   s.gid = static_cast<uint32_t>(gid);
   DSEC_ASSIGN_OR_RETURN(s.root_caps, GetBool(j, "root_caps", false));

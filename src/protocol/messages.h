@@ -2,26 +2,26 @@
 // Parsing validates types and bounds; anything malformed is an InvalidArgument Status.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/json.h"
 #include "base/status.h"
 #include "isolation/credentials.h"
 #include "isolation/rootfs.h"
 
 namespace dsec::protocol {
 
-using Json = nlohmann::json;
-
-inline constexpr int kProtocolVersion = 1;
-
-// Parses a JSON payload; never throws.
-StatusOr<Json> ParseJson(std::string_view payload);
+// The JSON type and its getters come from base/json.h; these names keep the protocol's own
+// code short.
+using dsec::GetBool;
+using dsec::GetInt;
+using dsec::GetString;
+using dsec::Json;
+using dsec::ParseJson;
 
 // Fd roles in the kSetup frame's SCM_RIGHTS array.
 struct SetupFds {
@@ -123,12 +123,5 @@ StatusOr<FileEntry> FileEntryFromJson(const Json& j);
 Json ErrorJson(const Status& s);
 // If j carries an error, the Status it names; OK otherwise.
 Status StatusFromJson(const Json& j);
-
-// Typed getters used by parsers: bad type or range -> InvalidArgument naming the field.
-StatusOr<std::string> GetString(const Json& j, const char* key,
-                                std::optional<std::string> def = {});
-StatusOr<int64_t> GetInt(const Json& j, const char* key, std::optional<int64_t> def = {},
-                         int64_t min = INT64_MIN, int64_t max = INT64_MAX);
-StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def = {});
 
 }  // namespace dsec::protocol

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "protocol/frame.h"
+#include "protocol/agent_ops.h"
 #include "protocol/messages.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -27,6 +28,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)ExecResultFromJson(*j);
       (void)FileEntryFromJson(*j);
       (void)StatusFromJson(*j);
+      // Every typed request and response (agent_ops.h).
+      (void)DecodeAs<Hello>(*j);
+      (void)DecodeAs<ShellRunRequest>(*j);
+      (void)DecodeAs<ShellRunResponse>(*j);
+      (void)DecodeAs<SignalAllRequest>(*j);
+      (void)DecodeAs<ReadFileRequest>(*j);
+      (void)DecodeAs<WriteFileRequest>(*j);
+      (void)DecodeAs<ListDirRequest>(*j);
+      (void)DecodeAs<ListDirResponse>(*j);
+      (void)DecodeAs<StatRequest>(*j);
+      (void)DecodeAs<StatResponse>(*j);
+      (void)DecodeAs<MakeDirRequest>(*j);
+      (void)DecodeAs<RemoveRequest>(*j);
+      (void)DecodeAs<TarExtractRequest>(*j);
+      (void)DecodeAs<TarCreateRequest>(*j);
     }
   }
   return 0;

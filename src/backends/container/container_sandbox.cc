@@ -25,6 +25,7 @@
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "images/capture.h"
+#include "protocol/agent_ops.h"
 #include "isolation/disk_image.h"
 #include "isolation/host_image.h"
 #include "isolation/userns.h"
@@ -62,6 +63,14 @@ Status ReadFrameTimeout(int fd, int timeout_ms, protocol::FrameDecoder* dec, Fra
     DSEC_RETURN_IF_ERROR(dec->Feed(std::string_view(buf, static_cast<size_t>(n))));
   }
   return OkStatus();
+}
+
+// The agent's hello, in a version this edge speaks.
+StatusOr<protocol::Hello> DecodeHello(const Frame& f) {
+  DSEC_ASSIGN_OR_RETURN(Json j, protocol::ParseJson(f.payload));
+  DSEC_ASSIGN_OR_RETURN(auto hello, protocol::DecodeAs<protocol::Hello>(j));
+  DSEC_RETURN_IF_ERROR(protocol::CheckVersion(hello));
+  return hello;
 }
 
 void SetEnv(std::vector<std::string>* env, const std::string& k, const std::string& v) {
@@ -403,11 +412,8 @@ Status ContainerSandbox::AdoptLocked(const std::string& handle) {
   DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn.get(), b.opts_.setup_timeout_ms, &dec, &f));
   if (f.type != FrameType::kHello)
     return Status(StatusCode::kUnauthenticated, "the agent refused the secret");
-  if (auto j = protocol::ParseJson(f.payload); j.ok()) {
-    if (auto it = j->find("shells"); it != j->end() && it->is_array())
-      for (const auto& id : *it)
-        if (id.is_string()) shells_.insert(id.get<std::string>());
-  }
+  DSEC_ASSIGN_OR_RETURN(protocol::Hello hello, DecodeHello(f));
+  shells_.insert(hello.shells.begin(), hello.shells.end());
   // Frames the agent sent right after hello stay in `dec`; there are none before our first
   // request, so the client can start on the bare connection.
   StartClient(std::move(conn));
@@ -466,6 +472,7 @@ Status ContainerSandbox::Handshake(int conn, int userns_fd) {
   Frame f;
   DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn, b.opts_.setup_timeout_ms, &dec, &f));
   if (f.type != FrameType::kHello) return InternalError("agent did not say hello");
+  DSEC_RETURN_IF_ERROR(DecodeHello(f).status());
   agent_->Execd();
 
   DSEC_ASSIGN_OR_RETURN(UniqueFd dirfd, OpenDir(dir_, O_PATH));
@@ -791,8 +798,7 @@ StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::StartExec(
   } else {
     spec.stdin_data = req.stdin_data;
   }
-  Json j = protocol::ToJson(spec);
-  j["op"] = "exec";
+  Json j = protocol::Encode(protocol::ExecRequest{std::move(spec)});
   // One request frame to the agent: command, environment, inline stdin and an fncall's code
   // and files (base64) must fit.
   std::string payload = j.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -812,15 +818,10 @@ StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::StartExec(
   return std::shared_ptr<ExecHandle>(handle);
 }
 
-Json ContainerSandbox::IdsJson(const std::string& user, StatusOr<UserIds>* out) {
-  auto ids = ResolveUser(user.empty() ? spec_.user : user);
-  Json j = Json::object();
-  if (ids.ok()) {
-    j["uid"] = ids->uid;
-    j["gid"] = ids->gid;
-  }
-  if (out) *out = ids;
-  return j;
+StatusOr<protocol::RunAs> ContainerSandbox::RunAsUser(const std::string& user) const {
+  // The agent has no default user: a user that does not resolve is an error here too.
+  DSEC_ASSIGN_OR_RETURN(UserIds u, ResolveUser(user.empty() ? spec_.user : user));
+  return protocol::RunAs{u.uid, u.gid};
 }
 
 StatusOr<std::string> ContainerSandbox::OpenShell(const std::string& user) {
@@ -834,13 +835,11 @@ StatusOr<std::string> ContainerSandbox::OpenShell(const std::string& user) {
   s.cwd = spec_.workdir;
   s.env = BaseEnv(u, false);
   for (const auto& [k, v] : spec_.env) SetEnv(&s.env, k, v);
-  Json j = protocol::ToJson(s);
-  j["op"] = "shell_open";
-  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(j));
-  DSEC_ASSIGN_OR_RETURN(std::string id, protocol::GetString(r, "shell_id"));
+  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(protocol::Encode(protocol::ShellOpenRequest{s})));
+  DSEC_ASSIGN_OR_RETURN(auto opened, protocol::DecodeAs<protocol::ShellOpenResponse>(r));
   std::lock_guard<std::mutex> l(mu_);
-  shells_.insert(id);
-  return id;
+  shells_.insert(opened.shell_id);
+  return opened.shell_id;
 }
 
 StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::RunInShell(
@@ -850,12 +849,8 @@ StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::RunInShell(
   if (max_output_bytes > kMaxOutputCap) return InvalidArgument("max_output_bytes is too large");
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
   auto call = std::make_shared<ExecCall>(std::move(observer), oom_);
-  Json j = {{"op", "shell_run"},
-            {"shell_id", shell_id},
-            {"command", command},
-            {"timeout_ms", timeout_ms},
-            {"max_output_bytes", max_output_bytes}};
-  uint32_t ch = client->StartCall(j, call);
+  protocol::ShellRunRequest req{shell_id, command, timeout_ms, max_output_bytes};
+  uint32_t ch = client->StartCall(protocol::Encode(req), call);
   auto handle = std::make_shared<ExecHandleImpl>(client, ch);
   call->set_handle(handle);
   exec_count_++;
@@ -864,7 +859,7 @@ StatusOr<std::shared_ptr<ExecHandle>> ContainerSandbox::RunInShell(
 
 Status ContainerSandbox::CloseShell(const std::string& shell_id) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  Status s = client->CallSync({{"op", "shell_close"}, {"shell_id", shell_id}}).status();
+  Status s = client->CallSync(protocol::Encode(protocol::ShellCloseRequest{shell_id})).status();
   if (s.ok() || s.code() == StatusCode::kNotFound) {
     std::lock_guard<std::mutex> l(mu_);
     shells_.erase(shell_id);
@@ -874,90 +869,65 @@ Status ContainerSandbox::CloseShell(const std::string& shell_id) {
 
 StatusOr<std::string> ContainerSandbox::ReadFile(const std::string& path, uint64_t max_bytes) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  StatusOr<UserIds> ids = NotFound("");
-  Json j = IdsJson("", &ids);
-  DSEC_RETURN_IF_ERROR(ids.status());
-  j["op"] = "read_file";
-  j["path"] = path;
-  j["max_bytes"] = max_bytes;
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  protocol::ReadFileRequest req{as, path, max_bytes, 0};
   std::string data;
-  DSEC_RETURN_IF_ERROR(client->CallSync(j, {}, &data, max_bytes).status());
+  DSEC_RETURN_IF_ERROR(client->CallSync(protocol::Encode(req), {}, &data, max_bytes).status());
   return data;
 }
 
 Status ContainerSandbox::WriteFile(const std::string& path, const UploadBody& data, uint32_t mode) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  StatusOr<UserIds> ids = NotFound("");
-  Json j = IdsJson("", &ids);
-  DSEC_RETURN_IF_ERROR(ids.status());
-  j["op"] = "write_file";
-  j["path"] = path;
-  j["mode"] = mode;
-  return Upload(*client, j, data);
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  protocol::WriteFileRequest req{as, path, mode, true, false};
+  return Upload(*client, protocol::Encode(req), data);
 }
 
 StatusOr<std::vector<FileEntry>> ContainerSandbox::ListDir(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  Json j = IdsJson("");
-  j["op"] = "list";
-  j["path"] = path;
-  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(j));
-  std::vector<FileEntry> out;
-  auto it = r.find("entries");
-  if (it == r.end() || !it->is_array()) return InternalError("agent list response has no entries");
-  for (const auto& e : *it) {
-    DSEC_ASSIGN_OR_RETURN(FileEntry fe, protocol::FileEntryFromJson(e));
-    out.push_back(std::move(fe));
-  }
-  return out;
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  protocol::ListDirRequest req{as, path, 10000};
+  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(protocol::Encode(req)));
+  DSEC_ASSIGN_OR_RETURN(auto resp, protocol::DecodeAs<protocol::ListDirResponse>(r));
+  return std::move(resp.entries);
 }
 
 StatusOr<FileEntry> ContainerSandbox::Stat(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  Json j = IdsJson("");
-  j["op"] = "stat";
-  j["path"] = path;
-  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(j));
-  return protocol::FileEntryFromJson(r);
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(protocol::Encode(protocol::StatRequest{as, path})));
+  DSEC_ASSIGN_OR_RETURN(auto resp, protocol::DecodeAs<protocol::StatResponse>(r));
+  return std::move(resp.entry);
 }
 
 Status ContainerSandbox::MakeDir(const std::string& path, uint32_t mode) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  Json j = IdsJson("");
-  j["op"] = "mkdir";
-  j["path"] = path;
-  j["mode"] = mode;
-  return client->CallSync(j).status();
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return client->CallSync(protocol::Encode(protocol::MakeDirRequest{as, path, mode, true}))
+      .status();
 }
 
 Status ContainerSandbox::Remove(const std::string& path, bool recursive) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  Json j = IdsJson("");
-  j["op"] = "remove";
-  j["path"] = path;
-  j["recursive"] = recursive;
-  return client->CallSync(j).status();
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return client->CallSync(protocol::Encode(protocol::RemoveRequest{as, path, recursive})).status();
 }
 
 Status ContainerSandbox::ExtractTar(const std::string& dir, const UploadBody& tar) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  Json j = IdsJson("");
-  j["op"] = "tar_extract";
-  j["path"] = dir;
-  j["max_bytes"] = static_cast<uint64_t>(spec_.disk_mb) << 20;
-  return Upload(*client, j, tar);
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  protocol::TarExtractRequest req{as, dir, static_cast<uint64_t>(spec_.disk_mb) << 20};
+  return Upload(*client, protocol::Encode(req), tar);
 }
 
 StatusOr<std::string> ContainerSandbox::CreateTar(const std::string& dir, uint64_t max_bytes) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  Json j = IdsJson("");
-  j["op"] = "tar_create";
-  j["path"] = dir;
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
   // The agent stops at this bound too, instead of streaming the rest for nothing (a sparse 1 TB
   // file would keep it busy until the call timed out).
-  j["max_bytes"] = max_bytes;
+  protocol::TarCreateRequest req{as, dir, max_bytes};
   std::string data;
-  DSEC_RETURN_IF_ERROR(client->CallSync(j, {}, &data, max_bytes).status());
+  DSEC_RETURN_IF_ERROR(client->CallSync(protocol::Encode(req), {}, &data, max_bytes).status());
   if (data.size() >= max_bytes)
     return TooLarge("archive is larger than " + std::to_string(max_bytes) + " bytes");
   return data;
@@ -983,9 +953,9 @@ Status ContainerSandbox::KillEveryUserProcess() {
 StatusOr<int> ContainerSandbox::SignalAll(int sig) {
   if (sig <= 0 || sig >= 65) return InvalidArgument("bad signal number");
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync({{"op", "signal_all"}, {"signal", sig}}));
-  DSEC_ASSIGN_OR_RETURN(int64_t n, protocol::GetInt(r, "processes", 0));
-  return static_cast<int>(n);
+  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(protocol::Encode(protocol::SignalAllRequest{sig})));
+  DSEC_ASSIGN_OR_RETURN(auto resp, protocol::DecodeAs<protocol::SignalAllResponse>(r));
+  return resp.processes;
 }
 
 Status ContainerSandbox::Pause() {

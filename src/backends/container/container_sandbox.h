@@ -14,6 +14,7 @@
 #include "backends/sandbox.h"
 #include "base/pidfd.h"
 #include "images/store.h"
+#include "protocol/agent_ops.h"
 #include "isolation/cgroup.h"
 #include "isolation/netns.h"
 
@@ -86,7 +87,8 @@ class ContainerSandbox : public Sandbox, public std::enable_shared_from_this<Con
   void StartClient(UniqueFd conn);
   // Ready for agent calls: running (a paused sandbox is resumed first).
   StatusOr<std::shared_ptr<AgentClient>> Ready();
-  protocol::Json IdsJson(const std::string& user, StatusOr<UserIds>* ids = nullptr);
+  // The ids a file operation runs as: `user`, or the sandbox's default user when empty.
+  StatusOr<protocol::RunAs> RunAsUser(const std::string& user) const;
   StatusOr<protocol::ExecSpec> BuildExecSpec(const ExecRequest& req);
   std::vector<std::string> BaseEnv(const UserIds& u, bool tty) const;
   void MarkFailed(const std::string& why);

@@ -1,0 +1,30 @@
+// The JSON type every module uses (nlohmann::json), with a non-throwing parser and typed field
+// getters. The REST side (edge handlers, CLI, apiserver) and the agent protocol both build on
+// this header; neither depends on the other for it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace dsec {
+
+using Json = nlohmann::json;
+
+// Parses a JSON document; never throws. Malformed input is InvalidArgument.
+StatusOr<Json> ParseJson(std::string_view text);
+
+// Typed getters: a missing or null field takes `def` (an error without one); a wrong type or a
+// value out of [min, max] is InvalidArgument naming the field.
+StatusOr<std::string> GetString(const Json& j, const char* key,
+                                std::optional<std::string> def = {});
+StatusOr<int64_t> GetInt(const Json& j, const char* key, std::optional<int64_t> def = {},
+                         int64_t min = INT64_MIN, int64_t max = INT64_MAX);
+StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def = {});
+
+}  // namespace dsec

@@ -1,0 +1,222 @@
+// The edge <-> agent operations, typed: one request and one response struct per operation the
+// agent serves, each with one serializer (Encode) and one parser (Decode). A request opens a
+// channel (a kRequest frame carrying {"op": <kOp>, ...fields}); the agent answers with one
+// kResponse frame (the response's fields, or {"error": {...}}), after kData body frames for
+// the operations that stream (exec and shell output, read_file, tar_create) and before which
+// the edge streams kData for those that take a body (write_file, tar_extract, exec stdin).
+//
+// Identity: every operation that touches the sandbox's files or starts a process carries the
+// uid/gid it runs as ("uid", "gid"), and the agent has no default: a request without them is
+// refused. Shell commands run as the user their shell was opened with; signal_all and ping are
+// the agent's own.
+//
+// Versions: the agent's hello names the version it speaks. Version 2 made the ids required;
+// the edge still talks to version 1 agents (sandboxes adopted across an upgrade), to which it
+// always sends the ids anyway.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/json.h"
+#include "base/status.h"
+#include "protocol/messages.h"
+
+namespace dsec::protocol {
+
+inline constexpr int kProtocolVersion = 2;
+inline constexpr int kMinProtocolVersion = 1;
+
+// The first frame (kHello) on every connection, agent -> edge.
+struct Hello {
+  int version = kProtocolVersion;
+  int pid = 0;
+  std::vector<std::string> shells;  // shell sessions alive (on a reconnect)
+};
+Json Encode(const Hello& h);
+Status Decode(const Json& j, Hello* out);
+// The hello's version is one this edge speaks.
+Status CheckVersion(const Hello& h);
+
+// The user an operation runs as (ids inside the sandbox's user namespace).
+struct RunAs {
+  uint32_t uid = 0, gid = 0;
+};
+
+// Empty answers ({"ok": true}).
+struct OkResponse {};
+Json Encode(const OkResponse&);
+Status Decode(const Json& j, OkResponse* out);
+
+// --- processes ---
+
+// exec: ExecSpec (messages.h) is the request; output streams as kData, the response is an
+// ExecResult. shell_open takes an ExecSpec too (argv is the shell).
+struct ExecRequest {
+  static constexpr std::string_view kOp = "exec";
+  ExecSpec spec;
+};
+struct ShellOpenRequest {
+  static constexpr std::string_view kOp = "shell_open";
+  ExecSpec spec;
+};
+struct ShellOpenResponse {
+  std::string shell_id;
+};
+struct ShellRunRequest {
+  static constexpr std::string_view kOp = "shell_run";
+  std::string shell_id;
+  std::string command;
+  int64_t timeout_ms = 0;  // 0: none
+  uint64_t max_output_bytes = 1 << 20;
+};
+// A shell command's response: its ExecResult, and whether the shell itself ended with it.
+struct ShellRunResponse {
+  ExecResult result;
+  bool session_ended = false;
+};
+struct ShellCloseRequest {
+  static constexpr std::string_view kOp = "shell_close";
+  std::string shell_id;
+};
+struct SignalAllRequest {
+  static constexpr std::string_view kOp = "signal_all";
+  int signal = 9;
+};
+struct SignalAllResponse {
+  int processes = 0;
+};
+struct PingRequest {
+  static constexpr std::string_view kOp = "ping";
+};
+struct PingResponse {
+  int pid = 0;
+  int active = 0;  // execs + shells running
+};
+
+// --- files (paths are absolute, resolved inside the sandbox root) ---
+
+struct ReadFileRequest {
+  static constexpr std::string_view kOp = "read_file";
+  RunAs as;
+  std::string path;
+  uint64_t max_bytes = 64 << 20;
+  uint64_t offset = 0;
+};
+struct ReadFileResponse {
+  uint64_t size = 0;   // of what was left to read from the offset
+  uint64_t bytes = 0;  // sent as body
+  bool truncated = false;
+};
+struct WriteFileRequest {
+  static constexpr std::string_view kOp = "write_file";
+  RunAs as;
+  std::string path;
+  uint32_t mode = 0644;
+  bool mkdirs = true;
+  bool append = false;
+};
+struct WriteFileResponse {
+  uint64_t bytes = 0;
+};
+struct ListDirRequest {
+  static constexpr std::string_view kOp = "list";
+  RunAs as;
+  std::string path;
+  uint32_t max_entries = 10000;
+};
+struct ListDirResponse {
+  std::vector<FileEntry> entries;
+  bool truncated = false;
+};
+struct StatRequest {
+  static constexpr std::string_view kOp = "stat";
+  RunAs as;
+  std::string path;
+};
+struct StatResponse {
+  FileEntry entry;
+  uint32_t uid = 0, gid = 0;
+};
+struct MakeDirRequest {
+  static constexpr std::string_view kOp = "mkdir";
+  RunAs as;
+  std::string path;
+  uint32_t mode = 0755;
+  bool parents = true;
+};
+struct RemoveRequest {
+  static constexpr std::string_view kOp = "remove";
+  RunAs as;
+  std::string path;
+  bool recursive = false;
+};
+struct TarExtractRequest {
+  static constexpr std::string_view kOp = "tar_extract";
+  RunAs as;
+  std::string path;
+  uint64_t max_bytes = 1ull << 32;  // extracted bytes (sparse files at their real size)
+};
+struct TarExtractResponse {
+  uint64_t entries = 0, bytes = 0, skipped = 0;
+};
+struct TarCreateRequest {
+  static constexpr std::string_view kOp = "tar_create";
+  RunAs as;
+  std::string path;
+  uint64_t max_bytes = 0;  // the agent stops sending past this
+};
+struct TarCreateResponse {
+  uint64_t bytes = 0, skipped = 0;
+};
+
+// Limits the parsers enforce.
+inline constexpr uint32_t kMaxListEntries = 100000;
+inline constexpr size_t kMaxPathBytes = 4096;
+
+// One serializer and one parser per type. Requests encode their "op"; Decode checks types and
+// bounds and answers InvalidArgument naming the field.
+#define DSEC_PROTOCOL_CODEC(T) \
+  Json Encode(const T& v);     \
+  Status Decode(const Json& j, T* out);
+DSEC_PROTOCOL_CODEC(ExecRequest)
+DSEC_PROTOCOL_CODEC(ShellOpenRequest)
+DSEC_PROTOCOL_CODEC(ShellOpenResponse)
+DSEC_PROTOCOL_CODEC(ShellRunRequest)
+DSEC_PROTOCOL_CODEC(ShellRunResponse)
+DSEC_PROTOCOL_CODEC(ShellCloseRequest)
+DSEC_PROTOCOL_CODEC(SignalAllRequest)
+DSEC_PROTOCOL_CODEC(SignalAllResponse)
+DSEC_PROTOCOL_CODEC(PingRequest)
+DSEC_PROTOCOL_CODEC(PingResponse)
+DSEC_PROTOCOL_CODEC(ReadFileRequest)
+DSEC_PROTOCOL_CODEC(ReadFileResponse)
+DSEC_PROTOCOL_CODEC(WriteFileRequest)
+DSEC_PROTOCOL_CODEC(WriteFileResponse)
+DSEC_PROTOCOL_CODEC(ListDirRequest)
+DSEC_PROTOCOL_CODEC(ListDirResponse)
+DSEC_PROTOCOL_CODEC(StatRequest)
+DSEC_PROTOCOL_CODEC(StatResponse)
+DSEC_PROTOCOL_CODEC(MakeDirRequest)
+DSEC_PROTOCOL_CODEC(RemoveRequest)
+DSEC_PROTOCOL_CODEC(TarExtractRequest)
+DSEC_PROTOCOL_CODEC(TarExtractResponse)
+DSEC_PROTOCOL_CODEC(TarCreateRequest)
+DSEC_PROTOCOL_CODEC(TarCreateResponse)
+#undef DSEC_PROTOCOL_CODEC
+
+// Decode into a fresh value.
+template <class T>
+StatusOr<T> DecodeAs(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("message must be a JSON object");
+  T v;
+  DSEC_RETURN_IF_ERROR(Decode(j, &v));
+  return v;
+}
+
+// Paths in requests: absolute, no NUL, at most kMaxPathBytes.
+Status ValidateSandboxPath(const std::string& path);
+
+}  // namespace dsec::protocol

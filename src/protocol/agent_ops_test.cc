@@ -1,0 +1,122 @@
+#include "protocol/agent_ops.h"
+
+#include <gtest/gtest.h>
+
+namespace dsec::protocol {
+namespace {
+
+template <class T>
+T RoundTrip(const T& v) {
+  Json j = Encode(v);
+  auto back = DecodeAs<T>(j);
+  EXPECT_TRUE(back.ok()) << back.status().ToString() << " for " << j.dump();
+  return back.ok() ? *back : T{};
+}
+
+TEST(AgentOpsTest, RequestsCarryTheirOpName) {
+  EXPECT_EQ(Encode(ReadFileRequest{{1, 2}, "/a", 5, 0})["op"], "read_file");
+  EXPECT_EQ(Encode(ListDirRequest{{1, 2}, "/a", 5})["op"], "list");
+  EXPECT_EQ(Encode(SignalAllRequest{15})["op"], "signal_all");
+  EXPECT_EQ(Encode(PingRequest{})["op"], "ping");
+}
+
+TEST(AgentOpsTest, FileRequestsRoundTrip) {
+  auto r = RoundTrip(ReadFileRequest{{1000, 1001}, "/workspace/x", 77, 3});
+  EXPECT_EQ(r.as.uid, 1000u);
+  EXPECT_EQ(r.as.gid, 1001u);
+  EXPECT_EQ(r.path, "/workspace/x");
+  EXPECT_EQ(r.max_bytes, 77u);
+  EXPECT_EQ(r.offset, 3u);
+  auto w = RoundTrip(WriteFileRequest{{0, 0}, "/f", 0600, false, true});
+  EXPECT_EQ(w.mode, 0600u);
+  EXPECT_FALSE(w.mkdirs);
+  EXPECT_TRUE(w.append);
+  auto m = RoundTrip(MakeDirRequest{{5, 6}, "/d", 0700, false});
+  EXPECT_EQ(m.mode, 0700u);
+  EXPECT_FALSE(m.parents);
+  EXPECT_TRUE(RoundTrip(RemoveRequest{{5, 6}, "/d", true}).recursive);
+  EXPECT_EQ(RoundTrip(TarCreateRequest{{5, 6}, "/d", 99}).max_bytes, 99u);
+  EXPECT_EQ(RoundTrip(TarExtractRequest{{5, 6}, "/d", 98}).max_bytes, 98u);
+  EXPECT_EQ(RoundTrip(StatRequest{{7, 8}, "/s"}).as.gid, 8u);
+}
+
+// The agent has no default user: every file operation must name its ids.
+TEST(AgentOpsTest, MissingIdsAreAnError) {
+  for (const char* op : {"read_file", "write_file", "list", "stat", "mkdir", "remove",
+                         "tar_extract", "tar_create"}) {
+    Json j = {{"op", op}, {"path", "/x"}, {"gid", 1000}};
+    Status s;
+    std::string name = op;
+    if (name == "read_file") s = DecodeAs<ReadFileRequest>(j).status();
+    if (name == "write_file") s = DecodeAs<WriteFileRequest>(j).status();
+    if (name == "list") s = DecodeAs<ListDirRequest>(j).status();
+    if (name == "stat") s = DecodeAs<StatRequest>(j).status();
+    if (name == "mkdir") s = DecodeAs<MakeDirRequest>(j).status();
+    if (name == "remove") s = DecodeAs<RemoveRequest>(j).status();
+    if (name == "tar_extract") s = DecodeAs<TarExtractRequest>(j).status();
+    if (name == "tar_create") s = DecodeAs<TarCreateRequest>(j).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << op;
+    EXPECT_NE(s.message().find("uid"), std::string::npos) << op << ": " << s.message();
+  }
+  ExecSpec e;
+  e.argv = {"true"};
+  Json j = ToJson(e);
+  j.erase("uid");
+  EXPECT_FALSE(ExecSpecFromJson(j).ok());
+}
+
+TEST(AgentOpsTest, RejectsBadFields) {
+  EXPECT_FALSE(DecodeAs<ReadFileRequest>(Json{{"uid", 1}, {"gid", 1}, {"path", "rel"}}).ok());
+  EXPECT_FALSE(DecodeAs<ReadFileRequest>(Json{{"uid", 70000}, {"gid", 1}, {"path", "/a"}}).ok());
+  EXPECT_FALSE(
+      DecodeAs<ReadFileRequest>(Json{{"uid", 1}, {"gid", 1}, {"path", std::string("/a\0b", 4)}})
+          .ok());
+  EXPECT_FALSE(DecodeAs<ListDirRequest>(
+                   Json{{"uid", 1}, {"gid", 1}, {"path", "/a"}, {"max_entries", 0}})
+                   .ok());
+  EXPECT_FALSE(DecodeAs<MakeDirRequest>(Json{{"uid", 1}, {"gid", 1}, {"path", "/a"}, {"mode", 070000}})
+                   .ok());
+  EXPECT_FALSE(DecodeAs<SignalAllRequest>(Json{{"signal", 0}}).ok());
+  EXPECT_FALSE(DecodeAs<ShellRunRequest>(Json{{"shell_id", ""}, {"command", "x"}}).ok());
+  EXPECT_FALSE(DecodeAs<PingRequest>(Json::array()).ok());
+}
+
+TEST(AgentOpsTest, ResponsesRoundTripAndCarryErrors) {
+  ListDirResponse l;
+  l.entries.push_back({"a", "file", 3, 0644, 5});
+  l.truncated = true;
+  auto back = RoundTrip(l);
+  ASSERT_EQ(back.entries.size(), 1u);
+  EXPECT_EQ(back.entries[0].name, "a");
+  EXPECT_TRUE(back.truncated);
+  EXPECT_EQ(RoundTrip(StatResponse{{"s", "dir", 0, 0755, 1}, 3, 4}).gid, 4u);
+  EXPECT_EQ(RoundTrip(ShellOpenResponse{"sh1"}).shell_id, "sh1");
+  ShellRunResponse sr;
+  sr.result.exit_code = 3;
+  sr.session_ended = true;
+  EXPECT_TRUE(RoundTrip(sr).session_ended);
+  EXPECT_EQ(RoundTrip(TarExtractResponse{1, 2, 3}).skipped, 3u);
+  Status s = DecodeAs<ListDirResponse>(ErrorJson(NotFound("gone"))).status();
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+}
+
+TEST(AgentOpsTest, HelloVersions) {
+  Hello h;
+  h.pid = 12;
+  h.shells = {"sh1"};
+  auto back = RoundTrip(h);
+  EXPECT_EQ(back.version, kProtocolVersion);
+  EXPECT_EQ(back.shells, h.shells);
+  EXPECT_TRUE(CheckVersion(back).ok());
+  // An agent from before versioned hellos said nothing: version 1, still spoken.
+  auto old = DecodeAs<Hello>(Json{{"pid", 1}});
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(old->version, 1);
+  EXPECT_TRUE(CheckVersion(*old).ok());
+  Hello future;
+  future.version = kProtocolVersion + 1;
+  EXPECT_EQ(CheckVersion(future).code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace dsec::protocol
