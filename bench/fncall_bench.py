@@ -18,6 +18,7 @@ With no --url it starts its own edge (examples/edgeproc.py) and checks it leaves
 
     sudo python3 bench/fncall_bench.py [--rounds 3] [--calls 300] [--concurrency 8,64] [--json]
                                        [--edge build/release/src/edge/dsec-edge]
+                                       [--systems dsec,fork-server,cold-python,bwrap+python]
 
 --json lines carry p50/p90/p99/max (ms; p50_ms and p99_ms too, as before), calls/s and "cdf":
 the p0..p100 latency percentiles (101 values, ms) for bench/plots.py.
@@ -206,7 +207,13 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--edge", default=None, help="dsec-edge binary to start (default: $DSEC_EDGE"
                     " or build/release's)")
+    ap.add_argument("--systems", default="dsec,fork-server,cold-python,bwrap+python",
+                    help="systems to time (default all; bench/run's A/B of two builds: dsec)")
     args = ap.parse_args()
+    wanted = [x for x in args.systems.split(",") if x]
+    known = {"dsec", "fork-server", "cold-python", "bwrap+python"}
+    if not wanted or set(wanted) - known:
+        ap.error(f"--systems: pick from {','.join(sorted(known))}")
     levels = [1] + [int(x) for x in args.concurrency.split(",") if x]
     # The Debian interpreter (the one the python runtime embeds), not a shim earlier on PATH.
     python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else shutil.which("python3")
@@ -249,6 +256,7 @@ def main() -> int:
             systems["bwrap+python"] = lambda: SpawnClient(
                 [bwrap, "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
                  "/proc", "--tmpfs", "/tmp", python, "-c", CODE])
+        systems = {k: v for k, v in systems.items() if k in wanted}
         for rnd in range(1, args.rounds + 1):
             print(f"== fncall round {rnd}/{args.rounds}", file=sys.stderr)
             for name, make in systems.items():

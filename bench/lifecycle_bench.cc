@@ -6,9 +6,10 @@
 //                        e.g. bwrap or crun, with the same workers and statistics)
 // Prints one line per configuration: p50/p90/p99/max in ms and cycles per second, and with
 // --json a machine-readable line per configuration for bench/run, with "cdf": the p0..p100
-// latency percentiles (101 values, ms) for bench/plots.py. A cycle that fails (a create or
-// exec error, or a peer command exiting non-zero) is counted in "failures", the first few are
-// described on stderr, and the exit status is 1 if any cycle failed.
+// latency percentiles (101 values, ms) for bench/plots.py (and, for DSec cycles, the create,
+// exec and destroy phases' p50 in ms). A cycle that fails (a create or exec error, or a peer
+// command exiting non-zero) is counted in "failures", the first few are described on stderr,
+// and the exit status is 1 if any cycle failed.
 #include <fcntl.h>
 
 #include <algorithm>
@@ -126,8 +127,9 @@ int main(int argc, char** argv) {
     }
   }
   bool any_failures = false;
+  // extra: more JSON fields (",\"k\":v,..."), e.g. the phases' medians for bench/run's A/B.
   auto report = [&](const char* what, const std::string& name, int c, const Summary& s,
-                    int failures) {
+                    int failures, const std::string& extra = "") {
     printf(
         "%s %s concurrency=%d n=%d p50=%.2fms p90=%.2fms p99=%.2fms max=%.2fms rate=%.0f/s "
         "failures=%d\n",
@@ -136,9 +138,9 @@ int main(int argc, char** argv) {
       printf(
           "JSON {\"workload\":\"%s\",\"system\":\"%s\",\"concurrency\":%d,\"n\":%d,\"p50\":%.3f,"
           "\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f,\"rate\":%.1f,\"failures\":%d,"
-          "\"cdf\":%s}\n",
+          "\"cdf\":%s%s}\n",
           what, name.c_str(), c, iterations, s.p50, s.p90, s.p99, s.max, s.per_sec, failures,
-          CdfJson(s).c_str());
+          CdfJson(s).c_str(), extra.c_str());
     fflush(stdout);
     if (failures > 0) any_failures = true;
   };
@@ -251,8 +253,12 @@ int main(int argc, char** argv) {
       for (auto& t : ts) t.join();
       double secs = wall.ElapsedMs() / 1000;
       auto s = Summarize(lat, secs);
-      report("lifecycle", "dsec", c, s, failures.load());
       auto cs = Summarize(create, secs), es = Summarize(exec, secs), ds = Summarize(destroy, secs);
+      char phases[160];
+      snprintf(phases, sizeof(phases),
+               ",\"create_p50\":%.3f,\"exec_p50\":%.3f,\"destroy_p50\":%.3f", cs.p50, es.p50,
+               ds.p50);
+      report("lifecycle", "dsec", c, s, failures.load(), phases);
       printf("  phases p50: create=%.2fms exec=%.2fms destroy=%.2fms\n", cs.p50, es.p50, ds.p50);
       printf("  phases p90: create=%.2fms exec=%.2fms destroy=%.2fms\n", cs.p90, es.p90, ds.p90);
     }
