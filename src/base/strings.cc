@@ -18,6 +18,15 @@ std::vector<std::string_view> SplitString(std::string_view s, char sep, bool ski
   return out;
 }
 
+std::string StrCat(std::initializer_list<std::string_view> pieces) {
+  size_t n = 0;
+  for (auto p : pieces) n += p.size();
+  std::string out;
+  out.reserve(n);
+  for (auto p : pieces) out.append(p);
+  return out;
+}
+
 std::string JoinStrings(const std::vector<std::string>& parts, std::string_view sep) {
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -10,6 +11,10 @@
 namespace dsec {
 
 std::vector<std::string_view> SplitString(std::string_view s, char sep, bool skip_empty = false);
+// One string from its pieces, sized once: StrCat({"\"", path, "\": ", why}). Also the way
+// around GCC 12's false -Wrestrict at -O3 on `"literal" + std::string&&` (it inlines an insert
+// at offset 0 and cannot prove the copy does not overlap).
+std::string StrCat(std::initializer_list<std::string_view> pieces);
 std::string JoinStrings(const std::vector<std::string>& parts, std::string_view sep);
 std::string_view TrimWhitespace(std::string_view s);
 bool StartsWith(std::string_view s, std::string_view prefix);

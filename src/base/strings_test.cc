@@ -12,6 +12,12 @@ TEST(StringsTest, Split) {
   EXPECT_EQ(SplitString("a,,b", ',', true).size(), 2u);
 }
 
+TEST(StringsTest, StrCat) {
+  std::string name = "x";
+  EXPECT_EQ(StrCat({}), "");
+  EXPECT_EQ(StrCat({"\"", name, "\" is ", std::to_string(42)}), "\"x\" is 42");
+}
+
 TEST(StringsTest, ParseIntRejectsJunk) {
   EXPECT_EQ(ParseInt64("-12"), -12);
   EXPECT_FALSE(ParseInt64("12x"));

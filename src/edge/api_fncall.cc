@@ -9,6 +9,7 @@
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/json_body.h"
+#include "images/store.h"
 
 namespace dsec::edge {
 

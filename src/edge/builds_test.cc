@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "base/file_util.h"
+#include "base/strings.h"
 
 namespace dsec::edge {
 namespace {
@@ -128,7 +129,7 @@ class BuildsQueueTest : public ::testing::Test {
 TEST_F(BuildsQueueTest, ConflictComesBeforeAFullQueue) {
   std::vector<std::string> ids;
   for (int i = 0;; ++i) {
-    auto r = builds_->Start(Req("q" + std::to_string(i) + ":1"));
+    auto r = builds_->Start(Req(StrCat({"q", std::to_string(i), ":1"})));
     if (!r.ok()) {
       EXPECT_EQ(r.status().code(), StatusCode::kOverCapacity) << r.status().ToString();
       break;

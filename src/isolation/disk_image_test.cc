@@ -13,6 +13,7 @@
 
 #include "base/file_util.h"
 #include "base/scope_guard.h"
+#include "base/strings.h"
 
 namespace dsec::isolation {
 namespace {
@@ -116,7 +117,8 @@ TEST_F(DiskImagePrivilegedTest, SizeAndInodesAreHardCapsAndNothingOutlivesTheMou
     // Inodes.
     int made = 0, ferr = 0;
     for (int i = 0; i < 5000; ++i) {
-      int fd = openat(mnt, ("f" + std::to_string(i)).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+      int fd = openat(mnt, StrCat({"f", std::to_string(i)}).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC,
+                      0644);
       if (fd < 0) {
         ferr = errno;
         break;
