@@ -358,8 +358,8 @@ StatusOr<Reply> HandleShellOpen(Agent* agent, uint32_t, protocol::ShellOpenReque
 StatusOr<Reply> HandleShellRun(Agent* agent, uint32_t ch, protocol::ShellRunRequest req) {
   auto it = agent->shells().find(req.shell_id);
   if (it == agent->shells().end()) return NotFound("shell " + req.shell_id + " not found");
-  DSEC_ASSIGN_OR_RETURN(auto op, it->second->Run(ch, req.command, req.timeout_ms,
-                                                 req.max_output_bytes));
+  DSEC_ASSIGN_OR_RETURN(auto op,
+                        it->second->Run(ch, req.command, req.timeout_ms, req.max_output_bytes));
   return Reply(std::move(op));
 }
 

@@ -15,14 +15,14 @@
 #include <memory>
 #include <optional>
 #include <set>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "agent/loop.h"
 #include "base/unique_fd.h"
-#include "protocol/frame.h"
 #include "protocol/agent_ops.h"
+#include "protocol/frame.h"
 #include "protocol/messages.h"
 
 namespace dsec::agent {

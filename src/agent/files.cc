@@ -445,8 +445,7 @@ StatusOr<Reply> HandleStat(Agent*, uint32_t, protocol::StatRequest req) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(req.path, O_PATH | O_NOFOLLOW));
   struct stat st;
   if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + req.path + "\"");
-  protocol::StatResponse out{EntryFromStat(SplitParent(req.path).second, st), st.st_uid,
-                             st.st_gid};
+  protocol::StatResponse out{EntryFromStat(SplitParent(req.path).second, st), st.st_uid, st.st_gid};
   return Reply(protocol::Encode(out));
 }
 
@@ -512,8 +511,7 @@ StatusOr<Reply> HandleTarCreate(Agent* agent, uint32_t ch, protocol::TarCreateRe
   DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
   DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
   DSEC_ASSIGN_OR_RETURN(auto creator, TarCreator::Open(dir.get(), "."));
-  return Reply(
-      std::make_unique<TarCreateOp>(agent, ch, std::move(creator), req.as, path, max));
+  return Reply(std::make_unique<TarCreateOp>(agent, ch, std::move(creator), req.as, path, max));
 }
 
 }  // namespace dsec::agent

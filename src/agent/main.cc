@@ -56,8 +56,8 @@ int main(int argc, char** argv) {
   sigaddset(&mask, SIGCHLD);
   sigprocmask(SIG_SETMASK, &mask, nullptr);
 
-  SendBlocking(FrameType::kHello,
-               dsec::protocol::Encode(dsec::protocol::Hello{dsec::protocol::kProtocolVersion, getpid(), {}}));
+  SendBlocking(FrameType::kHello, dsec::protocol::Encode(dsec::protocol::Hello{
+                                      dsec::protocol::kProtocolVersion, getpid(), {}}));
   dsec::protocol::Frame frame;
   std::vector<dsec::UniqueFd> fds;
   if (dsec::Status s = dsec::agent::ReceiveFrameWithFds(kChannelFd, &frame, &fds); !s.ok()) Fail(s);

@@ -73,8 +73,8 @@ Status Decode(const Json& j, Hello* out) {
 Status CheckVersion(const Hello& h) {
   if (h.version < kMinProtocolVersion || h.version > kProtocolVersion)
     return FailedPrecondition("the agent speaks protocol version " + std::to_string(h.version) +
-                              "; this edge speaks " + std::to_string(kMinProtocolVersion) +
-                              " to " + std::to_string(kProtocolVersion));
+                              "; this edge speaks " + std::to_string(kMinProtocolVersion) + " to " +
+                              std::to_string(kProtocolVersion));
   return OkStatus();
 }
 
@@ -150,9 +150,8 @@ Status Decode(const Json& j, PingResponse* out) {
 }
 
 Json Encode(const ReadFileRequest& r) {
-  return WithOp(r.kOp, AsJson(r.as, {{"path", r.path},
-                                     {"max_bytes", r.max_bytes},
-                                     {"offset", r.offset}}));
+  return WithOp(r.kOp,
+                AsJson(r.as, {{"path", r.path}, {"max_bytes", r.max_bytes}, {"offset", r.offset}}));
 }
 Status Decode(const Json& j, ReadFileRequest* out) {
   DSEC_RETURN_IF_ERROR(DecodeRunAs(j, &out->as));
@@ -172,10 +171,10 @@ Status Decode(const Json& j, ReadFileResponse* out) {
 }
 
 Json Encode(const WriteFileRequest& r) {
-  return WithOp(r.kOp, AsJson(r.as, {{"path", r.path},
-                                     {"mode", r.mode},
-                                     {"mkdirs", r.mkdirs},
-                                     {"append", r.append}}));
+  return WithOp(
+      r.kOp,
+      AsJson(r.as,
+             {{"path", r.path}, {"mode", r.mode}, {"mkdirs", r.mkdirs}, {"append", r.append}}));
 }
 Status Decode(const Json& j, WriteFileRequest* out) {
   DSEC_RETURN_IF_ERROR(DecodeRunAs(j, &out->as));
@@ -239,8 +238,7 @@ Status Decode(const Json& j, StatResponse* out) {
 }
 
 Json Encode(const MakeDirRequest& r) {
-  return WithOp(r.kOp,
-                AsJson(r.as, {{"path", r.path}, {"mode", r.mode}, {"parents", r.parents}}));
+  return WithOp(r.kOp, AsJson(r.as, {{"path", r.path}, {"mode", r.mode}, {"parents", r.parents}}));
 }
 Status Decode(const Json& j, MakeDirRequest* out) {
   DSEC_RETURN_IF_ERROR(DecodeRunAs(j, &out->as));

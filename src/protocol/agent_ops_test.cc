@@ -71,11 +71,12 @@ TEST(AgentOpsTest, RejectsBadFields) {
   EXPECT_FALSE(
       DecodeAs<ReadFileRequest>(Json{{"uid", 1}, {"gid", 1}, {"path", std::string("/a\0b", 4)}})
           .ok());
-  EXPECT_FALSE(DecodeAs<ListDirRequest>(
-                   Json{{"uid", 1}, {"gid", 1}, {"path", "/a"}, {"max_entries", 0}})
-                   .ok());
-  EXPECT_FALSE(DecodeAs<MakeDirRequest>(Json{{"uid", 1}, {"gid", 1}, {"path", "/a"}, {"mode", 070000}})
-                   .ok());
+  EXPECT_FALSE(
+      DecodeAs<ListDirRequest>(Json{{"uid", 1}, {"gid", 1}, {"path", "/a"}, {"max_entries", 0}})
+          .ok());
+  EXPECT_FALSE(
+      DecodeAs<MakeDirRequest>(Json{{"uid", 1}, {"gid", 1}, {"path", "/a"}, {"mode", 070000}})
+          .ok());
   EXPECT_FALSE(DecodeAs<SignalAllRequest>(Json{{"signal", 0}}).ok());
   EXPECT_FALSE(DecodeAs<ShellRunRequest>(Json{{"shell_id", ""}, {"command", "x"}}).ok());
   EXPECT_FALSE(DecodeAs<PingRequest>(Json::array()).ok());

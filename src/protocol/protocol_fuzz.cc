@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "protocol/frame.h"
 #include "protocol/agent_ops.h"
+#include "protocol/frame.h"
 #include "protocol/messages.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -25,10 +25,10 @@
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "images/capture.h"
-#include "protocol/agent_ops.h"
 #include "isolation/disk_image.h"
 #include "isolation/host_image.h"
 #include "isolation/userns.h"
+#include "protocol/agent_ops.h"
 #include "sys/syscalls.h"
 
 namespace dsec::backends::container {
@@ -895,7 +895,8 @@ StatusOr<std::vector<FileEntry>> ContainerSandbox::ListDir(const std::string& pa
 StatusOr<FileEntry> ContainerSandbox::Stat(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
   DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
-  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(protocol::Encode(protocol::StatRequest{as, path})));
+  DSEC_ASSIGN_OR_RETURN(Json r,
+                        client->CallSync(protocol::Encode(protocol::StatRequest{as, path})));
   DSEC_ASSIGN_OR_RETURN(auto resp, protocol::DecodeAs<protocol::StatResponse>(r));
   return std::move(resp.entry);
 }
@@ -953,7 +954,8 @@ Status ContainerSandbox::KillEveryUserProcess() {
 StatusOr<int> ContainerSandbox::SignalAll(int sig) {
   if (sig <= 0 || sig >= 65) return InvalidArgument("bad signal number");
   DSEC_ASSIGN_OR_RETURN(auto client, Ready());
-  DSEC_ASSIGN_OR_RETURN(Json r, client->CallSync(protocol::Encode(protocol::SignalAllRequest{sig})));
+  DSEC_ASSIGN_OR_RETURN(Json r,
+                        client->CallSync(protocol::Encode(protocol::SignalAllRequest{sig})));
   DSEC_ASSIGN_OR_RETURN(auto resp, protocol::DecodeAs<protocol::SignalAllResponse>(r));
   return resp.processes;
 }

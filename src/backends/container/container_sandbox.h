@@ -14,9 +14,9 @@
 #include "backends/sandbox.h"
 #include "base/pidfd.h"
 #include "images/store.h"
-#include "protocol/agent_ops.h"
 #include "isolation/cgroup.h"
 #include "isolation/netns.h"
+#include "protocol/agent_ops.h"
 
 namespace dsec::backends::container {
 
