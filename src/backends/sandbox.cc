@@ -1,5 +1,8 @@
 #include "backends/sandbox.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <future>
 #include <mutex>
 
@@ -8,6 +11,22 @@
 #include "protocol/frame.h"
 
 namespace dsec::backends {
+
+std::string_view KindName(Kind k) {
+  switch (k) {
+    case Kind::kContainer:
+      return "container";
+    case Kind::kMicrovm:
+      return "microvm";
+  }
+  return "unknown";
+}
+
+std::optional<Kind> KindFromName(std::string_view name) {
+  for (Kind k : kAllKinds)
+    if (KindName(k) == name) return k;
+  return std::nullopt;
+}
 
 std::string_view SandboxStateName(SandboxState s) {
   switch (s) {
@@ -51,7 +70,152 @@ class BufferingObserver : public ExecObserver {
   std::promise<StatusOr<ExecOutput>> promise_;
 };
 
+constexpr uint64_t kMaxOutputCap = 256ull << 20;
+
+Status ValidateEnv(const std::map<std::string, std::string>& env) {
+  for (const auto& [k, v] : env)
+    if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+        v.find('\0') != std::string::npos)
+      return InvalidArgument("env names must be non-empty without '=' or NUL, values without NUL");
+  return OkStatus();
+}
+
 }  // namespace
+
+Sandbox::Sandbox(std::unique_ptr<Instance> instance, IoRunner& io)
+    : instance_(std::move(instance)), io_(io) {}
+
+Sandbox::~Sandbox() { (void)Destroy(); }
+
+StatusOr<std::shared_ptr<Sandbox>> Sandbox::Start(std::unique_ptr<Instance> instance,
+                                                  IoRunner& io) {
+  std::shared_ptr<Sandbox> sb(new Sandbox(std::move(instance), io));
+  std::unique_lock<std::mutex> l(sb->mu_);
+  StatusOr<AgentLink> link = sb->instance_->Start();
+  if (!link.ok()) {
+    l.unlock();
+    (void)sb->Destroy();
+    return link.status();
+  }
+  sb->Connect(std::move(*link), 0);
+  return sb;
+}
+
+StatusOr<std::shared_ptr<Sandbox>> Sandbox::Adopt(std::unique_ptr<Instance> instance, IoRunner& io,
+                                                  const std::string& handle) {
+  std::shared_ptr<Sandbox> sb(new Sandbox(std::move(instance), io));
+  std::unique_lock<std::mutex> l(sb->mu_);
+  StatusOr<AgentLink> link = sb->instance_->Adopt(handle);
+  if (!link.ok()) {
+    l.unlock();
+    (void)sb->Destroy();  // the instance leaves alone what another live process owns
+    return link.status();
+  }
+  // Only OOM kills from now on are this edge's to attribute.
+  sb->Connect(std::move(*link), sb->instance_->OomKills()());
+  return sb;
+}
+
+void Sandbox::Connect(AgentLink link, uint64_t oom_seen) {
+  shells_.insert(link.shells.begin(), link.shells.end());
+  std::weak_ptr<Sandbox> weak = weak_from_this();
+  session_ = AgentSession::Start(io_, std::move(link.stream), instance_->OomKills(), oom_seen,
+                                 [weak](bool oom) {
+                                   // The agent is PID 1: if it is gone, so is everything else.
+                                   if (auto self = weak.lock())
+                                     self->MarkFailed(oom ? "oom" : "agent exited");
+                                 });
+  state_ = link.paused ? SandboxState::kPaused : SandboxState::kRunning;
+}
+
+std::string Sandbox::reason() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return reason_;
+}
+
+void Sandbox::MarkFailed(const std::string& why) {
+  if (state_.load() == SandboxState::kDestroyed) return;  // a Destroy closed the session
+  std::lock_guard<std::mutex> l(mu_);
+  SandboxState s = state_.load();
+  if (s == SandboxState::kRunning || s == SandboxState::kPaused) {
+    state_ = SandboxState::kFailed;
+    reason_ = why;
+  }
+}
+
+StatusOr<std::shared_ptr<AgentSession>> Sandbox::Ready() {
+  if (state_.load() == SandboxState::kPaused) DSEC_RETURN_IF_ERROR(Resume());
+  std::lock_guard<std::mutex> l(mu_);
+  SandboxState st = state_.load();
+  if (st != SandboxState::kRunning)
+    return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)) +
+                              (reason_.empty() ? "" : " (" + reason_ + ")"));
+  return session_;
+}
+
+StatusOr<protocol::RunAs> Sandbox::RunAsUser(const std::string& user) const {
+  // The agent has no default user: a user that does not resolve is an error here too.
+  DSEC_ASSIGN_OR_RETURN(UserIds u, ResolveUser(user.empty() ? spec().user : user));
+  return protocol::RunAs{u.uid, u.gid};
+}
+
+StatusOr<protocol::ExecSpec> Sandbox::BuildExecSpec(const ExecRequest& req) const {
+  const SandboxSpec& sp = spec();
+  protocol::ExecSpec s;
+  if (req.fncall) {
+    if (!sp.worker) return InvalidArgument("sandbox " + sp.id + " is not an fncall worker");
+    s.fncall = req.fncall;
+  } else if (req.shell) {
+    s.argv = {"/bin/sh", "-c", *req.shell};
+  } else {
+    if (req.cmd.empty() || req.cmd[0].empty()) return InvalidArgument("cmd must not be empty");
+    s.argv = req.cmd;
+  }
+  for (const auto& a : s.argv)
+    if (a.find('\0') != std::string::npos) return InvalidArgument("cmd must not contain NUL bytes");
+  UserIds u;
+  if (req.grader) {
+    if (!req.user.empty())
+      return InvalidArgument("a grader exec runs as its own user: no \"user\"");
+    u.uid = u.gid = kGraderUid;
+    u.name = "grader";
+    u.home = "/";
+  } else {
+    DSEC_ASSIGN_OR_RETURN(u, ResolveUser(req.user.empty() ? sp.user : req.user));
+  }
+  s.uid = u.uid;
+  s.gid = u.gid;
+  s.root_caps = u.root;
+  s.cwd = req.cwd.empty() ? sp.workdir : req.cwd;
+  if (s.cwd[0] != '/' || s.cwd.find('\0') != std::string::npos)
+    return InvalidArgument("cwd must be an absolute path");
+  DSEC_RETURN_IF_ERROR(ValidateEnv(req.env));
+  s.env = BaseEnv(u, sp.hostname, req.tty);
+  if (!req.grader)
+    for (const auto& [k, v] : sp.env) SetEnv(&s.env, k, v);
+  for (const auto& [k, v] : req.env) SetEnv(&s.env, k, v);
+  if (req.timeout_ms < 0) return InvalidArgument("timeout_ms must not be negative");
+  s.timeout_ms = req.timeout_ms;
+  if (req.max_output_bytes > kMaxOutputCap)
+    return InvalidArgument("max_output_bytes must be at most " + std::to_string(kMaxOutputCap));
+  s.max_output_bytes = req.max_output_bytes;
+  s.tty = req.tty;
+  s.cols = req.cols;
+  s.rows = req.rows;
+  s.stdin_stream = req.stdin_stream;
+  return s;
+}
+
+StatusOr<std::shared_ptr<ExecHandle>> Sandbox::StartExec(const ExecRequest& req,
+                                                         std::shared_ptr<ExecObserver> observer) {
+  DSEC_ASSIGN_OR_RETURN(protocol::ExecSpec s, BuildExecSpec(req));
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  if (req.grader) DSEC_RETURN_IF_ERROR(KillEveryUserProcess());
+  DSEC_ASSIGN_OR_RETURN(auto handle,
+                        session->StartExec(std::move(s), req.stdin_data, std::move(observer)));
+  exec_count_++;
+  return handle;
+}
 
 StatusOr<ExecOutput> Sandbox::Exec(const ExecRequest& req) {
   auto obs = std::make_shared<BufferingObserver>();
@@ -60,12 +224,210 @@ StatusOr<ExecOutput> Sandbox::Exec(const ExecRequest& req) {
   return fut.get();
 }
 
+StatusOr<std::string> Sandbox::OpenShell(const std::string& user) {
+  const SandboxSpec& sp = spec();
+  DSEC_ASSIGN_OR_RETURN(UserIds u, ResolveUser(user.empty() ? sp.user : user));
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  protocol::ExecSpec s;
+  s.argv = {"/bin/bash"};
+  s.uid = u.uid;
+  s.gid = u.gid;
+  s.root_caps = u.root;
+  s.cwd = sp.workdir;
+  s.env = BaseEnv(u, sp.hostname, false);
+  for (const auto& [k, v] : sp.env) SetEnv(&s.env, k, v);
+  DSEC_ASSIGN_OR_RETURN(std::string shell_id, session->OpenShell(std::move(s)));
+  std::lock_guard<std::mutex> l(mu_);
+  shells_.insert(shell_id);
+  return shell_id;
+}
+
+StatusOr<std::shared_ptr<ExecHandle>> Sandbox::RunInShell(const std::string& shell_id,
+                                                          const std::string& command,
+                                                          int64_t timeout_ms,
+                                                          uint64_t max_output_bytes,
+                                                          std::shared_ptr<ExecObserver> observer) {
+  if (timeout_ms < 0) return InvalidArgument("timeout_ms must not be negative");
+  if (max_output_bytes > kMaxOutputCap) return InvalidArgument("max_output_bytes is too large");
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(
+      auto handle, session->RunInShell(
+                       protocol::ShellRunRequest{shell_id, command, timeout_ms, max_output_bytes},
+                       std::move(observer)));
+  exec_count_++;
+  return handle;
+}
+
 StatusOr<ExecOutput> Sandbox::RunShell(const std::string& shell_id, const std::string& command,
                                        int64_t timeout_ms, uint64_t max_output_bytes) {
   auto obs = std::make_shared<BufferingObserver>();
   auto fut = obs->future();
   DSEC_RETURN_IF_ERROR(RunInShell(shell_id, command, timeout_ms, max_output_bytes, obs).status());
   return fut.get();
+}
+
+Status Sandbox::CloseShell(const std::string& shell_id) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  Status s = session->CloseShell(shell_id);
+  if (s.ok() || s.code() == StatusCode::kNotFound) {
+    std::lock_guard<std::mutex> l(mu_);
+    shells_.erase(shell_id);
+  }
+  return s;
+}
+
+std::vector<std::string> Sandbox::ListShells() {
+  std::lock_guard<std::mutex> l(mu_);
+  return {shells_.begin(), shells_.end()};
+}
+
+StatusOr<std::string> Sandbox::ReadFile(const std::string& path, uint64_t max_bytes) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return session->ReadFile(as, path, max_bytes);
+}
+
+Status Sandbox::WriteFile(const std::string& path, const UploadBody& data, uint32_t mode) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return session->WriteFile(as, path, data, mode);
+}
+
+StatusOr<std::vector<FileEntry>> Sandbox::ListDir(const std::string& path) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return session->ListDir(as, path);
+}
+
+StatusOr<FileEntry> Sandbox::Stat(const std::string& path) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return session->Stat(as, path);
+}
+
+Status Sandbox::MakeDir(const std::string& path, uint32_t mode) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return session->MakeDir(as, path, mode);
+}
+
+Status Sandbox::Remove(const std::string& path, bool recursive) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return session->Remove(as, path, recursive);
+}
+
+Status Sandbox::ExtractTar(const std::string& dir, const UploadBody& tar) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return session->ExtractTar(as, dir, tar, static_cast<uint64_t>(spec().disk_mb) << 20);
+}
+
+StatusOr<std::string> Sandbox::CreateTar(const std::string& dir, uint64_t max_bytes) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  return session->CreateTar(as, dir, max_bytes);
+}
+
+StatusOr<int> Sandbox::SignalAll(int sig) {
+  if (sig <= 0 || sig >= 65) return InvalidArgument("bad signal number");
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  return session->SignalAll(sig);
+}
+
+Status Sandbox::KillEveryUserProcess() {
+  DSEC_RETURN_IF_ERROR(SignalAll(SIGKILL).status());
+  // Until only the agent is left (a process in uninterruptible sleep may take a moment).
+  for (int i = 0; i < 400; ++i) {
+    auto st = Stats();
+    if (st.ok() && st->pids <= 1) return OkStatus();
+    usleep(i < 20 ? 500 : 5000);
+  }
+  return Unavailable("sandbox " + id() + ": processes survived SIGKILL; the grader did not start");
+}
+
+Status Sandbox::Pause() {
+  std::lock_guard<std::mutex> l(mu_);
+  SandboxState st = state_.load();
+  if (st == SandboxState::kPaused) return OkStatus();
+  if (st != SandboxState::kRunning)
+    return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)));
+  DSEC_RETURN_IF_ERROR(instance_->Pause());
+  state_ = SandboxState::kPaused;
+  return OkStatus();
+}
+
+Status Sandbox::Resume() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (state_.load() != SandboxState::kPaused) return OkStatus();
+  DSEC_RETURN_IF_ERROR(instance_->Resume());
+  state_ = SandboxState::kRunning;
+  return OkStatus();
+}
+
+StatusOr<SandboxStats> Sandbox::Stats() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (state_.load() == SandboxState::kDestroyed) return FailedPrecondition("sandbox is destroyed");
+  DSEC_ASSIGN_OR_RETURN(SandboxStats s, instance_->Stats());
+  s.exec_count = exec_count_.load();
+  return s;
+}
+
+Status Sandbox::SetMemoryLimit(int64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (state_.load() == SandboxState::kDestroyed)
+    return FailedPrecondition("sandbox " + id() + " is destroyed");
+  return instance_->SetMemoryLimit(bytes);
+}
+
+StatusOr<std::vector<std::string>> Sandbox::CaptureStack(bool keep_setuid) {
+  std::lock_guard<std::mutex> l(mu_);
+  SandboxState st = state_.load();
+  if (st != SandboxState::kRunning && st != SandboxState::kPaused)
+    return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)));
+  return instance_->CaptureStack(keep_setuid, st == SandboxState::kRunning);
+}
+
+Status Sandbox::Destroy() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (state_.load() == SandboxState::kDestroyed) return OkStatus();
+  state_ = SandboxState::kDestroyed;
+  if (session_) session_->Close();
+  return instance_->Destroy();
+}
+
+std::string Sandbox::AdoptionHandle() const { return instance_->AdoptionHandle(); }
+
+void Sandbox::Detach() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (state_.load() == SandboxState::kDestroyed) return;
+  state_ = SandboxState::kDestroyed;
+  // The agent sees its edge go and waits (orphan timeout) for the next one to reconnect.
+  if (session_) session_->Close();
+  instance_->Detach();
+}
+
+std::vector<std::string> BaseEnv(const UserIds& u, const std::string& hostname, bool tty) {
+  std::vector<std::string> env = {
+      "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+      "HOME=" + u.home,
+      "USER=" + u.name,
+      "LOGNAME=" + u.name,
+      "SHELL=/bin/bash",
+      "LANG=C.UTF-8",
+      "HOSTNAME=" + hostname};
+  if (tty) env.push_back("TERM=xterm-256color");
+  return env;
+}
+
+void SetEnv(std::vector<std::string>* env, const std::string& k, const std::string& v) {
+  for (auto& e : *env) {
+    if (e.size() > k.size() && e.compare(0, k.size(), k) == 0 && e[k.size()] == '=') {
+      e = k + "=" + v;
+      return;
+    }
+  }
+  env->push_back(k + "=" + v);
 }
 
 StatusOr<UserIds> ResolveUser(const std::string& user) {
@@ -92,7 +454,7 @@ StatusOr<UserIds> ResolveUser(const std::string& user) {
   u.uid = static_cast<uint32_t>(*uid);
   u.gid = static_cast<uint32_t>(*gid);
   u.root = u.uid == 0;
-  u.name = u.uid == 0 ? "root" : u.uid == 1000 ? "sandbox" : std::to_string(u.uid);
+  u.name = u.uid == 0 ? "root" : u.uid == kSandboxUid ? "sandbox" : std::to_string(u.uid);
   u.home = u.uid == 0 ? "/root" : "/workspace";
   return u;
 }

@@ -95,6 +95,7 @@ Status ApplyImageConfig(images::ImageStore* store, bool workdir_given, bool user
 }
 
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
+                                                   const std::vector<backends::Kind>& served,
                                                    fncall::PoolSet* pools,
                                                    images::ImageStore* images, bool* count_given) {
   DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
@@ -123,9 +124,11 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   const Json* pool = b.Raw("pool");
   DSEC_RETURN_IF_ERROR(b.Finish());
   if (kind) {
-    if (*kind == "microvm")
-      return Unimplemented("kind \"microvm\" is not available on this node yet");
-    if (*kind != "container") return InvalidArgument("kind must be \"container\" or \"microvm\"");
+    auto k = backends::KindFromName(*kind);
+    if (!k) return InvalidArgument("kind must be \"container\" or \"microvm\"");
+    if (std::find(served.begin(), served.end(), *k) == served.end())
+      return Unimplemented("kind \"" + *kind + "\" is not available on this node yet");
+    p.kind = *k;
   }
   DSEC_RETURN_IF_ERROR(CheckNetwork(network));
   if (pool && !pool->is_null()) {
@@ -198,7 +201,8 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
 void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   bool count_given = false;
   const auto& deps = c->api->deps();
-  auto parsed = ParseCreate(c->req.body, deps.cfg, deps.pools, deps.images, &count_given);
+  auto parsed = ParseCreate(c->req.body, deps.cfg, deps.manager->Kinds(), deps.pools, deps.images,
+                            &count_given);
   if (!parsed.ok()) return c->Fail(parsed.status());
   const std::string* wait = c->req.Query("wait");
   bool wait_ready = !(wait && (*wait == "0" || *wait == "false"));
@@ -230,7 +234,10 @@ void ListSandboxes(const std::shared_ptr<Ctx>& c) {
       return c->Fail(400, "bad_request", "state must be creating, running, paused or failed");
     f.state = *s;
   }
-  if (const std::string* k = c->req.Query("kind")) f.kind = *k;
+  if (const std::string* k = c->req.Query("kind")) {
+    f.kind = backends::KindFromName(*k);
+    if (!f.kind) return c->Fail(400, "bad_request", "kind must be container or microvm");
+  }
   auto limit = c->IntQuery("limit", 100, 1, 1000);
   if (!limit.ok()) return c->Fail(limit.status());
   f.limit = static_cast<size_t>(*limit);
@@ -327,7 +334,8 @@ void Node(const std::shared_ptr<Ctx>& c) {
   Json j = d.manager->NodeInfo();
   j["version"] = DSEC_VERSION;
   j["instance"] = d.instance;
-  j["backends"] = Json::array({"container"});
+  j["backends"] = Json::array();
+  for (backends::Kind k : d.manager->Kinds()) j["backends"].push_back(backends::KindName(k));
   j["pools"] = d.pools ? d.pools->List() : Json::array();
   j["features"] = d.features;  // open connections are in /metrics (dsec_http_connections)
   c->Reply(200, j);

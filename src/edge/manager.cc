@@ -55,7 +55,7 @@ void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
 }  // namespace
 
 Json ToJson(const CreateParams& p) {
-  Json j = {{"kind", p.kind},
+  Json j = {{"kind", backends::KindName(p.kind)},
             {"image", p.image},
             {"cpu", p.cpu},
             {"memory_mb", p.memory_mb},
@@ -76,7 +76,11 @@ Json ToJson(const CreateParams& p) {
 StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
   if (!j.is_object()) return InvalidArgument("params must be an object");
   CreateParams p;
-  DSEC_ASSIGN_OR_RETURN(p.kind, protocol::GetString(j, "kind", p.kind));
+  DSEC_ASSIGN_OR_RETURN(std::string kind,
+                        protocol::GetString(j, "kind", std::string(backends::KindName(p.kind))));
+  auto k = backends::KindFromName(kind);
+  if (!k) return InvalidArgument("unknown sandbox kind \"" + kind + "\"");
+  p.kind = *k;
   DSEC_ASSIGN_OR_RETURN(p.image, protocol::GetString(j, "image", p.image));
   if (auto it = j.find("cpu"); it != j.end() && it->is_number()) p.cpu = it->get<double>();
   DSEC_ASSIGN_OR_RETURN(p.memory_mb, protocol::GetInt(j, "memory_mb", p.memory_mb));
@@ -108,7 +112,7 @@ int64_t NodeMemoryMb() {
 
 // --- SandboxEntry ------------------------------------------------------------------------
 
-void SandboxEntry::Touch() { last_used_at = WallMs(); }
+void SandboxEntry::Touch() { last_used_at = clock_->NowMs(); }
 
 StatusOr<std::shared_ptr<backends::Sandbox>> SandboxEntry::Sandbox(int64_t timeout_ms) {
   std::unique_lock<std::mutex> l(mu_);
@@ -128,7 +132,7 @@ constexpr size_t kMaxKeptOutputBytes = 64 << 20;
 std::shared_ptr<BackgroundExec> SandboxEntry::AddBackground(size_t keep) {
   auto b = std::make_shared<BackgroundExec>();
   b->id = "ex-" + RandomBase32(12);
-  b->started_at = WallMs();
+  b->started_at = clock_->NowMs();
   std::lock_guard<std::mutex> l(mu_);
   bg_.push_back(b);
   // Forget the oldest finished ones beyond the count bound, and beyond the bytes of output
@@ -239,7 +243,7 @@ Json Manager::Record(const SandboxEntry& e) const {
   const CreateParams& p = e.params;
   Json j = {
       {"id", e.id},
-      {"kind", p.kind},
+      {"kind", backends::KindName(p.kind)},
       {"state", state},
       {"node", cfg_.node},
       {"image", ImageField(p.image)},
@@ -343,11 +347,11 @@ StatusOr<std::vector<Json>> Manager::Create(
     // Checked under mu_: Shutdown's snapshot (also under mu_) then sees every entry made.
     if (shut_down_) return Unavailable("the edge is shutting down");
     DSEC_RETURN_IF_ERROR(Admit(p, count));
-    int64_t now = WallMs();
+    int64_t now = clock_->NowMs();
     for (int i = 0; i < count; ++i) {
       std::string id = static_cast<size_t>(i) < pooled.size() ? pooled[static_cast<size_t>(i)]->id()
                                                               : NewSandboxId(cfg_.node);
-      auto e = std::make_shared<SandboxEntry>(id, p);
+      auto e = std::make_shared<SandboxEntry>(id, p, clock_);
       e->labels_ = p.labels;
       e->created_at_ = now;
       e->expires_at_ = now + p.ttl_s * 1000;
@@ -526,7 +530,7 @@ StatusOr<Json> Manager::List(const ListFilter& f) const {
   bool more = false;
   for (const auto& [key, e] : all) {
     if (after && !(*after < key)) continue;
-    if (!f.kind.empty() && e->params.kind != f.kind) continue;
+    if (f.kind && e->params.kind != *f.kind) continue;
     {
       std::lock_guard<std::mutex> l(e->mu_);
       bool ok = true;
@@ -567,7 +571,7 @@ StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
     }
     if (labels.size() > 64) return InvalidArgument("a sandbox has at most 64 labels");
     e->labels_ = std::move(labels);
-    if (p.ttl_s) e->expires_at_ = WallMs() + *p.ttl_s * 1000;
+    if (p.ttl_s) e->expires_at_ = clock_->NowMs() + *p.ttl_s * 1000;
     if (p.idle_ttl_s) e->idle_ttl_s_ = *p.idle_ttl_s;
   }
   if (Status s = Persist(*e); !s.ok()) {
@@ -686,7 +690,7 @@ void Manager::MarkFailed(const std::shared_ptr<SandboxEntry>& e, const std::stri
 }
 
 void Manager::ReapOnce() {
-  int64_t now = WallMs();
+  int64_t now = clock_->NowMs();
   for (auto& e : Snapshot()) {
     std::string why;
     std::shared_ptr<backends::Sandbox> sb;
@@ -747,14 +751,15 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
       (void)store_->DeleteSandbox(row.id);
       continue;
     }
-    auto e = std::make_shared<SandboxEntry>(row.id, *p);
+    auto e = std::make_shared<SandboxEntry>(row.id, *p, clock_);
     e->sb_ = sb;
     e->phase_ = SandboxEntry::Phase::kReady;
     e->labels_ = StringMap(*rec, "labels").value_or(p->labels);
-    e->created_at_ = rec->value("created_at", WallMs());
-    e->expires_at_ = rec->value("expires_at", WallMs() + p->ttl_s * 1000);
+    int64_t now = clock_->NowMs();
+    e->created_at_ = rec->value("created_at", now);
+    e->expires_at_ = rec->value("expires_at", now + p->ttl_s * 1000);
     e->idle_ttl_s_ = rec->value("idle_ttl_s", p->idle_ttl_s);
-    e->last_used_at = WallMs();
+    e->last_used_at = now;
     std::lock_guard<std::mutex> l(mu_);
     entries_[e->id] = e;
     memory_mb_ += p->memory_mb;
@@ -822,8 +827,10 @@ Json Manager::NodeInfo() const {
 
 Metrics::Gauges Manager::Gauges() const {
   Metrics::Gauges g;
-  for (const char* s : {"creating", "running", "paused", "failed"}) g[{s, "container"}] = 0;
-  for (auto& e : Snapshot()) g[{StateName(*e), e->params.kind}]++;
+  for (backends::Kind k : Kinds())
+    for (const char* s : {"creating", "running", "paused", "failed"})
+      g[{s, std::string(backends::KindName(k))}] = 0;
+  for (auto& e : Snapshot()) g[{StateName(*e), std::string(backends::KindName(e->params.kind))}]++;
   return g;
 }
 

@@ -22,6 +22,7 @@
 
 #include "backends/fncall/pool.h"
 #include "backends/sandbox.h"
+#include "base/clock.h"
 #include "base/status.h"
 #include "edge/config.h"
 #include "edge/metrics.h"
@@ -36,7 +37,7 @@ using protocol::Json;
 
 // What a caller asked for (validated by the API layer; defaults filled in).
 struct CreateParams {
-  std::string kind = "container";
+  backends::Kind kind = backends::Kind::kContainer;
   std::string image = "host";
   double cpu = 1.0;
   int64_t memory_mb = 512;
@@ -77,7 +78,8 @@ class SandboxEntry {
  public:
   enum class Phase { kCreating, kReady, kFailed };
 
-  SandboxEntry(std::string id, CreateParams p) : id(std::move(id)), params(std::move(p)) {}
+  SandboxEntry(std::string id, CreateParams p, const Clock* clock = Clock::System())
+      : id(std::move(id)), params(std::move(p)), clock_(clock) {}
 
   const std::string id;
   const CreateParams params;  // labels below are the live copy
@@ -98,6 +100,7 @@ class SandboxEntry {
 
  private:
   friend class Manager;
+  const Clock* clock_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   Phase phase_ = Phase::kCreating;                  // GUARDED_BY(mu_)
@@ -114,7 +117,8 @@ class SandboxEntry {
 
 struct ListFilter {
   std::vector<std::pair<std::string, std::string>> labels;  // all must match
-  std::string state, kind;
+  std::string state;
+  std::optional<backends::Kind> kind;
   size_t limit = 100;
   std::string cursor;
 };
@@ -138,6 +142,8 @@ class Manager {
   // Node-wide kernel budgets (set once at start, before serving).
   void SetNodeBudget(const NodeBudget& b) { budget_ = b; }
   void SetFileBudget(const FileBudget& b) { files_ = b; }
+  // The clock TTLs and idle times are measured with (tests move a FakeClock; set before use).
+  void SetClock(const Clock* clock) { clock_ = clock; }
   // The admission of one more pool worker or ready pooled sandbox (PoolSet::SetAdmission).
   Status AdmitPoolSandbox(int64_t memory_mb);
 
@@ -157,6 +163,8 @@ class Manager {
   StatusOr<int> JobAction(const std::string& job, const std::string& action);
 
   Json NodeInfo() const;
+  // The kinds of sandbox this node makes.
+  std::vector<backends::Kind> Kinds() const { return {backend_->kind()}; }
   Metrics::Gauges Gauges() const;
   size_t size() const;
   std::vector<std::string> Ids() const;
@@ -182,6 +190,7 @@ class Manager {
   std::vector<std::shared_ptr<SandboxEntry>> Snapshot() const;
 
   EdgeConfig cfg_;
+  const Clock* clock_ = Clock::System();
   backends::Backend* backend_;
   fncall::PoolSet* pools_ = nullptr;
   StateStore* store_;

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "backends/container/container_backend.h"
-#include "backends/container/container_sandbox.h"
+#include "backends/container/container_instance.h"
 #include "base/file_util.h"
 #include "base/ids.h"
 #include "base/strings.h"
@@ -98,7 +98,7 @@ TEST_F(AdoptPrivilegedTest, AWrongSecretFailsAndCleansUp) {
   spec.id = NewSandboxId("t");
   auto sb = first->Create(spec);
   ASSERT_TRUE(sb.ok());
-  auto dir = std::static_pointer_cast<ContainerSandbox>(*sb)->dir();
+  auto dir = static_cast<ContainerInstance&>((*sb)->instance()).dir();
   std::string handle = (*sb)->AdoptionHandle();
   (*sb)->Detach();
   sb->reset();
@@ -139,7 +139,7 @@ TEST_F(AdoptPrivilegedTest, OrphansNobodyAdoptsAreCleanedUp) {
   spec.id = NewSandboxId("t");
   auto sb = first->Create(spec);
   ASSERT_TRUE(sb.ok());
-  auto dir = std::static_pointer_cast<ContainerSandbox>(*sb)->dir();
+  auto dir = static_cast<ContainerInstance&>((*sb)->instance()).dir();
   (*sb)->Detach();
   sb->reset();
   first.reset();

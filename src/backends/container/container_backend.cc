@@ -13,7 +13,7 @@
 #include <climits>
 #include <cstdlib>
 
-#include "backends/container/container_sandbox.h"
+#include "backends/container/container_instance.h"
 #include "backends/container/launcher.h"
 #include "base/file_util.h"
 #include "base/ids.h"
@@ -170,23 +170,17 @@ StatusOr<std::shared_ptr<Sandbox>> ContainerBackend::Create(const SandboxSpec& s
   if (spec.image != "host" && !opts_.image_store)
     return NotFound("image \"" + spec.image +
                     "\" not found (this node has the built-in \"host\" image only)");
-  auto sb = std::make_shared<ContainerSandbox>(this, spec);
-  if (Status s = sb->Start(); !s.ok()) {
-    (void)sb->Destroy();
-    return s.WithContext("create sandbox " + spec.id);
-  }
-  return std::shared_ptr<Sandbox>(std::move(sb));
+  auto sb = Sandbox::Start(std::make_unique<ContainerInstance>(this, spec), *io_);
+  if (!sb.ok()) return sb.status().WithContext("create sandbox " + spec.id);
+  return sb;
 }
 
 StatusOr<std::shared_ptr<Sandbox>> ContainerBackend::Adopt(const SandboxSpec& spec,
                                                            const std::string& handle) {
   DSEC_RETURN_IF_ERROR(ValidateSandboxSpec(spec));
-  auto sb = std::make_shared<ContainerSandbox>(this, spec);
-  if (Status s = sb->Adopt(handle); !s.ok()) {
-    (void)sb->Destroy();  // kills and removes what is left, unless another process owns it
-    return s.WithContext("adopt sandbox " + spec.id);
-  }
-  return std::shared_ptr<Sandbox>(std::move(sb));
+  auto sb = Sandbox::Adopt(std::make_unique<ContainerInstance>(this, spec), *io_, handle);
+  if (!sb.ok()) return sb.status().WithContext("adopt sandbox " + spec.id);
+  return sb;
 }
 
 StatusOr<int> ContainerBackend::CleanupOrphans() {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "backends/container/agent_client.h"
 #include "backends/container/launcher.h"
 #include "backends/sandbox.h"
+#include "backends/session/agent_client.h"
 #include "images/store.h"
 #include "isolation/cgroup.h"
 #include "isolation/credentials.h"
@@ -65,14 +65,14 @@ struct ContainerBackendOptions {
   images::ImageStore* image_store = nullptr;
 };
 
-class ContainerSandbox;
+class ContainerInstance;
 
 class ContainerBackend : public Backend {
  public:
   static StatusOr<std::unique_ptr<ContainerBackend>> Create(ContainerBackendOptions opts);
   ~ContainerBackend() override;
 
-  std::string name() const override { return "container"; }
+  Kind kind() const override { return Kind::kContainer; }
   StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
   StatusOr<std::shared_ptr<Sandbox>> Adopt(const SandboxSpec& spec,
                                            const std::string& handle) override;
@@ -91,7 +91,7 @@ class ContainerBackend : public Backend {
   std::string Describe() const;
 
  private:
-  friend class ContainerSandbox;
+  friend class ContainerInstance;
   explicit ContainerBackend(ContainerBackendOptions opts) : opts_(std::move(opts)) {}
   Status Init();
   // The host image as of now: rebuilt if the host's root directory changed since.

@@ -1,7 +1,7 @@
 // Real sandboxes through the container backend (privileged: needs root). Every test runs
 // twice: with the kernel's newer features (user namespace + idmapped layers, clone into
 // cgroup, cgroup.kill) and with all of them forced to their fallbacks.
-#include "backends/container/container_sandbox.h"
+#include "backends/container/container_instance.h"
 
 #include <dirent.h>
 #include <gtest/gtest.h>
@@ -88,14 +88,17 @@ class ContainerPrivilegedTest : public ::testing::TestWithParam<Mode> {
     for (auto& sb : made_) EXPECT_TRUE(sb->Destroy().ok());
   }
 
-  std::shared_ptr<ContainerSandbox> Create(SandboxSpec spec = {}) {
+  std::shared_ptr<Sandbox> Create(SandboxSpec spec = {}) {
     if (spec.id.empty()) spec.id = NewSandboxId("t");
     auto sb = backend_->Create(spec);
     EXPECT_TRUE(sb.ok()) << sb.status().ToString();
     if (!sb.ok()) return nullptr;
-    auto c = std::static_pointer_cast<ContainerSandbox>(*sb);
-    made_.push_back(c);
-    return c;
+    made_.push_back(*sb);
+    return *sb;
+  }
+  // The container part of a sandbox this backend made.
+  static ContainerInstance& Inst(const std::shared_ptr<Sandbox>& sb) {
+    return static_cast<ContainerInstance&>(sb->instance());
   }
 
   static ExecOutput Sh(Sandbox* sb, const std::string& cmd, const std::string& user = "",
@@ -133,7 +136,7 @@ class ContainerPrivilegedTest : public ::testing::TestWithParam<Mode> {
   }
 
   ContainerBackend* backend_ = nullptr;
-  std::vector<std::shared_ptr<ContainerSandbox>> made_;
+  std::vector<std::shared_ptr<Sandbox>> made_;
 };
 
 std::string Trim(const std::string& s) { return std::string(TrimWhitespace(s)); }
@@ -242,7 +245,7 @@ TEST_P(ContainerPrivilegedTest, EscapeAttemptsAreBlocked) {
   // write lands on a mask, and the agent's real value is untouched.
   Sh(sb.get(), "echo 1000 > /proc/1/oom_score_adj; echo 1000 > /proc/1/task/1/oom_score_adj",
      "root");
-  auto adj = ReadFileToString("/proc/" + std::to_string(sb->agent_pid()) + "/oom_score_adj");
+  auto adj = ReadFileToString("/proc/" + std::to_string(Inst(sb).agent_pid()) + "/oom_score_adj");
   ASSERT_TRUE(adj.ok());
   EXPECT_NE(Trim(*adj), "1000");
   // x32 syscalls kill the caller outright.
@@ -392,7 +395,7 @@ TEST_P(ContainerPrivilegedTest, OutputFloodIsCappedAndTheAgentStaysSmall) {
   EXPECT_EQ(o.stderr_data.size(), 1u << 20);
   EXPECT_EQ(o.result.stdout_bytes, 300000000u);
   EXPECT_EQ(o.result.stderr_bytes, 100000005u);
-  auto status = ReadFileToString("/proc/" + std::to_string(sb->agent_pid()) + "/status");
+  auto status = ReadFileToString("/proc/" + std::to_string(Inst(sb).agent_pid()) + "/status");
   ASSERT_TRUE(status.ok());
   auto pos = status->find("VmHWM:");
   ASSERT_NE(pos, std::string::npos);
@@ -654,7 +657,7 @@ TEST_P(ContainerPrivilegedTest, AgentChannelReconnectNeedsTheSecret) {
     UniqueFd s(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
-    UniqueFd dir(open(sb->dir().c_str(), O_PATH | O_CLOEXEC));
+    UniqueFd dir(open(Inst(sb).dir().c_str(), O_PATH | O_CLOEXEC));
     snprintf(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d/agent.sock", dir.get());
     EXPECT_EQ(connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
     std::string f = protocol::EncodeFrameOrDie(protocol::FrameType::kAuth, 0, 0,
@@ -675,7 +678,7 @@ TEST_P(ContainerPrivilegedTest, AgentChannelReconnectNeedsTheSecret) {
   };
   EXPECT_EQ(connect_and("wrong").type, protocol::FrameType::kError);
   EXPECT_EQ(Trim(Sh(sb.get(), "echo still").stdout_data), "still");  // unaffected
-  auto hello = connect_and(sb->secret());
+  auto hello = connect_and(Inst(sb).secret());
   EXPECT_EQ(hello.type, protocol::FrameType::kHello);
   // That edge replaced ours: the original connection is gone and the sandbox reports it.
   for (int i = 0; i < 100 && sb->state() == SandboxState::kRunning; ++i) usleep(10000);
@@ -685,7 +688,7 @@ TEST_P(ContainerPrivilegedTest, AgentChannelReconnectNeedsTheSecret) {
 TEST_P(ContainerPrivilegedTest, AgentDeathFailsTheSandbox) {
   auto sb = Create();
   ASSERT_TRUE(sb);
-  ASSERT_EQ(kill(sb->agent_pid(), SIGKILL), 0);
+  ASSERT_EQ(kill(Inst(sb).agent_pid(), SIGKILL), 0);
   for (int i = 0; i < 200 && sb->state() == SandboxState::kRunning; ++i) usleep(10000);
   EXPECT_EQ(sb->state(), SandboxState::kFailed);
   EXPECT_EQ(sb->reason(), "agent exited");

@@ -1,6 +1,6 @@
 #include <utility>  // before asio: Boost 1.74's awaitable.hpp needs std::exchange
 
-#include "backends/container/agent_client.h"
+#include "backends/session/agent_client.h"
 
 #include <boost/asio.hpp>
 #include <chrono>
@@ -12,7 +12,7 @@
 
 #include "base/file_util.h"
 
-namespace dsec::backends::container {
+namespace dsec::backends {
 
 namespace asio = boost::asio;
 using protocol::Frame;
@@ -364,4 +364,4 @@ bool IoRunner::OnIoThread() const {
   return false;
 }
 
-}  // namespace dsec::backends::container
+}  // namespace dsec::backends

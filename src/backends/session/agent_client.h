@@ -1,4 +1,5 @@
-// Edge side of the edge <-> agent protocol: one connection per sandbox, many concurrent calls
+// Edge side of the edge <-> agent protocol, the framing layer under AgentSession
+// (agent_session.h), for every backend: one connection per sandbox, many concurrent calls
 // ("channels") over it. Runs on a shared asio io_context; all state lives on the client's
 // strand, and every public method may be called from any thread. When the connection drops,
 // every pending call completes with Unavailable.
@@ -19,7 +20,7 @@ namespace boost::asio {
 class io_context;
 }
 
-namespace dsec::backends::container {
+namespace dsec::backends {
 
 class AgentClient : public std::enable_shared_from_this<AgentClient> {
  public:
@@ -93,4 +94,4 @@ class IoRunner {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace dsec::backends::container
+}  // namespace dsec::backends

@@ -1,0 +1,140 @@
+// The value types every execution form shares: what a sandbox is made of (SandboxSpec), what
+// an exec asks for and returns, the observer and handle of a streaming exec, upload bodies,
+// stats and user ids. Used by Sandbox (sandbox.h), the agent session and every backend.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/kind.h"
+#include "base/status.h"
+#include "protocol/messages.h"
+
+namespace dsec::backends {
+
+using ExecResult = protocol::ExecResult;
+using FileEntry = protocol::FileEntry;
+
+// An fncall worker: the sandbox also runs a resident zygote (backends/fncall/zygote.h) that
+// serves ExecRequest::fncall calls, each in fresh namespaces forked from it.
+struct WorkerSpec {
+  std::string runtime = "python";    // python | exec
+  std::vector<std::string> preload;  // python: modules imported once, before any call
+  std::vector<std::string> command;  // exec: argv; the call's code is appended
+  int64_t call_disk_mb = 64;         // each call's fresh workdir, /tmp and /dev/shm
+};
+
+struct SandboxSpec {
+  std::optional<WorkerSpec> worker;
+  std::string id;  // chosen by the caller (unique per node)
+  Kind kind = Kind::kContainer;
+  std::string image = "host";
+  double cpus = 1.0;
+  int64_t memory_mb = 512;
+  int64_t pids = 256;
+  int64_t disk_mb = 256;
+  std::string user = "sandbox";
+  std::string workdir = "/workspace";
+  std::map<std::string, std::string> env;
+  std::string hostname;  // defaults to the id
+};
+
+enum class SandboxState { kCreating, kRunning, kPaused, kFailed, kDestroyed };
+std::string_view SandboxStateName(SandboxState s);
+
+struct ExecRequest {
+  std::optional<protocol::FnCallSpec> fncall;  // fncall workers only: instead of cmd
+  std::vector<std::string> cmd;
+  std::optional<std::string> shell;  // run by /bin/sh -c instead of cmd
+  std::map<std::string, std::string> env;
+  std::string cwd;   // default: the sandbox's workdir
+  std::string user;  // default: the sandbox's user
+  int64_t timeout_ms = 30000;
+  uint64_t max_output_bytes = 1 << 20;
+  std::string stdin_data;
+  bool stdin_stream = false;  // the caller writes stdin through the ExecHandle
+  bool tty = false;
+  uint16_t cols = 80, rows = 24;
+  // A grader (API "grader": true): every process in the sandbox is killed first (what the
+  // agent left running could tamper with it through /proc/PID/mem or ptrace as the same uid),
+  // then the command runs as kGraderUid with a clean environment: the base variables and the
+  // request's own env, none of the sandbox's defaults. `user` must be empty. It cannot help
+  // against what root inside changed on disk (/etc/ld.so.preload, .pth files): grade in a
+  // fresh sandbox that receives only the artefacts for that.
+  bool grader = false;
+};
+
+// The uid/gid grader execs run as: never the sandbox user's or root's, so the agent's own
+// processes cannot signal, ptrace or write the memory of a grader.
+inline constexpr uint32_t kGraderUid = 65533;
+
+// A body to send into a sandbox: bytes in memory, or `size` bytes of the file `fd` from offset
+// 0 (an upload the edge spooled to disk), read as they are sent.
+struct UploadBody {
+  UploadBody(std::string_view d) : data(d), size(d.size()) {}     // NOLINT: implicit on purpose
+  UploadBody(const std::string& d) : data(d), size(d.size()) {}   // NOLINT
+  UploadBody(const char* d) : UploadBody(std::string_view(d)) {}  // NOLINT
+  UploadBody(int file, uint64_t bytes) : fd(file), size(bytes) {}
+  std::string_view data;
+  int fd = -1;
+  uint64_t size = 0;
+};
+
+// Output and result of a buffered exec.
+struct ExecOutput {
+  ExecResult result;
+  std::string stdout_data;
+  std::string stderr_data;
+};
+
+class ExecObserver {
+ public:
+  virtual ~ExecObserver() = default;
+  virtual void OnStart(int pid) { (void)pid; }
+  // stream: protocol::kStdout or kStderr.
+  virtual void OnOutput(uint8_t stream, std::string_view data) = 0;
+  // Exactly once. An error means the exec could not run or the sandbox went away.
+  virtual void OnExit(const StatusOr<ExecResult>& result) = 0;
+};
+
+class ExecHandle {
+ public:
+  virtual ~ExecHandle() = default;
+  // Queued and sent as the command reads; bounded (ResourceExhausted when it stops reading).
+  virtual Status WriteStdin(std::string data) = 0;
+  virtual void CloseStdin() = 0;
+  virtual void Signal(int sig) = 0;
+  virtual void Resize(uint16_t cols, uint16_t rows) = 0;
+  virtual void Kill() = 0;  // the whole process tree
+};
+
+struct SandboxStats {
+  uint64_t memory_current = 0, memory_peak = 0, memory_limit = 0;
+  uint64_t cpu_usage_us = 0;
+  uint64_t pids = 0;
+  uint64_t oom_kills = 0;
+  uint64_t disk_used = 0, disk_limit = 0;
+  std::string disk_kind = "tmpfs";  // what the writable layer is: "tmpfs" or "image"
+  uint64_t exec_count = 0;
+};
+
+// The uid/gid of the sandbox's default user ("sandbox") inside every sandbox.
+inline constexpr uint32_t kSandboxUid = 1000;
+inline constexpr uint32_t kSandboxGid = 1000;
+
+struct UserIds {
+  uint32_t uid = kSandboxUid, gid = kSandboxGid;
+  bool root = false;  // root keeps the reduced root capability set
+  std::string name;   // for USER/LOGNAME/HOME
+  std::string home;
+};
+// "sandbox" (uid 1000), "root", or numeric "uid" / "uid:gid" (0-65535).
+StatusOr<UserIds> ResolveUser(const std::string& user);
+
+
+}  // namespace dsec::backends

@@ -1,0 +1,227 @@
+// The manager over a fake backend (backends/testing/fake_backend.h) and a fake clock: its state
+// machine, admission, TTL and idle reaping, deletion during creation and re-adoption, in
+// milliseconds and without root.
+#include "edge/manager.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "backends/testing/fake_backend.h"
+#include "base/file_util.h"
+#include "edge/state_store.h"
+
+namespace dsec::edge {
+namespace {
+
+using backends::testing::FakeBackend;
+
+// Polls `cond` until it holds or `timeout_ms` passed.
+template <typename F>
+bool WaitFor(F cond, int timeout_ms = 5000) {
+  for (int waited = 0; waited < timeout_ms; waited += 2) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return cond();
+}
+
+class ManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/dsec-manager-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    cfg_.node = "mt";
+    cfg_.reap_interval_ms = 1000000;  // the tests reap by hand
+    OpenManager();
+  }
+  void TearDown() override {
+    manager_.reset();
+    store_.reset();
+    (void)RemoveTree(dir_);
+  }
+  void OpenManager() {
+    manager_.reset();
+    store_.reset();
+    auto store = StateStore::Open(dir_ + "/state.db");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+    manager_ = std::make_unique<Manager>(cfg_, &backend_, store_.get(), &metrics_);
+    manager_->SetClock(&clock_);
+  }
+  // Creates one sandbox and waits for it.
+  std::string CreateOne(CreateParams p = {}) {
+    auto r = manager_->Create(p, 1, /*wait=*/true, nullptr);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? (*r)[0]["id"].get<std::string>() : "";
+  }
+  // The record's state, read without counting as a call (Get would reset the idle time).
+  std::string State(const std::string& id) {
+    auto list = manager_->List({});
+    EXPECT_TRUE(list.ok());
+    for (const auto& r : (*list)["sandboxes"])
+      if (r["id"] == id) return r["state"];
+    return "gone";
+  }
+
+  std::string dir_;
+  EdgeConfig cfg_;
+  FakeClock clock_;
+  FakeBackend backend_;
+  Metrics metrics_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<Manager> manager_;
+};
+
+TEST_F(ManagerTest, CreateListDeleteKeepsTheStateDbInStep) {
+  std::string a = CreateOne(), b = CreateOne();
+  EXPECT_EQ(State(a), "running");
+  EXPECT_EQ(backend_.created(), 2);
+  auto list = manager_->List({});
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ((*list)["sandboxes"].size(), 2u);
+  EXPECT_EQ(store_->ListSandboxes()->size(), 2u);
+  ASSERT_TRUE(manager_->Delete(a).ok());
+  EXPECT_EQ(State(a), "gone");
+  EXPECT_EQ(manager_->Delete(a).code(), StatusCode::kNotFound);
+  EXPECT_EQ(backend_.destroyed(), 1);
+  EXPECT_EQ(store_->ListSandboxes()->size(), 1u);
+  EXPECT_EQ(manager_->NodeInfo()["usage"]["sandboxes"], 1);
+}
+
+TEST_F(ManagerTest, PauseAndResumeAreStatesOfTheRecord) {
+  std::string id = CreateOne();
+  ASSERT_TRUE(manager_->Pause(id).ok());
+  EXPECT_EQ(State(id), "paused");
+  ASSERT_TRUE(manager_->Resume(id).ok());
+  EXPECT_EQ(State(id), "running");
+  EXPECT_EQ(manager_->Pause("mt-nosuch").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(ManagerTest, AdmissionRefusesWhatDoesNotFitNow) {
+  cfg_.max_sandboxes = 2;
+  OpenManager();
+  CreateOne();
+  auto two = manager_->Create({}, 2, true, nullptr);  // all or nothing
+  EXPECT_EQ(two.status().code(), StatusCode::kOverCapacity);
+  EXPECT_EQ(backend_.created(), 1);
+  CreateOne();
+  EXPECT_EQ(manager_->Create({}, 1, true, nullptr).status().code(), StatusCode::kOverCapacity);
+  EXPECT_EQ(manager_->size(), 2u);
+}
+
+TEST_F(ManagerTest, TtlReapingFollowsTheClock) {
+  CreateParams p;
+  p.ttl_s = 10;
+  std::string id = CreateOne(p);
+  clock_.Advance(9000);
+  manager_->ReapOnce();
+  EXPECT_EQ(State(id), "running");
+  clock_.Advance(1000);
+  manager_->ReapOnce();
+  EXPECT_EQ(State(id), "gone");
+  EXPECT_EQ(backend_.destroyed(), 1);
+  EXPECT_TRUE(store_->ListSandboxes()->empty());
+}
+
+TEST_F(ManagerTest, IdleTtlCountsTimeWithoutCalls) {
+  CreateParams p;
+  p.idle_ttl_s = 5;
+  std::string id = CreateOne(p);
+  clock_.Advance(4000);
+  ASSERT_TRUE(manager_->Get(id).ok());  // a call: the idle time starts again
+  clock_.Advance(4000);
+  manager_->ReapOnce();
+  EXPECT_EQ(State(id), "running");
+  clock_.Advance(1000);
+  manager_->ReapOnce();
+  EXPECT_EQ(State(id), "gone");
+}
+
+TEST_F(ManagerTest, AnAgentThatDiesFailsTheSandboxAndFreesItsMemory) {
+  CreateParams p;
+  p.memory_mb = 128;
+  std::string id = CreateOne(p);
+  EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 128);
+  backend_.KillAgent(id);
+  auto e = manager_->Get(id);
+  ASSERT_TRUE(e.ok());
+  auto sb = (*e)->Sandbox();
+  ASSERT_TRUE(sb.ok());
+  ASSERT_TRUE(WaitFor([&] { return (*sb)->state() == backends::SandboxState::kFailed; }));
+  manager_->ReapOnce();
+  Json rec = manager_->Record(**e);
+  EXPECT_EQ(rec["state"], "failed");
+  EXPECT_EQ(rec["reason"], "agent exited");
+  EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 0);
+  EXPECT_EQ((*e)->Sandbox().status().code(), StatusCode::kFailedPrecondition);
+  // A failed sandbox is deleted like any other.
+  EXPECT_TRUE(manager_->Delete(id).ok());
+}
+
+TEST_F(ManagerTest, ACreateThatFailsLeavesNoRecord) {
+  backend_.FailNextCreate(InvalidArgument("image is bad"));
+  auto r = manager_->Create({}, 1, true, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(manager_->size(), 0u);
+  EXPECT_TRUE(store_->ListSandboxes()->empty());
+  EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 0);
+  // The node ran out of something: 503-like, worth a retry elsewhere.
+  backend_.FailNextCreate(ResourceExhausted("no fds"));
+  EXPECT_EQ(manager_->Create({}, 1, true, nullptr).status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(ManagerTest, DeletedWhileCreatingIsNeverMade) {
+  std::vector<std::function<void()>> later;
+  auto r = manager_->Create({}, 1, /*wait=*/false,
+                            [&](std::function<void()> task) { later.push_back(std::move(task)); });
+  ASSERT_TRUE(r.ok());
+  std::string id = (*r)[0]["id"];
+  EXPECT_EQ((*r)[0]["state"], "creating");
+  EXPECT_EQ(State(id), "creating");
+  ASSERT_TRUE(manager_->Delete(id).ok());
+  for (auto& t : later) t();
+  EXPECT_EQ(backend_.created(), 0);
+  EXPECT_EQ(manager_->size(), 0u);
+  EXPECT_TRUE(store_->ListSandboxes()->empty());
+}
+
+TEST_F(ManagerTest, PersistedSandboxesAreReadoptedWithTheirRecords) {
+  CreateParams p;
+  p.labels = {{"job", "j1"}};
+  p.ttl_s = 100;
+  std::string id = CreateOne(p);
+  manager_->Shutdown(/*persist=*/true);
+  EXPECT_EQ(backend_.alive(), 0u);
+  EXPECT_EQ(backend_.destroyed(), 0);
+  OpenManager();
+  auto rec = manager_->Recover();
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->first, 1);
+  EXPECT_EQ(State(id), "running");
+  auto e = manager_->Get(id);
+  Json j = manager_->Record(**e);
+  EXPECT_EQ(j["labels"]["job"], "j1");
+  EXPECT_EQ(j["expires_at"], j["created_at"].get<int64_t>() + 100000);
+  // The job label still finds it.
+  auto n = manager_->JobAction("j1", "delete");
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 1);
+  EXPECT_EQ(backend_.destroyed(), 1);
+}
+
+TEST_F(ManagerTest, ShutdownDestroysEverything) {
+  CreateOne();
+  CreateOne();
+  manager_->Shutdown(/*persist=*/false);
+  EXPECT_EQ(backend_.destroyed(), 2);
+  EXPECT_EQ(backend_.alive(), 0u);
+  EXPECT_TRUE(store_->ListSandboxes()->empty());
+  EXPECT_EQ(manager_->Create({}, 1, true, nullptr).status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace dsec::edge
