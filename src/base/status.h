@@ -13,20 +13,22 @@ namespace dsec {
 
 enum class StatusCode {
   kOk = 0,
+  // The HTTP answer of each is in edge/api.cc (HttpErrorFor); an error carrying an errno from
+  // one of the edge's own system calls is 500 there whatever its code.
   kInvalidArgument,     // 400 bad_request
-  kNotFound,            // 404
-  kAlreadyExists,       // 409
-  kPermissionDenied,    // 403
-  kUnauthenticated,     // 401
+  kNotFound,            // 404 not_found
+  kAlreadyExists,       // 409 conflict
+  kPermissionDenied,    // 403 forbidden
+  kUnauthenticated,     // 401 unauthorized
   kFailedPrecondition,  // 409 conflict (wrong state)
-  kResourceExhausted,   // 429 over capacity / ENOSPC-like
-  kTooLarge,            // 413
-  kDeadlineExceeded,
-  kUnavailable,  // 503
-  kUnimplemented,
-  kAborted,
-  kOverCapacity,  // 429: admission refused, retry later (not ENOSPC-like exhaustion)
-  kInternal,      // 500
+  kResourceExhausted,   // 422 unprocessable: ENOSPC-like exhaustion (the sandbox's disk, ...)
+  kTooLarge,            // 413 too_large
+  kDeadlineExceeded,    // 503 unavailable
+  kUnavailable,         // 503 unavailable
+  kUnimplemented,       // 422 unprocessable
+  kAborted,             // 409 conflict
+  kOverCapacity,        // 429 over_capacity: admission refused, retry later
+  kInternal,            // 500 internal
 };
 
 std::string_view StatusCodeName(StatusCode code);

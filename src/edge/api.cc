@@ -124,6 +124,11 @@ std::pair<int, std::string_view> HttpErrorFor(StatusCode code) {
   }
 }
 
+std::pair<int, std::string_view> HttpErrorFor(const Status& s) {
+  if (s.error_number() != 0 && s.code() != StatusCode::kResourceExhausted) return {500, "internal"};
+  return HttpErrorFor(s.code());
+}
+
 Status ValidateId(std::string_view what, std::string_view id) {
   bool ok = !id.empty() && id.size() <= 128 && id.find("..") == std::string_view::npos;
   for (char c : id)
@@ -166,7 +171,7 @@ void Ctx::Fail(int status, std::string_view code, std::string_view message) {
 }
 
 void Ctx::Fail(const Status& s) {
-  auto [status, code] = HttpErrorFor(s.code());
+  auto [status, code] = HttpErrorFor(s);
   Fail(status, code, s.message());
 }
 

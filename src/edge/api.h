@@ -1,6 +1,8 @@
 // The REST API of ../shared/API.md on top of the HTTP server: routing, authentication,
-// idempotency, error mapping and metrics here; the handlers live in api_sandboxes.cc,
-// api_exec.cc and api_files.cc. Handlers run on the worker pool (they may block on sandbox
+// idempotency, error mapping and metrics here; the handlers live in api_sandboxes.cc
+// (sandboxes, jobs, node), api_exec.cc (execs, shells, attach), api_files.cc (files and
+// archives), api_images.cc (images, snapshots, builds) and api_fncall.cc (fncall and pools).
+// Handlers run on the worker pool (they may block on sandbox
 // setup or agent calls); long-running ones (exec, streams, attach) return early and finish
 // from the backend's callbacks.
 #pragma once
@@ -178,8 +180,13 @@ StatusOr<std::string> DecodeStdin(std::optional<std::string> data,
 // The exec result fields shared by every response shape (without the output).
 Json ResultJson(const backends::ExecResult& r, bool base64);
 
-// HTTP status and API error code for a Status.
+// HTTP status and API error code for a Status code.
 std::pair<int, std::string_view> HttpErrorFor(StatusCode code);
+// The same for a Status, where an error of one of the edge's own system calls (it carries an
+// errno; the agent's answers and the checks of a request do not) is the node's failure, never
+// the client's: 500 internal, whatever its errno would map to (an EACCES of the edge is not a
+// 403 for the caller). Exhaustion (ENOSPC, EMFILE, ENOMEM...) keeps its own answer.
+std::pair<int, std::string_view> HttpErrorFor(const Status& s);
 // A 1-128 char id of [A-Za-z0-9._-] without "..".
 Status ValidateId(std::string_view what, std::string_view id);
 

@@ -117,7 +117,7 @@ Json ResultJson(const ExecResult& r, bool base64) {
 namespace {
 
 Json ErrorJson(const Status& s) {
-  auto [status, code] = HttpErrorFor(s.code());
+  auto [status, code] = HttpErrorFor(s);
   (void)status;
   return {{"error", {{"code", code}, {"message", s.message()}}}};
 }

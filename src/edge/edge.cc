@@ -12,6 +12,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -20,6 +21,7 @@
 #include "base/file_util.h"
 #include "base/ids.h"
 #include "base/logging.h"
+#include "base/scope_guard.h"
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/audit_log.h"
@@ -161,7 +163,37 @@ int RunEdge(EdgeConfig cfg) {
   if (!backend.ok()) return fail("container backend", backend.status());
   DSEC_LOG_INFO("{}", (*backend)->Describe());
 
+  // From here on every service is stopped by the guard made right after it, in reverse order
+  // of their start, on every way out: a failed start-up included. `serving` tells a stop at
+  // the end (sandboxes go, unless --persist) from a start-up that failed (nothing was served:
+  // adopted sandboxes are left as they were, for the next edge).
+  bool serving = false;
+  auto log_stopped = MakeScopeGuard([&] {
+    if (serving) DSEC_LOG_INFO("stopped");
+  });
+  auto stop_backend = MakeScopeGuard([&] {
+    if (!serving || cfg.persist) return;
+    if (Status s = (*backend)->Shutdown(); !s.ok())
+      DSEC_LOG_WARN("parent cgroups not removed: {}", s.message());
+  });
+  // Declared before the workers, so that they outlive every handler the workers still run.
+  std::optional<Idempotency> idem;
+  std::optional<Api> api;
+  // Timers and workers outlive the manager's shutdown: handlers blocked on a sandbox finish
+  // when it goes, and only then are the workers joined.
+  boost::asio::io_context timers;
+  auto timers_work = boost::asio::make_work_guard(timers);
+  std::thread timer_thread([&] { timers.run(); });
+  auto stop_timers = MakeScopeGuard([&] {
+    timers_work.reset();
+    timers.stop();
+    timer_thread.join();
+  });
+  boost::asio::thread_pool workers(static_cast<size_t>(cfg.worker_threads));
+  auto stop_workers = MakeScopeGuard([&] { workers.join(); });
+
   Manager manager(cfg, backend->get(), store->get(), &metrics);
+  auto stop_manager = MakeScopeGuard([&] { manager.Shutdown(serving ? cfg.persist : true); });
   manager.SetNodeBudget(*budget);
   manager.SetFileBudget(*files);
   auto recovered = manager.Recover();
@@ -175,28 +207,26 @@ int RunEdge(EdgeConfig cfg) {
       DSEC_LOG_INFO("image store: removed {} unreferenced layers", *n);
   }
   Builds builds(cfg, &manager, image_store->get());
+  auto stop_builds = MakeScopeGuard([&] { builds.Shutdown(); });  // a build in progress goes
   if (int n = builds.CleanupLost(); n > 0)
     DSEC_LOG_INFO("deleted {} sandboxes of builds a previous edge left", n);
   // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
   fncall::PoolSet pools(backend->get(), cfg.node);
+  // Workers and pooled sandboxes go even with --persist: pools restart.
+  auto stop_pools = MakeScopeGuard([&] { pools.Shutdown(); });
   pools.SetAdmission([&manager](int64_t mb) { return manager.AdmitPoolSandbox(mb); });
   pools.SetWorkerMaxCalls(cfg.fncall_worker_max_calls);
   manager.SetPools(&pools);
   LoadPools(cfg, (*backend)->features().userns, &pools, store->get(), image_store->get());
   pools.WaitWarm(30000);  // "ready" means the runtimes answer their first calls warm
 
-  Idempotency idem(store->get(), cfg.idempotency_max_records, cfg.idempotency_max_age_s,
-                   cfg.idempotency_max_body_bytes, cfg.idempotency_max_total_bytes);
-  boost::asio::thread_pool workers(static_cast<size_t>(cfg.worker_threads));
-  boost::asio::io_context timers;
-  auto timers_work = boost::asio::make_work_guard(timers);
-  std::thread timer_thread([&] { timers.run(); });
-
+  idem.emplace(store->get(), cfg.idempotency_max_records, cfg.idempotency_max_age_s,
+               cfg.idempotency_max_body_bytes, cfg.idempotency_max_total_bytes);
   Api::Deps deps;
   deps.cfg = cfg;
   deps.manager = &manager;
   deps.backend = backend->get();
-  deps.idempotency = &idem;
+  deps.idempotency = &*idem;
   deps.metrics = &metrics;
   deps.output_budget = &output_budget;
   deps.audit = audit->get();
@@ -216,7 +246,7 @@ int RunEdge(EdgeConfig cfg) {
                    {"socket_budget", (*backend)->socket_budget()}};
   if (!(*backend)->socket_budget())
     deps.features["socket_budget_reason"] = (*backend)->socket_budget_error();
-  Api api(std::move(deps));
+  api.emplace(std::move(deps));
 
   HttpServerOptions ho;
   ho.listen = cfg.listen;
@@ -234,6 +264,9 @@ int RunEdge(EdgeConfig cfg) {
   ho.io_threads = cfg.io_threads;
   // The socket's directory and whichever of its parents we create are removed again on exit.
   std::vector<std::string> made_dirs;  // deepest first
+  auto remove_dirs = MakeScopeGuard([&] {
+    for (const auto& d : made_dirs) (void)rmdir(d.c_str());  // only while empty
+  });
   if (!cfg.socket.empty()) {
     std::string dir = cfg.socket.substr(0, cfg.socket.rfind('/'));
     std::vector<std::string> missing;
@@ -243,20 +276,14 @@ int RunEdge(EdgeConfig cfg) {
     if (!dir.empty() && MakeDirs(dir, 0755).ok()) made_dirs = std::move(missing);
   }
   auto server = HttpServer::Start(
-      ho, [&api](HttpRequest& r) { return api.Check(r); },
+      ho, [&api](HttpRequest& r) { return api->Check(r); },
       [&api](HttpRequest&& r, std::shared_ptr<Responder> res) {
-        api.Handle(std::move(r), std::move(res));
+        api->Handle(std::move(r), std::move(res));
       });
-  if (!server.ok()) {
-    builds.Shutdown();
-    pools.Shutdown();
-    manager.Shutdown(/*persist=*/true);  // nothing served yet: leave adopted ones as they were
-    timers_work.reset();
-    timers.stop();
-    timer_thread.join();
-    return fail("serve", server.status());
-  }
-  api.deps().connections = [s = server->get()] { return s->connections(); };
+  if (!server.ok()) return fail("serve", server.status());
+  auto stop_server = MakeScopeGuard([&] { (*server)->Stop(); });
+  serving = true;
+  api->deps().connections = [s = server->get()] { return s->connections(); };
   manager.StartReaper();
 
   std::atomic<bool> done{false};
@@ -266,7 +293,7 @@ int RunEdge(EdgeConfig cfg) {
     uint64_t output_peak = 0;
     while (!done) {
       if (MonotonicMs() >= next) {
-        idem.Prune();
+        idem->Prune();
         next = MonotonicMs() + 60000;
       }
       // Output buffers are mmap'd (see main.cc) and go back at once; whatever smaller pieces
@@ -279,6 +306,10 @@ int RunEdge(EdgeConfig cfg) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
+  });
+  auto stop_pruner = MakeScopeGuard([&] {
+    done = true;
+    pruner.join();
   });
 
   std::string where = cfg.listen.empty() ? "" : "http://" + cfg.listen;
@@ -293,22 +324,8 @@ int RunEdge(EdgeConfig cfg) {
 
   int sig = WaitForSignal();
   DSEC_LOG_INFO("signal {}: shutting down{}", sig, cfg.persist ? " (persist)" : "");
-  (*server)->Stop();
-  for (const auto& d : made_dirs) (void)rmdir(d.c_str());  // only while empty
-  builds.Shutdown();  // a build in progress is canceled; its sandbox goes
-  pools.Shutdown();   // workers and pooled sandboxes go even with --persist: pools restart
-  manager.Shutdown(cfg.persist);
-  workers.join();
-  done = true;
-  pruner.join();
-  timers_work.reset();
-  timers.stop();
-  timer_thread.join();
-  if (!cfg.persist) {
-    if (Status s = (*backend)->Shutdown(); !s.ok())
-      DSEC_LOG_WARN("parent cgroups not removed: {}", s.message());
-  }
-  DSEC_LOG_INFO("stopped");
+  // Everything stops as the guards go, in reverse order: the pruner, the server, its
+  // directories, pools, builds, the manager, workers, timers, the backend's parent cgroups.
   return 0;
 }
 

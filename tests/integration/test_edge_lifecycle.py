@@ -3,9 +3,12 @@
 upload bounds."""
 
 import os
+import shutil
 import signal
 import threading
 import time
+
+import pytest
 
 from edge_harness import wait_until
 
@@ -85,6 +88,52 @@ def test_persist_leaves_sandboxes_for_the_next_edge(make_edge):
     c = edge.client()
     assert c.get(f"/v1/sandboxes/{sb['id']}/files?path=/workspace/p.txt",
                  expect=200).body == b"persisted"
+
+
+def test_failed_start_exits_cleanly_and_leaves_adopted_sandboxes(make_edge):
+    # A start-up that fails after it re-adopted sandboxes (here the spool dir cannot be made)
+    # stops what it started and exits with an error, instead of aborting on a thread still
+    # running, and leaves the sandboxes as they were for the next edge.
+    edge = make_edge(extra_args=["--persist"])
+    c = edge.client()
+    sb = c.create({"memory_mb": 64})
+    c.put(f"/v1/sandboxes/{sb['id']}/files?path=/workspace/k.txt", b"kept", expect=204)
+    assert edge.stop() == 0
+    spool = edge.state_dir / "spool"
+    shutil.rmtree(spool, ignore_errors=True)
+    spool.write_text("not a directory")
+    with pytest.raises(RuntimeError) as err:
+        edge.launch()
+    assert "rc=1)" in str(err.value) and "dsec-edge: spool dir:" in str(err.value), str(err.value)
+    assert edge.sandbox_pids(sb["id"]), "a failed start must leave adopted sandboxes running"
+    spool.unlink()
+    edge.extra_args = []
+    edge.launch()
+    assert edge.adopted == 1
+    assert edge.client().get(f"/v1/sandboxes/{sb['id']}/files?path=/workspace/k.txt",
+                             expect=200).body == b"kept"
+
+
+def test_the_edges_own_syscall_failure_is_500_not_the_callers_fault(make_edge):
+    # A create the edge cannot carry out for a reason of its own (here: its sandboxes
+    # directory is immutable, so its mkdir fails with EPERM) is a 500 internal error; mapped
+    # from the errno it would read 403 forbidden, as if the caller lacked a permission.
+    import subprocess
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr (e2fsprogs) is not installed")
+    edge = make_edge(config={"fncall_pools": False})
+    c = edge.client()
+    sandboxes = edge.state_dir / "sandboxes"
+    if subprocess.run(["chattr", "+i", str(sandboxes)], capture_output=True).returncode != 0:
+        pytest.skip("the state dir's filesystem has no immutable attribute")
+    try:
+        r = c.post("/v1/sandboxes", {"memory_mb": 64}, expect=500)
+        assert r.json["error"]["code"] == "internal", r.json
+        assert "EPERM" in r.json["error"]["message"], r.json
+    finally:
+        subprocess.run(["chattr", "-i", str(sandboxes)], check=True)
+    sb = c.create({"memory_mb": 64})  # the node is fine again, and so is the edge
+    c.delete(f"/v1/sandboxes/{sb['id']}", expect=204)
 
 
 def test_second_edge_on_same_state_dir_refused(make_edge):
