@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "agent/tar.h"
+#include "archive/tar.h"
 #include "base/strings.h"
 #include "sys/syscalls.h"
 
@@ -285,7 +285,8 @@ class TarExtractOp : public Op {
         dir_(std::move(dir)),
         ids_(ids),
         made_(std::move(made)),
-        extractor_(dir_.get(), TarExtractOptions{ids.uid, ids.gid, max_bytes, 1'000'000}) {}
+        extractor_(dir_.get(), archive::TarExtractOptions{ids.uid, ids.gid, max_bytes, 1'000'000}) {
+  }
 
   void OnData(const protocol::Frame& f) override {
     if (failed_) return;
@@ -319,7 +320,7 @@ class TarExtractOp : public Op {
   UniqueFd dir_;
   Ids ids_;
   std::vector<std::string> made_;
-  TarExtractor extractor_;
+  archive::TarExtractor extractor_;
   bool failed_ = false;
 };
 
@@ -327,8 +328,8 @@ class TarExtractOp : public Op {
 // streaming the rest (a 1 TB sparse file is 1 TB of zeros) would be work for nobody.
 class TarCreateOp : public Op {
  public:
-  TarCreateOp(Agent* a, uint32_t ch, std::unique_ptr<TarCreator> c, Ids ids, std::string path,
-              uint64_t max_bytes)
+  TarCreateOp(Agent* a, uint32_t ch, std::unique_ptr<archive::TarCreator> c, Ids ids,
+              std::string path, uint64_t max_bytes)
       : Op(a, ch), creator_(std::move(c)), ids_(ids), path_(std::move(path)), max_(max_bytes) {}
 
   void Begin() override { OnRoom(); }
@@ -363,7 +364,7 @@ class TarCreateOp : public Op {
   void Cancel() override {}
 
  private:
-  std::unique_ptr<TarCreator> creator_;
+  std::unique_ptr<archive::TarCreator> creator_;
   Ids ids_;
   std::string path_;
   uint64_t max_;
@@ -510,7 +511,7 @@ StatusOr<Reply> HandleTarCreate(Agent* agent, uint32_t ch, protocol::TarCreateRe
   uint64_t max = req.max_bytes == 0 ? kMaxArchiveBytes : std::min(req.max_bytes, kMaxArchiveBytes);
   DSEC_ASSIGN_OR_RETURN(UniqueFd dir, Resolve(path, O_RDONLY | O_DIRECTORY));
   DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
-  DSEC_ASSIGN_OR_RETURN(auto creator, TarCreator::Open(dir.get(), "."));
+  DSEC_ASSIGN_OR_RETURN(auto creator, archive::TarCreator::Open(dir.get(), "."));
   return Reply(std::make_unique<TarCreateOp>(agent, ch, std::move(creator), req.as, path, max));
 }
 

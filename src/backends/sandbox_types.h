@@ -13,6 +13,7 @@
 
 #include "backends/kind.h"
 #include "base/status.h"
+#include "protocol/frame.h"
 #include "protocol/messages.h"
 
 namespace dsec::backends {
@@ -92,11 +93,15 @@ struct ExecOutput {
   std::string stderr_data;
 };
 
+// Which output stream OnOutput's data is from (the agent protocol's stream numbers).
+inline constexpr uint8_t kStdoutStream = protocol::kStdout;
+inline constexpr uint8_t kStderrStream = protocol::kStderr;
+
 class ExecObserver {
  public:
   virtual ~ExecObserver() = default;
   virtual void OnStart(int pid) { (void)pid; }
-  // stream: protocol::kStdout or kStderr.
+  // stream: kStdoutStream or kStderrStream.
   virtual void OnOutput(uint8_t stream, std::string_view data) = 0;
   // Exactly once. An error means the exec could not run or the sandbox went away.
   virtual void OnExit(const StatusOr<ExecResult>& result) = 0;
@@ -135,6 +140,5 @@ struct UserIds {
 };
 // "sandbox" (uid 1000), "root", or numeric "uid" / "uid:gid" (0-65535).
 StatusOr<UserIds> ResolveUser(const std::string& user);
-
 
 }  // namespace dsec::backends

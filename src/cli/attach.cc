@@ -126,7 +126,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnText(const std::string& data) {
-    auto j = protocol::ParseJson(data);
+    auto j = ParseJson(data);
     if (!j.ok() || !j->is_object()) return;
     if (auto it = j->find("stderr"); it != j->end() && it->is_string()) {
       if (auto d = Base64Decode(it->get<std::string>())) (void)WriteAllFd(STDERR_FILENO, *d, "");

@@ -99,7 +99,7 @@ StatusOr<Endpoint> ResolveEndpoint(std::string url, std::string token) {
 
 Status ApiError(unsigned http_status, std::string_view body) {
   std::string msg, code;
-  auto j = protocol::ParseJson(body);
+  auto j = ParseJson(body);
   if (j.ok() && j->is_object() && j->contains("error") && (*j)["error"].is_object()) {
     const Json& e = (*j)["error"];
     if (e.contains("message") && e["message"].is_string()) msg = e["message"];
@@ -256,7 +256,7 @@ StatusOr<Json> EdgeClient::CallJson(Verb verb, const std::string& target, const 
   DSEC_ASSIGN_OR_RETURN(Response r, Call(verb, target, std::move(text)));
   if (r.status < 200 || r.status >= 300) return ApiError(r.status, r.body);
   if (r.body.empty()) return Json();
-  auto j = protocol::ParseJson(r.body);
+  auto j = ParseJson(r.body);
   if (!j.ok()) return InternalError("the edge sent invalid JSON for " + target);
   return *j;
 }

@@ -15,12 +15,11 @@
 #include <string>
 #include <string_view>
 
+#include "base/json.h"
 #include "base/status.h"
-#include "protocol/messages.h"
 
 namespace dsec::cli {
 
-using protocol::Json;
 using Verb = boost::beast::http::verb;
 
 struct Endpoint {

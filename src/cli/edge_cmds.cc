@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "agent/tar.h"
+#include "archive/tar.h"
 #include "base/base64.h"
 #include "base/file_util.h"
 #include "base/ids.h"
@@ -219,27 +219,27 @@ int StreamExec(EdgeClient& c, const ExecOpts& o) {
     int fd = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
     (void)WriteAllFd(fd, safe[i] ? filters[i].Filter(d) : std::string(d), i ? "stderr" : "stdout");
   };
-  Status s = c.Download(
-      Verb::post, SbPath(o.id) + "/exec?stream=1", body.dump(),
-      [&](std::string_view data) -> Status {
-        pending.append(data);
-        size_t start = 0, nl;
-        while ((nl = pending.find('\n', start)) != std::string::npos) {
-          auto j = protocol::ParseJson(std::string_view(pending).substr(start, nl - start));
-          start = nl + 1;
-          if (!j.ok() || !j->is_object()) continue;
-          for (int i = 0; i < 2; ++i) {
-            if (auto it = j->find(i ? "stderr" : "stdout"); it != j->end() && it->is_string()) {
-              if (auto d = Base64Decode(it->get<std::string>())) emit(i, *d);
-            }
-          }
-          if (auto it = j->find("exit"); it != j->end()) result = *it;
-          if (auto it = j->find("error"); it != j->end() && it->is_object())
-            stream_error = InternalError(it->value("message", "exec failed"));
-        }
-        pending.erase(0, start);
-        return OkStatus();
-      });
+  Status s = c.Download(Verb::post, SbPath(o.id) + "/exec?stream=1", body.dump(),
+                        [&](std::string_view data) -> Status {
+                          pending.append(data);
+                          size_t start = 0, nl;
+                          while ((nl = pending.find('\n', start)) != std::string::npos) {
+                            auto j = ParseJson(std::string_view(pending).substr(start, nl - start));
+                            start = nl + 1;
+                            if (!j.ok() || !j->is_object()) continue;
+                            for (int i = 0; i < 2; ++i) {
+                              if (auto it = j->find(i ? "stderr" : "stdout");
+                                  it != j->end() && it->is_string()) {
+                                if (auto d = Base64Decode(it->get<std::string>())) emit(i, *d);
+                              }
+                            }
+                            if (auto it = j->find("exit"); it != j->end()) result = *it;
+                            if (auto it = j->find("error"); it != j->end() && it->is_object())
+                              stream_error = InternalError(it->value("message", "exec failed"));
+                          }
+                          pending.erase(0, start);
+                          return OkStatus();
+                        });
   for (int i = 0; i < 2; ++i)
     if (safe[i]) (void)WriteAllFd(i ? STDERR_FILENO : STDOUT_FILENO, filters[i].Flush(), "out");
   if (!s.ok()) return Fail(s, kExecFail);
@@ -383,7 +383,7 @@ Status Upload(EdgeClient& c, const std::string& src, const Loc& dst) {
   if (!S_ISDIR(st.st_mode)) return InvalidArgument("cp: " + src + " is not a file or directory");
   UniqueFd dir(open(src.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir) return ErrnoError("cp: " + src);
-  DSEC_ASSIGN_OR_RETURN(auto tar, agent::TarCreator::Open(dir.get(), "."));
+  DSEC_ASSIGN_OR_RETURN(auto tar, archive::TarCreator::Open(dir.get(), "."));
   bool done = false;
   return c.Upload(Verb::put, SbPath(dst.id) + "/archive?path=" + UrlEncode(path),
                   "application/x-tar", [&]() -> StatusOr<std::string> {
@@ -406,11 +406,11 @@ Status Download(EdgeClient& c, const Loc& src, std::string dst) {
     if (mkdir(dst.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError("cp: mkdir " + dst);
     UniqueFd dir(open(dst.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!dir) return ErrnoError("cp: " + dst);
-    agent::TarExtractOptions opts;
+    archive::TarExtractOptions opts;
     opts.uid = geteuid();
     opts.gid = getegid();
     opts.max_total_bytes = 1ull << 40;
-    agent::TarExtractor x(dir.get(), opts);
+    archive::TarExtractor x(dir.get(), opts);
     DSEC_RETURN_IF_ERROR(c.Download(Verb::get,
                                     SbPath(src.id) + "/archive?path=" + UrlEncode(src.path), "",
                                     [&](std::string_view d) { return x.Feed(d); }));
@@ -464,7 +464,7 @@ int ForEach(const GlobalOptions& g, const std::vector<std::string>& ids, Verb ve
       continue;
     }
     if (g.json) {
-      auto j = protocol::ParseJson(r->body);
+      auto j = ParseJson(r->body);
       out.push_back(j.ok() && !r->body.empty() ? *j : Json{{"id", id}});
     } else {
       std::cout << id << "\n";

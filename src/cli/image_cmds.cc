@@ -16,7 +16,7 @@
 #include <optional>
 #include <thread>
 
-#include "agent/tar.h"
+#include "archive/tar.h"
 #include "base/unique_fd.h"
 #include "cli/cmd_util.h"
 #include "cli/edge_client.h"
@@ -219,7 +219,7 @@ StatusOr<Json> Import(EdgeClient& c, const ImportOpts& o) {
   struct stat st;
   if (fstat(in, &st) != 0) return ErrnoError("image import: stat " + o.path);
   std::string format = o.format;
-  std::unique_ptr<agent::TarCreator> tar;
+  std::unique_ptr<archive::TarCreator> tar;
   if (S_ISDIR(st.st_mode)) {
     // Owners (numeric) and full modes are kept, symlinks stored as links, mount points not
     // crossed; devices, FIFOs and sockets are skipped (counted below).
@@ -228,7 +228,7 @@ StatusOr<Json> Import(EdgeClient& c, const ImportOpts& o) {
                              " is a directory, sent as a rootfs tar; --format " + format +
                              " needs an archive file");
     format = "rootfs";
-    DSEC_ASSIGN_OR_RETURN(tar, agent::TarCreator::Open(in, "."));
+    DSEC_ASSIGN_OR_RETURN(tar, archive::TarCreator::Open(in, "."));
   }
   std::string target = "/v1/images/import?name=" + EncodeName(o.name) + "&format=" + format;
   if (!o.layer_format.empty()) target += "&layer_format=" + o.layer_format;
@@ -265,7 +265,7 @@ StatusOr<Json> Import(EdgeClient& c, const ImportOpts& o) {
     std::cerr << "dsec: image import: skipped " << tar->skipped()
               << " entries of " + o.path + " (devices, FIFOs, sockets, mount points)\n";
   if (response.empty()) return Json::object();
-  auto j = protocol::ParseJson(response);
+  auto j = ParseJson(response);
   if (!j.ok()) return InternalError("the edge sent invalid JSON for the import");
   return *j;
 }

@@ -42,7 +42,8 @@ struct RunOptions {
 class StreamObserver : public backends::ExecObserver {
  public:
   void OnOutput(uint8_t stream, std::string_view data) override {
-    (void)WriteAllFd(stream == protocol::kStderr ? STDERR_FILENO : STDOUT_FILENO, data, "output");
+    (void)WriteAllFd(stream == backends::kStderrStream ? STDERR_FILENO : STDOUT_FILENO, data,
+                     "output");
   }
   void OnExit(const StatusOr<backends::ExecResult>& r) override {
     std::lock_guard<std::mutex> l(mu_);

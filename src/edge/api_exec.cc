@@ -12,7 +12,6 @@
 #include "base/ids.h"
 #include "edge/api.h"
 #include "edge/json_body.h"
-#include "protocol/frame.h"
 
 namespace dsec::edge {
 
@@ -200,7 +199,7 @@ class CollectObserver : public ExecObserver {
         charge_(budget->NewCharge()) {}
 
   void OnOutput(uint8_t stream, std::string_view data) override {
-    bool is_err = stream == protocol::kStderr;
+    bool is_err = stream == backends::kStderrStream;
     std::string& buf = is_err ? err_ : out_;
     // The agent enforces the cap; this keeps a misbehaving agent from growing us.
     if (buf.size() >= cap_) return;
@@ -255,7 +254,7 @@ class StreamObserver : public ExecObserver {
     if (!final_.empty()) res_->End(std::move(final_));
   }
   void OnOutput(uint8_t stream, std::string_view data) override {
-    bool is_err = stream == protocol::kStderr;
+    bool is_err = stream == backends::kStderrStream;
     std::string text = (is_err ? err_ : out_).Take(data, false);
     if (text.empty()) return;
     Emit(Json{{is_err ? "stderr" : "stdout", text}});
@@ -628,7 +627,7 @@ class AttachSession : public WebSocketHandler,
       if (Status s = h->WriteStdin(std::move(data)); !s.ok()) Abort(s);
       return;
     }
-    auto j = protocol::ParseJson(data);
+    auto j = ParseJson(data);
     if (!j.ok() || !j->is_object())
       return Abort(InvalidArgument("control frames are JSON objects"));
     if (auto it = j->find("resize"); it != j->end()) {
@@ -657,7 +656,7 @@ class AttachSession : public WebSocketHandler,
   void OnOutput(uint8_t stream, std::string_view data) override {
     auto conn = Conn();
     if (!conn) return;
-    if (stream == protocol::kStderr && !req_.tty) {
+    if (stream == backends::kStderrStream && !req_.tty) {
       conn->Send(Json({{"stderr", Base64Encode(data)}}).dump(), false);
     } else {
       conn->Send(std::string(data), true);

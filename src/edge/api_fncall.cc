@@ -39,7 +39,7 @@ StatusOr<FnCallParams> ParseFnCall(const std::string& body, const EdgeConfig& cf
   DSEC_ASSIGN_OR_RETURN(auto encoding, b.String("encoding", 16));
   DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
   (void)rid;
-  const protocol::Json* files = b.Raw("files");
+  const Json* files = b.Raw("files");
   DSEC_RETURN_IF_ERROR(b.Finish());
   if (!runtime || runtime->empty()) return InvalidArgument("\"runtime\" is required");
   if (!code) return InvalidArgument("\"code\" is required");
@@ -222,7 +222,7 @@ void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, State
       std::erase_if(want, [&](const fncall::PoolConfig& w) { return w.name == name; });
       continue;
     }
-    auto j = protocol::ParseJson(text);
+    auto j = ParseJson(text);
     std::string kind = j.ok() && j->is_object() ? j->value("kind", "fncall") : "fncall";
     fncall::PoolConfig base = PoolDefaults(cfg, kind);
     base.name = name;
@@ -251,7 +251,7 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
   const std::string& name = c->params["name"];
   if (Status s = ValidateId("pool name", name); !s.ok()) return c->Fail(s);
-  auto j = protocol::ParseJson(c->req.body.empty() ? "{}" : c->req.body);
+  auto j = ParseJson(c->req.body.empty() ? "{}" : c->req.body);
   if (!j.ok() || !j->is_object()) return c->Fail(InvalidArgument("the body must be a JSON object"));
   if (j->contains("name") && (*j)["name"] != name)
     return c->Fail(InvalidArgument("\"name\" differs from the path"));

@@ -38,8 +38,8 @@ std::string AuditLog::Clip(const std::string& s) {
   return s.substr(0, kMaxArgBytes) + "...[" + std::to_string(s.size()) + " bytes]";
 }
 
-protocol::Json AuditLog::Command(const std::vector<std::string>& argv) {
-  protocol::Json out = protocol::Json::array();
+Json AuditLog::Command(const std::vector<std::string>& argv) {
+  Json out = Json::array();
   size_t total = 0;
   for (const auto& a : argv) {
     if (total > kMaxCommandBytes) {
@@ -66,9 +66,9 @@ void AuditLog::RotateLocked() {
   size_ = 0;
 }
 
-void AuditLog::Record(protocol::Json entry) {
+void AuditLog::Record(Json entry) {
   entry["time_ms"] = WallMs();
-  std::string line = entry.dump(-1, ' ', false, protocol::Json::error_handler_t::replace) + "\n";
+  std::string line = entry.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
   std::lock_guard<std::mutex> l(mu_);
   if (max_bytes_ > 0 && size_ + line.size() > max_bytes_) RotateLocked();
   if (!fd_ || write(fd_.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) {

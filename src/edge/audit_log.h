@@ -10,9 +10,9 @@
 #include <mutex>
 #include <string>
 
+#include "base/json.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
-#include "protocol/messages.h"
 
 namespace dsec::edge {
 
@@ -22,11 +22,11 @@ class AuditLog {
                                                   int keep);
   // Adds "time_ms" and writes the entry as one line. Never fails the caller: an I/O error is
   // counted and logged once.
-  void Record(protocol::Json entry);
+  void Record(Json entry);
   uint64_t write_errors() const { return write_errors_; }
 
   // A command as the log keeps it: at most this many bytes of each argument and in total.
-  static protocol::Json Command(const std::vector<std::string>& argv);
+  static Json Command(const std::vector<std::string>& argv);
   static std::string Clip(const std::string& s);
 
  private:

@@ -95,7 +95,7 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body) {
   DSEC_ASSIGN_OR_RETURN(auto request_id, b.String("request_id", 128));
   (void)request_id;  // the API layer's idempotency uses it
   std::optional<std::vector<std::string>> from;
-  if (const protocol::Json* f = b.Raw("from")) {
+  if (const Json* f = b.Raw("from")) {
     from.emplace();
     if (f->is_string()) {
       from->push_back(f->get<std::string>());
@@ -512,9 +512,9 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
       append("$ " + cmd + "\n");
       struct Observer : backends::ExecObserver {
         std::function<void(std::string_view)> out;
-        std::promise<StatusOr<protocol::ExecResult>> result;
+        std::promise<StatusOr<backends::ExecResult>> result;
         void OnOutput(uint8_t, std::string_view d) override { out(d); }
-        void OnExit(const StatusOr<protocol::ExecResult>& r) override { result.set_value(r); }
+        void OnExit(const StatusOr<backends::ExecResult>& r) override { result.set_value(r); }
       };
       auto obs = std::make_shared<Observer>();
       obs->out = append;
@@ -539,7 +539,7 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
         std::lock_guard<std::mutex> l(mu_);
         j->exec.reset();
       }
-      StatusOr<protocol::ExecResult> res = fut.get();
+      StatusOr<backends::ExecResult> res = fut.get();
       DSEC_RETURN_IF_ERROR(check());
       if (!res.ok()) return res.status().WithContext("step \"" + Short(cmd) + "\"");
       if (res->timed_out) return DeadlineExceeded("step \"" + Short(cmd) + "\" timed out");

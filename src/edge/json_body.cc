@@ -7,8 +7,6 @@
 
 namespace dsec::edge {
 
-using protocol::Json;
-
 namespace {
 Status TypeError(const char* name, const char* want) {
   return InvalidArgument(std::string("\"") + name + "\" must be " + want);

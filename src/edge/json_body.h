@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/json.h"
 #include "base/status.h"
-#include "protocol/messages.h"
 
 namespace dsec::edge {
 
@@ -31,16 +31,16 @@ class JsonBody {
   StatusOr<std::optional<std::vector<std::string>>> StringArray(const char* name, size_t max_items,
                                                                 size_t max_len);
   // The raw value (marks it read); nullptr if absent or null.
-  const protocol::Json* Raw(const char* name);
+  const Json* Raw(const char* name);
   // Fails on fields that no getter asked for.
   Status Finish() const;
 
-  const protocol::Json& json() const { return j_; }
+  const Json& json() const { return j_; }
 
  private:
-  explicit JsonBody(protocol::Json j) : j_(std::move(j)) {}
-  const protocol::Json* Take(const char* name);
-  protocol::Json j_;
+  explicit JsonBody(Json j) : j_(std::move(j)) {}
+  const Json* Take(const char* name);
+  Json j_;
   std::vector<std::string> seen_;
 };
 

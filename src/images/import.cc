@@ -17,7 +17,7 @@
 #include <set>
 #include <vector>
 
-#include "agent/tar.h"
+#include "archive/tar.h"
 #include "base/file_util.h"
 #include "base/strings.h"
 #include "sys/syscalls.h"
@@ -653,12 +653,12 @@ struct Importer::Impl {
     unpacked = store->TempPath("unpack");
     if (mkdir(unpacked.c_str(), 0700) < 0) return ErrnoError("mkdir \"" + unpacked + "\"");
     DSEC_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(unpacked, O_RDONLY));
-    agent::TarExtractOptions o;
+    archive::TarExtractOptions o;
     o.uid = 0;
     o.gid = 0;
     o.max_total_bytes = opts.max_archive_bytes;
     o.max_entries = 100'000;
-    agent::TarExtractor x(dir.get(), o);
+    archive::TarExtractor x(dir.get(), o);
     DSEC_RETURN_IF_ERROR(ReadSpool([&](std::string_view d) { return x.Feed(d); }));
     DSEC_RETURN_IF_ERROR(x.Finish());
     // The spool is no longer needed: give its space back before the layers are made.

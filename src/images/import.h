@@ -50,7 +50,7 @@ struct ImportOptions {
   // false: the layers are stored but no image is added; Finish() returns what it would be
   // (the caller holds an ImageStore::Lease until it references the layers).
   bool add_image = true;
-  bool skip_dev_nodes = false;  // see agent::TarExtractOptions
+  bool skip_dev_nodes = false;  // see archive::TarExtractOptions
 };
 
 class Importer {

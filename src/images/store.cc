@@ -12,7 +12,7 @@
 #include <deque>
 #include <nlohmann/json.hpp>
 
-#include "agent/tar.h"
+#include "archive/tar.h"
 #include "base/clock.h"
 #include "base/file_util.h"
 #include "base/ids.h"
@@ -188,7 +188,7 @@ StatusOr<std::string> NormalizeName(std::string_view name) {
 struct LayerBuilder::Impl {
   std::string tmp;
   UniqueFd dir;
-  std::unique_ptr<agent::TarExtractor> tar;
+  std::unique_ptr<archive::TarExtractor> tar;
   EVP_MD_CTX* md = nullptr;
   ~Impl() {
     if (md) EVP_MD_CTX_free(md);
@@ -403,14 +403,14 @@ StatusOr<std::unique_ptr<LayerBuilder>> ImageStore::NewLayer(bool skip_dev_nodes
   // The root too is unlisted until a "./" entry says otherwise; its mode is not the umask's.
   if (fchown(im.dir.get(), kUnlistedOwner, kUnlistedOwner) < 0 || fchmod(im.dir.get(), 0755) < 0)
     return ErrnoError("chown \"" + im.tmp + "\"");
-  agent::TarExtractOptions o;
+  archive::TarExtractOptions o;
   o.uid = kUnlistedOwner;  // only directories the extractor makes unasked get these
   o.gid = kUnlistedOwner;
   o.image_layer = true;
   o.skip_dev_nodes = skip_dev_nodes;
   o.max_total_bytes = opts_.max_layer_bytes;
   o.max_entries = opts_.max_layer_entries;
-  im.tar = std::make_unique<agent::TarExtractor>(im.dir.get(), o);
+  im.tar = std::make_unique<archive::TarExtractor>(im.dir.get(), o);
   im.md = EVP_MD_CTX_new();
   if (!im.md || EVP_DigestInit_ex(im.md, EVP_sha256(), nullptr) != 1)
     return InternalError("sha256 init failed");

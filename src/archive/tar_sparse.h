@@ -13,7 +13,7 @@
 
 #include "base/status.h"
 
-namespace dsec::agent {
+namespace dsec::archive {
 
 class SparseMap {
  public:
@@ -39,4 +39,4 @@ class SparseMap {
   bool done_ = false;
 };
 
-}  // namespace dsec::agent
+}  // namespace dsec::archive

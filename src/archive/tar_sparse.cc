@@ -1,8 +1,8 @@
-#include "agent/tar_sparse.h"
+#include "archive/tar_sparse.h"
 
 #include <string>
 
-namespace dsec::agent {
+namespace dsec::archive {
 
 namespace {
 Status Malformed(const std::string& why) {
@@ -62,4 +62,4 @@ Status SparseMap::Validate(uint64_t realsize, uint64_t data_after_map) const {
   return OkStatus();
 }
 
-}  // namespace dsec::agent
+}  // namespace dsec::archive

@@ -1,4 +1,4 @@
-#include "agent/tar.h"
+#include "archive/tar.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -26,7 +26,7 @@
 #include "base/strings.h"
 #include "base/unique_fd.h"
 
-namespace dsec::agent {
+namespace dsec::archive {
 namespace {
 
 constexpr uid_t kUid = 1234;
@@ -1230,4 +1230,4 @@ TEST_F(TarTest, ImageLayerSkipsDevNodesOnlyUnderDevWhenAsked) {
 }
 
 }  // namespace
-}  // namespace dsec::agent
+}  // namespace dsec::archive

@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "agent/tar.h"
+#include "archive/tar.h"
 #include "base/file_util.h"
 #include "base/unique_fd.h"
 
@@ -85,12 +85,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     dsec::UniqueFd root(open(d.root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!root) abort();
-    dsec::agent::TarExtractOptions opts;
+    dsec::archive::TarExtractOptions opts;
     opts.uid = geteuid();
     opts.gid = getegid();
     opts.max_total_bytes = kMaxBytes;
     opts.max_entries = kMaxEntries;
-    dsec::agent::TarExtractor x(root.get(), opts);
+    dsec::archive::TarExtractor x(root.get(), opts);
     bool ok = true;
     for (size_t off = 0; off < in.size() && ok; off += chunk)
       ok = x.Feed(in.substr(off, chunk)).ok();
@@ -103,7 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Bytes on disk: what was written, plus nothing else (the root itself is one entry).
     if (g_bytes > kMaxBytes || g_entries > kMaxEntries + 1) __builtin_trap();
 
-    auto creator = dsec::agent::TarCreator::Open(root.get(), ".");
+    auto creator = dsec::archive::TarCreator::Open(root.get(), ".");
     if (creator.ok()) {
       std::string out;
       uint64_t total = 0;

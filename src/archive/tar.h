@@ -22,7 +22,7 @@
 
 #include "base/status.h"
 
-namespace dsec::agent {
+namespace dsec::archive {
 
 struct TarExtractOptions {
   uid_t uid = 1000, gid = 1000;  // owner of everything created (fchownat)
@@ -99,4 +99,4 @@ class TarCreator {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace dsec::agent
+}  // namespace dsec::archive
