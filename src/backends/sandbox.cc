@@ -135,12 +135,14 @@ std::string Sandbox::reason() const {
 
 void Sandbox::MarkFailed(const std::string& why) {
   if (state_.load() == SandboxState::kDestroyed) return;  // a Destroy closed the session
-  std::lock_guard<std::mutex> l(mu_);
-  SandboxState s = state_.load();
-  if (s == SandboxState::kRunning || s == SandboxState::kPaused) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    SandboxState s = state_.load();
+    if (s != SandboxState::kRunning && s != SandboxState::kPaused) return;
     state_ = SandboxState::kFailed;
     reason_ = why;
   }
+  Notify();
 }
 
 StatusOr<std::shared_ptr<AgentSession>> Sandbox::Ready() {
@@ -347,21 +349,27 @@ Status Sandbox::KillEveryUserProcess() {
 }
 
 Status Sandbox::Pause() {
-  std::lock_guard<std::mutex> l(mu_);
-  SandboxState st = state_.load();
-  if (st == SandboxState::kPaused) return OkStatus();
-  if (st != SandboxState::kRunning)
-    return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)));
-  DSEC_RETURN_IF_ERROR(instance_->Pause());
-  state_ = SandboxState::kPaused;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    SandboxState st = state_.load();
+    if (st == SandboxState::kPaused) return OkStatus();
+    if (st != SandboxState::kRunning)
+      return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)));
+    DSEC_RETURN_IF_ERROR(instance_->Pause());
+    state_ = SandboxState::kPaused;
+  }
+  Notify();
   return OkStatus();
 }
 
 Status Sandbox::Resume() {
-  std::lock_guard<std::mutex> l(mu_);
-  if (state_.load() != SandboxState::kPaused) return OkStatus();
-  DSEC_RETURN_IF_ERROR(instance_->Resume());
-  state_ = SandboxState::kRunning;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (state_.load() != SandboxState::kPaused) return OkStatus();
+    DSEC_RETURN_IF_ERROR(instance_->Resume());
+    state_ = SandboxState::kRunning;
+  }
+  Notify();
   return OkStatus();
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -48,6 +49,11 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   SandboxState state() const { return state_.load(); }
   // Why the sandbox failed ("agent exited", "oom"); empty otherwise.
   std::string reason() const;
+  // Called after state() changed between running, paused and failed (not for Destroy or
+  // Detach), on the thread that changed it (an I/O thread when the agent died), with no lock of
+  // the Sandbox held. It says only that something changed: read state() for what (calls from
+  // two threads may arrive in either order). It must not block. Set once, before use.
+  void SetStateListener(std::function<void()> listener) { listener_ = std::move(listener); }
   // The kind-specific part (tests and the backend that made it look inside).
   Instance& instance() { return *instance_; }
 
@@ -122,6 +128,10 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   std::set<std::string> shells_;           // GUARDED_BY(mu_)
   std::shared_ptr<AgentSession> session_;  // GUARDED_BY(mu_)
   std::atomic<uint64_t> exec_count_{0};
+  std::function<void()> listener_;
+  void Notify() const {
+    if (listener_) listener_();
+  }
 };
 
 // The environment every command starts with, before the sandbox's and the request's own.

@@ -181,10 +181,11 @@ StatusOr<std::shared_ptr<SandboxEntry>> Ctx::Entry() {
   return api->deps().manager->Get(id);
 }
 
-StatusOr<std::shared_ptr<backends::Sandbox>> Ctx::Sandbox(std::shared_ptr<SandboxEntry>* entry) {
+StatusOr<std::shared_ptr<backends::Sandbox>> Ctx::Sandbox(std::shared_ptr<SandboxEntry>* entry,
+                                                          Op op) {
   DSEC_ASSIGN_OR_RETURN(auto e, Entry());
   if (entry) *entry = e;
-  return e->Sandbox();
+  return e->Sandbox(op);
 }
 
 StatusOr<std::string> Ctx::RequiredQuery(const char* name) const {
@@ -341,7 +342,7 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     key = ctx->req.Header("idempotency-key");
     if (!route->upload && !route->import && !ctx->req.body.empty()) {
       // request_id in a JSON body; JSON errors are left for the handler to report.
-      auto j = protocol::ParseJson(ctx->req.body);
+      auto j = ParseJson(ctx->req.body);
       if (j.ok() || ctx->req.body.find('\0') != std::string::npos) {
         // Every JSON body, whichever handler reads it (some parse it themselves).
         if (Status s = CheckStrictJson(ctx->req.body); !s.ok()) {

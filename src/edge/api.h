@@ -52,9 +52,9 @@ class Ctx {
 
   // The sandbox named by the {id} path parameter (validated; touched for idle TTL).
   StatusOr<std::shared_ptr<SandboxEntry>> Entry();
-  // Its backend sandbox, waiting while it is still being created.
+  // Its backend sandbox for `op` (edge/lifecycle.h), waiting while it is still being created.
   StatusOr<std::shared_ptr<backends::Sandbox>> Sandbox(
-      std::shared_ptr<SandboxEntry>* entry = nullptr);
+      std::shared_ptr<SandboxEntry>* entry = nullptr, Op op = Op::kUse);
   // A query parameter that must be given.
   StatusOr<std::string> RequiredQuery(const char* name) const;
   // An integer query parameter (default when absent).

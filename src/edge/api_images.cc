@@ -163,7 +163,7 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   if ((*s)->GetImage(*norm).ok())  // checked again when it is added
     return c->Fail(409, "conflict", "image \"" + *norm + "\" already exists");
   std::shared_ptr<SandboxEntry> e;
-  auto sb = c->Sandbox(&e);
+  auto sb = c->Sandbox(&e, Op::kSnapshot);
   if (!sb.ok()) return c->Fail(sb.status());
   images::ImageStore::Lease lease(*s);  // the new layer is unreferenced until PutImage
   auto stack = (*sb)->CaptureStack(keep_setuid->value_or(false));
@@ -201,7 +201,7 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   if (!rid.ok()) return c->Fail(rid.status());
   if (Status f = body->Finish(); !f.ok()) return c->Fail(f);
   std::shared_ptr<SandboxEntry> e;
-  auto sb = c->Sandbox(&e);
+  auto sb = c->Sandbox(&e, Op::kSnapshot);
   if (!sb.ok()) return c->Fail(sb.status());
   images::ImageStore::Lease lease(*s);  // until the forks hold the new layer
   auto stack = (*sb)->CaptureStack(keep_setuid->value_or(false));

@@ -77,25 +77,25 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
   if (!j.is_object()) return InvalidArgument("params must be an object");
   CreateParams p;
   DSEC_ASSIGN_OR_RETURN(std::string kind,
-                        protocol::GetString(j, "kind", std::string(backends::KindName(p.kind))));
+                        GetString(j, "kind", std::string(backends::KindName(p.kind))));
   auto k = backends::KindFromName(kind);
   if (!k) return InvalidArgument("unknown sandbox kind \"" + kind + "\"");
   p.kind = *k;
-  DSEC_ASSIGN_OR_RETURN(p.image, protocol::GetString(j, "image", p.image));
+  DSEC_ASSIGN_OR_RETURN(p.image, GetString(j, "image", p.image));
   if (auto it = j.find("cpu"); it != j.end() && it->is_number()) p.cpu = it->get<double>();
-  DSEC_ASSIGN_OR_RETURN(p.memory_mb, protocol::GetInt(j, "memory_mb", p.memory_mb));
-  DSEC_ASSIGN_OR_RETURN(p.pids, protocol::GetInt(j, "pids", p.pids));
-  DSEC_ASSIGN_OR_RETURN(p.disk_mb, protocol::GetInt(j, "disk_mb", p.disk_mb));
-  DSEC_ASSIGN_OR_RETURN(p.ttl_s, protocol::GetInt(j, "ttl_s", p.ttl_s));
-  DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, protocol::GetInt(j, "idle_ttl_s", p.idle_ttl_s));
-  DSEC_ASSIGN_OR_RETURN(p.user, protocol::GetString(j, "user", p.user));
-  DSEC_ASSIGN_OR_RETURN(p.workdir, protocol::GetString(j, "workdir", p.workdir));
+  DSEC_ASSIGN_OR_RETURN(p.memory_mb, GetInt(j, "memory_mb", p.memory_mb));
+  DSEC_ASSIGN_OR_RETURN(p.pids, GetInt(j, "pids", p.pids));
+  DSEC_ASSIGN_OR_RETURN(p.disk_mb, GetInt(j, "disk_mb", p.disk_mb));
+  DSEC_ASSIGN_OR_RETURN(p.ttl_s, GetInt(j, "ttl_s", p.ttl_s));
+  DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, GetInt(j, "idle_ttl_s", p.idle_ttl_s));
+  DSEC_ASSIGN_OR_RETURN(p.user, GetString(j, "user", p.user));
+  DSEC_ASSIGN_OR_RETURN(p.workdir, GetString(j, "workdir", p.workdir));
   DSEC_ASSIGN_OR_RETURN(p.env, StringMap(j, "env"));
   DSEC_ASSIGN_OR_RETURN(p.labels, StringMap(j, "labels"));
   if (auto it = j.find("network"); it != j.end() && it->is_object())
     p.network_mode = it->value("mode", "none");
-  DSEC_ASSIGN_OR_RETURN(p.pool, protocol::GetString(j, "pool", ""));
-  DSEC_ASSIGN_OR_RETURN(p.config_from, protocol::GetString(j, "config_from", ""));
+  DSEC_ASSIGN_OR_RETURN(p.pool, GetString(j, "pool", ""));
+  DSEC_ASSIGN_OR_RETURN(p.config_from, GetString(j, "config_from", ""));
   return p;
 }
 
@@ -114,16 +114,17 @@ int64_t NodeMemoryMb() {
 
 void SandboxEntry::Touch() { last_used_at = clock_->NowMs(); }
 
-StatusOr<std::shared_ptr<backends::Sandbox>> SandboxEntry::Sandbox(int64_t timeout_ms) {
+StatusOr<std::shared_ptr<backends::Sandbox>> SandboxEntry::Sandbox(Op op, int64_t timeout_ms) {
   std::unique_lock<std::mutex> l(mu_);
   cv_.wait_for(l, std::chrono::milliseconds(timeout_ms),
-               [&] { return phase_ != Phase::kCreating || deleted_; });
-  if (deleted_) return NotFound("sandbox " + id + " was deleted");
-  if (phase_ == Phase::kCreating) return Unavailable("sandbox " + id + " is still being created");
-  if (phase_ == Phase::kFailed)
-    return FailedPrecondition("sandbox " + id + " failed" +
-                              (reason_.empty() ? std::string() : " (" + reason_ + ")"));
+               [&] { return phase_ != Phase::kCreating; });
+  DSEC_RETURN_IF_ERROR(CheckOp(op, phase_, id, reason_));
   return sb_;
+}
+
+Phase SandboxEntry::phase() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return phase_;
 }
 
 // Output of finished background execs kept per sandbox for GET .../execs/{id}.
@@ -198,24 +199,46 @@ size_t Manager::size() const {
 }
 
 std::string Manager::StateName(const SandboxEntry& e) const {
-  std::lock_guard<std::mutex> l(e.mu_);
-  switch (e.phase_) {
-    case SandboxEntry::Phase::kCreating:
-      return "creating";
-    case SandboxEntry::Phase::kFailed:
-      return "failed";
-    case SandboxEntry::Phase::kReady:
-      break;
+  return std::string(PhaseName(e.phase()));
+}
+
+void Manager::Attach(const std::shared_ptr<SandboxEntry>& e,
+                     std::shared_ptr<backends::Sandbox> sb) {
+  std::weak_ptr<SandboxEntry> weak = e;
+  sb->SetStateListener([this, weak] {
+    if (auto entry = weak.lock()) SyncPhase(entry);
+  });
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    e->sb_ = std::move(sb);
+    if (e->phase_ == Phase::kCreating) e->phase_ = Phase::kRunning;
   }
-  switch (e.sb_->state()) {
-    case backends::SandboxState::kPaused:
-      return "paused";
-    case backends::SandboxState::kFailed:
-    case backends::SandboxState::kDestroyed:
-      return "failed";
-    default:
-      return "running";
+  SyncPhase(e);  // whatever happened before the listener was there
+}
+
+void Manager::SyncPhase(const std::shared_ptr<SandboxEntry>& e) {
+  bool failed = false;
+  {
+    std::lock_guard<std::mutex> l(e->mu_);
+    if (!e->sb_ || (e->phase_ != Phase::kRunning && e->phase_ != Phase::kPaused)) return;
+    switch (e->sb_->state()) {
+      case backends::SandboxState::kRunning:
+        e->phase_ = Phase::kRunning;
+        break;
+      case backends::SandboxState::kPaused:
+        e->phase_ = Phase::kPaused;
+        break;
+      case backends::SandboxState::kFailed:
+        e->phase_ = Phase::kFailed;
+        e->reason_ = e->sb_->reason();
+        failed = true;
+        break;
+      default:  // creating, or destroyed by the manager itself
+        break;
+    }
   }
+  // The reaper releases and destroys it (not here: this may run on an agent's I/O thread).
+  if (failed) reaper_cv_.notify_all();
 }
 
 namespace {
@@ -414,13 +437,13 @@ backends::SandboxSpec SpecFor(const std::string& id, const CreateParams& p) {
 }  // namespace
 
 StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
-  // Counted before the deleted_ check: Shutdown marks every entry deleted, then waits for
+  // Counted before the deleted check: Shutdown marks every entry deleted, then waits for
   // this to reach zero, so no create can slip past it and outlive the backend.
   creates_in_flight_++;
   auto done = MakeScopeGuard([this] { creates_in_flight_--; });
   {
     std::lock_guard<std::mutex> l(e->mu_);
-    if (e->deleted_) {
+    if (e->phase_ == Phase::kDeleted) {
       e->cv_.notify_all();
       return NotFound("sandbox " + e->id + " was deleted before it was created");
     }
@@ -438,7 +461,7 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
       if (entries_.erase(e->id)) ReleaseMemoryLocked(*e);
     }
     std::lock_guard<std::mutex> l(e->mu_);
-    e->deleted_ = true;
+    e->phase_ = Phase::kDeleted;
     e->cv_.notify_all();
     DSEC_LOG_WARN("create failed: sandbox={} error={}", e->id, sb.status().ToString());
     // The host ran out of something (fds, memory, disk): not the caller's fault, and worth
@@ -449,13 +472,8 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
   }
   metrics_->ObserveCreate(sw.ElapsedMs() / 1000.0);
   metrics_->CountCreated();
-  bool deleted;
-  {
-    std::lock_guard<std::mutex> l(e->mu_);
-    e->sb_ = *sb;
-    e->phase_ = SandboxEntry::Phase::kReady;
-    deleted = e->deleted_;
-  }
+  Attach(e, *sb);
+  bool deleted = e->phase() == Phase::kDeleted;
   if (!deleted) {
     StoredSandbox row{e->id, StoredRecord(*e).dump(), (*sb)->AdoptionHandle()};
     if (Status s = store_->PutSandbox(row); !s.ok()) {
@@ -469,7 +487,7 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
       }
       {
         std::lock_guard<std::mutex> l(e->mu_);
-        e->deleted_ = true;
+        e->phase_ = Phase::kDeleted;
         e->cv_.notify_all();
       }
       metrics_->CountDeleted("create_failed");
@@ -491,10 +509,9 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
 Json Manager::AttachPooled(const std::shared_ptr<SandboxEntry>& e,
                            std::shared_ptr<backends::Sandbox> sb) {
   metrics_->CountCreated();
+  Attach(e, sb);
   {
     std::lock_guard<std::mutex> l(e->mu_);
-    e->sb_ = sb;
-    e->phase_ = SandboxEntry::Phase::kReady;
     e->cv_.notify_all();
   }
   StoredSandbox row{e->id, StoredRecord(*e).dump(), sb->AdoptionHandle()};
@@ -557,6 +574,7 @@ StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
   int64_t old_expires = 0, old_idle = 0;
   {
     std::lock_guard<std::mutex> l(e->mu_);
+    DSEC_RETURN_IF_ERROR(CheckOp(Op::kUpdate, e->phase_, e->id));
     old_labels = e->labels_;
     old_expires = e->expires_at_;
     old_idle = e->idle_ttl_s_;
@@ -619,28 +637,28 @@ Status Manager::Delete(const std::string& id, const std::string& reason) {
   bool creating;
   {
     std::lock_guard<std::mutex> l(e->mu_);
-    e->deleted_ = true;
-    creating = e->phase_ == SandboxEntry::Phase::kCreating;
+    creating = e->phase_ == Phase::kCreating;
+    e->phase_ = Phase::kDeleted;
     e->cv_.notify_all();
   }
   if (Status s = store_->DeleteSandbox(id); !s.ok())
     DSEC_LOG_ERROR("state db delete failed: sandbox={} error={}", id, s.ToString());
   metrics_->CountDeleted(reason);
-  if (creating) return OkStatus();  // CreateOne sees deleted_ and tears down when it is done
+  if (creating) return OkStatus();  // CreateOne sees it deleted and tears down when it is done
   Destroy(e);
   return OkStatus();
 }
 
 StatusOr<Json> Manager::Pause(const std::string& id) {
   DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
-  DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox());
+  DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox(Op::kPause));
   DSEC_RETURN_IF_ERROR(sb->Pause());
   return Record(*e);
 }
 
 StatusOr<Json> Manager::Resume(const std::string& id) {
   DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
-  DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox());
+  DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox(Op::kResume));
   DSEC_RETURN_IF_ERROR(sb->Resume());
   return Record(*e);
 }
@@ -669,12 +687,13 @@ void Manager::ReleaseMemoryLocked(SandboxEntry& e) {
   memory_mb_ -= e.params.memory_mb;
 }
 
-void Manager::MarkFailed(const std::shared_ptr<SandboxEntry>& e, const std::string& reason) {
+void Manager::FinishFailure(const std::shared_ptr<SandboxEntry>& e) {
+  std::string reason;
   {
     std::lock_guard<std::mutex> l(e->mu_);
-    if (e->phase_ != SandboxEntry::Phase::kReady || e->deleted_) return;
-    e->phase_ = SandboxEntry::Phase::kFailed;
-    e->reason_ = reason;
+    if (e->phase_ != Phase::kFailed || e->failure_handled_) return;
+    e->failure_handled_ = true;
+    reason = e->reason_;
   }
   {
     // A failed sandbox holds nothing any more: it no longer counts against node memory.
@@ -696,7 +715,7 @@ void Manager::ReapOnce() {
     std::shared_ptr<backends::Sandbox> sb;
     {
       std::lock_guard<std::mutex> l(e->mu_);
-      if (e->phase_ == SandboxEntry::Phase::kCreating) continue;
+      if (e->phase_ == Phase::kCreating) continue;
       sb = e->sb_;
       if (now >= e->expires_at_) {
         why = "ttl";
@@ -710,7 +729,8 @@ void Manager::ReapOnce() {
       (void)Delete(e->id, why);
       continue;
     }
-    if (sb && sb->state() == backends::SandboxState::kFailed) MarkFailed(e, sb->reason());
+    SyncPhase(e);  // (the listener does this at once; this is for anything it missed)
+    FinishFailure(e);
   }
 }
 
@@ -733,7 +753,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
   DSEC_ASSIGN_OR_RETURN(std::vector<StoredSandbox> rows, store_->ListSandboxes());
   int adopted = 0;
   for (const auto& row : rows) {
-    auto rec = protocol::ParseJson(row.record);
+    auto rec = ParseJson(row.record);
     StatusOr<CreateParams> p = rec.ok() ? CreateParamsFromJson(rec->value("params", Json::object()))
                                         : StatusOr<CreateParams>(rec.status());
     Status result = p.status();
@@ -752,8 +772,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
       continue;
     }
     auto e = std::make_shared<SandboxEntry>(row.id, *p, clock_);
-    e->sb_ = sb;
-    e->phase_ = SandboxEntry::Phase::kReady;
+    Attach(e, sb);
     e->labels_ = StringMap(*rec, "labels").value_or(p->labels);
     int64_t now = clock_->NowMs();
     e->created_at_ = rec->value("created_at", now);
@@ -781,7 +800,7 @@ void Manager::Shutdown(bool persist) {
   if (persist) {
     for (auto& e : all) {
       // Wait out creates in flight so nothing is half-made when we go.
-      (void)e->Sandbox(60000);
+      (void)e->Sandbox(Op::kUse, 60000);
       std::lock_guard<std::mutex> l(e->mu_);
       if (e->sb_) e->sb_->Detach();
     }
@@ -790,7 +809,7 @@ void Manager::Shutdown(bool persist) {
   }
   ParallelFor(static_cast<int>(all.size()), kDestroyThreads,
               [&](int i) { (void)Delete(all[static_cast<size_t>(i)]->id, "shutdown"); });
-  // Creates that were in flight finish and tear down by themselves (they see deleted_).
+  // Creates that were in flight finish and tear down by themselves (they see them deleted).
   for (int i = 0; creates_in_flight_ > 0 && i < 12000; ++i) usleep(10000);
   DSEC_LOG_INFO("destroyed {} sandboxes", all.size());
 }

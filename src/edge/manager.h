@@ -23,17 +23,16 @@
 #include "backends/fncall/pool.h"
 #include "backends/sandbox.h"
 #include "base/clock.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "edge/config.h"
+#include "edge/lifecycle.h"
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
 #include "edge/output_budget.h"
 #include "edge/state_store.h"
-#include "protocol/messages.h"
 
 namespace dsec::edge {
-
-using protocol::Json;
 
 // What a caller asked for (validated by the API layer; defaults filled in).
 struct CreateParams {
@@ -76,8 +75,6 @@ struct BackgroundExec {
 
 class SandboxEntry {
  public:
-  enum class Phase { kCreating, kReady, kFailed };
-
   SandboxEntry(std::string id, CreateParams p, const Clock* clock = Clock::System())
       : id(std::move(id)), params(std::move(p)), clock_(clock) {}
 
@@ -90,8 +87,11 @@ class SandboxEntry {
 
   // Records an API call (idle TTL counts time without any).
   void Touch();
-  // The backend sandbox once ready. Waits (up to timeout) while it is being created.
-  StatusOr<std::shared_ptr<backends::Sandbox>> Sandbox(int64_t timeout_ms = 120000);
+  // The backend sandbox, for `op` (lifecycle.h: 409 when it failed, 404 once deleted). Waits
+  // (up to timeout) while it is being created.
+  StatusOr<std::shared_ptr<backends::Sandbox>> Sandbox(Op op = Op::kUse,
+                                                       int64_t timeout_ms = 120000);
+  Phase phase() const;
 
   // Background execs.
   std::shared_ptr<BackgroundExec> AddBackground(size_t keep);
@@ -103,7 +103,8 @@ class SandboxEntry {
   const Clock* clock_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Phase phase_ = Phase::kCreating;                  // GUARDED_BY(mu_)
+  Phase phase_ = Phase::kCreating;                  // GUARDED_BY(mu_); the one state
+  bool failure_handled_ = false;                    // GUARDED_BY(mu_); released, destroyed
   std::shared_ptr<backends::Sandbox> sb_;           // GUARDED_BY(mu_)
   std::string reason_;                              // GUARDED_BY(mu_)
   std::string create_error_;                        // GUARDED_BY(mu_)
@@ -111,7 +112,6 @@ class SandboxEntry {
   int64_t created_at_ = 0;                          // GUARDED_BY(mu_)
   int64_t expires_at_ = 0;                          // GUARDED_BY(mu_)
   int64_t idle_ttl_s_ = 0;                          // GUARDED_BY(mu_)
-  bool deleted_ = false;                            // GUARDED_BY(mu_)
   std::deque<std::shared_ptr<BackgroundExec>> bg_;  // GUARDED_BY(mu_)
 };
 
@@ -184,7 +184,14 @@ class Manager {
   Status Persist(const SandboxEntry& e);
   Json StoredRecord(const SandboxEntry& e) const;
   std::string StateName(const SandboxEntry& e) const;
-  void MarkFailed(const std::shared_ptr<SandboxEntry>& e, const std::string& reason);
+  // The entry's sandbox is ready (made, adopted or taken from a pool): running or paused as
+  // the sandbox is, and following its changes from now on (SyncPhase).
+  void Attach(const std::shared_ptr<SandboxEntry>& e, std::shared_ptr<backends::Sandbox> sb);
+  // Takes the backend sandbox's running/paused/failed into the entry's phase (its state
+  // listener; any thread, does not block). A failure is finished by the reaper (FinishFailure).
+  void SyncPhase(const std::shared_ptr<SandboxEntry>& e);
+  // Once per failed entry: its memory no longer counts, its sandbox goes, the db says why.
+  void FinishFailure(const std::shared_ptr<SandboxEntry>& e);
   void ReleaseMemoryLocked(SandboxEntry& e);  // with mu_ held
   void Destroy(const std::shared_ptr<SandboxEntry>& e);
   std::vector<std::shared_ptr<SandboxEntry>> Snapshot() const;

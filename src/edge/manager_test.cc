@@ -147,19 +147,54 @@ TEST_F(ManagerTest, AnAgentThatDiesFailsTheSandboxAndFreesItsMemory) {
   std::string id = CreateOne(p);
   EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 128);
   backend_.KillAgent(id);
+  // The record says so at once (the backend's failure event), before any reaping.
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "failed"; }));
+  auto e = manager_->Get(id);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(manager_->Record(**e)["reason"], "agent exited");
+  EXPECT_EQ((*e)->Sandbox().status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->Pause(id).status().code(), StatusCode::kFailedPrecondition);
+  // The reaper releases what it held, once.
+  manager_->ReapOnce();
+  manager_->ReapOnce();
+  EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 0);
+  EXPECT_EQ(backend_.destroyed(), 1);
+  // Labels may still change; a failed sandbox is deleted like any other.
+  PatchParams patch;
+  patch.labels["seen"] = "yes";
+  EXPECT_TRUE(manager_->Patch(id, patch).ok());
+  EXPECT_TRUE(manager_->Delete(id).ok());
+  EXPECT_EQ(backend_.destroyed(), 1);
+}
+
+TEST_F(ManagerTest, ThePhaseFollowsTheBackendsPauseAndResume) {
+  std::string id = CreateOne();
   auto e = manager_->Get(id);
   ASSERT_TRUE(e.ok());
   auto sb = (*e)->Sandbox();
   ASSERT_TRUE(sb.ok());
-  ASSERT_TRUE(WaitFor([&] { return (*sb)->state() == backends::SandboxState::kFailed; }));
-  manager_->ReapOnce();
-  Json rec = manager_->Record(**e);
-  EXPECT_EQ(rec["state"], "failed");
-  EXPECT_EQ(rec["reason"], "agent exited");
-  EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 0);
-  EXPECT_EQ((*e)->Sandbox().status().code(), StatusCode::kFailedPrecondition);
-  // A failed sandbox is deleted like any other.
-  EXPECT_TRUE(manager_->Delete(id).ok());
+  // A pause or resume from below the manager (the sandbox resumes itself on any call) shows.
+  ASSERT_TRUE((*sb)->Pause().ok());
+  EXPECT_EQ(State(id), "paused");
+  ASSERT_TRUE((*sb)->Resume().ok());
+  EXPECT_EQ(State(id), "running");
+}
+
+TEST_F(ManagerTest, OperationsWaitForACreateAndSay503WhenItTakesTooLong) {
+  std::vector<std::function<void()>> later;
+  auto r = manager_->Create({}, 1, /*wait=*/false,
+                            [&](std::function<void()> task) { later.push_back(std::move(task)); });
+  ASSERT_TRUE(r.ok());
+  std::string id = (*r)[0]["id"];
+  auto e = manager_->Get(id);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ((*e)->Sandbox(Op::kUse, 1).status().code(), StatusCode::kUnavailable);
+  PatchParams patch;
+  patch.labels["early"] = "ok";
+  EXPECT_TRUE(manager_->Patch(id, patch).ok());  // updates need no running sandbox
+  for (auto& t : later) t();
+  EXPECT_TRUE((*e)->Sandbox(Op::kUse, 1).ok());
+  EXPECT_EQ(State(id), "running");
 }
 
 TEST_F(ManagerTest, ACreateThatFailsLeavesNoRecord) {
@@ -221,6 +256,22 @@ TEST_F(ManagerTest, ShutdownDestroysEverything) {
   EXPECT_EQ(backend_.alive(), 0u);
   EXPECT_TRUE(store_->ListSandboxes()->empty());
   EXPECT_EQ(manager_->Create({}, 1, true, nullptr).status().code(), StatusCode::kUnavailable);
+}
+
+TEST(LifecycleTest, TheTransitionTable) {
+  const Op ops[] = {Op::kUse, Op::kPause, Op::kResume, Op::kSnapshot, Op::kUpdate};
+  for (Op op : ops) {
+    EXPECT_TRUE(CheckOp(op, Phase::kRunning, "x").ok()) << OpName(op);
+    EXPECT_TRUE(CheckOp(op, Phase::kPaused, "x").ok()) << OpName(op);
+    EXPECT_EQ(CheckOp(op, Phase::kDeleted, "x").code(), StatusCode::kNotFound) << OpName(op);
+    StatusCode creating = op == Op::kUpdate ? StatusCode::kOk : StatusCode::kUnavailable;
+    EXPECT_EQ(CheckOp(op, Phase::kCreating, "x").code(), creating) << OpName(op);
+    StatusCode failed = op == Op::kUpdate ? StatusCode::kOk : StatusCode::kFailedPrecondition;
+    EXPECT_EQ(CheckOp(op, Phase::kFailed, "x", "oom").code(), failed) << OpName(op);
+  }
+  Status s = CheckOp(Op::kSnapshot, Phase::kFailed, "sb-1", "oom");
+  EXPECT_EQ(s.message(), "sandbox sb-1 failed (oom): it cannot snapshot any more; delete it");
+  EXPECT_EQ(PhaseName(Phase::kPaused), "paused");
 }
 
 }  // namespace

@@ -1,0 +1,57 @@
+#include "edge/lifecycle.h"
+
+namespace dsec::edge {
+
+std::string_view PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kCreating:
+      return "creating";
+    case Phase::kRunning:
+      return "running";
+    case Phase::kPaused:
+      return "paused";
+    case Phase::kFailed:
+      return "failed";
+    case Phase::kDeleted:
+      return "deleted";
+  }
+  return "unknown";
+}
+
+std::string_view OpName(Op op) {
+  switch (op) {
+    case Op::kUse:
+      return "use";
+    case Op::kPause:
+      return "pause";
+    case Op::kResume:
+      return "resume";
+    case Op::kSnapshot:
+      return "snapshot";
+    case Op::kUpdate:
+      return "update";
+  }
+  return "unknown";
+}
+
+Status CheckOp(Op op, Phase phase, const std::string& id, const std::string& reason) {
+  switch (phase) {
+    case Phase::kRunning:
+    case Phase::kPaused:
+      return OkStatus();
+    case Phase::kCreating:
+      if (op == Op::kUpdate) return OkStatus();
+      return Unavailable("sandbox " + id + " is still being created");
+    case Phase::kFailed:
+      if (op == Op::kUpdate) return OkStatus();
+      return FailedPrecondition("sandbox " + id + " failed" +
+                                (reason.empty() ? std::string() : " (" + reason + ")") +
+                                ": it cannot " + std::string(OpName(op)) +
+                                " any more; delete it");
+    case Phase::kDeleted:
+      return NotFound("sandbox " + id + " was deleted");
+  }
+  return InternalError("sandbox " + id + ": unknown phase");
+}
+
+}  // namespace dsec::edge
