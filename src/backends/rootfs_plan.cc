@@ -34,8 +34,8 @@ void PlanLowers(const RootfsInputs& in, RootfsPlan* plan) {
     for (size_t o = 1; o < plan->overlays.size(); ++o) {
       const auto& has = in.layers[k].has_overlay_dir;
       if (o - 1 >= has.size() || !has[o - 1]) continue;
-      plan->lowers.push_back({PlannedLower::From::kImageLayer, k, plan->overlays[o].target.substr(1),
-                              true});
+      plan->lowers.push_back(
+          {PlannedLower::From::kImageLayer, k, plan->overlays[o].target.substr(1), true});
       insert(o, plan->lowers.size() - 1);
     }
   }
@@ -88,10 +88,10 @@ RootfsPlan PlanRootfs(const RootfsInputs& in) {
   if (!in.host_base) {
     std::string passwd = TopmostText(in.layers, &LayerFacts::passwd_present, &LayerFacts::passwd);
     std::string group = TopmostText(in.layers, &LayerFacts::group_present, &LayerFacts::group);
-    plan.files.push_back({"/etc/passwd",
-                          isolation::PasswdWithSandboxUser(passwd, kSandboxUid, kSandboxGid,
-                                                           "/bin/sh"),
-                          0644, 0, 0});
+    plan.files.push_back(
+        {"/etc/passwd",
+         isolation::PasswdWithSandboxUser(passwd, kSandboxUid, kSandboxGid, "/bin/sh"), 0644, 0,
+         0});
     plan.files.push_back(
         {"/etc/group", isolation::GroupWithSandboxUser(group, kSandboxGid), 0644, 0, 0});
   }

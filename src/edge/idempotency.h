@@ -42,7 +42,9 @@ class Idempotency {
   void Prune();
 
   static bool Recordable(int status);
-  // FNV-1a 64, hex: for request bodies and token fingerprints (not a secret MAC).
+  // A 64-bit FNV-1a-style hash, hex: for request bodies and token fingerprints (not a secret
+  // MAC). Its offset basis is 1469598103934665603, a digit short of FNV's own; it stays, since
+  // recorded requests and fingerprints must hash alike across an upgrade.
   static std::string Hash(std::string_view data);
 
  private:

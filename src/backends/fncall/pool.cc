@@ -416,6 +416,28 @@ StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
   return worker;
 }
 
+ScalePlan PlanScale(const PoolCounts& c, int min_idle, int max, bool container) {
+  ScalePlan p;
+  int total = c.idle + c.busy + c.starting;
+  // Enough idle workers for min_idle, and one for every queued call that none will take.
+  int need = std::max(min_idle - c.idle - c.starting, c.queued - c.starting);
+  // A container pool's sandboxes leave it when taken: only idle ones count against max.
+  if (container) total = c.idle + c.starting;
+  p.start = std::max(0, std::min(need, max - total));
+  int idle = c.idle;
+  // Shrink: workers that stayed idle through a whole idle_timeout_s window (the fewest idle at
+  // any moment in it, beyond min_idle) were not needed. Calls go to the least recently used
+  // worker (so one that just finished has time to prepare its next call), hence the window
+  // rather than per-worker idle times. Never while calls wait.
+  if (c.window_over && c.queued == 0) {
+    p.retire_lru = std::max(0, std::min(c.idle_low, idle) - min_idle);
+    idle -= p.retire_lru;
+  }
+  // Over max after a PUT lowered it: idle ones go.
+  p.retire_over_max = std::max(0, std::min(idle, idle + c.busy - max));
+  return p;
+}
+
 int64_t Pool::Maintain() {
   int64_t now = MonotonicMs();
   std::vector<Queued> expired;
@@ -440,29 +462,28 @@ int64_t Pool::Maintain() {
       it = resting_.erase(it);
     }
     if (!stopped_) {
-      int total = static_cast<int>(idle_.size() + busy_.size()) + starting_;
-      int need = std::max(cfg_.min_idle - static_cast<int>(idle_.size()) - starting_,
-                          static_cast<int>(queue_.size()) - starting_);
-      // A container pool's sandboxes leave it when taken: only idle ones count against max.
-      if (cfg_.kind == "container") total = static_cast<int>(idle_.size()) + starting_;
-      want = std::max(0, std::min(need, cfg_.max - total));
-      // Shrink: workers that stayed idle through a whole idle_timeout_s window (the fewest
-      // idle at any moment in it, beyond min_idle) were not needed. Calls go to the least
-      // recently used worker (so one that just finished has time to prepare its next call),
-      // hence the window rather than per-worker idle times.
-      if (now - window_start_ms_ >= cfg_.idle_timeout_s * 1000) {
-        int surplus = std::min(idle_low_, static_cast<int>(idle_.size())) - cfg_.min_idle;
-        for (; surplus > 0 && queue_.empty(); --surplus) {
-          destroy.push_back(idle_.back());
-          idle_.pop_back();
-        }
-        window_start_ms_ = now;
-        idle_low_ = static_cast<int>(idle_.size());
+      PoolCounts c;
+      c.idle = static_cast<int>(idle_.size());
+      c.busy = static_cast<int>(busy_.size());
+      c.starting = starting_;
+      c.queued = static_cast<int>(queue_.size());
+      c.idle_low = idle_low_;
+      c.window_over = now - window_start_ms_ >= cfg_.idle_timeout_s * 1000;
+      ScalePlan plan = PlanScale(c, cfg_.min_idle, cfg_.max, cfg_.kind == "container");
+      want = plan.start;
+      // The least recently used idle workers (at the back) go when the window had surplus;
+      // over max, the front ones.
+      for (int i = 0; i < plan.retire_lru; ++i) {
+        destroy.push_back(idle_.back());
+        idle_.pop_back();
       }
-      // Over max after a PUT lowered it: idle ones go first.
-      while (static_cast<int>(idle_.size() + busy_.size()) > cfg_.max && !idle_.empty()) {
+      for (int i = 0; i < plan.retire_over_max; ++i) {
         destroy.push_back(idle_.front());
         idle_.pop_front();
+      }
+      if (c.window_over) {
+        window_start_ms_ = now;
+        idle_low_ = static_cast<int>(idle_.size());
       }
     }
     starting_ += want;

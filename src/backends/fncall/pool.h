@@ -75,6 +75,21 @@ struct CallResult {
 };
 using CallDone = std::function<void(StatusOr<CallResult>)>;
 
+// A pool's scaling, as a pure function of what it holds now (Pool::Maintain applies it).
+struct PoolCounts {
+  int idle = 0, busy = 0, starting = 0, queued = 0;
+  int idle_low = 0;          // the fewest idle workers at any moment of the current window
+  bool window_over = false;  // the idle_timeout_s window ended
+};
+struct ScalePlan {
+  int start = 0;            // new workers to make
+  int retire_lru = 0;       // idle workers to destroy, least recently used first (the surplus)
+  int retire_over_max = 0;  // idle workers to destroy because max went down
+};
+// `container`: a container pool (its sandboxes leave when taken, so only idle ones count
+// against max).
+ScalePlan PlanScale(const PoolCounts& c, int min_idle, int max, bool container);
+
 class Pool : public std::enable_shared_from_this<Pool> {
  public:
   Pool(PoolConfig cfg, backends::Backend* backend, std::string node);

@@ -187,9 +187,9 @@ StatusOr<std::string> AgentSession::OpenShell(protocol::ExecSpec spec) {
 
 StatusOr<std::shared_ptr<ExecHandle>> AgentSession::RunInShell(
     const protocol::ShellRunRequest& req, std::shared_ptr<ExecObserver> observer) {
-  return std::shared_ptr<ExecHandle>(
-      StartStreaming(client_, protocol::Encode(req).dump(-1, ' ', false, Json::error_handler_t::replace),
-                     std::move(observer), oom_));
+  return std::shared_ptr<ExecHandle>(StartStreaming(
+      client_, protocol::Encode(req).dump(-1, ' ', false, Json::error_handler_t::replace),
+      std::move(observer), oom_));
 }
 
 Status AgentSession::CloseShell(const std::string& shell_id) {
@@ -209,8 +209,8 @@ StatusOr<std::string> AgentSession::ReadFile(protocol::RunAs as, const std::stri
   return data;
 }
 
-Status AgentSession::WriteFile(protocol::RunAs as, const std::string& path,
-                               const UploadBody& data, uint32_t mode) {
+Status AgentSession::WriteFile(protocol::RunAs as, const std::string& path, const UploadBody& data,
+                               uint32_t mode) {
   return Upload(protocol::Encode(protocol::WriteFileRequest{as, path, mode, true, false}), data);
 }
 
@@ -223,7 +223,8 @@ StatusOr<std::vector<FileEntry>> AgentSession::ListDir(protocol::RunAs as,
 }
 
 StatusOr<FileEntry> AgentSession::Stat(protocol::RunAs as, const std::string& path) {
-  DSEC_ASSIGN_OR_RETURN(Json r, client_->CallSync(protocol::Encode(protocol::StatRequest{as, path})));
+  DSEC_ASSIGN_OR_RETURN(Json r,
+                        client_->CallSync(protocol::Encode(protocol::StatRequest{as, path})));
   DSEC_ASSIGN_OR_RETURN(auto resp, protocol::DecodeAs<protocol::StatResponse>(r));
   return std::move(resp.entry);
 }
@@ -234,8 +235,7 @@ Status AgentSession::MakeDir(protocol::RunAs as, const std::string& path, uint32
 }
 
 Status AgentSession::Remove(protocol::RunAs as, const std::string& path, bool recursive) {
-  return client_->CallSync(protocol::Encode(protocol::RemoveRequest{as, path, recursive}))
-      .status();
+  return client_->CallSync(protocol::Encode(protocol::RemoveRequest{as, path, recursive})).status();
 }
 
 Status AgentSession::ExtractTar(protocol::RunAs as, const std::string& dir, const UploadBody& tar,

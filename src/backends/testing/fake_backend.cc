@@ -83,8 +83,7 @@ class FakeInstance : public Instance {
  private:
   StatusOr<AgentLink> Connect(bool adopting) {
     int sp[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
-      return ErrnoError("socketpair");
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) return ErrnoError("socketpair");
     AgentLink link;
     link.stream.Reset(sp[0]);
     std::lock_guard<std::mutex> l(state_->mu);
