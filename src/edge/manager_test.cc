@@ -11,22 +11,13 @@
 
 #include "backends/testing/fake_backend.h"
 #include "base/file_util.h"
+#include "base/testing/poll.h"
 #include "edge/state_store.h"
 
 namespace dsec::edge {
 namespace {
 
 using backends::testing::FakeBackend;
-
-// Polls `cond` until it holds or `timeout_ms` passed.
-template <typename F>
-bool WaitFor(F cond, int timeout_ms = 5000) {
-  for (int waited = 0; waited < timeout_ms; waited += 2) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return cond();
-}
 
 class ManagerTest : public ::testing::Test {
  protected:
@@ -148,7 +139,7 @@ TEST_F(ManagerTest, AnAgentThatDiesFailsTheSandboxAndFreesItsMemory) {
   EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 128);
   backend_.KillAgent(id);
   // The record says so at once (the backend's failure event), before any reaping.
-  ASSERT_TRUE(WaitFor([&] { return State(id) == "failed"; }));
+  ASSERT_TRUE(dsec::testing::PollUntil([&] { return State(id) == "failed"; }));
   auto e = manager_->Get(id);
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(manager_->Record(**e)["reason"], "agent exited");
@@ -270,7 +261,7 @@ TEST(LifecycleTest, TheTransitionTable) {
     EXPECT_EQ(CheckOp(op, Phase::kFailed, "x", "oom").code(), failed) << OpName(op);
   }
   Status s = CheckOp(Op::kSnapshot, Phase::kFailed, "sb-1", "oom");
-  EXPECT_EQ(s.message(), "sandbox sb-1 failed (oom): it cannot snapshot any more; delete it");
+  EXPECT_EQ(s.message(), "sandbox sb-1 failed (oom) and cannot be snapshotted any more; delete it");
   EXPECT_EQ(PhaseName(Phase::kPaused), "paused");
 }
 

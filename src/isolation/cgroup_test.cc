@@ -13,6 +13,7 @@
 #include "base/ids.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
+#include "base/testing/poll.h"
 #include "isolation/cgroup_internal.h"
 
 namespace dsec::isolation {
@@ -193,12 +194,11 @@ TEST_P(CgroupPrivilegedTest, KillFreezeStatsDestroy) {
   });
   // Wait for the grandchild: a fork still in flight while freezing briefly reports the cgroup
   // as not frozen (the new task joins unfrozen, then freezes), which is not what this checks.
-  for (int i = 0; i < 400; ++i) {
+  EXPECT_TRUE(dsec::testing::PollUntil([&] {
     auto st = cg->Stats();
-    if (st.ok() && st->pids_current >= 3) break;
-    usleep(5000);
-  }
-  usleep(5000);
+    return st.ok() && st->pids_current >= 3;
+  }));
+  usleep(5000);  // (and let that fork settle into the cgroup)
   EXPECT_TRUE(*cg->IsPopulated());
   ASSERT_TRUE(cg->Freeze().ok());
   EXPECT_TRUE(*cg->IsFrozen());
@@ -213,8 +213,8 @@ TEST_P(CgroupPrivilegedTest, KillFreezeStatsDestroy) {
   EXPECT_EQ(waitpid(a, &status, 0), a);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   EXPECT_EQ(waitpid(b, &status, 0), b);
-  for (int i = 0; i < 200 && *cg->IsPopulated(); ++i) usleep(5000);
-  EXPECT_FALSE(*cg->IsPopulated());  // the grandchild (reaped by init) is gone as well
+  // The grandchild (reaped by init) is gone as well.
+  EXPECT_TRUE(dsec::testing::PollUntil([&] { return !*cg->IsPopulated(); }));
   std::string name = cg->name();
   ASSERT_TRUE(cg->Destroy().ok());
   ASSERT_TRUE(cg->Destroy().ok());  // twice is fine

@@ -14,6 +14,7 @@
 #include "base/file_util.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
+#include "base/testing/poll.h"
 
 namespace dsec::isolation {
 namespace {
@@ -135,7 +136,7 @@ TEST_F(DiskImagePrivilegedTest, SizeAndInodesAreHardCapsAndNothingOutlivesTheMou
     EXPECT_EQ(LoopDevicesInUse(), loops + 2);
   }
   // Both mounts are gone with their fds; the loop devices follow (autoclear).
-  for (int i = 0; i < 100 && LoopDevicesInUse() > loops; ++i) usleep(20000);
+  dsec::testing::PollUntil([&] { return LoopDevicesInUse() <= loops; });
   EXPECT_EQ(LoopDevicesInUse(), loops);
 }
 
@@ -159,7 +160,7 @@ TEST_F(DiskImagePrivilegedTest, PreallocatedImagesTakeTheirSpaceUpFront) {
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     EXPECT_GE(before - FreeBytes(tmp->path()), 500ull << 20);  // taken now, not when written
   }
-  for (int i = 0; i < 100 && LoopDevicesInUse() > loops; ++i) usleep(20000);
+  dsec::testing::PollUntil([&] { return LoopDevicesInUse() <= loops; });
   EXPECT_LT(before - std::min(before, FreeBytes(tmp->path())), 64ull << 20);  // given back
   spec.preallocate = false;
   {
@@ -167,7 +168,7 @@ TEST_F(DiskImagePrivilegedTest, PreallocatedImagesTakeTheirSpaceUpFront) {
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     EXPECT_LT(before - std::min(before, FreeBytes(tmp->path())), 128ull << 20);  // sparse
   }
-  for (int i = 0; i < 100 && LoopDevicesInUse() > loops; ++i) usleep(20000);
+  dsec::testing::PollUntil([&] { return LoopDevicesInUse() <= loops; });
   // A host filesystem without room: a 32 MiB tmpfs asked for a 64 MiB image.
   std::string small = tmp->path() + "/small";
   ASSERT_EQ(mkdir(small.c_str(), 0700), 0);

@@ -22,6 +22,7 @@
 #include "base/file_util.h"
 #include "base/ids.h"
 #include "base/strings.h"
+#include "base/testing/poll.h"
 #include "isolation/credentials.h"
 #include "protocol/frame.h"
 
@@ -356,7 +357,7 @@ TEST_P(ContainerPrivilegedTest, ForkBombStopsAtThePidsLimit) {
   auto n = sb->SignalAll(SIGKILL);
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_GE(*n, 50);
-  for (int i = 0; i < 100 && sb->Stats()->pids > 1; ++i) usleep(10000);
+  dsec::testing::PollUntil([&] { return sb->Stats()->pids <= 1; });
   EXPECT_EQ(sb->Stats()->pids, 1u);
   EXPECT_EQ(Trim(Sh(sb.get(), "echo ok").stdout_data), "ok");
 }
@@ -414,8 +415,8 @@ TEST_P(ContainerPrivilegedTest, TimeoutKillsTheWholeTree) {
   auto o = Sh(sb.get(), "sleep 1000 & setsid sleep 1001 & (sleep 1002 &); sleep 1003", "", 500);
   EXPECT_TRUE(o.result.timed_out);
   EXPECT_LT(sw.ElapsedMs(), 5000);
-  usleep(100000);
-  EXPECT_EQ(Trim(Sh(sb.get(), "pgrep -c sleep; true").stdout_data), "0");
+  EXPECT_TRUE(dsec::testing::PollUntil(
+      [&] { return Trim(Sh(sb.get(), "pgrep -c sleep; true").stdout_data) == "0"; }, 5000));
   // Without a timeout, background children outlive the command (their later output is not
   // collected) until something kills them.
   auto bg = Sh(sb.get(), "sleep 30 >/dev/null 2>&1 & echo started");
@@ -428,7 +429,7 @@ TEST_P(ContainerPrivilegedTest, TimeoutKillsTheWholeTree) {
       Sh(sb.get(),
          "(while true; do echo tick; sleep 0.05; done) & echo $! > /tmp/noisy.pid; echo first");
   EXPECT_NE(noisy.stdout_data.find("first\n"), std::string::npos) << noisy.stdout_data;
-  usleep(300000);
+  usleep(300000);  // (a while of its writing, not a wait for an event)
   EXPECT_EQ(Sh(sb.get(), "kill -0 $(cat /tmp/noisy.pid)").result.exit_code, 0);
 }
 
@@ -530,7 +531,7 @@ TEST_P(ContainerPrivilegedTest, ShellsCanBeOpenedAndClosedForever) {
     ASSERT_TRUE(sb->CloseShell(*sh).ok());
   }
   EXPECT_EQ(Trim(Sh(sb.get(), "echo still").stdout_data), "still");
-  for (int i = 0; i < 100 && sb->Stats()->pids > 1; ++i) usleep(10000);
+  dsec::testing::PollUntil([&] { return sb->Stats()->pids <= 1; });
   EXPECT_EQ(sb->Stats()->pids, 1u);  // closing a shell ends its background jobs too
 }
 
@@ -646,7 +647,7 @@ TEST_P(ContainerPrivilegedTest, PauseResumeStatsAndSignals) {
   EXPECT_EQ(sb->state(), SandboxState::kRunning);
   EXPECT_GE(sb->Stats()->exec_count, 2u);
   EXPECT_GE(*sb->SignalAll(SIGTERM), 1);
-  for (int i = 0; i < 100 && sb->Stats()->pids > 1; ++i) usleep(10000);
+  dsec::testing::PollUntil([&] { return sb->Stats()->pids <= 1; });
   EXPECT_EQ(sb->Stats()->pids, 1u);
 }
 
@@ -681,7 +682,7 @@ TEST_P(ContainerPrivilegedTest, AgentChannelReconnectNeedsTheSecret) {
   auto hello = connect_and(Inst(sb).secret());
   EXPECT_EQ(hello.type, protocol::FrameType::kHello);
   // That edge replaced ours: the original connection is gone and the sandbox reports it.
-  for (int i = 0; i < 100 && sb->state() == SandboxState::kRunning; ++i) usleep(10000);
+  dsec::testing::PollUntil([&] { return sb->state() != SandboxState::kRunning; });
   EXPECT_EQ(sb->state(), SandboxState::kFailed);
 }
 
@@ -689,7 +690,7 @@ TEST_P(ContainerPrivilegedTest, AgentDeathFailsTheSandbox) {
   auto sb = Create();
   ASSERT_TRUE(sb);
   ASSERT_EQ(kill(Inst(sb).agent_pid(), SIGKILL), 0);
-  for (int i = 0; i < 200 && sb->state() == SandboxState::kRunning; ++i) usleep(10000);
+  dsec::testing::PollUntil([&] { return sb->state() != SandboxState::kRunning; });
   EXPECT_EQ(sb->state(), SandboxState::kFailed);
   EXPECT_EQ(sb->reason(), "agent exited");
   EXPECT_EQ(sb->Exec({.cmd = {"true"}}).status().code(), StatusCode::kFailedPrecondition);
