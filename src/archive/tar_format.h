@@ -149,7 +149,8 @@ inline uint64_t PaddingFor(uint64_t size) { return (kBlockSize - size % kBlockSi
 
 // Splits an archive path into components: empty and "." components are dropped (which strips
 // leading "/" and "./"); NUL bytes and ".." components are rejected. Returns an error reason.
-inline std::optional<std::string> SplitArchivePath(std::string_view path, std::vector<std::string>* out) {
+inline std::optional<std::string> SplitArchivePath(std::string_view path,
+                                                   std::vector<std::string>* out) {
   out->clear();
   if (path.find('\0') != std::string_view::npos) return "contains a NUL byte";
   for (std::string_view part : SplitString(path, '/', /*skip_empty=*/true)) {
@@ -172,7 +173,7 @@ inline std::string JoinComponents(const std::vector<std::string>& comps, size_t 
 // openat2 beneath `root` with RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS: absolute symlinks and
 // ".." are clamped to root, so the result is always inside it. "" means root itself.
 inline StatusOr<UniqueFd> OpenBeneath(int root, const std::string& rel, int flags,
-                               uint64_t resolve = kResolveFlags) {
+                                      uint64_t resolve = kResolveFlags) {
   const char* p = rel.empty() ? "." : rel.c_str();
   for (int attempt = 0;; ++attempt) {
     int fd = sys::Openat2(root, p, flags | O_CLOEXEC, 0, resolve);

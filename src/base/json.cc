@@ -54,4 +54,16 @@ StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def) 
   return it->get<bool>();
 }
 
+StatusOr<std::map<std::string, std::string>> GetStringMap(const Json& j, const char* key) {
+  std::map<std::string, std::string> out;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return out;
+  if (!it->is_object()) return InvalidArgument(std::string(key) + " must be an object");
+  for (const auto& [k, v] : it->items()) {
+    if (!v.is_string()) return InvalidArgument(std::string(key) + " values must be strings");
+    out[k] = v.get<std::string>();
+  }
+  return out;
+}
+
 }  // namespace dsec

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,5 +27,16 @@ StatusOr<std::string> GetString(const Json& j, const char* key,
 StatusOr<int64_t> GetInt(const Json& j, const char* key, std::optional<int64_t> def = {},
                          int64_t min = INT64_MIN, int64_t max = INT64_MAX);
 StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def = {});
+// An object of strings (labels, env): a missing or null field is empty; anything but an object
+// of strings is InvalidArgument naming the field.
+StatusOr<std::map<std::string, std::string>> GetStringMap(const Json& j, const char* key);
+
+// A map as a JSON object.
+template <typename Map>
+Json ToJsonObject(const Map& m) {
+  Json j = Json::object();
+  for (const auto& [k, v] : m) j[k] = v;
+  return j;
+}
 
 }  // namespace dsec

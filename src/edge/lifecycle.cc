@@ -18,6 +18,25 @@ std::string_view PhaseName(Phase p) {
   return "unknown";
 }
 
+namespace {
+// "sandbox X failed and cannot be <this>".
+std::string_view Participle(Op op) {
+  switch (op) {
+    case Op::kUse:
+      return "used";
+    case Op::kPause:
+      return "paused";
+    case Op::kResume:
+      return "resumed";
+    case Op::kSnapshot:
+      return "snapshotted";
+    case Op::kUpdate:
+      return "updated";
+  }
+  return "used";
+}
+}  // namespace
+
 std::string_view OpName(Op op) {
   switch (op) {
     case Op::kUse:
@@ -44,10 +63,9 @@ Status CheckOp(Op op, Phase phase, const std::string& id, const std::string& rea
       return Unavailable("sandbox " + id + " is still being created");
     case Phase::kFailed:
       if (op == Op::kUpdate) return OkStatus();
-      return FailedPrecondition("sandbox " + id + " failed" +
-                                (reason.empty() ? std::string() : " (" + reason + ")") +
-                                ": it cannot " + std::string(OpName(op)) +
-                                " any more; delete it");
+      return FailedPrecondition(
+          "sandbox " + id + " failed" + (reason.empty() ? std::string() : " (" + reason + ")") +
+          " and cannot be " + std::string(Participle(op)) + " any more; delete it");
     case Phase::kDeleted:
       return NotFound("sandbox " + id + " was deleted");
   }

@@ -18,25 +18,6 @@ namespace {
 constexpr int kCreateThreads = 4;  // for "count": setup work that can overlap
 constexpr int kDestroyThreads = 8;
 
-template <typename Map>
-Json MapJson(const Map& m) {
-  Json j = Json::object();
-  for (const auto& [k, v] : m) j[k] = v;
-  return j;
-}
-
-StatusOr<std::map<std::string, std::string>> StringMap(const Json& j, const char* name) {
-  std::map<std::string, std::string> out;
-  auto it = j.find(name);
-  if (it == j.end() || it->is_null()) return out;
-  if (!it->is_object()) return InvalidArgument(std::string(name) + " must be an object");
-  for (const auto& [k, v] : it->items()) {
-    if (!v.is_string()) return InvalidArgument(std::string(name) + " values must be strings");
-    out[k] = v.get<std::string>();
-  }
-  return out;
-}
-
 // Runs fn(i) for i in [0, n) on up to `threads` threads.
 void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
   if (n <= 1 || threads <= 1) {
@@ -54,51 +35,6 @@ void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
 
 }  // namespace
 
-Json ToJson(const CreateParams& p) {
-  Json j = {{"kind", backends::KindName(p.kind)},
-            {"image", p.image},
-            {"cpu", p.cpu},
-            {"memory_mb", p.memory_mb},
-            {"pids", p.pids},
-            {"disk_mb", p.disk_mb},
-            {"ttl_s", p.ttl_s},
-            {"idle_ttl_s", p.idle_ttl_s},
-            {"user", p.user},
-            {"workdir", p.workdir},
-            {"env", MapJson(p.env)},
-            {"labels", MapJson(p.labels)},
-            {"network", {{"mode", p.network_mode}}},
-            {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
-  if (!p.config_from.empty()) j["config_from"] = p.config_from;
-  return j;
-}
-
-StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
-  if (!j.is_object()) return InvalidArgument("params must be an object");
-  CreateParams p;
-  DSEC_ASSIGN_OR_RETURN(std::string kind,
-                        GetString(j, "kind", std::string(backends::KindName(p.kind))));
-  auto k = backends::KindFromName(kind);
-  if (!k) return InvalidArgument("unknown sandbox kind \"" + kind + "\"");
-  p.kind = *k;
-  DSEC_ASSIGN_OR_RETURN(p.image, GetString(j, "image", p.image));
-  if (auto it = j.find("cpu"); it != j.end() && it->is_number()) p.cpu = it->get<double>();
-  DSEC_ASSIGN_OR_RETURN(p.memory_mb, GetInt(j, "memory_mb", p.memory_mb));
-  DSEC_ASSIGN_OR_RETURN(p.pids, GetInt(j, "pids", p.pids));
-  DSEC_ASSIGN_OR_RETURN(p.disk_mb, GetInt(j, "disk_mb", p.disk_mb));
-  DSEC_ASSIGN_OR_RETURN(p.ttl_s, GetInt(j, "ttl_s", p.ttl_s));
-  DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, GetInt(j, "idle_ttl_s", p.idle_ttl_s));
-  DSEC_ASSIGN_OR_RETURN(p.user, GetString(j, "user", p.user));
-  DSEC_ASSIGN_OR_RETURN(p.workdir, GetString(j, "workdir", p.workdir));
-  DSEC_ASSIGN_OR_RETURN(p.env, StringMap(j, "env"));
-  DSEC_ASSIGN_OR_RETURN(p.labels, StringMap(j, "labels"));
-  if (auto it = j.find("network"); it != j.end() && it->is_object())
-    p.network_mode = it->value("mode", "none");
-  DSEC_ASSIGN_OR_RETURN(p.pool, GetString(j, "pool", ""));
-  DSEC_ASSIGN_OR_RETURN(p.config_from, GetString(j, "config_from", ""));
-  return p;
-}
-
 int64_t NodeMemoryMb() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -108,70 +44,6 @@ int64_t NodeMemoryMb() {
     in.ignore(256, '\n');
   }
   return 1024;
-}
-
-// --- SandboxEntry ------------------------------------------------------------------------
-
-void SandboxEntry::Touch() { last_used_at = clock_->NowMs(); }
-
-StatusOr<std::shared_ptr<backends::Sandbox>> SandboxEntry::Sandbox(Op op, int64_t timeout_ms) {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait_for(l, std::chrono::milliseconds(timeout_ms),
-               [&] { return phase_ != Phase::kCreating; });
-  DSEC_RETURN_IF_ERROR(CheckOp(op, phase_, id, reason_));
-  return sb_;
-}
-
-Phase SandboxEntry::phase() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return phase_;
-}
-
-// Output of finished background execs kept per sandbox for GET .../execs/{id}.
-constexpr size_t kMaxKeptOutputBytes = 64 << 20;
-
-std::shared_ptr<BackgroundExec> SandboxEntry::AddBackground(size_t keep) {
-  auto b = std::make_shared<BackgroundExec>();
-  b->id = "ex-" + RandomBase32(12);
-  b->started_at = clock_->NowMs();
-  std::lock_guard<std::mutex> l(mu_);
-  bg_.push_back(b);
-  // Forget the oldest finished ones beyond the count bound, and beyond the bytes of output
-  // kept for them (running ones are always kept).
-  size_t bytes = 0;
-  for (auto& x : bg_) {
-    std::lock_guard<std::mutex> bl(x->mu);
-    bytes += x->result_bytes;
-  }
-  for (auto it = bg_.begin();
-       (bg_.size() > keep || bytes > kMaxKeptOutputBytes) && it != bg_.end();) {
-    bool done;
-    size_t held;
-    {
-      std::lock_guard<std::mutex> bl((*it)->mu);  // unlocked before erase may free it
-      done = (*it)->done;
-      held = (*it)->result_bytes;
-    }
-    if (!done) {
-      ++it;
-      continue;
-    }
-    bytes -= held;
-    it = bg_.erase(it);
-  }
-  return b;
-}
-
-std::shared_ptr<BackgroundExec> SandboxEntry::FindBackground(const std::string& exec_id) {
-  std::lock_guard<std::mutex> l(mu_);
-  for (auto& b : bg_)
-    if (b->id == exec_id) return b;
-  return nullptr;
-}
-
-std::vector<std::shared_ptr<BackgroundExec>> SandboxEntry::Backgrounds() {
-  std::lock_guard<std::mutex> l(mu_);
-  return {bg_.begin(), bg_.end()};
 }
 
 // --- Manager -----------------------------------------------------------------------------
@@ -280,7 +152,7 @@ Json Manager::Record(const SandboxEntry& e) const {
       {"user", p.user},
       {"workdir", p.workdir},
       {"network", {{"mode", p.network_mode}}},
-      {"labels", MapJson(e.labels_)},
+      {"labels", ToJsonObject(e.labels_)},
       {"reason", reason.empty() ? Json(nullptr) : Json(reason)}};
   if (!p.pool.empty()) j["pool"] = p.pool;  // taken ready-made from this container pool
   return j;
@@ -289,7 +161,7 @@ Json Manager::Record(const SandboxEntry& e) const {
 Json Manager::StoredRecord(const SandboxEntry& e) const {
   std::lock_guard<std::mutex> l(e.mu_);
   return {{"params", ToJson(e.params)},
-          {"labels", MapJson(e.labels_)},
+          {"labels", ToJsonObject(e.labels_)},
           {"created_at", e.created_at_},
           {"expires_at", e.expires_at_},
           {"idle_ttl_s", e.idle_ttl_s_}};
@@ -773,7 +645,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
     }
     auto e = std::make_shared<SandboxEntry>(row.id, *p, clock_);
     Attach(e, sb);
-    e->labels_ = StringMap(*rec, "labels").value_or(p->labels);
+    e->labels_ = GetStringMap(*rec, "labels").value_or(p->labels);
     int64_t now = clock_->NowMs();
     e->created_at_ = rec->value("created_at", now);
     e->expires_at_ = rec->value("expires_at", now + p->ttl_s * 1000);

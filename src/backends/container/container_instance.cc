@@ -62,6 +62,14 @@ Status ReadFrameTimeout(int fd, int timeout_ms, protocol::FrameDecoder* dec, Fra
   return OkStatus();
 }
 
+// agent.sock in the sandbox directory `dirfd`, through /proc/self/fd (no sun_path limit).
+sockaddr_un AgentSocketAddress(int dirfd) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/agent.sock", dirfd);
+  return addr;
+}
+
 // The agent's hello, in a version this edge speaks.
 StatusOr<protocol::Hello> DecodeHello(const Frame& f) {
   DSEC_ASSIGN_OR_RETURN(Json j, protocol::ParseJson(f.payload));
@@ -78,7 +86,7 @@ ContainerInstance::ContainerInstance(ContainerBackend* backend, SandboxSpec spec
   dir_ = JoinPath(backend_->sandboxes_dir_, spec_.id);
 }
 
-StatusOr<AgentLink> ContainerInstance::Start() {
+Status ContainerInstance::ClaimDirectory() {
   ContainerBackend& b = *backend_;
   // The directory appears under its final name only once its owner lock is held, so orphan
   // cleanup in another process can never take a sandbox that is being created.
@@ -102,13 +110,16 @@ StatusOr<AgentLink> ContainerInstance::Start() {
     return s;
   }
   tmp_created_ = false;
+  return OkStatus();
+}
 
+Status ContainerInstance::AcquireImage() {
   if (spec_.image == "host") {
     stack_.base = "host";
   } else {
     std::vector<std::string> names;
     for (auto n : SplitString(spec_.image, ',', /*skip_empty=*/true)) names.emplace_back(n);
-    DSEC_ASSIGN_OR_RETURN(stack_, b.opts_.image_store->Acquire(names, spec_.id));
+    DSEC_ASSIGN_OR_RETURN(stack_, backend_->opts_.image_store->Acquire(names, spec_.id));
     holds_image_ = true;
     // The image's environment, under what the caller asked for.
     for (const auto& kv : stack_.config.env) {
@@ -117,6 +128,13 @@ StatusOr<AgentLink> ContainerInstance::Start() {
       spec_.env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
     }
   }
+  return OkStatus();
+}
+
+StatusOr<AgentLink> ContainerInstance::Start() {
+  ContainerBackend& b = *backend_;
+  DSEC_RETURN_IF_ERROR(ClaimDirectory());
+  DSEC_RETURN_IF_ERROR(AcquireImage());
 
   bool userns = b.features_.userns;
   uint32_t root_uid = 0;
@@ -238,9 +256,7 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd dirfd, OpenDir(dir_, O_PATH));
   UniqueFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!conn) return ErrnoError("socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/agent.sock", dirfd.get());
+  sockaddr_un addr = AgentSocketAddress(dirfd.get());
   if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
     return ErrnoError("connect to the agent of " + spec_.id);
   // Whoever listens there must be this sandbox's agent: PID 1 of a pid namespace, in its cgroup.
@@ -309,12 +325,10 @@ void ContainerInstance::Detach() {
 
 StatusOr<UniqueFd> ContainerInstance::BindAgentSocket() {
   DSEC_ASSIGN_OR_RETURN(UniqueFd dirfd, OpenDir(dir_, O_PATH));
-  // A restarted edge reconnects here; binding through /proc/self/fd avoids sun_path limits.
+  // A restarted edge reconnects here.
   UniqueFd listen_fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!listen_fd) return ErrnoError("socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/agent.sock", dirfd.get());
+  sockaddr_un addr = AgentSocketAddress(dirfd.get());
   if (bind(listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
     return ErrnoError("bind agent.sock");
   if (fchmodat(dirfd.get(), "agent.sock", 0600, 0) < 0) return ErrnoError("chmod agent.sock");

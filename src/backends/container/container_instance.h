@@ -51,6 +51,10 @@ class ContainerInstance : public Instance {
   const std::string& dir() const { return dir_; }
 
  private:
+  // The sandbox's directory under its final name, with its owner lock held.
+  Status ClaimDirectory();
+  // The image stack (unless on the host image) and the image's environment under the spec's.
+  Status AcquireImage();
   // Setup over the agent's first connection: hello, the root, the zygote, ready.
   Status Handshake(int conn, int userns_fd);
   // agent.sock in the sandbox's directory, for a restarted edge to reconnect to.

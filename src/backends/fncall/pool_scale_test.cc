@@ -39,7 +39,7 @@ TEST(PoolScaleTest, AContainerPoolCountsOnlyIdleAgainstMax) {
 
 TEST(PoolScaleTest, ShrinksOnlyTheWindowsSurplusAndNeverWhileCallsWait) {
   PoolCounts c = Counts(5, 1, 0, 0);
-  c.idle_low = 4;  // at least 4 were idle all window long
+  c.idle_low = 4;                                      // at least 4 were idle all window long
   EXPECT_EQ(PlanScale(c, 1, 8, false).retire_lru, 0);  // the window is not over yet
   c.window_over = true;
   EXPECT_EQ(PlanScale(c, 1, 8, false).retire_lru, 3);  // 4 - min_idle

@@ -1,0 +1,118 @@
+#include "edge/manager.h"
+
+#include "base/clock.h"
+#include "base/ids.h"
+
+// What a sandbox was asked for, and the manager's entry for it (declared in manager.h).
+namespace dsec::edge {
+
+Json ToJson(const CreateParams& p) {
+  Json j = {{"kind", backends::KindName(p.kind)},
+            {"image", p.image},
+            {"cpu", p.cpu},
+            {"memory_mb", p.memory_mb},
+            {"pids", p.pids},
+            {"disk_mb", p.disk_mb},
+            {"ttl_s", p.ttl_s},
+            {"idle_ttl_s", p.idle_ttl_s},
+            {"user", p.user},
+            {"workdir", p.workdir},
+            {"env", ToJsonObject(p.env)},
+            {"labels", ToJsonObject(p.labels)},
+            {"network", {{"mode", p.network_mode}}},
+            {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
+  if (!p.config_from.empty()) j["config_from"] = p.config_from;
+  return j;
+}
+
+StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("params must be an object");
+  CreateParams p;
+  DSEC_ASSIGN_OR_RETURN(std::string kind,
+                        GetString(j, "kind", std::string(backends::KindName(p.kind))));
+  auto k = backends::KindFromName(kind);
+  if (!k) return InvalidArgument("unknown sandbox kind \"" + kind + "\"");
+  p.kind = *k;
+  DSEC_ASSIGN_OR_RETURN(p.image, GetString(j, "image", p.image));
+  if (auto it = j.find("cpu"); it != j.end() && it->is_number()) p.cpu = it->get<double>();
+  DSEC_ASSIGN_OR_RETURN(p.memory_mb, GetInt(j, "memory_mb", p.memory_mb));
+  DSEC_ASSIGN_OR_RETURN(p.pids, GetInt(j, "pids", p.pids));
+  DSEC_ASSIGN_OR_RETURN(p.disk_mb, GetInt(j, "disk_mb", p.disk_mb));
+  DSEC_ASSIGN_OR_RETURN(p.ttl_s, GetInt(j, "ttl_s", p.ttl_s));
+  DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, GetInt(j, "idle_ttl_s", p.idle_ttl_s));
+  DSEC_ASSIGN_OR_RETURN(p.user, GetString(j, "user", p.user));
+  DSEC_ASSIGN_OR_RETURN(p.workdir, GetString(j, "workdir", p.workdir));
+  DSEC_ASSIGN_OR_RETURN(p.env, GetStringMap(j, "env"));
+  DSEC_ASSIGN_OR_RETURN(p.labels, GetStringMap(j, "labels"));
+  if (auto it = j.find("network"); it != j.end() && it->is_object())
+    p.network_mode = it->value("mode", "none");
+  DSEC_ASSIGN_OR_RETURN(p.pool, GetString(j, "pool", ""));
+  DSEC_ASSIGN_OR_RETURN(p.config_from, GetString(j, "config_from", ""));
+  return p;
+}
+
+// --- SandboxEntry ------------------------------------------------------------------------
+
+void SandboxEntry::Touch() { last_used_at = clock_->NowMs(); }
+
+StatusOr<std::shared_ptr<backends::Sandbox>> SandboxEntry::Sandbox(Op op, int64_t timeout_ms) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_for(l, std::chrono::milliseconds(timeout_ms),
+               [&] { return phase_ != Phase::kCreating; });
+  DSEC_RETURN_IF_ERROR(CheckOp(op, phase_, id, reason_));
+  return sb_;
+}
+
+Phase SandboxEntry::phase() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return phase_;
+}
+
+// Output of finished background execs kept per sandbox for GET .../execs/{id}.
+constexpr size_t kMaxKeptOutputBytes = 64 << 20;
+
+std::shared_ptr<BackgroundExec> SandboxEntry::AddBackground(size_t keep) {
+  auto b = std::make_shared<BackgroundExec>();
+  b->id = "ex-" + RandomBase32(12);
+  b->started_at = clock_->NowMs();
+  std::lock_guard<std::mutex> l(mu_);
+  bg_.push_back(b);
+  // Forget the oldest finished ones beyond the count bound, and beyond the bytes of output
+  // kept for them (running ones are always kept).
+  size_t bytes = 0;
+  for (auto& x : bg_) {
+    std::lock_guard<std::mutex> bl(x->mu);
+    bytes += x->result_bytes;
+  }
+  for (auto it = bg_.begin();
+       (bg_.size() > keep || bytes > kMaxKeptOutputBytes) && it != bg_.end();) {
+    bool done;
+    size_t held;
+    {
+      std::lock_guard<std::mutex> bl((*it)->mu);  // unlocked before erase may free it
+      done = (*it)->done;
+      held = (*it)->result_bytes;
+    }
+    if (!done) {
+      ++it;
+      continue;
+    }
+    bytes -= held;
+    it = bg_.erase(it);
+  }
+  return b;
+}
+
+std::shared_ptr<BackgroundExec> SandboxEntry::FindBackground(const std::string& exec_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto& b : bg_)
+    if (b->id == exec_id) return b;
+  return nullptr;
+}
+
+std::vector<std::shared_ptr<BackgroundExec>> SandboxEntry::Backgrounds() {
+  std::lock_guard<std::mutex> l(mu_);
+  return {bg_.begin(), bg_.end()};
+}
+
+}  // namespace dsec::edge
