@@ -343,7 +343,8 @@ Status ContainerInstance::PrepareRoot(int userns_fd, isolation::RootfsSpec* r,
   if (stack_.base == "host") {
     DSEC_ASSIGN_OR_RETURN(host, b.CurrentHostImage());
   }
-  DSEC_ASSIGN_OR_RETURN(RootSources sources, GatherRootSources(stack_, &host, b.opts_.image_store));
+  DSEC_ASSIGN_OR_RETURN(RootSources sources,
+                        GatherRootSources(stack_, std::move(host), b.opts_.image_store));
   RootfsInputs in = sources.inputs;
   in.hostname = spec_.hostname;
   in.workdir = spec_.workdir;

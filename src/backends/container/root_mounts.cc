@@ -51,14 +51,13 @@ StatusOr<LayerFacts> ReadLayerFacts(int root, const std::vector<isolation::Overl
 
 }  // namespace
 
-StatusOr<RootSources> GatherRootSources(const images::Stack& stack,
-                                        const isolation::HostImage* host,
+StatusOr<RootSources> GatherRootSources(const images::Stack& stack, isolation::HostImage host,
                                         images::ImageStore* store) {
   RootSources out;
   bool host_base = stack.base == "host";
   out.inputs.host_base = host_base;
   if (host_base) {
-    out.host = *host;
+    out.host = std::move(host);
     for (const auto& layer : out.host.layers)
       out.inputs.host_lowers.push_back(layer.mount != nullptr);
     out.inputs.host_overlays = out.host.overlays;

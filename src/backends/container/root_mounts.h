@@ -22,9 +22,8 @@ struct RootSources {
   RootfsInputs inputs;                      // the image part filled in
 };
 
-// `host`: the host image, when the stack starts from it.
-StatusOr<RootSources> GatherRootSources(const images::Stack& stack,
-                                        const isolation::HostImage* host,
+// `host`: the host image, when the stack starts from it (moved into the result).
+StatusOr<RootSources> GatherRootSources(const images::Stack& stack, isolation::HostImage host,
                                         images::ImageStore* store);
 
 // Mounts the plan's lowers (detached; idmapped into the sandbox's range where the plan says,
