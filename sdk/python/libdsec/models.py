@@ -256,7 +256,8 @@ class Image:
     first (none for the built-in ``host``). ``source`` is ``"builtin"``,
     ``"import"``, ``"snapshot"`` or ``"build"``; ``in_use`` counts the
     sandboxes using its layers; ``size`` is in bytes. ``created_at`` is kept as
-    the server sent it (an RFC 3339 string); :attr:`created` parses it.
+    the server sent it (ms since the epoch, 0 for ``host``; edges before the
+    ms form sent an RFC 3339 string); :attr:`created` parses either.
     ``raw`` keeps the server's JSON.
     """
 

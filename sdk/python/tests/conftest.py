@@ -75,6 +75,7 @@ def server():
     finally:
         srv.close()
     assert not srv.edge.server_errors, "the fake edge itself failed"
+    assert not srv.edge.spec_errors, "off api/openapi.yaml:\n" + "\n".join(srv.edge.spec_errors)
 
 
 @pytest.fixture
@@ -92,6 +93,7 @@ def unix_server():
         finally:
             srv.close()
         assert not srv.edge.server_errors, "the fake edge itself failed"
+    assert not srv.edge.spec_errors, "off api/openapi.yaml:\n" + "\n".join(srv.edge.spec_errors)
 
 
 @pytest.fixture

@@ -1,10 +1,17 @@
 """A fake DSec edge for the SDK's unit tests.
 
 NOT the real daemon: an in-process http.server that implements just enough of
-the v1 API (shapes from notes/api-ext.md) to drive the SDK's real transport
-and client code, plus fault injection (503/429, dropped connections, stalled
-streams) and a log of everything it received. End-to-end tests against a live
-dsec-edge live elsewhere.
+the v1 API to drive the SDK's real transport and client code, plus fault
+injection (503/429, dropped connections, stalled streams) and a log of
+everything it received. End-to-end tests against a live dsec-edge live
+elsewhere.
+
+The fake is held to the same contract as the real edge: every request the SDK
+sends and every reply the fake gives is checked against api/openapi.yaml
+(tests/integration/openapi_check.py), and a mismatch fails the test (the
+fixtures assert ``edge.spec_errors`` is empty). Only deliberately off-contract
+replies are exempt: an injected fault with a raw (non-JSON) body, which stands
+for a proxy's error page.
 """
 
 from __future__ import annotations
@@ -23,7 +30,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "integration"))
+import openapi_check  # noqa: E402  (needs PyYAML: python3-yaml)
+
+SPEC = openapi_check.Spec.load()
 
 CREATE_FIELDS = {"kind", "image", "cpu", "memory_mb", "pids", "disk_mb", "ttl_s", "idle_ttl_s",
                  "user", "workdir", "env", "labels", "network", "pool", "count", "request_id"}
@@ -126,6 +139,7 @@ class Edge:
     active: int = 0
     max_active: int = 0
     server_errors: list = field(default_factory=list)
+    spec_errors: list = field(default_factory=list)  # requests/replies off api/openapi.yaml
     stream_gate: threading.Event = field(default_factory=threading.Event)
     stream_progress: list = field(default_factory=list)
 
@@ -188,7 +202,7 @@ class Edge:
                 rec = {"name": "host", "base": None, "layers": [],
                        "config": {"env": [], "workdir": "", "user": "", "entrypoint": [],
                                   "cmd": []},
-                       "size": 0, "source": "builtin", "created_at": "1970-01-01T00:00:00Z"}
+                       "size": 0, "source": "builtin", "created_at": 0}
             elif name in self.images:
                 rec = dict(self.images[name])
             else:
@@ -209,7 +223,7 @@ class Edge:
                "config": config or {"env": ["PATH=/usr/bin:/bin"], "workdir": "", "user": "",
                                     "entrypoint": [], "cmd": []},
                "size": sum(layer["size"] for layer in layers), "source": source,
-               "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+               "created_at": int(time.time() * 1000)}
         with self.lock:
             self._put_image_locked(name, rec)
         return self.image_record(name)
@@ -238,7 +252,8 @@ class Edge:
             queued = sum(1 for b in self.builds.values() if b.queued(now))
             if queued >= self.max_queued_builds:
                 raise ApiError(429, "over_capacity",
-                               f"{self.max_queued_builds} builds are already waiting")
+                               f"{self.max_queued_builds} builds are already waiting",
+                               {"Retry-After": "1"})
             for other in self.builds.values():
                 if other.name == req["name"] and not other.finished(now):
                     raise ApiError(409, "conflict", f"build {other.id} is already making image "
@@ -292,9 +307,10 @@ class Edge:
         """PUT /v1/pools/NAME as the edge does it: a new pool takes defaults, an
         existing one of the same kind keeps the fields the body leaves out."""
         _strict(body, POOL_FIELDS)
-        kind = body.get("kind", "fncall")
         with self.lock:
             old = self.pools.get(name)
+        # Like the edge: a PUT without "kind" changes the pool that is there.
+        kind = body.get("kind", old["kind"] if old else "fncall")
         if old is not None and old["kind"] == kind:
             pool = {k: v for k, v in old.items() if k not in ("workers", "queued", "calls")}
         elif kind == "container":
@@ -530,7 +546,7 @@ class FakeBuild:
                 "config": {"env": env, "workdir": req["workdir"], "user": "",
                            "entrypoint": [], "cmd": []},
                 "size": sum(layer["size"] for layer in layers), "source": "build",
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                "created_at": int(time.time() * 1000)}
 
     def state_at(self, now) -> dict:
         """The record's fields and the whole log (before the tail is cut) at now."""
@@ -669,7 +685,51 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     # -- plumbing ----------------------------------------------------------
 
-    def send(self, status, body=b"", ctype="application/json", headers=None, chunked=False):
+    def check(self, what, fn, *args, **kw):
+        """Runs one openapi_check validation; a mismatch is recorded, not raised, so the
+        reply still goes out and the test fails in its fixture with the spec's message."""
+        try:
+            fn(*args, **kw)
+        except openapi_check.SpecError as e:
+            with self.server.edge.lock:
+                self.server.edge.spec_errors.append(f"{what}: {e}")
+
+    def check_request(self, body):
+        ctype = self.headers.get("Content-Type")
+        decoded = body or None
+        if body and ctype and ctype.split(";")[0].strip() == "application/json":
+            try:
+                decoded = json.loads(body)
+            except ValueError:
+                decoded = body  # the fake answers 400; the spec check reports the type
+        try:
+            SPEC.validate_request(self.command, self.path, decoded,
+                                  headers=dict(self.headers.items()),
+                                  content_type=ctype if body else None)
+            self.off_contract = None
+        except openapi_check.SpecError as e:
+            self.off_contract = str(e)
+
+    def check_reply(self, status, body, ctype, headers):
+        # A request off the contract is the test's doing (bad input on purpose) as long as
+        # the fake refuses it, as the edge would; accepting one means the fake is too lax.
+        if getattr(self, "off_contract", None) and status < 400:
+            with self.server.edge.lock:
+                self.server.edge.spec_errors.append(
+                    f"accepted with {status} a request the edge refuses: {self.off_contract}")
+        if status == 204 or ctype == "application/json":
+            decoded = json.loads(body) if body else None
+        elif ctype == "application/x-ndjson":
+            decoded = body.decode()
+        else:
+            decoded = body
+        self.check("reply", SPEC.validate_response, self.command, self.path, status, decoded,
+                   content_type=None if status == 204 else ctype, headers=headers)
+
+    def send(self, status, body=b"", ctype="application/json", headers=None, chunked=False,
+             on_contract=True):
+        if on_contract:
+            self.check_reply(status, body, ctype, headers or {})
         self.send_response(status)
         for k, v in (headers or {}).items():
             self.send_header(k, v)
@@ -732,6 +792,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         query = parse_qsl(parts.query, keep_blank_values=True)
         seen = Seen(self.command, path, query, {k.lower(): v for k, v in self.headers.items()},
                     body, self.conn_id)
+        self.check_request(body)
         with edge.lock:
             edge.log.append(seen)
             edge.active += 1
@@ -747,9 +808,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if fault and fault.action == "drop":
             return self.drop()
         if fault and fault.action == "status":
-            headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+            # Like the edge, every 429 and 503 says when to come back.
+            headers = ({"Retry-After": fault.retry_after or "0"}
+                       if fault.status in (429, 503) or fault.retry_after else {})
             if fault.raw_body is not None:
-                return self.send(fault.status, fault.raw_body, "text/html", headers)
+                return self.send(fault.status, fault.raw_body, "text/html", headers,
+                                 on_contract=False)
             err = {"error": {"code": {429: "over_capacity"}.get(fault.status, "unavailable"),
                              "message": "injected"}}
             return self.send(fault.status, json.dumps(err).encode(), headers=headers)
@@ -812,7 +876,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return ok({"ok": True})
         if segs == ["node"]:
             time.sleep(edge.slow_s)
-            return ok({"node": "fake", "version": "0", "backends": ["container"]})
+            with edge.lock:
+                by_state = {}
+                for sb in edge.sandboxes.values():
+                    by_state[sb["state"]] = by_state.get(sb["state"], 0) + 1
+                memory = sum(sb.get("memory_mb", 0) for sb in edge.sandboxes.values())
+                pools = [dict(p) for _, p in sorted(edge.pools.items())]
+            return ok({"node": "fake", "version": "0", "instance": "fake-instance",
+                       "backends": ["container"], "pools": pools,
+                       "capacity": {"max_sandboxes": 1000, "memory_mb": 65536, "overcommit": 1.0,
+                                    "admit_memory_mb": 65536},
+                       "usage": {"sandboxes": sum(by_state.values()), "memory_mb": memory,
+                                 "by_state": by_state},
+                       "features": {}})
         if segs == ["images"] and m == "GET":
             with edge.lock:
                 names = sorted(edge.images)
@@ -1228,6 +1304,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
         def line(d):
+            self.check("stream line", SPEC.validate, "ExecStreamEvent", d)
             self.write_chunk(json.dumps(d).encode() + b"\n")
 
         def text(s):
@@ -1240,7 +1317,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         n = int(argv[1])
         for i in range(n):
             kind = "stdout" if i % 2 == 0 else "stderr"
-            payload = json.dumps({kind: text(f"line{i}\n")}).encode() + b"\n"
+            event = {kind: text(f"line{i}\n")}
+            self.check("stream line", SPEC.validate, "ExecStreamEvent", event)
+            payload = json.dumps(event).encode() + b"\n"
             if i == 1:
                 edge.stream_progress.append("waiting")
                 edge.stream_progress.append("gate" if edge.stream_gate.wait(5) else "gate-timeout")
