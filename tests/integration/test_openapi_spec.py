@@ -610,7 +610,7 @@ INVALID_REQUESTS = [
     ("signal missing", "POST", SB + "/signal", {}, "/signal"),
     ("shell run command", "POST", SB + "/shells/sh-1/run", {"timeout_ms": 5}, "/command"),
     ("shell create extra", "POST", SB + "/shells", {"cwd": "/"}, "/cwd"),
-    ("pool kind/runtime", "PUT", "/v1/pools/py", {"kind": "fncall", "image": "host"}, ""),
+    ("pool kind", "PUT", "/v1/pools/py", {"kind": "vm"}, "/kind"),
     ("no body allowed", "DELETE", SB, {"force": True}, ""),
     ("unknown query", "GET", "/v1/sandboxes?limt=5", None, "?limt"),
     ("limit zero", "GET", "/v1/sandboxes?limit=0", None, "?limit"),
