@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <future>
-#include <mutex>
 
 #include "base/ids.h"
 #include "base/strings.h"
@@ -50,11 +49,11 @@ namespace {
 class BufferingObserver : public ExecObserver {
  public:
   void OnOutput(uint8_t stream, std::string_view data) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     (stream == protocol::kStderr ? out_.stderr_data : out_.stdout_data).append(data);
   }
   void OnExit(const StatusOr<ExecResult>& r) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (r.ok()) {
       out_.result = *r;
       promise_.set_value(std::move(out_));
@@ -65,7 +64,7 @@ class BufferingObserver : public ExecObserver {
   std::future<StatusOr<ExecOutput>> future() { return promise_.get_future(); }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   ExecOutput out_;
   std::promise<StatusOr<ExecOutput>> promise_;
 };
@@ -90,10 +89,10 @@ Sandbox::~Sandbox() { (void)Destroy(); }
 StatusOr<std::shared_ptr<Sandbox>> Sandbox::Start(std::unique_ptr<Instance> instance,
                                                   IoRunner& io) {
   std::shared_ptr<Sandbox> sb(new Sandbox(std::move(instance), io));
-  std::unique_lock<std::mutex> l(sb->mu_);
+  MutexLock l(sb->mu_);
   StatusOr<AgentLink> link = sb->instance_->Start();
   if (!link.ok()) {
-    l.unlock();
+    l.Unlock();
     (void)sb->Destroy();
     return link.status();
   }
@@ -104,10 +103,10 @@ StatusOr<std::shared_ptr<Sandbox>> Sandbox::Start(std::unique_ptr<Instance> inst
 StatusOr<std::shared_ptr<Sandbox>> Sandbox::Adopt(std::unique_ptr<Instance> instance, IoRunner& io,
                                                   const std::string& handle) {
   std::shared_ptr<Sandbox> sb(new Sandbox(std::move(instance), io));
-  std::unique_lock<std::mutex> l(sb->mu_);
+  MutexLock l(sb->mu_);
   StatusOr<AgentLink> link = sb->instance_->Adopt(handle);
   if (!link.ok()) {
-    l.unlock();
+    l.Unlock();
     (void)sb->Destroy();  // the instance leaves alone what another live process owns
     return link.status();
   }
@@ -129,14 +128,14 @@ void Sandbox::Connect(AgentLink link, uint64_t oom_seen) {
 }
 
 std::string Sandbox::reason() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return reason_;
 }
 
 void Sandbox::MarkFailed(const std::string& why) {
   if (state_.load() == SandboxState::kDestroyed) return;  // a Destroy closed the session
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     SandboxState s = state_.load();
     if (s != SandboxState::kRunning && s != SandboxState::kPaused) return;
     state_ = SandboxState::kFailed;
@@ -147,7 +146,7 @@ void Sandbox::MarkFailed(const std::string& why) {
 
 StatusOr<std::shared_ptr<AgentSession>> Sandbox::Ready() {
   if (state_.load() == SandboxState::kPaused) DSEC_RETURN_IF_ERROR(Resume());
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   SandboxState st = state_.load();
   if (st != SandboxState::kRunning)
     return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)) +
@@ -239,7 +238,7 @@ StatusOr<std::string> Sandbox::OpenShell(const std::string& user) {
   s.env = BaseEnv(u, sp.hostname, false);
   for (const auto& [k, v] : sp.env) SetEnv(&s.env, k, v);
   DSEC_ASSIGN_OR_RETURN(std::string shell_id, session->OpenShell(std::move(s)));
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   shells_.insert(shell_id);
   return shell_id;
 }
@@ -272,14 +271,14 @@ Status Sandbox::CloseShell(const std::string& shell_id) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
   Status s = session->CloseShell(shell_id);
   if (s.ok() || s.code() == StatusCode::kNotFound) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     shells_.erase(shell_id);
   }
   return s;
 }
 
 std::vector<std::string> Sandbox::ListShells() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return {shells_.begin(), shells_.end()};
 }
 
@@ -350,7 +349,7 @@ Status Sandbox::KillEveryUserProcess() {
 
 Status Sandbox::Pause() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     SandboxState st = state_.load();
     if (st == SandboxState::kPaused) return OkStatus();
     if (st != SandboxState::kRunning)
@@ -364,7 +363,7 @@ Status Sandbox::Pause() {
 
 Status Sandbox::Resume() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (state_.load() != SandboxState::kPaused) return OkStatus();
     DSEC_RETURN_IF_ERROR(instance_->Resume());
     state_ = SandboxState::kRunning;
@@ -374,7 +373,7 @@ Status Sandbox::Resume() {
 }
 
 StatusOr<SandboxStats> Sandbox::Stats() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (state_.load() == SandboxState::kDestroyed) return FailedPrecondition("sandbox is destroyed");
   DSEC_ASSIGN_OR_RETURN(SandboxStats s, instance_->Stats());
   s.exec_count = exec_count_.load();
@@ -382,14 +381,14 @@ StatusOr<SandboxStats> Sandbox::Stats() {
 }
 
 Status Sandbox::SetMemoryLimit(int64_t bytes) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (state_.load() == SandboxState::kDestroyed)
     return FailedPrecondition("sandbox " + id() + " is destroyed");
   return instance_->SetMemoryLimit(bytes);
 }
 
 StatusOr<std::vector<std::string>> Sandbox::CaptureStack(bool keep_setuid) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   SandboxState st = state_.load();
   if (st != SandboxState::kRunning && st != SandboxState::kPaused)
     return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)));
@@ -397,7 +396,7 @@ StatusOr<std::vector<std::string>> Sandbox::CaptureStack(bool keep_setuid) {
 }
 
 Status Sandbox::Destroy() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (state_.load() == SandboxState::kDestroyed) return OkStatus();
   state_ = SandboxState::kDestroyed;
   if (session_) session_->Close();
@@ -407,7 +406,7 @@ Status Sandbox::Destroy() {
 std::string Sandbox::AdoptionHandle() const { return instance_->AdoptionHandle(); }
 
 void Sandbox::Detach() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (state_.load() == SandboxState::kDestroyed) return;
   state_ = SandboxState::kDestroyed;
   // The agent sees its edge go and waits (orphan timeout) for the next one to reconnect.

@@ -19,7 +19,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,6 +26,7 @@
 #include "backends/instance.h"
 #include "backends/sandbox_types.h"
 #include "backends/session/agent_session.h"
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace dsec::backends {
@@ -112,7 +112,7 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
 
  private:
   Sandbox(std::unique_ptr<Instance> instance, IoRunner& io);
-  void Connect(AgentLink link, uint64_t oom_seen);
+  void Connect(AgentLink link, uint64_t oom_seen) DSEC_REQUIRES(mu_);
   // Ready for agent calls: running (a paused sandbox is resumed first).
   StatusOr<std::shared_ptr<AgentSession>> Ready();
   // The ids a file operation runs as: `user`, or the sandbox's default user when empty.
@@ -123,10 +123,10 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   std::unique_ptr<Instance> instance_;
   IoRunner& io_;
   std::atomic<SandboxState> state_{SandboxState::kCreating};
-  mutable std::mutex mu_;
-  std::string reason_;                     // GUARDED_BY(mu_)
-  std::set<std::string> shells_;           // GUARDED_BY(mu_)
-  std::shared_ptr<AgentSession> session_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::string reason_ DSEC_GUARDED_BY(mu_);
+  std::set<std::string> shells_ DSEC_GUARDED_BY(mu_);
+  std::shared_ptr<AgentSession> session_ DSEC_GUARDED_BY(mu_);
   std::atomic<uint64_t> exec_count_{0};
   std::function<void()> listener_;
   void Notify() const {

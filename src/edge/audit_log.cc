@@ -26,6 +26,7 @@ StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path, uint
     DSEC_RETURN_IF_ERROR(MakeDirs(dir, 0700));
     (void)chmod(dir.c_str(), 0700);
   }
+  MutexLock l(a->mu_);  // not shared yet; taken so the fields are only ever touched under it
   a->fd_.Reset(open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!a->fd_) return ErrnoError("open audit log \"" + path + "\"");
   struct stat st;
@@ -69,7 +70,7 @@ void AuditLog::RotateLocked() {
 void AuditLog::Record(Json entry) {
   entry["time_ms"] = WallMs();
   std::string line = entry.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (max_bytes_ > 0 && size_ + line.size() > max_bytes_) RotateLocked();
   if (!fd_ || write(fd_.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
     if (write_errors_++ == 0) DSEC_LOG_ERROR("audit log write failed: path={}", path_);

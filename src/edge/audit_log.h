@@ -7,10 +7,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "base/json.h"
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -31,14 +31,14 @@ class AuditLog {
 
  private:
   AuditLog() = default;
-  void RotateLocked();
+  void RotateLocked() DSEC_REQUIRES(mu_);
 
   std::string path_;
   uint64_t max_bytes_ = 0;
   int keep_ = 0;
-  std::mutex mu_;
-  UniqueFd fd_;        // GUARDED_BY(mu_)
-  uint64_t size_ = 0;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  UniqueFd fd_ DSEC_GUARDED_BY(mu_);
+  uint64_t size_ DSEC_GUARDED_BY(mu_) = 0;
   uint64_t write_errors_ = 0;
 };
 

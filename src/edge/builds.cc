@@ -206,7 +206,7 @@ Builds::~Builds() { Shutdown(); }
 
 void Builds::Shutdown() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     stopping_ = true;
     for (auto& j : queue_) {
       j->state = "canceled";
@@ -217,7 +217,7 @@ void Builds::Shutdown() {
     for (auto& [id, j] : jobs_)
       if (!j->finished_at) CancelRunningLocked(*j);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : workers_)
     if (t.joinable()) t.join();
 }
@@ -284,7 +284,7 @@ StatusOr<Json> Builds::Start(BuildRequest req) {
     j->steps.push_back({"capture the sandbox's files"});
   }
   j->steps.push_back({"save image " + j->req.name});
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (stopping_) return Unavailable("the edge is shutting down");
   // A conflict first: retrying it later would not help, so it must not look like a 429.
   for (const auto& [id, other] : jobs_)
@@ -296,19 +296,19 @@ StatusOr<Json> Builds::Start(BuildRequest req) {
   jobs_[j->id] = j;
   queue_.push_back(j);
   PruneLocked();
-  cv_.notify_one();
+  cv_.NotifyOne();
   return RecordLocked(*j);
 }
 
 StatusOr<Json> Builds::Get(const std::string& id) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFound("build " + id + " not found");
   return RecordLocked(*it->second);
 }
 
 StatusOr<Json> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_bytes) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFound("build " + id + " not found");
   const Job& j = *it->second;
@@ -325,7 +325,7 @@ StatusOr<Json> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_
 }
 
 StatusOr<Json> Builds::Cancel(const std::string& id) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFound("build " + id + " not found");
   Job& j = *it->second;
@@ -356,8 +356,8 @@ void Builds::Worker() {
   for (;;) {
     std::shared_ptr<Job> j;
     {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock l(mu_);
+      cv_.Wait(l, [&]() DSEC_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
       j = queue_.front();
       queue_.pop_front();
@@ -374,7 +374,7 @@ void Builds::Run(const std::shared_ptr<Job>& j) {
   Status s = RunSteps(j);
   std::string sid;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     sid = j->sandbox_id;
     j->exec.reset();
   }
@@ -388,7 +388,7 @@ void Builds::Run(const std::shared_ptr<Job>& j) {
     }
   }
   if (!s.ok()) (void)store_->Collect();  // the layers a failed build stored
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (sandbox_gone) j->sandbox_id.clear();  // a finished build names no deleted sandbox
   if (s.ok()) {
     j->state = "succeeded";
@@ -409,19 +409,19 @@ void Builds::Run(const std::shared_ptr<Job>& j) {
 Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
   const BuildRequest& r = j->req;
   auto append = [this, j](std::string_view d) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     j->Append(d);
   };
   int k = 0;
   auto begin = [&] {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     j->current = k;
     j->steps[k].state = "running";
     return "[dsec] step " + std::to_string(k + 1) + "/" + std::to_string(j->steps.size()) + ": " +
            j->steps[k].name + "\n";
   };
   auto done = [&] {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     j->steps[k].state = "done";
     ++k;
   };
@@ -486,7 +486,7 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
         manager_->Create(p, 1, /*wait=*/true, [](std::function<void()> f) { f(); }));
     std::string sid = made.at(0).value("id", "");
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       j->sandbox_id = sid;
     }
     DSEC_ASSIGN_OR_RETURN(auto entry, manager_->Get(sid));
@@ -529,14 +529,14 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
       if (!started.ok()) return started.status().WithContext("step \"" + Short(cmd) + "\"");
       auto handle = *started;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         j->exec = handle;
         if (j->cancel) handle->Kill();
       }
       while (fut.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready)
         if (j->cancel) handle->Kill();
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         j->exec.reset();
       }
       StatusOr<backends::ExecResult> res = fut.get();
@@ -574,7 +574,7 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
   {
     // Past this point the build is not canceled (Cancel() sees `saving`): its image may be
     // stored at any moment, and a canceled build must not leave one.
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (j->cancel) return Status(StatusCode::kAborted, "canceled");
     j->saving = true;
   }
@@ -582,7 +582,7 @@ Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
   if (!r.workdir.empty()) img.config.workdir = r.workdir;
   DSEC_RETURN_IF_ERROR(store_->PutImage(img));
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     j->image = img.name;
   }
   append("[dsec] image " + img.name + " saved (" + std::to_string(img.layers.size()) +

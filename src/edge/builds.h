@@ -15,15 +15,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "edge/config.h"
 #include "edge/manager.h"
@@ -91,18 +90,18 @@ class Builds {
   void Worker();
   void Run(const std::shared_ptr<Job>& job);
   Status RunSteps(const std::shared_ptr<Job>& job);
-  Json RecordLocked(const Job& j) const;
-  void CancelRunningLocked(Job& j);
-  void PruneLocked();
+  Json RecordLocked(const Job& j) const DSEC_REQUIRES(mu_);
+  void CancelRunningLocked(Job& j) DSEC_REQUIRES(mu_);
+  void PruneLocked() DSEC_REQUIRES(mu_);
 
   EdgeConfig cfg_;
   Manager* manager_;
   images::ImageStore* store_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::shared_ptr<Job>> jobs_;  // GUARDED_BY(mu_)
-  std::deque<std::shared_ptr<Job>> queue_;            // GUARDED_BY(mu_)
-  bool stopping_ = false;                             // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ DSEC_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<Job>> queue_ DSEC_GUARDED_BY(mu_);
+  bool stopping_ DSEC_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

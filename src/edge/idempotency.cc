@@ -50,10 +50,10 @@ HttpResponse Idempotency::Replay(const StoredResponse& r) const {
 
 Idempotency::Decision Idempotency::Begin(const std::string& key, const std::string& hash,
                                          std::function<void(HttpResponse)> reply) {
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (auto it = inflight_.find(key); it != inflight_.end()) {
     if (it->second.hash != hash) {
-      l.unlock();
+      l.Unlock();
       reply(Mismatch());
       return Decision::kReplayed;
     }
@@ -62,20 +62,20 @@ Idempotency::Decision Idempotency::Begin(const std::string& key, const std::stri
   }
   if (auto it = unsaved_.find(key); it != unsaved_.end()) {
     HttpResponse out = it->second.request_hash == hash ? Replay(it->second) : Mismatch();
-    l.unlock();
+    l.Unlock();
     reply(std::move(out));
     return Decision::kReplayed;
   }
   auto stored = store_->GetResponse(key);
   if (!stored.ok()) {
-    l.unlock();
+    l.Unlock();
     reply(JsonError(503, "unavailable", "state db: " + stored.status().message()));
     return Decision::kReplayed;
   }
   if (stored->has_value()) {
     const StoredResponse& r = **stored;
     HttpResponse out = r.request_hash == hash ? Replay(r) : Mismatch();
-    l.unlock();
+    l.Unlock();
     reply(std::move(out));
     return Decision::kReplayed;
   }
@@ -102,7 +102,7 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
     }
     if (Status st = store_->PutResponse(key, s); !st.ok()) {
       // Kept in memory instead (a retry must still not run it again), written when it can be.
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       if (unsaved_.size() < kMaxUnsavedRecords &&
           unsaved_bytes_ + s.body.size() <= kMaxUnsavedBytes) {
         unsaved_bytes_ += s.body.size();
@@ -120,7 +120,7 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
   }
   std::vector<std::function<void(HttpResponse)>> waiters;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = inflight_.find(key);
     if (it != inflight_.end()) {
       waiters = std::move(it->second.waiters);
@@ -135,7 +135,7 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
 }
 
 void Idempotency::FlushUnsaved() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   for (auto it = unsaved_.begin(); it != unsaved_.end();) {
     if (!store_->PutResponse(it->first, it->second).ok()) return;
     unsaved_bytes_ -= it->second.body.size();

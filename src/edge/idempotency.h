@@ -16,10 +16,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "edge/http_server.h"
 #include "edge/state_store.h"
 
@@ -60,11 +60,11 @@ class Idempotency {
   int64_t max_records_, max_age_s_;
   uint64_t max_body_, max_total_;
   std::atomic<uint64_t> since_prune_{0};  // bytes recorded since the last prune
-  std::mutex mu_;
-  std::map<std::string, InFlight> inflight_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<std::string, InFlight> inflight_ DSEC_GUARDED_BY(mu_);
   // Records the state DB refused, by key; written again by FlushUnsaved.
-  std::map<std::string, StoredResponse> unsaved_;  // GUARDED_BY(mu_)
-  uint64_t unsaved_bytes_ = 0;                     // GUARDED_BY(mu_)
+  std::map<std::string, StoredResponse> unsaved_ DSEC_GUARDED_BY(mu_);
+  uint64_t unsaved_bytes_ DSEC_GUARDED_BY(mu_) = 0;
   std::atomic<bool> have_unsaved_{false};
 };
 

@@ -39,14 +39,14 @@ Histogram::Histogram(std::vector<double> bounds)
 void Histogram::Observe(double v) {
   size_t i = 0;
   while (i < bounds_.size() && v > bounds_[i]) ++i;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   counts_[i]++;
   sum_ += v;
   count_++;
 }
 
 void Histogram::Render(const std::string& name, std::string* out) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   uint64_t cum = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cum += counts_[i];
@@ -61,7 +61,7 @@ void Histogram::Render(const std::string& name, std::string* out) const {
 Metrics::Metrics() : create_(LatencyBounds()), exec_(LatencyBounds()), fncall_(LatencyBounds()) {}
 
 void Metrics::Bump(Labeled* m, const std::string& labels) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   (*m)[labels]++;
 }
 
@@ -112,7 +112,7 @@ std::string Metrics::Render(const Gauges& sandboxes, int64_t connections) const 
   fncall_.Render("dsec_fncall_seconds", &o);
   Describe("dsec_sandboxes_created_total", "counter", "Sandboxes created.", &o);
   o += "dsec_sandboxes_created_total " + std::to_string(created_.load()) + "\n";
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   Describe("dsec_sandboxes_deleted_total", "counter", "Sandboxes deleted, by reason.", &o);
   RenderLabeled("dsec_sandboxes_deleted_total", deleted_, &o);
   Describe("dsec_api_requests_total", "counter", "API requests by method and status code.", &o);

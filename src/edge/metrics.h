@@ -6,9 +6,10 @@
 #include <array>
 #include <atomic>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace dsec::edge {
 
@@ -21,10 +22,10 @@ class Histogram {
 
  private:
   std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // GUARDED_BY(mu_); one per bound plus +Inf
-  double sum_ = 0;                // GUARDED_BY(mu_)
-  uint64_t count_ = 0;            // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<uint64_t> counts_ DSEC_GUARDED_BY(mu_);  // one per bound plus +Inf
+  double sum_ DSEC_GUARDED_BY(mu_) = 0;
+  uint64_t count_ DSEC_GUARDED_BY(mu_) = 0;
 };
 
 class Metrics {
@@ -51,8 +52,12 @@ class Metrics {
 
   Histogram create_, exec_, fncall_;
   std::atomic<uint64_t> created_{0};
-  mutable std::mutex mu_;
-  Labeled requests_, rejects_, errors_, deleted_, fncalls_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  Labeled requests_ DSEC_GUARDED_BY(mu_);
+  Labeled rejects_ DSEC_GUARDED_BY(mu_);
+  Labeled errors_ DSEC_GUARDED_BY(mu_);
+  Labeled deleted_ DSEC_GUARDED_BY(mu_);
+  Labeled fncalls_ DSEC_GUARDED_BY(mu_);
 };
 
 }  // namespace dsec::edge

@@ -94,7 +94,7 @@ StatusOr<sqlite3_stmt*> StateStore::Prepare(const char* sql) {
 }
 
 Status StateStore::PutSandbox(const StoredSandbox& s) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
                         Prepare("INSERT OR REPLACE INTO sandboxes(id, record, handle) "
                                 "VALUES(?1, ?2, ?3)"));
@@ -106,7 +106,7 @@ Status StateStore::PutSandbox(const StoredSandbox& s) {
 }
 
 Status StateStore::UpdateRecord(const std::string& id, const std::string& record) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
                         Prepare("UPDATE sandboxes SET record = ?2 WHERE id = ?1"));
   BindText(st, 1, id);
@@ -116,7 +116,7 @@ Status StateStore::UpdateRecord(const std::string& id, const std::string& record
 }
 
 Status StateStore::DeleteSandbox(const std::string& id) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("DELETE FROM sandboxes WHERE id = ?1"));
   BindText(st, 1, id);
   if (sqlite3_step(st) != SQLITE_DONE) return Error("delete sandbox");
@@ -124,7 +124,7 @@ Status StateStore::DeleteSandbox(const std::string& id) {
 }
 
 StatusOr<std::vector<StoredSandbox>> StateStore::ListSandboxes() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("SELECT id, record, handle FROM sandboxes"));
   std::vector<StoredSandbox> out;
   int rc;
@@ -135,7 +135,7 @@ StatusOr<std::vector<StoredSandbox>> StateStore::ListSandboxes() {
 }
 
 Status StateStore::PutPool(const std::string& name, const std::string& config) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
                         Prepare("INSERT OR REPLACE INTO pools(name, config) VALUES(?1, ?2)"));
   BindText(st, 1, name);
@@ -145,7 +145,7 @@ Status StateStore::PutPool(const std::string& name, const std::string& config) {
 }
 
 Status StateStore::DeletePool(const std::string& name) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("DELETE FROM pools WHERE name = ?1"));
   BindText(st, 1, name);
   if (sqlite3_step(st) != SQLITE_DONE) return Error("delete pool");
@@ -153,7 +153,7 @@ Status StateStore::DeletePool(const std::string& name) {
 }
 
 StatusOr<std::vector<std::pair<std::string, std::string>>> StateStore::ListPools() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("SELECT name, config FROM pools ORDER BY name"));
   std::vector<std::pair<std::string, std::string>> out;
   int rc;
@@ -164,7 +164,7 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> StateStore::ListPools
 }
 
 StatusOr<std::optional<StoredResponse>> StateStore::GetResponse(const std::string& key) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
                         Prepare("SELECT status, content_type, body, request_hash, created_ms "
                                 "FROM responses WHERE key = ?1"));
@@ -182,7 +182,7 @@ StatusOr<std::optional<StoredResponse>> StateStore::GetResponse(const std::strin
 }
 
 Status StateStore::PutResponse(const std::string& key, const StoredResponse& r) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
                         Prepare("INSERT OR REPLACE INTO responses(key, status, content_type, "
                                 "body, request_hash, created_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6)"));
@@ -198,7 +198,7 @@ Status StateStore::PutResponse(const std::string& key, const StoredResponse& r) 
 
 StatusOr<int64_t> StateStore::PruneResponses(int64_t min_created_ms, int64_t max_records,
                                              uint64_t max_total_bytes) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("DELETE FROM responses WHERE created_ms < ?1"));
   sqlite3_bind_int64(st, 1, min_created_ms);
   if (sqlite3_step(st) != SQLITE_DONE) return Error("prune responses");
@@ -219,7 +219,7 @@ StatusOr<int64_t> StateStore::PruneResponses(int64_t min_created_ms, int64_t max
 }
 
 StatusOr<int64_t> StateStore::CountResponses() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("SELECT COUNT(*) FROM responses"));
   if (sqlite3_step(st) != SQLITE_ROW) return Error("count responses");
   return sqlite3_column_int64(st, 0);

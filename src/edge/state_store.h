@@ -8,11 +8,11 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 struct sqlite3;
@@ -60,12 +60,12 @@ class StateStore {
  private:
   StateStore() = default;
   Status Exec(const char* sql);
-  StatusOr<sqlite3_stmt*> Prepare(const char* sql);  // cached per SQL text
+  StatusOr<sqlite3_stmt*> Prepare(const char* sql) DSEC_REQUIRES(mu_);  // cached per SQL text
   Status Error(const char* what);
 
-  std::mutex mu_;
+  Mutex mu_;
   sqlite3* db_ = nullptr;
-  std::vector<std::pair<const char*, sqlite3_stmt*>> stmts_;  // GUARDED_BY(mu_)
+  std::vector<std::pair<const char*, sqlite3_stmt*>> stmts_ DSEC_GUARDED_BY(mu_);
 };
 
 }  // namespace dsec::edge

@@ -111,7 +111,11 @@ Status ContainerBackend::Init() {
   host_image_opts_.hidden_paths = opts_.hidden_paths;
   host_image_opts_.hidden_paths.push_back(opts_.state_dir);
   host_image_opts_.hidden_paths.push_back(disk_dir_);
-  DSEC_ASSIGN_OR_RETURN(host_image_, isolation::HostImage::Prepare(host_image_opts_));
+  DSEC_ASSIGN_OR_RETURN(auto host_image, isolation::HostImage::Prepare(host_image_opts_));
+  {
+    MutexLock l(host_image_mu_);
+    host_image_ = std::move(host_image);
+  }
 
   isolation::SeccompOptions so;
   so.allow_ptrace = opts_.allow_ptrace;
@@ -157,7 +161,7 @@ std::string ContainerBackend::Describe() const {
 }
 
 StatusOr<isolation::HostImage> ContainerBackend::CurrentHostImage() {
-  std::lock_guard<std::mutex> l(host_image_mu_);
+  MutexLock l(host_image_mu_);
   // A new top-level entry on the host must not show through; one stat per create tells.
   if (host_image_.Stale()) {
     DSEC_ASSIGN_OR_RETURN(host_image_, isolation::HostImage::Prepare(host_image_opts_));

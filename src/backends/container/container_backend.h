@@ -6,13 +6,13 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "backends/container/launcher.h"
 #include "backends/sandbox.h"
 #include "backends/session/agent_client.h"
+#include "base/mutex.h"
 #include "images/store.h"
 #include "isolation/cgroup.h"
 #include "isolation/credentials.h"
@@ -104,9 +104,9 @@ class ContainerBackend : public Backend {
   std::string disk_dir_;        // where disk images are made
   isolation::KernelFeatures features_;
   std::unique_ptr<isolation::CgroupDriver> cgroups_;
-  std::mutex host_image_mu_;
+  Mutex host_image_mu_;
   isolation::HostImageOptions host_image_opts_;
-  isolation::HostImage host_image_;  // GUARDED_BY(host_image_mu_)
+  isolation::HostImage host_image_ DSEC_GUARDED_BY(host_image_mu_);
   std::vector<std::string> seccomp_;
   std::vector<std::string> zygote_seccomp_;  // fncall workers (SeccompOptions::zygote)
   UniqueFd agent_memfd_;

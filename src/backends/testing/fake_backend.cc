@@ -5,11 +5,13 @@
 namespace dsec::backends::testing {
 
 struct FakeBackend::State {
-  mutable std::mutex mu;
-  std::map<std::string, UniqueFd> agents;  // far ends of live sandboxes' streams
-  std::set<std::string> detached;
-  std::optional<Status> fail_next;
-  int created = 0, destroyed = 0, orphans = 0;
+  mutable Mutex mu;
+  std::map<std::string, UniqueFd> agents DSEC_GUARDED_BY(mu);  // far ends of live streams
+  std::set<std::string> detached DSEC_GUARDED_BY(mu);
+  std::optional<Status> fail_next DSEC_GUARDED_BY(mu);
+  int created DSEC_GUARDED_BY(mu) = 0;
+  int destroyed DSEC_GUARDED_BY(mu) = 0;
+  int orphans DSEC_GUARDED_BY(mu) = 0;
 };
 
 namespace {
@@ -26,7 +28,7 @@ class FakeInstance : public Instance {
 
   StatusOr<AgentLink> Start() override {
     {
-      std::lock_guard<std::mutex> l(state_->mu);
+      MutexLock l(state_->mu);
       if (state_->fail_next) {
         Status s = *state_->fail_next;
         state_->fail_next.reset();
@@ -38,7 +40,7 @@ class FakeInstance : public Instance {
 
   StatusOr<AgentLink> Adopt(const std::string& handle) override {
     {
-      std::lock_guard<std::mutex> l(state_->mu);
+      MutexLock l(state_->mu);
       if (handle != "fake:" + spec_.id || !state_->detached.erase(spec_.id))
         return NotFound("no detached fake sandbox " + spec_.id);
     }
@@ -64,7 +66,7 @@ class FakeInstance : public Instance {
   }
 
   Status Destroy() override {
-    std::lock_guard<std::mutex> l(state_->mu);
+    MutexLock l(state_->mu);
     if (!live_) return OkStatus();
     live_ = false;
     state_->agents.erase(spec_.id);
@@ -73,7 +75,7 @@ class FakeInstance : public Instance {
   }
 
   void Detach() override {
-    std::lock_guard<std::mutex> l(state_->mu);
+    MutexLock l(state_->mu);
     if (!live_) return;
     live_ = false;
     state_->agents.erase(spec_.id);
@@ -86,7 +88,7 @@ class FakeInstance : public Instance {
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) return ErrnoError("socketpair");
     AgentLink link;
     link.stream.Reset(sp[0]);
-    std::lock_guard<std::mutex> l(state_->mu);
+    MutexLock l(state_->mu);
     state_->agents[spec_.id].Reset(sp[1]);
     if (!adopting) state_->created++;
     live_ = true;
@@ -95,7 +97,7 @@ class FakeInstance : public Instance {
 
   std::shared_ptr<FakeBackend::State> state_;
   SandboxSpec spec_;
-  bool live_ = false;  // GUARDED_BY(state_->mu)
+  bool live_ DSEC_GUARDED_BY(state_->mu) = false;
 };
 
 }  // namespace
@@ -117,7 +119,7 @@ StatusOr<std::shared_ptr<Sandbox>> FakeBackend::Adopt(const SandboxSpec& spec,
 }
 
 StatusOr<int> FakeBackend::CleanupOrphans() {
-  std::lock_guard<std::mutex> l(state_->mu);
+  MutexLock l(state_->mu);
   int n = static_cast<int>(state_->detached.size());
   state_->detached.clear();
   state_->orphans += n;
@@ -125,27 +127,27 @@ StatusOr<int> FakeBackend::CleanupOrphans() {
 }
 
 void FakeBackend::FailNextCreate(Status s) {
-  std::lock_guard<std::mutex> l(state_->mu);
+  MutexLock l(state_->mu);
   state_->fail_next = std::move(s);
 }
 
 void FakeBackend::KillAgent(const std::string& id) {
-  std::lock_guard<std::mutex> l(state_->mu);
+  MutexLock l(state_->mu);
   state_->agents.erase(id);
 }
 
 int FakeBackend::created() const {
-  std::lock_guard<std::mutex> l(state_->mu);
+  MutexLock l(state_->mu);
   return state_->created;
 }
 
 int FakeBackend::destroyed() const {
-  std::lock_guard<std::mutex> l(state_->mu);
+  MutexLock l(state_->mu);
   return state_->destroyed;
 }
 
 size_t FakeBackend::alive() const {
-  std::lock_guard<std::mutex> l(state_->mu);
+  MutexLock l(state_->mu);
   return state_->agents.size();
 }
 

@@ -7,7 +7,7 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
+
 #include <optional>
 #include <set>
 #include <string>
