@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
 #include <linux/sched.h>
 #include <sched.h>
 #include <sys/ioctl.h>
@@ -18,6 +19,7 @@
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
+#include <cstdio>
 
 #include <functional>
 
@@ -29,14 +31,14 @@ namespace {
 
 // Runs fn in a child under the profile; returns the errno it reports (0 = call succeeded), or
 // 1000 + signal if the child was killed.
-int UnderProfile(const std::function<long()>& fn) {
+int UnderProfile(const std::function<long()>& fn, bool filtered = true) {
   static const std::vector<std::string> progs = *BuildUserSeccompFilter({});
   int p[2];
   EXPECT_EQ(pipe(p), 0);
   pid_t pid = fork();
   if (pid == 0) {
     close(p[0]);
-    if (!SetNoNewPrivs().ok() || !InstallSeccompPrograms(progs).ok()) _exit(99);
+    if (filtered && (!SetNoNewPrivs().ok() || !InstallSeccompPrograms(progs).ok())) _exit(99);
     errno = 0;
     long r = fn();
     int e = r < 0 ? errno : 0;
@@ -187,12 +189,22 @@ TEST(SeccompTest, ForeignAbisGetNowhere) {
   // x32 numbers get the bad-architecture action: the process is killed.
   EXPECT_EQ(UnderProfile([] { return syscall(0x40000000 | SYS_getpid); }), 1000 + SIGSYS);
   // The i386 ABI (int 0x80) kills the process.
-  int r = UnderProfile([] {
+  auto i386_getpid = [] {
     long ret;
     asm volatile("int $0x80" : "=a"(ret) : "a"(20 /* i386 getpid */) : "memory");
     return ret;
-  });
-  EXPECT_EQ(r, 1000 + SIGSYS);
+  };
+  int bare = UnderProfile(i386_getpid, /*filtered=*/false);
+  int r = UnderProfile(i386_getpid);
+  if (bare == 1000 + SIGSEGV) {
+    // Some kernels (ia32 emulation off, or a hypervisor's) fault on int 0x80 before any
+    // filter runs: the ABI is unreachable whatever the filter says.
+    std::printf("note: int 0x80 faults without a filter on this kernel (no i386 entry)\n");
+    EXPECT_EQ(r, 1000 + SIGSEGV);
+  } else {
+    EXPECT_EQ(bare, 0) << "i386 getpid without the filter";
+    EXPECT_EQ(r, 1000 + SIGSYS);
+  }
 }
 
 TEST(SeccompTest, DescribeNamesTheRules) {

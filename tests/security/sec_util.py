@@ -21,6 +21,16 @@ def probe_binary():
     return pathlib.Path(edge).resolve().parents[2] / "tests" / "dsec-probe"
 
 
+def int80_signal_on_host():
+    """The signal that ends the probe's int 0x80 getpid on the host, with no filter at all:
+    None where the i386 entry works, SIGSEGV where the kernel (ia32 emulation off, or a
+    hypervisor's) faults on int 0x80 before any seccomp filter could run."""
+    import subprocess  # noqa: PLC0415
+    r = subprocess.run([str(probe_binary()), "getpid", "int80"], capture_output=True,
+                       timeout=30, check=False)
+    return -r.returncode if r.returncode < 0 else None
+
+
 def agent_host_pid(edge, sid):
     """The host pid of the sandbox's PID 1 (dsec-agent)."""
     for pid in edge.sandbox_pids(sid):
