@@ -7,14 +7,13 @@
 #include <boost/asio/post.hpp>
 #include <boost/beast/core/buffers_to_string.hpp>
 #include <boost/beast/websocket.hpp>
-#include <condition_variable>
 #include <deque>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
 #include "base/base64.h"
 #include "base/file_util.h"
+#include "base/mutex.h"
 
 namespace dsec::cli {
 
@@ -57,7 +56,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Thread-safe. Returns false once the session has ended.
   bool Post(std::string data, bool binary) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (ended_) return false;
     queued_ += data.size();
     asio::post(io_, [self = shared_from_this(), d = std::move(data), binary]() mutable {
@@ -68,12 +67,12 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   // Blocks the stdin reader while too much is queued; false once ended.
   bool WaitForRoom() {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return ended_ || queued_ < kMaxQueuedStdin; });
+    MutexLock l(mu_);
+    cv_.Wait(l, [&]() DSEC_REQUIRES(mu_) { return ended_ || queued_ < kMaxQueuedStdin; });
     return !ended_;
   }
   bool ended() {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     return ended_;
   }
 
@@ -91,10 +90,10 @@ class Session : public std::enable_shared_from_this<Session> {
                       size_t n = self->q_.front().first.size();
                       self->q_.pop_front();
                       {
-                        std::lock_guard<std::mutex> l(self->mu_);
+                        MutexLock l(self->mu_);
                         self->queued_ -= n;
                       }
-                      self->cv_.notify_all();
+                      self->cv_.NotifyAll();
                       if (ec || self->q_.empty()) {
                         self->writing_ = false;
                         if (ec) self->q_.clear();  // the read side reports how it ended
@@ -139,10 +138,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void End() {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       ended_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     io_.stop();
   }
 
@@ -151,10 +150,10 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer rbuf_;
   std::deque<std::pair<std::string, bool>> q_;
   bool writing_ = false;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  size_t queued_ = 0;
-  bool ended_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  size_t queued_ DSEC_GUARDED_BY(mu_) = 0;
+  bool ended_ DSEC_GUARDED_BY(mu_) = false;
 };
 
 const char* SignalName(int sig) {

@@ -84,7 +84,7 @@ bool NetnsPool::IsQuiet(const Netns& ns) {
 
 StatusOr<Netns> NetnsPool::Acquire() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (!idle_.empty()) {
       Netns n = std::move(idle_.back());
       idle_.pop_back();
@@ -96,12 +96,12 @@ StatusOr<Netns> NetnsPool::Acquire() {
 
 void NetnsPool::Release(Netns ns) {
   if (!ns.ns || !IsQuiet(ns)) return;  // dropped: the kernel tears it down
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (idle_.size() < max_idle_) idle_.push_back(std::move(ns));
 }
 
 size_t NetnsPool::idle() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return idle_.size();
 }
 

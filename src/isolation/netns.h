@@ -10,9 +10,9 @@
 // Thread safety: all methods are thread-safe. Privileges: CAP_SYS_ADMIN.
 #pragma once
 
-#include <mutex>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -42,8 +42,8 @@ class NetnsPool {
 
  private:
   size_t max_idle_;
-  mutable std::mutex mu_;
-  std::vector<Netns> idle_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<Netns> idle_ DSEC_GUARDED_BY(mu_);
 };
 
 }  // namespace dsec::isolation

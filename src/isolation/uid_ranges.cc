@@ -24,7 +24,6 @@ StatusOr<std::unique_ptr<UidRangeAllocator>> UidRangeAllocator::Open(const UidRa
     return FailedPrecondition("uid range lock file \"" + opts.lock_file +
                               "\" must be a regular file owned by root, not group/other writable");
   std::unique_ptr<UidRangeAllocator> a(new UidRangeAllocator(opts));
-  a->used_.assign(opts.count, false);
   return a;
 }
 
@@ -59,7 +58,7 @@ StatusOr<UniqueFd> UidRangeAllocator::TryLock(uint32_t slot) const {
 }
 
 StatusOr<UidLease> UidRangeAllocator::Acquire() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   for (uint32_t i = 0; i < opts_.count; ++i) {
     uint32_t slot = (next_ + i) % opts_.count;
     if (used_[slot]) continue;
@@ -74,7 +73,7 @@ StatusOr<UidLease> UidRangeAllocator::Acquire() {
 }
 
 StatusOr<UniqueFd> UidRangeAllocator::Claim(uint32_t slot) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (slot >= opts_.count)
     return FailedPrecondition("user namespace slot " + std::to_string(slot) +
                               " is outside this edge's range");
@@ -87,7 +86,7 @@ StatusOr<UniqueFd> UidRangeAllocator::Claim(uint32_t slot) {
 }
 
 void UidRangeAllocator::Release(uint32_t slot) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (slot < used_.size()) used_[slot] = false;
 }
 

@@ -20,10 +20,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -66,14 +66,15 @@ class UidRangeAllocator {
   uint32_t FirstId(uint32_t slot) const { return opts_.base + slot * opts_.size; }
 
  private:
-  explicit UidRangeAllocator(UidRangeOptions opts) : opts_(std::move(opts)) {}
+  explicit UidRangeAllocator(UidRangeOptions opts)
+      : opts_(std::move(opts)), used_(opts_.count, false) {}
   StatusOr<UniqueFd> OpenLockFile() const;
   StatusOr<UniqueFd> TryLock(uint32_t slot) const;
 
   UidRangeOptions opts_;
-  std::mutex mu_;
-  std::vector<bool> used_;  // GUARDED_BY(mu_): ranges this process's sandboxes use
-  uint32_t next_ = 0;       // GUARDED_BY(mu_): rotates, so a freed range is not reused at once
+  Mutex mu_;
+  std::vector<bool> used_ DSEC_GUARDED_BY(mu_);  // ranges this process's sandboxes use
+  uint32_t next_ DSEC_GUARDED_BY(mu_) = 0;       // rotates, so a freed range is not reused at once
 };
 
 }  // namespace dsec::isolation

@@ -333,8 +333,8 @@ void Launcher::Run(std::vector<std::string> keep, std::promise<Status>* ready) {
   while (true) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
+      MutexLock lk(mu_);
+      cv_.Wait(lk, [&]() DSEC_REQUIRES(mu_) { return stop_ || !tasks_.empty(); });
       if (tasks_.empty()) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();
@@ -345,28 +345,28 @@ void Launcher::Run(std::vector<std::string> keep, std::promise<Status>* ready) {
 
 Launcher::~Launcher() {
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 StatusOr<PendingAgent> Launcher::Launch(const LaunchRequest& req) {
   // One launch's fds on the socket at a time (the thread runs one launch at a time anyway).
-  std::lock_guard<std::mutex> one(launch_mu_);
+  MutexLock one(launch_mu_);
   DSEC_RETURN_IF_ERROR(SendWithFds(sock_.get(), "R", RequestFds(req)));
   std::promise<StatusOr<LaunchedChild>> done;
   auto fut = done.get_future();
   int thread_sock = thread_sock_;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     // (A stopping launcher never reads what was just sent; the socket goes with it.)
     if (stop_) return Unavailable("launcher is stopping");
     tasks_.push_back(
         [&done, &req, thread_sock] { done.set_value(LaunchFromSocket(thread_sock, req)); });
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   StatusOr<LaunchedChild> launched = fut.get();
   if (!launched.ok()) return launched.status();  // the thread took (and closed) the fds
   std::string bytes;

@@ -15,16 +15,15 @@
 
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/pidfd.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
@@ -86,13 +85,13 @@ class Launcher {
  private:
   Launcher() = default;
   void Run(std::vector<std::string> keep, std::promise<Status>* ready);
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
-  std::mutex launch_mu_;                     // one launch on the socket at a time
-  UniqueFd sock_;                            // the edge's end
-  int thread_sock_ = -1;                     // the end in the launcher thread's own fd table
-  bool stop_ = false;                        // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> tasks_ DSEC_GUARDED_BY(mu_);
+  Mutex launch_mu_;       // one launch on the socket at a time
+  UniqueFd sock_;         // the edge's end
+  int thread_sock_ = -1;  // the end in the launcher thread's own fd table
+  bool stop_ DSEC_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

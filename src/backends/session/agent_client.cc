@@ -4,13 +4,13 @@
 
 #include <boost/asio.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <future>
 #include <thread>
 #include <vector>
 
 #include "base/file_util.h"
+#include "base/mutex.h"
 
 namespace dsec::backends {
 
@@ -31,8 +31,8 @@ struct AgentClient::Impl {
   // Bytes of frames handed to the strand and not yet written (wqueue plus the write in
   // progress, plus frames posted but not yet queued); uploads wait on room_cv for room.
   std::atomic<uint64_t> queued{0};
-  std::mutex room_mu;
-  std::condition_variable room_cv;
+  Mutex room_mu;
+  CondVar room_cv;
   std::map<uint32_t, std::shared_ptr<Call>> calls;
   std::function<void(const Status&)> on_closed;
   bool shut = false;
@@ -121,10 +121,10 @@ void Enqueue(const std::shared_ptr<AgentClient>& self, AgentClient::Impl* impl, 
 void Dequeued(AgentClient::Impl* impl, uint64_t bytes) {
   if (bytes == 0) return;
   {
-    std::lock_guard<std::mutex> l(impl->room_mu);
+    MutexLock l(impl->room_mu);
     impl->queued -= bytes;
   }
-  impl->room_cv.notify_all();
+  impl->room_cv.NotifyAll();
 }
 
 }  // namespace
@@ -311,10 +311,10 @@ StatusOr<Json> AgentClient::CallSyncUpload(const Json& request, int fd, uint64_t
       fd, size, 1 << 20,
       [&](std::string_view piece) -> Status {
         // Room in the outgoing queue, or the connection is gone (the call then fails with it).
-        std::unique_lock<std::mutex> l(impl_->room_mu);
-        bool room = impl_->room_cv.wait_until(
+        MutexLock l(impl_->room_mu);
+        bool room = impl_->room_cv.WaitUntil(
             l, deadline, [&] { return impl_->queued.load() < kUploadWindow || closed_.load(); });
-        l.unlock();
+        l.Unlock();
         // Refused early (the agent answered): the rest is not needed.
         if (!room || closed_.load() ||
             fut.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {

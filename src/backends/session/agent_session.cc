@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 
+#include "base/mutex.h"
 #include "protocol/frame.h"
 
 namespace dsec::backends {
@@ -39,7 +39,7 @@ class ExecHandleImpl : public ExecHandle {
       : client_(std::move(client)), channel_(channel) {}
 
   Status WriteStdin(std::string data) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (eof_requested_) return FailedPrecondition("stdin is closed");
     if (pending_.size() + data.size() > kMaxPendingStdin)
       return ResourceExhausted("too much stdin buffered; the command is not reading it");
@@ -48,12 +48,12 @@ class ExecHandleImpl : public ExecHandle {
     return OkStatus();
   }
   void CloseStdin() override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     eof_requested_ = true;
     PumpLocked();
   }
   void OnAck(uint64_t n) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     inflight_ -= std::min(inflight_, n);
     PumpLocked();
   }
@@ -65,7 +65,7 @@ class ExecHandleImpl : public ExecHandle {
   void Control(const Json& j) {
     if (auto c = client_.lock()) c->SendControl(channel_, j);
   }
-  void PumpLocked() {
+  void PumpLocked() DSEC_REQUIRES(mu_) {
     auto c = client_.lock();
     if (!c) return;
     while (inflight_ < kStdinWindow && !pending_.empty()) {
@@ -83,10 +83,11 @@ class ExecHandleImpl : public ExecHandle {
 
   std::weak_ptr<AgentClient> client_;
   uint32_t channel_;
-  std::mutex mu_;
-  std::string pending_;
-  uint64_t inflight_ = 0;
-  bool eof_requested_ = false, eof_sent_ = false;
+  Mutex mu_;
+  std::string pending_ DSEC_GUARDED_BY(mu_);
+  uint64_t inflight_ DSEC_GUARDED_BY(mu_) = 0;
+  bool eof_requested_ DSEC_GUARDED_BY(mu_) = false;
+  bool eof_sent_ DSEC_GUARDED_BY(mu_) = false;
 };
 
 // Relays one exec's (or shell command's) frames to its observer.
