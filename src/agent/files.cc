@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "archive/tar.h"
+#include "base/in_root.h"
 #include "base/strings.h"
-#include "sys/syscalls.h"
 
 namespace dsec::agent {
 
@@ -23,7 +23,6 @@ using protocol::Json;
 
 namespace {
 
-constexpr uint64_t kResolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
 // Archives larger than this are refused even when the caller names no smaller max_bytes.
 constexpr uint64_t kMaxArchiveBytes = 4ull << 30;
 
@@ -53,15 +52,9 @@ int RootFd() {
   return fd;
 }
 
-// openat2 answers EAGAIN when a rename anywhere raced a lookup with ".." in it (a sandbox can
-// rename in a loop): retry a few times before giving up.
+// Every lookup: from the sandbox's root, symlinks and ".." clamped inside it.
 StatusOr<UniqueFd> Resolve(const std::string& path, int flags, mode_t mode = 0) {
-  for (int attempt = 0;; ++attempt) {
-    UniqueFd fd(sys::Openat2(RootFd(), path.c_str(), flags | O_CLOEXEC, mode, kResolve));
-    if (fd) return fd;
-    if ((errno == EAGAIN || errno == EINTR) && attempt < 64) continue;
-    return ErrnoError("open \"" + path + "\"");
-  }
+  return OpenInRoot(RootFd(), path, flags, InRoot::kFollowInside, mode);
 }
 
 Status RefuseKernelFs(int fd, const std::string& path) {
@@ -85,57 +78,17 @@ std::pair<std::string, std::string> SplitParent(const std::string& path) {
   return {parent, path.substr(slash + 1)};
 }
 
-// "/" followed by the first n components.
-std::string JoinPrefix(const std::vector<std::string>& comps, size_t n) {
-  std::string p = "/";
-  for (size_t i = 0; i < n; ++i) p += (i ? "/" : "") + comps[i];
-  return p;
-}
-
-// mkdir -p. Existing prefixes are resolved from the sandbox root (so symlinks keep their meaning
-// and stay inside); the deepest existing one is found by binary search (resolving a prefix
-// resolves every shorter one), so a PATH_MAX path of 2,000 components costs a dozen lookups, not
-// 2,000 of growing length. Directories made here are entered without following anything.
-// Returns an O_PATH fd of the directory.
-// Like mkdir -p inside the sandbox root; *created (if given) gets the paths of the directories
-// this call made, outermost first.
+// Like mkdir -p inside the sandbox root (base/in_root.h), as the caller's fs ids; *created (if
+// given) gets the paths of the directories this call made, outermost first. Returns an O_PATH
+// fd of the directory.
 StatusOr<UniqueFd> MakeDirs(const std::string& path, mode_t mode,
                             std::vector<std::string>* created = nullptr) {
   std::vector<std::string> comps;
   for (auto comp : SplitString(path, '/', true)) comps.emplace_back(comp);
-  StatusOr<UniqueFd> full = Resolve(JoinPrefix(comps, comps.size()), O_PATH | O_DIRECTORY);
-  if (full.ok() || full.status().error_number() != ENOENT) return full;
-  DSEC_ASSIGN_OR_RETURN(UniqueFd cur, Resolve("/", O_PATH | O_DIRECTORY));
-  size_t lo = 0, hi = comps.size();  // prefix lo exists, prefix hi does not
-  while (hi - lo > 1) {
-    const size_t mid = lo + (hi - lo) / 2;
-    StatusOr<UniqueFd> m = Resolve(JoinPrefix(comps, mid), O_PATH | O_DIRECTORY);
-    if (m.ok()) {
-      lo = mid;
-      cur = std::move(m).value();
-    } else if (m.status().error_number() == ENOENT) {
-      hi = mid;
-    } else {
-      return m.status();
-    }
-  }
-  for (size_t i = lo; i < comps.size(); ++i) {
-    const std::string& name = comps[i];
-    const std::string prefix = JoinPrefix(comps, i + 1);
-    if (mkdirat(cur.get(), name.c_str(), mode) == 0) {
-      if (created) created->push_back(prefix);
-      UniqueFd fd(openat(cur.get(), name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-      if (fd) {
-        cur = std::move(fd);
-        continue;
-      }
-    } else if (errno != EEXIST) {
-      return ErrnoError("mkdir \"" + prefix + "\"");
-    }
-    // Already there ("." and ".." too, or a symlink) or replaced since: resolve it from the root.
-    DSEC_ASSIGN_OR_RETURN(cur, Resolve(prefix, O_PATH | O_DIRECTORY));
-  }
-  return cur;
+  MakeDirsOptions md;
+  md.mode = mode;
+  md.created = created;
+  return MakeDirsInRoot(RootFd(), comps, InRoot::kFollowInside, md);
 }
 
 std::string TypeName(mode_t m) {

@@ -1,6 +1,6 @@
 // File operations inside the sandbox: read (streamed, bounded), write (streamed, creates
 // parents), list, stat, mkdir, remove, tar extract/create. Every path is resolved below the
-// sandbox root with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS): symlinks (absolute or
+// sandbox root by base/in_root.h (InRoot::kFollowInside): symlinks (absolute or
 // relative) resolve inside the sandbox and /proc/<pid>/fd-style magic links are refused.
 // Operations run with the file system ids of the requesting user (setfsuid/setfsgid), so the
 // kernel's permission checks apply and created files belong to that user; kernel file systems

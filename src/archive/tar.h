@@ -2,11 +2,11 @@
 //
 // TarExtractor unpacks a ustar / pax ('x' path, linkpath, size, mtime) / GNU ('L', 'K') stream
 // beneath a directory fd. The sandbox is hostile (it may plant symlinks, even while we run), so
-// every lookup goes through openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) from that fd and the
-// final component is always created with O_EXCL / O_NOFOLLOW semantics: no entry can ever write
-// outside the extraction root. Everything created is owned by options.uid/gid, permission bits
-// are masked with 0777 (no setuid/setgid/sticky), devices and FIFOs are skipped; image layers
-// are extracted with their owners and modes kept (TarExtractOptions::image_layer).
+// every lookup goes through base/in_root.h from that fd (InRoot::kFollowInside; kNoSymlinks for
+// image layers) and the final component is always created with O_EXCL / O_NOFOLLOW semantics: no
+// entry can ever write outside the extraction root. Everything created is owned by options.uid/gid,
+// permission bits are masked with 0777 (no setuid/setgid/sticky), devices and FIFOs are skipped;
+// image layers are extracted with their owners and modes kept (TarExtractOptions::image_layer).
 //
 // TarCreator archives a tree (pax format, POSIX ustar headers) without following symlinks and
 // without crossing mount points. Neither side holds a whole file or archive in memory.

@@ -5,7 +5,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
@@ -399,13 +398,14 @@ StatusOr<std::unique_ptr<TarCreator>> TarCreator::Open(int root_dirfd, const std
   const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
   auto impl = std::make_unique<Impl>();
   if (base.empty() || base == "." || base == "..") {  // "/", "x/.", "..": a directory
-    DSEC_ASSIGN_OR_RETURN(UniqueFd dir, OpenBeneath(root_dirfd, p, O_RDONLY | O_DIRECTORY));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd dir,
+                          OpenInRoot(root_dirfd, p, O_RDONLY | O_DIRECTORY, InRoot::kFollowInside));
     DSEC_RETURN_IF_ERROR(impl->Init(std::move(dir), ""));
   } else {
     const std::string parent =
         slash == std::string::npos ? "" : (slash == 0 ? "/" : p.substr(0, slash));
-    DSEC_ASSIGN_OR_RETURN(UniqueFd parent_fd,
-                          OpenBeneath(root_dirfd, parent, O_RDONLY | O_DIRECTORY));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd parent_fd, OpenInRoot(root_dirfd, parent, O_RDONLY | O_DIRECTORY,
+                                                         InRoot::kFollowInside));
     struct stat st;
     if (fstatat(parent_fd.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) {
       return ErrnoError("stat " + Quote(path));

@@ -6,7 +6,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
@@ -427,63 +426,21 @@ class TarExtractor::Impl {
     return OkStatus();
   }
 
-  // --- File system side. Every directory fd below comes from OpenBeneath(dest_), so it is a
+  // --- File system side. Every directory fd below comes from OpenInRoot(dest_), so it is a
   // directory inside the extraction root; final components are single names (never "." or
   // "..") created with O_EXCL/O_NOFOLLOW semantics.
 
   // Opens (creating missing ones, mode 0755, owned by uid/gid) the directory comps[0..n).
   StatusOr<UniqueFd> OpenParent(const std::string& entry, const std::vector<std::string>& comps,
                                 size_t n) {
-    StatusOr<UniqueFd> dir =
-        OpenBeneath(dest_, JoinComponents(comps, n), O_RDONLY | O_DIRECTORY, resolve_);
-    if (dir.ok()) return dir;
-    if (dir.status().error_number() != ENOENT) {
-      return dir.status().WithContext("tar entry " + Quote(entry));
-    }
-    // Find the deepest existing prefix by binary search (resolving a prefix resolves every
-    // shorter one; comps has no "." or ".."), looking each up from the root so symlinks in it
-    // resolve exactly as the kernel would, clamped to the root. A per-prefix walk would cost
-    // quadratic time in the depth for every entry of an archive of deep, distinct paths.
-    DSEC_ASSIGN_OR_RETURN(UniqueFd cur, OpenBeneath(dest_, "", O_RDONLY | O_DIRECTORY, resolve_));
-    size_t lo = 0, hi = n;  // prefix lo exists, prefix hi does not
-    while (hi - lo > 1) {
-      const size_t mid = lo + (hi - lo) / 2;
-      StatusOr<UniqueFd> m =
-          OpenBeneath(dest_, JoinComponents(comps, mid), O_RDONLY | O_DIRECTORY, resolve_);
-      if (m.ok()) {
-        lo = mid;
-        cur = std::move(m).value();
-      } else if (m.status().error_number() == ENOENT) {
-        hi = mid;
-      } else {
-        return m.status().WithContext("tar entry " + Quote(entry));
-      }
-    }
-    // Then create what is missing: below a directory made here nothing exists yet, so the next
-    // component is made directly; anything found there after all is looked up from the root.
-    for (size_t i = lo; i < n; ++i) {
-      const std::string prefix = JoinComponents(comps, i + 1);
-      const char* name = comps[i].c_str();
-      StatusOr<UniqueFd> next = NotFound("");
-      if (mkdirat(cur.get(), name, 0700) == 0) {
-        UniqueFd created(openat(cur.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-        if (!created)
-          return ErrnoError("open " + Quote(prefix)).WithContext("tar entry " + Quote(entry));
-        if (fchown(created.get(), opts_.uid, opts_.gid) < 0 || fchmod(created.get(), 0755) < 0) {
-          return ErrnoError("chown/chmod " + Quote(prefix))
-              .WithContext("tar entry " + Quote(entry));
-        }
-        next = std::move(created);
-      } else if (errno == EEXIST) {
-        // Something appeared (or a dangling symlink is there): resolve it again.
-        next = OpenBeneath(dest_, prefix, O_RDONLY | O_DIRECTORY, resolve_);
-      } else {
-        return ErrnoError("mkdirat " + Quote(prefix)).WithContext("tar entry " + Quote(entry));
-      }
-      if (!next.ok()) return next.status().WithContext("tar entry " + Quote(entry));
-      cur = std::move(next).value();
-    }
-    return cur;
+    MakeDirsOptions md;
+    md.mode = 0755;
+    md.owner = std::make_pair(opts_.uid, opts_.gid);
+    md.open_flags = O_RDONLY;
+    std::vector<std::string> prefix(comps.begin(), comps.begin() + static_cast<ptrdiff_t>(n));
+    StatusOr<UniqueFd> dir = MakeDirsInRoot(dest_, prefix, policy_, md);
+    if (!dir.ok()) return dir.status().WithContext("tar entry " + Quote(entry));
+    return dir;
   }
 
   // Removes a non-directory at parent/name so it can be replaced; never follows it.
@@ -658,8 +615,8 @@ class TarExtractor::Impl {
       return EntryError(StatusCode::kInvalidArgument, entry, "hard link target is empty");
     }
     // The target's directory resolves inside the root; its final component is not followed.
-    StatusOr<UniqueFd> tparent = OpenBeneath(dest_, JoinComponents(tcomps, tcomps.size() - 1),
-                                             O_PATH | O_DIRECTORY, resolve_);
+    StatusOr<UniqueFd> tparent = OpenInRoot(dest_, JoinPathComponents(tcomps, tcomps.size() - 1),
+                                            O_PATH | O_DIRECTORY, policy_);
     if (!tparent.ok()) {
       return tparent.status().WithContext("tar entry " + Quote(entry) + ": hard link target " +
                                           Quote(target));
@@ -729,8 +686,7 @@ class TarExtractor::Impl {
   const int dest_;
   const TarExtractOptions opts_;
   // Image layers: a symlink in a parent path is an error, not followed (even inside the root).
-  const uint64_t resolve_ =
-      opts_.image_layer ? (kResolveFlags | RESOLVE_NO_SYMLINKS) : kResolveFlags;
+  const InRoot policy_ = opts_.image_layer ? InRoot::kNoSymlinks : InRoot::kFollowInside;
   uid_t entry_uid_ = 0;
   gid_t entry_gid_ = 0;
   TarExtractStats stats_;

@@ -1,10 +1,9 @@
 // What the tar reader and writer share (internal to src/archive): the ustar header layout,
-// numeric field codecs, bounds, archive path handling and the in-root open with its EAGAIN
-// retry.
+// numeric field codecs, bounds and archive path handling. Lookups in the tree go through
+// base/in_root.h.
 #pragma once
 
 #include <fcntl.h>
-#include <linux/openat2.h>
 
 #include <cstdint>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/in_root.h"
 #include "base/status.h"
 #include "base/strings.h"
 #include "base/unique_fd.h"
@@ -26,8 +26,7 @@ constexpr size_t kMaxMetaBytes = 64 * 1024;
 constexpr size_t kMaxPaxKeyBytes = 64;
 constexpr size_t kWriteBufferBytes = 64 * 1024;
 constexpr size_t kReadChunkBytes = 256 * 1024;
-constexpr uint64_t kResolveFlags = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-// Retries for openat2 EAGAIN (concurrent rename) and for create-after-unlink races.
+// Retries for create-after-unlink races (lookups retry in base/in_root.h).
 constexpr int kMaxRetries = 32;
 constexpr uint64_t kMaxOctal11 = 077777777777ull;  // largest value of an 11-digit octal field
 // TarCreator skips (and counts) entries whose archive path is longer than PATH_MAX, and
@@ -54,29 +53,6 @@ constexpr char kGnuMagic[8] = {'u', 's', 't', 'a', 'r', ' ', ' ', '\0'};    // "
 constexpr Field kDevmajor{329, 8};
 constexpr Field kDevminor{337, 8};
 constexpr Field kPrefix{345, 155};
-
-// Quotes a name for error messages: printable ASCII as is, everything else as \xNN, bounded.
-inline std::string Quote(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (out.size() > 300) {
-      out += "...";
-      break;
-    }
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20 || c >= 0x7f) {
-      char buf[8];
-      (void)snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  out += '"';
-  return out;
-}
 
 inline std::string_view FieldView(const char* block, Field f) { return {block + f.offset, f.size}; }
 
@@ -159,28 +135,6 @@ inline std::optional<std::string> SplitArchivePath(std::string_view path,
     out->emplace_back(part);
   }
   return std::nullopt;
-}
-
-inline std::string JoinComponents(const std::vector<std::string>& comps, size_t n) {
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    if (i) out += '/';
-    out += comps[i];
-  }
-  return out;
-}
-
-// openat2 beneath `root` with RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS: absolute symlinks and
-// ".." are clamped to root, so the result is always inside it. "" means root itself.
-inline StatusOr<UniqueFd> OpenBeneath(int root, const std::string& rel, int flags,
-                                      uint64_t resolve = kResolveFlags) {
-  const char* p = rel.empty() ? "." : rel.c_str();
-  for (int attempt = 0;; ++attempt) {
-    int fd = sys::Openat2(root, p, flags | O_CLOEXEC, 0, resolve);
-    if (fd >= 0) return UniqueFd(fd);
-    if ((errno == EAGAIN || errno == EINTR) && attempt < kMaxRetries) continue;
-    return ErrnoError("openat2 " + Quote(p));
-  }
 }
 
 }  // namespace dsec::archive::internal

@@ -24,5 +24,8 @@ std::optional<uint64_t> ParseUint64(std::string_view s);
 std::string HexEncode(std::string_view bytes);
 // Shortest readable form of a number: "1", "0.25", "1048576", "1.5e+20" (%.10g).
 std::string FormatNumber(double v);
+// Quotes a name for error messages: printable ASCII as is (with \" and \\), everything else as
+// \xNN, and at most ~300 bytes of it.
+std::string Quote(std::string_view s);
 
 }  // namespace dsec

@@ -1,7 +1,6 @@
 #include "images/import.h"
 
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
@@ -19,8 +18,8 @@
 
 #include "archive/tar.h"
 #include "base/file_util.h"
+#include "base/in_root.h"
 #include "base/strings.h"
-#include "sys/syscalls.h"
 
 namespace dsec::images {
 
@@ -232,17 +231,14 @@ bool InsideArchive(const std::string& p) {
   return true;
 }
 
-// Opens `rel` inside the unpacked archive; symlinks and ".." stay inside it.
+// Opens `rel` inside the unpacked archive: ".." stays inside it and a symlink is refused.
 StatusOr<UniqueFd> OpenIn(int root, const std::string& rel) {
-  int fd = sys::Openat2(root, rel.c_str(), O_RDONLY | O_CLOEXEC, 0,
-                        RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS);
-  if (fd < 0) return ErrnoError("open \"" + rel + "\" in the archive");
+  StatusOr<UniqueFd> fd = OpenInRoot(root, rel, O_RDONLY, InRoot::kNoSymlinks);
+  if (!fd.ok()) return fd.status().WithContext("the archive");
   struct stat st;
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
+  if (fstat(fd->get(), &st) < 0 || !S_ISREG(st.st_mode))
     return InvalidArgument("\"" + rel + "\" in the archive is not a regular file");
-  }
-  return UniqueFd(fd);
+  return fd;
 }
 
 // Reads and parses `rel`; with a digest, its bytes must hash to it.

@@ -16,6 +16,7 @@
 #include "base/clock.h"
 #include "base/file_util.h"
 #include "base/ids.h"
+#include "base/in_root.h"
 #include "base/logging.h"
 #include "base/strings.h"
 #include "base/subprocess.h"
@@ -107,10 +108,10 @@ Status FixUnlistedDirs(int root, std::string* out) {
   while (!todo.empty()) {
     std::string rel = std::move(todo.front());
     todo.pop_front();
-    int fd = sys::Openat2(root, rel.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0,
-                          RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
-    if (fd < 0) return ErrnoError("open layer directory \"" + rel + "\"");
-    UniqueFd dir(fd);
+    StatusOr<UniqueFd> opened =
+        OpenInRoot(root, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, InRoot::kBeneath);
+    if (!opened.ok()) return opened.status().WithContext("layer directory");
+    UniqueFd dir = std::move(opened).value();
     struct stat st;
     if (fstat(dir.get(), &st) < 0) return ErrnoError("stat layer directory \"" + rel + "\"");
     if (st.st_uid == kUnlistedOwner && st.st_gid == kUnlistedOwner) {

@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "base/file_util.h"
+#include "base/in_root.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "sys/syscalls.h"
@@ -15,8 +16,6 @@
 namespace dsec::isolation {
 
 namespace {
-
-constexpr uint64_t kInRoot = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
 
 std::vector<std::string_view> Components(std::string_view path) {
   return SplitString(path, '/', /*skip_empty=*/true);
@@ -71,15 +70,15 @@ StatusOr<UniqueFd> CloneTree(int dirfd, const char* path, unsigned extra_flags =
 // replaced, never followed.
 StatusOr<UniqueFd> CreateFileInRoot(int root, const std::string& path, mode_t mode) {
   int flags = O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW;
-  auto fd = OpenInRoot(root, path, flags, mode);
+  auto fd = OpenSandboxPath(root, path, flags, mode);
   if (!fd.ok() && (fd.status().error_number() == ELOOP || fd.status().error_number() == EISDIR)) {
     auto slash = path.rfind('/');
     DSEC_ASSIGN_OR_RETURN(UniqueFd parent,
-                          OpenInRoot(root, path.substr(0, slash + 1), O_PATH | O_DIRECTORY));
+                          OpenSandboxPath(root, path.substr(0, slash + 1), O_PATH | O_DIRECTORY));
     std::string name = path.substr(slash + 1);
     if (unlinkat(parent.get(), name.c_str(), 0) < 0 && errno != ENOENT)
       return ErrnoError("unlink \"" + path + "\"");
-    fd = OpenInRoot(root, path, flags, mode);
+    fd = OpenSandboxPath(root, path, flags, mode);
   }
   return fd;
 }
@@ -92,7 +91,7 @@ Status SetupDev(int root, int dev_null_src, uint32_t pty_max) {
     // replaced with a symlink or a directory of its own, under the agent's open("/dev/null").
     DSEC_ASSIGN_OR_RETURN(UniqueFd self, CloneTree(dev.get(), "", AT_EMPTY_PATH));
     DSEC_RETURN_IF_ERROR(Attach(self.get(), dev.get(), "/dev"));
-    DSEC_ASSIGN_OR_RETURN(dev, OpenInRoot(root, "/dev", O_PATH | O_DIRECTORY));
+    DSEC_ASSIGN_OR_RETURN(dev, OpenSandboxPath(root, "/dev", O_PATH | O_DIRECTORY));
   }
   for (const char* name : {"null", "zero", "full", "random", "urandom", "tty"}) {
     std::string path = std::string("/dev/") + name;
@@ -109,7 +108,7 @@ Status SetupDev(int root, int dev_null_src, uint32_t pty_max) {
     ro.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
     if (sys::MountSetattr(src.get(), "", AT_EMPTY_PATH, &ro) < 0)
       return ErrnoError("mount_setattr readonly " + path);
-    DSEC_ASSIGN_OR_RETURN(UniqueFd tpath, OpenInRoot(root, path, O_PATH | O_NOFOLLOW));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd tpath, OpenSandboxPath(root, path, O_PATH | O_NOFOLLOW));
     DSEC_RETURN_IF_ERROR(Attach(src.get(), tpath.get(), path));
   }
   DSEC_ASSIGN_OR_RETURN(UniqueFd pts, MakeDirInRoot(root, "/dev/pts", 0755, 0, 0, true));
@@ -167,7 +166,7 @@ Status SetupProc(int root, int dev_null_src,
       UniqueFd proc,
       NewMount("proc", {}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
   DSEC_RETURN_IF_ERROR(Attach(proc.get(), procdir.get(), "/proc"));
-  DSEC_ASSIGN_OR_RETURN(UniqueFd p, OpenInRoot(root, "/proc", O_PATH | O_DIRECTORY));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd p, OpenSandboxPath(root, "/proc", O_PATH | O_DIRECTORY));
   {
     UniqueFd dir(openat(p.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!dir) return ErrnoError("open /proc");
@@ -235,14 +234,10 @@ Status MakeUpperPath(int upper, const std::string& path, bool is_dir, uint32_t m
   DSEC_RETURN_IF_ERROR(CheckComponents(path));
   auto comps = Components(path);
   if (comps.empty()) return OkStatus();
-  UniqueFd cur(fcntl(upper, F_DUPFD_CLOEXEC, 3));
-  for (size_t i = 0; i + 1 < comps.size(); ++i) {
-    std::string c(comps[i]);
-    if (mkdirat(cur.get(), c.c_str(), 0755) < 0 && errno != EEXIST)
-      return ErrnoError("mkdir \"" + path + "\" (parent)");
-    cur.Reset(openat(cur.get(), c.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!cur) return ErrnoError("open \"" + path + "\" (parent)");
-  }
+  std::vector<std::string> parents(comps.begin(), comps.end() - 1);
+  StatusOr<UniqueFd> parent = MakeDirsInRoot(upper, parents, InRoot::kBeneath);
+  if (!parent.ok()) return parent.status().WithContext("parent of \"" + path + "\"");
+  UniqueFd cur = std::move(parent).value();
   std::string name(comps.back());
   if (is_dir) {
     if (mkdirat(cur.get(), name.c_str(), 0700) < 0 && errno != EEXIST)
@@ -266,11 +261,10 @@ Status MakeUpperSymlink(int upper, const SymlinkSpec& l) {
   auto slash = l.path.rfind('/');
   if (slash != 0)
     DSEC_RETURN_IF_ERROR(MakeUpperPath(upper, l.path.substr(0, slash), true, 0755, 0, 0, {}));
-  UniqueFd parent(slash == 0 ? fcntl(upper, F_DUPFD_CLOEXEC, 3)
-                             : sys::Openat2(upper, l.path.substr(1, slash - 1).c_str(),
-                                            O_PATH | O_DIRECTORY | O_CLOEXEC, 0,
-                                            RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS));
-  if (!parent) return ErrnoError("open parent of \"" + l.path + "\"");
+  StatusOr<UniqueFd> opened = OpenInRoot(upper, slash == 0 ? "" : l.path.substr(1, slash - 1),
+                                         O_PATH | O_DIRECTORY, InRoot::kBeneath);
+  if (!opened.ok()) return opened.status().WithContext("parent of \"" + l.path + "\"");
+  UniqueFd parent = std::move(opened).value();
   if (symlinkat(l.target.c_str(), parent.get(), l.path.c_str() + slash + 1) < 0 && errno != EEXIST)
     return ErrnoError("symlink \"" + l.path + "\"");
   return OkStatus();
@@ -301,44 +295,43 @@ const std::vector<std::string>& ProcReadonlyPaths() {
   return kPaths;
 }
 
-StatusOr<UniqueFd> OpenInRoot(int root, const std::string& path, int flags, mode_t mode) {
+StatusOr<UniqueFd> OpenSandboxPath(int root, const std::string& path, int flags, mode_t mode) {
   DSEC_RETURN_IF_ERROR(CheckComponents(path));
-  UniqueFd fd(sys::Openat2(root, path.c_str(), flags | O_CLOEXEC, mode, kInRoot));
-  if (!fd) return ErrnoError("open \"" + path + "\" in sandbox root");
+  StatusOr<UniqueFd> fd = OpenInRoot(root, path, flags, InRoot::kNoSymlinks, mode);
+  if (!fd.ok()) return fd.status().WithContext("sandbox root");
   return fd;
 }
 
 StatusOr<UniqueFd> MakeDirInRoot(int root, const std::string& path, mode_t mode, uid_t uid,
                                  gid_t gid, bool replace) {
   DSEC_RETURN_IF_ERROR(CheckComponents(path));
-  UniqueFd cur(fcntl(root, F_DUPFD_CLOEXEC, 3));
-  if (!cur) return ErrnoError("dup root fd");
-  auto comps = Components(path);
-  for (size_t i = 0; i < comps.size(); ++i) {
-    bool last = i + 1 == comps.size();
-    std::string name(comps[i]);
-    const uint64_t kBeneath = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-    int fd = sys::Openat2(cur.get(), name.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, kBeneath);
-    if (fd < 0 && (errno == ELOOP || errno == ENOTDIR) && last && replace) {
-      if (unlinkat(cur.get(), name.c_str(), 0) < 0) return ErrnoError("unlink \"" + path + "\"");
-      errno = ENOENT;
-    }
-    if (fd < 0 && errno == ENOENT) {
-      if (mkdirat(cur.get(), name.c_str(), last ? mode : 0755) < 0 && errno != EEXIST)
-        return ErrnoError("mkdir \"" + path + "\"");
-      if (last) {
-        // mkdir honours the umask; set the exact mode and owner.
-        if (fchmodat(cur.get(), name.c_str(), mode, 0) < 0)
-          return ErrnoError("chmod \"" + path + "\"");
-        if (fchownat(cur.get(), name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
-          return ErrnoError("chown \"" + path + "\"");
-      }
-      fd = sys::Openat2(cur.get(), name.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, kBeneath);
-    }
-    if (fd < 0) return ErrnoError("open \"" + path + "\" in sandbox root");
-    cur.Reset(fd);
+  std::vector<std::string> comps;
+  for (auto c : Components(path)) comps.emplace_back(c);
+  if (comps.empty()) return OpenInRoot(root, "", O_PATH | O_DIRECTORY, InRoot::kNoSymlinks);
+  const std::string name = comps.back();
+  comps.pop_back();
+  StatusOr<UniqueFd> parent = MakeDirsInRoot(root, comps, InRoot::kNoSymlinks);
+  if (!parent.ok()) return parent.status().WithContext("sandbox root");
+  const int dir = parent->get();
+  auto open_last = [&] { return OpenInRoot(dir, name, O_PATH | O_DIRECTORY, InRoot::kBeneath); };
+  StatusOr<UniqueFd> last = open_last();
+  int err = last.ok() ? 0 : last.status().error_number();
+  if ((err == ELOOP || err == ENOTDIR) && replace) {
+    // A mount point (/proc, /dev): whatever the image put there goes.
+    if (unlinkat(dir, name.c_str(), 0) < 0) return ErrnoError("unlink \"" + path + "\"");
+    err = ENOENT;
   }
-  return cur;
+  if (err == ENOENT) {
+    if (mkdirat(dir, name.c_str(), mode) < 0 && errno != EEXIST)
+      return ErrnoError("mkdir \"" + path + "\"");
+    // mkdir honours the umask; set the exact mode and owner.
+    if (fchmodat(dir, name.c_str(), mode, 0) < 0) return ErrnoError("chmod \"" + path + "\"");
+    if (fchownat(dir, name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+      return ErrnoError("chown \"" + path + "\"");
+    last = open_last();
+  }
+  if (!last.ok()) return last.status().WithContext("sandbox root");
+  return last;
 }
 
 Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds, int mount_dir,

@@ -14,10 +14,10 @@
 //      pty maximum; shm; std fds), fresh /proc with the sandbox's own namespace limits
 //      written, dangerous entries masked and /proc/sys read-only, no /sys;
 //   6. pivot_root into it by fds and detach the old root.
-// Every path inside the new root is resolved with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS
-// | RESOLVE_NO_MAGICLINKS) and every mount is attached by fd, so a symlink planted in an image
-// can never redirect a mount or a write onto the host.
-// Privileges: CAP_SYS_ADMIN in the mount namespace's owning user namespace.
+// Every path inside the new root is resolved by base/in_root.h (InRoot::kNoSymlinks: openat2
+// RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) and every mount is attached by fd,
+// so a symlink planted in an image can never redirect a mount or a write onto the host. Privileges:
+// CAP_SYS_ADMIN in the mount namespace's owning user namespace.
 #pragma once
 
 #include <sys/types.h>
@@ -90,8 +90,8 @@ const std::vector<std::string>& ProcReadonlyPaths();
 Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds, int mount_dir,
                            UniqueFd* writable = nullptr, int disk = -1);
 
-// Opens `path` inside `root` (openat2 RESOLVE_IN_ROOT|NO_SYMLINKS|NO_MAGICLINKS).
-StatusOr<UniqueFd> OpenInRoot(int root, const std::string& path, int flags, mode_t mode = 0);
+// Opens the absolute `path` (no "." or "..") inside `root` (base/in_root.h, InRoot::kNoSymlinks).
+StatusOr<UniqueFd> OpenSandboxPath(int root, const std::string& path, int flags, mode_t mode = 0);
 // mkdir -p inside root without following symlinks; a symlink or non-directory in the way of
 // the final component is replaced when `replace` is set (mount points such as /proc and /dev),
 // an error otherwise. Returns an O_PATH fd of the directory.

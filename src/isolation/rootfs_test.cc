@@ -33,11 +33,11 @@ class InRootTest : public ::testing::Test {
 
 TEST_F(InRootTest, SymlinksNeverLeaveTheRoot) {
   // Symlinks are refused outright while building a root, absolute or relative.
-  EXPECT_FALSE(OpenInRoot(fd_.get(), "/escape_abs/etc", O_PATH).ok());
-  EXPECT_FALSE(OpenInRoot(fd_.get(), "/escape_rel", O_PATH).ok());
-  EXPECT_FALSE(OpenInRoot(fd_.get(), "/../outside", O_PATH).ok());  // ".." is rejected
-  EXPECT_FALSE(OpenInRoot(fd_.get(), "relative", O_PATH).ok());
-  EXPECT_TRUE(OpenInRoot(fd_.get(), "/etc", O_PATH | O_DIRECTORY).ok());
+  EXPECT_FALSE(OpenSandboxPath(fd_.get(), "/escape_abs/etc", O_PATH).ok());
+  EXPECT_FALSE(OpenSandboxPath(fd_.get(), "/escape_rel", O_PATH).ok());
+  EXPECT_FALSE(OpenSandboxPath(fd_.get(), "/../outside", O_PATH).ok());  // ".." is rejected
+  EXPECT_FALSE(OpenSandboxPath(fd_.get(), "relative", O_PATH).ok());
+  EXPECT_TRUE(OpenSandboxPath(fd_.get(), "/etc", O_PATH | O_DIRECTORY).ok());
 }
 
 TEST_F(InRootTest, MakeDirReplacesPlantedMountPointSymlinks) {

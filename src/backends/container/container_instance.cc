@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/magic.h>
-#include <linux/openat2.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -23,6 +22,7 @@
 #include "base/fd_passing.h"
 #include "base/file_util.h"
 #include "base/ids.h"
+#include "base/in_root.h"
 #include "base/logging.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
@@ -31,7 +31,6 @@
 #include "isolation/host_image.h"
 #include "isolation/userns.h"
 #include "protocol/agent_ops.h"
-#include "sys/syscalls.h"
 
 namespace dsec::backends::container {
 
@@ -609,12 +608,11 @@ StatusOr<std::vector<std::string>> ContainerInstance::CaptureStack(bool keep_set
   std::vector<images::CaptureSource> sources;
   for (size_t i = 0; i < overlay_targets_.size(); ++i) {
     std::string rel = "up/" + std::to_string(i);
-    int fd = sys::Openat2(
-        tmpfs.get(), rel.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0,
-        RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV);
-    if (fd < 0) return ErrnoError("open upper dir " + rel + " of " + spec_.id);
-    uppers.emplace_back(fd);
-    sources.push_back({fd, overlay_targets_[i]});
+    StatusOr<UniqueFd> up =
+        OpenInRoot(tmpfs.get(), rel, O_RDONLY | O_DIRECTORY, InRoot::kBeneathOneMount);
+    if (!up.ok()) return up.status().WithContext("upper dir of " + spec_.id);
+    sources.push_back({up->get(), overlay_targets_[i]});
+    uppers.push_back(std::move(up).value());
   }
   images::CaptureOptions co;
   co.id_base = id_base_;

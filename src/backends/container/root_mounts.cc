@@ -1,12 +1,11 @@
 #include "backends/container/root_mounts.h"
 
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <sys/stat.h>
 
 #include "base/file_util.h"
+#include "base/in_root.h"
 #include "isolation/userns.h"
-#include "sys/syscalls.h"
 
 namespace dsec::backends::container {
 
@@ -26,11 +25,9 @@ void ReadLayerFile(int root, const char* file, bool* present, std::string* text)
   if (fstatat(root, file, &st, AT_SYMLINK_NOFOLLOW) < 0) return;
   *present = true;  // a whiteout or anything else hides the layers below
   if (!S_ISREG(st.st_mode)) return;
-  int fd = sys::Openat2(root, file, O_RDONLY | O_CLOEXEC, 0,
-                        RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
-  if (fd < 0) return;
-  UniqueFd f(fd);
-  if (auto t = ReadFdToString(f.get(), file, 1 << 20); t.ok()) *text = *t;
+  StatusOr<UniqueFd> f = OpenInRoot(root, file, O_RDONLY, InRoot::kNoSymlinks);
+  if (!f.ok()) return;
+  if (auto t = ReadFdToString(f->get(), file, 1 << 20); t.ok()) *text = *t;
 }
 
 StatusOr<LayerFacts> ReadLayerFacts(int root, const std::vector<isolation::OverlaySpec>& overlays,
