@@ -24,6 +24,20 @@
 
 namespace dsec::archive {
 
+// Entries a caller's format gives a meaning of their own (OCI whiteouts in image layers,
+// src/images/oci_whiteouts.h): the extractor asks about every entry's last path component and
+// leaves the claimed ones to the hook instead of creating them. Not owned; must outlive the
+// extractor.
+class EntryHook {
+ public:
+  virtual ~EntryHook() = default;
+  virtual bool Claims(std::string_view name) const = 0;
+  // Makes what the claimed entry `name` stands for in `parent`, an open (O_RDONLY) directory
+  // inside the extraction root, created like any entry's parent. `is_dir`: the entry is a
+  // directory entry. The entry's data, if any, is skipped; an error fails the extraction.
+  virtual Status Apply(int parent, const std::string& name, bool is_dir) = 0;
+};
+
 struct TarExtractOptions {
   uid_t uid = 1000, gid = 1000;  // owner of everything created (fchownat)
   // Sum of file sizes, a sparse file's counted at its real size (its holes included: what a
@@ -34,12 +48,13 @@ struct TarExtractOptions {
   // stream cut exactly at an entry boundary is reported instead of silently accepted.
   bool require_end_marker = true;
   // Image layers (src/images): the archive's own uid/gid and full mode (setuid, setgid and
-  // sticky bits included) are kept instead of uid/gid and 0777; OCI whiteouts become overlayfs
-  // ones (".wh.NAME" a 0/0 character device NAME, ".wh..wh..opq" the opaque xattrs, trusted.
-  // and user., on its directory); a symlink anywhere in an entry's parent path is an error
-  // instead of being followed inside the root; and devices and FIFOs are an error instead of
-  // being skipped. Needs CAP_MKNOD (whiteouts) and CAP_SYS_ADMIN (trusted. xattrs).
+  // sticky bits included) are kept instead of uid/gid and 0777; a symlink anywhere in an
+  // entry's parent path is an error instead of being followed inside the root; and devices
+  // and FIFOs are an error instead of being skipped. Absolute names and hard link targets are
+  // refused.
   bool image_layer = false;
+  // Entries with a meaning of their own, such as OCI whiteouts (see EntryHook); none if null.
+  EntryHook* hook = nullptr;
   // With image_layer: device nodes and FIFOs under the archive's top-level dev/ are skipped
   // instead of refused (a Debian root filesystem from mmdebstrap has /dev/null and friends;
   // every sandbox mounts its own /dev over it anyway).

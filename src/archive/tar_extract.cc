@@ -7,8 +7,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
-#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -279,16 +277,11 @@ class TarExtractor::Impl {
         return EntryError(StatusCode::kInvalidArgument, name,
                           "device nodes and FIFOs are not allowed in an image layer");
       }
-      if (!comps.empty() && StartsWith(comps.back(), ".wh.")) {
-        if (kind == '5')
-          return EntryError(StatusCode::kInvalidArgument, name, "whiteout is a directory");
-        DSEC_RETURN_IF_ERROR(CreateWhiteout(name, comps));
-        if (kind == '0' && data_size > 0) {
-          StartData(DataKind::kSkip, data_size);
-          return OkStatus();
-        }
-        return OkStatus();
-      }
+    }
+    if (opts_.hook && !comps.empty() && opts_.hook->Claims(comps.back())) {
+      DSEC_RETURN_IF_ERROR(ApplyHook(name, comps, kind == '5'));
+      if (kind == '0' && data_size > 0) StartData(DataKind::kSkip, data_size);
+      return OkStatus();
     }
     switch (kind) {
       case '0': {
@@ -654,31 +647,14 @@ class TarExtractor::Impl {
 
   mode_t ModeMask() const { return opts_.image_layer ? 07777 : 0777; }
 
-  // ".wh.NAME": NAME is deleted from the layers below (an overlayfs whiteout, a 0/0 character
-  // device); ".wh..wh..opq": the directory hides everything below it (opaque).
-  Status CreateWhiteout(const std::string& entry, std::vector<std::string> comps) {
-    std::string hidden = comps.back().substr(4);
+  // An entry the caller's hook claimed: its parent is made as for any entry, the rest is the
+  // hook's.
+  Status ApplyHook(const std::string& entry, std::vector<std::string> comps, bool is_dir) {
+    std::string last = comps.back();
     comps.pop_back();
     DSEC_ASSIGN_OR_RETURN(UniqueFd parent, OpenParent(entry, comps, comps.size()));
-    if (hidden == ".wh..opq") {
-      UniqueFd dir(openat(parent.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-      if (!dir) return ErrnoError("open").WithContext("tar entry " + Quote(entry));
-      for (const char* key : {"trusted.overlay.opaque", "user.overlay.opaque"})
-        if (fsetxattr(dir.get(), key, "y", 1, 0) < 0)
-          return ErrnoError(std::string("set ") + key).WithContext("tar entry " + Quote(entry));
-      ++stats_.entries;
-      return OkStatus();
-    }
-    if (hidden.empty() || hidden == "." || hidden == ".." || StartsWith(hidden, ".wh."))
-      return EntryError(StatusCode::kInvalidArgument, entry, "bad whiteout name");
-    for (int attempt = 0;; ++attempt) {
-      if (mknodat(parent.get(), hidden.c_str(), S_IFCHR | 0, makedev(0, 0)) == 0) break;
-      if (errno != EEXIST || attempt >= kMaxRetries)
-        return ErrnoError("mknod whiteout " + Quote(hidden))
-            .WithContext("tar entry " + Quote(entry));
-      // A whiteout for a file of this same layer replaces it (a directory is an error).
-      DSEC_RETURN_IF_ERROR(RemoveExisting(parent.get(), entry, hidden));
-    }
+    Status s = opts_.hook->Apply(parent.get(), last, is_dir);
+    if (!s.ok()) return s.WithContext("tar entry " + Quote(entry));
     ++stats_.entries;
     return OkStatus();
   }

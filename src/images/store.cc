@@ -20,6 +20,7 @@
 #include "base/logging.h"
 #include "base/strings.h"
 #include "base/subprocess.h"
+#include "images/oci_whiteouts.h"
 #include "sys/syscalls.h"
 
 namespace dsec::images {
@@ -189,6 +190,7 @@ StatusOr<std::string> NormalizeName(std::string_view name) {
 struct LayerBuilder::Impl {
   std::string tmp;
   UniqueFd dir;
+  OciWhiteouts whiteouts;  // the extractor's hook: declared first, destroyed after it
   std::unique_ptr<archive::TarExtractor> tar;
   EVP_MD_CTX* md = nullptr;
   ~Impl() {
@@ -408,6 +410,7 @@ StatusOr<std::unique_ptr<LayerBuilder>> ImageStore::NewLayer(bool skip_dev_nodes
   o.uid = kUnlistedOwner;  // only directories the extractor makes unasked get these
   o.gid = kUnlistedOwner;
   o.image_layer = true;
+  o.hook = &im.whiteouts;
   o.skip_dev_nodes = skip_dev_nodes;
   o.max_total_bytes = opts_.max_layer_bytes;
   o.max_entries = opts_.max_layer_entries;

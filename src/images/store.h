@@ -8,8 +8,9 @@
 //
 // A layer is named by the sha256 of its uncompressed OCI layer tar (the OCI "diff_id"), so the
 // same layer imported twice, or by two images, is stored once. Layers arrive as tar streams
-// (LayerBuilder): OCI whiteouts become overlayfs whiteouts, owners and modes are kept, and
-// nothing can be written outside the new layer's directory (archive/tar.h, image_layer mode).
+// (LayerBuilder): OCI whiteouts become overlayfs whiteouts (images/oci_whiteouts.h, a hook of
+// the tar extractor), owners and modes are kept, and nothing can be written outside the new
+// layer's directory (archive/tar.h, image_layer mode).
 //
 // An image is an ordered list of layers (bottom first) on a base: "host" (the built-in host
 // image below them) or "" (the layers are the whole root filesystem), plus a config (env,

@@ -184,6 +184,52 @@ TEST_F(ImageStoreTest, MaliciousArchivesLeaveNothingBehind) {
   EXPECT_NE(access((tmp_->path() + "/escape").c_str(), F_OK), 0);
 }
 
+// OCI whiteouts (images/oci_whiteouts.h): opaque directories, a whiteout that replaces a file
+// of the same layer, and the malformed ones, refused.
+TEST_F(ImageStoreTest, OciWhiteoutsBecomeOverlayWhiteoutsAndBadOnesAreRefused) {
+  std::string w = tmp_->path() + "/wh";
+  ASSERT_EQ(Sh("mkdir -p " + w + " && cd " + w +
+               " && /usr/bin/python3 - <<'EOF'\n"
+               "import tarfile, io\n"
+               "def add(t, name, data=b'x', **kw):\n"
+               "    i = tarfile.TarInfo(name); i.size = len(data)\n"
+               "    for k, v in kw.items(): setattr(i, k, v)\n"
+               "    t.addfile(i, io.BytesIO(data) if i.type == tarfile.REGTYPE else None)\n"
+               "with tarfile.open('good.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n"
+               "    add(t, 'var/.wh..wh..opq', b'')\n"
+               "    add(t, 'etc/passwd', b'same layer')\n"
+               "    add(t, 'etc/.wh.passwd', b'data is skipped')\n"
+               "    add(t, 'new/deep/.wh.gone', b'')\n"
+               "for n, name, kw in [('dotdot', 'a/.wh...', {}), ('empty', 'a/.wh.', {}),\n"
+               "                    ('nested', 'a/.wh..wh.x', {}),\n"
+               "                    ('dir', 'a/.wh.d', {'type': tarfile.DIRTYPE})]:\n"
+               "    with tarfile.open(n + '.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n"
+               "        add(t, name, b'', **kw)\n"
+               "with tarfile.open('ondir.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n"
+               "    add(t, 'a/d', b'', type=tarfile.DIRTYPE)\n"
+               "    add(t, 'a/.wh.d', b'')\n"
+               "EOF"),
+            0);
+  auto img = Import(w + "/good.tar", "wh");
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  std::string dir = store_->LayerDir(img->layers[0]);
+  char v[8] = {};
+  EXPECT_EQ(getxattr((dir + "/var").c_str(), "trusted.overlay.opaque", v, sizeof v), 1);
+  EXPECT_EQ(v[0], 'y');
+  struct stat st;
+  for (const char* p : {"/etc/passwd", "/new/deep/gone"}) {
+    ASSERT_EQ(lstat((dir + p).c_str(), &st), 0) << p;
+    EXPECT_TRUE(S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0)) << p;
+  }
+  EXPECT_EQ(ListDir(dir + "/etc").value(), std::vector<std::string>{"passwd"});
+  EXPECT_TRUE(ListDir(dir + "/var").value().empty());
+  for (const char* n : {"dotdot", "empty", "nested", "dir", "ondir"}) {
+    auto r = Import(w + "/" + n + ".tar", std::string("wh-") + n);
+    EXPECT_FALSE(r.ok()) << n;
+    EXPECT_TRUE(ListDir(root_ + "/tmp").value().empty()) << n;
+  }
+}
+
 TEST_F(ImageStoreTest, ErofsLayersMountThroughLoopDevices) {
   if (access("/usr/bin/mkfs.erofs", X_OK) != 0)
     GTEST_SKIP() << "[  SKIPPED ] mkfs.erofs (erofs-utils) is not installed";
