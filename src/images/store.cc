@@ -18,6 +18,7 @@
 #include "base/ids.h"
 #include "base/in_root.h"
 #include "base/logging.h"
+#include "base/loop_device.h"
 #include "base/strings.h"
 #include "base/subprocess.h"
 #include "images/oci_whiteouts.h"

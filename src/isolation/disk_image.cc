@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "base/file_util.h"
+#include "base/loop_device.h"
 #include "base/subprocess.h"
 #include "sys/syscalls.h"
 
