@@ -80,4 +80,18 @@ std::string Duration(int64_t ms) {
   return std::to_string(s / 86400) + "d";
 }
 
+std::string HumanSize(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes);
+  size_t u = 0;
+  while (v >= 1024 && u + 1 < std::size(kUnits)) {
+    v /= 1024;
+    ++u;
+  }
+  char b[32];
+  snprintf(b, sizeof b, v < 9.95 ? "%.1f %s" : "%.0f %s", v, kUnits[u]);
+  return b;
+}
+
 }  // namespace dsec::cli

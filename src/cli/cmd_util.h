@@ -33,4 +33,7 @@ std::string BaseName(std::string path);     // the last component; trailing slas
 // An age or a time left, as the tables show it: "42s", "5m", "3h", "2d".
 std::string Duration(int64_t ms);
 
+// A byte count for people: "512 B", "3.1 KiB", "42 MiB".
+std::string HumanSize(uint64_t bytes);
+
 }  // namespace dsec::cli
