@@ -6,15 +6,14 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
 #include "backends/container/container_backend.h"
 #include "base/file_util.h"
 #include "base/ids.h"
+#include "base/mutex.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "cli/attach.h"
@@ -46,24 +45,24 @@ class StreamObserver : public backends::ExecObserver {
                      "output");
   }
   void OnExit(const StatusOr<backends::ExecResult>& r) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     result_ = r;
     done_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   StatusOr<backends::ExecResult> Wait() {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return done_; });
+    MutexLock l(mu_);
+    cv_.Wait(l, [&]() DSEC_REQUIRES(mu_) { return done_; });
     return result_;
   }
   bool done() {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     return done_;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   bool done_ = false;
   StatusOr<backends::ExecResult> result_ = InternalError("no result");
 };

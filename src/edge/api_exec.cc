@@ -246,7 +246,7 @@ class StreamObserver : public ExecObserver {
         ticket_(std::move(ticket)) {}
 
   void Begin() {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     res_->StartStream(200, "application/x-ndjson", {{"Cache-Control", "no-store"}});
     started_ = true;
     for (auto& line : pending_) res_->Write(std::move(line));
@@ -267,7 +267,7 @@ class StreamObserver : public ExecObserver {
     }
     Json last = r.ok() ? Json{{"exit", ResultJson(*r, base64_)}} : ErrorJson(r.status());
     std::string line = last.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (started_) {
       res_->End(std::move(line));
     } else {
@@ -278,7 +278,7 @@ class StreamObserver : public ExecObserver {
  private:
   void Emit(const Json& j) {
     std::string line = j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (started_) {
       res_->Write(std::move(line));
     } else {
@@ -289,14 +289,14 @@ class StreamObserver : public ExecObserver {
   Encoder out_, err_;
   bool base64_;
   std::shared_ptr<ExecTicket> ticket_;
-  std::mutex mu_;
+  Mutex mu_;
   bool started_ = false;
   std::vector<std::string> pending_;
   std::string final_;
 };
 
 Json BackgroundJson(BackgroundExec& b) {
-  std::lock_guard<std::mutex> l(b.mu);
+  MutexLock l(b.mu);
   Json j = {{"exec_id", b.id},
             {"state", b.done ? "exited" : "running"},
             {"started_at", b.started_at},
@@ -349,7 +349,7 @@ void Exec(const std::shared_ptr<Ctx>& c) {
         [bg](const StatusOr<Json>& r) {
           std::map<uint64_t, std::function<void()>> ws;
           {
-            std::lock_guard<std::mutex> l(bg->mu);
+            MutexLock l(bg->mu);
             bg->done = true;
             bg->result = r.ok() ? *r : ErrorJson(r.status());
             if (r.ok())
@@ -361,7 +361,7 @@ void Exec(const std::shared_ptr<Ctx>& c) {
         },
         *ticket, d.output_budget);
     {
-      std::lock_guard<std::mutex> l(bg->mu);
+      MutexLock l(bg->mu);
       bg->charge = obs->charge();
     }
     auto h = (*sb)->StartExec(p->req, obs);
@@ -370,7 +370,7 @@ void Exec(const std::shared_ptr<Ctx>& c) {
       return c->Fail(h.status());
     }
     {
-      std::lock_guard<std::mutex> l(bg->mu);
+      MutexLock l(bg->mu);
       if (!bg->done) bg->handle = *h;
     }
     return c->Reply(202, {{"exec_id", bg->id}});
@@ -412,9 +412,9 @@ void GetExec(const std::shared_ptr<Ctx>& c) {
   if (!wait.ok()) return c->Fail(wait.status());
   auto b = *bg;
   {
-    std::unique_lock<std::mutex> l(b->mu);
+    MutexLock l(b->mu);
     if (b->done || *wait == 0) {
-      l.unlock();
+      l.Unlock();
       return c->Reply(200, BackgroundJson(*b));
     }
     // Answer when it ends or when the wait is over, whichever is first; no thread waits.
@@ -429,7 +429,7 @@ void GetExec(const std::shared_ptr<Ctx>& c) {
     };
     timer->async_wait([c, b, answered, timer, id](const boost::system::error_code&) {
       {
-        std::lock_guard<std::mutex> l(b->mu);
+        MutexLock l(b->mu);
         b->waiters.erase(id);
       }
       if (answered->exchange(true)) return;
@@ -443,7 +443,7 @@ void KillExec(const std::shared_ptr<Ctx>& c) {
   if (!bg.ok()) return c->Fail(bg.status());
   std::shared_ptr<ExecHandle> h;
   {
-    std::lock_guard<std::mutex> l((*bg)->mu);
+    MutexLock l((*bg)->mu);
     h = (*bg)->handle;
   }
   if (h) h->Kill();
@@ -605,7 +605,7 @@ class AttachSession : public WebSocketHandler,
       : sb_(std::move(sb)), req_(std::move(req)), ticket_(std::move(ticket)) {}
 
   void OnOpen(std::shared_ptr<WebSocketConn> conn) override {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     conn_ = conn;
     auto h = sb_->StartExec(req_, shared_from_this());
     if (!h.ok()) {
@@ -619,7 +619,7 @@ class AttachSession : public WebSocketHandler,
   void OnMessage(std::string data, bool binary) override {
     std::shared_ptr<ExecHandle> h;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       h = handle_;
     }
     if (!h) return;
@@ -645,7 +645,7 @@ class AttachSession : public WebSocketHandler,
   void OnClose() override {
     std::shared_ptr<ExecHandle> h;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       h = handle_;
       conn_.reset();
     }
@@ -667,7 +667,7 @@ class AttachSession : public WebSocketHandler,
     ticket_->Finish(r);
     auto conn = Conn();
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       handle_.reset();
     }
     if (!conn) return;
@@ -678,7 +678,7 @@ class AttachSession : public WebSocketHandler,
 
  private:
   std::shared_ptr<WebSocketConn> Conn() {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     return conn_;
   }
   void Abort(const Status& s) {
@@ -690,7 +690,7 @@ class AttachSession : public WebSocketHandler,
   std::shared_ptr<backends::Sandbox> sb_;
   ExecRequest req_;
   std::shared_ptr<ExecTicket> ticket_;
-  std::mutex mu_;
+  Mutex mu_;
   std::shared_ptr<WebSocketConn> conn_;
   std::shared_ptr<ExecHandle> handle_;
   std::atomic<bool> exited_{false};

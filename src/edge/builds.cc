@@ -406,188 +406,221 @@ void Builds::Run(const std::shared_ptr<Job>& j) {
                 j->error.empty() ? "" : " (" + j->error + ")");
 }
 
-Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
-  const BuildRequest& r = j->req;
-  auto append = [this, j](std::string_view d) {
-    MutexLock l(mu_);
+struct Builds::Steps {
+  Builds* b;
+  std::shared_ptr<Job> j;
+  int k = 0;  // the current step
+
+  void Append(std::string_view d) {
+    MutexLock l(b->mu_);
     j->Append(d);
-  };
-  int k = 0;
-  auto begin = [&] {
-    MutexLock l(mu_);
-    j->current = k;
-    j->steps[k].state = "running";
-    return "[dsec] step " + std::to_string(k + 1) + "/" + std::to_string(j->steps.size()) + ": " +
-           j->steps[k].name + "\n";
-  };
-  auto done = [&] {
-    MutexLock l(mu_);
+  }
+  void Begin() {
+    std::string line;
+    {
+      MutexLock l(b->mu_);
+      j->current = k;
+      j->steps[k].state = "running";
+      line = "[dsec] step " + std::to_string(k + 1) + "/" + std::to_string(j->steps.size()) + ": " +
+             j->steps[k].name + "\n";
+    }
+    Append(line);
+  }
+  void Done() {
+    MutexLock l(b->mu_);
     j->steps[k].state = "done";
     ++k;
-  };
-  auto check = [&]() -> Status {
+  }
+  Status Check() const {
     if (j->cancel) return Status(StatusCode::kAborted, "canceled");
     if (MonotonicMs() > j->deadline_ms)
-      return DeadlineExceeded("the build ran past its timeout of " + std::to_string(r.timeout_s) +
-                              " s");
+      return DeadlineExceeded("the build ran past its timeout of " +
+                              std::to_string(j->req.timeout_s) + " s");
     return OkStatus();
-  };
+  }
+};
 
+Status Builds::RunSteps(const std::shared_ptr<Job>& j) {
+  const BuildRequest& r = j->req;
+  Steps s{this, j};
   images::ImageStore::Lease lease(store_);  // its new layers are referenced only at the end
   images::Image img;
   img.name = r.name;
   img.source = "build";
   std::vector<std::string> stack;  // what the build sandbox starts from
-
   if (!r.suite.empty()) {
-    append(begin());
-    images::ImportOptions io;
-    io.name = r.name;
-    io.format = "rootfs";
-    io.add_image = false;
-    io.skip_dev_nodes = true;
-    io.max_archive_bytes = cfg_.image_max_layer_bytes;
-    DSEC_ASSIGN_OR_RETURN(auto imp, images::Importer::Start(store_, io));
-    images::BootstrapOptions bo;
-    bo.suite = r.suite;
-    bo.variant = r.variant;
-    bo.packages = r.packages;
-    bo.mirror = cfg_.build_mirror;
-    bo.deadline_ms = j->deadline_ms;
-    DSEC_RETURN_IF_ERROR(images::Bootstrap(
-        bo, [&](std::string_view d) { return imp->Feed(d); }, append, &j->cancel));
-    DSEC_ASSIGN_OR_RETURN(images::Image made, imp->Finish());
-    img.layers = made.layers;
-    img.config = made.config;
-    stack = made.layers;
-    append("[dsec] root filesystem stored as layer " + made.layers.back() + "\n");
-    done();
+    DSEC_RETURN_IF_ERROR(BootstrapStep(s, &img, &stack));
   } else {
     DSEC_ASSIGN_OR_RETURN(images::Stack from, store_->Acquire(r.from, ""));
     img.base = from.base;
     img.config = from.config;
     stack = r.from;
   }
-  DSEC_RETURN_IF_ERROR(check());
-
+  DSEC_RETURN_IF_ERROR(s.Check());
   if (!r.run.empty()) {
-    append(begin());
-    CreateParams p;
-    p.image = JoinStrings(stack, ",");
-    p.cpu = std::max(2.0, cfg_.default_cpu);
-    p.memory_mb = r.memory_mb;
-    p.disk_mb = r.disk_mb;
-    p.pids = std::max<int64_t>(1024, cfg_.default_pids);
-    p.ttl_s = r.timeout_s + 600;
-    p.env = r.env;
-    p.labels = {{kBuildLabel, j->id}};
-    DSEC_ASSIGN_OR_RETURN(
-        std::vector<Json> made,
-        manager_->Create(p, 1, /*wait=*/true, [](std::function<void()> f) { f(); }));
-    std::string sid = made.at(0).value("id", "");
-    {
-      MutexLock l(mu_);
-      j->sandbox_id = sid;
-    }
-    DSEC_ASSIGN_OR_RETURN(auto entry, manager_->Get(sid));
-    DSEC_ASSIGN_OR_RETURN(auto sb, entry->Sandbox());
-    if (!r.workdir.empty()) {
-      // Made by root like the rest of the build (the sandbox's own workdir is the user's).
-      backends::ExecRequest mk;
-      mk.cmd = {"/bin/mkdir", "-p", "--", r.workdir};
-      mk.user = "root";
-      mk.cwd = "/";
-      DSEC_ASSIGN_OR_RETURN(backends::ExecOutput o, sb->Exec(mk));
-      if (o.result.exit_code != 0)
-        return InvalidArgument("cannot make the workdir " + r.workdir + ": " +
-                               Short(o.stderr_data));
-    }
-    append("[dsec] sandbox " + sid + " from " + JoinStrings(r.from.empty() ? stack : r.from, ",") +
-           "\n");
-    done();
-
+    DSEC_ASSIGN_OR_RETURN(auto sb, SandboxStep(s, stack));
     for (const auto& cmd : r.run) {
-      DSEC_RETURN_IF_ERROR(check());
-      append(begin());
-      append("$ " + cmd + "\n");
-      struct Observer : backends::ExecObserver {
-        std::function<void(std::string_view)> out;
-        std::promise<StatusOr<backends::ExecResult>> result;
-        void OnOutput(uint8_t, std::string_view d) override { out(d); }
-        void OnExit(const StatusOr<backends::ExecResult>& r) override { result.set_value(r); }
-      };
-      auto obs = std::make_shared<Observer>();
-      obs->out = append;
-      auto fut = obs->result.get_future();
-      backends::ExecRequest er;
-      er.shell = cmd;
-      er.user = "root";
-      er.cwd = r.workdir.empty() ? "/" : r.workdir;
-      er.timeout_ms = std::max<int64_t>(1000, j->deadline_ms - MonotonicMs());
-      er.max_output_bytes = cfg_.max_output_bytes;  // the log keeps its own bounded tail
-      auto started = sb->StartExec(er, obs);
-      if (!started.ok()) return started.status().WithContext("step \"" + Short(cmd) + "\"");
-      auto handle = *started;
-      {
-        MutexLock l(mu_);
-        j->exec = handle;
-        if (j->cancel) handle->Kill();
-      }
-      while (fut.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready)
-        if (j->cancel) handle->Kill();
-      {
-        MutexLock l(mu_);
-        j->exec.reset();
-      }
-      StatusOr<backends::ExecResult> res = fut.get();
-      DSEC_RETURN_IF_ERROR(check());
-      if (!res.ok()) return res.status().WithContext("step \"" + Short(cmd) + "\"");
-      if (res->timed_out) return DeadlineExceeded("step \"" + Short(cmd) + "\" timed out");
-      if (res->oom_killed)
-        return ResourceExhausted("step \"" + Short(cmd) + "\" ran out of memory (memory_mb " +
-                                 std::to_string(r.memory_mb) + ")");
-      if (res->exit_code != 0)
-        return InvalidArgument("step \"" + Short(cmd) + "\" " +
-                               (res->signal
-                                    ? "was killed by signal " + std::to_string(res->signal)
-                                    : "exited with status " + std::to_string(res->exit_code)));
-      done();
+      DSEC_RETURN_IF_ERROR(s.Check());
+      DSEC_RETURN_IF_ERROR(CommandStep(s, *sb, cmd));
     }
-
-    append(begin());
-    DSEC_ASSIGN_OR_RETURN(std::vector<std::string> captured,
-                          sb->CaptureStack(/*keep_setuid=*/true));
-    img.layers.clear();
-    img.base.clear();
-    for (const auto& d : captured) {
-      if (d == "host")
-        img.base = "host";
-      else
-        img.layers.push_back(d);
-    }
-    append("[dsec] captured layer " + img.layers.back() + "\n");
-    done();
+    DSEC_RETURN_IF_ERROR(CaptureStep(s, *sb, &img));
   }
+  DSEC_RETURN_IF_ERROR(s.Check());
+  return SaveStep(s, &img);
+}
 
-  DSEC_RETURN_IF_ERROR(check());
-  append(begin());
+Status Builds::BootstrapStep(Steps& s, images::Image* img, std::vector<std::string>* stack) {
+  const BuildRequest& r = s.j->req;
+  s.Begin();
+  images::ImportOptions io;
+  io.name = r.name;
+  io.format = "rootfs";
+  io.add_image = false;
+  io.skip_dev_nodes = true;
+  io.max_archive_bytes = cfg_.image_max_layer_bytes;
+  DSEC_ASSIGN_OR_RETURN(auto imp, images::Importer::Start(store_, io));
+  images::BootstrapOptions bo;
+  bo.suite = r.suite;
+  bo.variant = r.variant;
+  bo.packages = r.packages;
+  bo.mirror = cfg_.build_mirror;
+  bo.deadline_ms = s.j->deadline_ms;
+  DSEC_RETURN_IF_ERROR(images::Bootstrap(
+      bo, [&](std::string_view d) { return imp->Feed(d); },
+      [&](std::string_view d) { s.Append(d); }, &s.j->cancel));
+  DSEC_ASSIGN_OR_RETURN(images::Image made, imp->Finish());
+  img->layers = made.layers;
+  img->config = made.config;
+  *stack = made.layers;
+  s.Append("[dsec] root filesystem stored as layer " + made.layers.back() + "\n");
+  s.Done();
+  return OkStatus();
+}
+
+StatusOr<std::shared_ptr<backends::Sandbox>> Builds::SandboxStep(
+    Steps& s, const std::vector<std::string>& stack) {
+  const BuildRequest& r = s.j->req;
+  s.Begin();
+  CreateParams p;
+  p.image = JoinStrings(stack, ",");
+  p.cpu = std::max(2.0, cfg_.default_cpu);
+  p.memory_mb = r.memory_mb;
+  p.disk_mb = r.disk_mb;
+  p.pids = std::max<int64_t>(1024, cfg_.default_pids);
+  p.ttl_s = r.timeout_s + 600;
+  p.env = r.env;
+  p.labels = {{kBuildLabel, s.j->id}};
+  DSEC_ASSIGN_OR_RETURN(
+      std::vector<Json> made,
+      manager_->Create(p, 1, /*wait=*/true, [](std::function<void()> f) { f(); }));
+  std::string sid = made.at(0).value("id", "");
+  {
+    MutexLock l(mu_);
+    s.j->sandbox_id = sid;
+  }
+  DSEC_ASSIGN_OR_RETURN(auto entry, manager_->Get(sid));
+  DSEC_ASSIGN_OR_RETURN(auto sb, entry->Sandbox());
+  if (!r.workdir.empty()) {
+    // Made by root like the rest of the build (the sandbox's own workdir is the user's).
+    backends::ExecRequest mk;
+    mk.cmd = {"/bin/mkdir", "-p", "--", r.workdir};
+    mk.user = "root";
+    mk.cwd = "/";
+    DSEC_ASSIGN_OR_RETURN(backends::ExecOutput o, sb->Exec(mk));
+    if (o.result.exit_code != 0)
+      return InvalidArgument("cannot make the workdir " + r.workdir + ": " + Short(o.stderr_data));
+  }
+  s.Append("[dsec] sandbox " + sid + " from " + JoinStrings(r.from.empty() ? stack : r.from, ",") +
+           "\n");
+  s.Done();
+  return sb;
+}
+
+Status Builds::CommandStep(Steps& s, backends::Sandbox& sb, const std::string& cmd) {
+  const BuildRequest& r = s.j->req;
+  s.Begin();
+  s.Append("$ " + cmd + "\n");
+  struct Observer : backends::ExecObserver {
+    std::function<void(std::string_view)> out;
+    std::promise<StatusOr<backends::ExecResult>> result;
+    void OnOutput(uint8_t, std::string_view d) override { out(d); }
+    void OnExit(const StatusOr<backends::ExecResult>& r) override { result.set_value(r); }
+  };
+  auto obs = std::make_shared<Observer>();
+  obs->out = [&s](std::string_view d) { s.Append(d); };
+  auto fut = obs->result.get_future();
+  backends::ExecRequest er;
+  er.shell = cmd;
+  er.user = "root";
+  er.cwd = r.workdir.empty() ? "/" : r.workdir;
+  er.timeout_ms = std::max<int64_t>(1000, s.j->deadline_ms - MonotonicMs());
+  er.max_output_bytes = cfg_.max_output_bytes;  // the log keeps its own bounded tail
+  auto started = sb.StartExec(er, obs);
+  if (!started.ok()) return started.status().WithContext("step \"" + Short(cmd) + "\"");
+  auto handle = *started;
+  {
+    MutexLock l(mu_);
+    s.j->exec = handle;
+    if (s.j->cancel) handle->Kill();
+  }
+  while (fut.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready)
+    if (s.j->cancel) handle->Kill();
+  {
+    MutexLock l(mu_);
+    s.j->exec.reset();
+  }
+  StatusOr<backends::ExecResult> res = fut.get();
+  DSEC_RETURN_IF_ERROR(s.Check());
+  const std::string what = "step \"" + Short(cmd) + "\"";
+  if (!res.ok()) return res.status().WithContext(what);
+  if (res->timed_out) return DeadlineExceeded(what + " timed out");
+  if (res->oom_killed)
+    return ResourceExhausted(what + " ran out of memory (memory_mb " + std::to_string(r.memory_mb) +
+                             ")");
+  if (res->exit_code != 0)
+    return InvalidArgument(what + " " +
+                           (res->signal ? "was killed by signal " + std::to_string(res->signal)
+                                        : "exited with status " + std::to_string(res->exit_code)));
+  s.Done();
+  return OkStatus();
+}
+
+Status Builds::CaptureStep(Steps& s, backends::Sandbox& sb, images::Image* img) {
+  s.Begin();
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> captured, sb.CaptureStack(/*keep_setuid=*/true));
+  img->layers.clear();
+  img->base.clear();
+  for (const auto& d : captured) {
+    if (d == "host")
+      img->base = "host";
+    else
+      img->layers.push_back(d);
+  }
+  s.Append("[dsec] captured layer " + img->layers.back() + "\n");
+  s.Done();
+  return OkStatus();
+}
+
+Status Builds::SaveStep(Steps& s, images::Image* img) {
+  const BuildRequest& r = s.j->req;
+  s.Begin();
   {
     // Past this point the build is not canceled (Cancel() sees `saving`): its image may be
     // stored at any moment, and a canceled build must not leave one.
     MutexLock l(mu_);
-    if (j->cancel) return Status(StatusCode::kAborted, "canceled");
-    j->saving = true;
+    if (s.j->cancel) return Status(StatusCode::kAborted, "canceled");
+    s.j->saving = true;
   }
-  for (const auto& [key, v] : r.env) SetEnvEntry(&img.config.env, key, v);
-  if (!r.workdir.empty()) img.config.workdir = r.workdir;
-  DSEC_RETURN_IF_ERROR(store_->PutImage(img));
+  for (const auto& [key, v] : r.env) SetEnvEntry(&img->config.env, key, v);
+  if (!r.workdir.empty()) img->config.workdir = r.workdir;
+  DSEC_RETURN_IF_ERROR(store_->PutImage(*img));
   {
     MutexLock l(mu_);
-    j->image = img.name;
+    s.j->image = img->name;
   }
-  append("[dsec] image " + img.name + " saved (" + std::to_string(img.layers.size()) +
-         " layers)\n");
-  done();
+  s.Append("[dsec] image " + img->name + " saved (" + std::to_string(img->layers.size()) +
+           " layers)\n");
+  s.Done();
   return OkStatus();
 }
 

@@ -87,9 +87,18 @@ class Builds {
 
  private:
   struct Job;
+  struct Steps;  // a running build's step and log bookkeeping
   void Worker();
   void Run(const std::shared_ptr<Job>& job);
   Status RunSteps(const std::shared_ptr<Job>& job);
+  // The steps, in order: a new root filesystem (--base), the build sandbox, each command, the
+  // captured layer, the saved image.
+  Status BootstrapStep(Steps& s, images::Image* img, std::vector<std::string>* stack);
+  StatusOr<std::shared_ptr<backends::Sandbox>> SandboxStep(Steps& s,
+                                                           const std::vector<std::string>& stack);
+  Status CommandStep(Steps& s, backends::Sandbox& sb, const std::string& cmd);
+  Status CaptureStep(Steps& s, backends::Sandbox& sb, images::Image* img);
+  Status SaveStep(Steps& s, images::Image* img);
   Json RecordLocked(const Job& j) const DSEC_REQUIRES(mu_);
   void CancelRunningLocked(Job& j) DSEC_REQUIRES(mu_);
   void PruneLocked() DSEC_REQUIRES(mu_);

@@ -19,7 +19,6 @@
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -27,6 +26,7 @@
 
 #include "base/file_util.h"
 #include "base/logging.h"
+#include "base/mutex.h"
 #include "edge/config.h"
 #include "edge/http_parse.h"
 
@@ -67,8 +67,8 @@ struct HttpServer::Impl {
   // Bodies being spooled (HttpServerOptions::max_spooled and max_spooled_uploads).
   std::atomic<int> spooling{0}, spooling_uploads{0};
   std::atomic<bool> stopping{false};
-  std::mutex mu;
-  std::unordered_map<SessionBase*, std::weak_ptr<SessionBase>> sessions;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::unordered_map<SessionBase*, std::weak_ptr<SessionBase>> sessions DSEC_GUARDED_BY(mu);
   // A descriptor held in reserve: out of descriptors, it is given up for a moment at a time to
   // accept the waiting connections and refuse them (503), instead of leaving their clients
   // hanging in the listen backlog until descriptors come back.
@@ -78,8 +78,8 @@ struct HttpServer::Impl {
   // retry, and a connection accepted while it is missing is refused so that its descriptor
   // becomes the reserve: otherwise connections held open by clients could use up every
   // descriptor and leave the rest of the backlog unanswered for as long as they stay.
-  std::mutex reserve_mu;
-  int reserve_fd = -1;  // GUARDED_BY(reserve_mu)
+  Mutex reserve_mu;
+  int reserve_fd DSEC_GUARDED_BY(reserve_mu) = -1;
   void ShedWaiting(int listen_fd);
   bool RestoreReserve();          // true if a reserve descriptor is held
   void RefuseForReserve(int fd);  // 503 and close fd; its slot becomes the reserve
@@ -94,11 +94,11 @@ struct HttpServer::Impl {
   }
 
   void Register(const std::shared_ptr<SessionBase>& s) {
-    std::lock_guard<std::mutex> l(mu);
+    MutexLock l(mu);
     sessions[s.get()] = s;
   }
   void Unregister(SessionBase* s) {
-    std::lock_guard<std::mutex> l(mu);
+    MutexLock l(mu);
     sessions.erase(s);
   }
   template <class Socket>

@@ -58,7 +58,7 @@ Manager::Manager(const EdgeConfig& cfg, backends::Backend* backend, StateStore* 
 Manager::~Manager() { Shutdown(cfg_.persist); }
 
 std::vector<std::shared_ptr<SandboxEntry>> Manager::Snapshot() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::vector<std::shared_ptr<SandboxEntry>> out;
   out.reserve(entries_.size());
   for (const auto& [id, e] : entries_) out.push_back(e);
@@ -66,7 +66,7 @@ std::vector<std::shared_ptr<SandboxEntry>> Manager::Snapshot() const {
 }
 
 size_t Manager::size() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return entries_.size();
 }
 
@@ -81,7 +81,7 @@ void Manager::Attach(const std::shared_ptr<SandboxEntry>& e,
     if (auto entry = weak.lock()) SyncPhase(entry);
   });
   {
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     e->sb_ = std::move(sb);
     if (e->phase_ == Phase::kCreating) e->phase_ = Phase::kRunning;
   }
@@ -91,7 +91,7 @@ void Manager::Attach(const std::shared_ptr<SandboxEntry>& e,
 void Manager::SyncPhase(const std::shared_ptr<SandboxEntry>& e) {
   bool failed = false;
   {
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     if (!e->sb_ || (e->phase_ != Phase::kRunning && e->phase_ != Phase::kPaused)) return;
     switch (e->sb_->state()) {
       case backends::SandboxState::kRunning:
@@ -110,7 +110,7 @@ void Manager::SyncPhase(const std::shared_ptr<SandboxEntry>& e) {
     }
   }
   // The reaper releases and destroys it (not here: this may run on an agent's I/O thread).
-  if (failed) reaper_cv_.notify_all();
+  if (failed) reaper_cv_.NotifyAll();
 }
 
 namespace {
@@ -124,7 +124,7 @@ Json ImageField(const std::string& image) {
 }  // namespace
 
 std::vector<std::string> Manager::Ids() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::vector<std::string> out;
   for (const auto& [id, e] : entries_) out.push_back(id);
   return out;
@@ -132,7 +132,7 @@ std::vector<std::string> Manager::Ids() const {
 
 Json Manager::Record(const SandboxEntry& e) const {
   std::string state = StateName(e);
-  std::lock_guard<std::mutex> l(e.mu_);
+  MutexLock l(e.mu_);
   std::string reason = e.reason_;
   if (reason.empty() && state == "failed" && e.sb_) reason = e.sb_->reason();
   const CreateParams& p = e.params;
@@ -159,7 +159,7 @@ Json Manager::Record(const SandboxEntry& e) const {
 }
 
 Json Manager::StoredRecord(const SandboxEntry& e) const {
-  std::lock_guard<std::mutex> l(e.mu_);
+  MutexLock l(e.mu_);
   return {{"params", ToJson(e.params)},
           {"labels", ToJsonObject(e.labels_)},
           {"created_at", e.created_at_},
@@ -213,7 +213,7 @@ Status Manager::AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included
 }
 
 Status Manager::AdmitPoolSandbox(int64_t memory_mb) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (shut_down_) return Unavailable("the edge is shutting down");
   return AdmitLocked(1, memory_mb, /*pool_included=*/true);
 }
@@ -238,7 +238,7 @@ StatusOr<std::vector<Json>> Manager::Create(
       if (sb) (void)sb->Destroy();
   });
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     // Checked under mu_: Shutdown's snapshot (also under mu_) then sees every entry made.
     if (shut_down_) return Unavailable("the edge is shutting down");
     DSEC_RETURN_IF_ERROR(Admit(p, count));
@@ -247,10 +247,13 @@ StatusOr<std::vector<Json>> Manager::Create(
       std::string id = static_cast<size_t>(i) < pooled.size() ? pooled[static_cast<size_t>(i)]->id()
                                                               : NewSandboxId(cfg_.node);
       auto e = std::make_shared<SandboxEntry>(id, p, clock_);
-      e->labels_ = p.labels;
-      e->created_at_ = now;
-      e->expires_at_ = now + p.ttl_s * 1000;
-      e->idle_ttl_s_ = p.idle_ttl_s;
+      {
+        MutexLock el(e->mu_);  // not published yet
+        e->labels_ = p.labels;
+        e->created_at_ = now;
+        e->expires_at_ = now + p.ttl_s * 1000;
+        e->idle_ttl_s_ = p.idle_ttl_s;
+      }
       e->last_used_at = now;
       entries_[e->id] = e;
       made.push_back(e);
@@ -314,9 +317,9 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
   creates_in_flight_++;
   auto done = MakeScopeGuard([this] { creates_in_flight_--; });
   {
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     if (e->phase_ == Phase::kDeleted) {
-      e->cv_.notify_all();
+      e->cv_.NotifyAll();
       return NotFound("sandbox " + e->id + " was deleted before it was created");
     }
   }
@@ -324,17 +327,17 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
   auto sb = backend_->Create(SpecFor(e->id, e->params));
   if (!sb.ok()) {
     {
-      std::lock_guard<std::mutex> l(e->mu_);
+      MutexLock l(e->mu_);
       e->create_error_ = sb.status().message();
     }
     // Nothing was made (the backend cleaned up): the id disappears as if never admitted.
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       if (entries_.erase(e->id)) ReleaseMemoryLocked(*e);
     }
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     e->phase_ = Phase::kDeleted;
-    e->cv_.notify_all();
+    e->cv_.NotifyAll();
     DSEC_LOG_WARN("create failed: sandbox={} error={}", e->id, sb.status().ToString());
     // The host ran out of something (fds, memory, disk): not the caller's fault, and worth
     // retrying later or elsewhere, so 503 with Retry-After rather than 422.
@@ -354,13 +357,13 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
       DSEC_LOG_ERROR("state db insert failed, destroying: sandbox={} error={}", e->id,
                      s.ToString());
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         if (entries_.erase(e->id)) ReleaseMemoryLocked(*e);
       }
       {
-        std::lock_guard<std::mutex> l(e->mu_);
+        MutexLock l(e->mu_);
         e->phase_ = Phase::kDeleted;
-        e->cv_.notify_all();
+        e->cv_.NotifyAll();
       }
       metrics_->CountDeleted("create_failed");
       Destroy(e);
@@ -368,8 +371,8 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
     }
   }
   {
-    std::lock_guard<std::mutex> l(e->mu_);
-    e->cv_.notify_all();
+    MutexLock l(e->mu_);
+    e->cv_.NotifyAll();
   }
   if (deleted) {  // deleted while it was being made (wait=0): Delete left the teardown to us
     Destroy(e);
@@ -383,8 +386,8 @@ Json Manager::AttachPooled(const std::shared_ptr<SandboxEntry>& e,
   metrics_->CountCreated();
   Attach(e, sb);
   {
-    std::lock_guard<std::mutex> l(e->mu_);
-    e->cv_.notify_all();
+    MutexLock l(e->mu_);
+    e->cv_.NotifyAll();
   }
   StoredSandbox row{e->id, StoredRecord(*e).dump(), sb->AdoptionHandle()};
   if (Status s = store_->PutSandbox(row); !s.ok())
@@ -393,7 +396,7 @@ Json Manager::AttachPooled(const std::shared_ptr<SandboxEntry>& e,
 }
 
 StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return NotFound("sandbox " + id + " not found");
   it->second->Touch();
@@ -403,7 +406,7 @@ StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
 StatusOr<Json> Manager::List(const ListFilter& f) const {
   std::vector<std::pair<std::pair<int64_t, std::string>, std::shared_ptr<SandboxEntry>>> all;
   for (auto& e : Snapshot()) {
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     all.push_back({{e->created_at_, e->id}, e});
   }
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -421,7 +424,7 @@ StatusOr<Json> Manager::List(const ListFilter& f) const {
     if (after && !(*after < key)) continue;
     if (f.kind && e->params.kind != *f.kind) continue;
     {
-      std::lock_guard<std::mutex> l(e->mu_);
+      MutexLock l(e->mu_);
       bool ok = true;
       for (const auto& [k, v] : f.labels) {
         auto it = e->labels_.find(k);
@@ -445,7 +448,7 @@ StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
   std::map<std::string, std::string> old_labels;
   int64_t old_expires = 0, old_idle = 0;
   {
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     DSEC_RETURN_IF_ERROR(CheckOp(Op::kUpdate, e->phase_, e->id));
     old_labels = e->labels_;
     old_expires = e->expires_at_;
@@ -466,7 +469,7 @@ StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
   }
   if (Status s = Persist(*e); !s.ok()) {
     // Not durable: a restart would bring the old values back. Refuse it instead.
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     e->labels_ = std::move(old_labels);
     e->expires_at_ = old_expires;
     e->idle_ttl_s_ = old_idle;
@@ -478,7 +481,7 @@ StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
 void Manager::Destroy(const std::shared_ptr<SandboxEntry>& e) {
   std::shared_ptr<backends::Sandbox> sb;
   {
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     sb = e->sb_;
   }
   if (sb) {
@@ -489,7 +492,7 @@ void Manager::Destroy(const std::shared_ptr<SandboxEntry>& e) {
   for (auto& b : e->Backgrounds()) {
     std::map<uint64_t, std::function<void()>> ws;
     {
-      std::lock_guard<std::mutex> l(b->mu);
+      MutexLock l(b->mu);
       ws.swap(b->waiters);
     }
     for (auto& [id, w] : ws) w();
@@ -499,7 +502,7 @@ void Manager::Destroy(const std::shared_ptr<SandboxEntry>& e) {
 Status Manager::Delete(const std::string& id, const std::string& reason) {
   std::shared_ptr<SandboxEntry> e;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = entries_.find(id);
     if (it == entries_.end()) return NotFound("sandbox " + id + " not found");
     e = it->second;
@@ -508,10 +511,10 @@ Status Manager::Delete(const std::string& id, const std::string& reason) {
   }
   bool creating;
   {
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     creating = e->phase_ == Phase::kCreating;
     e->phase_ = Phase::kDeleted;
-    e->cv_.notify_all();
+    e->cv_.NotifyAll();
   }
   if (Status s = store_->DeleteSandbox(id); !s.ok())
     DSEC_LOG_ERROR("state db delete failed: sandbox={} error={}", id, s.ToString());
@@ -538,7 +541,7 @@ StatusOr<Json> Manager::Resume(const std::string& id) {
 StatusOr<int> Manager::JobAction(const std::string& job, const std::string& action) {
   std::vector<std::string> ids;
   for (auto& e : Snapshot()) {
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     auto it = e->labels_.find("job");
     if (it != e->labels_.end() && it->second == job) ids.push_back(e->id);
   }
@@ -562,14 +565,14 @@ void Manager::ReleaseMemoryLocked(SandboxEntry& e) {
 void Manager::FinishFailure(const std::shared_ptr<SandboxEntry>& e) {
   std::string reason;
   {
-    std::lock_guard<std::mutex> l(e->mu_);
+    MutexLock l(e->mu_);
     if (e->phase_ != Phase::kFailed || e->failure_handled_) return;
     e->failure_handled_ = true;
     reason = e->reason_;
   }
   {
     // A failed sandbox holds nothing any more: it no longer counts against node memory.
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (entries_.count(e->id)) ReleaseMemoryLocked(*e);
   }
   DSEC_LOG_WARN("sandbox failed: sandbox={} reason={}", e->id, reason);
@@ -586,7 +589,7 @@ void Manager::ReapOnce() {
     std::string why;
     std::shared_ptr<backends::Sandbox> sb;
     {
-      std::lock_guard<std::mutex> l(e->mu_);
+      MutexLock l(e->mu_);
       if (e->phase_ == Phase::kCreating) continue;
       sb = e->sb_;
       if (now >= e->expires_at_) {
@@ -608,15 +611,15 @@ void Manager::ReapOnce() {
 
 void Manager::StartReaper() {
   reaper_ = std::thread([this] {
-    std::unique_lock<std::mutex> l(reaper_mu_);
+    MutexLock l(reaper_mu_);
     int64_t last_prune = 0;
     (void)last_prune;
     while (!stopping_) {
-      reaper_cv_.wait_for(l, std::chrono::milliseconds(cfg_.reap_interval_ms));
+      reaper_cv_.WaitFor(l, std::chrono::milliseconds(cfg_.reap_interval_ms));
       if (stopping_) break;
-      l.unlock();
+      l.Unlock();
       ReapOnce();
-      l.lock();
+      l.Lock();
     }
   });
 }
@@ -645,13 +648,16 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
     }
     auto e = std::make_shared<SandboxEntry>(row.id, *p, clock_);
     Attach(e, sb);
-    e->labels_ = GetStringMap(*rec, "labels").value_or(p->labels);
     int64_t now = clock_->NowMs();
-    e->created_at_ = rec->value("created_at", now);
-    e->expires_at_ = rec->value("expires_at", now + p->ttl_s * 1000);
-    e->idle_ttl_s_ = rec->value("idle_ttl_s", p->idle_ttl_s);
+    {
+      MutexLock el(e->mu_);  // not published yet
+      e->labels_ = GetStringMap(*rec, "labels").value_or(p->labels);
+      e->created_at_ = rec->value("created_at", now);
+      e->expires_at_ = rec->value("expires_at", now + p->ttl_s * 1000);
+      e->idle_ttl_s_ = rec->value("idle_ttl_s", p->idle_ttl_s);
+    }
     e->last_used_at = now;
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     entries_[e->id] = e;
     memory_mb_ += p->memory_mb;
     ++adopted;
@@ -663,17 +669,17 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
 void Manager::Shutdown(bool persist) {
   if (shut_down_.exchange(true)) return;
   {
-    std::lock_guard<std::mutex> l(reaper_mu_);
+    MutexLock l(reaper_mu_);
     stopping_ = true;
   }
-  reaper_cv_.notify_all();
+  reaper_cv_.NotifyAll();
   if (reaper_.joinable()) reaper_.join();
   std::vector<std::shared_ptr<SandboxEntry>> all = Snapshot();
   if (persist) {
     for (auto& e : all) {
       // Wait out creates in flight so nothing is half-made when we go.
       (void)e->Sandbox(Op::kUse, 60000);
-      std::lock_guard<std::mutex> l(e->mu_);
+      MutexLock l(e->mu_);
       if (e->sb_) e->sb_->Detach();
     }
     DSEC_LOG_INFO("left {} sandboxes running for the next edge (--persist)", all.size());
@@ -694,7 +700,7 @@ Json Manager::NodeInfo() const {
     ++n;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     mem = memory_mb_;
   }
   return {{"node", cfg_.node},

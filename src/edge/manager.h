@@ -9,12 +9,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -24,6 +22,7 @@
 #include "backends/sandbox.h"
 #include "base/clock.h"
 #include "base/json.h"
+#include "base/mutex.h"
 #include "base/status.h"
 #include "edge/config.h"
 #include "edge/lifecycle.h"
@@ -61,16 +60,16 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j);
 struct BackgroundExec {
   std::string id;
   int64_t started_at = 0;
-  std::mutex mu;
-  bool done = false;                             // GUARDED_BY(mu)
-  Json result;                                   // GUARDED_BY(mu); the exec result when done
-  size_t result_bytes = 0;                       // GUARDED_BY(mu); its output held in memory
-  std::shared_ptr<backends::ExecHandle> handle;  // GUARDED_BY(mu)
+  Mutex mu;
+  bool done DSEC_GUARDED_BY(mu) = false;
+  Json result DSEC_GUARDED_BY(mu);              // the exec result when done
+  size_t result_bytes DSEC_GUARDED_BY(mu) = 0;  // its output held in memory
+  std::shared_ptr<backends::ExecHandle> handle DSEC_GUARDED_BY(mu);
   // Its share of the node's output budget (edge/output_budget.h): returned when it is forgotten.
-  std::shared_ptr<OutputBudget::Charge> charge;  // GUARDED_BY(mu)
+  std::shared_ptr<OutputBudget::Charge> charge DSEC_GUARDED_BY(mu);
   // Run once when done (or when the sandbox goes); keyed so a timed-out wait removes itself.
-  std::map<uint64_t, std::function<void()>> waiters;  // GUARDED_BY(mu)
-  uint64_t next_waiter = 0;                           // GUARDED_BY(mu)
+  std::map<uint64_t, std::function<void()>> waiters DSEC_GUARDED_BY(mu);
+  uint64_t next_waiter DSEC_GUARDED_BY(mu) = 0;
 };
 
 class SandboxEntry {
@@ -101,18 +100,18 @@ class SandboxEntry {
  private:
   friend class Manager;
   const Clock* clock_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  Phase phase_ = Phase::kCreating;                  // GUARDED_BY(mu_); the one state
-  bool failure_handled_ = false;                    // GUARDED_BY(mu_); released, destroyed
-  std::shared_ptr<backends::Sandbox> sb_;           // GUARDED_BY(mu_)
-  std::string reason_;                              // GUARDED_BY(mu_)
-  std::string create_error_;                        // GUARDED_BY(mu_)
-  std::map<std::string, std::string> labels_;       // GUARDED_BY(mu_)
-  int64_t created_at_ = 0;                          // GUARDED_BY(mu_)
-  int64_t expires_at_ = 0;                          // GUARDED_BY(mu_)
-  int64_t idle_ttl_s_ = 0;                          // GUARDED_BY(mu_)
-  std::deque<std::shared_ptr<BackgroundExec>> bg_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  Phase phase_ DSEC_GUARDED_BY(mu_) = Phase::kCreating;  // the one state
+  bool failure_handled_ DSEC_GUARDED_BY(mu_) = false;    // released, destroyed
+  std::shared_ptr<backends::Sandbox> sb_ DSEC_GUARDED_BY(mu_);
+  std::string reason_ DSEC_GUARDED_BY(mu_);
+  std::string create_error_ DSEC_GUARDED_BY(mu_);
+  std::map<std::string, std::string> labels_ DSEC_GUARDED_BY(mu_);
+  int64_t created_at_ DSEC_GUARDED_BY(mu_) = 0;
+  int64_t expires_at_ DSEC_GUARDED_BY(mu_) = 0;
+  int64_t idle_ttl_s_ DSEC_GUARDED_BY(mu_) = 0;
+  std::deque<std::shared_ptr<BackgroundExec>> bg_ DSEC_GUARDED_BY(mu_);
 };
 
 struct ListFilter {
@@ -176,8 +175,8 @@ class Manager {
   void Shutdown(bool persist);
 
  private:
-  Status Admit(const CreateParams& p, int count);
-  Status AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included);
+  Status Admit(const CreateParams& p, int count) DSEC_REQUIRES(mu_);
+  Status AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included) DSEC_REQUIRES(mu_);
   StatusOr<Json> CreateOne(const std::shared_ptr<SandboxEntry>& e);
   // An entry whose sandbox came ready-made from a pool.
   Json AttachPooled(const std::shared_ptr<SandboxEntry>& e, std::shared_ptr<backends::Sandbox> sb);
@@ -192,7 +191,7 @@ class Manager {
   void SyncPhase(const std::shared_ptr<SandboxEntry>& e);
   // Once per failed entry: its memory no longer counts, its sandbox goes, the db says why.
   void FinishFailure(const std::shared_ptr<SandboxEntry>& e);
-  void ReleaseMemoryLocked(SandboxEntry& e);  // with mu_ held
+  void ReleaseMemoryLocked(SandboxEntry& e) DSEC_REQUIRES(mu_);
   void Destroy(const std::shared_ptr<SandboxEntry>& e);
   std::vector<std::shared_ptr<SandboxEntry>> Snapshot() const;
 
@@ -206,13 +205,13 @@ class Manager {
   NodeBudget budget_;
   FileBudget files_;
 
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<SandboxEntry>> entries_;  // GUARDED_BY(mu_)
-  int64_t memory_mb_ = 0;                                         // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<SandboxEntry>> entries_ DSEC_GUARDED_BY(mu_);
+  int64_t memory_mb_ DSEC_GUARDED_BY(mu_) = 0;
 
-  std::mutex reaper_mu_;
-  std::condition_variable reaper_cv_;
-  bool stopping_ = false;  // GUARDED_BY(reaper_mu_)
+  Mutex reaper_mu_;
+  CondVar reaper_cv_;
+  bool stopping_ DSEC_GUARDED_BY(reaper_mu_) = false;
   std::thread reaper_;
   std::atomic<int> creates_in_flight_{0};
   std::atomic<bool> shut_down_{false};

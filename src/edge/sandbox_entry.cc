@@ -56,15 +56,15 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
 void SandboxEntry::Touch() { last_used_at = clock_->NowMs(); }
 
 StatusOr<std::shared_ptr<backends::Sandbox>> SandboxEntry::Sandbox(Op op, int64_t timeout_ms) {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait_for(l, std::chrono::milliseconds(timeout_ms),
-               [&] { return phase_ != Phase::kCreating; });
+  MutexLock l(mu_);
+  cv_.WaitFor(l, std::chrono::milliseconds(timeout_ms),
+              [&]() DSEC_REQUIRES(mu_) { return phase_ != Phase::kCreating; });
   DSEC_RETURN_IF_ERROR(CheckOp(op, phase_, id, reason_));
   return sb_;
 }
 
 Phase SandboxEntry::phase() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return phase_;
 }
 
@@ -75,13 +75,13 @@ std::shared_ptr<BackgroundExec> SandboxEntry::AddBackground(size_t keep) {
   auto b = std::make_shared<BackgroundExec>();
   b->id = "ex-" + RandomBase32(12);
   b->started_at = clock_->NowMs();
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   bg_.push_back(b);
   // Forget the oldest finished ones beyond the count bound, and beyond the bytes of output
   // kept for them (running ones are always kept).
   size_t bytes = 0;
   for (auto& x : bg_) {
-    std::lock_guard<std::mutex> bl(x->mu);
+    MutexLock bl(x->mu);
     bytes += x->result_bytes;
   }
   for (auto it = bg_.begin();
@@ -89,7 +89,7 @@ std::shared_ptr<BackgroundExec> SandboxEntry::AddBackground(size_t keep) {
     bool done;
     size_t held;
     {
-      std::lock_guard<std::mutex> bl((*it)->mu);  // unlocked before erase may free it
+      MutexLock bl((*it)->mu);  // unlocked before erase may free it
       done = (*it)->done;
       held = (*it)->result_bytes;
     }
@@ -104,14 +104,14 @@ std::shared_ptr<BackgroundExec> SandboxEntry::AddBackground(size_t keep) {
 }
 
 std::shared_ptr<BackgroundExec> SandboxEntry::FindBackground(const std::string& exec_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   for (auto& b : bg_)
     if (b->id == exec_id) return b;
   return nullptr;
 }
 
 std::vector<std::shared_ptr<BackgroundExec>> SandboxEntry::Backgrounds() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return {bg_.begin(), bg_.end()};
 }
 

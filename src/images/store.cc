@@ -267,12 +267,12 @@ StatusOr<LayerInfo> LayerBuilder::Commit(const std::string& expect_digest,
 // ImageStore
 
 ImageStore::Lease::Lease(ImageStore* s) : s_(s) {
-  std::lock_guard<std::mutex> l(s_->mu_);
+  MutexLock l(s_->mu_);
   ++s_->leases_;
 }
 
 ImageStore::Lease::~Lease() {
-  std::lock_guard<std::mutex> l(s_->mu_);
+  MutexLock l(s_->mu_);
   --s_->leases_;
 }
 
@@ -298,12 +298,13 @@ std::string ImageStore::LayerDir(const std::string& digest) const {
 }
 
 std::string ImageStore::TempPath(const std::string& what) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return opts_.root + "/tmp/" + what + "-" + std::to_string(getpid()) + "-" +
          std::to_string(++tmp_seq_) + "-" + RandomHex(4);
 }
 
 Status ImageStore::Load() {
+  MutexLock l(mu_);  // in Open, before the store is anyone else's: taken for the analysis
   std::string path = opts_.root + "/index.json";
   if (access(path.c_str(), F_OK) < 0) return SaveLocked();
   DSEC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 64 << 20));
@@ -365,7 +366,6 @@ Status ImageStore::Load() {
                  : Status(unlink(p.c_str()) == 0 ? OkStatus() : ErrnoError("unlink")));
     }
   }
-  std::lock_guard<std::mutex> l(mu_);
   return SaveLocked();
 }
 
@@ -425,7 +425,7 @@ StatusOr<std::unique_ptr<LayerBuilder>> ImageStore::NewLayer(bool skip_dev_nodes
 StatusOr<LayerInfo> ImageStore::AddLayer(const std::string& tmp_dir, const std::string& digest,
                                          uint64_t size, const std::string& format) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (auto it = layers_.find(digest); it != layers_.end()) return it->second;  // deduplicated
   }
   std::string final_path = LayerDir(digest);
@@ -435,7 +435,7 @@ StatusOr<LayerInfo> ImageStore::AddLayer(const std::string& tmp_dir, const std::
     DSEC_RETURN_IF_ERROR(MakeErofs(opts_.mkfs_erofs, staged, tmp_dir));
     final_path += ".erofs";
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (auto it = layers_.find(digest); it != layers_.end()) {  // another import won the race
     if (format == "erofs") unlink(staged.c_str());
     return it->second;
@@ -460,7 +460,7 @@ StatusOr<LayerInfo> ImageStore::AddLayer(const std::string& tmp_dir, const std::
 }
 
 StatusOr<LayerInfo> ImageStore::GetLayer(const std::string& digest) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = layers_.find(digest);
   if (it == layers_.end()) return NotFound("layer " + digest + " not found");
   return it->second;
@@ -476,7 +476,7 @@ Status ImageStore::PutImage(Image img, bool replace) {
   if (img.layers.empty() && img.base.empty())
     return InvalidArgument("an image needs a base or at least one layer");
   if (img.created_at == 0) img.created_at = WallMs();
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   for (const auto& d : img.layers)
     if (!layers_.count(d)) return NotFound("layer " + d + " not found");
   if (!replace && images_.count(img.name))
@@ -487,14 +487,14 @@ Status ImageStore::PutImage(Image img, bool replace) {
 
 StatusOr<Image> ImageStore::GetImage(const std::string& name) {
   DSEC_ASSIGN_OR_RETURN(std::string n, NormalizeName(name));
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = images_.find(n);
   if (it == images_.end()) return NotFound("image \"" + n + "\" not found");
   return it->second;
 }
 
 std::vector<Image> ImageStore::ListImages() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::vector<Image> out;
   for (const auto& [n, i] : images_) out.push_back(i);
   return out;
@@ -502,13 +502,13 @@ std::vector<Image> ImageStore::ListImages() {
 
 Status ImageStore::DeleteImage(const std::string& name) {
   DSEC_ASSIGN_OR_RETURN(std::string n, NormalizeName(name));
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (!images_.erase(n)) return NotFound("image \"" + n + "\" not found");
   return SaveLocked();
 }
 
 int ImageStore::InUse(const Image& img) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   int n = 0;
   for (const auto& [h, ds] : holders_)
     for (const auto& d : img.layers)
@@ -520,7 +520,7 @@ int ImageStore::InUse(const Image& img) {
 }
 
 uint64_t ImageStore::ImageSize(const Image& img) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   uint64_t n = 0;
   for (const auto& d : img.layers)
     if (auto it = layers_.find(d); it != layers_.end()) n += it->second.size;
@@ -530,7 +530,7 @@ uint64_t ImageStore::ImageSize(const Image& img) {
 StatusOr<Stack> ImageStore::Acquire(const std::vector<std::string>& names,
                                     const std::string& holder) {
   if (names.empty()) return InvalidArgument("no image given");
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   Stack st;
   std::vector<std::string> digests;
   for (size_t k = 0; k < names.size(); ++k) {
@@ -590,7 +590,7 @@ StatusOr<Stack> ImageStore::Acquire(const std::vector<std::string>& names,
 }
 
 Status ImageStore::Hold(const std::string& holder, const std::vector<std::string>& digests) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   for (const auto& d : digests)
     if (!layers_.count(d)) return NotFound("layer " + d + " not found");
   if (digests.empty()) {
@@ -602,7 +602,7 @@ Status ImageStore::Hold(const std::string& holder, const std::vector<std::string
 }
 
 void ImageStore::Release(const std::string& holder) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (holders_.erase(holder)) {
     if (Status s = SaveLocked(); !s.ok())
       DSEC_LOG_WARN("image store: saving the index failed: {}", s.ToString());
@@ -610,14 +610,14 @@ void ImageStore::Release(const std::string& holder) {
 }
 
 void ImageStore::RetainHolders(const std::set<std::string>& alive) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   size_t before = holders_.size();
   std::erase_if(holders_, [&](const auto& kv) { return !alive.count(kv.first); });
   if (holders_.size() != before) (void)SaveLocked();
 }
 
 std::vector<std::string> ImageStore::HeldBy(const std::string& holder) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = holders_.find(holder);
   return it == holders_.end() ? std::vector<std::string>{} : it->second;
 }
@@ -633,7 +633,7 @@ bool ImageStore::ReferencedLocked(const std::string& digest) const {
 StatusOr<int> ImageStore::Collect() {
   std::vector<std::pair<std::string, std::string>> doomed;  // path, digest
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (leases_ > 0) return 0;  // an import may be about to reference a fresh layer
     for (auto it = layers_.begin(); it != layers_.end();) {
       if (ReferencedLocked(it->first)) {
@@ -665,14 +665,14 @@ StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer, bool own_fs) {
   if (layer.format != "erofs") {
     // A directory layer on the filesystem that holds the host's root cannot be stacked on the
     // host image (overlayfs refuses a layer inside another): it gets an EROFS copy, once.
-    std::shared_ptr<std::mutex> building;
+    std::shared_ptr<Mutex> building;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       auto& slot = erofs_builds_[layer.digest];
-      if (!slot) slot = std::make_shared<std::mutex>();
+      if (!slot) slot = std::make_shared<Mutex>();
       building = slot;
     }
-    std::lock_guard<std::mutex> b(*building);
+    MutexLock b(*building);
     std::string img = LayerDir(layer.digest) + ".erofs";
     if (access(img.c_str(), F_OK) != 0) {
       std::string tmp = TempPath("erofs") + ".erofs";
@@ -684,7 +684,7 @@ StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer, bool own_fs) {
       }
     }
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (!layers_.count(layer.digest)) return NotFound("layer " + layer.digest + " not found");
   auto it = erofs_mounts_.find(layer.digest);
   if (it == erofs_mounts_.end()) {

@@ -22,12 +22,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -163,22 +163,22 @@ class ImageStore {
  private:
   friend class LayerBuilder;
   explicit ImageStore(StoreOptions opts) : opts_(std::move(opts)) {}
-  Status Load();
-  Status SaveLocked();
-  bool ReferencedLocked(const std::string& digest) const;
+  Status Load() DSEC_EXCLUDES(mu_);
+  Status SaveLocked() DSEC_REQUIRES(mu_);
+  bool ReferencedLocked(const std::string& digest) const DSEC_REQUIRES(mu_);
   StatusOr<LayerInfo> AddLayer(const std::string& tmp_dir, const std::string& digest, uint64_t size,
                                const std::string& format);
 
   StoreOptions opts_;
-  std::mutex mu_;
-  std::map<std::string, Image> images_;                            // GUARDED_BY(mu_)
-  std::map<std::string, LayerInfo> layers_;                        // GUARDED_BY(mu_)
-  std::map<std::string, std::vector<std::string>> holders_;        // GUARDED_BY(mu_)
-  std::map<std::string, std::shared_ptr<UniqueFd>> erofs_mounts_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<std::string, Image> images_ DSEC_GUARDED_BY(mu_);
+  std::map<std::string, LayerInfo> layers_ DSEC_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::string>> holders_ DSEC_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<UniqueFd>> erofs_mounts_ DSEC_GUARDED_BY(mu_);
   // One lock per layer whose EROFS copy is being made: creates on other layers go on meanwhile.
-  std::map<std::string, std::shared_ptr<std::mutex>> erofs_builds_;  // GUARDED_BY(mu_)
-  int leases_ = 0;                                                   // GUARDED_BY(mu_)
-  uint64_t tmp_seq_ = 0;                                             // GUARDED_BY(mu_)
+  std::map<std::string, std::shared_ptr<Mutex>> erofs_builds_ DSEC_GUARDED_BY(mu_);
+  int leases_ DSEC_GUARDED_BY(mu_) = 0;
+  uint64_t tmp_seq_ DSEC_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dsec::images

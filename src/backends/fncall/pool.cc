@@ -188,13 +188,13 @@ Pool::Pool(PoolConfig cfg, backends::Backend* backend, std::string node)
 void Pool::Submit(CallRequest req, CallDone done) {
   Queued q{std::move(req), std::move(done), MonotonicUs()};
   std::shared_ptr<Worker> w;
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (stopped_) {
-    l.unlock();
+    l.Unlock();
     return q.done(Unavailable("pool " + cfg_.name + " is shut down"));
   }
   if (cfg_.kind != "fncall") {
-    l.unlock();
+    l.Unlock();
     return q.done(InvalidArgument("pool " + cfg_.name + " is a container pool, not a runtime"));
   }
   if (!idle_.empty() && queue_.empty()) {
@@ -203,7 +203,7 @@ void Pool::Submit(CallRequest req, CallDone done) {
     idle_.pop_front();
     idle_low_ = std::min(idle_low_, static_cast<int>(idle_.size()));
     busy_[w->sb.get()] = w;
-    l.unlock();
+    l.Unlock();
     return Start(std::move(w), std::move(q));
   }
   // Calls a new worker will take do not count against the queue bound.
@@ -211,13 +211,13 @@ void Pool::Submit(CallRequest req, CallDone done) {
   if (static_cast<int>(queue_.size()) >= cfg_.max_queue + growth) {
     rejected_++;
     size_t n = queue_.size();
-    l.unlock();
+    l.Unlock();
     return q.done(OverCapacity("pool " + cfg_.name + " is full: " + std::to_string(n) +
                                " calls already wait for a worker"));
   }
   calls_++;
   queue_.push_back(std::move(q));
-  l.unlock();
+  l.Unlock();
   if (wake_) wake_();
 }
 
@@ -229,7 +229,7 @@ void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
       // A cut below what the worker still holds: the previous call's memory is freed while
       // its processes finish dying (its result came first). The worker rests until the next
       // maintenance pass and the call goes first in line; a worker that keeps refusing goes.
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       busy_.erase(w->sb.get());
       if (++w->limit_failures > 3) {
         last_error_ = "set call memory limit: " + s.message();
@@ -262,14 +262,14 @@ void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
   if (h.status().code() == StatusCode::kInvalidArgument ||
       h.status().code() == StatusCode::kTooLarge) {  // the caller's request, not the worker
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       busy_.erase(w->sb.get());
       idle_.push_back(w);
     }
     return shared_q->done(h.status());
   }
   // The worker is gone or its zygote died: the call never started; it goes first in line.
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   last_error_ = "worker " + w->sb->id() + ": " + h.status().message();
   busy_.erase(w->sb.get());
   Retire(w);
@@ -286,7 +286,7 @@ void Pool::Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<ExecOutput> ou
   std::vector<std::pair<std::shared_ptr<Worker>, Queued>> next;
   bool requeued;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     busy_.erase(w->sb.get());
     if (healthy && !worn && !stopped_) {
       idle_.push_back(w);
@@ -338,7 +338,7 @@ void Pool::Retire(std::shared_ptr<Worker> w) {
 std::shared_ptr<Sandbox> Pool::TakeSandbox() {
   std::shared_ptr<Worker> w;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (cfg_.kind != "container" || stopped_) return nullptr;
     // A pooled sandbox that died while idle is not handed out.
     while (!idle_.empty() && !w) {
@@ -375,7 +375,7 @@ backends::SandboxSpec ContainerSpecFor(const PoolConfig& c) {
 backends::SandboxSpec Pool::ContainerSpec() const { return ContainerSpecFor(cfg_); }
 
 std::pair<int64_t, int64_t> Pool::Usage() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   int64_t n = static_cast<int64_t>(idle_.size() + busy_.size() + resting_.size()) + starting_;
   return {n, n * cfg_.memory_mb};
 }
@@ -445,7 +445,7 @@ int64_t Pool::Maintain() {
   std::vector<std::pair<std::shared_ptr<Worker>, Queued>> rested;
   int want = 0;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     while (!queue_.empty() && now - queue_.front().enqueued_us / 1000 > cfg_.queue_timeout_ms) {
       expired.push_back(std::move(queue_.front()));
       queue_.pop_front();
@@ -503,7 +503,7 @@ int64_t Pool::Maintain() {
     std::vector<Queued> hopeless;
     bool late = false;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       starting_--;
       late = w.ok() && stopped_;
       if (late) {
@@ -528,13 +528,13 @@ int64_t Pool::Maintain() {
       q.done(Unavailable("pool " + cfg_.name + " has no workers: " + w.status().message()));
     for (auto& [nw, nq] : next) Start(std::move(nw), std::move(nq));
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (failed) return kFailureBackoffMs;
   return queue_.empty() && resting_.empty() ? kIdleRecheckMs : kQueueRecheckMs;
 }
 
 void Pool::UpdateLimits(const PoolConfig& c) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   cfg_.min_idle = c.min_idle;
   cfg_.max = c.max;
   cfg_.max_queue = c.max_queue;
@@ -546,7 +546,7 @@ void Pool::Shutdown() {
   std::vector<std::shared_ptr<Worker>> all;
   std::deque<Queued> queued;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     stopped_ = true;
     for (auto& w : idle_) all.push_back(w);
     for (auto& [p, w] : busy_) all.push_back(w);
@@ -562,7 +562,7 @@ void Pool::Shutdown() {
 }
 
 Json Pool::Describe() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   Json j = ToJson(cfg_);
   j["workers"] = {{"idle", idle_.size()}, {"busy", busy_.size()}, {"starting", starting_}};
   if (cfg_.kind == "container") {
@@ -586,9 +586,9 @@ PoolSet::PoolSet(backends::Backend* backend, std::string node)
 PoolSet::~PoolSet() { Shutdown(); }
 
 void PoolSet::Wake() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   woken_ = true;
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
@@ -599,7 +599,7 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
   pool->admit_ = admit_;
   if (cfg.kind != "container") pool->max_calls_ = max_calls_;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (stop_) return Unavailable("shutting down");
     auto it = pools_.find(cfg.name);
     if (it != pools_.end()) {
@@ -612,7 +612,7 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
       if (same_workers) {
         it->second->UpdateLimits(cfg);
         woken_ = true;
-        cv_.notify_one();
+        cv_.NotifyOne();
         return it->second;
       }
       old = it->second;
@@ -620,7 +620,7 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
     }
     pools_[cfg.name] = pool;
     woken_ = true;
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
   return pool;
 }
@@ -628,7 +628,7 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
 std::pair<int64_t, int64_t> PoolSet::Usage() const {
   std::vector<std::shared_ptr<Pool>> all;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (const auto& [name, p] : pools_) all.push_back(p);
     all.insert(all.end(), removed_.begin(), removed_.end());
   }
@@ -642,26 +642,26 @@ std::pair<int64_t, int64_t> PoolSet::Usage() const {
 }
 
 std::shared_ptr<Pool> PoolSet::Get(const std::string& name) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = pools_.find(name);
   return it == pools_.end() ? nullptr : it->second;
 }
 
 Status PoolSet::Remove(const std::string& name) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = pools_.find(name);
   if (it == pools_.end()) return NotFound("pool " + name + " not found");
   removed_.push_back(it->second);
   pools_.erase(it);
   woken_ = true;
-  cv_.notify_one();
+  cv_.NotifyOne();
   return OkStatus();
 }
 
 Json PoolSet::List() const {
   std::vector<std::shared_ptr<Pool>> pools;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (auto& [n, p] : pools_) pools.push_back(p);
   }
   Json arr = Json::array();
@@ -687,8 +687,9 @@ void PoolSet::Loop() {
   while (true) {
     std::vector<std::shared_ptr<Pool>> pools, removed;
     {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait_for(l, std::chrono::milliseconds(wait_ms), [&] { return stop_ || woken_; });
+      MutexLock l(mu_);
+      cv_.WaitFor(l, std::chrono::milliseconds(wait_ms),
+                  [&]() DSEC_REQUIRES(mu_) { return stop_ || woken_; });
       if (stop_) return;
       woken_ = false;
       for (auto& [n, p] : pools_) pools.push_back(p);
@@ -703,14 +704,14 @@ void PoolSet::Loop() {
 void PoolSet::Shutdown() {
   std::vector<std::shared_ptr<Pool>> all;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (stop_ && !thread_.joinable()) return;
     stop_ = true;
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
   if (thread_.joinable()) thread_.join();
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (auto& [n, p] : pools_) all.push_back(p);
     for (auto& p : removed_) all.push_back(p);
     pools_.clear();

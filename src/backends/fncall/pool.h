@@ -13,17 +13,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backends/sandbox.h"
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace dsec::fncall {
@@ -129,27 +128,30 @@ class Pool : public std::enable_shared_from_this<Pool> {
   void Finished(std::shared_ptr<Worker> w, Queued q, StatusOr<backends::ExecOutput> out,
                 double queue_ms, bool started);
   // Takes an idle worker and the next call, if both exist (mu_ held).
-  bool NextLocked(std::shared_ptr<Worker>* w, Queued* q);
-  void Retire(std::shared_ptr<Worker> w);  // mu_ held: destroyed by the maintenance thread
+  bool NextLocked(std::shared_ptr<Worker>* w, Queued* q) DSEC_REQUIRES(mu_);
+  void Retire(std::shared_ptr<Worker> w) DSEC_REQUIRES(mu_);  // destroyed by the maintenance thread
   StatusOr<std::shared_ptr<Worker>> MakeWorker();
 
   PoolConfig cfg_;
   backends::Backend* backend_;
   std::string node_;
-  mutable std::mutex mu_;
-  std::deque<std::shared_ptr<Worker>> idle_;  // GUARDED_BY(mu_); most recently used last
-  std::map<backends::Sandbox*, std::shared_ptr<Worker>> busy_;  // GUARDED_BY(mu_)
-  std::vector<std::shared_ptr<Worker>> retired_;                // GUARDED_BY(mu_)
-  std::vector<std::shared_ptr<Worker>> resting_;                // GUARDED_BY(mu_)
-  std::deque<Queued> queue_;                                    // GUARDED_BY(mu_)
-  int starting_ = 0;                                            // GUARDED_BY(mu_)
-  bool stopped_ = false;                                        // GUARDED_BY(mu_)
-  std::string last_error_;                                      // GUARDED_BY(mu_)
-  uint64_t calls_ = 0, rejected_ = 0, replaced_ = 0;            // GUARDED_BY(mu_)
-  uint64_t taken_ = 0, missed_ = 0;                             // GUARDED_BY(mu_)
-  int idle_low_ = 0;             // GUARDED_BY(mu_); fewest idle workers in this window
-  int64_t window_start_ms_ = 0;  // GUARDED_BY(mu_)
-  std::function<void()> wake_;   // asks the maintenance thread to run soon
+  mutable Mutex mu_;
+  std::deque<std::shared_ptr<Worker>> idle_ DSEC_GUARDED_BY(mu_);  // most recently used last
+  std::map<backends::Sandbox*, std::shared_ptr<Worker>> busy_ DSEC_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Worker>> retired_ DSEC_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Worker>> resting_ DSEC_GUARDED_BY(mu_);
+  std::deque<Queued> queue_ DSEC_GUARDED_BY(mu_);
+  int starting_ DSEC_GUARDED_BY(mu_) = 0;
+  bool stopped_ DSEC_GUARDED_BY(mu_) = false;
+  std::string last_error_ DSEC_GUARDED_BY(mu_);
+  uint64_t calls_ DSEC_GUARDED_BY(mu_) = 0;
+  uint64_t rejected_ DSEC_GUARDED_BY(mu_) = 0;
+  uint64_t replaced_ DSEC_GUARDED_BY(mu_) = 0;
+  uint64_t taken_ DSEC_GUARDED_BY(mu_) = 0;
+  uint64_t missed_ DSEC_GUARDED_BY(mu_) = 0;
+  int idle_low_ DSEC_GUARDED_BY(mu_) = 0;  // fewest idle workers in this window
+  int64_t window_start_ms_ DSEC_GUARDED_BY(mu_) = 0;
+  std::function<void()> wake_;  // asks the maintenance thread to run soon
   // The node's admission for one more sandbox of `memory_mb` (set by the PoolSet; may be
   // empty). Called without mu_ held.
   std::function<Status(int64_t memory_mb)> admit_;
@@ -188,13 +190,14 @@ class PoolSet {
 
   backends::Backend* backend_;
   std::string node_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::function<Status(int64_t)> admit_;                // set once before serving
-  int64_t max_calls_ = 0;                               // set once before serving
-  std::map<std::string, std::shared_ptr<Pool>> pools_;  // GUARDED_BY(mu_)
-  std::vector<std::shared_ptr<Pool>> removed_;          // GUARDED_BY(mu_); to shut down
-  bool stop_ = false, woken_ = false;                   // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::function<Status(int64_t)> admit_;  // set once before serving
+  int64_t max_calls_ = 0;                 // set once before serving
+  std::map<std::string, std::shared_ptr<Pool>> pools_ DSEC_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Pool>> removed_ DSEC_GUARDED_BY(mu_);  // to shut down
+  bool stop_ DSEC_GUARDED_BY(mu_) = false;
+  bool woken_ DSEC_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
