@@ -67,6 +67,98 @@ class StreamObserver : public backends::ExecObserver {
   StatusOr<backends::ExecResult> result_ = InternalError("no result");
 };
 
+// The local sandbox of `dsec run` (no edge): its spec from the flags, checked.
+StatusOr<backends::SandboxSpec> LocalSpec(const RunOptions& o) {
+  backends::SandboxSpec spec;
+  spec.id = NewSandboxId("local");
+  spec.image = o.image;
+  spec.cpus = o.cpu;
+  spec.memory_mb = o.memory_mb;
+  spec.pids = o.pids;
+  spec.disk_mb = o.disk_mb;
+  spec.user = o.user;
+  spec.workdir = o.workdir;
+  DSEC_ASSIGN_OR_RETURN(spec.env, ParseKeyValues(o.env, "--env"));
+  DSEC_RETURN_IF_ERROR(backends::ValidateSandboxSpec(spec));
+  DSEC_RETURN_IF_ERROR(backends::ResolveUser(o.user).status());
+  if (o.timeout_s < 0) return InvalidArgument("--timeout must not be negative");
+  return spec;
+}
+
+backends::ExecRequest LocalExecRequest(const RunOptions& o, bool tty) {
+  backends::ExecRequest req;
+  req.cmd = o.cmd;
+  req.timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
+  req.max_output_bytes = 256ull << 20;
+  req.stdin_stream = true;
+  req.tty = tty;
+  if (tty) {
+    winsize ws{};
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col && ws.ws_row) {
+      req.cols = ws.ws_col;
+      req.rows = ws.ws_row;
+    }
+  }
+  return req;
+}
+
+// stdin goes to the command until it ends; forwarded signals are taken by the returned
+// thread (SIGINT and SIGTERM once, then SIGKILL; SIGWINCH resizes) until *finished.
+std::thread ForwardStdinAndSignals(const std::shared_ptr<backends::ExecHandle>& h,
+                                   const sigset_t& sigs, std::atomic<bool>* finished, bool tty) {
+  std::thread stdin_thread([h, finished] {
+    char buf[65536];
+    while (!*finished) {
+      ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      if (!h->WriteStdin(std::string(buf, static_cast<size_t>(n))).ok()) break;
+    }
+    h->CloseStdin();
+  });
+  stdin_thread.detach();  // may sit in read(2) on a terminal; the process exits anyway
+  return std::thread([h, &sigs, finished, tty] {
+    int interrupts = 0;
+    while (!*finished) {
+      timespec ts{0, 200 * 1000 * 1000};
+      int sig = sigtimedwait(&sigs, nullptr, &ts);
+      if (sig <= 0) continue;
+      if (sig == SIGWINCH) {
+        winsize ws{};
+        if (tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) h->Resize(ws.ws_col, ws.ws_row);
+        continue;
+      }
+      if (++interrupts > 1 || sig == SIGQUIT) {
+        h->Kill();
+      } else {
+        h->Signal(sig);
+      }
+    }
+  });
+}
+
+// Prints why the command ended when that is not its own exit status; returns the exit code.
+int ReportResult(const StatusOr<backends::ExecResult>& result, const RunOptions& o,
+                 uint64_t max_output_bytes) {
+  int code;
+  if (!result.ok()) {
+    std::cerr << "dsec: " << result.status().message() << "\n";
+    code = 125;
+  } else {
+    code = result->exit_code;
+    if (result->timed_out) {
+      std::cerr << "dsec: command timed out after " << o.timeout_s << " s\n";
+      code = 124;
+    } else if (result->oom_killed) {
+      std::cerr << "dsec: command was killed by the OOM killer (limit " << o.memory_mb
+                << " MB memory + " << o.disk_mb << " MB disk)\n";
+    }
+    if (result->stdout_truncated || result->stderr_truncated)
+      std::cerr << "dsec: output was truncated at " << max_output_bytes << " bytes\n";
+  }
+  return code;
+}
+
 int Run(const GlobalOptions& g, RunOptions o) {
   if (!o.cmd.empty()) {
     // Through the edge when one is configured (DSEC_URL) or running here; locally otherwise.
@@ -84,31 +176,9 @@ int Run(const GlobalOptions& g, RunOptions o) {
     std::cerr << "dsec: run needs a command: dsec run [flags] -- CMD [ARGS...]\n";
     return 125;
   }
-  backends::SandboxSpec spec;
-  spec.id = NewSandboxId("local");
-  spec.image = o.image;
-  spec.cpus = o.cpu;
-  spec.memory_mb = o.memory_mb;
-  spec.pids = o.pids;
-  spec.disk_mb = o.disk_mb;
-  spec.user = o.user;
-  spec.workdir = o.workdir;
-  auto env = ParseKeyValues(o.env, "--env");
-  if (!env.ok()) {
-    std::cerr << "dsec: " << env.status().message() << "\n";
-    return 125;
-  }
-  spec.env = std::move(*env);
-  if (Status s = backends::ValidateSandboxSpec(spec); !s.ok()) {
-    std::cerr << "dsec: " << s.message() << "\n";
-    return 125;
-  }
-  if (auto u = backends::ResolveUser(o.user); !u.ok()) {
-    std::cerr << "dsec: " << u.status().message() << "\n";
-    return 125;
-  }
-  if (o.timeout_s < 0) {
-    std::cerr << "dsec: --timeout must not be negative\n";
+  auto spec = LocalSpec(o);
+  if (!spec.ok()) {
+    std::cerr << "dsec: " << spec.status().message() << "\n";
     return 125;
   }
 
@@ -129,7 +199,7 @@ int Run(const GlobalOptions& g, RunOptions o) {
   }
   auto shutdown = MakeScopeGuard([&] { (void)(*backend)->Shutdown(); });
   (void)(*backend)->CleanupOrphans();
-  auto sb = (*backend)->Create(spec);
+  auto sb = (*backend)->Create(*spec);
   if (!sb.ok()) {
     std::cerr << "dsec: " << sb.status().message() << "\n";
     return 125;
@@ -137,19 +207,7 @@ int Run(const GlobalOptions& g, RunOptions o) {
 
   bool tty =
       o.tty == "always" || (o.tty == "auto" && isatty(STDIN_FILENO) && isatty(STDOUT_FILENO));
-  backends::ExecRequest req;
-  req.cmd = o.cmd;
-  req.timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
-  req.max_output_bytes = 256ull << 20;
-  req.stdin_stream = true;
-  req.tty = tty;
-  if (tty) {
-    winsize ws{};
-    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col && ws.ws_row) {
-      req.cols = ws.ws_col;
-      req.rows = ws.ws_row;
-    }
-  }
+  backends::ExecRequest req = LocalExecRequest(o, tty);
   auto obs = std::make_shared<StreamObserver>();
   std::unique_ptr<RawTerminal> raw;
   if (tty) raw = std::make_unique<RawTerminal>();
@@ -163,56 +221,13 @@ int Run(const GlobalOptions& g, RunOptions o) {
   std::shared_ptr<backends::ExecHandle> h = *handle;
 
   std::atomic<bool> finished{false};
-  std::thread stdin_thread([h, &finished] {
-    char buf[65536];
-    while (!finished) {
-      ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      if (!h->WriteStdin(std::string(buf, static_cast<size_t>(n))).ok()) break;
-    }
-    h->CloseStdin();
-  });
-  stdin_thread.detach();  // may sit in read(2) on a terminal; the process exits anyway
-  std::thread signal_thread([h, &sigs, &finished, tty] {
-    int interrupts = 0;
-    while (!finished) {
-      timespec ts{0, 200 * 1000 * 1000};
-      int sig = sigtimedwait(&sigs, nullptr, &ts);
-      if (sig <= 0) continue;
-      if (sig == SIGWINCH) {
-        winsize ws{};
-        if (tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) h->Resize(ws.ws_col, ws.ws_row);
-        continue;
-      }
-      if (++interrupts > 1 || sig == SIGQUIT) {
-        h->Kill();
-      } else {
-        h->Signal(sig);
-      }
-    }
-  });
+  std::thread signal_thread = ForwardStdinAndSignals(h, sigs, &finished, tty);
 
   auto result = obs->Wait();
   finished = true;
   signal_thread.join();
   raw.reset();
-  int code;
-  if (!result.ok()) {
-    std::cerr << "dsec: " << result.status().message() << "\n";
-    code = 125;
-  } else {
-    code = result->exit_code;
-    if (result->timed_out) {
-      std::cerr << "dsec: command timed out after " << o.timeout_s << " s\n";
-      code = 124;
-    } else if (result->oom_killed) {
-      std::cerr << "dsec: command was killed by the OOM killer (limit " << o.memory_mb
-                << " MB memory + " << o.disk_mb << " MB disk)\n";
-    }
-    if (result->stdout_truncated || result->stderr_truncated)
-      std::cerr << "dsec: output was truncated at " << req.max_output_bytes << " bytes\n";
-  }
+  int code = ReportResult(result, o, req.max_output_bytes);
   if (Status s = (*sb)->Destroy(); !s.ok()) std::cerr << "dsec: cleanup: " << s.message() << "\n";
   return code;
 }
