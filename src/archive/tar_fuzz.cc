@@ -22,6 +22,7 @@
 
 #include "archive/tar.h"
 #include "base/file_util.h"
+#include "base/testing/fuzz_dirs.h"
 #include "base/unique_fd.h"
 
 namespace {
@@ -29,24 +30,10 @@ namespace {
 constexpr uint64_t kMaxBytes = 1 << 20;
 constexpr uint64_t kMaxEntries = 256;
 
-struct Dirs {
-  std::string base, root, outside, canary;
-};
+using dsec::testing::CheckOutsideUntouched;
+using Dirs = dsec::testing::FuzzDirs;
 
-const Dirs& TheDirs() {
-  static Dirs d = [] {
-    const char* tmp = getenv("TMPDIR");
-    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/dsec-tarfuzz-XXXXXX";
-    if (!mkdtemp(tmpl.data())) abort();
-    Dirs r{tmpl, tmpl + "/root", tmpl + "/outside", tmpl + "/outside/canary"};
-    if (mkdir(r.outside.c_str(), 0755) != 0) abort();
-    if (!dsec::WriteStringToFile(r.canary, "canary", O_WRONLY | O_CREAT | O_EXCL).ok()) abort();
-    static std::string base = r.base;
-    atexit([] { (void)dsec::RemoveTree(base); });
-    return r;
-  }();
-  return d;
-}
+const Dirs& TheDirs() { return dsec::testing::TheFuzzDirs("tarfuzz"); }
 
 uint64_t g_bytes = 0, g_entries = 0;
 
@@ -57,18 +44,6 @@ int Inspect(const char* path, const struct stat* st, int type, FTW*) {
   if (S_ISREG(st->st_mode)) g_bytes += static_cast<uint64_t>(st->st_size);
   ++g_entries;
   return 0;
-}
-
-void CheckOutsideUntouched(const Dirs& d) {
-  auto base = dsec::ListDir(d.base);
-  if (!base.ok() || base->size() != 2) __builtin_trap();  // only root and outside
-  auto out = dsec::ListDir(d.outside);
-  if (!out.ok() || out->size() != 1) __builtin_trap();
-  auto c = dsec::ReadFileToString(d.canary);
-  if (!c.ok() || *c != "canary") __builtin_trap();
-  struct stat st;
-  if (lstat(d.canary.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)
-    __builtin_trap();  // also: no hard link to it was made from inside the root
 }
 
 }  // namespace

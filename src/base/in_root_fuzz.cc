@@ -30,6 +30,7 @@
 #include "base/file_util.h"
 #include "base/in_root.h"
 #include "base/strings.h"
+#include "base/testing/fuzz_dirs.h"
 #include "base/unique_fd.h"
 
 namespace {
@@ -37,41 +38,10 @@ namespace {
 constexpr size_t kMaxOps = 48;
 constexpr size_t kMaxPathBytes = 512;
 
-struct Dirs {
-  std::string base, root, outside, canary;
-};
+using dsec::testing::CheckOutsideUntouched;
+using Dirs = dsec::testing::FuzzDirs;
 
-const Dirs& TheDirs() {
-  static Dirs d = [] {
-    const char* tmp = getenv("TMPDIR");
-    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/dsec-inrootfuzz-XXXXXX";
-    if (!mkdtemp(tmpl.data())) abort();
-    // The fd paths below are compared as text: resolve the temp dir's own symlinks first.
-    char* real = realpath(tmpl.c_str(), nullptr);
-    if (!real) abort();
-    std::string b = real;
-    free(real);
-    Dirs r{b, b + "/root", b + "/outside", b + "/outside/canary"};
-    if (mkdir(r.outside.c_str(), 0755) != 0) abort();
-    if (!dsec::WriteStringToFile(r.canary, "canary", O_WRONLY | O_CREAT | O_EXCL).ok()) abort();
-    static std::string base = r.base;
-    atexit([] { (void)dsec::RemoveTree(base); });
-    return r;
-  }();
-  return d;
-}
-
-void CheckOutsideUntouched(const Dirs& d) {
-  auto base = dsec::ListDir(d.base);
-  if (!base.ok() || base->size() != 2) __builtin_trap();  // only root and outside
-  auto out = dsec::ListDir(d.outside);
-  if (!out.ok() || out->size() != 1) __builtin_trap();
-  auto c = dsec::ReadFileToString(d.canary);
-  if (!c.ok() || *c != "canary") __builtin_trap();
-  struct stat st;
-  if (lstat(d.canary.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)
-    __builtin_trap();
-}
+const Dirs& TheDirs() { return dsec::testing::TheFuzzDirs("inrootfuzz"); }
 
 void CheckInside(const Dirs& d, int fd) {
   std::string link = "/proc/self/fd/" + std::to_string(fd);
