@@ -280,7 +280,10 @@ class TarExtractor::Impl {
     }
     if (opts_.hook && !comps.empty() && opts_.hook->Claims(comps.back())) {
       DSEC_RETURN_IF_ERROR(ApplyHook(name, comps, kind == '5'));
-      if (kind == '0' && data_size > 0) StartData(DataKind::kSkip, data_size);
+      // Its data is skipped whatever its type claims to be (only '1'..'6' carry none), so what
+      // follows is parsed as every other tar reader would.
+      const bool header_only = kind >= '1' && kind <= '6';
+      if (!header_only && data_size > 0) StartData(DataKind::kSkip, data_size);
       return OkStatus();
     }
     switch (kind) {

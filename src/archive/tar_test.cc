@@ -1213,15 +1213,18 @@ TEST_F(TarTest, HookClaimedEntriesAreTheHooksAndTheirDataIsSkipped) {
   RecordingHook hook;
   TarExtractOptions o = Opts();
   o.hook = &hook;
+  const std::string odd = "not a header, whatever the hook's entry type says";
   auto r = Extract(File("a/b/@x", "data that must not land anywhere") + File("a/keep", "k") +
-                       Header({.name = "c/@d/", .type = '5'}) + File("after", "y") + End(),
+                       Header({.name = "c/@d/", .type = '5'}) +
+                       Header({.name = "c/@v", .type = 'V', .size = odd.size()}) + Pad(odd) +
+                       File("after", "y") + End(),
                    o);
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  EXPECT_EQ(hook.calls, (std::vector<std::string>{"@x", "@d/"}));
+  EXPECT_EQ(hook.calls, (std::vector<std::string>{"@x", "@d/", "@v"}));
   EXPECT_EQ(ListNames(D("a/b")), (std::set<std::string>{"made-x"}));
-  EXPECT_EQ(ListNames(D("c")), (std::set<std::string>{"made-d"}));
+  EXPECT_EQ(ListNames(D("c")), (std::set<std::string>{"made-d", "made-v"}));
   EXPECT_EQ(ReadFileToString(D("after")).value(), "y");  // the skipped data did not shift it
-  EXPECT_EQ(r.stats.entries, 4u);  // the four entries (parents made on the way do not count)
+  EXPECT_EQ(r.stats.entries, 5u);  // the five entries (parents made on the way do not count)
 
   auto bad = Extract(File("z/@fail", "q") + End(), o);
   ASSERT_FALSE(bad.status.ok());
