@@ -38,6 +38,9 @@ int UnderProfile(const std::function<long()>& fn, bool filtered = true) {
   pid_t pid = fork();
   if (pid == 0) {
     close(p[0]);
+    // A fault is the kernel's answer to report, not a sanitizer's (ASan would turn SIGSEGV
+    // into an abort).
+    signal(SIGSEGV, SIG_DFL);
     if (filtered && (!SetNoNewPrivs().ok() || !InstallSeccompPrograms(progs).ok())) _exit(99);
     errno = 0;
     long r = fn();
