@@ -20,6 +20,18 @@ namespace {
 
 int Sh(const std::string& cmd) { return system(cmd.c_str()); }
 
+// Runs a Python script in `dir` (made if missing) that writes tars with tarfile; the script
+// may call add(t, name, data=b'x', **TarInfo fields) to put one entry in tar t.
+int WriteTars(const std::string& dir, const std::string& script) {
+  return Sh("mkdir -p " + dir + " && cd " + dir + " && /usr/bin/python3 - <<'EOF'\n" +
+            "import tarfile, io\n"
+            "def add(t, name, data=b'x', **kw):\n"
+            "    i = tarfile.TarInfo(name); i.size = len(data)\n"
+            "    for k, v in kw.items(): setattr(i, k, v)\n"
+            "    t.addfile(i, io.BytesIO(data) if i.type == tarfile.REGTYPE else None)\n" +
+            script + "EOF");
+}
+
 class ImageStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -153,26 +165,20 @@ TEST_F(ImageStoreTest, StacksComposeInOrderAndSkipRepeatedLayers) {
 
 TEST_F(ImageStoreTest, MaliciousArchivesLeaveNothingBehind) {
   std::string ev = tmp_->path() + "/evil";
-  ASSERT_EQ(Sh("mkdir -p " + ev + " && cd " + ev +
-               " && ln -s / link && mkdir -p link2 && "
-               "/usr/bin/python3 - <<'EOF'\n"
-               "import tarfile, io\n"
-               "def add(t, name, data=b'x', **kw):\n"
-               "    i = tarfile.TarInfo(name); i.size = len(data)\n"
-               "    for k, v in kw.items(): setattr(i, k, v)\n"
-               "    t.addfile(i, io.BytesIO(data) if i.type == tarfile.REGTYPE else None)\n"
-               "for n, f in [('dotdot', lambda t: add(t, '../escape')),\n"
-               "             ('abs', lambda t: add(t, '/abs')),\n"
-               "             ('dev', lambda t: add(t, 'dev/sda', b'', type=tarfile.BLKTYPE)),\n"
-               "             ('symw', lambda t: (add(t, 'l', b'', type=tarfile.SYMTYPE, "
-               "linkname='/tmp'), add(t, 'l/owned'))),\n"
-               "             ]:\n"
-               "    with tarfile.open(n + '.tar', 'w', format=tarfile.GNU_FORMAT) as t:\n"
-               "        f(t)\n"
-               "i = tarfile.TarInfo('big'); i.size = 1 << 50\n"
-               "open('huge.tar', 'wb').write(i.tobuf(tarfile.GNU_FORMAT) + b'x' * 4096)\n"
-               "EOF"),
-            0);
+  ASSERT_EQ(Sh("mkdir -p " + ev + " && cd " + ev + " && ln -s / link && mkdir -p link2"), 0);
+  ASSERT_EQ(
+      WriteTars(ev,
+                "for n, f in [('dotdot', lambda t: add(t, '../escape')),\n"
+                "             ('abs', lambda t: add(t, '/abs')),\n"
+                "             ('dev', lambda t: add(t, 'dev/sda', b'', type=tarfile.BLKTYPE)),\n"
+                "             ('symw', lambda t: (add(t, 'l', b'', type=tarfile.SYMTYPE, "
+                "linkname='/tmp'), add(t, 'l/owned'))),\n"
+                "             ]:\n"
+                "    with tarfile.open(n + '.tar', 'w', format=tarfile.GNU_FORMAT) as t:\n"
+                "        f(t)\n"
+                "i = tarfile.TarInfo('big'); i.size = 1 << 50\n"
+                "open('huge.tar', 'wb').write(i.tobuf(tarfile.GNU_FORMAT) + b'x' * 4096)\n"),
+      0);
   for (const char* n : {"dotdot", "abs", "dev", "symw", "huge"}) {
     auto r = Import(ev + "/" + n + ".tar", std::string("evil-") + n);
     EXPECT_FALSE(r.ok()) << n;
@@ -188,27 +194,20 @@ TEST_F(ImageStoreTest, MaliciousArchivesLeaveNothingBehind) {
 // of the same layer, and the malformed ones, refused.
 TEST_F(ImageStoreTest, OciWhiteoutsBecomeOverlayWhiteoutsAndBadOnesAreRefused) {
   std::string w = tmp_->path() + "/wh";
-  ASSERT_EQ(Sh("mkdir -p " + w + " && cd " + w +
-               " && /usr/bin/python3 - <<'EOF'\n"
-               "import tarfile, io\n"
-               "def add(t, name, data=b'x', **kw):\n"
-               "    i = tarfile.TarInfo(name); i.size = len(data)\n"
-               "    for k, v in kw.items(): setattr(i, k, v)\n"
-               "    t.addfile(i, io.BytesIO(data) if i.type == tarfile.REGTYPE else None)\n"
-               "with tarfile.open('good.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n"
-               "    add(t, 'var/.wh..wh..opq', b'')\n"
-               "    add(t, 'etc/passwd', b'same layer')\n"
-               "    add(t, 'etc/.wh.passwd', b'data is skipped')\n"
-               "    add(t, 'new/deep/.wh.gone', b'')\n"
-               "for n, name, kw in [('dotdot', 'a/.wh...', {}), ('empty', 'a/.wh.', {}),\n"
-               "                    ('nested', 'a/.wh..wh.x', {}),\n"
-               "                    ('dir', 'a/.wh.d', {'type': tarfile.DIRTYPE})]:\n"
-               "    with tarfile.open(n + '.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n"
-               "        add(t, name, b'', **kw)\n"
-               "with tarfile.open('ondir.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n"
-               "    add(t, 'a/d', b'', type=tarfile.DIRTYPE)\n"
-               "    add(t, 'a/.wh.d', b'')\n"
-               "EOF"),
+  ASSERT_EQ(WriteTars(w,
+                      "with tarfile.open('good.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n"
+                      "    add(t, 'var/.wh..wh..opq', b'')\n"
+                      "    add(t, 'etc/passwd', b'same layer')\n"
+                      "    add(t, 'etc/.wh.passwd', b'data is skipped')\n"
+                      "    add(t, 'new/deep/.wh.gone', b'')\n"
+                      "for n, name, kw in [('dotdot', 'a/.wh...', {}), ('empty', 'a/.wh.', {}),\n"
+                      "                    ('nested', 'a/.wh..wh.x', {}),\n"
+                      "                    ('dir', 'a/.wh.d', {'type': tarfile.DIRTYPE})]:\n"
+                      "    with tarfile.open(n + '.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n"
+                      "        add(t, name, b'', **kw)\n"
+                      "with tarfile.open('ondir.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n"
+                      "    add(t, 'a/d', b'', type=tarfile.DIRTYPE)\n"
+                      "    add(t, 'a/.wh.d', b'')\n"),
             0);
   auto img = Import(w + "/good.tar", "wh");
   ASSERT_TRUE(img.ok()) << img.status().ToString();
