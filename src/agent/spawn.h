@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/resources.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "isolation/credentials.h"
@@ -24,8 +25,8 @@ struct SpawnRequest {
   std::vector<std::string> argv;
   std::vector<std::string> env;
   std::string cwd = "/";
-  uid_t uid = 1000;
-  gid_t gid = 1000;
+  uid_t uid = kSandboxUid;
+  gid_t gid = kSandboxGid;
   bool root_caps = false;
   std::optional<uint64_t> caps;  // overrides the root capability set (uid 0 only)
   int stdin_fd = -1;             // child ends; -1 = /dev/null

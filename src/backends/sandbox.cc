@@ -321,7 +321,7 @@ Status Sandbox::Remove(const std::string& path, bool recursive) {
 Status Sandbox::ExtractTar(const std::string& dir, const UploadBody& tar) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
   DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
-  return session->ExtractTar(as, dir, tar, static_cast<uint64_t>(spec().disk_mb) << 20);
+  return session->ExtractTar(as, dir, tar, static_cast<uint64_t>(spec().resources.disk_mb) << 20);
 }
 
 StatusOr<std::string> Sandbox::CreateTar(const std::string& dir, uint64_t max_bytes) {
@@ -468,12 +468,13 @@ StatusOr<UserIds> ResolveUser(const std::string& user) {
 
 Status ValidateSandboxSpec(const SandboxSpec& s) {
   DSEC_RETURN_IF_ERROR(ValidateSafeName("sandbox id", s.id));
-  if (!(s.cpus > 0 && s.cpus <= 1024)) return InvalidArgument("cpu must be > 0 and <= 1024");
-  if (s.memory_mb < 16 || s.memory_mb > (1 << 22))
+  const Resources& r = s.resources;
+  if (!(r.cpu > 0 && r.cpu <= 1024)) return InvalidArgument("cpu must be > 0 and <= 1024");
+  if (r.memory_mb < 16 || r.memory_mb > (1 << 22))
     return InvalidArgument("memory_mb must be between 16 and 4194304");
-  if (s.pids < 8 || s.pids > (1 << 22))
+  if (r.pids < 8 || r.pids > (1 << 22))
     return InvalidArgument("pids must be between 8 and 4194304");
-  if (s.disk_mb < 1 || s.disk_mb > (1 << 22))
+  if (r.disk_mb < 1 || r.disk_mb > (1 << 22))
     return InvalidArgument("disk_mb must be between 1 and 4194304");
   if (!s.hostname.empty() && (s.hostname.size() > 63 || !IsSafeName(s.hostname)))
     return InvalidArgument("hostname must be 1-63 characters of [A-Za-z0-9._-]");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/kind.h"
+#include "base/resources.h"
 #include "base/status.h"
 #include "protocol/frame.h"
 #include "protocol/messages.h"
@@ -35,10 +36,7 @@ struct SandboxSpec {
   std::string id;  // chosen by the caller (unique per node)
   Kind kind = Kind::kContainer;
   std::string image = "host";
-  double cpus = 1.0;
-  int64_t memory_mb = 512;
-  int64_t pids = 256;
-  int64_t disk_mb = 256;
+  Resources resources;
   std::string user = "sandbox";
   std::string workdir = "/workspace";
   std::map<std::string, std::string> env;
@@ -127,10 +125,6 @@ struct SandboxStats {
   std::string disk_kind = "tmpfs";  // what the writable layer is: "tmpfs" or "image"
   uint64_t exec_count = 0;
 };
-
-// The uid/gid of the sandbox's default user ("sandbox") inside every sandbox.
-inline constexpr uint32_t kSandboxUid = 1000;
-inline constexpr uint32_t kSandboxGid = 1000;
 
 struct UserIds {
   uint32_t uid = kSandboxUid, gid = kSandboxGid;

@@ -66,4 +66,8 @@ StatusOr<std::map<std::string, std::string>> GetStringMap(const Json& j, const c
   return out;
 }
 
+Json ToJson(const Resources& r) {
+  return {{"cpu", r.cpu}, {"memory_mb", r.memory_mb}, {"pids", r.pids}, {"disk_mb", r.disk_mb}};
+}
+
 }  // namespace dsec

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/resources.h"
 #include "base/status.h"
 
 namespace dsec {
@@ -30,6 +31,10 @@ StatusOr<bool> GetBool(const Json& j, const char* key, std::optional<bool> def =
 // An object of strings (labels, env): a missing or null field is empty; anything but an object
 // of strings is InvalidArgument naming the field.
 StatusOr<std::map<std::string, std::string>> GetStringMap(const Json& j, const char* key);
+
+// Resources under their public names: {"cpu", "memory_mb", "pids", "disk_mb"} (the create
+// API's fields, a sandbox's "limits", a pool's fields, the state DB's records).
+Json ToJson(const Resources& r);
 
 // A map as a JSON object.
 template <typename Map>

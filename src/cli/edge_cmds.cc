@@ -495,14 +495,11 @@ int MaybeRunThroughEdge(const GlobalOptions& g, const RunThroughEdge& o) {
   EdgeClient c(*ep);
   if (!ep->configured && !c.Reachable()) return -1;  // no edge here: run locally
   Json body = {{"image", o.image},
-               {"cpu", o.cpu},
-               {"memory_mb", o.memory_mb},
-               {"pids", o.pids},
-               {"disk_mb", o.disk_mb},
                {"user", o.user},
                {"workdir", o.workdir},
                {"ttl_s", std::max<int64_t>(3600, static_cast<int64_t>(o.timeout_s) + 600)},
                {"labels", {{"dsec-run", "1"}}}};
+  body.update(ToJson(o.resources));
   auto env = ParseKeyValues(o.env, "--env");
   if (!env.ok()) return Fail(env.status(), kExecFail);
   if (!env->empty()) body["env"] = *env;

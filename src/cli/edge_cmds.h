@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "base/resources.h"
 #include "cli/run.h"
 
 namespace dsec::cli {
@@ -13,8 +14,8 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& global, int* exit_code);
 
 struct RunThroughEdge {
   std::string image, user, workdir, tty;
-  double cpu = 1.0, timeout_s = 0;
-  int64_t memory_mb = 512, pids = 256, disk_mb = 256;
+  Resources resources;
+  double timeout_s = 0;
   std::vector<std::string> env, cmd;
 };
 // `dsec run` through an edge: -1 when no edge is configured or reachable (run locally then),

@@ -25,10 +25,7 @@ namespace {
 
 struct RunOptions {
   std::string image = "host";
-  double cpu = 1.0;
-  int64_t memory_mb = 512;
-  int64_t pids = 256;
-  int64_t disk_mb = 256;
+  Resources resources;
   double timeout_s = 0;
   std::string user = "sandbox";
   std::string workdir = "/workspace";
@@ -72,10 +69,7 @@ StatusOr<backends::SandboxSpec> LocalSpec(const RunOptions& o) {
   backends::SandboxSpec spec;
   spec.id = NewSandboxId("local");
   spec.image = o.image;
-  spec.cpus = o.cpu;
-  spec.memory_mb = o.memory_mb;
-  spec.pids = o.pids;
-  spec.disk_mb = o.disk_mb;
+  spec.resources = o.resources;
   spec.user = o.user;
   spec.workdir = o.workdir;
   DSEC_ASSIGN_OR_RETURN(spec.env, ParseKeyValues(o.env, "--env"));
@@ -150,8 +144,8 @@ int ReportResult(const StatusOr<backends::ExecResult>& result, const RunOptions&
       std::cerr << "dsec: command timed out after " << o.timeout_s << " s\n";
       code = 124;
     } else if (result->oom_killed) {
-      std::cerr << "dsec: command was killed by the OOM killer (limit " << o.memory_mb
-                << " MB memory + " << o.disk_mb << " MB disk)\n";
+      std::cerr << "dsec: command was killed by the OOM killer (limit " << o.resources.memory_mb
+                << " MB memory + " << o.resources.disk_mb << " MB disk)\n";
     }
     if (result->stdout_truncated || result->stderr_truncated)
       std::cerr << "dsec: output was truncated at " << max_output_bytes << " bytes\n";
@@ -162,8 +156,7 @@ int ReportResult(const StatusOr<backends::ExecResult>& result, const RunOptions&
 int Run(const GlobalOptions& g, RunOptions o) {
   if (!o.cmd.empty()) {
     // Through the edge when one is configured (DSEC_URL) or running here; locally otherwise.
-    RunThroughEdge r{o.image,     o.user, o.workdir, o.tty, o.cpu, o.timeout_s,
-                     o.memory_mb, o.pids, o.disk_mb, o.env, o.cmd};
+    RunThroughEdge r{o.image, o.user, o.workdir, o.tty, o.resources, o.timeout_s, o.env, o.cmd};
     if (!o.no_userns) {
       if (int code = MaybeRunThroughEdge(g, r); code >= 0) return code;
     }
@@ -250,11 +243,11 @@ void RegisterRun(CLI::App& app, GlobalOptions& global, int* exit_code) {
   auto opts = std::make_shared<RunOptions>();
   CLI::App* run = app.add_subcommand("run", "Run a command in a fresh sandbox, then destroy it");
   run->add_option("--image", opts->image, "Image (default: host)");
-  run->add_option("--cpu", opts->cpu, "CPU cap in cores")->check(CLI::PositiveNumber);
-  run->add_option("--memory", opts->memory_mb, "Memory limit in MB")
+  run->add_option("--cpu", opts->resources.cpu, "CPU cap in cores")->check(CLI::PositiveNumber);
+  run->add_option("--memory", opts->resources.memory_mb, "Memory limit in MB")
       ->check(CLI::Range(16, 1 << 22));
-  run->add_option("--pids", opts->pids, "Process limit")->check(CLI::Range(8, 1 << 22));
-  run->add_option("--disk", opts->disk_mb, "Writable layer size in MB")
+  run->add_option("--pids", opts->resources.pids, "Process limit")->check(CLI::Range(8, 1 << 22));
+  run->add_option("--disk", opts->resources.disk_mb, "Writable layer size in MB")
       ->check(CLI::Range(1, 1 << 22));
   run->add_option("--timeout", opts->timeout_s, "Kill the command after this many seconds")
       ->check(CLI::NonNegativeNumber);

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/fncall/pool.h"
+#include "backends/pools/pool.h"
 #include "base/base64.h"
 #include "edge/audit_log.h"
 #include "edge/config.h"
@@ -87,7 +87,7 @@ class Api {
     AuditLog* audit = nullptr;
     boost::asio::thread_pool* workers = nullptr;
     boost::asio::io_context* timers = nullptr;  // for waits with deadlines
-    fncall::PoolSet* pools = nullptr;
+    pools::PoolSet* pools = nullptr;
     StateStore* store = nullptr;
     images::ImageStore* images = nullptr;
     Builds* builds = nullptr;
@@ -137,10 +137,10 @@ struct ImageDefaults {
 StatusOr<ImageDefaults> ImageDefaultsOf(images::ImageStore* store, const std::string& image);
 
 // Defaults for a new pool of `kind` (fncall | container) from the node config.
-fncall::PoolConfig PoolDefaults(const EdgeConfig& cfg, const std::string& kind);
+pools::PoolConfig PoolDefaults(const EdgeConfig& cfg, pools::PoolKind kind);
 // Starts the built-in runtimes (python, bash) unless turned off, and the pools kept in the
 // state DB (which override built-ins of the same name).
-void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, StateStore* store,
+void LoadPools(const EdgeConfig& cfg, bool userns, pools::PoolSet* pools, StateStore* store,
                images::ImageStore* images);
 
 // Output bytes kept for a JSON string: utf-8 (invalid sequences become U+FFFD when encoded)

@@ -1,5 +1,5 @@
 // Function calls and pools: POST /v1/fncalls runs code on a warm worker of the runtime's pool
-// (backends/fncall/pool.h); GET/PUT/DELETE /v1/pools manage the pools, fncall runtimes and
+// (backends/pools/pool.h); GET/PUT/DELETE /v1/pools manage the pools, fncall runtimes and
 // container pools alike. Pools made through the API are kept in the state DB.
 #include <cmath>
 
@@ -20,7 +20,7 @@ constexpr uint64_t kDefaultCallOutput = 64 << 10;
 
 struct FnCallParams {
   std::string runtime;
-  fncall::CallRequest req;
+  pools::CallRequest req;
   bool base64 = false;
 };
 
@@ -89,12 +89,12 @@ void RunFnCall(const std::shared_ptr<Ctx>& c) {
   auto parsed = ParseFnCall(c->req.body, d.cfg);
   if (!parsed.ok()) return c->Fail(parsed.status());
   auto pool = d.pools->Get(parsed->runtime);
-  if (!pool || pool->config().kind != "fncall")
+  if (!pool || pool->config().kind != pools::PoolKind::kFncall)
     return c->Fail(NotFound("no fncall runtime \"" + parsed->runtime + "\" on this node"));
-  if (parsed->req.memory_mb > pool->config().memory_mb)
+  if (parsed->req.memory_mb > pool->config().resources.memory_mb)
     return c->Fail(InvalidArgument("\"memory_mb\" must be at most " +
-                                   std::to_string(pool->config().memory_mb) + " for runtime " +
-                                   parsed->runtime));
+                                   std::to_string(pool->config().resources.memory_mb) +
+                                   " for runtime " + parsed->runtime));
   Json audit = {{"exec", RandomBase32(12)},
                 {"sandbox", "fncall:" + parsed->runtime},
                 {"kind", "fncall"},
@@ -108,7 +108,7 @@ void RunFnCall(const std::shared_ptr<Ctx>& c) {
   bool base64 = parsed->base64;
   std::string runtime = parsed->runtime;
   pool->Submit(
-      std::move(parsed->req), [c, base64, runtime, audit](StatusOr<fncall::CallResult> r) mutable {
+      std::move(parsed->req), [c, base64, runtime, audit](StatusOr<pools::CallResult> r) mutable {
         const auto& d = c->api->deps();
         Json end = std::move(audit);
         end["event"] = "exit";
@@ -148,19 +148,16 @@ void GetPool(const std::shared_ptr<Ctx>& c) {
 
 }  // namespace
 
-fncall::PoolConfig PoolDefaults(const EdgeConfig& cfg, const std::string& kind) {
-  fncall::PoolConfig p;
+pools::PoolConfig PoolDefaults(const EdgeConfig& cfg, pools::PoolKind kind) {
+  pools::PoolConfig p;
   p.kind = kind;
-  if (kind == "container") {
+  if (kind == pools::PoolKind::kContainer) {
     p.runtime.clear();
-    p.cpu = cfg.default_cpu;
-    p.memory_mb = cfg.default_memory_mb;
-    p.pids = cfg.default_pids;
-    p.disk_mb = cfg.default_disk_mb;
+    p.resources = cfg.defaults;
     p.min_idle = 8;
     p.max = 64;
   } else {
-    p.memory_mb = cfg.fncall_memory_mb;
+    p.resources.memory_mb = cfg.fncall_memory_mb;
     p.min_idle = cfg.fncall_min_idle;
     p.max = cfg.fncall_max;
     p.max_queue = cfg.fncall_max_queue;
@@ -171,7 +168,7 @@ fncall::PoolConfig PoolDefaults(const EdgeConfig& cfg, const std::string& kind) 
 
 // A pool's image: "host", or (container pools) an image of this node's store, normalized; the
 // pool's sandboxes get that image config's defaults, as a create of the image would.
-Status ResolvePoolImage(images::ImageStore* store, fncall::PoolConfig* cfg) {
+Status ResolvePoolImage(images::ImageStore* store, pools::PoolConfig* cfg) {
   cfg->workdir = "/workspace";
   cfg->user = "sandbox";
   cfg->env.clear();
@@ -180,7 +177,7 @@ Status ResolvePoolImage(images::ImageStore* store, fncall::PoolConfig* cfg) {
     return OkStatus();
   }
   // The fncall zygote needs the host image's runtime (its workers fail to start elsewhere).
-  if (cfg->kind != "container")
+  if (cfg->kind != pools::PoolKind::kContainer)
     return Unimplemented("image \"" + cfg->image +
                          "\": fncall pools run on the \"host\" image only (container pools may "
                          "use any image)");
@@ -195,18 +192,18 @@ Status ResolvePoolImage(images::ImageStore* store, fncall::PoolConfig* cfg) {
   return OkStatus();
 }
 
-void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, StateStore* store,
+void LoadPools(const EdgeConfig& cfg, bool userns, pools::PoolSet* pools, StateStore* store,
                images::ImageStore* images) {
-  std::vector<fncall::PoolConfig> want;
+  std::vector<pools::PoolConfig> want;
   if (cfg.fncall_pools && !userns) {
     DSEC_LOG_WARN("no built-in fncall runtimes: their workers need user namespaces");
   } else if (cfg.fncall_pools) {
-    fncall::PoolConfig py = PoolDefaults(cfg, "fncall");
+    pools::PoolConfig py = PoolDefaults(cfg, pools::PoolKind::kFncall);
     py.name = "python";
     py.runtime = "python";
     for (auto m : SplitString(cfg.fncall_python_preload, ',', true))
       py.preload.emplace_back(TrimWhitespace(m));
-    fncall::PoolConfig sh = PoolDefaults(cfg, "fncall");
+    pools::PoolConfig sh = PoolDefaults(cfg, pools::PoolKind::kFncall);
     sh.name = "bash";
     sh.runtime = "bash";
     want = {py, sh};
@@ -219,29 +216,31 @@ void LoadPools(const EdgeConfig& cfg, bool userns, fncall::PoolSet* pools, State
     const std::string& name = row.first;  // (clang 14 cannot capture structured bindings)
     const std::string& text = row.second;
     if (text == "null") {  // a deleted built-in
-      std::erase_if(want, [&](const fncall::PoolConfig& w) { return w.name == name; });
+      std::erase_if(want, [&](const pools::PoolConfig& w) { return w.name == name; });
       continue;
     }
     auto j = ParseJson(text);
-    std::string kind = j.ok() && j->is_object() ? j->value("kind", "fncall") : "fncall";
-    fncall::PoolConfig base = PoolDefaults(cfg, kind);
+    // A stored kind that is not valid is refused by PoolConfigFromJson below.
+    auto kind = pools::PoolKindFromName(j.ok() && j->is_object() && (*j)["kind"].is_string()
+                                            ? (*j)["kind"].get<std::string>()
+                                            : "fncall");
+    pools::PoolConfig base = PoolDefaults(cfg, kind.value_or(pools::PoolKind::kFncall));
     base.name = name;
-    auto c =
-        j.ok() ? fncall::PoolConfigFromJson(*j, base) : StatusOr<fncall::PoolConfig>(j.status());
+    auto c = j.ok() ? pools::PoolConfigFromJson(*j, base) : StatusOr<pools::PoolConfig>(j.status());
     Status ok = c.ok() ? ResolvePoolImage(images, &*c) : c.status();
     if (!ok.ok()) {
       DSEC_LOG_WARN("stored pool {} ignored: {}", name, ok.message());
       continue;
     }
-    std::erase_if(want, [&](const fncall::PoolConfig& w) { return w.name == name; });
+    std::erase_if(want, [&](const pools::PoolConfig& w) { return w.name == name; });
     want.push_back(*c);
   }
   for (const auto& c : want) {
     if (auto p = pools->Put(c); !p.ok())
       DSEC_LOG_WARN("pool {} not started: {}", c.name, p.status().message());
     else
-      DSEC_LOG_INFO("pool {}: kind={} runtime={} min_idle={} max={}", c.name, c.kind, c.runtime,
-                    c.min_idle, c.max);
+      DSEC_LOG_INFO("pool {}: kind={} runtime={} min_idle={} max={}", c.name,
+                    pools::PoolKindName(c.kind), c.runtime, c.min_idle, c.max);
   }
 }
 
@@ -257,26 +256,30 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
     return c->Fail(InvalidArgument("\"name\" differs from the path"));
   auto existing = d.pools->Get(name);
   // A PUT without "kind" changes the pool that is there (of whatever kind).
-  std::string kind = existing ? existing->config().kind : "fncall";
-  if (auto k = j->find("kind"); k != j->end() && k->is_string()) kind = k->get<std::string>();
-  fncall::PoolConfig base =
+  pools::PoolKind kind = existing ? existing->config().kind : pools::PoolKind::kFncall;
+  if (auto k = j->find("kind"); k != j->end() && k->is_string()) {
+    auto named = pools::PoolKindFromName(k->get<std::string>());
+    if (!named) return c->Fail(InvalidArgument("\"kind\" must be \"fncall\" or \"container\""));
+    kind = *named;
+  }
+  pools::PoolConfig base =
       existing && existing->config().kind == kind ? existing->config() : PoolDefaults(d.cfg, kind);
-  if (!j->contains("runtime") && kind == "fncall" && !existing) {
+  if (!j->contains("runtime") && kind == pools::PoolKind::kFncall && !existing) {
     if (!j->contains("command")) return c->Fail(InvalidArgument("\"runtime\" is required"));
     base.runtime = "exec";
   }
   base.name = name;
-  auto cfg = fncall::PoolConfigFromJson(*j, base);
+  auto cfg = pools::PoolConfigFromJson(*j, base);
   if (!cfg.ok()) return c->Fail(cfg.status());
   if (Status s = ResolvePoolImage(d.images, &*cfg); !s.ok()) return c->Fail(s);
-  if (cfg->kind == "container") {
-    backends::SandboxSpec spec = fncall::ContainerSpecFor(*cfg);
+  if (cfg->kind == pools::PoolKind::kContainer) {
+    backends::SandboxSpec spec = pools::ContainerSpecFor(*cfg);
     spec.id = "sb-check";  // only the limits are checked here
     if (Status s = backends::ValidateSandboxSpec(spec); !s.ok()) return c->Fail(s);
   }
   auto pool = d.pools->Put(*cfg);
   if (!pool.ok()) return c->Fail(pool.status());
-  if (Status s = d.store->PutPool(name, fncall::ToJson(*cfg).dump()); !s.ok())
+  if (Status s = d.store->PutPool(name, pools::ToJson(*cfg).dump()); !s.ok())
     DSEC_LOG_ERROR("state db: pool {} not saved: {}", name, s.ToString());
   c->Reply(existing ? 200 : 201, (*pool)->Describe());
 }

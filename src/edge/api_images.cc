@@ -215,7 +215,7 @@ void Fork(const std::shared_ptr<Ctx>& c) {
       p, static_cast<int>(count->value_or(1)), /*wait=*/true,
       [workers](std::function<void()> f) { boost::asio::post(*workers, std::move(f)); });
   if (!made.ok()) return c->Fail(made.status());
-  c->Reply(201, {{"sandboxes", *made}});
+  c->Reply(201, {{"sandboxes", ToJson(*made)}});
 }
 
 // The build routes' common part: 409 when this node does not build images, else `fn`'s

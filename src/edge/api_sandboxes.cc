@@ -96,14 +96,11 @@ Status ApplyImageConfig(images::ImageStore* store, bool workdir_given, bool user
 
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
                                                    const std::vector<backends::Kind>& served,
-                                                   fncall::PoolSet* pools,
+                                                   pools::PoolSet* pools,
                                                    images::ImageStore* images, bool* count_given) {
   DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
   CreateParams p;
-  p.cpu = cfg.default_cpu;
-  p.memory_mb = cfg.default_memory_mb;
-  p.pids = cfg.default_pids;
-  p.disk_mb = cfg.default_disk_mb;
+  p.resources = cfg.defaults;
   p.ttl_s = cfg.default_ttl_s;
   DSEC_ASSIGN_OR_RETURN(auto kind, b.String("kind", 32));
   DSEC_ASSIGN_OR_RETURN(auto image, ParseImage(b.Raw("image")));
@@ -137,7 +134,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
     p.pool = pool->get<std::string>();
     auto src = pools ? pools->Get(p.pool) : nullptr;
     if (!src) return NotFound("pool " + p.pool + " not found");
-    if (src->config().kind != "container")
+    if (src->config().kind != pools::PoolKind::kContainer)
       return InvalidArgument("pool " + p.pool + " is an fncall runtime, not a container pool");
     backends::SandboxSpec ps = src->ContainerSpec();
     auto differs = [&](const char* field, bool same) -> Status {
@@ -146,28 +143,29 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
                              "; leave it out or make it equal");
     };
     DSEC_RETURN_IF_ERROR(differs("image", !image || *image == ps.image));
-    DSEC_RETURN_IF_ERROR(differs("cpu", !cpu || *cpu == ps.cpus));
-    DSEC_RETURN_IF_ERROR(differs("memory_mb", !memory || *memory == ps.memory_mb));
-    DSEC_RETURN_IF_ERROR(differs("pids", !pids || *pids == ps.pids));
-    DSEC_RETURN_IF_ERROR(differs("disk_mb", !disk || *disk == ps.disk_mb));
+    const Resources& pr = ps.resources;
+    DSEC_RETURN_IF_ERROR(differs("cpu", !cpu || *cpu == pr.cpu));
+    DSEC_RETURN_IF_ERROR(differs("memory_mb", !memory || *memory == pr.memory_mb));
+    DSEC_RETURN_IF_ERROR(differs("pids", !pids || *pids == pr.pids));
+    DSEC_RETURN_IF_ERROR(differs("disk_mb", !disk || *disk == pr.disk_mb));
     DSEC_RETURN_IF_ERROR(differs("user", !user || *user == ps.user));
     DSEC_RETURN_IF_ERROR(differs("workdir", !workdir || *workdir == ps.workdir));
     DSEC_RETURN_IF_ERROR(differs("env", !env || env->empty()));
     image = ps.image;
-    cpu = ps.cpus;
-    memory = ps.memory_mb;
-    pids = ps.pids;
-    disk = ps.disk_mb;
+    cpu = pr.cpu;
+    memory = pr.memory_mb;
+    pids = pr.pids;
+    disk = pr.disk_mb;
     // Made with its image's config (or the defaults): the record says so.
     p.workdir = ps.workdir;
     p.user = ps.user;
     p.env = ps.env;
   }
   if (image) p.image = *image;
-  if (cpu) p.cpu = *cpu;
-  if (memory) p.memory_mb = *memory;
-  if (pids) p.pids = *pids;
-  if (disk) p.disk_mb = *disk;
+  if (cpu) p.resources.cpu = *cpu;
+  if (memory) p.resources.memory_mb = *memory;
+  if (pids) p.resources.pids = *pids;
+  if (disk) p.resources.disk_mb = *disk;
   if (ttl) p.ttl_s = *ttl;
   if (idle) p.idle_ttl_s = *idle;
   if (user) {
@@ -211,14 +209,14 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
       parsed->first, parsed->second, wait_ready,
       [workers](std::function<void()> task) { boost::asio::post(*workers, std::move(task)); });
   if (!made.ok()) return c->Fail(made.status());
-  if (count_given) return c->Reply(201, {{"sandboxes", *made}});
-  c->Reply(201, made->front());
+  if (count_given) return c->Reply(201, {{"sandboxes", ToJson(*made)}});
+  c->Reply(201, ToJson(made->front()));
 }
 
 void GetSandbox(const std::shared_ptr<Ctx>& c) {
   auto e = c->Entry();
   if (!e.ok()) return c->Fail(e.status());
-  c->Reply(200, c->api->deps().manager->Record(**e));
+  c->Reply(200, ToJson(c->api->deps().manager->Record(**e)));
 }
 
 void ListSandboxes(const std::shared_ptr<Ctx>& c) {
@@ -230,9 +228,10 @@ void ListSandboxes(const std::shared_ptr<Ctx>& c) {
     f.labels.emplace_back(l.substr(0, eq), l.substr(eq + 1));
   }
   if (const std::string* s = c->req.Query("state")) {
-    if (*s != "creating" && *s != "running" && *s != "paused" && *s != "failed")
+    for (Phase p : {Phase::kCreating, Phase::kRunning, Phase::kPaused, Phase::kFailed})
+      if (*s == PhaseName(p)) f.state = p;
+    if (!f.state)
       return c->Fail(400, "bad_request", "state must be creating, running, paused or failed");
-    f.state = *s;
   }
   if (const std::string* k = c->req.Query("kind")) {
     f.kind = backends::KindFromName(*k);
@@ -244,11 +243,11 @@ void ListSandboxes(const std::shared_ptr<Ctx>& c) {
   if (const std::string* cur = c->req.Query("cursor")) f.cursor = *cur;
   auto r = c->api->deps().manager->List(f);
   if (!r.ok()) return c->Fail(r.status());
-  c->Reply(200, *r);
+  c->Reply(200, ToJson(*r));
 }
 
 void PatchSandbox(const std::shared_ptr<Ctx>& c) {
-  auto run = [&]() -> StatusOr<Json> {
+  auto run = [&]() -> StatusOr<SandboxRecord> {
     DSEC_RETURN_IF_ERROR(ValidateId("sandbox id", c->params["id"]));
     DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
     PatchParams p;
@@ -268,7 +267,7 @@ void PatchSandbox(const std::shared_ptr<Ctx>& c) {
   };
   auto r = run();
   if (!r.ok()) return c->Fail(r.status());
-  c->Reply(200, *r);
+  c->Reply(200, ToJson(*r));
 }
 
 void DeleteSandbox(const std::shared_ptr<Ctx>& c) {
@@ -310,28 +309,28 @@ void PauseOrResume(const std::shared_ptr<Ctx>& c, bool pause) {
   auto* m = c->api->deps().manager;
   auto r = pause ? m->Pause(c->params["id"]) : m->Resume(c->params["id"]);
   if (!r.ok()) return c->Fail(r.status());
-  c->Reply(200, *r);
+  c->Reply(200, ToJson(*r));
 }
 void Pause(const std::shared_ptr<Ctx>& c) { PauseOrResume(c, true); }
 void Resume(const std::shared_ptr<Ctx>& c) { PauseOrResume(c, false); }
 
-void Job(const std::shared_ptr<Ctx>& c, const char* action) {
+void Job(const std::shared_ptr<Ctx>& c, JobOp op) {
   const std::string& job = c->params["job"];
   if (job.empty() || job.size() > 256) return c->Fail(400, "bad_request", "bad job name");
   if (Status s = CheckActionBody(c->req.body); !s.ok()) return c->Fail(s);
-  auto n = c->api->deps().manager->JobAction(job, action);
+  auto n = c->api->deps().manager->JobAction(job, op);
   if (!n.ok()) return c->Fail(n.status());
   c->Reply(200, {{"affected", *n}});
 }
-void PauseJob(const std::shared_ptr<Ctx>& c) { Job(c, "pause"); }
-void ResumeJob(const std::shared_ptr<Ctx>& c) { Job(c, "resume"); }
-void DeleteJob(const std::shared_ptr<Ctx>& c) { Job(c, "delete"); }
+void PauseJob(const std::shared_ptr<Ctx>& c) { Job(c, JobOp::kPause); }
+void ResumeJob(const std::shared_ptr<Ctx>& c) { Job(c, JobOp::kResume); }
+void DeleteJob(const std::shared_ptr<Ctx>& c) { Job(c, JobOp::kDelete); }
 
 void Health(const std::shared_ptr<Ctx>& c) { c->Reply(200, {{"ok", true}}); }
 
 void Node(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
-  Json j = d.manager->NodeInfo();
+  Json j = ToJson(d.manager->NodeInfo());
   j["version"] = DSEC_VERSION;
   j["instance"] = d.instance;
   j["backends"] = Json::array();

@@ -503,17 +503,17 @@ StatusOr<std::shared_ptr<backends::Sandbox>> Builds::SandboxStep(
   s.Begin();
   CreateParams p;
   p.image = JoinStrings(stack, ",");
-  p.cpu = std::max(2.0, cfg_.default_cpu);
-  p.memory_mb = r.memory_mb;
-  p.disk_mb = r.disk_mb;
-  p.pids = std::max<int64_t>(1024, cfg_.default_pids);
+  p.resources = {.cpu = std::max(2.0, cfg_.defaults.cpu),
+                 .memory_mb = r.memory_mb,
+                 .pids = std::max<int64_t>(1024, cfg_.defaults.pids),
+                 .disk_mb = r.disk_mb};
   p.ttl_s = r.timeout_s + 600;
   p.env = r.env;
   p.labels = {{kBuildLabel, s.j->id}};
   DSEC_ASSIGN_OR_RETURN(
-      std::vector<Json> made,
+      std::vector<SandboxRecord> made,
       manager_->Create(p, 1, /*wait=*/true, [](std::function<void()> f) { f(); }));
-  std::string sid = made.at(0).value("id", "");
+  std::string sid = made.at(0).id;
   {
     MutexLock l(mu_);
     s.j->sandbox_id = sid;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "base/resources.h"
 #include "base/status.h"
 
 namespace dsec::edge {
@@ -39,11 +40,9 @@ struct EdgeConfig {
   // Host-wide lease file of user-namespace uid ranges, shared by every edge on the host.
   std::string uid_lock_file = "/run/dsec/uid-ranges.lock";
 
-  // Defaults for new sandboxes.
-  double default_cpu = 1.0;
-  int64_t default_memory_mb = 512;
-  int64_t default_pids = 256;
-  int64_t default_disk_mb = 256;
+  // Defaults for new sandboxes (config keys default_cpu, default_memory_mb, default_pids and
+  // default_disk_mb).
+  Resources defaults;
   // Writable layers of up to this many MB are a tmpfs charged to the sandbox's memory; bigger
   // ones are ext4 disk images in disk_dir ("" = <state_dir>/disks), which must have room for
   // what such sandboxes write.

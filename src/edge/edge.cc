@@ -211,7 +211,7 @@ int RunEdge(EdgeConfig cfg) {
   if (int n = builds.CleanupLost(); n > 0)
     DSEC_LOG_INFO("deleted {} sandboxes of builds a previous edge left", n);
   // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
-  fncall::PoolSet pools(backend->get(), cfg.node);
+  pools::PoolSet pools(backend->get(), cfg.node);
   // Workers and pooled sandboxes go even with --persist: pools restart.
   auto stop_pools = MakeScopeGuard([&] { pools.Shutdown(); });
   pools.SetAdmission([&manager](int64_t mb) { return manager.AdmitPoolSandbox(mb); });

@@ -70,10 +70,6 @@ size_t Manager::size() const {
   return entries_.size();
 }
 
-std::string Manager::StateName(const SandboxEntry& e) const {
-  return std::string(PhaseName(e.phase()));
-}
-
 void Manager::Attach(const std::shared_ptr<SandboxEntry>& e,
                      std::shared_ptr<backends::Sandbox> sb) {
   std::weak_ptr<SandboxEntry> weak = e;
@@ -113,16 +109,6 @@ void Manager::SyncPhase(const std::shared_ptr<SandboxEntry>& e) {
   if (failed) reaper_cv_.NotifyAll();
 }
 
-namespace {
-// A stack of images is shown as the list it was given as; a single image as its name.
-Json ImageField(const std::string& image) {
-  if (image.find(',') == std::string::npos) return image;
-  Json a = Json::array();
-  for (auto n : SplitString(image, ',', /*skip_empty=*/true)) a.push_back(std::string(n));
-  return a;
-}
-}  // namespace
-
 std::vector<std::string> Manager::Ids() const {
   MutexLock l(mu_);
   std::vector<std::string> out;
@@ -130,32 +116,29 @@ std::vector<std::string> Manager::Ids() const {
   return out;
 }
 
-Json Manager::Record(const SandboxEntry& e) const {
-  std::string state = StateName(e);
-  MutexLock l(e.mu_);
-  std::string reason = e.reason_;
-  if (reason.empty() && state == "failed" && e.sb_) reason = e.sb_->reason();
+SandboxRecord Manager::Record(const SandboxEntry& e) const {
   const CreateParams& p = e.params;
-  Json j = {
-      {"id", e.id},
-      {"kind", backends::KindName(p.kind)},
-      {"state", state},
-      {"node", cfg_.node},
-      {"image", ImageField(p.image)},
-      {"created_at", e.created_at_},
-      {"expires_at", e.expires_at_},
-      {"ttl_s", p.ttl_s},
-      {"idle_ttl_s", e.idle_ttl_s_},
-      {"last_used_at", e.last_used_at.load()},
-      {"limits",
-       {{"cpu", p.cpu}, {"memory_mb", p.memory_mb}, {"pids", p.pids}, {"disk_mb", p.disk_mb}}},
-      {"user", p.user},
-      {"workdir", p.workdir},
-      {"network", {{"mode", p.network_mode}}},
-      {"labels", ToJsonObject(e.labels_)},
-      {"reason", reason.empty() ? Json(nullptr) : Json(reason)}};
-  if (!p.pool.empty()) j["pool"] = p.pool;  // taken ready-made from this container pool
-  return j;
+  SandboxRecord r;
+  r.id = e.id;
+  r.kind = p.kind;
+  r.node = cfg_.node;
+  r.image = p.image;
+  r.ttl_s = p.ttl_s;
+  r.last_used_at = e.last_used_at.load();
+  r.limits = p.resources;
+  r.user = p.user;
+  r.workdir = p.workdir;
+  r.network_mode = p.network_mode;
+  r.pool = p.pool;
+  MutexLock l(e.mu_);
+  r.state = e.phase_;
+  r.created_at = e.created_at_;
+  r.expires_at = e.expires_at_;
+  r.idle_ttl_s = e.idle_ttl_s_;
+  r.labels = e.labels_;
+  r.reason = e.reason_;
+  if (r.reason.empty() && r.state == Phase::kFailed && e.sb_) r.reason = e.sb_->reason();
+  return r;
 }
 
 Json Manager::StoredRecord(const SandboxEntry& e) const {
@@ -175,12 +158,12 @@ Status Manager::Persist(const SandboxEntry& e) {
 
 Status Manager::Admit(const CreateParams& p, int count) {
   // Caller holds mu_.
-  if (budget_.sandbox_pids > 0 && p.pids > budget_.sandbox_pids)
-    return ResourceExhausted("pids " + std::to_string(p.pids) +
+  if (budget_.sandbox_pids > 0 && p.resources.pids > budget_.sandbox_pids)
+    return ResourceExhausted("pids " + std::to_string(p.resources.pids) +
                              " can never fit this node: all sandboxes together may hold " +
                              std::to_string(budget_.sandbox_pids) +
                              " processes (reserve_pids and kernel.threads-max set it)");
-  return AdmitLocked(count, p.memory_mb * count, /*pool_included=*/false);
+  return AdmitLocked(count, p.resources.memory_mb * count, /*pool_included=*/false);
 }
 
 Status Manager::AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included) {
@@ -218,7 +201,7 @@ Status Manager::AdmitPoolSandbox(int64_t memory_mb) {
   return AdmitLocked(1, memory_mb, /*pool_included=*/true);
 }
 
-StatusOr<std::vector<Json>> Manager::Create(
+StatusOr<std::vector<SandboxRecord>> Manager::Create(
     const CreateParams& p, int count, bool wait,
     const std::function<void(std::function<void()>)>& background) {
   std::vector<std::shared_ptr<SandboxEntry>> made;
@@ -258,15 +241,15 @@ StatusOr<std::vector<Json>> Manager::Create(
       entries_[e->id] = e;
       made.push_back(e);
     }
-    memory_mb_ += p.memory_mb * count;
+    memory_mb_ += p.resources.memory_mb * count;
   }
-  std::vector<StatusOr<Json>> results(made.size(), InternalError("not run"));
+  std::vector<StatusOr<SandboxRecord>> results(made.size(), InternalError("not run"));
   for (size_t i = 0; i < pooled.size(); ++i)
     results[i] = AttachPooled(made[i], std::move(pooled[i]));
   const size_t first_fresh = pooled.size();
   pooled.clear();
   if (!wait) {
-    std::vector<Json> out;
+    std::vector<SandboxRecord> out;
     for (size_t i = 0; i < made.size(); ++i) {
       auto e = made[i];
       out.push_back(i < first_fresh ? *results[i] : Record(*e));
@@ -278,7 +261,7 @@ StatusOr<std::vector<Json>> Manager::Create(
     size_t k = first_fresh + static_cast<size_t>(i);
     results[k] = CreateOne(made[k]);
   });
-  std::vector<Json> out;
+  std::vector<SandboxRecord> out;
   for (size_t i = 0; i < results.size(); ++i) {
     if (!results[i].ok()) {
       // All or nothing: the ones that did start go again.
@@ -299,10 +282,7 @@ backends::SandboxSpec SpecFor(const std::string& id, const CreateParams& p) {
   spec.id = id;
   spec.kind = p.kind;
   spec.image = p.image;
-  spec.cpus = p.cpu;
-  spec.memory_mb = p.memory_mb;
-  spec.pids = p.pids;
-  spec.disk_mb = p.disk_mb;
+  spec.resources = p.resources;
   spec.user = p.user;
   spec.workdir = p.workdir;
   spec.env = p.env;
@@ -311,7 +291,7 @@ backends::SandboxSpec SpecFor(const std::string& id, const CreateParams& p) {
 
 }  // namespace
 
-StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
+StatusOr<SandboxRecord> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
   // Counted before the deleted check: Shutdown marks every entry deleted, then waits for
   // this to reach zero, so no create can slip past it and outlive the backend.
   creates_in_flight_++;
@@ -381,8 +361,8 @@ StatusOr<Json> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& e) {
   return Record(*e);
 }
 
-Json Manager::AttachPooled(const std::shared_ptr<SandboxEntry>& e,
-                           std::shared_ptr<backends::Sandbox> sb) {
+SandboxRecord Manager::AttachPooled(const std::shared_ptr<SandboxEntry>& e,
+                                    std::shared_ptr<backends::Sandbox> sb) {
   metrics_->CountCreated();
   Attach(e, sb);
   {
@@ -403,7 +383,7 @@ StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
   return it->second;
 }
 
-StatusOr<Json> Manager::List(const ListFilter& f) const {
+StatusOr<SandboxPage> Manager::List(const ListFilter& f) const {
   std::vector<std::pair<std::pair<int64_t, std::string>, std::shared_ptr<SandboxEntry>>> all;
   for (auto& e : Snapshot()) {
     MutexLock l(e->mu_);
@@ -417,7 +397,7 @@ StatusOr<Json> Manager::List(const ListFilter& f) const {
     if (!ts) return InvalidArgument("bad cursor");
     after = std::make_pair(*ts, f.cursor.substr(dot + 1));
   }
-  Json list = Json::array();
+  SandboxPage page;
   std::string last_key;
   bool more = false;
   for (const auto& [key, e] : all) {
@@ -432,18 +412,19 @@ StatusOr<Json> Manager::List(const ListFilter& f) const {
       }
       if (!ok) continue;
     }
-    if (!f.state.empty() && StateName(*e) != f.state) continue;
-    if (list.size() == f.limit) {
+    if (f.state && e->phase() != *f.state) continue;
+    if (page.sandboxes.size() == f.limit) {
       more = true;
       break;
     }
-    list.push_back(Record(*e));
+    page.sandboxes.push_back(Record(*e));
     last_key = std::to_string(key.first) + "." + key.second;
   }
-  return Json{{"sandboxes", list}, {"next_cursor", more ? Json(last_key) : Json(nullptr)}};
+  if (more) page.next_cursor = last_key;
+  return page;
 }
 
-StatusOr<Json> Manager::Patch(const std::string& id, const PatchParams& p) {
+StatusOr<SandboxRecord> Manager::Patch(const std::string& id, const PatchParams& p) {
   DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
   std::map<std::string, std::string> old_labels;
   int64_t old_expires = 0, old_idle = 0;
@@ -524,21 +505,21 @@ Status Manager::Delete(const std::string& id, const std::string& reason) {
   return OkStatus();
 }
 
-StatusOr<Json> Manager::Pause(const std::string& id) {
+StatusOr<SandboxRecord> Manager::Pause(const std::string& id) {
   DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
   DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox(Op::kPause));
   DSEC_RETURN_IF_ERROR(sb->Pause());
   return Record(*e);
 }
 
-StatusOr<Json> Manager::Resume(const std::string& id) {
+StatusOr<SandboxRecord> Manager::Resume(const std::string& id) {
   DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
   DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox(Op::kResume));
   DSEC_RETURN_IF_ERROR(sb->Resume());
   return Record(*e);
 }
 
-StatusOr<int> Manager::JobAction(const std::string& job, const std::string& action) {
+StatusOr<int> Manager::JobAction(const std::string& job, JobOp op) {
   std::vector<std::string> ids;
   for (auto& e : Snapshot()) {
     MutexLock l(e->mu_);
@@ -546,11 +527,11 @@ StatusOr<int> Manager::JobAction(const std::string& job, const std::string& acti
     if (it != e->labels_.end() && it->second == job) ids.push_back(e->id);
   }
   std::atomic<int> affected{0};
-  ParallelFor(static_cast<int>(ids.size()), action == "delete" ? kDestroyThreads : 1, [&](int i) {
+  ParallelFor(static_cast<int>(ids.size()), op == JobOp::kDelete ? kDestroyThreads : 1, [&](int i) {
     const std::string& id = ids[static_cast<size_t>(i)];
-    bool ok = action == "pause"    ? Pause(id).ok()
-              : action == "resume" ? Resume(id).ok()
-                                   : Delete(id, "job").ok();
+    bool ok = op == JobOp::kPause    ? Pause(id).ok()
+              : op == JobOp::kResume ? Resume(id).ok()
+                                     : Delete(id, "job").ok();
     if (ok) affected++;
   });
   return affected.load();
@@ -559,7 +540,7 @@ StatusOr<int> Manager::JobAction(const std::string& job, const std::string& acti
 void Manager::ReleaseMemoryLocked(SandboxEntry& e) {
   if (!e.memory_counted) return;  // a failed sandbox released it already
   e.memory_counted = false;
-  memory_mb_ -= e.params.memory_mb;
+  memory_mb_ -= e.params.resources.memory_mb;
 }
 
 void Manager::FinishFailure(const std::shared_ptr<SandboxEntry>& e) {
@@ -659,7 +640,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
     e->last_used_at = now;
     MutexLock l(mu_);
     entries_[e->id] = e;
-    memory_mb_ += p->memory_mb;
+    memory_mb_ += p->resources.memory_mb;
     ++adopted;
   }
   DSEC_ASSIGN_OR_RETURN(int cleaned, backend_->CleanupOrphans());
@@ -692,34 +673,22 @@ void Manager::Shutdown(bool persist) {
   DSEC_LOG_INFO("destroyed {} sandboxes", all.size());
 }
 
-Json Manager::NodeInfo() const {
-  Json by_state = Json::object();
-  int64_t n = 0, mem = 0;
+NodeReport Manager::NodeInfo() const {
+  NodeReport r;
+  r.node = cfg_.node;
+  r.max_sandboxes = cfg_.max_sandboxes;
+  r.memory_mb = NodeMemoryMb();
+  r.overcommit = cfg_.memory_overcommit;
+  r.admit_memory_mb = admit_memory_mb_;
+  r.files = files_;
+  r.budget = budget_;
   for (auto& e : Snapshot()) {
-    by_state[StateName(*e)] = by_state.value(StateName(*e), 0) + 1;
-    ++n;
+    r.by_state[e->phase()]++;
+    r.sandboxes++;
   }
-  {
-    MutexLock l(mu_);
-    mem = memory_mb_;
-  }
-  return {{"node", cfg_.node},
-          {"capacity",
-           {{"max_sandboxes", cfg_.max_sandboxes},
-            {"memory_mb", NodeMemoryMb()},
-            {"overcommit", cfg_.memory_overcommit},
-            {"admit_memory_mb", admit_memory_mb_},
-            {"edge_max_sandboxes", files_.max_sandboxes},
-            {"edge_nofile", files_.nofile},
-            {"budgets",
-             {{"file_max", budget_.file_max},
-              {"pid_max", budget_.pid_max},
-              {"threads_max", budget_.threads_max},
-              {"sandbox_pids", budget_.sandbox_pids},
-              {"sandbox_tcp_bytes", budget_.sandbox_tcp_bytes},
-              {"pty_max", budget_.pty_max},
-              {"pty_per_sandbox", budget_.pty_per_sandbox}}}}},
-          {"usage", {{"sandboxes", n}, {"memory_mb", mem}, {"by_state", by_state}}}};
+  MutexLock l(mu_);
+  r.used_memory_mb = memory_mb_;
+  return r;
 }
 
 Metrics::Gauges Manager::Gauges() const {
@@ -727,7 +696,8 @@ Metrics::Gauges Manager::Gauges() const {
   for (backends::Kind k : Kinds())
     for (const char* s : {"creating", "running", "paused", "failed"})
       g[{s, std::string(backends::KindName(k))}] = 0;
-  for (auto& e : Snapshot()) g[{StateName(*e), std::string(backends::KindName(e->params.kind))}]++;
+  for (auto& e : Snapshot())
+    g[{std::string(PhaseName(e->phase())), std::string(backends::KindName(e->params.kind))}]++;
   return g;
 }
 

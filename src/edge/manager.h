@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/fncall/pool.h"
+#include "backends/pools/pool.h"
 #include "backends/sandbox.h"
 #include "base/clock.h"
 #include "base/json.h"
@@ -29,6 +29,7 @@
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
 #include "edge/output_budget.h"
+#include "edge/records.h"
 #include "edge/state_store.h"
 
 namespace dsec::edge {
@@ -37,10 +38,7 @@ namespace dsec::edge {
 struct CreateParams {
   backends::Kind kind = backends::Kind::kContainer;
   std::string image = "host";
-  double cpu = 1.0;
-  int64_t memory_mb = 512;
-  int64_t pids = 256;
-  int64_t disk_mb = 256;
+  Resources resources;
   int64_t ttl_s = 3600;
   int64_t idle_ttl_s = 0;
   std::string user = "sandbox";
@@ -116,11 +114,14 @@ class SandboxEntry {
 
 struct ListFilter {
   std::vector<std::pair<std::string, std::string>> labels;  // all must match
-  std::string state;
+  std::optional<Phase> state;
   std::optional<backends::Kind> kind;
   size_t limit = 100;
   std::string cursor;
 };
+
+// What a job action (POST /v1/jobs/{job}/...) does to each sandbox labelled job=<job>.
+enum class JobOp { kPause, kResume, kDelete };
 
 struct PatchParams {
   std::optional<int64_t> ttl_s, idle_ttl_s;
@@ -137,7 +138,7 @@ class Manager {
   StatusOr<std::pair<int, int>> Recover();
   void StartReaper();
   // Container pools that creates with CreateParams::pool take sandboxes from.
-  void SetPools(fncall::PoolSet* pools) { pools_ = pools; }
+  void SetPools(pools::PoolSet* pools) { pools_ = pools; }
   // Node-wide kernel budgets (set once at start, before serving).
   void SetNodeBudget(const NodeBudget& b) { budget_ = b; }
   void SetFileBudget(const FileBudget& b) { files_ = b; }
@@ -148,20 +149,21 @@ class Manager {
 
   // Admission, then creation. With wait=false the records come back "creating" and creation
   // continues on `background` (which must run the task on a worker thread).
-  StatusOr<std::vector<Json>> Create(const CreateParams& p, int count, bool wait,
-                                     const std::function<void(std::function<void()>)>& background);
+  StatusOr<std::vector<SandboxRecord>> Create(
+      const CreateParams& p, int count, bool wait,
+      const std::function<void(std::function<void()>)>& background);
   // NotFound for unknown ids; Touches the entry.
   StatusOr<std::shared_ptr<SandboxEntry>> Get(const std::string& id);
-  Json Record(const SandboxEntry& e) const;
-  StatusOr<Json> List(const ListFilter& f) const;
-  StatusOr<Json> Patch(const std::string& id, const PatchParams& p);
+  SandboxRecord Record(const SandboxEntry& e) const;
+  StatusOr<SandboxPage> List(const ListFilter& f) const;
+  StatusOr<SandboxRecord> Patch(const std::string& id, const PatchParams& p);
   Status Delete(const std::string& id, const std::string& reason = "api");
-  StatusOr<Json> Pause(const std::string& id);
-  StatusOr<Json> Resume(const std::string& id);
-  // "pause" | "resume" | "delete" on every sandbox labelled job=<job>.
-  StatusOr<int> JobAction(const std::string& job, const std::string& action);
+  StatusOr<SandboxRecord> Pause(const std::string& id);
+  StatusOr<SandboxRecord> Resume(const std::string& id);
+  // `op` on every sandbox labelled job=<job>; returns how many it succeeded on.
+  StatusOr<int> JobAction(const std::string& job, JobOp op);
 
-  Json NodeInfo() const;
+  NodeReport NodeInfo() const;
   // The kinds of sandbox this node makes.
   std::vector<backends::Kind> Kinds() const { return {backend_->kind()}; }
   Metrics::Gauges Gauges() const;
@@ -177,12 +179,12 @@ class Manager {
  private:
   Status Admit(const CreateParams& p, int count) DSEC_REQUIRES(mu_);
   Status AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included) DSEC_REQUIRES(mu_);
-  StatusOr<Json> CreateOne(const std::shared_ptr<SandboxEntry>& e);
+  StatusOr<SandboxRecord> CreateOne(const std::shared_ptr<SandboxEntry>& e);
   // An entry whose sandbox came ready-made from a pool.
-  Json AttachPooled(const std::shared_ptr<SandboxEntry>& e, std::shared_ptr<backends::Sandbox> sb);
+  SandboxRecord AttachPooled(const std::shared_ptr<SandboxEntry>& e,
+                             std::shared_ptr<backends::Sandbox> sb);
   Status Persist(const SandboxEntry& e);
   Json StoredRecord(const SandboxEntry& e) const;
-  std::string StateName(const SandboxEntry& e) const;
   // The entry's sandbox is ready (made, adopted or taken from a pool): running or paused as
   // the sandbox is, and following its changes from now on (SyncPhase).
   void Attach(const std::shared_ptr<SandboxEntry>& e, std::shared_ptr<backends::Sandbox> sb);
@@ -198,7 +200,7 @@ class Manager {
   EdgeConfig cfg_;
   const Clock* clock_ = Clock::System();
   backends::Backend* backend_;
-  fncall::PoolSet* pools_ = nullptr;
+  pools::PoolSet* pools_ = nullptr;
   StateStore* store_;
   Metrics* metrics_;
   int64_t admit_memory_mb_ = 0;

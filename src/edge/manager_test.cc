@@ -47,14 +47,14 @@ class ManagerTest : public ::testing::Test {
   std::string CreateOne(CreateParams p = {}) {
     auto r = manager_->Create(p, 1, /*wait=*/true, nullptr);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? (*r)[0]["id"].get<std::string>() : "";
+    return r.ok() ? (*r)[0].id : "";
   }
   // The record's state, read without counting as a call (Get would reset the idle time).
   std::string State(const std::string& id) {
     auto list = manager_->List({});
     EXPECT_TRUE(list.ok());
-    for (const auto& r : (*list)["sandboxes"])
-      if (r["id"] == id) return r["state"];
+    for (const auto& r : list->sandboxes)
+      if (r.id == id) return std::string(PhaseName(r.state));
     return "gone";
   }
 
@@ -73,14 +73,14 @@ TEST_F(ManagerTest, CreateListDeleteKeepsTheStateDbInStep) {
   EXPECT_EQ(backend_.created(), 2);
   auto list = manager_->List({});
   ASSERT_TRUE(list.ok());
-  EXPECT_EQ((*list)["sandboxes"].size(), 2u);
+  EXPECT_EQ(list->sandboxes.size(), 2u);
   EXPECT_EQ(store_->ListSandboxes()->size(), 2u);
   ASSERT_TRUE(manager_->Delete(a).ok());
   EXPECT_EQ(State(a), "gone");
   EXPECT_EQ(manager_->Delete(a).code(), StatusCode::kNotFound);
   EXPECT_EQ(backend_.destroyed(), 1);
   EXPECT_EQ(store_->ListSandboxes()->size(), 1u);
-  EXPECT_EQ(manager_->NodeInfo()["usage"]["sandboxes"], 1);
+  EXPECT_EQ(manager_->NodeInfo().sandboxes, 1);
 }
 
 TEST_F(ManagerTest, PauseAndResumeAreStatesOfTheRecord) {
@@ -134,21 +134,21 @@ TEST_F(ManagerTest, IdleTtlCountsTimeWithoutCalls) {
 
 TEST_F(ManagerTest, AnAgentThatDiesFailsTheSandboxAndFreesItsMemory) {
   CreateParams p;
-  p.memory_mb = 128;
+  p.resources.memory_mb = 128;
   std::string id = CreateOne(p);
-  EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 128);
+  EXPECT_EQ(manager_->NodeInfo().used_memory_mb, 128);
   backend_.KillAgent(id);
   // The record says so at once (the backend's failure event), before any reaping.
   ASSERT_TRUE(dsec::testing::PollUntil([&] { return State(id) == "failed"; }));
   auto e = manager_->Get(id);
   ASSERT_TRUE(e.ok());
-  EXPECT_EQ(manager_->Record(**e)["reason"], "agent exited");
+  EXPECT_EQ(manager_->Record(**e).reason, "agent exited");
   EXPECT_EQ((*e)->Sandbox().status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(manager_->Pause(id).status().code(), StatusCode::kFailedPrecondition);
   // The reaper releases what it held, once.
   manager_->ReapOnce();
   manager_->ReapOnce();
-  EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 0);
+  EXPECT_EQ(manager_->NodeInfo().used_memory_mb, 0);
   EXPECT_EQ(backend_.destroyed(), 1);
   // Labels may still change; a failed sandbox is deleted like any other.
   PatchParams patch;
@@ -176,7 +176,7 @@ TEST_F(ManagerTest, OperationsWaitForACreateAndSay503WhenItTakesTooLong) {
   auto r = manager_->Create({}, 1, /*wait=*/false,
                             [&](std::function<void()> task) { later.push_back(std::move(task)); });
   ASSERT_TRUE(r.ok());
-  std::string id = (*r)[0]["id"];
+  std::string id = (*r)[0].id;
   auto e = manager_->Get(id);
   ASSERT_TRUE(e.ok());
   EXPECT_EQ((*e)->Sandbox(Op::kUse, 1).status().code(), StatusCode::kUnavailable);
@@ -194,7 +194,7 @@ TEST_F(ManagerTest, ACreateThatFailsLeavesNoRecord) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(manager_->size(), 0u);
   EXPECT_TRUE(store_->ListSandboxes()->empty());
-  EXPECT_EQ(manager_->NodeInfo()["usage"]["memory_mb"], 0);
+  EXPECT_EQ(manager_->NodeInfo().used_memory_mb, 0);
   // The node ran out of something: 503-like, worth a retry elsewhere.
   backend_.FailNextCreate(ResourceExhausted("no fds"));
   EXPECT_EQ(manager_->Create({}, 1, true, nullptr).status().code(), StatusCode::kUnavailable);
@@ -205,8 +205,8 @@ TEST_F(ManagerTest, DeletedWhileCreatingIsNeverMade) {
   auto r = manager_->Create({}, 1, /*wait=*/false,
                             [&](std::function<void()> task) { later.push_back(std::move(task)); });
   ASSERT_TRUE(r.ok());
-  std::string id = (*r)[0]["id"];
-  EXPECT_EQ((*r)[0]["state"], "creating");
+  std::string id = (*r)[0].id;
+  EXPECT_EQ((*r)[0].state, Phase::kCreating);
   EXPECT_EQ(State(id), "creating");
   ASSERT_TRUE(manager_->Delete(id).ok());
   for (auto& t : later) t();
@@ -229,11 +229,11 @@ TEST_F(ManagerTest, PersistedSandboxesAreReadoptedWithTheirRecords) {
   EXPECT_EQ(rec->first, 1);
   EXPECT_EQ(State(id), "running");
   auto e = manager_->Get(id);
-  Json j = manager_->Record(**e);
-  EXPECT_EQ(j["labels"]["job"], "j1");
-  EXPECT_EQ(j["expires_at"], j["created_at"].get<int64_t>() + 100000);
+  SandboxRecord r = manager_->Record(**e);
+  EXPECT_EQ(r.labels["job"], "j1");
+  EXPECT_EQ(r.expires_at, r.created_at + 100000);
   // The job label still finds it.
-  auto n = manager_->JobAction("j1", "delete");
+  auto n = manager_->JobAction("j1", JobOp::kDelete);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 1);
   EXPECT_EQ(backend_.destroyed(), 1);
@@ -263,6 +263,46 @@ TEST(LifecycleTest, TheTransitionTable) {
   Status s = CheckOp(Op::kSnapshot, Phase::kFailed, "sb-1", "oom");
   EXPECT_EQ(s.message(), "sandbox sb-1 failed (oom) and cannot be snapshotted any more; delete it");
   EXPECT_EQ(PhaseName(Phase::kPaused), "paused");
+}
+
+// The REST layer's rendering of the manager's records (api/openapi.yaml's Sandbox and Node).
+TEST(RecordsJsonTest, SandboxRecordsRenderTheApiShape) {
+  SandboxRecord r;
+  r.id = "n-1";
+  r.state = Phase::kFailed;
+  r.image = "base:1,extra:2";
+  r.limits = {.cpu = 0.5, .memory_mb = 64, .pids = 32, .disk_mb = 8};
+  r.labels = {{"job", "j"}};
+  Json j = ToJson(r);
+  EXPECT_EQ(j["state"], "failed");
+  EXPECT_EQ(j["kind"], "container");
+  EXPECT_EQ(j["image"], Json::array({"base:1", "extra:2"}));  // a stack as its list
+  EXPECT_EQ(j["limits"], Json({{"cpu", 0.5}, {"memory_mb", 64}, {"pids", 32}, {"disk_mb", 8}}));
+  EXPECT_EQ(j["labels"]["job"], "j");
+  EXPECT_TRUE(j["reason"].is_null());
+  EXPECT_FALSE(j.contains("pool"));  // only for a sandbox taken from a pool
+  r.image = "host";
+  r.reason = "agent exited";
+  r.pool = "warm";
+  j = ToJson(r);
+  EXPECT_EQ(j["image"], "host");
+  EXPECT_EQ(j["reason"], "agent exited");
+  EXPECT_EQ(j["pool"], "warm");
+
+  SandboxPage page{{r, r}, ""};
+  EXPECT_EQ(ToJson(page)["sandboxes"].size(), 2u);
+  EXPECT_TRUE(ToJson(page)["next_cursor"].is_null());
+  page.next_cursor = "12.n-1";
+  EXPECT_EQ(ToJson(page)["next_cursor"], "12.n-1");
+
+  NodeReport n;
+  n.by_state = {{Phase::kRunning, 2}, {Phase::kPaused, 1}};
+  n.sandboxes = 3;
+  n.used_memory_mb = 1536;
+  Json nj = ToJson(n);
+  EXPECT_EQ(nj["usage"]["by_state"], Json({{"running", 2}, {"paused", 1}}));
+  EXPECT_EQ(nj["usage"]["memory_mb"], 1536);
+  EXPECT_TRUE(nj["capacity"].contains("budgets"));
 }
 
 }  // namespace

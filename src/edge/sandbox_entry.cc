@@ -9,10 +9,6 @@ namespace dsec::edge {
 Json ToJson(const CreateParams& p) {
   Json j = {{"kind", backends::KindName(p.kind)},
             {"image", p.image},
-            {"cpu", p.cpu},
-            {"memory_mb", p.memory_mb},
-            {"pids", p.pids},
-            {"disk_mb", p.disk_mb},
             {"ttl_s", p.ttl_s},
             {"idle_ttl_s", p.idle_ttl_s},
             {"user", p.user},
@@ -22,6 +18,7 @@ Json ToJson(const CreateParams& p) {
             {"network", {{"mode", p.network_mode}}},
             {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
   if (!p.config_from.empty()) j["config_from"] = p.config_from;
+  j.update(ToJson(p.resources));
   return j;
 }
 
@@ -34,10 +31,11 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
   if (!k) return InvalidArgument("unknown sandbox kind \"" + kind + "\"");
   p.kind = *k;
   DSEC_ASSIGN_OR_RETURN(p.image, GetString(j, "image", p.image));
-  if (auto it = j.find("cpu"); it != j.end() && it->is_number()) p.cpu = it->get<double>();
-  DSEC_ASSIGN_OR_RETURN(p.memory_mb, GetInt(j, "memory_mb", p.memory_mb));
-  DSEC_ASSIGN_OR_RETURN(p.pids, GetInt(j, "pids", p.pids));
-  DSEC_ASSIGN_OR_RETURN(p.disk_mb, GetInt(j, "disk_mb", p.disk_mb));
+  Resources& r = p.resources;
+  if (auto it = j.find("cpu"); it != j.end() && it->is_number()) r.cpu = it->get<double>();
+  DSEC_ASSIGN_OR_RETURN(r.memory_mb, GetInt(j, "memory_mb", r.memory_mb));
+  DSEC_ASSIGN_OR_RETURN(r.pids, GetInt(j, "pids", r.pids));
+  DSEC_ASSIGN_OR_RETURN(r.disk_mb, GetInt(j, "disk_mb", r.disk_mb));
   DSEC_ASSIGN_OR_RETURN(p.ttl_s, GetInt(j, "ttl_s", p.ttl_s));
   DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, GetInt(j, "idle_ttl_s", p.idle_ttl_s));
   DSEC_ASSIGN_OR_RETURN(p.user, GetString(j, "user", p.user));

@@ -32,7 +32,7 @@ namespace dsec::isolation {
 struct CgroupLimits {
   int64_t memory_bytes = 0;  // 0 = unlimited; swap is always off
   int64_t pids = 0;          // 0 = unlimited
-  double cpus = 0;           // CFS quota in cores; 0 = unlimited
+  double cpu = 0;            // CFS quota in cores; 0 = unlimited
 };
 
 struct CgroupStats {

@@ -73,7 +73,7 @@ TEST(CgroupV2Test, WritesLimitsAndControllers) {
   CgroupLimits l;
   l.memory_bytes = 256 << 20;
   l.pids = 64;
-  l.cpus = 1.5;
+  l.cpu = 1.5;
   auto cg = (*d)->CreateSandbox("sb-x", l);
   ASSERT_TRUE(cg.ok()) << cg.status().ToString();
   std::string sb = root + "/dsec-test01/sb-x";
@@ -182,7 +182,7 @@ TEST_P(CgroupPrivilegedTest, KillFreezeStatsDestroy) {
   CgroupLimits l;
   l.memory_bytes = 64 << 20;
   l.pids = 32;
-  l.cpus = 0.5;
+  l.cpu = 0.5;
   Cgroup* cg = Make(l);
   ASSERT_NE(cg, nullptr);
   pid_t a = Spawn(cg, [] {

@@ -102,7 +102,7 @@ class CgroupV1Hybrid : public Cgroup {
         WriteControl(JoinPath(pids_, "pids.max"), l.pids > 0 ? std::to_string(l.pids) : "max"));
     DSEC_RETURN_IF_ERROR(WriteControlIfChanged(JoinPath(cpu_, "cpu.cfs_period_us"), "100000"));
     int64_t quota = -1;
-    if (l.cpus > 0) quota = std::max<int64_t>(1000, std::llround(l.cpus * 100000));
+    if (l.cpu > 0) quota = std::max<int64_t>(1000, std::llround(l.cpu * 100000));
     return WriteControlIfChanged(JoinPath(cpu_, "cpu.cfs_quota_us"), std::to_string(quota));
   }
 

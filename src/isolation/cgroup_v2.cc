@@ -45,7 +45,7 @@ class CgroupV2 : public Cgroup {
     if (plain_ || access(swap.c_str(), F_OK) == 0)
       DSEC_RETURN_IF_ERROR(Write("memory.swap.max", "0"));
     DSEC_RETURN_IF_ERROR(Write("pids.max", l.pids > 0 ? std::to_string(l.pids) : "max"));
-    return WriteControlIfChanged(JoinPath(dir_.path(), "cpu.max"), CpuMax(l.cpus), plain_);
+    return WriteControlIfChanged(JoinPath(dir_.path(), "cpu.max"), CpuMax(l.cpu), plain_);
   }
 
   int CloneIntoFd() const override { return dir_.fd(); }

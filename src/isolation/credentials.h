@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/resources.h"
 #include "base/status.h"
 
 namespace dsec::isolation {
@@ -29,8 +30,8 @@ struct Rlimits {
 };
 
 struct ExecCredentials {
-  uid_t uid = 1000;
-  gid_t gid = 1000;
+  uid_t uid = kSandboxUid;
+  gid_t gid = kSandboxGid;
   // Capabilities kept after the switch: RootCapabilities() for uid 0, none otherwise.
   uint64_t caps = 0;
   Rlimits rlimits;

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "base/resources.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "isolation/rootfs.h"
@@ -49,8 +50,8 @@ struct HostImageOptions {
                                           "dsec"};
   // Absolute host paths of the edge's own files, hidden wherever they fall under `dirs`.
   std::vector<std::string> hidden_paths;
-  uint32_t sandbox_uid = 1000;
-  uint32_t sandbox_gid = 1000;
+  uint32_t sandbox_uid = kSandboxUid;
+  uint32_t sandbox_gid = kSandboxGid;
 };
 
 // A lower layer: a host directory, or a detached mount the edge made (the mask).

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/json.h"
+#include "base/resources.h"
 #include "base/status.h"
 #include "isolation/credentials.h"
 #include "isolation/rootfs.h"
@@ -80,7 +81,7 @@ struct ExecSpec {
   std::vector<std::string> argv;     // argv[0] looked up in PATH from env when it has no '/'
   std::vector<std::string> env;      // complete environment, "K=V"
   std::string cwd = "/";
-  uint32_t uid = 1000, gid = 1000;
+  uint32_t uid = kSandboxUid, gid = kSandboxGid;
   bool root_caps = false;               // keep the reduced root capability set (uid 0 only)
   int64_t timeout_ms = 0;               // 0 = none
   uint64_t max_output_bytes = 1 << 20;  // per stream

@@ -147,11 +147,12 @@ StatusOr<AgentLink> ContainerInstance::Start() {
   }
 
   // Big writable layers are disk images; smaller ones a tmpfs, whose pages count as memory.
-  disk_image_ = WritableLayerOnDisk(spec_.disk_mb, b.opts_.tmpfs_disk_max_mb);
+  disk_image_ = WritableLayerOnDisk(spec_.resources.disk_mb, b.opts_.tmpfs_disk_max_mb);
   isolation::CgroupLimits limits;
-  limits.memory_bytes = (spec_.memory_mb + (disk_image_ ? 0 : spec_.disk_mb)) << 20;
-  limits.pids = spec_.pids;
-  limits.cpus = spec_.cpus;
+  limits.memory_bytes = (spec_.resources.memory_mb + (disk_image_ ? 0 : spec_.resources.disk_mb))
+                        << 20;
+  limits.pids = spec_.resources.pids;
+  limits.cpu = spec_.resources.cpu;
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->CreateSandbox(spec_.id, limits));
   cgroup_ = std::move(cg);
   if (userns) DSEC_RETURN_IF_ERROR(cgroup_->Delegate(root_uid, root_uid));
@@ -350,7 +351,7 @@ Status ContainerInstance::PrepareRoot(int userns_fd, isolation::RootfsSpec* r,
   // A user the node cannot resolve was refused before.
   in.workdir_uid = kSandboxUid, in.workdir_gid = kSandboxGid;
   if (auto u = ResolveUser(spec_.user); u.ok()) in.workdir_uid = u->uid, in.workdir_gid = u->gid;
-  in.disk_mb = spec_.disk_mb;
+  in.disk_mb = spec_.resources.disk_mb;
   in.inodes_per_mb = b.opts_.inodes_per_mb;
   in.tmpfs_disk_max_mb = b.opts_.tmpfs_disk_max_mb;
   RootfsPlan plan = PlanRootfs(in);
@@ -506,8 +507,8 @@ Status ContainerInstance::SetMemoryLimit(int64_t bytes) {
   if (!cgroup_) return FailedPrecondition("sandbox " + spec_.id + " has no cgroup");
   isolation::CgroupLimits limits;
   limits.memory_bytes = bytes;
-  limits.pids = spec_.pids;
-  limits.cpus = spec_.cpus;
+  limits.pids = spec_.resources.pids;
+  limits.cpu = spec_.resources.cpu;
   return cgroup_->SetLimits(limits);
 }
 
@@ -517,7 +518,9 @@ StatusOr<SandboxStats> ContainerInstance::Stats() {
   SandboxStats s;
   s.memory_current = c.memory_current;
   s.memory_peak = c.memory_peak;
-  s.memory_limit = static_cast<uint64_t>(spec_.memory_mb + (disk_image_ ? 0 : spec_.disk_mb)) << 20;
+  s.memory_limit =
+      static_cast<uint64_t>(spec_.resources.memory_mb + (disk_image_ ? 0 : spec_.resources.disk_mb))
+      << 20;
   s.cpu_usage_us = c.cpu_usage_us;
   s.pids = c.pids_current;
   s.oom_kills = c.oom_kills;
@@ -526,7 +529,7 @@ StatusOr<SandboxStats> ContainerInstance::Stats() {
     DSEC_ASSIGN_OR_RETURN(s.disk_used, DiskImageUsed());
     s.disk_kind = "image";
   }
-  s.disk_limit = static_cast<uint64_t>(spec_.disk_mb) << 20;
+  s.disk_limit = static_cast<uint64_t>(spec_.resources.disk_mb) << 20;
   return s;
 }
 

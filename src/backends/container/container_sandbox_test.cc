@@ -314,8 +314,8 @@ TEST_P(ContainerPrivilegedTest, ImageIsReadOnlyUnderTheOverlay) {
 
 TEST_P(ContainerPrivilegedTest, MemoryBombIsOomKilledAndReported) {
   SandboxSpec spec;
-  spec.memory_mb = 64;
-  spec.disk_mb = 16;
+  spec.resources.memory_mb = 64;
+  spec.resources.disk_mb = 16;
   auto sb = Create(spec);
   ASSERT_TRUE(sb);
   auto o = Sh(sb.get(), "exec python3 -c 'x=[]\nwhile True: x.append(b\"x\" * (1<<20))'");
@@ -332,7 +332,7 @@ TEST_P(ContainerPrivilegedTest, MemoryBombIsOomKilledAndReported) {
 
 TEST_P(ContainerPrivilegedTest, ForkBombStopsAtThePidsLimit) {
   SandboxSpec spec;
-  spec.pids = 64;
+  spec.resources.pids = 64;
   auto sb = Create(spec);
   ASSERT_TRUE(sb);
   auto o = Sh(sb.get(),
@@ -364,7 +364,7 @@ TEST_P(ContainerPrivilegedTest, ForkBombStopsAtThePidsLimit) {
 
 TEST_P(ContainerPrivilegedTest, DiskAndInodesFillToEnospc) {
   SandboxSpec spec;
-  spec.disk_mb = 8;
+  spec.resources.disk_mb = 8;
   auto sb = Create(spec);
   ASSERT_TRUE(sb);
   auto d = Sh(sb.get(), "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1; echo rc=$?");
@@ -537,7 +537,7 @@ TEST_P(ContainerPrivilegedTest, ShellsCanBeOpenedAndClosedForever) {
 
 TEST_P(ContainerPrivilegedTest, HugeDirectoryListingIsBounded) {
   SandboxSpec spec;
-  spec.disk_mb = 256;  // 65536 inodes
+  spec.resources.disk_mb = 256;  // 65536 inodes
   auto sb = Create(spec);
   ASSERT_TRUE(sb);
   auto mk = Sh(sb.get(),
@@ -703,9 +703,9 @@ TEST_P(ContainerPrivilegedTest, BadSpecsAreRejected) {
   s.id = "../x";
   EXPECT_EQ(backend_->Create(s).status().code(), StatusCode::kInvalidArgument);
   s.id = NewSandboxId("t");
-  s.memory_mb = -1;
+  s.resources.memory_mb = -1;
   EXPECT_EQ(backend_->Create(s).status().code(), StatusCode::kInvalidArgument);
-  s.memory_mb = 512;
+  s.resources.memory_mb = 512;
   s.image = "nope";
   EXPECT_EQ(backend_->Create(s).status().code(), StatusCode::kNotFound);
   s.image = "host";

@@ -65,8 +65,8 @@ class FnCallWorkerTest : public ::testing::Test {
     SandboxSpec spec;
     spec.id = NewSandboxId("fn");
     spec.worker = std::move(w);
-    spec.memory_mb = memory_mb;
-    spec.pids = pids;
+    spec.resources.memory_mb = memory_mb;
+    spec.resources.pids = pids;
     auto sb = backend_->Create(spec);
     EXPECT_TRUE(sb.ok()) << sb.status().ToString();
     if (!sb.ok()) return nullptr;

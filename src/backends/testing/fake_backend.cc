@@ -56,8 +56,8 @@ class FakeInstance : public Instance {
   StatusOr<SandboxStats> Stats() override {
     SandboxStats s;
     s.pids = 1;  // the agent
-    s.memory_limit = static_cast<uint64_t>(spec_.memory_mb) << 20;
-    s.disk_limit = static_cast<uint64_t>(spec_.disk_mb) << 20;
+    s.memory_limit = static_cast<uint64_t>(spec_.resources.memory_mb) << 20;
+    s.disk_limit = static_cast<uint64_t>(spec_.resources.disk_mb) << 20;
     return s;
   }
   Status SetMemoryLimit(int64_t bytes) override {

@@ -1,9 +1,9 @@
 // Pool scaling as a pure function of the pool's counts (PlanScale).
 #include <gtest/gtest.h>
 
-#include "backends/fncall/pool.h"
+#include "backends/pools/pool.h"
 
-namespace dsec::fncall {
+namespace dsec::pools {
 namespace {
 
 PoolCounts Counts(int idle, int busy, int starting, int queued) {
@@ -66,4 +66,4 @@ TEST(PoolScaleTest, ALoweredMaxRetiresIdleWorkersOnly) {
 }
 
 }  // namespace
-}  // namespace dsec::fncall
+}  // namespace dsec::pools

@@ -1,6 +1,7 @@
-// Pools of warm sandboxes. kind "container": pre-created container sandboxes, handed out
-// whole by TakeSandbox (a create from the pool) and refilled to `min_idle` in the background.
-// kind "fncall": warm fncall workers (zygote.h), where a runtime is a pool. A pool keeps `min_idle`
+// Pools of warm sandboxes, made through any kind's Backend (backends/sandbox.h). kind
+// "container": pre-created sandboxes, handed out whole by TakeSandbox (a create from the pool)
+// and refilled to `min_idle` in the background. kind "fncall": warm fncall workers
+// (backends/fncall/zygote.h), where a runtime is a pool. A pool keeps `min_idle`
 // workers ready, grows to `max` while calls wait, shrinks back after `idle_timeout_s`, and
 // replaces a worker that died or misbehaved. One call per worker at a time (its memory limit is
 // the worker's cgroup, set per call); calls beyond capacity wait in a bounded queue for up to
@@ -17,31 +18,39 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "backends/sandbox.h"
 #include "base/mutex.h"
+#include "base/resources.h"
 #include "base/status.h"
 
-namespace dsec::fncall {
+namespace dsec::pools {
 
 using Json = nlohmann::json;
 
+// What a pool holds: warm fncall workers (a runtime calls are submitted to), or ready container
+// sandboxes that creates take whole.
+enum class PoolKind { kFncall, kContainer };
+std::string_view PoolKindName(PoolKind k);  // "fncall", "container"
+std::optional<PoolKind> PoolKindFromName(std::string_view name);
+
 struct PoolConfig {
   std::string name;
-  std::string kind = "fncall";
+  PoolKind kind = PoolKind::kFncall;
   std::string runtime = "python";    // python | exec (bash is exec of /bin/bash -c)
   std::vector<std::string> preload;  // python modules imported once per worker
   std::vector<std::string> command;  // exec: argv the code is appended to
   std::string image = "host";
   int min_idle = 2;
   int max = 8;
-  int64_t memory_mb = 512;  // fncall: per call, the default and the most a call may ask for
-  int64_t disk_mb = 64;     // fncall: each call's fresh workdir and /tmp; container: as create
-  int64_t pids = 256;
-  double cpu = 1.0;
+  // fncall: memory_mb is per call, the default and the most a call may ask for, and disk_mb
+  // each call's fresh workdir and /tmp; container: as a create's.
+  Resources resources{.disk_mb = 64};
   int max_queue = 256;
   int64_t queue_timeout_ms = 10000;
   int64_t idle_timeout_s = 60;  // idle workers beyond min_idle go after this long
@@ -201,4 +210,4 @@ class PoolSet {
   std::thread thread_;
 };
 
-}  // namespace dsec::fncall
+}  // namespace dsec::pools

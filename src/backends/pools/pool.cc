@@ -1,4 +1,4 @@
-#include "backends/fncall/pool.h"
+#include "backends/pools/pool.h"
 
 #include <signal.h>
 
@@ -10,7 +10,7 @@
 #include "base/strings.h"
 #include "protocol/frame.h"
 
-namespace dsec::fncall {
+namespace dsec::pools {
 
 using backends::ExecOutput;
 using backends::Sandbox;
@@ -105,28 +105,35 @@ class Collect : public backends::ExecObserver {
 
 }  // namespace
 
+std::string_view PoolKindName(PoolKind k) {
+  return k == PoolKind::kContainer ? "container" : "fncall";
+}
+
+std::optional<PoolKind> PoolKindFromName(std::string_view name) {
+  if (name == "fncall") return PoolKind::kFncall;
+  if (name == "container") return PoolKind::kContainer;
+  return std::nullopt;
+}
+
 Json ToJson(const PoolConfig& c) {
   Json j = {{"name", c.name},
-            {"kind", c.kind},
+            {"kind", PoolKindName(c.kind)},
             {"runtime", c.runtime},
             {"image", c.image},
             {"min_idle", c.min_idle},
             {"max", c.max},
-            {"memory_mb", c.memory_mb},
-            {"disk_mb", c.disk_mb},
-            {"pids", c.pids},
-            {"cpu", c.cpu},
             {"max_queue", c.max_queue},
             {"queue_timeout_ms", c.queue_timeout_ms},
             {"idle_timeout_s", c.idle_timeout_s}};
-  if (c.kind == "container") {
+  j.update(ToJson(c.resources));
+  if (c.kind == PoolKind::kContainer) {
     j.erase("runtime");
     j.erase("max_queue");
     j.erase("queue_timeout_ms");
     j.erase("idle_timeout_s");
   }
-  if (c.kind == "fncall" && c.runtime == "python") j["preload"] = c.preload;
-  if (c.kind == "fncall" && c.runtime == "exec") j["command"] = c.command;
+  if (c.kind == PoolKind::kFncall && c.runtime == "python") j["preload"] = c.preload;
+  if (c.kind == PoolKind::kFncall && c.runtime == "exec") j["command"] = c.command;
   return j;
 }
 
@@ -152,24 +159,27 @@ StatusOr<PoolConfig> PoolConfigFromJson(const Json& j, PoolConfig c) {
     *out = it->get<std::string>();
     return OkStatus();
   };
-  DSEC_RETURN_IF_ERROR(str("kind", &c.kind));
+  std::string kind(PoolKindName(c.kind));
+  DSEC_RETURN_IF_ERROR(str("kind", &kind));
+  auto k = PoolKindFromName(kind);
+  if (!k) return InvalidArgument("\"kind\" must be \"fncall\" or \"container\"");
+  c.kind = *k;
   DSEC_RETURN_IF_ERROR(str("runtime", &c.runtime));
   DSEC_RETURN_IF_ERROR(str("image", &c.image));
   DSEC_RETURN_IF_ERROR(GetStrings(j, "preload", &c.preload));
   DSEC_RETURN_IF_ERROR(GetStrings(j, "command", &c.command));
   DSEC_RETURN_IF_ERROR(GetField(j, "min_idle", &c.min_idle, 0, 1024));
   DSEC_RETURN_IF_ERROR(GetField(j, "max", &c.max, 1, 4096));
-  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "memory_mb", &c.memory_mb, 16, 1 << 20));
-  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "disk_mb", &c.disk_mb, 1, 1 << 20));
-  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "pids", &c.pids, 16, 1 << 22));
-  DSEC_RETURN_IF_ERROR(GetField(j, "cpu", &c.cpu, 0.01, 1024.0));
+  Resources& r = c.resources;
+  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "memory_mb", &r.memory_mb, 16, 1 << 20));
+  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "disk_mb", &r.disk_mb, 1, 1 << 20));
+  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "pids", &r.pids, 16, 1 << 22));
+  DSEC_RETURN_IF_ERROR(GetField(j, "cpu", &r.cpu, 0.01, 1024.0));
   DSEC_RETURN_IF_ERROR(GetField(j, "max_queue", &c.max_queue, 0, 1 << 20));
   DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "queue_timeout_ms", &c.queue_timeout_ms, 0, 600000));
   DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "idle_timeout_s", &c.idle_timeout_s, 1, 86400 * 7));
-  if (c.kind != "fncall" && c.kind != "container")
-    return InvalidArgument("\"kind\" must be \"fncall\" or \"container\"");
   if (c.min_idle > c.max) return InvalidArgument("\"min_idle\" must not exceed \"max\"");
-  if (c.kind == "fncall") {
+  if (c.kind == PoolKind::kFncall) {
     if (c.runtime != "python" && c.runtime != "bash" && c.runtime != "exec")
       return InvalidArgument("\"runtime\" must be \"python\", \"bash\" or \"exec\"");
     if (c.runtime == "exec" && c.command.empty())
@@ -193,7 +203,7 @@ void Pool::Submit(CallRequest req, CallDone done) {
     l.Unlock();
     return q.done(Unavailable("pool " + cfg_.name + " is shut down"));
   }
-  if (cfg_.kind != "fncall") {
+  if (cfg_.kind != PoolKind::kFncall) {
     l.Unlock();
     return q.done(InvalidArgument("pool " + cfg_.name + " is a container pool, not a runtime"));
   }
@@ -222,7 +232,7 @@ void Pool::Submit(CallRequest req, CallDone done) {
 }
 
 void Pool::Start(std::shared_ptr<Worker> w, Queued q) {
-  int64_t want = q.req.memory_mb > 0 ? q.req.memory_mb : cfg_.memory_mb;
+  int64_t want = q.req.memory_mb > 0 ? q.req.memory_mb : cfg_.resources.memory_mb;
   if (want != w->limit_mb) {
     Status s = w->sb->SetMemoryLimit((want + w->baseline_mb) << 20);
     if (!s.ok()) {
@@ -339,7 +349,7 @@ std::shared_ptr<Sandbox> Pool::TakeSandbox() {
   std::shared_ptr<Worker> w;
   {
     MutexLock l(mu_);
-    if (cfg_.kind != "container" || stopped_) return nullptr;
+    if (cfg_.kind != PoolKind::kContainer || stopped_) return nullptr;
     // A pooled sandbox that died while idle is not handed out.
     while (!idle_.empty() && !w) {
       w = idle_.back();
@@ -365,10 +375,7 @@ backends::SandboxSpec ContainerSpecFor(const PoolConfig& c) {
   s.workdir = c.workdir;
   s.user = c.user;
   s.env = c.env;
-  s.cpus = c.cpu;
-  s.memory_mb = c.memory_mb;
-  s.pids = c.pids;
-  s.disk_mb = c.disk_mb;
+  s.resources = c.resources;
   return s;
 }
 
@@ -377,12 +384,12 @@ backends::SandboxSpec Pool::ContainerSpec() const { return ContainerSpecFor(cfg_
 std::pair<int64_t, int64_t> Pool::Usage() const {
   MutexLock l(mu_);
   int64_t n = static_cast<int64_t>(idle_.size() + busy_.size() + resting_.size()) + starting_;
-  return {n, n * cfg_.memory_mb};
+  return {n, n * cfg_.resources.memory_mb};
 }
 
 StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
-  if (admit_) DSEC_RETURN_IF_ERROR(admit_(cfg_.memory_mb));
-  if (cfg_.kind == "container") {
+  if (admit_) DSEC_RETURN_IF_ERROR(admit_(cfg_.resources.memory_mb));
+  if (cfg_.kind == PoolKind::kContainer) {
     backends::SandboxSpec s = ContainerSpec();
     s.id = NewSandboxId(node_);
     DSEC_RETURN_IF_ERROR(backends::ValidateSandboxSpec(s));
@@ -394,12 +401,12 @@ StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
   backends::SandboxSpec s = ContainerSpecFor(cfg_);
   s.id = NewSandboxId(node_);
   s.hostname = "fncall";
-  s.disk_mb = kWorkerDiskMb;
+  s.resources.disk_mb = kWorkerDiskMb;
   backends::WorkerSpec w;
   w.runtime = cfg_.runtime == "python" ? "python" : "exec";
   w.preload = cfg_.preload;
   w.command = cfg_.runtime == "bash" ? std::vector<std::string>{"/bin/bash", "-c"} : cfg_.command;
-  w.call_disk_mb = cfg_.disk_mb;
+  w.call_disk_mb = cfg_.resources.disk_mb;
   s.worker = std::move(w);
   DSEC_RETURN_IF_ERROR(backends::ValidateSandboxSpec(s));
   DSEC_ASSIGN_OR_RETURN(auto sb, backend_->Create(s));
@@ -408,7 +415,7 @@ StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
   auto st = sb->Stats();
   int64_t used_mb = st.ok() ? static_cast<int64_t>((st->memory_current + (1 << 20) - 1) >> 20) : 64;
   worker->baseline_mb = used_mb + kBaselineSlackMb;
-  worker->limit_mb = cfg_.memory_mb;
+  worker->limit_mb = cfg_.resources.memory_mb;
   if (Status s2 = sb->SetMemoryLimit((worker->limit_mb + worker->baseline_mb) << 20); !s2.ok()) {
     (void)sb->Destroy();
     return s2;
@@ -469,7 +476,7 @@ int64_t Pool::Maintain() {
       c.queued = static_cast<int>(queue_.size());
       c.idle_low = idle_low_;
       c.window_over = now - window_start_ms_ >= cfg_.idle_timeout_s * 1000;
-      ScalePlan plan = PlanScale(c, cfg_.min_idle, cfg_.max, cfg_.kind == "container");
+      ScalePlan plan = PlanScale(c, cfg_.min_idle, cfg_.max, cfg_.kind == PoolKind::kContainer);
       want = plan.start;
       // The least recently used idle workers (at the back) go when the window had surplus;
       // over max, the front ones.
@@ -565,7 +572,7 @@ Json Pool::Describe() const {
   MutexLock l(mu_);
   Json j = ToJson(cfg_);
   j["workers"] = {{"idle", idle_.size()}, {"busy", busy_.size()}, {"starting", starting_}};
-  if (cfg_.kind == "container") {
+  if (cfg_.kind == PoolKind::kContainer) {
     j["taken"] = taken_;
     j["missed"] = missed_;
   } else {
@@ -597,7 +604,7 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
   auto pool = std::make_shared<Pool>(cfg, backend_, node_);
   pool->wake_ = [this] { Wake(); };
   pool->admit_ = admit_;
-  if (cfg.kind != "container") pool->max_calls_ = max_calls_;
+  if (cfg.kind != PoolKind::kContainer) pool->max_calls_ = max_calls_;
   {
     MutexLock l(mu_);
     if (stop_) return Unavailable("shutting down");
@@ -607,8 +614,7 @@ StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
       bool same_workers = o.kind == cfg.kind && o.runtime == cfg.runtime &&
                           o.preload == cfg.preload && o.command == cfg.command &&
                           o.image == cfg.image && o.workdir == cfg.workdir && o.user == cfg.user &&
-                          o.env == cfg.env && o.memory_mb == cfg.memory_mb &&
-                          o.disk_mb == cfg.disk_mb && o.pids == cfg.pids && o.cpu == cfg.cpu;
+                          o.env == cfg.env && o.resources == cfg.resources;
       if (same_workers) {
         it->second->UpdateLimits(cfg);
         woken_ = true;
@@ -720,4 +726,4 @@ void PoolSet::Shutdown() {
   for (auto& p : all) p->Shutdown();
 }
 
-}  // namespace dsec::fncall
+}  // namespace dsec::pools

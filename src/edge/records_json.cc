@@ -1,0 +1,73 @@
+#include "base/strings.h"
+#include "edge/records.h"
+
+// The REST shapes of the manager's records (api/openapi.yaml: Sandbox, SandboxList, Node).
+namespace dsec::edge {
+
+namespace {
+// A stack of images is shown as the list it was given as; a single image as its name.
+Json ImageField(const std::string& image) {
+  if (image.find(',') == std::string::npos) return image;
+  Json a = Json::array();
+  for (auto n : SplitString(image, ',', /*skip_empty=*/true)) a.push_back(std::string(n));
+  return a;
+}
+}  // namespace
+
+Json ToJson(const SandboxRecord& r) {
+  Json j = {{"id", r.id},
+            {"kind", backends::KindName(r.kind)},
+            {"state", PhaseName(r.state)},
+            {"node", r.node},
+            {"image", ImageField(r.image)},
+            {"created_at", r.created_at},
+            {"expires_at", r.expires_at},
+            {"ttl_s", r.ttl_s},
+            {"idle_ttl_s", r.idle_ttl_s},
+            {"last_used_at", r.last_used_at},
+            {"limits", ToJson(r.limits)},
+            {"user", r.user},
+            {"workdir", r.workdir},
+            {"network", {{"mode", r.network_mode}}},
+            {"labels", ToJsonObject(r.labels)},
+            {"reason", r.reason.empty() ? Json(nullptr) : Json(r.reason)}};
+  if (!r.pool.empty()) j["pool"] = r.pool;
+  return j;
+}
+
+Json ToJson(const std::vector<SandboxRecord>& rs) {
+  Json list = Json::array();
+  for (const auto& r : rs) list.push_back(ToJson(r));
+  return list;
+}
+
+Json ToJson(const SandboxPage& p) {
+  return {{"sandboxes", ToJson(p.sandboxes)},
+          {"next_cursor", p.next_cursor.empty() ? Json(nullptr) : Json(p.next_cursor)}};
+}
+
+Json ToJson(const NodeReport& n) {
+  Json by_state = Json::object();
+  for (const auto& [phase, count] : n.by_state) by_state[std::string(PhaseName(phase))] = count;
+  const NodeBudget& b = n.budget;
+  return {{"node", n.node},
+          {"capacity",
+           {{"max_sandboxes", n.max_sandboxes},
+            {"memory_mb", n.memory_mb},
+            {"overcommit", n.overcommit},
+            {"admit_memory_mb", n.admit_memory_mb},
+            {"edge_max_sandboxes", n.files.max_sandboxes},
+            {"edge_nofile", n.files.nofile},
+            {"budgets",
+             {{"file_max", b.file_max},
+              {"pid_max", b.pid_max},
+              {"threads_max", b.threads_max},
+              {"sandbox_pids", b.sandbox_pids},
+              {"sandbox_tcp_bytes", b.sandbox_tcp_bytes},
+              {"pty_max", b.pty_max},
+              {"pty_per_sandbox", b.pty_per_sandbox}}}}},
+          {"usage",
+           {{"sandboxes", n.sandboxes}, {"memory_mb", n.used_memory_mb}, {"by_state", by_state}}}};
+}
+
+}  // namespace dsec::edge
