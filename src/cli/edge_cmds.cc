@@ -520,31 +520,9 @@ int MaybeRunThroughEdge(const GlobalOptions& g, const RunThroughEdge& o) {
   return ExitCodeForResult(*res, o.timeout_s);
 }
 
-void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
-  auto co = std::make_shared<CreateOpts>();
-  CLI::App* create = app.add_subcommand("create", "Create a sandbox on the edge; prints its id");
-  AddCreateFlags(create, co.get());
-  create->add_option("--count", co->count, "Create this many alike (1-256)");
-  create->add_option("--pool", co->pool,
-                     "Take a ready sandbox from this container pool (it sets the limits)");
-  create->callback([co, &g, exit_code] { *exit_code = Create(g, *co); });
+namespace {
 
-  auto ls_labels = std::make_shared<std::vector<std::string>>();
-  auto ls_state = std::make_shared<std::string>();
-  CLI::App* ls = app.add_subcommand("ls", "List sandboxes");
-  ls->add_option("--label", *ls_labels, "KEY=VALUE filter (repeatable, ANDed)")
-      ->expected(1)
-      ->take_all();
-  ls->add_option("--state", *ls_state, "creating|running|paused|failed");
-  ls->callback([=, &g] { *exit_code = List(g, *ls_labels, *ls_state); });
-
-  auto get_id = std::make_shared<std::string>();
-  auto get_stats = std::make_shared<bool>(false);
-  CLI::App* get = app.add_subcommand("get", "Show one sandbox");
-  get->add_option("id", *get_id, "Sandbox id")->required();
-  get->add_flag("--stats", *get_stats, "Also show resource usage");
-  get->callback([=, &g] { *exit_code = Get(g, *get_id, *get_stats); });
-
+void AddExecCommand(CLI::App& app, GlobalOptions& g, int* exit_code) {
   auto eo = std::make_shared<ExecOpts>();
   CLI::App* ex = app.add_subcommand("exec", "Run a command in a sandbox: dsec exec ID -- CMD...");
   ex->add_option("id", eo->id, "Sandbox id")->required();
@@ -573,6 +551,57 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
     }
     *exit_code = Exec(g, o);
   });
+}
+
+void AddRmCommand(CLI::App& app, GlobalOptions& g, int* exit_code) {
+  auto rm_ids = std::make_shared<std::vector<std::string>>();
+  auto rm_job = std::make_shared<std::string>();
+  auto rm_force = std::make_shared<bool>(false);
+  CLI::App* rm = app.add_subcommand("rm", "Delete sandboxes (or every sandbox of --job)");
+  rm->add_option("ids", *rm_ids, "Sandbox ids");
+  rm->add_option("--job", *rm_job, "Delete the sandboxes labelled job=JOB");
+  rm->add_flag("-f,--force", *rm_force, "No error for ids that do not exist");
+  rm->callback([=, &g] {
+    if (!rm_job->empty()) {
+      *exit_code = rm_ids->empty() ? RemoveJob(g, *rm_job)
+                                   : Fail(InvalidArgument("rm: give ids or --job, not both"));
+      return;
+    }
+    if (rm_ids->empty()) {
+      *exit_code = Fail(InvalidArgument("rm: which sandboxes? give ids or --job"));
+      return;
+    }
+    *exit_code = ForEach(g, *rm_ids, Verb::delete_, "", *rm_force);
+  });
+}
+}  // namespace
+
+void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
+  auto co = std::make_shared<CreateOpts>();
+  CLI::App* create = app.add_subcommand("create", "Create a sandbox on the edge; prints its id");
+  AddCreateFlags(create, co.get());
+  create->add_option("--count", co->count, "Create this many alike (1-256)");
+  create->add_option("--pool", co->pool,
+                     "Take a ready sandbox from this container pool (it sets the limits)");
+  create->callback([co, &g, exit_code] { *exit_code = Create(g, *co); });
+
+  auto ls_labels = std::make_shared<std::vector<std::string>>();
+  auto ls_state = std::make_shared<std::string>();
+  CLI::App* ls = app.add_subcommand("ls", "List sandboxes");
+  ls->add_option("--label", *ls_labels, "KEY=VALUE filter (repeatable, ANDed)")
+      ->expected(1)
+      ->take_all();
+  ls->add_option("--state", *ls_state, "creating|running|paused|failed");
+  ls->callback([=, &g] { *exit_code = List(g, *ls_labels, *ls_state); });
+
+  auto get_id = std::make_shared<std::string>();
+  auto get_stats = std::make_shared<bool>(false);
+  CLI::App* get = app.add_subcommand("get", "Show one sandbox");
+  get->add_option("id", *get_id, "Sandbox id")->required();
+  get->add_flag("--stats", *get_stats, "Also show resource usage");
+  get->callback([=, &g] { *exit_code = Get(g, *get_id, *get_stats); });
+
+  AddExecCommand(app, g, exit_code);
 
   auto sh_id = std::make_shared<std::string>();
   auto sh_user = std::make_shared<std::string>();
@@ -604,25 +633,7 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   resume->add_option("ids", *resume_ids, "Sandbox ids")->required();
   resume->callback([=, &g] { *exit_code = ForEach(g, *resume_ids, Verb::post, "/resume", false); });
 
-  auto rm_ids = std::make_shared<std::vector<std::string>>();
-  auto rm_job = std::make_shared<std::string>();
-  auto rm_force = std::make_shared<bool>(false);
-  CLI::App* rm = app.add_subcommand("rm", "Delete sandboxes (or every sandbox of --job)");
-  rm->add_option("ids", *rm_ids, "Sandbox ids");
-  rm->add_option("--job", *rm_job, "Delete the sandboxes labelled job=JOB");
-  rm->add_flag("-f,--force", *rm_force, "No error for ids that do not exist");
-  rm->callback([=, &g] {
-    if (!rm_job->empty()) {
-      *exit_code = rm_ids->empty() ? RemoveJob(g, *rm_job)
-                                   : Fail(InvalidArgument("rm: give ids or --job, not both"));
-      return;
-    }
-    if (rm_ids->empty()) {
-      *exit_code = Fail(InvalidArgument("rm: which sandboxes? give ids or --job"));
-      return;
-    }
-    *exit_code = ForEach(g, *rm_ids, Verb::delete_, "", *rm_force);
-  });
+  AddRmCommand(app, g, exit_code);
 }
 
 }  // namespace dsec::cli

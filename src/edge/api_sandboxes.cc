@@ -94,6 +94,78 @@ Status ApplyImageConfig(images::ImageStore* store, bool workdir_given, bool user
   return OkStatus();
 }
 
+// The fields of a create that a pool may fix, as the request sent them.
+struct CreateFields {
+  std::optional<std::string> image;
+  std::optional<double> cpu;
+  std::optional<int64_t> memory_mb, pids, disk_mb;
+  std::optional<std::string> user, workdir;
+  std::optional<std::map<std::string, std::optional<std::string>>> env;
+};
+
+// A create from a container pool: the pool fixed what its sandboxes are made with, so the
+// request may leave those fields out or send the pool's values, and nothing else.
+Status TakeFromPool(const std::string& name, pools::PoolSet* pools, CreateFields* f,
+                    CreateParams* p) {
+  auto src = pools ? pools->Get(name) : nullptr;
+  if (!src) return NotFound("pool " + name + " not found");
+  if (src->config().kind != pools::PoolKind::kContainer)
+    return InvalidArgument("pool " + name + " is an fncall runtime, not a container pool");
+  backends::SandboxSpec ps = src->ContainerSpec();
+  auto differs = [&](const char* field, bool same) -> Status {
+    if (same) return OkStatus();
+    return InvalidArgument("\"" + std::string(field) + "\" is set by pool " + name +
+                           "; leave it out or make it equal");
+  };
+  const Resources& pr = ps.resources;
+  DSEC_RETURN_IF_ERROR(differs("image", !f->image || *f->image == ps.image));
+  DSEC_RETURN_IF_ERROR(differs("cpu", !f->cpu || *f->cpu == pr.cpu));
+  DSEC_RETURN_IF_ERROR(differs("memory_mb", !f->memory_mb || *f->memory_mb == pr.memory_mb));
+  DSEC_RETURN_IF_ERROR(differs("pids", !f->pids || *f->pids == pr.pids));
+  DSEC_RETURN_IF_ERROR(differs("disk_mb", !f->disk_mb || *f->disk_mb == pr.disk_mb));
+  DSEC_RETURN_IF_ERROR(differs("user", !f->user || *f->user == ps.user));
+  DSEC_RETURN_IF_ERROR(differs("workdir", !f->workdir || *f->workdir == ps.workdir));
+  DSEC_RETURN_IF_ERROR(differs("env", !f->env || f->env->empty()));
+  p->pool = name;
+  f->image = ps.image;
+  f->cpu = pr.cpu;
+  f->memory_mb = pr.memory_mb;
+  f->pids = pr.pids;
+  f->disk_mb = pr.disk_mb;
+  // Made with its image's config (or the defaults): the record says so.
+  p->workdir = ps.workdir;
+  p->user = ps.user;
+  p->env = ps.env;
+  return OkStatus();
+}
+
+// Checks the fields the request (or its pool) gave and puts them over the defaults in `p`.
+Status ApplyFields(const CreateFields& f, CreateParams* p) {
+  if (f.image) p->image = *f.image;
+  if (f.cpu) p->resources.cpu = *f.cpu;
+  if (f.memory_mb) p->resources.memory_mb = *f.memory_mb;
+  if (f.pids) p->resources.pids = *f.pids;
+  if (f.disk_mb) p->resources.disk_mb = *f.disk_mb;
+  if (f.user) {
+    if (f.user->empty()) return InvalidArgument("\"user\" must not be empty");
+    DSEC_RETURN_IF_ERROR(backends::ResolveUser(*f.user).status());
+    p->user = *f.user;
+  }
+  if (const auto& w = f.workdir) {
+    if (w->empty() || (*w)[0] != '/' || w->find('\0') != std::string::npos)
+      return InvalidArgument("\"workdir\" must be an absolute path");
+    p->workdir = *w;
+  }
+  if (f.env && !f.env->empty()) {  // (a pool's env stays: a pooled create may only send {})
+    for (const auto& [k, v] : *f.env)
+      if (k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+          (v && v->find('\0') != std::string::npos))
+        return InvalidArgument("env names must not contain '=' or NUL, values no NUL");
+    p->env = Flatten(*f.env);
+  }
+  return OkStatus();
+}
+
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
                                                    const std::vector<backends::Kind>& served,
                                                    pools::PoolSet* pools,
@@ -102,17 +174,18 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   CreateParams p;
   p.resources = cfg.defaults;
   p.ttl_s = cfg.default_ttl_s;
+  CreateFields f;
   DSEC_ASSIGN_OR_RETURN(auto kind, b.String("kind", 32));
-  DSEC_ASSIGN_OR_RETURN(auto image, ParseImage(b.Raw("image")));
-  DSEC_ASSIGN_OR_RETURN(auto cpu, b.Number("cpu", 0.01, 64));
-  DSEC_ASSIGN_OR_RETURN(auto memory, b.Int("memory_mb", 16, 1 << 20));
-  DSEC_ASSIGN_OR_RETURN(auto pids, b.Int("pids", 8, 1 << 22));
-  DSEC_ASSIGN_OR_RETURN(auto disk, b.Int("disk_mb", 1, 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(f.image, ParseImage(b.Raw("image")));
+  DSEC_ASSIGN_OR_RETURN(f.cpu, b.Number("cpu", 0.01, 64));
+  DSEC_ASSIGN_OR_RETURN(f.memory_mb, b.Int("memory_mb", 16, 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(f.pids, b.Int("pids", 8, 1 << 22));
+  DSEC_ASSIGN_OR_RETURN(f.disk_mb, b.Int("disk_mb", 1, 1 << 20));
   DSEC_ASSIGN_OR_RETURN(auto ttl, b.Int("ttl_s", 1, kMaxTtlS));
   DSEC_ASSIGN_OR_RETURN(auto idle, b.Int("idle_ttl_s", 0, kMaxTtlS));
-  DSEC_ASSIGN_OR_RETURN(auto user, b.String("user", 64));
-  DSEC_ASSIGN_OR_RETURN(auto workdir, b.String("workdir", 1024));
-  DSEC_ASSIGN_OR_RETURN(auto env, b.StringMap("env", 256, 256, 32 << 10));
+  DSEC_ASSIGN_OR_RETURN(f.user, b.String("user", 64));
+  DSEC_ASSIGN_OR_RETURN(f.workdir, b.String("workdir", 1024));
+  DSEC_ASSIGN_OR_RETURN(f.env, b.StringMap("env", 256, 256, 32 << 10));
   DSEC_ASSIGN_OR_RETURN(auto labels, b.StringMap("labels", 64, 63, 256));
   DSEC_ASSIGN_OR_RETURN(auto count, b.Int("count", 1, cfg.max_count));
   DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
@@ -129,69 +202,19 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   }
   DSEC_RETURN_IF_ERROR(CheckNetwork(network));
   if (pool && !pool->is_null()) {
-    // A create from a container pool: the pool fixed what its sandboxes are made with.
     if (!pool->is_string()) return InvalidArgument("\"pool\" must be a pool name");
-    p.pool = pool->get<std::string>();
-    auto src = pools ? pools->Get(p.pool) : nullptr;
-    if (!src) return NotFound("pool " + p.pool + " not found");
-    if (src->config().kind != pools::PoolKind::kContainer)
-      return InvalidArgument("pool " + p.pool + " is an fncall runtime, not a container pool");
-    backends::SandboxSpec ps = src->ContainerSpec();
-    auto differs = [&](const char* field, bool same) -> Status {
-      if (same) return OkStatus();
-      return InvalidArgument("\"" + std::string(field) + "\" is set by pool " + p.pool +
-                             "; leave it out or make it equal");
-    };
-    DSEC_RETURN_IF_ERROR(differs("image", !image || *image == ps.image));
-    const Resources& pr = ps.resources;
-    DSEC_RETURN_IF_ERROR(differs("cpu", !cpu || *cpu == pr.cpu));
-    DSEC_RETURN_IF_ERROR(differs("memory_mb", !memory || *memory == pr.memory_mb));
-    DSEC_RETURN_IF_ERROR(differs("pids", !pids || *pids == pr.pids));
-    DSEC_RETURN_IF_ERROR(differs("disk_mb", !disk || *disk == pr.disk_mb));
-    DSEC_RETURN_IF_ERROR(differs("user", !user || *user == ps.user));
-    DSEC_RETURN_IF_ERROR(differs("workdir", !workdir || *workdir == ps.workdir));
-    DSEC_RETURN_IF_ERROR(differs("env", !env || env->empty()));
-    image = ps.image;
-    cpu = pr.cpu;
-    memory = pr.memory_mb;
-    pids = pr.pids;
-    disk = pr.disk_mb;
-    // Made with its image's config (or the defaults): the record says so.
-    p.workdir = ps.workdir;
-    p.user = ps.user;
-    p.env = ps.env;
+    DSEC_RETURN_IF_ERROR(TakeFromPool(pool->get<std::string>(), pools, &f, &p));
   }
-  if (image) p.image = *image;
-  if (cpu) p.resources.cpu = *cpu;
-  if (memory) p.resources.memory_mb = *memory;
-  if (pids) p.resources.pids = *pids;
-  if (disk) p.resources.disk_mb = *disk;
+  DSEC_RETURN_IF_ERROR(ApplyFields(f, &p));
   if (ttl) p.ttl_s = *ttl;
   if (idle) p.idle_ttl_s = *idle;
-  if (user) {
-    if (user->empty()) return InvalidArgument("\"user\" must not be empty");
-    DSEC_RETURN_IF_ERROR(backends::ResolveUser(*user).status());
-    p.user = *user;
-  }
-  if (workdir) {
-    if (workdir->empty() || (*workdir)[0] != '/' || workdir->find('\0') != std::string::npos)
-      return InvalidArgument("\"workdir\" must be an absolute path");
-    p.workdir = *workdir;
-  }
-  if (env && !env->empty()) {  // (a pool's env stays: a pooled create may only send {})
-    for (const auto& [k, v] : *env)
-      if (k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
-          (v && v->find('\0') != std::string::npos))
-        return InvalidArgument("env names must not contain '=' or NUL, values no NUL");
-    p.env = Flatten(*env);
-  }
   if (labels) {
     DSEC_RETURN_IF_ERROR(ValidateLabels(*labels));
     p.labels = Flatten(*labels);
   }
   // A pool made its sandboxes already, with what it fixes (checked above).
   if (p.pool.empty() && p.image != "host" && images)
-    DSEC_RETURN_IF_ERROR(ApplyImageConfig(images, workdir.has_value(), user.has_value(), &p));
+    DSEC_RETURN_IF_ERROR(ApplyImageConfig(images, f.workdir.has_value(), f.user.has_value(), &p));
   *count_given = count.has_value();
   return std::make_pair(p, static_cast<int>(count.value_or(1)));
 }

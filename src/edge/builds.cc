@@ -45,6 +45,37 @@ size_t SequenceLength(char lead) {
   return b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
 }
 
+// "from": one image name or a list of 1-16 (absent: nullopt).
+StatusOr<std::optional<std::vector<std::string>>> ParseFrom(const Json* f) {
+  if (!f) return std::optional<std::vector<std::string>>();
+  std::vector<std::string> from;
+  if (f->is_string()) {
+    from.push_back(f->get<std::string>());
+  } else if (f->is_array() && !f->empty() && f->size() <= 16) {
+    for (const auto& x : *f) {
+      if (!x.is_string()) return InvalidArgument("\"from\" must be an image name or a list");
+      from.push_back(x.get<std::string>());
+    }
+  } else {
+    return InvalidArgument("\"from\" must be an image name or a list of 1-16 of them");
+  }
+  return std::optional<std::vector<std::string>>(std::move(from));
+}
+
+// Image names of "from" in their normal form; "host" may only be the first.
+StatusOr<std::vector<std::string>> NormalizeFrom(std::vector<std::string> from) {
+  for (size_t i = 0; i < from.size(); ++i) {
+    std::string& n = from[i];
+    if (n == "host" || n == "host:latest") {
+      if (i != 0) return InvalidArgument("\"host\" can only be the first image of \"from\"");
+      n = "host";
+      continue;
+    }
+    DSEC_ASSIGN_OR_RETURN(n, images::NormalizeName(n));
+  }
+  return from;
+}
+
 }  // namespace
 
 namespace internal {
@@ -94,20 +125,7 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body) {
   DSEC_ASSIGN_OR_RETURN(auto timeout, b.Int("timeout_s", 1, 86400));
   DSEC_ASSIGN_OR_RETURN(auto request_id, b.String("request_id", 128));
   (void)request_id;  // the API layer's idempotency uses it
-  std::optional<std::vector<std::string>> from;
-  if (const Json* f = b.Raw("from")) {
-    from.emplace();
-    if (f->is_string()) {
-      from->push_back(f->get<std::string>());
-    } else if (f->is_array() && !f->empty() && f->size() <= 16) {
-      for (const auto& x : *f) {
-        if (!x.is_string()) return InvalidArgument("\"from\" must be an image name or a list");
-        from->push_back(x.get<std::string>());
-      }
-    } else {
-      return InvalidArgument("\"from\" must be an image name or a list of 1-16 of them");
-    }
-  }
+  DSEC_ASSIGN_OR_RETURN(auto from, ParseFrom(b.Raw("from")));
   DSEC_RETURN_IF_ERROR(b.Finish());
   if (!name) return InvalidArgument("\"name\" (name:tag) is required");
   DSEC_ASSIGN_OR_RETURN(r.name, images::NormalizeName(*name));
@@ -121,16 +139,7 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body) {
           "to start from an image");
     r.suite = base->substr(7);
   } else {
-    for (auto& n : *from) {
-      if (n == "host" || n == "host:latest") {
-        if (&n != &from->front())
-          return InvalidArgument("\"host\" can only be the first image of \"from\"");
-        n = "host";
-        continue;
-      }
-      DSEC_ASSIGN_OR_RETURN(n, images::NormalizeName(n));
-    }
-    r.from = *from;
+    DSEC_ASSIGN_OR_RETURN(r.from, NormalizeFrom(std::move(*from)));
     if (packages && !packages->empty())
       return InvalidArgument(
           "\"packages\" need a \"base\" (debian:SUITE); with \"from\", install "

@@ -60,6 +60,8 @@ StatusOr<std::vector<std::string>> LoadOrCreateTokens(const std::string& path) {
 
 namespace {
 
+namespace container = backends::container;
+
 int WaitForSignal() {
   sigset_t set;
   sigemptyset(&set);
@@ -75,6 +77,165 @@ int WaitForSignal() {
   }
 }
 
+// One edge per state dir: the second one would fight the first over every sandbox. The lock
+// is held for as long as `lock` stays open.
+Status LockStateDir(const std::string& state_dir, UniqueFd* lock) {
+  DSEC_RETURN_IF_ERROR(MakeDirs(state_dir, 0700));
+  (void)chmod(state_dir.c_str(), 0700);
+  *lock = UniqueFd(open(JoinPath(state_dir, "edge.lock").c_str(),
+                        O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!*lock || flock(lock->get(), LOCK_EX | LOCK_NB) < 0)
+    return Status(StatusCode::kAlreadyExists, "another dsec-edge is running on " + state_dir);
+  return OkStatus();
+}
+
+struct Budgets {
+  NodeBudget node;
+  FileBudget files;
+};
+
+// The node's shared budgets (pids, ptys, sockets, open files), sized for max_sandboxes.
+StatusOr<Budgets> PrepareBudgets(const EdgeConfig& cfg) {
+  NodeBudgetOptions nbo;
+  nbo.apply_sysctls = cfg.node_sysctls;
+  nbo.max_sandboxes = cfg.max_sandboxes;
+  nbo.pty_per_sandbox = static_cast<uint32_t>(cfg.pty_max_per_sandbox);
+  nbo.reserve_pids = cfg.reserve_pids;
+  Budgets b;
+  DSEC_ASSIGN_OR_RETURN(b.node, PrepareNodeBudget(nbo));
+  for (const auto& c : b.node.changes) DSEC_LOG_INFO("node budget: {}", c);
+  auto files = PrepareFileBudget(cfg.max_sandboxes, cfg.max_connections, cfg.node_sysctls);
+  if (!files.ok())
+    return Status(files.status().code(), "open-file budget: " + files.status().message());
+  b.files = std::move(*files);
+  for (const auto& c : b.files.changes) DSEC_LOG_INFO("open-file budget: {}", c);
+  if (b.files.max_sandboxes < cfg.max_sandboxes)
+    DSEC_LOG_WARN(
+        "RLIMIT_NOFILE {} holds {} sandboxes, not max_sandboxes {}: creates beyond are 429 "
+        "(raise the hard limit, or run the edge with CAP_SYS_RESOURCE)",
+        b.files.nofile, b.files.max_sandboxes, cfg.max_sandboxes);
+  return b;
+}
+
+container::ContainerBackendOptions BackendOptions(const EdgeConfig& cfg,
+                                                  images::ImageStore* image_store,
+                                                  const Budgets& budgets) {
+  container::ContainerBackendOptions bo;
+  bo.image_store = image_store;
+  bo.state_dir = cfg.state_dir;
+  bo.agent_path = cfg.agent_path;
+  bo.zygote_path = cfg.zygote_path;
+  bo.features.userns = cfg.userns;
+  bo.features.clone_into_cgroup = cfg.clone_into_cgroup;
+  bo.features.cgroup_kill = cfg.cgroup_kill;
+  bo.cgroup_mode = cfg.cgroup_mode;
+  int64_t node_mb = NodeMemoryMb();
+  int64_t reserve =
+      cfg.reserve_memory_mb >= 0 ? cfg.reserve_memory_mb : std::max<int64_t>(1024, node_mb / 10);
+  bo.parent_memory_bytes = std::max<int64_t>(256, node_mb - reserve) << 20;
+  bo.parent_pids = budgets.node.sandbox_pids;
+  bo.parent_socket_bytes = budgets.node.sandbox_tcp_bytes;
+  bo.pty_max = budgets.node.pty_per_sandbox;
+  bo.uid_lock_file = cfg.uid_lock_file;
+  bo.sockets_per_mb = static_cast<uint32_t>(cfg.sockets_per_mb);
+  // Nothing the edge keeps for itself is visible in a sandbox of the host image.
+  bo.hidden_paths = {cfg.token_file, cfg.audit_log.substr(0, cfg.audit_log.rfind('/'))};
+  if (!cfg.config_file.empty()) bo.hidden_paths.push_back(cfg.config_file);
+  if (!cfg.socket.empty()) bo.hidden_paths.push_back(cfg.socket);
+  bo.orphan_timeout_ms = cfg.orphan_timeout_s < 0 ? -1 : cfg.orphan_timeout_s * 1000;
+  bo.netns_pool = static_cast<size_t>(std::max(0, cfg.netns_pool));
+  bo.io_threads = cfg.agent_io_threads;
+  bo.max_execs_per_sandbox = static_cast<uint32_t>(cfg.max_execs_per_sandbox);
+  bo.tmpfs_disk_max_mb = cfg.tmpfs_disk_max_mb;
+  bo.disk_preallocate = cfg.disk_preallocate;
+  bo.disk_dir = cfg.disk_dir;
+  return bo;
+}
+
+// What GET /v1/node reports about the kernel features the backend found.
+Json FeaturesOf(const container::ContainerBackend& backend) {
+  const auto& f = backend.features();
+  Json features = {{"kernel", f.kernel_release},
+                   {"userns", f.userns},
+                   {"clone_into_cgroup", f.clone_into_cgroup},
+                   {"cgroup_kill", f.cgroup_kill},
+                   {"socket_budget", backend.socket_budget()}};
+  if (!backend.socket_budget()) features["socket_budget_reason"] = backend.socket_budget_error();
+  return features;
+}
+
+HttpServerOptions ServerOptions(const EdgeConfig& cfg, const FileBudget& files) {
+  HttpServerOptions ho;
+  ho.listen = cfg.listen;
+  ho.unix_path = cfg.socket;
+  // Image archives arrive here (unlinked files) rather than in memory.
+  ho.spool_dir = JoinPath(cfg.state_dir, "spool");
+  ho.max_header_bytes = cfg.max_header_bytes;
+  // Connections get what the sandboxes leave of the edge's descriptors (PrepareFileBudget).
+  ho.max_connections = files.max_connections;
+  if (ho.max_connections < cfg.max_connections)
+    DSEC_LOG_INFO("max_connections {} -> {} (RLIMIT_NOFILE {}, {} sandboxes)", cfg.max_connections,
+                  ho.max_connections, files.nofile, files.max_sandboxes);
+  ho.idle_timeout_s = cfg.idle_timeout_s;
+  ho.io_threads = cfg.io_threads;
+  return ho;
+}
+
+// Creates the unix socket's directory; returns the directories it made, deepest first, for
+// the caller to remove again on exit.
+std::vector<std::string> MakeSocketDir(const std::string& socket) {
+  if (socket.empty()) return {};
+  std::string dir = socket.substr(0, socket.rfind('/'));
+  std::vector<std::string> missing;
+  for (std::string d = dir; d.size() > 1 && access(d.c_str(), F_OK) != 0;
+       d = d.substr(0, d.rfind('/')))
+    missing.push_back(d);
+  if (dir.empty() || !MakeDirs(dir, 0755).ok()) return {};
+  return missing;
+}
+
+// Layers held by sandboxes that did not come back are free again.
+void ReleaseLostLayers(const Manager& manager, images::ImageStore* image_store) {
+  auto ids = manager.Ids();
+  image_store->RetainHolders(std::set<std::string>(ids.begin(), ids.end()));
+  if (auto n = image_store->Collect(); n.ok() && *n > 0)
+    DSEC_LOG_INFO("image store: removed {} unreferenced layers", *n);
+}
+
+// The edge's own upkeep until `done`: idempotency records are bounded by count and age, and
+// the heap gives back what a burst of output left in it.
+void Housekeep(const std::atomic<bool>& done, Idempotency* idem, const OutputBudget& output) {
+  int64_t next = 0;
+  uint64_t output_peak = 0;
+  while (!done) {
+    if (MonotonicMs() >= next) {
+      idem->Prune();
+      next = MonotonicMs() + 60000;
+    }
+    // Output buffers are mmap'd (see main.cc) and go back at once; whatever smaller pieces
+    // a burst of output left in the heap goes back once most of it was freed again.
+    uint64_t used = output.used();
+    output_peak = std::max(output_peak, used);
+    if (output_peak - used > (64u << 20)) {
+      malloc_trim(0);
+      output_peak = used;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+// One line on stdout when ready, for scripts.
+void AnnounceReady(const EdgeConfig& cfg, const HttpServer& server, int adopted) {
+  std::string where = cfg.listen.empty() ? "" : "http://" + cfg.listen;
+  if (!cfg.listen.empty() && cfg.listen.ends_with(":0"))
+    where =
+        "http://" + cfg.listen.substr(0, cfg.listen.size() - 1) + std::to_string(server.tcp_port());
+  std::cout << "dsec-edge ready node=" << cfg.node << " url=" << where << " socket=" << cfg.socket
+            << " adopted=" << adopted << std::endl;
+  DSEC_LOG_INFO("serving: url={} socket={} node={} state_dir={}", where, cfg.socket, cfg.node,
+                cfg.state_dir);
+}
+
 }  // namespace
 
 int RunEdge(EdgeConfig cfg) {
@@ -83,14 +244,8 @@ int RunEdge(EdgeConfig cfg) {
     return 1;
   };
   if (geteuid() != 0) return fail("start", PermissionDenied("dsec-edge must run as root"));
-  if (Status s = MakeDirs(cfg.state_dir, 0700); !s.ok()) return fail("state dir", s);
-  (void)chmod(cfg.state_dir.c_str(), 0700);
-  // One edge per state dir: the second one would fight the first over every sandbox.
-  UniqueFd lock(open(JoinPath(cfg.state_dir, "edge.lock").c_str(),
-                     O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!lock || flock(lock.get(), LOCK_EX | LOCK_NB) < 0)
-    return fail("state dir", Status(StatusCode::kAlreadyExists,
-                                    "another dsec-edge is running on " + cfg.state_dir));
+  UniqueFd lock;
+  if (Status s = LockStateDir(cfg.state_dir, &lock); !s.ok()) return fail("state dir", s);
   auto tokens = LoadOrCreateTokens(cfg.token_file);
   if (!tokens.ok()) return fail("tokens", tokens.status());
   // Best effort: some hosts refuse negative values even to root.
@@ -114,52 +269,10 @@ int RunEdge(EdgeConfig cfg) {
   iso.max_layer_bytes = cfg.image_max_layer_bytes;
   auto image_store = images::ImageStore::Open(iso);
   if (!image_store.ok()) return fail("image store", image_store.status());
-
-  backends::container::ContainerBackendOptions bo;
-  bo.image_store = image_store->get();
-  bo.state_dir = cfg.state_dir;
-  bo.agent_path = cfg.agent_path;
-  bo.zygote_path = cfg.zygote_path;
-  bo.features.userns = cfg.userns;
-  bo.features.clone_into_cgroup = cfg.clone_into_cgroup;
-  bo.features.cgroup_kill = cfg.cgroup_kill;
-  bo.cgroup_mode = cfg.cgroup_mode;
-  int64_t node_mb = NodeMemoryMb();
-  int64_t reserve =
-      cfg.reserve_memory_mb >= 0 ? cfg.reserve_memory_mb : std::max<int64_t>(1024, node_mb / 10);
-  bo.parent_memory_bytes = std::max<int64_t>(256, node_mb - reserve) << 20;
-  NodeBudgetOptions nbo;
-  nbo.apply_sysctls = cfg.node_sysctls;
-  nbo.max_sandboxes = cfg.max_sandboxes;
-  nbo.pty_per_sandbox = static_cast<uint32_t>(cfg.pty_max_per_sandbox);
-  nbo.reserve_pids = cfg.reserve_pids;
-  auto budget = PrepareNodeBudget(nbo);
-  if (!budget.ok()) return fail("node budgets", budget.status());
-  for (const auto& c : budget->changes) DSEC_LOG_INFO("node budget: {}", c);
-  auto files = PrepareFileBudget(cfg.max_sandboxes, cfg.max_connections, cfg.node_sysctls);
-  if (!files.ok()) return fail("open-file budget", files.status());
-  for (const auto& c : files->changes) DSEC_LOG_INFO("open-file budget: {}", c);
-  if (files->max_sandboxes < cfg.max_sandboxes)
-    DSEC_LOG_WARN(
-        "RLIMIT_NOFILE {} holds {} sandboxes, not max_sandboxes {}: creates beyond are 429 "
-        "(raise the hard limit, or run the edge with CAP_SYS_RESOURCE)",
-        files->nofile, files->max_sandboxes, cfg.max_sandboxes);
-  bo.parent_pids = budget->sandbox_pids;
-  bo.parent_socket_bytes = budget->sandbox_tcp_bytes;
-  bo.pty_max = budget->pty_per_sandbox;
-  bo.uid_lock_file = cfg.uid_lock_file;
-  bo.sockets_per_mb = static_cast<uint32_t>(cfg.sockets_per_mb);
-  bo.hidden_paths = {cfg.token_file, cfg.audit_log.substr(0, cfg.audit_log.rfind('/'))};
-  if (!cfg.config_file.empty()) bo.hidden_paths.push_back(cfg.config_file);
-  if (!cfg.socket.empty()) bo.hidden_paths.push_back(cfg.socket);
-  bo.orphan_timeout_ms = cfg.orphan_timeout_s < 0 ? -1 : cfg.orphan_timeout_s * 1000;
-  bo.netns_pool = static_cast<size_t>(std::max(0, cfg.netns_pool));
-  bo.io_threads = cfg.agent_io_threads;
-  bo.max_execs_per_sandbox = static_cast<uint32_t>(cfg.max_execs_per_sandbox);
-  bo.tmpfs_disk_max_mb = cfg.tmpfs_disk_max_mb;
-  bo.disk_preallocate = cfg.disk_preallocate;
-  bo.disk_dir = cfg.disk_dir;
-  auto backend = backends::container::ContainerBackend::Create(bo);
+  auto budgets = PrepareBudgets(cfg);
+  if (!budgets.ok()) return fail("node budgets", budgets.status());
+  auto backend =
+      container::ContainerBackend::Create(BackendOptions(cfg, image_store->get(), *budgets));
   if (!backend.ok()) return fail("container backend", backend.status());
   DSEC_LOG_INFO("{}", (*backend)->Describe());
 
@@ -194,18 +307,12 @@ int RunEdge(EdgeConfig cfg) {
 
   Manager manager(cfg, backend->get(), store->get(), &metrics);
   auto stop_manager = MakeScopeGuard([&] { manager.Shutdown(serving ? cfg.persist : true); });
-  manager.SetNodeBudget(*budget);
-  manager.SetFileBudget(*files);
+  manager.SetNodeBudget(budgets->node);
+  manager.SetFileBudget(budgets->files);
   auto recovered = manager.Recover();
   if (!recovered.ok()) return fail("recover", recovered.status());
   DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
-  {
-    // Layers held by sandboxes that did not come back are free again.
-    auto ids = manager.Ids();
-    (*image_store)->RetainHolders(std::set<std::string>(ids.begin(), ids.end()));
-    if (auto n = (*image_store)->Collect(); n.ok() && *n > 0)
-      DSEC_LOG_INFO("image store: removed {} unreferenced layers", *n);
-  }
+  ReleaseLostLayers(manager, image_store->get());
   Builds builds(cfg, &manager, image_store->get());
   auto stop_builds = MakeScopeGuard([&] { builds.Shutdown(); });  // a build in progress goes
   if (int n = builds.CleanupLost(); n > 0)
@@ -238,43 +345,16 @@ int RunEdge(EdgeConfig cfg) {
   deps.builds = &builds;
   deps.tokens = *tokens;
   deps.instance = (*backend)->instance_id();
-  const auto& f = (*backend)->features();
-  deps.features = {{"kernel", f.kernel_release},
-                   {"userns", f.userns},
-                   {"clone_into_cgroup", f.clone_into_cgroup},
-                   {"cgroup_kill", f.cgroup_kill},
-                   {"socket_budget", (*backend)->socket_budget()}};
-  if (!(*backend)->socket_budget())
-    deps.features["socket_budget_reason"] = (*backend)->socket_budget_error();
+  deps.features = FeaturesOf(**backend);
   api.emplace(std::move(deps));
 
-  HttpServerOptions ho;
-  ho.listen = cfg.listen;
-  ho.unix_path = cfg.socket;
-  // Image archives arrive here (unlinked files) rather than in memory.
-  ho.spool_dir = JoinPath(cfg.state_dir, "spool");
+  HttpServerOptions ho = ServerOptions(cfg, budgets->files);
   if (Status s = MakeDirs(ho.spool_dir, 0700); !s.ok()) return fail("spool dir", s);
-  ho.max_header_bytes = cfg.max_header_bytes;
-  // Connections get what the sandboxes leave of the edge's descriptors (PrepareFileBudget).
-  ho.max_connections = files->max_connections;
-  if (ho.max_connections < cfg.max_connections)
-    DSEC_LOG_INFO("max_connections {} -> {} (RLIMIT_NOFILE {}, {} sandboxes)", cfg.max_connections,
-                  ho.max_connections, files->nofile, files->max_sandboxes);
-  ho.idle_timeout_s = cfg.idle_timeout_s;
-  ho.io_threads = cfg.io_threads;
   // The socket's directory and whichever of its parents we create are removed again on exit.
-  std::vector<std::string> made_dirs;  // deepest first
+  std::vector<std::string> made_dirs = MakeSocketDir(cfg.socket);
   auto remove_dirs = MakeScopeGuard([&] {
     for (const auto& d : made_dirs) (void)rmdir(d.c_str());  // only while empty
   });
-  if (!cfg.socket.empty()) {
-    std::string dir = cfg.socket.substr(0, cfg.socket.rfind('/'));
-    std::vector<std::string> missing;
-    for (std::string d = dir; d.size() > 1 && access(d.c_str(), F_OK) != 0;
-         d = d.substr(0, d.rfind('/')))
-      missing.push_back(d);
-    if (!dir.empty() && MakeDirs(dir, 0755).ok()) made_dirs = std::move(missing);
-  }
   auto server = HttpServer::Start(
       ho, [&api](HttpRequest& r) { return api->Check(r); },
       [&api](HttpRequest&& r, std::shared_ptr<Responder> res) {
@@ -287,44 +367,16 @@ int RunEdge(EdgeConfig cfg) {
   manager.StartReaper();
 
   std::atomic<bool> done{false};
-  std::thread pruner([&] {
-    // Idempotency records: bounded by count and age.
-    int64_t next = 0;
-    uint64_t output_peak = 0;
-    while (!done) {
-      if (MonotonicMs() >= next) {
-        idem->Prune();
-        next = MonotonicMs() + 60000;
-      }
-      // Output buffers are mmap'd (see main.cc) and go back at once; whatever smaller pieces
-      // a burst of output left in the heap goes back once most of it was freed again.
-      uint64_t used = output_budget.used();
-      output_peak = std::max(output_peak, used);
-      if (output_peak - used > (64u << 20)) {
-        malloc_trim(0);
-        output_peak = used;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-  });
-  auto stop_pruner = MakeScopeGuard([&] {
+  std::thread housekeeper([&] { Housekeep(done, &*idem, output_budget); });
+  auto stop_housekeeper = MakeScopeGuard([&] {
     done = true;
-    pruner.join();
+    housekeeper.join();
   });
-
-  std::string where = cfg.listen.empty() ? "" : "http://" + cfg.listen;
-  if (!cfg.listen.empty() && cfg.listen.ends_with(":0"))
-    where = "http://" + cfg.listen.substr(0, cfg.listen.size() - 1) +
-            std::to_string((*server)->tcp_port());
-  // One line on stdout when ready, for scripts.
-  std::cout << "dsec-edge ready node=" << cfg.node << " url=" << where << " socket=" << cfg.socket
-            << " adopted=" << recovered->first << std::endl;
-  DSEC_LOG_INFO("serving: url={} socket={} node={} state_dir={}", where, cfg.socket, cfg.node,
-                cfg.state_dir);
+  AnnounceReady(cfg, **server, recovered->first);
 
   int sig = WaitForSignal();
   DSEC_LOG_INFO("signal {}: shutting down{}", sig, cfg.persist ? " (persist)" : "");
-  // Everything stops as the guards go, in reverse order: the pruner, the server, its
+  // Everything stops as the guards go, in reverse order: the housekeeper, the server, its
   // directories, pools, builds, the manager, workers, timers, the backend's parent cgroups.
   return 0;
 }

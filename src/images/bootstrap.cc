@@ -36,6 +36,56 @@ bool VersionOrRelease(std::string_view s) {
   return true;
 }
 
+// mmdebstrap's command line: a tar of the root on stdout.
+std::vector<std::string> BootstrapArgv(const BootstrapOptions& o) {
+  std::vector<std::string> argv = {o.mmdebstrap, "--mode=unshare", "--format=tar",
+                                   "--variant=" + o.variant};
+  if (!o.packages.empty()) {
+    std::string inc = "--include=";
+    for (size_t i = 0; i < o.packages.size(); ++i) inc += (i ? "," : "") + o.packages[i];
+    argv.push_back(inc);
+  }
+  argv.push_back(o.suite);
+  argv.push_back("-");
+  if (!o.mirror.empty()) argv.push_back(o.mirror);
+  return argv;
+}
+
+// Starts mmdebstrap in a process group of its own, stdout and stderr into the pipes.
+StatusOr<pid_t> SpawnBootstrap(std::vector<std::string> argv, int out_wr, int err_wr) {
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return ErrnoError("fork");
+  if (pid == 0) {
+    // Only async-signal-safe calls until exec.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);
+    dup2(out_wr, 1);
+    dup2(err_wr, 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);  // either side may win; both set the same group
+  return pid;
+}
+
+// What mmdebstrap's exit status `st` says about the build.
+Status BootstrapExit(const BootstrapOptions& o, int st) {
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return OkStatus();
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
+    return FailedPrecondition(o.mmdebstrap + " is not installed (Debian: mmdebstrap)");
+  return InternalError(o.mmdebstrap +
+                       (WIFEXITED(st) ? " exited with status " + std::to_string(WEXITSTATUS(st))
+                                      : " was killed by signal " + std::to_string(WTERMSIG(st))) +
+                       " (see the build log)");
+}
+
 }  // namespace
 
 Status ValidateBootstrap(const BootstrapOptions& o) {
@@ -68,41 +118,12 @@ Status Bootstrap(const BootstrapOptions& o, const std::function<Status(std::stri
                  const std::function<void(std::string_view)>& on_log,
                  const std::atomic<bool>* cancel) {
   DSEC_RETURN_IF_ERROR(ValidateBootstrap(o));
-  std::vector<std::string> argv = {o.mmdebstrap, "--mode=unshare", "--format=tar",
-                                   "--variant=" + o.variant};
-  if (!o.packages.empty()) {
-    std::string inc = "--include=";
-    for (size_t i = 0; i < o.packages.size(); ++i) inc += (i ? "," : "") + o.packages[i];
-    argv.push_back(inc);
-  }
-  argv.push_back(o.suite);
-  argv.push_back("-");
-  if (!o.mirror.empty()) argv.push_back(o.mirror);
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) < 0) return ErrnoError("pipe");
   UniqueFd out_rd(out_pipe[0]), out_wr(out_pipe[1]);
   if (pipe2(err_pipe, O_CLOEXEC) < 0) return ErrnoError("pipe");
   UniqueFd err_rd(err_pipe[0]), err_wr(err_pipe[1]);
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) return ErrnoError("fork");
-  if (pid == 0) {
-    // Only async-signal-safe calls until exec.
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(126);
-    dup2(out_wr.get(), 1);
-    dup2(err_wr.get(), 2);
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  setpgid(pid, pid);  // either side may win; both set the same group
+  DSEC_ASSIGN_OR_RETURN(pid_t pid, SpawnBootstrap(BootstrapArgv(o), out_wr.get(), err_wr.get()));
   out_wr.Reset();
   err_wr.Reset();
 
@@ -152,13 +173,7 @@ Status Bootstrap(const BootstrapOptions& o, const std::function<Status(std::stri
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }
   if (!result.ok()) return result;
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return OkStatus();
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
-    return FailedPrecondition(o.mmdebstrap + " is not installed (Debian: mmdebstrap)");
-  return InternalError(o.mmdebstrap +
-                       (WIFEXITED(st) ? " exited with status " + std::to_string(WEXITSTATUS(st))
-                                      : " was killed by signal " + std::to_string(WTERMSIG(st))) +
-                       " (see the build log)");
+  return BootstrapExit(o, st);
 }
 
 }  // namespace dsec::images

@@ -107,33 +107,14 @@ bool IsUnder(const std::string& path, const std::string& dir) {
          path[dir.size()] == '/';
 }
 
-}  // namespace
-
-std::string PasswdWithSandboxUser(const std::string& host_passwd, uint32_t uid, uint32_t gid,
-                                  const std::string& shell) {
-  std::string out = FilterDbLines(host_passwd, "sandbox", std::to_string(uid), 2);
-  out += "sandbox:x:" + std::to_string(uid) + ":" + std::to_string(gid) +
-         ":DSec sandbox:/workspace:" + shell + "\n";
-  return out;
-}
-
-std::string GroupWithSandboxUser(const std::string& host_group, uint32_t gid) {
-  std::string out = FilterDbLines(host_group, "sandbox", std::to_string(gid), 2);
-  out += "sandbox:x:" + std::to_string(gid) + ":\n";
-  return out;
-}
-
-StatusOr<HostImage> HostImage::Prepare(const HostImageOptions& opts) {
-  HostImage img;
-  struct stat root_st;
-  if (stat("/", &root_st) < 0) return ErrnoError("stat /");
-  img.watch_mtimes = WatchedMtimes();
-
+// What the mask over / holds: whiteouts for everything not for sandboxes, and the sandbox
+// user's passwd and group. `separate` gets the allowlisted dirs on another filesystem than /.
+StatusOr<MaskPlan> PlanMask(const HostImageOptions& opts, dev_t root_dev,
+                            std::vector<std::string>* separate) {
   auto allowed_top = [&](const std::string& name) {
     return std::find(opts.dirs.begin(), opts.dirs.end(), "/" + name) != opts.dirs.end();
   };
-  MaskPlan plan;                      // one mask layer for the whole root
-  std::vector<std::string> separate;  // allowlisted dirs on another filesystem than /
+  MaskPlan plan;
   // Hide every top-level entry of / that is not allowlisted.
   DSEC_ASSIGN_OR_RETURN(std::vector<std::string> top, ListDir("/"));
   for (const auto& n : top) {
@@ -142,15 +123,15 @@ StatusOr<HostImage> HostImage::Prepare(const HostImageOptions& opts) {
       continue;
     }
     struct stat st;
-    if (lstat(("/" + n).c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev != root_st.st_dev)
-      separate.push_back("/" + n);
+    if (lstat(("/" + n).c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev != root_dev)
+      separate->push_back("/" + n);
   }
   // Anything under /etc or /opt that the host did not make world-readable is not for
   // sandboxes (root inside could read it otherwise): pg_hba.conf, ssl/private, vpn keys, ...
   // (/usr is left to the named list: walking it takes ~0.7 s and it holds package files.)
   for (const char* top : {"/etc", "/opt"}) {
     if (std::find(opts.dirs.begin(), opts.dirs.end(), top) == opts.dirs.end()) continue;
-    CollectUnreadable(top, root_st.st_dev, &plan.whiteouts, 0);
+    CollectUnreadable(top, root_dev, &plan.whiteouts, 0);
   }
   // Secrets under /etc, readable or not.
   for (const auto& pattern : opts.etc_secrets) {
@@ -178,25 +159,50 @@ StatusOr<HostImage> HostImage::Prepare(const HostImageOptions& opts) {
   std::sort(plan.whiteouts.begin(), plan.whiteouts.end());
   plan.whiteouts.erase(std::unique(plan.whiteouts.begin(), plan.whiteouts.end()),
                        plan.whiteouts.end());
+  return plan;
+}
 
-  // The mask: a detached, read-only tmpfs mount held by fd.
-  auto build_mask = [&](const MaskPlan& p) -> StatusOr<std::shared_ptr<const UniqueFd>> {
-    UniqueFd fs(sys::FsOpen("tmpfs", FSOPEN_CLOEXEC));
-    if (!fs) return ErrnoError("fsopen tmpfs for the host image mask");
-    if (sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, "size", "16m", 0) < 0 ||
-        sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, "mode", "0755", 0) < 0 ||
-        sys::FsConfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
-      return ErrnoError("fsconfig mask tmpfs");
-    UniqueFd mnt(sys::FsMount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
-    if (!mnt) return ErrnoError("fsmount mask tmpfs");
-    DSEC_RETURN_IF_ERROR(Materialize(mnt.get(), p));
-    mount_attr ro{};
-    ro.attr_set = MOUNT_ATTR_RDONLY;
-    if (sys::MountSetattr(mnt.get(), "", AT_EMPTY_PATH, &ro) < 0)
-      return ErrnoError("mask read-only");
-    return std::make_shared<const UniqueFd>(std::move(mnt));
-  };
-  DSEC_ASSIGN_OR_RETURN(auto mask, build_mask(plan));
+// The mask: a detached, read-only tmpfs mount held by fd.
+StatusOr<std::shared_ptr<const UniqueFd>> BuildMask(const MaskPlan& p) {
+  UniqueFd fs(sys::FsOpen("tmpfs", FSOPEN_CLOEXEC));
+  if (!fs) return ErrnoError("fsopen tmpfs for the host image mask");
+  if (sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, "size", "16m", 0) < 0 ||
+      sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, "mode", "0755", 0) < 0 ||
+      sys::FsConfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+    return ErrnoError("fsconfig mask tmpfs");
+  UniqueFd mnt(sys::FsMount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+  if (!mnt) return ErrnoError("fsmount mask tmpfs");
+  DSEC_RETURN_IF_ERROR(Materialize(mnt.get(), p));
+  mount_attr ro{};
+  ro.attr_set = MOUNT_ATTR_RDONLY;
+  if (sys::MountSetattr(mnt.get(), "", AT_EMPTY_PATH, &ro) < 0) return ErrnoError("mask read-only");
+  return std::make_shared<const UniqueFd>(std::move(mnt));
+}
+
+}  // namespace
+
+std::string PasswdWithSandboxUser(const std::string& host_passwd, uint32_t uid, uint32_t gid,
+                                  const std::string& shell) {
+  std::string out = FilterDbLines(host_passwd, "sandbox", std::to_string(uid), 2);
+  out += "sandbox:x:" + std::to_string(uid) + ":" + std::to_string(gid) +
+         ":DSec sandbox:/workspace:" + shell + "\n";
+  return out;
+}
+
+std::string GroupWithSandboxUser(const std::string& host_group, uint32_t gid) {
+  std::string out = FilterDbLines(host_group, "sandbox", std::to_string(gid), 2);
+  out += "sandbox:x:" + std::to_string(gid) + ":\n";
+  return out;
+}
+
+StatusOr<HostImage> HostImage::Prepare(const HostImageOptions& opts) {
+  HostImage img;
+  struct stat root_st;
+  if (stat("/", &root_st) < 0) return ErrnoError("stat /");
+  img.watch_mtimes = WatchedMtimes();
+  std::vector<std::string> separate;
+  DSEC_ASSIGN_OR_RETURN(MaskPlan plan, PlanMask(opts, root_st.st_dev, &separate));
+  DSEC_ASSIGN_OR_RETURN(auto mask, BuildMask(plan));
   img.whiteouts = plan.whiteouts;
   img.layers = {HostLayer{"", mask}, HostLayer{"/", nullptr}};
   img.overlays.push_back({"/", {0, 1}});
@@ -210,7 +216,7 @@ StatusOr<HostImage> HostImage::Prepare(const HostImageOptions& opts) {
       img.layers.push_back({sdir, nullptr});
       img.overlays.push_back({sdir, {idx}});
     } else {
-      DSEC_ASSIGN_OR_RETURN(auto sub_mask, build_mask(sub));
+      DSEC_ASSIGN_OR_RETURN(auto sub_mask, BuildMask(sub));
       img.layers.push_back({"", sub_mask});
       img.layers.push_back({sdir, nullptr});
       img.overlays.push_back({sdir, {idx, idx + 1}});

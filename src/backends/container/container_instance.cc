@@ -15,6 +15,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "backends/container/adoption_handle.h"
 #include "backends/container/container_backend.h"
 #include "backends/container/root_mounts.h"
 #include "backends/rootfs_plan.h"
@@ -205,13 +206,31 @@ StatusOr<AgentLink> ContainerInstance::Start() {
   return link;
 }
 
+// Connects to the running agent's socket, and checks that whoever listens there is this
+// sandbox's agent: PID 1 of a pid namespace, in its cgroup.
+StatusOr<UniqueFd> ContainerInstance::ConnectToAgent(pid_t* agent_pid) {
+  DSEC_ASSIGN_OR_RETURN(UniqueFd dirfd, OpenDir(dir_, O_PATH));
+  UniqueFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!conn) return ErrnoError("socket");
+  sockaddr_un addr = AgentSocketAddress(dirfd.get());
+  if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+    return ErrnoError("connect to the agent of " + spec_.id);
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid <= 0)
+    return ErrnoError("SO_PEERCRED agent.sock");
+  if (!InOwnCgroup(cred.pid))
+    return FailedPrecondition("the process behind agent.sock is not in sandbox " + spec_.id);
+  // (No pidfd is kept for it: one descriptor less per sandbox. Destroy opens one and checks
+  // the process again.)
+  *agent_pid = cred.pid;
+  return conn;
+}
+
 StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
   ContainerBackend& b = *backend_;
-  DSEC_ASSIGN_OR_RETURN(Json h, protocol::ParseJson(handle));
-  DSEC_ASSIGN_OR_RETURN(secret_, protocol::GetString(h, "secret"));
-  DSEC_ASSIGN_OR_RETURN(int64_t slot, protocol::GetInt(h, "uid_slot", -1, -1, INT32_MAX));
-  if (secret_.empty()) return InvalidArgument("adoption handle has no secret");
-
+  DSEC_ASSIGN_OR_RETURN(container::AdoptionHandle h, container::AdoptionHandle::Parse(handle));
+  secret_ = h.secret;
   lock_fd_.Reset(open(JoinPath(dir_, "owner.lock").c_str(), O_RDWR | O_CLOEXEC));
   if (!lock_fd_) {
     Status s = ErrnoError("open \"" + JoinPath(dir_, "owner.lock") + "\"");
@@ -224,52 +243,31 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
     return Status(StatusCode::kAlreadyExists,
                   "sandbox " + spec_.id + " is owned by another process");
   }
-  if (slot >= 0) {
+  if (h.uid_slot >= 0) {
     if (!b.uid_ranges_) return FailedPrecondition("user namespaces are off on this edge");
     // The agent holds the lease (a sandbox from an edge before leases: we hold it now).
-    DSEC_ASSIGN_OR_RETURN(uid_lease_, b.uid_ranges_->Claim(static_cast<uint32_t>(slot)));
-    uid_slot_ = slot;
+    DSEC_ASSIGN_OR_RETURN(uid_lease_, b.uid_ranges_->Claim(static_cast<uint32_t>(h.uid_slot)));
+    uid_slot_ = h.uid_slot;
   }
-  // What snapshots need (absent in handles of older edges: those sandboxes cannot snapshot).
-  layer_fd_ = static_cast<int>(h.value("layer_fd", -1));
-  id_base_ = h.value("id_base", uint32_t{0});
-  disk_image_ = h.value("disk_image", false);
-  if (auto it = h.find("overlays"); it != h.end() && it->is_array())
-    for (const auto& t : *it)
-      if (t.is_string()) overlay_targets_.push_back(t.get<std::string>());
-  stack_.base = "host";
-  if (auto it = h.find("stack"); it != h.end() && it->is_object()) {
-    stack_.base = it->value("base", "host");
-    if (b.opts_.image_store)
-      for (const auto& d : it->value("layers", Json::array()))
-        if (d.is_string())
-          if (auto l = b.opts_.image_store->GetLayer(d.get<std::string>()); l.ok())
-            stack_.layers.push_back(*l);
-    holds_image_ = !stack_.layers.empty();
-  }
+  layer_fd_ = h.layer_fd;
+  id_base_ = h.id_base;
+  disk_image_ = h.disk_image;
+  overlay_targets_ = std::move(h.overlays);
+  stack_.base = h.base;
+  if (b.opts_.image_store)
+    for (const auto& d : h.layer_digests)
+      if (auto l = b.opts_.image_store->GetLayer(d); l.ok()) stack_.layers.push_back(*l);
+  holds_image_ = !stack_.layers.empty();
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->OpenSandbox(spec_.id));
   cgroup_ = std::move(cg);
   // A frozen agent cannot answer: thaw for the handshake, freeze again after.
   bool frozen = cgroup_->IsFrozen().value_or(false);
   if (frozen) DSEC_RETURN_IF_ERROR(cgroup_->Thaw());
 
-  DSEC_ASSIGN_OR_RETURN(UniqueFd dirfd, OpenDir(dir_, O_PATH));
-  UniqueFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!conn) return ErrnoError("socket");
-  sockaddr_un addr = AgentSocketAddress(dirfd.get());
-  if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
-    return ErrnoError("connect to the agent of " + spec_.id);
-  // Whoever listens there must be this sandbox's agent: PID 1 of a pid namespace, in its cgroup.
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid <= 0)
-    return ErrnoError("SO_PEERCRED agent.sock");
-  if (!InOwnCgroup(cred.pid))
-    return FailedPrecondition("the process behind agent.sock is not in sandbox " + spec_.id);
-  // (No pidfd is kept for it: one descriptor less per sandbox. Destroy opens one and checks
-  // the process again.)
+  pid_t agent_pid = -1;
+  DSEC_ASSIGN_OR_RETURN(UniqueFd conn, ConnectToAgent(&agent_pid));
   adopted_ = true;
-  agent_pid_ = cred.pid;
+  agent_pid_ = agent_pid;
 
   std::string auth;
   DSEC_RETURN_IF_ERROR(
@@ -292,19 +290,16 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
 }
 
 std::string ContainerInstance::AdoptionHandle() const {
-  return Json({{"secret", secret_},
-               {"uid_slot", uid_slot_},
-               {"layer_fd", layer_fd_},
-               {"overlays", overlay_targets_},
-               {"id_base", id_base_},
-               {"disk_image", disk_image_},
-               {"stack",
-                [&] {
-                  Json l = Json::array();
-                  for (const auto& x : stack_.layers) l.push_back(x.digest);
-                  return Json({{"base", stack_.base}, {"layers", l}});
-                }()}})
-      .dump();
+  container::AdoptionHandle h;
+  h.secret = secret_;
+  h.uid_slot = uid_slot_;
+  h.layer_fd = layer_fd_;
+  h.id_base = id_base_;
+  h.disk_image = disk_image_;
+  h.overlays = overlay_targets_;
+  h.base = stack_.base;
+  for (const auto& l : stack_.layers) h.layer_digests.push_back(l.digest);
+  return h.Encode();
 }
 
 void ContainerInstance::Detach() {

@@ -59,6 +59,7 @@ class ContainerInstance : public Instance {
   Status Handshake(int conn, int userns_fd);
   // agent.sock in the sandbox's directory, for a restarted edge to reconnect to.
   StatusOr<UniqueFd> BindAgentSocket();
+  StatusOr<UniqueFd> ConnectToAgent(pid_t* agent_pid);  // Adopt: the running agent, verified
   // Plans the root (rootfs_plan.h) and mounts its lowers into *layers.
   Status PrepareRoot(int userns_fd, isolation::RootfsSpec* r, std::vector<UniqueFd>* layers);
   // An fncall worker's resident zygote (backends/fncall/zygote.h).

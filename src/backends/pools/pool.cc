@@ -445,66 +445,58 @@ ScalePlan PlanScale(const PoolCounts& c, int min_idle, int max, bool container) 
   return p;
 }
 
-int64_t Pool::Maintain() {
-  int64_t now = MonotonicMs();
-  std::vector<Queued> expired;
-  std::vector<std::shared_ptr<Worker>> destroy;
-  std::vector<std::pair<std::shared_ptr<Worker>, Queued>> rested;
-  int want = 0;
-  {
-    MutexLock l(mu_);
-    while (!queue_.empty() && now - queue_.front().enqueued_us / 1000 > cfg_.queue_timeout_ms) {
-      expired.push_back(std::move(queue_.front()));
-      queue_.pop_front();
-      rejected_++;
-    }
-    destroy.swap(retired_);
-    // Rested workers come back first in line for the waiting calls.
-    for (auto it = resting_.begin(); it != resting_.end();) {
-      if ((*it)->rest_until_ms > now) {
-        ++it;
-        continue;
-      }
-      idle_.push_front(*it);
-      it = resting_.erase(it);
-    }
-    if (!stopped_) {
-      PoolCounts c;
-      c.idle = static_cast<int>(idle_.size());
-      c.busy = static_cast<int>(busy_.size());
-      c.starting = starting_;
-      c.queued = static_cast<int>(queue_.size());
-      c.idle_low = idle_low_;
-      c.window_over = now - window_start_ms_ >= cfg_.idle_timeout_s * 1000;
-      ScalePlan plan = PlanScale(c, cfg_.min_idle, cfg_.max, cfg_.kind == PoolKind::kContainer);
-      want = plan.start;
-      // The least recently used idle workers (at the back) go when the window had surplus;
-      // over max, the front ones.
-      for (int i = 0; i < plan.retire_lru; ++i) {
-        destroy.push_back(idle_.back());
-        idle_.pop_back();
-      }
-      for (int i = 0; i < plan.retire_over_max; ++i) {
-        destroy.push_back(idle_.front());
-        idle_.pop_front();
-      }
-      if (c.window_over) {
-        window_start_ms_ = now;
-        idle_low_ = static_cast<int>(idle_.size());
-      }
-    }
-    starting_ += want;
-    std::shared_ptr<Worker> nw;
-    Queued nq;
-    while (NextLocked(&nw, &nq)) rested.emplace_back(std::move(nw), std::move(nq));
+Pool::Upkeep Pool::PlanUpkeepLocked(int64_t now) {
+  Upkeep u;
+  while (!queue_.empty() && now - queue_.front().enqueued_us / 1000 > cfg_.queue_timeout_ms) {
+    u.expired.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+    rejected_++;
   }
-  for (auto& [nw, nq] : rested) Start(std::move(nw), std::move(nq));
-  for (auto& q : expired)
-    q.done(OverCapacity("pool " + cfg_.name + ": no worker became free within " +
-                        std::to_string(cfg_.queue_timeout_ms) + " ms"));
-  for (auto& w : destroy) (void)w->sb->Destroy();
+  u.destroy.swap(retired_);
+  // Rested workers come back first in line for the waiting calls.
+  for (auto it = resting_.begin(); it != resting_.end();) {
+    if ((*it)->rest_until_ms > now) {
+      ++it;
+      continue;
+    }
+    idle_.push_front(*it);
+    it = resting_.erase(it);
+  }
+  if (!stopped_) {
+    PoolCounts c;
+    c.idle = static_cast<int>(idle_.size());
+    c.busy = static_cast<int>(busy_.size());
+    c.starting = starting_;
+    c.queued = static_cast<int>(queue_.size());
+    c.idle_low = idle_low_;
+    c.window_over = now - window_start_ms_ >= cfg_.idle_timeout_s * 1000;
+    ScalePlan plan = PlanScale(c, cfg_.min_idle, cfg_.max, cfg_.kind == PoolKind::kContainer);
+    u.create = plan.start;
+    // The least recently used idle workers (at the back) go when the window had surplus;
+    // over max, the front ones.
+    for (int i = 0; i < plan.retire_lru; ++i) {
+      u.destroy.push_back(idle_.back());
+      idle_.pop_back();
+    }
+    for (int i = 0; i < plan.retire_over_max; ++i) {
+      u.destroy.push_back(idle_.front());
+      idle_.pop_front();
+    }
+    if (c.window_over) {
+      window_start_ms_ = now;
+      idle_low_ = static_cast<int>(idle_.size());
+    }
+  }
+  starting_ += u.create;
+  std::shared_ptr<Worker> nw;
+  Queued nq;
+  while (NextLocked(&nw, &nq)) u.start.emplace_back(std::move(nw), std::move(nq));
+  return u;
+}
+
+bool Pool::CreateWorkers(int n) {
   bool failed = false;
-  for (int i = 0; i < want; ++i) {
+  for (int i = 0; i < n; ++i) {
     auto w = failed ? StatusOr<std::shared_ptr<Worker>>(Unavailable("skipped")) : MakeWorker();
     std::vector<std::pair<std::shared_ptr<Worker>, Queued>> next;
     std::vector<Queued> hopeless;
@@ -535,8 +527,23 @@ int64_t Pool::Maintain() {
       q.done(Unavailable("pool " + cfg_.name + " has no workers: " + w.status().message()));
     for (auto& [nw, nq] : next) Start(std::move(nw), std::move(nq));
   }
+  return !failed;
+}
+
+int64_t Pool::Maintain() {
+  Upkeep u;
+  {
+    MutexLock l(mu_);
+    u = PlanUpkeepLocked(MonotonicMs());
+  }
+  for (auto& [nw, nq] : u.start) Start(std::move(nw), std::move(nq));
+  for (auto& q : u.expired)
+    q.done(OverCapacity("pool " + cfg_.name + ": no worker became free within " +
+                        std::to_string(cfg_.queue_timeout_ms) + " ms"));
+  for (auto& w : u.destroy) (void)w->sb->Destroy();
+  bool created = CreateWorkers(u.create);
   MutexLock l(mu_);
-  if (failed) return kFailureBackoffMs;
+  if (!created) return kFailureBackoffMs;
   return queue_.empty() && resting_.empty() ? kIdleRecheckMs : kQueueRecheckMs;
 }
 

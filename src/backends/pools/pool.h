@@ -140,6 +140,17 @@ class Pool : public std::enable_shared_from_this<Pool> {
   bool NextLocked(std::shared_ptr<Worker>* w, Queued* q) DSEC_REQUIRES(mu_);
   void Retire(std::shared_ptr<Worker> w) DSEC_REQUIRES(mu_);  // destroyed by the maintenance thread
   StatusOr<std::shared_ptr<Worker>> MakeWorker();
+  // What one maintenance pass does outside mu_, decided under it.
+  struct Upkeep {
+    std::vector<Queued> expired;                   // waited longer than queue_timeout_ms
+    std::vector<std::shared_ptr<Worker>> destroy;  // retired, surplus or over max
+    std::vector<std::pair<std::shared_ptr<Worker>, Queued>> start;  // rested worker + call
+    int create = 0;                                                 // new workers to make
+  };
+  Upkeep PlanUpkeepLocked(int64_t now_ms) DSEC_REQUIRES(mu_);
+  // Makes `n` workers one by one, each serving the queue as it arrives; false when one
+  // could not be made (the rest are skipped, the pool backs off).
+  bool CreateWorkers(int n);
 
   PoolConfig cfg_;
   backends::Backend* backend_;
