@@ -214,7 +214,9 @@ StatusOr<unsigned> EdgeClient::Exchange(
     while (!p.is_done()) {
       p.get().body().data = chunk.data();
       p.get().body().size = chunk.size();
-      http::read(*sock_, buf_, p, ec);
+      // read_some: whatever arrived goes to on_body now (http::read would wait until the
+      // chunk is full, holding a streamed exec's output back until it ends).
+      http::read_some(*sock_, buf_, p, ec);
       if (ec == http::error::need_buffer) ec = {};
       if (ec) {
         Disconnect();

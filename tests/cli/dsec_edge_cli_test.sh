@@ -45,6 +45,12 @@ out=$(D exec --cwd /tmp --env A=1 "$id" -- sh -c 'echo $(pwd)$A'); check "exec -
 D exec "$id" -- sh -c 'kill -KILL $$'; check "exec killed by signal" 137 $?
 D exec --timeout 1 "$id" -- sleep 30 2>/dev/null; check "exec timeout" 124 $?
 out=$(D exec "$id" -- sh -c 'head -c 3000000 /dev/zero' | wc -c); check "exec large output" 3000000 "$out"
+# Piped output streams: the command waits for a file that the reader makes only once it has
+# the first line (a CLI that held output back until the exit prints not-seen, after 10 s).
+out=$(D exec "$id" -- sh -c 'echo first; for i in $(seq 100); do [ -e /tmp/go ] && break; sleep 0.1; done
+  [ -e /tmp/go ] && echo seen || echo not-seen' | while read -r l; do
+  echo "$l"; [ "$l" = first ] && D exec "$id" -- touch /tmp/go; done | tr '\n' ' ')
+check "exec streams piped output" "first seen " "$out"
 out=$(echo streamed | D exec -i "$id" -- tr a-z A-Z); check "exec -i stdin" STREAMED "$out"
 out=$(head -c 1000000 /dev/zero | D exec -i "$id" -- wc -c); check "exec -i large stdin" 1000000 "$out"
 # On a terminal, a command's control sequences are shown, not obeyed (clear screen, cursor up,
