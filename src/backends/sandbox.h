@@ -152,6 +152,10 @@ class Backend {
                                                    const std::string& handle) = 0;
   // Destroys what earlier processes left behind and nobody adopted. Returns how many.
   virtual StatusOr<int> CleanupOrphans() = 0;
+  // The most one sandbox of this backend can ever be given on this node (CPUs, memory its
+  // parent cgroup holds, disk its writable layers can live on; 0: no bound). A create beyond
+  // any of them can never fit here (422), not merely now (429).
+  virtual Resources Largest() const = 0;
 };
 
 // Validates resource fields (positive, bounded) and ids. Shared by every backend and the API.

@@ -156,13 +156,38 @@ Status Manager::Persist(const SandboxEntry& e) {
   return s;
 }
 
+Status Manager::FitsEver(const CreateParams& p, int count) const {
+  const Resources& r = p.resources;
+  const Resources max = backend_->Largest();
+  auto never = [](const std::string& what, const std::string& why) {
+    return ResourceExhausted(what + " can never fit this node: " + why);
+  };
+  const int64_t memory_max =
+      max.memory_mb > 0 ? std::min(max.memory_mb, admit_memory_mb_) : admit_memory_mb_;
+  if (r.memory_mb > memory_max)
+    return never("memory_mb " + std::to_string(r.memory_mb),
+                 "one sandbox may have at most " + std::to_string(memory_max) +
+                     " MiB (the node's memory less reserve_memory_mb, times memory_overcommit)");
+  if (r.memory_mb * count > admit_memory_mb_)
+    return never(
+        std::to_string(count) + " sandboxes of " + std::to_string(r.memory_mb) + " MiB",
+        "it admits " + std::to_string(admit_memory_mb_) + " MiB in all (create fewer at once)");
+  if (max.cpu > 0 && r.cpu > max.cpu)
+    return never("cpu " + FormatNumber(r.cpu), "it has " + FormatNumber(max.cpu) + " CPUs");
+  if (max.disk_mb > 0 && r.disk_mb > max.disk_mb)
+    return never("disk_mb " + std::to_string(r.disk_mb),
+                 "a sandbox disk may have at most " + std::to_string(max.disk_mb) +
+                     " MiB (the size of disk_dir's filesystem)");
+  if (budget_.sandbox_pids > 0 && r.pids > budget_.sandbox_pids)
+    return never("pids " + std::to_string(r.pids),
+                 "all sandboxes together may hold " + std::to_string(budget_.sandbox_pids) +
+                     " processes (reserve_pids and kernel.threads-max set it)");
+  return OkStatus();
+}
+
 Status Manager::Admit(const CreateParams& p, int count) {
   // Caller holds mu_.
-  if (budget_.sandbox_pids > 0 && p.resources.pids > budget_.sandbox_pids)
-    return ResourceExhausted("pids " + std::to_string(p.resources.pids) +
-                             " can never fit this node: all sandboxes together may hold " +
-                             std::to_string(budget_.sandbox_pids) +
-                             " processes (reserve_pids and kernel.threads-max set it)");
+  DSEC_RETURN_IF_ERROR(FitsEver(p, count));
   return AdmitLocked(count, p.resources.memory_mb * count, /*pool_included=*/false);
 }
 

@@ -177,6 +177,8 @@ class Manager {
   void Shutdown(bool persist);
 
  private:
+  // 422 for a create that no amount of waiting lets this node take (429 is for "full now").
+  Status FitsEver(const CreateParams& p, int count) const;
   Status Admit(const CreateParams& p, int count) DSEC_REQUIRES(mu_);
   Status AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included) DSEC_REQUIRES(mu_);
   StatusOr<SandboxRecord> CreateOne(const std::shared_ptr<SandboxEntry>& e);

@@ -104,6 +104,29 @@ TEST_F(ManagerTest, AdmissionRefusesWhatDoesNotFitNow) {
   EXPECT_EQ(manager_->size(), 2u);
 }
 
+TEST_F(ManagerTest, WhatCanNeverFitIs422WithTheNodesMaximum) {
+  // The fake backend's largest sandbox: 4 CPUs, 8192 MiB, a 65536 MiB disk.
+  auto refused = [&](auto set, const std::string& says, int count = 1) {
+    CreateParams p;
+    set(p.resources);
+    auto r = manager_->Create(p, count, true, nullptr);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("can never fit"), std::string::npos);
+  };
+  refused([](Resources& r) { r.memory_mb = 8193; }, "at most 8192 MiB");
+  refused([](Resources& r) { r.cpu = 4.5; }, "it has 4 CPUs");
+  refused([](Resources& r) { r.disk_mb = 65537; }, "at most 65536 MiB");
+  EXPECT_EQ(backend_.created(), 0);
+  // At the maximum it fits.
+  CreateParams p;
+  p.resources.cpu = 4;
+  p.resources.memory_mb = 8192;
+  p.resources.disk_mb = 65536;
+  CreateOne(p);
+}
+
 TEST_F(ManagerTest, TtlReapingFollowsTheClock) {
   CreateParams p;
   p.ttl_s = 10;

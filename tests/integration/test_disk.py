@@ -225,23 +225,30 @@ def test_killed_edge_readopts_disk_sandboxes_and_nothing_leaks(make_edge):
 
 def test_a_node_without_room_refuses_a_disk_image_and_keeps_serving(make_edge, tmp_path):
     """Disk images take their whole size on disk_dir's filesystem at create: on a node whose
-    disk_dir has 48 MB free, a 256 MB disk is 429 over_capacity (nothing left in disk_dir) and
-    the edge keeps serving; with disk_preallocate false the same create succeeds (sparse)."""
+    disk_dir holds 160 MB, a 256 MB disk can never fit (422 with the maximum); with one 96 MB
+    disk made, a second is 429 over_capacity (no room left now) and the edge keeps serving;
+    with disk_preallocate false the 256 MB create succeeds (sparse)."""
     need_loop()
     small = tmp_path / "disks"
     small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,nosuid,nodev", "tmpfs", str(small)],
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m,nosuid,nodev", "tmpfs", str(small)],
                    check=True)
     try:
         edge = make_edge(config={**CONFIG, "disk_dir": str(small)})
         c = edge.client(timeout=120)
-        r = c.post("/v1/sandboxes", {"disk_mb": 256}, expect=429)
+        r = c.post("/v1/sandboxes", {"disk_mb": 256}, expect=422)
+        assert "can never fit" in r.json["error"]["message"], r.json
+        assert "at most 160 MiB" in r.json["error"]["message"], r.json
+        first = c.create({"disk_mb": 96})["id"]
+        r = c.post("/v1/sandboxes", {"disk_mb": 96}, expect=429)
         assert r.json["error"]["code"] == "over_capacity", r.json
         assert "no room" in r.json["error"]["message"], r.json
-        assert os.listdir(small) == []
+        assert os.listdir(small) == []  # made images have no name; the refused one left nothing
         sid = c.create({"disk_mb": 32})["id"]  # a tmpfs layer: not from disk_dir
         assert c.sh(sid, "echo ok") == "ok\n"
         c.remove(sid)
+        c.remove(first)
+        assert os.listdir(small) == []
         edge.stop()
         edge.config["disk_preallocate"] = False
         edge.launch()

@@ -154,14 +154,25 @@ def test_capacity_429_with_retry_after(make_edge):
     node = c.get("/v1/node", expect=200).json
     assert node["capacity"]["max_sandboxes"] == 2
     admit = node["capacity"]["admit_memory_mb"]
-    # Memory: one sandbox asking for more than the admitted total is refused.
-    r = c.post("/v1/sandboxes", {"memory_mb": admit + 1}, expect=429)
+    # What could never fit is 422 with the node's maximum, not a 429 to retry: one sandbox
+    # asking for more than the admitted total, more CPUs than the node has, or a count whose
+    # sum is more than the node admits.
+    r = c.post("/v1/sandboxes", {"memory_mb": admit + 1}, expect=422)
+    assert r.json["error"]["code"] == "unprocessable" and "retry-after" not in r.headers
+    assert f"at most {admit} MiB" in r.json["error"]["message"], r.json
+    cpus = len(os.sched_getaffinity(0))
+    r = c.post("/v1/sandboxes", {"cpu": cpus + 1}, expect=422)
+    assert f"it has {cpus} CPUs" in r.json["error"]["message"], r.json
+    r = c.post("/v1/sandboxes", {"memory_mb": admit // 2 + 1, "count": 2}, expect=422)
+    assert "create fewer at once" in r.json["error"]["message"], r.json
+    # Memory that is committed now: 429 with Retry-After, all or nothing.
+    a = c.create({"memory_mb": admit - 16})
+    r = c.post("/v1/sandboxes", {"memory_mb": 32}, expect=429)
     assert r.json["error"]["code"] == "over_capacity" and int(r.headers["retry-after"]) >= 1
-    a = c.create({"memory_mb": 16})
     r = c.post("/v1/sandboxes", {"memory_mb": 16, "count": 2}, expect=429)  # all or nothing
     assert c.get("/v1/node", expect=200).json["usage"]["sandboxes"] == 1
     b = c.create({"memory_mb": 16})
-    r = c.post("/v1/sandboxes", {"memory_mb": 16}, expect=429)
+    r = c.post("/v1/sandboxes", {"memory_mb": 16}, expect=429)  # max_sandboxes
     assert r.headers["retry-after"].isdigit()
     # Rejections are counted in /metrics.
     text = c.get("/metrics", expect=200).body.decode()

@@ -3,10 +3,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +46,24 @@ std::string DefaultHelperPath(const char* env_name, const std::string& name,
   return dir + "/" + name;
 }
 
+// Every live sandbox holds several of our fds (cgroup, owner lock, pidfd, netns, agent
+// socket), so the usual soft limit of 1024 would cap a node at ~100 sandboxes: raise it to
+// the hard limit, which is raised first (sandboxes set their own limits; see credentials).
+void RaiseFileLimit() {
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    if (nofile.rlim_max < (1u << 20)) {
+      rlimit raised = nofile;
+      raised.rlim_max = 1u << 20;
+      if (setrlimit(RLIMIT_NOFILE, &raised) == 0) nofile = raised;
+    }
+    if (nofile.rlim_cur < nofile.rlim_max) {
+      nofile.rlim_cur = nofile.rlim_max;
+      (void)setrlimit(RLIMIT_NOFILE, &nofile);
+    }
+  }
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ContainerBackend>> ContainerBackend::Create(ContainerBackendOptions opts) {
@@ -58,9 +78,7 @@ ContainerBackend::~ContainerBackend() {
   if (cgroups_) (void)cgroups_->RemoveParent();
 }
 
-Status ContainerBackend::Init() {
-  if (geteuid() != 0) return PermissionDenied("the container backend needs root");
-  if (opts_.state_dir.empty()) return InvalidArgument("state dir is required");
+Status ContainerBackend::PrepareStateDirs() {
   DSEC_RETURN_IF_ERROR(MakeDirs(opts_.state_dir, 0700));
   char real[PATH_MAX];
   if (!realpath(opts_.state_dir.c_str(), real))
@@ -80,22 +98,14 @@ Status ContainerBackend::Init() {
   DSEC_RETURN_IF_ERROR(MakeDirs(disk_dir_, 0700));
   DSEC_ASSIGN_OR_RETURN(int stale, isolation::RemoveStaleDiskImages(disk_dir_));
   if (stale > 0) DSEC_LOG_INFO("removed {} disk images of interrupted creates", stale);
+  return OkStatus();
+}
 
-  // Every live sandbox holds several of our fds (cgroup, owner lock, pidfd, netns, agent
-  // socket), so the usual soft limit of 1024 would cap a node at ~100 sandboxes: raise it to
-  // the hard limit, which is raised first (sandboxes set their own limits; see credentials).
-  rlimit nofile{};
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
-    if (nofile.rlim_max < (1u << 20)) {
-      rlimit raised = nofile;
-      raised.rlim_max = 1u << 20;
-      if (setrlimit(RLIMIT_NOFILE, &raised) == 0) nofile = raised;
-    }
-    if (nofile.rlim_cur < nofile.rlim_max) {
-      nofile.rlim_cur = nofile.rlim_max;
-      (void)setrlimit(RLIMIT_NOFILE, &nofile);
-    }
-  }
+Status ContainerBackend::Init() {
+  if (geteuid() != 0) return PermissionDenied("the container backend needs root");
+  if (opts_.state_dir.empty()) return InvalidArgument("state dir is required");
+  DSEC_RETURN_IF_ERROR(PrepareStateDirs());
+  RaiseFileLimit();
 
   features_ = isolation::KernelFeatures::Detect(opts_.features);
 
@@ -131,17 +141,7 @@ Status ContainerBackend::Init() {
   // Optional: without it the node simply has no fncall workers (creating one says why).
   if (auto z = SealAgentBinary(opts_.zygote_path); z.ok()) zygote_memfd_ = std::move(*z);
 
-  if (opts_.sockets_per_mb == 0) {
-    socket_budget_error_ = "off (sockets_per_mb 0)";
-  } else if (!cgroups_->has_cgroup2()) {
-    socket_budget_error_ = "no cgroup2 hierarchy to attach cgroup BPF programs to";
-  } else if (auto sb = isolation::SocketBudget::Create(1u << 21); sb.ok()) {
-    socket_budget_ = std::move(*sb);
-  } else {
-    socket_budget_error_ = sb.status().message();
-    DSEC_LOG_WARN("sandboxes get no socket budget: {}", socket_budget_error_);
-  }
-
+  PrepareSocketBudget();
   DSEC_ASSIGN_OR_RETURN(launcher_, Launcher::Start({opts_.state_dir}));
   if (features_.userns) {
     isolation::UidRangeOptions uo;
@@ -153,6 +153,39 @@ Status ContainerBackend::Init() {
   if (opts_.netns_pool > 0) netns_ = std::make_unique<isolation::NetnsPool>(opts_.netns_pool);
   io_ = std::make_unique<IoRunner>(std::max(1, opts_.io_threads));
   return OkStatus();
+}
+
+void ContainerBackend::PrepareSocketBudget() {
+  if (opts_.sockets_per_mb == 0) {
+    socket_budget_error_ = "off (sockets_per_mb 0)";
+  } else if (!cgroups_->has_cgroup2()) {
+    socket_budget_error_ = "no cgroup2 hierarchy to attach cgroup BPF programs to";
+  } else if (auto sb = isolation::SocketBudget::Create(1u << 21); sb.ok()) {
+    socket_budget_ = std::move(*sb);
+  } else {
+    socket_budget_error_ = sb.status().message();
+    DSEC_LOG_WARN("sandboxes get no socket budget: {}", socket_budget_error_);
+  }
+}
+
+Resources ContainerBackend::Largest() const {
+  Resources r{.cpu = 0, .memory_mb = 0, .pids = 0, .disk_mb = 0};
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  r.cpu = sched_getaffinity(0, sizeof set, &set) == 0
+              ? CPU_COUNT(&set)
+              : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  r.memory_mb = opts_.parent_memory_bytes >> 20;
+  r.pids = opts_.parent_pids;
+  // A writable layer above tmpfs_disk_max_mb is a disk image in disk_dir_, which takes its
+  // whole size there when preallocated: that filesystem's size is the bound. (Sparse images
+  // overcommit the disk by choice: no bound.) One below lives in memory.
+  struct statvfs fs;
+  if (opts_.disk_preallocate && statvfs(disk_dir_.c_str(), &fs) == 0)
+    r.disk_mb = std::max<int64_t>(
+        opts_.tmpfs_disk_max_mb,
+        static_cast<int64_t>((static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize) >> 20));
+  return r;
 }
 
 std::string ContainerBackend::Describe() const {

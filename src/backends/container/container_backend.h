@@ -73,6 +73,7 @@ class ContainerBackend : public Backend {
   ~ContainerBackend() override;
 
   Kind kind() const override { return Kind::kContainer; }
+  Resources Largest() const override;
   StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
   StatusOr<std::shared_ptr<Sandbox>> Adopt(const SandboxSpec& spec,
                                            const std::string& handle) override;
@@ -94,6 +95,8 @@ class ContainerBackend : public Backend {
   friend class ContainerInstance;
   explicit ContainerBackend(ContainerBackendOptions opts) : opts_(std::move(opts)) {}
   Status Init();
+  Status PrepareStateDirs();   // state, sandboxes, root mount and disk directories
+  void PrepareSocketBudget();  // the cgroup BPF socket budget, or why there is none
   // The host image as of now: rebuilt if the host's root directory changed since.
   StatusOr<isolation::HostImage> CurrentHostImage();
 

@@ -28,6 +28,9 @@ class FakeBackend : public Backend {
   StatusOr<std::shared_ptr<Sandbox>> Adopt(const SandboxSpec& spec,
                                            const std::string& handle) override;
   StatusOr<int> CleanupOrphans() override;
+  Resources Largest() const override { return largest; }
+
+  Resources largest{.cpu = 4, .memory_mb = 8192, .pids = 0, .disk_mb = 65536};
 
   // The next Create fails with `s` (after nothing was made).
   void FailNextCreate(Status s);
