@@ -115,6 +115,10 @@ class TarExtractor::Impl {
       case State::kPadding:
         return InvalidArgument("tar: archive truncated in the data of " + Quote(entry_name_) + at);
       case State::kHeader:
+        if (header_len_ != 0 && offset_ == header_len_) {
+          return InvalidArgument("tar: not a tar archive: " + std::to_string(offset_) +
+                                 " bytes, less than one 512-byte header");
+        }
         if (header_len_ != 0) return InvalidArgument("tar: archive truncated inside a header" + at);
         if (meta_pending_) {
           return InvalidArgument("tar: archive ended after an extended header without its entry" +
@@ -122,6 +126,7 @@ class TarExtractor::Impl {
         }
         if (zero_blocks_ == 1) return OkStatus();  // a lone trailing zero block (GNU tar accepts)
         if (opts_.require_end_marker) {
+          if (offset_ == 0) return InvalidArgument("tar: not a tar archive: it is empty");
           return InvalidArgument("tar: archive truncated: no end-of-archive marker" + at);
         }
         return OkStatus();
@@ -160,8 +165,13 @@ class TarExtractor::Impl {
       return OkStatus();
     }
     if (zero_blocks_ != 0) return HeaderError("data after a lone zero block");
-    if (!ChecksumMatches(h))
+    if (!ChecksumMatches(h)) {
+      if (offset_ == kBlockSize)  // the first header
+        return InvalidArgument(
+            "tar: not a tar archive (its first 512 bytes are no tar header: "
+            "bad header checksum)");
       return HeaderError("bad header checksum (corrupt or not a tar archive)");
+    }
 
     std::string_view magic = FieldView(h, kMagic);
     // POSIX readers only check "ustar\0" (some writers put other version bytes).

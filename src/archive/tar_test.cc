@@ -928,6 +928,19 @@ TEST_F(TarTest, BadChecksumAndGarbage) {
   EXPECT_NE(r.status.message().find("checksum"), std::string::npos);
   EXPECT_FALSE(Exists(D("g")));
   EXPECT_EQ(Extract(Pad("this is not a tar archive")).status.code(), StatusCode::kInvalidArgument);
+  // What is no tar at all says so (not "truncated inside a header at offset 3").
+  for (const std::string& junk : {std::string("abc"), Pad("this is not a tar archive"),
+                                  std::string(2000, 'x'), std::string()}) {
+    Result j = Extract(junk);
+    EXPECT_EQ(j.status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(j.status.message().find("not a tar archive"), std::string::npos)
+        << junk.size() << ": " << j.status.message();
+  }
+  EXPECT_NE(Extract("abc").status.message().find("3 bytes"), std::string::npos);
+  // A real archive cut short is still "truncated".
+  std::string cut = File("f", "data") + End();
+  Result t = Extract(cut.substr(0, 512 + 100));
+  EXPECT_NE(t.status.message().find("truncated"), std::string::npos) << t.status.message();
   // Valid checksum, bad magic / bad numeric field.
   std::string m = Header({.name = "m"});
   memcpy(m.data() + 257, "junk!!", 6);

@@ -4,8 +4,19 @@ namespace dsec {
 
 StatusOr<Json> ParseJson(std::string_view text) {
   Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument("malformed JSON");
-  return j;
+  if (!j.is_discarded()) return j;
+  // Parse again, only to say where it broke (the exception names the line and column).
+  try {
+    [[maybe_unused]] Json again = Json::parse(text.begin(), text.end());
+  } catch (const Json::parse_error& e) {
+    std::string why = e.what();
+    if (size_t k = why.find("] "); why.starts_with("[json.exception") && k != std::string::npos)
+      why.erase(0, k + 2);
+    if (why.size() > 200) why = why.substr(0, 200) + "...";
+    return InvalidArgument("malformed JSON: " + why);
+  } catch (const std::exception&) {
+  }
+  return InvalidArgument("malformed JSON");
 }
 
 StatusOr<std::string> GetString(const Json& j, const char* key, std::optional<std::string> def) {

@@ -229,7 +229,8 @@ void Api::Add(const char* method, const char* pattern, RouteFn fn, unsigned flag
 }
 
 const Route* Api::Match(const std::string& method, const std::string& target,
-                        std::map<std::string, std::string>* params, bool* path_known) const {
+                        std::map<std::string, std::string>* params, bool* path_known,
+                        std::set<std::string>* allowed) const {
   // Split the raw path, then decode each segment: "a%2Fb" stays one (invalid) id.
   std::string_view raw = target;
   raw = raw.substr(0, raw.find('?'));
@@ -253,6 +254,7 @@ const Route* Api::Match(const std::string& method, const std::string& target,
     }
     if (!ok) continue;
     *path_known = true;
+    if (allowed) allowed->insert(r.method);
     if (r.method != method || literals <= best_literals) continue;
     best = &r;
     best_literals = literals;
@@ -326,15 +328,22 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   auto ctx = std::make_shared<Ctx>();
   ctx->api = this;
   bool known = false;
-  const Route* route = Match(req.method, req.target, &ctx->params, &known);
+  std::set<std::string> allowed;
+  const Route* route = Match(req.method, req.target, &ctx->params, &known, &allowed);
   ctx->req = std::move(req);
   if (!route) {
     ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
-    if (known)
-      return ctx->Fail(404, "not_found",
-                       "no route for " + ctx->req.method + " " + ctx->req.path +
-                           " (other methods exist for this path)");
-    return ctx->Fail(404, "not_found", "no route for " + ctx->req.method + " " + ctx->req.path);
+    if (!known)
+      return ctx->Fail(404, "not_found", "no route for " + ctx->req.method + " " + ctx->req.path);
+    // A known path asked with a method it does not take: 405 and the methods it does take.
+    std::string allow;
+    for (const auto& m : allowed) allow += (allow.empty() ? "" : ", ") + m;
+    d_.metrics->CountError("method_not_allowed");
+    HttpResponse r = JsonError(
+        405, "method_not_allowed",
+        ctx->req.method + " is not a method of " + ctx->req.path + " (it takes " + allow + ")");
+    r.headers.emplace_back("Allow", allow);
+    return ctx->res->Send(std::move(r));
   }
 
   std::string key;

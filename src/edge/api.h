@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -105,9 +106,11 @@ class Api {
   Deps& deps() { return d_; }
 
   // The route for a method and raw target (nullptr if none); *path_known tells whether any
-  // method has a route for that path. Fills *params (if given) from the route's pattern.
+  // method has a route for that path, and *allowed (if given) gets those methods. Fills
+  // *params (if given) from the route's pattern.
   const Route* Match(const std::string& method, const std::string& target,
-                     std::map<std::string, std::string>* params, bool* path_known) const;
+                     std::map<std::string, std::string>* params, bool* path_known,
+                     std::set<std::string>* allowed = nullptr) const;
 
  private:
   void Add(const char* method, const char* pattern, RouteFn fn, unsigned flags = 0);

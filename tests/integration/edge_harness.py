@@ -36,6 +36,7 @@ DEFAULT_BIN = REPO / "build" / "release" / "src" / "edge" / "dsec-edge"
 
 ERROR_STATUS = {
     "bad_request": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404,
+    "method_not_allowed": 405,
     "conflict": 409, "too_large": 413, "unprocessable": 422, "over_capacity": 429,
     "unavailable": 503, "internal": 500,
 }

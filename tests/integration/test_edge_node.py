@@ -358,13 +358,20 @@ def test_malformed_http(edge, request_bytes):
 
 
 def test_unknown_routes_and_methods(client):
-    for method, path in [("GET", "/v1/nope"), ("GET", "/"), ("POST", "/v1/health"),
-                         ("PUT", "/v1/sandboxes"), ("GET", "/v1/sandboxes/x/y/z/w"),
-                         ("GET", "/v2/sandboxes"), ("PATCH", "/metrics"),
-                         ("GET", "/v1/sandboxes//exec")]:
+    for method, path in [("GET", "/v1/nope"), ("GET", "/"), ("GET", "/v1/sandboxes/x/y/z/w"),
+                         ("GET", "/v2/sandboxes"), ("GET", "/v1/sandboxes//exec")]:
         r = client.request(method, path, validate=False)
         assert r.status == 404, (method, path, r)
         assert r.json["error"]["code"] == "not_found"
+    # A path that exists, with a method it does not take: 405 with Allow.
+    for method, path, allow in [("POST", "/v1/health", "GET"), ("PUT", "/v1/sandboxes", "GET, POST"),
+                                ("PATCH", "/metrics", "GET"),
+                                ("POST", "/v1/sandboxes/sb-x-1", "DELETE, GET, PATCH")]:
+        r = client.request(method, path, validate=False)
+        assert r.status == 405, (method, path, r)
+        assert r.json["error"]["code"] == "method_not_allowed", r.json
+        assert r.headers["allow"] == allow, (path, r.headers)
+        assert method in r.json["error"]["message"] and allow in r.json["error"]["message"]
 
 
 def test_keep_alive_many_requests_one_connection(edge):

@@ -172,6 +172,7 @@ _STATUS_CODES: dict[int, str] = {
     401: "unauthorized",
     403: "forbidden",
     404: "not_found",
+    405: "method_not_allowed",
     409: "conflict",
     413: "too_large",
     422: "unprocessable",
