@@ -25,6 +25,7 @@ using protocol::Json;
 namespace {
 constexpr int kAuthTimeoutMs = 5000;
 constexpr size_t kMaxShells = 256;
+constexpr int64_t kPortRetryMs = 20;
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -172,8 +173,9 @@ void Agent::UpdateConnInterest() {
 
 void Agent::OnConnWritable() {
   while (conn_ && out_pos_ < out_.size()) {
-    ssize_t n = send(conn_.get(), out_.data() + out_pos_, out_.size() - out_pos_,
-                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    // write(), not send(): a microVM's connection is a virtio-serial port (O_NONBLOCK is set
+    // on it and SIGPIPE is ignored, which is all MSG_DONTWAIT | MSG_NOSIGNAL added).
+    ssize_t n = write(conn_.get(), out_.data() + out_pos_, out_.size() - out_pos_);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) break;
@@ -200,7 +202,7 @@ void Agent::OnConnWritable() {
 void Agent::OnConnReadable() {
   char buf[64 * 1024];
   for (int round = 0; round < 8 && conn_; ++round) {
-    ssize_t n = recv(conn_.get(), buf, sizeof buf, MSG_DONTWAIT);
+    ssize_t n = read(conn_.get(), buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) return;
@@ -228,7 +230,11 @@ void Agent::DropConnection(const std::string& why) {
   (void)why;
   if (conn_) {
     loop_.Remove(conn_.get());
-    conn_.Reset();
+    if (cfg_.guest_port) {
+      WaitForHost(std::move(conn_), /*needs_hangup=*/false);
+    } else {
+      conn_.Reset();
+    }
   }
   out_.clear();
   out_pos_ = 0;
@@ -261,9 +267,37 @@ void Agent::OnAccept() {
   if (!loop_.Add(pending_.get(), EPOLLIN, pending_handler_.get()).ok()) pending_.Reset();
 }
 
+void Agent::WaitForHost(UniqueFd port, bool needs_hangup) {
+  port_ = std::move(port);
+  port_needs_hangup_ = needs_hangup;
+  port_retry_ms_ = MonotonicMs() + kPortRetryMs;
+}
+
+// A virtio-serial port polls EPOLLHUP for as long as no host end is connected, so it cannot
+// sit in the epoll set meanwhile: it is looked at every kPortRetryMs instead.
+void Agent::CheckPort() {
+  if (!port_ || MonotonicMs() < port_retry_ms_) return;
+  pollfd p{port_.get(), POLLIN, 0};
+  bool hung_up = poll(&p, 1, 0) >= 0 && (p.revents & POLLHUP);
+  if (hung_up) port_needs_hangup_ = false;
+  if (hung_up || port_needs_hangup_) {
+    port_retry_ms_ = MonotonicMs() + kPortRetryMs;
+    return;
+  }
+  // A host end is connected again (an edge that restarted): it must authenticate first.
+  if (pending_) loop_.Remove(pending_.get());
+  pending_ = std::move(port_);
+  port_retry_ms_ = 0;
+  pending_decoder_ = protocol::FrameDecoder(4096);
+  pending_deadline_ = MonotonicMs() + kAuthTimeoutMs;
+  if (!pending_handler_) pending_handler_ = std::make_unique<ConnHandler>(this, true);
+  if (!loop_.Add(pending_.get(), EPOLLIN, pending_handler_.get()).ok())
+    WaitForHost(std::move(pending_), true);
+}
+
 void Agent::OnPendingReadable() {
   char buf[4096];
-  ssize_t n = recv(pending_.get(), buf, sizeof buf, MSG_DONTWAIT);
+  ssize_t n = read(pending_.get(), buf, sizeof buf);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   Frame f;
   bool ok = n > 0 && pending_decoder_.Feed(std::string_view(buf, static_cast<size_t>(n))).ok();
@@ -282,7 +316,9 @@ void Agent::OnPendingReadable() {
   if (!authed) {
     std::string err = protocol::EncodeFrameOrDie(
         FrameType::kError, 0, 0, R"({"error":{"code":"unauthenticated","message":"bad secret"}})");
-    (void)!send(c.get(), err.data(), err.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)!write(c.get(), err.data(), err.size());
+    // A port stays ours: the next edge gets it once this one hung up.
+    if (cfg_.guest_port) WaitForHost(std::move(c), true);
     return;
   }
   // The newest authenticated edge wins: a restarted edge replaces a dead connection.
@@ -445,6 +481,7 @@ int Agent::NextTimeoutMs() {
     if (next == 0 || d < next) next = d;
   if (pending_deadline_ && (next == 0 || pending_deadline_ < next)) next = pending_deadline_;
   if (orphan_deadline_ && (next == 0 || orphan_deadline_ < next)) next = orphan_deadline_;
+  if (port_retry_ms_ && (next == 0 || port_retry_ms_ < next)) next = port_retry_ms_;
   if (!lingering_.empty()) {
     int64_t soon = MonotonicMs() + 500;
     if (next == 0 || soon < next) next = soon;
@@ -464,9 +501,14 @@ void Agent::RunDeadlines() {
   }
   if (pending_deadline_ && pending_deadline_ <= now) {
     loop_.Remove(pending_.get());
-    pending_.Reset();
+    if (cfg_.guest_port) {
+      WaitForHost(std::move(pending_), true);
+    } else {
+      pending_.Reset();
+    }
     pending_deadline_ = 0;
   }
+  CheckPort();
   ReapLingeringCgroups();
 }
 
@@ -491,7 +533,7 @@ int Agent::Run() {
   }
   OnSigchld();  // children that exited before the signalfd existed
   while (true) {
-    if (!conn_ && !listen_) return 0;  // nobody can ever talk to us again
+    if (!conn_ && !listen_ && !port_ && !pending_) return 0;  // nobody can ever talk to us again
     // Orphaned for too long: end the sandbox (PID 1 exiting takes everything with it).
     if (!conn_ && orphan_deadline_ && MonotonicMs() >= orphan_deadline_) return 0;
     if (!loop_.RunOnce(NextTimeoutMs()).ok()) return 1;

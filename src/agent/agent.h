@@ -74,6 +74,10 @@ struct AgentConfig {
   UniqueFd writable_layer;
   // The host uid range lease (SetupFds::uid_lease), held open until the agent exits.
   UniqueFd uid_lease;
+  // The connection is a microVM's virtio-serial port (agent/guest.h): it is kept when the host
+  // end goes away, and a host end that connects again must authenticate like a reconnecting
+  // edge does on the listening socket.
+  bool guest_port = false;
 };
 
 class Agent {
@@ -134,6 +138,10 @@ class Agent {
   void HandleFrame(protocol::Frame& f);
   void HandleRequest(uint32_t channel, const std::string& payload);
   void OnPendingReadable();  // a reconnecting edge before it authenticated
+  // Guest mode: keeps the virtio-serial port until a host end (re)connects; needs_hangup: the
+  // current host end was refused, so only one that connects after it hung up is taken.
+  void WaitForHost(UniqueFd port, bool needs_hangup);
+  void CheckPort();
   void Retire(Op* op);
   void FlushRetired();
   int NextTimeoutMs();
@@ -145,6 +153,9 @@ class Agent {
   UniqueFd conn_;
   UniqueFd listen_;
   UniqueFd pending_;  // a reconnecting edge before it authenticated
+  UniqueFd port_;     // guest mode: the port while no edge is connected
+  bool port_needs_hangup_ = false;
+  int64_t port_retry_ms_ = 0;
   protocol::FrameDecoder pending_decoder_;
   int64_t pending_deadline_ = 0;
   int64_t orphan_deadline_ = 0;  // no edge connected since; 0 = connected or waiting forever

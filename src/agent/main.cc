@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "agent/agent.h"
+#include "agent/guest.h"
 #include "agent/setup.h"
 #include "agent/zygote_link.h"
 
@@ -41,6 +42,8 @@ int main(int argc, char** argv) {
     printf("dsec-agent %s\n", DSEC_VERSION);
     return 0;
   }
+  // A microVM guest's init (the same binary, packed into the guest's initramfs).
+  if (dsec::agent::IsGuestInit(argc, argv)) dsec::agent::GuestMain();
   // Named for tools and tests; nothing in the sandbox may ptrace or read us.
   prctl(PR_SET_NAME, "dsec-agent", 0, 0, 0);
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);

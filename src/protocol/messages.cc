@@ -38,6 +38,60 @@ StatusOr<std::vector<std::string>> ProgramsFromJson(const Json& j, const char* k
   return out;
 }
 
+// The directories and files a writable layer starts with (container and guest setup alike).
+Json DirsToJson(const std::vector<isolation::DirSpec>& dirs) {
+  Json ds = Json::array();
+  for (const auto& d : dirs)
+    ds.push_back({{"path", d.path}, {"mode", d.mode}, {"uid", d.uid}, {"gid", d.gid}});
+  return ds;
+}
+
+Json FilesToJson(const std::vector<isolation::FileSpec>& files) {
+  Json fs = Json::array();
+  for (const auto& f : files)
+    fs.push_back({{"path", f.path},
+                  {"content", f.content},
+                  {"mode", f.mode},
+                  {"uid", f.uid},
+                  {"gid", f.gid}});
+  return fs;
+}
+
+// Mode and owner of a dir or file entry.
+Status ModeAndOwner(const Json& e, int64_t default_mode, uint32_t* mode, uint32_t* uid,
+                    uint32_t* gid) {
+  DSEC_ASSIGN_OR_RETURN(int64_t m, GetInt(e, "mode", default_mode, 0, 07777));
+  DSEC_ASSIGN_OR_RETURN(int64_t u, GetInt(e, "uid", 0, 0, UINT32_MAX));
+  DSEC_ASSIGN_OR_RETURN(int64_t g, GetInt(e, "gid", 0, 0, UINT32_MAX));
+  *mode = static_cast<uint32_t>(m);
+  *uid = static_cast<uint32_t>(u);
+  *gid = static_cast<uint32_t>(g);
+  return OkStatus();
+}
+
+StatusOr<std::vector<isolation::DirSpec>> DirsFromJson(const Json& arr) {
+  std::vector<isolation::DirSpec> out;
+  for (const auto& d : arr) {
+    isolation::DirSpec spec;
+    DSEC_ASSIGN_OR_RETURN(spec.path, GetString(d, "path"));
+    DSEC_RETURN_IF_ERROR(ModeAndOwner(d, 0755, &spec.mode, &spec.uid, &spec.gid));
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+StatusOr<std::vector<isolation::FileSpec>> FilesFromJson(const Json& arr) {
+  std::vector<isolation::FileSpec> out;
+  for (const auto& f : arr) {
+    isolation::FileSpec spec;
+    DSEC_ASSIGN_OR_RETURN(spec.path, GetString(f, "path"));
+    DSEC_ASSIGN_OR_RETURN(spec.content, GetString(f, "content", ""));
+    DSEC_RETURN_IF_ERROR(ModeAndOwner(f, 0644, &spec.mode, &spec.uid, &spec.gid));
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
 Json ToJson(const isolation::RootfsSpec& r) {
   Json j = {{"size_bytes", r.size_bytes}, {"inodes", r.inodes}, {"userns", r.userns}};
   Json ov = Json::array();
@@ -46,18 +100,8 @@ Json ToJson(const isolation::RootfsSpec& r) {
   Json sl = Json::array();
   for (const auto& s : r.symlinks) sl.push_back({{"path", s.path}, {"target", s.target}});
   j["symlinks"] = sl;
-  Json ds = Json::array();
-  for (const auto& d : r.dirs)
-    ds.push_back({{"path", d.path}, {"mode", d.mode}, {"uid", d.uid}, {"gid", d.gid}});
-  j["dirs"] = ds;
-  Json fs = Json::array();
-  for (const auto& f : r.files)
-    fs.push_back({{"path", f.path},
-                  {"content", f.content},
-                  {"mode", f.mode},
-                  {"uid", f.uid},
-                  {"gid", f.gid}});
-  j["files"] = fs;
+  j["dirs"] = DirsToJson(r.dirs);
+  j["files"] = FilesToJson(r.files);
   j["pty_max"] = r.pty_max;
   Json sc = Json::object();
   for (const auto& [k, v] : r.sysctls) sc[k] = v;
@@ -96,29 +140,8 @@ StatusOr<isolation::RootfsSpec> RootfsFromJson(const Json& j) {
     DSEC_ASSIGN_OR_RETURN(spec.target, GetString(s, "target"));
     r.symlinks.push_back(std::move(spec));
   }
-  for (const auto& d : arr("dirs")) {
-    isolation::DirSpec spec;
-    DSEC_ASSIGN_OR_RETURN(spec.path, GetString(d, "path"));
-    DSEC_ASSIGN_OR_RETURN(int64_t mode, GetInt(d, "mode", 0755, 0, 07777));
-    DSEC_ASSIGN_OR_RETURN(int64_t uid, GetInt(d, "uid", 0, 0, UINT32_MAX));
-    DSEC_ASSIGN_OR_RETURN(int64_t gid, GetInt(d, "gid", 0, 0, UINT32_MAX));
-    spec.mode = static_cast<uint32_t>(mode);
-    spec.uid = static_cast<uint32_t>(uid);
-    spec.gid = static_cast<uint32_t>(gid);
-    r.dirs.push_back(std::move(spec));
-  }
-  for (const auto& f : arr("files")) {
-    isolation::FileSpec spec;
-    DSEC_ASSIGN_OR_RETURN(spec.path, GetString(f, "path"));
-    DSEC_ASSIGN_OR_RETURN(spec.content, GetString(f, "content", ""));
-    DSEC_ASSIGN_OR_RETURN(int64_t mode, GetInt(f, "mode", 0644, 0, 07777));
-    DSEC_ASSIGN_OR_RETURN(int64_t uid, GetInt(f, "uid", 0, 0, UINT32_MAX));
-    DSEC_ASSIGN_OR_RETURN(int64_t gid, GetInt(f, "gid", 0, 0, UINT32_MAX));
-    spec.mode = static_cast<uint32_t>(mode);
-    spec.uid = static_cast<uint32_t>(uid);
-    spec.gid = static_cast<uint32_t>(gid);
-    r.files.push_back(std::move(spec));
-  }
+  DSEC_ASSIGN_OR_RETURN(r.dirs, DirsFromJson(arr("dirs")));
+  DSEC_ASSIGN_OR_RETURN(r.files, FilesFromJson(arr("files")));
   DSEC_ASSIGN_OR_RETURN(int64_t pty_max, GetInt(j, "pty_max", 0, 0, 1 << 20));
   r.pty_max = static_cast<uint32_t>(pty_max);
   if (auto sc = j.find("sysctls"); sc != j.end()) {
@@ -134,16 +157,32 @@ StatusOr<isolation::RootfsSpec> RootfsFromJson(const Json& j) {
 
 }  // namespace
 
+namespace {
+
+Json RlimitsToJson(const isolation::Rlimits& r) {
+  return {{"nofile", r.nofile}, {"fsize", r.fsize}, {"core", r.core}, {"stack", r.stack}};
+}
+
+Status RlimitsFromJson(const Json& j, isolation::Rlimits* out) {
+  auto rl = j.find("rlimits");
+  if (rl == j.end() || !rl->is_object()) return OkStatus();
+  DSEC_ASSIGN_OR_RETURN(int64_t nofile, GetInt(*rl, "nofile", 65536, 16, 1 << 30));
+  DSEC_ASSIGN_OR_RETURN(int64_t fsize, GetInt(*rl, "fsize", 0, 0, INT64_MAX));
+  DSEC_ASSIGN_OR_RETURN(int64_t core, GetInt(*rl, "core", 0, 0, INT64_MAX));
+  DSEC_ASSIGN_OR_RETURN(int64_t stack, GetInt(*rl, "stack", 8 << 20, 1 << 16, INT64_MAX));
+  *out = {static_cast<uint64_t>(nofile), static_cast<uint64_t>(fsize), static_cast<uint64_t>(core),
+          static_cast<uint64_t>(stack)};
+  return OkStatus();
+}
+
+}  // namespace
+
 Json ToJson(const SetupSpec& s) {
   return {{"sandbox_id", s.sandbox_id},
           {"hostname", s.hostname},
           {"secret", s.secret},
           {"rootfs", ToJson(s.rootfs)},
-          {"rlimits",
-           {{"nofile", s.rlimits.nofile},
-            {"fsize", s.rlimits.fsize},
-            {"core", s.rlimits.core},
-            {"stack", s.rlimits.stack}}},
+          {"rlimits", RlimitsToJson(s.rlimits)},
           {"seccomp", ProgramsToJson(s.seccomp)},
           {"agent_caps", s.agent_caps},
           {"cgroup_kill", s.cgroup_kill},
@@ -165,6 +204,47 @@ Json ToJson(const SetupSpec& s) {
             {"uid_lease", s.fds.uid_lease}}}};
 }
 
+Json ToJson(const GuestSetup& s) {
+  return {{"sandbox_id", s.sandbox_id},
+          {"hostname", s.hostname},
+          {"secret", s.secret},
+          {"realtime_ns", s.realtime_ns},
+          {"entropy", s.entropy},
+          {"disk_mb", s.disk_mb},
+          {"rlimits", RlimitsToJson(s.rlimits)},
+          {"max_execs", s.max_execs},
+          {"orphan_timeout_ms", s.orphan_timeout_ms},
+          {"dirs", DirsToJson(s.dirs)},
+          {"files", FilesToJson(s.files)}};
+}
+
+StatusOr<GuestSetup> GuestSetupFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("guest setup must be an object");
+  GuestSetup s;
+  DSEC_ASSIGN_OR_RETURN(s.sandbox_id, GetString(j, "sandbox_id"));
+  DSEC_ASSIGN_OR_RETURN(s.hostname, GetString(j, "hostname"));
+  if (s.hostname.empty() || s.hostname.size() > 64) return InvalidArgument("bad hostname");
+  DSEC_ASSIGN_OR_RETURN(s.secret, GetString(j, "secret"));
+  DSEC_ASSIGN_OR_RETURN(s.realtime_ns, GetInt(j, "realtime_ns", 0, 0, INT64_MAX));
+  DSEC_ASSIGN_OR_RETURN(s.entropy, GetString(j, "entropy", ""));
+  if (s.entropy.size() > 1024) return InvalidArgument("entropy is at most 512 bytes");
+  DSEC_ASSIGN_OR_RETURN(s.disk_mb, GetInt(j, "disk_mb", 0, 0, 1 << 30));
+  DSEC_RETURN_IF_ERROR(RlimitsFromJson(j, &s.rlimits));
+  DSEC_ASSIGN_OR_RETURN(int64_t max_execs, GetInt(j, "max_execs", 64, 1, 4096));
+  s.max_execs = static_cast<uint32_t>(max_execs);
+  DSEC_ASSIGN_OR_RETURN(s.orphan_timeout_ms, GetInt(j, "orphan_timeout_ms", -1, -1, INT64_MAX / 2));
+  for (const char* key : {"dirs", "files"}) {
+    auto it = j.find(key);
+    if (it != j.end() && !it->is_array())
+      return InvalidArgument(std::string(key) + " must be an array");
+  }
+  static const Json kEmpty = Json::array();
+  auto dirs = j.find("dirs"), files = j.find("files");
+  DSEC_ASSIGN_OR_RETURN(s.dirs, DirsFromJson(dirs != j.end() ? *dirs : kEmpty));
+  DSEC_ASSIGN_OR_RETURN(s.files, FilesFromJson(files != j.end() ? *files : kEmpty));
+  return s;
+}
+
 StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
   if (!j.is_object()) return InvalidArgument("setup must be an object");
   SetupSpec s;
@@ -174,15 +254,7 @@ StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
   auto rootfs = j.find("rootfs");
   if (rootfs == j.end()) return InvalidArgument("missing field \"rootfs\"");
   DSEC_ASSIGN_OR_RETURN(s.rootfs, RootfsFromJson(*rootfs));
-  auto rl = j.find("rlimits");
-  if (rl != j.end() && rl->is_object()) {
-    DSEC_ASSIGN_OR_RETURN(int64_t nofile, GetInt(*rl, "nofile", 65536, 16, 1 << 30));
-    DSEC_ASSIGN_OR_RETURN(int64_t fsize, GetInt(*rl, "fsize", 0, 0, INT64_MAX));
-    DSEC_ASSIGN_OR_RETURN(int64_t core, GetInt(*rl, "core", 0, 0, INT64_MAX));
-    DSEC_ASSIGN_OR_RETURN(int64_t stack, GetInt(*rl, "stack", 8 << 20, 1 << 16, INT64_MAX));
-    s.rlimits = {static_cast<uint64_t>(nofile), static_cast<uint64_t>(fsize),
-                 static_cast<uint64_t>(core), static_cast<uint64_t>(stack)};
-  }
+  DSEC_RETURN_IF_ERROR(RlimitsFromJson(j, &s.rlimits));
   DSEC_ASSIGN_OR_RETURN(s.seccomp, ProgramsFromJson(j, "seccomp"));
   auto caps = j.find("agent_caps");
   if (caps != j.end() && caps->is_number_unsigned()) s.agent_caps = caps->get<uint64_t>();

@@ -69,6 +69,28 @@ struct SetupSpec {
 Json ToJson(const SetupSpec& s);
 StatusOr<SetupSpec> SetupSpecFromJson(const Json& j);
 
+// The kSetup frame of a microVM's agent (dsec-agent as the guest's init, agent/guest.h). The
+// guest built its root from the image's block devices before it said hello, so what is left
+// is who the sandbox is (a template's clones share one boot) and its limits; no fds (a
+// virtio-serial port carries none).
+struct GuestSetup {
+  std::string sandbox_id;
+  std::string hostname;
+  std::string secret;          // hex; authenticates reconnecting edges
+  int64_t realtime_ns = 0;     // the host's CLOCK_REALTIME when sent (a restored guest is behind)
+  std::string entropy;         // hex; mixed into the guest's pool (clones share their seed)
+  int64_t disk_mb = 0;         // the writable layer's size (its tmpfs is resized); 0 = keep
+  isolation::Rlimits rlimits;  // fsize, nofile, ... for every process the agent starts
+  uint32_t max_execs = 64;     // concurrent execs + shells
+  int64_t orphan_timeout_ms = -1;  // see SetupSpec
+  // What the writable layer starts with (rootfs_plan.h: /etc/hostname, /etc/hosts, the
+  // sandbox user in /etc/passwd, the workdir), made by the guest through its root overlay.
+  std::vector<isolation::DirSpec> dirs;
+  std::vector<isolation::FileSpec> files;
+};
+Json ToJson(const GuestSetup& s);
+StatusOr<GuestSetup> GuestSetupFromJson(const Json& j);
+
 // A function call served by an fncall worker's zygote (instead of starting argv).
 struct FnCallSpec {
   std::string code;

@@ -1,0 +1,353 @@
+#include "agent/guest.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/random.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/reboot.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "agent/agent.h"
+#include "agent/setup.h"
+#include "base/file_util.h"
+#include "base/resources.h"
+#include "base/strings.h"
+#include "protocol/frame.h"
+#include "protocol/messages.h"
+
+namespace dsec::agent {
+namespace {
+
+using protocol::FrameType;
+
+constexpr char kPortName[] = "dsec.agent";
+constexpr char kUpper[] = "/rw";  // the tmpfs of the writable layer (before the move)
+constexpr int kDeviceWaitMs = 10000;
+
+int g_port = -1;  // once found: where a fatal error is reported
+
+[[noreturn]] void PowerOff() {
+  sync();
+  reboot(RB_POWER_OFF);
+  _exit(1);  // PID 1 exiting panics the kernel, which (panic=-1, -no-reboot) ends QEMU too
+}
+
+bool WriteAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+[[noreturn]] void Fail(const Status& s) {
+  std::string line = "dsec-agent: guest init: " + s.ToString() + "\n";
+  (void)!write(2, line.data(), line.size());
+  if (g_port >= 0)
+    WriteAll(g_port,
+             protocol::EncodeFrameOrDie(FrameType::kError, 0, 0, protocol::ErrorJson(s).dump()));
+  PowerOff();
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Fail(s);
+}
+
+Status Mount(const char* src, const char* dst, const char* type, unsigned long flags,
+             const char* data) {
+  if (mount(src, dst, type, flags, data) < 0)
+    return ErrnoError(std::string("mount ") + type + " on " + dst);
+  return OkStatus();
+}
+
+// key=value from /proc/cmdline ("" when absent).
+std::string CmdlineValue(const std::string& cmdline, const std::string& key) {
+  for (std::string_view w : SplitString(cmdline, ' ', true)) {
+    if (w.size() > key.size() && StartsWith(w, key) && w[key.size()] == '=')
+      return std::string(TrimWhitespace(w.substr(key.size() + 1)));
+  }
+  return "";
+}
+
+void SleepMs(int ms) {
+  timespec ts{ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, nullptr);
+}
+
+// The modules the backend packed, in /lib/modules/order (dependencies first).
+Status LoadModules() {
+  auto order = ReadFileToString("/lib/modules/order");
+  if (!order.ok()) return order.status().WithContext("module list");
+  for (std::string_view name : SplitString(*order, '\n', true)) {
+    std::string n(TrimWhitespace(name));
+    if (n.empty()) continue;
+    std::string path = "/lib/modules/" + n;
+    UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return ErrnoError("open " + path);
+    if (syscall(SYS_finit_module, fd.get(), "", 0) < 0 && errno != EEXIST)
+      return ErrnoError("load module " + n);
+    unlink(path.c_str());  // the initramfs is RAM: give it back
+  }
+  return OkStatus();
+}
+
+// /dev/vportNpM of the port named dsec.agent (its name arrives shortly after the port).
+StatusOr<std::string> FindPort() {
+  for (int waited = 0; waited < kDeviceWaitMs; waited += 2) {
+    if (DIR* d = opendir("/sys/class/virtio-ports")) {
+      std::string found;
+      while (dirent* e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        auto name = ReadFileToString(std::string("/sys/class/virtio-ports/") + e->d_name + "/name");
+        if (name.ok() && TrimWhitespace(*name) == kPortName)
+          found = std::string("/dev/") + e->d_name;
+      }
+      closedir(d);
+      if (!found.empty() && access(found.c_str(), F_OK) == 0) return found;
+    }
+    SleepMs(2);
+  }
+  return Unavailable(std::string("no virtio-serial port named ") + kPortName);
+}
+
+Status WaitForBlockDevice(const std::string& dev) {
+  for (int waited = 0; waited < kDeviceWaitMs; waited += 2) {
+    if (access(dev.c_str(), F_OK) == 0) return OkStatus();
+    SleepMs(2);
+  }
+  return Unavailable("no block device " + dev + " (an image layer)");
+}
+
+// Layers /dev/vda (bottom) .. vd<N-1> (top), read-only, under a tmpfs upper, at /newroot.
+Status BuildRoot(int layers, int64_t disk_mb) {
+  if (layers < 1 || layers > 24) return InvalidArgument("dsec.layers must be 1..24");
+  std::string lower;
+  for (int i = 0; i < layers; ++i) {
+    std::string dev = std::string("/dev/vd") + static_cast<char>('a' + i);
+    std::string dir = "/layers/" + std::to_string(i);
+    DSEC_RETURN_IF_ERROR(WaitForBlockDevice(dev));
+    if (mkdir(dir.c_str(), 0755) < 0 && errno != EEXIST) return ErrnoError("mkdir " + dir);
+    DSEC_RETURN_IF_ERROR(Mount(dev.c_str(), dir.c_str(), "erofs", MS_RDONLY, nullptr));
+    lower = i == 0 ? dir : dir + ":" + lower;  // overlayfs lists the top layer first
+  }
+  std::string opts = "size=" + std::to_string(disk_mb > 0 ? disk_mb : 256) + "m,mode=0755";
+  DSEC_RETURN_IF_ERROR(Mount("tmpfs", kUpper, "tmpfs", MS_NOSUID | MS_NODEV, opts.c_str()));
+  if (mkdir("/rw/upper", 0755) < 0 || mkdir("/rw/work", 0755) < 0)
+    return ErrnoError("mkdir the writable layer");
+  std::string ov = "lowerdir=" + lower + ",upperdir=/rw/upper,workdir=/rw/work";
+  return Mount("overlay", "/newroot", "overlay", 0, ov.c_str());
+}
+
+// Moves /newroot over / (an initramfs cannot be pivot_root'ed away) and gives it the kernel
+// filesystems a machine has.
+Status SwitchRoot() {
+  for (const char* d : {"/newroot/dev", "/newroot/proc", "/newroot/sys", "/newroot/tmp"})
+    if (mkdir(d, 0755) < 0 && errno != EEXIST) return ErrnoError(std::string("mkdir ") + d);
+  DSEC_RETURN_IF_ERROR(Mount("/dev", "/newroot/dev", nullptr, MS_MOVE, nullptr));
+  umount2("/proc", MNT_DETACH);
+  umount2("/sys", MNT_DETACH);
+  if (chdir("/newroot") < 0) return ErrnoError("chdir /newroot");
+  DSEC_RETURN_IF_ERROR(Mount(".", "/", nullptr, MS_MOVE, nullptr));
+  if (chroot(".") < 0) return ErrnoError("chroot");
+  if (chdir("/") < 0) return ErrnoError("chdir /");
+  DSEC_RETURN_IF_ERROR(Mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr));
+  DSEC_RETURN_IF_ERROR(Mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr));
+  DSEC_RETURN_IF_ERROR(
+      Mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr));
+  mkdir("/dev/pts", 0755);
+  mkdir("/dev/shm", 01777);
+  DSEC_RETURN_IF_ERROR(
+      Mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "gid=5,mode=620,ptmxmode=0666"));
+  DSEC_RETURN_IF_ERROR(Mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"));
+  chmod("/tmp", 01777);
+  return OkStatus();
+}
+
+// A cgroup of its own for what the agent starts (spawn.cc tracks and kills execs by it).
+StatusOr<UniqueFd> UserCgroup() {
+  if (mkdir("/sys/fs/cgroup/dsec-user", 0755) < 0 && errno != EEXIST)
+    return ErrnoError("mkdir the user cgroup");
+  UniqueFd fd(open("/sys/fs/cgroup/dsec-user", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return ErrnoError("open the user cgroup");
+  return fd;
+}
+
+// Sends hello and waits for the setup frame. A host end that goes away (a template being
+// saved; the clone restored from it gets a new one) is waited for and greeted again.
+StatusOr<protocol::GuestSetup> Greet(int port) {
+  std::string hello = protocol::EncodeFrameOrDie(
+      FrameType::kHello, 0, 0,
+      protocol::Encode(protocol::Hello{protocol::kProtocolVersion, getpid(), {}}).dump());
+  while (true) {
+    if (!WriteAll(port, hello)) return ErrnoError("write hello");  // blocks until a host is there
+    protocol::FrameDecoder decoder;
+    protocol::Frame frame;
+    char buf[16384];
+    while (true) {
+      ssize_t n = read(port, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoError("read setup");
+      if (n == 0) break;  // no host end any more
+      DSEC_RETURN_IF_ERROR(decoder.Feed(std::string_view(buf, static_cast<size_t>(n))));
+      if (!decoder.Next(&frame)) continue;
+      if (frame.type != FrameType::kSetup) return InvalidArgument("expected a setup frame");
+      DSEC_ASSIGN_OR_RETURN(protocol::Json j, protocol::ParseJson(frame.payload));
+      return protocol::GuestSetupFromJson(j);
+    }
+    SleepMs(1);
+  }
+}
+
+Status AddEntropy(const std::string& hex) {
+  if (hex.empty()) return OkStatus();
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    auto nib = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      return -1;
+    };
+    int hi = nib(hex[i]), lo = nib(hex[i + 1]);
+    if (hi < 0 || lo < 0) return InvalidArgument("entropy must be lowercase hex");
+    bytes.push_back(static_cast<char>(hi * 16 + lo));
+  }
+  // Credited, so the guest's pool counts as seeded: the host's getrandom() made these bytes.
+  std::vector<char> buf(sizeof(rand_pool_info) + bytes.size());
+  auto* info = reinterpret_cast<rand_pool_info*>(buf.data());
+  info->entropy_count = static_cast<int>(bytes.size() * 8);
+  info->buf_size = static_cast<int>(bytes.size());
+  memcpy(info->buf, bytes.data(), bytes.size());
+  UniqueFd r(open("/dev/urandom", O_WRONLY | O_CLOEXEC));
+  if (!r || ioctl(r.get(), RNDADDENTROPY, info) < 0) return ErrnoError("add entropy");
+  return OkStatus();
+}
+
+// Directories up to `path` (absolute, no "." or ".." components), the missing ones root's 0755.
+Status MakeParents(const std::string& path) {
+  if (path.empty() || path[0] != '/') return InvalidArgument("not an absolute path: " + path);
+  std::string at;
+  auto parts = SplitString(path, '/', true);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (parts[i] == "." || parts[i] == "..") return InvalidArgument("bad path: " + path);
+    at += "/" + std::string(parts[i]);
+    if (mkdir(at.c_str(), 0755) < 0 && errno != EEXIST) return ErrnoError("mkdir " + at);
+  }
+  return OkStatus();
+}
+
+// The plan's directories and files (nothing of the user's has run yet: plain calls are safe).
+Status WriteStartFiles(const protocol::GuestSetup& s) {
+  for (const auto& d : s.dirs) {
+    DSEC_RETURN_IF_ERROR(MakeParents(d.path));
+    if (mkdir(d.path.c_str(), d.mode) < 0 && errno != EEXIST) return ErrnoError("mkdir " + d.path);
+    if (chmod(d.path.c_str(), d.mode) < 0 || lchown(d.path.c_str(), d.uid, d.gid) < 0)
+      return ErrnoError("chown " + d.path);
+  }
+  for (const auto& f : s.files) {
+    DSEC_RETURN_IF_ERROR(MakeParents(f.path));
+    UniqueFd fd(
+        open(f.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, f.mode));
+    if (!fd) return ErrnoError("open " + f.path);
+    if (!WriteAll(fd.get(), f.content)) return ErrnoError("write " + f.path);
+    if (fchmod(fd.get(), f.mode) < 0 || fchown(fd.get(), f.uid, f.gid) < 0)
+      return ErrnoError("chown " + f.path);
+  }
+  return OkStatus();
+}
+
+Status ApplySetup(const protocol::GuestSetup& s, int upper_fd) {
+  if (sethostname(s.hostname.data(), s.hostname.size()) < 0) return ErrnoError("sethostname");
+  if (s.realtime_ns > 0) {
+    timespec ts{static_cast<time_t>(s.realtime_ns / 1000000000),
+                static_cast<long>(s.realtime_ns % 1000000000)};
+    if (clock_settime(CLOCK_REALTIME, &ts) < 0) return ErrnoError("clock_settime");
+  }
+  DSEC_RETURN_IF_ERROR(AddEntropy(s.entropy));
+  DSEC_RETURN_IF_ERROR(WriteStartFiles(s));
+  if (s.disk_mb > 0) {
+    std::string path = "/proc/self/fd/" + std::to_string(upper_fd);
+    std::string opts = "size=" + std::to_string(s.disk_mb) + "m";
+    DSEC_RETURN_IF_ERROR(
+        Mount(nullptr, path.c_str(), nullptr, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts.c_str()));
+  }
+  return BringUpLoopback();
+}
+
+}  // namespace
+
+bool IsGuestInit(int argc, char** argv) {
+  return getpid() == 1 && argc >= 1 && strcmp(argv[0], "/init") == 0;
+}
+
+void GuestMain() {
+  prctl(PR_SET_NAME, "dsec-agent", 0, 0, 0);
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  signal(SIGPIPE, SIG_IGN);
+  // The agent reads SIGCHLD from a signalfd: it must be blocked (as main() does for containers).
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
+  Check(Mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr));
+  Check(Mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr));
+  Check(Mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755"));
+  if (int c = open("/dev/console", O_RDWR | O_CLOEXEC); c >= 0) {
+    for (int fd = 0; fd < 3; ++fd) dup2(c, fd);
+    close(c);
+  }
+  auto cmdline = ReadFileToString("/proc/cmdline");
+  if (!cmdline.ok()) Fail(cmdline.status());
+  Check(LoadModules());
+  auto port_path = FindPort();
+  if (!port_path.ok()) Fail(port_path.status());
+  g_port = open(port_path->c_str(), O_RDWR | O_CLOEXEC);
+  if (g_port < 0) Fail(ErrnoError("open " + *port_path));
+
+  int64_t layers = ParseInt64(CmdlineValue(*cmdline, "dsec.layers")).value_or(0);
+  int64_t disk_mb = ParseInt64(CmdlineValue(*cmdline, "dsec.disk_mb")).value_or(0);
+  Check(BuildRoot(static_cast<int>(layers), disk_mb));
+  // Held for resizing the writable layer at setup (its path is gone after the move).
+  int upper_fd = open(kUpper, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (upper_fd < 0) Fail(ErrnoError("open the writable layer"));
+  unlink("/init");  // the initramfs is RAM; nothing needs it after the move
+  Check(SwitchRoot());
+  auto cgroup = UserCgroup();
+  if (!cgroup.ok()) Fail(cgroup.status());
+
+  auto setup = Greet(g_port);
+  if (!setup.ok()) Fail(setup.status().WithContext("guest setup"));
+  Check(ApplySetup(*setup, upper_fd));
+  close(upper_fd);
+
+  AgentConfig cfg;
+  cfg.rlimits = setup->rlimits;
+  cfg.cgroup_user = std::move(*cgroup);
+  cfg.cgroup_kill = true;
+  cfg.max_execs = setup->max_execs;
+  cfg.secret = setup->secret;
+  cfg.orphan_timeout_ms = setup->orphan_timeout_ms;
+  cfg.guest_port = true;
+  WriteAll(g_port, protocol::EncodeFrameOrDie(FrameType::kReady, 0, 0,
+                                              Json({{"pid", getpid()}, {"layer_fd", -1}}).dump()));
+  Agent agent(std::move(cfg), UniqueFd(g_port), UniqueFd());
+  g_port = -1;
+  int rc = agent.Run();
+  std::string line = "dsec-agent: guest agent ended (" + std::to_string(rc) + ")\n";
+  (void)!write(2, line.data(), line.size());
+  PowerOff();
+}
+
+}  // namespace dsec::agent
