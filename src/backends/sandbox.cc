@@ -1,8 +1,10 @@
 #include "backends/sandbox.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <future>
 
 #include "base/ids.h"
@@ -486,6 +488,24 @@ Status ValidateSandboxSpec(const SandboxSpec& s) {
       return InvalidArgument("env names must be non-empty without '=' or NUL");
   }
   return OkStatus();
+}
+
+// A helper binary: $<env>, else installed beside this binary, else in the build tree
+// (src/cli/dsec -> src/<subdir>/<name>).
+std::string HelperBinaryPath(const char* env_name, const std::string& name,
+                             const std::string& subdir) {
+  if (const char* env = getenv(env_name); env && *env) return env;
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return name;
+  std::string self(buf, static_cast<size_t>(n));
+  std::string dir = self.substr(0, self.rfind('/'));
+  for (const std::string& cand :
+       {dir + "/" + name, dir + "/../" + subdir + "/" + name,
+        dir + "/../src/" + subdir + "/" + name, dir + "/src/" + subdir + "/" + name}) {
+    if (access(cand.c_str(), X_OK) == 0) return cand;
+  }
+  return dir + "/" + name;
 }
 
 }  // namespace dsec::backends

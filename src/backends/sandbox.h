@@ -158,6 +158,11 @@ class Backend {
   virtual Resources Largest() const = 0;
 };
 
+// A helper binary (dsec-agent, dsec-zygote): $<env_name>, else installed beside this binary,
+// else in the build tree (src/cli/dsec -> src/<subdir>/<name>).
+std::string HelperBinaryPath(const char* env_name, const std::string& name,
+                             const std::string& subdir);
+
 // Validates resource fields (positive, bounded) and ids. Shared by every backend and the API.
 Status ValidateSandboxSpec(const SandboxSpec& spec);
 

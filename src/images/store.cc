@@ -660,35 +660,39 @@ StatusOr<int> ImageStore::Collect() {
   return static_cast<int>(doomed.size());
 }
 
-StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer, bool own_fs) {
-  if (layer.format != "erofs" && !own_fs) return LayerSource{LayerDir(layer.digest), -1};
-  if (layer.format != "erofs") {
-    // A directory layer on the filesystem that holds the host's root cannot be stacked on the
-    // host image (overlayfs refuses a layer inside another): it gets an EROFS copy, once.
-    std::shared_ptr<Mutex> building;
-    {
-      MutexLock l(mu_);
-      auto& slot = erofs_builds_[layer.digest];
-      if (!slot) slot = std::make_shared<Mutex>();
-      building = slot;
-    }
-    MutexLock b(*building);
-    std::string img = LayerDir(layer.digest) + ".erofs";
-    if (access(img.c_str(), F_OK) != 0) {
-      std::string tmp = TempPath("erofs") + ".erofs";
-      DSEC_RETURN_IF_ERROR(MakeErofs(opts_.mkfs_erofs, tmp, LayerDir(layer.digest)));
-      if (rename(tmp.c_str(), img.c_str()) < 0) {
-        Status s = ErrnoError("rename \"" + tmp + "\"");
-        unlink(tmp.c_str());
-        return s;
-      }
+StatusOr<std::string> ImageStore::ErofsFile(const LayerInfo& layer) {
+  std::string img = LayerDir(layer.digest) + ".erofs";
+  if (layer.format == "erofs") return img;
+  // A directory layer gets an EROFS copy, once: for stacking on the host image (overlayfs
+  // refuses a layer inside the filesystem of another) and as a microVM's block device.
+  std::shared_ptr<Mutex> building;
+  {
+    MutexLock l(mu_);
+    auto& slot = erofs_builds_[layer.digest];
+    if (!slot) slot = std::make_shared<Mutex>();
+    building = slot;
+  }
+  MutexLock b(*building);
+  if (access(img.c_str(), F_OK) != 0) {
+    std::string tmp = TempPath("erofs") + ".erofs";
+    DSEC_RETURN_IF_ERROR(MakeErofs(opts_.mkfs_erofs, tmp, LayerDir(layer.digest)));
+    if (rename(tmp.c_str(), img.c_str()) < 0) {
+      Status s = ErrnoError("rename \"" + tmp + "\"");
+      unlink(tmp.c_str());
+      return s;
     }
   }
+  return img;
+}
+
+StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer, bool own_fs) {
+  if (layer.format != "erofs" && !own_fs) return LayerSource{LayerDir(layer.digest), -1};
+  DSEC_ASSIGN_OR_RETURN(std::string img, ErofsFile(layer));
   MutexLock l(mu_);
   if (!layers_.count(layer.digest)) return NotFound("layer " + layer.digest + " not found");
   auto it = erofs_mounts_.find(layer.digest);
   if (it == erofs_mounts_.end()) {
-    DSEC_ASSIGN_OR_RETURN(UniqueFd m, MountErofs(LayerDir(layer.digest) + ".erofs"));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd m, MountErofs(img));
     it = erofs_mounts_.emplace(layer.digest, std::make_shared<UniqueFd>(std::move(m))).first;
   }
   return LayerSource{".", it->second->get()};

@@ -152,6 +152,9 @@ class ImageStore {
   // Removes unreferenced layers; returns how many.
   StatusOr<int> Collect();
 
+  // The layer as an EROFS image file (a directory layer's copy is made on first use): what a
+  // microVM's guest mounts from a read-only block device.
+  StatusOr<std::string> ErofsFile(const LayerInfo& layer);
   // A layer ready to be mounted (an EROFS one is mounted on first use).
   // With own_fs, a directory layer is given as an EROFS copy (made on first use): layers
   // stacked on the host image must not share a filesystem with the host's root.

@@ -28,24 +28,6 @@ namespace dsec::backends::container {
 
 namespace {
 
-// A helper binary: $<env>, else installed beside this binary, else in the build tree
-// (src/cli/dsec -> src/<subdir>/<name>).
-std::string DefaultHelperPath(const char* env_name, const std::string& name,
-                              const std::string& subdir) {
-  if (const char* env = getenv(env_name); env && *env) return env;
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return name;
-  std::string self(buf, static_cast<size_t>(n));
-  std::string dir = self.substr(0, self.rfind('/'));
-  for (const std::string& cand :
-       {dir + "/" + name, dir + "/../" + subdir + "/" + name,
-        dir + "/../src/" + subdir + "/" + name, dir + "/src/" + subdir + "/" + name}) {
-    if (access(cand.c_str(), X_OK) == 0) return cand;
-  }
-  return dir + "/" + name;
-}
-
 // Every live sandbox holds several of our fds (cgroup, owner lock, pidfd, netns, agent
 // socket), so the usual soft limit of 1024 would cap a node at ~100 sandboxes: raise it to
 // the hard limit, which is raised first (sandboxes set their own limits; see credentials).
@@ -134,10 +116,10 @@ Status ContainerBackend::Init() {
   DSEC_ASSIGN_OR_RETURN(zygote_seccomp_, isolation::BuildUserSeccompFilter(so));
 
   if (opts_.agent_path.empty())
-    opts_.agent_path = DefaultHelperPath("DSEC_AGENT_PATH", "dsec-agent", "agent");
+    opts_.agent_path = HelperBinaryPath("DSEC_AGENT_PATH", "dsec-agent", "agent");
   DSEC_ASSIGN_OR_RETURN(agent_memfd_, SealAgentBinary(opts_.agent_path));
   if (opts_.zygote_path.empty())
-    opts_.zygote_path = DefaultHelperPath("DSEC_ZYGOTE_PATH", "dsec-zygote", "backends");
+    opts_.zygote_path = HelperBinaryPath("DSEC_ZYGOTE_PATH", "dsec-zygote", "backends");
   // Optional: without it the node simply has no fncall workers (creating one says why).
   if (auto z = SealAgentBinary(opts_.zygote_path); z.ok()) zygote_memfd_ = std::move(*z);
 

@@ -1,0 +1,138 @@
+#include "backends/microvm/microvm_backend.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+
+#include "backends/microvm/microvm_instance.h"
+#include "backends/microvm/qemu_cmd.h"
+#include "base/file_util.h"
+#include "base/ids.h"
+#include "base/logging.h"
+#include "base/strings.h"
+
+namespace dsec::backends::microvm {
+
+StatusOr<std::unique_ptr<MicrovmBackend>> MicrovmBackend::Create(MicrovmBackendOptions opts) {
+  std::unique_ptr<MicrovmBackend> b(new MicrovmBackend(std::move(opts)));
+  DSEC_RETURN_IF_ERROR(b->Init());
+  return b;
+}
+
+MicrovmBackend::~MicrovmBackend() {
+  if (cgroups_) (void)cgroups_->RemoveParent();
+}
+
+Status MicrovmBackend::Init() {
+  if (geteuid() != 0) return PermissionDenied("the microVM backend needs root");
+  if (opts_.state_dir.empty()) return InvalidArgument("state dir is required");
+  if (opts_.accel != "auto" && opts_.accel != "kvm" && opts_.accel != "tcg")
+    return InvalidArgument("microvm_accel must be auto, kvm or tcg, not \"" + opts_.accel + "\"");
+  DSEC_RETURN_IF_ERROR(MakeDirs(opts_.state_dir, 0700));
+  char real[PATH_MAX];
+  if (!realpath(opts_.state_dir.c_str(), real))
+    return ErrnoError("realpath \"" + opts_.state_dir + "\"");
+  opts_.state_dir = real;
+  instance_id_ = InstanceIdForPath(opts_.state_dir);
+  vms_dir_ = JoinPath(opts_.state_dir, "microvms");
+  DSEC_RETURN_IF_ERROR(MakeDirs(vms_dir_, 0700));
+
+  DSEC_ASSIGN_OR_RETURN(kernel_, FindGuestKernel(opts_.kernel_dir));
+  if (opts_.agent_path.empty())
+    opts_.agent_path = HelperBinaryPath("DSEC_AGENT_PATH", "dsec-agent", "agent");
+  // Made at every start: the agent binary may be newer than the last one. The files QEMU
+  // reads are world-readable (a public kernel and the agent); QEMU gets them by descriptor.
+  std::string boot = JoinPath(opts_.state_dir, "microvm-boot");
+  DSEC_RETURN_IF_ERROR(MakeDirs(boot, 0700));
+  initramfs_ = JoinPath(boot, "initramfs.cpio");
+  DSEC_RETURN_IF_ERROR(WriteGuestInitramfs(kernel_, opts_.agent_path, initramfs_));
+  kernel_fd_.Reset(open(kernel_.vmlinux.c_str(), O_RDONLY | O_CLOEXEC));
+  initramfs_fd_.Reset(open(initramfs_.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!kernel_fd_ || !initramfs_fd_) return ErrnoError("open the guest kernel or initramfs");
+
+  // KVM only where asked for: /dev/kvm can open and create a VM on nested hosts that cannot
+  // boot a guest, so auto means TCG until the boot probe exists.
+  accel_ = opts_.accel == "kvm" ? "kvm" : "tcg";
+  tsc_khz_ = HostTscKhz();
+
+  isolation::CgroupDriverOptions co;
+  co.instance_id = instance_id_ + "-vm";
+  co.mode = opts_.cgroup_mode;
+  co.parent_memory_bytes = opts_.parent_memory_bytes;
+  DSEC_ASSIGN_OR_RETURN(cgroups_, isolation::CgroupDriver::Create(co));
+  isolation::UidRangeOptions uo;
+  uo.lock_file = opts_.uid_lock_file;
+  uo.base = opts_.uid_base;
+  uo.count = opts_.uid_slots;
+  DSEC_ASSIGN_OR_RETURN(uids_, isolation::UidRangeAllocator::Open(uo));
+  io_ = std::make_unique<IoRunner>(std::max(1, opts_.io_threads));
+  return OkStatus();
+}
+
+Resources MicrovmBackend::Largest() const {
+  Resources r{.cpu = 0, .memory_mb = 0, .pids = 0, .disk_mb = 0};
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  r.cpu = sched_getaffinity(0, sizeof set, &set) == 0
+              ? CPU_COUNT(&set)
+              : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  // A VM's cgroup holds its RAM (memory and the writable layer) and QEMU's overhead.
+  if (opts_.parent_memory_bytes > 0)
+    r.memory_mb = (opts_.parent_memory_bytes >> 20) - opts_.qemu_overhead_mb;
+  return r;
+}
+
+std::string MicrovmBackend::Describe() const {
+  return "microvm backend instance=" + instance_id_ + " accel=" + accel_ +
+         " kernel=" + kernel_.version + " cgroups=" + cgroups_->Describe();
+}
+
+StatusOr<std::shared_ptr<Sandbox>> MicrovmBackend::Create(const SandboxSpec& spec) {
+  DSEC_RETURN_IF_ERROR(ValidateSandboxSpec(spec));
+  if (spec.worker) return Unimplemented("fncall workers run as containers, not microVMs");
+  auto sb = Sandbox::Start(std::make_unique<MicrovmInstance>(this, spec), *io_);
+  if (!sb.ok()) return sb.status().WithContext("create microVM " + spec.id);
+  return sb;
+}
+
+StatusOr<std::shared_ptr<Sandbox>> MicrovmBackend::Adopt(const SandboxSpec& spec,
+                                                         const std::string& handle) {
+  DSEC_RETURN_IF_ERROR(ValidateSandboxSpec(spec));
+  auto sb = Sandbox::Adopt(std::make_unique<MicrovmInstance>(this, spec), *io_, handle);
+  if (!sb.ok()) return sb.status().WithContext("adopt microVM " + spec.id);
+  return sb;
+}
+
+void MicrovmBackend::RemoveRemains(const std::string& name) {
+  if (auto cg = cgroups_->OpenSandbox(name); cg.ok())
+    (void)(*cg)->Destroy();  // kills its QEMU first
+  else
+    (void)cgroups_->RemoveSandboxRemains(name);
+  (void)RemoveTree(JoinPath(vms_dir_, name));
+}
+
+StatusOr<int> MicrovmBackend::CleanupOrphans() {
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(vms_dir_));
+  if (auto cgs = cgroups_->ListSandboxes(); cgs.ok())
+    for (const auto& n : *cgs)
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  int cleaned = 0;
+  for (const auto& name : names) {
+    if (!IsSafeName(name)) continue;
+    UniqueFd lock(open(JoinPath(vms_dir_, name + "/owner.lock").c_str(), O_RDWR | O_CLOEXEC));
+    if (lock && flock(lock.get(), LOCK_EX | LOCK_NB) < 0) continue;  // alive and owned
+    RemoveRemains(name);
+    ++cleaned;
+  }
+  return cleaned;
+}
+
+Status MicrovmBackend::Shutdown() { return cgroups_->RemoveParent(); }
+
+}  // namespace dsec::backends::microvm

@@ -1,0 +1,479 @@
+#include "backends/microvm/microvm_instance.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+
+#include "backends/container/root_mounts.h"
+#include "backends/microvm/microvm_backend.h"
+#include "backends/microvm/qemu_cmd.h"
+#include "backends/rootfs_plan.h"
+#include "base/clock.h"
+#include "base/file_util.h"
+#include "base/ids.h"
+#include "base/logging.h"
+#include "base/strings.h"
+#include "protocol/agent_ops.h"
+#include "protocol/messages.h"
+
+namespace dsec::backends::microvm {
+
+using protocol::Frame;
+using protocol::FrameType;
+
+namespace {
+
+constexpr int kMaxLayers = 24;  // /dev/vda .. /dev/vdx
+constexpr size_t kLogTail = 600;
+
+// Where the descriptors QEMU inherits land (QemuConfig names them).
+enum : int { kKernelFd = 3, kInitrdFd, kAgentFd, kQmpFd, kLeaseFd, kFirstLayerFd };
+
+// The last `n` bytes of a file (what QEMU printed before it died).
+std::string FileTail(const std::string& path, size_t n) {
+  auto s = ReadFileToString(path, 1 << 20);
+  if (!s.ok() || s->empty()) return "";
+  std::string t = s->size() > n ? s->substr(s->size() - n) : *s;
+  return std::string(TrimWhitespace(t));
+}
+
+// The binary execve will run: `name` itself when it has a slash, else found on PATH.
+StatusOr<std::string> FindProgram(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (access(name.c_str(), X_OK) == 0) return name;
+  } else {
+    const char* path = getenv("PATH");
+    for (std::string_view dir : SplitString(path ? path : "/usr/bin:/bin", ':', true)) {
+      std::string cand = JoinPath(dir, name);
+      if (access(cand.c_str(), X_OK) == 0) return cand;
+    }
+  }
+  return FailedPrecondition("\"" + name +
+                            "\" not found: microVMs need QEMU (apt-get install qemu-system-x86)");
+}
+
+}  // namespace
+
+MicrovmInstance::MicrovmInstance(MicrovmBackend* backend, SandboxSpec spec)
+    : backend_(backend), spec_(std::move(spec)) {
+  if (spec_.hostname.empty()) spec_.hostname = spec_.id;
+  dir_ = JoinPath(backend_->vms_dir_, spec_.id);
+}
+
+Status MicrovmInstance::ClaimDirectory() {
+  if (mkdir(dir_.c_str(), 0700) < 0) {
+    Status s = errno == EEXIST
+                   ? Status(StatusCode::kAlreadyExists, "sandbox " + spec_.id + " already exists")
+                   : ErrnoError("mkdir \"" + dir_ + "\"");
+    dir_.clear();  // not ours: Destroy must not touch it
+    return s;
+  }
+  dir_owned_ = true;
+  lock_fd_.Reset(open(JoinPath(dir_, "owner.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock_fd_ || flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0)
+    return ErrnoError("lock the directory of " + spec_.id);
+  return OkStatus();
+}
+
+Status MicrovmInstance::AcquireImage(std::vector<UniqueFd>* layers) {
+  if (spec_.image == "host")
+    return Unimplemented(
+        "the \"host\" image cannot boot a microVM (it is a live view of the host's directories, "
+        "not layers): give an image from the store, e.g. one made by `dsec image build`");
+  images::ImageStore* store = backend_->opts_.image_store;
+  if (!store) return FailedPrecondition("this node has no image store");
+  std::vector<std::string> names;
+  for (auto n : SplitString(spec_.image, ',', /*skip_empty=*/true)) names.emplace_back(n);
+  DSEC_ASSIGN_OR_RETURN(stack_, store->Acquire(names, spec_.id));
+  holds_image_ = true;
+  if (stack_.base == "host")
+    return Unimplemented("image \"" + spec_.image +
+                         "\" is stacked on the host image, which cannot boot a microVM");
+  if (stack_.layers.empty()) return Unimplemented("image \"" + spec_.image + "\" has no layers");
+  if (stack_.layers.size() > kMaxLayers)
+    return Unimplemented("a microVM boots images of at most " + std::to_string(kMaxLayers) +
+                         " layers; \"" + spec_.image + "\" has " +
+                         std::to_string(stack_.layers.size()));
+  for (const auto& kv : stack_.config.env) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    spec_.env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  for (const auto& layer : stack_.layers) {
+    DSEC_ASSIGN_OR_RETURN(std::string file, store->ErofsFile(layer));
+    UniqueFd fd(open(file.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return ErrnoError("open layer " + layer.digest);
+    layers->push_back(std::move(fd));
+  }
+  return OkStatus();
+}
+
+StatusOr<UniqueFd> MicrovmInstance::Listen(const std::string& name) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::string path = JoinPath(dir_, name);
+  if (path.size() >= sizeof addr.sun_path) return InvalidArgument("socket path too long: " + path);
+  memcpy(addr.sun_path, path.data(), path.size());
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return ErrnoError("socket");
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+    return ErrnoError("bind " + path);
+  if (chmod(path.c_str(), 0600) < 0) return ErrnoError("chmod " + path);
+  if (listen(fd.get(), 4) < 0) return ErrnoError("listen " + path);
+  return fd;
+}
+
+Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
+  MicrovmBackend& b = *backend_;
+  DSEC_ASSIGN_OR_RETURN(UniqueFd agent_listen, Listen("agent.sock"));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd qmp_listen, Listen("qmp.sock"));
+  QemuConfig qc;
+  qc.qemu = b.opts_.qemu;
+  qc.accel = b.accel_;
+  qc.cpus = std::clamp(static_cast<int>(spec_.resources.cpu + 0.999), 1, 64);
+  qc.memory_mb = GuestRamMb();
+  qc.disk_mb = spec_.resources.disk_mb;
+  qc.tsc_khz = b.tsc_khz_;
+  qc.kernel_fd = kKernelFd, qc.initrd_fd = kInitrdFd;
+  qc.agent_listen_fd = kAgentFd, qc.qmp_listen_fd = kQmpFd;
+  std::vector<int> from = {b.kernel_fd_.get(), b.initramfs_fd_.get(), agent_listen.get(),
+                           qmp_listen.get(), uid_lease_.get()};
+  for (size_t i = 0; i < layers.size(); ++i) {
+    qc.layer_fds.push_back(kFirstLayerFd + static_cast<int>(i));
+    from.push_back(layers[i].get());
+  }
+  DSEC_ASSIGN_OR_RETURN(std::string exe, FindProgram(qc.qemu));
+  std::vector<std::string> args = QemuArgv(qc);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  char env_path[] = "PATH=/usr/bin:/bin";
+  char* envp[] = {env_path, nullptr};
+
+  UniqueFd null_fd(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  UniqueFd log(open(JoinPath(dir_, "qemu.log").c_str(),
+                    O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600));
+  if (!null_fd || !log) return ErrnoError("open QEMU's stdio");
+  // All targets first (0-2 and the numbered ones) from copies above every target.
+  std::vector<int> targets = {0, 1, 2};
+  std::vector<int> sources = {null_fd.get(), log.get(), log.get()};
+  for (size_t i = 0; i < from.size(); ++i) {
+    targets.push_back(kKernelFd + static_cast<int>(i));
+    sources.push_back(from[i]);
+  }
+  int high = kKernelFd + static_cast<int>(from.size());
+  int go[2];
+  if (pipe2(go, O_CLOEXEC) < 0) return ErrnoError("pipe");
+  UniqueFd go_read(go[0]), go_write(go[1]);
+  uid_t uid = qemu_uid_;
+  pid_t pid = fork();
+  if (pid < 0) return ErrnoError("fork QEMU");
+  if (pid == 0) {
+    // The child: only async-signal-safe calls from here.
+    char c;
+    if (read(go_read.get(), &c, 1) != 1) _exit(126);  // the edge gave up on this start
+    int copies[64];
+    size_t n = std::min<size_t>(sources.size(), 64);
+    for (size_t i = 0; i < n; ++i) {
+      copies[i] = fcntl(sources[i], F_DUPFD, high);
+      if (copies[i] < 0) _exit(126);
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (dup2(copies[i], targets[i]) < 0) _exit(126);
+    syscall(SYS_close_range, high, ~0U, 0);
+    setsid();
+    rlimit no_core{0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);  // a core of guest RAM would be the guest's data on disk
+    if (setgroups(0, nullptr) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
+      _exit(126);
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    execve(exe.c_str(), argv.data(), envp);
+    _exit(127);
+  }
+  go_read.Reset();
+  auto pidfd = PidFd::Open(pid);
+  if (!pidfd.ok()) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return pidfd.status();
+  }
+  qemu_ = std::move(*pidfd);
+  // In its cgroup before it runs anything (it waits for the byte).
+  DSEC_RETURN_IF_ERROR(cgroup_->AddProcess(pid, /*cloned_into_v2=*/false));
+  if (write(go_write.get(), "g", 1) != 1) return ErrnoError("start QEMU");
+  // QEMU holds the uid lease from here on (an inherited fd): the uid stays taken for as long
+  // as QEMU lives, also if this edge dies.
+  uid_lease_.Reset();
+  return OkStatus();
+}
+
+StatusOr<Frame> MicrovmInstance::ReadFrame(int fd, int64_t deadline_ms,
+                                           protocol::FrameDecoder* dec) {
+  Frame f;
+  char buf[16384];
+  while (!dec->Next(&f)) {
+    if (dec->failed()) return InternalError("the guest agent sent a malformed frame");
+    int64_t left = deadline_ms - MonotonicMs();
+    if (left <= 0) {
+      std::string console = ConsoleTail(kLogTail);
+      return DeadlineExceeded("the microVM's agent did not answer within " +
+                              std::to_string(backend_->opts_.boot_timeout_ms) + " ms" +
+                              (console.empty() ? "" : "; its console ends: " + console));
+    }
+    pollfd p[2] = {{fd, POLLIN, 0}, {qemu_.fd(), POLLIN, 0}};
+    int r = poll(p, 2, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (r < 0 && errno != EINTR) return ErrnoError("poll the guest agent");
+    if (r <= 0) continue;
+    if (p[0].revents & (POLLIN | POLLHUP)) {
+      ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n < 0) return ErrnoError("recv from the guest agent");
+      if (n > 0) {
+        DSEC_RETURN_IF_ERROR(dec->Feed(std::string_view(buf, static_cast<size_t>(n))));
+        continue;
+      }
+    }
+    // The connection ended or QEMU exited: say why.
+    if (qemu_.WaitReadable(2000)) {
+      std::string log = FileTail(JoinPath(dir_, "qemu.log"), kLogTail);
+      return Unavailable("QEMU exited during the microVM's boot" +
+                         (log.empty() ? std::string() : ": " + log));
+    }
+    return Unavailable("the guest agent hung up during setup");
+  }
+  return f;
+}
+
+protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
+  MicrovmBackend& b = *backend_;
+  protocol::GuestSetup s;
+  s.sandbox_id = spec_.id;
+  s.hostname = spec_.hostname;
+  s.secret = RandomHex(32);
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  s.realtime_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+  s.entropy = RandomHex(64);
+  s.disk_mb = spec_.resources.disk_mb;
+  s.rlimits = b.opts_.rlimits;
+  if (s.rlimits.fsize == 0) s.rlimits.fsize = static_cast<uint64_t>(spec_.resources.disk_mb) << 20;
+  s.max_execs = b.opts_.max_execs_per_sandbox;
+  s.orphan_timeout_ms = b.opts_.orphan_timeout_ms;
+  // The same plan a container of this image starts from: hostname, hosts, the sandbox user,
+  // the workdir.
+  RootfsInputs in;
+  in.host_base = false;
+  if (auto src = container::GatherRootSources(stack_, {}, b.opts_.image_store); src.ok())
+    in = src->inputs;
+  else
+    DSEC_LOG_WARN("microvm {}: reading its image's users: {}", spec_.id, src.status().ToString());
+  in.hostname = spec_.hostname;
+  in.workdir = spec_.workdir;
+  in.workdir_uid = kSandboxUid, in.workdir_gid = kSandboxGid;
+  if (auto u = ResolveUser(spec_.user); u.ok()) in.workdir_uid = u->uid, in.workdir_gid = u->gid;
+  in.disk_mb = spec_.resources.disk_mb;
+  RootfsPlan plan = PlanRootfs(in);
+  s.dirs = std::move(plan.dirs);
+  s.files = std::move(plan.files);
+  return s;
+}
+
+Status MicrovmInstance::Handshake(int conn) {
+  int64_t deadline = MonotonicMs() + backend_->opts_.boot_timeout_ms;
+  protocol::FrameDecoder dec;
+  DSEC_ASSIGN_OR_RETURN(Frame f, ReadFrame(conn, deadline, &dec));
+  if (f.type == FrameType::kError) {
+    auto j = protocol::ParseJson(f.payload);
+    Status st = j.ok() ? protocol::StatusFromJson(*j) : Status();
+    return Unavailable("the microVM's init failed: " +
+                       (st.ok() ? std::string("(no reason given)") : st.message()));
+  }
+  if (f.type != FrameType::kHello) return InternalError("the guest agent did not say hello");
+  {
+    DSEC_ASSIGN_OR_RETURN(Json j, protocol::ParseJson(f.payload));
+    DSEC_ASSIGN_OR_RETURN(auto hello, protocol::DecodeAs<protocol::Hello>(j));
+    DSEC_RETURN_IF_ERROR(protocol::CheckVersion(hello));
+  }
+  std::string frame;
+  DSEC_RETURN_IF_ERROR(protocol::EncodeFrame(FrameType::kSetup, 0, 0,
+                                             protocol::ToJson(BuildGuestSetup()).dump(), &frame));
+  for (size_t off = 0; off < frame.size();) {
+    ssize_t n = send(conn, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("send setup to the guest agent");
+    off += static_cast<size_t>(n);
+  }
+  DSEC_ASSIGN_OR_RETURN(f, ReadFrame(conn, deadline, &dec));
+  if (f.type == FrameType::kError) {
+    auto j = protocol::ParseJson(f.payload);
+    Status st = j.ok() ? protocol::StatusFromJson(*j) : Status();
+    return st.ok() ? InternalError("the guest agent's setup failed") : st;
+  }
+  if (f.type != FrameType::kReady)
+    return InternalError("the guest agent sent an unexpected frame during setup");
+  return OkStatus();
+}
+
+StatusOr<AgentLink> MicrovmInstance::Start() {
+  MicrovmBackend& b = *backend_;
+  DSEC_RETURN_IF_ERROR(ClaimDirectory());
+  std::vector<UniqueFd> layers;
+  DSEC_RETURN_IF_ERROR(AcquireImage(&layers));
+  DSEC_ASSIGN_OR_RETURN(isolation::UidLease lease, b.uids_->Acquire());
+  uid_slot_ = lease.slot;
+  qemu_uid_ = lease.first_id;
+  uid_lease_ = std::move(lease.fd);
+
+  isolation::CgroupLimits limits;
+  limits.memory_bytes = (GuestRamMb() + b.opts_.qemu_overhead_mb) << 20;
+  limits.pids = b.opts_.qemu_pids;
+  limits.cpu = spec_.resources.cpu;
+  DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->CreateSandbox(spec_.id, limits));
+  cgroup_ = std::move(cg);
+  DSEC_RETURN_IF_ERROR(SpawnQemu(std::move(layers)));
+
+  // The chardev's listening socket queues this connection until QEMU accepts it.
+  UniqueFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!conn) return ErrnoError("socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::string path = JoinPath(dir_, "agent.sock");
+  memcpy(addr.sun_path, path.data(), path.size());
+  if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+    return ErrnoError("connect to the agent port of " + spec_.id);
+  DSEC_RETURN_IF_ERROR(Handshake(conn.get()));
+  auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
+  if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);
+  qmp_.emplace(std::move(*qmp));
+  AgentLink link;
+  link.stream = std::move(conn);
+  return link;
+}
+
+StatusOr<AgentLink> MicrovmInstance::Adopt(const std::string& handle) {
+  (void)handle;
+  lock_fd_.Reset(open(JoinPath(dir_, "owner.lock").c_str(), O_RDWR | O_CLOEXEC));
+  if (lock_fd_ && flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0) {
+    lock_fd_.Reset();
+    dir_.clear();  // another live process owns it: hands off
+    return Status(StatusCode::kAlreadyExists,
+                  "sandbox " + spec_.id + " is owned by another process");
+  }
+  // Ours to clean up: Destroy removes the VM by its cgroup and directory.
+  dir_owned_ = true;
+  if (auto cg = backend_->cgroups_->OpenSandbox(spec_.id); cg.ok()) cgroup_ = std::move(*cg);
+  return Unimplemented("a microVM cannot be re-adopted after an edge restart yet");
+}
+
+OomCounter MicrovmInstance::OomKills() {
+  return [cg = cgroup_]() -> uint64_t { return cg ? cg->OomKills().value_or(0) : 0; };
+}
+
+Status MicrovmInstance::Pause() {
+  if (!qmp_) return FailedPrecondition("sandbox " + spec_.id + " has no QMP connection");
+  return qmp_->Execute("stop").status();
+}
+
+Status MicrovmInstance::Resume() {
+  if (!qmp_) return FailedPrecondition("sandbox " + spec_.id + " has no QMP connection");
+  return qmp_->Execute("cont").status();
+}
+
+std::string MicrovmInstance::ConsoleTail(size_t bytes) {
+  if (!qmp_) {
+    auto q = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 1000);
+    if (!q.ok()) return "";
+    qmp_.emplace(std::move(*q));
+  }
+  // The ring keeps the newest 64 KiB; read it all and keep the end.
+  auto r =
+      qmp_->Execute("ringbuf-read", {{"device", "con"}, {"size", 65536}, {"format", "utf8"}}, 2000);
+  if (!r.ok() || !r->is_string()) return "";
+  std::string s = r->get<std::string>();
+  if (s.size() > bytes) s = s.substr(s.size() - bytes);
+  return std::string(TrimWhitespace(s));
+}
+
+StatusOr<SandboxStats> MicrovmInstance::Stats() {
+  if (!cgroup_) return FailedPrecondition("sandbox " + spec_.id + " has no cgroup");
+  DSEC_ASSIGN_OR_RETURN(isolation::CgroupStats c, cgroup_->Stats());
+  SandboxStats s;
+  // The QEMU process's: guest RAM as far as the guest touched it, plus QEMU's own.
+  s.memory_current = c.memory_current;
+  s.memory_peak = c.memory_peak;
+  s.memory_limit = static_cast<uint64_t>(GuestRamMb()) << 20;
+  s.cpu_usage_us = c.cpu_usage_us;
+  s.pids = c.pids_current;
+  s.oom_kills = c.oom_kills;
+  s.disk_limit = static_cast<uint64_t>(spec_.resources.disk_mb) << 20;
+  s.disk_kind = "tmpfs";
+  return s;
+}
+
+Status MicrovmInstance::SetMemoryLimit(int64_t bytes) {
+  if (!cgroup_) return FailedPrecondition("sandbox " + spec_.id + " has no cgroup");
+  // The guest's RAM is fixed at boot; the host limit can only tighten what QEMU may touch.
+  isolation::CgroupLimits limits;
+  limits.memory_bytes = bytes + (backend_->opts_.qemu_overhead_mb << 20);
+  limits.pids = backend_->opts_.qemu_pids;
+  limits.cpu = spec_.resources.cpu;
+  return cgroup_->SetLimits(limits);
+}
+
+Status MicrovmInstance::Destroy() {
+  if (destroyed_) return OkStatus();
+  destroyed_ = true;
+  Status result;
+  qmp_.reset();
+  if (cgroup_) (void)cgroup_->KillAll();
+  if (qemu_.valid()) {
+    (void)qemu_.SendSignal(SIGKILL);
+    if (!qemu_.WaitReadable(5000)) DSEC_LOG_WARN("microvm {}: QEMU outlived SIGKILL", spec_.id);
+    (void)qemu_.TryWait();  // reaps it
+    qemu_ = PidFd();
+  }
+  if (cgroup_) result = cgroup_->Destroy();
+  if (dir_owned_ && !dir_.empty()) {
+    for (const char* f : {"agent.sock", "qmp.sock", "qemu.log", "owner.lock"})
+      (void)unlink(JoinPath(dir_, f).c_str());
+    if (rmdir(dir_.c_str()) < 0 && errno != ENOENT) {
+      Status s = RemoveTree(dir_);
+      if (result.ok()) result = s;
+    }
+  }
+  lock_fd_.Reset();
+  uid_lease_.Reset();
+  if (uid_slot_ >= 0) {
+    backend_->uids_->Release(static_cast<uint32_t>(uid_slot_));
+    uid_slot_ = -1;
+  }
+  if (holds_image_ && backend_->opts_.image_store) {
+    holds_image_ = false;
+    backend_->opts_.image_store->Release(spec_.id);
+    if (auto n = backend_->opts_.image_store->Collect(); !n.ok())
+      DSEC_LOG_WARN("image store: collect: {}", n.status().ToString());
+  }
+  return result;
+}
+
+void MicrovmInstance::Detach() {
+  // A VM cannot be re-adopted yet: letting go would leave it running for nobody, so a
+  // detached VM is destroyed (the edge's --persist keeps containers only).
+  (void)Destroy();
+}
+
+}  // namespace dsec::backends::microvm

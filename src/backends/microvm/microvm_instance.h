@@ -1,0 +1,77 @@
+// The microVM kind's Instance (backends/instance.h): one sandbox's QEMU process (run as its
+// own leased host uid, in its own cgroup, with QEMU's seccomp sandbox on), its directory under
+// the state dir (agent.sock and qmp.sock, the host ends only the edge can reach; owner.lock;
+// qemu.log, what QEMU itself printed), the image layers it boots from, and the QMP connection
+// that pauses and resumes it. Destroy() releases all of it and is idempotent.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/instance.h"
+#include "backends/microvm/qmp.h"
+#include "base/pidfd.h"
+#include "base/unique_fd.h"
+#include "images/store.h"
+#include "isolation/cgroup.h"
+#include "protocol/frame.h"
+
+namespace dsec::backends::microvm {
+
+class MicrovmBackend;
+
+class MicrovmInstance : public Instance {
+ public:
+  MicrovmInstance(MicrovmBackend* backend, SandboxSpec spec);
+
+  Kind kind() const override { return Kind::kMicrovm; }
+  const SandboxSpec& spec() const override { return spec_; }
+  StatusOr<AgentLink> Start() override;
+  StatusOr<AgentLink> Adopt(const std::string& handle) override;
+  std::string AdoptionHandle() const override { return ""; }
+  OomCounter OomKills() override;
+  Status Pause() override;
+  Status Resume() override;
+  StatusOr<SandboxStats> Stats() override;
+  Status SetMemoryLimit(int64_t bytes) override;
+  Status Destroy() override;
+  void Detach() override;
+
+  pid_t qemu_pid() const { return qemu_.pid(); }
+  uid_t qemu_uid() const { return qemu_uid_; }
+  const std::string& dir() const { return dir_; }
+  // The last bytes the guest wrote to its console (boot diagnostics; "" when unreadable).
+  std::string ConsoleTail(size_t bytes = 2048);
+
+ private:
+  // The sandbox's directory, with its owner lock held.
+  Status ClaimDirectory();
+  // The image stack, its environment under the spec's, and read-only fds of its layers.
+  Status AcquireImage(std::vector<UniqueFd>* layers);
+  // Listening unix sockets at dir/<name> for QEMU to accept on.
+  StatusOr<UniqueFd> Listen(const std::string& name);
+  Status SpawnQemu(std::vector<UniqueFd> layers);
+  // The next frame from the agent, or an error naming why the guest is gone or late.
+  StatusOr<protocol::Frame> ReadFrame(int fd, int64_t deadline_ms, protocol::FrameDecoder* dec);
+  Status Handshake(int conn);
+  protocol::GuestSetup BuildGuestSetup();
+  int64_t GuestRamMb() const { return spec_.resources.memory_mb + spec_.resources.disk_mb; }
+
+  MicrovmBackend* backend_;
+  SandboxSpec spec_;
+  std::string dir_;
+  bool dir_owned_ = false;
+  UniqueFd lock_fd_;
+  std::shared_ptr<isolation::Cgroup> cgroup_;
+  PidFd qemu_;
+  int64_t uid_slot_ = -1;
+  uid_t qemu_uid_ = 0;
+  UniqueFd uid_lease_;
+  std::optional<QmpClient> qmp_;
+  images::Stack stack_;
+  bool holds_image_ = false;
+  bool destroyed_ = false;
+};
+
+}  // namespace dsec::backends::microvm

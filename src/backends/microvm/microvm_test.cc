@@ -1,0 +1,229 @@
+// Real microVMs through the microVM backend (privileged: root, QEMU and the guest kernel of
+// scripts/guest-kernel; skipped with the reason otherwise). On TCG a cold boot takes ~2 s of
+// two cores, so the cases share few VMs.
+#include "backends/microvm/microvm_instance.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <memory>
+
+#include "backends/microvm/microvm_backend.h"
+#include "base/file_util.h"
+#include "base/strings.h"
+#include "base/testing/poll.h"
+#include "images/import.h"
+#include "images/store.h"
+
+namespace dsec::backends::microvm {
+namespace {
+
+int Sh(const std::string& cmd) { return system(cmd.c_str()); }
+
+struct Env {
+  std::unique_ptr<TempDir> dir;
+  std::unique_ptr<images::ImageStore> store;
+  std::unique_ptr<MicrovmBackend> backend;
+  std::string skip;
+};
+
+// A busybox root filesystem imported as "bb:1".
+Status ImportBusybox(Env& e) {
+  std::string src = e.dir->path() + "/rootfs";
+  if (Sh("mkdir -p " + src + "/bin " + src + "/etc " + src + "/tmp && cp /bin/busybox " + src +
+         "/bin/ && for a in sh echo cat id hostname uname ls sleep true head dd mount; do ln -s "
+         "busybox " +
+         src + "/bin/$a; done && printf 'root:x:0:0:root:/root:/bin/sh\\n' > " + src +
+         "/etc/passwd && tar -C " + src + " --numeric-owner -cf " + e.dir->path() + "/bb.tar .") !=
+      0)
+    return InternalError("making the busybox rootfs failed");
+  images::ImportOptions o;
+  o.name = "bb:1";
+  return images::ImportFile(e.store.get(), e.dir->path() + "/bb.tar", o).status();
+}
+
+Env& GetEnv() {
+  static Env e;
+  if (e.backend || !e.skip.empty()) return e;
+  if (geteuid() != 0) return e.skip = "needs root", e;
+  if (access("/bin/busybox", X_OK) != 0) return e.skip = "needs busybox-static", e;
+  auto d = TempDir::Create("/tmp/dsec-vmtest-");
+  if (!d.ok()) return e.skip = d.status().ToString(), e;
+  e.dir = std::make_unique<TempDir>(std::move(*d));
+  images::StoreOptions so;
+  so.root = e.dir->path() + "/state/images";
+  auto store = images::ImageStore::Open(so);
+  if (!store.ok()) return e.skip = store.status().ToString(), e;
+  e.store = std::move(*store);
+  if (Status s = ImportBusybox(e); !s.ok()) return e.skip = s.ToString(), e;
+  MicrovmBackendOptions o;
+  o.state_dir = e.dir->path() + "/state";
+  o.agent_path = DSEC_TEST_AGENT_PATH;
+  o.image_store = e.store.get();
+  if (const char* k = getenv("DSEC_GUEST_KERNEL")) o.kernel_dir = k;
+  auto b = MicrovmBackend::Create(o);
+  // A machine without QEMU or the guest kernel cannot run these: say which.
+  if (!b.ok()) return e.skip = b.status().ToString(), e;
+  e.backend = std::move(*b);
+  return e;
+}
+
+class MicrovmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Env& e = GetEnv();
+    if (!e.skip.empty()) GTEST_SKIP() << "[  SKIPPED ] " << e.skip;
+    backend_ = e.backend.get();
+  }
+  SandboxSpec Spec(const std::string& id) {
+    SandboxSpec s;
+    s.id = id;
+    s.kind = Kind::kMicrovm;
+    s.image = "bb:1";
+    s.resources.memory_mb = 192;
+    s.resources.disk_mb = 64;
+    return s;
+  }
+  ExecOutput Run(Sandbox& sb, const std::string& shell) {
+    ExecRequest r;
+    r.shell = shell;
+    r.timeout_ms = 60000;
+    auto out = sb.Exec(r);
+    EXPECT_TRUE(out.ok()) << shell << ": " << out.status().ToString();
+    return out.ok() ? *out : ExecOutput{};
+  }
+  MicrovmBackend* backend_ = nullptr;
+};
+
+TEST_F(MicrovmTest, BootsAnImageRunsCommandsAndLeavesNothingBehind) {
+  auto sb = backend_->Create(Spec("vm-one"));
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto& inst = static_cast<MicrovmInstance&>((*sb)->instance());
+  std::string dir = inst.dir();
+  pid_t qemu = inst.qemu_pid();
+  EXPECT_EQ((*sb)->state(), SandboxState::kRunning);
+
+  // Its own kernel (the guest's, not the host's), hostname and user.
+  auto out = Run(**sb, "uname -r; hostname; id -u; cat /proc/1/cmdline; echo; pwd");
+  EXPECT_EQ(out.result.exit_code, 0) << out.stderr_data;
+  auto lines = SplitString(out.stdout_data, '\n', true);
+  ASSERT_GE(lines.size(), 5u) << out.stdout_data;
+  EXPECT_EQ(lines[0], backend_->kernel().version);
+  EXPECT_EQ(lines[1], "vm-one");
+  EXPECT_EQ(lines[2], "1000");
+  EXPECT_EQ(lines[3].substr(0, 5), "/init");
+  EXPECT_EQ(lines[4], "/workspace");
+  out = Run(**sb, "echo err >&2; exit 3");
+  EXPECT_EQ(out.result.exit_code, 3);
+  EXPECT_EQ(out.stderr_data, "err\n");
+
+  // Files through the agent, the root an overlay over the image's read-only block device.
+  ASSERT_TRUE((*sb)->WriteFile("/workspace/a.txt", std::string("hello vm\n"), 0644).ok());
+  auto read = (*sb)->ReadFile("/workspace/a.txt", 1 << 20);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, "hello vm\n");
+  auto ls = (*sb)->ListDir("/bin");
+  ASSERT_TRUE(ls.ok()) << ls.status().ToString();
+  EXPECT_GE(ls->size(), 10u);
+  out = Run(**sb, "grep ' / ' /proc/mounts; cat /sys/block/vda/ro");
+  EXPECT_NE(out.stdout_data.find("overlay / overlay"), std::string::npos) << out.stdout_data;
+  EXPECT_NE(out.stdout_data.find("\n1\n"), std::string::npos) << out.stdout_data;
+
+  // QEMU runs as its own unprivileged uid, under its seccomp sandbox, in the VM's cgroup.
+  auto status = ReadFileToString("/proc/" + std::to_string(qemu) + "/status");
+  ASSERT_TRUE(status.ok());
+  EXPECT_NE(status->find("Uid:\t" + std::to_string(inst.qemu_uid())), std::string::npos);
+  EXPECT_NE(inst.qemu_uid(), 0u);
+  EXPECT_NE(status->find("Seccomp:\t2"), std::string::npos);
+  EXPECT_NE(status->find("NoNewPrivs:\t1"), std::string::npos);
+  auto st = (*sb)->Stats();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_GT(st->memory_current, 16u << 20);  // guest RAM QEMU touched
+  EXPECT_GE(st->pids, 1u);
+
+  // Pause stops the guest (QMP stop); an exec resumes it transparently.
+  ASSERT_TRUE((*sb)->Pause().ok());
+  EXPECT_EQ((*sb)->state(), SandboxState::kPaused);
+  out = Run(**sb, "echo back");
+  EXPECT_EQ(out.stdout_data, "back\n");
+
+  ASSERT_TRUE((*sb)->Destroy().ok());
+  EXPECT_NE(access(dir.c_str(), F_OK), 0) << dir << " is left";
+  EXPECT_NE(kill(qemu, 0), 0) << "QEMU " << qemu << " is left";
+  for (const char* h : {"unified", "memory", "pids", ""}) {
+    std::string cg =
+        std::string("/sys/fs/cgroup/") + h + "/dsec-" + backend_->instance_id() + "-vm/vm-one";
+    EXPECT_NE(access(cg.c_str(), F_OK), 0) << cg << " is left";
+  }
+}
+
+TEST_F(MicrovmTest, QemuDyingFailsTheSandbox) {
+  auto sb = backend_->Create(Spec("vm-dies"));
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  pid_t qemu = static_cast<MicrovmInstance&>((*sb)->instance()).qemu_pid();
+  ASSERT_EQ(kill(qemu, SIGKILL), 0);
+  EXPECT_TRUE(testing::PollUntil([&] { return (*sb)->state() == SandboxState::kFailed; }, 10000));
+  ExecRequest r;
+  r.cmd = {"true"};
+  EXPECT_FALSE((*sb)->Exec(r).ok());
+  EXPECT_TRUE((*sb)->Destroy().ok());
+}
+
+// Root in the guest floods the serial console, tries to write the image's block device and
+// panics the kernel: the host keeps nothing of the flood, the layer is unchanged, and the
+// panic ends QEMU, which fails the sandbox (and nothing else).
+TEST_F(MicrovmTest, RootInTheGuestCannotReachPastTheVm) {
+  auto sb = backend_->Create(Spec("vm-root"));
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  auto& inst = static_cast<MicrovmInstance&>((*sb)->instance());
+  std::string log = inst.dir() + "/qemu.log";
+  auto run_root = [&](const std::string& shell, int64_t timeout_ms = 60000) {
+    ExecRequest r;
+    r.shell = shell;
+    r.user = "root";
+    r.timeout_ms = timeout_ms;
+    auto out = (*sb)->Exec(r);
+    EXPECT_TRUE(out.ok()) << shell << ": " << out.status().ToString();
+    return out.ok() ? *out : ExecOutput{};
+  };
+  EXPECT_EQ(run_root("id -u").stdout_data, "0\n");
+  // 8 MiB at the console: the host end is a 64 KiB ring, so nothing of it lands on disk.
+  run_root("dd if=/dev/zero of=/dev/ttyS0 bs=64k count=128 2>/dev/null; echo done", 20000);
+  struct stat st;
+  ASSERT_EQ(stat(log.c_str(), &st), 0);
+  EXPECT_LT(st.st_size, 4096) << "QEMU's log grew with the guest's console";
+  // The layers are read-only devices; the initramfs (with /init) is gone.
+  auto w = run_root("dd if=/dev/zero of=/dev/vda bs=512 count=1 2>&1; echo rc=$?; ls /init 2>&1");
+  EXPECT_NE(w.stdout_data.find("rc=1"), std::string::npos) << w.stdout_data;
+  EXPECT_NE(w.stdout_data.find("No such file"), std::string::npos) << w.stdout_data;
+  EXPECT_EQ(Run(**sb, "echo still here").stdout_data, "still here\n");
+  // A kernel panic ends the VM (panic=-1, -no-reboot): the sandbox fails, says so.
+  ExecRequest panic;
+  panic.shell = "echo c > /proc/sysrq-trigger";
+  panic.user = "root";
+  (void)(*sb)->Exec(panic);
+  EXPECT_TRUE(testing::PollUntil([&] { return (*sb)->state() == SandboxState::kFailed; }, 30000));
+  EXPECT_TRUE((*sb)->Destroy().ok());
+}
+
+TEST_F(MicrovmTest, WhatCannotBootIsRefusedClearly) {
+  SandboxSpec s = Spec("vm-host");
+  s.image = "host";
+  auto sb = backend_->Create(s);
+  ASSERT_FALSE(sb.ok());
+  EXPECT_EQ(sb.status().code(), StatusCode::kUnimplemented) << sb.status().ToString();
+  EXPECT_NE(sb.status().message().find("host"), std::string::npos);
+  s.image = "nope:1";
+  sb = backend_->Create(s);
+  ASSERT_FALSE(sb.ok());
+  EXPECT_EQ(sb.status().code(), StatusCode::kNotFound) << sb.status().ToString();
+  // Nothing of either is left.
+  auto left = ListDir(GetEnv().dir->path() + "/state/microvms");
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty());
+}
+
+}  // namespace
+}  // namespace dsec::backends::microvm

@@ -1,0 +1,70 @@
+#include "backends/microvm/qemu_cmd.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "base/file_util.h"
+#include "base/strings.h"
+
+namespace dsec::backends::microvm {
+
+std::string GuestCmdline(const QemuConfig& c) {
+  // console and panic: a panicking guest ends QEMU (-no-reboot) instead of hanging. The
+  // timekeeping flags: TCG guests cannot calibrate their TSC when the host is busy (boots
+  // hang), and the clocksource watchdog and friends cost an idle TCG guest six times its own
+  // CPU (shared/notes/microvm-probe.md).
+  std::string s =
+      "console=ttyS0 reboot=t panic=-1 quiet loglevel=3 tsc=reliable clocksource=tsc "
+      "nowatchdog nmi_watchdog=0 nohz=on workqueue.power_efficient=1 nosoftlockup audit=0";
+  if (c.tsc_khz > 0) s += " tsc_early_khz=" + std::to_string(c.tsc_khz);
+  s += " dsec.layers=" + std::to_string(c.layer_fds.size());
+  s += " dsec.disk_mb=" + std::to_string(c.disk_mb);
+  return s;
+}
+
+std::vector<std::string> QemuArgv(const QemuConfig& c) {
+  auto fd_path = [](int fd) { return "/proc/self/fd/" + std::to_string(fd); };
+  std::vector<std::string> a = {
+      c.qemu, "-M", "microvm,x-option-roms=off,rtc=on", "-accel",
+      c.accel == "kvm" ? std::string("kvm")
+                       : "tcg,thread=single,tb-size=" + std::to_string(c.tcg_tb_mb),
+      "-cpu", c.accel == "kvm" ? "host" : "max", "-smp", std::to_string(c.cpus), "-m",
+      std::to_string(c.memory_mb) + "M", "-nodefaults", "-no-user-config", "-display", "none",
+      "-no-reboot", "-kernel", fd_path(c.kernel_fd), "-initrd", fd_path(c.initrd_fd), "-append",
+      GuestCmdline(c),
+      // The guest's console: a bounded ring QMP can read (a guest
+      // flooding its serial port fills nothing on the host).
+      "-chardev", "ringbuf,id=con,size=65536", "-serial", "chardev:con", "-device",
+      "virtio-serial-device", "-chardev",
+      "socket,id=agent,fd=" + std::to_string(c.agent_listen_fd) + ",server=on,wait=off", "-device",
+      "virtserialport,chardev=agent,name=dsec.agent", "-chardev",
+      "socket,id=qmp,fd=" + std::to_string(c.qmp_listen_fd) + ",server=on,wait=off", "-mon",
+      "chardev=qmp,mode=control"};
+  for (size_t i = 0; i < c.layer_fds.size(); ++i) {
+    std::string set = std::to_string(i + 1), id = "layer" + std::to_string(i);
+    a.insert(a.end(), {"-add-fd", "fd=" + std::to_string(c.layer_fds[i]) + ",set=" + set, "-drive",
+                       "file=/dev/fdset/" + set + ",if=none,id=" + id +
+                           ",format=raw,readonly=on,file.locking=off",
+                       "-device", "virtio-blk-device,drive=" + id});
+  }
+  if (c.seccomp)
+    a.insert(a.end(), {"-sandbox",
+                       "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"});
+  return a;
+}
+
+int64_t HostTscKhz() {
+  auto info = ReadFileToString("/proc/cpuinfo", 1 << 22);
+  if (!info.ok()) return 0;
+  for (std::string_view line : SplitString(*info, '\n', true)) {
+    if (!StartsWith(line, "cpu MHz")) continue;
+    size_t colon = line.find(':');
+    if (colon == std::string_view::npos) return 0;
+    std::string v(TrimWhitespace(line.substr(colon + 1)));
+    double mhz = strtod(v.c_str(), nullptr);
+    return mhz > 0 ? static_cast<int64_t>(std::llround(mhz * 1000)) : 0;
+  }
+  return 0;
+}
+
+}  // namespace dsec::backends::microvm

@@ -1,0 +1,38 @@
+// The QEMU command line of one microVM, as a pure function of what it runs (so it is
+// unit-tested, and the edge and the tests start guests the same way). Everything QEMU touches
+// arrives as an inherited descriptor: the agent's and QMP's listening sockets (fd=), the
+// image layers (read-only fds in fdsets, so the guest's disks can never be written even by a
+// compromised QEMU) and the kernel and initramfs (opened through /proc/self/fd, as files
+// anyone may read). Nothing names a host path QEMU's uid would need to reach.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dsec::backends::microvm {
+
+struct QemuConfig {
+  std::string qemu = "qemu-system-x86_64";
+  std::string accel = "tcg";  // tcg | kvm
+  int cpus = 1;
+  int64_t memory_mb = 256;  // guest RAM (the writable layer's tmpfs lives in it)
+  int64_t disk_mb = 256;    // the writable layer's size, passed to the guest's init
+  int64_t tsc_khz = 0;      // the host's TSC (mandatory for TCG guests booting side by side)
+  int kernel_fd = -1;       // the vmlinux, readable
+  int initrd_fd = -1;
+  int agent_listen_fd = -1;    // a bound unix socket: the agent's virtio-serial port's host end
+  int qmp_listen_fd = -1;      // a bound unix socket: QMP
+  std::vector<int> layer_fds;  // O_RDONLY fds of the EROFS layers, bottom first (vda, vdb, ..)
+  int tcg_tb_mb = 32;          // TCG's translation buffer (its default is 1 GiB of address space)
+  bool seccomp = true;         // QEMU's own sandbox
+};
+
+std::vector<std::string> QemuArgv(const QemuConfig& c);
+// The guest kernel's command line (part of QemuArgv; exposed for tests and probes).
+std::string GuestCmdline(const QemuConfig& c);
+
+// The host's TSC frequency in kHz, from /proc/cpuinfo's "cpu MHz" (0 if unknown).
+int64_t HostTscKhz();
+
+}  // namespace dsec::backends::microvm
