@@ -300,7 +300,11 @@ class EdgeProcess:
     def leftovers(self) -> list[str]:
         """Everything of this edge still on the host after it stopped."""
         out: list[str] = []
-        for d in self.cgroup_dirs():
+        vm_parents = []  # the microVM backend's ("dsec-<instance>-vm")
+        if self.instance:
+            vm = f"dsec-{self.instance}-vm"
+            vm_parents = glob.glob(f"/sys/fs/cgroup/{vm}") + glob.glob(f"/sys/fs/cgroup/*/{vm}")
+        for d in sorted(set(self.cgroup_dirs() + vm_parents)):
             out.append(f"cgroup {d}")
         if self.instance:
             tag = "dsec-" + self.instance

@@ -197,7 +197,8 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
     auto k = backends::KindFromName(*kind);
     if (!k) return InvalidArgument("kind must be \"container\" or \"microvm\"");
     if (std::find(served.begin(), served.end(), *k) == served.end())
-      return Unimplemented("kind \"" + *kind + "\" is not available on this node yet");
+      return Unimplemented("kind \"" + *kind +
+                           "\" is not available on this node (GET /v1/node says why)");
     p.kind = *k;
   }
   DSEC_RETURN_IF_ERROR(CheckNetwork(network));

@@ -75,6 +75,9 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"max_builds", &c->max_builds},
       {"build_mirror", &c->build_mirror},
       {"agent_path", &c->agent_path},
+      {"microvm", &c->microvm},
+      {"microvm_accel", &c->microvm_accel},
+      {"microvm_kernel_dir", &c->microvm_kernel_dir},
       {"zygote_path", &c->zygote_path},
       {"fncall_pools", &c->fncall_pools},
       {"fncall_python_preload", &c->fncall_python_preload},
@@ -193,6 +196,8 @@ Status FinalizeConfig(EdgeConfig* c) {
     const char* name;
     double v, lo, hi;
   };
+  if (c->microvm_accel != "auto" && c->microvm_accel != "kvm" && c->microvm_accel != "tcg")
+    return InvalidArgument("microvm_accel must be auto, kvm or tcg");
   for (const Range& r : std::initializer_list<Range>{
            {"max_sandboxes", double(c->max_sandboxes), 1, 1 << 20},
            {"pty_max_per_sandbox", double(c->pty_max_per_sandbox), 1, 1 << 20},

@@ -104,7 +104,12 @@ struct EdgeConfig {
   // the Debian mirror mmdebstrap uses ("" = deb.debian.org).
   int max_builds = 2;
   std::string build_mirror;
-  std::string agent_path;   // default: dsec-agent beside dsec-edge
+  std::string agent_path;  // default: dsec-agent beside dsec-edge
+  // MicroVM sandboxes (kind "microvm"), served when QEMU and the guest kernel are there
+  // (scripts/install-deps fetches both); off, or missing either, kind microvm is 422.
+  bool microvm = true;
+  std::string microvm_accel = "auto";  // auto | kvm | tcg
+  std::string microvm_kernel_dir = "/var/cache/dsec/guest-kernel/current";
   std::string zygote_path;  // default: dsec-zygote beside dsec-edge
 
   // Function calls: the built-in "python" and "bash" runtimes (pools of warm workers; more

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "backends/container/container_backend.h"
+#include "backends/microvm/microvm_backend.h"
 #include "base/clock.h"
 #include "base/file_util.h"
 #include "base/ids.h"
@@ -152,6 +153,45 @@ container::ContainerBackendOptions BackendOptions(const EdgeConfig& cfg,
   return bo;
 }
 
+backends::microvm::MicrovmBackendOptions MicrovmOptions(
+    const EdgeConfig& cfg, const container::ContainerBackendOptions& containers) {
+  backends::microvm::MicrovmBackendOptions o;
+  o.state_dir = cfg.state_dir;
+  o.agent_path = cfg.agent_path;
+  o.kernel_dir = cfg.microvm_kernel_dir;
+  o.accel = cfg.microvm_accel;
+  o.cgroup_mode = cfg.cgroup_mode;
+  o.parent_memory_bytes = containers.parent_memory_bytes;
+  o.uid_lock_file = cfg.uid_lock_file;
+  o.max_execs_per_sandbox = containers.max_execs_per_sandbox;
+  o.orphan_timeout_ms = containers.orphan_timeout_ms;
+  o.io_threads = cfg.agent_io_threads;
+  o.image_store = containers.image_store;
+  return o;
+}
+
+// The microVM backend when this node can run one; otherwise why not (in *why).
+std::unique_ptr<backends::microvm::MicrovmBackend> StartMicrovms(
+    const EdgeConfig& cfg, const container::ContainerBackendOptions& containers, std::string* why) {
+  if (!cfg.microvm) {
+    *why = "off in the config (microvm: false)";
+    return nullptr;
+  }
+  auto b = backends::microvm::MicrovmBackend::Create(MicrovmOptions(cfg, containers));
+  if (!b.ok()) {
+    *why = b.status().message();
+    DSEC_LOG_WARN("no microVM sandboxes on this node: {}", *why);
+    return nullptr;
+  }
+  DSEC_LOG_INFO("{}", (*b)->Describe());
+  return std::move(*b);
+}
+
+Json MicrovmFeatures(const backends::microvm::MicrovmBackend* b, const std::string& why) {
+  if (!b) return {{"available", false}, {"reason", why}};
+  return {{"available", true}, {"accel", b->accel()}, {"kernel", b->kernel().version}};
+}
+
 // What GET /v1/node reports about the kernel features the backend found.
 Json FeaturesOf(const container::ContainerBackend& backend) {
   const auto& f = backend.features();
@@ -271,10 +311,14 @@ int RunEdge(EdgeConfig cfg) {
   if (!image_store.ok()) return fail("image store", image_store.status());
   auto budgets = PrepareBudgets(cfg);
   if (!budgets.ok()) return fail("node budgets", budgets.status());
-  auto backend =
-      container::ContainerBackend::Create(BackendOptions(cfg, image_store->get(), *budgets));
+  const container::ContainerBackendOptions container_opts =
+      BackendOptions(cfg, image_store->get(), *budgets);
+  auto backend = container::ContainerBackend::Create(container_opts);
   if (!backend.ok()) return fail("container backend", backend.status());
   DSEC_LOG_INFO("{}", (*backend)->Describe());
+  std::string no_microvms;
+  std::unique_ptr<backends::microvm::MicrovmBackend> microvms =
+      StartMicrovms(cfg, container_opts, &no_microvms);
 
   // From here on every service is stopped by the guard made right after it, in reverse order
   // of their start, on every way out: a failed start-up included. `serving` tells a stop at
@@ -288,6 +332,9 @@ int RunEdge(EdgeConfig cfg) {
     if (!serving || cfg.persist) return;
     if (Status s = (*backend)->Shutdown(); !s.ok())
       DSEC_LOG_WARN("parent cgroups not removed: {}", s.message());
+    if (microvms)
+      if (Status s = microvms->Shutdown(); !s.ok())
+        DSEC_LOG_WARN("microVM parent cgroups not removed: {}", s.message());
   });
   // Declared before the workers, so that they outlive every handler the workers still run.
   std::optional<Idempotency> idem;
@@ -305,7 +352,9 @@ int RunEdge(EdgeConfig cfg) {
   boost::asio::thread_pool workers(static_cast<size_t>(cfg.worker_threads));
   auto stop_workers = MakeScopeGuard([&] { workers.join(); });
 
-  Manager manager(cfg, backend->get(), store->get(), &metrics);
+  std::vector<backends::Backend*> kinds = {backend->get()};
+  if (microvms) kinds.push_back(microvms.get());
+  Manager manager(cfg, kinds, store->get(), &metrics);
   auto stop_manager = MakeScopeGuard([&] { manager.Shutdown(serving ? cfg.persist : true); });
   manager.SetNodeBudget(budgets->node);
   manager.SetFileBudget(budgets->files);
@@ -346,6 +395,7 @@ int RunEdge(EdgeConfig cfg) {
   deps.tokens = *tokens;
   deps.instance = (*backend)->instance_id();
   deps.features = FeaturesOf(**backend);
+  deps.features["microvm"] = MicrovmFeatures(microvms.get(), no_microvms);
   api.emplace(std::move(deps));
 
   HttpServerOptions ho = ServerOptions(cfg, budgets->files);

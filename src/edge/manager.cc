@@ -48,9 +48,9 @@ int64_t NodeMemoryMb() {
 
 // --- Manager -----------------------------------------------------------------------------
 
-Manager::Manager(const EdgeConfig& cfg, backends::Backend* backend, StateStore* store,
+Manager::Manager(const EdgeConfig& cfg, std::vector<backends::Backend*> backends, StateStore* store,
                  Metrics* metrics)
-    : cfg_(cfg), backend_(backend), store_(store), metrics_(metrics) {
+    : cfg_(cfg), backends_(std::move(backends)), store_(store), metrics_(metrics) {
   admit_memory_mb_ =
       static_cast<int64_t>(static_cast<double>(NodeMemoryMb()) * cfg_.memory_overcommit);
 }
@@ -158,7 +158,11 @@ Status Manager::Persist(const SandboxEntry& e) {
 
 Status Manager::FitsEver(const CreateParams& p, int count) const {
   const Resources& r = p.resources;
-  const Resources max = backend_->Largest();
+  backends::Backend* backend = BackendFor(p.kind);
+  if (!backend)
+    return Unimplemented("kind \"" + std::string(backends::KindName(p.kind)) +
+                         "\" is not available on this node");
+  const Resources max = backend->Largest();
   auto never = [](const std::string& what, const std::string& why) {
     return ResourceExhausted(what + " can never fit this node: " + why);
   };
@@ -329,7 +333,11 @@ StatusOr<SandboxRecord> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& 
     }
   }
   Stopwatch sw;
-  auto sb = backend_->Create(SpecFor(e->id, e->params));
+  backends::Backend* backend = BackendFor(e->params.kind);
+  auto sb = backend ? backend->Create(SpecFor(e->id, e->params))
+                    : StatusOr<std::shared_ptr<backends::Sandbox>>(Unimplemented(
+                          "kind \"" + std::string(backends::KindName(e->params.kind)) +
+                          "\" is not available on this node"));
   if (!sb.ok()) {
     {
       MutexLock l(e->mu_);
@@ -641,8 +649,12 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
     if (result.ok() && rec->contains("failed"))
       result = FailedPrecondition("it had failed: " + rec->value("failed", ""));
     std::shared_ptr<backends::Sandbox> sb;
+    backends::Backend* backend = result.ok() ? BackendFor(p->kind) : nullptr;
+    if (result.ok() && !backend)
+      result = Unimplemented("this edge does not serve kind " +
+                             std::string(backends::KindName(p->kind)));
     if (result.ok()) {
-      auto a = backend_->Adopt(SpecFor(row.id, *p), row.handle);
+      auto a = backend->Adopt(SpecFor(row.id, *p), row.handle);
       result = a.status();
       if (a.ok()) sb = *a;
     }
@@ -668,7 +680,11 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
     memory_mb_ += p->resources.memory_mb;
     ++adopted;
   }
-  DSEC_ASSIGN_OR_RETURN(int cleaned, backend_->CleanupOrphans());
+  int cleaned = 0;
+  for (backends::Backend* b : backends_) {
+    DSEC_ASSIGN_OR_RETURN(int n, b->CleanupOrphans());
+    cleaned += n;
+  }
   return std::make_pair(adopted, cleaned);
 }
 
@@ -696,6 +712,18 @@ void Manager::Shutdown(bool persist) {
   // Creates that were in flight finish and tear down by themselves (they see them deleted).
   for (int i = 0; creates_in_flight_ > 0 && i < 12000; ++i) usleep(10000);
   DSEC_LOG_INFO("destroyed {} sandboxes", all.size());
+}
+
+backends::Backend* Manager::BackendFor(backends::Kind kind) const {
+  for (backends::Backend* b : backends_)
+    if (b->kind() == kind) return b;
+  return nullptr;
+}
+
+std::vector<backends::Kind> Manager::Kinds() const {
+  std::vector<backends::Kind> out;
+  for (backends::Backend* b : backends_) out.push_back(b->kind());
+  return out;
 }
 
 NodeReport Manager::NodeInfo() const {

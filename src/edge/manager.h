@@ -130,7 +130,10 @@ struct PatchParams {
 
 class Manager {
  public:
-  Manager(const EdgeConfig& cfg, backends::Backend* backend, StateStore* store, Metrics* metrics);
+  // One backend per kind the node serves (a container backend, and a microVM one when the
+  // node can run them).
+  Manager(const EdgeConfig& cfg, std::vector<backends::Backend*> backends, StateStore* store,
+          Metrics* metrics);
   ~Manager();
 
   // Re-adopts the sandboxes in the state DB, then removes whatever a previous edge left that
@@ -165,7 +168,7 @@ class Manager {
 
   NodeReport NodeInfo() const;
   // The kinds of sandbox this node makes.
-  std::vector<backends::Kind> Kinds() const { return {backend_->kind()}; }
+  std::vector<backends::Kind> Kinds() const;
   Metrics::Gauges Gauges() const;
   size_t size() const;
   std::vector<std::string> Ids() const;
@@ -201,7 +204,9 @@ class Manager {
 
   EdgeConfig cfg_;
   const Clock* clock_ = Clock::System();
-  backends::Backend* backend_;
+  // The backend of `kind`; null when this node does not serve it.
+  backends::Backend* BackendFor(backends::Kind kind) const;
+  std::vector<backends::Backend*> backends_;
   pools::PoolSet* pools_ = nullptr;
   StateStore* store_;
   Metrics* metrics_;

@@ -40,7 +40,8 @@ class ManagerTest : public ::testing::Test {
     auto store = StateStore::Open(dir_ + "/state.db");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     store_ = std::move(*store);
-    manager_ = std::make_unique<Manager>(cfg_, &backend_, store_.get(), &metrics_);
+    manager_ = std::make_unique<Manager>(cfg_, std::vector<backends::Backend*>{&backend_},
+                                         store_.get(), &metrics_);
     manager_->SetClock(&clock_);
   }
   // Creates one sandbox and waits for it.

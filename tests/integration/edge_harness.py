@@ -587,11 +587,19 @@ class Edge:
         if not self.instance:
             return out
         for root in cgroup_roots():
-            top = os.path.join(root, f"dsec-{self.instance}")
-            if os.path.isdir(top):
-                for dirpath, _, _ in os.walk(top):
-                    out.append(dirpath)
+            # Containers under dsec-<instance>, microVMs (their QEMU) under dsec-<instance>-vm.
+            for top in (f"dsec-{self.instance}", f"dsec-{self.instance}-vm"):
+                if os.path.isdir(os.path.join(root, top)):
+                    for dirpath, _, _ in os.walk(os.path.join(root, top)):
+                        out.append(dirpath)
         return out
+
+    def cgroup_rel(self, d):
+        """A cgroup_dirs() entry below its parent ("" for a parent): "<sandbox id>/...".."""
+        for top in (f"/dsec-{self.instance}-vm", f"/dsec-{self.instance}"):
+            if top + "/" in d + "/":
+                return (d + "/").split(top + "/", 1)[1].strip("/")
+        return d
 
     def sandbox_cgroup_dirs(self, sid):
         return [d for d in self.cgroup_dirs() if os.path.basename(d) == sid]
@@ -611,13 +619,14 @@ class Edge:
 
     def processes(self):
         """Host processes that belong to this edge's sandboxes (by cgroup or root dir)."""
-        tag = f"/dsec-{self.instance}/" if self.instance else None
+        tags = [f"/dsec-{self.instance}/", f"/dsec-{self.instance}-vm/"] if self.instance else []
         state = str(self.state_dir)
         out = []
         for pid in pids():
             if pid in (os.getpid(), self.pid):
                 continue
-            if tag and tag in _proc_cgroups(pid):
+            cgroups = _proc_cgroups(pid) if tags else ""
+            if any(t in cgroups for t in tags):
                 out.append(pid)
                 continue
             try:

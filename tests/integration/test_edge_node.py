@@ -236,7 +236,10 @@ def test_health_node_images(edge, client):
     assert r.json == {"ok": True}
     n = client.get("/v1/node", expect=200).json
     assert n["node"] == "it" and n["instance"] == edge.instance
-    assert n["backends"] == ["container"]
+    # microVMs where the node can run them (test_microvm.py), else the reason.
+    vm = n["features"]["microvm"]
+    assert n["backends"] == (["container", "microvm"] if vm["available"] else ["container"])
+    assert vm["available"] or vm["reason"]
     # The built-in runtimes, warm before the edge said it was ready.
     builtin = {p["name"]: p for p in n["pools"]}
     assert {"python", "bash"} <= set(builtin)

@@ -50,7 +50,7 @@ def cgroup_ids(edge):
     """Sandbox ids that have a cgroup of this edge in any hierarchy."""
     out = set()
     for d in edge.cgroup_dirs():
-        rel = d.split(f"/dsec-{edge.instance}", 1)[1].strip("/")
+        rel = edge.cgroup_rel(d)
         if rel:
             out.add(rel.split("/")[0])
     return out
@@ -104,7 +104,7 @@ def check_consistent(edge, known=()):
             time.sleep(0.1)
         assert not strays(), f"processes of no listed sandbox: {strays()}"
         for d in edge.cgroup_dirs():
-            rel = d.split(f"/dsec-{edge.instance}", 1)[1].strip("/")
+            rel = edge.cgroup_rel(d)
             if rel:
                 assert rel.split("/")[0] in now, f"a cgroup of no listed sandbox: {d}"
         assert edge.mounts() == [], edge.mounts()
