@@ -232,6 +232,9 @@ Status AddEntropy(const std::string& hex) {
   memcpy(info->buf, bytes.data(), bytes.size());
   UniqueFd r(open("/dev/urandom", O_WRONLY | O_CLOEXEC));
   if (!r || ioctl(r.get(), RNDADDENTROPY, info) < 0) return ErrnoError("add entropy");
+  // Credited input does not reach a crng that is already seeded until its next scheduled
+  // reseed (up to a minute away): a clone would read its template's stream until then.
+  if (ioctl(r.get(), RNDRESEEDCRNG) < 0) return ErrnoError("reseed the crng");
   return OkStatus();
 }
 
@@ -268,7 +271,9 @@ Status WriteStartFiles(const protocol::GuestSetup& s) {
   return OkStatus();
 }
 
-Status ApplySetup(const protocol::GuestSetup& s, int upper_fd) {
+// boot_disk_mb: the writable layer's size at boot (dsec.disk_mb); a clone of a template made at
+// another size resizes it.
+Status ApplySetup(const protocol::GuestSetup& s, int upper_fd, int64_t boot_disk_mb) {
   if (sethostname(s.hostname.data(), s.hostname.size()) < 0) return ErrnoError("sethostname");
   if (s.realtime_ns > 0) {
     timespec ts{static_cast<time_t>(s.realtime_ns / 1000000000),
@@ -277,13 +282,13 @@ Status ApplySetup(const protocol::GuestSetup& s, int upper_fd) {
   }
   DSEC_RETURN_IF_ERROR(AddEntropy(s.entropy));
   DSEC_RETURN_IF_ERROR(WriteStartFiles(s));
-  if (s.disk_mb > 0) {
+  if (s.disk_mb > 0 && s.disk_mb != boot_disk_mb) {
     std::string path = "/proc/self/fd/" + std::to_string(upper_fd);
     std::string opts = "size=" + std::to_string(s.disk_mb) + "m";
     DSEC_RETURN_IF_ERROR(
         Mount(nullptr, path.c_str(), nullptr, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts.c_str()));
   }
-  return BringUpLoopback();
+  return OkStatus();
 }
 
 }  // namespace
@@ -327,9 +332,12 @@ void GuestMain() {
   auto cgroup = UserCgroup();
   if (!cgroup.ok()) Fail(cgroup.status());
 
+  // Everything that is not the sandbox's own happens before the greeting: a template is saved
+  // there, and whatever a clone runs after its restore is translated afresh under TCG.
+  Check(BringUpLoopback());
   auto setup = Greet(g_port);
   if (!setup.ok()) Fail(setup.status().WithContext("guest setup"));
-  Check(ApplySetup(*setup, upper_fd));
+  Check(ApplySetup(*setup, upper_fd, disk_mb));
   close(upper_fd);
 
   AgentConfig cfg;

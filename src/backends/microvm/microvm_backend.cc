@@ -12,6 +12,7 @@
 
 #include "backends/microvm/microvm_instance.h"
 #include "backends/microvm/qemu_cmd.h"
+#include "base/clock.h"
 #include "base/file_util.h"
 #include "base/ids.h"
 #include "base/logging.h"
@@ -131,6 +132,52 @@ StatusOr<int> MicrovmBackend::CleanupOrphans() {
     ++cleaned;
   }
   return cleaned;
+}
+
+size_t MicrovmBackend::template_count() const {
+  MutexLock l(templates_mu_);
+  size_t n = 0;
+  for (const auto& [key, slot] : templates_)
+    if (slot->made) ++n;
+  return n;
+}
+
+StatusOr<std::shared_ptr<const Template>> MicrovmBackend::TemplateFor(
+    const std::string& key, const images::Stack& stack, const std::vector<int>& layers, int cpus,
+    int64_t ram_mb) {
+  (void)stack;
+  std::shared_ptr<TemplateSlot> slot;
+  {
+    MutexLock l(templates_mu_);
+    auto& s = templates_[key];
+    if (!s) s = std::make_shared<TemplateSlot>();
+    slot = s;
+    slot->used_ms = MonotonicMs();
+    // Beyond the cap the least recently used made template goes (clones of it keep running:
+    // each holds its own mapping of the RAM).
+    while (templates_.size() > opts_.max_templates) {
+      auto lru = templates_.end();
+      for (auto it = templates_.begin(); it != templates_.end(); ++it)
+        if (it->second != slot &&
+            (lru == templates_.end() || it->second->used_ms < lru->second->used_ms))
+          lru = it;
+      if (lru == templates_.end()) break;
+      templates_.erase(lru);
+    }
+  }
+  MutexLock b(slot->build);
+  if (slot->made) return slot->made;
+  if (!slot->error.empty()) return FailedPrecondition(slot->error);
+  auto t = MicrovmInstance::MakeTemplate(this, key, layers, cpus, ram_mb);
+  if (!t.ok()) {
+    slot->error = "no template: " + t.status().ToString();
+    DSEC_LOG_WARN("microvm template [{}]: {} (creates of it boot cold)", key, slot->error);
+    return FailedPrecondition(slot->error);
+  }
+  DSEC_LOG_INFO("microvm template [{}] made in {} ms ({} bytes of device state)", key,
+                (*t)->build_ms, (*t)->state_bytes);
+  slot->made = std::shared_ptr<const Template>(std::move(*t));
+  return slot->made;
 }
 
 Status MicrovmBackend::Shutdown() { return cgroups_->RemoveParent(); }

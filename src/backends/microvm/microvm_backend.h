@@ -6,16 +6,28 @@
 // from the host-wide allocator, so no two VMs or edges share one) and the I/O threads agent
 // sessions run on.
 //
-// Not yet: templates (every create is a cold boot, ~2 s on this host's TCG), adoption after
-// an edge restart (a restarted edge destroys the VMs it finds), snapshots and networking.
+// Templates: the first create of an (image layers, guest RAM, vCPUs) set boots a template VM
+// whose RAM is a memfd shared with it; once its agent said hello it is stopped, its device
+// state saved (x-ignore-shared: the RAM stays in the memfd) and it is killed. Both memfds are
+// then sealed (F_SEAL_WRITE and friends), so no later QEMU can change what clones start from.
+// Every create of that set restores a clone: QEMU maps the RAM privately (copy-on-write),
+// loads the state (-incoming defer, migrate-incoming over an fd passed with getfd: QEMU's
+// sandbox forbids exec:), continues, and gets its identity (hostname, clock, entropy, secret)
+// from the agent's setup. A template that cannot be made leaves that set on cold boots.
+//
+// Not yet: adoption after an edge restart (a restarted edge destroys the VMs it finds),
+// snapshots and networking.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
 #include "backends/microvm/boot_files.h"
 #include "backends/sandbox.h"
 #include "backends/session/agent_client.h"
+#include "base/mutex.h"
+#include "base/unique_fd.h"
 #include "images/store.h"
 #include "isolation/cgroup.h"
 #include "isolation/credentials.h"
@@ -42,12 +54,25 @@ struct MicrovmBackendOptions {
   isolation::Rlimits rlimits;
   uint32_t max_execs_per_sandbox = 64;
   int boot_timeout_ms = 60000;  // cold boot to a ready agent (TCG on a busy host is slow)
+  bool templates = true;        // restore creates from templates (else every create boots)
+  size_t max_templates = 8;     // the least recently used goes beyond this
   int64_t orphan_timeout_ms = -1;
   int io_threads = 1;
   images::ImageStore* image_store = nullptr;  // not owned; required (VMs boot image layers)
 };
 
 class MicrovmInstance;
+
+// A saved VM that clones restore (see above). Immutable once made.
+struct Template {
+  std::string key;  // layer digests, RAM and vCPUs
+  std::string id;   // its name while it was booted ("tmpl-...")
+  UniqueFd ram;     // memfd of the guest's RAM, sealed
+  UniqueFd state;   // memfd of the migration stream (device state), sealed
+  int64_t ram_mb = 0;
+  uint64_t state_bytes = 0;
+  int64_t build_ms = 0;
+};
 
 class MicrovmBackend : public Backend {
  public:
@@ -63,6 +88,8 @@ class MicrovmBackend : public Backend {
   Status Shutdown();
 
   const std::string& instance_id() const { return instance_id_; }
+  // Templates made so far (tests and GET /v1/node).
+  size_t template_count() const;
   const std::string& accel() const { return accel_; }
   const GuestKernel& kernel() const { return kernel_; }
   std::string Describe() const;
@@ -73,6 +100,12 @@ class MicrovmBackend : public Backend {
   Status Init();
   // Destroys what is left of one VM: its QEMU (by cgroup), cgroup and directory.
   void RemoveRemains(const std::string& name);
+  // The template of `key`, made now (booting a VM of `layers`) when there is none; errors
+  // are remembered, so a set that cannot be templated stays on cold boots.
+  StatusOr<std::shared_ptr<const Template>> TemplateFor(const std::string& key,
+                                                        const images::Stack& stack,
+                                                        const std::vector<int>& layers, int cpus,
+                                                        int64_t ram_mb);
 
   MicrovmBackendOptions opts_;
   std::string instance_id_;
@@ -85,6 +118,14 @@ class MicrovmBackend : public Backend {
   std::unique_ptr<isolation::CgroupDriver> cgroups_;
   std::unique_ptr<isolation::UidRangeAllocator> uids_;
   std::unique_ptr<IoRunner> io_;
+  struct TemplateSlot {
+    Mutex build;  // held while it is made: creates of the same set wait for it
+    std::shared_ptr<const Template> made;
+    std::string error;
+    int64_t used_ms = 0;
+  };
+  mutable Mutex templates_mu_;
+  std::map<std::string, std::shared_ptr<TemplateSlot>> templates_ DSEC_GUARDED_BY(templates_mu_);
 };
 
 }  // namespace dsec::backends::microvm

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -41,7 +42,10 @@ constexpr int kMaxLayers = 24;  // /dev/vda .. /dev/vdx
 constexpr size_t kLogTail = 600;
 
 // Where the descriptors QEMU inherits land (QemuConfig names them).
-enum : int { kKernelFd = 3, kInitrdFd, kAgentFd, kQmpFd, kLeaseFd, kFirstLayerFd };
+enum : int { kKernelFd = 3, kInitrdFd, kAgentFd, kQmpFd, kLeaseFd, kRamFd, kFirstLayerFd };
+// How long a clone waits for the hello of a guest that may not have noticed the template's
+// host end go (it then still waits in read(): a reconnect makes it greet).
+constexpr int kCloneHelloMs = 3000;
 
 // The last `n` bytes of a file (what QEMU printed before it died).
 std::string FileTail(const std::string& path, size_t n) {
@@ -144,14 +148,22 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
   QemuConfig qc;
   qc.qemu = b.opts_.qemu;
   qc.accel = b.accel_;
-  qc.cpus = std::clamp(static_cast<int>(spec_.resources.cpu + 0.999), 1, 64);
+  qc.cpus = Cpus();
   qc.memory_mb = GuestRamMb();
   qc.disk_mb = spec_.resources.disk_mb;
   qc.tsc_khz = b.tsc_khz_;
   qc.kernel_fd = kKernelFd, qc.initrd_fd = kInitrdFd;
   qc.agent_listen_fd = kAgentFd, qc.qmp_listen_fd = kQmpFd;
-  std::vector<int> from = {b.kernel_fd_.get(), b.initramfs_fd_.get(), agent_listen.get(),
-                           qmp_listen.get(), uid_lease_.get()};
+  int ram = mode_ == Mode::kTemplate ? ram_fd_.get() : template_ ? template_->ram.get() : -1;
+  if (ram >= 0) {
+    qc.ram_fd = kRamFd;
+    qc.ram_shared = mode_ == Mode::kTemplate;  // a clone's writes stay its own
+    qc.incoming = mode_ == Mode::kClone;
+  }
+  std::vector<int> from = {
+      b.kernel_fd_.get(), b.initramfs_fd_.get(),
+      agent_listen.get(), qmp_listen.get(),
+      uid_lease_.get(),   ram >= 0 ? ram : b.kernel_fd_.get()};  // (a spare when unused)
   for (size_t i = 0; i < layers.size(); ++i) {
     qc.layer_fds.push_back(kFirstLayerFd + static_cast<int>(i));
     from.push_back(layers[i].get());
@@ -292,10 +304,38 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
   return s;
 }
 
-Status MicrovmInstance::Handshake(int conn) {
+StatusOr<UniqueFd> MicrovmInstance::ConnectAgent() {
+  UniqueFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!conn) return ErrnoError("socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::string path = JoinPath(dir_, "agent.sock");
+  memcpy(addr.sun_path, path.data(), path.size());
+  if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+    return ErrnoError("connect to the agent port of " + spec_.id);
+  return conn;
+}
+
+int MicrovmInstance::Cpus() const {
+  return std::clamp(static_cast<int>(spec_.resources.cpu + 0.999), 1, 64);
+}
+
+Status MicrovmInstance::Handshake(UniqueFd* conn_fd) {
   int64_t deadline = MonotonicMs() + backend_->opts_.boot_timeout_ms;
   protocol::FrameDecoder dec;
-  DSEC_ASSIGN_OR_RETURN(Frame f, ReadFrame(conn, deadline, &dec));
+  StatusOr<Frame> first = ReadFrame(
+      conn_fd->get(), mode_ == Mode::kClone ? MonotonicMs() + kCloneHelloMs : deadline, &dec);
+  if (!first.ok() && mode_ == Mode::kClone &&
+      first.status().code() == StatusCode::kDeadlineExceeded) {
+    DSEC_LOG_WARN("microvm {}: no hello from the restored guest; reconnecting", spec_.id);
+    conn_fd->Reset();
+    DSEC_ASSIGN_OR_RETURN(*conn_fd, ConnectAgent());
+    dec = protocol::FrameDecoder();
+    first = ReadFrame(conn_fd->get(), deadline, &dec);
+  }
+  DSEC_RETURN_IF_ERROR(first.status());
+  int conn = conn_fd->get();
+  Frame f = std::move(first).value();
   if (f.type == FrameType::kError) {
     auto j = protocol::ParseJson(f.payload);
     Status st = j.ok() ? protocol::StatusFromJson(*j) : Status();
@@ -333,35 +373,156 @@ StatusOr<AgentLink> MicrovmInstance::Start() {
   DSEC_RETURN_IF_ERROR(ClaimDirectory());
   std::vector<UniqueFd> layers;
   DSEC_RETURN_IF_ERROR(AcquireImage(&layers));
+  DSEC_RETURN_IF_ERROR(LeaseAndCgroup());
+  if (b.opts_.templates) {
+    std::string key = "cpus=" + std::to_string(Cpus()) + " ram=" + std::to_string(GuestRamMb());
+    std::vector<int> fds;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      key += " " + stack_.layers[i].digest;
+      fds.push_back(layers[i].get());
+    }
+    auto t = b.TemplateFor(key, stack_, fds, Cpus(), GuestRamMb());
+    if (t.ok()) {
+      template_ = std::move(*t);
+      mode_ = Mode::kClone;
+    }
+  }
+  DSEC_RETURN_IF_ERROR(SpawnQemu(std::move(layers)));
+  if (mode_ == Mode::kClone) DSEC_RETURN_IF_ERROR(Restore());
+
+  // The chardev's listening socket queues this connection until QEMU accepts it.
+  DSEC_ASSIGN_OR_RETURN(UniqueFd conn, ConnectAgent());
+  DSEC_RETURN_IF_ERROR(Handshake(&conn));
+  if (!qmp_) {
+    auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
+    if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);
+    qmp_.emplace(std::move(*qmp));
+  }
+  AgentLink link;
+  link.stream = std::move(conn);
+  return link;
+}
+
+namespace {
+
+const Json kIgnoreShared = {
+    {"capabilities", Json::array({{{"capability", "x-ignore-shared"}, {"state", true}}})}};
+
+// Seals a memfd for good: nothing can write, grow or shrink it (private mappings still can be
+// written: each clone's copy-on-write pages are its own).
+Status Seal(int fd, const char* what) {
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+    return ErrnoError(std::string("seal the template's ") + what);
+  return OkStatus();
+}
+
+}  // namespace
+
+Status MicrovmInstance::Restore() {
+  MicrovmBackend& b = *backend_;
+  auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
+  if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);
+  qmp_.emplace(std::move(*qmp));
+  DSEC_RETURN_IF_ERROR(qmp_->Execute("migrate-set-capabilities", kIgnoreShared).status());
+  // A description of its own (offset 0): clones restore side by side.
+  UniqueFd state(open(("/proc/self/fd/" + std::to_string(template_->state.get())).c_str(),
+                      O_RDONLY | O_CLOEXEC));
+  if (!state) return ErrnoError("open the template's state");
+  DSEC_RETURN_IF_ERROR(qmp_->Execute("getfd", {{"fdname", "state"}}, 5000, state.get()).status());
+  DSEC_RETURN_IF_ERROR(qmp_->Execute("migrate-incoming", {{"uri", "fd:state"}}).status());
+  DSEC_ASSIGN_OR_RETURN(std::string st,
+                        qmp_->WaitStatus("query-status", {"inmigrate"}, b.opts_.boot_timeout_ms));
+  if (st != "paused" && st != "running")
+    return Unavailable("restoring the template of " + spec_.id + " ended " + st);
+  return qmp_->Execute("cont").status();
+}
+
+Status MicrovmInstance::LeaseAndCgroup() {
+  MicrovmBackend& b = *backend_;
   DSEC_ASSIGN_OR_RETURN(isolation::UidLease lease, b.uids_->Acquire());
   uid_slot_ = lease.slot;
   qemu_uid_ = lease.first_id;
   uid_lease_ = std::move(lease.fd);
-
   isolation::CgroupLimits limits;
   limits.memory_bytes = (GuestRamMb() + b.opts_.qemu_overhead_mb) << 20;
   limits.pids = b.opts_.qemu_pids;
   limits.cpu = spec_.resources.cpu;
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->CreateSandbox(spec_.id, limits));
   cgroup_ = std::move(cg);
-  DSEC_RETURN_IF_ERROR(SpawnQemu(std::move(layers)));
+  return OkStatus();
+}
 
-  // The chardev's listening socket queues this connection until QEMU accepts it.
-  UniqueFd conn(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!conn) return ErrnoError("socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::string path = JoinPath(dir_, "agent.sock");
-  memcpy(addr.sun_path, path.data(), path.size());
-  if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
-    return ErrnoError("connect to the agent port of " + spec_.id);
-  DSEC_RETURN_IF_ERROR(Handshake(conn.get()));
+Status MicrovmInstance::SaveAsTemplate(Template* out) {
+  // Booted once the agent said hello; it waits in its greeting for a host end, which is where
+  // every clone starts: hung up now, the guest greets again, blocked in write() until a
+  // clone's edge connects.
+  {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd conn, ConnectAgent());
+    protocol::FrameDecoder dec;
+    DSEC_ASSIGN_OR_RETURN(
+        Frame f, ReadFrame(conn.get(), MonotonicMs() + backend_->opts_.boot_timeout_ms, &dec));
+    if (f.type != FrameType::kHello) return InternalError("the template's agent did not greet");
+  }
+  usleep(200 * 1000);  // to its next greeting (TCG is slow)
   auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
-  if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);
+  if (!qmp.ok()) return qmp.status().WithContext("QMP of template " + spec_.id);
   qmp_.emplace(std::move(*qmp));
-  AgentLink link;
-  link.stream = std::move(conn);
-  return link;
+  DSEC_RETURN_IF_ERROR(qmp_->Execute("migrate-set-capabilities", kIgnoreShared).status());
+  DSEC_RETURN_IF_ERROR(qmp_->Execute("stop").status());
+  DSEC_RETURN_IF_ERROR(
+      qmp_->Execute("getfd", {{"fdname", "state"}}, 5000, out->state.get()).status());
+  DSEC_RETURN_IF_ERROR(qmp_->Execute("migrate", {{"uri", "fd:state"}}).status());
+  DSEC_ASSIGN_OR_RETURN(
+      std::string st,
+      qmp_->WaitStatus("query-migrate", {"", "none", "setup", "active", "pre-switchover", "device"},
+                       60000));
+  if (st != "completed") return Unavailable("saving the template ended " + st);
+  // QEMU must be gone (no shared writable mapping of the RAM left) before the seals.
+  ram_fd_.Reset();
+  DSEC_RETURN_IF_ERROR(Destroy());
+  DSEC_RETURN_IF_ERROR(Seal(out->ram.get(), "RAM"));
+  DSEC_RETURN_IF_ERROR(Seal(out->state.get(), "state"));
+  struct stat st_info;
+  if (fstat(out->state.get(), &st_info) == 0)
+    out->state_bytes = static_cast<uint64_t>(st_info.st_size);
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<Template>> MicrovmInstance::MakeTemplate(MicrovmBackend* backend,
+                                                                  const std::string& key,
+                                                                  const std::vector<int>& layers,
+                                                                  int cpus, int64_t ram_mb) {
+  int64_t t0 = MonotonicMs();
+  SandboxSpec spec;
+  spec.id = "tmpl-" + RandomHex(6);
+  spec.kind = Kind::kMicrovm;
+  spec.hostname = "template";
+  spec.resources.cpu = cpus;
+  spec.resources.disk_mb = std::min<int64_t>(64, ram_mb / 4);  // each clone resizes its own
+  spec.resources.memory_mb = ram_mb - spec.resources.disk_mb;
+  MicrovmInstance t(backend, spec);
+  t.mode_ = Mode::kTemplate;
+  auto out = std::make_unique<Template>();
+  out->key = key;
+  out->id = spec.id;
+  out->ram_mb = ram_mb;
+  Status s = [&]() -> Status {
+    DSEC_RETURN_IF_ERROR(t.ClaimDirectory());
+    DSEC_RETURN_IF_ERROR(t.LeaseAndCgroup());
+    out->ram.Reset(memfd_create("dsec-vm-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    out->state.Reset(memfd_create("dsec-vm-state", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!out->ram || !out->state) return ErrnoError("memfd_create");
+    if (ftruncate(out->ram.get(), ram_mb << 20) < 0) return ErrnoError("size the template's RAM");
+    t.ram_fd_.Reset(fcntl(out->ram.get(), F_DUPFD_CLOEXEC, 3));
+    std::vector<UniqueFd> own;
+    for (int fd : layers) own.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 3));
+    DSEC_RETURN_IF_ERROR(t.SpawnQemu(std::move(own)));
+    return t.SaveAsTemplate(out.get());
+  }();
+  (void)t.Destroy();
+  if (!s.ok()) return s;
+  out->build_ms = MonotonicMs() - t0;
+  return out;
 }
 
 StatusOr<AgentLink> MicrovmInstance::Adopt(const std::string& handle) {

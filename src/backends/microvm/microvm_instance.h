@@ -20,6 +20,7 @@
 namespace dsec::backends::microvm {
 
 class MicrovmBackend;
+struct Template;
 
 class MicrovmInstance : public Instance {
  public:
@@ -38,6 +39,14 @@ class MicrovmInstance : public Instance {
   Status Destroy() override;
   void Detach() override;
 
+  // Boots a template VM of `layers` (borrowed fds, bottom first) and saves it (see
+  // microvm_backend.h).
+  static StatusOr<std::unique_ptr<Template>> MakeTemplate(MicrovmBackend* backend,
+                                                          const std::string& key,
+                                                          const std::vector<int>& layers, int cpus,
+                                                          int64_t ram_mb);
+
+  bool from_template() const { return template_ != nullptr; }
   pid_t qemu_pid() const { return qemu_.pid(); }
   uid_t qemu_uid() const { return qemu_uid_; }
   const std::string& dir() const { return dir_; }
@@ -52,9 +61,19 @@ class MicrovmInstance : public Instance {
   // Listening unix sockets at dir/<name> for QEMU to accept on.
   StatusOr<UniqueFd> Listen(const std::string& name);
   Status SpawnQemu(std::vector<UniqueFd> layers);
+  // The host uid QEMU runs as and its cgroup (guest RAM + QEMU's overhead).
+  Status LeaseAndCgroup();
+  // A booted template VM: waits for its agent's greeting, stops it, saves its device state
+  // into out->state, kills it and seals out's memfds.
+  Status SaveAsTemplate(Template* out);
+  // A clone: loads the template's device state into the waiting QEMU and continues it.
+  Status Restore();
+  // Connects to the agent's port (queued until QEMU accepts).
+  StatusOr<UniqueFd> ConnectAgent();
+  int Cpus() const;
   // The next frame from the agent, or an error naming why the guest is gone or late.
   StatusOr<protocol::Frame> ReadFrame(int fd, int64_t deadline_ms, protocol::FrameDecoder* dec);
-  Status Handshake(int conn);
+  Status Handshake(UniqueFd* conn);
   protocol::GuestSetup BuildGuestSetup();
   int64_t GuestRamMb() const { return spec_.resources.memory_mb + spec_.resources.disk_mb; }
 
@@ -72,6 +91,10 @@ class MicrovmInstance : public Instance {
   images::Stack stack_;
   bool holds_image_ = false;
   bool destroyed_ = false;
+  enum class Mode { kBoot, kTemplate, kClone };
+  Mode mode_ = Mode::kBoot;
+  std::shared_ptr<const Template> template_;  // kClone
+  UniqueFd ram_fd_;                           // kTemplate: the RAM memfd being made
 };
 
 }  // namespace dsec::backends::microvm

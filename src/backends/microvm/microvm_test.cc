@@ -3,11 +3,15 @@
 // two cores, so the cases share few VMs.
 #include "backends/microvm/microvm_instance.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
 #include <memory>
 
 #include "backends/microvm/microvm_backend.h"
@@ -206,6 +210,86 @@ TEST_F(MicrovmTest, RootInTheGuestCannotReachPastTheVm) {
   (void)(*sb)->Exec(panic);
   EXPECT_TRUE(testing::PollUntil([&] { return (*sb)->state() == SandboxState::kFailed; }, 30000));
   EXPECT_TRUE((*sb)->Destroy().ok());
+}
+
+int64_t PssKb(pid_t pid) {
+  auto s = ReadFileToString("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  if (!s.ok()) return -1;
+  size_t at = s->find("\nPss:");
+  return at == std::string::npos ? -1 : strtoll(s->c_str() + at + 5, nullptr, 10);
+}
+
+// Creates of one image and size restore a template: each clone is its own machine (hostname,
+// fresh entropy, the host's clock, its own writable layer), sharing only the template's
+// sealed RAM copy-on-write.
+TEST_F(MicrovmTest, ClonesOfATemplateAreSeparateMachines) {
+  auto a = backend_->Create(Spec("vm-a"));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = backend_->Create(Spec("vm-b"));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto& ia = static_cast<MicrovmInstance&>((*a)->instance());
+  auto& ib = static_cast<MicrovmInstance&>((*b)->instance());
+  EXPECT_TRUE(ia.from_template());
+  EXPECT_TRUE(ib.from_template());
+  EXPECT_GE(backend_->template_count(), 1u);
+  const std::string probe = "hostname; head -c 16 /dev/urandom | od -An -tx1; date +%s";
+  const std::string out_a = Run(**a, probe).stdout_data, out_b = Run(**b, probe).stdout_data;
+  auto oa = SplitString(out_a, '\n', true);
+  auto ob = SplitString(out_b, '\n', true);
+  ASSERT_EQ(oa.size(), 3u);
+  ASSERT_EQ(ob.size(), 3u);
+  EXPECT_EQ(oa[0], "vm-a");
+  EXPECT_EQ(ob[0], "vm-b");
+  EXPECT_NE(oa[1], ob[1]) << "clones share their entropy";
+  // The clock is the host's, not the template's instant.
+  int64_t now = time(nullptr);
+  EXPECT_LE(std::abs(ParseInt64(oa[2]).value_or(0) - now), 10);
+  EXPECT_LE(std::abs(ParseInt64(ob[2]).value_or(0) - now), 10);
+  ASSERT_TRUE((*a)->WriteFile("/workspace/only-a", std::string("a"), 0644).ok());
+  EXPECT_EQ(Run(**b, "ls /workspace/only-a 2>&1 || true").stdout_data.find("only-a\n"),
+            std::string::npos);
+  // What a clone maps is the template's sealed memfd: not even root (nor a QEMU that is taken
+  // over) can write it through any descriptor.
+  bool saw_ram = false;
+  std::string fds = "/proc/" + std::to_string(ia.qemu_pid()) + "/fd";
+  auto entries = ListDir(fds);
+  ASSERT_TRUE(entries.ok());
+  for (const auto& e : *entries) {
+    char target[256] = {};
+    if (readlink((fds + "/" + e).c_str(), target, sizeof target - 1) <= 0) continue;
+    if (std::string(target).find("memfd:dsec-vm-ram") == std::string::npos) continue;
+    saw_ram = true;
+    UniqueFd ram(open((fds + "/" + e).c_str(), O_RDWR | O_CLOEXEC));
+    ASSERT_TRUE(ram.valid());
+    EXPECT_TRUE(fcntl(ram.get(), F_GET_SEALS) & F_SEAL_WRITE);
+    EXPECT_EQ(pwrite(ram.get(), "x", 1, 4096), -1);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_EQ(ftruncate(ram.get(), 4096), -1);
+  }
+  EXPECT_TRUE(saw_ram) << "no template RAM among the clone's descriptors";
+  std::cout << "[          ] clone QEMU PSS: " << PssKb(ia.qemu_pid()) / 1024 << " MiB, "
+            << PssKb(ib.qemu_pid()) / 1024 << " MiB\n";
+  EXPECT_TRUE((*a)->Destroy().ok());
+  EXPECT_TRUE((*b)->Destroy().ok());
+}
+
+// Without templates every create boots the kernel (the path a set that cannot be templated
+// takes); it works the same.
+TEST_F(MicrovmTest, ColdBootsWithoutTemplates) {
+  MicrovmBackendOptions o;
+  o.state_dir = GetEnv().dir->path() + "/state-cold";
+  o.agent_path = DSEC_TEST_AGENT_PATH;
+  o.image_store = GetEnv().store.get();
+  o.templates = false;
+  if (const char* k = getenv("DSEC_GUEST_KERNEL")) o.kernel_dir = k;
+  auto cold = MicrovmBackend::Create(o);
+  ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+  auto sb = (*cold)->Create(Spec("vm-cold"));
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  EXPECT_FALSE(static_cast<MicrovmInstance&>((*sb)->instance()).from_template());
+  EXPECT_EQ(Run(**sb, "hostname").stdout_data, "vm-cold\n");
+  EXPECT_TRUE((*sb)->Destroy().ok());
+  EXPECT_EQ((*cold)->template_count(), 0u);
 }
 
 TEST_F(MicrovmTest, WhatCannotBootIsRefusedClearly) {

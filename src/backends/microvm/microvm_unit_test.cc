@@ -127,6 +127,22 @@ TEST(QemuCmdTest, EverythingQemuTouchesIsADescriptorAndTheDisksAreReadOnly) {
   EXPECT_NE(cmdline.find("dsec.disk_mb=256"), std::string::npos);
   EXPECT_NE(cmdline.find("panic=-1"), std::string::npos);
 
+  // A template shares its RAM file (the memfd clones then map privately); a clone waits for
+  // its state.
+  EXPECT_EQ(std::find(a.begin(), a.end(), "-incoming"), a.end());
+  c.ram_fd = 7;
+  c.ram_shared = true;
+  a = QemuArgv(c);
+  EXPECT_EQ(Arg(a, "-M"), "microvm,x-option-roms=off,rtc=on,memory-backend=mem");
+  EXPECT_EQ(Arg(a, "-object"),
+            "memory-backend-file,id=mem,size=768M,mem-path=/proc/self/fd/7,share=on");
+  c.ram_shared = false;
+  c.incoming = true;
+  a = QemuArgv(c);
+  EXPECT_EQ(Arg(a, "-object"),
+            "memory-backend-file,id=mem,size=768M,mem-path=/proc/self/fd/7,share=off");
+  EXPECT_EQ(Arg(a, "-incoming"), "defer");
+
   c.accel = "kvm";
   c.seccomp = false;
   a = QemuArgv(c);

@@ -25,7 +25,11 @@ std::string GuestCmdline(const QemuConfig& c) {
 std::vector<std::string> QemuArgv(const QemuConfig& c) {
   auto fd_path = [](int fd) { return "/proc/self/fd/" + std::to_string(fd); };
   std::vector<std::string> a = {
-      c.qemu, "-M", "microvm,x-option-roms=off,rtc=on", "-accel",
+      c.qemu, "-M",
+      // With a RAM file, the machine's RAM is that memory backend.
+      std::string("microvm,x-option-roms=off,rtc=on") +
+          (c.ram_fd >= 0 ? ",memory-backend=mem" : ""),
+      "-accel",
       c.accel == "kvm" ? std::string("kvm")
                        : "tcg,thread=single,tb-size=" + std::to_string(c.tcg_tb_mb),
       "-cpu", c.accel == "kvm" ? "host" : "max", "-smp", std::to_string(c.cpus), "-m",
@@ -40,6 +44,11 @@ std::vector<std::string> QemuArgv(const QemuConfig& c) {
       "virtserialport,chardev=agent,name=dsec.agent", "-chardev",
       "socket,id=qmp,fd=" + std::to_string(c.qmp_listen_fd) + ",server=on,wait=off", "-mon",
       "chardev=qmp,mode=control"};
+  if (c.ram_fd >= 0)
+    a.insert(a.end(), {"-object", "memory-backend-file,id=mem,size=" + std::to_string(c.memory_mb) +
+                                      "M,mem-path=" + fd_path(c.ram_fd) +
+                                      ",share=" + (c.ram_shared ? "on" : "off")});
+  if (c.incoming) a.insert(a.end(), {"-incoming", "defer"});
   for (size_t i = 0; i < c.layer_fds.size(); ++i) {
     std::string set = std::to_string(i + 1), id = "layer" + std::to_string(i);
     a.insert(a.end(), {"-add-fd", "fd=" + std::to_string(c.layer_fds[i]) + ",set=" + set, "-drive",

@@ -24,8 +24,13 @@ struct QemuConfig {
   int agent_listen_fd = -1;    // a bound unix socket: the agent's virtio-serial port's host end
   int qmp_listen_fd = -1;      // a bound unix socket: QMP
   std::vector<int> layer_fds;  // O_RDONLY fds of the EROFS layers, bottom first (vda, vdb, ..)
-  int tcg_tb_mb = 32;          // TCG's translation buffer (its default is 1 GiB of address space)
-  bool seccomp = true;         // QEMU's own sandbox
+  // Guest RAM from a file (a memfd): a template boots with it shared (its pages are the
+  // template), a clone maps it private (copy-on-write) and waits for its device state.
+  int ram_fd = -1;
+  bool ram_shared = false;
+  bool incoming = false;  // -incoming defer: the state comes over QMP (migrate-incoming)
+  int tcg_tb_mb = 32;     // TCG's translation buffer (its default is 1 GiB of address space)
+  bool seccomp = true;    // QEMU's own sandbox
 };
 
 std::vector<std::string> QemuArgv(const QemuConfig& c);

@@ -5,9 +5,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "base/clock.h"
+#include "base/fd_passing.h"
 
 namespace dsec::backends::microvm {
 
@@ -64,12 +66,16 @@ StatusOr<Json> QmpClient::ReadMessage(int64_t deadline_ms) {
   }
 }
 
-StatusOr<Json> QmpClient::Execute(const std::string& command, const Json& arguments,
-                                  int timeout_ms) {
+StatusOr<Json> QmpClient::Execute(const std::string& command, const Json& arguments, int timeout_ms,
+                                  int pass_fd) {
   if (!fd_) return FailedPrecondition("QMP: not connected");
   Json req = {{"execute", command}};
   if (!arguments.empty()) req["arguments"] = arguments;
   std::string line = req.dump() + "\n";
+  if (pass_fd >= 0) {
+    DSEC_RETURN_IF_ERROR(SendWithFds(fd_.get(), line, {pass_fd}));
+    line.clear();
+  }
   for (size_t off = 0; off < line.size();) {
     ssize_t n = send(fd_.get(), line.data() + off, line.size() - off, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
@@ -86,6 +92,20 @@ StatusOr<Json> QmpClient::Execute(const std::string& command, const Json& argume
       return InternalError("QMP " + command + ": " + desc);
     }
     return InternalError("QMP " + command + ": unexpected reply");
+  }
+}
+
+StatusOr<std::string> QmpClient::WaitStatus(const std::string& query,
+                                            const std::vector<std::string>& busy, int timeout_ms) {
+  int64_t deadline = MonotonicMs() + timeout_ms;
+  while (true) {
+    DSEC_ASSIGN_OR_RETURN(Json r, Execute(query, Json::object(), timeout_ms));
+    std::string status = r.is_object() ? r.value("status", std::string()) : std::string();
+    if (std::find(busy.begin(), busy.end(), status) == busy.end()) return status;
+    if (MonotonicMs() >= deadline)
+      return DeadlineExceeded("QMP " + query + ": still " + status + " after " +
+                              std::to_string(timeout_ms) + " ms");
+    usleep(1000);
   }
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "base/json.h"
 #include "base/status.h"
@@ -21,9 +22,14 @@ class QmpClient {
   QmpClient(QmpClient&&) = default;
   QmpClient& operator=(QmpClient&&) = default;
 
-  // Runs `command` and returns its "return" value; QEMU's error as a status.
+  // Runs `command` and returns its "return" value; QEMU's error as a status. `pass_fd` (when
+  // >= 0) goes along with the command (SCM_RIGHTS), as "getfd" and "add-fd" want.
   StatusOr<Json> Execute(const std::string& command, const Json& arguments = Json::object(),
-                         int timeout_ms = 5000);
+                         int timeout_ms = 5000, int pass_fd = -1);
+  // Polls `query` until its reply's "status" is none of `busy` (returns that status), at most
+  // timeout_ms.
+  StatusOr<std::string> WaitStatus(const std::string& query, const std::vector<std::string>& busy,
+                                   int timeout_ms);
   int fd() const { return fd_.get(); }
 
  private:
