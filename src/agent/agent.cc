@@ -329,10 +329,7 @@ void Agent::OnPendingReadable() {
     conn_.Reset();
     return;
   }
-  protocol::Hello hello{protocol::kProtocolVersion, getpid(), {}};
-  for (const auto& [id, s] : shells_)
-    if (s->alive()) hello.shells.push_back(id);
-  SendJson(FrameType::kHello, 0, protocol::Encode(hello));
+  SendHello();
 }
 
 void Agent::OnSigchld() {
@@ -367,9 +364,49 @@ void Agent::HandleFrame(Frame& f) {
       if (it != ops_.end() && j.ok() && j->is_object()) it->second->OnControl(*j);
       return;
     }
+    case FrameType::kAuth:
+      // A microVM's port: a new host end (a restarted edge) may connect before the guest saw
+      // the old one go, so its auth arrives on the connection that is already serving.
+      if (cfg_.guest_port) TakeOverPort(f);
+      return;
     default:
       return;  // nothing else is meaningful from the edge once serving
   }
+}
+
+void Agent::TakeOverPort(const Frame& f) {
+  auto j = protocol::ParseJson(f.payload);
+  auto secret = j.ok() ? protocol::GetString(*j, "secret") : StatusOr<std::string>(j.status());
+  if (!secret.ok() || !ConstantTimeEquals(*secret, cfg_.secret)) {
+    std::string err = protocol::EncodeFrameOrDie(
+        FrameType::kError, 0, 0, R"({"error":{"code":"unauthenticated","message":"bad secret"}})");
+    (void)!write(conn_.get(), err.data(), err.size());
+    loop_.Remove(conn_.get());
+    UniqueFd port = std::move(conn_);
+    DropConnection("bad secret on the port");
+    WaitForHost(std::move(port), /*needs_hangup=*/true);
+    return;
+  }
+  // What was queued or running for the previous edge goes, as when a connection drops.
+  UniqueFd port = std::move(conn_);
+  loop_.Remove(port.get());
+  DropConnection("replaced by a reconnecting edge");
+  port_.Reset();
+  port_retry_ms_ = 0;
+  orphan_deadline_ = 0;
+  conn_ = std::move(port);
+  if (!loop_.Add(conn_.get(), EPOLLIN, conn_handler_.get()).ok()) {
+    WaitForHost(std::move(conn_), true);
+    return;
+  }
+  SendHello();
+}
+
+void Agent::SendHello() {
+  protocol::Hello hello{protocol::kProtocolVersion, getpid(), {}};
+  for (const auto& [id, s] : shells_)
+    if (s->alive()) hello.shells.push_back(id);
+  SendJson(FrameType::kHello, 0, protocol::Encode(hello));
 }
 
 namespace {

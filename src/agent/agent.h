@@ -141,6 +141,9 @@ class Agent {
   // Guest mode: keeps the virtio-serial port until a host end (re)connects; needs_hangup: the
   // current host end was refused, so only one that connects after it hung up is taken.
   void WaitForHost(UniqueFd port, bool needs_hangup);
+  // Guest mode: kAuth on the serving port (see HandleFrame).
+  void TakeOverPort(const protocol::Frame& f);
+  void SendHello();
   void CheckPort();
   void Retire(Op* op);
   void FlushRetired();

@@ -98,10 +98,10 @@ def test_what_a_microvm_cannot_boot_is_422(client):
     client.post("/v1/sandboxes", {"kind": "microvm", "image": "it-no-such:1"}, expect=404)
 
 
-def test_kill9_then_restart_leaves_no_vm_behind(make_edge):
-    """An edge killed with -9 leaves its VMs running; the next edge cannot re-adopt microVMs
-    yet, so it destroys them (QEMU, cgroup, directory) and forgets them; SIGTERM then leaves
-    nothing on the host."""
+def test_kill9_then_restart_readopts_the_vm(make_edge):
+    """An edge killed with -9 leaves its VMs running; the next edge re-adopts them (QMP and an
+    authenticated reconnect to the agent's port) with their files and processes, paused ones
+    staying paused; SIGTERM then destroys them and leaves nothing on the host."""
     need_busybox()
     edge = make_edge()
     c = edge.client()
@@ -109,17 +109,29 @@ def test_kill9_then_restart_leaves_no_vm_behind(make_edge):
     import_image(c, "it-vm-restart:1", busybox_rootfs())
     sid = c.create({"kind": "microvm", "image": "it-vm-restart:1", "memory_mb": 128,
                     "disk_mb": 32})["id"]
+    pid_ = c.create({"kind": "microvm", "image": "it-vm-restart:1", "memory_mb": 128,
+                     "disk_mb": 32})["id"]
     cid = c.create({"image": "it-vm-restart:1"})["id"]
-    assert len(qemu_processes(sid)) == 1
+    sh(c, sid, "echo survives > /workspace/kept.txt; sleep 1000 >/dev/null 2>&1 &")
+    c.post(f"/v1/sandboxes/{pid_}/pause", expect=200)
+    qemu = qemu_processes(sid)
+    assert len(qemu) == 1
     edge.kill9()
-    assert len(qemu_processes(sid)) == 1, "the VM outlives the edge"
+    assert qemu_processes(sid) == qemu, "the VM outlives the edge"
     edge.launch()
-    assert edge.adopted == 1, edge.ready_line  # the container
+    assert edge.adopted == 3, edge.ready_line
     c = edge.client()
-    c.get(f"/v1/sandboxes/{sid}", expect=404)
+    assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["state"] == "running"
+    assert c.get(f"/v1/sandboxes/{pid_}", expect=200).json["state"] == "paused"
     assert c.get(f"/v1/sandboxes/{cid}", expect=200).json["state"] == "running"
+    assert sh(c, sid, "cat /workspace/kept.txt") == "survives\n"
+    assert "sleep 1000" in sh(c, sid, "ps")
+    assert qemu_processes(sid) == qemu
+    c.post(f"/v1/sandboxes/{pid_}/resume", expect=200)
+    assert sh(c, pid_, "echo resumed") == "resumed\n"
+    # The adopted VMs and the container go with the edge's SIGTERM (the fixture checks that
+    # nothing is left); the image goes once nothing uses it.
+    c.remove(sid)
     assert qemu_processes(sid) == []
     assert not (edge.state_dir / "microvms" / sid).exists()
     assert not edge.sandbox_cgroup_dirs(sid)
-    c.remove(cid)
-    c.delete("/v1/images/it-vm-restart:1", expect=204)

@@ -15,8 +15,8 @@
 // sandbox forbids exec:), continues, and gets its identity (hostname, clock, entropy, secret)
 // from the agent's setup. A template that cannot be made leaves that set on cold boots.
 //
-// Not yet: adoption after an edge restart (a restarted edge destroys the VMs it finds),
-// snapshots and networking.
+// A restarted edge re-adopts running VMs (MicrovmInstance::Adopt: QMP, and an authenticated
+// reconnect to the agent's port). Not yet: snapshots, fork and networking.
 #pragma once
 
 #include <map>

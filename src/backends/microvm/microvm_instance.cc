@@ -275,7 +275,7 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
   protocol::GuestSetup s;
   s.sandbox_id = spec_.id;
   s.hostname = spec_.hostname;
-  s.secret = RandomHex(32);
+  s.secret = secret_ = RandomHex(32);
   timespec now{};
   clock_gettime(CLOCK_REALTIME, &now);
   s.realtime_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
@@ -525,8 +525,76 @@ StatusOr<std::unique_ptr<Template>> MicrovmInstance::MakeTemplate(MicrovmBackend
   return out;
 }
 
+std::string MicrovmInstance::AdoptionHandle() const {
+  Json layers = Json::array();
+  for (const auto& l : stack_.layers) layers.push_back(l.digest);
+  return Json({{"secret", secret_},
+               {"uid_slot", uid_slot_},
+               {"qemu_pid", qemu_.pid()},
+               {"layers", layers}})
+      .dump();
+}
+
+Status MicrovmInstance::FindQemu(pid_t pid) {
+  auto cgroups = ReadFileToString("/proc/" + std::to_string(pid) + "/cgroup");
+  if (pid <= 0 || !cgroups.ok() || cgroups->find("-vm/" + spec_.id + "\n") == std::string::npos)
+    return Unavailable("the QEMU of microVM " + spec_.id + " is gone");
+  DSEC_ASSIGN_OR_RETURN(qemu_, PidFd::Open(pid));
+  return OkStatus();
+}
+
+StatusOr<protocol::Hello> MicrovmInstance::Reconnect(UniqueFd* conn) {
+  DSEC_ASSIGN_OR_RETURN(*conn, ConnectAgent());
+  std::string auth;
+  DSEC_RETURN_IF_ERROR(
+      protocol::EncodeFrame(FrameType::kAuth, 0, 0, Json({{"secret", secret_}}).dump(), &auth));
+  for (size_t off = 0; off < auth.size();) {
+    ssize_t n = send(conn->get(), auth.data() + off, auth.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("send auth to the guest agent");
+    off += static_cast<size_t>(n);
+  }
+  // What the guest wrote to the previous edge and nobody read may come first (the port keeps
+  // it): the reply is the first whole hello (or error) frame in the stream.
+  std::string buf;
+  int64_t deadline = MonotonicMs() + 10000;
+  while (buf.size() < (1u << 20)) {
+    for (size_t at = buf.find("DS"); at != std::string::npos; at = buf.find("DS", at + 1)) {
+      protocol::FrameDecoder dec(4096);
+      Frame f;
+      if (!dec.Feed(std::string_view(buf).substr(at)).ok() || !dec.Next(&f)) continue;
+      auto j = ParseJson(f.payload);
+      if (!j.ok()) continue;
+      if (f.type == FrameType::kError) {
+        Status st = protocol::StatusFromJson(*j);
+        return st.ok() ? Status(StatusCode::kUnauthenticated, "the guest agent refused the secret")
+                       : st;
+      }
+      if (f.type != FrameType::kHello) continue;
+      if (auto hello = protocol::DecodeAs<protocol::Hello>(*j); hello.ok()) {
+        DSEC_RETURN_IF_ERROR(protocol::CheckVersion(*hello));
+        return hello;
+      }
+    }
+    int64_t left = deadline - MonotonicMs();
+    if (left <= 0) return DeadlineExceeded("the guest agent did not answer the reconnect");
+    pollfd p{conn->get(), POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+    char chunk[16384];
+    ssize_t n = recv(conn->get(), chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n == 0) return Unavailable("the guest agent hung up on the reconnect");
+    if (n > 0) buf.append(chunk, static_cast<size_t>(n));
+  }
+  return InternalError("no hello from the guest agent in 1 MiB");
+}
+
 StatusOr<AgentLink> MicrovmInstance::Adopt(const std::string& handle) {
-  (void)handle;
+  MicrovmBackend& b = *backend_;
+  DSEC_ASSIGN_OR_RETURN(Json h, ParseJson(handle));
+  if (!h.is_object()) return InvalidArgument("microVM adoption handle is not an object");
+  DSEC_ASSIGN_OR_RETURN(std::string secret, GetString(h, "secret"));
+  DSEC_ASSIGN_OR_RETURN(int64_t slot, GetInt(h, "uid_slot", -1, -1, INT32_MAX));
+  DSEC_ASSIGN_OR_RETURN(int64_t pid, GetInt(h, "qemu_pid", 0, 0, INT32_MAX));
   lock_fd_.Reset(open(JoinPath(dir_, "owner.lock").c_str(), O_RDWR | O_CLOEXEC));
   if (lock_fd_ && flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0) {
     lock_fd_.Reset();
@@ -534,10 +602,46 @@ StatusOr<AgentLink> MicrovmInstance::Adopt(const std::string& handle) {
     return Status(StatusCode::kAlreadyExists,
                   "sandbox " + spec_.id + " is owned by another process");
   }
-  // Ours to clean up: Destroy removes the VM by its cgroup and directory.
-  dir_owned_ = true;
-  if (auto cg = backend_->cgroups_->OpenSandbox(spec_.id); cg.ok()) cgroup_ = std::move(*cg);
-  return Unimplemented("a microVM cannot be re-adopted after an edge restart yet");
+  dir_owned_ = true;  // ours from here: a failed adopt destroys what is left
+  if (auto cg = b.cgroups_->OpenSandbox(spec_.id); cg.ok()) cgroup_ = std::move(*cg);
+  if (secret.empty() || !cgroup_) return Unavailable("microVM " + spec_.id + " is incomplete");
+  secret_ = secret;
+  DSEC_RETURN_IF_ERROR(FindQemu(static_cast<pid_t>(pid)));
+  if (slot >= 0) {
+    // QEMU holds the lease; this only records the range as ours again.
+    DSEC_ASSIGN_OR_RETURN(uid_lease_, b.uids_->Claim(static_cast<uint32_t>(slot)));
+    uid_slot_ = slot;
+    qemu_uid_ = b.uids_->FirstId(static_cast<uint32_t>(slot));
+  }
+  if (auto layers = h.find("layers");
+      layers != h.end() && layers->is_array() && b.opts_.image_store) {
+    std::vector<std::string> digests;
+    for (const auto& d : *layers)
+      if (d.is_string()) digests.push_back(d.get<std::string>());
+    for (const auto& d : digests)
+      if (auto l = b.opts_.image_store->GetLayer(d); l.ok()) stack_.layers.push_back(*l);
+    holds_image_ = b.opts_.image_store->Hold(spec_.id, digests).ok();
+  }
+  auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
+  if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);
+  qmp_.emplace(std::move(*qmp));
+  DSEC_ASSIGN_OR_RETURN(std::string run, qmp_->WaitStatus("query-status", {}, 5000));
+  // A stopped guest cannot answer: continued for the handshake, stopped again after.
+  bool paused = run == "paused";
+  if (paused) DSEC_RETURN_IF_ERROR(qmp_->Execute("cont").status());
+  UniqueFd conn;
+  auto hello = Reconnect(&conn);
+  if (!hello.ok() && hello.status().code() != StatusCode::kUnauthenticated) {
+    usleep(100 * 1000);  // (a port the guest had not yet seen hang up) once more
+    hello = Reconnect(&conn);
+  }
+  DSEC_RETURN_IF_ERROR(hello.status().WithContext("reconnect to microVM " + spec_.id));
+  if (paused) DSEC_RETURN_IF_ERROR(qmp_->Execute("stop").status());
+  AgentLink link;
+  link.stream = std::move(conn);
+  link.shells = std::move(hello->shells);
+  link.paused = paused;
+  return link;
 }
 
 OomCounter MicrovmInstance::OomKills() {
@@ -632,9 +736,17 @@ Status MicrovmInstance::Destroy() {
 }
 
 void MicrovmInstance::Detach() {
-  // A VM cannot be re-adopted yet: letting go would leave it running for nobody, so a
-  // detached VM is destroyed (the edge's --persist keeps containers only).
-  (void)Destroy();
+  // Lets go: QEMU keeps running (it holds its uid lease) for the next edge's Adopt.
+  destroyed_ = true;
+  qmp_.reset();
+  qemu_ = PidFd();
+  lock_fd_.Reset();
+  cgroup_.reset();
+  if (uid_slot_ >= 0) {
+    backend_->uids_->Release(static_cast<uint32_t>(uid_slot_));
+    uid_slot_ = -1;
+  }
+  uid_lease_.Reset();
 }
 
 }  // namespace dsec::backends::microvm

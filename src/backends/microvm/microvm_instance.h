@@ -15,6 +15,7 @@
 #include "base/unique_fd.h"
 #include "images/store.h"
 #include "isolation/cgroup.h"
+#include "protocol/agent_ops.h"
 #include "protocol/frame.h"
 
 namespace dsec::backends::microvm {
@@ -30,7 +31,7 @@ class MicrovmInstance : public Instance {
   const SandboxSpec& spec() const override { return spec_; }
   StatusOr<AgentLink> Start() override;
   StatusOr<AgentLink> Adopt(const std::string& handle) override;
-  std::string AdoptionHandle() const override { return ""; }
+  std::string AdoptionHandle() const override;
   OomCounter OomKills() override;
   Status Pause() override;
   Status Resume() override;
@@ -70,6 +71,10 @@ class MicrovmInstance : public Instance {
   Status Restore();
   // Connects to the agent's port (queued until QEMU accepts).
   StatusOr<UniqueFd> ConnectAgent();
+  // Adopt: authenticates on a fresh connection to the running agent and returns its hello.
+  StatusOr<protocol::Hello> Reconnect(UniqueFd* conn);
+  // Adopt: the QEMU named in the handle, if it is this VM's (in its cgroup).
+  Status FindQemu(pid_t pid);
   int Cpus() const;
   // The next frame from the agent, or an error naming why the guest is gone or late.
   StatusOr<protocol::Frame> ReadFrame(int fd, int64_t deadline_ms, protocol::FrameDecoder* dec);
@@ -91,6 +96,7 @@ class MicrovmInstance : public Instance {
   images::Stack stack_;
   bool holds_image_ = false;
   bool destroyed_ = false;
+  std::string secret_;  // the agent's, for a later edge's reconnect
   enum class Mode { kBoot, kTemplate, kClone };
   Mode mode_ = Mode::kBoot;
   std::shared_ptr<const Template> template_;  // kClone

@@ -273,6 +273,37 @@ TEST_F(MicrovmTest, ClonesOfATemplateAreSeparateMachines) {
   EXPECT_TRUE((*b)->Destroy().ok());
 }
 
+// A detached VM keeps running (QEMU, its processes, its files, paused or not) and the next
+// Adopt reconnects to its agent with the handle's secret. A handle with a wrong secret is
+// refused, and what it named is destroyed (a VM nobody can speak for is not served).
+TEST_F(MicrovmTest, ADetachedVmIsAdoptedWithItsProcessesAndFiles) {
+  auto sb = backend_->Create(Spec("vm-adopt"));
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  pid_t qemu = static_cast<MicrovmInstance&>((*sb)->instance()).qemu_pid();
+  ASSERT_TRUE((*sb)->WriteFile("/workspace/kept", std::string("kept\n"), 0644).ok());
+  Run(**sb, "sleep 1000 >/dev/null 2>&1 &");
+  ASSERT_TRUE((*sb)->Pause().ok());
+  std::string handle = (*sb)->AdoptionHandle();
+  (*sb)->Detach();
+  EXPECT_EQ(kill(qemu, 0), 0) << "a detached VM must keep running";
+
+  auto again = backend_->Adopt(Spec("vm-adopt"), handle);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->state(), SandboxState::kPaused);
+  EXPECT_EQ(Run(**again, "cat /workspace/kept").stdout_data, "kept\n");  // resumes it
+  EXPECT_NE(Run(**again, "ps").stdout_data.find("sleep 1000"), std::string::npos);
+
+  std::string forged = (*again)->AdoptionHandle();
+  (*again)->Detach();
+  size_t at = forged.find("\"secret\":\"") + 10;
+  forged[at] = forged[at] == 'a' ? 'b' : 'a';
+  auto bad = backend_->Adopt(Spec("vm-adopt"), forged);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUnauthenticated) << bad.status().ToString();
+  EXPECT_TRUE(testing::PollUntil([&] { return kill(qemu, 0) != 0; }, 5000));
+  EXPECT_NE(access((GetEnv().dir->path() + "/state/microvms/vm-adopt").c_str(), F_OK), 0);
+}
+
 // Without templates every create boots the kernel (the path a set that cannot be templated
 // takes); it works the same.
 TEST_F(MicrovmTest, ColdBootsWithoutTemplates) {
