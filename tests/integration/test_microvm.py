@@ -4,11 +4,18 @@ same API as a container: exec, files, stats, pause/resume, delete. On this host'
 boot takes ~2 s, so the suite makes few VMs. Skipped, with the node's reason, where the edge
 has no microVMs (no QEMU or no guest kernel: scripts/install-deps fetches both)."""
 
+import base64
+import hashlib
+import io
+import json
 import os
 import platform
+import tarfile
+import time
 
 import pytest
 
+from edge_harness import wait_until
 from test_images import busybox_rootfs, import_image, need_busybox, sh
 
 
@@ -135,3 +142,114 @@ def test_kill9_then_restart_readopts_the_vm(make_edge):
     assert qemu_processes(sid) == []
     assert not (edge.state_dir / "microvms" / sid).exists()
     assert not edge.sandbox_cgroup_dirs(sid)
+
+
+# ---- the same calls on both kinds ---------------------------------------------------------
+# A representative subset of the exec, streaming, background, signal, files, archive and
+# lifecycle suites, run on a container and on a microVM of one busybox image (the full
+# suites use the host image's python3 and bash, which a microVM does not have).
+
+BOTH_APPLETS = ["tr", "wc", "sha256sum", "kill", "pwd", "mkdir", "sort", "printf", "env"]
+
+
+@pytest.fixture(scope="module")
+def both_image(edge):
+    need_busybox()
+    c = edge.client()
+    extra = [(f"bin/{a}", "hardlink", "bin/busybox") for a in BOTH_APPLETS]
+    import_image(c, "it-both:1", busybox_rootfs(extra))
+    yield "it-both:1"
+    c.delete("/v1/images/it-both:1", expect=(204, 404))
+
+
+@pytest.fixture(scope="module", params=["container", "microvm"])
+def kind_sb(request, edge, both_image):
+    c = edge.client()
+    if request.param == "microvm":
+        microvms(c)
+    sb = c.create({"kind": request.param, "image": both_image, "memory_mb": 192,
+                   "disk_mb": 64})
+    yield sb["id"]
+    c.remove(sb["id"])
+
+
+def run(client, sid, expect=200, **body):
+    return client.post(f"/v1/sandboxes/{sid}/exec", body, expect=expect).json
+
+
+def test_both_exec_results_stdin_and_caps(client, kind_sb):
+    sid = kind_sb
+    r = run(client, sid, shell="echo out; echo err >&2; exit 3")
+    assert (r["exit_code"], r["stdout"], r["stderr"]) == (3, "out\n", "err\n")
+    r = run(client, sid, shell="kill -9 $$")
+    assert r["signal"] == 9 and r["exit_code"] == 137
+    r = run(client, sid, shell='echo "$A $(pwd) $(id -u)"', env={"A": "1"}, cwd="/tmp",
+            user="root")
+    assert r["stdout"] == "1 /tmp 0\n"
+    data = bytes(range(256))
+    r = run(client, sid, cmd=["sha256sum"], stdin=base64.b64encode(data).decode(),
+            stdin_encoding="base64")
+    assert r["stdout"].split()[0] == hashlib.sha256(data).hexdigest()
+    r = run(client, sid, cmd=["wc", "-c"], stdin="x" * 300000)
+    assert r["stdout"].strip() == "300000"
+    r = run(client, sid, shell="head -c 100000 /dev/zero | tr '\\0' a", max_output_bytes=1000)
+    assert r["stdout"] == "a" * 1000 and r["stdout_truncated"] is True
+    r = run(client, sid, shell=r"printf '\377\000\001'", encoding="base64")
+    assert base64.b64decode(r["stdout"]) == b"\xff\x00\x01"
+    t0 = time.monotonic()
+    r = run(client, sid, cmd=["sleep", "60"], timeout_ms=500)
+    assert r["timed_out"] is True and time.monotonic() - t0 < 30
+
+
+def test_both_stream_background_and_signal(client, kind_sb):
+    sid = kind_sb
+    body = {"shell": "echo first; while [ ! -e /workspace/go ]; do sleep 0.05; done; "
+                     "echo second; exit 4"}
+    conn, resp = client.stream("POST", f"/v1/sandboxes/{sid}/exec?stream=1", body)
+    try:
+        assert resp.status == 200
+        first = json.loads(resp.readline())
+        assert first == {"stdout": "first\n"}, first  # before the command ends
+        client.put(f"/v1/sandboxes/{sid}/files?path=/workspace/go", b"", expect=204)
+        events = [json.loads(line) for line in resp.read().splitlines() if line.strip()]
+    finally:
+        conn.close()
+    assert {"stdout": "second\n"} in events and events[-1]["exit"]["exit_code"] == 4
+    eid = client.post(f"/v1/sandboxes/{sid}/exec", {"cmd": ["sleep", "300"], "background": True},
+                      expect=202).json["exec_id"]
+    wait_until(lambda: "sleep 300" in client.sh(sid, "ps"), 20, what="running")
+    client.delete(f"/v1/sandboxes/{sid}/execs/{eid}", expect=204)
+    st = client.get(f"/v1/sandboxes/{sid}/execs/{eid}?wait_ms=30000", expect=200).json
+    assert st["state"] == "exited" and st["result"]["signal"] == 9
+    client.post(f"/v1/sandboxes/{sid}/exec", {"shell": "sleep 300 & sleep 300 & wait",
+                                              "background": True}, expect=202)
+    wait_until(lambda: client.sh(sid, "ps").count("sleep 300") >= 2, 20, what="sleeps")
+    assert client.post(f"/v1/sandboxes/{sid}/signal", {"signal": "KILL"},
+                       expect=200).json["signaled"] >= 3
+    assert client.sh(sid, "echo alive") == "alive\n"  # the agent survived
+
+
+def test_both_files_archives_and_pause(client, kind_sb):
+    sid = kind_sb
+    client.put(f"/v1/sandboxes/{sid}/files?path=/workspace/d/a.txt&mode=0640", b"A\n",
+               expect=204)
+    st = client.get(f"/v1/sandboxes/{sid}/files/stat?path=/workspace/d/a.txt", expect=200).json
+    assert st["size"] == 2 and st["type"] == "file"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in (("x/one.txt", b"1\n"), ("x/two.txt", b"22\n")):
+            i = tarfile.TarInfo(name)
+            i.size = len(data)
+            t.addfile(i, io.BytesIO(data))
+    client.put(f"/v1/sandboxes/{sid}/archive?path=/workspace/arch", buf.getvalue(), expect=204,
+               headers={"Content-Type": "application/x-tar"})
+    assert client.sh(sid, "cat /workspace/arch/x/one.txt /workspace/arch/x/two.txt") == "1\n22\n"
+    r = client.get(f"/v1/sandboxes/{sid}/archive?path=/workspace/arch", expect=200)
+    with tarfile.open(fileobj=io.BytesIO(r.body)) as t:
+        names = {m.name.lstrip("./") for m in t.getmembers()}
+    assert {"x/one.txt", "x/two.txt"} <= names, names
+    client.delete(f"/v1/sandboxes/{sid}/files?path=/workspace/arch&recursive=1", expect=204)
+    client.get(f"/v1/sandboxes/{sid}/files/stat?path=/workspace/arch", expect=404)
+    assert client.post(f"/v1/sandboxes/{sid}/pause", expect=200).json["state"] == "paused"
+    assert client.sh(sid, "cat /workspace/d/a.txt") == "A\n"  # resumes it transparently
+    assert client.get(f"/v1/sandboxes/{sid}", expect=200).json["state"] == "running"
