@@ -26,7 +26,6 @@ import argparse
 import concurrent.futures as cf
 import io
 import json
-import math
 import os
 import sys
 import tarfile
@@ -34,20 +33,15 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+sys.path.insert(0, os.path.join(REPO, "examples"))
 import edge_harness  # noqa: E402
+import edgeproc  # noqa: E402
+
+pct = edgeproc.percentile
 
 BUSYBOX = "/bin/busybox"
 APPLETS = ["sh", "true", "cat", "echo", "sleep", "ls"]
 JSON_OUT = False
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    if not xs:
-        return math.nan
-    k = (len(xs) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def emit(rec: dict) -> None:

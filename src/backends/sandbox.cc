@@ -1,6 +1,7 @@
 #include "backends/sandbox.h"
 
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -506,6 +507,23 @@ std::string HelperBinaryPath(const char* env_name, const std::string& name,
     if (access(cand.c_str(), X_OK) == 0) return cand;
   }
   return dir + "/" + name;
+}
+
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0
+             ? CPU_COUNT(&set)
+             : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+void MergeImageEnv(const std::vector<std::string>& image_env,
+                   std::map<std::string, std::string>* env) {
+  for (const auto& kv : image_env) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    env->emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
 }
 
 }  // namespace dsec::backends

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -157,6 +158,12 @@ class Backend {
   // any of them can never fit here (422), not merely now (429).
   virtual Resources Largest() const = 0;
 };
+
+// The CPUs this process may run on (its affinity mask): the most one sandbox can be given.
+int UsableCpus();
+// An image's environment ("KEY=VALUE" entries) added under what *env already sets.
+void MergeImageEnv(const std::vector<std::string>& image_env,
+                   std::map<std::string, std::string>* env);
 
 // A helper binary (dsec-agent, dsec-zygote): $<env_name>, else installed beside this binary,
 // else in the build tree (src/cli/dsec -> src/<subdir>/<name>).

@@ -95,6 +95,8 @@ class Api {
     std::vector<std::string> tokens;
     std::string instance;
     Json features;
+    // Feature entries that change while the edge runs (merged into `features` per request).
+    std::function<Json()> live_features;
     std::function<int64_t()> connections;
   };
   explicit Api(Deps deps);

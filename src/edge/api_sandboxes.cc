@@ -361,6 +361,10 @@ void Node(const std::shared_ptr<Ctx>& c) {
   for (backends::Kind k : d.manager->Kinds()) j["backends"].push_back(backends::KindName(k));
   j["pools"] = d.pools ? d.pools->List() : Json::array();
   j["features"] = d.features;  // open connections are in /metrics (dsec_http_connections)
+  if (d.live_features) {
+    Json live = d.live_features();
+    for (const auto& item : live.items()) j["features"][item.key()] = item.value();
+  }
   c->Reply(200, j);
 }
 

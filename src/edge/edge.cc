@@ -189,7 +189,12 @@ std::unique_ptr<backends::microvm::MicrovmBackend> StartMicrovms(
 
 Json MicrovmFeatures(const backends::microvm::MicrovmBackend* b, const std::string& why) {
   if (!b) return {{"available", false}, {"reason", why}};
-  return {{"available", true}, {"accel", b->accel()}, {"kernel", b->kernel().version}};
+  Json f = {{"available", true},
+            {"accel", b->AccelNow()},
+            {"kernel", b->kernel().version},
+            {"templates", b->template_count()}};
+  if (std::string why = b->accel_reason(); !why.empty()) f["accel_reason"] = why;
+  return f;
 }
 
 // What GET /v1/node reports about the kernel features the backend found.
@@ -395,7 +400,9 @@ int RunEdge(EdgeConfig cfg) {
   deps.tokens = *tokens;
   deps.instance = (*backend)->instance_id();
   deps.features = FeaturesOf(**backend);
-  deps.features["microvm"] = MicrovmFeatures(microvms.get(), no_microvms);
+  deps.live_features = [vm = microvms.get(), &no_microvms] {
+    return Json{{"microvm", MicrovmFeatures(vm, no_microvms)}};
+  };
   api.emplace(std::move(deps));
 
   HttpServerOptions ho = ServerOptions(cfg, budgets->files);

@@ -152,11 +152,7 @@ void ContainerBackend::PrepareSocketBudget() {
 
 Resources ContainerBackend::Largest() const {
   Resources r{.cpu = 0, .memory_mb = 0, .pids = 0, .disk_mb = 0};
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  r.cpu = sched_getaffinity(0, sizeof set, &set) == 0
-              ? CPU_COUNT(&set)
-              : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  r.cpu = UsableCpus();
   r.memory_mb = opts_.parent_memory_bytes >> 20;
   r.pids = opts_.parent_pids;
   // A writable layer above tmpfs_disk_max_mb is a disk image in disk_dir_, which takes its

@@ -122,11 +122,7 @@ Status ContainerInstance::AcquireImage() {
     DSEC_ASSIGN_OR_RETURN(stack_, backend_->opts_.image_store->Acquire(names, spec_.id));
     holds_image_ = true;
     // The image's environment, under what the caller asked for.
-    for (const auto& kv : stack_.config.env) {
-      size_t eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) continue;
-      spec_.env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-    }
+    MergeImageEnv(stack_.config.env, &spec_.env);
   }
   return OkStatus();
 }

@@ -9,6 +9,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 
 #include "backends/microvm/microvm_instance.h"
 #include "backends/microvm/qemu_cmd.h"
@@ -27,6 +28,7 @@ StatusOr<std::unique_ptr<MicrovmBackend>> MicrovmBackend::Create(MicrovmBackendO
 }
 
 MicrovmBackend::~MicrovmBackend() {
+  if (probe_.joinable()) probe_.join();
   if (cgroups_) (void)cgroups_->RemoveParent();
 }
 
@@ -57,9 +59,6 @@ Status MicrovmBackend::Init() {
   initramfs_fd_.Reset(open(initramfs_.c_str(), O_RDONLY | O_CLOEXEC));
   if (!kernel_fd_ || !initramfs_fd_) return ErrnoError("open the guest kernel or initramfs");
 
-  // KVM only where asked for: /dev/kvm can open and create a VM on nested hosts that cannot
-  // boot a guest, so auto means TCG until the boot probe exists.
-  accel_ = opts_.accel == "kvm" ? "kvm" : "tcg";
   tsc_khz_ = HostTscKhz();
 
   isolation::CgroupDriverOptions co;
@@ -73,16 +72,70 @@ Status MicrovmBackend::Init() {
   uo.count = opts_.uid_slots;
   DSEC_ASSIGN_OR_RETURN(uids_, isolation::UidRangeAllocator::Open(uo));
   io_ = std::make_unique<IoRunner>(std::max(1, opts_.io_threads));
+  return ChooseAccel();
+}
+
+Status MicrovmBackend::ChooseAccel() {
+  // /dev/kvm opens (and even creates VMs) on nested hosts that cannot boot a guest, so auto
+  // asks a guest: a probe boot in the background; the first create waits for its answer.
+  UniqueFd kvm(open(opts_.kvm_device.c_str(), O_RDWR | O_CLOEXEC));
+  std::string why_not = kvm ? "" : opts_.kvm_device + " cannot be opened (" + strerror(errno) + ")";
+  struct stat st;
+  // QEMU runs as a uid of its own with the device's group: a device only its owner may use is
+  // out of its reach (Debian's udev makes it 0660 root:kvm; a host without udev may not).
+  if (kvm && fstat(kvm.get(), &st) == 0 && S_ISCHR(st.st_mode) &&
+      (st.st_mode & (S_IRGRP | S_IWGRP)) != (S_IRGRP | S_IWGRP)) {
+    char mode[8];
+    snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+    why_not = opts_.kvm_device + " is mode " + mode +
+              ": QEMU, which runs as a uid of its own, needs its group to read and write it "
+              "(as Debian's udev sets it up: 0660 root:kvm)";
+  }
+  kvm.Reset();
+  if (opts_.accel == "kvm" && !why_not.empty())
+    return FailedPrecondition("microvm_accel is kvm but " + why_not);
+  MutexLock l(accel_mu_);
+  if (opts_.accel == "tcg") {
+    accel_ = "tcg";
+    accel_reason_ = "configured (microvm_accel: tcg)";
+  } else if (opts_.accel == "kvm") {
+    accel_ = "kvm";
+  } else if (!why_not.empty()) {
+    accel_ = "tcg";
+    accel_reason_ = why_not;
+  } else {
+    probe_ = std::thread([this] {
+      Status s = MicrovmInstance::BootProbe(this, "kvm", opts_.kvm_probe_timeout_ms);
+      MutexLock l2(accel_mu_);
+      accel_ = s.ok() ? "kvm" : "tcg";
+      accel_reason_ = s.ok() ? "" : "a guest does not boot under KVM here: " + s.message();
+      DSEC_LOG_INFO("microVM accelerator: {}{}", accel_,
+                    accel_reason_.empty() ? "" : " (" + accel_reason_ + ")");
+      accel_cv_.NotifyAll();
+    });
+  }
   return OkStatus();
+}
+
+std::string MicrovmBackend::accel() const {
+  MutexLock l(accel_mu_);
+  accel_cv_.Wait(l, [&] { return !accel_.empty(); });
+  return accel_;
+}
+
+std::string MicrovmBackend::AccelNow() const {
+  MutexLock l(accel_mu_);
+  return accel_.empty() ? "probing" : accel_;
+}
+
+std::string MicrovmBackend::accel_reason() const {
+  MutexLock l(accel_mu_);
+  return accel_reason_;
 }
 
 Resources MicrovmBackend::Largest() const {
   Resources r{.cpu = 0, .memory_mb = 0, .pids = 0, .disk_mb = 0};
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  r.cpu = sched_getaffinity(0, sizeof set, &set) == 0
-              ? CPU_COUNT(&set)
-              : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  r.cpu = UsableCpus();
   // A VM's cgroup holds its RAM (memory and the writable layer) and QEMU's overhead.
   if (opts_.parent_memory_bytes > 0)
     r.memory_mb = (opts_.parent_memory_bytes >> 20) - opts_.qemu_overhead_mb;
@@ -90,7 +143,7 @@ Resources MicrovmBackend::Largest() const {
 }
 
 std::string MicrovmBackend::Describe() const {
-  return "microvm backend instance=" + instance_id_ + " accel=" + accel_ +
+  return "microvm backend instance=" + instance_id_ + " accel=" + AccelNow() +
          " kernel=" + kernel_.version + " cgroups=" + cgroups_->Describe();
 }
 

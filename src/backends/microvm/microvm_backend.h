@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "backends/microvm/boot_files.h"
 #include "backends/sandbox.h"
@@ -41,6 +42,10 @@ struct MicrovmBackendOptions {
   std::string kernel_dir = "/var/cache/dsec/guest-kernel/current";
   std::string qemu = "qemu-system-x86_64";
   std::string accel = "auto";  // auto | kvm | tcg
+  // auto: KVM if this device opens and a probe guest boots under it (in the background, with
+  // a hard timeout; the first create waits for it), else TCG. Tests point it elsewhere.
+  std::string kvm_device = "/dev/kvm";
+  int kvm_probe_timeout_ms = 15000;
   std::string cgroup_mode = "auto";
   int64_t parent_memory_bytes = 0;  // all VMs together (QEMU processes); 0 = none
   // Charged to a VM's cgroup beyond its guest RAM: QEMU's own heap, TCG's translation buffer,
@@ -90,7 +95,11 @@ class MicrovmBackend : public Backend {
   const std::string& instance_id() const { return instance_id_; }
   // Templates made so far (tests and GET /v1/node).
   size_t template_count() const;
-  const std::string& accel() const { return accel_; }
+  // "kvm" or "tcg": waits for the probe of `auto`.
+  std::string accel() const;
+  // The same without waiting: "probing" while the probe runs. And why not KVM ("" for kvm).
+  std::string AccelNow() const;
+  std::string accel_reason() const;
   const GuestKernel& kernel() const { return kernel_; }
   std::string Describe() const;
 
@@ -112,7 +121,13 @@ class MicrovmBackend : public Backend {
   std::string vms_dir_;
   GuestKernel kernel_;
   std::string initramfs_;
-  std::string accel_;
+  // accel_ for opts_.accel; auto with an openable kvm_device starts the probe thread.
+  Status ChooseAccel();
+  mutable Mutex accel_mu_;
+  mutable CondVar accel_cv_;
+  std::string accel_ DSEC_GUARDED_BY(accel_mu_);  // "" while probing
+  std::string accel_reason_ DSEC_GUARDED_BY(accel_mu_);
+  std::thread probe_;
   int64_t tsc_khz_ = 0;
   UniqueFd kernel_fd_, initramfs_fd_;  // passed to every QEMU
   std::unique_ptr<isolation::CgroupDriver> cgroups_;

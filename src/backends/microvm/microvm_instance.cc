@@ -112,11 +112,7 @@ Status MicrovmInstance::AcquireImage(std::vector<UniqueFd>* layers) {
     return Unimplemented("a microVM boots images of at most " + std::to_string(kMaxLayers) +
                          " layers; \"" + spec_.image + "\" has " +
                          std::to_string(stack_.layers.size()));
-  for (const auto& kv : stack_.config.env) {
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) continue;
-    spec_.env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
+  MergeImageEnv(stack_.config.env, &spec_.env);
   for (const auto& layer : stack_.layers) {
     DSEC_ASSIGN_OR_RETURN(std::string file, store->ErofsFile(layer));
     UniqueFd fd(open(file.c_str(), O_RDONLY | O_CLOEXEC));
@@ -147,7 +143,7 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd qmp_listen, Listen("qmp.sock"));
   QemuConfig qc;
   qc.qemu = b.opts_.qemu;
-  qc.accel = b.accel_;
+  qc.accel = accel_.empty() ? b.accel() : accel_;
   qc.cpus = Cpus();
   qc.memory_mb = GuestRamMb();
   qc.disk_mb = spec_.resources.disk_mb;
@@ -192,6 +188,11 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
   if (pipe2(go, O_CLOEXEC) < 0) return ErrnoError("pipe");
   UniqueFd go_read(go[0]), go_write(go[1]);
   uid_t uid = qemu_uid_;
+  // Under KVM the one supplementary group QEMU keeps is /dev/kvm's.
+  gid_t kvm_group = 0;
+  struct stat kvm_st;
+  bool kvm = qc.accel == "kvm" && stat(b.opts_.kvm_device.c_str(), &kvm_st) == 0;
+  if (kvm) kvm_group = kvm_st.st_gid;
   pid_t pid = fork();
   if (pid < 0) return ErrnoError("fork QEMU");
   if (pid == 0) {
@@ -210,7 +211,8 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
     setsid();
     rlimit no_core{0, 0};
     setrlimit(RLIMIT_CORE, &no_core);  // a core of guest RAM would be the guest's data on disk
-    if (setgroups(0, nullptr) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
+    if (setgroups(kvm ? 1 : 0, &kvm_group) < 0 || setresgid(uid, uid, uid) < 0 ||
+        setresuid(uid, uid, uid) < 0)
       _exit(126);
     prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
     execve(exe.c_str(), argv.data(), envp);
@@ -253,7 +255,7 @@ StatusOr<Frame> MicrovmInstance::ReadFrame(int fd, int64_t deadline_ms,
     if (p[0].revents & (POLLIN | POLLHUP)) {
       ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      if (n < 0) return ErrnoError("recv from the guest agent");
+      if (n < 0 && errno != ECONNRESET) return ErrnoError("recv from the guest agent");
       if (n > 0) {
         DSEC_RETURN_IF_ERROR(dec->Feed(std::string_view(buf, static_cast<size_t>(n))));
         continue;
@@ -416,6 +418,27 @@ Status MicrovmInstance::LeaseAndCgroup() {
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->CreateSandbox(spec_.id, limits));
   cgroup_ = std::move(cg);
   return OkStatus();
+}
+
+Status MicrovmInstance::BootProbe(MicrovmBackend* backend, const std::string& accel,
+                                  int timeout_ms) {
+  SandboxSpec spec;
+  spec.id = "probe-" + RandomHex(6);
+  spec.kind = Kind::kMicrovm;
+  spec.resources.memory_mb = 128;
+  spec.resources.disk_mb = 16;
+  MicrovmInstance t(backend, spec);
+  t.accel_ = accel;
+  Status s = [&]() -> Status {
+    DSEC_RETURN_IF_ERROR(t.ClaimDirectory());
+    DSEC_RETURN_IF_ERROR(t.LeaseAndCgroup());
+    DSEC_RETURN_IF_ERROR(t.SpawnQemu({}));
+    DSEC_ASSIGN_OR_RETURN(UniqueFd conn, t.ConnectAgent());
+    protocol::FrameDecoder dec;
+    return t.ReadFrame(conn.get(), MonotonicMs() + timeout_ms, &dec).status();
+  }();
+  (void)t.Destroy();
+  return s;
 }
 
 std::string MicrovmInstance::AdoptionHandle() const {

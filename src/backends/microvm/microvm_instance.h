@@ -47,6 +47,10 @@ class MicrovmInstance : public Instance {
                                                           const std::vector<int>& layers, int cpus,
                                                           int64_t ram_mb);
 
+  // Boots a guest under `accel` that can only report its init's failure (it has no layers):
+  // OK if its agent says anything within timeout_ms (so guests run under that accelerator).
+  static Status BootProbe(MicrovmBackend* backend, const std::string& accel, int timeout_ms);
+
   bool from_template() const { return template_ != nullptr; }
   pid_t qemu_pid() const { return qemu_.pid(); }
   uid_t qemu_uid() const { return qemu_uid_; }
@@ -101,6 +105,7 @@ class MicrovmInstance : public Instance {
   Mode mode_ = Mode::kBoot;
   std::shared_ptr<const Template> template_;  // kClone
   UniqueFd ram_fd_;                           // kTemplate: the RAM memfd being made
+  std::string accel_;                         // BootProbe's; else the backend's
 };
 
 }  // namespace dsec::backends::microvm

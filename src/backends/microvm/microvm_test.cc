@@ -323,6 +323,50 @@ TEST_F(MicrovmTest, ColdBootsWithoutTemplates) {
   EXPECT_EQ((*cold)->template_count(), 0u);
 }
 
+// microvm_accel auto: a kvm device that does not open means TCG at once; one that opens gets a
+// probe boot under KVM in the background (creates wait for it), and TCG with the reason when
+// the guest does not boot (here the "device" is a plain file, so QEMU finds no KVM). kvm when
+// the device does not open is refused at start.
+TEST_F(MicrovmTest, TheAcceleratorIsChosenByBootingAProbe) {
+  auto backend_with = [&](const std::string& accel, const std::string& device) {
+    MicrovmBackendOptions o;
+    o.state_dir = GetEnv().dir->path() + "/state-accel";
+    o.agent_path = DSEC_TEST_AGENT_PATH;
+    o.image_store = GetEnv().store.get();
+    o.accel = accel;
+    o.kvm_device = device;
+    if (const char* k = getenv("DSEC_GUEST_KERNEL")) o.kernel_dir = k;
+    return MicrovmBackend::Create(o);
+  };
+  std::string missing = GetEnv().dir->path() + "/no-kvm";
+  auto none = backend_with("auto", missing);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ((*none)->AccelNow(), "tcg");
+  EXPECT_NE((*none)->accel_reason().find("cannot be opened"), std::string::npos);
+  none->reset();
+
+  auto forced = backend_with("kvm", missing);
+  ASSERT_FALSE(forced.ok());
+  EXPECT_EQ(forced.status().code(), StatusCode::kFailedPrecondition);
+
+  std::string fake = GetEnv().dir->path() + "/fake-kvm";
+  ASSERT_TRUE(WriteStringToFile(fake, "", O_WRONLY | O_CREAT).ok());
+  auto probed = backend_with("auto", fake);
+  ASSERT_TRUE(probed.ok()) << probed.status().ToString();
+  std::string accel = (*probed)->accel();  // waits for the probe
+  if (access("/dev/kvm", R_OK | W_OK) != 0) {
+    EXPECT_EQ(accel, "tcg");
+    EXPECT_NE((*probed)->accel_reason().find("does not boot under KVM"), std::string::npos)
+        << (*probed)->accel_reason();
+  } else {
+    EXPECT_TRUE(accel == "kvm" || accel == "tcg") << accel;
+  }
+  // The probe left nothing behind.
+  auto left = ListDir(GetEnv().dir->path() + "/state-accel/microvms");
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty());
+}
+
 TEST_F(MicrovmTest, WhatCannotBootIsRefusedClearly) {
   SandboxSpec s = Spec("vm-host");
   s.image = "host";
