@@ -56,7 +56,7 @@ const std::vector<std::string> kHead = {"ID",  "STATE",   "IMAGE", "CPU",
 
 struct CreateOpts {
   std::vector<std::string> images;  // stacked bottom first
-  std::string user, workdir, pool;
+  std::string kind, user, workdir, pool;
   std::optional<double> cpu;
   std::optional<int64_t> memory_mb, pids, disk_mb, ttl_s, idle_ttl_s, count;
   std::vector<std::string> env, labels;
@@ -68,6 +68,7 @@ StatusOr<Json> CreateBody(const CreateOpts& o) {
   if (o.images.size() == 1) b["image"] = o.images[0];
   if (o.images.size() > 1) b["image"] = o.images;
   if (!o.pool.empty()) b["pool"] = o.pool;
+  if (!o.kind.empty()) b["kind"] = o.kind;
   if (o.cpu) b["cpu"] = *o.cpu;
   if (o.memory_mb) b["memory_mb"] = *o.memory_mb;
   if (o.pids) b["pids"] = *o.pids;
@@ -107,6 +108,9 @@ void AddCreateFlags(CLI::App* cmd, CreateOpts* o) {
       ->delimiter(',')
       ->expected(1)
       ->take_all();
+  cmd->add_option("--kind", o->kind,
+                  "container (default) or microvm (a VM of its own; needs an image from the store)")
+      ->check(CLI::IsMember({"container", "microvm"}));
   cmd->add_option("--cpu", o->cpu, "CPU cap in cores");
   cmd->add_option("--memory", o->memory_mb, "Memory limit in MB");
   cmd->add_option("--pids", o->pids, "Process limit");

@@ -215,6 +215,17 @@ if [ -x /bin/busybox ]; then
   forks=$(D fork "$sid" -n 2)
   check "fork prints ids" 2 "$(echo "$forks" | grep -c '^sb-')"
   for f in $forks; do check "fork sees the files" snap "$(D exec "$f" -- /bin/cat /workspace/s)"; D rm "$f" >/dev/null; done
+  # A microVM of the same image, where the edge serves them (else 422 saying so).
+  if vm=$(D create --kind microvm --image clibb:1 --memory 128 --disk 32 2>"$T/vm.err"); then
+    check "create --kind microvm" "microvm from-dir" "$(D get "$vm" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["kind"])') $(D exec "$vm" -- /bin/cat /etc/motd)"
+    D rm "$vm" >/dev/null
+  elif grep -q "not available on this node" "$T/vm.err"; then
+    echo "[  SKIPPED ] create --kind microvm: $(cat "$T/vm.err")"
+  else
+    check "create --kind microvm" "a microVM" "$(cat "$T/vm.err")"
+  fi
+  err=$(D create --kind vm 2>&1); one_line_error "create --kind of an unknown kind" $? "$err"
+  err=$(D create --kind microvm 2>&1); one_line_error "create --kind microvm on the host image" $? "$err"
   err=$(D image import clibb:1 "$T/rootfs" 2>&1); one_line_error "image import of a taken name" $? "$err"
   err=$(D image import cli-x:1 "$T/nothing" 2>&1); one_line_error "image import of a missing path" $? "$err"
   err=$(D image rm host 2>&1); one_line_error "image rm host" $? "$err"

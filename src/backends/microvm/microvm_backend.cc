@@ -119,7 +119,7 @@ Status MicrovmBackend::ChooseAccel() {
 
 std::string MicrovmBackend::accel() const {
   MutexLock l(accel_mu_);
-  accel_cv_.Wait(l, [&] { return !accel_.empty(); });
+  while (accel_.empty()) accel_cv_.Wait(l);
   return accel_;
 }
 
