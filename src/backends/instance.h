@@ -65,6 +65,18 @@ class Instance {
     return Unimplemented("this kind of sandbox cannot be snapshotted");
   }
 
+  // Replaces the network policy (spec().network at Start) live: a sandbox created with mode
+  // none may get a network later.
+  virtual Status SetNetwork(const net::NetworkPolicy& p) {
+    (void)p;
+    return Unimplemented("network policies are not available for " + std::string(KindName(kind())) +
+                         " sandboxes on this node yet");
+  }
+  // Its IPv4 address on the node's sandbox network; empty without one.
+  virtual std::string NetworkAddress() const { return ""; }
+  // Packets its network policy refused so far.
+  virtual uint64_t NetworkDenied() { return 0; }
+
   virtual Status Destroy() = 0;
   // Lets go without destroying: everything keeps running for a later Adopt.
   virtual void Detach() = 0;

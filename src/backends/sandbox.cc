@@ -380,6 +380,7 @@ StatusOr<SandboxStats> Sandbox::Stats() {
   if (state_.load() == SandboxState::kDestroyed) return FailedPrecondition("sandbox is destroyed");
   DSEC_ASSIGN_OR_RETURN(SandboxStats s, instance_->Stats());
   s.exec_count = exec_count_.load();
+  s.network_denied = instance_->NetworkDenied();
   return s;
 }
 
@@ -388,6 +389,18 @@ Status Sandbox::SetMemoryLimit(int64_t bytes) {
   if (state_.load() == SandboxState::kDestroyed)
     return FailedPrecondition("sandbox " + id() + " is destroyed");
   return instance_->SetMemoryLimit(bytes);
+}
+
+Status Sandbox::SetNetwork(const net::NetworkPolicy& p) {
+  MutexLock l(mu_);
+  if (state_.load() == SandboxState::kDestroyed)
+    return FailedPrecondition("sandbox " + id() + " is destroyed");
+  return instance_->SetNetwork(p);
+}
+
+std::string Sandbox::network_address() const {
+  MutexLock l(mu_);
+  return instance_->NetworkAddress();
 }
 
 StatusOr<std::vector<std::string>> Sandbox::CaptureStack(bool keep_setuid) {

@@ -97,6 +97,10 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // Changes the memory limit (bytes, the writable layer included); fncall pools set each
   // call's limit on its worker.
   Status SetMemoryLimit(int64_t bytes);
+  // Changes the network policy live (Instance::SetNetwork).
+  Status SetNetwork(const net::NetworkPolicy& p);
+  // Its IPv4 address on the node's sandbox network; empty without one.
+  std::string network_address() const;
   // The sandbox's files as an image stack ("host" first when on the host image, then layer
   // digests bottom first), its writable layer captured as the new top layer while it is held
   // still for a moment. A kind without layered images says Unimplemented.

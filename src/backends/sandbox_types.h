@@ -14,6 +14,7 @@
 #include "backends/kind.h"
 #include "base/resources.h"
 #include "base/status.h"
+#include "net/policy.h"
 #include "protocol/frame.h"
 #include "protocol/messages.h"
 
@@ -40,7 +41,8 @@ struct SandboxSpec {
   std::string user = "sandbox";
   std::string workdir = "/workspace";
   std::map<std::string, std::string> env;
-  std::string hostname;  // defaults to the id
+  std::string hostname;        // defaults to the id
+  net::NetworkPolicy network;  // egress (net/policy.h); mode none: loopback only
 };
 
 enum class SandboxState { kCreating, kRunning, kPaused, kFailed, kDestroyed };
@@ -124,6 +126,7 @@ struct SandboxStats {
   uint64_t disk_used = 0, disk_limit = 0;
   std::string disk_kind = "tmpfs";  // what the writable layer is: "tmpfs" or "image"
   uint64_t exec_count = 0;
+  uint64_t network_denied = 0;  // packets its network policy refused
 };
 
 struct UserIds {

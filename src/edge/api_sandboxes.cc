@@ -21,21 +21,13 @@ Status ValidateLabels(const std::map<std::string, std::optional<std::string>>& l
   return OkStatus();
 }
 
-// "network": {"mode": "none"} is what this node offers.
-Status CheckNetwork(const Json* n) {
-  if (!n) return OkStatus();
-  if (!n->is_object() || !n->contains("mode") || !(*n)["mode"].is_string())
-    return InvalidArgument("\"network\" must be {\"mode\": \"none\" | \"allowlist\", ...}");
-  std::string mode = (*n)["mode"];
-  for (const auto& [k, v] : n->items())
-    if (k != "mode" && k != "rules") return InvalidArgument("unknown field \"network." + k + "\"");
-  if (mode == "none") {
-    if (n->contains("rules")) return InvalidArgument("\"rules\" needs network mode \"allowlist\"");
-    return OkStatus();
-  }
-  if (mode == "allowlist")
-    return Unimplemented("network mode \"allowlist\" (egress) is not available on this node yet");
-  return InvalidArgument("network mode must be \"none\" or \"allowlist\"");
+// "network": a policy (net/policy.h) this node can enforce.
+StatusOr<net::NetworkPolicy> ParseNetwork(const Json* n, bool node_has_network) {
+  DSEC_ASSIGN_OR_RETURN(net::NetworkPolicy p, net::ParsePolicy(n));
+  if (p.mode != net::NetMode::kNone && !node_has_network)
+    return Unimplemented("network mode \"" + std::string(net::NetModeName(p.mode)) +
+                         "\" is not available: this edge runs with network: false");
+  return p;
 }
 
 // "image": a name, or a list of images stacked in order (the first at the bottom), kept as one
@@ -201,7 +193,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
                            "\" is not available on this node (GET /v1/node says why)");
     p.kind = *k;
   }
-  DSEC_RETURN_IF_ERROR(CheckNetwork(network));
+  DSEC_ASSIGN_OR_RETURN(p.network, ParseNetwork(network, cfg.network));
   if (pool && !pool->is_null()) {
     if (!pool->is_string()) return InvalidArgument("\"pool\" must be a pool name");
     DSEC_RETURN_IF_ERROR(TakeFromPool(pool->get<std::string>(), pools, &f, &p));
@@ -282,7 +274,9 @@ void PatchSandbox(const std::shared_ptr<Ctx>& c) {
     (void)rid;
     const Json* network = b.Raw("network");
     DSEC_RETURN_IF_ERROR(b.Finish());
-    DSEC_RETURN_IF_ERROR(CheckNetwork(network));
+    if (network) {
+      DSEC_ASSIGN_OR_RETURN(p.network, ParseNetwork(network, c->api->deps().cfg.network));
+    }
     if (labels) {
       DSEC_RETURN_IF_ERROR(ValidateLabels(*labels));
       p.labels = *labels;
@@ -315,7 +309,8 @@ void Stats(const std::shared_ptr<Ctx>& c) {
                  {"disk_kind", st->disk_kind},
                  {"pids", st->pids},
                  {"oom_kills", st->oom_kills},
-                 {"exec_count", st->exec_count}});
+                 {"exec_count", st->exec_count},
+                 {"network_denied", st->network_denied}});
 }
 
 // Body-less actions still take an optional JSON body, strictly: only "request_id".

@@ -79,6 +79,11 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"microvm_accel", &c->microvm_accel},
       {"microvm_kernel_dir", &c->microvm_kernel_dir},
       {"zygote_path", &c->zygote_path},
+      {"network", &c->network},
+      {"network_cidr", &c->network_cidr},
+      {"network_uplink", &c->network_uplink},
+      {"network_max_conns", &c->network_max_conns},
+      {"network_new_conns_per_s", &c->network_new_conns_per_s},
       {"fncall_pools", &c->fncall_pools},
       {"fncall_python_preload", &c->fncall_python_preload},
       {"fncall_min_idle", &c->fncall_min_idle},
@@ -196,6 +201,8 @@ Status FinalizeConfig(EdgeConfig* c) {
     const char* name;
     double v, lo, hi;
   };
+  if (c->network_max_conns < 1 || c->network_new_conns_per_s < 1)
+    return InvalidArgument("network_max_conns and network_new_conns_per_s must be at least 1");
   if (c->microvm_accel != "auto" && c->microvm_accel != "kvm" && c->microvm_accel != "tcg")
     return InvalidArgument("microvm_accel must be auto, kvm or tcg");
   for (const Range& r : std::initializer_list<Range>{

@@ -112,6 +112,14 @@ struct EdgeConfig {
   std::string microvm_kernel_dir = "/var/cache/dsec/guest-kernel/current";
   std::string zygote_path;  // default: dsec-zygote beside dsec-edge
 
+  // Sandbox networking (net/node_network.h): modes allowlist and open. Set up at the first
+  // sandbox that needs it (nothing changes on the host before) and removed at shutdown.
+  bool network = true;
+  std::string network_cidr = "10.213.0.0/16";  // node-local sandbox addresses
+  std::string network_uplink;                  // "" = the interface of the default route
+  int network_max_conns = 1024;                // tracked connections per sandbox
+  int network_new_conns_per_s = 200;           // new connections per second per sandbox
+
   // Function calls: the built-in "python" and "bash" runtimes (pools of warm workers; more
   // pools come from PUT /v1/pools and are kept in the state DB).
   bool fncall_pools = true;

@@ -1,6 +1,7 @@
 #include "edge/edge.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <malloc.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -102,6 +103,7 @@ StatusOr<Budgets> PrepareBudgets(const EdgeConfig& cfg) {
   nbo.max_sandboxes = cfg.max_sandboxes;
   nbo.pty_per_sandbox = static_cast<uint32_t>(cfg.pty_max_per_sandbox);
   nbo.reserve_pids = cfg.reserve_pids;
+  nbo.memory_mb = NodeMemoryMb();
   Budgets b;
   DSEC_ASSIGN_OR_RETURN(b.node, PrepareNodeBudget(nbo));
   for (const auto& c : b.node.changes) DSEC_LOG_INFO("node budget: {}", c);
@@ -316,8 +318,28 @@ int RunEdge(EdgeConfig cfg) {
   if (!image_store.ok()) return fail("image store", image_store.status());
   auto budgets = PrepareBudgets(cfg);
   if (!budgets.ok()) return fail("node budgets", budgets.status());
-  const container::ContainerBackendOptions container_opts =
+  // The sandbox network: started by the first sandbox that needs one, removed after every
+  // sandbox is gone (the guard outlives the manager), left in place for --persist.
+  net::NodeNetworkOptions net_opts;
+  net_opts.cidr = cfg.network_cidr;
+  net_opts.uplink = cfg.network_uplink;
+  {
+    // Named after the edge instance (what the container backend derives from the same path).
+    char real[PATH_MAX];
+    net_opts.tag = InstanceIdForPath(realpath(cfg.state_dir.c_str(), real) ? real : cfg.state_dir)
+                       .substr(0, 6);
+  }
+  net_opts.state_file = JoinPath(cfg.state_dir, "network.json");
+  net_opts.max_conns = static_cast<uint32_t>(cfg.network_max_conns);
+  net_opts.new_conns_per_s = static_cast<uint32_t>(cfg.network_new_conns_per_s);
+  net::LazyNodeNetwork network(net_opts);
+  bool network_stays = true;  // set once serving, unless --persist
+  auto stop_network = MakeScopeGuard([&] {
+    if (!network_stays) network.Stop();
+  });
+  container::ContainerBackendOptions container_opts =
       BackendOptions(cfg, image_store->get(), *budgets);
+  if (cfg.network) container_opts.network = [&network] { return network.Get(); };
   auto backend = container::ContainerBackend::Create(container_opts);
   if (!backend.ok()) return fail("container backend", backend.status());
   DSEC_LOG_INFO("{}", (*backend)->Describe());
@@ -420,6 +442,11 @@ int RunEdge(EdgeConfig cfg) {
   if (!server.ok()) return fail("serve", server.status());
   auto stop_server = MakeScopeGuard([&] { (*server)->Stop(); });
   serving = true;
+  network_stays = cfg.persist;
+  metrics.SetNetworkDenied([&network] {
+    net::NodeNetwork* n = network.IfStarted();
+    return n ? n->DeniedTotal() : 0;
+  });
   api->deps().connections = [s = server->get()] { return s->connections(); };
   manager.StartReaper();
 

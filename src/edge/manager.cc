@@ -128,7 +128,6 @@ SandboxRecord Manager::Record(const SandboxEntry& e) const {
   r.limits = p.resources;
   r.user = p.user;
   r.workdir = p.workdir;
-  r.network_mode = p.network_mode;
   r.pool = p.pool;
   MutexLock l(e.mu_);
   r.state = e.phase_;
@@ -136,6 +135,8 @@ SandboxRecord Manager::Record(const SandboxEntry& e) const {
   r.expires_at = e.expires_at_;
   r.idle_ttl_s = e.idle_ttl_s_;
   r.labels = e.labels_;
+  r.network = e.network_;
+  if (e.sb_) r.address = e.sb_->network_address();
   r.reason = e.reason_;
   if (r.reason.empty() && r.state == Phase::kFailed && e.sb_) r.reason = e.sb_->reason();
   return r;
@@ -143,11 +144,9 @@ SandboxRecord Manager::Record(const SandboxEntry& e) const {
 
 Json Manager::StoredRecord(const SandboxEntry& e) const {
   MutexLock l(e.mu_);
-  return {{"params", ToJson(e.params)},
-          {"labels", ToJsonObject(e.labels_)},
-          {"created_at", e.created_at_},
-          {"expires_at", e.expires_at_},
-          {"idle_ttl_s", e.idle_ttl_s_}};
+  return {{"params", ToJson(e.params)},         {"labels", ToJsonObject(e.labels_)},
+          {"network", net::ToJson(e.network_)}, {"created_at", e.created_at_},
+          {"expires_at", e.expires_at_},        {"idle_ttl_s", e.idle_ttl_s_}};
 }
 
 Status Manager::Persist(const SandboxEntry& e) {
@@ -306,8 +305,10 @@ StatusOr<std::vector<SandboxRecord>> Manager::Create(
 namespace {
 
 // What the backend makes (or re-adopts) for a sandbox created with p.
-backends::SandboxSpec SpecFor(const std::string& id, const CreateParams& p) {
+backends::SandboxSpec SpecFor(const std::string& id, const CreateParams& p,
+                              const net::NetworkPolicy& network) {
   backends::SandboxSpec spec;
+  spec.network = network;
   spec.id = id;
   spec.kind = p.kind;
   spec.image = p.image;
@@ -334,7 +335,7 @@ StatusOr<SandboxRecord> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& 
   }
   Stopwatch sw;
   backends::Backend* backend = BackendFor(e->params.kind);
-  auto sb = backend ? backend->Create(SpecFor(e->id, e->params))
+  auto sb = backend ? backend->Create(SpecFor(e->id, e->params, e->params.network))
                     : StatusOr<std::shared_ptr<backends::Sandbox>>(Unimplemented(
                           "kind \"" + std::string(backends::KindName(e->params.kind)) +
                           "\" is not available on this node"));
@@ -459,6 +460,21 @@ StatusOr<SandboxPage> Manager::List(const ListFilter& f) const {
 
 StatusOr<SandboxRecord> Manager::Patch(const std::string& id, const PatchParams& p) {
   DSEC_ASSIGN_OR_RETURN(auto e, Get(id));
+  // Network changes of one sandbox apply in the order they are recorded.
+  MutexLock nl(e->network_mu_);
+  std::optional<net::NetworkPolicy> old_network;
+  std::shared_ptr<backends::Sandbox> sb;
+  if (p.network) {
+    // Waits while it is being created: the policy applies to the sandbox as made.
+    DSEC_ASSIGN_OR_RETURN(sb, e->Sandbox(Op::kUpdate));
+    {
+      MutexLock l(e->mu_);
+      old_network = e->network_;
+    }
+    if (*p.network != *old_network) DSEC_RETURN_IF_ERROR(sb->SetNetwork(*p.network));
+    MutexLock l(e->mu_);
+    e->network_ = *p.network;
+  }
   std::map<std::string, std::string> old_labels;
   int64_t old_expires = 0, old_idle = 0;
   {
@@ -487,6 +503,10 @@ StatusOr<SandboxRecord> Manager::Patch(const std::string& id, const PatchParams&
     e->labels_ = std::move(old_labels);
     e->expires_at_ = old_expires;
     e->idle_ttl_s_ = old_idle;
+    if (old_network) {
+      e->network_ = *old_network;
+      if (*p.network != *old_network) (void)sb->SetNetwork(*old_network);
+    }
     return Unavailable("the change could not be recorded in the state db: " + s.message());
   }
   return Record(*e);
@@ -653,8 +673,17 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
     if (result.ok() && !backend)
       result = Unimplemented("this edge does not serve kind " +
                              std::string(backends::KindName(p->kind)));
+    // The policy as last changed (PATCH), not as created.
+    net::NetworkPolicy network = result.ok() ? p->network : net::NetworkPolicy();
+    if (result.ok() && rec->contains("network")) {
+      auto n = net::ParsePolicy(&(*rec)["network"]);
+      if (n.ok())
+        network = *n;
+      else
+        result = n.status();
+    }
     if (result.ok()) {
-      auto a = backend->Adopt(SpecFor(row.id, *p), row.handle);
+      auto a = backend->Adopt(SpecFor(row.id, *p, network), row.handle);
       result = a.status();
       if (a.ok()) sb = *a;
     }
@@ -670,6 +699,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
     {
       MutexLock el(e->mu_);  // not published yet
       e->labels_ = GetStringMap(*rec, "labels").value_or(p->labels);
+      e->network_ = network;
       e->created_at_ = rec->value("created_at", now);
       e->expires_at_ = rec->value("expires_at", now + p->ttl_s * 1000);
       e->idle_ttl_s_ = rec->value("idle_ttl_s", p->idle_ttl_s);

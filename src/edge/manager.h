@@ -31,6 +31,7 @@
 #include "edge/output_budget.h"
 #include "edge/records.h"
 #include "edge/state_store.h"
+#include "net/policy.h"
 
 namespace dsec::edge {
 
@@ -45,7 +46,7 @@ struct CreateParams {
   std::string workdir = "/workspace";
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
-  std::string network_mode = "none";
+  net::NetworkPolicy network;  // at create; the live one is SandboxEntry::network_
   std::string pool;  // a container pool to take a ready sandbox from (else a fresh create)
   // A fork's image is the layer digests it was made of, which carry no config: this names the
   // image (stack) whose config it got, for a snapshot of it to carry that config.
@@ -73,7 +74,7 @@ struct BackgroundExec {
 class SandboxEntry {
  public:
   SandboxEntry(std::string id, CreateParams p, const Clock* clock = Clock::System())
-      : id(std::move(id)), params(std::move(p)), clock_(clock) {}
+      : id(std::move(id)), params(std::move(p)), clock_(clock), network_(params.network) {}
 
   const std::string id;
   const CreateParams params;  // labels below are the live copy
@@ -98,6 +99,7 @@ class SandboxEntry {
  private:
   friend class Manager;
   const Clock* clock_;
+  Mutex network_mu_;  // serializes network changes (Patch); taken before mu_
   mutable Mutex mu_;
   CondVar cv_;
   Phase phase_ DSEC_GUARDED_BY(mu_) = Phase::kCreating;  // the one state
@@ -106,6 +108,7 @@ class SandboxEntry {
   std::string reason_ DSEC_GUARDED_BY(mu_);
   std::string create_error_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, std::string> labels_ DSEC_GUARDED_BY(mu_);
+  net::NetworkPolicy network_ DSEC_GUARDED_BY(mu_);  // the live policy (PATCH changes it)
   int64_t created_at_ DSEC_GUARDED_BY(mu_) = 0;
   int64_t expires_at_ DSEC_GUARDED_BY(mu_) = 0;
   int64_t idle_ttl_s_ DSEC_GUARDED_BY(mu_) = 0;
@@ -126,6 +129,7 @@ enum class JobOp { kPause, kResume, kDelete };
 struct PatchParams {
   std::optional<int64_t> ttl_s, idle_ttl_s;
   std::map<std::string, std::optional<std::string>> labels;  // nullopt deletes
+  std::optional<net::NetworkPolicy> network;                 // applied live
 };
 
 class Manager {

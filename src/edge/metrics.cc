@@ -110,6 +110,10 @@ std::string Metrics::Render(const Gauges& sandboxes, int64_t connections) const 
   Describe("dsec_fncall_seconds", "histogram", "Duration of function calls (without queueing).",
            &o);
   fncall_.Render("dsec_fncall_seconds", &o);
+  Describe("dsec_network_denied_packets_total", "counter",
+           "Packets from sandboxes their network policy refused.", &o);
+  o += "dsec_network_denied_packets_total " +
+       std::to_string(network_denied_ ? network_denied_() : 0) + "\n";
   Describe("dsec_sandboxes_created_total", "counter", "Sandboxes created.", &o);
   o += "dsec_sandboxes_created_total " + std::to_string(created_.load()) + "\n";
   MutexLock l(mu_);

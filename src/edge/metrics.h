@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -44,6 +45,8 @@ class Metrics {
 
   using Gauges = std::map<std::pair<std::string, std::string>, int64_t>;  // (state, kind)
   std::string Render(const Gauges& sandboxes, int64_t connections) const;
+  // Packets sandbox network policies refused, node-wide (set once, before serving).
+  void SetNetworkDenied(std::function<uint64_t()> f) { network_denied_ = std::move(f); }
 
  private:
   using Labeled = std::map<std::string, uint64_t>;  // rendered label set -> count
@@ -51,6 +54,7 @@ class Metrics {
   static void RenderLabeled(const std::string& name, const Labeled& m, std::string* out);
 
   Histogram create_, exec_, fncall_;
+  std::function<uint64_t()> network_denied_;
   std::atomic<uint64_t> created_{0};
   mutable Mutex mu_;
   Labeled requests_ DSEC_GUARDED_BY(mu_);

@@ -76,7 +76,14 @@ StatusOr<NodeBudget> PrepareNodeBudget(const NodeBudgetOptions& o) {
   b.pty_per_sandbox = static_cast<uint32_t>(std::max<uint64_t>(
       std::min<uint64_t>(o.pty_per_sandbox, room / n), std::min<uint64_t>(o.pty_per_sandbox, 16)));
 
-  DSEC_ASSIGN_OR_RETURN(uint64_t pressure, ReadSysctl(o.proc_sys, "net/ipv4/tcp_mem", 1));
+  // tcp_mem is node-wide and shown only in the initial network namespace. An edge running in
+  // another one (a test's private node) uses the kernel's own default: free buffer pages / 16,
+  // which is memory / 16 within a percent.
+  auto pressure_or = ReadSysctl(o.proc_sys, "net/ipv4/tcp_mem", 1);
+  if (!pressure_or.ok() && pressure_or.status().error_number() == ENOENT && o.memory_mb > 0)
+    pressure_or = std::max<uint64_t>(128, (static_cast<uint64_t>(o.memory_mb) << 20) /
+                                              static_cast<uint64_t>(getpagesize()) / 16);
+  DSEC_ASSIGN_OR_RETURN(uint64_t pressure, pressure_or);
   b.sandbox_tcp_bytes =
       static_cast<int64_t>(pressure * static_cast<uint64_t>(getpagesize()) / 4 * 3);
   return b;

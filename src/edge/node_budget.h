@@ -29,6 +29,7 @@ struct NodeBudgetOptions {
   uint32_t pty_per_sandbox = 256;
   int64_t reserve_pids = -1;           // kept for the host; -1: max(4096, 10% of the bound)
   std::string proc_sys = "/proc/sys";  // tests point this at a fake tree
+  int64_t memory_mb = 0;  // the node's memory: sizes the TCP budget where tcp_mem is not shown
 };
 
 struct NodeBudget {

@@ -14,6 +14,7 @@
 #include "base/resources.h"
 #include "edge/lifecycle.h"
 #include "edge/node_budget.h"
+#include "net/policy.h"
 
 namespace dsec::edge {
 
@@ -28,7 +29,8 @@ struct SandboxRecord {
   int64_t ttl_s = 0, idle_ttl_s = 0;
   Resources limits;
   std::string user, workdir;
-  std::string network_mode = "none";
+  net::NetworkPolicy network;
+  std::string address;  // its IPv4 address when it has a network
   std::map<std::string, std::string> labels;
   std::string reason;  // why it failed; empty otherwise
   std::string pool;    // the container pool it was taken from; empty for a fresh create

@@ -28,10 +28,11 @@ Json ToJson(const SandboxRecord& r) {
             {"limits", ToJson(r.limits)},
             {"user", r.user},
             {"workdir", r.workdir},
-            {"network", {{"mode", r.network_mode}}},
+            {"network", net::ToJson(r.network)},
             {"labels", ToJsonObject(r.labels)},
             {"reason", r.reason.empty() ? Json(nullptr) : Json(r.reason)}};
   if (!r.pool.empty()) j["pool"] = r.pool;
+  if (!r.address.empty()) j["network"]["address"] = r.address;
   return j;
 }
 

@@ -15,7 +15,7 @@ Json ToJson(const CreateParams& p) {
             {"workdir", p.workdir},
             {"env", ToJsonObject(p.env)},
             {"labels", ToJsonObject(p.labels)},
-            {"network", {{"mode", p.network_mode}}},
+            {"network", net::ToJson(p.network)},
             {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
   if (!p.config_from.empty()) j["config_from"] = p.config_from;
   j.update(ToJson(p.resources));
@@ -42,8 +42,9 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(p.workdir, GetString(j, "workdir", p.workdir));
   DSEC_ASSIGN_OR_RETURN(p.env, GetStringMap(j, "env"));
   DSEC_ASSIGN_OR_RETURN(p.labels, GetStringMap(j, "labels"));
-  if (auto it = j.find("network"); it != j.end() && it->is_object())
-    p.network_mode = it->value("mode", "none");
+  if (auto it = j.find("network"); it != j.end()) {
+    DSEC_ASSIGN_OR_RETURN(p.network, net::ParsePolicy(&*it));
+  }
   DSEC_ASSIGN_OR_RETURN(p.pool, GetString(j, "pool", ""));
   DSEC_ASSIGN_OR_RETURN(p.config_from, GetString(j, "config_from", ""));
   return p;

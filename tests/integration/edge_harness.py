@@ -458,7 +458,8 @@ def _die_with_parent():
 class Edge:
     """One dsec-edge process with its own temp state dir, token file and unix socket."""
 
-    def __init__(self, binary, root, extra_args, config):
+    def __init__(self, binary, root, extra_args, config, netns=None):
+        self.netns = netns  # run in this named network namespace (API over the unix socket)
         self.binary = pathlib.Path(binary)
         self.root = pathlib.Path(root)
         self.state_dir = self.root / "state"
@@ -478,7 +479,7 @@ class Edge:
         self.starts = 0
 
     @classmethod
-    def start(cls, extra_args=(), config=None, binary=None, prefix="dsec-it-"):
+    def start(cls, extra_args=(), config=None, binary=None, prefix="dsec-it-", netns=None):
         reason = why_not_runnable()
         if reason:
             raise RuntimeError(reason)
@@ -487,7 +488,7 @@ class Edge:
         # Orphaned sandboxes of a test run that died hard go away by themselves.
         cfg = {"orphan_timeout_s": 600}
         cfg.update(config or {})
-        e = cls(binary or edge_binary(), root, extra_args, cfg)
+        e = cls(binary or edge_binary(), root, extra_args, cfg, netns=netns)
         try:
             e.launch()
         except BaseException:
@@ -503,6 +504,8 @@ class Edge:
         args = [str(self.binary), "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket,
                 "--state-dir", str(self.state_dir), "--token-file", str(self.token_file),
                 "--config", str(self.config_file), "--node", "it"] + self.extra_args
+        if self.netns:  # only the network namespace changes (not /sys, as `ip netns exec` would)
+            args = ["nsenter", f"--net=/run/netns/{self.netns}", "--"] + args
         log = open(self.log_path, "ab")
         log.write(f"\n==== start {self.starts}: {' '.join(args)}\n".encode())
         log.flush()
@@ -547,6 +550,8 @@ class Edge:
         return self.proc is not None and self.proc.poll() is None
 
     def client(self, **kw):
+        if self.netns:  # its TCP listener is on the namespace's loopback
+            return Client(unix_path=self.socket, **kw)
         return Client(self.url, self.token, **kw)
 
     def unix_client(self, **kw):

@@ -13,7 +13,8 @@ std::string AdoptionHandle::Encode() const {
                {"overlays", overlays},
                {"id_base", id_base},
                {"disk_image", disk_image},
-               {"stack", {{"base", base}, {"layers", layer_digests}}}})
+               {"stack", {{"base", base}, {"layers", layer_digests}}},
+               {"net", {{"addr", net_addr}, {"if", net_if}}}})
       .dump();
 }
 
@@ -46,6 +47,14 @@ StatusOr<AdoptionHandle> AdoptionHandle::Parse(const std::string& text) {
     DSEC_ASSIGN_OR_RETURN(a.base, GetString(*it, "base", "host"));
     if (auto l = it->find("layers"); l != it->end())
       DSEC_RETURN_IF_ERROR(strings(*l, "stack layers", &a.layer_digests));
+  }
+  if (auto it = h.find("net"); it != h.end()) {
+    if (!it->is_object()) return InvalidArgument("adoption handle: net is not an object");
+    DSEC_ASSIGN_OR_RETURN(int64_t addr, GetInt(*it, "addr", 0, 0, UINT32_MAX));
+    a.net_addr = static_cast<uint32_t>(addr);
+    DSEC_ASSIGN_OR_RETURN(a.net_if, GetString(*it, "if", ""));
+    if ((a.net_addr == 0) != a.net_if.empty())
+      return InvalidArgument("adoption handle: net needs both addr and if");
   }
   return a;
 }

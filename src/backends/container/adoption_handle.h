@@ -21,6 +21,9 @@ struct AdoptionHandle {
   std::vector<std::string> overlays;       // overlay mount targets inside the sandbox
   std::string base = "host";               // image stack: "host" or an image's base
   std::vector<std::string> layer_digests;  // its layers, bottom first
+  // Its end of the node's sandbox network (net/node_network.h); 0 / empty: none.
+  uint32_t net_addr = 0;
+  std::string net_if;
 
   std::string Encode() const;
   // Unknown keys are ignored (a newer edge's handle); a missing or empty secret, or a field

@@ -5,6 +5,7 @@
 // Everything it creates carries the instance id derived from the state dir.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "isolation/netns.h"
 #include "isolation/socket_budget.h"
 #include "isolation/uid_ranges.h"
+#include "net/node_network.h"
 
 namespace dsec::backends::container {
 
@@ -63,6 +65,9 @@ struct ContainerBackendOptions {
   int io_threads = 1;
   // Layered images beyond the built-in "host" (not owned; null: only "host").
   images::ImageStore* image_store = nullptr;
+  // The node's sandbox network for modes other than none, started on first use (null or an
+  // error: such sandboxes cannot be made, with that error).
+  std::function<StatusOr<net::NodeNetwork*>()> network;
 };
 
 class ContainerInstance;

@@ -162,7 +162,12 @@ StatusOr<AgentLink> ContainerInstance::Start() {
 
   if (b.netns_) {
     DSEC_ASSIGN_OR_RETURN(netns_, b.netns_->Acquire());
+  } else if (spec_.network.mode != net::NetMode::kNone) {
+    DSEC_ASSIGN_OR_RETURN(netns_, isolation::NetnsPool::CreateLoopbackOnly());
   }
+  // Its network exists, policy applied, before anything of the sandbox runs.
+  if (spec_.network.mode != net::NetMode::kNone)
+    DSEC_RETURN_IF_ERROR(ApplyNetwork(spec_.network, netns_.ns.get()));
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) return ErrnoError("socketpair");
   UniqueFd conn(sp[0]), child_end(sp[1]);
@@ -256,6 +261,14 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
   holds_image_ = !stack_.layers.empty();
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->OpenSandbox(spec_.id));
   cgroup_ = std::move(cg);
+  if (h.net_addr) {
+    if (!b.opts_.network) return FailedPrecondition("this edge has no sandbox network");
+    DSEC_ASSIGN_OR_RETURN(net_, b.opts_.network());
+    net::NetAttachment a{h.net_addr, h.net_if};
+    DSEC_RETURN_IF_ERROR(net_->Readopt(a));
+    attachment_ = a;
+    DSEC_RETURN_IF_ERROR(net_->Apply(attachment_, spec_.network));
+  }
   // A frozen agent cannot answer: thaw for the handshake, freeze again after.
   bool frozen = cgroup_->IsFrozen().value_or(false);
   if (frozen) DSEC_RETURN_IF_ERROR(cgroup_->Thaw());
@@ -295,13 +308,16 @@ std::string ContainerInstance::AdoptionHandle() const {
   h.overlays = overlay_targets_;
   h.base = stack_.base;
   for (const auto& l : stack_.layers) h.layer_digests.push_back(l.digest);
+  h.net_addr = attachment_.addr;
+  h.net_if = attachment_.host_if;
   return h.Encode();
 }
 
 void ContainerInstance::Detach() {
   destroyed_ = true;  // nothing for a later Destroy to do
-  // Still in use by the agent: never back into the pool.
+  // Still in use by the agent: never back into the pool; its network stays for the next edge.
   netns_ = {};
+  attachment_ = {};
   agent_.reset();  // already exec'd: nothing is killed
   adopted_ = false;
   lock_fd_.Reset();
@@ -550,9 +566,13 @@ Status ContainerInstance::Destroy() {
     }
     adopted_ = false;
   }
+  // Its rules and conntrack entries go now; the veth goes with the namespace.
+  bool networked = bool(attachment_);
+  if (attachment_ && net_) net_->Detach(attachment_);
+  attachment_ = {};
   // Nothing runs in the network namespace any more (the agent, PID 1 of the only pid
-  // namespace in it, is reaped), so it can serve another sandbox.
-  if (netns_.ns && backend_->netns_) backend_->netns_->Release(std::move(netns_));
+  // namespace in it, is reaped), so it can serve another sandbox, unless it has a network.
+  if (netns_.ns && backend_->netns_ && !networked) backend_->netns_->Release(std::move(netns_));
   netns_ = {};
   if (cgroup_) result = cgroup_->Destroy();
   if (!dir_.empty()) {
@@ -578,6 +598,38 @@ Status ContainerInstance::Destroy() {
       DSEC_LOG_WARN("image store: collect: {}", n.status().ToString());
   }
   return result;
+}
+
+Status ContainerInstance::ApplyNetwork(const net::NetworkPolicy& p, int netns_fd) {
+  if (!attachment_) {
+    if (p.mode == net::NetMode::kNone) return OkStatus();  // nothing to take away
+    if (!backend_->opts_.network)
+      return Unimplemented("this edge has no sandbox network (network modes other than none)");
+    DSEC_ASSIGN_OR_RETURN(net_, backend_->opts_.network());
+    UniqueFd own;
+    if (netns_fd < 0) {
+      // Pooling off or adopted: the agent's namespace.
+      own.Reset(
+          open(("/proc/" + std::to_string(agent_pid_) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+      if (!own || !InOwnCgroup(agent_pid_))
+        return ErrnoError("open the sandbox's network namespace");
+      netns_fd = own.get();
+    }
+    DSEC_ASSIGN_OR_RETURN(attachment_, net_->Attach(netns_fd));
+  }
+  return net_->Apply(attachment_, p);
+}
+
+Status ContainerInstance::SetNetwork(const net::NetworkPolicy& p) {
+  return ApplyNetwork(p, netns_.ns ? netns_.ns.get() : -1);
+}
+
+std::string ContainerInstance::NetworkAddress() const {
+  return attachment_ ? net::Ipv4ToString(attachment_.addr) : std::string();
+}
+
+uint64_t ContainerInstance::NetworkDenied() {
+  return attachment_ && net_ ? net_->Denied(attachment_) : 0;
 }
 
 StatusOr<std::vector<std::string>> ContainerInstance::CaptureStack(bool keep_setuid, bool running) {

@@ -18,6 +18,7 @@
 #include "isolation/cgroup.h"
 #include "isolation/netns.h"
 #include "isolation/rootfs.h"
+#include "net/node_network.h"
 #include "protocol/messages.h"
 
 namespace dsec::backends::container {
@@ -40,6 +41,9 @@ class ContainerInstance : public Instance {
   Status SetMemoryLimit(int64_t bytes) override;
   StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running) override;
   Status Destroy() override;
+  Status SetNetwork(const net::NetworkPolicy& p) override;
+  std::string NetworkAddress() const override;
+  uint64_t NetworkDenied() override;
   void Detach() override;
 
   // True if pid is a process in this sandbox's cgroups (checked from /proc/<pid>/cgroup).
@@ -74,7 +78,12 @@ class ContainerInstance : public Instance {
   std::unique_ptr<PendingAgent> agent_;        // launched by us
   bool adopted_ = false;                       // found by Adopt (agent_pid_)
   UniqueFd lock_fd_;
-  isolation::Netns netns_;  // pooled namespace, returned on destroy
+  isolation::Netns netns_;  // pooled namespace, returned on destroy (unless it got a network)
+  // Its network (SetNetwork, or the spec at Start); `net_` is the node network it is on.
+  net::NodeNetwork* net_ = nullptr;
+  net::NetAttachment attachment_;
+  // Gives the sandbox's namespace a network if it has none yet, then applies `p`.
+  Status ApplyNetwork(const net::NetworkPolicy& p, int netns_fd);
   pid_t agent_pid_ = -1;
   int64_t uid_slot_ = -1;
   // The host uid range's lease while we hold it: until the agent has its own copy after

@@ -372,6 +372,9 @@ Status MicrovmInstance::Handshake(UniqueFd* conn_fd) {
 
 StatusOr<AgentLink> MicrovmInstance::Start() {
   MicrovmBackend& b = *backend_;
+  if (spec_.network.mode != net::NetMode::kNone)
+    return Unimplemented("network mode \"" + std::string(net::NetModeName(spec_.network.mode)) +
+                         "\" is not available for microVM sandboxes yet (containers have it)");
   DSEC_RETURN_IF_ERROR(ClaimDirectory());
   std::vector<UniqueFd> layers;
   DSEC_RETURN_IF_ERROR(AcquireImage(&layers));

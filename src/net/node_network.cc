@@ -1,0 +1,459 @@
+#include "net/node_network.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/netlink.h>
+#include <net/if.h>
+#include <nftables/libnftables.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "base/file_util.h"
+#include "base/json.h"
+#include "base/logging.h"
+#include "base/strings.h"
+#include "base/unique_fd.h"
+#include "net/netlink.h"
+
+namespace dsec::net {
+
+namespace {
+
+std::string Hex8(uint32_t v) {
+  char b[9];
+  snprintf(b, sizeof b, "%08" PRIx32, v);
+  return b;
+}
+
+std::string Cidr(uint32_t a, uint8_t p) { return Ipv4ToString(a) + "/" + std::to_string(p); }
+
+Status WriteSysctl(const std::string& path, const char* value) {
+  return WriteStringToFile(path, value);
+}
+
+// "{ 443, 8000-8100 }"
+std::string PortSet(const std::vector<PortRange>& ports) {
+  std::string s = "{ ";
+  for (size_t i = 0; i < ports.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(ports[i].lo);
+    if (ports[i].hi != ports[i].lo) s += "-" + std::to_string(ports[i].hi);
+  }
+  return s + " }";
+}
+
+// The nft rule bodies (after the chain) that accept what `r` allows.
+std::vector<std::string> RuleBodies(const Rule& r) {
+  std::string dst = "ip daddr " + Cidr(r.addr, r.prefix) + " ";
+  std::vector<std::string> out;
+  auto l4 = [&](const char* proto) {
+    if (r.ports.empty()) out.push_back(dst + "meta l4proto " + proto + " accept");
+    else out.push_back(dst + proto + " dport " + PortSet(r.ports) + " accept");
+  };
+  if (r.protos & kTcp) l4("tcp");
+  if (r.protos & kUdp) l4("udp");
+  if ((r.protos & kIcmp) && r.ports.empty()) out.push_back(dst + "meta l4proto icmp accept");
+  return out;
+}
+
+// Sets up the sandbox's side from inside its namespace: no IPv6, and sockets that stay there.
+struct Inside {
+  UniqueFd rtnl, inet;
+};
+StatusOr<Inside> EnterOnce(int netns_fd) {
+  Inside in;
+  Status s;
+  std::thread t([&] {
+    if (setns(netns_fd, CLONE_NEWNET) < 0) {
+      s = ErrnoError("setns into the sandbox's network namespace");
+      return;
+    }
+    // New links take "default"; there is no IPv6 address, route or filter for a sandbox.
+    for (const char* f : {"/proc/sys/net/ipv6/conf/default/disable_ipv6",
+                          "/proc/sys/net/ipv6/conf/all/disable_ipv6"})
+      if (access(f, F_OK) == 0) (void)WriteSysctl(f, "1");
+    in.rtnl.Reset(socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));
+    in.inet.Reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!in.rtnl || !in.inet) s = ErrnoError("socket in the sandbox's network namespace");
+  });
+  t.join();
+  if (!s.ok()) return s;
+  return in;
+}
+
+// "packets N" in `nft list counter` output.
+uint64_t PacketsOf(const std::string& out) {
+  size_t p = out.find("packets ");
+  if (p == std::string::npos) return 0;
+  p += 8;
+  return ParseUint64(out.substr(p, out.find_first_not_of("0123456789", p) - p)).value_or(0);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<NodeNetwork>> NodeNetwork::Start(NodeNetworkOptions opts) {
+  std::unique_ptr<NodeNetwork> n(new NodeNetwork(std::move(opts)));
+  if (Status s = n->Init(); !s.ok()) {
+    n->Stop();  // what Init made so far
+    return s.WithContext("sandbox network");
+  }
+  return n;
+}
+
+NodeNetwork::~NodeNetwork() {
+  MutexLock l(mu_);
+  if (nft_) nft_ctx_free(nft_);
+}
+
+Status NodeNetwork::Init() {
+  const auto& t = opts_.tag;
+  if (t.empty() || t.size() > 6 || t.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyz") !=
+                                       std::string::npos)
+    return InvalidArgument("network tag must be 1-6 characters of [0-9a-z]");
+  bool host_bits = false;
+  if (!ParseCidr(opts_.cidr, &base_, &prefix_, &host_bits) || host_bits || prefix_ < 8 ||
+      prefix_ > 28)
+    return InvalidArgument("network_cidr must be an IPv4 network from /8 to /28, e.g. 10.213.0.0/16 (got \"" +
+                           opts_.cidr + "\")");
+  gateway_ = base_ + 1;
+  table_ = "dsec_" + t;
+  bridge_ = "dsg" + t;
+  veth_prefix_ = "dsv" + t;
+  DSEC_ASSIGN_OR_RETURN(Netlink rtnl, Netlink::Open(NETLINK_ROUTE));
+  uplink_ = opts_.uplink;
+  if (uplink_.empty()) {
+    DSEC_ASSIGN_OR_RETURN(uplink_, rtnl.DefaultRouteInterface());
+  }
+  if (!rtnl.LinkIndex(uplink_).ok())
+    return FailedPrecondition("network_uplink " + uplink_ + " is not an interface of this node");
+
+  {
+    MutexLock l(mu_);
+    nft_ = nft_ctx_new(NFT_CTX_DEFAULT);
+    if (!nft_) return InternalError("libnftables: nft_ctx_new failed");
+    nft_ctx_buffer_output(nft_);
+    nft_ctx_buffer_error(nft_);
+    // A table left by a crashed run of this edge is replaced in the same transaction.
+    bool existed = NftOutput("list table inet " + table_).ok();
+    DSEC_RETURN_IF_ERROR(Nft("add table inet " + table_ + "\ndelete table inet " + table_ + "\n" +
+                             Ruleset()));
+    if (existed) {
+      DSEC_ASSIGN_OR_RETURN(Netlink ct, Netlink::Open(NETLINK_NETFILTER));
+      (void)ct.FlushConntrack(base_, PrefixMask(prefix_));
+    }
+    used_.assign(size_t{1} << (32 - prefix_), false);
+    used_[0] = used_[1] = true;
+    used_.back() = true;
+    std::random_device rd;
+    veth_counter_ = rd();
+  }
+  // The gateway (after the table, which keeps its IGMP reports out of conntrack): ours from
+  // an earlier run of this edge (re-made), or nobody's.
+  if (auto old = rtnl.LinkIndex(bridge_); old.ok()) DSEC_RETURN_IF_ERROR(rtnl.DeleteLink(*old));
+  {
+    UniqueFd probe(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(gateway_);
+    if (probe && bind(probe.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0)
+      return FailedPrecondition("network_cidr " + opts_.cidr + " is in use on this node (" +
+                                Ipv4ToString(gateway_) +
+                                " is already a local address): choose another network_cidr");
+  }
+  DSEC_RETURN_IF_ERROR(rtnl.CreateBridge(bridge_));
+  DSEC_ASSIGN_OR_RETURN(int br, rtnl.LinkIndex(bridge_));
+  (void)WriteSysctl("/proc/sys/net/ipv6/conf/" + bridge_ + "/disable_ipv6", "1");
+  DSEC_RETURN_IF_ERROR(rtnl.AddAddress4(br, gateway_, 32).WithContext("gateway address"));
+
+  return SetUplinkForwarding();
+}
+
+Status NodeNetwork::SetUplinkForwarding() {
+  std::string path = "/proc/sys/net/ipv4/conf/" + uplink_ + "/forwarding";
+  DSEC_ASSIGN_OR_RETURN(std::string now, ReadFileToString(path));
+  now = std::string(TrimWhitespace(now));
+  uplink_forwarding_before_ = now;
+  // After a crash the file says what it was before that run changed it.
+  if (!opts_.state_file.empty()) {
+    if (auto f = ReadFileToString(opts_.state_file); f.ok()) {
+      if (auto j = ParseJson(*f); j.ok() && j->value("uplink", "") == uplink_)
+        uplink_forwarding_before_ = j->value("forwarding", now);
+    } else {
+      Json j = {{"uplink", uplink_}, {"forwarding", now}};
+      DSEC_RETURN_IF_ERROR(WriteStringToFile(opts_.state_file, j.dump(), O_WRONLY | O_CREAT | O_TRUNC));
+    }
+  }
+  if (now != "1") DSEC_RETURN_IF_ERROR(WriteSysctl(path, "1"));
+  return OkStatus();
+}
+
+std::string NodeNetwork::Ruleset() const {
+  const std::string range = Cidr(base_, prefix_), veths = "\"" + veth_prefix_ + "*\"";
+  const std::string rate = std::to_string(opts_.new_conns_per_s);
+  return StrCat({"table inet ", table_, " {\n",
+                 "  set bind { type ifname . ipv4_addr; }\n",
+                 "  set never { type ipv4_addr; flags interval; elements = { 0.0.0.0/8, ", range,
+                 ", 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3 } }\n",
+                 "  set private { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, "
+                 "100.64.0.0/10, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15 } }\n",
+                 "  map marks { type ipv4_addr : mark; }\n",
+                 "  map denied { type ipv4_addr : counter; }\n",
+                 "  map dispatch { type ipv4_addr : verdict; }\n",
+                 "  set conns { type ipv4_addr; size 65535; flags dynamic; }\n",
+                 "  set rate { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 10s; }\n",
+                 "  counter denied_total { }\n",
+                 "  chain forward { type filter hook forward priority filter; policy accept;\n",
+                 "    iifname ", veths, " jump from_sandbox\n",
+                 "    oifname ", veths, " ct state established,related accept\n",
+                 "    oifname ", veths, " reject with icmpx type admin-prohibited\n",
+                 "  }\n",
+                 "  chain from_sandbox {\n",
+                 "    meta nfproto != ipv4 drop\n",
+                 "    iifname . ip saddr != @bind drop\n",
+                 "    ct state new ct mark set ip saddr map @marks\n",
+                 "    ct state new add @conns { ip saddr ct count over ",
+                 std::to_string(opts_.max_conns), " } goto deny\n",
+                 "    ct state new update @rate { ip saddr limit rate over ", rate,
+                 "/second burst ", std::to_string(2 * opts_.new_conns_per_s),
+                 " packets } goto deny\n",
+                 "    ip daddr @never goto deny\n",
+                 "    ip saddr vmap @dispatch\n",
+                 "    goto deny\n",
+                 "  }\n",
+                 "  chain deny {\n",
+                 "    counter name denied_total\n",
+                 "    counter name ip saddr map @denied\n",
+                 "    meta l4proto tcp reject with tcp reset\n",
+                 "    reject with icmpx type admin-prohibited\n",
+                 "  }\n",
+                 "  chain input { type filter hook input priority filter; policy accept;\n",
+                 "    iifname ", veths, " jump to_node\n",
+                 "  }\n",
+                 "  chain to_node {\n",
+                 "    meta nfproto != ipv4 drop\n",
+                 "    goto deny\n",
+                 "  }\n",
+                 // The veths have no address of their own, so the node's IGMP reports on them
+                 // would carry the gateway's: dropped before conntrack sees them.
+                 "  chain output { type filter hook output priority raw; policy accept;\n",
+                 "    oifname ", veths, " meta l4proto igmp drop\n",
+                 "    oifname \"", bridge_, "\" meta l4proto igmp drop\n",
+                 "  }\n",
+                 "  chain postrouting { type nat hook postrouting priority srcnat; policy accept;\n",
+                 "    ip saddr ", range, " oifname \"", uplink_, "\" masquerade\n",
+                 "  }\n",
+                 "}\n"});
+}
+
+Status NodeNetwork::Nft(const std::string& cmds) { return NftOutput(cmds).status(); }
+
+StatusOr<std::string> NodeNetwork::NftOutput(const std::string& cmds) {
+  if (!nft_) return FailedPrecondition("the node network is stopped");
+  int rc = nft_run_cmd_from_buffer(nft_, cmds.c_str());
+  std::string out = nft_ctx_get_output_buffer(nft_);
+  std::string err = nft_ctx_get_error_buffer(nft_);
+  if (rc != 0) {
+    std::string first = err.substr(0, err.find('\n'));
+    return InternalError("nftables: " + (first.empty() ? std::string("command failed") : first));
+  }
+  return out;
+}
+
+StatusOr<uint32_t> NodeNetwork::AllocateAddress() {
+  size_t n = used_.size();
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t off = static_cast<uint32_t>((next_ + i) % n);
+    if (used_[off]) continue;
+    used_[off] = true;
+    next_ = off + 1;  // next-fit: an address is reused as late as possible
+    return base_ + off;
+  }
+  return OverCapacity("the node's sandbox network " + opts_.cidr + " has no free address");
+}
+
+std::string NodeNetwork::AttachCmds(uint32_t addr, const std::string& host_if) const {
+  const std::string a = Ipv4ToString(addr), x = Hex8(addr), t = " inet " + table_ + " ";
+  return StrCat({"add element", t, "bind { \"", host_if, "\" . ", a, " }\n",  //
+                 "add element", t, "marks { ", a, " : 0x", x, " }\n",         //
+                 "add counter", t, "dn_", x, "\n",                            //
+                 "add element", t, "denied { ", a, " : \"dn_", x, "\" }\n",   //
+                 "add chain", t, "sb_", x, "\n"});
+}
+
+StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd) {
+  NetAttachment a;
+  {
+    MutexLock l(mu_);
+    if (stopped_) return FailedPrecondition("the node network is stopped");
+    DSEC_ASSIGN_OR_RETURN(a.addr, AllocateAddress());
+    // Unique names: a dropped namespace's veth lingers for a moment (the kernel removes it
+    // asynchronously), so a name is never reused soon.
+    const size_t width = std::min<size_t>(8, IFNAMSIZ - 1 - veth_prefix_.size());
+    a.host_if = veth_prefix_ + Hex8(veth_counter_++).substr(8 - width);
+  }
+  auto fail = [&](Status s) {
+    MutexLock l(mu_);
+    used_[a.addr - base_] = false;
+    return s;
+  };
+  DSEC_ASSIGN_OR_RETURN(Inside in, EnterOnce(netns_fd));
+  DSEC_ASSIGN_OR_RETURN(Netlink rtnl, Netlink::Open(NETLINK_ROUTE));
+  if (Status s = rtnl.CreateVeth(a.host_if, "eth0", netns_fd); !s.ok()) return fail(s);
+  auto undo = [&](Status s) {
+    if (auto i = rtnl.LinkIndex(a.host_if); i.ok()) (void)rtnl.DeleteLink(*i);
+    return fail(s.WithContext("attach the sandbox network"));
+  };
+  auto host = rtnl.LinkIndex(a.host_if);
+  if (!host.ok()) return undo(host.status());
+  (void)WriteSysctl("/proc/sys/net/ipv6/conf/" + a.host_if + "/disable_ipv6", "1");
+  if (Status s = WriteSysctl("/proc/sys/net/ipv4/conf/" + a.host_if + "/forwarding", "1"); !s.ok())
+    return undo(s);
+  if (Status s = rtnl.AddRoute4(a.addr, 32, *host, 0, false); !s.ok()) return undo(s);
+  ifreq ifr{};
+  strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
+  if (ioctl(in.inet.get(), SIOCGIFINDEX, &ifr) < 0) return undo(ErrnoError("eth0 index"));
+  int eth0 = ifr.ifr_ifindex;
+  Netlink inner = Netlink::FromFd(std::move(in.rtnl));
+  if (Status s = inner.SetUp(eth0); !s.ok()) return undo(s);
+  if (Status s = inner.AddAddress4(eth0, a.addr, 32); !s.ok()) return undo(s);
+  if (Status s = inner.AddRoute4(0, 0, eth0, gateway_, /*onlink=*/true); !s.ok()) return undo(s);
+  Status s;
+  {
+    MutexLock l(mu_);
+    s = Nft(AttachCmds(a.addr, a.host_if));
+    if (s.ok()) attached_[a.addr] = false;
+  }
+  if (!s.ok()) return undo(s);
+  return a;
+}
+
+Status NodeNetwork::Readopt(const NetAttachment& a) {
+  MutexLock l(mu_);
+  if (a.addr <= base_ || a.addr - base_ >= used_.size())
+    return InvalidArgument("address " + Ipv4ToString(a.addr) + " is outside " + opts_.cidr);
+  if (attached_.count(a.addr))
+    return Status(StatusCode::kAlreadyExists, Ipv4ToString(a.addr) + " is attached");
+  DSEC_RETURN_IF_ERROR(Nft(AttachCmds(a.addr, a.host_if)));
+  used_[a.addr - base_] = true;
+  attached_[a.addr] = false;
+  return OkStatus();
+}
+
+Status NodeNetwork::Apply(const NetAttachment& a, const NetworkPolicy& p) {
+  MutexLock l(mu_);
+  auto it = attached_.find(a.addr);
+  if (it == attached_.end()) return FailedPrecondition("the sandbox has no network attachment");
+  const std::string x = Hex8(a.addr), t = " inet " + table_ + " ", chain = "sb_" + x;
+  std::string cmds = "flush chain" + t + chain + "\n";
+  for (const auto& r : p.rules)
+    for (const auto& body : RuleBodies(r)) cmds += "add rule" + t + chain + " " + body + "\n";
+  if (p.mode == NetMode::kOpen)
+    cmds += "add rule" + t + chain + " ip daddr != @private accept\n";
+  bool dispatch = p.mode != NetMode::kNone;
+  if (dispatch && !it->second)
+    cmds += StrCat({"add element", t, "dispatch { ", Ipv4ToString(a.addr), " : jump ", chain, " }\n"});
+  if (!dispatch && it->second)
+    cmds += StrCat({"delete element", t, "dispatch { ", Ipv4ToString(a.addr), " }\n"});
+  DSEC_RETURN_IF_ERROR(Nft(cmds));
+  it->second = dispatch;
+  return OkStatus();
+}
+
+void NodeNetwork::Detach(const NetAttachment& a) {
+  {
+    MutexLock l(mu_);
+    auto it = attached_.find(a.addr);
+    if (it == attached_.end()) return;
+    const std::string s = Ipv4ToString(a.addr), x = Hex8(a.addr), t = " inet " + table_ + " ";
+    std::string cmds;
+    if (it->second) cmds += StrCat({"delete element", t, "dispatch { ", s, " }\n"});
+    cmds += StrCat({"flush chain", t, "sb_", x, "\n",                                 //
+                    "delete chain", t, "sb_", x, "\n",                                //
+                    "delete element", t, "bind { \"", a.host_if, "\" . ", s, " }\n",  //
+                    "delete element", t, "marks { ", s, " }\n",                       //
+                    "delete element", t, "denied { ", s, " }\n",                      //
+                    "delete counter", t, "dn_", x, "\n"});
+    if (Status st = Nft(cmds); !st.ok())
+      DSEC_LOG_WARN("network: detach {}: {}", s, st.ToString());
+    attached_.erase(it);
+    used_[a.addr - base_] = false;
+  }
+  if (auto ct = Netlink::Open(NETLINK_NETFILTER); ct.ok()) {
+    if (Status s = ct->FlushConntrack(a.addr, 0xffffffff); !s.ok())
+      DSEC_LOG_WARN("network: conntrack flush {}: {}", Ipv4ToString(a.addr), s.ToString());
+  }
+}
+
+uint64_t NodeNetwork::Denied(const NetAttachment& a) {
+  MutexLock l(mu_);
+  auto out = NftOutput("list counter inet " + table_ + " dn_" + Hex8(a.addr));
+  if (!out.ok()) return 0;
+  return PacketsOf(*out);
+}
+
+uint64_t NodeNetwork::DeniedTotal() {
+  MutexLock l(mu_);
+  auto out = NftOutput("list counter inet " + table_ + " denied_total");
+  if (!out.ok()) return 0;
+  return PacketsOf(*out);
+}
+
+void NodeNetwork::Stop() {
+  MutexLock l(mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  if (nft_ && NftOutput("list table inet " + table_).ok()) {
+    if (Status s = Nft("delete table inet " + table_); !s.ok())
+      DSEC_LOG_WARN("network: delete table: {}", s.ToString());
+  }
+  if (auto rtnl = Netlink::Open(NETLINK_ROUTE); rtnl.ok()) {
+    if (auto i = rtnl->LinkIndex(bridge_); i.ok()) (void)rtnl->DeleteLink(*i);
+  }
+  if (auto ct = Netlink::Open(NETLINK_NETFILTER); ct.ok())
+    (void)ct->FlushConntrack(base_, PrefixMask(prefix_));
+  if (uplink_forwarding_before_.empty()) return;  // Init did not get that far
+  if (uplink_forwarding_before_ != "1")
+    (void)WriteSysctl("/proc/sys/net/ipv4/conf/" + uplink_ + "/forwarding",
+                      uplink_forwarding_before_.c_str());
+  if (!opts_.state_file.empty()) (void)unlink(opts_.state_file.c_str());
+  attached_.clear();
+}
+
+std::string NodeNetwork::Describe() const {
+  return StrCat({"range ", opts_.cidr, ", gateway ", Ipv4ToString(gateway_), ", uplink ", uplink_,
+                 ", table inet ", table_});
+}
+
+StatusOr<NodeNetwork*> LazyNodeNetwork::Get() {
+  MutexLock l(mu_);
+  if (!net_) {
+    auto n = NodeNetwork::Start(opts_);
+    if (!n.ok()) {
+      DSEC_LOG_WARN("network: {}", n.status().ToString());
+      return Status(n.status().code() == StatusCode::kInternal ? StatusCode::kUnavailable
+                                                                 : n.status().code(),
+                    n.status().message());
+    }
+    net_ = std::move(*n);
+    DSEC_LOG_INFO("network: {}", net_->Describe());
+  }
+  return net_.get();
+}
+
+NodeNetwork* LazyNodeNetwork::IfStarted() {
+  MutexLock l(mu_);
+  return net_.get();
+}
+
+void LazyNodeNetwork::Stop() {
+  MutexLock l(mu_);
+  if (net_) net_->Stop();
+}
+
+}  // namespace dsec::net

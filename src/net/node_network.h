@@ -1,0 +1,124 @@
+// The node's sandbox network: each sandbox that has one gets a veth from its own network
+// namespace (eth0 there) to this node, a /32 address from a node-local range, and egress
+// through NAT on the uplink, policed by this edge's own nftables table.
+//
+// Layout (all made narrowly, all removed by Stop):
+//   - a port-less bridge `dsg<tag>` holding the gateway address (the first of the range), which
+//     every sandbox reaches over its veth (the kernel answers ARP for local addresses);
+//   - per sandbox: host veth `dsv<tag><n>` (forwarding on for it alone), a /32 route to it;
+//     in the sandbox: eth0 with the /32 and `default via gateway onlink`, IPv6 off;
+//   - IPv4 forwarding on the uplink (restored to what it was on Stop, also after a crash);
+//   - `table inet dsec_<tag>`: the forward hook sends sandbox traffic through an anti-spoofing
+//     check (interface . address), per-sandbox connection and new-connection-rate caps, a
+//     never-reachable set (the range itself, loopback, link-local/metadata, multicast), then
+//     the sandbox's own chain (its rules; for `open` every address outside private ranges)
+//     and otherwise a reject (TCP reset / ICMP admin-prohibited) counted per sandbox. Every
+//     packet a sandbox sends is checked, so a policy change cuts an established connection at
+//     its next packet. Nothing may open a connection into a sandbox; the input hook refuses
+//     everything from sandboxes to the node itself; postrouting masquerades to the uplink.
+// Conntrack entries of a sandbox carry its address as mark and are flushed when it goes.
+// Destroying a sandbox drops its namespace (the kernel removes the veth pair and its route).
+//
+// Thread safety: all methods are thread-safe. Privileges: CAP_NET_ADMIN, CAP_SYS_ADMIN.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/mutex.h"
+#include "base/status.h"
+#include "net/policy.h"
+
+struct nft_ctx;
+
+namespace dsec::net {
+
+struct NodeNetworkOptions {
+  std::string cidr = "10.213.0.0/16";  // node-local; /8 to /28
+  std::string uplink;                  // empty: the interface of the IPv4 default route
+  std::string tag;                     // 1-6 of [0-9a-z]: names the table, bridge and veths
+  std::string state_file;  // remembers the uplink's forwarding setting across crashes
+  uint32_t max_conns = 1024;       // tracked connections per sandbox
+  uint32_t new_conns_per_s = 200;  // new connections per second per sandbox (burst: 2x)
+};
+
+// A sandbox's end of the network, as an adoption handle keeps it.
+struct NetAttachment {
+  uint32_t addr = 0;    // host byte order; 0: none
+  std::string host_if;  // the host end of its veth
+  explicit operator bool() const { return addr != 0; }
+};
+
+class NodeNetwork {
+ public:
+  static StatusOr<std::unique_ptr<NodeNetwork>> Start(NodeNetworkOptions opts);
+  ~NodeNetwork();
+
+  // Gives the namespace eth0 (a veth to this node) and an address; everything is refused
+  // until Apply.
+  StatusOr<NetAttachment> Attach(int netns_fd);
+  // After an edge restart: the veth and route still exist; this takes the address again and
+  // re-creates its rules.
+  Status Readopt(const NetAttachment& a);
+  // Replaces the sandbox's policy (mode none: everything refused), atomically.
+  Status Apply(const NetAttachment& a, const NetworkPolicy& p);
+  // Removes its rules and conntrack entries and frees the address (the veth goes with the
+  // namespace).
+  void Detach(const NetAttachment& a);
+  // Packets the policy refused from this sandbox, and from all.
+  uint64_t Denied(const NetAttachment& a);
+  uint64_t DeniedTotal();
+  // Removes the table, the gateway bridge and the uplink's forwarding. Sandboxes still
+  // attached lose their egress.
+  void Stop();
+
+  uint32_t gateway() const { return gateway_; }
+  const std::string& uplink() const { return uplink_; }
+  const std::string& table() const { return table_; }
+  std::string Describe() const;
+
+ private:
+  explicit NodeNetwork(NodeNetworkOptions o) : opts_(std::move(o)) {}
+  Status Init();
+  // Runs nft commands as one transaction.
+  Status Nft(const std::string& cmds) DSEC_REQUIRES(mu_);
+  StatusOr<std::string> NftOutput(const std::string& cmds) DSEC_REQUIRES(mu_);
+  std::string Ruleset() const;
+  std::string AttachCmds(uint32_t addr, const std::string& host_if) const;
+  StatusOr<uint32_t> AllocateAddress() DSEC_REQUIRES(mu_);
+  Status SetUplinkForwarding();
+
+  NodeNetworkOptions opts_;
+  uint32_t base_ = 0, gateway_ = 0;
+  uint8_t prefix_ = 16;
+  std::string uplink_, table_, bridge_, veth_prefix_;
+  std::string uplink_forwarding_before_;
+
+  mutable Mutex mu_;
+  nft_ctx* nft_ DSEC_GUARDED_BY(mu_) = nullptr;
+  std::vector<bool> used_ DSEC_GUARDED_BY(mu_);  // by offset in the range
+  uint32_t next_ DSEC_GUARDED_BY(mu_) = 2;
+  uint32_t veth_counter_ DSEC_GUARDED_BY(mu_) = 0;
+  std::map<uint32_t, bool> attached_ DSEC_GUARDED_BY(mu_);  // addr -> dispatched
+  bool stopped_ DSEC_GUARDED_BY(mu_) = false;
+};
+
+// The node network, started at its first use (nothing on the host changes before) and kept.
+// A start that fails is retried at the next use. Thread-safe.
+class LazyNodeNetwork {
+ public:
+  explicit LazyNodeNetwork(NodeNetworkOptions o) : opts_(std::move(o)) {}
+  StatusOr<NodeNetwork*> Get();
+  NodeNetwork* IfStarted();
+  void Stop();  // when started
+
+ private:
+  NodeNetworkOptions opts_;
+  Mutex mu_;
+  std::unique_ptr<NodeNetwork> net_ DSEC_GUARDED_BY(mu_);
+};
+
+}  // namespace dsec::net

@@ -1,0 +1,291 @@
+"""Sandbox networking end to end (issue 17): a dsec-edge in a network namespace of its own whose
+uplink is a veth into a test "internet" (netlab.py), so no packet ever leaves this machine.
+Policies are checked from inside sandboxes with real connections: `none` reaches nothing,
+`allowlist` exactly its rules, `open` public addresses but never the node, private ranges,
+metadata or a neighbour; a PATCH applies live and cuts an established connection; a connection
+flood stays inside its sandbox's caps while a neighbour connects normally; an edge killed with
+-9 re-adopts its sandboxes' network; and after every stop nothing of it is left in the node's
+namespace (links, nftables table, conntrack entries, the uplink's forwarding setting)."""
+
+import json
+import time
+
+import pytest
+
+import edge_fixtures
+import netlab
+from edge_harness import Edge
+from netlab import PRIVATE, PUBLIC, UPLINK_ADDR
+
+REASON = edge_fixtures.SKIP_REASON or netlab.why_not_available()
+pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON or "")
+
+# Connects from inside a sandbox: prints "ok" or the error's class and errno, and the time.
+PROBE = r"""
+import socket, sys, time
+t = time.monotonic()
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
+    r = "ok"
+except OSError as e:
+    r = f"{type(e).__name__} {e.errno}"
+print(r, round((time.monotonic() - t) * 1000))
+"""
+
+REFUSED = "ConnectionRefusedError 111"
+
+
+def probe(c, sid, host, port):
+    out = c.exec(sid, cmd=["python3", "-c", PROBE, host, str(port)])
+    assert out["exit_code"] == 0, out
+    result, ms = out["stdout"].rsplit(" ", 1)
+    return result, int(ms)
+
+
+def http_get(c, sid, url):
+    code = ("import urllib.request, sys\n"
+            "print(urllib.request.urlopen(sys.argv[1], timeout=5).status)")
+    out = c.exec(sid, cmd=["python3", "-c", code, url])
+    return out["stdout"].strip() if out["exit_code"] == 0 else out["stderr"]
+
+
+def network_residue(lab, e, alone):
+    """What edge `e` left in the node namespace after its SIGTERM (its names carry the first
+    6 characters of its instance id; `alone`: no other edge runs there)."""
+    tag = e.instance[:6]
+    res = {}
+    links = [n for n in lab.links() if n in (f"dsg{tag}",) or n.startswith(f"dsv{tag}")]
+    if links:
+        res["links"] = links
+    if f"table inet dsec_{tag}" in lab.ruleset():
+        res["nft"] = lab.ruleset()
+    cidr = e.config.get("network_cidr", "10.213.0.0/16").split(".0.0/")[0] + "."
+    ct = [line for line in lab.conntrack().splitlines() if f"src={cidr}" in line]
+    if ct:
+        res["conntrack"] = ct
+    if alone and lab.sysctl("net/ipv4/conf/up0/forwarding") != "0":
+        res["uplink_forwarding"] = lab.sysctl("net/ipv4/conf/up0/forwarding")
+    return res
+
+
+def stop_and_check(lab, e, alone=False):
+    edge_fixtures._teardown(e)  # SIGTERM, then no cgroups, mounts or processes may remain
+    deadline = time.monotonic() + 5  # the kernel drops veths asynchronously
+    res = network_residue(lab, e, alone)
+    while res and time.monotonic() < deadline:
+        time.sleep(0.1)
+        res = network_residue(lab, e, alone)
+    assert not res, f"the edge left network residue: {res}"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with netlab.NetLab() as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def nedge(lab):
+    e = Edge.start(netns=lab.node)
+    yield e
+    stop_and_check(lab, e, alone=True)
+
+
+@pytest.fixture
+def c(nedge):
+    client = nedge.client()
+    made = []
+    client.made = made
+    yield client
+    for sid in made:
+        client.remove(sid)
+    client.close()
+
+
+def create(c, network=None, **kw):
+    body = dict(kw)
+    if network is not None:
+        body["network"] = network
+    sb = c.create(body)
+    c.made.append(sb["id"])
+    return sb
+
+
+def test_none_reaches_nothing_but_loopback(c, lab):
+    sb = create(c)
+    assert sb["network"] == {"mode": "none"}
+    devs = c.sh(sb["id"], "tail -n +3 /proc/net/dev | cut -d: -f1")
+    assert devs.split() == ["lo"]
+    assert probe(c, sb["id"], PUBLIC, 80)[0] == "OSError 101"  # network unreachable
+    assert not [n for n in lab.links() if n.startswith("dsv")]  # nothing made for it
+
+
+def test_allowlist_reaches_exactly_its_rules(c, nedge):
+    sb = create(c, {"mode": "allowlist", "rules": [
+        {"cidr": "198.51.100.0/24", "ports": "80", "proto": "tcp"},
+        {"cidr": PRIVATE, "ports": [80]}]})
+    sid = sb["id"]
+    assert sb["network"]["mode"] == "allowlist"
+    assert sb["network"]["address"].startswith("10.213.")
+    assert sb["network"]["rules"][0] == {"cidr": "198.51.100.0/24", "ports": "80", "proto": "tcp"}
+    assert http_get(c, sid, f"http://{PUBLIC}/") == "200"
+    assert http_get(c, sid, f"http://{PRIVATE}/") == "200"  # a rule may name a private address
+    result, ms = probe(c, sid, PUBLIC, 8080)
+    assert result == REFUSED and ms < 1000  # refused at once, not a silent drop
+    assert probe(c, sid, PUBLIC, 7)[0] == REFUSED
+    assert probe(c, sid, UPLINK_ADDR, 22)[0] == REFUSED  # the node itself
+    st = c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json
+    assert st["network_denied"] >= 3, st
+    metrics = c.get("/metrics", expect=200).body.decode()
+    line = [m for m in metrics.splitlines() if m.startswith("dsec_network_denied_packets_total")]
+    assert line and int(line[0].split()[1]) >= 3, line
+    # The record as GET shows it.
+    assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["network"] == sb["network"]
+
+
+def test_open_reaches_public_but_never_node_private_metadata_or_neighbour(c, nedge):
+    a = create(c, {"mode": "open"})
+    b = create(c, {"mode": "open"})
+    assert http_get(c, a["id"], f"http://{PUBLIC}:8080/") == "200"
+    assert probe(c, a["id"], PRIVATE, 80)[0] == REFUSED
+    assert probe(c, a["id"], "169.254.169.254", 80)[0] == REFUSED
+    assert probe(c, a["id"], UPLINK_ADDR, nedge.port)[0] == REFUSED  # the edge's port
+    assert probe(c, a["id"], "10.213.0.1", nedge.port)[0] == REFUSED  # the gateway
+    # b serves; a cannot reach it, even when a rule names every address.
+    c.exec(b["id"], "python3 -m http.server 9000 >/dev/null 2>&1 &")
+    deadline = time.monotonic() + 10
+    while http_get(c, b["id"], "http://127.0.0.1:9000/") != "200":
+        assert time.monotonic() < deadline, "the server in b did not start"
+        time.sleep(0.1)
+    c.patch(f"/v1/sandboxes/{a['id']}", {"network": {"mode": "open", "rules": [
+        {"cidr": "0.0.0.0/0"}]}}, expect=200)
+    assert probe(c, a["id"], b["network"]["address"], 9000)[0] == REFUSED
+    assert http_get(c, a["id"], f"http://{PRIVATE}/") == "200"  # the rule opens private ranges
+
+
+CUT = r"""
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 7), timeout=3)
+s.sendall(b"x"); s.recv(10)
+open("/tmp/state", "w").write("connected")
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    try:
+        s.sendall(b"x"); s.recv(10)
+    except OSError as e:
+        print("cut", type(e).__name__); sys.exit(0)
+    time.sleep(0.05)
+print("never cut")
+"""
+
+
+def test_patch_applies_live_and_cuts_established_connections(c, lab):
+    sb = create(c)  # none: no network at all yet
+    sid = sb["id"]
+    t = time.monotonic()
+    r = c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "allowlist", "rules": [
+        {"cidr": PUBLIC, "ports": "7,80"}]}}, expect=200).json
+    patch_ms = (time.monotonic() - t) * 1000
+    assert r["network"]["address"], r
+    assert probe(c, sid, PUBLIC, 7)[0] == "ok"
+    eid = c.exec(sid, cmd=["python3", "-c", CUT, PUBLIC], background=True, expect=202)["exec_id"]
+    deadline = time.monotonic() + 10
+    while c.exec(sid, "cat /tmp/state 2>/dev/null")["stdout"] != "connected":
+        assert time.monotonic() < deadline, "the echo connection did not open"
+        time.sleep(0.05)
+    c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "allowlist", "rules": [
+        {"cidr": PUBLIC, "ports": "80"}]}}, expect=200)
+    done = c.get(f"/v1/sandboxes/{sid}/execs/{eid}?wait_ms=10000", expect=200).json
+    assert done["result"]["stdout"].strip() == "cut ConnectionResetError", done
+    assert probe(c, sid, PUBLIC, 7)[0] == REFUSED
+    assert http_get(c, sid, f"http://{PUBLIC}/") == "200"
+    # Back to none: everything is refused (its eth0 stays, answering nothing).
+    c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "none"}}, expect=200)
+    assert probe(c, sid, PUBLIC, 80)[0] == REFUSED
+    assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["network"]["mode"] == "none"
+    print(f"PATCH none -> allowlist (attach + policy) took {patch_ms:.1f} ms end to end")
+
+
+def test_bad_policies_are_clear_400s(c):
+    for network, says in [
+        ({"mode": "everything"}, "network mode must be"),
+        ({"mode": "allowlist", "rules": [{"cidr": "10.1.2.3/8"}]}, "did you mean 10.0.0.0/8"),
+        ({"mode": "allowlist", "rules": [{"cidr": "1.2.3.4", "ports": "70000"}]}, "bad port"),
+        ({"mode": "none", "rules": [{"cidr": "1.2.3.4"}]}, "takes no rules"),
+    ]:
+        r = c.post("/v1/sandboxes", {"network": network}, expect=400)
+        assert says in r.json["error"]["message"], r.json
+    sb = create(c)
+    r = c.patch(f"/v1/sandboxes/{sb['id']}", {"network": {"mode": "open", "rules": 5}},
+                expect=400)
+    assert "must be a list" in r.json["error"]["message"]
+
+
+FLOOD = r"""
+import socket, sys
+held, refused, other = [], 0, 0
+for i in range(int(sys.argv[2])):
+    try:
+        held.append(socket.create_connection((sys.argv[1], 7), timeout=2))
+    except ConnectionRefusedError:
+        refused += 1
+    except OSError:
+        other += 1
+print(len(held), refused, other)
+"""
+
+
+def test_connection_flood_stays_in_its_sandbox(lab):
+    e = Edge.start(netns=lab.node, config={"network_cidr": "10.214.0.0/16",
+                                           "network_max_conns": 64,
+                                           "network_new_conns_per_s": 100})
+    try:
+        c = e.client()
+        flood = c.create({"network": {"mode": "open"}})["id"]
+        neighbour = c.create({"network": {"mode": "open"}})["id"]
+        bg = c.exec(flood, cmd=["python3", "-c", FLOOD, PUBLIC, "600"], background=True,
+                    expect=202)
+        times = []
+        for _ in range(10):
+            result, ms = probe(c, neighbour, PUBLIC, 7)
+            assert result == "ok"
+            times.append(ms)
+        done = c.get(f"/v1/sandboxes/{flood}/execs/{bg['exec_id']}?wait_ms=60000",
+                     expect=200).json
+        held, refused, other = map(int, done["result"]["stdout"].split())
+        assert held <= 64 + 1, done  # its conntrack cap
+        assert refused >= 600 - 65 - other and other == 0, done
+        assert max(times) < 500, times  # the neighbour connects as usual meanwhile
+        print(f"flood: {held} held, {refused} refused; neighbour connect ms: {times}")
+        for sid in (flood, neighbour):
+            c.remove(sid)
+        c.close()
+    finally:
+        stop_and_check(lab, e)
+
+
+def test_kill9_restart_readopts_the_network(lab):
+    e = Edge.start(netns=lab.node, config={"network_cidr": "10.215.0.0/16"})
+    try:
+        c = e.client()
+        sb = c.create({"network": {"mode": "allowlist",
+                                   "rules": [{"cidr": PUBLIC, "ports": 80}]}})
+        assert probe(c, sb["id"], PUBLIC, 80)[0] == "ok"
+        e.kill9()
+        e.launch()
+        assert e.adopted == 1
+        c = e.client()
+        rec = c.get(f"/v1/sandboxes/{sb['id']}", expect=200).json
+        assert rec["network"]["address"] == sb["network"]["address"]
+        assert probe(c, sb["id"], PUBLIC, 80)[0] == "ok"
+        assert probe(c, sb["id"], PUBLIC, 8080)[0] == REFUSED
+        # A change after the restart is recorded and survives the next one too.
+        c.patch(f"/v1/sandboxes/{sb['id']}", {"network": {"mode": "open"}}, expect=200)
+        e.kill9()
+        e.launch()
+        c = e.client()
+        assert probe(c, sb["id"], PUBLIC, 8080)[0] == "ok"
+        c.remove(sb["id"])
+        c.close()
+    finally:
+        stop_and_check(lab, e)
