@@ -84,6 +84,8 @@ RootfsPlan PlanRootfs(const RootfsInputs& in) {
                  "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" +
                      in.hostname + "\n",
                  0644, 0, 0}};
+  if (!in.nameserver.empty())
+    plan.files.push_back({"/etc/resolv.conf", "nameserver " + in.nameserver + "\n", 0644, 0, 0});
   // Without the host image, the sandbox user is added to the image's own passwd and group.
   if (!in.host_base) {
     std::string passwd = TopmostText(in.layers, &LayerFacts::passwd_present, &LayerFacts::passwd);

@@ -60,6 +60,8 @@ struct RootfsInputs {
   std::vector<isolation::OverlaySpec> host_overlays;
   std::vector<LayerFacts> layers;  // image layers, bottom first
   std::string hostname;
+  // /etc/resolv.conf's nameserver (the node's sandbox DNS forwarder); empty: the image's file.
+  std::string nameserver;
   std::string workdir;
   uint32_t workdir_uid = 0, workdir_gid = 0;  // the sandbox user's
   int64_t disk_mb = 256;

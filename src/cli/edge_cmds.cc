@@ -54,12 +54,55 @@ const std::vector<std::string> kHead = {"ID",  "STATE",   "IMAGE", "CPU",
 
 // ---- create ------------------------------------------------------------------------------
 
+// --network MODE, --allow CIDR[:PORTS[:PROTO]], --allow-domain NAME (create and update).
+struct NetworkOpts {
+  std::string mode;
+  std::vector<std::string> allow, domains;
+  bool given() const { return !mode.empty() || !allow.empty() || !domains.empty(); }
+};
+
+void AddNetworkFlags(CLI::App* cmd, NetworkOpts* o) {
+  cmd->add_option("--network", o->mode,
+                  "none (loopback only), allowlist (only --allow and --allow-domain) or open "
+                  "(public addresses)")
+      ->check(CLI::IsMember({"none", "allowlist", "open"}));
+  cmd->add_option("--allow", o->allow,
+                  "Egress rule CIDR[:PORTS[:PROTO]], e.g. 198.51.100.0/24:443,8000-8100:tcp "
+                  "(repeatable; implies --network allowlist)")
+      ->expected(1)
+      ->take_all();
+  cmd->add_option("--allow-domain", o->domains,
+                  "A name the sandbox may resolve and reach, e.g. pypi.org or *.example.org "
+                  "(repeatable; implies --network allowlist)")
+      ->expected(1)
+      ->take_all();
+}
+
+// The API's "network" object; the edge checks the details.
+StatusOr<Json> NetworkBody(const NetworkOpts& o) {
+  Json n = {{"mode", o.mode.empty() ? "allowlist" : o.mode}};
+  Json rules = Json::array();
+  for (const auto& a : o.allow) {
+    auto parts = SplitString(a, ':');
+    if (parts.empty() || parts.size() > 3 || parts[0].empty())
+      return InvalidArgument("--allow " + a + ": use CIDR[:PORTS[:PROTO]]");
+    Json r = {{"cidr", std::string(parts[0])}};
+    if (parts.size() > 1 && !parts[1].empty()) r["ports"] = std::string(parts[1]);
+    if (parts.size() > 2) r["proto"] = std::string(parts[2]);
+    rules.push_back(std::move(r));
+  }
+  if (!rules.empty()) n["rules"] = std::move(rules);
+  if (!o.domains.empty()) n["domains"] = o.domains;
+  return n;
+}
+
 struct CreateOpts {
   std::vector<std::string> images;  // stacked bottom first
   std::string kind, user, workdir, pool;
   std::optional<double> cpu;
   std::optional<int64_t> memory_mb, pids, disk_mb, ttl_s, idle_ttl_s, count;
   std::vector<std::string> env, labels;
+  NetworkOpts net;
 };
 
 StatusOr<Json> CreateBody(const CreateOpts& o) {
@@ -82,6 +125,9 @@ StatusOr<Json> CreateBody(const CreateOpts& o) {
   if (!env.empty()) b["env"] = env;
   if (!labels.empty()) b["labels"] = labels;
   if (o.count) b["count"] = *o.count;
+  if (o.net.given()) {
+    DSEC_ASSIGN_OR_RETURN(b["network"], NetworkBody(o.net));
+  }
   return b;
 }
 
@@ -121,6 +167,41 @@ void AddCreateFlags(CLI::App* cmd, CreateOpts* o) {
   cmd->add_option("--workdir", o->workdir, "Working directory (default /workspace)");
   cmd->add_option("--env", o->env, "KEY=VALUE (repeatable)")->expected(1)->take_all();
   cmd->add_option("--label", o->labels, "KEY=VALUE (repeatable)")->expected(1)->take_all();
+  AddNetworkFlags(cmd, &o->net);
+}
+
+struct UpdateOpts {
+  std::string id;
+  std::optional<int64_t> ttl_s, idle_ttl_s;
+  std::vector<std::string> labels;  // KEY=VALUE sets, KEY= removes
+  NetworkOpts net;
+};
+
+int Update(const GlobalOptions& g, const UpdateOpts& o) {
+  Json b = Json::object();
+  if (o.ttl_s) b["ttl_s"] = *o.ttl_s;
+  if (o.idle_ttl_s) b["idle_ttl_s"] = *o.idle_ttl_s;
+  Json labels = Json::object();
+  for (const auto& kv : o.labels) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return Fail(InvalidArgument("--label " + kv + ": use KEY=VALUE (KEY= removes it)"));
+    std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    labels[k] = v.empty() ? Json(nullptr) : Json(v);
+  }
+  if (!labels.empty()) b["labels"] = labels;
+  if (o.net.given()) {
+    auto n = NetworkBody(o.net);
+    if (!n.ok()) return Fail(n.status());
+    b["network"] = *n;
+  }
+  if (b.empty()) return Fail(InvalidArgument("update: nothing to change (see --help)"));
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  auto r = (*c)->CallJson(Verb::patch, SbPath(o.id), &b);
+  if (!r.ok()) return Fail(r.status());
+  if (g.json) PrintJson(*r);
+  return 0;
 }
 
 // ---- ls / get ----------------------------------------------------------------------------
@@ -638,6 +719,18 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   resume->callback([=, &g] { *exit_code = ForEach(g, *resume_ids, Verb::post, "/resume", false); });
 
   AddRmCommand(app, g, exit_code);
+
+  auto uo = std::make_shared<UpdateOpts>();
+  CLI::App* update =
+      app.add_subcommand("update", "Change a sandbox's TTLs, labels or network policy (live)");
+  update->add_option("id", uo->id, "Sandbox id")->required();
+  update->add_option("--ttl", uo->ttl_s, "Delete this many seconds from now");
+  update->add_option("--idle-ttl", uo->idle_ttl_s, "Delete after this many idle seconds (0: off)");
+  update->add_option("--label", uo->labels, "KEY=VALUE sets, KEY= removes (repeatable)")
+      ->expected(1)
+      ->take_all();
+  AddNetworkFlags(update, &uo->net);
+  update->callback([uo, &g, exit_code] { *exit_code = Update(g, *uo); });
 }
 
 }  // namespace dsec::cli

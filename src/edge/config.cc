@@ -1,5 +1,7 @@
 #include "edge/config.h"
 
+#include "net/policy.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -82,6 +84,7 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"network", &c->network},
       {"network_cidr", &c->network_cidr},
       {"network_uplink", &c->network_uplink},
+      {"network_dns", &c->network_dns},
       {"network_max_conns", &c->network_max_conns},
       {"network_new_conns_per_s", &c->network_new_conns_per_s},
       {"fncall_pools", &c->fncall_pools},
@@ -201,6 +204,16 @@ Status FinalizeConfig(EdgeConfig* c) {
     const char* name;
     double v, lo, hi;
   };
+  {
+    uint32_t base = 0;
+    uint8_t prefix = 0;
+    bool host_bits = false;
+    if (!net::ParseCidr(c->network_cidr, &base, &prefix, &host_bits) || host_bits || prefix < 8 ||
+        prefix > 28)
+      return InvalidArgument(
+          "network_cidr must be an IPv4 network from /8 to /28, e.g. "
+          "10.213.0.0/16");
+  }
   if (c->network_max_conns < 1 || c->network_new_conns_per_s < 1)
     return InvalidArgument("network_max_conns and network_new_conns_per_s must be at least 1");
   if (c->microvm_accel != "auto" && c->microvm_accel != "kvm" && c->microvm_accel != "tcg")

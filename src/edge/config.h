@@ -119,6 +119,7 @@ struct EdgeConfig {
   std::string network_uplink;                  // "" = the interface of the default route
   int network_max_conns = 1024;                // tracked connections per sandbox
   int network_new_conns_per_s = 200;           // new connections per second per sandbox
+  std::string network_dns;  // the forwarder's upstream "a.b.c.d[:port]"; "" = /etc/resolv.conf
 
   // Function calls: the built-in "python" and "bash" runtimes (pools of warm workers; more
   // pools come from PUT /v1/pools and are kept in the state DB).

@@ -323,6 +323,7 @@ int RunEdge(EdgeConfig cfg) {
   net::NodeNetworkOptions net_opts;
   net_opts.cidr = cfg.network_cidr;
   net_opts.uplink = cfg.network_uplink;
+  net_opts.dns_upstream = cfg.network_dns;
   {
     // Named after the edge instance (what the container backend derives from the same path).
     char real[PATH_MAX];
@@ -339,7 +340,13 @@ int RunEdge(EdgeConfig cfg) {
   });
   container::ContainerBackendOptions container_opts =
       BackendOptions(cfg, image_store->get(), *budgets);
-  if (cfg.network) container_opts.network = [&network] { return network.Get(); };
+  if (cfg.network) {
+    container_opts.network = [&network] { return network.Get(); };
+    uint32_t base = 0;
+    uint8_t prefix = 0;
+    if (net::ParseCidr(cfg.network_cidr, &base, &prefix))
+      container_opts.nameserver = net::Ipv4ToString(base + 1);  // the gateway
+  }
   auto backend = container::ContainerBackend::Create(container_opts);
   if (!backend.ok()) return fail("container backend", backend.status());
   DSEC_LOG_INFO("{}", (*backend)->Describe());

@@ -53,8 +53,10 @@ std::vector<std::string> RuleBodies(const Rule& r) {
   std::string dst = "ip daddr " + Cidr(r.addr, r.prefix) + " ";
   std::vector<std::string> out;
   auto l4 = [&](const char* proto) {
-    if (r.ports.empty()) out.push_back(dst + "meta l4proto " + proto + " accept");
-    else out.push_back(dst + proto + " dport " + PortSet(r.ports) + " accept");
+    if (r.ports.empty())
+      out.push_back(dst + "meta l4proto " + proto + " accept");
+    else
+      out.push_back(dst + proto + " dport " + PortSet(r.ports) + " accept");
   };
   if (r.protos & kTcp) l4("tcp");
   if (r.protos & kUdp) l4("udp");
@@ -107,20 +109,22 @@ StatusOr<std::unique_ptr<NodeNetwork>> NodeNetwork::Start(NodeNetworkOptions opt
 }
 
 NodeNetwork::~NodeNetwork() {
+  dns_.reset();
   MutexLock l(mu_);
   if (nft_) nft_ctx_free(nft_);
 }
 
 Status NodeNetwork::Init() {
   const auto& t = opts_.tag;
-  if (t.empty() || t.size() > 6 || t.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyz") !=
-                                       std::string::npos)
+  if (t.empty() || t.size() > 6 ||
+      t.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyz") != std::string::npos)
     return InvalidArgument("network tag must be 1-6 characters of [0-9a-z]");
   bool host_bits = false;
   if (!ParseCidr(opts_.cidr, &base_, &prefix_, &host_bits) || host_bits || prefix_ < 8 ||
       prefix_ > 28)
-    return InvalidArgument("network_cidr must be an IPv4 network from /8 to /28, e.g. 10.213.0.0/16 (got \"" +
-                           opts_.cidr + "\")");
+    return InvalidArgument(
+        "network_cidr must be an IPv4 network from /8 to /28, e.g. 10.213.0.0/16 (got \"" +
+        opts_.cidr + "\")");
   gateway_ = base_ + 1;
   table_ = "dsec_" + t;
   bridge_ = "dsg" + t;
@@ -141,8 +145,8 @@ Status NodeNetwork::Init() {
     nft_ctx_buffer_error(nft_);
     // A table left by a crashed run of this edge is replaced in the same transaction.
     bool existed = NftOutput("list table inet " + table_).ok();
-    DSEC_RETURN_IF_ERROR(Nft("add table inet " + table_ + "\ndelete table inet " + table_ + "\n" +
-                             Ruleset()));
+    DSEC_RETURN_IF_ERROR(
+        Nft("add table inet " + table_ + "\ndelete table inet " + table_ + "\n" + Ruleset()));
     if (existed) {
       DSEC_ASSIGN_OR_RETURN(Netlink ct, Netlink::Open(NETLINK_NETFILTER));
       (void)ct.FlushConntrack(base_, PrefixMask(prefix_));
@@ -170,6 +174,7 @@ Status NodeNetwork::Init() {
   DSEC_ASSIGN_OR_RETURN(int br, rtnl.LinkIndex(bridge_));
   (void)WriteSysctl("/proc/sys/net/ipv6/conf/" + bridge_ + "/disable_ipv6", "1");
   DSEC_RETURN_IF_ERROR(rtnl.AddAddress4(br, gateway_, 32).WithContext("gateway address"));
+  StartDns();
 
   return SetUplinkForwarding();
 }
@@ -186,7 +191,8 @@ Status NodeNetwork::SetUplinkForwarding() {
         uplink_forwarding_before_ = j->value("forwarding", now);
     } else {
       Json j = {{"uplink", uplink_}, {"forwarding", now}};
-      DSEC_RETURN_IF_ERROR(WriteStringToFile(opts_.state_file, j.dump(), O_WRONLY | O_CREAT | O_TRUNC));
+      DSEC_RETURN_IF_ERROR(
+          WriteStringToFile(opts_.state_file, j.dump(), O_WRONLY | O_CREAT | O_TRUNC));
     }
   }
   if (now != "1") DSEC_RETURN_IF_ERROR(WriteSysctl(path, "1"));
@@ -196,59 +202,40 @@ Status NodeNetwork::SetUplinkForwarding() {
 std::string NodeNetwork::Ruleset() const {
   const std::string range = Cidr(base_, prefix_), veths = "\"" + veth_prefix_ + "*\"";
   const std::string rate = std::to_string(opts_.new_conns_per_s);
-  return StrCat({"table inet ", table_, " {\n",
-                 "  set bind { type ifname . ipv4_addr; }\n",
-                 "  set never { type ipv4_addr; flags interval; elements = { 0.0.0.0/8, ", range,
-                 ", 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3 } }\n",
-                 "  set private { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, "
-                 "100.64.0.0/10, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15 } }\n",
-                 "  map marks { type ipv4_addr : mark; }\n",
-                 "  map denied { type ipv4_addr : counter; }\n",
-                 "  map dispatch { type ipv4_addr : verdict; }\n",
-                 "  set conns { type ipv4_addr; size 65535; flags dynamic; }\n",
-                 "  set rate { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 10s; }\n",
-                 "  counter denied_total { }\n",
-                 "  chain forward { type filter hook forward priority filter; policy accept;\n",
-                 "    iifname ", veths, " jump from_sandbox\n",
-                 "    oifname ", veths, " ct state established,related accept\n",
-                 "    oifname ", veths, " reject with icmpx type admin-prohibited\n",
-                 "  }\n",
-                 "  chain from_sandbox {\n",
-                 "    meta nfproto != ipv4 drop\n",
-                 "    iifname . ip saddr != @bind drop\n",
-                 "    ct state new ct mark set ip saddr map @marks\n",
-                 "    ct state new add @conns { ip saddr ct count over ",
-                 std::to_string(opts_.max_conns), " } goto deny\n",
-                 "    ct state new update @rate { ip saddr limit rate over ", rate,
-                 "/second burst ", std::to_string(2 * opts_.new_conns_per_s),
-                 " packets } goto deny\n",
-                 "    ip daddr @never goto deny\n",
-                 "    ip saddr vmap @dispatch\n",
-                 "    goto deny\n",
-                 "  }\n",
-                 "  chain deny {\n",
-                 "    counter name denied_total\n",
-                 "    counter name ip saddr map @denied\n",
-                 "    meta l4proto tcp reject with tcp reset\n",
-                 "    reject with icmpx type admin-prohibited\n",
-                 "  }\n",
-                 "  chain input { type filter hook input priority filter; policy accept;\n",
-                 "    iifname ", veths, " jump to_node\n",
-                 "  }\n",
-                 "  chain to_node {\n",
-                 "    meta nfproto != ipv4 drop\n",
-                 "    goto deny\n",
-                 "  }\n",
-                 // The veths have no address of their own, so the node's IGMP reports on them
-                 // would carry the gateway's: dropped before conntrack sees them.
-                 "  chain output { type filter hook output priority raw; policy accept;\n",
-                 "    oifname ", veths, " meta l4proto igmp drop\n",
-                 "    oifname \"", bridge_, "\" meta l4proto igmp drop\n",
-                 "  }\n",
-                 "  chain postrouting { type nat hook postrouting priority srcnat; policy accept;\n",
-                 "    ip saddr ", range, " oifname \"", uplink_, "\" masquerade\n",
-                 "  }\n",
-                 "}\n"});
+  return StrCat(
+      {"table inet ", table_, " {\n", "  set bind { type ifname . ipv4_addr; }\n",
+       "  set never { type ipv4_addr; flags interval; elements = { 0.0.0.0/8, ", range,
+       ", 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3 } }\n",
+       "  set private { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, "
+       "100.64.0.0/10, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15 } }\n",
+       "  map marks { type ipv4_addr : mark; }\n", "  map denied { type ipv4_addr : counter; }\n",
+       "  map dispatch { type ipv4_addr : verdict; }\n",
+       "  set conns { type ipv4_addr; size 65535; flags dynamic; }\n",
+       "  set rate { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 10s; }\n",
+       "  counter denied_total { }\n",
+       "  chain forward { type filter hook forward priority filter; policy accept;\n",
+       "    iifname ", veths, " jump from_sandbox\n", "    oifname ", veths,
+       " ct state established,related accept\n", "    oifname ", veths,
+       " reject with icmpx type admin-prohibited\n", "  }\n", "  chain from_sandbox {\n",
+       "    meta nfproto != ipv4 drop\n", "    iifname . ip saddr != @bind drop\n",
+       "    ct state new ct mark set ip saddr map @marks\n",
+       "    ct state new add @conns { ip saddr ct count over ", std::to_string(opts_.max_conns),
+       " } goto deny\n", "    ct state new update @rate { ip saddr limit rate over ", rate,
+       "/second burst ", std::to_string(2 * opts_.new_conns_per_s), " packets } goto deny\n",
+       "    ip daddr @never goto deny\n", "    ip saddr vmap @dispatch\n", "    goto deny\n",
+       "  }\n", "  chain deny {\n", "    counter name denied_total\n",
+       "    counter name ip saddr map @denied\n", "    meta l4proto tcp reject with tcp reset\n",
+       "    reject with icmpx type admin-prohibited\n", "  }\n",
+       "  chain input { type filter hook input priority filter; policy accept;\n", "    iifname ",
+       veths, " jump to_node\n", "  }\n", "  chain to_node {\n", "    meta nfproto != ipv4 drop\n",
+       "    ct state new ct mark set ip saddr map @marks\n", "    ip daddr ",
+       Ipv4ToString(gateway_), " udp dport 53 accept\n", "    goto deny\n", "  }\n",
+       // The veths have no address of their own, so the node's IGMP reports on them
+       // would carry the gateway's: dropped before conntrack sees them.
+       "  chain output { type filter hook output priority raw; policy accept;\n", "    oifname ",
+       veths, " meta l4proto igmp drop\n", "    oifname \"", bridge_, "\" meta l4proto igmp drop\n",
+       "  }\n", "  chain postrouting { type nat hook postrouting priority srcnat; policy accept;\n",
+       "    ip saddr ", range, " oifname \"", uplink_, "\" masquerade\n", "  }\n", "}\n"});
 }
 
 Status NodeNetwork::Nft(const std::string& cmds) { return NftOutput(cmds).status(); }
@@ -279,11 +266,42 @@ StatusOr<uint32_t> NodeNetwork::AllocateAddress() {
 
 std::string NodeNetwork::AttachCmds(uint32_t addr, const std::string& host_if) const {
   const std::string a = Ipv4ToString(addr), x = Hex8(addr), t = " inet " + table_ + " ";
-  return StrCat({"add element", t, "bind { \"", host_if, "\" . ", a, " }\n",  //
-                 "add element", t, "marks { ", a, " : 0x", x, " }\n",         //
-                 "add counter", t, "dn_", x, "\n",                            //
-                 "add element", t, "denied { ", a, " : \"dn_", x, "\" }\n",   //
-                 "add chain", t, "sb_", x, "\n"});
+  return StrCat({"add element",
+                 t,
+                 "bind { \"",
+                 host_if,
+                 "\" . ",
+                 a,
+                 " }\n",  //
+                 "add element",
+                 t,
+                 "marks { ",
+                 a,
+                 " : 0x",
+                 x,
+                 " }\n",  //
+                 "add counter",
+                 t,
+                 "dn_",
+                 x,
+                 "\n",  //
+                 "add element",
+                 t,
+                 "denied { ",
+                 a,
+                 " : \"dn_",
+                 x,
+                 "\" }\n",  //
+                 "add set",
+                 t,
+                 "dns_",
+                 x,
+                 " { type ipv4_addr; flags timeout; }\n",  //
+                 "add chain",
+                 t,
+                 "sb_",
+                 x,
+                 "\n"});
 }
 
 StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd) {
@@ -327,7 +345,7 @@ StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd) {
   {
     MutexLock l(mu_);
     s = Nft(AttachCmds(a.addr, a.host_if));
-    if (s.ok()) attached_[a.addr] = false;
+    if (s.ok()) attached_[a.addr] = {};
   }
   if (!s.ok()) return undo(s);
   return a;
@@ -341,7 +359,7 @@ Status NodeNetwork::Readopt(const NetAttachment& a) {
     return Status(StatusCode::kAlreadyExists, Ipv4ToString(a.addr) + " is attached");
   DSEC_RETURN_IF_ERROR(Nft(AttachCmds(a.addr, a.host_if)));
   used_[a.addr - base_] = true;
-  attached_[a.addr] = false;
+  attached_[a.addr] = {};
   return OkStatus();
 }
 
@@ -349,19 +367,26 @@ Status NodeNetwork::Apply(const NetAttachment& a, const NetworkPolicy& p) {
   MutexLock l(mu_);
   auto it = attached_.find(a.addr);
   if (it == attached_.end()) return FailedPrecondition("the sandbox has no network attachment");
+  if (!p.domains.empty() && !dns_)
+    return Unimplemented("network domains need the node's DNS forwarder, which is off: " +
+                         dns_error_);
   const std::string x = Hex8(a.addr), t = " inet " + table_ + " ", chain = "sb_" + x;
-  std::string cmds = "flush chain" + t + chain + "\n";
+  // What its earlier domains resolved to goes with them.
+  std::string cmds = "flush chain" + t + chain + "\nflush set" + t + "dns_" + x + "\n";
   for (const auto& r : p.rules)
     for (const auto& body : RuleBodies(r)) cmds += "add rule" + t + chain + " " + body + "\n";
-  if (p.mode == NetMode::kOpen)
-    cmds += "add rule" + t + chain + " ip daddr != @private accept\n";
+  if (!p.domains.empty())
+    cmds += "add rule" + t + chain + " ip daddr @dns_" + x + " ip daddr != @private accept\n";
+  if (p.mode == NetMode::kOpen) cmds += "add rule" + t + chain + " ip daddr != @private accept\n";
   bool dispatch = p.mode != NetMode::kNone;
-  if (dispatch && !it->second)
-    cmds += StrCat({"add element", t, "dispatch { ", Ipv4ToString(a.addr), " : jump ", chain, " }\n"});
-  if (!dispatch && it->second)
+  if (dispatch && !it->second.dispatched)
+    cmds +=
+        StrCat({"add element", t, "dispatch { ", Ipv4ToString(a.addr), " : jump ", chain, " }\n"});
+  if (!dispatch && it->second.dispatched)
     cmds += StrCat({"delete element", t, "dispatch { ", Ipv4ToString(a.addr), " }\n"});
   DSEC_RETURN_IF_ERROR(Nft(cmds));
-  it->second = dispatch;
+  it->second.dispatched = dispatch;
+  it->second.policy = p;
   return OkStatus();
 }
 
@@ -372,15 +397,15 @@ void NodeNetwork::Detach(const NetAttachment& a) {
     if (it == attached_.end()) return;
     const std::string s = Ipv4ToString(a.addr), x = Hex8(a.addr), t = " inet " + table_ + " ";
     std::string cmds;
-    if (it->second) cmds += StrCat({"delete element", t, "dispatch { ", s, " }\n"});
-    cmds += StrCat({"flush chain", t, "sb_", x, "\n",                                 //
-                    "delete chain", t, "sb_", x, "\n",                                //
+    if (it->second.dispatched) cmds += StrCat({"delete element", t, "dispatch { ", s, " }\n"});
+    cmds += StrCat({"flush chain",    t, "sb_",       x,         "\n",                //
+                    "delete chain",   t, "sb_",       x,         "\n",                //
+                    "delete set",     t, "dns_",      x,         "\n",                //
                     "delete element", t, "bind { \"", a.host_if, "\" . ", s, " }\n",  //
-                    "delete element", t, "marks { ", s, " }\n",                       //
-                    "delete element", t, "denied { ", s, " }\n",                      //
-                    "delete counter", t, "dn_", x, "\n"});
-    if (Status st = Nft(cmds); !st.ok())
-      DSEC_LOG_WARN("network: detach {}: {}", s, st.ToString());
+                    "delete element", t, "marks { ",  s,         " }\n",              //
+                    "delete element", t, "denied { ", s,         " }\n",              //
+                    "delete counter", t, "dn_",       x,         "\n"});
+    if (Status st = Nft(cmds); !st.ok()) DSEC_LOG_WARN("network: detach {}: {}", s, st.ToString());
     attached_.erase(it);
     used_[a.addr - base_] = false;
   }
@@ -404,7 +429,68 @@ uint64_t NodeNetwork::DeniedTotal() {
   return PacketsOf(*out);
 }
 
+void NodeNetwork::StartDns() {
+  uint32_t up = 0;
+  uint16_t port = 53;
+  std::string spec = opts_.dns_upstream;
+  if (spec.empty()) {
+    auto conf = ReadFileToString("/etc/resolv.conf");
+    auto ns = conf.ok() ? FirstNameserver(*conf) : std::nullopt;
+    if (!ns) {
+      dns_error_ = "no IPv4 nameserver in /etc/resolv.conf (set network_dns)";
+      DSEC_LOG_WARN("network: no DNS forwarder: {}", dns_error_);
+      return;
+    }
+    up = *ns;
+  } else {
+    size_t colon = spec.find(':');
+    auto p = colon == std::string::npos ? std::optional<uint64_t>(53)
+                                        : ParseUint64(spec.substr(colon + 1));
+    if (!ParseIpv4(spec.substr(0, colon), &up) || !p || *p == 0 || *p > 65535) {
+      dns_error_ = "network_dns \"" + spec + "\" is not a.b.c.d[:port]";
+      DSEC_LOG_WARN("network: no DNS forwarder: {}", dns_error_);
+      return;
+    }
+    port = static_cast<uint16_t>(*p);
+  }
+  auto f = DnsForwarder::Start(
+      gateway_, up, port, [this](uint32_t src) { return PolicyFor(src); },
+      [this](uint32_t src, const std::vector<dns::Address>& a) { AllowResolved(src, a); });
+  if (!f.ok()) {
+    dns_error_ = f.status().ToString();
+    DSEC_LOG_WARN("network: no DNS forwarder: {}", dns_error_);
+    return;
+  }
+  dns_ = std::move(*f);
+}
+
+std::optional<NetworkPolicy> NodeNetwork::PolicyFor(uint32_t addr) {
+  MutexLock l(mu_);
+  auto it = attached_.find(addr);
+  if (it == attached_.end()) return std::nullopt;
+  return it->second.policy;
+}
+
+void NodeNetwork::AllowResolved(uint32_t sandbox, const std::vector<dns::Address>& addrs) {
+  MutexLock l(mu_);
+  if (!attached_.count(sandbox)) return;
+  // add + delete + add in one transaction: the element exists afterwards with this answer's
+  // timeout even when an earlier answer had added it with a shorter one.
+  std::string set = " inet " + table_ + " dns_" + Hex8(sandbox) + " { ", plain, timed;
+  for (const auto& a : addrs) {
+    uint32_t ttl = std::clamp<uint32_t>(a.ttl, 60, 86400);
+    plain += (plain.empty() ? "" : ", ") + Ipv4ToString(a.addr);
+    timed += StrCat(
+        {timed.empty() ? "" : ", ", Ipv4ToString(a.addr), " timeout ", std::to_string(ttl), "s"});
+  }
+  Status s = Nft(StrCat({"add element", set, plain, " }\ndelete element", set, plain,
+                         " }\nadd element", set, timed, " }\n"}));
+  if (!s.ok())
+    DSEC_LOG_WARN("network: allow resolved for {}: {}", Ipv4ToString(sandbox), s.ToString());
+}
+
 void NodeNetwork::Stop() {
+  dns_.reset();  // its thread calls back into this object
   MutexLock l(mu_);
   if (stopped_) return;
   stopped_ = true;
@@ -436,9 +522,9 @@ StatusOr<NodeNetwork*> LazyNodeNetwork::Get() {
     auto n = NodeNetwork::Start(opts_);
     if (!n.ok()) {
       DSEC_LOG_WARN("network: {}", n.status().ToString());
-      return Status(n.status().code() == StatusCode::kInternal ? StatusCode::kUnavailable
-                                                                 : n.status().code(),
-                    n.status().message());
+      return Status(
+          n.status().code() == StatusCode::kInternal ? StatusCode::kUnavailable : n.status().code(),
+          n.status().message());
     }
     net_ = std::move(*n);
     DSEC_LOG_INFO("network: {}", net_->Describe());

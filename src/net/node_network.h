@@ -30,6 +30,7 @@
 
 #include "base/mutex.h"
 #include "base/status.h"
+#include "net/dns_forwarder.h"
 #include "net/policy.h"
 
 struct nft_ctx;
@@ -40,9 +41,12 @@ struct NodeNetworkOptions {
   std::string cidr = "10.213.0.0/16";  // node-local; /8 to /28
   std::string uplink;                  // empty: the interface of the IPv4 default route
   std::string tag;                     // 1-6 of [0-9a-z]: names the table, bridge and veths
-  std::string state_file;  // remembers the uplink's forwarding setting across crashes
-  uint32_t max_conns = 1024;       // tracked connections per sandbox
-  uint32_t new_conns_per_s = 200;  // new connections per second per sandbox (burst: 2x)
+  std::string state_file;              // remembers the uplink's forwarding setting across crashes
+  uint32_t max_conns = 1024;           // tracked connections per sandbox
+  uint32_t new_conns_per_s = 200;      // new connections per second per sandbox (burst: 2x)
+  // Where the DNS forwarder sends queries: "a.b.c.d" or "a.b.c.d:port"; empty: the first
+  // nameserver of /etc/resolv.conf. Without one, policies with domains are refused.
+  std::string dns_upstream;
 };
 
 // A sandbox's end of the network, as an adoption handle keeps it.
@@ -71,6 +75,10 @@ class NodeNetwork {
   // Packets the policy refused from this sandbox, and from all.
   uint64_t Denied(const NetAttachment& a);
   uint64_t DeniedTotal();
+  // Lets `sandbox` reach `addrs` (the DNS forwarder's answers for it) until their TTLs end.
+  void AllowResolved(uint32_t sandbox, const std::vector<dns::Address>& addrs);
+  // The policy in force for a sandbox address; nullopt if none is attached there.
+  std::optional<NetworkPolicy> PolicyFor(uint32_t addr);
   // Removes the table, the gateway bridge and the uplink's forwarding. Sandboxes still
   // attached lose their egress.
   void Stop();
@@ -90,6 +98,7 @@ class NodeNetwork {
   std::string AttachCmds(uint32_t addr, const std::string& host_if) const;
   StatusOr<uint32_t> AllocateAddress() DSEC_REQUIRES(mu_);
   Status SetUplinkForwarding();
+  void StartDns();
 
   NodeNetworkOptions opts_;
   uint32_t base_ = 0, gateway_ = 0;
@@ -102,7 +111,13 @@ class NodeNetwork {
   std::vector<bool> used_ DSEC_GUARDED_BY(mu_);  // by offset in the range
   uint32_t next_ DSEC_GUARDED_BY(mu_) = 2;
   uint32_t veth_counter_ DSEC_GUARDED_BY(mu_) = 0;
-  std::map<uint32_t, bool> attached_ DSEC_GUARDED_BY(mu_);  // addr -> dispatched
+  struct Attached {
+    bool dispatched = false;  // in the dispatch map (mode other than none)
+    NetworkPolicy policy;
+  };
+  std::map<uint32_t, Attached> attached_ DSEC_GUARDED_BY(mu_);
+  std::string dns_error_;  // why there is no forwarder
+  std::unique_ptr<DnsForwarder> dns_;
   bool stopped_ DSEC_GUARDED_BY(mu_) = false;
 };
 

@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "base/file_util.h"
+#include "base/strings.h"
 #include "base/unique_fd.h"
+#include "net/dns.h"
 #include "net/netlink.h"
 
 namespace dsec::net {
@@ -42,7 +44,8 @@ void InNs(int ns, const std::function<void()>& fn) {
 UniqueFd NewNs() {
   UniqueFd fd;
   std::thread t([&] {
-    if (unshare(CLONE_NEWNET) == 0) fd.Reset(open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+    if (unshare(CLONE_NEWNET) == 0)
+      fd.Reset(open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
   });
   t.join();
   return fd;
@@ -97,6 +100,63 @@ int Echo(int fd) {
   return n == 0 ? EPIPE : errno;
 }
 
+// "\x04pypi\x04test\x00"-style query for an A record.
+std::string DnsQuery(uint16_t id, const std::string& name) {
+  std::string m = {static_cast<char>(id >> 8), static_cast<char>(id), 1, 0, 0, 1, 0, 0, 0, 0, 0, 0};
+  for (auto label : SplitString(name, '.')) {
+    m += static_cast<char>(label.size());
+    m += label;
+  }
+  m += std::string("\0\0\x01\0\x01", 5);
+  return m;
+}
+
+// The test internet's resolver: pypi.test -> 198.51.100.10, private.test -> 10.9.9.9 (TTL 300),
+// NXDOMAIN for the rest.
+void ServeDns(int fd) {
+  char buf[512];
+  for (;;) {
+    sockaddr_in from{};
+    socklen_t len = sizeof from;
+    ssize_t n = recvfrom(fd, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &len);
+    if (n <= 0) return;
+    std::string q(buf, static_cast<size_t>(n));
+    auto p = dns::ParseQuery(q);
+    if (!p) continue;
+    uint32_t addr = p->name == "pypi.test" ? kServer : p->name == "private.test" ? kPrivate : 0;
+    std::string r = dns::Reply(q, *p, addr ? dns::kNoError : dns::kNxDomain);
+    if (addr) {
+      r[7] = 1;
+      r += std::string("\xc0\x0c\0\x01\0\x01\0\0\x01\x2c\0\x04", 12);
+      for (int i = 3; i >= 0; --i) r += static_cast<char>(addr >> (8 * i));
+    }
+    sendto(fd, r.data(), r.size(), 0, reinterpret_cast<sockaddr*>(&from), len);
+  }
+}
+
+// Asks the node's forwarder from inside `ns`: the A records, "NXDOMAIN", or "" (no answer).
+std::string Resolve(int ns, uint32_t gateway, const std::string& name) {
+  UniqueFd s;
+  InNs(ns, [&] { s.Reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+  timeval tv{0, 500000};
+  setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(53);
+  sa.sin_addr.s_addr = htonl(gateway);
+  std::string q = DnsQuery(0x4242, name);
+  sendto(s.get(), q.data(), q.size(), 0, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  char buf[512];
+  ssize_t n = recv(s.get(), buf, sizeof buf, 0);
+  if (n <= 0) return "";
+  std::string_view ans(buf, static_cast<size_t>(n));
+  if ((buf[3] & 0xf) == dns::kNxDomain) return "NXDOMAIN";
+  auto a = dns::AnswerAddresses(ans, *dns::ParseQuery(q));
+  std::string out;
+  for (const auto& r : a.value_or(std::vector<dns::Address>{})) out += Ipv4ToString(r.addr) + " ";
+  return out;
+}
+
 class NodeNetworkPrivilegedTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -127,11 +187,19 @@ class NodeNetworkPrivilegedTest : public ::testing::Test {
       ASSERT_TRUE(in->AddAddress4(*lo, kPrivate, 32).ok());
       for (uint32_t a : {kServer, kPrivate})
         for (uint16_t port : {80, 8080}) Listen(a, port);
+      dns_.Reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(53);
+      sa.sin_addr.s_addr = htonl(kServer);
+      ASSERT_EQ(bind(dns_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
     });
+    servers_.emplace_back([fd = dns_.get()] { ServeDns(fd); });
     for (auto& l : listeners_) servers_.emplace_back([this, fd = l.get()] { Serve(fd); });
     NodeNetworkOptions o;
     o.tag = "t1";
     o.state_file = state_.path() + "/net.json";
+    o.dns_upstream = "198.51.100.10";
     auto n = NodeNetwork::Start(o);
     ASSERT_TRUE(n.ok()) << n.status().ToString();
     net_ = std::move(*n);
@@ -141,6 +209,7 @@ class NodeNetworkPrivilegedTest : public ::testing::Test {
   void TearDown() override {
     if (net_) net_->Stop();
     for (auto& l : listeners_) shutdown(l.get(), SHUT_RDWR);
+    if (dns_) shutdown(dns_.get(), SHUT_RDWR);
     for (auto& t : servers_) t.join();
     if (orig_) {
       EXPECT_EQ(setns(orig_.get(), CLONE_NEWNET), 0);
@@ -166,7 +235,8 @@ class NodeNetworkPrivilegedTest : public ::testing::Test {
       std::thread([c] {
         char buf[4096];
         ssize_t n;
-        while ((n = recv(c, buf, sizeof buf, 0)) > 0) send(c, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
+        while ((n = recv(c, buf, sizeof buf, 0)) > 0)
+          send(c, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
         close(c);
       }).detach();
     }
@@ -195,7 +265,7 @@ class NodeNetworkPrivilegedTest : public ::testing::Test {
     return *p;
   }
 
-  UniqueFd orig_, node_, internet_;
+  UniqueFd orig_, node_, internet_, dns_;
   std::vector<UniqueFd> listeners_;
   std::vector<std::thread> servers_;
   TempDir state_ = TempDir::Create("/tmp/dsec-net-test-").value();
@@ -217,7 +287,8 @@ TEST_F(NodeNetworkPrivilegedTest, AllowlistReachesExactlyItsRules) {
   Sandbox sb = Attach();
   ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"allowlist","rules":[
       {"cidr":"198.51.100.0/24","ports":"80","proto":"tcp"},
-      {"cidr":"10.9.9.9","ports":"8000-8100"}]})")).ok());
+      {"cidr":"10.9.9.9","ports":"8000-8100"}]})"))
+                  .ok());
   UniqueFd c;
   ASSERT_EQ(ConnectFrom(sb.ns.get(), kServer, 80, &c), 0);
   EXPECT_EQ(Echo(c.get()), 0);
@@ -263,11 +334,16 @@ TEST_F(NodeNetworkPrivilegedTest, OpenReachesPublicButNotPrivateNodeOrNeighbours
 
 TEST_F(NodeNetworkPrivilegedTest, LiveChangeCutsAnEstablishedConnection) {
   Sandbox sb = Attach();
-  ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"allowlist","rules":[{"cidr":"198.51.100.10"}]})")).ok());
+  ASSERT_TRUE(
+      net_->Apply(sb.a, Policy(R"({"mode":"allowlist","rules":[{"cidr":"198.51.100.10"}]})")).ok());
   UniqueFd c;
   ASSERT_EQ(ConnectFrom(sb.ns.get(), kServer, 80, &c), 0);
   ASSERT_EQ(Echo(c.get()), 0);
-  ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"allowlist","rules":[{"cidr":"198.51.100.10","ports":"8080"}]})")).ok());
+  ASSERT_TRUE(
+      net_->Apply(
+              sb.a,
+              Policy(R"({"mode":"allowlist","rules":[{"cidr":"198.51.100.10","ports":"8080"}]})"))
+          .ok());
   EXPECT_EQ(Echo(c.get()), ECONNRESET);
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 8080), 0);
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), ECONNREFUSED);
@@ -275,6 +351,35 @@ TEST_F(NodeNetworkPrivilegedTest, LiveChangeCutsAnEstablishedConnection) {
   ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"open"})")).ok());
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), 0);
   net_->Detach(sb.a);
+}
+
+TEST_F(NodeNetworkPrivilegedTest, DomainsResolveAndConnectOnlyWhenListed) {
+  Sandbox sb = Attach(), none = Attach();
+  ASSERT_TRUE(
+      net_->Apply(
+              sb.a,
+              Policy(
+                  R"({"mode":"allowlist","domains":["pypi.test","*.corp.test","private.test"]})"))
+          .ok());
+  EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), ECONNREFUSED);  // not resolved yet
+  EXPECT_EQ(Resolve(sb.ns.get(), net_->gateway(), "PyPI.test"), "198.51.100.10 ");
+  EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), 0);
+  EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 8080), 0);  // a domain allows every port
+  EXPECT_EQ(Resolve(sb.ns.get(), net_->gateway(), "other.test"), "NXDOMAIN");
+  // A listed name that resolves to a private address does not open it.
+  EXPECT_EQ(Resolve(sb.ns.get(), net_->gateway(), "private.test"), "10.9.9.9 ");
+  EXPECT_EQ(ConnectFrom(sb.ns.get(), kPrivate, 80), ECONNREFUSED);
+  // A sandbox whose policy is none gets no answer at all.
+  ASSERT_TRUE(net_->Apply(none.a, Policy(R"({"mode":"none"})")).ok());
+  EXPECT_EQ(Resolve(none.ns.get(), net_->gateway(), "pypi.test"), "");
+  // Domains removed: what they resolved to goes too, established connections included.
+  UniqueFd c;
+  ASSERT_EQ(ConnectFrom(sb.ns.get(), kServer, 80, &c), 0);
+  ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"allowlist","domains":["other.test"]})")).ok());
+  EXPECT_EQ(Echo(c.get()), ECONNRESET);
+  EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), ECONNREFUSED);
+  net_->Detach(sb.a);
+  net_->Detach(none.a);
 }
 
 TEST_F(NodeNetworkPrivilegedTest, ConnectionFloodStaysInItsSandbox) {
@@ -292,8 +397,10 @@ TEST_F(NodeNetworkPrivilegedTest, ConnectionFloodStaysInItsSandbox) {
   for (int i = 0; i < 40; ++i) {
     UniqueFd c;
     int e = ConnectFrom(flood.ns.get(), kServer, 80, &c);
-    if (e == 0) held.push_back(std::move(c));
-    else if (e == ECONNREFUSED) ++refused;
+    if (e == 0)
+      held.push_back(std::move(c));
+    else if (e == ECONNREFUSED)
+      ++refused;
   }
   EXPECT_LE(held.size(), 21u);
   EXPECT_GE(refused, 19);

@@ -24,10 +24,9 @@ Status ParsePortItem(std::string_view item, std::vector<PortRange>* out) {
   item = TrimWhitespace(item);
   uint32_t lo = 0, hi = 0;
   size_t dash = item.find('-');
-  bool ok = dash == std::string_view::npos
-                ? ParseUint(item, 65535, &lo) && (hi = lo, true)
-                : ParseUint(item.substr(0, dash), 65535, &lo) &&
-                      ParseUint(item.substr(dash + 1), 65535, &hi);
+  bool ok = dash == std::string_view::npos ? ParseUint(item, 65535, &lo) && (hi = lo, true)
+                                           : ParseUint(item.substr(0, dash), 65535, &lo) &&
+                                                 ParseUint(item.substr(dash + 1), 65535, &hi);
   if (!ok || lo > hi || lo == 0)
     return InvalidArgument("bad port \"" + std::string(item) +
                            "\" in network rule: use 1-65535, \"a-b\" or a list of those");
@@ -91,11 +90,16 @@ StatusOr<Rule> ParseRule(const Json& j) {
                            std::to_string(r.prefix) + "?)");
   if (auto p = j.find("proto"); p != j.end() && !p->is_null()) {
     std::string s = p->is_string() ? p->get<std::string>() : "";
-    if (s == "tcp") r.protos = kTcp;
-    else if (s == "udp") r.protos = kUdp;
-    else if (s == "icmp") r.protos = kIcmp;
-    else if (s == "any") r.protos = kAnyProto;
-    else return InvalidArgument("network rule \"proto\" must be tcp, udp, icmp or any");
+    if (s == "tcp")
+      r.protos = kTcp;
+    else if (s == "udp")
+      r.protos = kUdp;
+    else if (s == "icmp")
+      r.protos = kIcmp;
+    else if (s == "any")
+      r.protos = kAnyProto;
+    else
+      return InvalidArgument("network rule \"proto\" must be tcp, udp, icmp or any");
   }
   if (auto p = j.find("ports"); p != j.end() && !p->is_null()) {
     if (r.protos == kIcmp) return InvalidArgument("an icmp network rule takes no \"ports\"");
@@ -113,9 +117,9 @@ StatusOr<std::string> ParseDomain(const Json& j) {
   if (StartsWith(body, "*.")) body.remove_prefix(2);
   bool ok = !body.empty() && body.size() <= 253;
   for (auto label : SplitString(body, '.', /*skip_empty=*/false)) {
-    ok = ok && !label.empty() && label.size() <= 63 && label.front() != '-' &&
-         label.back() != '-';
-    for (char c : label) ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_');
+    ok = ok && !label.empty() && label.size() <= 63 && label.front() != '-' && label.back() != '-';
+    for (char c : label)
+      ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_');
   }
   if (!ok)
     return InvalidArgument("bad domain \"" + j.get<std::string>() +
@@ -127,9 +131,12 @@ StatusOr<std::string> ParseDomain(const Json& j) {
 
 std::string_view NetModeName(NetMode m) {
   switch (m) {
-    case NetMode::kNone: return "none";
-    case NetMode::kAllowlist: return "allowlist";
-    case NetMode::kOpen: return "open";
+    case NetMode::kNone:
+      return "none";
+    case NetMode::kAllowlist:
+      return "allowlist";
+    case NetMode::kOpen:
+      return "open";
   }
   return "none";
 }
@@ -177,10 +184,14 @@ StatusOr<NetworkPolicy> ParsePolicy(const Json* j) {
     if (k != "mode" && k != "rules" && k != "domains")
       return InvalidArgument("unknown field \"network." + k + "\"");
   std::string mode = (*j)["mode"];
-  if (mode == "none") p.mode = NetMode::kNone;
-  else if (mode == "allowlist") p.mode = NetMode::kAllowlist;
-  else if (mode == "open") p.mode = NetMode::kOpen;
-  else return InvalidArgument("network mode must be \"none\", \"allowlist\" or \"open\"");
+  if (mode == "none")
+    p.mode = NetMode::kNone;
+  else if (mode == "allowlist")
+    p.mode = NetMode::kAllowlist;
+  else if (mode == "open")
+    p.mode = NetMode::kOpen;
+  else
+    return InvalidArgument("network mode must be \"none\", \"allowlist\" or \"open\"");
   if (auto r = j->find("rules"); r != j->end() && !r->is_null()) {
     if (!r->is_array()) return InvalidArgument("\"network.rules\" must be a list");
     if (r->size() > kMaxRules)
@@ -212,7 +223,10 @@ Json ToJson(const NetworkPolicy& p) {
   Json rules = Json::array();
   for (const auto& r : p.rules) {
     Json e = {{"cidr", Ipv4ToString(r.addr) + "/" + std::to_string(r.prefix)}};
-    e["proto"] = r.protos == kTcp ? "tcp" : r.protos == kUdp ? "udp" : r.protos == kIcmp ? "icmp" : "any";
+    e["proto"] = r.protos == kTcp    ? "tcp"
+                 : r.protos == kUdp  ? "udp"
+                 : r.protos == kIcmp ? "icmp"
+                                     : "any";
     if (!r.ports.empty()) {
       std::string s;
       for (auto pr : r.ports)

@@ -487,6 +487,10 @@ class Edge:
         os.chmod(root, 0o755)
         # Orphaned sandboxes of a test run that died hard go away by themselves.
         cfg = {"orphan_timeout_s": 600}
+        if not netns:
+            # Sandbox networking NATs to the uplink of the edge's namespace: in this one, the
+            # machine's real uplink. Only edges in a test's own namespace (netlab.py) have it.
+            cfg["network"] = False
         cfg.update(config or {})
         e = cls(binary or edge_binary(), root, extra_args, cfg, netns=netns)
         try:

@@ -6,10 +6,12 @@
 - `lab.node` ("dsit-node-<pid>"): where the test edge runs; its only route out (the default)
   goes to the internet namespace. Its loopback holds the edge's TCP API.
 - `lab.internet`: 203.0.113.2 on the link; "public" servers on 198.51.100.10 (HTTP on 80 and
-  8080, a TCP echo on 7) and a "private" one on 10.9.9.9 (HTTP on 80).
+  8080, a TCP echo on 7) and a "private" one on 10.9.9.9 (HTTP on 80); a DNS server on
+  198.51.100.53 (NAMES below; NXDOMAIN for the rest).
 Everything goes with the namespaces (servers are killed first).
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +19,9 @@ import sys
 import time
 
 PUBLIC = "198.51.100.10"
+DNS = "198.51.100.53"
+NAMES = {"pypi.test": PUBLIC, "files.hosted.test": PUBLIC, "unlisted.test": PUBLIC,
+         "internal.test": "10.9.9.9"}
 PRIVATE = "10.9.9.9"
 UPLINK_ADDR = "203.0.113.1"
 
@@ -32,6 +37,28 @@ class H(socketserver.BaseRequestHandler):
 socketserver.ThreadingTCPServer.allow_reuse_address = True
 socketserver.ThreadingTCPServer.daemon_threads = True
 socketserver.ThreadingTCPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()
+"""
+
+
+RESOLVER = r"""
+import json, socket, struct, sys
+names = json.loads(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 53))
+while True:
+    q, peer = s.recvfrom(512)
+    i, labels = 12, []
+    while q[i]:
+        labels.append(q[i + 1:i + 1 + q[i]].decode().lower())
+        i += 1 + q[i]
+    qtype = struct.unpack(">H", q[i + 1:i + 3])[0]
+    addr = names.get(".".join(labels))
+    head = q[:2] + struct.pack(">HHHHH", 0x8180 if addr else 0x8183, 1,
+                               1 if addr and qtype == 1 else 0, 0, 0)
+    r = head + q[12:i + 5]
+    if addr and qtype == 1:
+        r += b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 300, 4) + socket.inet_aton(addr)
+    s.sendto(r, peer)
 """
 
 
@@ -81,12 +108,21 @@ class NetLab:
         sh("ip", "-n", n, "route", "add", "default", "via", "203.0.113.2")
         sh("ip", "-n", i, "addr", "add", "203.0.113.2/24", "dev", "wan0")
         sh("ip", "-n", i, "link", "set", "wan0", "up")
-        for a in (PUBLIC, PRIVATE):
+        for a in (PUBLIC, PRIVATE, DNS):
             sh("ip", "-n", i, "addr", "add", f"{a}/32", "dev", "lo")
         self.serve_http(PUBLIC, 80)
         self.serve_http(PUBLIC, 8080)
         self.serve_http(PRIVATE, 80)
         self.spawn(self.internet, [sys.executable, "-c", ECHO, PUBLIC, "7"], (PUBLIC, 7))
+        self.spawn(self.internet, [sys.executable, "-c", RESOLVER, DNS, json.dumps(NAMES)])
+        ask = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+               "s.settimeout(0.2); s.sendto(bytes.fromhex('123401000001000000000000') + "
+               f"b'\\x04pypi\\x04test\\x00\\x00\\x01\\x00\\x01', ('{DNS}', 53)); s.recv(512)")
+        deadline = time.monotonic() + 10
+        while self.ns(self.internet, sys.executable, "-c", ask, check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test resolver did not start")
+            time.sleep(0.05)
 
     def serve_http(self, addr, port):
         self.spawn(self.internet, [sys.executable, "-m", "http.server", "--bind", addr, str(port)],

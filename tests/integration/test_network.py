@@ -8,6 +8,7 @@ flood stays inside its sandbox's caps while a neighbour connects normally; an ed
 namespace (links, nftables table, conntrack entries, the uplink's forwarding setting)."""
 
 import json
+import pathlib
 import time
 
 import pytest
@@ -86,7 +87,7 @@ def lab():
 
 @pytest.fixture(scope="module")
 def nedge(lab):
-    e = Edge.start(netns=lab.node)
+    e = Edge.start(netns=lab.node, config={"network_dns": netlab.DNS})
     yield e
     stop_and_check(lab, e, alone=True)
 
@@ -206,6 +207,37 @@ def test_patch_applies_live_and_cuts_established_connections(c, lab):
     print(f"PATCH none -> allowlist (attach + policy) took {patch_ms:.1f} ms end to end")
 
 
+RESOLVE = r"""
+import socket, sys
+try:
+    print(socket.gethostbyname(sys.argv[1]))
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+def test_domains_resolve_through_the_node_forwarder(c):
+    sb = create(c, {"mode": "allowlist", "domains": ["pypi.test", "*.hosted.test",
+                                                      "internal.test"]})
+    sid = sb["id"]
+    assert c.sh(sid, "cat /etc/resolv.conf") == "nameserver 10.213.0.1\n"
+    resolve = lambda name: c.exec(sid, cmd=["python3", "-c", RESOLVE, name])["stdout"].strip()
+    assert probe(c, sid, PUBLIC, 80)[0] == REFUSED  # nothing resolved yet
+    assert resolve("pypi.test") == PUBLIC
+    assert http_get(c, sid, "http://pypi.test/") == "200"
+    assert resolve("files.hosted.test") == PUBLIC
+    assert resolve("unlisted.test") == "gaierror"  # listed nowhere: NXDOMAIN
+    # A listed name resolving to a private address does not open it.
+    assert resolve("internal.test") == PRIVATE
+    assert probe(c, sid, PRIVATE, 80)[0] == REFUSED
+    # Without domains, what they resolved to is no longer reachable.
+    c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "allowlist"}}, expect=200)
+    assert probe(c, sid, PUBLIC, 80)[0] == REFUSED
+    # `none` has no resolver.
+    c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "none"}}, expect=200)
+    assert resolve("pypi.test") == "gaierror"
+
+
 def test_bad_policies_are_clear_400s(c):
     for network, says in [
         ({"mode": "everything"}, "network mode must be"),
@@ -289,3 +321,33 @@ def test_kill9_restart_readopts_the_network(lab):
         c.close()
     finally:
         stop_and_check(lab, e)
+
+
+def dsec(nedge, *args, check=True):
+    """The dsec CLI against the edge's unix socket."""
+    import subprocess
+    binary = pathlib.Path(nedge.binary).parents[1] / "cli" / "dsec"
+    r = subprocess.run([str(binary), "--url", f"unix://{nedge.socket}", *args],
+                       capture_output=True, text=True, timeout=60)
+    if check:
+        assert r.returncode == 0, r
+    return r
+
+
+def test_cli_create_and_update_network(c, nedge):
+    sid = dsec(nedge, "create", "--allow", f"{PUBLIC}:80:tcp", "--allow-domain",
+               "pypi.test").stdout.strip()
+    c.made.append(sid)
+    rec = c.get(f"/v1/sandboxes/{sid}", expect=200).json
+    assert rec["network"]["rules"] == [{"cidr": f"{PUBLIC}/32", "ports": "80", "proto": "tcp"}]
+    assert rec["network"]["domains"] == ["pypi.test"]
+    assert probe(c, sid, PUBLIC, 80)[0] == "ok"
+    assert probe(c, sid, PUBLIC, 8080)[0] == REFUSED
+    dsec(nedge, "update", sid, "--network", "open", "--label", "stage=2")
+    assert probe(c, sid, PUBLIC, 8080)[0] == "ok"
+    assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["labels"] == {"stage": "2"}
+    bad = dsec(nedge, "update", sid, "--allow", "10.1.2.3/8", check=False)
+    assert bad.returncode != 0 and "did you mean 10.0.0.0/8" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    nothing = dsec(nedge, "update", sid, check=False)
+    assert nothing.returncode != 0 and "nothing to change" in nothing.stderr

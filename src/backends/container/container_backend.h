@@ -68,6 +68,9 @@ struct ContainerBackendOptions {
   // The node's sandbox network for modes other than none, started on first use (null or an
   // error: such sandboxes cannot be made, with that error).
   std::function<StatusOr<net::NodeNetwork*>()> network;
+  // Every sandbox's /etc/resolv.conf names this (the node network's DNS forwarder; a sandbox
+  // without a network cannot reach it); empty: the image's file stays.
+  std::string nameserver;
 };
 
 class ContainerInstance;

@@ -354,6 +354,7 @@ Status ContainerInstance::PrepareRoot(int userns_fd, isolation::RootfsSpec* r,
                         GatherRootSources(stack_, std::move(host), b.opts_.image_store));
   RootfsInputs in = sources.inputs;
   in.hostname = spec_.hostname;
+  in.nameserver = b.opts_.nameserver;
   in.workdir = spec_.workdir;
   // A user the node cannot resolve was refused before.
   in.workdir_uid = kSandboxUid, in.workdir_gid = kSandboxGid;

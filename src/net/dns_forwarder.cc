@@ -1,0 +1,174 @@
+#include "net/dns_forwarder.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+
+#include "base/logging.h"
+#include "base/strings.h"
+
+namespace dsec::net {
+
+namespace {
+
+constexpr size_t kMaxPending = 512, kMaxPendingPerSource = 8;
+constexpr int64_t kUpstreamTimeoutMs = 3000;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+sockaddr_in Sockaddr(uint32_t addr, uint16_t port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(addr);
+  sa.sin_port = htons(port);
+  return sa;
+}
+
+struct Pending {
+  UniqueFd fd;  // connected to the upstream
+  std::string query;
+  dns::Question q;
+  sockaddr_in client{};
+  bool allow = false;  // add the answer's addresses to the sandbox's allowed set
+  int64_t deadline = 0;
+};
+
+}  // namespace
+
+std::optional<uint32_t> FirstNameserver(const std::string& text) {
+  for (auto line : SplitString(text, '\n', true)) {
+    line = TrimWhitespace(line);
+    if (!StartsWith(line, "nameserver")) continue;
+    uint32_t a = 0;
+    if (ParseIpv4(TrimWhitespace(line.substr(10)), &a)) return a;
+  }
+  return std::nullopt;
+}
+
+StatusOr<std::unique_ptr<DnsForwarder>> DnsForwarder::Start(uint32_t listen_addr,
+                                                            uint32_t upstream,
+                                                            uint16_t upstream_port,
+                                                            PolicyFn policy, AllowFn allow) {
+  std::unique_ptr<DnsForwarder> f(new DnsForwarder());
+  f->sock_.Reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!f->sock_) return ErrnoError("dns socket");
+  sockaddr_in sa = Sockaddr(listen_addr, 53);
+  if (bind(f->sock_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0)
+    return ErrnoError("bind the sandbox DNS forwarder to " + Ipv4ToString(listen_addr) + ":53");
+  f->stop_.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!f->stop_) return ErrnoError("eventfd");
+  f->upstream_ = Sockaddr(upstream, upstream_port);
+  f->policy_ = std::move(policy);
+  f->allow_ = std::move(allow);
+  f->thread_ = std::thread([p = f.get()] { p->Loop(); });
+  return f;
+}
+
+DnsForwarder::~DnsForwarder() {
+  if (thread_.joinable()) {
+    uint64_t one = 1;
+    (void)!write(stop_.get(), &one, sizeof one);
+    thread_.join();
+  }
+}
+
+void DnsForwarder::Loop() {
+  std::vector<Pending> pending;
+  std::map<uint32_t, size_t> per_source;
+  auto reply = [&](const sockaddr_in& to, const std::string& msg) {
+    (void)sendto(sock_.get(), msg.data(), msg.size(), MSG_DONTWAIT,
+                 reinterpret_cast<const sockaddr*>(&to), sizeof to);
+  };
+  auto finish = [&](size_t i) {
+    uint32_t src = ntohl(pending[i].client.sin_addr.s_addr);
+    if (--per_source[src] == 0) per_source.erase(src);
+    pending.erase(pending.begin() + static_cast<long>(i));
+  };
+  char buf[4096];
+  for (;;) {
+    std::vector<pollfd> fds = {{stop_.get(), POLLIN, 0}, {sock_.get(), POLLIN, 0}};
+    int64_t now = NowMs(), wait = 1000;
+    for (const auto& p : pending) {
+      fds.push_back({p.fd.get(), POLLIN, 0});
+      wait = std::min(wait, std::max<int64_t>(0, p.deadline - now));
+    }
+    if (poll(fds.data(), fds.size(), static_cast<int>(wait)) < 0 && errno != EINTR) return;
+    if (fds[0].revents) return;
+    now = NowMs();
+    // Upstream answers (and timeouts), newest index first so erasing keeps the rest valid.
+    for (size_t i = pending.size(); i-- > 0;) {
+      Pending& p = pending[i];
+      if (fds[i + 2].revents & POLLIN) {
+        ssize_t n = recv(p.fd.get(), buf, sizeof buf, 0);
+        if (n <= 0) continue;
+        std::string_view ans(buf, static_cast<size_t>(n));
+        auto addrs = dns::AnswerAddresses(ans, p.q);
+        if (!addrs) continue;  // not the answer to this query: keep waiting
+        if (p.allow && !addrs->empty()) allow_(ntohl(p.client.sin_addr.s_addr), *addrs);
+        reply(p.client, std::string(ans));
+        answered_++;
+        finish(i);
+      } else if (now >= p.deadline) {
+        reply(p.client, dns::Reply(p.query, p.q, dns::kServFail));
+        finish(i);
+      }
+    }
+    if (!(fds[1].revents & POLLIN)) continue;
+    for (int batch = 0; batch < 64; ++batch) {
+      sockaddr_in from{};
+      socklen_t len = sizeof from;
+      ssize_t n = recvfrom(sock_.get(), buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from),
+                           &len);
+      if (n < 0) break;
+      std::string query(buf, static_cast<size_t>(n));
+      auto q = dns::ParseQuery(query);
+      uint32_t src = ntohl(from.sin_addr.s_addr);
+      auto policy = q ? policy_(src) : std::nullopt;
+      if (!policy || policy->mode == NetMode::kNone) {
+        refused_++;
+        continue;  // not a sandbox with a network: no answer at all
+      }
+      bool listed = DomainAllowed(*policy, q->name);
+      if (policy->mode == NetMode::kAllowlist && !listed) {
+        reply(from, dns::Reply(query, *q, dns::kNxDomain));
+        refused_++;
+        continue;
+      }
+      if (q->type == dns::kTypeAAAA) {
+        reply(from, dns::Reply(query, *q, dns::kNoError));
+        continue;
+      }
+      if (pending.size() >= kMaxPending || per_source[src] >= kMaxPendingPerSource) {
+        reply(from, dns::Reply(query, *q, dns::kServFail));
+        continue;
+      }
+      Pending p;
+      p.fd.Reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      if (!p.fd ||
+          connect(p.fd.get(), reinterpret_cast<const sockaddr*>(&upstream_), sizeof upstream_) <
+              0 ||
+          send(p.fd.get(), query.data(), query.size(), 0) < 0) {
+        reply(from, dns::Reply(query, *q, dns::kServFail));
+        continue;
+      }
+      p.query = std::move(query);
+      p.q = *q;
+      p.client = from;
+      p.allow = listed;
+      p.deadline = now + kUpstreamTimeoutMs;
+      per_source[src]++;
+      pending.push_back(std::move(p));
+    }
+  }
+}
+
+}  // namespace dsec::net
