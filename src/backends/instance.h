@@ -76,6 +76,13 @@ class Instance {
   virtual std::string NetworkAddress() const { return ""; }
   // Packets its network policy refused so far.
   virtual uint64_t NetworkDenied() { return 0; }
+  // A TCP connection to 127.0.0.1:port inside the sandbox (the port proxy), whatever its
+  // network policy.
+  virtual StatusOr<UniqueFd> ConnectPort(uint16_t port) {
+    (void)port;
+    return Unimplemented("the port proxy is not available for " + std::string(KindName(kind())) +
+                         " sandboxes yet");
+  }
 
   virtual Status Destroy() = 0;
   // Lets go without destroying: everything keeps running for a later Adopt.

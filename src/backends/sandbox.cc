@@ -398,6 +398,14 @@ Status Sandbox::SetNetwork(const net::NetworkPolicy& p) {
   return instance_->SetNetwork(p);
 }
 
+StatusOr<UniqueFd> Sandbox::ConnectPort(uint16_t port) {
+  DSEC_RETURN_IF_ERROR(Ready().status());
+  MutexLock l(mu_);
+  if (state_.load() == SandboxState::kDestroyed)
+    return FailedPrecondition("sandbox " + id() + " is destroyed");
+  return instance_->ConnectPort(port);
+}
+
 std::string Sandbox::network_address() const {
   MutexLock l(mu_);
   return instance_->NetworkAddress();

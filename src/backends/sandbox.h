@@ -101,6 +101,8 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   Status SetNetwork(const net::NetworkPolicy& p);
   // Its IPv4 address on the node's sandbox network; empty without one.
   std::string network_address() const;
+  // A TCP connection to its 127.0.0.1:port (a paused sandbox is resumed first).
+  StatusOr<UniqueFd> ConnectPort(uint16_t port);
   // The sandbox's files as an image stack ("host" first when on the host image, then layer
   // digests bottom first), its writable layer captured as the new top layer while it is held
   // still for a moment. A kind without layered images says Unimplemented.

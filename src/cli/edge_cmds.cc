@@ -720,6 +720,43 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
 
   AddRmCommand(app, g, exit_code);
 
+  auto port_id = std::make_shared<std::string>();
+  auto port_num = std::make_shared<int>(0);
+  auto port_path = std::make_shared<std::string>();
+  CLI::App* port = app.add_subcommand(
+      "port", "Print the URL of the edge's proxy to a server on PORT inside a sandbox");
+  port->add_option("id", *port_id, "Sandbox id")->required();
+  port->add_option("port", *port_num, "Port the server listens on inside the sandbox")
+      ->required()
+      ->check(CLI::Range(1, 65535));
+  port->add_option("path", *port_path, "Path on that server (default /)");
+  port->callback([=, &g] {
+    auto c = Connect(g);
+    if (!c.ok()) {
+      *exit_code = Fail(c.status());
+      return;
+    }
+    if (auto r = (*c)->CallJson(Verb::get, SbPath(*port_id)); !r.ok()) {
+      *exit_code = Fail(r.status());
+      return;
+    }
+    auto ep = ResolveEndpoint(g.url, g.token);
+    if (!ep.ok()) {
+      *exit_code = Fail(ep.status());
+      return;
+    }
+    std::string rest = SbPath(*port_id) + "/ports/" + std::to_string(*port_num) + "/" +
+                       (StartsWith(*port_path, "/") ? port_path->substr(1) : *port_path);
+    std::string url = ep->is_unix ? "unix://" + ep->unix_path + ":" + rest
+                                  : "http://" + ep->host + ":" + ep->port + rest;
+    if (g.json) {
+      PrintJson(Json{{"url", url}});
+    } else {
+      std::cout << url << "\n";
+    }
+    *exit_code = 0;
+  });
+
   auto uo = std::make_shared<UpdateOpts>();
   CLI::App* update =
       app.add_subcommand("update", "Change a sandbox's TTLs, labels or network policy (live)");

@@ -279,6 +279,9 @@ Preflight Api::Check(HttpRequest& req) {
   }
   bool known = false;
   const Route* r = Match(req.method, req.target, nullptr, &known);
+  std::string port_id, port, port_target;
+  // The port proxy takes the connection once authenticated (below): any method, no body limit.
+  pf.takeover = ParsePortTarget(req.target, &port_id, &port, &port_target);
   if (r && r->upload) {
     pf.body_limit = d_.cfg.max_upload_bytes;
     // A large upload (or one of unknown length) goes to disk and then to the sandbox a piece at
@@ -325,6 +328,12 @@ Preflight Api::Check(HttpRequest& req) {
 }
 
 void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
+  if (req.takeover_fd) {
+    // Finding the sandbox may wait (a create in progress): on a worker.
+    auto shared = std::make_shared<HttpRequest>(std::move(req));
+    boost::asio::post(*d_.workers, [this, shared] { ServePort(this, std::move(*shared)); });
+    return;
+  }
   auto ctx = std::make_shared<Ctx>();
   ctx->api = this;
   bool known = false;

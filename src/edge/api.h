@@ -76,6 +76,12 @@ struct Route {
 
 enum RouteFlags : unsigned { kUpload = 1, kOnIoThread = 2, kImport = 4 };
 
+// The port proxy (api_ports.cc): the target's parts, and serving a taken-over connection.
+bool ParsePortTarget(const std::string& target, std::string* id, std::string* port,
+                     std::string* upstream);
+class Api;
+void ServePort(Api* api, HttpRequest req);
+
 class Api {
  public:
   struct Deps {
@@ -98,6 +104,8 @@ class Api {
     // Feature entries that change while the edge runs (merged into `features` per request).
     std::function<Json()> live_features;
     std::function<int64_t()> connections;
+    // Where proxied connections (api_ports.cc) are relayed: the HTTP server's I/O.
+    boost::asio::io_context* proxy_io = nullptr;
   };
   explicit Api(Deps deps);
 

@@ -455,6 +455,7 @@ int RunEdge(EdgeConfig cfg) {
     return n ? n->DeniedTotal() : 0;
   });
   api->deps().connections = [s = server->get()] { return s->connections(); };
+  api->deps().proxy_io = &(*server)->io();
   manager.StartReaper();
 
   std::atomic<bool> done{false};

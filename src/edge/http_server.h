@@ -47,6 +47,11 @@ struct HttpRequest {
   std::string remote;                       // "1.2.3.4:5678" or "unix"
   bool websocket_upgrade = false;
   std::string principal;  // set by preflight: who is calling (for idempotency scopes, audit)
+  // When preflight asked for it (Preflight::takeover): the connection itself, right after the
+  // request head, and the bytes already read past it. The handler gets no Responder; it owns
+  // the connection (the port proxy relays it as is).
+  UniqueFd takeover_fd;
+  std::string takeover_buffered;
 
   const std::string* Query(std::string_view name) const;  // first value
   std::vector<std::string> QueryAll(std::string_view name) const;
@@ -102,6 +107,9 @@ struct Preflight {
   // or a large file/archive upload (at most max_spooled_uploads).
   enum class Spool { kNo, kImport, kUpload };
   Spool spool = Spool::kNo;
+  // Hand the connection to the handler after the head (HttpRequest::takeover_fd); no body is
+  // read and no limit applies.
+  bool takeover = false;
 };
 
 struct HttpServerOptions {

@@ -295,6 +295,7 @@ class HttpSession : public SessionBase {
     Preflight pf = srv_->preflight(req);
     if (!pf.ok) return Reject(std::move(pf.error));
     req.principal = std::move(pf.principal);
+    if (pf.takeover) return TakeOver(std::move(req));
     if (auto len = parser_->content_length(); len && *len > pf.body_limit)
       return Reject(
           JsonError(413, "too_large",
@@ -349,6 +350,21 @@ class HttpSession : public SessionBase {
       return ReadSpooled();
     }
     ReadBody();
+  }
+
+  // Gives the connection away (Preflight::takeover): this session ends without closing it.
+  void TakeOver(HttpRequest req) {
+    DisarmTimer();
+    req.takeover_fd.Reset(fcntl(sock_.native_handle(), F_DUPFD_CLOEXEC, 3));
+    if (!req.takeover_fd) return Shutdown();
+    req.takeover_buffered = beast::buffers_to_string(buf_.data());
+    buf_.consume(buf_.size());
+    closed_ = true;
+    phase_ = Phase::kDone;
+    beast::error_code ec;
+    sock_.close(ec);  // our descriptor; the duplicate keeps the connection
+    srv_->Unregister(this);
+    srv_->handler(std::move(req), nullptr);
   }
 
   void EndSpool() {

@@ -54,10 +54,9 @@ std::optional<uint32_t> FirstNameserver(const std::string& text) {
   return std::nullopt;
 }
 
-StatusOr<std::unique_ptr<DnsForwarder>> DnsForwarder::Start(uint32_t listen_addr,
-                                                            uint32_t upstream,
-                                                            uint16_t upstream_port,
-                                                            PolicyFn policy, AllowFn allow) {
+StatusOr<std::unique_ptr<DnsForwarder>> DnsForwarder::Start(uint32_t listen_addr, uint32_t upstream,
+                                                            uint16_t upstream_port, PolicyFn policy,
+                                                            AllowFn allow) {
   std::unique_ptr<DnsForwarder> f(new DnsForwarder());
   f->sock_.Reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!f->sock_) return ErrnoError("dns socket");
@@ -126,8 +125,8 @@ void DnsForwarder::Loop() {
     for (int batch = 0; batch < 64; ++batch) {
       sockaddr_in from{};
       socklen_t len = sizeof from;
-      ssize_t n = recvfrom(sock_.get(), buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from),
-                           &len);
+      ssize_t n =
+          recvfrom(sock_.get(), buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &len);
       if (n < 0) break;
       std::string query(buf, static_cast<size_t>(n));
       auto q = dns::ParseQuery(query);

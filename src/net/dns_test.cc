@@ -21,8 +21,18 @@ std::string Name(const std::string& dotted) {
 }
 
 std::string Query(uint16_t id, const std::string& name, uint16_t type) {
-  std::string m = {static_cast<char>(id >> 8), static_cast<char>(id & 0xff), 0x01, 0x00,  //
-                   0, 1, 0, 0, 0, 0, 0, 0};
+  std::string m = {static_cast<char>(id >> 8),
+                   static_cast<char>(id & 0xff),
+                   0x01,
+                   0x00,  //
+                   0,
+                   1,
+                   0,
+                   0,
+                   0,
+                   0,
+                   0,
+                   0};
   m += Name(name);
   m += {static_cast<char>(type >> 8), static_cast<char>(type & 0xff), 0, 1};
   return m;
@@ -36,16 +46,26 @@ std::string Answer(const std::string& query, std::vector<std::pair<uint32_t, uin
   m[7] = static_cast<char>(1 + as.size());
   // CNAME record: name = pointer to the question (offset 12), rdata "cdn.example.net".
   std::string target = Name("cdn.example.net");
-  m += {static_cast<char>(0xc0), 12, 0, 5, 0, 1, 0, 0, 0, 60, 0,
-        static_cast<char>(target.size())};
+  m += {static_cast<char>(0xc0), 12, 0, 5, 0, 1, 0, 0, 0, 60, 0, static_cast<char>(target.size())};
   size_t target_off = m.size();
   m += target;
   for (auto [addr, ttl] : as) {
-    m += {static_cast<char>(0xc0), static_cast<char>(target_off), 0, 1, 0, 1,
-          static_cast<char>(ttl >> 24), static_cast<char>(ttl >> 16), static_cast<char>(ttl >> 8),
-          static_cast<char>(ttl), 0, 4,
-          static_cast<char>(addr >> 24), static_cast<char>(addr >> 16),
-          static_cast<char>(addr >> 8), static_cast<char>(addr)};
+    m += {static_cast<char>(0xc0),
+          static_cast<char>(target_off),
+          0,
+          1,
+          0,
+          1,
+          static_cast<char>(ttl >> 24),
+          static_cast<char>(ttl >> 16),
+          static_cast<char>(ttl >> 8),
+          static_cast<char>(ttl),
+          0,
+          4,
+          static_cast<char>(addr >> 24),
+          static_cast<char>(addr >> 16),
+          static_cast<char>(addr >> 8),
+          static_cast<char>(addr)};
   }
   return m;
 }
@@ -111,8 +131,8 @@ TEST(DnsTest, PointerLoopsAndTruncationAreRejected) {
   loop[2] = static_cast<char>(0x81);
   loop[7] = 1;
   size_t self = loop.size();
-  loop += {static_cast<char>(0xc0), static_cast<char>(self), 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 1, 2,
-           3, 4};
+  loop +=
+      {static_cast<char>(0xc0), static_cast<char>(self), 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 1, 2, 3, 4};
   EXPECT_FALSE(AnswerAddresses(loop, *p));
 }
 

@@ -351,3 +351,7 @@ def test_cli_create_and_update_network(c, nedge):
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     nothing = dsec(nedge, "update", sid, check=False)
     assert nothing.returncode != 0 and "nothing to change" in nothing.stderr
+    url = dsec(nedge, "port", sid, "8000", "/x").stdout.strip()
+    assert url == f"unix://{nedge.socket}:/v1/sandboxes/{sid}/ports/8000/x"
+    missing = dsec(nedge, "port", "sb-nosuch", "8000", check=False)
+    assert missing.returncode != 0 and "not found" in missing.stderr

@@ -27,6 +27,7 @@ EDGE_OPERATIONS = {
     ("PATCH", "/v1/sandboxes/{id}"),
     ("DELETE", "/v1/sandboxes/{id}"),
     ("GET", "/v1/sandboxes/{id}/stats"),
+    ("GET", "/v1/sandboxes/{id}/ports/{port}"),  # and every method and path below it
     ("POST", "/v1/sandboxes/{id}/exec"),
     ("GET", "/v1/sandboxes/{id}/execs"),
     ("GET", "/v1/sandboxes/{id}/execs/{eid}"),

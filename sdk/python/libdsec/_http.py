@@ -63,6 +63,18 @@ def parse_url(url: str) -> Endpoint:
     return Endpoint(scheme, parts.hostname, port, None, parts.path.rstrip("/"))
 
 
+def port_url(endpoint: Endpoint, sandbox_id: str, port: int, path: str = "") -> str:
+    """The port proxy's URL for a server on ``port`` inside the sandbox (send the API token
+    with it). On a unix socket endpoint it is ``unix://SOCKET:/v1/...``: only clients that
+    speak HTTP over unix sockets can use it."""
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be 1-65535, not {port!r}")
+    rest = f"/v1/sandboxes/{seg(sandbox_id)}/ports/{port}/{path.lstrip('/')}"
+    if endpoint.unix_path is not None:
+        return f"unix://{endpoint.unix_path}:{rest}"
+    return f"{endpoint.scheme}://{endpoint.host_header}{endpoint.base_path}{rest}"
+
+
 def resolve_config(url: str | None, token: str | None) -> tuple[Endpoint, str | None]:
     """Apply the ``DSEC_URL`` / ``DSEC_TOKEN`` defaults for arguments left ``None``."""
     if url is None:

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, BinaryIO, Callable, Mapping, Sequence
 
 from . import _archive, _ops
 from ._async import AsyncTransport
-from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
+from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, port_url, resolve_config
 from ._ops import Cmd, Stdin
 from .errors import BuildFailedError, DSecError, DSecTimeoutError, NotFoundError
 from .models import (
@@ -351,6 +351,10 @@ class AsyncSandbox:
 
     async def refresh(self) -> dict[str, Any]:
         return self._set_record(await self._json(_ops.get(self.id)))
+
+    def port_url(self, port: int, path: str = "") -> str:
+        """The edge's port proxy URL for ``port`` inside the sandbox (Sandbox.port_url)."""
+        return port_url(self._client.endpoint, self.id, port, path)
 
     async def update(self, ttl_s: int | None = None, idle_ttl_s: int | None = None,
                      labels: Mapping[str, str | None] | None = None,

@@ -9,7 +9,7 @@ import time
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
 from . import _archive, _ops
-from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, resolve_config
+from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, port_url, resolve_config
 from ._ops import Cmd, Stdin
 from ._sync import SyncTransport
 from .errors import BuildFailedError, DSecError, DSecTimeoutError, NotFoundError
@@ -484,6 +484,12 @@ class Sandbox:
     def refresh(self) -> dict[str, Any]:
         """Re-read the record from the server and return it."""
         return self._set_record(self._json(_ops.get(self.id)))
+
+    def port_url(self, port: int, path: str = "") -> str:
+        """The URL of the edge's port proxy to a server listening on ``port`` inside the
+        sandbox (any method, streaming, WebSocket upgrades; in every network mode). Requests
+        must carry the API token (``Authorization: Bearer ...``)."""
+        return port_url(self._client.endpoint, self.id, port, path)
 
     def update(
         self,

@@ -190,3 +190,14 @@ def test_fncall_result():
                                 "runtime": "python", "queue_ms": 2})
     assert isinstance(r, ExecResult) and r.ok
     assert (r.stdout, r.runtime, r.queue_ms) == (b"hi", "python", 2.0)
+
+
+def test_port_url():
+    ep = _http.parse_url("http://edge:7070/prefix/")
+    assert (_http.port_url(ep, "sb-1", 8000, "/index.html") ==
+            "http://edge:7070/prefix/v1/sandboxes/sb-1/ports/8000/index.html")
+    assert _http.port_url(_http.parse_url("unix:///run/e.sock"), "sb-1", 80) == \
+        "unix:///run/e.sock:/v1/sandboxes/sb-1/ports/80/"
+    for bad in (0, 70000, "80"):
+        with pytest.raises(ValueError):
+            _http.port_url(ep, "sb-1", bad)

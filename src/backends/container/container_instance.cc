@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/magic.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 #include <tuple>
 
 #include "backends/container/adoption_handle.h"
@@ -623,6 +626,42 @@ Status ContainerInstance::ApplyNetwork(const net::NetworkPolicy& p, int netns_fd
 
 Status ContainerInstance::SetNetwork(const net::NetworkPolicy& p) {
   return ApplyNetwork(p, netns_.ns ? netns_.ns.get() : -1);
+}
+
+StatusOr<UniqueFd> ContainerInstance::ConnectPort(uint16_t port) {
+  UniqueFd own;
+  int ns = netns_.ns.get();
+  if (ns < 0) {
+    own.Reset(
+        open(("/proc/" + std::to_string(agent_pid_) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!own || !InOwnCgroup(agent_pid_)) return ErrnoError("open the sandbox's network namespace");
+    ns = own.get();
+  }
+  // The socket is made in the sandbox's namespace (on a thread of its own: no caller thread
+  // ever changes namespace) and connects to its loopback from there.
+  UniqueFd s;
+  Status st;
+  std::thread t([&] {
+    if (setns(ns, CLONE_NEWNET) < 0) {
+      st = ErrnoError("setns into the sandbox's network namespace");
+      return;
+    }
+    s.Reset(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s) st = ErrnoError("socket");
+  });
+  t.join();
+  DSEC_RETURN_IF_ERROR(st);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(s.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0) {
+    if (errno == ECONNREFUSED)
+      return Status(StatusCode::kUnavailable,
+                    "nothing listens on port " + std::to_string(port) + " in sandbox " + spec_.id);
+    return ErrnoError("connect to port " + std::to_string(port) + " in sandbox " + spec_.id);
+  }
+  return s;
 }
 
 std::string ContainerInstance::NetworkAddress() const {

@@ -44,6 +44,7 @@ class ContainerInstance : public Instance {
   Status SetNetwork(const net::NetworkPolicy& p) override;
   std::string NetworkAddress() const override;
   uint64_t NetworkDenied() override;
+  StatusOr<UniqueFd> ConnectPort(uint16_t port) override;
   void Detach() override;
 
   // True if pid is a process in this sandbox's cgroups (checked from /proc/<pid>/cgroup).

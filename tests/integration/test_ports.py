@@ -1,0 +1,149 @@
+"""The port proxy (issue 17): /v1/sandboxes/{id}/ports/{port}/{path...} reaches a server on the
+sandbox's 127.0.0.1:port with the API's token, in network mode none (the edge connects from
+inside the sandbox's namespace): a python3 -m http.server's files, a streamed upload echoed
+back, a WebSocket echo through an upgrade, and clear errors (no token, nothing listening, a bad
+port, an unknown sandbox)."""
+
+import http.client
+import time
+
+import pytest
+
+from edge_harness import WebSocket
+
+# A WebSocket echo server on the standard library: one connection at a time, text frames.
+WS_ECHO = r"""
+import base64, hashlib, socket
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", 8765)); l.listen(4)
+while True:
+    c, _ = l.accept()
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += c.recv(4096)
+    key = [h.split(b":", 1)[1].strip() for h in data.split(b"\r\n")
+           if h.lower().startswith(b"sec-websocket-key")][0]
+    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    f = c.makefile("rb")
+    while True:
+        h = f.read(2)
+        if len(h) < 2 or h[0] & 0xf == 8:
+            break
+        n = h[1] & 0x7f
+        if n == 126:
+            n = int.from_bytes(f.read(2), "big")
+        mask = f.read(4)
+        p = bytes(b ^ mask[i % 4] for i, b in enumerate(f.read(n)))
+        c.sendall(bytes([0x81, len(p)]) + p)
+    c.close()
+"""
+
+# Echoes a POST body back, read as it arrives (chunked or not).
+POST_ECHO = r"""
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        if self.headers.get("Transfer-Encoding") == "chunked":
+            body = b""
+            while True:
+                n = int(self.rfile.readline(), 16)
+                body += self.rfile.read(n); self.rfile.readline()
+                if n == 0: break
+        else:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+        out = (self.path + " " + self.headers.get("Host", "") + " " +
+               str("Authorization" in self.headers)).encode() + b"\n" + body
+        self.send_response(200); self.send_header("Content-Length", str(len(out)))
+        self.end_headers(); self.wfile.write(out)
+http.server.HTTPServer(("127.0.0.1", 8001), H).serve_forever()
+"""
+
+
+def raw(edge, method, path, body=None, headers=None):
+    """A request through the proxy as any HTTP client sends it: (status, headers, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=30)
+    hdrs = {"Authorization": f"Bearer {edge.token}", **(headers or {})}
+    conn.request(method, path, body=body, headers=hdrs)
+    r = conn.getresponse()
+    out = (r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    conn.close()
+    return out
+
+
+def wait_port(edge, sid, port, deadline_s=15):
+    deadline = time.monotonic() + deadline_s
+    while True:
+        status, _, body = raw(edge, "HEAD", f"/v1/sandboxes/{sid}/ports/{port}/")
+        if status != 502:
+            return
+        assert time.monotonic() < deadline, body
+        time.sleep(0.1)
+
+
+def test_http_server_in_a_none_sandbox(client, sandbox, edge):
+    client.sh(sandbox, "echo hello > /workspace/hi.txt")
+    client.exec(sandbox, "cd /workspace && python3 -m http.server 8000 >/dev/null 2>&1 &")
+    wait_port(edge, sandbox, 8000)
+    status, _, body = raw(edge, "GET", f"/v1/sandboxes/{sandbox}/ports/8000/")
+    assert status == 200 and b"hi.txt" in body, body
+    status, headers, body = raw(edge, "GET", f"/v1/sandboxes/{sandbox}/ports/8000/hi.txt?x=1")
+    assert status == 200 and body == b"hello\n", body
+    # Without the token: 401 from the edge, the sandbox never sees it.
+    r = client.get(f"/v1/sandboxes/{sandbox}/ports/8000/hi.txt", token=False, validate=False)
+    assert r.status == 401, r
+
+
+def test_post_bodies_stream_both_ways(client, sandbox, edge):
+    client.exec(sandbox, cmd=["sh", "-c", "python3 -c \"$0\" >/dev/null 2>&1 &", POST_ECHO])
+    wait_port(edge, sandbox, 8001)
+    body = b"x" * (3 << 20)
+    status, _, got = raw(edge, "POST", f"/v1/sandboxes/{sandbox}/ports/8001/up/load?q=2", body,
+                         {"Content-Type": "application/octet-stream"})
+    assert status == 200, got[:200]
+    first, rest = got.split(b"\n", 1)
+    assert first == b"/up/load?q=2 localhost:8001 False"  # path kept, token not passed on
+    assert rest == body
+    # A chunked upload, straight through.
+    conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=30)
+    conn.putrequest("POST", f"/v1/sandboxes/{sandbox}/ports/8001/c")
+    conn.putheader("Authorization", f"Bearer {edge.token}")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    for part in (b"abc", b"defg"):
+        conn.send(b"%x\r\n%s\r\n" % (len(part), part))
+    conn.send(b"0\r\n\r\n")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read().endswith(b"\nabcdefg")
+    conn.close()
+
+
+def test_websocket_echo_through_the_proxy(client, sandbox, edge):
+    client.exec(sandbox, cmd=["sh", "-c", "python3 -c \"$0\" >/dev/null 2>&1 &", WS_ECHO])
+    deadline = time.monotonic() + 15
+    while True:
+        status, _, ws = WebSocket.connect("127.0.0.1", edge.port,
+                                          f"/v1/sandboxes/{sandbox}/ports/8765/ws",
+                                          token=edge.token)
+        if status == 101:
+            break
+        assert status == 502 and time.monotonic() < deadline, status
+        time.sleep(0.1)
+    for msg in ("hello", "world" * 20):
+        ws.send_text(msg)
+        op, payload = ws.recv()
+        assert payload.decode() == msg
+    ws.close()
+
+
+@pytest.mark.parametrize("path,status,says", [
+    ("/ports/9/", 502, "nothing listens on port 9"),
+    ("/ports/0/", 400, "port must be 1-65535"),
+    ("/ports/http/", 400, "port must be 1-65535"),
+])
+def test_errors_are_clear(client, sandbox, path, status, says):
+    r = client.get(f"/v1/sandboxes/{sandbox}{path}", validate=False)
+    assert r.status == status and says in r.json["error"]["message"], r
+    r = client.get("/v1/sandboxes/sb-nosuch/ports/80/", validate=False)
+    assert r.status == 404, r
