@@ -26,43 +26,89 @@ namespace {
 namespace asio = boost::asio;
 using Stream = asio::posix::stream_descriptor;
 
-// Both directions of one proxied connection. Each direction reads into its buffer and writes
-// it out before reading again (so a slow reader holds back its writer: backpressure, bounded
-// memory); an end of stream is passed on as a half-close.
+// Both directions of one proxied connection, each moved by splice(2) through a pipe of its
+// own: the bytes never enter the edge's memory. A direction waits until its source is readable
+// (pipe empty) or its sink writable (pipe holding data), so a slow reader holds back its writer
+// (backpressure; at most a pipe's worth in flight). An end of stream is passed on as a
+// half-close once the pipe is drained.
 class Relay : public std::enable_shared_from_this<Relay> {
  public:
   Relay(asio::io_context& io, UniqueFd client, UniqueFd upstream)
       : client_(io, client.Release()), upstream_(io, upstream.Release()) {}
 
   void Start(std::string to_upstream) {
+    for (Dir* d : {&up_, &down_}) {
+      int p[2];
+      if (pipe2(p, O_NONBLOCK | O_CLOEXEC) < 0) return Abort();
+      d->r.Reset(p[0]);
+      d->w.Reset(p[1]);
+      (void)fcntl(p[1], F_SETPIPE_SZ, 1 << 20);  // fewer wakeups; the default 64 KiB also works
+    }
+    up_.from = &client_, up_.to = &upstream_;
+    down_.from = &upstream_, down_.to = &client_;
     auto self = shared_from_this();
     auto buf = std::make_shared<std::string>(std::move(to_upstream));
     asio::async_write(upstream_, asio::buffer(*buf), [self, buf](boost::system::error_code ec,
                                                                  size_t) {
       if (ec) return self->Abort();
-      self->Pump(self->client_, self->upstream_, self->up_buf_, &self->up_done_);
-      self->Pump(self->upstream_, self->client_, self->down_buf_, &self->down_done_);
+      self->Move(self->up_);
+      self->Move(self->down_);
     });
   }
 
  private:
-  void Pump(Stream& from, Stream& to, std::array<char, 65536>& buf, bool* done) {
-    auto self = shared_from_this();
-    from.async_read_some(asio::buffer(buf), [self, &from, &to, &buf, done](
-                                                boost::system::error_code ec, size_t n) {
-      if (ec == asio::error::eof) {
-        ::shutdown(to.native_handle(), SHUT_WR);  // pass the end on; the other way goes on
-        *done = true;
-        if (self->up_done_ && self->down_done_) self->Abort();
+  struct Dir {
+    Stream *from = nullptr, *to = nullptr;
+    UniqueFd r, w;  // the pipe
+    size_t in_pipe = 0;
+    bool eof = false, done = false;
+  };
+
+  // Moves what it can without blocking, then waits for the one event that unblocks it.
+  void Move(Dir& d) {
+    constexpr unsigned kFlags = SPLICE_F_NONBLOCK | SPLICE_F_MOVE;
+    for (;;) {
+      bool progress = false;
+      if (!d.eof && d.in_pipe < (1 << 20)) {
+        ssize_t n = splice(d.from->native_handle(), nullptr, d.w.get(), nullptr,
+                           (1 << 20) - d.in_pipe, kFlags);
+        if (n > 0) {
+          d.in_pipe += static_cast<size_t>(n);
+          progress = true;
+        } else if (n == 0) {
+          d.eof = true;
+        } else if (errno != EAGAIN) {
+          return Abort();
+        }
+      }
+      if (d.in_pipe > 0) {
+        ssize_t m = splice(d.r.get(), nullptr, d.to->native_handle(), nullptr, d.in_pipe, kFlags);
+        if (m > 0) {
+          d.in_pipe -= static_cast<size_t>(m);
+          progress = true;
+        } else if (m < 0 && errno != EAGAIN) {
+          return Abort();
+        }
+      }
+      if (d.eof && d.in_pipe == 0) {
+        ::shutdown(d.to->native_handle(), SHUT_WR);  // pass the end on; the other way goes on
+        d.done = true;
+        if (up_.done && down_.done) Abort();
         return;
       }
+      if (!progress) break;
+    }
+    auto self = shared_from_this();
+    Dir* dp = &d;
+    auto next = [self, dp](boost::system::error_code ec) {
       if (ec) return self->Abort();
-      asio::async_write(to, asio::buffer(buf.data(), n),
-                        [self, &from, &to, &buf, done](boost::system::error_code ec2, size_t) {
-                          if (ec2) return self->Abort();
-                          self->Pump(from, to, buf, done);
-                        });
-    });
+      self->Move(*dp);
+    };
+    if (d.in_pipe > 0) {
+      d.to->async_wait(Stream::wait_write, next);
+    } else {
+      d.from->async_wait(Stream::wait_read, next);
+    }
   }
   void Abort() {
     boost::system::error_code ec;
@@ -71,8 +117,7 @@ class Relay : public std::enable_shared_from_this<Relay> {
   }
 
   Stream client_, upstream_;
-  std::array<char, 65536> up_buf_{}, down_buf_{};
-  bool up_done_ = false, down_done_ = false;
+  Dir up_, down_;
 };
 
 // A complete error response written straight onto the taken-over connection, which then closes.

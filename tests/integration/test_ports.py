@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from edge_harness import WebSocket
+from edge_harness import UnixHTTPConnection, WebSocket
 
 # A WebSocket echo server on the standard library: one connection at a time, text frames.
 WS_ECHO = r"""
@@ -90,6 +90,12 @@ def test_http_server_in_a_none_sandbox(client, sandbox, edge):
     assert status == 200 and b"hi.txt" in body, body
     status, headers, body = raw(edge, "GET", f"/v1/sandboxes/{sandbox}/ports/8000/hi.txt?x=1")
     assert status == 200 and body == b"hello\n", body
+    # Over the root-only unix socket too (no token there).
+    conn = UnixHTTPConnection(edge.socket, timeout=30)
+    conn.request("GET", f"/v1/sandboxes/{sandbox}/ports/8000/hi.txt")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read() == b"hello\n"
+    conn.close()
     # Without the token: 401 from the edge, the sandbox never sees it.
     r = client.get(f"/v1/sandboxes/{sandbox}/ports/8000/hi.txt", token=False, validate=False)
     assert r.status == 401, r

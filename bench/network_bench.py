@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Sandbox networking benchmark (issue 17), side by side in one run, through dsec-edge's REST
+API, on an edge in a network namespace of its own whose uplink is a veth into a private test
+internet (tests/integration/netlab.py): no packet leaves the machine.
+
+ create   POST /v1/sandboxes with network none against allowlist (one CIDR rule), interleaved,
+          each deleted right after and 0.2 s left for the kernel's namespace teardown (the
+          allowlist one: a veth into its namespace, addresses, routes, its nftables chain and
+          set elements, before the agent starts)
+ patch    PATCH /v1/sandboxes/{id} {"network": ...} alternating two policies: the time until the
+          call returns, which is when the rules are in force (checked: every 10th change is
+          followed by a connection from inside that must see it)
+ proxy    a 256 MiB download from a server in the sandbox: through the port proxy (TCP to the
+          edge's API port, from its namespace) against a direct connection from inside the
+          sandbox's namespace; MB/s, best of 3 each
+
+    sudo python3 bench/network_bench.py [--creates 40] [--patches 200] [--json]
+
+Leaves nothing behind (residue checked after SIGTERM); exit status 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+sys.path.insert(0, os.path.join(REPO, "examples"))
+import edge_harness  # noqa: E402
+import edgeproc  # noqa: E402
+import netlab  # noqa: E402
+
+pct = edgeproc.percentile
+JSON_OUT = False
+
+SERVE = r"""
+import http.server
+CHUNK = b"\0" * (1 << 20)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        n = 256
+        self.send_response(200); self.send_header("Content-Length", str(n << 20)); self.end_headers()
+        for _ in range(n):
+            self.wfile.write(CHUNK)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 9000), H).serve_forever()
+"""
+
+FETCH = r"""
+import http.client, sys, time
+host, port, path, token = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+c = http.client.HTTPConnection(host, port, timeout=60)
+t = time.perf_counter()
+c.request("GET", path, headers={"Authorization": "Bearer " + token} if token else {})
+r = c.getresponse()
+n = 0
+while True:
+    b = r.read(1 << 20)
+    if not b:
+        break
+    n += len(b)
+print(r.status, n, time.perf_counter() - t)
+"""
+
+
+def emit(rec: dict) -> None:
+    rec = {"workload": "network", **rec}
+    if JSON_OUT:
+        print("JSON " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                                    for k, v in rec.items()}), flush=True)
+
+
+def row(name: str, xs: list[float], unit: str = "ms") -> str:
+    return (f"| {name} | {len(xs)} | {pct(xs, 50):.2f} | {pct(xs, 90):.2f} | {pct(xs, 99):.2f} "
+            f"| {unit} |")
+
+
+def timed(fn):
+    t = time.perf_counter()
+    r = fn()
+    return r, (time.perf_counter() - t) * 1e3
+
+
+def main() -> int:
+    global JSON_OUT
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--creates", type=int, default=40)
+    ap.add_argument("--patches", type=int, default=200)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--edge", default=None)
+    a = ap.parse_args()
+    JSON_OUT = a.json
+    why = edge_harness.why_not_runnable() or netlab.why_not_available()
+    if why:
+        print(f"network_bench: skipped: {why}")
+        return 0
+    ok = True
+    with netlab.NetLab("bench") as lab:
+        edge = edge_harness.Edge.start(netns=lab.node, binary=a.edge)
+        try:
+            c = edge.client(validate=False, timeout=120)
+            allow = {"mode": "allowlist", "rules": [{"cidr": netlab.PUBLIC, "ports": "80"}]}
+            # Warm up both paths (the node network starts at the first networked create).
+            for net in ({"mode": "none"}, allow):
+                sid = c.post("/v1/sandboxes", {"network": net}).json["id"]
+                c.delete(f"/v1/sandboxes/{sid}")
+            times = {"none": [], "allowlist": []}
+            for i in range(a.creates * 2):
+                kind = "none" if i % 2 == 0 else "allowlist"
+                net = {"mode": "none"} if kind == "none" else allow
+                r, ms = timed(lambda: c.post("/v1/sandboxes", {"network": net}))
+                assert r.status == 201, r
+                times[kind].append(ms)
+                c.delete(f"/v1/sandboxes/{r.json['id']}")
+                # The kernel tears a network namespace down in the background (a veth's
+                # removal waits for RCU under the rtnl lock): let it finish, so that no create
+                # is measured against the previous delete's teardown.
+                time.sleep(0.2)
+            added = pct(times["allowlist"], 50) - pct(times["none"], 50)
+            print("| what | n | p50 | p90 | p99 | unit |\n|---|---|---|---|---|---|")
+            print(row("create, network none", times["none"]))
+            print(row("create, network allowlist (1 rule)", times["allowlist"]))
+            emit({"case": "create_none", "p50_ms": pct(times["none"], 50)})
+            emit({"case": "create_allowlist", "p50_ms": pct(times["allowlist"], 50),
+                  "added_p50_ms": added})
+
+            sid = c.post("/v1/sandboxes", {"network": allow}).json["id"]
+            other = {"mode": "allowlist", "rules": [{"cidr": netlab.PUBLIC, "ports": "8080"}]}
+            probe = ("import socket,sys\ntry:\n socket.create_connection(('%s',%s),2); print('ok')\n"
+                     "except OSError: print('no')")
+            patch_ms = []
+            for i in range(a.patches):
+                pol = other if i % 2 == 0 else allow
+                r, ms = timed(lambda: c.patch(f"/v1/sandboxes/{sid}", {"network": pol}))
+                assert r.status == 200, r
+                patch_ms.append(ms)
+                if i % 10 == 0:  # in force when the PATCH returned
+                    port = 8080 if pol is other else 80
+                    for p, want in ((port, "ok"), (80 if port == 8080 else 8080, "no")):
+                        out = c.post(f"/v1/sandboxes/{sid}/exec", {
+                            "cmd": ["python3", "-c", probe % (netlab.PUBLIC, p)]}).json
+                        if out["stdout"].strip() != want:
+                            print(f"network_bench: policy not in force after PATCH: {out}")
+                            ok = False
+            print(row("PATCH network (until enforced)", patch_ms))
+            emit({"case": "patch", "p50_ms": pct(patch_ms, 50), "p99_ms": pct(patch_ms, 99)})
+
+            c.post(f"/v1/sandboxes/{sid}/exec", {
+                "cmd": ["sh", "-c", "python3 -c \"$0\" >/dev/null 2>&1 &", SERVE]})
+            time.sleep(1.0)
+            pid = edge.sandbox_pids(sid)[0]
+
+            def fetch(prefix: list[str], host: str, port: int, path: str, token: str) -> float:
+                out = subprocess.run(prefix + [sys.executable, "-c", FETCH, host, str(port), path,
+                                               token], capture_output=True, text=True, timeout=120)
+                status, n, secs = out.stdout.split()
+                assert status == "200" and int(n) == 256 << 20, out
+                return int(n) / float(secs) / 1e6
+
+            direct = [fetch(["nsenter", f"--net=/proc/{pid}/ns/net"], "127.0.0.1", 9000, "/", "")
+                      for _ in range(3)]
+            proxied = [fetch(["nsenter", f"--net=/run/netns/{lab.node}"], "127.0.0.1", edge.port,
+                             f"/v1/sandboxes/{sid}/ports/9000/", edge.token) for _ in range(3)]
+            ratio = max(proxied) / max(direct)
+            print(f"| download 256 MiB, direct in its namespace | 3 | best {max(direct):.0f} | "
+                  f"| | MB/s |")
+            print(f"| download 256 MiB, through the port proxy | 3 | best {max(proxied):.0f} | "
+                  f"| | MB/s ({ratio * 100:.0f}% of direct) |")
+            emit({"case": "proxy", "direct_mb_s": max(direct), "proxy_mb_s": max(proxied),
+                  "ratio": ratio})
+            print(f"\ntargets: create with allowlist adds {added:.2f} ms at p50 (<= 1.5), "
+                  f"PATCH p50 {pct(patch_ms, 50):.2f} ms (<= 5), proxy {ratio * 100:.0f}% of "
+                  f"direct (>= 80)")
+            c.delete(f"/v1/sandboxes/{sid}")
+        finally:
+            residue = edge.shutdown_and_check()
+            edge.cleanup()
+        if residue:
+            print(f"network_bench: residue: {residue}")
+            ok = False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
