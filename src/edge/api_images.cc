@@ -233,6 +233,9 @@ void WithBuilds(const std::shared_ptr<Ctx>& c, int ok_status, Fn&& fn) {
 void StartBuild(const std::shared_ptr<Ctx>& c) {
   WithBuilds(c, 202, [&](Builds* b) -> StatusOr<Json> {
     DSEC_ASSIGN_OR_RETURN(BuildRequest req, ParseBuildRequest(c->req.body));
+    if (req.network.mode != net::NetMode::kNone && !c->api->deps().cfg.network)
+      return Unimplemented(
+          "a build's network is not available: this edge runs with network: false");
     for (const auto& n : req.from)
       if (n != "host") DSEC_RETURN_IF_ERROR(c->api->deps().images->GetImage(n).status());
     return b->Start(std::move(req));

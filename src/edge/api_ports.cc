@@ -48,12 +48,12 @@ class Relay : public std::enable_shared_from_this<Relay> {
     down_.from = &upstream_, down_.to = &client_;
     auto self = shared_from_this();
     auto buf = std::make_shared<std::string>(std::move(to_upstream));
-    asio::async_write(upstream_, asio::buffer(*buf), [self, buf](boost::system::error_code ec,
-                                                                 size_t) {
-      if (ec) return self->Abort();
-      self->Move(self->up_);
-      self->Move(self->down_);
-    });
+    asio::async_write(upstream_, asio::buffer(*buf),
+                      [self, buf](boost::system::error_code ec, size_t) {
+                        if (ec) return self->Abort();
+                        self->Move(self->up_);
+                        self->Move(self->down_);
+                      });
   }
 
  private:
@@ -129,10 +129,10 @@ void SendError(UniqueFd fd, int status, std::string_view code, std::string_view 
                        : status == 503 ? "Service Unavailable"
                        : status == 400 ? "Bad Request"
                                        : "Error";
-  std::string out = StrCat({"HTTP/1.1 ", std::to_string(status), " ", reason,
-                            "\r\nContent-Type: application/json\r\nContent-Length: ",
-                            std::to_string(r.body.size()), "\r\nConnection: close\r\n\r\n",
-                            r.body});
+  std::string out = StrCat(
+      {"HTTP/1.1 ", std::to_string(status), " ", reason,
+       "\r\nContent-Type: application/json\r\nContent-Length: ", std::to_string(r.body.size()),
+       "\r\nConnection: close\r\n\r\n", r.body});
   int fl = fcntl(fd.get(), F_GETFL);
   if (fl >= 0) fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
   timeval tv{5, 0};
@@ -189,8 +189,8 @@ void ServePort(Api* api, HttpRequest req) {
   if (!upstream.ok()) return fail(upstream.status());
 
   // The head as the server in the sandbox sees it.
-  std::string head = StrCat({req.method, " ", target, " HTTP/1.1\r\nHost: localhost:",
-                             std::to_string(*port), "\r\n"});
+  std::string head = StrCat(
+      {req.method, " ", target, " HTTP/1.1\r\nHost: localhost:", std::to_string(*port), "\r\n"});
   for (const auto& [k, v] : req.headers)
     if (!HopByHop(k) && (req.websocket_upgrade || k != "upgrade"))
       head += StrCat({k, ": ", v, "\r\n"});
@@ -199,8 +199,8 @@ void ServePort(Api* api, HttpRequest req) {
   head += req.websocket_upgrade ? "Connection: Upgrade\r\n\r\n" : "Connection: close\r\n\r\n";
   head += req.takeover_buffered;
   api->deps().metrics->CountRequest(req.method, 200);
-  auto relay = std::make_shared<Relay>(*api->deps().proxy_io, std::move(client),
-                                       std::move(*upstream));
+  auto relay =
+      std::make_shared<Relay>(*api->deps().proxy_io, std::move(client), std::move(*upstream));
   relay->Start(std::move(head));
 }
 

@@ -126,7 +126,9 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body) {
   DSEC_ASSIGN_OR_RETURN(auto request_id, b.String("request_id", 128));
   (void)request_id;  // the API layer's idempotency uses it
   DSEC_ASSIGN_OR_RETURN(auto from, ParseFrom(b.Raw("from")));
+  const Json* network = b.Raw("network");
   DSEC_RETURN_IF_ERROR(b.Finish());
+  DSEC_ASSIGN_OR_RETURN(r.network, net::ParsePolicy(network));
   if (!name) return InvalidArgument("\"name\" (name:tag) is required");
   DSEC_ASSIGN_OR_RETURN(r.name, images::NormalizeName(*name));
   if (base.has_value() == from.has_value())
@@ -519,6 +521,7 @@ StatusOr<std::shared_ptr<backends::Sandbox>> Builds::SandboxStep(
   p.ttl_s = r.timeout_s + 600;
   p.env = r.env;
   p.labels = {{kBuildLabel, s.j->id}};
+  p.network = r.network;
   DSEC_ASSIGN_OR_RETURN(
       std::vector<SandboxRecord> made,
       manager_->Create(p, 1, /*wait=*/true, [](std::function<void()> f) { f(); }));

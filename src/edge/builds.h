@@ -27,6 +27,7 @@
 #include "edge/config.h"
 #include "edge/manager.h"
 #include "images/store.h"
+#include "net/policy.h"
 
 namespace dsec::edge {
 
@@ -40,7 +41,8 @@ struct BuildRequest {
   std::map<std::string, std::string> env;  // for the commands, and kept in the image
   std::string workdir;                     // for the commands, and kept in the image
   int64_t memory_mb = 2048, disk_mb = 4096;
-  int64_t timeout_s = 3600;  // the whole build
+  int64_t timeout_s = 3600;    // the whole build
+  net::NetworkPolicy network;  // of the build sandbox (its run steps); default none
 };
 
 // Parses and validates a POST /v1/images/build body.

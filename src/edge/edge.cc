@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <malloc.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -333,6 +334,19 @@ int RunEdge(EdgeConfig cfg) {
   net_opts.state_file = JoinPath(cfg.state_dir, "network.json");
   net_opts.max_conns = static_cast<uint32_t>(cfg.network_max_conns);
   net_opts.new_conns_per_s = static_cast<uint32_t>(cfg.network_new_conns_per_s);
+  // Refused connections in the audit log, beside the execs (a few a minute per sandbox).
+  net_opts.on_denied = [log = audit->get()](const std::string& sandbox,
+                                            const net::DeniedPacket& p) {
+    Json e = {{"event", "network_denied"},
+              {"sandbox", sandbox},
+              {"dst", net::Ipv4ToString(p.dst)},
+              {"proto", p.proto == IPPROTO_TCP    ? "tcp"
+                        : p.proto == IPPROTO_UDP  ? "udp"
+                        : p.proto == IPPROTO_ICMP ? "icmp"
+                                                  : std::to_string(p.proto)}};
+    if (p.dport) e["port"] = p.dport;
+    log->Record(std::move(e));
+  };
   net::LazyNodeNetwork network(net_opts);
   bool network_stays = true;  // set once serving, unless --persist
   auto stop_network = MakeScopeGuard([&] {

@@ -248,6 +248,9 @@ StatusOr<std::vector<SandboxRecord>> Manager::Create(
     for (auto& sb : pooled)
       if (sb) (void)sb->Destroy();
   });
+  // A pooled sandbox gets the caller's network policy as it is taken (pools keep theirs none).
+  if (p.network.mode != net::NetMode::kNone)
+    for (auto& sb : pooled) DSEC_RETURN_IF_ERROR(sb->SetNetwork(p.network));
   {
     MutexLock l(mu_);
     // Checked under mu_: Shutdown's snapshot (also under mu_) then sees every entry made.

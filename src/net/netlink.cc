@@ -4,6 +4,7 @@
 #include <linux/if_link.h>
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netfilter/nfnetlink_conntrack.h>
+#include <linux/netfilter/nfnetlink_log.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
@@ -236,6 +237,26 @@ Status Netlink::FlushConntrack(uint32_t mark, uint32_t mask) {
   Status s = Talk(m);
   if (!s.ok() && s.error_number() == ENOENT) return OkStatus();  // nothing matched
   return s;
+}
+
+Status Netlink::BindNflog(uint16_t group, uint32_t copy_range) {
+  nfgenmsg nfg{};
+  nfg.nfgen_family = AF_UNSPEC;
+  nfg.version = NFNETLINK_V0;
+  nfg.res_id = htons(group);
+  const auto type = static_cast<uint16_t>((NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG);
+  Msg bind(type, 0, &nfg, sizeof nfg);
+  nfulnl_msg_config_cmd cmd{NFULNL_CFG_CMD_BIND};
+  bind.Attr(NFULA_CFG_CMD, &cmd, sizeof cmd);
+  DSEC_RETURN_IF_ERROR(Talk(bind).WithContext("bind NFLOG group " + std::to_string(group)));
+  Msg mode(type, 0, &nfg, sizeof nfg);
+  nfulnl_msg_config_mode m{};
+  m.copy_range = htonl(copy_range);
+  m.copy_mode = NFULNL_COPY_PACKET;
+  mode.Attr(NFULA_CFG_MODE, &m, sizeof m);
+  uint32_t one = htonl(1);  // each packet at once (the default batches 100, or waits 1 s)
+  mode.Attr(NFULA_CFG_QTHRESH, &one, sizeof one);
+  return Talk(mode).WithContext("NFLOG copy mode");
 }
 
 }  // namespace dsec::net

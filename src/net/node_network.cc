@@ -110,6 +110,7 @@ StatusOr<std::unique_ptr<NodeNetwork>> NodeNetwork::Start(NodeNetworkOptions opt
 
 NodeNetwork::~NodeNetwork() {
   dns_.reset();
+  deny_log_.reset();
   MutexLock l(mu_);
   if (nft_) nft_ctx_free(nft_);
 }
@@ -126,6 +127,10 @@ Status NodeNetwork::Init() {
         "network_cidr must be an IPv4 network from /8 to /28, e.g. 10.213.0.0/16 (got \"" +
         opts_.cidr + "\")");
   gateway_ = base_ + 1;
+  // An NFLOG group of this edge's own (two edges on one host log apart).
+  uint32_t h = 2166136261u;
+  for (char c : t) h = (h ^ static_cast<uint8_t>(c)) * 16777619u;
+  log_group_ = static_cast<uint16_t>(0x4000 | (h & 0x3fff));
   table_ = "dsec_" + t;
   bridge_ = "dsg" + t;
   veth_prefix_ = "dsv" + t;
@@ -175,6 +180,24 @@ Status NodeNetwork::Init() {
   (void)WriteSysctl("/proc/sys/net/ipv6/conf/" + bridge_ + "/disable_ipv6", "1");
   DSEC_RETURN_IF_ERROR(rtnl.AddAddress4(br, gateway_, 32).WithContext("gateway address"));
   StartDns();
+  if (opts_.on_denied) {
+    auto d = DenyLog::Start(log_group_, [this](const DeniedPacket& p) {
+      std::string label;
+      {
+        MutexLock l(mu_);
+        auto it = attached_.find(p.src);
+        if (it == attached_.end()) return;
+        label = it->second.label;
+      }
+      opts_.on_denied(label, p);
+    });
+    if (d.ok()) {
+      deny_log_ = std::move(*d);
+    } else {
+      DSEC_LOG_WARN("network: refused packets are counted but not logged: {}",
+                    d.status().ToString());
+    }
+  }
 
   return SetUplinkForwarding();
 }
@@ -200,42 +223,80 @@ Status NodeNetwork::SetUplinkForwarding() {
 }
 
 std::string NodeNetwork::Ruleset() const {
-  const std::string range = Cidr(base_, prefix_), veths = "\"" + veth_prefix_ + "*\"";
-  const std::string rate = std::to_string(opts_.new_conns_per_s);
-  return StrCat(
-      {"table inet ", table_, " {\n", "  set bind { type ifname . ipv4_addr; }\n",
-       "  set never { type ipv4_addr; flags interval; elements = { 0.0.0.0/8, ", range,
-       ", 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3 } }\n",
-       "  set private { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, "
-       "100.64.0.0/10, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15 } }\n",
-       "  map marks { type ipv4_addr : mark; }\n", "  map denied { type ipv4_addr : counter; }\n",
-       "  map dispatch { type ipv4_addr : verdict; }\n",
-       "  set conns { type ipv4_addr; size 65535; flags dynamic; }\n",
-       "  set rate { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 10s; }\n",
-       "  counter denied_total { }\n",
-       "  chain forward { type filter hook forward priority filter; policy accept;\n",
-       "    iifname ", veths, " jump from_sandbox\n", "    oifname ", veths,
-       " ct state established,related accept\n", "    oifname ", veths,
-       " reject with icmpx type admin-prohibited\n", "  }\n", "  chain from_sandbox {\n",
-       "    meta nfproto != ipv4 drop\n", "    iifname . ip saddr != @bind drop\n",
-       "    ct state new ct mark set ip saddr map @marks\n",
-       "    ct state new add @conns { ip saddr ct count over ", std::to_string(opts_.max_conns),
-       " } goto deny\n", "    ct state new update @rate { ip saddr limit rate over ", rate,
-       "/second burst ", std::to_string(2 * opts_.new_conns_per_s), " packets } goto deny\n",
-       "    ip daddr @never goto deny\n", "    ip saddr vmap @dispatch\n", "    goto deny\n",
-       "  }\n", "  chain deny {\n", "    counter name denied_total\n",
-       "    counter name ip saddr map @denied\n", "    meta l4proto tcp reject with tcp reset\n",
-       "    reject with icmpx type admin-prohibited\n", "  }\n",
-       "  chain input { type filter hook input priority filter; policy accept;\n", "    iifname ",
-       veths, " jump to_node\n", "  }\n", "  chain to_node {\n", "    meta nfproto != ipv4 drop\n",
-       "    ct state new ct mark set ip saddr map @marks\n", "    ip daddr ",
-       Ipv4ToString(gateway_), " udp dport 53 accept\n", "    goto deny\n", "  }\n",
-       // The veths have no address of their own, so the node's IGMP reports on them
-       // would carry the gateway's: dropped before conntrack sees them.
-       "  chain output { type filter hook output priority raw; policy accept;\n", "    oifname ",
-       veths, " meta l4proto igmp drop\n", "    oifname \"", bridge_, "\" meta l4proto igmp drop\n",
-       "  }\n", "  chain postrouting { type nat hook postrouting priority srcnat; policy accept;\n",
-       "    ip saddr ", range, " oifname \"", uplink_, "\" masquerade\n", "  }\n", "}\n"});
+  // {name} placeholders are filled in below. The veths have no address of their own, so the
+  // node's IGMP reports on them would carry the gateway's: dropped (output, raw) before
+  // conntrack sees them.
+  std::string r = R"(table inet {table} {
+  set bind { type ifname . ipv4_addr; }
+  set never { type ipv4_addr; flags interval; elements = { 0.0.0.0/8, {range}, 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3 } }
+  set private { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15 } }
+  map marks { type ipv4_addr : mark; }
+  map denied { type ipv4_addr : counter; }
+  map dispatch { type ipv4_addr : verdict; }
+  set conns { type ipv4_addr; size 65535; flags dynamic; }
+  set rate { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 10s; }
+  set lograte { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 1m; }
+  counter denied_total { }
+  chain forward { type filter hook forward priority filter; policy accept;
+    iifname "{veths}" jump from_sandbox
+    oifname "{veths}" ct state established,related accept
+    oifname "{veths}" reject with icmpx type admin-prohibited
+  }
+  chain from_sandbox {
+    meta nfproto != ipv4 drop
+    iifname . ip saddr != @bind drop
+    ct state new ct mark set ip saddr map @marks
+    ct state new add @conns { ip saddr ct count over {max_conns} } goto deny
+    ct state new update @rate { ip saddr limit rate over {rate}/second burst {burst} packets } goto deny
+    ip daddr @never goto deny
+    ip saddr vmap @dispatch
+    goto deny
+  }
+  chain deny {
+{log}    counter name denied_total
+    counter name ip saddr map @denied
+    meta l4proto tcp reject with tcp reset
+    reject with icmpx type admin-prohibited
+  }
+  chain input { type filter hook input priority filter; policy accept;
+    iifname "{veths}" jump to_node
+  }
+  chain to_node {
+    meta nfproto != ipv4 drop
+    ct state new ct mark set ip saddr map @marks
+    ip daddr {gateway} udp dport 53 accept
+    goto deny
+  }
+  chain output { type filter hook output priority raw; policy accept;
+    oifname "{veths}" meta l4proto igmp drop
+    oifname "{bridge}" meta l4proto igmp drop
+  }
+  chain postrouting { type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {range} oifname "{uplink}" masquerade
+  }
+}
+)";
+  const std::string log =
+      opts_.on_denied
+          ? "    update @lograte { ip saddr limit rate 6/minute burst 5 packets } log group " +
+                std::to_string(log_group_) + "\n"
+          : "";
+  const std::pair<const char*, std::string> vars[] = {
+      {"{table}", table_},
+      {"{range}", Cidr(base_, prefix_)},
+      {"{veths}", veth_prefix_ + "*"},
+      {"{bridge}", bridge_},
+      {"{uplink}", uplink_},
+      {"{gateway}", Ipv4ToString(gateway_)},
+      {"{max_conns}", std::to_string(opts_.max_conns)},
+      {"{rate}", std::to_string(opts_.new_conns_per_s)},
+      {"{burst}", std::to_string(2 * opts_.new_conns_per_s)},
+      {"{log}", log},
+  };
+  for (const auto& [key, value] : vars)
+    for (size_t at = r.find(key); at != std::string::npos; at = r.find(key, at + value.size()))
+      r.replace(at, strlen(key), value);
+  return r;
 }
 
 Status NodeNetwork::Nft(const std::string& cmds) { return NftOutput(cmds).status(); }
@@ -304,7 +365,7 @@ std::string NodeNetwork::AttachCmds(uint32_t addr, const std::string& host_if) c
                  "\n"});
 }
 
-StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd) {
+StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& label) {
   NetAttachment a;
   {
     MutexLock l(mu_);
@@ -345,13 +406,13 @@ StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd) {
   {
     MutexLock l(mu_);
     s = Nft(AttachCmds(a.addr, a.host_if));
-    if (s.ok()) attached_[a.addr] = {};
+    if (s.ok()) attached_[a.addr] = {.label = label};
   }
   if (!s.ok()) return undo(s);
   return a;
 }
 
-Status NodeNetwork::Readopt(const NetAttachment& a) {
+Status NodeNetwork::Readopt(const NetAttachment& a, const std::string& label) {
   MutexLock l(mu_);
   if (a.addr <= base_ || a.addr - base_ >= used_.size())
     return InvalidArgument("address " + Ipv4ToString(a.addr) + " is outside " + opts_.cidr);
@@ -359,7 +420,7 @@ Status NodeNetwork::Readopt(const NetAttachment& a) {
     return Status(StatusCode::kAlreadyExists, Ipv4ToString(a.addr) + " is attached");
   DSEC_RETURN_IF_ERROR(Nft(AttachCmds(a.addr, a.host_if)));
   used_[a.addr - base_] = true;
-  attached_[a.addr] = {};
+  attached_[a.addr] = {.label = label};
   return OkStatus();
 }
 
@@ -491,6 +552,7 @@ void NodeNetwork::AllowResolved(uint32_t sandbox, const std::vector<dns::Address
 
 void NodeNetwork::Stop() {
   dns_.reset();  // its thread calls back into this object
+  deny_log_.reset();
   MutexLock l(mu_);
   if (stopped_) return;
   stopped_ = true;

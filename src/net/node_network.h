@@ -30,6 +30,7 @@
 
 #include "base/mutex.h"
 #include "base/status.h"
+#include "net/deny_log.h"
 #include "net/dns_forwarder.h"
 #include "net/policy.h"
 
@@ -47,6 +48,9 @@ struct NodeNetworkOptions {
   // Where the DNS forwarder sends queries: "a.b.c.d" or "a.b.c.d:port"; empty: the first
   // nameserver of /etc/resolv.conf. Without one, policies with domains are refused.
   std::string dns_upstream;
+  // Called (on a thread of its own) for refused packets: at most 6 a minute per sandbox (burst
+  // 5), with the label its Attach gave. Unset: none are logged.
+  std::function<void(const std::string& label, const DeniedPacket& p)> on_denied;
 };
 
 // A sandbox's end of the network, as an adoption handle keeps it.
@@ -63,10 +67,11 @@ class NodeNetwork {
 
   // Gives the namespace eth0 (a veth to this node) and an address; everything is refused
   // until Apply.
-  StatusOr<NetAttachment> Attach(int netns_fd);
+  // `label` names the sandbox in on_denied.
+  StatusOr<NetAttachment> Attach(int netns_fd, const std::string& label = "");
   // After an edge restart: the veth and route still exist; this takes the address again and
   // re-creates its rules.
-  Status Readopt(const NetAttachment& a);
+  Status Readopt(const NetAttachment& a, const std::string& label = "");
   // Replaces the sandbox's policy (mode none: everything refused), atomically.
   Status Apply(const NetAttachment& a, const NetworkPolicy& p);
   // Removes its rules and conntrack entries and frees the address (the veth goes with the
@@ -114,10 +119,13 @@ class NodeNetwork {
   struct Attached {
     bool dispatched = false;  // in the dispatch map (mode other than none)
     NetworkPolicy policy;
+    std::string label;
   };
   std::map<uint32_t, Attached> attached_ DSEC_GUARDED_BY(mu_);
   std::string dns_error_;  // why there is no forwarder
   std::unique_ptr<DnsForwarder> dns_;
+  std::unique_ptr<DenyLog> deny_log_;
+  uint16_t log_group_ = 0;
   bool stopped_ DSEC_GUARDED_BY(mu_) = false;
 };
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/file_util.h"
+#include "base/mutex.h"
 #include "base/strings.h"
 #include "base/unique_fd.h"
 #include "net/dns.h"
@@ -380,6 +381,35 @@ TEST_F(NodeNetworkPrivilegedTest, DomainsResolveAndConnectOnlyWhenListed) {
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), ECONNREFUSED);
   net_->Detach(sb.a);
   net_->Detach(none.a);
+}
+
+TEST_F(NodeNetworkPrivilegedTest, RefusedPacketsAreLoggedRateLimited) {
+  net_->Stop();
+  Mutex mu;
+  std::vector<std::pair<std::string, DeniedPacket>> seen;
+  NodeNetworkOptions o;
+  o.tag = "t3";
+  o.on_denied = [&](const std::string& label, const DeniedPacket& p) {
+    MutexLock l(mu);
+    seen.push_back({label, p});
+  };
+  net_ = NodeNetwork::Start(o).value();
+  Sandbox sb;
+  sb.ns = NewNs();
+  auto a = net_->Attach(sb.ns.get(), "sb-logged");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  sb.a = *a;
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 8080), ECONNREFUSED);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  MutexLock l(mu);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_LE(seen.size(), 6u);  // burst 5 (+1 for the minute's rate) of 30
+  EXPECT_EQ(seen[0].first, "sb-logged");
+  EXPECT_EQ(seen[0].second.dst, kServer);
+  EXPECT_EQ(seen[0].second.dport, 8080);
+  EXPECT_EQ(seen[0].second.proto, IPPROTO_TCP);
+  EXPECT_GE(net_->Denied(sb.a), 30u);  // every one is counted
+  net_->Detach(sb.a);
 }
 
 TEST_F(NodeNetworkPrivilegedTest, ConnectionFloodStaysInItsSandbox) {

@@ -107,7 +107,8 @@ def create(c, network=None, **kw):
     body = dict(kw)
     if network is not None:
         body["network"] = network
-    sb = c.create(body)
+    # A pool sets the limits itself (c.create would add a memory_mb).
+    sb = c.post("/v1/sandboxes", body, expect=201).json if "pool" in body else c.create(body)
     c.made.append(sb["id"])
     return sb
 
@@ -142,6 +143,20 @@ def test_allowlist_reaches_exactly_its_rules(c, nedge):
     assert line and int(line[0].split()[1]) >= 3, line
     # The record as GET shows it.
     assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["network"] == sb["network"]
+    # Refused attempts are in the audit log (rate-limited per sandbox: a scan cannot flood it).
+    for port in range(9100, 9140):
+        assert probe(c, sid, PUBLIC, port)[0] == REFUSED
+    log = nedge.state_dir / "audit" / "exec.log"
+    deadline = time.monotonic() + 5
+    while True:
+        denied = [json.loads(line) for line in log.read_text().splitlines()
+                  if '"network_denied"' in line]
+        denied = [d for d in denied if d["sandbox"] == sid]
+        if len(denied) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert 3 <= len(denied) <= 8, denied  # of 43 refused
+    assert {"dst": PUBLIC, "port": 8080, "proto": "tcp"}.items() <= denied[0].items(), denied
 
 
 def test_open_reaches_public_but_never_node_private_metadata_or_neighbour(c, nedge):
@@ -355,3 +370,55 @@ def test_cli_create_and_update_network(c, nedge):
     assert url == f"unix://{nedge.socket}:/v1/sandboxes/{sid}/ports/8000/x"
     missing = dsec(nedge, "port", "sb-nosuch", "8000", check=False)
     assert missing.returncode != 0 and "not found" in missing.stderr
+
+
+def test_pooled_sandboxes_get_their_policy_when_taken(c):
+    name = "it-net-pool"
+    c.put(f"/v1/pools/{name}", {"kind": "container", "image": "host", "min_idle": 1, "max": 2,
+                                "memory_mb": 128}, expect=(200, 201))
+    try:
+        deadline = time.monotonic() + 30
+        while c.get(f"/v1/pools/{name}", expect=200).json["workers"]["idle"] < 1:
+            assert time.monotonic() < deadline, "the pool did not fill"
+            time.sleep(0.1)
+        sb = create(c, {"mode": "allowlist", "rules": [{"cidr": PUBLIC, "ports": 80}]},
+                    pool=name)
+        assert sb["pool"] == name and sb["network"]["address"], sb
+        assert probe(c, sb["id"], PUBLIC, 80)[0] == "ok"
+        assert probe(c, sb["id"], PUBLIC, 8080)[0] == REFUSED
+        plain = create(c, pool=name)  # from the pool without a network: none, as ever
+        assert probe(c, plain["id"], PUBLIC, 80)[0] == "OSError 101"
+    finally:
+        for sid in list(c.made):
+            c.remove(sid)
+        c.made.clear()
+        c.delete(f"/v1/pools/{name}", expect=(204, 404))
+
+
+def test_image_build_run_steps_use_the_builds_network(c):
+    step = (f"python3 -c \"import urllib.request; "
+            f"print(urllib.request.urlopen('http://{PUBLIC}/', timeout=5).status)\" > /fetched")
+
+    def build(name, network):
+        body = {"name": name, "from": "host", "run": [step], "memory_mb": 256, "disk_mb": 64}
+        if network:
+            body["network"] = network
+        bid = c.post("/v1/images/build", body, expect=202).json["id"]
+        deadline = time.monotonic() + 300
+        while True:
+            rec = c.get(f"/v1/images/builds/{bid}", expect=200).json
+            if rec["state"] not in ("queued", "running", "canceling"):
+                return rec
+            assert time.monotonic() < deadline, rec
+            time.sleep(0.2)
+
+    ok = build("it-netbuild:1", {"mode": "allowlist", "rules": [{"cidr": PUBLIC, "ports": 80}]})
+    assert ok["state"] == "succeeded", ok
+    sb = create(c, image="it-netbuild:1")
+    assert c.sh(sb["id"], "cat /fetched") == "200\n"
+    closed = build("it-netbuild:2", None)  # the default stays closed
+    assert closed["state"] == "failed", closed
+    for image in ("it-netbuild:1",):
+        c.remove(sb["id"])
+        c.made.remove(sb["id"])
+        c.delete(f"/v1/images/{image}", expect=(204, 404))

@@ -268,7 +268,7 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
     if (!b.opts_.network) return FailedPrecondition("this edge has no sandbox network");
     DSEC_ASSIGN_OR_RETURN(net_, b.opts_.network());
     net::NetAttachment a{h.net_addr, h.net_if};
-    DSEC_RETURN_IF_ERROR(net_->Readopt(a));
+    DSEC_RETURN_IF_ERROR(net_->Readopt(a, spec_.id));
     attachment_ = a;
     DSEC_RETURN_IF_ERROR(net_->Apply(attachment_, spec_.network));
   }
@@ -619,7 +619,7 @@ Status ContainerInstance::ApplyNetwork(const net::NetworkPolicy& p, int netns_fd
         return ErrnoError("open the sandbox's network namespace");
       netns_fd = own.get();
     }
-    DSEC_ASSIGN_OR_RETURN(attachment_, net_->Attach(netns_fd));
+    DSEC_ASSIGN_OR_RETURN(attachment_, net_->Attach(netns_fd, spec_.id));
   }
   return net_->Apply(attachment_, p);
 }
