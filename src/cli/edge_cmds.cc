@@ -1,6 +1,7 @@
 #include "cli/edge_cmds.h"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,15 +43,19 @@ std::vector<std::string> Row(const Json& r, int64_t now) {
           r.contains("image") ? ImageText(r["image"]) : "",
           l.contains("cpu") ? Num(l["cpu"]) : "",
           l.contains("memory_mb") ? Num(l["memory_mb"]) + "M" : "",
+          l.contains("disk_mb") ? Num(l["disk_mb"]) + "M" : "",
+          r.contains("network") && r["network"].is_object() ? r["network"].value("mode", "") : "",
           Duration(now - r.value("created_at", now)),
           r.contains("expires_at") && r["expires_at"].is_number()
               ? Duration(r["expires_at"].get<int64_t>() - now)
               : "-",
+          r.value("idle_ttl_s", int64_t{0}) > 0 ? Duration(r.value("idle_ttl_s", int64_t{0}) * 1000)
+                                                : "-",
           Labels(r)};
 }
 
-const std::vector<std::string> kHead = {"ID",  "STATE",   "IMAGE", "CPU",
-                                        "MEM", "CREATED", "TTL",   "LABELS"};
+const std::vector<std::string> kHead = {"ID",      "STATE", "IMAGE",   "CPU",  "MEM",   "DISK",
+                                        "NETWORK", "AGE",   "EXPIRES", "IDLE", "LABELS"};
 
 // ---- create ------------------------------------------------------------------------------
 
@@ -258,6 +263,8 @@ int Get(const GlobalOptions& g, const std::string& id, bool stats) {
   rows.push_back({"NODE", r->value("node", "")});
   rows.push_back({"USER", r->value("user", "")});
   rows.push_back({"WORKDIR", r->value("workdir", "")});
+  if (r->contains("network") && (*r)["network"].is_object() && (*r)["network"].contains("address"))
+    rows.push_back({"ADDRESS", (*r)["network"].value("address", "")});
   if (r->contains("reason") && (*r)["reason"].is_string())
     rows.push_back({"REASON", (*r)["reason"].get<std::string>()});
   if (st)
@@ -283,7 +290,7 @@ struct ExecOpts {
 
 // Non-interactive exec: NDJSON stream, output written as it arrives (base64 on the wire so
 // binary output survives).
-int StreamExec(EdgeClient& c, const ExecOpts& o) {
+int StreamExec(EdgeClient& c, const ExecOpts& o, bool json) {
   Json body = {{"cmd", o.cmd},
                {"encoding", "base64"},
                {"max_output_bytes", 256 << 20},
@@ -300,7 +307,12 @@ int StreamExec(EdgeClient& c, const ExecOpts& o) {
   // On a terminal, the command's escape sequences are shown, not obeyed (terminal_filter.h).
   TerminalFilter filters[2];
   const bool safe[2] = {!o.raw && isatty(STDOUT_FILENO) == 1, !o.raw && isatty(STDERR_FILENO) == 1};
+  std::string captured[2];  // --json: the output goes into the result instead
   auto emit = [&](int i, std::string_view d) {
+    if (json) {
+      captured[i].append(d);
+      return;
+    }
     int fd = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
     (void)WriteAllFd(fd, safe[i] ? filters[i].Filter(d) : std::string(d), i ? "stderr" : "stdout");
   };
@@ -330,6 +342,12 @@ int StreamExec(EdgeClient& c, const ExecOpts& o) {
   if (!s.ok()) return Fail(s, kExecFail);
   if (!stream_error.ok()) return Fail(stream_error, kExecFail);
   if (!result) return Fail(Unavailable("the exec stream ended without an exit status"), kExecFail);
+  if (json) {
+    Json out = *result;
+    out["stdout"] = captured[0];
+    out["stderr"] = captured[1];
+    std::cout << out.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+  }
   return ExitCodeForResult(*result, o.timeout_s);
 }
 
@@ -341,7 +359,17 @@ int Exec(const GlobalOptions& g, ExecOpts o) {
   if (!c.ok()) return Fail(c.status(), kExecFail);
   if (o.grader && (o.interactive || o.tty))
     return Fail(InvalidArgument("--grader runs non-interactively: no -i or -t"), kExecFail);
-  if (!o.interactive && !o.tty) return StreamExec(**c, o);
+  if (!o.interactive && !o.tty) {
+    // Data waiting on a piped or redirected stdin is not sent without -i: say so, rather than
+    // have the command read nothing in silence.
+    struct stat st;
+    int avail = 0;
+    if (fstat(STDIN_FILENO, &st) == 0 &&
+        ((S_ISFIFO(st.st_mode) && ioctl(STDIN_FILENO, FIONREAD, &avail) == 0 && avail > 0) ||
+         (S_ISREG(st.st_mode) && st.st_size > 0)))
+      std::cerr << "dsec: stdin is not sent without -i (dsec exec -i ID -- CMD streams it)\n";
+    return StreamExec(**c, o, g.json);
+  }
   AttachOptions a;
   a.cmd = o.cmd;
   a.tty = o.tty;
@@ -559,6 +587,33 @@ int ForEach(const GlobalOptions& g, const std::vector<std::string>& ids, Verb ve
   return rc;
 }
 
+// POST /v1/jobs/{job}/pause|resume.
+int JobAction(const GlobalOptions& g, const std::string& job, const std::string& what) {
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  auto r = (*c)->CallJson(Verb::post, "/v1/jobs/" + UrlEncode(job, false) + "/" + what);
+  if (!r.ok()) return Fail(r.status());
+  if (g.json)
+    PrintJson(*r);
+  else
+    std::cout << (what == "pause" ? "paused " : "resumed ") << r->value("affected", 0)
+              << " sandboxes of job " << job << "\n";
+  return 0;
+}
+
+int Stats(const GlobalOptions& g, const std::string& id) {
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  auto s = (*c)->CallJson(Verb::get, SbPath(id) + "/stats");
+  if (!s.ok()) return Fail(s.status());
+  if (g.json) {
+    PrintJson(*s);
+    return 0;
+  }
+  for (const auto& [k, v] : s->items()) std::cout << k << ": " << Num(v) << "\n";
+  return 0;
+}
+
 int RemoveJob(const GlobalOptions& g, const std::string& job) {
   auto c = Connect(g);
   if (!c.ok()) return Fail(c.status());
@@ -708,15 +763,30 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   cp->add_option("dst", *cp_dst, "Destination")->required();
   cp->callback([=, &g] { *exit_code = Copy(g, *cp_src, *cp_dst); });
 
-  auto pause_ids = std::make_shared<std::vector<std::string>>();
-  CLI::App* pause = app.add_subcommand("pause", "Freeze sandboxes (they keep their memory)");
-  pause->add_option("ids", *pause_ids, "Sandbox ids")->required();
-  pause->callback([=, &g] { *exit_code = ForEach(g, *pause_ids, Verb::post, "/pause", false); });
+  for (const char* verb : {"pause", "resume"}) {
+    auto ids = std::make_shared<std::vector<std::string>>();
+    auto job = std::make_shared<std::string>();
+    std::string what = verb;
+    CLI::App* cmd = app.add_subcommand(
+        verb, what == "pause" ? "Freeze sandboxes (they keep their memory), or every one of --job"
+                              : "Thaw paused sandboxes, or every one of --job");
+    cmd->add_option("ids", *ids, "Sandbox ids");
+    cmd->add_option("--job", *job, "Every sandbox labelled job=JOB");
+    cmd->callback([=, &g] {
+      if (job->empty() == ids->empty()) {
+        *exit_code = Fail(InvalidArgument(what + ": give sandbox ids or --job, not both"));
+      } else if (!job->empty()) {
+        *exit_code = JobAction(g, *job, what);
+      } else {
+        *exit_code = ForEach(g, *ids, Verb::post, "/" + what, false);
+      }
+    });
+  }
 
-  auto resume_ids = std::make_shared<std::vector<std::string>>();
-  CLI::App* resume = app.add_subcommand("resume", "Thaw paused sandboxes");
-  resume->add_option("ids", *resume_ids, "Sandbox ids")->required();
-  resume->callback([=, &g] { *exit_code = ForEach(g, *resume_ids, Verb::post, "/resume", false); });
+  auto stats_id = std::make_shared<std::string>();
+  CLI::App* stats = app.add_subcommand("stats", "Resource usage of a sandbox");
+  stats->add_option("id", *stats_id, "Sandbox id")->required();
+  stats->callback([=, &g] { *exit_code = Stats(g, *stats_id); });
 
   AddRmCommand(app, g, exit_code);
 

@@ -63,8 +63,7 @@ void DenyLog::Loop() {
         if (a->nla_len < sizeof(nlattr) || p + a->nla_len > end) break;
         if ((a->nla_type & NLA_TYPE_MASK) == NFULA_PAYLOAD) {
           DeniedPacket d;
-          if (DecodeDenied(std::string_view(p + NLA_HDRLEN, a->nla_len - NLA_HDRLEN), &d))
-            cb_(d);
+          if (DecodeDenied(std::string_view(p + NLA_HDRLEN, a->nla_len - NLA_HDRLEN), &d)) cb_(d);
         }
         p += NLA_ALIGN(a->nla_len);
       }

@@ -25,8 +25,11 @@ one_line_error() {  # name rc stderr
 }
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# No sandbox networking: it would NAT to this machine's real uplink (tests/integration/
+# test_network.py tests it in namespaces of its own).
+echo '{"network": false}' >"$T/config.json"
 "$EDGE" --listen 127.0.0.1:"$port" --socket "$T/edge.sock" --state-dir "$T/state" \
-  --token-file "$T/tokens" --log-level warn >"$T/edge.out" 2>"$T/edge.err" &
+  --token-file "$T/tokens" --config "$T/config.json" --log-level warn >"$T/edge.out" 2>"$T/edge.err" &
 edge_pid=$!
 for _ in $(seq 100); do grep -q "dsec-edge ready" "$T/edge.out" && break; sleep 0.1; done
 if ! grep -q "dsec-edge ready" "$T/edge.out"; then echo "FAIL edge did not start"; cat "$T/edge.err"; exit 1; fi
@@ -38,6 +41,22 @@ out=$(D ls --label job=clitest | awk 'NR>1 {print $1, $2}'); check "ls" "$id run
 out=$(D ls --json --label job=clitest | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["sandboxes"]))'); check "ls --json" 1 "$out"
 out=$(D get "$id" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["state"], r["limits"]["memory_mb"])'); check "get --json" "running 256" "$out"
 out=$(D get "$id" --stats | grep -c '^memory_current'); check "get --stats" 1 "$out"
+out=$(D ls --label job=clitest | awk 'NR==1 {print $6, $7, $10} NR==2 {print $6, $7, $10}' | tr '\n' ' ')
+check "ls shows disk, network, idle ttl" "DISK NETWORK IDLE 256M none - " "$out"
+out=$(D stats "$id" | grep -c '^exec_count: '); check "stats" 1 "$out"
+out=$(D stats "$id" --json | python3 -c 'import json,sys; print("network_denied" in json.load(sys.stdin))'); check "stats --json" True "$out"
+out=$(D exec --json "$id" -- sh -c 'echo hi; echo oops >&2; exit 3' | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["exit_code"], r["stdout"].strip(), r["stderr"].strip())')
+check "exec --json" "3 hi oops" "$out"
+err=$(echo ignored | D exec "$id" -- cat 2>&1 >/dev/null); check "piped stdin without -i is named" 1 "$(echo "$err" | grep -c 'stdin is not sent without -i')"
+D update "$id" --ttl 7200 --label stage=2 --idle-ttl 600 >/dev/null; check "update" 0 $?
+out=$(D get "$id" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["labels"]["stage"], r["idle_ttl_s"])'); check "update applied" "2 600" "$out"
+D update "$id" --label stage= >/dev/null
+out=$(D get "$id" --json | python3 -c 'import json,sys; print("stage" in json.load(sys.stdin)["labels"])'); check "update removes a label" False "$out"
+out=$(D pause --job clitest); check "pause --job" "paused 1 sandboxes of job clitest" "$out"
+out=$(D get "$id" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])'); check "paused by job" paused "$out"
+out=$(D resume --job clitest); check "resume --job" "resumed 1 sandboxes of job clitest" "$out"
+err=$(D pause 2>&1); one_line_error "pause with nothing" $? "$err"
+err=$(D update "$id" --network open 2>&1); one_line_error "network on an edge without it" $? "$err"
 
 out=$(D exec "$id" -- sh -c 'echo out; echo err >&2; exit 7' 2>"$T/err"); rc=$?
 check "exec stdout" out "$out"; check "exec stderr" err "$(cat "$T/err")"; check "exec exit code" 7 $rc

@@ -526,8 +526,10 @@ def test_fuzzer_every_answer_is_a_4xx_json_error(aedge, aclient, asandbox, figur
                  expect=202).json["exec_id"]
     c.get(f"/v1/sandboxes/{sid}/execs/{eid}?wait_ms=10000", expect=200)
     pools_before = c.get("/v1/pools", expect=200).json
+    # port 0: the port proxy's every answer here is its own 400 (a real port with nothing
+    # listening would be the proxy's 502).
     ids = {"id": sid, "sid": shell, "eid": eid, "name": "fuzz-pool-unused",
-           "job": "fuzz-job-unused"}
+           "job": "fuzz-job-unused", "port": "0"}
     cases = build_corpus(random.Random(SEED), ids, aedge.token)
     assert len(cases) >= 2000, len(cases)
 
@@ -830,7 +832,8 @@ def test_bad_credentials_are_401_on_every_authenticated_route(aedge, aclient, as
         "query": None,
     }
     variants = {k: v for k, v in variants.items() if v is not None}
-    ids = {"id": asandbox, "eid": "ex-none", "sid": "sh-none", "name": "python", "job": "j"}
+    ids = {"id": asandbox, "eid": "ex-none", "sid": "sh-none", "name": "python", "job": "j",
+           "port": "8000"}
     ops = _authenticated_operations()
     assert len(ops) >= 40, ops
     bodies = {(m, t): json.dumps(b).encode() for m, t, b in JSON_ROUTES}
