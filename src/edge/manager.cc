@@ -123,7 +123,6 @@ SandboxRecord Manager::Record(const SandboxEntry& e) const {
   r.kind = p.kind;
   r.node = cfg_.node;
   r.image = p.image;
-  r.ttl_s = p.ttl_s;
   r.last_used_at = e.last_used_at.load();
   r.limits = p.resources;
   r.user = p.user;
@@ -134,6 +133,7 @@ SandboxRecord Manager::Record(const SandboxEntry& e) const {
   r.created_at = e.created_at_;
   r.expires_at = e.expires_at_;
   r.idle_ttl_s = e.idle_ttl_s_;
+  r.ttl_s = e.ttl_s_;
   r.labels = e.labels_;
   r.network = e.network_;
   if (e.sb_) r.address = e.sb_->network_address();
@@ -144,9 +144,13 @@ SandboxRecord Manager::Record(const SandboxEntry& e) const {
 
 Json Manager::StoredRecord(const SandboxEntry& e) const {
   MutexLock l(e.mu_);
-  return {{"params", ToJson(e.params)},         {"labels", ToJsonObject(e.labels_)},
-          {"network", net::ToJson(e.network_)}, {"created_at", e.created_at_},
-          {"expires_at", e.expires_at_},        {"idle_ttl_s", e.idle_ttl_s_}};
+  return {{"params", ToJson(e.params)},
+          {"labels", ToJsonObject(e.labels_)},
+          {"network", net::ToJson(e.network_)},
+          {"created_at", e.created_at_},
+          {"expires_at", e.expires_at_},
+          {"idle_ttl_s", e.idle_ttl_s_},
+          {"ttl_s", e.ttl_s_}};
 }
 
 Status Manager::Persist(const SandboxEntry& e) {
@@ -267,6 +271,7 @@ StatusOr<std::vector<SandboxRecord>> Manager::Create(
         e->created_at_ = now;
         e->expires_at_ = now + p.ttl_s * 1000;
         e->idle_ttl_s_ = p.idle_ttl_s;
+        e->ttl_s_ = p.ttl_s;
       }
       e->last_used_at = now;
       entries_[e->id] = e;
@@ -479,13 +484,14 @@ StatusOr<SandboxRecord> Manager::Patch(const std::string& id, const PatchParams&
     e->network_ = *p.network;
   }
   std::map<std::string, std::string> old_labels;
-  int64_t old_expires = 0, old_idle = 0;
+  int64_t old_expires = 0, old_idle = 0, old_ttl = 0;
   {
     MutexLock l(e->mu_);
     DSEC_RETURN_IF_ERROR(CheckOp(Op::kUpdate, e->phase_, e->id));
     old_labels = e->labels_;
     old_expires = e->expires_at_;
     old_idle = e->idle_ttl_s_;
+    old_ttl = e->ttl_s_;
     // Validate on a copy: a refused patch changes nothing.
     auto labels = e->labels_;
     for (const auto& [k, v] : p.labels) {
@@ -497,7 +503,10 @@ StatusOr<SandboxRecord> Manager::Patch(const std::string& id, const PatchParams&
     }
     if (labels.size() > 64) return InvalidArgument("a sandbox has at most 64 labels");
     e->labels_ = std::move(labels);
-    if (p.ttl_s) e->expires_at_ = clock_->NowMs() + *p.ttl_s * 1000;
+    if (p.ttl_s) {
+      e->expires_at_ = clock_->NowMs() + *p.ttl_s * 1000;
+      e->ttl_s_ = *p.ttl_s;
+    }
     if (p.idle_ttl_s) e->idle_ttl_s_ = *p.idle_ttl_s;
   }
   if (Status s = Persist(*e); !s.ok()) {
@@ -506,6 +515,7 @@ StatusOr<SandboxRecord> Manager::Patch(const std::string& id, const PatchParams&
     e->labels_ = std::move(old_labels);
     e->expires_at_ = old_expires;
     e->idle_ttl_s_ = old_idle;
+    e->ttl_s_ = old_ttl;
     if (old_network) {
       e->network_ = *old_network;
       if (*p.network != *old_network) (void)sb->SetNetwork(*old_network);
@@ -706,6 +716,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
       e->created_at_ = rec->value("created_at", now);
       e->expires_at_ = rec->value("expires_at", now + p->ttl_s * 1000);
       e->idle_ttl_s_ = rec->value("idle_ttl_s", p->idle_ttl_s);
+      e->ttl_s_ = rec->value("ttl_s", p->ttl_s);
     }
     e->last_used_at = now;
     MutexLock l(mu_);

@@ -112,6 +112,7 @@ class SandboxEntry {
   int64_t created_at_ DSEC_GUARDED_BY(mu_) = 0;
   int64_t expires_at_ DSEC_GUARDED_BY(mu_) = 0;
   int64_t idle_ttl_s_ DSEC_GUARDED_BY(mu_) = 0;
+  int64_t ttl_s_ DSEC_GUARDED_BY(mu_) = 0;  // as last set (create, or PATCH ttl_s)
   std::deque<std::shared_ptr<BackgroundExec>> bg_ DSEC_GUARDED_BY(mu_);
 };
 

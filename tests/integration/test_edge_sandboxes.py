@@ -168,7 +168,7 @@ def test_patch(client):
                                                   "network": {"mode": "none"}},
                          expect=200).json
         assert r["labels"] == {"b": "2", "c": "3"}
-        assert r["idle_ttl_s"] == 900
+        assert r["idle_ttl_s"] == 900 and r["ttl_s"] == 7200  # the record shows the new TTL
         assert before + 7200 * 1000 - 5000 <= r["expires_at"] <= before + 7200 * 1000 + 60000
         assert client.get(f"/v1/sandboxes/{sid}", expect=200).json["labels"] == r["labels"]
         for bad in ({"ttl_s": 0}, {"ttl_s": "5"}, {"labels": {"k": 5}}, {"labels": []},

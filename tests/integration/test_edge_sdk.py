@@ -41,6 +41,18 @@ def test_run_container_exec_shell_files(sdk):
         assert sb.stat("/workspace/pkg/a.py").size == 8
         events = list(sb.exec_stream("echo a; echo b >&2"))
         assert events[-1].kind == "exit" and events[-1].result.exit_code == 0
+        # Callbacks beside the iterator: output as it arrives, the whole result at the end.
+        seen = []
+        r = sb.exec("echo one; sleep 0.2; echo two >&2; echo three",
+                    on_stdout=lambda d: seen.append(("out", d)),
+                    on_stderr=lambda d: seen.append(("err", d)))
+        assert r.exit_code == 0 and r.stdout == "one\nthree\n" and r.stderr == "two\n"
+        assert "".join(d for k, d in seen if k == "out") == "one\nthree\n"
+        assert ("err", "two\n") in seen and seen[0] == ("out", "one\n")
+        # After update(ttl_s=...) the record shows it; list_sandboxes gives Sandbox objects.
+        assert sb.update(ttl_s=900)["ttl_s"] == 900 and sb.record["ttl_s"] == 900
+        (listed,) = [s for s in sdk.list_sandboxes(labels={"via": "sdk"}) if s.id == sb.id]
+        assert type(listed) is type(sb) and listed["ttl_s"] == 900
         eid = sb.start_background(["sleep", "300"])
         # Killed once it runs (test_edge_exec.py::test_kill_right_after_start: agent race).
         wait_until(lambda: "sleep 300" in sb.exec("ps -eo args").stdout, 10, what="running")
@@ -152,6 +164,13 @@ def test_async_client(edge):
                 DSecContainerRunArgs(memory_limit_mb=64, labels={"job": "async-it"})) as sb:
             await sb.write_file("/workspace/i.txt", str(i).encode())
             r = await sb.run_shell("cat /workspace/i.txt")
+            got = []
+
+            async def on_out(d):
+                got.append(d)
+
+            e = await sb.exec("cat /workspace/i.txt", on_stdout=on_out)
+            assert "".join(got) == e.stdout == r.stdout
             return r.stdout
 
     async def main():

@@ -112,17 +112,17 @@ class AsyncDSecClient:
 
     async def list_sandboxes(self, labels: Mapping[str, str] | None = None,
                              state: str | None = None, kind: str | None = None,
-                             page_size: int = 100) -> list[dict[str, Any]]:
-        """See :meth:`DSecClient.list_sandboxes`."""
-        records: list[dict[str, Any]] = []
+                             page_size: int = 100) -> list["AsyncSandbox"]:
+        """See :meth:`DSecClient.list_sandboxes`: :class:`AsyncSandbox` objects."""
+        found: list[AsyncSandbox] = []
         cursor = None
         while True:
             q = _ops.list_query(labels, state, kind, page_size, cursor)
             data = await self._json(_ops.list_page(q))
-            records.extend(data.get("sandboxes", []))
+            found.extend(AsyncSandbox(self, r) for r in data.get("sandboxes", []))
             cursor = data.get("next_cursor")
             if not cursor:
-                return records
+                return found
 
     async def delete_sandbox(self, sandbox_id: str, request_id: str | None = None) -> None:
         """See :meth:`DSecClient.delete_sandbox`."""
@@ -320,6 +320,13 @@ class AsyncSandbox:
     def client(self) -> AsyncDSecClient:
         return self._client
 
+    def __getitem__(self, key: str) -> Any:
+        """A field of the last record seen (``sb["labels"]``)."""
+        return self.record[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.record.get(key, default)
+
     @property
     def state(self) -> str | None:
         return self.record.get("state")
@@ -372,10 +379,14 @@ class AsyncSandbox:
     async def resume(self, request_id: str | None = None) -> dict[str, Any]:
         return self._set_record(await self._json(_ops.lifecycle(self.id, "resume", request_id)))
 
-    async def stop(self, request_id: str | None = None) -> None:
-        """Delete the sandbox."""
+    async def delete(self, request_id: str | None = None) -> None:
+        """Delete the sandbox: every process is killed and its files are gone."""
         self._shell = None
         await self._client.delete_sandbox(self.id, request_id)
+
+    async def stop(self, request_id: str | None = None) -> None:
+        """Same as :meth:`delete` (kept for older callers)."""
+        await self.delete(request_id)
 
     async def stats(self) -> dict[str, Any]:
         return await self._json(_ops.stats(self.id))
@@ -399,8 +410,22 @@ class AsyncSandbox:
                    cwd: str | None = None, user: str | None = None,
                    timeout_ms: int = 30_000, max_output_bytes: int = 1 << 20,
                    binary: bool = False, *, request_id: str | None = None,
-                   grader: bool = False) -> ExecResult:
-        """See :meth:`Sandbox.exec`."""
+                   grader: bool = False, on_stdout: Callable[[Any], Any] | None = None,
+                   on_stderr: Callable[[Any], Any] | None = None) -> ExecResult:
+        """See :meth:`Sandbox.exec`; the callbacks may be plain functions or coroutine
+        functions."""
+        if on_stdout or on_stderr:
+            async for ev in self.exec_stream(cmd, stdin, env, cwd, user, timeout_ms,
+                                             max_output_bytes, binary, request_id=request_id,
+                                             grader=grader):
+                cb = on_stdout if ev.kind == "stdout" else on_stderr if ev.kind == "stderr" else None
+                if cb is not None:
+                    r = cb(ev.data)
+                    if inspect.isawaitable(r):
+                        await r
+                elif ev.kind == "exit":
+                    return ev.result
+            raise DSecError("unavailable", "exec stream ended before its exit event", None)
         body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary,
                               grader)
         data = await self._json(_ops.exec_request(self.id, body, request_id=request_id))

@@ -136,18 +136,19 @@ class DSecClient:
         state: str | None = None,
         kind: str | None = None,
         page_size: int = 100,
-    ) -> list[dict[str, Any]]:
-        """All sandbox records matching every label and the state/kind,
-        following ``next_cursor`` across pages of ``page_size``."""
-        records: list[dict[str, Any]] = []
+    ) -> list["Sandbox"]:
+        """Every sandbox matching every label and the state/kind, following
+        ``next_cursor`` across pages of ``page_size``: the same :class:`Sandbox`
+        objects :meth:`get_sandbox` returns (``sb["labels"]`` reads its record)."""
+        found: list[Sandbox] = []
         cursor = None
         while True:
             q = _ops.list_query(labels, state, kind, page_size, cursor)
             data = self._json(_ops.list_page(q))
-            records.extend(data.get("sandboxes", []))
+            found.extend(Sandbox(self, r) for r in data.get("sandboxes", []))
             cursor = data.get("next_cursor")
             if not cursor:
-                return records
+                return found
 
     def delete_sandbox(self, sandbox_id: str, request_id: str | None = None) -> None:
         """Delete a sandbox. NotFoundError if it does not exist, except when a
@@ -452,6 +453,13 @@ class Sandbox:
     def client(self) -> DSecClient:
         return self._client
 
+    def __getitem__(self, key: str) -> Any:
+        """A field of the last record seen (``sb["labels"]``, ``sb["state"]``)."""
+        return self.record[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.record.get(key, default)
+
     @property
     def state(self) -> str | None:
         return self.record.get("state")
@@ -515,10 +523,15 @@ class Sandbox:
         """Thaw a paused sandbox (any other call also resumes it). Returns the record."""
         return self._set_record(self._json(_ops.lifecycle(self.id, "resume", request_id)))
 
-    def stop(self, request_id: str | None = None) -> None:
-        """Delete the sandbox (same as ``client.delete_sandbox(id)``)."""
+    def delete(self, request_id: str | None = None) -> None:
+        """Delete the sandbox: every process is killed and its files are gone (same as
+        ``client.delete_sandbox(id)``)."""
         self._shell = None
         self._client.delete_sandbox(self.id, request_id)
+
+    def stop(self, request_id: str | None = None) -> None:
+        """Same as :meth:`delete` (kept for older callers)."""
+        self.delete(request_id)
 
     def stats(self) -> dict[str, Any]:
         """CPU time, memory current/peak/limit, disk used/limit, pids, OOM kills, exec count."""
@@ -555,6 +568,8 @@ class Sandbox:
         *,
         request_id: str | None = None,
         grader: bool = False,
+        on_stdout: Callable[[str | bytes], Any] | None = None,
+        on_stderr: Callable[[str | bytes], Any] | None = None,
     ) -> ExecResult:
         """Run a command and wait for it.
 
@@ -567,7 +582,18 @@ class Sandbox:
         left running could tamper with a grader of the same uid), then runs the
         command as a uid of its own with a clean environment; see the README's
         "Grading" for what it cannot guard against.
+        ``on_stdout`` / ``on_stderr`` are called with each piece of output as it
+        arrives (the result still holds all of it).
         """
+        if on_stdout or on_stderr:
+            for ev in self.exec_stream(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes,
+                                       binary, request_id=request_id, grader=grader):
+                cb = on_stdout if ev.kind == "stdout" else on_stderr if ev.kind == "stderr" else None
+                if cb is not None:
+                    cb(ev.data)
+                elif ev.kind == "exit":
+                    return ev.result
+            raise DSecError("unavailable", "exec stream ended before its exit event", None)
         body = _ops.exec_body(cmd, stdin, env, cwd, user, timeout_ms, max_output_bytes, binary,
                               grader)
         data = self._json(_ops.exec_request(self.id, body, request_id=request_id))

@@ -395,3 +395,16 @@ def test_request_ids_unique_per_call(client, edge, sandbox):
     sandbox.exec(["echo"])
     ids = {s.request_id for s in edge.seen("POST")}
     assert len(ids) == 2 and edge.exec_count == 2
+
+
+def test_list_returns_sandboxes_like_get(client, edge):
+    edge.add_sandbox({"labels": {"job": "z"}})
+    (sb,) = client.list_sandboxes(labels={"job": "z"})
+    got = client.get_sandbox(sb.id)
+    assert type(sb) is type(got) and sb.record == got.record
+    assert sb["labels"] == {"job": "z"} and sb.get("state") == "running" and sb.get("nope") is None
+
+
+def test_delete_and_its_alias(client, edge, sandbox):
+    sandbox.delete()
+    assert edge.seen("DELETE", f"/v1/sandboxes/{sandbox.id}")
