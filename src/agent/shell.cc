@@ -5,7 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <set>
+
 #include "base/clock.h"
+#include "base/file_util.h"
 #include "base/ids.h"
 #include "base/strings.h"
 
@@ -27,16 +30,52 @@ constexpr char kBootstrap[] =
 
 constexpr int kStuckGraceMs = 2000;
 
+// The parent of `pid` (field 4 of /proc/PID/stat, after the parenthesized name), 0 if gone.
+pid_t ParentOf(pid_t pid) {
+  auto st = ReadFileToString("/proc/" + std::to_string(pid) + "/stat", 4096);
+  if (!st.ok()) return 0;
+  size_t close = st->rfind(')');
+  if (close == std::string::npos) return 0;
+  auto fields = SplitString(std::string_view(*st).substr(close + 1), ' ', true);
+  if (fields.size() < 2) return 0;
+  return static_cast<pid_t>(ParseInt64(fields[1]).value_or(0));
+}
+
+// The processes of the session that the running command made: not bash, not one that was there
+// before the command started (an earlier command's background job), nor a descendant of one.
+// The cgroup is frozen while this runs, so the tree holds still.
+std::vector<pid_t> CommandPids(const std::vector<pid_t>& now, const std::set<pid_t>& before,
+                               pid_t bash) {
+  std::set<pid_t> in_session(now.begin(), now.end());
+  std::vector<pid_t> out;
+  for (pid_t p : now) {
+    if (p == bash) continue;
+    bool earlier = false;
+    pid_t cur = p;
+    for (int depth = 0; depth < 4096 && cur > 0 && cur != bash && in_session.count(cur); ++depth) {
+      if (before.count(cur)) {
+        earlier = true;
+        break;
+      }
+      cur = ParentOf(cur);
+    }
+    if (!earlier) out.push_back(p);
+  }
+  return out;
+}
+
 }  // namespace
 
 // Bound to the channel of one running command.
 class ShellRunOp : public Op {
  public:
-  ShellRunOp(Agent* agent, uint32_t channel, ShellSession* s, uint64_t max_output)
+  ShellRunOp(Agent* agent, uint32_t channel, ShellSession* s, uint64_t max_output,
+             std::set<pid_t> before)
       : Op(agent, channel),
         session_(s),
         max_output_(max_output),
-        start_ms_(MonotonicUs() / 1000.0) {}
+        start_ms_(MonotonicUs() / 1000.0),
+        before_(std::move(before)) {}
   ~ShellRunOp() override {
     if (session_) session_->DetachRun();
   }
@@ -72,11 +111,13 @@ class ShellRunOp : public Op {
     if (!session_) return;
     if (!timed_out_) {
       timed_out_ = true;
-      // Kill the command's processes, not bash; bash then reports and carries on. Frozen
-      // first, so nothing can fork past the kill.
+      // Kill the command's processes, not bash and not what earlier commands left running in
+      // the background; bash then reports and carries on. Frozen first, so nothing can fork
+      // past the kill.
       FreezeCgroup(*agent_, session_->proc_.cgroup, true);
-      for (pid_t p : CgroupPids(*agent_, session_->proc_.cgroup))
-        if (p != session_->proc_.pid) kill(p, SIGKILL);
+      for (pid_t p :
+           CommandPids(CgroupPids(*agent_, session_->proc_.cgroup), before_, session_->proc_.pid))
+        kill(p, SIGKILL);
       FreezeCgroup(*agent_, session_->proc_.cgroup, false);
       agent_->SetDeadline(this, MonotonicMs() + kStuckGraceMs);
       return;
@@ -95,6 +136,7 @@ class ShellRunOp : public Op {
   ShellSession* session_;
   uint64_t max_output_;
   double start_ms_;
+  std::set<pid_t> before_;  // the session's processes when the command started
   bool timed_out_ = false;
   uint64_t out_bytes_ = 0, err_bytes_ = 0;
   bool out_trunc_ = false, err_trunc_ = false;
@@ -205,6 +247,10 @@ StatusOr<std::unique_ptr<Op>> ShellSession::Run(uint32_t channel, const std::str
   }
   status_seen_ = false;
   status_buf_.clear();
+  // What runs in the session before this command: left alone by its timeout.
+  std::set<pid_t> before;
+  for (pid_t p : CgroupPids(*agent_, proc_.cgroup))
+    if (p != proc_.pid) before.insert(p);
   std::string msg = command;
   msg.push_back('\0');
   msg += marker_;
@@ -220,7 +266,7 @@ StatusOr<std::unique_ptr<Op>> ShellSession::Run(uint32_t channel, const std::str
     Close();
     return FailedPrecondition("shell " + id_ + " stopped reading commands; it was ended");
   }
-  auto op = std::make_unique<ShellRunOp>(agent_, channel, this, max_output);
+  auto op = std::make_unique<ShellRunOp>(agent_, channel, this, max_output, std::move(before));
   run_ = op.get();
   if (timeout_ms > 0) agent_->SetDeadline(op.get(), MonotonicMs() + timeout_ms);
   return std::unique_ptr<Op>(std::move(op));

@@ -323,6 +323,31 @@ def test_shell_keeps_cwd_and_env(client, sandbox):
     client.delete(f"/v1/sandboxes/{sandbox}/shells/{sh2}", expect=204)
 
 
+def test_shell_timeout_kills_only_the_timed_out_command(client, sandbox):
+    """A timeout kills the command's own processes (its pipeline, what it started in the
+    background, its orphans) and leaves what earlier commands left running (issue 21 item 2)."""
+    sh = client.post(f"/v1/sandboxes/{sandbox}/shells", {}, expect=201).json["shell_id"]
+    url = f"/v1/sandboxes/{sandbox}/shells/{sh}/run"
+    r = client.post(url, {"command": "cd /tmp && python3 -m http.server 8123 >/dev/null 2>&1 & "
+                                     "echo $! > /tmp/server.pid; (sleep 300 &) ; sleep 0.5"},
+                    expect=200).json
+    assert r["exit_code"] == 0, r
+    r = client.post(url, {"command": "sleep 30 & echo $! > /tmp/mine.pid; (sleep 301 &); "
+                                     "sleep 5", "timeout_ms": 500}, expect=200).json
+    assert r["timed_out"] is True, r
+    alive = client.post(url, {"command": "for f in server mine; do "
+                                         "kill -0 $(cat /tmp/$f.pid) 2>/dev/null && echo $f; done; "
+                                         "pgrep -f 'sleep 300$' >/dev/null && echo orphan-before; "
+                                         "pgrep -f 'sleep 301$' >/dev/null && echo orphan-mine; "
+                                         "true"}, expect=200).json
+    assert alive["stdout"].split() == ["server", "orphan-before"], alive
+    r = client.post(url, {"command": "python3 -c \"import urllib.request; print(urllib.request."
+                                     "urlopen('http://127.0.0.1:8123/').status)\""},
+                    expect=200).json
+    assert r["stdout"] == "200\n", r
+    client.delete(f"/v1/sandboxes/{sandbox}/shells/{sh}", expect=204)
+
+
 def test_shell_exit_in_command(client, sandbox):
     sh = client.post(f"/v1/sandboxes/{sandbox}/shells", {}, expect=201).json["shell_id"]
     url = f"/v1/sandboxes/{sandbox}/shells/{sh}/run"
