@@ -267,8 +267,40 @@ const Route* Api::Match(const std::string& method, const std::string& target,
 }
 
 Preflight Api::Check(HttpRequest& req) {
+  Preflight pf = Authenticate(req);
+  if (!pf.ok || !pf.upload_sandbox) return pf;
+  // An upload into a sandbox is bounded by what it could hold, its disk, and by the node's
+  // cap when one is set. Only now, once the caller is known: to anyone else, whether a
+  // sandbox exists is none of their business.
+  if (!d_.manager) {  // (the HTTP fuzzer's Api has none)
+    uint64_t dflt = static_cast<uint64_t>(d_.cfg.defaults.disk_mb) << 20;
+    pf.body_limit = d_.cfg.max_upload_bytes ? std::min(d_.cfg.max_upload_bytes, dflt) : dflt;
+    return pf;
+  }
+  std::map<std::string, std::string> params;
+  bool known = false;
+  Match(req.method, req.target, &params, &known);
+  auto e = d_.manager->Get(params["id"]);
+  if (!e.ok()) {
+    d_.metrics->CountRequest(req.method, 404);
+    pf.ok = false;
+    pf.error = JsonError(404, "not_found", e.status().message());
+    return pf;
+  }
+  uint64_t disk = static_cast<uint64_t>((*e)->params.resources.disk_mb) << 20;
+  uint64_t cap = d_.cfg.max_upload_bytes;
+  pf.body_limit = cap ? std::min(cap, disk) : disk;
+  pf.limit_why = cap && cap < disk ? "the node's max_upload_bytes"
+                                   : "the sandbox's disk, disk_mb " +
+                                         std::to_string((*e)->params.resources.disk_mb) +
+                                         ": create it with a bigger disk_mb";
+  return pf;
+}
+
+Preflight Api::Authenticate(HttpRequest& req) {
   Preflight pf;
   pf.body_limit = d_.cfg.max_json_body_bytes;
+  pf.limit_why = "max_json_body_bytes";
   if (req.target.empty() || req.target[0] != '/') {
     // Only origin-form ("/v1/..."): "v1/node", "*" and absolute URLs route nowhere.
     d_.metrics->CountRequest(req.method, 400);
@@ -283,13 +315,14 @@ Preflight Api::Check(HttpRequest& req) {
   // The port proxy takes the connection once authenticated (below): any method, no body limit.
   pf.takeover = ParsePortTarget(req.target, &port_id, &port, &port_target);
   if (r && r->upload) {
-    pf.body_limit = d_.cfg.max_upload_bytes;
+    pf.upload_sandbox = true;  // the limit is the sandbox's (Check)
     // A large upload (or one of unknown length) goes to disk and then to the sandbox a piece at
     // a time; a small one stays in memory.
     auto len = ParseUint64(req.Header("content-length"));
     if (!len || *len > kUploadInMemoryMax) pf.spool = Preflight::Spool::kUpload;
   } else if (r && r->import) {
     pf.body_limit = d_.cfg.max_import_bytes;  // up to GiBs: to disk, not memory
+    pf.limit_why = "max_import_bytes";
     pf.spool = Preflight::Spool::kImport;
   }
   auto deny = [&](int status, std::string_view code, std::string_view msg) {

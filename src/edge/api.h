@@ -110,6 +110,8 @@ class Api {
   explicit Api(Deps deps);
 
   Preflight Check(HttpRequest& headers_only);
+  // Check without the per-sandbox upload limit.
+  Preflight Authenticate(HttpRequest& headers_only);
   void Handle(HttpRequest&& req, std::shared_ptr<Responder> res);
 
   const Deps& deps() const { return d_; }

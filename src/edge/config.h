@@ -56,7 +56,9 @@ struct EdgeConfig {
   // Bounds on callers.
   uint64_t max_header_bytes = 16 << 10;
   uint64_t max_json_body_bytes = 1 << 20;
-  uint64_t max_upload_bytes = 256ull << 20;    // file and archive uploads
+  // File and archive uploads into a sandbox are bounded by its disk (disk_mb); this caps them
+  // node-wide (0: no cap beyond the disk).
+  uint64_t max_upload_bytes = 0;
   uint64_t max_import_bytes = 2ull << 30;      // image archives (POST /v1/images/import)
   uint64_t max_download_bytes = 256ull << 20;  // file reads and archives
   uint64_t max_output_bytes = 256ull << 20;    // per stream per exec

@@ -101,6 +101,10 @@ struct Preflight {
   bool ok = true;
   HttpResponse error;  // when !ok: sent, then the connection is closed
   uint64_t body_limit = 0;
+  // Where body_limit comes from, for the 413's message ("max_json_body_bytes", "the sandbox's
+  // disk_mb ...").
+  std::string limit_why;
+  bool upload_sandbox = false;  // an upload into a sandbox (the API sets its limit)
   std::string principal;
   // Read the body into an unlinked file in HttpServerOptions::spool_dir (see
   // HttpRequest::body_file), 64 KiB at a time: an image archive (at most max_spooled at once)

@@ -296,10 +296,10 @@ class HttpSession : public SessionBase {
     if (!pf.ok) return Reject(std::move(pf.error));
     req.principal = std::move(pf.principal);
     if (pf.takeover) return TakeOver(std::move(req));
+    body_limit_ = pf.body_limit;
+    limit_why_ = pf.limit_why;
     if (auto len = parser_->content_length(); len && *len > pf.body_limit)
-      return Reject(
-          JsonError(413, "too_large",
-                    "request body is larger than " + std::to_string(pf.body_limit) + " bytes"));
+      return Reject(JsonError(413, "too_large", TooLargeMessage(std::to_string(*len) + " bytes")));
     parser_->body_limit(pf.body_limit);
     bool spool = pf.spool != Preflight::Spool::kNo && !req.websocket_upgrade;
     if (spool) {
@@ -350,6 +350,13 @@ class HttpSession : public SessionBase {
       return ReadSpooled();
     }
     ReadBody();
+  }
+
+  // "request body of SIZE is larger than the limit of N bytes (WHY)".
+  std::string TooLargeMessage(const std::string& size) const {
+    std::string m = "request body of " + size + " is larger than the limit of " +
+                    std::to_string(body_limit_) + " bytes";
+    return limit_why_.empty() ? m : m + " (" + limit_why_ + ")";
   }
 
   // Gives the connection away (Preflight::takeover): this session ends without closing it.
@@ -442,7 +449,7 @@ class HttpSession : public SessionBase {
 
   void OnBodyError(beast::error_code ec) {
     if (ec == http::error::body_limit)
-      return Reject(JsonError(413, "too_large", "request body is too large"));
+      return Reject(JsonError(413, "too_large", TooLargeMessage("more")));
     // A malformed body (a bad chunk header, an overflowing chunk size) is answered like a
     // malformed head; a client that went away or timed out is not.
     if (ec && ec.category() == http::make_error_code(http::error::bad_chunk).category() &&
@@ -564,6 +571,8 @@ class HttpSession : public SessionBase {
   Phase phase_ = Phase::kReading;
   uint64_t seq_ = 0;
   bool keep_alive_ = false, closed_ = false, upgraded_ = false;
+  uint64_t body_limit_ = 0;  // of the request being read, and where it comes from
+  std::string limit_why_;
   // Streaming state.
   std::unique_ptr<http::response<http::empty_body>> stream_res_;
   std::unique_ptr<http::response_serializer<http::empty_body>> stream_sr_;

@@ -91,6 +91,36 @@ def test_refused_big_upload_stops_early_and_the_edge_serves(make_edge):
         c.remove(sid)
 
 
+def test_uploads_are_bounded_by_the_sandboxs_disk(make_edge):
+    """Without a node cap an upload may be as big as the sandbox's disk (300 MB into a 1 GiB
+    one, past the old fixed 256 MiB); a bigger one is 413 naming the size, the limit and the
+    knob, before its body is read (issue 21 item 3)."""
+    edge = make_edge()
+    c = edge.client(timeout=300)
+    big = c.create({"disk_mb": 1024, "memory_mb": 256})["id"]
+    small = c.create({"disk_mb": 64})["id"]
+    try:
+        body = os.urandom(300 * MB)
+        c.put(files(big, "/workspace/big.bin"), body, headers=OCTET, expect=204)
+        assert c.sh(big, "stat -c %s /workspace/big.bin") == f"{300 * MB}\n"
+        r = c.put(files(small, "/workspace/x"), b"\0" * (80 * MB), headers=OCTET, expect=413)
+        msg = r.json["error"]["message"]
+        assert (f"of {80 * MB} bytes" in msg and f"limit of {64 * MB} bytes" in msg
+                and "disk_mb 64" in msg), msg
+    finally:
+        c.remove(big)
+        c.remove(small)
+    capped = make_edge(config={"max_upload_bytes": 8 * MB})
+    c = capped.client(timeout=120)
+    sid = c.create({"disk_mb": 64})["id"]
+    try:
+        r = c.put(files(sid, "/workspace/x"), b"\0" * (9 * MB), headers=OCTET, expect=413)
+        assert "max_upload_bytes" in r.json["error"]["message"], r.json
+        r = c.put(files("sb-nosuch", "/workspace/x"), b"x", headers=OCTET, expect=404)
+    finally:
+        c.remove(sid)
+
+
 def test_at_most_sixteen_big_uploads_are_received_at_once(make_edge):
     """Sixteen slow large uploads hold the upload slots: a seventeenth is 429 with Retry-After
     before its body is read, while a small upload and an image import still go through."""
