@@ -15,6 +15,8 @@ Status Loop::Add(int fd, uint32_t events, EventHandler* h) {
   ev.events = events;
   ev.data.ptr = h;
   if (epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) < 0) return ErrnoError("epoll_ctl add");
+  handlers_[fd] = h;
+  removed_.erase(h);  // a new handler at a freed one's address
   return OkStatus();
 }
 
@@ -22,10 +24,16 @@ void Loop::Modify(int fd, uint32_t events, EventHandler* h) {
   epoll_event ev{};
   ev.events = events;
   ev.data.ptr = h;
-  epoll_ctl(epfd_.get(), EPOLL_CTL_MOD, fd, &ev);
+  if (epoll_ctl(epfd_.get(), EPOLL_CTL_MOD, fd, &ev) == 0) handlers_[fd] = h;
 }
 
-void Loop::Remove(int fd) { epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, fd, nullptr); }
+void Loop::Remove(int fd) {
+  epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  if (auto it = handlers_.find(fd); it != handlers_.end()) {
+    removed_.insert(it->second);
+    handlers_.erase(it);
+  }
+}
 
 Status Loop::RunOnce(int timeout_ms) {
   epoll_event events[64];
@@ -34,8 +42,12 @@ Status Loop::RunOnce(int timeout_ms) {
     if (errno == EINTR) return OkStatus();
     return ErrnoError("epoll_wait");
   }
-  for (int i = 0; i < n; ++i)
-    static_cast<EventHandler*>(events[i].data.ptr)->OnEvent(events[i].events);
+  removed_.clear();
+  for (int i = 0; i < n; ++i) {
+    auto* h = static_cast<EventHandler*>(events[i].data.ptr);
+    if (!removed_.count(h)) h->OnEvent(events[i].events);
+  }
+  removed_.clear();
   return OkStatus();
 }
 

@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <functional>
 
+#include <unordered_map>
+#include <unordered_set>
+
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -25,12 +28,16 @@ class Loop {
   Status Add(int fd, uint32_t events, EventHandler* h);
   // Best effort: fails only for an fd that is not registered, which Add() reported.
   void Modify(int fd, uint32_t events, EventHandler* h);
+  // After Remove, the fd's handler gets no more events, not even ones already fetched in the
+  // round being dispatched (a handler may remove, and delete, another one).
   void Remove(int fd);
   // One round: waits up to timeout_ms (-1 forever) and dispatches events.
   Status RunOnce(int timeout_ms);
 
  private:
   UniqueFd epfd_;
+  std::unordered_map<int, EventHandler*> handlers_;  // by fd
+  std::unordered_set<EventHandler*> removed_;        // during the round being dispatched
 };
 
 }  // namespace dsec::agent

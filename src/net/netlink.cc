@@ -9,7 +9,10 @@
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
 #include <net/if.h>
+#include <sched.h>
 #include <sys/socket.h>
+
+#include <thread>
 
 #include <cerrno>
 #include <cstring>
@@ -60,6 +63,22 @@ class Netlink::Msg {
  private:
   std::vector<char> buf_;
 };
+
+StatusOr<UniqueFd> SocketIn(int netns_fd, int domain, int type, int protocol) {
+  UniqueFd s;
+  Status st;
+  std::thread t([&] {
+    if (setns(netns_fd, CLONE_NEWNET) < 0) {
+      st = ErrnoError("setns into a network namespace");
+      return;
+    }
+    s.Reset(socket(domain, type, protocol));
+    if (!s) st = ErrnoError("socket");
+  });
+  t.join();
+  DSEC_RETURN_IF_ERROR(st);
+  return s;
+}
 
 StatusOr<Netlink> Netlink::Open(int protocol) {
   UniqueFd fd(socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, protocol));

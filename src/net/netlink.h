@@ -12,6 +12,10 @@
 
 namespace dsec::net {
 
+// A socket made in the network namespace `netns_fd` (on a short-lived thread: no caller thread
+// ever changes namespace); it stays in that namespace wherever it is used.
+StatusOr<UniqueFd> SocketIn(int netns_fd, int domain, int type, int protocol);
+
 class Netlink {
  public:
   // protocol: NETLINK_ROUTE or NETLINK_NETFILTER.

@@ -169,8 +169,7 @@ StatusOr<AgentLink> ContainerInstance::Start() {
     DSEC_ASSIGN_OR_RETURN(netns_, isolation::NetnsPool::CreateLoopbackOnly());
   }
   // Its network exists, policy applied, before anything of the sandbox runs.
-  if (spec_.network.mode != net::NetMode::kNone)
-    DSEC_RETURN_IF_ERROR(ApplyNetwork(spec_.network, netns_.ns.get()));
+  if (spec_.network.mode != net::NetMode::kNone) DSEC_RETURN_IF_ERROR(ApplyNetwork(spec_.network));
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) return ErrnoError("socketpair");
   UniqueFd conn(sp[0]), child_end(sp[1]);
@@ -604,53 +603,36 @@ Status ContainerInstance::Destroy() {
   return result;
 }
 
-Status ContainerInstance::ApplyNetwork(const net::NetworkPolicy& p, int netns_fd) {
+StatusOr<int> ContainerInstance::NetnsFd(UniqueFd* holder) const {
+  if (netns_.ns) return netns_.ns.get();
+  // Pooling off, or adopted: the agent's namespace.
+  holder->Reset(
+      open(("/proc/" + std::to_string(agent_pid_) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!*holder || !InOwnCgroup(agent_pid_))
+    return ErrnoError("open the network namespace of sandbox " + spec_.id);
+  return holder->get();
+}
+
+Status ContainerInstance::ApplyNetwork(const net::NetworkPolicy& p) {
   if (!attachment_) {
     if (p.mode == net::NetMode::kNone) return OkStatus();  // nothing to take away
     if (!backend_->opts_.network)
       return Unimplemented("this edge has no sandbox network (network modes other than none)");
     DSEC_ASSIGN_OR_RETURN(net_, backend_->opts_.network());
-    UniqueFd own;
-    if (netns_fd < 0) {
-      // Pooling off or adopted: the agent's namespace.
-      own.Reset(
-          open(("/proc/" + std::to_string(agent_pid_) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
-      if (!own || !InOwnCgroup(agent_pid_))
-        return ErrnoError("open the sandbox's network namespace");
-      netns_fd = own.get();
-    }
-    DSEC_ASSIGN_OR_RETURN(attachment_, net_->Attach(netns_fd, spec_.id));
+    UniqueFd holder;
+    DSEC_ASSIGN_OR_RETURN(int ns, NetnsFd(&holder));
+    DSEC_ASSIGN_OR_RETURN(attachment_, net_->Attach(ns, spec_.id));
   }
   return net_->Apply(attachment_, p);
 }
 
-Status ContainerInstance::SetNetwork(const net::NetworkPolicy& p) {
-  return ApplyNetwork(p, netns_.ns ? netns_.ns.get() : -1);
-}
+Status ContainerInstance::SetNetwork(const net::NetworkPolicy& p) { return ApplyNetwork(p); }
 
 StatusOr<UniqueFd> ContainerInstance::ConnectPort(uint16_t port) {
-  UniqueFd own;
-  int ns = netns_.ns.get();
-  if (ns < 0) {
-    own.Reset(
-        open(("/proc/" + std::to_string(agent_pid_) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
-    if (!own || !InOwnCgroup(agent_pid_)) return ErrnoError("open the sandbox's network namespace");
-    ns = own.get();
-  }
-  // The socket is made in the sandbox's namespace (on a thread of its own: no caller thread
-  // ever changes namespace) and connects to its loopback from there.
-  UniqueFd s;
-  Status st;
-  std::thread t([&] {
-    if (setns(ns, CLONE_NEWNET) < 0) {
-      st = ErrnoError("setns into the sandbox's network namespace");
-      return;
-    }
-    s.Reset(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (!s) st = ErrnoError("socket");
-  });
-  t.join();
-  DSEC_RETURN_IF_ERROR(st);
+  UniqueFd holder;
+  DSEC_ASSIGN_OR_RETURN(int ns, NetnsFd(&holder));
+  // Made in the sandbox's namespace, it connects to that namespace's loopback.
+  DSEC_ASSIGN_OR_RETURN(UniqueFd s, net::SocketIn(ns, AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(port);

@@ -84,7 +84,9 @@ class ContainerInstance : public Instance {
   net::NodeNetwork* net_ = nullptr;
   net::NetAttachment attachment_;
   // Gives the sandbox's namespace a network if it has none yet, then applies `p`.
-  Status ApplyNetwork(const net::NetworkPolicy& p, int netns_fd);
+  Status ApplyNetwork(const net::NetworkPolicy& p);
+  // Its network namespace: the pooled one it was given, or its agent's (opened into holder).
+  StatusOr<int> NetnsFd(UniqueFd* holder) const;
   pid_t agent_pid_ = -1;
   int64_t uid_slot_ = -1;
   // The host uid range's lease while we hold it: until the agent has its own copy after
