@@ -12,6 +12,7 @@
 
 #include "agent/exec.h"
 #include "agent/files.h"
+#include "agent/jobs.h"
 #include "agent/shell.h"
 #include "base/clock.h"
 #include "sys/syscalls.h"
@@ -71,7 +72,10 @@ class Agent::SignalHandler : public EventHandler {
 };
 
 Agent::Agent(AgentConfig cfg, UniqueFd conn, UniqueFd listen)
-    : cfg_(std::move(cfg)), conn_(std::move(conn)), listen_(std::move(listen)) {}
+    : cfg_(std::move(cfg)),
+      conn_(std::move(conn)),
+      listen_(std::move(listen)),
+      jobs_(std::make_unique<Jobs>(this)) {}
 
 Agent::~Agent() = default;
 
@@ -158,7 +162,18 @@ void Agent::Retire(Op* op) {
   }
 }
 
+void Agent::RetireOwned(std::unique_ptr<Op> op) {
+  if (!op) return;
+  room_waiters_.erase(op.get());
+  deadlines_.erase(op.get());
+  for (auto it = children_.begin(); it != children_.end();) {
+    it = it->second == op.get() ? children_.erase(it) : std::next(it);
+  }
+  retired_.push_back(std::move(op));
+}
+
 void Agent::FlushRetired() {
+  jobs_->Flush();
   retired_.clear();
   retired_drains_.clear();
 }
@@ -472,6 +487,10 @@ constexpr OpEntry kOps[] = {
     Entry<protocol::ShellOpenRequest, HandleShellOpen>(),
     Entry<protocol::ShellRunRequest, HandleShellRun>(),
     Entry<protocol::ShellCloseRequest, HandleShellClose>(),
+    Entry<protocol::JobStartRequest, HandleJobStart>(),
+    Entry<protocol::JobReadRequest, HandleJobRead>(),
+    Entry<protocol::JobKillRequest, HandleJobKill>(),
+    Entry<protocol::JobListRequest, HandleJobList>(),
     Entry<protocol::SignalAllRequest, HandleSignalAll>(),
     Entry<protocol::PingRequest, HandlePing>(),
     Entry<protocol::ReadFileRequest, HandleReadFile>(),

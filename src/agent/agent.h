@@ -5,8 +5,8 @@
 // queue has a high-water mark above which output producers pause, exec output past its cap is
 // counted and dropped, stdin is windowed by acks, and the number of concurrent execs and
 // shells is capped. Operations bound to a channel are cancelled when the connection drops;
-// shell sessions survive it, so a restarted edge that reconnects (listening socket + secret)
-// finds them again.
+// shell sessions and background jobs (jobs.h) survive it, so a restarted edge that reconnects
+// (listening socket + secret) finds them again.
 #pragma once
 
 #include <sys/types.h>
@@ -28,6 +28,7 @@
 namespace dsec::agent {
 
 class Agent;
+class Jobs;
 class ShellSession;
 
 // An operation bound to a channel (exec, file transfer, ...).
@@ -119,6 +120,10 @@ class Agent {
   void AddLingeringCgroup(const std::string& name) { lingering_.insert(name); }
   void ReapLingeringCgroups();
   std::map<std::string, std::unique_ptr<ShellSession>>& shells() { return shells_; }
+  // Background jobs (jobs.h): they outlive connections, like shells.
+  Jobs& jobs() { return *jobs_; }
+  // An op bound to no channel (a job's exec) that is done: destroyed at the end of the round.
+  void RetireOwned(std::unique_ptr<Op> op);
   // Child processes that drain an exec's pipes after it finished (background children).
   void AdoptDrain(std::unique_ptr<EventHandler> drain) { drains_.push_back(std::move(drain)); }
   void RetireDrain(EventHandler* d);
@@ -184,6 +189,8 @@ class Agent {
   uint64_t cgroup_seq_ = 0;
   UniqueFd zygote_control_;
   UniqueFd zygote_pidfd_;
+  // Last: its jobs' execs use everything above while they are torn down.
+  std::unique_ptr<Jobs> jobs_;
 };
 
 }  // namespace dsec::agent

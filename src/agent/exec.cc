@@ -66,8 +66,13 @@ class CallReader : public EventHandler {
 
 class ExecOp : public Op {
  public:
-  ExecOp(Agent* agent, uint32_t channel, protocol::ExecSpec spec)
-      : Op(agent, channel), spec_(std::move(spec)), stdin_writer_(this), call_reader_(this) {}
+  ExecOp(Agent* agent, uint32_t channel, protocol::ExecSpec spec, ExecSink* sink = nullptr)
+      : Op(agent, channel),
+        spec_(std::move(spec)),
+        sink_(sink),
+        stdin_writer_(this),
+        call_reader_(this) {}
+  pid_t pid() const { return child_.pid; }
 
   ~ExecOp() override {
     EndCall();
@@ -135,7 +140,7 @@ class ExecOp : public Op {
       PumpStdin();
     }
     if (spec_.timeout_ms > 0) agent_->SetDeadline(this, MonotonicMs() + spec_.timeout_ms);
-    agent_->SendJson(FrameType::kEvent, channel_, {{"started", {{"pid", child_.pid}}}});
+    if (!sink_) agent_->SendJson(FrameType::kEvent, channel_, {{"started", {{"pid", child_.pid}}}});
     return OkStatus();
   }
 
@@ -147,6 +152,10 @@ class ExecOp : public Op {
     size_t keep = total >= cap ? 0 : static_cast<size_t>(std::min<uint64_t>(n, cap - total));
     total += n;
     if (keep < n) trunc = true;
+    if (sink_) {
+      if (keep) sink_->OnOutput(stream, std::string_view(data, keep));
+      return;
+    }
     for (size_t off = 0; off < keep; off += protocol::kDataChunk) {
       size_t len = std::min(protocol::kDataChunk, keep - off);
       agent_->Send(FrameType::kData, stream, channel_, std::string_view(data + off, len));
@@ -155,7 +164,7 @@ class ExecOp : public Op {
 
   void OnStreamEvent(OutStream* s) {
     if (s->eof) return;
-    if (!agent_->OutputHasRoom() && !child_exited_) {
+    if (!sink_ && !agent_->OutputHasRoom() && !child_exited_) {
       // Backpressure: stop reading until the edge drained the outgoing queue.
       agent_->loop().Modify(s->fd().get(), 0, s);
       s->paused = true;
@@ -380,6 +389,7 @@ class ExecOp : public Op {
     r.duration_ms = MonotonicUs() / 1000.0 - start_ms_;
     r.pid = std::max(0, static_cast<int>(child_.pid));
     Release();
+    if (sink_) return sink_->OnExit(r);
     agent_->Finish(this, protocol::ToJson(r));
   }
 
@@ -435,6 +445,7 @@ class ExecOp : public Op {
   }
 
   protocol::ExecSpec spec_;
+  ExecSink* sink_;
   Spawned child_;
   std::unique_ptr<OutStream> out_, err_;
   UniqueFd stdin_w_;
@@ -486,6 +497,21 @@ std::unique_ptr<Op> StartExec(Agent* agent, uint32_t channel, protocol::ExecSpec
   }
   return op;
 }
+
+std::unique_ptr<Op> StartDetachedExec(Agent* agent, protocol::ExecSpec spec, ExecSink* sink,
+                                      int* pid, Status* error) {
+  spec.stdin_stream = false;
+  auto op = std::make_unique<ExecOp>(agent, 0, std::move(spec), sink);
+  *error = op->Start();
+  if (!error->ok()) {
+    op->Cancel();
+    return nullptr;
+  }
+  *pid = op->pid();
+  return op;
+}
+
+void KillDetachedExec(Op* op) { op->OnControl(Json{{"kill", true}}); }
 
 Drain::Drain(Agent* agent, UniqueFd fd, std::string cgroup)
     : agent_(agent), fd_(std::move(fd)), cgroup_(std::move(cgroup)) {

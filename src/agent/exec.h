@@ -19,6 +19,21 @@ namespace dsec::agent {
 std::unique_ptr<Op> StartExec(Agent* agent, uint32_t channel, protocol::ExecSpec spec,
                               Status* error);
 
+// Where a detached exec (a background job, jobs.h) sends its output and its end instead of a
+// channel. OnOutput gets only what passed the exec's own cap; OnExit runs once, after which the
+// sink may retire the op (Agent::RetireOwned), not delete it.
+class ExecSink {
+ public:
+  virtual ~ExecSink() = default;
+  virtual void OnOutput(uint8_t stream, std::string_view data) = 0;
+  virtual void OnExit(const protocol::ExecResult& r) = 0;
+};
+// Starts an exec bound to no channel (stdin inline only). *pid: the command's pid.
+std::unique_ptr<Op> StartDetachedExec(Agent* agent, protocol::ExecSpec spec, ExecSink* sink,
+                                      int* pid, Status* error);
+// Kills a detached exec's whole process tree; its sink's OnExit follows once it is gone.
+void KillDetachedExec(Op* op);
+
 // Reads an fd until EOF and discards the bytes (output of background children).
 class Drain : public EventHandler {
  public:

@@ -339,6 +339,33 @@ StatusOr<int> Sandbox::SignalAll(int sig) {
   return session->SignalAll(sig);
 }
 
+StatusOr<protocol::JobInfo> Sandbox::StartJob(const ExecRequest& req,
+                                              protocol::JobStartRequest job) {
+  DSEC_ASSIGN_OR_RETURN(job.spec, BuildExecSpec(req));
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  if (req.grader) DSEC_RETURN_IF_ERROR(KillEveryUserProcess());
+  DSEC_ASSIGN_OR_RETURN(auto info, session->StartJob(std::move(job), req.stdin_data));
+  exec_count_++;
+  return info;
+}
+
+void Sandbox::ReadJob(const protocol::JobReadRequest& req,
+                      std::function<void(StatusOr<AgentSession::JobOutput>)> done) {
+  auto session = Ready();
+  if (!session.ok()) return done(session.status());
+  (*session)->ReadJob(req, std::move(done));
+}
+
+StatusOr<protocol::JobInfo> Sandbox::KillJob(const std::string& job_id, bool forget) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  return session->KillJob(job_id, forget);
+}
+
+StatusOr<std::vector<protocol::JobInfo>> Sandbox::ListJobs() {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  return session->ListJobs();
+}
+
 Status Sandbox::KillEveryUserProcess() {
   DSEC_RETURN_IF_ERROR(SignalAll(SIGKILL).status());
   // Until only the agent is left (a process in uninterruptible sleep may take a moment).

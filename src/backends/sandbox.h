@@ -89,6 +89,15 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
 
   // Signals every user process (the agent survives). Returns how many there were.
   StatusOr<int> SignalAll(int sig);
+
+  // Background execs the agent keeps (AgentSession::StartJob): they and their output survive a
+  // restart of the edge. `job` names the job and its bounds; its spec is built from `req`.
+  StatusOr<protocol::JobInfo> StartJob(const ExecRequest& req, protocol::JobStartRequest job);
+  void ReadJob(const protocol::JobReadRequest& req,
+               std::function<void(StatusOr<AgentSession::JobOutput>)> done);
+  StatusOr<protocol::JobInfo> KillJob(const std::string& job_id, bool forget);
+  StatusOr<std::vector<protocol::JobInfo>> ListJobs();
+
   // SIGKILL to every user process, then waits until only the agent is left (grader execs).
   Status KillEveryUserProcess();
   Status Pause();

@@ -295,20 +295,75 @@ class StreamObserver : public ExecObserver {
   std::string final_;
 };
 
-Json BackgroundJson(BackgroundExec& b) {
-  MutexLock l(b.mu);
-  Json j = {{"exec_id", b.id},
-            {"state", b.done ? "exited" : "running"},
-            {"started_at", b.started_at},
+// A background exec is a job its sandbox's agent keeps (agent/jobs.h), so that it and its
+// output survive a restart of the edge; the edge holds nothing of it but the audit ticket.
+// Its encoding is kept with it ("meta").
+bool JobBase64(const protocol::JobInfo& i) { return i.meta == "base64"; }
+
+// ExecStatus. `out`/`err`: the whole output (the result's stdout and stderr) once it exited;
+// without them the result has only the exit fields (lists, live reads).
+Json JobJson(const protocol::JobInfo& i, const std::string* out = nullptr,
+             const std::string* err = nullptr) {
+  bool base64 = JobBase64(i);
+  Json j = {{"exec_id", i.job_id},
+            {"state", i.done ? "exited" : "running"},
+            {"started_at", i.started_at},
             {"result", nullptr}};
-  if (b.done) {
-    if (b.result.contains("error")) {
-      j["error"] = b.result["error"];
-    } else {
-      j["result"] = b.result;
+  if (i.done) {
+    Json r = ResultJson(i.result, base64);
+    if (out && err) {
+      r["stdout"] = Encoder(base64).Take(*out, true);
+      r["stderr"] = Encoder(base64).Take(*err, true);
     }
+    j["result"] = std::move(r);
   }
   return j;
+}
+
+// An agent's "job not found" names the exec and its sandbox.
+Status ExecStatusFor(const Status& s, const std::string& eid, const std::string& sandbox) {
+  if (s.code() == StatusCode::kNotFound)
+    return NotFound("exec " + eid + " not found in sandbox " + sandbox);
+  return s;
+}
+
+// Follows a job until it exits, for its audit line and exec slot (a wait the agent answers
+// at least every kMaxJobWaitMs; the connection closing ends it).
+void WatchJob(std::weak_ptr<backends::Sandbox> weak, std::string id,
+              std::shared_ptr<ExecTicket> ticket) {
+  auto sb = weak.lock();
+  if (!sb) return ticket->Finish(Unavailable("the sandbox is gone"));
+  protocol::JobReadRequest req;
+  req.job_id = id;
+  req.max_bytes = 0;
+  req.wait_ms = protocol::kMaxJobWaitMs;
+  req.wait_exit = true;
+  sb->ReadJob(req, [weak, id, ticket](StatusOr<backends::AgentSession::JobOutput> r) {
+    if (!r.ok()) return ticket->Finish(r.status());
+    if (r->read.info.done) return ticket->Finish(r->read.info.result);
+    WatchJob(weak, id, ticket);
+  });
+}
+
+void StartBackground(const std::shared_ptr<Ctx>& c, const std::shared_ptr<SandboxEntry>& e,
+                     const std::shared_ptr<backends::Sandbox>& sb, const ExecParams& p,
+                     std::shared_ptr<ExecTicket> ticket) {
+  const auto& d = c->api->deps();
+  protocol::JobStartRequest job;
+  job.job_id = "ex-" + RandomBase32(12);
+  job.started_at = WallMs();
+  job.meta = p.base64 ? "base64" : "";
+  job.keep = static_cast<uint32_t>(std::max(1, d.cfg.max_background_execs_kept));
+  // Kept in the sandbox's own memory: a quarter of it at most, and 64 MiB.
+  job.max_kept_bytes =
+      std::min<uint64_t>(64ull << 20, static_cast<uint64_t>(e->params.resources.memory_mb) << 18);
+  auto info = sb->StartJob(p.req, std::move(job));
+  if (!info.ok()) {
+    ticket->Finish(info.status());
+    return c->Fail(info.status());
+  }
+  WatchJob(sb, info->job_id, std::move(ticket));
+  c->Reply(202, {{"exec_id", info->job_id}});
 }
 
 void Exec(const std::shared_ptr<Ctx>& c) {
@@ -341,40 +396,7 @@ void Exec(const std::shared_ptr<Ctx>& c) {
     });
     return;
   }
-  if (p->background) {
-    auto bg = e->AddBackground(static_cast<size_t>(d.cfg.max_background_execs_kept));
-    // Its result's output stays charged to the budget for as long as it is kept.
-    auto obs = std::make_shared<CollectObserver>(
-        p->req.max_output_bytes, p->base64,
-        [bg](const StatusOr<Json>& r) {
-          std::map<uint64_t, std::function<void()>> ws;
-          {
-            MutexLock l(bg->mu);
-            bg->done = true;
-            bg->result = r.ok() ? *r : ErrorJson(r.status());
-            if (r.ok())
-              bg->result_bytes = r->value("stdout", "").size() + r->value("stderr", "").size();
-            bg->handle.reset();
-            ws.swap(bg->waiters);
-          }
-          for (auto& [id, w] : ws) w();
-        },
-        *ticket, d.output_budget);
-    {
-      MutexLock l(bg->mu);
-      bg->charge = obs->charge();
-    }
-    auto h = (*sb)->StartExec(p->req, obs);
-    if (!h.ok()) {
-      (*ticket)->Finish(h.status());
-      return c->Fail(h.status());
-    }
-    {
-      MutexLock l(bg->mu);
-      if (!bg->done) bg->handle = *h;
-    }
-    return c->Reply(202, {{"exec_id", bg->id}});
-  }
+  if (p->background) return StartBackground(c, e, *sb, *p, std::move(*ticket));
   auto obs = std::make_shared<CollectObserver>(
       p->req.max_output_bytes, p->base64,
       [c](const StatusOr<Json>& r) {
@@ -389,64 +411,128 @@ void Exec(const std::shared_ptr<Ctx>& c) {
   }
 }
 
-StatusOr<std::shared_ptr<BackgroundExec>> FindExec(const std::shared_ptr<Ctx>& c) {
-  DSEC_ASSIGN_OR_RETURN(auto e, c->Entry());
+// The sandbox of an exec route, and its validated exec id.
+StatusOr<std::shared_ptr<backends::Sandbox>> ExecSandbox(const std::shared_ptr<Ctx>& c,
+                                                         std::string* eid) {
+  DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
   DSEC_RETURN_IF_ERROR(ValidateId("exec id", c->params["eid"]));
-  auto bg = e->FindBackground(c->params["eid"]);
-  if (!bg) return NotFound("exec " + c->params["eid"] + " not found in sandbox " + e->id);
-  return bg;
+  *eid = c->params["eid"];
+  return sb;
 }
 
 void ListExecs(const std::shared_ptr<Ctx>& c) {
-  auto e = c->Entry();
-  if (!e.ok()) return c->Fail(e.status());
+  auto sb = c->Sandbox();
+  if (!sb.ok()) return c->Fail(sb.status());
+  auto jobs = (*sb)->ListJobs();
+  if (!jobs.ok()) return c->Fail(jobs.status());
   Json list = Json::array();
-  for (auto& b : (*e)->Backgrounds()) list.push_back(BackgroundJson(*b));
+  for (const auto& i : *jobs) list.push_back(JobJson(i));
   c->Reply(200, {{"execs", list}});
 }
 
-void GetExec(const std::shared_ptr<Ctx>& c) {
-  auto bg = FindExec(c);
-  if (!bg.ok()) return c->Fail(bg.status());
-  auto wait = c->IntQuery("wait_ms", 0, 0, 600000);
-  if (!wait.ok()) return c->Fail(wait.status());
-  auto b = *bg;
-  {
-    MutexLock l(b->mu);
-    if (b->done || *wait == 0) {
-      l.Unlock();
-      return c->Reply(200, BackgroundJson(*b));
-    }
-    // Answer when it ends or when the wait is over, whichever is first; no thread waits.
-    auto answered = std::make_shared<std::atomic<bool>>(false);
-    auto timer = std::make_shared<boost::asio::steady_timer>(*c->api->deps().timers);
-    timer->expires_after(std::chrono::milliseconds(*wait));
-    uint64_t id = b->next_waiter++;
-    b->waiters[id] = [c, b, answered, timer] {
-      if (answered->exchange(true)) return;
-      timer->cancel();
-      c->Reply(200, BackgroundJson(*b));
-    };
-    timer->async_wait([c, b, answered, timer, id](const boost::system::error_code&) {
-      {
-        MutexLock l(b->mu);
-        b->waiters.erase(id);
+// Answers with the whole result: reads all the output the agent kept (charged to the node's
+// output budget while the answer is built; what it cannot hold is cut and marked truncated).
+void ReplyWithResult(const std::shared_ptr<Ctx>& c, const std::shared_ptr<backends::Sandbox>& sb,
+                     const protocol::JobInfo& info) {
+  if (!info.done) return c->Reply(200, JobJson(info));
+  protocol::JobReadRequest req;
+  req.job_id = info.job_id;
+  req.max_bytes = std::min(protocol::kMaxJobRead, info.stdout_kept + info.stderr_kept);
+  std::string sandbox = sb->id();
+  OutputBudget* budget = c->api->deps().output_budget;
+  sb->ReadJob(req, [c, sandbox, budget](StatusOr<backends::AgentSession::JobOutput> r) {
+    if (!r.ok()) return c->Fail(ExecStatusFor(r.status(), c->params["eid"], sandbox));
+    auto charge = budget->NewCharge();
+    protocol::JobInfo i = r->read.info;
+    for (auto [data, cut] : {std::pair{&r->out, &i.result.stdout_truncated},
+                             std::pair{&r->err, &i.result.stderr_truncated}}) {
+      uint64_t got = charge->Take(data->size());
+      if (got < data->size()) {
+        data->resize(got);
+        *cut = true;
       }
-      if (answered->exchange(true)) return;
-      c->Reply(200, BackgroundJson(*b));
-    });
-  }
+    }
+    c->Reply(200, JobJson(i, &r->out, &r->err));
+  });
 }
 
+// GET .../execs/{eid}: its status, and its result once it exited. With stdout_offset or
+// stderr_offset, its output so far from those offsets instead (live, also while it runs):
+// wait_ms then waits for output past them, not for the exit. A stream without an offset is
+// answered empty at its end.
+void GetExec(const std::shared_ptr<Ctx>& c) {
+  auto run = [&]() -> Status {
+    std::string eid;
+    DSEC_ASSIGN_OR_RETURN(auto sb, ExecSandbox(c, &eid));
+    DSEC_ASSIGN_OR_RETURN(int64_t wait, c->IntQuery("wait_ms", 0, 0, protocol::kMaxJobWaitMs));
+    bool want_out = false, want_err = false;
+    for (const auto& [k, v] : c->req.query) {
+      want_out |= k == "stdout_offset";
+      want_err |= k == "stderr_offset";
+    }
+    const bool live = want_out || want_err;
+    DSEC_ASSIGN_OR_RETURN(int64_t so, c->IntQuery("stdout_offset", 0, 0, INT64_MAX));
+    DSEC_ASSIGN_OR_RETURN(int64_t se, c->IntQuery("stderr_offset", 0, 0, INT64_MAX));
+    DSEC_ASSIGN_OR_RETURN(int64_t max, c->IntQuery("max_bytes", 1 << 20, 0, protocol::kMaxJobRead));
+    protocol::JobReadRequest req;
+    req.job_id = eid;
+    req.wait_ms = wait;
+    std::string sandbox = sb->id();
+    if (!live) {
+      req.max_bytes = 0;
+      req.wait_exit = true;
+      sb->ReadJob(req, [c, sb, eid, sandbox](StatusOr<backends::AgentSession::JobOutput> r) {
+        if (!r.ok()) return c->Fail(ExecStatusFor(r.status(), eid, sandbox));
+        ReplyWithResult(c, sb, r->read.info);
+      });
+      return OkStatus();
+    }
+    // A stream without an offset is read from its end: nothing of it, and a wait wakes only
+    // for the streams asked for.
+    req.stdout_offset = static_cast<uint64_t>(want_out ? so : INT64_MAX);
+    req.stderr_offset = static_cast<uint64_t>(want_err ? se : INT64_MAX);
+    req.max_bytes = static_cast<uint64_t>(max);
+    sb->ReadJob(req, [c, eid, sandbox](StatusOr<backends::AgentSession::JobOutput> r) {
+      if (!r.ok()) return c->Fail(ExecStatusFor(r.status(), eid, sandbox));
+      const protocol::JobInfo& i = r->read.info;
+      Json j = JobJson(i);
+      bool base64 = JobBase64(i);
+      for (auto [name, data, start, kept] :
+           {std::tuple{"stdout", &r->out, r->read.stdout_offset, i.stdout_kept},
+            std::tuple{"stderr", &r->err, r->read.stderr_offset, i.stderr_kept}}) {
+        // Text stops before a UTF-8 sequence the next read completes, unless none can follow.
+        bool last = i.done && start + data->size() >= kept;
+        std::string text = Encoder(base64).Take(*data, last);
+        uint64_t used = base64 ? data->size() : text.size();
+        j[name] = std::move(text);
+        j[std::string(name) + "_offset"] = start + used;
+      }
+      j["encoding"] = base64 ? "base64" : "utf-8";
+      c->Reply(200, j);
+    });
+    return OkStatus();
+  };
+  if (Status s = run(); !s.ok()) c->Fail(s);
+}
+
+// POST .../execs/{eid}/kill: kills its process tree and answers once it is gone, with its
+// result (the exec stays until deleted or forgotten).
 void KillExec(const std::shared_ptr<Ctx>& c) {
-  auto bg = FindExec(c);
-  if (!bg.ok()) return c->Fail(bg.status());
-  std::shared_ptr<ExecHandle> h;
-  {
-    MutexLock l((*bg)->mu);
-    h = (*bg)->handle;
-  }
-  if (h) h->Kill();
+  std::string eid;
+  auto sb = ExecSandbox(c, &eid);
+  if (!sb.ok()) return c->Fail(sb.status());
+  auto info = (*sb)->KillJob(eid, false);
+  if (!info.ok()) return c->Fail(ExecStatusFor(info.status(), eid, (*sb)->id()));
+  ReplyWithResult(c, *sb, *info);
+}
+
+// DELETE .../execs/{eid}: kills it if it runs, and forgets it (then 404).
+void DeleteExec(const std::shared_ptr<Ctx>& c) {
+  std::string eid;
+  auto sb = ExecSandbox(c, &eid);
+  if (!sb.ok()) return c->Fail(sb.status());
+  auto info = (*sb)->KillJob(eid, true);
+  if (!info.ok()) return c->Fail(ExecStatusFor(info.status(), eid, (*sb)->id()));
   c->NoContent();
 }
 
@@ -741,7 +827,8 @@ void RegisterExecRoutes(Api* a) {
   a->Add("POST", "/v1/sandboxes/:id/exec", Exec);
   a->Add("GET", "/v1/sandboxes/:id/execs", ListExecs);
   a->Add("GET", "/v1/sandboxes/:id/execs/:eid", GetExec);
-  a->Add("DELETE", "/v1/sandboxes/:id/execs/:eid", KillExec);
+  a->Add("POST", "/v1/sandboxes/:id/execs/:eid/kill", KillExec);
+  a->Add("DELETE", "/v1/sandboxes/:id/execs/:eid", DeleteExec);
   a->Add("POST", "/v1/sandboxes/:id/signal", SignalAll);
   a->Add("POST", "/v1/sandboxes/:id/shells", OpenShell);
   a->Add("GET", "/v1/sandboxes/:id/shells", ListShells);

@@ -535,15 +535,6 @@ void Manager::Destroy(const std::shared_ptr<SandboxEntry>& e) {
     if (Status s = sb->Destroy(); !s.ok())
       DSEC_LOG_ERROR("destroy incomplete: sandbox={} error={}", e->id, s.ToString());
   }
-  // Wake anyone waiting on background execs (their agent calls fail with the connection).
-  for (auto& b : e->Backgrounds()) {
-    std::map<uint64_t, std::function<void()>> ws;
-    {
-      MutexLock l(b->mu);
-      ws.swap(b->waiters);
-    }
-    for (auto& [id, w] : ws) w();
-  }
 }
 
 Status Manager::Delete(const std::string& id, const std::string& reason) {

@@ -55,22 +55,6 @@ struct CreateParams {
 Json ToJson(const CreateParams& p);
 StatusOr<CreateParams> CreateParamsFromJson(const Json& j);
 
-// A command started with "background": true; its output is kept (capped) for GET .../execs.
-struct BackgroundExec {
-  std::string id;
-  int64_t started_at = 0;
-  Mutex mu;
-  bool done DSEC_GUARDED_BY(mu) = false;
-  Json result DSEC_GUARDED_BY(mu);              // the exec result when done
-  size_t result_bytes DSEC_GUARDED_BY(mu) = 0;  // its output held in memory
-  std::shared_ptr<backends::ExecHandle> handle DSEC_GUARDED_BY(mu);
-  // Its share of the node's output budget (edge/output_budget.h): returned when it is forgotten.
-  std::shared_ptr<OutputBudget::Charge> charge DSEC_GUARDED_BY(mu);
-  // Run once when done (or when the sandbox goes); keyed so a timed-out wait removes itself.
-  std::map<uint64_t, std::function<void()>> waiters DSEC_GUARDED_BY(mu);
-  uint64_t next_waiter DSEC_GUARDED_BY(mu) = 0;
-};
-
 class SandboxEntry {
  public:
   SandboxEntry(std::string id, CreateParams p, const Clock* clock = Clock::System())
@@ -91,11 +75,6 @@ class SandboxEntry {
                                                        int64_t timeout_ms = 120000);
   Phase phase() const;
 
-  // Background execs.
-  std::shared_ptr<BackgroundExec> AddBackground(size_t keep);
-  std::shared_ptr<BackgroundExec> FindBackground(const std::string& exec_id);
-  std::vector<std::shared_ptr<BackgroundExec>> Backgrounds();
-
  private:
   friend class Manager;
   const Clock* clock_;
@@ -113,7 +92,6 @@ class SandboxEntry {
   int64_t expires_at_ DSEC_GUARDED_BY(mu_) = 0;
   int64_t idle_ttl_s_ DSEC_GUARDED_BY(mu_) = 0;
   int64_t ttl_s_ DSEC_GUARDED_BY(mu_) = 0;  // as last set (create, or PATCH ttl_s)
-  std::deque<std::shared_ptr<BackgroundExec>> bg_ DSEC_GUARDED_BY(mu_);
 };
 
 struct ListFilter {

@@ -149,6 +149,128 @@ Status Decode(const Json& j, PingResponse* out) {
   return GetUnsigned(j, "active", 0, INT32_MAX, &out->active);
 }
 
+namespace {
+StatusOr<std::string> JobId(const Json& j) {
+  DSEC_ASSIGN_OR_RETURN(std::string id, GetString(j, "job_id"));
+  if (id.empty() || id.size() > 64) return InvalidArgument("field \"job_id\" is malformed");
+  return id;
+}
+}  // namespace
+
+Json Encode(const JobInfo& i) {
+  return {{"job_id", i.job_id},
+          {"pid", i.pid},
+          {"started_at", i.started_at},
+          {"done", i.done},
+          {"meta", i.meta},
+          {"stdout_kept", i.stdout_kept},
+          {"stderr_kept", i.stderr_kept},
+          {"result", i.done ? ToJson(i.result) : Json(nullptr)}};
+}
+Status Decode(const Json& j, JobInfo* out) {
+  DSEC_RETURN_IF_ERROR(StatusFromJson(j));
+  DSEC_ASSIGN_OR_RETURN(out->job_id, JobId(j));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "pid", 0, INT32_MAX, &out->pid));
+  DSEC_ASSIGN_OR_RETURN(out->started_at, GetInt(j, "started_at", 0, INT64_MIN, INT64_MAX));
+  DSEC_ASSIGN_OR_RETURN(out->done, GetBool(j, "done", false));
+  DSEC_ASSIGN_OR_RETURN(out->meta, GetString(j, "meta", ""));
+  if (out->meta.size() > kMaxJobMeta) return InvalidArgument("field \"meta\" is too long");
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "stdout_kept", 0, INT64_MAX, &out->stdout_kept));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "stderr_kept", 0, INT64_MAX, &out->stderr_kept));
+  if (out->done) {
+    auto it = j.find("result");
+    if (it == j.end() || !it->is_object()) return InvalidArgument("missing field \"result\"");
+    DSEC_ASSIGN_OR_RETURN(out->result, ExecResultFromJson(*it));
+  }
+  return OkStatus();
+}
+
+Json Encode(const JobStartRequest& r) {
+  Json j = ToJson(r.spec);
+  j["job_id"] = r.job_id;
+  j["started_at"] = r.started_at;
+  j["meta"] = r.meta;
+  j["keep"] = r.keep;
+  j["max_kept_bytes"] = r.max_kept_bytes;
+  return WithOp(r.kOp, std::move(j));
+}
+Status Decode(const Json& j, JobStartRequest* out) {
+  DSEC_ASSIGN_OR_RETURN(out->job_id, JobId(j));
+  DSEC_ASSIGN_OR_RETURN(out->started_at, GetInt(j, "started_at", 0, INT64_MIN, INT64_MAX));
+  DSEC_ASSIGN_OR_RETURN(out->meta, GetString(j, "meta", ""));
+  if (out->meta.size() > kMaxJobMeta) return InvalidArgument("field \"meta\" is too long");
+  DSEC_ASSIGN_OR_RETURN(int64_t keep, GetInt(j, "keep", 256, 1, 100000));
+  out->keep = static_cast<uint32_t>(keep);
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "max_kept_bytes", 64 << 20, INT64_MAX, &out->max_kept_bytes));
+  DSEC_ASSIGN_OR_RETURN(out->spec, ExecSpecFromJson(j));
+  if (out->spec.stdin_stream) return InvalidArgument("a job takes its stdin inline");
+  return OkStatus();
+}
+
+Json Encode(const JobReadRequest& r) {
+  return WithOp(r.kOp, {{"job_id", r.job_id},
+                        {"stdout_offset", r.stdout_offset},
+                        {"stderr_offset", r.stderr_offset},
+                        {"max_bytes", r.max_bytes},
+                        {"wait_ms", r.wait_ms},
+                        {"wait_exit", r.wait_exit}});
+}
+Status Decode(const Json& j, JobReadRequest* out) {
+  DSEC_ASSIGN_OR_RETURN(out->job_id, JobId(j));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "stdout_offset", 0, INT64_MAX, &out->stdout_offset));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "stderr_offset", 0, INT64_MAX, &out->stderr_offset));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "max_bytes", 1 << 20, kMaxJobRead, &out->max_bytes));
+  DSEC_ASSIGN_OR_RETURN(out->wait_ms, GetInt(j, "wait_ms", 0, 0, kMaxJobWaitMs));
+  DSEC_ASSIGN_OR_RETURN(out->wait_exit, GetBool(j, "wait_exit", false));
+  return OkStatus();
+}
+Json Encode(const JobReadResponse& r) {
+  Json j = Encode(r.info);
+  j["stdout_offset"] = r.stdout_offset;
+  j["stderr_offset"] = r.stderr_offset;
+  j["stdout_sent"] = r.stdout_sent;
+  j["stderr_sent"] = r.stderr_sent;
+  return j;
+}
+Status Decode(const Json& j, JobReadResponse* out) {
+  DSEC_RETURN_IF_ERROR(Decode(j, &out->info));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "stdout_offset", 0, INT64_MAX, &out->stdout_offset));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "stderr_offset", 0, INT64_MAX, &out->stderr_offset));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "stdout_sent", 0, kMaxJobRead, &out->stdout_sent));
+  return GetUnsigned(j, "stderr_sent", 0, kMaxJobRead, &out->stderr_sent);
+}
+
+Json Encode(const JobKillRequest& r) {
+  return WithOp(r.kOp, {{"job_id", r.job_id}, {"forget", r.forget}});
+}
+Status Decode(const Json& j, JobKillRequest* out) {
+  DSEC_ASSIGN_OR_RETURN(out->job_id, JobId(j));
+  DSEC_ASSIGN_OR_RETURN(out->forget, GetBool(j, "forget", false));
+  return OkStatus();
+}
+
+Json Encode(const JobListRequest& r) { return WithOp(r.kOp, Json::object()); }
+Status Decode(const Json&, JobListRequest*) { return OkStatus(); }
+Json Encode(const JobListResponse& r) {
+  Json jobs = Json::array();
+  for (const auto& i : r.jobs) jobs.push_back(Encode(i));
+  return {{"jobs", jobs}};
+}
+Status Decode(const Json& j, JobListResponse* out) {
+  DSEC_RETURN_IF_ERROR(StatusFromJson(j));
+  auto it = j.find("jobs");
+  if (it == j.end() || !it->is_array() || it->size() > 100000)
+    return InvalidArgument("missing field \"jobs\"");
+  out->jobs.clear();
+  for (const auto& e : *it) {
+    if (!e.is_object()) return InvalidArgument("field \"jobs\" must hold objects");
+    JobInfo i;
+    DSEC_RETURN_IF_ERROR(Decode(e, &i));
+    out->jobs.push_back(std::move(i));
+  }
+  return OkStatus();
+}
+
 Json Encode(const ReadFileRequest& r) {
   return WithOp(r.kOp,
                 AsJson(r.as, {{"path", r.path}, {"max_bytes", r.max_bytes}, {"offset", r.offset}}));

@@ -12,7 +12,8 @@
 //
 // Versions: the agent's hello names the version it speaks. Version 2 made the ids required;
 // the edge still talks to version 1 agents (sandboxes adopted across an upgrade), to which it
-// always sends the ids anyway.
+// always sends the ids anyway. Version 3 added background jobs (job_*); an older agent answers
+// them "unknown operation".
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,7 @@
 
 namespace dsec::protocol {
 
-inline constexpr int kProtocolVersion = 2;
+inline constexpr int kProtocolVersion = 3;
 inline constexpr int kMinProtocolVersion = 1;
 
 // The first frame (kHello) on every connection, agent -> edge.
@@ -95,6 +96,67 @@ struct PingResponse {
   int pid = 0;
   int active = 0;  // execs + shells running
 };
+
+// --- background jobs (protocol 3) ---
+// A job is an exec the agent owns rather than a channel: it outlives the connection that
+// started it (a restarted edge finds it again), and its output is kept in the agent (each
+// stream up to the spec's max_output_bytes, all jobs together up to max_kept_bytes) to be read
+// from any offset. Finished jobs are forgotten oldest first beyond `keep`.
+struct JobInfo {
+  std::string job_id;
+  int pid = 0;
+  int64_t started_at = 0;  // as the job_start request gave it (the edge's clock)
+  bool done = false;
+  std::string meta;                           // as job_start gave it (the edge's, opaque)
+  uint64_t stdout_kept = 0, stderr_kept = 0;  // bytes held, readable from offset 0
+  ExecResult result;                          // when done
+};
+Json Encode(const JobInfo& i);
+Status Decode(const Json& j, JobInfo* out);
+
+struct JobStartRequest {
+  static constexpr std::string_view kOp = "job_start";
+  std::string job_id;
+  int64_t started_at = 0;
+  std::string meta;  // at most kMaxJobMeta bytes
+  uint32_t keep = 256;
+  uint64_t max_kept_bytes = 64 << 20;
+  ExecSpec spec;  // stdin inline only
+};
+// Response: JobInfo.
+// Reads kept output from the offsets as kData frames (stdout first, then stderr; at most
+// max_bytes in all), then answers with a JobReadResponse. With wait_ms, the answer waits (at
+// most that long) until there is output past the offsets or the job ended; with wait_exit,
+// until it ended.
+struct JobReadRequest {
+  static constexpr std::string_view kOp = "job_read";
+  std::string job_id;
+  uint64_t stdout_offset = 0, stderr_offset = 0;
+  uint64_t max_bytes = 1 << 20;
+  int64_t wait_ms = 0;
+  bool wait_exit = false;
+};
+struct JobReadResponse {
+  JobInfo info;
+  uint64_t stdout_offset = 0, stderr_offset = 0;  // where the data sent starts
+  uint64_t stdout_sent = 0, stderr_sent = 0;
+};
+// Kills the job's process tree and answers (JobInfo) once it ended; `forget` removes it then.
+// A finished job is answered at once (and forgotten when asked).
+struct JobKillRequest {
+  static constexpr std::string_view kOp = "job_kill";
+  std::string job_id;
+  bool forget = false;
+};
+struct JobListRequest {
+  static constexpr std::string_view kOp = "job_list";
+};
+struct JobListResponse {
+  std::vector<JobInfo> jobs;  // oldest first
+};
+inline constexpr uint64_t kMaxJobRead = 64 << 20;
+inline constexpr size_t kMaxJobMeta = 1024;
+inline constexpr int64_t kMaxJobWaitMs = 600000;
 
 // --- files (paths are absolute, resolved inside the sandbox root) ---
 
@@ -191,6 +253,12 @@ DSEC_PROTOCOL_CODEC(SignalAllRequest)
 DSEC_PROTOCOL_CODEC(SignalAllResponse)
 DSEC_PROTOCOL_CODEC(PingRequest)
 DSEC_PROTOCOL_CODEC(PingResponse)
+DSEC_PROTOCOL_CODEC(JobStartRequest)
+DSEC_PROTOCOL_CODEC(JobReadRequest)
+DSEC_PROTOCOL_CODEC(JobReadResponse)
+DSEC_PROTOCOL_CODEC(JobKillRequest)
+DSEC_PROTOCOL_CODEC(JobListRequest)
+DSEC_PROTOCOL_CODEC(JobListResponse)
 DSEC_PROTOCOL_CODEC(ReadFileRequest)
 DSEC_PROTOCOL_CODEC(ReadFileResponse)
 DSEC_PROTOCOL_CODEC(WriteFileRequest)

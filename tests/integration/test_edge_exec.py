@@ -225,11 +225,94 @@ def test_background_kill(client, sandbox):
                       {"cmd": ["sleep", "300"], "background": True}, expect=202).json["exec_id"]
     # (Killed only once it runs: see test_kill_right_after_start for the race before that.)
     wait_until(lambda: "sleep 300" in client.sh(sandbox, "ps -eo args"), 10, what="running")
-    client.delete(f"/v1/sandboxes/{sandbox}/execs/{eid}", expect=204)
-    st = client.get(f"/v1/sandboxes/{sandbox}/execs/{eid}?wait_ms=30000", expect=200).json
+    # The kill answers once the exec is gone: its state is final at once (issue 21 item 5).
+    st = client.post(f"/v1/sandboxes/{sandbox}/execs/{eid}/kill", None, expect=200).json
+    assert st["state"] == "exited" and st["result"]["signal"] == 9, st
+    st = client.get(f"/v1/sandboxes/{sandbox}/execs/{eid}", expect=200).json
     assert st["state"] == "exited" and st["result"]["signal"] == 9
-    client.delete(f"/v1/sandboxes/{sandbox}/execs/{eid}", expect=204)  # already done: fine
+    assert "sleep 300" not in client.sh(sandbox, "ps -eo args")
+    # Killing what already ended answers its result again.
+    again = client.post(f"/v1/sandboxes/{sandbox}/execs/{eid}/kill", None, expect=200).json
+    assert again["result"]["signal"] == 9
+    # DELETE forgets it: gone from GET and the list.
+    client.delete(f"/v1/sandboxes/{sandbox}/execs/{eid}", expect=204)
+    client.get(f"/v1/sandboxes/{sandbox}/execs/{eid}", expect=404)
+    client.post(f"/v1/sandboxes/{sandbox}/execs/{eid}/kill", None, expect=404)
+    listing = client.get(f"/v1/sandboxes/{sandbox}/execs", expect=200).json["execs"]
+    assert eid not in [e["exec_id"] for e in listing]
+    client.delete(f"/v1/sandboxes/{sandbox}/execs/{eid}", expect=404)
     client.delete(f"/v1/sandboxes/{sandbox}/execs/ex-nope", expect=404)
+    client.post(f"/v1/sandboxes/{sandbox}/execs/ex-nope/kill", None, expect=404)
+    # DELETE of a running exec kills it too.
+    eid = client.post(f"/v1/sandboxes/{sandbox}/exec",
+                      {"shell": "exec sleep 301", "background": True}, expect=202).json["exec_id"]
+    wait_until(lambda: "sleep 301" in client.sh(sandbox, "ps -eo args"), 10, what="running")
+    client.delete(f"/v1/sandboxes/{sandbox}/execs/{eid}", expect=204)
+    client.get(f"/v1/sandboxes/{sandbox}/execs/{eid}", expect=404)
+    wait_until(lambda: "sleep 301" not in client.sh(sandbox, "ps -eo args"), 10,
+               what="the deleted exec's process gone")
+
+
+def test_background_live_output_from_offsets(client, sandbox):
+    """A running background exec's output so far, read from offsets, waiting for more."""
+    script = ("import sys, os, time\n"
+              "print('one', flush=True)\n"
+              "sys.stderr.write('warn\\n'); sys.stderr.flush()\n"
+              "while not os.path.exists('/workspace/live-go'): time.sleep(0.02)\n"
+              "sys.stdout.buffer.write('caf\\u00e9'.encode()[:4]); sys.stdout.flush()\n"
+              "while not os.path.exists('/workspace/live-go2'): time.sleep(0.02)\n"
+              "sys.stdout.buffer.write('caf\\u00e9'.encode()[4:] + b' end\\n')\n")
+    eid = client.post(f"/v1/sandboxes/{sandbox}/exec",
+                      {"cmd": ["python3", "-c", script], "background": True},
+                      expect=202).json["exec_id"]
+    base = f"/v1/sandboxes/{sandbox}/execs/{eid}"
+    wait_until(lambda: client.get(f"{base}?stdout_offset=0", expect=200).json["stdout"]
+               == "one\n", 20, what="first line while running")
+    st = client.get(f"{base}?stdout_offset=0&stderr_offset=0", expect=200).json
+    assert st["state"] == "running" and st["result"] is None
+    assert (st["stdout"], st["stdout_offset"]) == ("one\n", 4)
+    assert (st["stderr"], st["stderr_offset"]) == ("warn\n", 5)
+    assert st["encoding"] == "utf-8"
+    # From an offset: only what came after. A wait returns as soon as new output arrives.
+    st = client.get(f"{base}?stdout_offset=4&stderr_offset=5&wait_ms=100", expect=200).json
+    assert (st["stdout"], st["stdout_offset"], st["stderr"]) == ("", 4, "")
+    got = []
+    t = threading.Thread(target=lambda: got.append(
+        client.get(f"{base}?stdout_offset=4&wait_ms=60000").json))
+    t.start()
+    time.sleep(0.3)
+    client.put(f"/v1/sandboxes/{sandbox}/files?path=/workspace/live-go", b"", expect=204)
+    t.join(60)
+    # 'café' is split inside the é: the text stops before it; the offset says where.
+    assert got and got[0]["stdout"] == "caf" and got[0]["stdout_offset"] == 7, got
+    # The next read, after the rest of it arrived, completes the character.
+    client.put(f"/v1/sandboxes/{sandbox}/files?path=/workspace/live-go2", b"", expect=204)
+    done = client.get(f"{base}?wait_ms=30000", expect=200).json
+    assert done["state"] == "exited" and done["result"]["stdout"] == "one\ncaf\u00e9 end\n"
+    st = client.get(f"{base}?stdout_offset=7", expect=200).json
+    total = len("one\ncaf\u00e9 end\n".encode())
+    assert st["stdout"] == "\u00e9 end\n" and st["stdout_offset"] == total
+    assert st["state"] == "exited" and st["result"]["exit_code"] == 0
+    # max_bytes bounds a read; past the end is empty.
+    st = client.get(f"{base}?stdout_offset=0&max_bytes=2", expect=200).json
+    assert (st["stdout"], st["stdout_offset"]) == ("on", 2)
+    st = client.get(f"{base}?stdout_offset=1000", expect=200).json  # past the end: the end
+    assert st["stdout"] == "" and st["stdout_offset"] == total
+    # A list shows states, never the output.
+    listing = client.get(f"/v1/sandboxes/{sandbox}/execs", expect=200).json["execs"]
+    mine = [e for e in listing if e["exec_id"] == eid][0]
+    assert "stdout" not in (mine["result"] or {})
+    for q in ("stdout_offset=-1", "stdout_offset=x", "stderr_offset=1.5", "max_bytes=-1",
+              f"max_bytes={(64 << 20) + 1}", "stdout_offset=0&wait_ms=600001"):
+        client.get(f"{base}?{q}", expect=400, validate=False)
+    # A base64 exec's live reads are the raw bytes, offsets count bytes.
+    eid = client.post(f"/v1/sandboxes/{sandbox}/exec",
+                      {"shell": "printf 'ab\\377\\376'", "background": True,
+                       "encoding": "base64"}, expect=202).json["exec_id"]
+    client.get(f"/v1/sandboxes/{sandbox}/execs/{eid}?wait_ms=30000", expect=200)
+    st = client.get(f"/v1/sandboxes/{sandbox}/execs/{eid}?stdout_offset=1", expect=200).json
+    assert st["encoding"] == "base64" and base64.b64decode(st["stdout"]) == b"b\xff\xfe"
+    assert st["stdout_offset"] == 4
 
 
 def test_kill_right_after_start(client, sandbox):
@@ -238,8 +321,7 @@ def test_kill_right_after_start(client, sandbox):
         eid = client.post(f"/v1/sandboxes/{sandbox}/exec",
                           {"cmd": ["sleep", "300"], "background": True},
                           expect=202).json["exec_id"]
-        client.delete(f"/v1/sandboxes/{sandbox}/execs/{eid}", expect=204)
-        st = client.get(f"/v1/sandboxes/{sandbox}/execs/{eid}?wait_ms=2000", expect=200).json
+        st = client.post(f"/v1/sandboxes/{sandbox}/execs/{eid}/kill", None, expect=200).json
         if st["state"] != "exited":
             survivors.append(eid)
     client.post(f"/v1/sandboxes/{sandbox}/signal", {"signal": "KILL"}, expect=200)

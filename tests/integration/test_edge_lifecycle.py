@@ -26,6 +26,18 @@ def test_kill9_restart_readopts_and_cleans(make_edge):
     body = {"shell": "echo once >> /workspace/idem.log; cat /workspace/idem.log",
             "request_id": "restart-key-1"}
     first = c.post(f"/v1/sandboxes/{kid}/exec", body, expect=200)
+    # Background execs (issue 21 item 5): one runs on and writes across the restart, one has
+    # ended with its output kept.
+    live = c.post(f"/v1/sandboxes/{kid}/exec", {
+        "shell": "echo before; while [ ! -e /workspace/bg-go ]; do sleep 0.05; done; "
+                 "echo after; echo err-after >&2; sleep 300", "background": True},
+        expect=202).json["exec_id"]
+    ended = c.post(f"/v1/sandboxes/{kid}/exec", {"shell": "echo finished; exit 7",
+                                                "background": True}, expect=202).json["exec_id"]
+    assert c.get(f"/v1/sandboxes/{kid}/execs/{ended}?wait_ms=30000",
+                 expect=200).json["result"]["exit_code"] == 7
+    wait_until(lambda: c.get(f"/v1/sandboxes/{kid}/execs/{live}?stdout_offset=0",
+                             expect=200).json["stdout"] == "before\n", 20, what="first output")
     c.post(f"/v1/sandboxes/{kid}/pause", expect=200)
     c.post(f"/v1/sandboxes/{kid}/resume", expect=200)
     lost_cgroups = edge.sandbox_cgroup_dirs(lid)
@@ -53,6 +65,24 @@ def test_kill9_restart_readopts_and_cleans(make_edge):
     r = c.post(f"/v1/sandboxes/{kid}/shells/{sh}/run", {"command": 'pwd; echo "$KEPT"'},
                expect=200).json
     assert r["stdout"] == "/tmp/here\nyes\n"
+    # The background execs are found again: listed, the ended one with its result and output,
+    # the running one still running, its output continuing past what was read before.
+    listed = {e["exec_id"]: e for e in c.get(f"/v1/sandboxes/{kid}/execs",
+                                             expect=200).json["execs"]}
+    assert listed[live]["state"] == "running" and listed[ended]["state"] == "exited"
+    st = c.get(f"/v1/sandboxes/{kid}/execs/{ended}", expect=200).json
+    assert st["result"]["exit_code"] == 7 and st["result"]["stdout"] == "finished\n"
+    c.put(f"/v1/sandboxes/{kid}/files?path=/workspace/bg-go", b"", expect=204)
+    st = c.get(f"/v1/sandboxes/{kid}/execs/{live}?stdout_offset=7&wait_ms=30000",
+               expect=200).json
+    assert (st["state"], st["stdout"], st["stdout_offset"]) == ("running", "after\n", 13), st
+    wait_until(lambda: c.get(f"/v1/sandboxes/{kid}/execs/{live}?stderr_offset=0",
+                             expect=200).json["stderr"] == "err-after\n", 20, what="stderr")
+    st = c.post(f"/v1/sandboxes/{kid}/execs/{live}/kill", None, expect=200).json
+    assert st["state"] == "exited" and st["result"]["signal"] == 9
+    assert st["result"]["stdout"] == "before\nafter\n"
+    c.delete(f"/v1/sandboxes/{kid}/execs/{live}", expect=204)
+    c.get(f"/v1/sandboxes/{kid}/execs/{live}", expect=404)
     # The idempotency record is durable: the retry replays and does not run again.
     again = c.post(f"/v1/sandboxes/{kid}/exec", body, expect=200)
     assert again.body == first.body
@@ -201,8 +231,7 @@ def test_execs_per_sandbox_and_upload_bounds(make_edge):
                 expect=202).json["exec_id"]
     r = c.post(f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}, expect=429)
     assert r.json["error"]["code"] == "over_capacity" and "retry-after" in r.headers
-    c.delete(f"/v1/sandboxes/{sid}/execs/{e1}", expect=204)
-    c.get(f"/v1/sandboxes/{sid}/execs/{e1}?wait_ms=30000", expect=200)
+    c.post(f"/v1/sandboxes/{sid}/execs/{e1}/kill", None, expect=200)
     wait_until(lambda: c.post(f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}).status == 200,
                10, what="a slot is free again")
     c.delete(f"/v1/sandboxes/{sid}/execs/{e2}", expect=204)

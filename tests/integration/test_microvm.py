@@ -219,8 +219,7 @@ def test_both_stream_background_and_signal(client, kind_sb):
     eid = client.post(f"/v1/sandboxes/{sid}/exec", {"cmd": ["sleep", "300"], "background": True},
                       expect=202).json["exec_id"]
     wait_until(lambda: "sleep 300" in client.sh(sid, "ps"), 20, what="running")
-    client.delete(f"/v1/sandboxes/{sid}/execs/{eid}", expect=204)
-    st = client.get(f"/v1/sandboxes/{sid}/execs/{eid}?wait_ms=30000", expect=200).json
+    st = client.post(f"/v1/sandboxes/{sid}/execs/{eid}/kill", None, expect=200).json
     assert st["state"] == "exited" and st["result"]["signal"] == 9
     client.post(f"/v1/sandboxes/{sid}/exec", {"shell": "sleep 300 & sleep 300 & wait",
                                               "background": True}, expect=202)

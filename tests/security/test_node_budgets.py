@@ -662,10 +662,12 @@ def _rss_mb(pid, key="VmRSS:"):
 
 
 def test_background_output_floods_are_bounded_and_memory_returns(make_edge, figure):
-    """48 background execs in 4 sandboxes each flood 8 MiB of output (their per-exec cap) on an
-    edge whose node-wide output budget is 128 MiB: the edge's memory grows by about the budget,
-    not by 400 MiB and more; what did not fit is marked truncated; and once the sandboxes are
-    deleted the edge's RSS falls back near where it started."""
+    """48 background execs in 4 sandboxes each flood 8 MiB of output (their per-exec cap). A
+    background exec's output is kept by the sandbox's agent, in the sandbox's own memory (all of
+    a sandbox's background execs together up to a quarter of its memory, at most 64 MiB), never
+    in the edge: each 256 MiB sandbox keeps 64 MiB, what did not fit is marked truncated, the
+    edge's memory grows only by what its reads pass through, and once the sandboxes are deleted
+    the edge's RSS falls back near where it started."""
     e = make_edge(config={"output_memory_mb": 128})
     c = e.client()
     sbs = [c.create({"memory_mb": 256})["id"] for _ in range(4)]
@@ -702,9 +704,9 @@ def test_background_output_floods_are_bounded_and_memory_returns(make_edge, figu
                 assert r["stdout_truncated"], {k: v for k, v in r.items() if k != "stdout"}
         figure("output kept MB (48 x 8 MiB asked)", round(kept / MB, 1))
         figure("results cut by the budget", cut)
-        assert kept <= 128 * MB, kept
-        assert cut >= 30, cut
-        assert peak - base < 128 + 160, (base, peak)
+        assert kept <= 4 * 64 * MB, kept
+        assert cut >= 16, cut
+        assert peak - base < 160, (base, peak)
     finally:
         for sb in sbs:
             c.remove(sb)

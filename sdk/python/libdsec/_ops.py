@@ -185,7 +185,28 @@ def exec_status(sandbox_id: str, exec_id: str, wait_ms: int) -> Request:
                         mutating=False, extra_wait=wait_ms / 1000.0)
 
 
+def exec_output(sandbox_id: str, exec_id: str, stdout_offset: int | None,
+                stderr_offset: int | None, wait_ms: int, max_bytes: int | None) -> Request:
+    query: list[tuple[str, Any]] = []
+    if stdout_offset is not None:
+        query.append(("stdout_offset", int(stdout_offset)))
+    if stderr_offset is not None:
+        query.append(("stderr_offset", int(stderr_offset)))
+    if wait_ms:
+        query.append(("wait_ms", int(wait_ms)))
+    if max_bytes is not None:
+        query.append(("max_bytes", int(max_bytes)))
+    return json_request("GET", sb_path(sandbox_id, "execs", seg(exec_id)), query=query,
+                        mutating=False, extra_wait=wait_ms / 1000.0)
+
+
 def exec_kill(sandbox_id: str, exec_id: str, request_id: str | None) -> Request:
+    # Answers once the exec is gone, with its final status (its result included).
+    return json_request("POST", sb_path(sandbox_id, "execs", seg(exec_id), "kill"),
+                        request_id=request_id)
+
+
+def exec_forget(sandbox_id: str, exec_id: str, request_id: str | None) -> Request:
     return json_request("DELETE", sb_path(sandbox_id, "execs", seg(exec_id)),
                         request_id=request_id, gone_on_retry_ok=True)
 

@@ -477,8 +477,18 @@ class AsyncSandbox:
                 await asyncio.sleep(pause if remaining is None else min(pause, max(remaining, 0)))
                 pause = min(pause * 2, 1.0)
 
-    async def kill_exec(self, exec_id: str, request_id: str | None = None) -> None:
-        await self._call(_ops.exec_kill(self.id, exec_id, request_id))
+    async def exec_output(self, exec_id: str, stdout_offset: int | None = 0,
+                          stderr_offset: int | None = 0, wait_ms: int = 0,
+                          max_bytes: int | None = None) -> dict[str, Any]:
+        return await self._json(_ops.exec_output(self.id, exec_id, stdout_offset,
+                                                 stderr_offset, wait_ms, max_bytes))
+
+    async def kill_exec(self, exec_id: str, request_id: str | None = None) -> ExecResult:
+        status = await self._json(_ops.exec_kill(self.id, exec_id, request_id))
+        return ExecResult.from_json(status["result"])
+
+    async def forget_exec(self, exec_id: str, request_id: str | None = None) -> None:
+        await self._call(_ops.exec_forget(self.id, exec_id, request_id))
 
     # -- shells ------------------------------------------------------------
 

@@ -672,9 +672,26 @@ class Sandbox:
                 time.sleep(pause if remaining is None else min(pause, max(remaining, 0)))
                 pause = min(pause * 2, 1.0)
 
-    def kill_exec(self, exec_id: str, request_id: str | None = None) -> None:
-        """Kill a background exec's process tree (no error if a retry finds it gone)."""
-        self._call(_ops.exec_kill(self.id, exec_id, request_id))
+    def exec_output(self, exec_id: str, stdout_offset: int | None = 0,
+                    stderr_offset: int | None = 0, wait_ms: int = 0,
+                    max_bytes: int | None = None) -> dict[str, Any]:
+        """A background exec's output so far, also while it runs: ``stdout``/``stderr`` from
+        the offsets and ``stdout_offset``/``stderr_offset`` to read from next, with ``state``
+        and ``result``. ``wait_ms`` waits for output past the offsets (or the exit); a stream
+        given ``None`` is not read."""
+        return self._json(_ops.exec_output(self.id, exec_id, stdout_offset, stderr_offset,
+                                           wait_ms, max_bytes))
+
+    def kill_exec(self, exec_id: str, request_id: str | None = None) -> ExecResult:
+        """Kill a background exec's process tree; returns once it is gone, with its result.
+        The exec stays listed until :meth:`forget_exec`."""
+        status = self._json(_ops.exec_kill(self.id, exec_id, request_id))
+        return ExecResult.from_json(status["result"])
+
+    def forget_exec(self, exec_id: str, request_id: str | None = None) -> None:
+        """Kill a background exec if it runs and forget it and its output (no error if a retry
+        finds it gone)."""
+        self._call(_ops.exec_forget(self.id, exec_id, request_id))
 
     # -- shells ------------------------------------------------------------
 

@@ -1062,6 +1062,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     edge.execs[(sid, eid)] = (time.monotonic() + delay, result)
                 return ok({"exec_id": eid}, 202)
             return ok(result)
+        if rest[:1] == ["execs"] and len(rest) == 3 and rest[2] == "kill" and m == "POST":
+            with edge.lock:
+                ent = edge.execs.get((sid, rest[1]))
+                if ent is None:
+                    raise ApiError(404, "not_found", "no such exec")
+                done_at, result = ent
+                if done_at > time.monotonic():  # killed: ends now, by SIGKILL
+                    result = dict(result, exit_code=137, signal=9)
+                    edge.execs[(sid, rest[1])] = (time.monotonic(), result)
+            return ok({"exec_id": rest[1], "state": "exited", "started_at": 0,
+                       "result": result})
         if rest[:1] == ["execs"] and len(rest) == 2:
             with edge.lock:
                 ent = edge.execs.get((sid, rest[1]))

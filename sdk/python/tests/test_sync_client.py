@@ -182,7 +182,10 @@ def test_background_exec(client, edge, sandbox):
     eid2 = sandbox.start_background(["sleep", "5"])
     with pytest.raises(DSecTimeoutError):
         sandbox.wait_exec(eid2, timeout_s=0.2)
-    sandbox.kill_exec(eid2)
+    killed = sandbox.kill_exec(eid2)  # answers once it is gone, with its result
+    assert killed.signal == 9 and edge.seen("POST")[-1].path.endswith(f"/execs/{eid2}/kill")
+    assert sandbox.exec_status(eid2)["state"] == "exited"
+    sandbox.forget_exec(eid2)
     with pytest.raises(NotFoundError):
         sandbox.exec_status(eid2)
 

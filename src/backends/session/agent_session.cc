@@ -256,6 +256,80 @@ StatusOr<std::string> AgentSession::CreateTar(protocol::RunAs as, const std::str
   return data;
 }
 
+namespace {
+
+// An agent that predates jobs does not know their operations.
+Status JobStatus(const Status& s) {
+  if (s.code() == StatusCode::kInvalidArgument &&
+      s.message().find("unknown operation") != std::string::npos)
+    return FailedPrecondition(
+        "this sandbox's agent predates background execs kept across edge restarts (it was "
+        "started by an older edge); create a new sandbox for background execs");
+  return s;
+}
+
+class JobReadCall : public AgentClient::Call {
+ public:
+  explicit JobReadCall(std::function<void(StatusOr<AgentSession::JobOutput>)> done)
+      : done_(std::move(done)) {}
+  void OnData(uint8_t stream, std::string_view data) override {
+    std::string& buf = stream == protocol::kStderr ? out_.err : out_.out;
+    if (buf.size() + data.size() <= protocol::kMaxJobRead) buf.append(data);
+  }
+  void OnResponse(StatusOr<Json> r) override {
+    if (!r.ok()) return done_(JobStatus(r.status()));
+    auto read = protocol::DecodeAs<protocol::JobReadResponse>(*r);
+    if (!read.ok()) return done_(JobStatus(read.status()));
+    out_.read = std::move(*read);
+    done_(std::move(out_));
+  }
+
+ private:
+  std::function<void(StatusOr<AgentSession::JobOutput>)> done_;
+  AgentSession::JobOutput out_;
+};
+
+}  // namespace
+
+StatusOr<protocol::JobInfo> AgentSession::StartJob(protocol::JobStartRequest req,
+                                                   const std::string& stdin_data) {
+  req.spec.stdin_data = stdin_data;
+  req.spec.stdin_stream = false;
+  std::string payload = protocol::Encode(req).dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (payload.size() > protocol::kMaxPayload)
+    return TooLarge(
+        "a background exec's command, environment and stdin must fit in one agent "
+        "frame: " +
+        std::to_string(payload.size()) + " bytes encoded, at most " +
+        std::to_string(protocol::kMaxPayload));
+  auto r = client_->CallSync(Json::parse(payload));
+  if (!r.ok()) return JobStatus(r.status());
+  auto info = protocol::DecodeAs<protocol::JobInfo>(*r);
+  if (!info.ok()) return JobStatus(info.status());
+  return info;
+}
+
+void AgentSession::ReadJob(const protocol::JobReadRequest& req,
+                           std::function<void(StatusOr<JobOutput>)> done) {
+  client_->StartCall(protocol::Encode(req), std::make_shared<JobReadCall>(std::move(done)));
+}
+
+StatusOr<protocol::JobInfo> AgentSession::KillJob(const std::string& job_id, bool forget) {
+  auto r = client_->CallSync(protocol::Encode(protocol::JobKillRequest{job_id, forget}));
+  if (!r.ok()) return JobStatus(r.status());
+  auto info = protocol::DecodeAs<protocol::JobInfo>(*r);
+  if (!info.ok()) return JobStatus(info.status());
+  return info;
+}
+
+StatusOr<std::vector<protocol::JobInfo>> AgentSession::ListJobs() {
+  auto r = client_->CallSync(protocol::Encode(protocol::JobListRequest{}));
+  if (!r.ok()) return JobStatus(r.status());
+  auto list = protocol::DecodeAs<protocol::JobListResponse>(*r);
+  if (!list.ok()) return JobStatus(list.status());
+  return std::move(list->jobs);
+}
+
 StatusOr<int> AgentSession::SignalAll(int sig) {
   DSEC_ASSIGN_OR_RETURN(Json r,
                         client_->CallSync(protocol::Encode(protocol::SignalAllRequest{sig})));

@@ -62,6 +62,19 @@ class AgentSession {
   // Signals every user process (the agent survives). Returns how many there were.
   StatusOr<int> SignalAll(int sig);
 
+  // Background jobs (protocol/agent_ops.h, job_*): execs the agent keeps, with their output,
+  // across connections. An agent older than protocol 3 answers FailedPrecondition.
+  StatusOr<protocol::JobInfo> StartJob(protocol::JobStartRequest req,
+                                       const std::string& stdin_data);
+  struct JobOutput {
+    protocol::JobReadResponse read;
+    std::string out, err;  // from read.stdout_offset / read.stderr_offset
+  };
+  // Asynchronous (a read may wait for output): `done` runs once, on an I/O thread.
+  void ReadJob(const protocol::JobReadRequest& req, std::function<void(StatusOr<JobOutput>)> done);
+  StatusOr<protocol::JobInfo> KillJob(const std::string& job_id, bool forget);
+  StatusOr<std::vector<protocol::JobInfo>> ListJobs();
+
   struct OomTracker;  // defined in agent_session.cc
 
  private:
