@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
+#include <map>
 
 #include "base/mutex.h"
 #include "protocol/frame.h"
@@ -29,6 +31,30 @@ struct AgentSession::OomTracker {
     return n > seen.exchange(n);
   }
   bool KilledSince() const { return count && count() > seen.load(); }
+};
+
+// A SIGKILLed job's OOM attribution is decided when the session first sees it ended (the
+// cgroup's OOM counter moved since the last check) and kept, so every later read says the same.
+struct AgentSession::JobOom {
+  std::shared_ptr<OomTracker> oom;
+  Mutex mu;
+  std::map<std::string, bool> killed DSEC_GUARDED_BY(mu);
+  std::deque<std::string> order DSEC_GUARDED_BY(mu);
+
+  void Attribute(protocol::JobInfo* info) {
+    if (!info->done || info->result.signal != SIGKILL || info->result.timed_out) return;
+    MutexLock l(mu);
+    auto [it, fresh] = killed.emplace(info->job_id, false);
+    if (fresh) {
+      it->second = oom->CheckNewKill();
+      order.push_back(info->job_id);
+      if (order.size() > 4096) {  // far more than an agent keeps (JobStartRequest::keep)
+        killed.erase(order.front());
+        order.pop_front();
+      }
+    }
+    info->result.oom_killed = it->second;
+  }
 };
 
 namespace {
@@ -141,6 +167,8 @@ std::shared_ptr<AgentSession> AgentSession::Start(IoRunner& io, UniqueFd stream,
   s->oom_ = std::make_shared<OomTracker>();
   s->oom_->count = std::move(oom_kills);
   s->oom_->seen = oom_seen;
+  s->job_oom_ = std::make_shared<JobOom>();
+  s->job_oom_->oom = s->oom_;
   s->client_ = AgentClient::Create(io.io(), std::move(stream));
   s->client_->Start([oom = s->oom_, cb = std::move(on_closed)](const Status&) {
     if (cb) cb(oom->KilledSince());
@@ -270,8 +298,9 @@ Status JobStatus(const Status& s) {
 
 class JobReadCall : public AgentClient::Call {
  public:
-  explicit JobReadCall(std::function<void(StatusOr<AgentSession::JobOutput>)> done)
-      : done_(std::move(done)) {}
+  JobReadCall(std::function<void(StatusOr<AgentSession::JobOutput>)> done,
+              std::function<void(protocol::JobInfo*)> attribute)
+      : done_(std::move(done)), attribute_(std::move(attribute)) {}
   void OnData(uint8_t stream, std::string_view data) override {
     std::string& buf = stream == protocol::kStderr ? out_.err : out_.out;
     if (buf.size() + data.size() <= protocol::kMaxJobRead) buf.append(data);
@@ -281,11 +310,13 @@ class JobReadCall : public AgentClient::Call {
     auto read = protocol::DecodeAs<protocol::JobReadResponse>(*r);
     if (!read.ok()) return done_(JobStatus(read.status()));
     out_.read = std::move(*read);
+    attribute_(&out_.read.info);
     done_(std::move(out_));
   }
 
  private:
   std::function<void(StatusOr<AgentSession::JobOutput>)> done_;
+  std::function<void(protocol::JobInfo*)> attribute_;
   AgentSession::JobOutput out_;
 };
 
@@ -311,7 +342,10 @@ StatusOr<protocol::JobInfo> AgentSession::StartJob(protocol::JobStartRequest req
 
 void AgentSession::ReadJob(const protocol::JobReadRequest& req,
                            std::function<void(StatusOr<JobOutput>)> done) {
-  client_->StartCall(protocol::Encode(req), std::make_shared<JobReadCall>(std::move(done)));
+  client_->StartCall(
+      protocol::Encode(req),
+      std::make_shared<JobReadCall>(
+          std::move(done), [memo = job_oom_](protocol::JobInfo* i) { memo->Attribute(i); }));
 }
 
 StatusOr<protocol::JobInfo> AgentSession::KillJob(const std::string& job_id, bool forget) {
@@ -319,6 +353,7 @@ StatusOr<protocol::JobInfo> AgentSession::KillJob(const std::string& job_id, boo
   if (!r.ok()) return JobStatus(r.status());
   auto info = protocol::DecodeAs<protocol::JobInfo>(*r);
   if (!info.ok()) return JobStatus(info.status());
+  job_oom_->Attribute(&*info);
   return info;
 }
 
@@ -327,6 +362,7 @@ StatusOr<std::vector<protocol::JobInfo>> AgentSession::ListJobs() {
   if (!r.ok()) return JobStatus(r.status());
   auto list = protocol::DecodeAs<protocol::JobListResponse>(*r);
   if (!list.ok()) return JobStatus(list.status());
+  for (auto& i : list->jobs) job_oom_->Attribute(&i);
   return std::move(list->jobs);
 }
 

@@ -81,8 +81,12 @@ class AgentSession {
   AgentSession() = default;
   Status Upload(const protocol::Json& request, const UploadBody& body);
 
+  // SIGKILLed jobs' OOM attribution (defined in agent_session.cc).
+  struct JobOom;
+
   std::shared_ptr<AgentClient> client_;
   std::shared_ptr<OomTracker> oom_;
+  std::shared_ptr<JobOom> job_oom_;
 };
 
 }  // namespace dsec::backends
