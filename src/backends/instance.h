@@ -77,7 +77,8 @@ class Instance {
   // Packets its network policy refused so far.
   virtual uint64_t NetworkDenied() { return 0; }
   // A TCP connection to 127.0.0.1:port inside the sandbox (the port proxy), whatever its
-  // network policy.
+  // network policy: a non-blocking socket whose connect has started (EINPROGRESS) or finished;
+  // never waits for the server.
   virtual StatusOr<UniqueFd> ConnectPort(uint16_t port) {
     (void)port;
     return Unimplemented("the port proxy is not available for " + std::string(KindName(kind())) +

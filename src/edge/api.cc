@@ -215,7 +215,9 @@ bool Ctx::FlagQuery(const char* name) const {
 
 // --- Api ---------------------------------------------------------------------------------
 
-Api::Api(Deps deps) : d_(std::move(deps)) {
+Api::Api(Deps deps)
+    : d_(std::move(deps)),
+      proxy_slots_(d_.cfg.port_proxy_max_conns, d_.cfg.port_proxy_max_conns_per_sandbox) {
   RegisterSandboxRoutes(this);
   RegisterExecRoutes(this);
   RegisterFileRoutes(this);

@@ -26,6 +26,7 @@
 #include "edge/manager.h"
 #include "edge/metrics.h"
 #include "edge/output_budget.h"
+#include "edge/port_relay.h"
 #include "edge/state_store.h"
 
 namespace dsec::images {
@@ -116,6 +117,8 @@ class Api {
 
   const Deps& deps() const { return d_; }
   Deps& deps() { return d_; }
+  // Proxied connections held now, per sandbox and in all (the port proxy's caps).
+  ProxySlots& proxy_slots() { return proxy_slots_; }
 
   // The route for a method and raw target (nullptr if none); *path_known tells whether any
   // method has a route for that path, and *allowed (if given) gets those methods. Fills
@@ -134,6 +137,7 @@ class Api {
 
   Deps d_;
   std::vector<Route> routes_;
+  ProxySlots proxy_slots_;
 };
 
 void RegisterSandboxRoutes(Api* api);

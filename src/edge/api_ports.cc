@@ -2,137 +2,29 @@
 // 127.0.0.1:port inside the sandbox, in every network mode (the edge connects from inside the
 // sandbox's namespace). The HTTP server hands the connection over right after the request head
 // (Preflight::takeover, after authentication); the head is rewritten (path, Host, no
-// Authorization, Connection: close unless it is an upgrade) and from then on bytes are relayed
-// both ways as they come, so bodies stream, responses stream and a WebSocket upgrade just
-// works. Relaying is asynchronous on the HTTP server's I/O threads: no thread per connection.
+// Authorization, framing normalised, Connection: close unless it is an upgrade) and one
+// exchange is relayed (port_relay.h says what the relay guarantees: the sandbox's server never
+// decides what happens to the client's connection). Nothing here blocks on the sandbox: the
+// connect is started here and finished, with its deadline, on the HTTP server's I/O threads.
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/write.hpp>
 
 #include "base/file_util.h"
 #include "base/logging.h"
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/manager.h"
+#include "edge/metrics.h"
+#include "edge/port_relay.h"
 
 namespace dsec::edge {
 
 namespace {
 
-namespace asio = boost::asio;
-using Stream = asio::posix::stream_descriptor;
-
-// Both directions of one proxied connection, each moved by splice(2) through a pipe of its
-// own: the bytes never enter the edge's memory. A direction waits until its source is readable
-// (pipe empty) or its sink writable (pipe holding data), so a slow reader holds back its writer
-// (backpressure; at most a pipe's worth in flight). An end of stream is passed on as a
-// half-close once the pipe is drained.
-class Relay : public std::enable_shared_from_this<Relay> {
- public:
-  Relay(asio::io_context& io, UniqueFd client, UniqueFd upstream)
-      : client_(io, client.Release()), upstream_(io, upstream.Release()) {}
-
-  void Start(std::string to_upstream) {
-    for (Dir* d : {&up_, &down_}) {
-      int p[2];
-      if (pipe2(p, O_NONBLOCK | O_CLOEXEC) < 0) return Abort();
-      d->r.Reset(p[0]);
-      d->w.Reset(p[1]);
-      (void)fcntl(p[1], F_SETPIPE_SZ, 1 << 20);  // fewer wakeups; the default 64 KiB also works
-    }
-    up_.from = &client_, up_.to = &upstream_;
-    down_.from = &upstream_, down_.to = &client_;
-    auto self = shared_from_this();
-    auto buf = std::make_shared<std::string>(std::move(to_upstream));
-    asio::async_write(upstream_, asio::buffer(*buf),
-                      [self, buf](boost::system::error_code ec, size_t) {
-                        if (ec) return self->Abort();
-                        self->Move(self->up_);
-                        self->Move(self->down_);
-                      });
-  }
-
- private:
-  struct Dir {
-    Stream *from = nullptr, *to = nullptr;
-    UniqueFd r, w;  // the pipe
-    size_t in_pipe = 0;
-    bool eof = false, done = false;
-  };
-
-  // Moves what it can without blocking, then waits for the one event that unblocks it.
-  void Move(Dir& d) {
-    constexpr unsigned kFlags = SPLICE_F_NONBLOCK | SPLICE_F_MOVE;
-    for (;;) {
-      bool progress = false;
-      if (!d.eof && d.in_pipe < (1 << 20)) {
-        ssize_t n = splice(d.from->native_handle(), nullptr, d.w.get(), nullptr,
-                           (1 << 20) - d.in_pipe, kFlags);
-        if (n > 0) {
-          d.in_pipe += static_cast<size_t>(n);
-          progress = true;
-        } else if (n == 0) {
-          d.eof = true;
-        } else if (errno != EAGAIN) {
-          return Abort();
-        }
-      }
-      if (d.in_pipe > 0) {
-        ssize_t m = splice(d.r.get(), nullptr, d.to->native_handle(), nullptr, d.in_pipe, kFlags);
-        if (m > 0) {
-          d.in_pipe -= static_cast<size_t>(m);
-          progress = true;
-        } else if (m < 0 && errno != EAGAIN) {
-          return Abort();
-        }
-      }
-      if (d.eof && d.in_pipe == 0) {
-        ::shutdown(d.to->native_handle(), SHUT_WR);  // pass the end on; the other way goes on
-        d.done = true;
-        if (up_.done && down_.done) Abort();
-        return;
-      }
-      if (!progress) break;
-    }
-    auto self = shared_from_this();
-    Dir* dp = &d;
-    auto next = [self, dp](boost::system::error_code ec) {
-      if (ec) return self->Abort();
-      self->Move(*dp);
-    };
-    if (d.in_pipe > 0) {
-      d.to->async_wait(Stream::wait_write, next);
-    } else {
-      d.from->async_wait(Stream::wait_read, next);
-    }
-  }
-  void Abort() {
-    boost::system::error_code ec;
-    client_.close(ec);
-    upstream_.close(ec);
-  }
-
-  Stream client_, upstream_;
-  Dir up_, down_;
-};
-
 // A complete error response written straight onto the taken-over connection, which then closes.
 void SendError(UniqueFd fd, int status, std::string_view code, std::string_view message) {
-  HttpResponse r = JsonError(status, code, message);
-  std::string reason = status == 404   ? "Not Found"
-                       : status == 422 ? "Unprocessable Entity"
-                       : status == 502 ? "Bad Gateway"
-                       : status == 503 ? "Service Unavailable"
-                       : status == 400 ? "Bad Request"
-                                       : "Error";
-  std::string out = StrCat(
-      {"HTTP/1.1 ", std::to_string(status), " ", reason,
-       "\r\nContent-Type: application/json\r\nContent-Length: ", std::to_string(r.body.size()),
-       "\r\nConnection: close\r\n\r\n", r.body});
+  std::string out = ProxyErrorResponse(status, code, message);
   int fl = fcntl(fd.get(), F_GETFL);
   if (fl >= 0) fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
   timeval tv{5, 0};
@@ -144,7 +36,7 @@ void SendError(UniqueFd fd, int status, std::string_view code, std::string_view 
 bool HopByHop(const std::string& name) {
   return name == "connection" || name == "keep-alive" || name == "proxy-connection" ||
          name == "te" || name == "trailer" || name == "authorization" || name == "host" ||
-         name == "proxy-authorization";
+         name == "proxy-authorization" || name == "content-length" || name == "transfer-encoding";
 }
 
 }  // namespace
@@ -185,6 +77,19 @@ void ServePort(Api* api, HttpRequest req) {
   (*entry)->Touch();
   auto sb = (*entry)->Sandbox(Op::kUse);
   if (!sb.ok()) return fail(sb.status());
+  ProxiedRequest pr;
+  // The body as the edge's parser framed it: one length, or chunked (the HTTP server refused a
+  // Transfer-Encoding that does not end in chunked, and conflicting lengths).
+  if (!req.Header("transfer-encoding").empty()) {
+    pr.body = ProxiedRequest::Body::kChunked;
+  } else if (std::string cl = req.Header("content-length"); !cl.empty()) {
+    auto len = ParseUint64(std::string(TrimWhitespace(cl.substr(0, cl.find(',')))));
+    if (!len) return fail(InvalidArgument("bad Content-Length \"" + cl + "\""));
+    pr.body = ProxiedRequest::Body::kLength;
+    pr.length = *len;
+  }
+  auto slot = api->proxy_slots().Take(id);
+  if (!slot.ok()) return fail(slot.status());
   auto upstream = (*sb)->ConnectPort(static_cast<uint16_t>(*port));
   if (!upstream.ok()) return fail(upstream.status());
 
@@ -196,12 +101,21 @@ void ServePort(Api* api, HttpRequest req) {
       head += StrCat({k, ": ", v, "\r\n"});
   head += StrCat({"X-Forwarded-For: ", req.remote.substr(0, req.remote.rfind(':')),
                   "\r\nX-Forwarded-Prefix: /v1/sandboxes/", id, "/ports/", port_text, "\r\n"});
+  if (pr.body == ProxiedRequest::Body::kChunked) head += "Transfer-Encoding: chunked\r\n";
+  if (pr.body == ProxiedRequest::Body::kLength)
+    head += "Content-Length: " + std::to_string(pr.length) + "\r\n";
   head += req.websocket_upgrade ? "Connection: Upgrade\r\n\r\n" : "Connection: close\r\n\r\n";
-  head += req.takeover_buffered;
-  api->deps().metrics->CountRequest(req.method, 200);
-  auto relay =
-      std::make_shared<Relay>(*api->deps().proxy_io, std::move(client), std::move(*upstream));
-  relay->Start(std::move(head));
+  pr.head = std::move(head);
+  pr.upgrade = req.websocket_upgrade;
+  pr.head_method = req.method == "HEAD";
+  pr.buffered = std::move(req.takeover_buffered);
+  pr.target_name = "port " + port_text + " in sandbox " + id;
+  Metrics* metrics = api->deps().metrics;
+  StartPortRelay(*api->deps().proxy_io, std::move(client), std::move(*upstream), std::move(pr),
+                 std::chrono::milliseconds(api->deps().cfg.port_proxy_connect_timeout_ms),
+                 std::move(*slot), [metrics, method = req.method](int status) {
+                   if (status > 0) metrics->CountRequest(method, status);
+                 });
 }
 
 }  // namespace dsec::edge

@@ -76,6 +76,9 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"image_max_layer_bytes", &c->image_max_layer_bytes},
       {"max_builds", &c->max_builds},
       {"build_mirror", &c->build_mirror},
+      {"port_proxy_connect_timeout_ms", &c->port_proxy_connect_timeout_ms},
+      {"port_proxy_max_conns", &c->port_proxy_max_conns},
+      {"port_proxy_max_conns_per_sandbox", &c->port_proxy_max_conns_per_sandbox},
       {"agent_path", &c->agent_path},
       {"microvm", &c->microvm},
       {"microvm_accel", &c->microvm_accel},
@@ -220,6 +223,10 @@ Status FinalizeConfig(EdgeConfig* c) {
     return InvalidArgument("microvm_accel must be auto, kvm or tcg");
   for (const Range& r : std::initializer_list<Range>{
            {"max_sandboxes", double(c->max_sandboxes), 1, 1 << 20},
+           {"port_proxy_connect_timeout_ms", double(c->port_proxy_connect_timeout_ms), 1, 600000},
+           {"port_proxy_max_conns", double(c->port_proxy_max_conns), 1, 1 << 20},
+           {"port_proxy_max_conns_per_sandbox", double(c->port_proxy_max_conns_per_sandbox), 1,
+            1 << 20},
            {"pty_max_per_sandbox", double(c->pty_max_per_sandbox), 1, 1 << 20},
            {"reserve_pids", double(c->reserve_pids), -1, 1 << 22},
            {"sockets_per_mb", double(c->sockets_per_mb), 0, 1024},

@@ -106,6 +106,11 @@ struct EdgeConfig {
   // the Debian mirror mmdebstrap uses ("" = deb.debian.org).
   int max_builds = 2;
   std::string build_mirror;
+  // The port proxy (port_relay.h): how long a connect into a sandbox may take (then 504), and
+  // how many proxied connections the node and one sandbox may hold at once (then 429).
+  int64_t port_proxy_connect_timeout_ms = 5000;
+  int port_proxy_max_conns = 1024;
+  int port_proxy_max_conns_per_sandbox = 64;
   std::string agent_path;  // default: dsec-agent beside dsec-edge
   // MicroVM sandboxes (kind "microvm"), served when QEMU and the guest kernel are there
   // (scripts/install-deps fetches both); off, or missing either, kind microvm is 422.

@@ -632,12 +632,15 @@ StatusOr<UniqueFd> ContainerInstance::ConnectPort(uint16_t port) {
   UniqueFd holder;
   DSEC_ASSIGN_OR_RETURN(int ns, NetnsFd(&holder));
   // Made in the sandbox's namespace, it connects to that namespace's loopback.
-  DSEC_ASSIGN_OR_RETURN(UniqueFd s, net::SocketIn(ns, AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd s,
+                        net::SocketIn(ns, AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(port);
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(s.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0) {
+  // Non-blocking: a server that never accepts must not hold the caller (the sandbox's lock, a
+  // worker); the caller waits for the connection to finish, with a deadline.
+  if (connect(s.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0 && errno != EINPROGRESS) {
     if (errno == ECONNREFUSED)
       return Status(StatusCode::kUnavailable,
                     "nothing listens on port " + std::to_string(port) + " in sandbox " + spec_.id);

@@ -1,0 +1,85 @@
+// One proxied HTTP exchange between a client of the API and a server inside a sandbox (the
+// port proxy, api_ports.cc). What the proxy guarantees, whatever the sandbox's server sends:
+//
+//  - One request, one response, then the client's connection is closed. The upstream
+//    response's head is parsed (Beast) and rewritten: its Connection and Keep-Alive headers are
+//    dropped and "Connection: close" is sent, so no client reuses the connection, and the edge
+//    closes it when the response's own framing (Content-Length, chunked, or the end of stream)
+//    says it ended. A client's next request can never reach the sandbox (with its token).
+//  - The request's body is relayed exactly as framed by the head the edge parsed (one
+//    Content-Length or chunked, both normalised in the head the server sees); bytes the client
+//    sends after it (pipelined requests) are read and dropped, never relayed.
+//  - A WebSocket upgrade becomes a raw two-way relay only after the server answered 101 to a
+//    request that asked for it; anything else the client sent before that waits (bounded).
+//  - A client that closes its side before the response ended abandons the exchange: the
+//    connection into the sandbox is closed at once.
+//  - The connect into the sandbox never blocks a thread: it is non-blocking with a deadline
+//    (then 504 gateway_timeout); a malformed or missing response head is a 502.
+//  - Bounded: each connection holds two pipes of at most kPipeBytes and a head buffer of at
+//    most kMaxHeadBytes; how many connections one sandbox and the node may hold is ProxySlots'.
+//
+// Bodies move with splice(2) where their length is known (the bytes never enter the edge's
+// memory); chunked bodies and heads pass through the parser in user space. All handlers of
+// one relay run on its own strand of the HTTP server's I/O threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+
+#include "base/mutex.h"
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace dsec::edge {
+
+inline constexpr size_t kPipeBytes = 256 << 10;
+inline constexpr size_t kMaxHeadBytes = 64 << 10;
+
+// How many proxied connections the node and each sandbox may hold at once.
+class ProxySlots {
+ public:
+  ProxySlots(int max_total, int max_per_sandbox)
+      : max_total_(max_total), max_per_(max_per_sandbox) {}
+  // A slot held until the returned handle goes; ResourceExhausted (a 429) when either cap is
+  // reached.
+  StatusOr<std::shared_ptr<void>> Take(const std::string& sandbox_id);
+  int total() const;
+  int of(const std::string& sandbox_id) const;
+
+ private:
+  const int max_total_, max_per_;
+  mutable Mutex mu_;
+  int total_ DSEC_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int> per_ DSEC_GUARDED_BY(mu_);
+};
+
+// The request side of one exchange, as the edge parsed it.
+struct ProxiedRequest {
+  std::string head;  // the head for the upstream server, framing headers normalised
+  enum class Body { kNone, kLength, kChunked } body = Body::kNone;
+  uint64_t length = 0;       // kLength
+  bool upgrade = false;      // asks for a WebSocket upgrade
+  bool head_method = false;  // HEAD: the response has no body
+  std::string buffered;      // what the client sent past its head, already read
+  std::string target_name;   // "port P in sandbox ID", for messages
+};
+
+// Relays one exchange. `upstream` is a non-blocking TCP socket whose connect was started
+// (EINPROGRESS) or finished. `outcome` is called once with the status the client got from the
+// edge itself (502, 504) or from the sandbox's server (its status, once its head arrived);
+// 0 when the exchange ended before either.
+class PortRelay;
+void StartPortRelay(boost::asio::io_context& io, UniqueFd client, UniqueFd upstream,
+                    ProxiedRequest req, std::chrono::milliseconds connect_timeout,
+                    std::shared_ptr<void> slot, std::function<void(int status)> outcome);
+
+// A complete error response (JSON body, Connection: close) as bytes.
+std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message);
+
+}  // namespace dsec::edge
