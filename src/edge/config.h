@@ -127,6 +127,9 @@ struct EdgeConfig {
   int network_max_conns = 1024;                // tracked connections per sandbox
   int network_new_conns_per_s = 200;           // new connections per second per sandbox
   std::string network_dns;  // the forwarder's upstream "a.b.c.d[:port]"; "" = /etc/resolv.conf
+  // An address from a DNS answer stays allowed for the answer's TTL, at most this long (1 to
+  // 86400): names move between addresses others then own.
+  int network_dns_max_ttl_s = 3600;
 
   // Function calls: the built-in "python" and "bash" runtimes (pools of warm workers; more
   // pools come from PUT /v1/pools and are kept in the state DB).

@@ -99,6 +99,26 @@ TEST_F(ConfigTest, FinalizeRefusesWhatCannotWork) {
       "fncall_min_idle");
 }
 
+TEST_F(ConfigTest, DnsMaxTtlIsReadAndBounded) {
+  EdgeConfig c = Valid();
+  EXPECT_EQ(c.network_dns_max_ttl_s, 3600);
+  ASSERT_TRUE(Load(R"({"network_dns_max_ttl_s": 300})", &c).ok());
+  EXPECT_EQ(c.network_dns_max_ttl_s, 300);
+  EXPECT_TRUE(FinalizeConfig(&c).ok());
+  for (int bad : {0, -1, 86401}) {
+    c.network_dns_max_ttl_s = bad;
+    Status s = FinalizeConfig(&c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("network_dns_max_ttl_s must be between 1 and 86400"),
+              std::string::npos)
+        << s.message();
+  }
+  c.network_dns_max_ttl_s = 86400;
+  EXPECT_TRUE(FinalizeConfig(&c).ok());
+  EXPECT_NE(Load(R"({"network_dns_max_ttl_s": "1h"})", &c).message().find("an integer"),
+            std::string::npos);
+}
+
 TEST_F(ConfigTest, HostPortParsing) {
   std::string h;
   uint16_t p = 0;

@@ -325,6 +325,7 @@ int RunEdge(EdgeConfig cfg) {
   net_opts.cidr = cfg.network_cidr;
   net_opts.uplink = cfg.network_uplink;
   net_opts.dns_upstream = cfg.network_dns;
+  net_opts.dns_max_ttl_s = static_cast<uint32_t>(cfg.network_dns_max_ttl_s);
   {
     // Named after the edge instance (what the container backend derives from the same path).
     char real[PATH_MAX];

@@ -6,9 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
+#include "base/ids.h"
 #include "base/logging.h"
 #include "base/strings.h"
 
@@ -18,6 +20,9 @@ namespace {
 
 constexpr size_t kMaxPending = 512, kMaxPendingPerSource = 8;
 constexpr int64_t kUpstreamTimeoutMs = 3000;
+// An address is allowed at least this long (when the cap allows), even for a TTL of 0: the
+// sandbox connects right after the answer, and conntrack keeps the connection past it.
+constexpr uint32_t kMinAllowedTtl = 60;
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -33,10 +38,21 @@ sockaddr_in Sockaddr(uint32_t addr, uint16_t port) {
   return sa;
 }
 
+// An id for the upstream query: getrandom's, and never the sandbox's own (which the sandbox
+// knows; one value fewer to guess costs nothing).
+uint16_t UpstreamId(uint16_t client_id) {
+  for (;;) {
+    std::string r = RandomBytes(2);
+    auto id = static_cast<uint16_t>(static_cast<uint8_t>(r[0]) << 8 | static_cast<uint8_t>(r[1]));
+    if (id != client_id) return id;
+  }
+}
+
 struct Pending {
   UniqueFd fd;  // connected to the upstream
   std::string query;
-  dns::Question q;
+  dns::Question q;           // the sandbox's
+  dns::Question upstream_q;  // the same with the forwarder's id
   sockaddr_in client{};
   bool allow = false;  // add the answer's addresses to the sandbox's allowed set
   int64_t deadline = 0;
@@ -56,13 +72,19 @@ std::optional<uint32_t> FirstNameserver(const std::string& text) {
 
 StatusOr<std::unique_ptr<DnsForwarder>> DnsForwarder::Start(uint32_t listen_addr, uint32_t upstream,
                                                             uint16_t upstream_port, PolicyFn policy,
-                                                            AllowFn allow) {
+                                                            AllowFn allow, Options options) {
   std::unique_ptr<DnsForwarder> f(new DnsForwarder());
   f->sock_.Reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!f->sock_) return ErrnoError("dns socket");
-  sockaddr_in sa = Sockaddr(listen_addr, 53);
+  sockaddr_in sa = Sockaddr(listen_addr, options.listen_port);
   if (bind(f->sock_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0)
-    return ErrnoError("bind the sandbox DNS forwarder to " + Ipv4ToString(listen_addr) + ":53");
+    return ErrnoError("bind the sandbox DNS forwarder to " + Ipv4ToString(listen_addr) + ":" +
+                      std::to_string(options.listen_port));
+  socklen_t salen = sizeof sa;
+  if (getsockname(f->sock_.get(), reinterpret_cast<sockaddr*>(&sa), &salen) < 0)
+    return ErrnoError("getsockname of the sandbox DNS forwarder");
+  f->port_ = ntohs(sa.sin_port);
+  f->options_ = options;
   f->stop_.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!f->stop_) return ErrnoError("eventfd");
   f->upstream_ = Sockaddr(upstream, upstream_port);
@@ -110,10 +132,25 @@ void DnsForwarder::Loop() {
         ssize_t n = recv(p.fd.get(), buf, sizeof buf, 0);
         if (n <= 0) continue;
         std::string_view ans(buf, static_cast<size_t>(n));
-        auto addrs = dns::AnswerAddresses(ans, p.q);
-        if (!addrs) continue;  // not the answer to this query: keep waiting
-        if (p.allow && !addrs->empty()) allow_(ntohl(p.client.sin_addr.s_addr), *addrs);
-        reply(p.client, std::string(ans));
+        auto a = dns::ParseAnswer(ans, p.upstream_q);
+        if (!a) continue;  // not the answer to this query: keep waiting
+        const uint32_t max_ttl = options_.max_ttl_s;
+        std::vector<dns::Address> addrs;
+        for (const auto& r : a->addresses)
+          addrs.push_back({r.address.addr,
+                           std::clamp(r.address.ttl, std::min(kMinAllowedTtl, max_ttl), max_ttl)});
+        if (p.allow && !addrs.empty()) allow_(ntohl(p.client.sin_addr.s_addr), addrs);
+        if (p.q.type == dns::kTypeA) {
+          // No bigger than the upstream's reply to the same query, which knew the sandbox's
+          // EDNS buffer size (when it had one).
+          reply(p.client, dns::BuildAnswer(p.query, p.q, *a, max_ttl, ans.size()));
+        } else {
+          // Nothing of it is allowed beyond the A records above; it goes back as it came.
+          std::string out(ans);
+          out[0] = static_cast<char>(p.q.id >> 8);
+          out[1] = static_cast<char>(p.q.id & 0xff);
+          reply(p.client, out);
+        }
         answered_++;
         finish(i);
       } else if (now >= p.deadline) {
@@ -136,6 +173,12 @@ void DnsForwarder::Loop() {
         refused_++;
         continue;  // not a sandbox with a network: no answer at all
       }
+      if (q->odd_label) {
+        // REFUSED, not NXDOMAIN: nothing is said about whether such a name exists.
+        reply(from, dns::Reply(query, *q, dns::kRefused));
+        refused_++;
+        continue;
+      }
       bool listed = DomainAllowed(*policy, q->name);
       if (policy->mode == NetMode::kAllowlist && !listed) {
         reply(from, dns::Reply(query, *q, dns::kNxDomain));
@@ -151,11 +194,16 @@ void DnsForwarder::Loop() {
         continue;
       }
       Pending p;
+      p.upstream_q = *q;
+      p.upstream_q.id = UpstreamId(q->id);
+      std::string upstream_query = query;
+      upstream_query[0] = static_cast<char>(p.upstream_q.id >> 8);
+      upstream_query[1] = static_cast<char>(p.upstream_q.id & 0xff);
       p.fd.Reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
       if (!p.fd ||
           connect(p.fd.get(), reinterpret_cast<const sockaddr*>(&upstream_), sizeof upstream_) <
               0 ||
-          send(p.fd.get(), query.data(), query.size(), 0) < 0) {
+          send(p.fd.get(), upstream_query.data(), upstream_query.size(), 0) < 0) {
         reply(from, dns::Reply(query, *q, dns::kServFail));
         continue;
       }

@@ -1,6 +1,8 @@
-// Fuzzes the DNS parsers with untrusted bytes: as a query, and as an answer to a fixed query.
+// Fuzzes the DNS parsers with untrusted bytes: as a query, and as an answer to a fixed query
+// (then rewritten into the sandbox's answer, which must read back as an answer to it).
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "net/dns.h"
@@ -12,7 +14,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const char kQuery[] =
       "\x00\x09\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x01"
       "a\x03org\x00\x00\x01\x00\x01";
-  auto q = ParseQuery(std::string_view(kQuery, sizeof kQuery - 1));
-  if (q) (void)AnswerAddresses(in, *q);
+  const std::string_view query(kQuery, sizeof kQuery - 1);
+  auto q = ParseQuery(query);
+  if (!q) return 0;
+  if (auto a = ParseAnswer(in, *q)) {
+    std::string out = BuildAnswer(query, *q, *a, 3600, in.size());
+    if (out.size() > 4096 || !ParseAnswer(out, *q)) __builtin_trap();
+  }
   return 0;
 }

@@ -514,9 +514,11 @@ void NodeNetwork::StartDns() {
     }
     port = static_cast<uint16_t>(*p);
   }
+  DnsForwarderOptions fo;
+  fo.max_ttl_s = opts_.dns_max_ttl_s;
   auto f = DnsForwarder::Start(
       gateway_, up, port, [this](uint32_t src) { return PolicyFor(src); },
-      [this](uint32_t src, const std::vector<dns::Address>& a) { AllowResolved(src, a); });
+      [this](uint32_t src, const std::vector<dns::Address>& a) { AllowResolved(src, a); }, fo);
   if (!f.ok()) {
     dns_error_ = f.status().ToString();
     DSEC_LOG_WARN("network: no DNS forwarder: {}", dns_error_);
@@ -539,7 +541,8 @@ void NodeNetwork::AllowResolved(uint32_t sandbox, const std::vector<dns::Address
   // timeout even when an earlier answer had added it with a shorter one.
   std::string set = " inet " + table_ + " dns_" + Hex8(sandbox) + " { ", plain, timed;
   for (const auto& a : addrs) {
-    uint32_t ttl = std::clamp<uint32_t>(a.ttl, 60, 86400);
+    // The forwarder has bounded it (dns_max_ttl_s); nft takes no timeout of 0.
+    uint32_t ttl = std::clamp<uint32_t>(a.ttl, 1, 86400);
     plain += (plain.empty() ? "" : ", ") + Ipv4ToString(a.addr);
     timed += StrCat(
         {timed.empty() ? "" : ", ", Ipv4ToString(a.addr), " timeout ", std::to_string(ttl), "s"});

@@ -48,6 +48,8 @@ struct NodeNetworkOptions {
   // Where the DNS forwarder sends queries: "a.b.c.d" or "a.b.c.d:port"; empty: the first
   // nameserver of /etc/resolv.conf. Without one, policies with domains are refused.
   std::string dns_upstream;
+  // The longest an address from a DNS answer stays allowed (DnsForwarderOptions::max_ttl_s).
+  uint32_t dns_max_ttl_s = 3600;
   // Called (on a thread of its own) for refused packets: at most 6 a minute per sandbox (burst
   // 5), with the label its Attach gave. Unset: none are logged.
   std::function<void(const std::string& label, const DeniedPacket& p)> on_denied;
