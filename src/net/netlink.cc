@@ -258,6 +258,53 @@ Status Netlink::FlushConntrack(uint32_t mark, uint32_t mask) {
   return s;
 }
 
+StatusOr<int> Netlink::FlushConntrackButTcp(uint32_t mark, uint32_t mask) {
+  nfgenmsg nfg{};
+  nfg.nfgen_family = AF_INET;
+  nfg.version = NFNETLINK_V0;
+  // The kernel filters a dump by mark but cannot delete by protocol: dump, then delete each
+  // entry by its original tuple (an entry gone in between is ENOENT, which is fine).
+  Msg dump(static_cast<uint16_t>((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET), NLM_F_DUMP,
+           &nfg, sizeof nfg);
+  dump.U32(CTA_MARK, htonl(mark));
+  dump.U32(CTA_MARK_MASK, htonl(mask));
+  std::vector<std::string> tuples;  // CTA_TUPLE_ORIG attributes, header and all
+  DSEC_RETURN_IF_ERROR(
+      Talk(dump, [&](const nlmsghdr* r) {
+        if (r->nlmsg_len < NLMSG_LENGTH(sizeof(nfgenmsg))) return;
+        const char* p = static_cast<const char*>(NLMSG_DATA(r)) + NLMSG_ALIGN(sizeof(nfgenmsg));
+        int left = static_cast<int>(r->nlmsg_len - NLMSG_LENGTH(sizeof(nfgenmsg)));
+        for (auto* a = reinterpret_cast<const rtattr*>(p); RTA_OK(a, left); a = RTA_NEXT(a, left)) {
+          if ((a->rta_type & NLA_TYPE_MASK) != CTA_TUPLE_ORIG) continue;
+          int proto = -1;
+          int tl = static_cast<int>(RTA_PAYLOAD(a));
+          for (auto* t = static_cast<const rtattr*>(RTA_DATA(a)); RTA_OK(t, tl);
+               t = RTA_NEXT(t, tl)) {
+            if ((t->rta_type & NLA_TYPE_MASK) != CTA_TUPLE_PROTO) continue;
+            int pl = static_cast<int>(RTA_PAYLOAD(t));
+            for (auto* q = static_cast<const rtattr*>(RTA_DATA(t)); RTA_OK(q, pl);
+                 q = RTA_NEXT(q, pl))
+              if ((q->rta_type & NLA_TYPE_MASK) == CTA_PROTO_NUM && RTA_PAYLOAD(q) >= 1)
+                proto = *static_cast<const uint8_t*>(RTA_DATA(q));
+          }
+          if (proto >= 0 && proto != IPPROTO_TCP)
+            tuples.emplace_back(reinterpret_cast<const char*>(a), a->rta_len);
+        }
+      }).WithContext("dump conntrack"));
+  int deleted = 0;
+  for (const std::string& t : tuples) {
+    Msg del(static_cast<uint16_t>((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE), 0, &nfg,
+            sizeof nfg);
+    del.Raw(t.data(), t.size());
+    Status s = Talk(del);
+    if (s.ok())
+      ++deleted;
+    else if (s.error_number() != ENOENT)
+      return s.WithContext("delete a conntrack entry");
+  }
+  return deleted;
+}
+
 Status Netlink::BindNflog(uint16_t group, uint32_t copy_range) {
   nfgenmsg nfg{};
   nfg.nfgen_family = AF_UNSPEC;

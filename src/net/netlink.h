@@ -41,6 +41,9 @@ class Netlink {
   StatusOr<std::string> DefaultRouteInterface();
   // NETLINK_NETFILTER: deletes every IPv4 conntrack entry whose mark & mask == mark.
   Status FlushConntrack(uint32_t mark, uint32_t mask);
+  // NETLINK_NETFILTER: deletes the IPv4 conntrack entries whose mark & mask == mark and whose
+  // protocol is not TCP (UDP, ICMP, ...); returns how many went.
+  StatusOr<int> FlushConntrackButTcp(uint32_t mark, uint32_t mask);
   // NETLINK_NETFILTER: receives the packets nftables logs to NFLOG `group`, the first
   // `copy_range` bytes of each (their IP header on), as NFULNL_MSG_PACKET messages on fd().
   Status BindNflog(uint16_t group, uint32_t copy_range);

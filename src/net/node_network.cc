@@ -263,7 +263,10 @@ std::string NodeNetwork::Ruleset() const {
   }
   chain to_node {
     meta nfproto != ipv4 drop
+    iifname . ip saddr != @bind drop
     ct state new ct mark set ip saddr map @marks
+    ct state new add @conns { ip saddr ct count over {max_conns} } goto deny
+    ct state new update @rate { ip saddr limit rate over {rate}/second burst {burst} packets } goto deny
     ip daddr {gateway} udp dport 53 accept
     goto deny
   }
@@ -448,6 +451,17 @@ Status NodeNetwork::Apply(const NetAttachment& a, const NetworkPolicy& p) {
   DSEC_RETURN_IF_ERROR(Nft(cmds));
   it->second.dispatched = dispatch;
   it->second.policy = p;
+  // Replies are let in by connection state, not by the policy, so a flow the old policy opened
+  // would outlive it: a remote peer could go on pushing datagrams into an open UDP flow after a
+  // PATCH to `none`. Such flows go (a sandbox that still may reach its peer makes a new entry
+  // with its next datagram). TCP stays: the sandbox's every packet is checked against the
+  // policy, so a connection it may no longer make is reset at its next segment, while one it
+  // still may make must survive the change (without its entry the peer's next segment would
+  // reach the node's own stack, not the sandbox, and be answered with a reset).
+  if (auto ct = Netlink::Open(NETLINK_NETFILTER); ct.ok()) {
+    if (auto n = ct->FlushConntrackButTcp(a.addr, 0xffffffff); !n.ok())
+      DSEC_LOG_WARN("network: conntrack flush {}: {}", Ipv4ToString(a.addr), n.status().ToString());
+  }
   return OkStatus();
 }
 
