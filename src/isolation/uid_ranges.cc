@@ -57,6 +57,21 @@ StatusOr<UniqueFd> UidRangeAllocator::TryLock(uint32_t slot) const {
   return fd;
 }
 
+StatusOr<UniqueFd> UidRangeAllocator::ShareReadOnly(uint32_t slot, const UniqueFd& held) const {
+  UniqueFd ro(open(opts_.lock_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!ro) return ErrnoError("open \"" + opts_.lock_file + "\" read-only");
+  // Write lock -> read lock on the same description is atomic: no other Acquire can slip in.
+  struct flock fl = SlotLock(slot);
+  fl.l_type = F_RDLCK;
+  if (fcntl(held.get(), F_OFD_SETLK, &fl) < 0)
+    return ErrnoError("F_OFD_SETLK F_RDLCK (downgrade) \"" + opts_.lock_file + "\" byte " +
+                      std::to_string(slot));
+  if (fcntl(ro.get(), F_OFD_SETLK, &fl) < 0)
+    return ErrnoError("F_OFD_SETLK F_RDLCK \"" + opts_.lock_file + "\" byte " +
+                      std::to_string(slot));
+  return ro;
+}
+
 StatusOr<UidLease> UidRangeAllocator::Acquire() {
   MutexLock l(mu_);
   for (uint32_t i = 0; i < opts_.count; ++i) {

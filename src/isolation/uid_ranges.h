@@ -56,6 +56,12 @@ class UidRangeAllocator {
   // (a sandbox made before leases existed), it is locked now and the returned fd holds it;
   // otherwise the fd is invalid (the sandbox's agent holds the lease).
   StatusOr<UniqueFd> Claim(uint32_t slot);
+  // A read-only lease of `slot` for a process that must not write the lock file (QEMU): a new
+  // O_RDONLY open file description holding a read lock on the slot's byte, which, like the
+  // write lock, every other Acquire and Claim fails on. `held` (this slot's lease) is
+  // downgraded to a read lock first and may be closed afterwards. The holder can still take
+  // read locks on other bytes (a lock file per slot would be the fix); it cannot write.
+  StatusOr<UniqueFd> ShareReadOnly(uint32_t slot, const UniqueFd& held) const;
   // This process no longer uses the range (its sandbox is gone); the lock goes with the
   // descriptors that hold it.
   void Release(uint32_t slot);

@@ -33,6 +33,30 @@ class UidRangesPrivilegedTest : public ::testing::Test {
   UidRangeOptions opts_;
 };
 
+// A read-only lease (QEMU's) holds its range like the edge's own, cannot write the lease file,
+// and ends with its descriptor.
+TEST_F(UidRangesPrivilegedTest, AReadOnlyShareHoldsTheRangeWithoutWriteAccess) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (the lock file must be owned by root)";
+  opts_.count = 1;
+  auto a = Open(), b = Open();
+  ASSERT_TRUE(a && b);
+  auto l = a->Acquire();
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  auto ro = a->ShareReadOnly(l->slot, l->fd);
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+  l->fd.Reset();  // only the read-only share is left
+  EXPECT_EQ((fcntl(ro->get(), F_GETFL) & O_ACCMODE), O_RDONLY);
+  EXPECT_LT(write(ro->get(), "x", 1), 0);
+  EXPECT_LT(ftruncate(ro->get(), 0), 0);
+  EXPECT_EQ(b->Acquire().status().code(), StatusCode::kResourceExhausted);
+  auto held = b->Held(0);
+  ASSERT_TRUE(held.ok());
+  EXPECT_TRUE(*held);
+  ro->Reset();
+  a->Release(0);
+  EXPECT_TRUE(b->Acquire().ok());
+}
+
 // Two allocators on one file stand for two edges on one host: they never hand out the same
 // range, and together they hand out every range exactly once.
 TEST_F(UidRangesPrivilegedTest, TwoEdgesNeverShareARange) {

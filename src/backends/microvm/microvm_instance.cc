@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -156,10 +157,14 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
     qc.ram_shared = mode_ == Mode::kTemplate;  // a clone's writes stay its own
     qc.incoming = mode_ == Mode::kClone;
   }
+  // QEMU keeps its uid range leased, but through a read-only description of the host-wide
+  // lease file: a QEMU taken over by its guest cannot write or truncate it.
+  DSEC_ASSIGN_OR_RETURN(UniqueFd lease,
+                        b.uids_->ShareReadOnly(static_cast<uint32_t>(uid_slot_), uid_lease_));
   std::vector<int> from = {
       b.kernel_fd_.get(), b.initramfs_fd_.get(),
       agent_listen.get(), qmp_listen.get(),
-      uid_lease_.get(),   ram >= 0 ? ram : b.kernel_fd_.get()};  // (a spare when unused)
+      lease.get(),        ram >= 0 ? ram : b.kernel_fd_.get()};  // (a spare when unused)
   for (size_t i = 0; i < layers.size(); ++i) {
     qc.layer_fds.push_back(kFirstLayerFd + static_cast<int>(i));
     from.push_back(layers[i].get());
@@ -211,6 +216,10 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
     setsid();
     rlimit no_core{0, 0};
     setrlimit(RLIMIT_CORE, &no_core);  // a core of guest RAM would be the guest's data on disk
+    // A network namespace of its own, empty: every socket QEMU uses is an inherited
+    // descriptor, so a QEMU taken over by its guest reaches no network, not even the node's
+    // loopback (the edge's API, other services).
+    if (unshare(CLONE_NEWNET) < 0) _exit(126);
     if (setgroups(kvm ? 1 : 0, &kvm_group) < 0 || setresgid(uid, uid, uid) < 0 ||
         setresuid(uid, uid, uid) < 0)
       _exit(126);

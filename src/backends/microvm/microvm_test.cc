@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
@@ -142,6 +143,32 @@ TEST_F(MicrovmTest, BootsAnImageRunsCommandsAndLeavesNothingBehind) {
   EXPECT_NE(inst.qemu_uid(), 0u);
   EXPECT_NE(status->find("Seccomp:\t2"), std::string::npos);
   EXPECT_NE(status->find("NoNewPrivs:\t1"), std::string::npos);
+  // In a network namespace of its own (it needs none: its sockets are inherited), and its uid
+  // lease is a read-only descriptor of the host-wide lease file (issue 35 item 8).
+  auto ns_of = [](const std::string& pid) {
+    char buf[64] = {};
+    ssize_t n = readlink(("/proc/" + pid + "/ns/net").c_str(), buf, sizeof buf - 1);
+    return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  };
+  EXPECT_NE(ns_of(std::to_string(qemu)), ns_of("self"));
+  EXPECT_NE(ns_of(std::to_string(qemu)), "");
+  int lease_fds = 0;
+  const std::string fd_dir = "/proc/" + std::to_string(qemu) + "/fd";
+  auto fds = ListDir(fd_dir);
+  ASSERT_TRUE(fds.ok()) << fds.status().ToString();
+  for (const std::string& fd : *fds) {
+    char target[PATH_MAX] = {};
+    if (readlink((fd_dir + "/" + fd).c_str(), target, sizeof target - 1) <= 0) continue;
+    if (std::string(target) != MicrovmBackendOptions().uid_lock_file) continue;
+    ++lease_fds;
+    auto info = ReadFileToString("/proc/" + std::to_string(qemu) + "/fdinfo/" + fd);
+    ASSERT_TRUE(info.ok());
+    size_t at = info->find("flags:\t");
+    ASSERT_NE(at, std::string::npos);
+    unsigned long flags = std::stoul(info->substr(at + 7), nullptr, 8);
+    EXPECT_EQ(flags & O_ACCMODE, static_cast<unsigned long>(O_RDONLY)) << *info;
+  }
+  EXPECT_EQ(lease_fds, 1);
   auto st = (*sb)->Stats();
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_GT(st->memory_current, 16u << 20);  // guest RAM QEMU touched
