@@ -3,6 +3,7 @@
 #include <boost/asio/post.hpp>
 
 #include "base/logging.h"
+#include "base/scope_guard.h"
 #include "base/strings.h"
 #include "edge/json_body.h"
 
@@ -217,7 +218,14 @@ bool Ctx::FlagQuery(const char* name) const {
 
 Api::Api(Deps deps)
     : d_(std::move(deps)),
-      proxy_slots_(d_.cfg.port_proxy_max_conns, d_.cfg.port_proxy_max_conns_per_sandbox) {
+      proxy_slots_({.what = "proxied connections",
+                    .max_total = d_.cfg.port_proxy_max_conns,
+                    .total_knob = "port_proxy_max_conns",
+                    .max_per_sandbox = d_.cfg.port_proxy_max_conns_per_sandbox,
+                    .per_knob = "port_proxy_max_conns_per_sandbox"}),
+      worker_slots_({.what = "requests in progress on worker threads",
+                     .max_per_sandbox = d_.cfg.max_workers_per_sandbox,
+                     .per_knob = "max_workers_per_sandbox"}) {
   RegisterSandboxRoutes(this);
   RegisterExecRoutes(this);
   RegisterFileRoutes(this);
@@ -446,7 +454,17 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
   }
   RouteFn fn = route->fn;
   if (route->on_io_thread) return fn(ctx);
-  boost::asio::post(*d_.workers, [ctx, fn] {
+  // What one sandbox's requests may hold of the shared workers at once (its own calls wait on
+  // its agent, which its processes can slow down).
+  std::shared_ptr<void> slot;
+  if (auto id = ctx->params.find("id");
+      id != ctx->params.end() && StartsWith(ctx->req.path, "/v1/sandboxes/")) {
+    auto taken = worker_slots_.Take(id->second);
+    if (!taken.ok()) return ctx->Fail(taken.status());
+    slot = std::move(*taken);
+  }
+  boost::asio::post(*d_.workers, [ctx, fn, slot = std::move(slot)]() mutable {
+    auto release = MakeScopeGuard([&slot] { slot.reset(); });
     try {
       fn(ctx);
     } catch (const std::exception& e) {

@@ -27,6 +27,7 @@
 #include "edge/metrics.h"
 #include "edge/output_budget.h"
 #include "edge/port_relay.h"
+#include "edge/sandbox_slots.h"
 #include "edge/state_store.h"
 
 namespace dsec::images {
@@ -118,7 +119,7 @@ class Api {
   const Deps& deps() const { return d_; }
   Deps& deps() { return d_; }
   // Proxied connections held now, per sandbox and in all (the port proxy's caps).
-  ProxySlots& proxy_slots() { return proxy_slots_; }
+  SandboxSlots& proxy_slots() { return proxy_slots_; }
 
   // The route for a method and raw target (nullptr if none); *path_known tells whether any
   // method has a route for that path, and *allowed (if given) gets those methods. Fills
@@ -137,7 +138,10 @@ class Api {
 
   Deps d_;
   std::vector<Route> routes_;
-  ProxySlots proxy_slots_;
+  SandboxSlots proxy_slots_;
+  // Workers running a handler on a sandbox now: one sandbox whose agent answers slowly (its
+  // CPU starved by its own processes, say) holds at most max_workers_per_sandbox of them.
+  SandboxSlots worker_slots_;
 };
 
 void RegisterSandboxRoutes(Api* api);

@@ -111,6 +111,8 @@ struct EdgeConfig {
   int64_t port_proxy_connect_timeout_ms = 5000;
   int port_proxy_max_conns = 1024;
   int port_proxy_max_conns_per_sandbox = 64;
+  // Worker threads one sandbox's requests may hold at once (of worker_threads; then 429).
+  int max_workers_per_sandbox = 16;
   std::string agent_path;  // default: dsec-agent beside dsec-edge
   // MicroVM sandboxes (kind "microvm"), served when QEMU and the guest kernel are there
   // (scripts/install-deps fetches both); off, or missing either, kind microvm is 422.

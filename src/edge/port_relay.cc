@@ -19,38 +19,6 @@
 
 namespace dsec::edge {
 
-StatusOr<std::shared_ptr<void>> ProxySlots::Take(const std::string& sandbox_id) {
-  MutexLock l(mu_);
-  if (total_ >= max_total_)
-    return Status(StatusCode::kOverCapacity,
-                  "the node holds " + std::to_string(total_) +
-                      " proxied connections, its limit (port_proxy_max_conns); retry later");
-  int& mine = per_[sandbox_id];
-  if (mine >= max_per_)
-    return Status(StatusCode::kOverCapacity,
-                  "sandbox " + sandbox_id + " holds " + std::to_string(mine) +
-                      " proxied connections, its limit (port_proxy_max_conns_per_sandbox); "
-                      "close some or retry later");
-  ++mine;
-  ++total_;
-  return std::shared_ptr<void>(nullptr, [this, sandbox_id](void*) {
-    MutexLock l(mu_);
-    --total_;
-    if (--per_[sandbox_id] == 0) per_.erase(sandbox_id);
-  });
-}
-
-int ProxySlots::total() const {
-  MutexLock l(mu_);
-  return total_;
-}
-
-int ProxySlots::of(const std::string& sandbox_id) const {
-  MutexLock l(mu_);
-  auto it = per_.find(sandbox_id);
-  return it == per_.end() ? 0 : it->second;
-}
-
 std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message) {
   HttpResponse r = JsonError(status, code, message);
   std::string_view reason = status == 400   ? "Bad Request"

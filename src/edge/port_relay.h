@@ -16,7 +16,8 @@
 //  - The connect into the sandbox never blocks a thread: it is non-blocking with a deadline
 //    (then 504 gateway_timeout); a malformed or missing response head is a 502.
 //  - Bounded: each connection holds two pipes of at most kPipeBytes and a head buffer of at
-//    most kMaxHeadBytes; how many connections one sandbox and the node may hold is ProxySlots'.
+//    most kMaxHeadBytes; how many connections one sandbox and the node may hold is capped
+//    by the caller (SandboxSlots).
 //
 // Bodies move with splice(2) where their length is known (the bytes never enter the edge's
 // memory); chunked bodies and heads pass through the parser in user space. All handlers of
@@ -26,13 +27,11 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 
 #include <boost/asio/io_context.hpp>
 
-#include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -40,24 +39,6 @@ namespace dsec::edge {
 
 inline constexpr size_t kPipeBytes = 256 << 10;
 inline constexpr size_t kMaxHeadBytes = 64 << 10;
-
-// How many proxied connections the node and each sandbox may hold at once.
-class ProxySlots {
- public:
-  ProxySlots(int max_total, int max_per_sandbox)
-      : max_total_(max_total), max_per_(max_per_sandbox) {}
-  // A slot held until the returned handle goes; ResourceExhausted (a 429) when either cap is
-  // reached.
-  StatusOr<std::shared_ptr<void>> Take(const std::string& sandbox_id);
-  int total() const;
-  int of(const std::string& sandbox_id) const;
-
- private:
-  const int max_total_, max_per_;
-  mutable Mutex mu_;
-  int total_ DSEC_GUARDED_BY(mu_) = 0;
-  std::map<std::string, int> per_ DSEC_GUARDED_BY(mu_);
-};
 
 // The request side of one exchange, as the edge parsed it.
 struct ProxiedRequest {

@@ -308,3 +308,50 @@ def test_one_sandbox_holds_a_bounded_share_of_proxied_connections(make_edge, fig
         c.remove(sid)
         c.remove(good)
         c.close()
+
+
+def test_a_sandbox_that_starves_its_agent_holds_a_bounded_share_of_workers(make_edge, figure):
+    """The same review for the API's other calls into a sandbox: a 0.05-CPU sandbox whose own
+    busy processes starve its agent (a file read then takes seconds) gets 64 reads at once;
+    at most max_workers_per_sandbox (16) of the edge's 64 workers wait on it, the rest are 429
+    at once, and other users' creates and lists and a neighbour's execs answer meanwhile."""
+    e = make_edge()
+    c = e.client()
+    sid = c.create({"cpu": 0.05, "memory_mb": 256})["id"]
+    try:
+        c.put(f"/v1/sandboxes/{sid}/files?path=/workspace/f", b"x" * 1000, expect=204)
+        c.exec(sid, "for i in $(seq 40); do (while :; do :; done) & done")
+        time.sleep(1)
+
+        def read(_):
+            cc = e.client()
+            t = time.monotonic()
+            r = cc.get(f"/v1/sandboxes/{sid}/files?path=/workspace/f", expect=None,
+                       validate=False)
+            cc.close()
+            return r.status, time.monotonic() - t
+
+        other = e.client()
+        with Neighbour(e) as n, concurrent.futures.ThreadPoolExecutor(64) as pool:
+            futures = [pool.submit(read, i) for i in range(64)]
+            time.sleep(0.5)
+            t = time.monotonic()
+            made = other.create()["id"]
+            other.get("/v1/sandboxes", expect=200)
+            others_ms = (time.monotonic() - t) * 1000
+            other.remove(made)
+            results = [f.result(timeout=300) for f in futures]
+            n.check(figure)
+        refused = sum(1 for s, _ in results if s == 429)
+        slowest_ok = max((d for s, d in results if s == 200), default=0)
+        figure("reads refused 429 (of 64)", refused)
+        figure("slowest answered read s", round(slowest_ok, 2))
+        figure("create+list ms meanwhile", round(others_ms, 1))
+        assert all(s in (200, 429) for s, _ in results), results
+        assert refused >= 64 - 16, results
+        assert others_ms < 3000, others_ms
+        other.close()
+    finally:
+        c.post(f"/v1/sandboxes/{sid}/signal", {"signal": "KILL"}, expect=200)
+        c.remove(sid)
+        c.close()
