@@ -25,6 +25,18 @@ NAMES = {"pypi.test": PUBLIC, "files.hosted.test": PUBLIC, "unlisted.test": PUBL
 PRIVATE = "10.9.9.9"
 UPLINK_ADDR = "203.0.113.1"
 
+# Connects from inside a sandbox: prints "ok" or the error's class and errno, and the time.
+PROBE = r"""
+import socket, sys, time
+t = time.monotonic()
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
+    r = "ok"
+except OSError as e:
+    r = f"{type(e).__name__} {e.errno}"
+print(r, round((time.monotonic() - t) * 1000))
+"""
+
 ECHO = r"""
 import socketserver, sys
 class H(socketserver.BaseRequestHandler):

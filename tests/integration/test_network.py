@@ -16,22 +16,11 @@ import pytest
 import edge_fixtures
 import netlab
 from edge_harness import Edge
-from netlab import PRIVATE, PUBLIC, UPLINK_ADDR
+from netlab import PRIVATE, PROBE, PUBLIC, UPLINK_ADDR
 
 REASON = edge_fixtures.SKIP_REASON or netlab.why_not_available()
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON or "")
 
-# Connects from inside a sandbox: prints "ok" or the error's class and errno, and the time.
-PROBE = r"""
-import socket, sys, time
-t = time.monotonic()
-try:
-    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
-    r = "ok"
-except OSError as e:
-    r = f"{type(e).__name__} {e.errno}"
-print(r, round((time.monotonic() - t) * 1000))
-"""
 
 REFUSED = "ConnectionRefusedError 111"
 

@@ -16,7 +16,7 @@ import pytest
 import edge_fixtures
 import netlab
 from edge_harness import Edge
-from netlab import PUBLIC
+from netlab import PROBE, PUBLIC
 
 REASON = edge_fixtures.SKIP_REASON or netlab.why_not_available()
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON or "")
@@ -58,16 +58,6 @@ while time.monotonic() < end:
 print(ports)
 """
 
-PROBE = r"""
-import socket, sys, time
-t = time.monotonic()
-try:
-    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
-    r = "ok"
-except OSError as e:
-    r = f"{type(e).__name__} {e.errno}"
-print(r, round((time.monotonic() - t) * 1000))
-"""
 
 RESOLVE = "import socket, sys; print(socket.gethostbyname(sys.argv[1]))"
 
