@@ -108,6 +108,11 @@ StatusOr<Budgets> PrepareBudgets(const EdgeConfig& cfg) {
   Budgets b;
   DSEC_ASSIGN_OR_RETURN(b.node, PrepareNodeBudget(nbo));
   for (const auto& c : b.node.changes) DSEC_LOG_INFO("node budget: {}", c);
+  if (b.node.aio_max_nr != 0 && b.node.aio_max_nr < (uint64_t{1} << 40))
+    DSEC_LOG_WARN(
+        "fs.aio-max-nr {} is one count for the whole node: a sandbox can take all of it and "
+        "leave the host's io_setup EAGAIN (enable node_sysctls, or raise it)",
+        b.node.aio_max_nr);
   auto files = PrepareFileBudget(cfg.max_sandboxes, cfg.max_connections, cfg.node_sysctls);
   if (!files.ok())
     return Status(files.status().code(), "open-file budget: " + files.status().message());

@@ -3,6 +3,10 @@
 //  - fs.file-max: the host's open-file table. Raised to its maximum, so what bounds a
 //    sandbox's open files is its memory limit (the kernel charges each struct file and fd
 //    table to the opener's memory cgroup), not a count shared by the whole node.
+//  - fs.aio-max-nr: the host's count of AIO events (io_setup). Raised to its maximum for the
+//    same reason: the kernel charges each AIO context's ring and objects to the memory cgroup
+//    of whoever sets it up, so a sandbox's memory limit bounds its AIO contexts, not a count
+//    of 65,536 shared by the whole node (which a sandbox took for 4 MB).
 //  - kernel.pid_max and kernel.threads-max: the parent cgroup of all sandboxes gets a pids
 //    limit that keeps a reserve of both for the host (pid_max is raised to the kernel's
 //    maximum first, so the bound is set by threads-max, i.e. memory).
@@ -34,6 +38,7 @@ struct NodeBudgetOptions {
 
 struct NodeBudget {
   uint64_t file_max = 0;
+  uint64_t aio_max_nr = 0;  // 0 where the kernel has no AIO (no fs/aio-max-nr)
   uint64_t pid_max = 0;
   uint64_t threads_max = 0;
   uint64_t pty_max = 0;

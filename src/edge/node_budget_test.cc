@@ -20,6 +20,7 @@ class NodeBudgetTest : public ::testing::Test {
     for (const char* d : {"fs", "kernel/pty", "net/ipv4"})
       ASSERT_TRUE(MakeDirs(dir_->path() + "/" + d, 0755).ok());
     Put("fs/file-max", "2466093\n");
+    Put("fs/aio-max-nr", "65536\n");
     Put("kernel/pid_max", "32768\n");
     Put("kernel/threads-max", "192724\n");
     Put("kernel/pty/max", "4096\n");
@@ -45,8 +46,10 @@ TEST_F(NodeBudgetTest, RaisesHostLimitsAndSizesTheShares) {
   auto b = PrepareNodeBudget(Opts(true));
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ(Get("fs/file-max"), "9223372036854775807");
+  EXPECT_EQ(Get("fs/aio-max-nr"), "9223372036854775807");
+  EXPECT_EQ(b->aio_max_nr, 9223372036854775807u);
   EXPECT_EQ(Get("kernel/pid_max"), "4194304");
-  EXPECT_EQ(b->changes.size(), 3u);
+  EXPECT_EQ(b->changes.size(), 4u);
   // min(pid_max, threads-max) minus a 10% reserve (at least 4096).
   EXPECT_EQ(b->sandbox_pids, 192724 - 19272);
   // 4096 sandboxes of 256 ptys do not fit the kernel's 2^20: each gets what fits.
@@ -66,10 +69,19 @@ TEST_F(NodeBudgetTest, WithoutSysctlsTheSharesFitWhatIsThere) {
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_TRUE(b->changes.empty());
   EXPECT_EQ(Get("kernel/pty/max"), "4096\n");
+  EXPECT_EQ(b->aio_max_nr, 65536u);
   EXPECT_EQ(b->pty_per_sandbox, (4096u - 1024) / 100);  // not 256: 100 x 256 would not fit
   EXPECT_EQ(b->sandbox_pids, 32768 - 4096);
   o.reserve_pids = 40000;
   EXPECT_EQ(PrepareNodeBudget(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(NodeBudgetTest, AKernelWithoutAioHasNoAioCount) {
+  ASSERT_EQ(unlink((dir_->path() + "/fs/aio-max-nr").c_str()), 0);
+  auto b = PrepareNodeBudget(Opts(true));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->aio_max_nr, 0u);
+  EXPECT_EQ(b->changes.size(), 3u);
 }
 
 }  // namespace

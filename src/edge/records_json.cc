@@ -61,6 +61,7 @@ Json ToJson(const NodeReport& n) {
             {"edge_nofile", n.files.nofile},
             {"budgets",
              {{"file_max", b.file_max},
+              {"aio_max_nr", b.aio_max_nr},
               {"pid_max", b.pid_max},
               {"threads_max", b.threads_max},
               {"sandbox_pids", b.sandbox_pids},

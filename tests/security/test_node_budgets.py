@@ -1,9 +1,9 @@
 """Node-wide budgets (issue 20): one sandbox, at default limits, must not be able to use up
 anything the whole node shares — the host's file table, the per-user counts the kernel keeps
 for a user namespace's owner (pending signals, message queues, inotify instances), the node's
-pseudo-terminals and process ids, socket memory, host uids — so that a neighbour's commands
-and creates, and the host's own root, keep working while it tries. Every case runs the attack
-for real inside a sandbox and measures a neighbour during it."""
+pseudo-terminals, process ids and AIO events, socket memory, host uids — so that a neighbour's
+commands and creates, and the host's own root, keep working while it tries. Every case runs
+the attack for real inside a sandbox and measures a neighbour during it."""
 
 import json
 import os
@@ -900,3 +900,281 @@ def test_edge_admits_only_what_its_open_file_limit_holds(make_edge, figure, tmp_
         for sid in made:
             c.remove(sid)
         c.close()
+
+
+# ---- 11. host-wide kernel counters (issue 35 item 4) ---------------------------------------
+#
+# Counters the kernel keeps for the whole host, or per user, that code in a sandbox could run
+# up. Each sandbox runs as host uids of its own (uid leases) and, with a user namespace, has an
+# owner uid of its own, so per-user counters are per sandbox; the danger is a global count.
+#  - fs.aio-max-nr (AIO events, io_setup): GLOBAL, reachable (io_setup is allowed: libaio
+#    users need it). The kernel charges a context's ring and objects to the caller's memory
+#    cgroup (65,536 events cost 4 MB), so the edge raises the count to its maximum (node_sysctls)
+#    and memory is the bound. test_aio_events_are_bounded_by_memory_not_a_node_count.
+#  - kernel.keys.maxkeys/maxbytes/root_maxkeys: per user (key_user by host uid); and add_key,
+#    request_key and keyctl are refused (EPERM), so a sandbox cannot make a key at all.
+#    test_keys_and_namespaces_are_out_of_a_sandboxs_reach.
+#  - user.max_*_namespaces: per user namespace and uid, charged up the chain to each user
+#    namespace's owner (the sandbox's own uid in the initial one); and unshare, setns and clone
+#    with namespace flags are refused (EPERM), clone3 is ENOSYS. The namespaces the edge makes
+#    for a sandbox are charged to its owner uid. Same test.
+#  - fs.inotify.max_user_instances / max_user_watches: per user (ucounts, charged to the
+#    sandbox's owner in the initial namespace). Instances:
+#    test_owner_charged_budgets_are_per_sandbox; watches:
+#    test_inotify_and_epoll_watches_are_per_sandbox.
+#  - fs.epoll.max_user_watches: per host uid (user_struct); each watch (208 bytes) is charged
+#    to the memory cgroup. test_inotify_and_epoll_watches_are_per_sandbox.
+#  - kernel.threads-max (and pid_max): GLOBAL; the parent cgroup of all sandboxes has a pids
+#    limit that keeps a reserve of both for the host.
+#    test_all_sandboxes_together_stay_inside_the_pids_budget.
+#  - vm.max_map_count: per process (each mm's own count of mappings), not shared with anyone:
+#    a process that reaches it gets ENOMEM for itself only. Nothing to test across sandboxes.
+
+AIO = r"""
+import ctypes, errno, json, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+held, events = [], 0
+def take(limit, phase):
+    # Contexts of 4096 events, then halves when the node's count runs out: all it can get.
+    global events
+    nr, err = 4096, "none"
+    while events < limit:
+        n = min(nr, limit - events)
+        ctx = ctypes.c_ulong(0)
+        if libc.syscall(206, ctypes.c_uint(n), ctypes.byref(ctx)) == 0:  # io_setup
+            held.append(ctx.value)
+            events += n
+            if len(held) % 16 == 0:
+                print(json.dumps({"phase": phase, "events": events, "errno": err}), flush=True)
+            continue
+        err = errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+        if err != "EAGAIN" or nr == 1:
+            break
+        nr //= 2
+    return {"phase": phase, "events": events, "contexts": len(held), "errno": err}
+r = take(int(sys.argv[1]), 1)
+with open("/tmp/aio-held.tmp", "w") as f:
+    json.dump(r, f)
+os.rename("/tmp/aio-held.tmp", "/tmp/aio-held")
+print(json.dumps(r), flush=True)
+deadline = time.monotonic() + float(sys.argv[2])
+while not os.path.exists("/tmp/aio-go") and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(json.dumps(take(1 << 40, 2)), flush=True)
+"""
+
+CHECK_AIO = r"""
+import ctypes, errno, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+ctx = ctypes.c_ulong(0)
+if libc.syscall(206, ctypes.c_uint(int(sys.argv[1])), ctypes.byref(ctx)) != 0:
+    print(errno.errorcode.get(ctypes.get_errno(), "?"))
+else:
+    libc.syscall(207, ctx)  # io_destroy
+    print("ok")
+"""
+
+STOCK_AIO_MAX_NR = 65536  # the kernel's default fs.aio-max-nr
+
+
+def _aio_nr():
+    return int(_read("/proc/sys/fs/aio-nr"))
+
+
+def _x86_64_only():
+    import platform  # noqa: PLC0415
+    if platform.machine() != "x86_64":
+        pytest.skip(f"the attack uses x86-64 syscall numbers; this is {platform.machine()}")
+
+
+def test_aio_events_are_bounded_by_memory_not_a_node_count(edge, client, figure):
+    """A sandbox doing io_setup in a loop (contexts of 4,096 events, halving when refused) gets
+    four times the kernel's stock fs.aio-max-nr and holds it, while host root (this process)
+    and a neighbour sandbox can still io_setup a 1,024-event context; let go on, it is stopped
+    by its own memory limit (ENOMEM or an OOM kill: the kernel charges each context's ring to
+    the caller's memory cgroup), never by EAGAIN, because the edge raised fs.aio-max-nr so that
+    memory is the bound rather than one count for the whole node (issue 35 item 4)."""
+    _x86_64_only()
+    aio_max = int(_read("/proc/sys/fs/aio-max-nr"))
+    figure("node fs.aio-max-nr", aio_max)
+    want = 4 * STOCK_AIO_MAX_NR
+    sb = client.create({"memory_mb": 256, "labels": {"suite": "budgets"}})["id"]
+    try:
+        base = _aio_nr()
+        with Neighbour(edge) as n:
+            bg = client.post(f"/v1/sandboxes/{sb}/exec",
+                             {"cmd": ["python3", "-c", AIO, str(want), "120"],
+                              "background": True, "timeout_ms": 180000}, expect=202)
+            eid = bg.json["exec_id"]
+            held = json.loads(wait_until(
+                lambda: client.exec(sb, shell="cat /tmp/aio-held 2>/dev/null")["stdout"], 60,
+                interval=0.5, what="the sandbox to hold its AIO contexts"))
+            node_used = _aio_nr() - base
+            # While it holds them: host root and the neighbour still get a context.
+            host = {nr: subprocess.run([sys.executable, "-c", CHECK_AIO, str(nr)],
+                                       capture_output=True, text=True,
+                                       check=True).stdout.strip() for nr in (1, 1024)}
+            neighbour = n.client.exec(n.sid, cmd=["python3", "-c", CHECK_AIO, "1024"])
+            client.exec(sb, shell="touch /tmp/aio-go")
+            done = client.get(f"/v1/sandboxes/{sb}/execs/{eid}?wait_ms=150000",
+                              expect=200).json
+            n.check(figure)
+        figure("AIO events the sandbox held", held["events"])
+        figure("node aio-nr growth while held", node_used)
+        figure("host root io_setup while held", host)
+        figure("neighbour io_setup(1024) while held", neighbour["stdout"].strip())
+        assert host == {1: "ok", 1024: "ok"}, (host, held)
+        assert neighbour["stdout"] == "ok\n", (neighbour, held)
+        assert held["events"] == want and held["errno"] == "none", held
+        # Let go on: its own memory limit stops it, far past the stock count.
+        res = done["result"]
+        last = _last_json(res)
+        figure("AIO events when its memory ran out", last["events"])
+        figure("how it stopped", "OOM kill" if res["oom_killed"] else last["errno"])
+        assert last["phase"] == 2 and last["events"] > want, (last, res["exit_code"])
+        assert res["oom_killed"] or last["errno"] == "ENOMEM", (last, res["oom_killed"])
+        st = client.get(f"/v1/sandboxes/{sb}/stats", expect=200).json
+        figure("sandbox memory peak MB", round(st["memory_peak"] / MB, 1))
+        assert st["memory_peak"] <= st["memory_limit"], st
+        assert _budgets(client)["aio_max_nr"] == aio_max >= 1 << 40
+    finally:
+        client.remove(sb)
+
+
+KEYS_AND_NAMESPACES = r"""
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    r = libc.syscall(nr, *args)
+    return "allowed" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+res = {
+    "add_key": call(248, b"user", b"dsec", b"x", ctypes.c_size_t(1), ctypes.c_int(-2)),
+    "request_key": call(249, b"user", b"dsec", None, ctypes.c_int(0)),
+    "keyctl_join_session": call(250, ctypes.c_int(1), None),  # KEYCTL_JOIN_SESSION_KEYRING
+    "clone3": call(435, None, ctypes.c_size_t(0)),
+}
+for name, flag in [("user", 0x10000000), ("net", 0x40000000), ("mnt", 0x00020000),
+                   ("pid", 0x20000000), ("ipc", 0x08000000), ("uts", 0x04000000),
+                   ("cgroup", 0x02000000), ("time", 0x00000080)]:
+    res["unshare_" + name] = call(272, ctypes.c_ulong(flag))  # unshare
+fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+res["setns"] = call(308, fd, 0)
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.parametrize("user", ["sandbox", "root"])
+def test_keys_and_namespaces_are_out_of_a_sandboxs_reach(client, sandbox, figure, user):
+    """The kernel's key quotas (kernel.keys.*) and namespace counts (user.max_*_namespaces)
+    cannot be run up from a sandbox at all: add_key, request_key and keyctl, unshare of every
+    namespace kind and setns are refused (EPERM) and clone3 is ENOSYS, for root inside too
+    (issue 35 item 4)."""
+    _x86_64_only()
+    r = client.exec(sandbox, cmd=["python3", "-c", KEYS_AND_NAMESPACES], user=user)
+    res = json.loads(r["stdout"])
+    figure("verdicts", res)
+    want = {k: "EPERM" for k in res}
+    want["clone3"] = "ENOSYS"
+    assert res == want, res
+
+
+WATCHES = r"""
+import ctypes, errno, json, os, select, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+kind, want = sys.argv[1], int(sys.argv[2])
+n, err = 0, "none"
+keep = []
+try:
+    if kind == "inotify":
+        # 64 instances, each watching its own share of files (a watch is per inode and instance).
+        per = want // 64 + 1
+        os.makedirs("/tmp/w", exist_ok=True)
+        for i in range(per):
+            open(f"/tmp/w/{i}", "w").close()
+        for _ in range(64):
+            fd = libc.inotify_init1(os.O_CLOEXEC)
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), "inotify_init1")
+            keep.append(fd)
+            for i in range(per):
+                if libc.inotify_add_watch(fd, f"/tmp/w/{i}".encode(), 0x2) < 0:  # IN_MODIFY
+                    raise OSError(ctypes.get_errno(), "inotify_add_watch")
+                n += 1
+    else:
+        # 1,024 pipe ends, each watched by as many epoll instances as it takes.
+        fds = [fd for _ in range(512) for fd in os.pipe()]
+        while n < want:
+            ep = select.epoll()
+            keep.append(ep)
+            for fd in fds:
+                ep.register(fd, select.EPOLLIN)
+                n += 1
+except OSError as e:
+    err = errno.errorcode.get(e.errno, str(e.errno))
+print(json.dumps({"watches": n, "errno": err}), flush=True)
+with open("/tmp/held.tmp", "w") as f:
+    json.dump({"watches": n, "errno": err}, f)
+os.rename("/tmp/held.tmp", "/tmp/held")
+time.sleep(float(sys.argv[3]))
+"""
+
+CHECK_WATCHES = r"""
+import ctypes, errno, json, os, select
+libc = ctypes.CDLL(None, use_errno=True)
+r = {}
+fd = libc.inotify_init1(os.O_CLOEXEC)
+r["inotify_add_watch"] = ("ok" if fd >= 0 and libc.inotify_add_watch(fd, b"/", 0x2) >= 0
+                          else errno.errorcode.get(ctypes.get_errno(), "?"))
+a, b = os.pipe()
+try:
+    select.epoll().register(a, select.EPOLLIN)
+    r["epoll_ctl_add"] = "ok"
+except OSError as e:
+    r["epoll_ctl_add"] = errno.errorcode.get(e.errno, "?")
+print(json.dumps(r))
+"""
+
+
+@pytest.mark.parametrize("kind", ["inotify", "epoll"])
+def test_inotify_and_epoll_watches_are_per_sandbox(edge, client, figure, kind):
+    """A sandbox adds inotify watches (fs.inotify.max_user_watches) or epoll watches
+    (fs.epoll.max_user_watches) until the kernel refuses (ENOSPC): the count is its own host
+    uid's, so while it holds them a neighbour sandbox and host root can still add a watch of
+    each kind (issue 35 item 4)."""
+    limit = int(_read(f"/proc/sys/fs/{kind}/max_user_watches"))
+    figure(f"fs.{kind}.max_user_watches", limit)
+    # Every watch is charged to the sandbox's memory (epoll: 208 bytes measured): give it room
+    # to reach the count, so that the count, not memory, is what stops it.
+    memory_mb = 256 + limit * 400 // MB
+    if memory_mb > 4096:
+        pytest.skip(f"max_user_watches {limit} needs a {memory_mb} MB sandbox to reach")
+    sb = client.create({"memory_mb": memory_mb, "labels": {"suite": "budgets"}})["id"]
+    try:
+        with Neighbour(edge) as n:
+            bg = client.post(f"/v1/sandboxes/{sb}/exec",
+                             {"cmd": ["python3", "-c", WATCHES, kind, str(limit + 4096), "60"],
+                              "background": True, "timeout_ms": 120000}, expect=202)
+            eid = bg.json["exec_id"]
+            held = json.loads(wait_until(
+                lambda: client.exec(sb, shell="cat /tmp/held 2>/dev/null")["stdout"], 90,
+                interval=0.5, what="the sandbox to hold its watches"))
+            own = json.loads(client.exec(sb, cmd=["python3", "-c", CHECK_WATCHES])["stdout"])
+            neighbour = json.loads(
+                n.client.exec(n.sid, cmd=["python3", "-c", CHECK_WATCHES])["stdout"])
+            host = json.loads(subprocess.run([sys.executable, "-c", CHECK_WATCHES],
+                                             capture_output=True, text=True,
+                                             check=True).stdout)
+            n.check(figure)
+        figure("watches the sandbox got", held["watches"])
+        figure("the sandbox's own check while held", own)
+        assert held["errno"] == "ENOSPC" and held["watches"] >= limit * 9 // 10, held
+        key = "inotify_add_watch" if kind == "inotify" else "epoll_ctl_add"
+        assert own[key] == "ENOSPC", own
+        assert neighbour == {"inotify_add_watch": "ok", "epoll_ctl_add": "ok"}, neighbour
+        assert host == {"inotify_add_watch": "ok", "epoll_ctl_add": "ok"}, host
+        client.delete(f"/v1/sandboxes/{sb}/execs/{eid}", expect=204)
+    finally:
+        client.remove(sb)
