@@ -26,6 +26,8 @@ CATEGORIES = {
     "test_node_budgets": "Node-wide budgets (issue 20)",
     "test_files": "File transfer paths",
     "test_network": "Network",
+    "test_network_policy": "Network policies under attack (issue 35)",
+    "test_port_proxy": "The port proxy (issue 35)",
     "test_api_abuse": "API abuse",
     "test_crash": "Crash and fault",
 }
