@@ -11,6 +11,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/basic_parser.hpp>
+#include <boost/beast/http/status.hpp>
 #include <cstring>
 #include <limits>
 
@@ -21,16 +22,9 @@ namespace dsec::edge {
 
 std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message) {
   HttpResponse r = JsonError(status, code, message);
-  std::string_view reason = status == 400   ? "Bad Request"
-                            : status == 404 ? "Not Found"
-                            : status == 409 ? "Conflict"
-                            : status == 422 ? "Unprocessable Entity"
-                            : status == 429 ? "Too Many Requests"
-                            : status == 502 ? "Bad Gateway"
-                            : status == 503 ? "Service Unavailable"
-                            : status == 504 ? "Gateway Timeout"
-                                            : "Error";
-  std::string out = StrCat({"HTTP/1.1 ", std::to_string(status), " ", reason,
+  namespace http = boost::beast::http;
+  auto why = http::obsolete_reason(http::int_to_status(static_cast<unsigned>(status)));
+  std::string out = StrCat({"HTTP/1.1 ", std::to_string(status), " ", std::string(why),
                             "\r\nContent-Type: application/json\r\nContent-Length: ",
                             std::to_string(r.body.size()), "\r\n"});
   for (const auto& [k, v] : r.headers) out += StrCat({k, ": ", v, "\r\n"});
@@ -286,7 +280,6 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       TakeInput(down_, std::move(rest));
       upgraded_ = true;
       up_.mode = Mode::kRaw;
-      up_.ended = false;
       TakeInput(up_, std::move(held_));
       held_.clear();
       return Pump(up_);
@@ -365,32 +358,29 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       if (d.ended && d.out.empty() && d.in_pipe == 0) return Finished(d);
       if (!progress) break;
     }
-    auto self = shared_from_this();
-    Dir* dp = &d;
     if (d.in_pipe > 0 || !d.out.empty()) {
-      if (d.waiting_write) return;
-      d.waiting_write = true;
-      d.to->async_wait(Stream::wait_write, [self, dp](beast::error_code ec) {
-        dp->waiting_write = false;
-        if (ec == asio::error::operation_aborted) return;
-        if (ec) return self->Close();
-        self->Pump(*dp);
-      });
+      WaitThenPump(d, d.to, Stream::wait_write, &d.waiting_write);
     } else if (Reading(d)) {
-      if (d.waiting_read) return;
-      d.waiting_read = true;
-      d.from->async_wait(Stream::wait_read, [self, dp](beast::error_code ec) {
-        dp->waiting_read = false;
-        if (ec == asio::error::operation_aborted) return;
-        if (ec) return self->Close();
-        self->Pump(*dp);
-      });
+      WaitThenPump(d, d.from, Stream::wait_read, &d.waiting_read);
     }
   }
 
+  // One wait at a time per stream and direction (`pending` says whether it is out).
+  void WaitThenPump(Dir& d, Stream* s, Stream::wait_type what, bool* pending) {
+    if (*pending) return;
+    *pending = true;
+    auto self = shared_from_this();
+    Dir* dp = &d;
+    s->async_wait(what, [self, dp, pending](beast::error_code ec) {
+      *pending = false;
+      if (ec == asio::error::operation_aborted) return;
+      if (ec) return self->Close();
+      self->Pump(*dp);
+    });
+  }
+
   bool Reading(const Dir& d) const {
-    if (d.ended) return false;
-    if (d.mode == Mode::kStop) return false;
+    if (d.mode == Mode::kStop) return false;  // (also once the message ended)
     // Early frames of an upgrade are held up to a bound; past it the client waits.
     if (d.mode == Mode::kHold && req_.upgrade && held_.size() >= kMaxHeld) return false;
     return true;

@@ -428,6 +428,26 @@ Status NodeNetwork::Readopt(const NetAttachment& a, const std::string& label) {
 }
 
 Status NodeNetwork::Apply(const NetAttachment& a, const NetworkPolicy& p) {
+  bool had_flows = false;
+  DSEC_RETURN_IF_ERROR(ApplyRules(a, p, &had_flows));
+  // Replies are let in by connection state, not by the policy, so a flow the old policy opened
+  // would outlive it: a remote peer could go on pushing datagrams into an open UDP flow after a
+  // PATCH to `none`. Such flows go (a sandbox that still may reach its peer makes a new entry
+  // with its next datagram). TCP stays: the sandbox's every packet is checked against the
+  // policy, so a connection it may no longer make is reset at its next segment, while one it
+  // still may make must survive the change (without its entry the peer's next segment would
+  // reach the node's own stack, not the sandbox, and be answered with a reset). Only a sandbox
+  // whose old policy let anything out can have such flows (not at create, not from `none`);
+  // the dump walks the whole conntrack table, outside the lock.
+  if (!had_flows) return OkStatus();
+  if (auto ct = Netlink::Open(NETLINK_NETFILTER); ct.ok()) {
+    if (auto n = ct->FlushConntrackButTcp(a.addr, 0xffffffff); !n.ok())
+      DSEC_LOG_WARN("network: conntrack flush {}: {}", Ipv4ToString(a.addr), n.status().ToString());
+  }
+  return OkStatus();
+}
+
+Status NodeNetwork::ApplyRules(const NetAttachment& a, const NetworkPolicy& p, bool* had_flows) {
   MutexLock l(mu_);
   auto it = attached_.find(a.addr);
   if (it == attached_.end()) return FailedPrecondition("the sandbox has no network attachment");
@@ -449,19 +469,9 @@ Status NodeNetwork::Apply(const NetAttachment& a, const NetworkPolicy& p) {
   if (!dispatch && it->second.dispatched)
     cmds += StrCat({"delete element", t, "dispatch { ", Ipv4ToString(a.addr), " }\n"});
   DSEC_RETURN_IF_ERROR(Nft(cmds));
+  *had_flows = it->second.dispatched;
   it->second.dispatched = dispatch;
   it->second.policy = p;
-  // Replies are let in by connection state, not by the policy, so a flow the old policy opened
-  // would outlive it: a remote peer could go on pushing datagrams into an open UDP flow after a
-  // PATCH to `none`. Such flows go (a sandbox that still may reach its peer makes a new entry
-  // with its next datagram). TCP stays: the sandbox's every packet is checked against the
-  // policy, so a connection it may no longer make is reset at its next segment, while one it
-  // still may make must survive the change (without its entry the peer's next segment would
-  // reach the node's own stack, not the sandbox, and be answered with a reset).
-  if (auto ct = Netlink::Open(NETLINK_NETFILTER); ct.ok()) {
-    if (auto n = ct->FlushConntrackButTcp(a.addr, 0xffffffff); !n.ok())
-      DSEC_LOG_WARN("network: conntrack flush {}: {}", Ipv4ToString(a.addr), n.status().ToString());
-  }
   return OkStatus();
 }
 

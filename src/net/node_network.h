@@ -74,7 +74,8 @@ class NodeNetwork {
   // After an edge restart: the veth and route still exist; this takes the address again and
   // re-creates its rules.
   Status Readopt(const NetAttachment& a, const std::string& label = "");
-  // Replaces the sandbox's policy (mode none: everything refused), atomically.
+  // Replaces the sandbox's policy (mode none: everything refused), atomically; then drops the
+  // UDP/ICMP flows the old one let in.
   Status Apply(const NetAttachment& a, const NetworkPolicy& p);
   // Removes its rules and conntrack entries and frees the address (the veth goes with the
   // namespace).
@@ -100,6 +101,8 @@ class NodeNetwork {
   Status Init();
   // Runs nft commands as one transaction.
   Status Nft(const std::string& cmds) DSEC_REQUIRES(mu_);
+  // Apply's rules; *had_flows: the old policy let traffic out (its flows may outlive it).
+  Status ApplyRules(const NetAttachment& a, const NetworkPolicy& p, bool* had_flows);
   StatusOr<std::string> NftOutput(const std::string& cmds) DSEC_REQUIRES(mu_);
   std::string Ruleset() const;
   std::string AttachCmds(uint32_t addr, const std::string& host_if) const;
