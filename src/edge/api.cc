@@ -5,7 +5,7 @@
 #include "base/logging.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
-#include "edge/json_body.h"
+#include "http/json_body.h"
 
 namespace dsec::edge {
 
@@ -33,9 +33,9 @@ std::vector<std::string> SplitPattern(std::string_view p) {
 }
 
 // Wraps the server's Responder: counts every answer, and records it for idempotency.
-class ApiResponder : public Responder {
+class ApiResponder : public http::Responder {
  public:
-  ApiResponder(std::shared_ptr<Responder> inner, Metrics* metrics, std::string method,
+  ApiResponder(std::shared_ptr<http::Responder> inner, Metrics* metrics, std::string method,
                Idempotency* idem = nullptr, std::string key = {}, std::string hash = {},
                uint64_t capture_max = 0)
       : inner_(std::move(inner)),
@@ -46,7 +46,7 @@ class ApiResponder : public Responder {
         hash_(std::move(hash)),
         capture_max_(capture_max) {}
 
-  void Send(HttpResponse r) override {
+  void Send(http::HttpResponse r) override {
     metrics_->CountRequest(method_, r.status);
     if (idem_) idem_->Finish(key_, hash_, r);
     inner_->Send(std::move(r));
@@ -65,7 +65,7 @@ class ApiResponder : public Responder {
   void End(std::string last) override {
     if (idem_) {
       Capture(last);
-      HttpResponse r;
+      http::HttpResponse r;
       r.status = status_;
       r.content_type = ct_;
       r.body = std::move(captured_);
@@ -74,7 +74,7 @@ class ApiResponder : public Responder {
     inner_->End(std::move(last));
   }
   void OnDisconnect(std::function<void()> cb) override { inner_->OnDisconnect(std::move(cb)); }
-  void AcceptWebSocket(std::shared_ptr<WebSocketHandler> h) override {
+  void AcceptWebSocket(std::shared_ptr<http::WebSocketHandler> h) override {
     metrics_->CountRequest(method_, 101);
     inner_->AcceptWebSocket(std::move(h));
   }
@@ -84,7 +84,7 @@ class ApiResponder : public Responder {
     // Past the cap the record becomes a 409 anyway; stop copying.
     if (idem_ && captured_.size() <= capture_max_) captured_ += c;
   }
-  std::shared_ptr<Responder> inner_;
+  std::shared_ptr<http::Responder> inner_;
   Metrics* metrics_;
   std::string method_;
   Idempotency* idem_;
@@ -96,67 +96,23 @@ class ApiResponder : public Responder {
 
 }  // namespace
 
-std::pair<int, std::string_view> HttpErrorFor(StatusCode code) {
-  switch (code) {
-    case StatusCode::kInvalidArgument:
-      return {400, "bad_request"};
-    case StatusCode::kUnauthenticated:
-      return {401, "unauthorized"};
-    case StatusCode::kPermissionDenied:
-      return {403, "forbidden"};
-    case StatusCode::kNotFound:
-      return {404, "not_found"};
-    case StatusCode::kAlreadyExists:
-    case StatusCode::kFailedPrecondition:
-    case StatusCode::kAborted:
-      return {409, "conflict"};
-    case StatusCode::kTooLarge:
-      return {413, "too_large"};
-    case StatusCode::kResourceExhausted:  // ENOSPC and the like inside the sandbox
-    case StatusCode::kUnimplemented:
-      return {422, "unprocessable"};
-    case StatusCode::kOverCapacity:
-      return {429, "over_capacity"};
-    case StatusCode::kUnavailable:
-    case StatusCode::kDeadlineExceeded:
-      return {503, "unavailable"};
-    default:
-      return {500, "internal"};
-  }
-}
-
-std::pair<int, std::string_view> HttpErrorFor(const Status& s) {
-  if (s.error_number() != 0 && s.code() != StatusCode::kResourceExhausted) return {500, "internal"};
-  return HttpErrorFor(s.code());
-}
-
-Status ValidateId(std::string_view what, std::string_view id) {
-  bool ok = !id.empty() && id.size() <= 128 && id.find("..") == std::string_view::npos;
-  for (char c : id)
-    ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
-  if (!ok)
-    return InvalidArgument(std::string(what) +
-                           " must be 1-128 characters of A-Z a-z 0-9 . _ - (and no \"..\")");
-  return OkStatus();
-}
-
 // --- Ctx ---------------------------------------------------------------------------------
 
 void Ctx::Reply(int status, const Json& body) {
-  HttpResponse r;
+  http::HttpResponse r;
   r.status = status;
   r.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
   res->Send(std::move(r));
 }
 
 void Ctx::NoContent() {
-  HttpResponse r;
+  http::HttpResponse r;
   r.status = 204;
   res->Send(std::move(r));
 }
 
 void Ctx::Raw(int status, std::string content_type, std::string body) {
-  HttpResponse r;
+  http::HttpResponse r;
   r.status = status;
   r.content_type = std::move(content_type);
   r.body = std::move(body);
@@ -165,7 +121,7 @@ void Ctx::Raw(int status, std::string content_type, std::string body) {
 
 void Ctx::Fail(int status, std::string_view code, std::string_view message) {
   api->deps().metrics->CountError(std::string(code));
-  HttpResponse r = JsonError(status, code, message);
+  http::HttpResponse r = http::JsonError(status, code, message);
   if (status == 429 || status == 503) r.headers.emplace_back("Retry-After", "1");
   if (status >= 500) DSEC_LOG_WARN("{} {} -> {}: {}", req.method, req.path, status, message);
   res->Send(std::move(r));
@@ -247,7 +203,7 @@ const Route* Api::Match(const std::string& method, const std::string& target,
   std::vector<std::string> segs;
   for (auto s : SplitString(raw, '/', true)) {
     std::string d;
-    if (!PercentDecode(s, false, &d)) return nullptr;
+    if (!http::PercentDecode(s, false, &d)) return nullptr;
     segs.push_back(std::move(d));
   }
   *path_known = false;
@@ -276,8 +232,8 @@ const Route* Api::Match(const std::string& method, const std::string& target,
   return best;
 }
 
-Preflight Api::Check(HttpRequest& req) {
-  Preflight pf = Authenticate(req);
+http::Preflight Api::Check(http::HttpRequest& req) {
+  http::Preflight pf = Authenticate(req);
   if (!pf.ok || !pf.upload_sandbox) return pf;
   // An upload into a sandbox is bounded by what it could hold, its disk, and by the node's
   // cap when one is set. Only now, once the caller is known: to anyone else, whether a
@@ -294,7 +250,7 @@ Preflight Api::Check(HttpRequest& req) {
   if (!e.ok()) {
     d_.metrics->CountRequest(req.method, 404);
     pf.ok = false;
-    pf.error = JsonError(404, "not_found", e.status().message());
+    pf.error = http::JsonError(404, "not_found", e.status().message());
     return pf;
   }
   uint64_t disk = static_cast<uint64_t>((*e)->params.resources.disk_mb) << 20;
@@ -307,8 +263,8 @@ Preflight Api::Check(HttpRequest& req) {
   return pf;
 }
 
-Preflight Api::Authenticate(HttpRequest& req) {
-  Preflight pf;
+http::Preflight Api::Authenticate(http::HttpRequest& req) {
+  http::Preflight pf;
   pf.body_limit = d_.cfg.max_json_body_bytes;
   pf.limit_why = "max_json_body_bytes";
   if (req.target.empty() || req.target[0] != '/') {
@@ -316,7 +272,8 @@ Preflight Api::Authenticate(HttpRequest& req) {
     d_.metrics->CountRequest(req.method, 400);
     d_.metrics->CountError("bad_request");
     pf.ok = false;
-    pf.error = JsonError(400, "bad_request", "the request target must be a path starting with /");
+    pf.error =
+        http::JsonError(400, "bad_request", "the request target must be a path starting with /");
     return pf;
   }
   bool known = false;
@@ -329,17 +286,17 @@ Preflight Api::Authenticate(HttpRequest& req) {
     // A large upload (or one of unknown length) goes to disk and then to the sandbox a piece at
     // a time; a small one stays in memory.
     auto len = ParseUint64(req.Header("content-length"));
-    if (!len || *len > kUploadInMemoryMax) pf.spool = Preflight::Spool::kUpload;
+    if (!len || *len > kUploadInMemoryMax) pf.spool = http::Preflight::Spool::kUpload;
   } else if (r && r->import) {
     pf.body_limit = d_.cfg.max_import_bytes;  // up to GiBs: to disk, not memory
     pf.limit_why = "max_import_bytes";
-    pf.spool = Preflight::Spool::kImport;
+    pf.spool = http::Preflight::Spool::kImport;
   }
   auto deny = [&](int status, std::string_view code, std::string_view msg) {
     d_.metrics->CountRequest(req.method, status);
     d_.metrics->CountError(std::string(code));
     pf.ok = false;
-    pf.error = JsonError(status, code, msg);
+    pf.error = http::JsonError(status, code, msg);
     if (status == 401) pf.error.headers.emplace_back("WWW-Authenticate", "Bearer");
     return pf;
   };
@@ -370,10 +327,10 @@ Preflight Api::Authenticate(HttpRequest& req) {
   return deny(401, "unauthorized", token.empty() ? "missing bearer token" : "invalid token");
 }
 
-void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
+void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) {
   if (req.takeover_fd) {
     // Finding the sandbox may wait (a create in progress): on a worker.
-    auto shared = std::make_shared<HttpRequest>(std::move(req));
+    auto shared = std::make_shared<http::HttpRequest>(std::move(req));
     boost::asio::post(*d_.workers, [this, shared] { ServePort(this, std::move(*shared)); });
     return;
   }
@@ -391,7 +348,7 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
     std::string allow;
     for (const auto& m : allowed) allow += (allow.empty() ? "" : ", ") + m;
     d_.metrics->CountError("method_not_allowed");
-    HttpResponse r = JsonError(
+    http::HttpResponse r = http::JsonError(
         405, "method_not_allowed",
         ctx->req.method + " is not a method of " + ctx->req.path + " (it takes " + allow + ")");
     r.headers.emplace_back("Allow", allow);
@@ -406,7 +363,7 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
       auto j = ParseJson(ctx->req.body);
       if (j.ok() || ctx->req.body.find('\0') != std::string::npos) {
         // Every JSON body, whichever handler reads it (some parse it themselves).
-        if (Status s = CheckStrictJson(ctx->req.body); !s.ok()) {
+        if (Status s = http::CheckStrictJson(ctx->req.body); !s.ok()) {
           ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
           return ctx->Fail(s);
         }
@@ -445,8 +402,8 @@ void Api::Handle(HttpRequest&& req, std::shared_ptr<Responder> res) {
         ctx->req.principal + "\n" + ctx->req.method + "\n" + ctx->req.target + "\n" + key;
     std::string hash = Idempotency::Hash(ctx->req.body);
     auto plain = std::make_shared<ApiResponder>(res, d_.metrics, ctx->req.method);
-    auto decision =
-        d_.idempotency->Begin(scoped, hash, [plain](HttpResponse r) { plain->Send(std::move(r)); });
+    auto decision = d_.idempotency->Begin(
+        scoped, hash, [plain](http::HttpResponse r) { plain->Send(std::move(r)); });
     if (decision != Idempotency::Decision::kRun) return;
     ctx->res =
         std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method, d_.idempotency,

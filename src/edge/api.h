@@ -17,18 +17,19 @@
 #include <string>
 #include <vector>
 
+#include "api/errors.h"
 #include "backends/pools/pool.h"
 #include "base/base64.h"
 #include "edge/audit_log.h"
 #include "edge/config.h"
-#include "edge/http_server.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
 #include "edge/output_budget.h"
-#include "edge/port_relay.h"
 #include "edge/sandbox_slots.h"
 #include "edge/state_store.h"
+#include "http/relay.h"
+#include "http/server.h"
 
 namespace dsec::images {
 class ImageStore;
@@ -42,9 +43,9 @@ class Builds;
 // One request being handled. Shared: async handlers keep it until they answer.
 class Ctx {
  public:
-  HttpRequest req;
+  http::HttpRequest req;
   std::map<std::string, std::string> params;  // from the route pattern
-  std::shared_ptr<Responder> res;
+  std::shared_ptr<http::Responder> res;
   Api* api = nullptr;
 
   void Reply(int status, const Json& body);
@@ -82,7 +83,7 @@ enum RouteFlags : unsigned { kUpload = 1, kOnIoThread = 2, kImport = 4 };
 bool ParsePortTarget(const std::string& target, std::string* id, std::string* port,
                      std::string* upstream);
 class Api;
-void ServePort(Api* api, HttpRequest req);
+void ServePort(Api* api, http::HttpRequest req);
 
 class Api {
  public:
@@ -111,10 +112,10 @@ class Api {
   };
   explicit Api(Deps deps);
 
-  Preflight Check(HttpRequest& headers_only);
+  http::Preflight Check(http::HttpRequest& headers_only);
   // Check without the per-sandbox upload limit.
-  Preflight Authenticate(HttpRequest& headers_only);
-  void Handle(HttpRequest&& req, std::shared_ptr<Responder> res);
+  http::Preflight Authenticate(http::HttpRequest& headers_only);
+  void Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
 
   const Deps& deps() const { return d_; }
   Deps& deps() { return d_; }
@@ -203,14 +204,7 @@ StatusOr<std::string> DecodeStdin(std::optional<std::string> data,
 // The exec result fields shared by every response shape (without the output).
 Json ResultJson(const backends::ExecResult& r, bool base64);
 
-// HTTP status and API error code for a Status code.
-std::pair<int, std::string_view> HttpErrorFor(StatusCode code);
-// The same for a Status, where an error of one of the edge's own system calls (it carries an
-// errno; the agent's answers and the checks of a request do not) is the node's failure, never
-// the client's: 500 internal, whatever its errno would map to (an EACCES of the edge is not a
-// 403 for the caller). Exhaustion (ENOSPC, EMFILE, ENOMEM...) keeps its own answer.
-std::pair<int, std::string_view> HttpErrorFor(const Status& s);
-// A 1-128 char id of [A-Za-z0-9._-] without "..".
-Status ValidateId(std::string_view what, std::string_view id);
+using api::HttpErrorFor;
+using api::ValidateId;
 
 }  // namespace dsec::edge

@@ -11,7 +11,7 @@
 #include "base/clock.h"
 #include "base/ids.h"
 #include "edge/api.h"
-#include "edge/json_body.h"
+#include "http/json_body.h"
 
 namespace dsec::edge {
 
@@ -40,7 +40,7 @@ Status CheckUser(const std::optional<std::string>& user) {
 }
 
 StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
-  DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
+  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
   ExecParams p;
   DSEC_ASSIGN_OR_RETURN(auto cmd, b.StringArray("cmd", 4096, 1 << 20));
   DSEC_ASSIGN_OR_RETURN(auto shell, b.String("shell", 1 << 20));
@@ -75,7 +75,7 @@ StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
   if (cwd && (cwd->empty() || (*cwd)[0] != '/'))
     return InvalidArgument("\"cwd\" must be an absolute path");
   DSEC_RETURN_IF_ERROR(CheckUser(user));
-  if (env) p.req.env = Flatten(*env);
+  if (env) p.req.env = http::Flatten(*env);
   if (cwd) p.req.cwd = *cwd;
   if (user) p.req.user = *user;
   p.req.timeout_ms = timeout.value_or(30000);
@@ -238,7 +238,8 @@ class CollectObserver : public ExecObserver {
 // started (a fast command) are held and flushed in order by Begin().
 class StreamObserver : public ExecObserver {
  public:
-  StreamObserver(std::shared_ptr<Responder> res, bool base64, std::shared_ptr<ExecTicket> ticket)
+  StreamObserver(std::shared_ptr<http::Responder> res, bool base64,
+                 std::shared_ptr<ExecTicket> ticket)
       : res_(std::move(res)),
         out_(base64),
         err_(base64),
@@ -285,7 +286,7 @@ class StreamObserver : public ExecObserver {
       pending_.push_back(std::move(line));
     }
   }
-  std::shared_ptr<Responder> res_;
+  std::shared_ptr<http::Responder> res_;
   Encoder out_, err_;
   bool base64_;
   std::shared_ptr<ExecTicket> ticket_;
@@ -557,7 +558,7 @@ StatusOr<int> ParseSignal(const Json* v) {
 
 void SignalAll(const std::shared_ptr<Ctx>& c) {
   auto run = [&]() -> StatusOr<int> {
-    DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
+    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
     const Json* sig = b.Raw("signal");
     DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
     (void)rid;
@@ -597,7 +598,7 @@ StatusOr<std::string> BackendShellId(const std::string& api_id) {
 
 void OpenShell(const std::shared_ptr<Ctx>& c) {
   auto run = [&]() -> StatusOr<std::string> {
-    DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
+    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
     DSEC_ASSIGN_OR_RETURN(auto user, b.String("user", 64));
     DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
     (void)rid;
@@ -631,7 +632,7 @@ void RunShell(const std::shared_ptr<Ctx>& c) {
   std::string shell_id;
   auto parse = [&]() -> StatusOr<Req> {
     DSEC_ASSIGN_OR_RETURN(shell_id, BackendShellId(c->params["sid"]));
-    DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
+    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
     DSEC_ASSIGN_OR_RETURN(auto cmd, b.String("command", 1 << 20));
     DSEC_ASSIGN_OR_RETURN(auto timeout, b.Int("timeout_ms", 0, kMaxTimeoutMs));
     DSEC_ASSIGN_OR_RETURN(
@@ -682,7 +683,7 @@ void CloseShell(const std::shared_ptr<Ctx>& c) {
 
 // --- attach ------------------------------------------------------------------------------
 
-class AttachSession : public WebSocketHandler,
+class AttachSession : public http::WebSocketHandler,
                       public ExecObserver,
                       public std::enable_shared_from_this<AttachSession> {
  public:
@@ -690,7 +691,7 @@ class AttachSession : public WebSocketHandler,
                 std::shared_ptr<ExecTicket> ticket)
       : sb_(std::move(sb)), req_(std::move(req)), ticket_(std::move(ticket)) {}
 
-  void OnOpen(std::shared_ptr<WebSocketConn> conn) override {
+  void OnOpen(std::shared_ptr<http::WebSocketConn> conn) override {
     MutexLock l(mu_);
     conn_ = conn;
     auto h = sb_->StartExec(req_, shared_from_this());
@@ -763,7 +764,7 @@ class AttachSession : public WebSocketHandler,
   }
 
  private:
-  std::shared_ptr<WebSocketConn> Conn() {
+  std::shared_ptr<http::WebSocketConn> Conn() {
     MutexLock l(mu_);
     return conn_;
   }
@@ -777,7 +778,7 @@ class AttachSession : public WebSocketHandler,
   ExecRequest req_;
   std::shared_ptr<ExecTicket> ticket_;
   Mutex mu_;
-  std::shared_ptr<WebSocketConn> conn_;
+  std::shared_ptr<http::WebSocketConn> conn_;
   std::shared_ptr<ExecHandle> handle_;
   std::atomic<bool> exited_{false};
 };

@@ -8,7 +8,7 @@
 #include "base/logging.h"
 #include "base/strings.h"
 #include "edge/api.h"
-#include "edge/json_body.h"
+#include "http/json_body.h"
 #include "images/store.h"
 
 namespace dsec::edge {
@@ -25,7 +25,7 @@ struct FnCallParams {
 };
 
 StatusOr<FnCallParams> ParseFnCall(const std::string& body, const EdgeConfig& cfg) {
-  DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
+  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
   FnCallParams p;
   DSEC_ASSIGN_OR_RETURN(auto runtime, b.String("runtime", 128));
   DSEC_ASSIGN_OR_RETURN(auto code, b.String("code", cfg.max_json_body_bytes));

@@ -7,7 +7,7 @@
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/builds.h"
-#include "edge/json_body.h"
+#include "http/json_body.h"
 #include "images/import.h"
 #include "images/store.h"
 
@@ -148,7 +148,7 @@ std::vector<std::string> StackNames(const std::string& image) {
 void Snapshot(const std::shared_ptr<Ctx>& c) {
   auto s = Store(c);
   if (!s.ok()) return c->Fail(s.status());
-  auto body = JsonBody::Parse(c->req.body);
+  auto body = http::JsonBody::Parse(c->req.body);
   if (!body.ok()) return c->Fail(body.status());
   auto name = body->String("image", 300);
   auto rid = body->String("request_id", 128);
@@ -191,7 +191,7 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
 void Fork(const std::shared_ptr<Ctx>& c) {
   auto s = Store(c);
   if (!s.ok()) return c->Fail(s.status());
-  auto body = JsonBody::Parse(c->req.body);
+  auto body = http::JsonBody::Parse(c->req.body);
   if (!body.ok()) return c->Fail(body.status());
   auto count = body->Int("count", 1, std::min(64, c->api->deps().cfg.max_count));
   auto rid = body->String("request_id", 128);

@@ -3,7 +3,7 @@
 // sandbox's namespace). The HTTP server hands the connection over right after the request head
 // (Preflight::takeover, after authentication); the head is rewritten (path, Host, no
 // Authorization, framing normalised, Connection: close unless it is an upgrade) and one
-// exchange is relayed (port_relay.h says what the relay guarantees: the sandbox's server never
+// exchange is relayed (http/relay.h says what the relay guarantees: the sandbox's server never
 // decides what happens to the client's connection). Nothing here blocks on the sandbox: the
 // connect is started here and finished, with its deadline, on the HTTP server's I/O threads.
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include "edge/api.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
-#include "edge/port_relay.h"
+#include "http/relay.h"
 
 namespace dsec::edge {
 
@@ -24,7 +24,7 @@ namespace {
 
 // A complete error response written straight onto the taken-over connection, which then closes.
 void SendError(UniqueFd fd, int status, std::string_view code, std::string_view message) {
-  std::string out = ProxyErrorResponse(status, code, message);
+  std::string out = http::ProxyErrorResponse(status, code, message);
   int fl = fcntl(fd.get(), F_GETFL);
   if (fl >= 0) fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
   timeval tv{5, 0};
@@ -58,7 +58,7 @@ bool ParsePortTarget(const std::string& target, std::string* id, std::string* po
   return true;
 }
 
-void ServePort(Api* api, HttpRequest req) {
+void ServePort(Api* api, http::HttpRequest req) {
   std::string id, port_text, target;
   ParsePortTarget(req.target, &id, &port_text, &target);
   UniqueFd client = std::move(req.takeover_fd);
@@ -77,15 +77,15 @@ void ServePort(Api* api, HttpRequest req) {
   (*entry)->Touch();
   auto sb = (*entry)->Sandbox(Op::kUse);
   if (!sb.ok()) return fail(sb.status());
-  ProxiedRequest pr;
+  http::ProxiedRequest pr;
   // The body as the edge's parser framed it: one length, or chunked (the HTTP server refused a
   // Transfer-Encoding that does not end in chunked, and conflicting lengths).
   if (!req.Header("transfer-encoding").empty()) {
-    pr.body = ProxiedRequest::Body::kChunked;
+    pr.body = http::ProxiedRequest::Body::kChunked;
   } else if (std::string cl = req.Header("content-length"); !cl.empty()) {
     auto len = ParseUint64(std::string(TrimWhitespace(cl.substr(0, cl.find(',')))));
     if (!len) return fail(InvalidArgument("bad Content-Length \"" + cl + "\""));
-    pr.body = ProxiedRequest::Body::kLength;
+    pr.body = http::ProxiedRequest::Body::kLength;
     pr.length = *len;
   }
   auto slot = api->proxy_slots().Take(id);
@@ -101,8 +101,8 @@ void ServePort(Api* api, HttpRequest req) {
       head += StrCat({k, ": ", v, "\r\n"});
   head += StrCat({"X-Forwarded-For: ", req.remote.substr(0, req.remote.rfind(':')),
                   "\r\nX-Forwarded-Prefix: /v1/sandboxes/", id, "/ports/", port_text, "\r\n"});
-  if (pr.body == ProxiedRequest::Body::kChunked) head += "Transfer-Encoding: chunked\r\n";
-  if (pr.body == ProxiedRequest::Body::kLength)
+  if (pr.body == http::ProxiedRequest::Body::kChunked) head += "Transfer-Encoding: chunked\r\n";
+  if (pr.body == http::ProxiedRequest::Body::kLength)
     head += "Content-Length: " + std::to_string(pr.length) + "\r\n";
   head += req.websocket_upgrade ? "Connection: Upgrade\r\n\r\n" : "Connection: close\r\n\r\n";
   pr.head = std::move(head);
@@ -111,11 +111,12 @@ void ServePort(Api* api, HttpRequest req) {
   pr.buffered = std::move(req.takeover_buffered);
   pr.target_name = "port " + port_text + " in sandbox " + id;
   Metrics* metrics = api->deps().metrics;
-  StartPortRelay(*api->deps().proxy_io, std::move(client), std::move(*upstream), std::move(pr),
-                 std::chrono::milliseconds(api->deps().cfg.port_proxy_connect_timeout_ms),
-                 std::move(*slot), [metrics, method = req.method](int status) {
-                   if (status > 0) metrics->CountRequest(method, status);
-                 });
+  http::StartPortRelay(*api->deps().proxy_io, std::move(client), std::move(*upstream),
+                       std::move(pr),
+                       std::chrono::milliseconds(api->deps().cfg.port_proxy_connect_timeout_ms),
+                       std::move(*slot), [metrics, method = req.method](int status) {
+                         if (status > 0) metrics->CountRequest(method, status);
+                       });
 }
 
 }  // namespace dsec::edge

@@ -4,7 +4,7 @@
 
 #include "base/strings.h"
 #include "edge/api.h"
-#include "edge/json_body.h"
+#include "http/json_body.h"
 #include "images/store.h"
 
 namespace dsec::edge {
@@ -153,7 +153,7 @@ Status ApplyFields(const CreateFields& f, CreateParams* p) {
       if (k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
           (v && v->find('\0') != std::string::npos))
         return InvalidArgument("env names must not contain '=' or NUL, values no NUL");
-    p->env = Flatten(*f.env);
+    p->env = http::Flatten(*f.env);
   }
   return OkStatus();
 }
@@ -162,7 +162,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
                                                    const std::vector<backends::Kind>& served,
                                                    pools::PoolSet* pools,
                                                    images::ImageStore* images, bool* count_given) {
-  DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
+  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
   CreateParams p;
   p.resources = cfg.defaults;
   p.ttl_s = cfg.default_ttl_s;
@@ -203,7 +203,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   if (idle) p.idle_ttl_s = *idle;
   if (labels) {
     DSEC_RETURN_IF_ERROR(ValidateLabels(*labels));
-    p.labels = Flatten(*labels);
+    p.labels = http::Flatten(*labels);
   }
   // A pool made its sandboxes already, with what it fixes (checked above).
   if (p.pool.empty() && p.image != "host" && images)
@@ -265,7 +265,7 @@ void ListSandboxes(const std::shared_ptr<Ctx>& c) {
 void PatchSandbox(const std::shared_ptr<Ctx>& c) {
   auto run = [&]() -> StatusOr<SandboxRecord> {
     DSEC_RETURN_IF_ERROR(ValidateId("sandbox id", c->params["id"]));
-    DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(c->req.body));
+    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
     PatchParams p;
     DSEC_ASSIGN_OR_RETURN(p.ttl_s, b.Int("ttl_s", 1, kMaxTtlS));
     DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, b.Int("idle_ttl_s", 0, kMaxTtlS));
@@ -315,7 +315,7 @@ void Stats(const std::shared_ptr<Ctx>& c) {
 
 // Body-less actions still take an optional JSON body, strictly: only "request_id".
 Status CheckActionBody(const std::string& body) {
-  DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
+  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
   DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
   (void)rid;
   return b.Finish();

@@ -7,7 +7,7 @@
 #include "base/ids.h"
 #include "base/logging.h"
 #include "base/strings.h"
-#include "edge/json_body.h"
+#include "http/json_body.h"
 #include "images/bootstrap.h"
 #include "images/import.h"
 
@@ -111,7 +111,7 @@ size_t Utf8Prefix(std::string_view text, size_t max_bytes, bool final) {
 }  // namespace internal
 
 StatusOr<BuildRequest> ParseBuildRequest(std::string_view body) {
-  DSEC_ASSIGN_OR_RETURN(JsonBody b, JsonBody::Parse(body));
+  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
   BuildRequest r;
   DSEC_ASSIGN_OR_RETURN(auto name, b.String("name", 300));
   DSEC_ASSIGN_OR_RETURN(auto base, b.String("base", 64));

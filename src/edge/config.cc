@@ -160,19 +160,6 @@ Status LoadConfigFile(const std::string& path, EdgeConfig* cfg) {
   return OkStatus();
 }
 
-Status ParseHostPort(const std::string& s, std::string* host, uint16_t* port) {
-  size_t colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return InvalidArgument("listen address \"" + s + "\" must be HOST:PORT");
-  std::string h = s.substr(0, colon);
-  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  auto p = ParseInt64(s.substr(colon + 1));
-  if (!p || *p < 0 || *p > 65535) return InvalidArgument("bad port in \"" + s + "\"");
-  *host = h;
-  *port = static_cast<uint16_t>(*p);
-  return OkStatus();
-}
-
 Status FinalizeConfig(EdgeConfig* c) {
   if (c->state_dir.empty() || c->state_dir[0] != '/')
     return InvalidArgument("--state-dir must be an absolute path");

@@ -8,6 +8,7 @@
 
 #include "base/resources.h"
 #include "base/status.h"
+#include "http/server.h"
 
 namespace dsec::edge {
 
@@ -106,7 +107,7 @@ struct EdgeConfig {
   // the Debian mirror mmdebstrap uses ("" = deb.debian.org).
   int max_builds = 2;
   std::string build_mirror;
-  // The port proxy (port_relay.h): how long a connect into a sandbox may take (then 504), and
+  // The port proxy (http/relay.h): how long a connect into a sandbox may take (then 504), and
   // how many proxied connections the node and one sandbox may hold at once (then 429).
   int64_t port_proxy_connect_timeout_ms = 5000;
   int port_proxy_max_conns = 1024;
@@ -153,7 +154,6 @@ struct EdgeConfig {
 Status LoadConfigFile(const std::string& path, EdgeConfig* cfg);
 // Fills derived defaults (token file, audit log, node name) and checks ranges.
 Status FinalizeConfig(EdgeConfig* cfg);
-// Splits "host:port" ("[::1]:7070" for IPv6).
-Status ParseHostPort(const std::string& s, std::string* host, uint16_t* port);
+using http::ParseHostPort;
 
 }  // namespace dsec::edge

@@ -29,12 +29,12 @@
 #include "edge/api.h"
 #include "edge/audit_log.h"
 #include "edge/builds.h"
-#include "edge/http_server.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
 #include "edge/state_store.h"
+#include "http/server.h"
 
 namespace dsec::edge {
 
@@ -217,8 +217,8 @@ Json FeaturesOf(const container::ContainerBackend& backend) {
   return features;
 }
 
-HttpServerOptions ServerOptions(const EdgeConfig& cfg, const FileBudget& files) {
-  HttpServerOptions ho;
+http::HttpServerOptions ServerOptions(const EdgeConfig& cfg, const FileBudget& files) {
+  http::HttpServerOptions ho;
   ho.listen = cfg.listen;
   ho.unix_path = cfg.socket;
   // Image archives arrive here (unlinked files) rather than in memory.
@@ -278,7 +278,7 @@ void Housekeep(const std::atomic<bool>& done, Idempotency* idem, const OutputBud
 }
 
 // One line on stdout when ready, for scripts.
-void AnnounceReady(const EdgeConfig& cfg, const HttpServer& server, int adopted) {
+void AnnounceReady(const EdgeConfig& cfg, const http::HttpServer& server, int adopted) {
   std::string where = cfg.listen.empty() ? "" : "http://" + cfg.listen;
   if (!cfg.listen.empty() && cfg.listen.ends_with(":0"))
     where =
@@ -454,16 +454,16 @@ int RunEdge(EdgeConfig cfg) {
   };
   api.emplace(std::move(deps));
 
-  HttpServerOptions ho = ServerOptions(cfg, budgets->files);
+  http::HttpServerOptions ho = ServerOptions(cfg, budgets->files);
   if (Status s = MakeDirs(ho.spool_dir, 0700); !s.ok()) return fail("spool dir", s);
   // The socket's directory and whichever of its parents we create are removed again on exit.
   std::vector<std::string> made_dirs = MakeSocketDir(cfg.socket);
   auto remove_dirs = MakeScopeGuard([&] {
     for (const auto& d : made_dirs) (void)rmdir(d.c_str());  // only while empty
   });
-  auto server = HttpServer::Start(
-      ho, [&api](HttpRequest& r) { return api->Check(r); },
-      [&api](HttpRequest&& r, std::shared_ptr<Responder> res) {
+  auto server = http::HttpServer::Start(
+      ho, [&api](http::HttpRequest& r) { return api->Check(r); },
+      [&api](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
         api->Handle(std::move(r), std::move(res));
       });
   if (!server.ok()) return fail("serve", server.status());

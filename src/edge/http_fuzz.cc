@@ -23,15 +23,15 @@
 #include <string_view>
 
 #include "edge/api.h"
-#include "edge/http_parse.h"
-#include "edge/json_body.h"
+#include "http/json_body.h"
+#include "http/parse.h"
 
 namespace {
 
 namespace http = boost::beast::http;
 using dsec::edge::Api;
-using dsec::edge::HttpRequest;
-using dsec::edge::HttpResponse;
+using dsec::http::HttpRequest;
+using dsec::http::HttpResponse;
 
 constexpr const char* kToken = "fuzz-token-0123456789abcdef";
 
@@ -58,7 +58,7 @@ void CheckError(const HttpResponse& r) {
 
 // What a handler does first with a JSON body: the strict reader and its typed getters.
 void ReadJsonBody(const std::string& body) {
-  auto b = dsec::edge::JsonBody::Parse(body);
+  auto b = dsec::http::JsonBody::Parse(body);
   if (!b.ok()) return;
   (void)b->String("shell");
   (void)b->StringArray("cmd", 4096, 1 << 16);
@@ -81,7 +81,7 @@ void Route(HttpRequest& req) {
     bool declared = false;
     for (const auto& seg : r->segments) declared = declared || seg == ":" + name;
     if (!declared) __builtin_trap();
-    (void)dsec::edge::ValidateId(name, value);
+    (void)dsec::api::ValidateId(name, value);
   }
   if (r && !r->upload) ReadJsonBody(req.body);
 }
@@ -112,12 +112,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (p.is_header_done() && !head_done) {
         head_done = true;
         HttpResponse bad;
-        if (!dsec::edge::RequestFromHead(p.get().base(), &req, &bad)) {
+        if (!dsec::http::RequestFromHead(p.get().base(), &req, &bad)) {
           CheckError(bad);
           return 0;
         }
         if (req.path.find('\0') != std::string::npos) __builtin_trap();
-        dsec::edge::Preflight pf = TheApi()->Check(req);
+        dsec::http::Preflight pf = TheApi()->Check(req);
         if (!pf.ok) {
           CheckError(pf.error);
           return 0;

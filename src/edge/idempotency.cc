@@ -34,13 +34,13 @@ bool Idempotency::Recordable(int status) {
   return status != 429 && status != 503 && status != 401 && status != 403;
 }
 
-HttpResponse Idempotency::Mismatch() {
-  return JsonError(409, "conflict",
-                   "this request id was already used for a different request body");
+http::HttpResponse Idempotency::Mismatch() {
+  return http::JsonError(409, "conflict",
+                         "this request id was already used for a different request body");
 }
 
-HttpResponse Idempotency::Replay(const StoredResponse& r) const {
-  HttpResponse out;
+http::HttpResponse Idempotency::Replay(const StoredResponse& r) const {
+  http::HttpResponse out;
   out.status = r.status;
   out.content_type = r.content_type;
   out.body = r.body;
@@ -49,7 +49,7 @@ HttpResponse Idempotency::Replay(const StoredResponse& r) const {
 }
 
 Idempotency::Decision Idempotency::Begin(const std::string& key, const std::string& hash,
-                                         std::function<void(HttpResponse)> reply) {
+                                         std::function<void(http::HttpResponse)> reply) {
   MutexLock l(mu_);
   if (auto it = inflight_.find(key); it != inflight_.end()) {
     if (it->second.hash != hash) {
@@ -61,7 +61,7 @@ Idempotency::Decision Idempotency::Begin(const std::string& key, const std::stri
     return Decision::kWaiting;
   }
   if (auto it = unsaved_.find(key); it != unsaved_.end()) {
-    HttpResponse out = it->second.request_hash == hash ? Replay(it->second) : Mismatch();
+    http::HttpResponse out = it->second.request_hash == hash ? Replay(it->second) : Mismatch();
     l.Unlock();
     reply(std::move(out));
     return Decision::kReplayed;
@@ -69,12 +69,12 @@ Idempotency::Decision Idempotency::Begin(const std::string& key, const std::stri
   auto stored = store_->GetResponse(key);
   if (!stored.ok()) {
     l.Unlock();
-    reply(JsonError(503, "unavailable", "state db: " + stored.status().message()));
+    reply(http::JsonError(503, "unavailable", "state db: " + stored.status().message()));
     return Decision::kReplayed;
   }
   if (stored->has_value()) {
     const StoredResponse& r = **stored;
-    HttpResponse out = r.request_hash == hash ? Replay(r) : Mismatch();
+    http::HttpResponse out = r.request_hash == hash ? Replay(r) : Mismatch();
     l.Unlock();
     reply(std::move(out));
     return Decision::kReplayed;
@@ -83,7 +83,8 @@ Idempotency::Decision Idempotency::Begin(const std::string& key, const std::stri
   return Decision::kRun;
 }
 
-void Idempotency::Finish(const std::string& key, const std::string& hash, const HttpResponse& r) {
+void Idempotency::Finish(const std::string& key, const std::string& hash,
+                         const http::HttpResponse& r) {
   if (Recordable(r.status)) {
     StoredResponse s;
     s.status = r.status;
@@ -92,10 +93,10 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
     s.request_hash = hash;
     s.created_ms = WallMs();
     if (s.body.size() > max_body_) {
-      HttpResponse big =
-          JsonError(409, "conflict",
-                    "this request already ran; its response (" + std::to_string(r.body.size()) +
-                        " bytes) was too large to keep for replay");
+      http::HttpResponse big = http::JsonError(409, "conflict",
+                                               "this request already ran; its response (" +
+                                                   std::to_string(r.body.size()) +
+                                                   " bytes) was too large to keep for replay");
       s.status = big.status;
       s.content_type = big.content_type;
       s.body = big.body;
@@ -118,7 +119,7 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
     // Big responses in a burst must not wait for the periodic prune to be bounded.
     if (since_prune_ += s.body.size(); since_prune_ > max_total_ / 8) Prune();
   }
-  std::vector<std::function<void(HttpResponse)>> waiters;
+  std::vector<std::function<void(http::HttpResponse)>> waiters;
   {
     MutexLock l(mu_);
     auto it = inflight_.find(key);
@@ -128,7 +129,7 @@ void Idempotency::Finish(const std::string& key, const std::string& hash, const 
     }
   }
   for (auto& w : waiters) {
-    HttpResponse copy = r;
+    http::HttpResponse copy = r;
     copy.headers.emplace_back("Idempotent-Replay", "true");
     w(std::move(copy));
   }

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "base/mutex.h"
-#include "edge/http_server.h"
 #include "edge/state_store.h"
+#include "http/server.h"
 
 namespace dsec::edge {
 
@@ -36,9 +36,9 @@ class Idempotency {
   // call Finish with its response), kReplayed (`reply` was called with the recorded or a 409
   // response), or kWaiting (`reply` will be called when the first request finishes).
   Decision Begin(const std::string& key, const std::string& hash,
-                 std::function<void(HttpResponse)> reply);
+                 std::function<void(http::HttpResponse)> reply);
   // Records (when recordable) and wakes waiters. Call before sending `r` to the caller.
-  void Finish(const std::string& key, const std::string& hash, const HttpResponse& r);
+  void Finish(const std::string& key, const std::string& hash, const http::HttpResponse& r);
   void Prune();
 
   static bool Recordable(int status);
@@ -50,10 +50,10 @@ class Idempotency {
  private:
   struct InFlight {
     std::string hash;
-    std::vector<std::function<void(HttpResponse)>> waiters;
+    std::vector<std::function<void(http::HttpResponse)>> waiters;
   };
-  HttpResponse Replay(const StoredResponse& r) const;
-  static HttpResponse Mismatch();
+  http::HttpResponse Replay(const StoredResponse& r) const;
+  static http::HttpResponse Mismatch();
   void FlushUnsaved();
 
   StateStore* store_;

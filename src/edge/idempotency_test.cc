@@ -36,16 +36,16 @@ class IdempotencyTest : public ::testing::Test {
   }
   // Begin, keeping what `reply` was called with.
   Idempotency::Decision Begin(const std::string& key, const std::string& hash,
-                              std::optional<HttpResponse>* got) {
-    return idem_->Begin(key, hash, [got](HttpResponse r) { *got = std::move(r); });
+                              std::optional<http::HttpResponse>* got) {
+    return idem_->Begin(key, hash, [got](http::HttpResponse r) { *got = std::move(r); });
   }
-  static HttpResponse Created(std::string body) {
-    HttpResponse r;
+  static http::HttpResponse Created(std::string body) {
+    http::HttpResponse r;
     r.status = 201;
     r.body = std::move(body);
     return r;
   }
-  static bool Replayed(const HttpResponse& r) {
+  static bool Replayed(const http::HttpResponse& r) {
     for (const auto& [k, v] : r.headers)
       if (k == "Idempotent-Replay" && v == "true") return true;
     return false;
@@ -57,7 +57,7 @@ class IdempotencyTest : public ::testing::Test {
 };
 
 TEST_F(IdempotencyTest, TheSameRequestAgainIsReplayedNotRun) {
-  std::optional<HttpResponse> got;
+  std::optional<http::HttpResponse> got;
   ASSERT_EQ(Begin("t:create:r1", "h1", &got), Idempotency::Decision::kRun);
   EXPECT_FALSE(got);
   idem_->Finish("t:create:r1", "h1", Created(R"({"id":"sb-1"})"));
@@ -67,12 +67,12 @@ TEST_F(IdempotencyTest, TheSameRequestAgainIsReplayedNotRun) {
   EXPECT_EQ(got->body, R"({"id":"sb-1"})");
   EXPECT_TRUE(Replayed(*got));
   // Another id runs.
-  std::optional<HttpResponse> other;
+  std::optional<http::HttpResponse> other;
   EXPECT_EQ(Begin("t:create:r2", "h1", &other), Idempotency::Decision::kRun);
 }
 
 TEST_F(IdempotencyTest, TheSameIdWithAnotherBodyIsAConflict) {
-  std::optional<HttpResponse> got;
+  std::optional<http::HttpResponse> got;
   ASSERT_EQ(Begin("k", "h1", &got), Idempotency::Decision::kRun);
   // While in flight, and after.
   ASSERT_EQ(Begin("k", "h2", &got), Idempotency::Decision::kReplayed);
@@ -85,7 +85,7 @@ TEST_F(IdempotencyTest, TheSameIdWithAnotherBodyIsAConflict) {
 }
 
 TEST_F(IdempotencyTest, ARetryWhileTheFirstRunsWaitsForItsAnswer) {
-  std::optional<HttpResponse> first, second, third;
+  std::optional<http::HttpResponse> first, second, third;
   ASSERT_EQ(Begin("k", "h", &first), Idempotency::Decision::kRun);
   ASSERT_EQ(Begin("k", "h", &second), Idempotency::Decision::kWaiting);
   ASSERT_EQ(Begin("k", "h", &third), Idempotency::Decision::kWaiting);
@@ -100,9 +100,9 @@ TEST_F(IdempotencyTest, ARetryWhileTheFirstRunsWaitsForItsAnswer) {
 TEST_F(IdempotencyTest, TransientAnswersAreNotRecorded) {
   for (int status : {429, 503, 401, 403}) {
     std::string key = "k" + std::to_string(status);
-    std::optional<HttpResponse> got;
+    std::optional<http::HttpResponse> got;
     ASSERT_EQ(Begin(key, "h", &got), Idempotency::Decision::kRun);
-    HttpResponse r;
+    http::HttpResponse r;
     r.status = status;
     idem_->Finish(key, "h", r);
     EXPECT_EQ(Begin(key, "h", &got), Idempotency::Decision::kRun) << status;
@@ -114,7 +114,7 @@ TEST_F(IdempotencyTest, TransientAnswersAreNotRecorded) {
 
 TEST_F(IdempotencyTest, AnOversizedResponseIsRecordedAsAlreadyRan) {
   Open(/*max_body=*/16);
-  std::optional<HttpResponse> got;
+  std::optional<http::HttpResponse> got;
   ASSERT_EQ(Begin("k", "h", &got), Idempotency::Decision::kRun);
   idem_->Finish("k", "h", Created(std::string(100, 'x')));
   ASSERT_EQ(Begin("k", "h", &got), Idempotency::Decision::kReplayed);
@@ -123,7 +123,7 @@ TEST_F(IdempotencyTest, AnOversizedResponseIsRecordedAsAlreadyRan) {
 }
 
 TEST_F(IdempotencyTest, RecordsSurviveARestart) {
-  std::optional<HttpResponse> got;
+  std::optional<http::HttpResponse> got;
   ASSERT_EQ(Begin("k", "h", &got), Idempotency::Decision::kRun);
   idem_->Finish("k", "h", Created("kept"));
   Open();

@@ -2,22 +2,6 @@
 
 namespace dsec::edge {
 
-std::string_view PhaseName(Phase p) {
-  switch (p) {
-    case Phase::kCreating:
-      return "creating";
-    case Phase::kRunning:
-      return "running";
-    case Phase::kPaused:
-      return "paused";
-    case Phase::kFailed:
-      return "failed";
-    case Phase::kDeleted:
-      return "deleted";
-  }
-  return "unknown";
-}
-
 namespace {
 // "sandbox X failed and cannot be <this>".
 std::string_view Participle(Op op) {

@@ -14,13 +14,13 @@
 #include <string>
 #include <string_view>
 
+#include "api/records.h"
 #include "base/status.h"
 
 namespace dsec::edge {
 
-enum class Phase { kCreating, kRunning, kPaused, kFailed, kDeleted };
-// "creating", "running", "paused", "failed", "deleted".
-std::string_view PhaseName(Phase p);
+using api::Phase;
+using api::PhaseName;
 
 enum class Op {
   kUse,       // exec, shells, files, archives, stats, attach: resumes a paused sandbox first

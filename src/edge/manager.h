@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/records.h"
 #include "backends/pools/pool.h"
 #include "backends/sandbox.h"
 #include "base/clock.h"
@@ -29,11 +30,14 @@
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
 #include "edge/output_budget.h"
-#include "edge/records.h"
 #include "edge/state_store.h"
 #include "net/policy.h"
 
 namespace dsec::edge {
+
+using api::NodeReport;
+using api::SandboxPage;
+using api::SandboxRecord;
 
 // What a caller asked for (validated by the API layer; defaults filled in).
 struct CreateParams {

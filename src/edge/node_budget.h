@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "api/records.h"
 #include "base/status.h"
 
 namespace dsec::edge {
@@ -36,23 +37,7 @@ struct NodeBudgetOptions {
   int64_t memory_mb = 0;  // the node's memory: sizes the TCP budget where tcp_mem is not shown
 };
 
-struct NodeBudget {
-  uint64_t file_max = 0;
-  uint64_t aio_max_nr = 0;  // 0 where the kernel has no AIO (no fs/aio-max-nr)
-  uint64_t pid_max = 0;
-  uint64_t threads_max = 0;
-  uint64_t pty_max = 0;
-  uint64_t pty_reserve = 0;
-  uint32_t pty_per_sandbox = 0;  // what each sandbox's devpts gets (may be below the option)
-  int64_t sandbox_pids = 0;      // pids.max of the parent cgroup: all sandboxes together
-  // TCP buffer memory of all sandboxes together on cgroup v1 (the parent's
-  // memory.kmem.tcp.limit_in_bytes): 3/4 of the host's TCP memory-pressure threshold
-  // (net.ipv4.tcp_mem[1]), so sandboxes together never put the host's own TCP (the edge's API
-  // connections included) under memory pressure. Cgroup v2 charges socket buffers to
-  // memory.max instead, with no separate limit.
-  int64_t sandbox_tcp_bytes = 0;
-  std::vector<std::string> changes;
-};
+using api::NodeBudget;
 
 StatusOr<NodeBudget> PrepareNodeBudget(const NodeBudgetOptions& opts);
 
@@ -65,12 +50,7 @@ StatusOr<NodeBudget> PrepareNodeBudget(const NodeBudgetOptions& opts);
 inline constexpr int64_t kEdgeFdsPerSandbox = 4;
 inline constexpr int64_t kEdgeFdsBase = 512;  // state DB, logs, listeners, threads, pools
 
-struct FileBudget {
-  uint64_t nofile = 0;        // RLIMIT_NOFILE in force
-  int64_t max_sandboxes = 0;  // sandboxes the edge admits (<= the configured max_sandboxes)
-  int max_connections = 0;    // HTTP connections it accepts
-  std::vector<std::string> changes;
-};
+using api::FileBudget;
 
 StatusOr<FileBudget> PrepareFileBudget(int64_t max_sandboxes, int max_connections,
                                        bool apply_sysctls,

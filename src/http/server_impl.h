@@ -1,6 +1,6 @@
 // Internal to the HTTP server: its shared state (HttpServer::Impl) and what a connection is to
-// it (SessionBase). http_server.cc listens, accepts and starts and stops the server;
-// http_session.cc serves one connection (HTTP/1.1 requests, streamed responses, WebSocket
+// it (SessionBase). server.cc listens, accepts and starts and stops the server;
+// session.cc serves one connection (HTTP/1.1 requests, streamed responses, WebSocket
 // upgrades); http_request.cc turns a parsed request head into an HttpRequest.
 #pragma once
 
@@ -27,10 +27,9 @@
 #include "base/file_util.h"
 #include "base/logging.h"
 #include "base/mutex.h"
-#include "edge/config.h"
-#include "edge/http_parse.h"
+#include "http/parse.h"
 
-namespace dsec::edge {
+namespace dsec::http {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -55,6 +54,7 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
 
 struct HttpServer::Impl {
   HttpServerOptions opts;
+  std::string busy_response;  // the 503 for connections past the descriptor reserve
   PreflightFn preflight;
   HandlerFn handler;
   asio::io_context io;
@@ -107,4 +107,4 @@ struct HttpServer::Impl {
   void AcceptUnix();
 };
 
-}  // namespace dsec::edge
+}  // namespace dsec::http

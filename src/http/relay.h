@@ -35,7 +35,7 @@
 #include "base/status.h"
 #include "base/unique_fd.h"
 
-namespace dsec::edge {
+namespace dsec::http {
 
 inline constexpr size_t kPipeBytes = 1 << 20;
 inline constexpr size_t kMaxHeadBytes = 64 << 10;
@@ -63,4 +63,4 @@ void StartPortRelay(boost::asio::io_context& io, UniqueFd client, UniqueFd upstr
 // A complete error response (JSON body, Connection: close) as bytes.
 std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message);
 
-}  // namespace dsec::edge
+}  // namespace dsec::http

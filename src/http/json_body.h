@@ -13,7 +13,7 @@
 #include "base/json.h"
 #include "base/status.h"
 
-namespace dsec::edge {
+namespace dsec::http {
 
 class JsonBody {
  public:
@@ -55,4 +55,4 @@ Status CheckStrictJson(std::string_view body);
 std::map<std::string, std::string> Flatten(
     const std::map<std::string, std::optional<std::string>>& m);
 
-}  // namespace dsec::edge
+}  // namespace dsec::http

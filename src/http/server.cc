@@ -1,27 +1,24 @@
-#include "edge/http_server.h"
+#include "http/server.h"
 
-#include "edge/http_server_impl.h"
+#include "http/server_impl.h"
 
-namespace dsec::edge {
+namespace dsec::http {
 
 namespace {
 
-const std::string& BusyResponse() {
-  static const std::string kBusy = [] {
-    HttpResponse r = JsonError(503, "unavailable", "the edge is out of file descriptors");
-    return "HTTP/1.1 503 Service Unavailable\r\nServer: dsec-edge\r\nContent-Type: "
-           "application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
-           std::to_string(r.body.size()) + "\r\n\r\n" + r.body;
-  }();
-  return kBusy;
+std::string BusyResponse(const std::string& server_name) {
+  HttpResponse r = JsonError(503, "unavailable", "the server is out of file descriptors");
+  return "HTTP/1.1 503 Service Unavailable\r\nServer: " + server_name +
+         "\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\n"
+         "Content-Length: " +
+         std::to_string(r.body.size()) + "\r\n\r\n" + r.body;
 }
 
-// Answers 503 on a connection the edge cannot serve and closes it.
-void RefuseBusy(int fd) {
+// Answers 503 on a connection the server cannot serve and closes it.
+void RefuseBusy(int fd, const std::string& busy) {
   char buf[4096];  // read what it sent, so the close is a FIN and not a reset
   for (int k = 0; k < 4 && recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0; ++k) {
   }
-  const std::string& busy = BusyResponse();
   (void)send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   shutdown(fd, SHUT_WR);
   close(fd);
@@ -39,7 +36,7 @@ bool HttpServer::Impl::RestoreReserve() {
 
 void HttpServer::Impl::RefuseForReserve(int fd) {
   MutexLock l(reserve_mu);
-  RefuseBusy(fd);
+  RefuseBusy(fd, busy_response);
   if (reserve_fd < 0) reserve_fd = OpenReserve();
 }
 
@@ -51,7 +48,7 @@ void HttpServer::Impl::ShedWaiting(int listen_fd) {
     if (poll(&pfd, 1, 0) != 1) break;  // nobody waiting
     close(reserve_fd);
     int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0) RefuseBusy(fd);
+    if (fd >= 0) RefuseBusy(fd, busy_response);
     reserve_fd = OpenReserve();
     if (fd < 0) break;  // another thread took the slot: next time
   }
@@ -116,6 +113,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions opts,
                                                         PreflightFn preflight, HandlerFn handler) {
   auto impl = std::make_unique<Impl>();
   impl->opts = std::move(opts);
+  impl->busy_response = BusyResponse(impl->opts.server_name);
   impl->preflight = std::move(preflight);
   impl->handler = std::move(handler);
   impl->tcp_retry = std::make_unique<asio::steady_timer>(impl->io);
@@ -212,4 +210,4 @@ uint16_t HttpServer::tcp_port() const {
 
 asio::io_context& HttpServer::io() { return impl_->io; }
 
-}  // namespace dsec::edge
+}  // namespace dsec::http

@@ -1,5 +1,6 @@
-// The port proxy's relay (port_relay.h): one exchange, framed by parsing, then closed.
-#include "edge/port_relay.h"
+// The one-exchange relay (relay.h) of the port proxy and the apiserver: one exchange, framed by
+// parsing, then closed.
+#include "http/relay.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -16,9 +17,9 @@
 #include <limits>
 
 #include "base/strings.h"
-#include "edge/http_server.h"
+#include "http/server.h"
 
-namespace dsec::edge {
+namespace dsec::http {
 
 std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message) {
   HttpResponse r = JsonError(status, code, message);
@@ -553,4 +554,4 @@ void StartPortRelay(asio::io_context& io, UniqueFd client, UniqueFd upstream, Pr
   relay->Start(connect_timeout);
 }
 
-}  // namespace dsec::edge
+}  // namespace dsec::http

@@ -1,10 +1,10 @@
 // One connection of the HTTP server: requests read with Beast (head first: auth preflight and
 // limits before any body byte is read), bodies in memory or spooled to disk, responses written
 // in order (pipelining) or streamed, and WebSocket sessions after an upgrade.
-#include "edge/http_parse.h"
-#include "edge/http_server_impl.h"
+#include "http/parse.h"
+#include "http/server_impl.h"
 
-namespace dsec::edge {
+namespace dsec::http {
 
 // A WebSocket connection after the upgrade.
 template <class Socket>
@@ -166,7 +166,7 @@ class HttpSession : public SessionBase {
     phase_ = Phase::kStreaming;
     stream_res_ =
         std::make_unique<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
-    stream_res_->set(http::field::server, "dsec-edge");
+    stream_res_->set(http::field::server, srv_->opts.server_name);
     stream_res_->set(http::field::content_type, ctype);
     for (auto& [k, v] : headers) stream_res_->set(k, v);
     stream_res_->chunked(true);
@@ -464,7 +464,7 @@ class HttpSession : public SessionBase {
     phase_ = Phase::kWriting;
     auto res = std::make_shared<http::response<http::string_body>>(
         static_cast<http::status>(r.status), 11);
-    res->set(http::field::server, "dsec-edge");
+    res->set(http::field::server, srv_->opts.server_name);
     if (!r.body.empty() || r.status != 204) res->set(http::field::content_type, r.content_type);
     for (auto& [k, v] : r.headers) res->set(k, v);
     res->body() = std::move(r.body);
@@ -639,4 +639,4 @@ template void HttpServer::Impl::StartSession<tcp::socket>(tcp::socket, bool, uid
 template void HttpServer::Impl::StartSession<unix_proto::socket>(unix_proto::socket, bool, uid_t,
                                                                  std::string);
 
-}  // namespace dsec::edge
+}  // namespace dsec::http

@@ -4,10 +4,11 @@
 #include <boost/beast/websocket.hpp>
 #include <nlohmann/json.hpp>
 
-#include "edge/http_parse.h"
-#include "edge/http_server.h"
+#include "base/strings.h"
+#include "http/parse.h"
+#include "http/server.h"
 
-namespace dsec::edge {
+namespace dsec::http {
 
 namespace http = boost::beast::http;
 namespace websocket = boost::beast::websocket;
@@ -99,4 +100,17 @@ std::string HttpRequest::Header(std::string_view name) const {
   return {};
 }
 
-}  // namespace dsec::edge
+Status ParseHostPort(const std::string& s, std::string* host, uint16_t* port) {
+  size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return InvalidArgument("listen address \"" + s + "\" must be HOST:PORT");
+  std::string h = s.substr(0, colon);
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  auto p = ParseInt64(s.substr(colon + 1));
+  if (!p || *p < 0 || *p > 65535) return InvalidArgument("bad port in \"" + s + "\"");
+  *host = h;
+  *port = static_cast<uint16_t>(*p);
+  return OkStatus();
+}
+
+}  // namespace dsec::http

@@ -1,11 +1,11 @@
-#include "edge/json_body.h"
+#include "http/json_body.h"
 
 #include <algorithm>
 #include <cmath>
 #include <optional>
 #include <unordered_set>
 
-namespace dsec::edge {
+namespace dsec::http {
 
 namespace {
 Status TypeError(const char* name, const char* want) {
@@ -200,4 +200,4 @@ std::map<std::string, std::string> Flatten(
   return out;
 }
 
-}  // namespace dsec::edge
+}  // namespace dsec::http

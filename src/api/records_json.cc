@@ -1,8 +1,24 @@
+#include "api/records.h"
 #include "base/strings.h"
-#include "edge/records.h"
 
 // The REST shapes of the manager's records (api/openapi.yaml: Sandbox, SandboxList, Node).
-namespace dsec::edge {
+namespace dsec::api {
+
+std::string_view PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kCreating:
+      return "creating";
+    case Phase::kRunning:
+      return "running";
+    case Phase::kPaused:
+      return "paused";
+    case Phase::kFailed:
+      return "failed";
+    case Phase::kDeleted:
+      return "deleted";
+  }
+  return "unknown";
+}
 
 namespace {
 // A stack of images is shown as the list it was given as; a single image as its name.
@@ -72,4 +88,4 @@ Json ToJson(const NodeReport& n) {
            {{"sandboxes", n.sandboxes}, {"memory_mb", n.used_memory_mb}, {"by_state", by_state}}}};
 }
 
-}  // namespace dsec::edge
+}  // namespace dsec::api

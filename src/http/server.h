@@ -1,5 +1,5 @@
-// The edge's HTTP/1.1 server (Boost.Beast on Asio): TCP and a unix socket, keep-alive,
-// bounded headers and bodies, buffered and chunked streaming responses, and WebSocket
+// The HTTP/1.1 server of the edge and the apiserver (Boost.Beast on Asio): TCP and a unix socket,
+// keep-alive, bounded headers and bodies, buffered and chunked streaming responses, and WebSocket
 // upgrades. Everything is asynchronous: a connection costs a socket and a small object, never
 // a thread, so thousands of open connections and long streams are fine.
 //
@@ -29,7 +29,7 @@ namespace boost::asio {
 class io_context;
 }
 
-namespace dsec::edge {
+namespace dsec::http {
 
 struct HttpRequest {
   std::string method;                                        // "GET", "POST", ...
@@ -126,8 +126,9 @@ struct HttpServerOptions {
   uint64_t max_websocket_message = 1 << 20;
   std::string spool_dir;  // where spooled bodies go (O_TMPFILE); required for Preflight::spool
   // Spooled bodies being received at once; more are refused (429) before their bodies are read.
-  int max_spooled = 4;           // image archives (GiBs each, unpacked afterwards)
-  int max_spooled_uploads = 16;  // file and archive uploads into sandboxes
+  int max_spooled = 4;                    // image archives (GiBs each, unpacked afterwards)
+  int max_spooled_uploads = 16;           // file and archive uploads into sandboxes
+  std::string server_name = "dsec-edge";  // the Server header
 };
 
 class HttpServer {
@@ -154,7 +155,10 @@ class HttpServer {
 // {"error": {"code": code, "message": message}} with the given status.
 HttpResponse JsonError(int status, std::string_view code, std::string_view message);
 
+// Splits "host:port" ("[::1]:7070" for IPv6).
+Status ParseHostPort(const std::string& s, std::string* host, uint16_t* port);
+
 // Percent-decoding for paths and query values ('+' is a space in queries). False on bad escapes.
 bool PercentDecode(std::string_view in, bool plus_is_space, std::string* out);
 
-}  // namespace dsec::edge
+}  // namespace dsec::http

@@ -1,22 +1,52 @@
-// What the manager answers with: typed records of sandboxes and of the node. The manager knows
-// nothing of JSON for them; the REST layer renders them (ToJson below, records_json.cc) into
-// the shapes api/openapi.yaml describes, and a future front end (the apiserver) may render
-// them its own way.
+// What a node answers with: typed records of sandboxes and of the node. The edge's manager
+// fills them and knows nothing of JSON; this layer renders them (ToJson below, records_json.cc)
+// into the shapes api/openapi.yaml describes, for the edge and the apiserver alike.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/kind.h"
 #include "base/json.h"
 #include "base/resources.h"
-#include "edge/lifecycle.h"
-#include "edge/node_budget.h"
 #include "net/policy.h"
 
-namespace dsec::edge {
+namespace dsec::api {
+
+// A sandbox's lifecycle phase (edge/lifecycle.h has the operations each allows).
+enum class Phase { kCreating, kRunning, kPaused, kFailed, kDeleted };
+// "creating", "running", "paused", "failed", "deleted".
+std::string_view PhaseName(Phase p);
+
+// The node-wide kernel budgets the edge set at start (edge/node_budget.h).
+struct NodeBudget {
+  uint64_t file_max = 0;
+  uint64_t aio_max_nr = 0;  // 0 where the kernel has no AIO (no fs/aio-max-nr)
+  uint64_t pid_max = 0;
+  uint64_t threads_max = 0;
+  uint64_t pty_max = 0;
+  uint64_t pty_reserve = 0;
+  uint32_t pty_per_sandbox = 0;  // what each sandbox's devpts gets (may be below the option)
+  int64_t sandbox_pids = 0;      // pids.max of the parent cgroup: all sandboxes together
+  // TCP buffer memory of all sandboxes together on cgroup v1 (the parent's
+  // memory.kmem.tcp.limit_in_bytes): 3/4 of the host's TCP memory-pressure threshold
+  // (net.ipv4.tcp_mem[1]), so sandboxes together never put the host's own TCP (the edge's API
+  // connections included) under memory pressure. Cgroup v2 charges socket buffers to
+  // memory.max instead, with no separate limit.
+  int64_t sandbox_tcp_bytes = 0;
+  std::vector<std::string> changes;
+};
+
+// The edge's own open-file budget (edge/node_budget.h).
+struct FileBudget {
+  uint64_t nofile = 0;        // RLIMIT_NOFILE in force
+  int64_t max_sandboxes = 0;  // sandboxes the edge admits (<= the configured max_sandboxes)
+  int max_connections = 0;    // HTTP connections it accepts
+  std::vector<std::string> changes;
+};
 
 // One sandbox as the API shows it (GET /v1/sandboxes/{id}).
 struct SandboxRecord {
@@ -61,4 +91,4 @@ Json ToJson(const std::vector<SandboxRecord>& rs);  // an array
 Json ToJson(const SandboxPage& p);
 Json ToJson(const NodeReport& n);
 
-}  // namespace dsec::edge
+}  // namespace dsec::api
