@@ -1,5 +1,8 @@
 #include "edge/config.h"
 
+#include "cluster/etcd.h"
+#include "http/client.h"
+
 #include "net/policy.h"
 
 #include <unistd.h>
@@ -25,6 +28,9 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"state_dir", &c->state_dir},
       {"token_file", &c->token_file},
       {"node", &c->node},
+      {"cluster_etcd", &c->cluster_etcd},
+      {"cluster_advertise", &c->cluster_advertise},
+      {"cluster_lease_ttl_s", &c->cluster_lease_ttl_s},
       {"persist", &c->persist},
       {"log_level", &c->log_level},
       {"max_sandboxes", &c->max_sandboxes},
@@ -212,6 +218,7 @@ Status FinalizeConfig(EdgeConfig* c) {
     return InvalidArgument("microvm_accel must be auto, kvm or tcg");
   for (const Range& r : std::initializer_list<Range>{
            {"max_sandboxes", double(c->max_sandboxes), 1, 1 << 20},
+           {"cluster_lease_ttl_s", double(c->cluster_lease_ttl_s), 2, 600},
            {"port_proxy_connect_timeout_ms", double(c->port_proxy_connect_timeout_ms), 1, 600000},
            {"port_proxy_max_conns", double(c->port_proxy_max_conns), 1, 1 << 20},
            {"max_workers_per_sandbox", double(c->max_workers_per_sandbox), 1, 1 << 16},
@@ -251,6 +258,24 @@ Status FinalizeConfig(EdgeConfig* c) {
     if (!(r.v >= r.lo && r.v <= r.hi))
       return InvalidArgument(std::string(r.name) + " must be between " + FormatNumber(r.lo) +
                              " and " + FormatNumber(r.hi));
+  }
+  if (!c->cluster_etcd.empty()) {
+    DSEC_RETURN_IF_ERROR(etcd::ParseEndpoints(c->cluster_etcd).status());
+    if (c->cluster_advertise.empty()) {
+      std::string host;
+      uint16_t port = 0;
+      if (c->listen.empty() || !ParseHostPort(c->listen, &host, &port).ok() || port == 0 ||
+          host == "0.0.0.0" || host == "::" || host.empty())
+        return InvalidArgument(
+            "in a cluster (cluster_etcd) the edge needs cluster_advertise, the http://HOST:PORT "
+            "apiservers reach it at (listen \"" +
+            c->listen + "\" does not name one)");
+      c->cluster_advertise = "http://" + c->listen;
+    }
+    std::string host;
+    uint16_t port = 0;
+    if (Status s = http::ParseHttpUrl(c->cluster_advertise, &host, &port); !s.ok())
+      return InvalidArgument("cluster_advertise: " + s.message());
   }
   return OkStatus();
 }

@@ -148,6 +148,14 @@ struct EdgeConfig {
   // An fncall worker is replaced after this many calls (0: never): its calls are forked from
   // one warm interpreter and share what fork cannot renew (Python's hash secret).
   int64_t fncall_worker_max_calls = 256;
+
+  // Cluster membership (edge/membership.h): with cluster_etcd set ("etcd://h:p[,h:p]", the
+  // --cluster flag), the edge registers in etcd under a lease of cluster_lease_ttl_s seconds,
+  // with cluster_advertise as the URL apiservers reach it at ("" = http://<listen>, which must
+  // then not be a wildcard address).
+  std::string cluster_etcd;
+  std::string cluster_advertise;
+  int64_t cluster_lease_ttl_s = 5;
 };
 
 // Reads the JSON config file into cfg (unknown keys and wrong types are errors).

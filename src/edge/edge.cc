@@ -31,6 +31,7 @@
 #include "edge/builds.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"
+#include "edge/membership.h"
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
 #include "edge/state_store.h"
@@ -477,6 +478,40 @@ int RunEdge(EdgeConfig cfg) {
   api->deps().connections = [s = server->get()] { return s->connections(); };
   api->deps().proxy_io = &(*server)->io();
   manager.StartReaper();
+
+  // In a cluster: registered once serving, and gone from placement first at shutdown.
+  std::unique_ptr<Membership> membership;
+  if (!cfg.cluster_etcd.empty()) {
+    auto endpoints = etcd::ParseEndpoints(cfg.cluster_etcd);  // checked by FinalizeConfig
+    if (!endpoints.ok()) return fail("cluster", endpoints.status());
+    const int64_t started_at = WallMs();
+    membership = std::make_unique<Membership>(
+        *endpoints, cfg.cluster_lease_ttl_s,
+        [&cfg, &manager, &pools, instance = (*backend)->instance_id(), started_at] {
+          NodeReport n = manager.NodeInfo();
+          cluster::NodeRecord r;
+          r.node = cfg.node;
+          r.url = cfg.cluster_advertise;
+          r.instance = instance;
+          r.version = DSEC_VERSION;
+          for (backends::Kind k : manager.Kinds()) r.kinds.emplace_back(backends::KindName(k));
+          for (const auto& p : pools.List())
+            if (p.contains("name") && p["name"].is_string()) r.pools.push_back(p["name"]);
+          r.max_sandboxes = std::min(
+              n.max_sandboxes, n.files.max_sandboxes > 0 ? n.files.max_sandboxes : n.max_sandboxes);
+          r.memory_mb = n.memory_mb;
+          r.admit_memory_mb = n.admit_memory_mb;
+          r.max_memory_mb = n.admit_memory_mb;
+          r.sandboxes = n.sandboxes;
+          r.used_memory_mb = n.used_memory_mb;
+          r.started_at = started_at;
+          return r;
+        });
+    membership->Start();
+  }
+  auto stop_membership = MakeScopeGuard([&] {
+    if (membership) membership->Stop();
+  });
 
   std::atomic<bool> done{false};
   std::thread housekeeper([&] { Housekeep(done, &*idem, output_budget); });

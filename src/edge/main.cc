@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
   auto* overcommit =
       app.add_option("--memory-overcommit", flags.memory_overcommit, "Admission: memory ratio");
   auto* agent = app.add_option("--agent", flags.agent_path, "dsec-agent binary");
+  auto* cluster =
+      app.add_option("--cluster", flags.cluster_etcd,
+                     "Join a cluster: etcd://HOST:PORT[,HOST:PORT] (config cluster_etcd)");
   bool no_userns = false;
   app.add_flag("--no-userns", no_userns, "Force the no-user-namespace fallback");
   try {
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
   set(max_sb, cfg.max_sandboxes, flags.max_sandboxes);
   set(overcommit, cfg.memory_overcommit, flags.memory_overcommit);
   set(agent, cfg.agent_path, flags.agent_path);
+  set(cluster, cfg.cluster_etcd, flags.cluster_etcd);
   if (no_userns) cfg.userns = false;
   if (auto s = dsec::edge::FinalizeConfig(&cfg); !s.ok()) {
     std::cerr << "dsec-edge: " << s.message() << "\n";

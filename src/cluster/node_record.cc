@@ -1,0 +1,53 @@
+#include "cluster/node_record.h"
+
+#include <algorithm>
+
+namespace dsec::cluster {
+
+Json NodeRecord::ToJson() const {
+  return {{"node", node},
+          {"url", url},
+          {"instance", instance},
+          {"version", version},
+          {"kinds", kinds},
+          {"pools", pools},
+          {"max_sandboxes", max_sandboxes},
+          {"memory_mb", memory_mb},
+          {"admit_memory_mb", admit_memory_mb},
+          {"max_memory_mb", max_memory_mb},
+          {"sandboxes", sandboxes},
+          {"used_memory_mb", used_memory_mb},
+          {"started_at", started_at}};
+}
+
+StatusOr<NodeRecord> NodeRecord::FromJson(std::string_view text) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("node") || !j["node"].is_string() ||
+      !j.contains("url") || !j["url"].is_string())
+    return InvalidArgument("node record is not a JSON object with node and url");
+  NodeRecord r;
+  try {
+    r.node = j["node"].get<std::string>();
+    r.url = j["url"].get<std::string>();
+    r.instance = j.value("instance", "");
+    r.version = j.value("version", "");
+    r.kinds = j.value("kinds", std::vector<std::string>{});
+    r.pools = j.value("pools", std::vector<std::string>{});
+    r.max_sandboxes = j.value("max_sandboxes", int64_t{0});
+    r.memory_mb = j.value("memory_mb", int64_t{0});
+    r.admit_memory_mb = j.value("admit_memory_mb", int64_t{0});
+    r.max_memory_mb = j.value("max_memory_mb", int64_t{0});
+    r.sandboxes = j.value("sandboxes", int64_t{0});
+    r.used_memory_mb = j.value("used_memory_mb", int64_t{0});
+    r.started_at = j.value("started_at", int64_t{0});
+  } catch (const Json::exception& e) {
+    return InvalidArgument(std::string("node record: ") + e.what());
+  }
+  return r;
+}
+
+bool NodeRecord::HasKind(std::string_view kind) const {
+  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
+}  // namespace dsec::cluster
