@@ -5,6 +5,7 @@
 #include "base/logging.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
+#include "http/auth.h"
 #include "http/json_body.h"
 
 namespace dsec::edge {
@@ -13,14 +14,6 @@ namespace {
 
 // Uploads up to this size are read into memory; larger ones (and chunked ones) are spooled.
 constexpr uint64_t kUploadInMemoryMax = 1 << 20;
-
-// Compares without an early exit, so response time does not tell how much of a guess matched.
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size() || b.empty()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 bool Mutating(const std::string& m) {
   return m == "POST" || m == "PUT" || m == "PATCH" || m == "DELETE";
@@ -314,12 +307,9 @@ http::Preflight Api::Authenticate(http::HttpRequest& req) {
   int auth_headers = 0;
   for (const auto& [k, v] : req.headers) auth_headers += k == "authorization";
   if (auth_headers > 1) return deny(401, "unauthorized", "more than one Authorization header");
-  std::string auth = req.Header("authorization");
-  std::string_view token;
-  if (auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0)
-    token = std::string_view(auth).substr(7);
+  const std::string token = http::BearerToken(req);
   for (const auto& t : d_.tokens) {
-    if (!token.empty() && ConstantTimeEquals(token, t)) {
+    if (!token.empty() && http::ConstantTimeEquals(token, t)) {
       pf.principal = "token:" + Idempotency::Hash(t);
       return pf;
     }
@@ -397,13 +387,21 @@ void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) 
   }
   if (key.empty()) {
     ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+    if (!ctx->req.Header("dsec-replay-only").empty())
+      return ctx->Fail(400, "bad_request", "Dsec-Replay-Only needs a request id");
   } else {
     std::string scoped =
         ctx->req.principal + "\n" + ctx->req.method + "\n" + ctx->req.target + "\n" + key;
     std::string hash = Idempotency::Hash(ctx->req.body);
     auto plain = std::make_shared<ApiResponder>(res, d_.metrics, ctx->req.method);
+    const bool replay_only = ctx->req.Header("dsec-replay-only") == "1";
     auto decision = d_.idempotency->Begin(
-        scoped, hash, [plain](http::HttpResponse r) { plain->Send(std::move(r)); });
+        scoped, hash, [plain](http::HttpResponse r) { plain->Send(std::move(r)); },
+        /*run_if_new=*/!replay_only);
+    if (decision == Idempotency::Decision::kAbsent) {
+      ctx->res = plain;
+      return ctx->Fail(404, "not_found", "no request with this id was made here");
+    }
     if (decision != Idempotency::Decision::kRun) return;
     ctx->res =
         std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method, d_.idempotency,

@@ -20,26 +20,7 @@
 
 namespace dsec::edge {
 
-namespace {
-
-// A complete error response written straight onto the taken-over connection, which then closes.
-void SendError(UniqueFd fd, int status, std::string_view code, std::string_view message) {
-  std::string out = http::ProxyErrorResponse(status, code, message);
-  int fl = fcntl(fd.get(), F_GETFL);
-  if (fl >= 0) fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
-  timeval tv{5, 0};
-  setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  (void)WriteAllFd(fd.get(), out, "port proxy error");
-  ::shutdown(fd.get(), SHUT_WR);
-}
-
-bool HopByHop(const std::string& name) {
-  return name == "connection" || name == "keep-alive" || name == "proxy-connection" ||
-         name == "te" || name == "trailer" || name == "authorization" || name == "host" ||
-         name == "proxy-authorization" || name == "content-length" || name == "transfer-encoding";
-}
-
-}  // namespace
+namespace {}  // namespace
 
 // "/v1/sandboxes/ID/ports/PORT[/rest][?query]": id, port and the upstream target ("/rest?query").
 bool ParsePortTarget(const std::string& target, std::string* id, std::string* port,
@@ -66,7 +47,7 @@ void ServePort(Api* api, http::HttpRequest req) {
     auto [status, code] = HttpErrorFor(s);
     if (s.code() == StatusCode::kUnavailable) status = 502, code = "bad_gateway";
     api->deps().metrics->CountRequest(req.method, status);
-    SendError(std::move(client), status, code, s.message());
+    http::SendErrorAndClose(std::move(client), status, code, s.message());
   };
   if (Status s = ValidateId("sandbox id", id); !s.ok()) return fail(s);
   auto port = ParseUint64(port_text);
@@ -78,16 +59,7 @@ void ServePort(Api* api, http::HttpRequest req) {
   auto sb = (*entry)->Sandbox(Op::kUse);
   if (!sb.ok()) return fail(sb.status());
   http::ProxiedRequest pr;
-  // The body as the edge's parser framed it: one length, or chunked (the HTTP server refused a
-  // Transfer-Encoding that does not end in chunked, and conflicting lengths).
-  if (!req.Header("transfer-encoding").empty()) {
-    pr.body = http::ProxiedRequest::Body::kChunked;
-  } else if (std::string cl = req.Header("content-length"); !cl.empty()) {
-    auto len = ParseUint64(std::string(TrimWhitespace(cl.substr(0, cl.find(',')))));
-    if (!len) return fail(InvalidArgument("bad Content-Length \"" + cl + "\""));
-    pr.body = http::ProxiedRequest::Body::kLength;
-    pr.length = *len;
-  }
+  if (Status s = http::FrameBody(req, &pr); !s.ok()) return fail(s);
   auto slot = api->proxy_slots().Take(id);
   if (!slot.ok()) return fail(slot.status());
   auto upstream = (*sb)->ConnectPort(static_cast<uint16_t>(*port));
@@ -97,7 +69,7 @@ void ServePort(Api* api, http::HttpRequest req) {
   std::string head = StrCat(
       {req.method, " ", target, " HTTP/1.1\r\nHost: localhost:", std::to_string(*port), "\r\n"});
   for (const auto& [k, v] : req.headers)
-    if (!HopByHop(k) && (req.websocket_upgrade || k != "upgrade"))
+    if (!http::IsHopByHop(k) && (req.websocket_upgrade || k != "upgrade"))
       head += StrCat({k, ": ", v, "\r\n"});
   head += StrCat({"X-Forwarded-For: ", req.remote.substr(0, req.remote.rfind(':')),
                   "\r\nX-Forwarded-Prefix: /v1/sandboxes/", id, "/ports/", port_text, "\r\n"});

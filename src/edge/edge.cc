@@ -39,29 +39,6 @@
 
 namespace dsec::edge {
 
-StatusOr<std::vector<std::string>> LoadOrCreateTokens(const std::string& path) {
-  if (access(path.c_str(), F_OK) != 0) {
-    std::string dir = path.substr(0, path.rfind('/'));
-    if (!dir.empty()) DSEC_RETURN_IF_ERROR(MakeDirs(dir, 0700));
-    UniqueFd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd) return ErrnoError("create token file \"" + path + "\"");
-    DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), RandomHex(32) + "\n", path));
-  }
-  struct stat st;
-  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 077))
-    DSEC_LOG_WARN("token file is readable by others: path={} mode={:o}", path, st.st_mode & 0777);
-  DSEC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 1 << 20));
-  std::vector<std::string> tokens;
-  for (auto line : SplitString(text, '\n', true)) {
-    line = TrimWhitespace(line);
-    if (line.empty() || line[0] == '#') continue;
-    if (line.size() < 16) return InvalidArgument("tokens must be at least 16 characters");
-    tokens.emplace_back(line);
-  }
-  if (tokens.empty()) return InvalidArgument("token file \"" + path + "\" has no token");
-  return tokens;
-}
-
 namespace {
 
 namespace container = backends::container;

@@ -9,12 +9,11 @@
 
 #include "base/status.h"
 #include "edge/config.h"
+#include "http/auth.h"
 
 namespace dsec::edge {
 
-// Reads the tokens in `path` (one per line; '#' comments); creates the file with one random
-// token (0600, parent 0700) if it does not exist.
-StatusOr<std::vector<std::string>> LoadOrCreateTokens(const std::string& path);
+using http::LoadOrCreateTokens;
 
 // Runs the daemon in the calling thread until a termination signal. The caller must have
 // blocked SIGTERM, SIGINT and SIGHUP in every thread (main does, before any thread starts).

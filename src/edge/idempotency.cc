@@ -49,7 +49,8 @@ http::HttpResponse Idempotency::Replay(const StoredResponse& r) const {
 }
 
 Idempotency::Decision Idempotency::Begin(const std::string& key, const std::string& hash,
-                                         std::function<void(http::HttpResponse)> reply) {
+                                         std::function<void(http::HttpResponse)> reply,
+                                         bool run_if_new) {
   MutexLock l(mu_);
   if (auto it = inflight_.find(key); it != inflight_.end()) {
     if (it->second.hash != hash) {
@@ -79,6 +80,7 @@ Idempotency::Decision Idempotency::Begin(const std::string& key, const std::stri
     reply(std::move(out));
     return Decision::kReplayed;
   }
+  if (!run_if_new) return Decision::kAbsent;
   inflight_[key].hash = hash;
   return Decision::kRun;
 }

@@ -31,12 +31,14 @@ class Idempotency {
   Idempotency(StateStore* store, int64_t max_records, int64_t max_age_s, uint64_t max_body,
               uint64_t max_total);
 
-  enum class Decision { kRun, kReplayed, kWaiting };
+  enum class Decision { kRun, kReplayed, kWaiting, kAbsent };
   // For a request with `key` (already scoped) and body hash `hash`: kRun (the caller must
   // call Finish with its response), kReplayed (`reply` was called with the recorded or a 409
-  // response), or kWaiting (`reply` will be called when the first request finishes).
+  // response), or kWaiting (`reply` will be called when the first request finishes). With
+  // run_if_new false (a replay-only probe: the apiserver asking whether a create it may have
+  // forwarded before is here) a key seen nowhere is kAbsent and nothing is registered.
   Decision Begin(const std::string& key, const std::string& hash,
-                 std::function<void(http::HttpResponse)> reply);
+                 std::function<void(http::HttpResponse)> reply, bool run_if_new = true);
   // Records (when recordable) and wakes waiters. Call before sending `r` to the caller.
   void Finish(const std::string& key, const std::string& hash, const http::HttpResponse& r);
   void Prune();

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 
+#include "base/file_util.h"
 #include "base/strings.h"
 #include "http/server.h"
 
@@ -31,6 +32,36 @@ std::string ProxyErrorResponse(int status, std::string_view code, std::string_vi
   for (const auto& [k, v] : r.headers) out += StrCat({k, ": ", v, "\r\n"});
   if (status == 429) out += "Retry-After: 1\r\n";
   return StrCat({out, "Connection: close\r\n\r\n", r.body});
+}
+
+void SendErrorAndClose(UniqueFd fd, int status, std::string_view code, std::string_view message) {
+  std::string out = ProxyErrorResponse(status, code, message);
+  int fl = fcntl(fd.get(), F_GETFL);
+  if (fl >= 0) fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
+  timeval tv{5, 0};
+  setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  (void)WriteAllFd(fd.get(), out, "proxy error");
+  ::shutdown(fd.get(), SHUT_WR);
+}
+
+bool IsHopByHop(std::string_view name) {
+  return name == "connection" || name == "keep-alive" || name == "proxy-connection" ||
+         name == "te" || name == "trailer" || name == "authorization" || name == "host" ||
+         name == "proxy-authorization" || name == "content-length" || name == "transfer-encoding";
+}
+
+Status FrameBody(const HttpRequest& req, ProxiedRequest* pr) {
+  // The server refused a Transfer-Encoding that does not end in chunked, and conflicting
+  // lengths, before the handler saw the request.
+  if (!req.Header("transfer-encoding").empty()) {
+    pr->body = ProxiedRequest::Body::kChunked;
+  } else if (std::string cl = req.Header("content-length"); !cl.empty()) {
+    auto len = ParseUint64(std::string(TrimWhitespace(cl.substr(0, cl.find(',')))));
+    if (!len) return InvalidArgument("bad Content-Length \"" + cl + "\"");
+    pr->body = ProxiedRequest::Body::kLength;
+    pr->length = *len;
+  }
+  return OkStatus();
 }
 
 namespace {

@@ -63,4 +63,17 @@ void StartPortRelay(boost::asio::io_context& io, UniqueFd client, UniqueFd upstr
 // A complete error response (JSON body, Connection: close) as bytes.
 std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message);
 
+// The same, written straight onto a taken-over connection (blocking, at most 5 s), which is
+// then shut down for writing and closed.
+void SendErrorAndClose(UniqueFd fd, int status, std::string_view code, std::string_view message);
+
+// Headers a proxy never passes on as they came: connection-level ones, credentials, Host and
+// the body's framing (each proxy writes its own).
+bool IsHopByHop(std::string_view lowercase_name);
+
+struct HttpRequest;
+// The body's framing of a taken-over request, as the server's parser accepted it (one
+// Content-Length, or chunked): sets pr->body and pr->length.
+Status FrameBody(const HttpRequest& req, ProxiedRequest* pr);
+
 }  // namespace dsec::http

@@ -1,0 +1,38 @@
+#include "api/create_request.h"
+
+#include "base/json.h"
+
+namespace dsec::api {
+
+StatusOr<CreateShape> ParseCreateShape(std::string_view body) {
+  CreateShape s;
+  if (body.empty()) return s;
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("body must be a JSON object");
+  auto str = [&](const char* name, std::string* out) -> Status {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null()) return OkStatus();
+    if (!it->is_string()) return InvalidArgument(std::string("\"") + name + "\" must be a string");
+    *out = it->get<std::string>();
+    return OkStatus();
+  };
+  auto num = [&](const char* name, int64_t lo, int64_t hi, int64_t* out, bool* given) -> Status {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null()) return OkStatus();
+    if (!it->is_number_integer() || it->get<int64_t>() < lo || it->get<int64_t>() > hi)
+      return InvalidArgument(std::string("\"") + name + "\" must be an integer from " +
+                             std::to_string(lo) + " to " + std::to_string(hi));
+    *out = it->get<int64_t>();
+    if (given) *given = true;
+    return OkStatus();
+  };
+  DSEC_RETURN_IF_ERROR(str("kind", &s.kind));
+  DSEC_RETURN_IF_ERROR(str("pool", &s.pool));
+  DSEC_RETURN_IF_ERROR(str("request_id", &s.request_id));
+  DSEC_RETURN_IF_ERROR(num("memory_mb", 1, int64_t{1} << 30, &s.memory_mb, nullptr));
+  DSEC_RETURN_IF_ERROR(num("count", 1, 1 << 20, &s.count, &s.count_given));
+  if (s.kind.empty()) s.kind = "container";
+  return s;
+}
+
+}  // namespace dsec::api

@@ -1,0 +1,621 @@
+#include "apiserver/apiserver.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <map>
+#include <thread>
+#include <tuple>
+#include <utility>  // before asio (Boost 1.74)
+
+#include <boost/asio/post.hpp>
+
+#include "api/errors.h"
+#include "base/base64.h"
+#include "base/clock.h"
+#include "base/logging.h"
+#include "base/strings.h"
+#include "http/auth.h"
+#include "http/relay.h"
+
+namespace dsec::apiserver {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+void Reply(const std::shared_ptr<http::Responder>& res, int status, const Json& body,
+           http::Headers headers = {}) {
+  http::HttpResponse r;
+  r.status = status;
+  r.body = body.dump();
+  r.headers = std::move(headers);
+  res->Send(std::move(r));
+}
+
+void Fail(const std::shared_ptr<http::Responder>& res, const Status& s) {
+  auto [status, code] = api::HttpErrorFor(s.code());
+  res->Send(http::JsonError(status, code, s.message()));
+}
+
+void Fail(const std::shared_ptr<http::Responder>& res, int status, std::string_view code,
+          std::string_view message) {
+  res->Send(http::JsonError(status, code, message));
+}
+
+// A node's answer, passed on as it came (with the node that gave it).
+void PassOn(const std::shared_ptr<http::Responder>& res, const http::ClientResponse& r,
+            const std::string& node) {
+  http::HttpResponse out;
+  out.status = r.status;
+  std::string ct = r.Header("content-type");
+  out.content_type = ct.empty() ? "application/json" : ct;
+  out.body = r.body;
+  out.headers.emplace_back("Dsec-Node", node);
+  if (std::string ra = r.Header("retry-after"); !ra.empty())
+    out.headers.emplace_back("Retry-After", ra);
+  res->Send(std::move(out));
+}
+
+// The error message inside a node's JSON error body (or the body's start).
+std::string ErrorMessage(const http::ClientResponse& r) {
+  Json j = Json::parse(r.body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object() &&
+      j["error"].contains("message") && j["error"]["message"].is_string())
+    return j["error"]["message"].get<std::string>();
+  return r.body.substr(0, 200);
+}
+
+std::string ErrorCode(const http::ClientResponse& r) {
+  Json j = Json::parse(r.body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object() &&
+      j["error"].contains("code") && j["error"]["code"].is_string())
+    return j["error"]["code"].get<std::string>();
+  return {};
+}
+
+std::string PercentEncode(std::string_view s) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+// A non-blocking connect started to host:port (finished by the relay, with its deadline).
+StatusOr<UniqueFd> StartConnect(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  std::string p = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), p.c_str(), &hints, &res); rc != 0)
+    return Unavailable("resolve " + host + ": " + gai_strerror(rc));
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
+  UniqueFd fd(socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) return ErrnoError("socket");
+  int one = 1;
+  setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (connect(fd.get(), res->ai_addr, res->ai_addrlen) != 0 && errno != EINPROGRESS)
+    return Unavailable("connect " + host + ":" + p + ": " + strerror(errno));
+  return fd;
+}
+
+// The list cursor of the apiserver: where each node's listing stopped ("~": it has no more).
+std::string EncodeCursor(const std::map<std::string, std::string>& at) {
+  Json j = Json::object();
+  for (const auto& [node, c] : at) j[node] = c;
+  return Base64Encode(j.dump());
+}
+
+StatusOr<std::map<std::string, std::string>> DecodeCursor(const std::string& text) {
+  auto raw = Base64Decode(text);
+  Json j = raw ? Json::parse(*raw, nullptr, false) : Json();
+  if (!j.is_object()) return InvalidArgument("bad cursor");
+  std::map<std::string, std::string> out;
+  for (const auto& item : j.items()) {
+    if (!item.value().is_string()) return InvalidArgument("bad cursor");
+    out[item.key()] = item.value().get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string NodeOfSandbox(std::string_view id) {
+  // "sb-" + node + "-" + 12 random base32 characters.
+  constexpr size_t kRandom = 12;
+  if (id.size() < 3 + 1 + 1 + kRandom || id.substr(0, 3) != "sb-") return {};
+  if (id[id.size() - kRandom - 1] != '-') return {};
+  return std::string(id.substr(3, id.size() - 3 - kRandom - 1));
+}
+
+Apiserver::Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::string node_token,
+                     etcd::Client* etcd, ClusterView* view)
+    : cfg_(std::move(cfg)),
+      tokens_(std::move(tokens)),
+      node_token_(std::move(node_token)),
+      etcd_(etcd),
+      view_(view),
+      workers_(static_cast<size_t>(std::max(4, cfg_.workers))),
+      rng_(std::random_device{}()) {}
+
+void Apiserver::Shutdown() {
+  workers_.stop();
+  workers_.join();
+}
+
+http::Preflight Apiserver::Check(http::HttpRequest& req) {
+  http::Preflight pf;
+  auto deny = [&](int status, std::string_view code, std::string_view msg) {
+    pf.ok = false;
+    pf.error = http::JsonError(status, code, msg);
+    pf.error.close = true;
+    return pf;
+  };
+  int auth_headers = 0;
+  for (const auto& [k, v] : req.headers) auth_headers += k == "authorization";
+  if (auth_headers > 1) return deny(401, "unauthorized", "more than one Authorization header");
+  const std::string token = http::BearerToken(req);
+  bool ok = false;
+  for (const auto& t : tokens_) ok = ok || (!token.empty() && http::ConstantTimeEquals(token, t));
+  if (!ok)
+    return deny(401, "unauthorized", token.empty() ? "missing bearer token" : "invalid token");
+  pf.principal = "cluster";
+  // Everything on one sandbox goes to its node as it comes, body and all.
+  if (StartsWith(req.path, "/v1/sandboxes/")) {
+    pf.takeover = true;
+    return pf;
+  }
+  pf.body_limit = cfg_.max_json_body_bytes;
+  pf.limit_why = "max_json_body_bytes";
+  return pf;
+}
+
+http::Headers Apiserver::NodeHeaders(const http::HttpRequest& req) const {
+  http::Headers h = {{"Authorization", "Bearer " + node_token_},
+                     {"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))}};
+  if (std::string ct = req.Header("content-type"); !ct.empty()) h.emplace_back("Content-Type", ct);
+  if (std::string k = req.Header("idempotency-key"); !k.empty())
+    h.emplace_back("Idempotency-Key", k);
+  return h;
+}
+
+void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) {
+  if (req.takeover_fd) {
+    // Resolving the node's address may block: on a worker.
+    auto shared = std::make_shared<http::HttpRequest>(std::move(req));
+    boost::asio::post(workers_, [this, shared] { Relay(std::move(*shared)); });
+    return;
+  }
+  std::vector<std::string> seg;
+  for (auto s : SplitString(req.path, '/', true)) seg.emplace_back(s);
+  auto shared = std::make_shared<http::HttpRequest>(std::move(req));
+  const std::string& m = shared->method;
+  auto on_worker = [this, res](auto fn) {
+    boost::asio::post(workers_, [fn = std::move(fn), res]() mutable {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        DSEC_LOG_ERROR("apiserver handler threw: {}", e.what());
+        Fail(res, 500, "internal", "internal error");
+      }
+    });
+  };
+  if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "health") {
+    if (m != "GET") return Fail(res, 405, "method_not_allowed", "GET only");
+    int ready = 0;
+    for (const auto& n : view_->Nodes()) ready += n.State() == "ready";
+    bool ok = view_->loaded();
+    return Reply(res, ok ? 200 : 503,
+                 {{"ok", ok}, {"etcd", view_->etcd_ok()}, {"nodes_ready", ready}});
+  }
+  if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "sandboxes") {
+    if (m == "POST") return on_worker([this, shared, res] { Create(*shared, res); });
+    if (m == "GET") return on_worker([this, shared, res] { List(*shared, res); });
+    return Fail(res, 405, "method_not_allowed", "GET or POST");
+  }
+  if (seg.size() >= 2 && seg[0] == "v1" && seg[1] == "nodes") {
+    if (seg.size() == 2 || seg.size() == 3) {
+      if (m != "GET") return Fail(res, 405, "method_not_allowed", "GET only");
+      return Nodes(*shared, res);
+    }
+    if (seg.size() == 4 && (seg[3] == "cordon" || seg[3] == "uncordon" || seg[3] == "drain")) {
+      if (m != "POST") return Fail(res, 405, "method_not_allowed", "POST only");
+      return on_worker([this, shared, res, node = seg[2], action = seg[3]] {
+        NodeAction(*shared, node, action, res);
+      });
+    }
+  }
+  if (seg.size() >= 3 && seg[0] == "v1" && seg[1] == "jobs") {
+    bool ok = (seg.size() == 3 && m == "DELETE") ||
+              (seg.size() == 4 && m == "POST" && (seg[3] == "pause" || seg[3] == "resume"));
+    if (!ok) return Fail(res, 405, "method_not_allowed", "POST .../pause|resume or DELETE");
+    return on_worker([this, shared, res] { Jobs(*shared, res); });
+  }
+  Fail(res, 404, "not_found",
+       "no route " + m + " " + shared->path +
+           " on the apiserver (images, pools, fncall and builds are served by each edge in this "
+           "release)");
+}
+
+void Apiserver::Relay(http::HttpRequest req) {
+  UniqueFd client = std::move(req.takeover_fd);
+  std::vector<std::string> seg;
+  for (auto s : SplitString(req.path, '/', true)) seg.emplace_back(s);
+  const std::string id = seg.size() >= 3 ? seg[2] : "";
+  if (Status s = api::ValidateId("sandbox id", id); !s.ok())
+    return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
+  const std::string node = NodeOfSandbox(id);
+  auto n = node.empty() ? std::nullopt : view_->Find(node);
+  if (!n)
+    return http::SendErrorAndClose(
+        std::move(client), 404, "not_found",
+        "sandbox " + id + " not found" +
+            (node.empty() ? "" : " (no node " + node + " in the cluster)"));
+  if (!n->alive)
+    return http::SendErrorAndClose(
+        std::move(client), 503, "unavailable",
+        "node " + node + " is unavailable: sandbox " + id +
+            " cannot be reached until the node is back (its lease lapsed " +
+            std::to_string((WallMs() - n->changed_ms) / 1000) + " s ago)");
+  http::ProxiedRequest pr;
+  if (Status s = http::FrameBody(req, &pr); !s.ok())
+    return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
+  auto upstream = StartConnect(n->client->host(), n->client->port());
+  if (!upstream.ok())
+    return http::SendErrorAndClose(std::move(client), 503, "unavailable",
+                                   "node " + node + ": " + upstream.status().message());
+  std::string head = StrCat({req.method, " ", req.target, " HTTP/1.1\r\nHost: ", n->client->host(),
+                             ":", std::to_string(n->client->port()), "\r\n"});
+  for (const auto& [k, v] : req.headers)
+    if (!http::IsHopByHop(k) && (req.websocket_upgrade || k != "upgrade"))
+      head += StrCat({k, ": ", v, "\r\n"});
+  head += StrCat({"Authorization: Bearer ", node_token_,
+                  "\r\nX-Forwarded-For: ", req.remote.substr(0, req.remote.rfind(':')), "\r\n"});
+  if (pr.body == http::ProxiedRequest::Body::kChunked) head += "Transfer-Encoding: chunked\r\n";
+  if (pr.body == http::ProxiedRequest::Body::kLength)
+    head += "Content-Length: " + std::to_string(pr.length) + "\r\n";
+  head += req.websocket_upgrade ? "Connection: Upgrade\r\n\r\n" : "Connection: close\r\n\r\n";
+  pr.head = std::move(head);
+  pr.upgrade = req.websocket_upgrade;
+  pr.head_method = req.method == "HEAD";
+  pr.buffered = std::move(req.takeover_buffered);
+  pr.target_name = "node " + node;
+  http::StartPortRelay(*io_, std::move(client), std::move(*upstream), std::move(pr),
+                       milliseconds(5000), nullptr, [](int) {});
+}
+
+void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
+  auto shape = api::ParseCreateShape(req.body);
+  if (!shape.ok()) return Fail(res, shape.status());
+  if (!view_->etcd_ok())
+    return Fail(res, 503, "unavailable",
+                "the cluster store (etcd) cannot be reached: creates are refused until it is "
+                "back (calls on existing sandboxes still work)");
+  const std::vector<NodeState> nodes = view_->Nodes();
+  http::Headers headers = NodeHeaders(req);
+  if (req.Header("content-type").empty()) headers.emplace_back("Content-Type", "application/json");
+
+  // 1. A retry of a create that an earlier attempt (through this or another apiserver) sent to
+  //    a node gets that node's recorded answer (or waits for it), never a second sandbox.
+  if (!shape->request_id.empty()) {
+    std::vector<NodeState> probes = Probes(nodes, *shape, cfg_.placement);
+    std::vector<std::future<StatusOr<http::ClientResponse>>> answers;
+    http::Headers ph = headers;
+    ph.emplace_back("Dsec-Replay-Only", "1");
+    for (const auto& p : probes)
+      answers.push_back(std::async(std::launch::async, [&, client = p.client] {
+        return client->Request("POST", req.target, ph, req.body,
+                               milliseconds(cfg_.create_timeout_ms));
+      }));
+    for (size_t i = 0; i < answers.size(); ++i) {
+      auto a = answers[i].get();
+      if (a.ok() && !(a->status == 404 && ErrorCode(*a) == "not_found")) {
+        for (size_t j = i + 1; j < answers.size(); ++j) answers[j].wait();
+        return PassOn(res, *a, probes[i].rec.node);
+      }
+    }
+  }
+
+  // 2. Placement, then the candidates in order.
+  PlacementOptions opts = cfg_.placement;
+  const bool spread = shape->count_given && shape->count > 1;
+  if (spread) opts.max_tries = 1 << 20;  // every node may take a share
+  StatusOr<std::vector<NodeState>> order = [&] {
+    MutexLock l(rng_mu_);
+    return PlaceCreate(nodes, *shape, opts, &rng_);
+  }();
+  if (!order.ok()) return Fail(res, order.status());
+
+  if (spread && order->size() > 1) {
+    // count N over up to N nodes, the first ones of the order taking one more.
+    const size_t parts = std::min<size_t>(static_cast<size_t>(shape->count), order->size());
+    Json body = Json::parse(req.body, nullptr, false);
+    std::vector<std::future<StatusOr<http::ClientResponse>>> done;
+    for (size_t i = 0; i < parts; ++i) {
+      Json part = body;
+      part["count"] = shape->count / static_cast<int64_t>(parts) +
+                      (static_cast<int64_t>(i) < shape->count % static_cast<int64_t>(parts));
+      if (!shape->request_id.empty())
+        part["request_id"] = shape->request_id + "/" + std::to_string(i);
+      done.push_back(
+          std::async(std::launch::async, [&, client = (*order)[i].client, text = part.dump()] {
+            return client->Request("POST", req.target, headers, text,
+                                   milliseconds(cfg_.create_timeout_ms));
+          }));
+    }
+    Json all = Json::array();
+    std::optional<std::pair<http::ClientResponse, std::string>> failed;
+    Status transport = OkStatus();
+    for (size_t i = 0; i < parts; ++i) {
+      auto r = done[i].get();
+      if (!r.ok()) {
+        transport = r.status();
+      } else if (r->status != 201) {
+        if (!failed) failed.emplace(*r, (*order)[i].rec.node);
+      } else {
+        Json j = Json::parse(r->body, nullptr, false);
+        if (j.is_object() && j.contains("sandboxes") && j["sandboxes"].is_array())
+          for (auto& s : j["sandboxes"]) all.push_back(std::move(s));
+      }
+    }
+    if (!failed && transport.ok()) return Reply(res, 201, {{"sandboxes", all}});
+    // All or nothing, as on one node: what the other nodes made goes again.
+    for (const auto& s : all) {
+      std::string id = s.value("id", "");
+      auto n = view_->Find(NodeOfSandbox(id));
+      if (n && n->alive)
+        (void)n->client->Request("DELETE", "/v1/sandboxes/" + id, NodeHeaders(req), "",
+                                 milliseconds(cfg_.call_timeout_ms));
+    }
+    if (failed) return PassOn(res, failed->first, failed->second);
+    return Fail(res, 503, "unavailable", "a node did not answer its share: " + transport.message());
+  }
+
+  std::string tried;
+  std::optional<std::pair<http::ClientResponse, std::string>> last;
+  for (const NodeState& n : *order) {
+    const int64_t mb = shape->memory_mb * shape->count;
+    n.inflight->fetch_add(shape->count);
+    n.inflight_mb->fetch_add(mb);
+    auto r = n.client->Request("POST", req.target, headers, req.body,
+                               milliseconds(cfg_.create_timeout_ms));
+    n.inflight->fetch_sub(shape->count);
+    n.inflight_mb->fetch_sub(mb);
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kDeadlineExceeded)
+        return Fail(
+            res, 504, "gateway_timeout",
+            "node " + n.rec.node + " did not answer the create in time: " + r.status().message());
+      tried += StrCat({tried.empty() ? "" : "; ", n.rec.node, ": ", r.status().message()});
+      continue;
+    }
+    const bool next =
+        r->status == 429 || r->status == 503 ||
+        (r->status == 422 && ErrorMessage(*r).find("can never fit") != std::string::npos);
+    if (!next) return PassOn(res, *r, n.rec.node);
+    tried += StrCat({tried.empty() ? "" : "; ", n.rec.node, ": ", ErrorMessage(*r)});
+    last.emplace(std::move(*r), n.rec.node);
+  }
+  if (last && last->first.status == 429)
+    return res->Send([&] {
+      http::HttpResponse out =
+          http::JsonError(429, "over_capacity", "every node tried is full (" + tried + ")");
+      out.headers.emplace_back("Retry-After", "1");
+      return out;
+    }());
+  if (last) return PassOn(res, last->first, last->second);
+  Fail(res, 503, "unavailable", "no node could be reached (" + tried + ")");
+}
+
+void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
+  int64_t limit = 100;
+  std::map<std::string, std::string> at;
+  std::string rest;  // the filters, passed on as given
+  for (const auto& [k, v] : req.query) {
+    if (k == "limit") {
+      auto n = ParseInt64(v);
+      if (!n || *n < 1 || *n > 1000) return Fail(res, 400, "bad_request", "limit must be 1-1000");
+      limit = *n;
+    } else if (k == "cursor") {
+      auto c = DecodeCursor(v);
+      if (!c.ok()) return Fail(res, c.status());
+      at = std::move(*c);
+    } else {
+      rest += StrCat({"&", PercentEncode(k), "=", PercentEncode(v)});
+    }
+  }
+  struct Part {
+    std::string node;
+    std::future<StatusOr<http::ClientResponse>> answer;
+  };
+  std::vector<Part> parts;
+  std::vector<std::string> unavailable;
+  for (const NodeState& n : view_->Nodes()) {
+    auto it = at.find(n.rec.node);
+    if (it != at.end() && it->second == "~") continue;  // listed to its end
+    if (!n.alive) {
+      unavailable.push_back(n.rec.node);
+      continue;
+    }
+    std::string target = "/v1/sandboxes?limit=" + std::to_string(limit) + rest;
+    if (it != at.end() && !it->second.empty()) target += "&cursor=" + PercentEncode(it->second);
+    parts.push_back(
+        {n.rec.node, std::async(std::launch::async, [this, &req, client = n.client, target] {
+           return client->Request("GET", target, NodeHeaders(req), "",
+                                  milliseconds(cfg_.call_timeout_ms));
+         })});
+  }
+  struct Item {
+    int64_t created_at;
+    std::string id, node;
+    Json record;
+  };
+  std::vector<Item> items;
+  std::map<std::string, std::pair<size_t, bool>> returned;  // node -> (items, has more)
+  for (auto& p : parts) {
+    auto r = p.answer.get();
+    if (!r.ok() || r->status != 200) {
+      // A node that cannot list now fails the page: a silent gap would skip its sandboxes.
+      std::string why = r.ok() ? ErrorMessage(*r) : r.status().message();
+      for (auto& q : parts)
+        if (q.answer.valid()) q.answer.wait();
+      return Fail(res, 503, "unavailable", "node " + p.node + " did not list: " + why);
+    }
+    Json j = Json::parse(r->body, nullptr, false);
+    if (!j.is_object() || !j.contains("sandboxes") || !j["sandboxes"].is_array())
+      return Fail(res, 502, "bad_gateway", "node " + p.node + " answered a list without sandboxes");
+    for (auto& s : j["sandboxes"])
+      items.push_back({s.value("created_at", int64_t{0}), s.value("id", ""), p.node, std::move(s)});
+    returned[p.node] = {j["sandboxes"].size(),
+                        j.contains("next_cursor") && j["next_cursor"].is_string()};
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::tie(a.created_at, a.id) < std::tie(b.created_at, b.id);
+  });
+  if (items.size() > static_cast<size_t>(limit)) items.resize(static_cast<size_t>(limit));
+  std::map<std::string, size_t> taken;
+  std::map<std::string, std::string> last_key;
+  Json out = Json::array();
+  for (auto& it : items) {
+    ++taken[it.node];
+    last_key[it.node] = std::to_string(it.created_at) + "." + it.id;
+    out.push_back(std::move(it.record));
+  }
+  bool more = false;
+  for (const auto& [node, r] : returned) {
+    auto [count, has_more] = r;
+    if (taken[node] == count && !has_more) {
+      at[node] = "~";
+    } else {
+      more = true;
+      if (taken[node] > 0) at[node] = last_key[node];
+    }
+  }
+  http::Headers h;
+  if (!unavailable.empty()) {
+    h.emplace_back("Dsec-Unavailable-Nodes", JoinStrings(unavailable, ","));
+    more = true;  // their sandboxes are still to come when they are back
+  }
+  Reply(res, 200,
+        {{"sandboxes", out}, {"next_cursor", more ? Json(EncodeCursor(at)) : Json(nullptr)}},
+        std::move(h));
+}
+
+void Apiserver::Jobs(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
+  const http::Headers headers = NodeHeaders(req);  // before the calls that use it
+  std::vector<std::pair<std::string, std::future<StatusOr<http::ClientResponse>>>> calls;
+  std::vector<std::string> unavailable;
+  for (const NodeState& n : view_->Nodes()) {
+    if (!n.alive) {
+      unavailable.push_back(n.rec.node);
+      continue;
+    }
+    calls.emplace_back(n.rec.node, std::async(std::launch::async, [&, client = n.client] {
+                         return client->Request(req.method, req.target, headers, req.body,
+                                                milliseconds(cfg_.call_timeout_ms));
+                       }));
+  }
+  int64_t affected = 0;
+  std::string failed;
+  for (auto& [node, f] : calls) {
+    auto r = f.get();
+    if (r.ok() && r->status == 200) {
+      Json j = Json::parse(r->body, nullptr, false);
+      if (j.is_object()) affected += j.value("affected", int64_t{0});
+      continue;
+    }
+    if (r.ok() && r->status >= 400 && r->status < 500)  // the request itself: the same everywhere
+      return PassOn(res, *r, node);
+    failed += StrCat(
+        {failed.empty() ? "" : "; ", node, ": ", r.ok() ? ErrorMessage(*r) : r.status().message()});
+  }
+  for (const auto& u : unavailable)
+    failed += StrCat({failed.empty() ? "" : "; ", u, ": unavailable"});
+  if (!failed.empty())
+    return Fail(res, 503, "unavailable",
+                "not every node took the job operation (" + failed + "); " +
+                    std::to_string(affected) + " sandboxes were affected on the others: retry");
+  Reply(res, 200, {{"affected", affected}});
+}
+
+namespace {
+Json NodeJson(const NodeState& n) {
+  const auto& r = n.rec;
+  return {{"node", r.node},
+          {"state", n.State()},
+          {"url", r.url},
+          {"version", r.version},
+          {"instance", r.instance},
+          {"backends", r.kinds},
+          {"pools", r.pools},
+          {"capacity",
+           {{"max_sandboxes", r.max_sandboxes},
+            {"memory_mb", r.memory_mb},
+            {"admit_memory_mb", r.admit_memory_mb}}},
+          {"usage", {{"sandboxes", r.sandboxes}, {"memory_mb", r.used_memory_mb}}},
+          {"placing", n.inflight ? n.inflight->load() : 0},
+          {"since", n.changed_ms}};
+}
+}  // namespace
+
+void Apiserver::Nodes(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
+  std::vector<std::string> seg;
+  for (auto s : SplitString(req.path, '/', true)) seg.emplace_back(s);
+  if (seg.size() == 3) {
+    auto n = view_->Find(seg[2]);
+    if (!n) return Fail(res, 404, "not_found", "no node " + seg[2] + " in the cluster");
+    return Reply(res, 200, NodeJson(*n));
+  }
+  Json a = Json::array();
+  for (const auto& n : view_->Nodes()) a.push_back(NodeJson(n));
+  Reply(res, 200, {{"nodes", a}});
+}
+
+void Apiserver::NodeAction(const http::HttpRequest& req, const std::string& node,
+                           const std::string& action, const std::shared_ptr<http::Responder>& res) {
+  auto n = view_->Find(node);
+  if (!n) return Fail(res, 404, "not_found", "no node " + node + " in the cluster");
+  int64_t timeout_s = 0;
+  if (const std::string* t = req.Query("timeout_s")) {
+    auto v = ParseInt64(*t);
+    if (!v || *v < 0 || *v > 86400)
+      return Fail(res, 400, "bad_request", "timeout_s must be 0-86400");
+    timeout_s = *v;
+  }
+  const std::string key = std::string(cluster::kCordonPrefix) + node;
+  Status s = action == "uncordon" ? etcd_->Delete(key) : etcd_->Put(key, action).status();
+  if (!s.ok()) return Fail(res, 503, "unavailable", "etcd: " + s.message());
+  if (action == "uncordon")
+    view_->ApplyDelete(key);
+  else
+    view_->ApplyPut(key, action);
+  // Drain: no new placements (above), then wait for its sandboxes to go, up to timeout_s.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (action == "drain" && std::chrono::steady_clock::now() < deadline) {
+    auto cur = view_->Find(node);
+    if (!cur || !cur->alive || cur->rec.sandboxes == 0) break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  auto cur = view_->Find(node);
+  Json j = NodeJson(cur ? *cur : *n);
+  if (action == "drain") j["drained"] = cur && cur->rec.sandboxes == 0;
+  Reply(res, 200, j);
+}
+
+}  // namespace dsec::apiserver

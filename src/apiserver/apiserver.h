@@ -1,0 +1,85 @@
+// dsec-apiserver: the cluster's front door. Stateless; any number of replicas serve the public
+// /v1 API over the same HTTP transport as an edge (src/http), from an in-memory view of the
+// cluster kept by one etcd watch (view.h):
+//
+//  - POST /v1/sandboxes is placed (placement.h) and forwarded to a node; a 429, a 503 or a
+//    too-small node moves it to the next candidate. With a request id, the nodes an earlier
+//    attempt could have gone to are first asked (Dsec-Replay-Only) for its recorded answer, so
+//    a retry through any apiserver yields the same sandbox and never a second one, without a
+//    write to etcd. `count: N` is spread over nodes.
+//  - Every call on an existing sandbox (/v1/sandboxes/<id>[/...]) goes to the node named in
+//    its id, relayed byte for byte after the head (http/relay.h): streamed exec, WebSocket
+//    attach, file and archive streams, the port proxy; nothing is buffered whole and a client
+//    that goes away closes the node-side call.
+//  - Lists and job operations fan out over the nodes in parallel; GET /v1/nodes shows the view;
+//    POST /v1/nodes/<node>/cordon|uncordon|drain change placement.
+//
+// Auth: callers present the cluster token; the apiserver calls edges with the node token.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <boost/asio/thread_pool.hpp>
+
+#include "apiserver/placement.h"
+#include "apiserver/view.h"
+#include "base/mutex.h"
+#include "cluster/etcd.h"
+#include "http/server.h"
+
+namespace dsec::apiserver {
+
+struct ApiserverConfig {
+  std::string listen = "127.0.0.1:7080";
+  std::string etcd = "http://127.0.0.1:2379";
+  std::string token_file;       // the cluster token(s) callers present
+  std::string node_token_file;  // the token the apiserver presents to edges
+  std::string log_level = "info";
+  int io_threads = 2;
+  int workers = 64;  // threads for calls that wait on nodes (creates, lists, jobs)
+  PlacementOptions placement;
+  int64_t create_timeout_ms = 300000;  // a create may wait for a microVM to boot
+  int64_t call_timeout_ms = 30000;     // lists, jobs, probes
+  uint64_t max_json_body_bytes = 1 << 20;
+};
+
+class Apiserver {
+ public:
+  Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::string node_token,
+            etcd::Client* etcd, ClusterView* view);
+
+  http::Preflight Check(http::HttpRequest& headers_only);
+  void Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
+  void SetIo(boost::asio::io_context* io) { io_ = io; }
+  void Shutdown();
+
+ private:
+  void Relay(http::HttpRequest req);
+  void Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  void List(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  void Jobs(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  void Nodes(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  void NodeAction(const http::HttpRequest& req, const std::string& node, const std::string& action,
+                  const std::shared_ptr<http::Responder>& res);
+
+  http::Headers NodeHeaders(const http::HttpRequest& req) const;
+
+  ApiserverConfig cfg_;
+  std::vector<std::string> tokens_;
+  std::string node_token_;
+  etcd::Client* etcd_;
+  ClusterView* view_;
+  boost::asio::io_context* io_ = nullptr;
+  boost::asio::thread_pool workers_;
+  Mutex rng_mu_;
+  std::mt19937_64 rng_ DSEC_GUARDED_BY(rng_mu_);
+};
+
+// The node named in a sandbox id ("sb-<node>-<12 random>"); "" if the id has no such shape.
+std::string NodeOfSandbox(std::string_view id);
+
+}  // namespace dsec::apiserver

@@ -1,0 +1,102 @@
+// dsec-apiserver: the cluster's front door (apiserver.h). Flags only; it keeps no state of its
+// own (etcd holds membership and cordons), so any number of them can run.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "apiserver/apiserver.h"
+#include "base/file_util.h"
+#include "base/logging.h"
+#include "base/strings.h"
+#include "http/auth.h"
+
+namespace {
+
+int WaitForSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) == 0 && sig != SIGHUP) return sig;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&sigs, s);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  using namespace dsec;
+  apiserver::ApiserverConfig cfg;
+  CLI::App app{"dsec-apiserver: the DSec cluster front door"};
+  app.set_version_flag("--version", std::string("dsec-apiserver ") + DSEC_VERSION);
+  app.add_option("--listen", cfg.listen, "TCP HOST:PORT");
+  app.add_option("--etcd", cfg.etcd, "etcd endpoints: http://HOST:PORT[,...] (or etcd://)");
+  app.add_option("--token-file", cfg.token_file, "Cluster tokens callers present, one per line")
+      ->required();
+  app.add_option("--node-token-file", cfg.node_token_file,
+                 "The token the apiserver presents to edges (first line)")
+      ->required();
+  app.add_option("--log-level", cfg.log_level, "trace|debug|info|warn|error");
+  app.add_option("--io-threads", cfg.io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
+  app.add_option("--workers", cfg.workers, "Threads for calls that wait on nodes")
+      ->check(CLI::Range(4, 4096));
+  app.add_option("--placement-k", cfg.placement.k, "Power-of-k choices")->check(CLI::Range(1, 64));
+  app.add_option("--placement-tries", cfg.placement.max_tries,
+                 "Nodes one create is sent to before its 429 is the answer")
+      ->check(CLI::Range(1, 64));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "dsec-apiserver: " << e.what() << " (see dsec-apiserver --help)\n";
+    return 2;
+  }
+  log::Init(cfg.log_level);
+  auto fail = [](const std::string& what, const Status& s) {
+    std::cerr << "dsec-apiserver: " << what << ": " << s.message() << "\n";
+    return 2;
+  };
+  auto endpoints = etcd::ParseEndpoints(cfg.etcd);
+  if (!endpoints.ok()) return fail("--etcd", endpoints.status());
+  std::string host;
+  uint16_t port = 0;
+  if (Status s = http::ParseHostPort(cfg.listen, &host, &port); !s.ok()) return fail("--listen", s);
+  auto tokens = http::LoadOrCreateTokens(cfg.token_file);
+  if (!tokens.ok()) return fail("--token-file", tokens.status());
+  auto node_tokens = http::LoadOrCreateTokens(cfg.node_token_file);
+  if (!node_tokens.ok()) return fail("--node-token-file", node_tokens.status());
+
+  etcd::Client etcd(*endpoints);
+  apiserver::ClusterView view(&etcd);
+  view.Start();
+  apiserver::Apiserver api(cfg, *tokens, node_tokens->front(), &etcd, &view);
+  http::HttpServerOptions ho;
+  ho.listen = cfg.listen;
+  ho.io_threads = cfg.io_threads;
+  ho.server_name = "dsec-apiserver";
+  auto server = http::HttpServer::Start(
+      ho, [&api](http::HttpRequest& r) { return api.Check(r); },
+      [&api](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
+        api.Handle(std::move(r), std::move(res));
+      });
+  if (!server.ok()) {
+    view.Stop();
+    return fail("serve", server.status());
+  }
+  api.SetIo(&(*server)->io());
+  std::cout << "dsec-apiserver ready listen=" << host << ":" << (*server)->tcp_port()
+            << " etcd=" << JoinStrings(*endpoints, ",") << std::endl;
+  int sig = WaitForSignal();
+  DSEC_LOG_INFO("signal {}: shutting down", sig);
+  (*server)->Stop();
+  api.Shutdown();
+  view.Stop();
+  return 0;
+}

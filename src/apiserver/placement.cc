@@ -1,0 +1,132 @@
+#include "apiserver/placement.h"
+
+#include <algorithm>
+
+namespace dsec::apiserver {
+
+namespace {
+
+bool Serves(const NodeState& n, const api::CreateShape& s) {
+  if (!s.pool.empty())
+    return std::find(n.rec.pools.begin(), n.rec.pools.end(), s.pool) != n.rec.pools.end();
+  return n.rec.HasKind(s.kind);
+}
+
+int64_t Inflight(const NodeState& n) { return n.inflight ? n.inflight->load() : 0; }
+int64_t InflightMb(const NodeState& n) { return n.inflight_mb ? n.inflight_mb->load() : 0; }
+
+// Room for `count` more sandboxes of `mb` each by the published load and our own in flight.
+bool HasRoom(const NodeState& n, int64_t mb, int64_t count) {
+  if (n.rec.max_sandboxes > 0 && n.rec.sandboxes + Inflight(n) + count > n.rec.max_sandboxes)
+    return false;
+  if (mb > 0 && n.rec.admit_memory_mb > 0 &&
+      n.rec.used_memory_mb + InflightMb(n) + mb * count > n.rec.admit_memory_mb)
+    return false;
+  return true;
+}
+
+double Load(const NodeState& n) {
+  double s = static_cast<double>(n.rec.sandboxes + Inflight(n)) /
+             static_cast<double>(std::max<int64_t>(1, n.rec.max_sandboxes));
+  double m = n.rec.admit_memory_mb > 0 ? static_cast<double>(n.rec.used_memory_mb + InflightMb(n)) /
+                                             static_cast<double>(n.rec.admit_memory_mb)
+                                       : 0;
+  return std::max(s, m);
+}
+
+void RendezvousSort(std::vector<NodeState>* v, const std::string& rid) {
+  std::vector<std::pair<uint64_t, size_t>> w;
+  for (size_t i = 0; i < v->size(); ++i) w.emplace_back(RendezvousWeight(rid, (*v)[i].rec.node), i);
+  std::sort(w.begin(), w.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<NodeState> out;
+  out.reserve(v->size());
+  for (const auto& [_, i] : w) out.push_back(std::move((*v)[i]));
+  *v = std::move(out);
+}
+
+}  // namespace
+
+uint64_t RendezvousWeight(const std::string& request_id, const std::string& node) {
+  // FNV-1a over id, NUL, node, then a 64-bit finalizer (splitmix64) to spread the bits.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::string_view s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  };
+  mix(request_id);
+  mix(std::string_view("\0", 1));
+  mix(node);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h;
+}
+
+StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes,
+                                             const api::CreateShape& shape,
+                                             const PlacementOptions& opts, std::mt19937_64* rng) {
+  const std::string what =
+      shape.pool.empty() ? "kind \"" + shape.kind + "\"" : "pool \"" + shape.pool + "\"";
+  int serving = 0, up = 0, uncordoned = 0;
+  int64_t largest = 0;
+  std::vector<NodeState> fits;
+  for (const auto& n : nodes) {
+    if (!Serves(n, shape)) continue;
+    ++serving;
+    if (!n.alive) continue;
+    ++up;
+    if (!n.cordon.empty()) continue;
+    ++uncordoned;
+    largest = std::max(largest, n.rec.max_memory_mb);
+    if (shape.memory_mb > 0 && n.rec.max_memory_mb > 0 && shape.memory_mb > n.rec.max_memory_mb)
+      continue;
+    fits.push_back(n);
+  }
+  if (serving == 0)
+    return Unimplemented("no node of the cluster serves " + what + " (GET /v1/nodes lists them)");
+  if (up == 0)
+    return Unavailable("no node that serves " + what + " is up (" + std::to_string(serving) +
+                       " unavailable)");
+  if (uncordoned == 0)
+    return Unavailable("every node that serves " + what + " is cordoned (" + std::to_string(up) +
+                       " of them)");
+  if (fits.empty())
+    return ResourceExhausted("memory_mb " + std::to_string(shape.memory_mb) +
+                             " can never fit any node: the largest takes " +
+                             std::to_string(largest) + " MiB");
+  if (!shape.request_id.empty()) {
+    RendezvousSort(&fits, shape.request_id);
+  } else {
+    std::shuffle(fits.begin(), fits.end(), *rng);
+  }
+  // Those with room first, each group in that order.
+  std::stable_partition(fits.begin(), fits.end(),
+                        [&](const NodeState& n) { return HasRoom(n, shape.memory_mb, 1); });
+  // Power of k: the least loaded of the first k with room leads.
+  size_t best = 0;
+  for (size_t i = 1; i < fits.size() && i < static_cast<size_t>(std::max(1, opts.k)); ++i) {
+    if (!HasRoom(fits[i], shape.memory_mb, 1)) break;
+    if (Load(fits[i]) < Load(fits[best])) best = i;
+  }
+  if (best != 0)
+    std::rotate(fits.begin(), fits.begin() + static_cast<long>(best),
+                fits.begin() + static_cast<long>(best) + 1);
+  if (fits.size() > static_cast<size_t>(std::max(1, opts.max_tries)))
+    fits.resize(static_cast<size_t>(std::max(1, opts.max_tries)));
+  return fits;
+}
+
+std::vector<NodeState> Probes(const std::vector<NodeState>& nodes, const api::CreateShape& shape,
+                              const PlacementOptions& opts) {
+  std::vector<NodeState> out;
+  for (const auto& n : nodes)
+    if (n.alive && Serves(n, shape)) out.push_back(n);
+  const size_t cap = static_cast<size_t>(std::max(1, opts.k) + std::max(1, opts.max_tries));
+  if (out.size() <= std::max<size_t>(cap, 8)) return out;
+  RendezvousSort(&out, shape.request_id);
+  out.resize(cap);
+  return out;
+}
+
+}  // namespace dsec::apiserver

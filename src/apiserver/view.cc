@@ -1,0 +1,159 @@
+#include "apiserver/view.h"
+
+#include <chrono>
+#include <set>
+
+#include "base/clock.h"
+#include "base/logging.h"
+#include "base/strings.h"
+
+namespace dsec::apiserver {
+
+std::string NodeState::State() const {
+  if (!alive) return "unavailable";
+  if (cordon == "drain") return "draining";
+  if (!cordon.empty()) return "cordoned";
+  return "ready";
+}
+
+ClusterView::ClusterView(etcd::Client* etcd) : etcd_(etcd) {}
+
+ClusterView::~ClusterView() { Stop(); }
+
+void ClusterView::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void ClusterView::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<NodeState> ClusterView::Nodes() const {
+  MutexLock l(mu_);
+  std::vector<NodeState> out;
+  out.reserve(nodes_.size());
+  for (const auto& [name, n] : nodes_) {
+    out.push_back(n);
+    auto c = cordons_.find(name);
+    out.back().cordon = c == cordons_.end() ? "" : c->second;
+  }
+  return out;
+}
+
+std::optional<NodeState> ClusterView::Find(const std::string& node) const {
+  MutexLock l(mu_);
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) return std::nullopt;
+  NodeState n = it->second;
+  auto c = cordons_.find(node);
+  n.cordon = c == cordons_.end() ? "" : c->second;
+  return n;
+}
+
+void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
+  if (StartsWith(key, cluster::kCordonPrefix)) {
+    MutexLock l(mu_);
+    cordons_[key.substr(cluster::kCordonPrefix.size())] = value == "drain" ? "drain" : "cordon";
+    return;
+  }
+  if (!StartsWith(key, cluster::kNodesPrefix)) return;
+  auto rec = cluster::NodeRecord::FromJson(value);
+  const std::string name = key.substr(cluster::kNodesPrefix.size());
+  if (!rec.ok() || rec->node != name) {
+    DSEC_LOG_WARN("view: ignoring a bad node record at {}", key);
+    return;
+  }
+  std::string host;
+  uint16_t port = 0;
+  if (!http::ParseHttpUrl(rec->url, &host, &port).ok()) {
+    DSEC_LOG_WARN("view: node {} has a bad url \"{}\"", name, rec->url);
+    return;
+  }
+  MutexLock l(mu_);
+  NodeState& n = nodes_[name];
+  if (!n.client || n.client->host() != host || n.client->port() != port)
+    n.client = std::make_shared<http::HttpClient>(host, port, 64);
+  if (!n.inflight) n.inflight = std::make_shared<std::atomic<int64_t>>(0);
+  if (!n.inflight_mb) n.inflight_mb = std::make_shared<std::atomic<int64_t>>(0);
+  if (!n.alive) {
+    n.changed_ms = WallMs();
+    DSEC_LOG_INFO("view: node {} is up at {}", name, rec->url);
+  }
+  n.alive = true;
+  n.rec = std::move(*rec);
+}
+
+void ClusterView::ApplyDelete(const std::string& key) {
+  MutexLock l(mu_);
+  if (StartsWith(key, cluster::kCordonPrefix)) {
+    cordons_.erase(key.substr(cluster::kCordonPrefix.size()));
+    return;
+  }
+  if (!StartsWith(key, cluster::kNodesPrefix)) return;
+  auto it = nodes_.find(key.substr(cluster::kNodesPrefix.size()));
+  if (it == nodes_.end() || !it->second.alive) return;
+  it->second.alive = false;
+  it->second.changed_ms = WallMs();
+  DSEC_LOG_WARN("view: node {} is unavailable (its lease lapsed or it left)", it->first);
+}
+
+void ClusterView::Reset(const std::vector<etcd::KeyValue>& kvs) {
+  std::set<std::string> present;
+  for (const auto& kv : kvs) {
+    ApplyPut(kv.key, kv.value);
+    present.insert(kv.key);
+  }
+  std::vector<std::string> gone;
+  {
+    MutexLock l(mu_);
+    for (const auto& [name, n] : nodes_)
+      if (!present.count(std::string(cluster::kNodesPrefix) + name)) gone.push_back(name);
+    for (auto it = cordons_.begin(); it != cordons_.end();)
+      it = present.count(std::string(cluster::kCordonPrefix) + it->first) ? std::next(it)
+                                                                          : cordons_.erase(it);
+  }
+  for (const auto& name : gone) ApplyDelete(std::string(cluster::kNodesPrefix) + name);
+}
+
+void ClusterView::Run() {
+  auto backoff = std::chrono::milliseconds(100);
+  bool warned = false;
+  while (!stop_) {
+    int64_t revision = 0;
+    auto kvs = etcd_->RangePrefix(std::string(cluster::kPrefix), &revision);
+    if (!kvs.ok()) {
+      etcd_ok_ = false;
+      if (!warned) DSEC_LOG_WARN("view: etcd unreachable: {}", kvs.status().message());
+      warned = true;
+      for (auto until = std::chrono::steady_clock::now() + backoff;
+           !stop_ && std::chrono::steady_clock::now() < until;)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+      continue;
+    }
+    Reset(*kvs);
+    loaded_ = true;
+    etcd_ok_ = true;
+    if (warned) DSEC_LOG_INFO("view: etcd is back (revision {})", revision);
+    warned = false;
+    backoff = std::chrono::milliseconds(100);
+    Status s = etcd_->Watch(
+        std::string(cluster::kPrefix), revision + 1,
+        [this](const std::vector<etcd::Event>& events, int64_t) {
+          for (const auto& e : events) {
+            if (e.deleted)
+              ApplyDelete(e.kv.key);
+            else
+              ApplyPut(e.kv.key, e.kv.value);
+          }
+        },
+        &stop_);
+    if (stop_) break;
+    etcd_ok_ = false;
+    DSEC_LOG_WARN("view: etcd watch ended: {}", s.message());
+    warned = true;
+  }
+}
+
+}  // namespace dsec::apiserver

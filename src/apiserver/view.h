@@ -1,0 +1,72 @@
+// The apiserver's picture of the cluster, kept in memory from one etcd watch on /dsec/: every
+// node that registered (cluster/node_record.h) with its record and load, whether its lease is
+// alive, and whether it is cordoned. Creates and routing read only this view, never etcd. A node
+// whose key went away (its lease lapsed, or it left) stays in the view as not alive, so calls on
+// its sandboxes can say which node is unavailable. When etcd cannot be reached the view keeps
+// what it had (routing goes on) and etcd_ok() turns false (creates are refused) until a range
+// read and a new watch succeed.
+//
+// Thread safety: all methods are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/mutex.h"
+#include "cluster/etcd.h"
+#include "cluster/node_record.h"
+#include "http/client.h"
+
+namespace dsec::apiserver {
+
+struct NodeState {
+  cluster::NodeRecord rec;
+  bool alive = false;      // its lease holds its record
+  std::string cordon;      // "", "cordon" or "drain"
+  int64_t changed_ms = 0;  // when it last became alive or unavailable (wall clock)
+  std::shared_ptr<http::HttpClient> client;  // to rec.url
+  // Creates this apiserver has sent to the node and not had answered: counted as load on top
+  // of what the node last published.
+  std::shared_ptr<std::atomic<int64_t>> inflight;
+  std::shared_ptr<std::atomic<int64_t>> inflight_mb;
+
+  // "ready", "cordoned", "draining" or "unavailable".
+  std::string State() const;
+};
+
+class ClusterView {
+ public:
+  explicit ClusterView(etcd::Client* etcd);
+  ~ClusterView();
+  void Start();
+  void Stop();
+
+  bool loaded() const { return loaded_.load(); }
+  bool etcd_ok() const { return etcd_ok_.load(); }
+  std::vector<NodeState> Nodes() const;
+  std::optional<NodeState> Find(const std::string& node) const;
+
+  // For tests of placement and for the view's own updates.
+  void ApplyPut(const std::string& key, const std::string& value);
+  void ApplyDelete(const std::string& key);
+
+ private:
+  void Run();
+  void Reset(const std::vector<etcd::KeyValue>& kvs);
+
+  etcd::Client* etcd_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> loaded_{false};
+  std::atomic<bool> etcd_ok_{false};
+  std::thread thread_;
+  mutable Mutex mu_;
+  std::map<std::string, NodeState> nodes_ DSEC_GUARDED_BY(mu_);
+  std::map<std::string, std::string> cordons_ DSEC_GUARDED_BY(mu_);
+};
+
+}  // namespace dsec::apiserver

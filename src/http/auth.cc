@@ -1,0 +1,52 @@
+#include "http/auth.h"
+
+#include <fcntl.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/file_util.h"
+#include "base/ids.h"
+#include "base/logging.h"
+#include "base/strings.h"
+#include "base/unique_fd.h"
+
+namespace dsec::http {
+
+StatusOr<std::vector<std::string>> LoadOrCreateTokens(const std::string& path) {
+  if (access(path.c_str(), F_OK) != 0) {
+    std::string dir = path.substr(0, path.rfind('/'));
+    if (!dir.empty()) DSEC_RETURN_IF_ERROR(MakeDirs(dir, 0700));
+    UniqueFd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) return ErrnoError("create token file \"" + path + "\"");
+    DSEC_RETURN_IF_ERROR(WriteAllFd(fd.get(), RandomHex(32) + "\n", path));
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 077))
+    DSEC_LOG_WARN("token file is readable by others: path={} mode={:o}", path, st.st_mode & 0777);
+  DSEC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 1 << 20));
+  std::vector<std::string> tokens;
+  for (auto line : SplitString(text, '\n', true)) {
+    line = TrimWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    if (line.size() < 16) return InvalidArgument("tokens must be at least 16 characters");
+    tokens.emplace_back(line);
+  }
+  if (tokens.empty()) return InvalidArgument("token file \"" + path + "\" has no token");
+  return tokens;
+}
+
+std::string BearerToken(const HttpRequest& req) {
+  std::string auth = req.Header("authorization");
+  if (auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0) return auth.substr(7);
+  return {};
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size() || b.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace dsec::http

@@ -1,0 +1,24 @@
+// Bearer tokens, as the edge and the apiserver check them: the token file, the header, and a
+// comparison that does not tell by its time how much of a guess matched.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "http/server.h"
+
+namespace dsec::http {
+
+// Reads the tokens in `path` (one per line, at least 16 characters; '#' comments); creates the
+// file with one random token (0600, parent 0700) if it does not exist.
+StatusOr<std::vector<std::string>> LoadOrCreateTokens(const std::string& path);
+
+// The token of "Authorization: Bearer <token>" (any case of "Bearer"); "" if there is none.
+std::string BearerToken(const HttpRequest& req);
+
+// Compares without an early exit; an empty `b` never matches.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+}  // namespace dsec::http
