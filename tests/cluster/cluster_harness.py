@@ -122,6 +122,10 @@ def _status(url, path, token=None, timeout=3):
 # ---- processes ----------------------------------------------------------------------------
 
 def _spawn(args, log_path, pid_path):
+    # The arguments beside the pid file, as scripts/cluster writes them (its `down` restarts a
+    # dead edge from them to destroy the sandboxes it left).
+    pathlib.Path(str(pid_path)[:-len(".pid")] + ".cmd").write_bytes(
+        b"".join(str(a).encode() + b"\0" for a in args))
     with open(log_path, "ab") as log:
         log.write(f"\n==== {time.strftime('%FT%TZ', time.gmtime())} start: "
                   f"{' '.join(map(str, args))}\n".encode())
