@@ -605,16 +605,27 @@ void Apiserver::NodeAction(const http::HttpRequest& req, const std::string& node
     view_->ApplyDelete(key);
   else
     view_->ApplyPut(key, action);
-  // Drain: no new placements (above), then wait for its sandboxes to go, up to timeout_s.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  while (action == "drain" && std::chrono::steady_clock::now() < deadline) {
-    auto cur = view_->Find(node);
-    if (!cur || !cur->alive || cur->rec.sandboxes == 0) break;
-    std::this_thread::sleep_for(milliseconds(200));
+  // Drain: no new placements (above), then wait for its sandboxes to go, up to timeout_s. The
+  // node itself is asked (its published load lags by up to a quarter second).
+  bool drained = false;
+  if (action == "drain") {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    for (;;) {
+      auto cur = view_->Find(node);
+      if (cur && cur->alive) {
+        auto r = cur->client->Request("GET", "/v1/sandboxes?limit=1", NodeHeaders(req), "",
+                                      milliseconds(cfg_.call_timeout_ms));
+        Json j = r.ok() && r->status == 200 ? Json::parse(r->body, nullptr, false) : Json();
+        drained = j.is_object() && j.contains("sandboxes") && j["sandboxes"].is_array() &&
+                  j["sandboxes"].empty();
+      }
+      if (drained || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(milliseconds(200));
+    }
   }
   auto cur = view_->Find(node);
   Json j = NodeJson(cur ? *cur : *n);
-  if (action == "drain") j["drained"] = cur && cur->rec.sandboxes == 0;
+  if (action == "drain") j["drained"] = drained;
   Reply(res, 200, j);
 }
 

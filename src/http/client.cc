@@ -325,7 +325,7 @@ Status HttpClient::Stream(std::string_view method, std::string_view target, cons
   while (!p.is_done()) {
     p.get().body().data = chunk;
     p.get().body().size = sizeof chunk;
-    bhttp::read(s, buf, p, ec);
+    bhttp::read_some(s, buf, p, ec);  // what has come, not a full buffer: events are small
     if (ec == bhttp::error::need_buffer) ec = {};
     if (ec) return DeadlineStream::ToStatus(ec, what);
     size_t got = sizeof chunk - p.get().body().size;

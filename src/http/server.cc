@@ -1,5 +1,7 @@
 #include "http/server.h"
 
+#include <sys/un.h>
+
 #include "http/server_impl.h"
 
 namespace dsec::http {
@@ -138,6 +140,10 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions opts,
   }
   if (!impl->opts.unix_path.empty()) {
     const std::string& p = impl->opts.unix_path;
+    if (p.size() >= sizeof(sockaddr_un::sun_path))
+      return InvalidArgument("unix socket path \"" + p + "\" is " + std::to_string(p.size()) +
+                             " bytes; the kernel takes at most " +
+                             std::to_string(sizeof(sockaddr_un::sun_path) - 1));
     // A socket file left by a crashed edge is replaced; a live edge there is an error.
     struct stat st;
     if (lstat(p.c_str(), &st) == 0) {

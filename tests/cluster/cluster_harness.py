@@ -168,7 +168,11 @@ class ClusterEdge(Edge):
         self.name = name
         self.state_dir = root  # the state dir is the edge's own dir (as in scripts/cluster)
         self.token_file = root / "tokens"
+        # A unix socket path has at most 107 bytes: where the dir's path is longer (pytest's
+        # basetemp under a build tree), the socket goes in a short dir of the cluster's own.
         self.socket = str(root / "edge.sock")
+        if len(self.socket) > 100:
+            self.socket = str(cluster.short_dir() / f"{name}.sock")
         self.config_file = root / "config.json"
         self.log_path = cluster.root / f"edge-{name}.log"
         self.pid_path = cluster.root / f"edge-{name}.pid"
@@ -246,6 +250,7 @@ class Cluster:
 
     def __init__(self, root, edges, apiservers, edge_args, edge_config, register):
         self.root = pathlib.Path(root)
+        self._short_dir = None
         self.edge_bin = edge_harness.edge_binary()
         self.apiserver_bin = apiserver_binary()
         self.register = register
@@ -609,8 +614,16 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        if self._short_dir is not None:
+            shutil.rmtree(self._short_dir, ignore_errors=True)
         d = str(self.root)
         left = [m for m in edge_harness.mountinfo() if m == d or m.startswith(d + "/")]
         if left:
             raise AssertionError(f"mounts left under {d}, not removing it: {left}")
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def short_dir(self):
+        """A short temp dir for the edges' unix sockets (removed by cleanup)."""
+        if self._short_dir is None:
+            self._short_dir = pathlib.Path(tempfile.mkdtemp(prefix="dsec-cl-"))
+        return self._short_dir
