@@ -1,5 +1,6 @@
 #include "apiserver/apiserver.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -152,11 +153,14 @@ Apiserver::Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::
       etcd_(etcd),
       view_(view),
       workers_(static_cast<size_t>(std::max(4, cfg_.workers))),
+      fanout_(static_cast<size_t>(std::max(4, cfg_.workers))),
       rng_(std::random_device{}()) {}
 
 void Apiserver::Shutdown() {
   workers_.stop();
   workers_.join();
+  fanout_.stop();
+  fanout_.join();
 }
 
 http::Preflight Apiserver::Check(http::HttpRequest& req) {
@@ -197,7 +201,14 @@ http::Headers Apiserver::NodeHeaders(const http::HttpRequest& req) const {
 
 void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) {
   if (req.takeover_fd) {
-    // Resolving the node's address may block: on a worker.
+    // Nothing blocks when the node's address is numeric (the connect finishes on the relay's
+    // strand): relayed at once. A host name to resolve is resolved on a worker.
+    std::vector<std::string_view> seg = SplitString(req.path, '/', true);
+    auto n = seg.size() >= 3 ? view_->Find(NodeOfSandbox(seg[2])) : std::nullopt;
+    in6_addr addr;
+    if (!n || !n->client || inet_pton(AF_INET, n->client->host().c_str(), &addr) == 1 ||
+        inet_pton(AF_INET6, n->client->host().c_str(), &addr) == 1)
+      return Relay(std::move(req));
     auto shared = std::make_shared<http::HttpRequest>(std::move(req));
     boost::asio::post(workers_, [this, shared] { Relay(std::move(*shared)); });
     return;
@@ -311,15 +322,31 @@ void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http:
   http::Headers headers = NodeHeaders(req);
   if (req.Header("content-type").empty()) headers.emplace_back("Content-Type", "application/json");
 
-  // 1. A retry of a create that an earlier attempt (through this or another apiserver) sent to
-  //    a node gets that node's recorded answer (or waits for it), never a second sandbox.
-  if (!shape->request_id.empty()) {
-    std::vector<NodeState> probes = Probes(nodes, *shape, cfg_.placement);
+  // 1. Placement: the candidates in order.
+  PlacementOptions opts = cfg_.placement;
+  const bool spread = shape->count_given && shape->count > 1;
+  if (spread) {
+    opts.max_tries = 1 << 20;                    // every node may take a share
+    if (!shape->request_id.empty()) opts.k = 1;  // shares by rendezvous order alone
+  }
+  StatusOr<std::vector<NodeState>> order = [&] {
+    MutexLock l(rng_mu_);
+    return PlaceCreate(nodes, *shape, opts, &rng_);
+  }();
+
+  // 2. A retry of a create that an earlier attempt (through this or another apiserver) sent to
+  //    a node gets that node's recorded answer (or waits for it), never a second sandbox. The
+  //    first candidate needs no asking: it answers a request id it holds from its own record.
+  if (!shape->request_id.empty() && !spread) {
+    std::vector<NodeState> probes;
+    for (auto& p : Probes(nodes, *shape, cfg_.placement))
+      if (!order.ok() || order->empty() || p.rec.node != order->front().rec.node)
+        probes.push_back(std::move(p));
     std::vector<std::future<StatusOr<http::ClientResponse>>> answers;
     http::Headers ph = headers;
     ph.emplace_back("Dsec-Replay-Only", "1");
     for (const auto& p : probes)
-      answers.push_back(std::async(std::launch::async, [&, client = p.client] {
+      answers.push_back(Fanout([&, client = p.client] {
         return client->Request("POST", req.target, ph, req.body,
                                milliseconds(cfg_.create_timeout_ms));
       }));
@@ -331,15 +358,6 @@ void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http:
       }
     }
   }
-
-  // 2. Placement, then the candidates in order.
-  PlacementOptions opts = cfg_.placement;
-  const bool spread = shape->count_given && shape->count > 1;
-  if (spread) opts.max_tries = 1 << 20;  // every node may take a share
-  StatusOr<std::vector<NodeState>> order = [&] {
-    MutexLock l(rng_mu_);
-    return PlaceCreate(nodes, *shape, opts, &rng_);
-  }();
   if (!order.ok()) return Fail(res, order.status());
 
   if (spread && order->size() > 1) {
@@ -353,11 +371,10 @@ void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http:
                       (static_cast<int64_t>(i) < shape->count % static_cast<int64_t>(parts));
       if (!shape->request_id.empty())
         part["request_id"] = shape->request_id + "/" + std::to_string(i);
-      done.push_back(
-          std::async(std::launch::async, [&, client = (*order)[i].client, text = part.dump()] {
-            return client->Request("POST", req.target, headers, text,
-                                   milliseconds(cfg_.create_timeout_ms));
-          }));
+      done.push_back(Fanout([&, client = (*order)[i].client, text = part.dump()] {
+        return client->Request("POST", req.target, headers, text,
+                               milliseconds(cfg_.create_timeout_ms));
+      }));
     }
     Json all = Json::array();
     std::optional<std::pair<http::ClientResponse, std::string>> failed;
@@ -455,11 +472,10 @@ void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::R
     }
     std::string target = "/v1/sandboxes?limit=" + std::to_string(limit) + rest;
     if (it != at.end() && !it->second.empty()) target += "&cursor=" + PercentEncode(it->second);
-    parts.push_back(
-        {n.rec.node, std::async(std::launch::async, [this, &req, client = n.client, target] {
-           return client->Request("GET", target, NodeHeaders(req), "",
-                                  milliseconds(cfg_.call_timeout_ms));
-         })});
+    parts.push_back({n.rec.node, Fanout([this, &req, client = n.client, target] {
+                       return client->Request("GET", target, NodeHeaders(req), "",
+                                              milliseconds(cfg_.call_timeout_ms));
+                     })});
   }
   struct Item {
     int64_t created_at;
@@ -526,7 +542,7 @@ void Apiserver::Jobs(const http::HttpRequest& req, const std::shared_ptr<http::R
       unavailable.push_back(n.rec.node);
       continue;
     }
-    calls.emplace_back(n.rec.node, std::async(std::launch::async, [&, client = n.client] {
+    calls.emplace_back(n.rec.node, Fanout([&, client = n.client] {
                          return client->Request(req.method, req.target, headers, req.body,
                                                 milliseconds(cfg_.call_timeout_ms));
                        }));

@@ -18,11 +18,13 @@
 #pragma once
 
 #include <atomic>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
 #include "apiserver/placement.h"
@@ -67,6 +69,15 @@ class Apiserver {
                   const std::shared_ptr<http::Responder>& res);
 
   http::Headers NodeHeaders(const http::HttpRequest& req) const;
+  // Runs `fn` on the fan-out threads (calls to several nodes at once; they never wait on each
+  // other, so a worker waiting for them cannot starve them).
+  template <class F>
+  auto Fanout(F fn) -> std::future<decltype(fn())> {
+    auto task = std::make_shared<std::packaged_task<decltype(fn())()>>(std::move(fn));
+    auto f = task->get_future();
+    boost::asio::post(fanout_, [task] { (*task)(); });
+    return f;
+  }
 
   ApiserverConfig cfg_;
   std::vector<std::string> tokens_;
@@ -75,6 +86,7 @@ class Apiserver {
   ClusterView* view_;
   boost::asio::io_context* io_ = nullptr;
   boost::asio::thread_pool workers_;
+  boost::asio::thread_pool fanout_;
   Mutex rng_mu_;
   std::mt19937_64 rng_ DSEC_GUARDED_BY(rng_mu_);
 };
