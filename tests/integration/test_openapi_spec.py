@@ -71,10 +71,16 @@ EDGE_OPERATIONS = {
     ("PUT", "/v1/pools/{name}"),
     ("DELETE", "/v1/pools/{name}"),
 }
-# In shared/API.md but not served by the edge yet: marked `x-dsec-status: planned`.
-PLANNED_OPERATIONS = {
+# Served by dsec-apiserver only (tests/cluster): marked `x-dsec-served-by: apiserver`.
+APISERVER_OPERATIONS = {
     ("GET", "/v1/nodes"),
+    ("GET", "/v1/nodes/{node}"),
+    ("POST", "/v1/nodes/{node}/cordon"),
+    ("POST", "/v1/nodes/{node}/uncordon"),
+    ("POST", "/v1/nodes/{node}/drain"),
 }
+# In shared/API.md but not served yet: marked `x-dsec-status: planned`.
+PLANNED_OPERATIONS = set()
 NO_ERROR_RESPONSE_NEEDED = {("GET", "/v1/health"), ("GET", "/metrics")}
 
 # ---- example bodies (api-ext.md and shared/API.md) ------------------------------------------
@@ -205,7 +211,15 @@ def test_operations_are_exactly_the_contract(spec):
     present = {(m, t) for m, t, _ in spec.operations()}
     assert EDGE_OPERATIONS - present == set(), "served by the edge but missing from the spec"
     assert PLANNED_OPERATIONS - present == set(), "in API.md but missing from the spec"
-    assert present - EDGE_OPERATIONS - PLANNED_OPERATIONS == set(), "add new routes to this test"
+    assert APISERVER_OPERATIONS - present == set(), "served by the apiserver but not in the spec"
+    assert present - EDGE_OPERATIONS - PLANNED_OPERATIONS - APISERVER_OPERATIONS == set(), \
+        "add new routes to this test"
+
+
+def test_apiserver_operations_are_marked(spec):
+    for method, template, op in spec.operations():
+        served = op.get("x-dsec-served-by") == "apiserver"
+        assert served == ((method, template) in APISERVER_OPERATIONS), (method, template)
 
 
 def test_planned_operations_are_marked_and_served_ones_are_not(spec):
