@@ -12,6 +12,7 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <utility>  // before asio (Boost 1.74)
@@ -240,6 +241,14 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
     if (m == "GET") return on_worker([this, shared, res] { List(*shared, res); });
     return Fail(res, 405, "method_not_allowed", "GET or POST");
   }
+  if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "fncalls") {
+    if (m != "POST") return Fail(res, 405, "method_not_allowed", "POST only");
+    return on_worker([this, shared, res] { FnCall(*shared, res); });
+  }
+  if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "node") {
+    if (m != "GET") return Fail(res, 405, "method_not_allowed", "GET only");
+    return ClusterAsNode(res);
+  }
   if (seg.size() >= 2 && seg[0] == "v1" && seg[1] == "nodes") {
     if (seg.size() == 2 || seg.size() == 3) {
       if (m != "GET") return Fail(res, 405, "method_not_allowed", "GET only");
@@ -260,7 +269,7 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
   }
   Fail(res, 404, "not_found",
        "no route " + m + " " + shared->path +
-           " on the apiserver (images, pools, fncall and builds are served by each edge in this "
+           " on the apiserver (images, pools and builds are served by each edge in this "
            "release)");
 }
 
@@ -314,6 +323,28 @@ void Apiserver::Relay(http::HttpRequest req) {
 void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
   auto shape = api::ParseCreateShape(req.body);
   if (!shape.ok()) return Fail(res, shape.status());
+  PlaceAndForward(req, res, std::move(*shape));
+}
+
+void Apiserver::FnCall(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
+  // A call goes to a node that has the runtime (a pool of warm workers there), placed like a
+  // create; the node reads the body strictly.
+  Json j = Json::parse(req.body, nullptr, false);
+  if (!j.is_object()) return Fail(res, 400, "bad_request", "body must be a JSON object");
+  auto rt = j.find("runtime");
+  if (rt == j.end() || !rt->is_string() || rt->get<std::string>().empty())
+    return Fail(res, 400, "bad_request", "\"runtime\" is required");
+  api::CreateShape shape;
+  shape.pool = rt->get<std::string>();
+  if (auto rid = j.find("request_id"); rid != j.end() && rid->is_string())
+    shape.request_id = rid->get<std::string>();
+  PlaceAndForward(req, res, std::move(shape));
+}
+
+void Apiserver::PlaceAndForward(const http::HttpRequest& req,
+                                const std::shared_ptr<http::Responder>& res,
+                                api::CreateShape shape_value) {
+  const api::CreateShape* shape = &shape_value;
   if (!view_->etcd_ok())
     return Fail(res, 503, "unavailable",
                 "the cluster store (etcd) cannot be reached: creates are refused until it is "
@@ -601,6 +632,40 @@ void Apiserver::Nodes(const http::HttpRequest& req, const std::shared_ptr<http::
   Json a = Json::array();
   for (const auto& n : view_->Nodes()) a.push_back(NodeJson(n));
   Reply(res, 200, {{"nodes", a}});
+}
+
+void Apiserver::ClusterAsNode(const std::shared_ptr<http::Responder>& res) {
+  // GET /v1/node on an apiserver: the cluster as one node (what clients written for an edge
+  // ask); the nodes themselves are in /v1/nodes.
+  std::set<std::string> kinds;
+  int64_t max_sandboxes = 0, memory_mb = 0, admit_mb = 0, sandboxes = 0, used_mb = 0;
+  int ready = 0, nodes = 0;
+  for (const auto& n : view_->Nodes()) {
+    ++nodes;
+    if (n.State() != "ready") continue;
+    ++ready;
+    kinds.insert(n.rec.kinds.begin(), n.rec.kinds.end());
+    max_sandboxes += n.rec.max_sandboxes;
+    memory_mb += n.rec.memory_mb;
+    admit_mb += n.rec.admit_memory_mb;
+    sandboxes += n.rec.sandboxes;
+    used_mb += n.rec.used_memory_mb;
+  }
+  Reply(
+      res, 200,
+      {{"node", "cluster"},
+       {"version", DSEC_VERSION},
+       {"instance", "apiserver"},
+       {"backends", Json(std::vector<std::string>(kinds.begin(), kinds.end()))},
+       {"pools", Json::array()},
+       {"capacity",
+        {{"max_sandboxes", max_sandboxes},
+         {"memory_mb", memory_mb},
+         {"overcommit", memory_mb > 0 ? static_cast<double>(admit_mb) / memory_mb : 0.0},
+         {"admit_memory_mb", admit_mb}}},
+       {"usage", {{"sandboxes", sandboxes}, {"memory_mb", used_mb}, {"by_state", Json::object()}}},
+       {"features",
+        {{"cluster", {{"nodes", nodes}, {"nodes_ready", ready}, {"etcd", view_->etcd_ok()}}}}}});
 }
 
 void Apiserver::NodeAction(const http::HttpRequest& req, const std::string& node,

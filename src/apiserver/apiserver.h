@@ -62,9 +62,13 @@ class Apiserver {
  private:
   void Relay(http::HttpRequest req);
   void Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  void FnCall(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  void PlaceAndForward(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res,
+                       api::CreateShape shape);
   void List(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void Jobs(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void Nodes(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  void ClusterAsNode(const std::shared_ptr<http::Responder>& res);
   void NodeAction(const http::HttpRequest& req, const std::string& node, const std::string& action,
                   const std::shared_ptr<http::Responder>& res);
 

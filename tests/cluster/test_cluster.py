@@ -504,3 +504,18 @@ def test_scripts_cluster_up_and_down_leave_nothing():
     assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
     assert not d.exists()
     base.rmdir()
+
+
+def test_fncall_and_the_cluster_as_a_node(shared):
+    status, out = api(shared, "POST", "/v1/fncalls", {"runtime": "python", "code": "print(6*7)"})
+    assert status == 200 and out["stdout"] == "42\n" and out["exit_code"] == 0, out
+    status, out = api(shared, "POST", "/v1/fncalls", {"runtime": "cobol", "code": "1"}, i=1)
+    assert status == 422 and "pool \"cobol\"" in out["error"]["message"], out
+    status, out = api(shared, "POST", "/v1/fncalls", {"code": "1"})
+    assert status == 400, out
+    status, node = api(shared, "GET", "/v1/node")
+    assert status == 200 and node["node"] == "cluster", node
+    status, nodes = api(shared, "GET", "/v1/nodes")
+    assert node["capacity"]["max_sandboxes"] == sum(
+        n["capacity"]["max_sandboxes"] for n in nodes["nodes"])
+    assert node["features"]["cluster"]["nodes_ready"] == 3
