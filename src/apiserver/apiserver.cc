@@ -181,8 +181,22 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
   if (!ok)
     return deny(401, "unauthorized", token.empty() ? "missing bearer token" : "invalid token");
   pf.principal = "cluster";
+  // The node routes the path it decodes from the target as sent: it must name the same thing
+  // the apiserver checked (no "." or ".." segment, no encoded '/'), or a call the apiserver
+  // let through as one sandbox's could reach another route of the node with the node token.
+  std::string_view raw = std::string_view(req.target).substr(0, req.target.find('?'));
+  for (auto part : SplitString(raw, '/', /*skip_empty=*/false)) {
+    std::string seg;
+    if (!http::PercentDecode(part, false, &seg) || seg == "." || seg == ".." ||
+        seg.find('/') != std::string::npos)
+      return deny(400, "bad_request", "the path must not hold \".\", \"..\" or an encoded '/'");
+  }
   // Everything on one sandbox goes to its node as it comes, body and all.
   if (StartsWith(req.path, "/v1/sandboxes/")) {
+    if (relays_.load() >= cfg_.max_relays)
+      return deny(429, "over_capacity",
+                  "the apiserver relays " + std::to_string(cfg_.max_relays) +
+                      " calls on sandboxes now (max_relays): retry");
     pf.takeover = true;
     return pf;
   }
@@ -303,7 +317,7 @@ void Apiserver::Relay(http::HttpRequest req) {
   std::string head = StrCat({req.method, " ", req.target, " HTTP/1.1\r\nHost: ", n->client->host(),
                              ":", std::to_string(n->client->port()), "\r\n"});
   for (const auto& [k, v] : req.headers)
-    if (!http::IsHopByHop(k) && (req.websocket_upgrade || k != "upgrade"))
+    if (!http::IsHopByHop(k) && k != "x-forwarded-for" && (req.websocket_upgrade || k != "upgrade"))
       head += StrCat({k, ": ", v, "\r\n"});
   head += StrCat({"Authorization: Bearer ", node_token_,
                   "\r\nX-Forwarded-For: ", req.remote.substr(0, req.remote.rfind(':')), "\r\n"});
@@ -316,8 +330,11 @@ void Apiserver::Relay(http::HttpRequest req) {
   pr.head_method = req.method == "HEAD";
   pr.buffered = std::move(req.takeover_buffered);
   pr.target_name = "node " + node;
+  // Counted while it lasts (the relay holds the slot): past max_relays, new ones are 429.
+  relays_.fetch_add(1);
+  std::shared_ptr<void> slot(nullptr, [this](void*) { relays_.fetch_sub(1); });
   http::StartPortRelay(*io_, std::move(client), std::move(*upstream), std::move(pr),
-                       milliseconds(5000), nullptr, [](int) {});
+                       milliseconds(5000), std::move(slot), [](int) {});
 }
 
 void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {

@@ -47,6 +47,9 @@ struct ApiserverConfig {
   int64_t create_timeout_ms = 300000;  // a create may wait for a microVM to boot
   int64_t call_timeout_ms = 30000;     // lists, jobs, probes
   uint64_t max_json_body_bytes = 1 << 20;
+  // Calls on sandboxes being relayed at once (each holds two sockets and two pipes); more are
+  // refused with 429 before their bodies are read.
+  int64_t max_relays = 8192;
 };
 
 class Apiserver {
@@ -89,6 +92,7 @@ class Apiserver {
   etcd::Client* etcd_;
   ClusterView* view_;
   boost::asio::io_context* io_ = nullptr;
+  std::atomic<int64_t> relays_{0};
   boost::asio::thread_pool workers_;
   boost::asio::thread_pool fanout_;
   Mutex rng_mu_;

@@ -1,6 +1,7 @@
 // dsec-apiserver: the cluster's front door (apiserver.h). Flags only; it keeps no state of its
 // own (etcd holds membership and cordons), so any number of them can run.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -48,6 +49,8 @@ int main(int argc, char** argv) {
   app.add_option("--workers", cfg.workers, "Threads for calls that wait on nodes")
       ->check(CLI::Range(4, 4096));
   app.add_option("--placement-k", cfg.placement.k, "Power-of-k choices")->check(CLI::Range(1, 64));
+  app.add_option("--max-relays", cfg.max_relays, "Calls on sandboxes relayed at once (then 429)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--placement-tries", cfg.placement.max_tries,
                  "Nodes one create is sent to before its 429 is the answer")
       ->check(CLI::Range(1, 64));
@@ -59,6 +62,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   log::Init(cfg.log_level);
+  // Every relayed call holds two descriptors: the soft limit goes up to the hard one.
+  if (rlimit rl; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &rl);
+  }
   auto fail = [](const std::string& what, const Status& s) {
     std::cerr << "dsec-apiserver: " << what << ": " << s.message() << "\n";
     return 2;

@@ -281,6 +281,7 @@ class Cluster:
             e.config = cfg
             self.edges[name] = e
         self.apiserver_ports = [free_port() for _ in range(apiservers)]
+        self.apiserver_extra = []  # more dsec-apiserver arguments (for the next start)
         self.apiserver_procs = [None] * apiservers
 
     # -- start ------------------------------------------------------------------------------
@@ -447,7 +448,7 @@ class Cluster:
     def apiserver_args(self, i):
         return [self.apiserver_bin, "--listen", f"127.0.0.1:{self.apiserver_ports[i]}",
                 "--etcd", self.etcd_url, "--token-file", self.root / "cluster.token",
-                "--node-token-file", self.root / "node.token"]
+                "--node-token-file", self.root / "node.token"] + list(self.apiserver_extra)
 
     def apiserver_start(self, i, timeout=60, wait_nodes=True):
         """Starts apiserver i (0-based) on its port; waits for GET /v1/health 200 and, with

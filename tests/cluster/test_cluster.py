@@ -10,6 +10,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import signal
 import pathlib
 import socket
 import subprocess
@@ -519,3 +520,38 @@ def test_fncall_and_the_cluster_as_a_node(shared):
     assert node["capacity"]["max_sandboxes"] == sum(
         n["capacity"]["max_sandboxes"] for n in nodes["nodes"])
     assert node["features"]["cluster"]["nodes_ready"] == 3
+
+
+def test_paths_that_would_mean_something_else_on_the_node_are_refused(shared):
+    sid = "sb-n1-aaaaaaaaaaaa"
+    for path in (f"/v1/sandboxes/{sid}/%2E%2E/%2E%2E/images",
+                 f"/v1/sandboxes/{sid}/../../images",
+                 f"/v1/sandboxes/{sid}%2Ffiles",
+                 f"/v1/sandboxes/{sid}/./files?path=/etc/passwd"):
+        status, out = request(shared.urls[0], "GET", path, token=shared.token)
+        assert status == 400 and out["error"]["code"] == "bad_request", (path, status, out)
+
+
+def test_relays_are_capped(make_cluster):
+    c = make_cluster(edges=1, apiservers=1)
+    c.apiserver_extra = ["--max-relays", "2"]
+    c.apiserver_kill(0, signal.SIGTERM)
+    c.apiserver_start(0)
+    sid = create(c)["id"]
+    u = urllib.parse.urlsplit(c.urls[0])
+    held = []
+    try:
+        for _ in range(2):  # two long calls: attached shells
+            status, _, ws = WebSocket.connect(u.hostname, u.port,
+                                              f"/v1/sandboxes/{sid}/attach?cmd=cat", token=c.token)
+            assert status == 101
+            held.append(ws)
+        status, out = api(c, "GET", f"/v1/sandboxes/{sid}")
+        assert status == 429 and "max_relays" in out["error"]["message"], out
+        # Creates and lists are not relays: they go on.
+        assert api(c, "GET", "/v1/sandboxes")[0] == 200
+        held.pop().close()
+        wait_until(lambda: api(c, "GET", f"/v1/sandboxes/{sid}")[0] == 200, timeout=10)
+    finally:
+        for ws in held:
+            ws.close()
