@@ -385,7 +385,11 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
   // 2. A retry of a create that an earlier attempt (through this or another apiserver) sent to
   //    a node gets that node's recorded answer (or waits for it), never a second sandbox. The
   //    first candidate needs no asking: it answers a request id it holds from its own record.
-  if (!shape->request_id.empty() && !spread) {
+  // A client that made the request id for this very attempt (Dsec-Fresh-Request-Id: 1; the SDK
+  // sends it on the first attempt of an id it generated) has no earlier attempt to find: if it
+  // says so wrongly, only its own request can run twice.
+  const bool fresh = req.Header("dsec-fresh-request-id") == "1";
+  if (!shape->request_id.empty() && !spread && !fresh) {
     std::vector<NodeState> probes;
     for (auto& p : Probes(nodes, *shape, cfg_.placement))
       if (!order.ok() || order->empty() || p.rec.node != order->front().rec.node)

@@ -434,6 +434,7 @@ class AsyncTransport:
         resent = False
         fresh_used = False
         while True:
+            req.mark_attempt(resent)
             try:
                 result = await self._attempt(req, stream)
             except RetryableError as e:

@@ -84,6 +84,9 @@ def resolve_config(url: str | None, token: str | None) -> tuple[Endpoint, str | 
     return parse_url(url), token
 
 
+FRESH_ID_HEADER = "Dsec-Fresh-Request-Id"
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -115,6 +118,17 @@ class Request:
     gone_on_retry_ok: bool = False
     request_id: str | None = None
     stream_body: Any = None
+    # The request id was made for this call (not given by the caller): its first attempt can
+    # say so (FRESH_ID_HEADER), and a cluster's apiserver then skips asking the nodes whether
+    # an earlier attempt reached one of them.
+    fresh_id: bool = False
+
+    def mark_attempt(self, resent: bool) -> None:
+        """Before each attempt: the fresh-id header on the first one only."""
+        if self.fresh_id and not resent:
+            self.headers[FRESH_ID_HEADER] = "1"
+        else:
+            self.headers.pop(FRESH_ID_HEADER, None)
 
     def resendable(self) -> bool:
         """False for a streamed body that cannot start again (a pipe)."""
@@ -183,6 +197,7 @@ def json_request(
         extra_wait,
         gone_on_retry_ok,
         rid,
+        fresh_id=rid is not None and request_id is None,
     )
 
 
@@ -198,7 +213,8 @@ def raw_request(
     """A mutating request with a raw body; its request id goes in ``Idempotency-Key``."""
     rid = request_id or new_request_id()
     headers = {"Content-Type": content_type, "Idempotency-Key": rid}
-    return Request(method, path, _clean_query(query), bytes(body), headers, 0.0, False, rid)
+    return Request(method, path, _clean_query(query), bytes(body), headers, 0.0, False, rid,
+                   fresh_id=request_id is None)
 
 
 def stream_request(
@@ -216,7 +232,7 @@ def stream_request(
     rid = request_id or new_request_id()
     headers = {"Content-Type": content_type, "Idempotency-Key": rid}
     return Request(method, path, _clean_query(query), None, headers, extra_wait, False, rid,
-                   source)
+                   source, fresh_id=request_id is None)
 
 
 def base_headers(endpoint: Endpoint, token: str | None) -> dict[str, str]:

@@ -267,6 +267,7 @@ class SyncTransport:
         resent = False
         fresh_used = False
         while True:
+            req.mark_attempt(resent)
             try:
                 result = self._attempt(req, stream)
             except RetryableError as e:

@@ -57,6 +57,21 @@ def test_503_then_success_reuses_request_id(client, edge, sandbox):
     assert edge.exec_count == 1
 
 
+def test_fresh_request_id_is_said_on_the_first_attempt_only(client, edge, sandbox):
+    # A cluster's apiserver skips looking for an earlier attempt of an id the client made for
+    # this call; a retry, or an id the caller chose, must not claim that.
+    edge.fault("POST", f"/v1/sandboxes/{sandbox.id}/exec", "status", status=503)
+    sandbox.exec(["echo", "hi"])
+    posts = edge.seen("POST", f"/v1/sandboxes/{sandbox.id}/exec")
+    assert [p.headers.get("dsec-fresh-request-id") for p in posts] == ["1", None]
+    sandbox.exec(["echo", "1"], request_id="mine-1")
+    assert edge.seen("POST", f"/v1/sandboxes/{sandbox.id}/exec")[-1].headers.get(
+        "dsec-fresh-request-id") is None
+    sandbox.write_file("/workspace/b.txt", b"x")
+    put = edge.seen("PUT", f"/v1/sandboxes/{sandbox.id}/files")[-1]
+    assert put.headers.get("dsec-fresh-request-id") == "1"
+
+
 def test_503_on_raw_put_reuses_idempotency_key(client, edge, sandbox):
     edge.fault("PUT", f"/v1/sandboxes/{sandbox.id}/files", "status", status=503, times=2)
     sandbox.write_file("/workspace/a.txt", b"data")
