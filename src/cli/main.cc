@@ -1,6 +1,6 @@
 // dsec: the command-line interface. Most commands talk to a dsec-edge (see edge_cmds.h,
-// fncall_cmds.h and image_cmds.h); `dsec run` goes through an edge when one is reachable and
-// works locally (as root) otherwise.
+// fncall_cmds.h and image_cmds.h), `dsec node` to a dsec-apiserver (node_cmds.h); `dsec run`
+// goes through an edge when one is reachable and works locally (as root) otherwise.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -11,6 +11,7 @@
 #include "cli/edge_cmds.h"
 #include "cli/fncall_cmds.h"
 #include "cli/image_cmds.h"
+#include "cli/node_cmds.h"
 #include "cli/run.h"
 
 int main(int argc, char** argv) {
@@ -22,8 +23,9 @@ int main(int argc, char** argv) {
   app.add_option("--state-dir", global.state_dir, "State directory for local sandboxes");
   app.add_option("--log-level", global.log_level, "trace|debug|info|warn|error");
   app.add_option("--url", global.url,
-                 "Edge URL: http://HOST:PORT or unix:///PATH (default $DSEC_URL, then the local "
-                 "edge's socket /run/dsec/edge.sock, then http://127.0.0.1:7070)");
+                 "Edge (or, for dsec node, apiserver) URL: http://HOST:PORT or unix:///PATH "
+                 "(default $DSEC_URL, then the local edge's socket /run/dsec/edge.sock, then "
+                 "http://127.0.0.1:7070)");
   app.add_option("--token", global.token, "Bearer token for a TCP edge (default $DSEC_TOKEN)");
   app.add_flag("--json", global.json, "Machine-readable JSON output");
   app.add_flag("--local", global.local, "dsec run: run here without an edge");
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   dsec::cli::RegisterEdgeCommands(app, global, &exit_code);
   dsec::cli::RegisterFnCallCommands(app, global, &exit_code);
   dsec::cli::RegisterImageCommands(app, global, &exit_code);
+  dsec::cli::RegisterNodeCommands(app, global, &exit_code);
   dsec::cli::RegisterBenchCommand(app);
   // Everything after the first "--" is the command, verbatim (CLI11 would otherwise give
   // options like "-c" to itself or to a repeatable flag before it).

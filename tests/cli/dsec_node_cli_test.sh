@@ -1,0 +1,98 @@
+#!/bin/bash
+# `dsec node ls|get|cordon|uncordon|drain` against a local cluster (scripts/cluster up: etcd,
+# 2 edges, 1 apiserver): the table and --json, cordons steering placement, a drain that times
+# out (exit 1) and one that completes, bad input and wrong endpoints (one line, non-zero exit),
+# and the cluster stopped with nothing left.
+# Usage: dsec_node_cli_test.sh PATH/TO/dsec; DSEC_EDGE_BIN and DSEC_APISERVER_BIN name the
+# daemons (default: build/release). Needs root and etcd; SKIPPED otherwise.
+set -u
+DSEC=${1:?usage: dsec_node_cli_test.sh path/to/dsec}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+export DSEC_EDGE_BIN=${DSEC_EDGE_BIN:-$repo/build/release/src/edge/dsec-edge}
+export DSEC_APISERVER_BIN=${DSEC_APISERVER_BIN:-$repo/build/release/src/apiserver/dsec-apiserver}
+if [ "$(id -u)" != 0 ]; then echo "[  SKIPPED ] dsec node CLI tests need root"; exit 0; fi
+if ! command -v etcd >/dev/null; then
+  echo "[  SKIPPED ] dsec node CLI tests: etcd not found (apt-get install etcd-server etcd-client)"
+  exit 0
+fi
+for b in "$DSEC_EDGE_BIN" "$DSEC_APISERVER_BIN"; do
+  if [ ! -x "$b" ]; then echo "[  SKIPPED ] dsec node CLI tests: $b not found"; exit 0; fi
+done
+# Short: the edges' sockets live under it.
+T=$(mktemp -d /tmp/dsec-nodecli-XXXXXX)
+C=$T/c
+cluster_up=
+cleanup() {
+  if [ -n "$cluster_up" ]; then "$repo/scripts/cluster" down "$C" >/dev/null 2>&1; fi
+  [ -e "$C" ] || rm -rf "$T"
+}
+trap cleanup EXIT
+fails=0
+check() {  # name expected actual
+  if [ "$2" == "$3" ]; then echo "ok   $1"; else echo "FAIL $1: expected [$2] got [$3]"; fails=$((fails+1)); fi
+}
+one_line_error() {  # name rc stderr [text the line must contain]
+  local lines; lines=$(printf '%s\n' "$3" | grep -c .)
+  if [ "$2" -ne 0 ] && [ "$lines" == 1 ] && [[ "$3" == dsec:* ]] && [[ "$3" == *"${4:-}"* ]]; then
+    echo "ok   error: $1"
+  else echo "FAIL error: $1 -> rc=$2: $3"; fails=$((fails+1)); fi
+}
+
+cluster_up=1
+if ! "$repo/scripts/cluster" up "$C" --edges 2 --apiservers 1 >"$T/up.out" 2>"$T/up.err"; then
+  echo "FAIL scripts/cluster up: $(cat "$T/up.err")"
+  exit 1
+fi
+DSEC_URL=$(sed -n 's/^DSEC_URL=//p' "$T/up.out" | head -n 1)
+DSEC_TOKEN=$(sed -n 's/^DSEC_TOKEN=//p' "$T/up.out")
+export DSEC_URL DSEC_TOKEN
+D() { "$DSEC" "$@"; }
+json() { python3 -c "import json,sys; r=json.load(sys.stdin); print($1)"; }
+
+check "ls header" "NODE STATE SANDBOXES MEMORY BACKENDS URL" "$(D node ls | head -n 1 | tr -s ' ')"
+check "ls" "n1 ready n2 ready " "$(D node ls | awk 'NR>1 {print $1, $2}' | tr '\n' ' ')"
+out=$(D node ls | awk '$1 == "n1" {print ($3 ~ /^0\/[0-9]+$/), ($4 ~ /^[0-9]+\/[0-9]+$/), $5, $6}')
+check "ls columns" "1 1 MiB container" "$(echo "$out" | sed 's/container,[a-z,]*/container/')"
+check "ls URL" 1 "$(D node ls | awk '$1 == "n2" {print $NF}' | grep -c '^http://127.0.0.1:')"
+out=$(D node ls --json | json '" ".join(n["node"] for n in r["nodes"]), r["nodes"][0]["capacity"]["max_sandboxes"] > 0')
+check "ls --json" "n1 n2 True" "$out"
+check "get" "n2 ready" "$(D node get n2 | json 'r["node"], r["state"]')"
+err=$(D node get nope 2>&1); one_line_error "get of an unknown node" $? "$err" "no node nope"
+
+check "cordon" "n1 cordoned" "$(D node cordon n1)"
+check "cordoned in ls" cordoned "$(D node ls | awk '$1 == "n1" {print $2}')"
+check "cordon --json" cordoned "$(D node cordon n1 --json | json 'r["state"]')"
+id=$(D create --memory 256 --label job=nodecli)
+check "a create avoids the cordoned node" sb-n2- "${id:0:6}"
+D node drain n2 --timeout 1 >"$T/out" 2>"$T/err"; rc=$?
+check "drain that times out exits 1" 1 $rc
+check "drain that times out says so" \
+  "n2: still has 1 sandboxes after 1 s (cordoned; no new placements)" "$(cat "$T/err")"
+check "drain that times out prints nothing on stdout" "" "$(cat "$T/out")"
+check "draining in ls" draining "$(D node ls | awk '$1 == "n2" {print $2}')"
+out=$(D node drain n2 --timeout 0 --json 2>/dev/null | json 'r["drained"], r["state"]')
+check "drain --json" "False draining" "$out"
+err=$(D create --memory 256 2>&1); one_line_error "create with every node cordoned" $? "$err" "cordoned"
+D rm "$id" >/dev/null; check "rm" 0 $?
+out=$(D node drain n2 --timeout 30); check "drain" "n2 drained (0 sandboxes)" "$out"
+check "drain --json of an empty node" "True" "$(D node drain n2 --json | json 'r["drained"]')"
+check "uncordon" "n1 ready" "$(D node uncordon n1)"
+check "uncordon a drained node" "n2 ready" "$(D node uncordon n2)"
+check "ls after uncordon" "n1 ready n2 ready " "$(D node ls | awk 'NR>1 {print $1, $2}' | tr '\n' ' ')"
+
+err=$(D node cordon nope 2>&1); one_line_error "cordon of an unknown node" $? "$err" "no node nope"
+err=$(D node drain nope --timeout 1 2>&1); one_line_error "drain of an unknown node" $? "$err" "no node nope"
+err=$(D node drain n1 --timeout -1 2>&1); one_line_error "drain --timeout -1" $? "$err"
+err=$(D node get 2>&1); one_line_error "get without a node" $? "$err"
+err=$(D node 2>&1); one_line_error "node without a command" $? "$err"
+err=$(DSEC_TOKEN=wrong D node ls 2>&1); one_line_error "a wrong token" $? "$err"
+err=$(DSEC_URL=unix://$C/edge-n1/edge.sock D node ls 2>&1)
+one_line_error "an edge's URL" $? "$err" "dsec-apiserver"
+
+cluster_up=
+"$repo/scripts/cluster" down "$C" >"$T/down.out" 2>"$T/down.err"; rc=$?
+check "cluster down: stopped, nothing left" "0 gone" "$rc $([ -e "$C" ] && echo kept || echo gone)"
+[ -e "$C" ] && cat "$T/down.err"
+
+if [ $fails -ne 0 ]; then echo "$fails failed"; exit 1; fi
+echo "all passed"
