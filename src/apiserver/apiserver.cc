@@ -170,6 +170,7 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
     pf.ok = false;
     pf.error = http::JsonError(status, code, msg);
     pf.error.close = true;
+    if (status == 401) pf.error.headers.emplace_back("WWW-Authenticate", "Bearer");
     return pf;
   };
   int auth_headers = 0;

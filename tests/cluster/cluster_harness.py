@@ -45,10 +45,33 @@ if str(HERE.parent / "integration") not in sys.path:
     sys.path.insert(0, str(HERE.parent / "integration"))
 
 import edge_harness  # noqa: E402
-from edge_harness import Edge, free_port, wait_until  # noqa: E402
+from edge_harness import Edge, wait_until  # noqa: E402
 
 REPO = HERE.parents[1]
 DEFAULT_APISERVER_BIN = REPO / "build" / "release" / "src" / "apiserver" / "dsec-apiserver"
+
+
+_ports_given = set()
+
+
+def free_port():
+    """A loopback port below the ephemeral range (32768-60999 on Linux): a port the kernel
+    hands out for port 0 can be taken again by any outgoing connection (the edges' to etcd)
+    before the daemon binds it. Never the same one twice in this process."""
+    import random
+    import socket
+    for _ in range(1000):
+        port = random.randint(20000, 32000)
+        if port in _ports_given:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
+    raise RuntimeError("no free loopback port in 20000-32000")
 
 
 def apiserver_binary():
@@ -164,6 +187,8 @@ class ClusterEdge(Edge):
     def __init__(self, cluster, name, index, extra_args, config):
         root = cluster.root / f"edge-{name}"
         super().__init__(cluster.edge_bin, root, extra_args, config)
+        self.port = free_port()  # (the base class's may be reused by an outgoing connection)
+        self.url = f"http://127.0.0.1:{self.port}"
         self.cluster = cluster
         self.name = name
         self.state_dir = root  # the state dir is the edge's own dir (as in scripts/cluster)

@@ -29,6 +29,8 @@ from cluster_harness import Cluster, request
 from edge_harness import WebSocket, wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# The long tier (scripts/long-tier) scales the fault runs up: DSEC_CLUSTER_LONG=1.
+LONG = os.environ.get("DSEC_CLUSTER_LONG") == "1"
 sys.path.insert(0, str(REPO / "sdk" / "python"))
 import libdsec  # noqa: E402
 
@@ -403,7 +405,7 @@ def test_lease_expiry_marks_the_node_unavailable_and_its_return_readopts(make_cl
 
 def test_a_retry_on_another_apiserver_gets_the_same_sandbox(make_cluster):
     c = make_cluster(edges=3, apiservers=2)
-    rids = [f"rid-{uuid.uuid4().hex}" for _ in range(50)]
+    rids = [f"rid-{uuid.uuid4().hex}" for _ in range(400 if LONG else 50)]
     results = {}
     killed = threading.Event()
     cut = []  # request ids whose attempt on apiserver 0 died with it
@@ -430,7 +432,7 @@ def test_a_retry_on_another_apiserver_gets_the_same_sandbox(make_cluster):
             raise AssertionError((rid, status, out))
         raise AssertionError(f"{rid}: no sandbox after 40 attempts")
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=50) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=50) as pool:  # 50 in flight
         futures = {pool.submit(one, rid): rid for rid in rids}
         time.sleep(0.05)
         c.apiserver_kill(0)  # mid-create: some forwarded, some not, some answered
@@ -455,7 +457,8 @@ def test_a_retry_on_another_apiserver_gets_the_same_sandbox(make_cluster):
     assert sorted(held) == sorted(results.values()), (len(held), len(results))
 
 
-def test_etcd_outage_keeps_routing_and_fails_creates_fast(make_cluster):
+@pytest.mark.parametrize("round_", range(3 if LONG else 1))
+def test_etcd_outage_keeps_routing_and_fails_creates_fast(make_cluster, round_):
     c = make_cluster(edges=2, apiservers=1)
     sid = create(c)["id"]
     c.etcd_stop()
@@ -555,3 +558,50 @@ def test_relays_are_capped(make_cluster):
     finally:
         for ws in held:
             ws.close()
+
+
+def test_a_full_node_passes_the_create_on_and_all_full_is_429(make_cluster):
+    c = make_cluster(edges=2, apiservers=1,
+                     edge_config={"max_sandboxes": 2, "fncall_pools": False})
+    # Back to back, before the nodes' published loads catch up: a create that reaches a full
+    # node (its 429) is sent on to the other.
+    ids = [create(c)["id"] for _ in range(4)]
+    assert sorted(node_of(s) for s in ids) == ["n1", "n1", "n2", "n2"], ids
+    status, out = api(c, "POST", "/v1/sandboxes", {"memory_mb": 128})
+    assert status == 429 and "every node tried is full" in out["error"]["message"], out
+    delete_all(c, ids[:1])
+    wait_until(lambda: api(c, "POST", "/v1/sandboxes", {"memory_mb": 128})[0] == 201, timeout=10)
+
+
+def test_a_request_only_big_nodes_can_take_goes_to_them(make_cluster):
+    # n1 admits a tenth of the node's memory, n2 eight times it (the default).
+    c = make_cluster(edges=2, apiservers=1, edge_config=lambda name: (
+        {"memory_overcommit": 0.1} if name == "n1" else {}))
+    small = api(c, "GET", "/v1/nodes/n1")[1]["capacity"]["admit_memory_mb"]
+    big = api(c, "GET", "/v1/nodes/n2")[1]["capacity"]["admit_memory_mb"]
+    assert small < big
+    ids = [create(c, memory_mb=small + 64)["id"] for _ in range(6)]
+    assert {node_of(s) for s in ids} == {"n2"}, ids
+    delete_all(c, ids)
+    status, out = api(c, "POST", "/v1/sandboxes", {"memory_mb": big + 1})
+    assert status == 422 and "can never fit any node" in out["error"]["message"], out
+
+
+def test_every_route_of_the_spec_is_401_without_the_cluster_token(shared):
+    u = urllib.parse.urlsplit(shared.urls[1])
+    ids = {"id": "sb-n1-aaaaaaaaaaaa", "eid": "ex-none", "sid": "sh-none", "name": "python",
+           "job": "j", "port": "8000", "node": "n1"}
+    ops = [(m, t) for m, t, op in edge_harness.spec().operations() if op.get("security", True) != []]
+    assert len(ops) > 40
+    for method, template in ops:
+        path = template.format(**ids)
+        for token in (None, "w" * 32, shared.node_token):
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            conn.request(method, path, body=b"{}" if method in ("POST", "PUT", "PATCH") else None,
+                         headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            assert resp.status == 401, (method, path, token, resp.status, body[:200])
+            assert resp.getheader("WWW-Authenticate") == "Bearer", (method, path)

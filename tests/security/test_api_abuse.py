@@ -833,7 +833,7 @@ def test_bad_credentials_are_401_on_every_authenticated_route(aedge, aclient, as
     }
     variants = {k: v for k, v in variants.items() if v is not None}
     ids = {"id": asandbox, "eid": "ex-none", "sid": "sh-none", "name": "python", "job": "j",
-           "port": "8000"}
+           "port": "8000", "node": "n1"}
     ops = _authenticated_operations()
     assert len(ops) >= 40, ops
     bodies = {(m, t): json.dumps(b).encode() for m, t, b in JSON_ROUTES}
