@@ -9,6 +9,9 @@ interleaved (direct first):
   direct     N clients (asyncio tasks, the Python SDK's AsyncDSecClient, keep-alive), client k
              on edge k mod 3 with the node token
   apiserver  the same clients, client k on apiserver k mod 2 with the cluster token
+  probed     the same, but every create carries a request id the client chose (as a trainer
+             that resumes would), so the apiserver first asks the other candidate nodes whether
+             an earlier attempt reached them (the SDK's own ids skip that on a first attempt)
 
 and reports cycles/s, the cycle's and each call's p50/p99, the apiservers' CPU (user+system,
 from /proc) per cycle, and etcd's revision growth per create (every write to etcd is one
@@ -28,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
@@ -58,7 +62,7 @@ def etcd_revision(url):
         return int(json.load(r)["header"]["revision"])
 
 
-async def run_level(urls, token, clients, cycles, memory_mb):
+async def run_level(urls, token, clients, cycles, memory_mb, own_ids=False):
     per = max(1, cycles // clients)
     sdks = [AsyncDSecClient(urls[k % len(urls)], token=token) for k in range(clients)]
     lat = {"cycle": [], "create": [], "exec": [], "delete": []}
@@ -67,7 +71,7 @@ async def run_level(urls, token, clients, cycles, memory_mb):
     async def one(c):
         for _ in range(per):
             t0 = time.perf_counter()
-            sb = await c.run_container(args)
+            sb = await c.run_container(args, request_id=uuid.uuid4().hex if own_ids else None)
             t1 = time.perf_counter()
             r = await sb.exec(["true"])
             assert r.exit_code == 0
@@ -110,14 +114,16 @@ def main() -> int:
         for n in [int(x) for x in a.concurrency.split(",")]:
             acc = {m: {"lat": {k: [] for k in ("cycle", "create", "exec", "delete")},
                        "cycles": 0, "wall": 0.0, "cpu": 0.0, "revs": 0}
-                   for m in ("direct", "apiserver")}
+                   for m in ("direct", "apiserver", "probed")}
             for _ in range(a.rounds):
-                for mode in ("direct", "apiserver"):
+                for mode in ("direct", "apiserver", "probed"):
                     urls, token = (edge_urls, c.node_token) if mode == "direct" else (c.urls, c.token)
-                    asyncio.run(run_level(urls, token, n, min(20, a.cycles), a.memory_mb))  # warm
+                    own = mode == "probed"
+                    asyncio.run(run_level(urls, token, n, min(20, a.cycles), a.memory_mb, own))
                     cpu0 = sum(cpu_s(p) for p in api_pids)
                     rev0 = etcd_revision(c.etcd_url)
-                    lat, cycles, wall = asyncio.run(run_level(urls, token, n, a.cycles, a.memory_mb))
+                    lat, cycles, wall = asyncio.run(run_level(urls, token, n, a.cycles, a.memory_mb,
+                                                              own))
                     s = acc[mode]
                     s["cpu"] += sum(cpu_s(p) for p in api_pids) - cpu0
                     s["revs"] += etcd_revision(c.etcd_url) - rev0
@@ -148,11 +154,14 @@ def main() -> int:
               f"{r['etcd_revs_per_create']:.3f} ({r['etcd_revs_per_s']:.1f}) |")
     by = {(r["mode"], r["clients"]): r for r in rows}
     for n in sorted({r["clients"] for r in rows}):
-        d, p = by[("direct", n)], by[("apiserver", n)]
-        print(f"{n} clients: throughput {p['cycles_per_s'] / d['cycles_per_s']:.2f}x direct; "
-              f"added at p50: cycle {p['cycle_p50'] - d['cycle_p50']:+.2f} ms, create "
-              f"{p['create_p50'] - d['create_p50']:+.2f}, exec {p['exec_p50'] - d['exec_p50']:+.2f}, "
-              f"delete {p['delete_p50'] - d['delete_p50']:+.2f}")
+        d = by[("direct", n)]
+        for mode in ("apiserver", "probed"):
+            p = by[(mode, n)]
+            print(f"{n} clients, {mode}: throughput {p['cycles_per_s'] / d['cycles_per_s']:.2f}x "
+                  f"direct; added at p50: cycle {p['cycle_p50'] - d['cycle_p50']:+.2f} ms, create "
+                  f"{p['create_p50'] - d['create_p50']:+.2f}, exec "
+                  f"{p['exec_p50'] - d['exec_p50']:+.2f}, delete "
+                  f"{p['delete_p50'] - d['delete_p50']:+.2f}")
     if a.json:
         for r in rows:
             print("JSON " + json.dumps(r))
