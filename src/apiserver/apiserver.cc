@@ -98,25 +98,6 @@ std::string PercentEncode(std::string_view s) {
   return out;
 }
 
-// A non-blocking connect started to host:port (finished by the relay, with its deadline).
-StatusOr<UniqueFd> StartConnect(const std::string& host, uint16_t port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  std::string p = std::to_string(port);
-  if (int rc = getaddrinfo(host.c_str(), p.c_str(), &hints, &res); rc != 0)
-    return Unavailable("resolve " + host + ": " + gai_strerror(rc));
-  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
-  UniqueFd fd(socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd) return ErrnoError("socket");
-  int one = 1;
-  setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (connect(fd.get(), res->ai_addr, res->ai_addrlen) != 0 && errno != EINPROGRESS)
-    return Unavailable("connect " + host + ":" + p + ": " + strerror(errno));
-  return fd;
-}
-
 // The list cursor of the apiserver: where each node's listing stopped ("~": it has no more).
 std::string EncodeCursor(const std::map<std::string, std::string>& at) {
   Json j = Json::object();
@@ -290,6 +271,8 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
 
 void Apiserver::Relay(http::HttpRequest req) {
   UniqueFd client = std::move(req.takeover_fd);
+  if (!server_)  // (between the server's start and SetServer)
+    return http::SendErrorAndClose(std::move(client), 503, "unavailable", "starting");
   std::vector<std::string> seg;
   for (auto s : SplitString(req.path, '/', true)) seg.emplace_back(s);
   const std::string id = seg.size() >= 3 ? seg[2] : "";
@@ -311,30 +294,29 @@ void Apiserver::Relay(http::HttpRequest req) {
   http::ProxiedRequest pr;
   if (Status s = http::FrameBody(req, &pr); !s.ok())
     return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
-  auto upstream = StartConnect(n->client->host(), n->client->port());
+  auto upstream = http::StartConnect(n->client->host(), n->client->port());
   if (!upstream.ok())
     return http::SendErrorAndClose(std::move(client), 503, "unavailable",
                                    "node " + node + ": " + upstream.status().message());
-  std::string head = StrCat({req.method, " ", req.target, " HTTP/1.1\r\nHost: ", n->client->host(),
-                             ":", std::to_string(n->client->port()), "\r\n"});
-  for (const auto& [k, v] : req.headers)
-    if (!http::IsHopByHop(k) && k != "x-forwarded-for" && (req.websocket_upgrade || k != "upgrade"))
-      head += StrCat({k, ": ", v, "\r\n"});
-  head += StrCat({"Authorization: Bearer ", node_token_,
-                  "\r\nX-Forwarded-For: ", req.remote.substr(0, req.remote.rfind(':')), "\r\n"});
-  if (pr.body == http::ProxiedRequest::Body::kChunked) head += "Transfer-Encoding: chunked\r\n";
-  if (pr.body == http::ProxiedRequest::Body::kLength)
-    head += "Content-Length: " + std::to_string(pr.length) + "\r\n";
-  head += req.websocket_upgrade ? "Connection: Upgrade\r\n\r\n" : "Connection: close\r\n\r\n";
-  pr.head = std::move(head);
-  pr.upgrade = req.websocket_upgrade;
-  pr.head_method = req.method == "HEAD";
+  // The node sees the call as the client made it, with the node token instead of the cluster
+  // token and the client's address (not one the client claims).
+  http::SetUpstreamHead(req, req.target,
+                        StrCat({n->client->host(), ":", std::to_string(n->client->port())}),
+                        {{"Authorization", "Bearer " + node_token_},
+                         {"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))}},
+                        {"x-forwarded-for"}, &pr);
   pr.buffered = std::move(req.takeover_buffered);
   pr.target_name = "node " + node;
   // Counted while it lasts (the relay holds the slot): past max_relays, new ones are 429.
   relays_.fetch_add(1);
   std::shared_ptr<void> slot(nullptr, [this](void*) { relays_.fetch_sub(1); });
-  http::StartPortRelay(*io_, std::move(client), std::move(*upstream), std::move(pr),
+  // Keep-alive toward the client: after the exchange its connection comes back to this server,
+  // whose next request is checked and routed afresh (the node's connection is not reused).
+  if (req.keep_alive && !req.websocket_upgrade)
+    pr.reuse = [server = server_, remote = req.remote](UniqueFd fd, std::string next) {
+      server->Adopt(std::move(fd), std::move(next), remote);
+    };
+  http::StartPortRelay(server_->io(), std::move(client), std::move(*upstream), std::move(pr),
                        milliseconds(5000), std::move(slot), [](int) {});
 }
 

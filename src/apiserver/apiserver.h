@@ -59,7 +59,9 @@ class Apiserver {
 
   http::Preflight Check(http::HttpRequest& headers_only);
   void Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
-  void SetIo(boost::asio::io_context* io) { io_ = io; }
+  // The server it answers on: relays run on its I/O threads, and a client's connection goes
+  // back to it after a relayed exchange (keep-alive).
+  void SetServer(http::HttpServer* server) { server_ = server; }
   void Shutdown();
 
  private:
@@ -91,7 +93,7 @@ class Apiserver {
   std::string node_token_;
   etcd::Client* etcd_;
   ClusterView* view_;
-  boost::asio::io_context* io_ = nullptr;
+  http::HttpServer* server_ = nullptr;
   std::atomic<int64_t> relays_{0};
   boost::asio::thread_pool workers_;
   boost::asio::thread_pool fanout_;

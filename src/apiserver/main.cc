@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     view.Stop();
     return fail("serve", server.status());
   }
-  api.SetIo(&(*server)->io());
+  api.SetServer(server->get());
   std::cout << "dsec-apiserver ready listen=" << host << ":" << (*server)->tcp_port()
             << " etcd=" << JoinStrings(*endpoints, ",") << std::endl;
   int sig = WaitForSignal();

@@ -66,20 +66,11 @@ void ServePort(Api* api, http::HttpRequest req) {
   if (!upstream.ok()) return fail(upstream.status());
 
   // The head as the server in the sandbox sees it.
-  std::string head = StrCat(
-      {req.method, " ", target, " HTTP/1.1\r\nHost: localhost:", std::to_string(*port), "\r\n"});
-  for (const auto& [k, v] : req.headers)
-    if (!http::IsHopByHop(k) && (req.websocket_upgrade || k != "upgrade"))
-      head += StrCat({k, ": ", v, "\r\n"});
-  head += StrCat({"X-Forwarded-For: ", req.remote.substr(0, req.remote.rfind(':')),
-                  "\r\nX-Forwarded-Prefix: /v1/sandboxes/", id, "/ports/", port_text, "\r\n"});
-  if (pr.body == http::ProxiedRequest::Body::kChunked) head += "Transfer-Encoding: chunked\r\n";
-  if (pr.body == http::ProxiedRequest::Body::kLength)
-    head += "Content-Length: " + std::to_string(pr.length) + "\r\n";
-  head += req.websocket_upgrade ? "Connection: Upgrade\r\n\r\n" : "Connection: close\r\n\r\n";
-  pr.head = std::move(head);
-  pr.upgrade = req.websocket_upgrade;
-  pr.head_method = req.method == "HEAD";
+  http::SetUpstreamHead(
+      req, target, "localhost:" + std::to_string(*port),
+      {{"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))},
+       {"X-Forwarded-Prefix", StrCat({"/v1/sandboxes/", id, "/ports/", port_text})}},
+      {}, &pr);
   pr.buffered = std::move(req.takeover_buffered);
   pr.target_name = "port " + port_text + " in sandbox " + id;
   Metrics* metrics = api->deps().metrics;

@@ -213,37 +213,49 @@ HttpClient::HttpClient(std::string host, uint16_t port, size_t max_idle)
 
 HttpClient::~HttpClient() = default;
 
-StatusOr<UniqueFd> HttpClient::Connect(Clock::time_point deadline) {
+StatusOr<UniqueFd> StartConnect(const std::string& host, uint16_t port, size_t skip, bool* more) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  std::string port = std::to_string(port_);
-  if (int rc = getaddrinfo(host_.c_str(), port.c_str(), &hints, &res); rc != 0)
-    return Unavailable("resolve " + host_ + ": " + gai_strerror(rc));
+  const std::string p = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), p.c_str(), &hints, &res); rc != 0)
+    return Unavailable("resolve " + host + ": " + gai_strerror(rc));
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
-  Status last = Unavailable("connect " + host_ + ":" + port + ": no address");
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    UniqueFd fd(socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    if (!fd.valid()) return ErrnoError("socket");
-    int one = 1;
-    setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) return fd;
-    if (errno != EINPROGRESS) {
-      last = Unavailable("connect " + host_ + ":" + port + ": " + strerror(errno));
+  addrinfo* a = res;
+  for (size_t i = 0; a && i < skip; ++i) a = a->ai_next;
+  if (more) *more = a && a->ai_next;
+  if (!a) return Unavailable("connect " + host + ":" + p + ": no address");
+  UniqueFd fd(socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoError("socket");
+  int one = 1;
+  setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS)
+    return Unavailable("connect " + host + ":" + p + ": " + strerror(errno));
+  return fd;
+}
+
+StatusOr<UniqueFd> HttpClient::Connect(Clock::time_point deadline) {
+  const std::string where = host_ + ":" + std::to_string(port_);
+  Status last = Unavailable("connect " + where + ": no address");
+  bool more = true;
+  for (size_t i = 0; more; ++i) {
+    auto fd = StartConnect(host_, port_, i, &more);
+    if (!fd.ok()) {
+      last = fd.status();
       continue;
     }
-    pollfd p{fd.get(), POLLOUT, 0};
+    pollfd p{fd->get(), POLLOUT, 0};
     int r;
     do {
       r = poll(&p, 1, RemainingMs(deadline));
     } while (r < 0 && errno == EINTR);
-    if (r == 0) return DeadlineExceeded("connect " + host_ + ":" + port + ": timed out");
+    if (r == 0) return DeadlineExceeded("connect " + where + ": timed out");
     int err = 0;
     socklen_t len = sizeof err;
-    getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    getsockopt(fd->get(), SOL_SOCKET, SO_ERROR, &err, &len);
     if (err == 0) return fd;
-    last = Unavailable("connect " + host_ + ":" + port + ": " + strerror(err));
+    last = Unavailable("connect " + where + ": " + strerror(err));
   }
   return last;
 }

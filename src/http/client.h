@@ -35,6 +35,12 @@ struct ClientResponse {
   std::string Header(std::string_view lowercase_name) const;
 };
 
+// A TCP socket (non-blocking, TCP_NODELAY) whose connect to host:port has been started: done,
+// or EINPROGRESS (wait for POLLOUT, then SO_ERROR). `skip` passes over the resolver's first
+// addresses; *more says whether another follows. A host name is resolved here (blocking).
+StatusOr<UniqueFd> StartConnect(const std::string& host, uint16_t port, size_t skip = 0,
+                                bool* more = nullptr);
+
 // "http://host:port[/...]" -> host and port (80 when absent). Only plain http.
 Status ParseHttpUrl(std::string_view url, std::string* host, uint16_t* port);
 

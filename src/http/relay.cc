@@ -64,6 +64,25 @@ Status FrameBody(const HttpRequest& req, ProxiedRequest* pr) {
   return OkStatus();
 }
 
+void SetUpstreamHead(const HttpRequest& req, std::string_view target, std::string_view host,
+                     const std::vector<std::pair<std::string, std::string>>& extra,
+                     std::initializer_list<std::string_view> drop, ProxiedRequest* pr) {
+  std::string head = StrCat({req.method, " ", target, " HTTP/1.1\r\nHost: ", host, "\r\n"});
+  for (const auto& [k, v] : req.headers) {
+    bool dropped = IsHopByHop(k) || (!req.websocket_upgrade && k == "upgrade");
+    for (std::string_view d : drop) dropped = dropped || k == d;
+    if (!dropped) head += StrCat({k, ": ", v, "\r\n"});
+  }
+  for (const auto& [k, v] : extra) head += StrCat({k, ": ", v, "\r\n"});
+  if (pr->body == ProxiedRequest::Body::kChunked) head += "Transfer-Encoding: chunked\r\n";
+  if (pr->body == ProxiedRequest::Body::kLength)
+    head += "Content-Length: " + std::to_string(pr->length) + "\r\n";
+  head += req.websocket_upgrade ? "Connection: Upgrade\r\n\r\n" : "Connection: close\r\n\r\n";
+  pr->head = std::move(head);
+  pr->upgrade = req.websocket_upgrade;
+  pr->head_method = req.method == "HEAD";
+}
+
 namespace {
 
 namespace asio = boost::asio;
@@ -241,9 +260,10 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
         d.out += data;
         return;
       case Mode::kHold:
-        // Only a WebSocket upgrade's early frames are kept (for after the 101); the bytes of a
+        // A WebSocket upgrade's early frames are kept (for after the 101), and with keep-alive
+        // the client's next request (for the server it goes back to); otherwise the bytes of a
         // pipelined request are dropped: this connection serves one exchange.
-        if (req_.upgrade && held_.size() + data.size() <= kMaxHeld) held_ += data;
+        if (Holding() && held_.size() + data.size() <= kMaxHeld) held_ += data;
         return;
       case Mode::kHead:
       case Mode::kParse:
@@ -316,7 +336,10 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       held_.clear();
       return Pump(up_);
     }
-    down_.out += Head(Kind::kFinal);
+    // Keep-alive toward the client only where the response's own framing ends it.
+    keep_client_ = req_.reuse && (resp_parser_->is_done() || resp_parser_->chunked() ||
+                                  resp_parser_->content_length().has_value());
+    down_.out += Head(keep_client_ ? Kind::kKeep : Kind::kFinal);
     if (resp_parser_->is_done()) return MessageEnded(down_);
     if (resp_parser_->chunked()) {
       down_.mode = Mode::kParse;
@@ -331,7 +354,7 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
   }
 
   // The response head the client gets.
-  enum class Kind { kInterim, kUpgrade, kFinal };
+  enum class Kind { kInterim, kUpgrade, kFinal, kKeep };
   std::string Head(Kind kind) const {
     const bool upgrade = kind == Kind::kUpgrade;
     std::string h = StrCat(
@@ -343,9 +366,9 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       if (beast::iequals(name, "upgrade") && !upgrade) continue;
       h += StrCat({name, ": ", value, "\r\n"});
     }
-    return h + (kind == Kind::kInterim ? "\r\n"
-                : upgrade              ? "Connection: Upgrade\r\n\r\n"
-                                       : "Connection: close\r\n\r\n");
+    return h + (kind == Kind::kInterim || kind == Kind::kKeep ? "\r\n"
+                : upgrade                                     ? "Connection: Upgrade\r\n\r\n"
+                                                              : "Connection: close\r\n\r\n");
   }
 
   void MessageEnded(Dir& d) {
@@ -414,9 +437,11 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
   bool Reading(const Dir& d) const {
     if (d.mode == Mode::kStop) return false;  // (also once the message ended)
     // Early frames of an upgrade are held up to a bound; past it the client waits.
-    if (d.mode == Mode::kHold && req_.upgrade && held_.size() >= kMaxHeld) return false;
+    if (d.mode == Mode::kHold && Holding() && held_.size() >= kMaxHeld) return false;
     return true;
   }
+
+  bool Holding() const { return req_.upgrade || static_cast<bool>(req_.reuse); }
 
   // One read from d.from: > 0 progress, 0 nothing now, < 0 the relay ended.
   int ReadSome(Dir& d) {
@@ -437,7 +462,9 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       return AtEof(d);
     }
     char buf[kReadChunk];
-    ssize_t n = recv(d.from->native_handle(), buf, std::min(room, sizeof buf), MSG_DONTWAIT);
+    size_t want = std::min(room, sizeof buf);
+    if (d.mode == Mode::kHold && Holding()) want = std::min(want, kMaxHeld - held_.size());
+    ssize_t n = recv(d.from->native_handle(), buf, want, MSG_DONTWAIT);
     if (n > 0) {
       TakeInput(d, std::string(buf, static_cast<size_t>(n)));
       return 1;
@@ -486,7 +513,22 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       if (up_.finished && down_.finished) Close();
       return;
     }
-    if (&d == &down_) Linger();
+    if (&d != &down_) return;
+    // The response is out; with keep-alive, and the request read whole, the connection goes
+    // back to the client's server for its next request.
+    if (keep_client_ && up_.mode == Mode::kHold && up_.out.empty() && up_.in_pipe == 0)
+      return HandBack();
+    Linger();
+  }
+
+  void HandBack() {
+    closed_ = true;  // nothing here touches either connection again
+    beast::error_code ec;
+    timer_.cancel();
+    upstream_.close(ec);
+    UniqueFd client(client_.release());  // (its pending waits end, aborted)
+    auto reuse = std::move(req_.reuse);
+    reuse(std::move(client), std::move(held_));
   }
 
   // The response is out: the sandbox's side closes, the client's after its unread bytes are
@@ -574,7 +616,7 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
   Dir up_, down_;
   std::string held_;  // client bytes after an upgrade request, until the 101
   bool connected_ = false, closed_ = false, head_sent_ = false, upgraded_ = false;
-  bool reported_ = false, lingering_ = false;
+  bool reported_ = false, lingering_ = false, keep_client_ = false;
 };
 
 void StartPortRelay(asio::io_context& io, UniqueFd client, UniqueFd upstream, ProxiedRequest req,

@@ -1,7 +1,8 @@
 // One proxied HTTP exchange between a client of the API and a server inside a sandbox (the
 // port proxy, api_ports.cc). What the proxy guarantees, whatever the sandbox's server sends:
 //
-//  - One request, one response, then the client's connection is closed. The upstream
+//  - One request, one response, then the client's connection is closed (unless the caller
+//    asks for keep-alive: ProxiedRequest::reuse). The upstream
 //    response's head is parsed (Beast) and rewritten: its Connection and Keep-Alive headers are
 //    dropped and "Connection: close" is sent, so no client reuses the connection, and the edge
 //    closes it when the response's own framing (Content-Length, chunked, or the end of stream)
@@ -27,8 +28,12 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 
@@ -49,6 +54,12 @@ struct ProxiedRequest {
   bool head_method = false;  // HEAD: the response has no body
   std::string buffered;      // what the client sent past its head, already read
   std::string target_name;   // "port P in sandbox ID", for messages
+  // Keep-alive toward the client (the apiserver; never the port proxy): when set, a response
+  // whose end its framing tells (a length, chunked, or no body) leaves the client's connection
+  // open, and once it is out and the request was read whole, `reuse` gets the connection and
+  // the bytes the client sent past its request (its next one, at most 64 KiB held). Set it only
+  // for a client that asked to keep its connection.
+  std::function<void(UniqueFd client, std::string next)> reuse;
 };
 
 // Relays one exchange. `upstream` is a non-blocking TCP socket whose connect was started
@@ -75,5 +86,13 @@ struct HttpRequest;
 // The body's framing of a taken-over request, as the server's parser accepted it (one
 // Content-Length, or chunked): sets pr->body and pr->length.
 Status FrameBody(const HttpRequest& req, ProxiedRequest* pr);
+
+// The head of `req` as the upstream server gets it: the request line with `target`, `host` as
+// Host, the client's headers but the hop-by-hop ones, Upgrade (unless it is a WebSocket
+// upgrade) and those named in `drop` (lowercase), then `extra`, the framing FrameBody found,
+// and "Connection: close" (or "Upgrade"). Sets pr->head, pr->upgrade and pr->head_method.
+void SetUpstreamHead(const HttpRequest& req, std::string_view target, std::string_view host,
+                     const std::vector<std::pair<std::string, std::string>>& extra,
+                     std::initializer_list<std::string_view> drop, ProxiedRequest* pr);
 
 }  // namespace dsec::http

@@ -78,6 +78,14 @@ bool RequestFromHead(const http::request_header<>& h, HttpRequest* req, HttpResp
     }
   }
   req->websocket_upgrade = websocket::is_upgrade(h);
+  {
+    bool close = false, keep = false;
+    for (auto token : http::token_list{h[http::field::connection]}) {
+      close = close || boost::beast::iequals(token, "close");
+      keep = keep || boost::beast::iequals(token, "keep-alive");
+    }
+    req->keep_alive = h.version() >= 11 ? !close : keep;
+  }
   return true;
 }
 

@@ -209,6 +209,24 @@ void HttpServer::Stop() {
 
 int64_t HttpServer::connections() const { return impl_->conns.load(); }
 
+void HttpServer::Adopt(UniqueFd fd, std::string buffered, std::string remote) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) < 0) return;
+  Impl* impl = impl_.get();
+  auto shared =
+      std::make_shared<std::pair<UniqueFd, std::string>>(std::move(fd), std::move(buffered));
+  asio::post(impl->io, [impl, shared, remote = std::move(remote), v6 = ss.ss_family == AF_INET6] {
+    if (impl->stopping) return;  // (the descriptor closes with `shared`)
+    tcp::socket s(impl->io);
+    beast::error_code ec;
+    s.assign(v6 ? tcp::v6() : tcp::v4(), shared->first.get(), ec);
+    if (ec) return;
+    (void)shared->first.Release();  // the socket owns it now
+    impl->StartSession(std::move(s), false, static_cast<uid_t>(-1), remote, &shared->second);
+  });
+}
+
 uint16_t HttpServer::tcp_port() const {
   beast::error_code ec;
   return impl_->tcp_acceptor ? impl_->tcp_acceptor->local_endpoint(ec).port() : 0;

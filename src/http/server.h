@@ -46,7 +46,8 @@ struct HttpRequest {
   uid_t peer_uid = static_cast<uid_t>(-1);  // unix socket peers
   std::string remote;                       // "1.2.3.4:5678" or "unix"
   bool websocket_upgrade = false;
-  std::string principal;  // set by preflight: who is calling (for idempotency scopes, audit)
+  bool keep_alive = false;  // HTTP/1.1 without "Connection: close" (or 1.0 with keep-alive)
+  std::string principal;    // set by preflight: who is calling (for idempotency scopes, audit)
   // When preflight asked for it (Preflight::takeover): the connection itself, right after the
   // request head, and the bytes already read past it. The handler gets no Responder; it owns
   // the connection (the port proxy relays it as is).
@@ -143,6 +144,10 @@ class HttpServer {
   void Stop();
   int64_t connections() const;
   uint16_t tcp_port() const;  // the bound port (useful with port 0)
+  // Serves a TCP connection handed back after a relayed exchange (keep-alive through a relay):
+  // a new session, as after a keep-alive response; `buffered` is what the client already sent
+  // of its next request. Thread-safe.
+  void Adopt(UniqueFd fd, std::string buffered, std::string remote);
   boost::asio::io_context& io();
 
   struct Impl;

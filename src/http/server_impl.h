@@ -102,7 +102,8 @@ struct HttpServer::Impl {
     sessions.erase(s);
   }
   template <class Socket>
-  void StartSession(Socket sock, bool via_unix, uid_t uid, std::string remote);
+  void StartSession(Socket sock, bool via_unix, uid_t uid, std::string remote,
+                    const std::string* buffered = nullptr);
   void AcceptTcp();
   void AcceptUnix();
 };

@@ -138,6 +138,15 @@ class HttpSession : public SessionBase {
     if (!upgraded_) srv_->conns--;
   }
 
+  // A connection handed back after a relayed exchange: its next request has begun (`bytes`),
+  // and it is a keep-alive connection (the idle timeout, not the first request's, applies).
+  void Prime(const std::string& bytes) {
+    auto b = buf_.prepare(bytes.size());
+    std::memcpy(b.data(), bytes.data(), bytes.size());
+    buf_.commit(bytes.size());
+    requests_ = 1;
+  }
+
   void Start() {
     srv_->Register(shared_from_this());
     if (over_limit_) {
@@ -628,15 +637,18 @@ std::shared_ptr<Responder> HttpSession<Socket>::MakeResponder() {
 }
 
 template <class Socket>
-void HttpServer::Impl::StartSession(Socket sock, bool via_unix, uid_t uid, std::string remote) {
+void HttpServer::Impl::StartSession(Socket sock, bool via_unix, uid_t uid, std::string remote,
+                                    const std::string* buffered) {
   bool over = conns.fetch_add(1) >= opts.max_connections;
   auto s = std::make_shared<HttpSession<Socket>>(this, std::move(sock), via_unix, uid,
                                                  std::move(remote), over);
+  if (buffered) s->Prime(*buffered);
   s->Start();
 }
 
-template void HttpServer::Impl::StartSession<tcp::socket>(tcp::socket, bool, uid_t, std::string);
+template void HttpServer::Impl::StartSession<tcp::socket>(tcp::socket, bool, uid_t, std::string,
+                                                          const std::string*);
 template void HttpServer::Impl::StartSession<unix_proto::socket>(unix_proto::socket, bool, uid_t,
-                                                                 std::string);
+                                                                 std::string, const std::string*);
 
 }  // namespace dsec::http

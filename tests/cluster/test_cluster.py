@@ -605,3 +605,48 @@ def test_every_route_of_the_spec_is_401_without_the_cluster_token(shared):
             conn.close()
             assert resp.status == 401, (method, path, token, resp.status, body[:200])
             assert resp.getheader("WWW-Authenticate") == "Bearer", (method, path)
+
+
+def test_calls_on_sandboxes_keep_the_connection_alive(shared, sb):
+    """After a relayed exchange the client's connection goes back to the apiserver: the next
+    request on it (even one already sent, pipelined) is checked and routed afresh."""
+    u = urllib.parse.urlsplit(shared.urls[0])
+    auth = {"Authorization": f"Bearer {shared.token}"}
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.connect()
+    first = conn.sock
+    for k in range(3):
+        conn.request("POST", f"/v1/sandboxes/{sb.id}/exec",
+                     json.dumps({"cmd": ["echo", str(k)]}),
+                     {**auth, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["stdout"] == f"{k}\n"
+        assert not resp.will_close
+        conn.request("GET", f"/v1/sandboxes/{sb.id}", headers=auth)
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["id"] == sb.id
+        # A call the apiserver answers itself, on the same connection.
+        conn.request("GET", "/v1/nodes", headers=auth)
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read()
+    assert conn.sock is first, "the connection was not kept"
+    # The next request's token is checked again: a bad one on the kept connection is 401.
+    conn.request("GET", f"/v1/sandboxes/{sb.id}", headers={"Authorization": "Bearer nope"})
+    resp = conn.getresponse()
+    assert resp.status == 401
+    resp.read()
+    conn.close()
+    # Pipelined: two requests in one write, two answers in order.
+    s = socket.create_connection((u.hostname, u.port), timeout=30)
+    one = (f"GET /v1/sandboxes/{sb.id} HTTP/1.1\r\nHost: x\r\n"
+           f"Authorization: Bearer {shared.token}\r\n\r\n").encode()
+    s.sendall(one + one.replace(b"HTTP/1.1\r\n", b"HTTP/1.1\r\nConnection: close\r\n", 1))
+    got = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    s.close()
+    assert got.count(b"HTTP/1.1 200") == 2, got[:400]
+    assert got.count(sb.id.encode()) >= 2
