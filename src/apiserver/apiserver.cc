@@ -66,21 +66,23 @@ void PassOn(const std::shared_ptr<http::Responder>& res, const http::ClientRespo
   res->Send(std::move(out));
 }
 
-// The error message inside a node's JSON error body (or the body's start).
-std::string ErrorMessage(const http::ClientResponse& r) {
+// The error code and message of a node's JSON error body (the message: the body's start when
+// it is not one); parsed once per answer.
+struct NodeError {
+  std::string code, message;
+};
+NodeError ErrorOf(const http::ClientResponse& r) {
   Json j = Json::parse(r.body, nullptr, false);
-  if (j.is_object() && j.contains("error") && j["error"].is_object() &&
-      j["error"].contains("message") && j["error"]["message"].is_string())
-    return j["error"]["message"].get<std::string>();
-  return r.body.substr(0, 200);
-}
-
-std::string ErrorCode(const http::ClientResponse& r) {
-  Json j = Json::parse(r.body, nullptr, false);
-  if (j.is_object() && j.contains("error") && j["error"].is_object() &&
-      j["error"].contains("code") && j["error"]["code"].is_string())
-    return j["error"]["code"].get<std::string>();
-  return {};
+  const Json* e =
+      j.is_object() && j.contains("error") && j["error"].is_object() ? &j["error"] : nullptr;
+  NodeError out;
+  if (e && e->contains("code") && (*e)["code"].is_string())
+    out.code = (*e)["code"].get<std::string>();
+  if (e && e->contains("message") && (*e)["message"].is_string())
+    out.message = (*e)["message"].get<std::string>();
+  else
+    out.message = r.body.substr(0, 200);
+  return out;
 }
 
 std::string PercentEncode(std::string_view s) {
@@ -387,7 +389,7 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
       }));
     for (size_t i = 0; i < answers.size(); ++i) {
       auto a = answers[i].get();
-      if (a.ok() && !(a->status == 404 && ErrorCode(*a) == "not_found")) {
+      if (a.ok() && !(a->status == 404 && ErrorOf(*a).code == "not_found")) {
         for (size_t j = i + 1; j < answers.size(); ++j) answers[j].wait();
         return PassOn(res, *a, probes[i].rec.node);
       }
@@ -457,11 +459,11 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
       tried += StrCat({tried.empty() ? "" : "; ", n.rec.node, ": ", r.status().message()});
       continue;
     }
-    const bool next =
-        r->status == 429 || r->status == 503 ||
-        (r->status == 422 && ErrorMessage(*r).find("can never fit") != std::string::npos);
+    const NodeError err = r->status >= 400 ? ErrorOf(*r) : NodeError{};
+    const bool next = r->status == 429 || r->status == 503 ||
+                      (r->status == 422 && err.message.find("can never fit") != std::string::npos);
     if (!next) return PassOn(res, *r, n.rec.node);
-    tried += StrCat({tried.empty() ? "" : "; ", n.rec.node, ": ", ErrorMessage(*r)});
+    tried += StrCat({tried.empty() ? "" : "; ", n.rec.node, ": ", err.message});
     last.emplace(std::move(*r), n.rec.node);
   }
   if (last && last->first.status == 429)
@@ -523,7 +525,7 @@ void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::R
     auto r = p.answer.get();
     if (!r.ok() || r->status != 200) {
       // A node that cannot list now fails the page: a silent gap would skip its sandboxes.
-      std::string why = r.ok() ? ErrorMessage(*r) : r.status().message();
+      std::string why = r.ok() ? ErrorOf(*r).message : r.status().message();
       for (auto& q : parts)
         if (q.answer.valid()) q.answer.wait();
       return Fail(res, 503, "unavailable", "node " + p.node + " did not list: " + why);
@@ -593,8 +595,8 @@ void Apiserver::Jobs(const http::HttpRequest& req, const std::shared_ptr<http::R
     }
     if (r.ok() && r->status >= 400 && r->status < 500)  // the request itself: the same everywhere
       return PassOn(res, *r, node);
-    failed += StrCat(
-        {failed.empty() ? "" : "; ", node, ": ", r.ok() ? ErrorMessage(*r) : r.status().message()});
+    failed += StrCat({failed.empty() ? "" : "; ", node, ": ",
+                      r.ok() ? ErrorOf(*r).message : r.status().message()});
   }
   for (const auto& u : unavailable)
     failed += StrCat({failed.empty() ? "" : "; ", u, ": unavailable"});
