@@ -20,6 +20,7 @@
 #include <boost/asio/post.hpp>
 
 #include "api/errors.h"
+#include "api/routes.h"
 #include "base/base64.h"
 #include "base/clock.h"
 #include "base/logging.h"
@@ -175,8 +176,12 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
         seg.find('/') != std::string::npos)
       return deny(400, "bad_request", "the path must not hold \".\", \"..\" or an encoded '/'");
   }
-  // Everything on one sandbox goes to its node as it comes, body and all.
-  if (StartsWith(req.path, "/v1/sandboxes/")) {
+  // Everything on one sandbox goes to its node as it comes, body and all: its routes in the
+  // shared table, and the port proxy.
+  const api::RouteSpec* r = api::MatchRoute(req.method, req.target, api::Server::kApiserver).route;
+  std::string port_id, port, port_target;
+  if ((r && r->scope == api::Scope::kSandbox) ||
+      api::ParsePortTarget(req.target, &port_id, &port, &port_target)) {
     if (relays_.load() >= cfg_.max_relays)
       return deny(429, "over_capacity",
                   "the apiserver relays " + std::to_string(cfg_.max_relays) +
@@ -212,10 +217,8 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
     boost::asio::post(workers_, [this, shared] { Relay(std::move(*shared)); });
     return;
   }
-  std::vector<std::string> seg;
-  for (auto s : SplitString(req.path, '/', true)) seg.emplace_back(s);
+  api::RouteMatch match = api::MatchRoute(req.method, req.target, api::Server::kApiserver);
   auto shared = std::make_shared<http::HttpRequest>(std::move(req));
-  const std::string& m = shared->method;
   auto on_worker = [this, res](auto fn) {
     boost::asio::post(workers_, [fn = std::move(fn), res]() mutable {
       try {
@@ -226,49 +229,60 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
       }
     });
   };
-  if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "health") {
-    if (m != "GET") return Fail(res, 405, "method_not_allowed", "GET only");
-    int ready = 0;
-    for (const auto& n : view_->Nodes()) ready += n.State() == "ready";
-    bool ok = view_->loaded();
-    return Reply(res, ok ? 200 : 503,
-                 {{"ok", ok}, {"etcd", view_->etcd_ok()}, {"nodes_ready", ready}});
+  if (!match.route) {
+    if (!match.path_known)
+      return Fail(res, 404, "not_found", "no route for " + shared->method + " " + shared->path);
+    // A known path asked with a method it does not take: 405 and the methods it does take.
+    std::string allow = api::AllowHeader(match.allowed);
+    http::HttpResponse r = http::JsonError(
+        405, "method_not_allowed",
+        shared->method + " is not a method of " + shared->path + " (it takes " + allow + ")");
+    r.headers.emplace_back("Allow", allow);
+    return res->Send(std::move(r));
   }
-  if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "sandboxes") {
-    if (m == "POST") return on_worker([this, shared, res] { Create(*shared, res); });
-    if (m == "GET") return on_worker([this, shared, res] { List(*shared, res); });
-    return Fail(res, 405, "method_not_allowed", "GET or POST");
-  }
-  if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "fncalls") {
-    if (m != "POST") return Fail(res, 405, "method_not_allowed", "POST only");
-    return on_worker([this, shared, res] { FnCall(*shared, res); });
-  }
-  if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "node") {
-    if (m != "GET") return Fail(res, 405, "method_not_allowed", "GET only");
-    return ClusterAsNode(res);
-  }
-  if (seg.size() >= 2 && seg[0] == "v1" && seg[1] == "nodes") {
-    if (seg.size() == 2 || seg.size() == 3) {
-      if (m != "GET") return Fail(res, 405, "method_not_allowed", "GET only");
-      return Nodes(*shared, res);
+  using api::RouteId;
+  switch (match.route->id) {
+    case RouteId::kHealth: {
+      int ready = 0;
+      for (const auto& n : view_->Nodes()) ready += n.State() == "ready";
+      bool ok = view_->loaded();
+      return Reply(res, ok ? 200 : 503,
+                   {{"ok", ok}, {"etcd", view_->etcd_ok()}, {"nodes_ready", ready}});
     }
-    if (seg.size() == 4 && (seg[3] == "cordon" || seg[3] == "uncordon" || seg[3] == "drain")) {
-      if (m != "POST") return Fail(res, 405, "method_not_allowed", "POST only");
-      return on_worker([this, shared, res, node = seg[2], action = seg[3]] {
+    case RouteId::kCreateSandbox:
+      return on_worker([this, shared, res] { Create(*shared, res); });
+    case RouteId::kListSandboxes:
+      return on_worker([this, shared, res] { List(*shared, res); });
+    case RouteId::kFnCall:
+      return on_worker([this, shared, res] { FnCall(*shared, res); });
+    case RouteId::kNode:
+      return ClusterAsNode(res);
+    case RouteId::kNodes:
+      return Nodes(res);
+    case RouteId::kGetNode:
+      return GetNode(match.params["node"], res);
+    case RouteId::kCordonNode:
+    case RouteId::kUncordonNode:
+    case RouteId::kDrainNode: {
+      const char* action = match.route->id == RouteId::kCordonNode     ? "cordon"
+                           : match.route->id == RouteId::kUncordonNode ? "uncordon"
+                                                                       : "drain";
+      return on_worker([this, shared, res, node = match.params["node"], action] {
         NodeAction(*shared, node, action, res);
       });
     }
+    case RouteId::kPauseJob:
+    case RouteId::kResumeJob:
+    case RouteId::kDeleteJob:
+      return on_worker([this, shared, res] { Jobs(*shared, res); });
+    default:
+      break;
   }
-  if (seg.size() >= 3 && seg[0] == "v1" && seg[1] == "jobs") {
-    bool ok = (seg.size() == 3 && m == "DELETE") ||
-              (seg.size() == 4 && m == "POST" && (seg[3] == "pause" || seg[3] == "resume"));
-    if (!ok) return Fail(res, 405, "method_not_allowed", "POST .../pause|resume or DELETE");
-    return on_worker([this, shared, res] { Jobs(*shared, res); });
-  }
+  // The node's own routes (kLocal scope); a sandbox's routes were taken over in Check.
   Fail(res, 404, "not_found",
-       "no route " + m + " " + shared->path +
-           " on the apiserver (images, pools and builds are served by each edge in this "
-           "release)");
+       "no route " + shared->method + " " + shared->path +
+           " on the apiserver (images, pools, builds and metrics are served by each edge in "
+           "this release)");
 }
 
 void Apiserver::Relay(http::HttpRequest req) {
@@ -627,17 +641,16 @@ Json NodeJson(const NodeState& n) {
 }
 }  // namespace
 
-void Apiserver::Nodes(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
-  std::vector<std::string> seg;
-  for (auto s : SplitString(req.path, '/', true)) seg.emplace_back(s);
-  if (seg.size() == 3) {
-    auto n = view_->Find(seg[2]);
-    if (!n) return Fail(res, 404, "not_found", "no node " + seg[2] + " in the cluster");
-    return Reply(res, 200, NodeJson(*n));
-  }
+void Apiserver::Nodes(const std::shared_ptr<http::Responder>& res) {
   Json a = Json::array();
   for (const auto& n : view_->Nodes()) a.push_back(NodeJson(n));
   Reply(res, 200, {{"nodes", a}});
+}
+
+void Apiserver::GetNode(const std::string& node, const std::shared_ptr<http::Responder>& res) {
+  auto n = view_->Find(node);
+  if (!n) return Fail(res, 404, "not_found", "no node " + node + " in the cluster");
+  Reply(res, 200, NodeJson(*n));
 }
 
 void Apiserver::ClusterAsNode(const std::shared_ptr<http::Responder>& res) {

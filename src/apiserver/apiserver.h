@@ -72,7 +72,8 @@ class Apiserver {
                        api::CreateShape shape);
   void List(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void Jobs(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
-  void Nodes(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  void Nodes(const std::shared_ptr<http::Responder>& res);
+  void GetNode(const std::string& node, const std::shared_ptr<http::Responder>& res);
   void ClusterAsNode(const std::shared_ptr<http::Responder>& res);
   void NodeAction(const http::HttpRequest& req, const std::string& node, const std::string& action,
                   const std::shared_ptr<http::Responder>& res);

@@ -19,12 +19,6 @@ bool Mutating(const std::string& m) {
   return m == "POST" || m == "PUT" || m == "PATCH" || m == "DELETE";
 }
 
-std::vector<std::string> SplitPattern(std::string_view p) {
-  std::vector<std::string> out;
-  for (auto s : SplitString(p, '/', true)) out.emplace_back(s);
-  return out;
-}
-
 // Wraps the server's Responder: counts every answer, and records it for idempotency.
 class ApiResponder : public http::Responder {
  public:
@@ -180,49 +174,19 @@ Api::Api(Deps deps)
   RegisterFileRoutes(this);
   RegisterFnCallRoutes(this);
   RegisterImageRoutes(this);
-}
-
-void Api::Add(const char* method, const char* pattern, RouteFn fn, unsigned flags) {
-  routes_.push_back({method, SplitPattern(pattern), fn, (flags & kUpload) != 0,
-                     (flags & kImport) != 0, (flags & kOnIoThread) != 0});
-}
-
-const Route* Api::Match(const std::string& method, const std::string& target,
-                        std::map<std::string, std::string>* params, bool* path_known,
-                        std::set<std::string>* allowed) const {
-  // Split the raw path, then decode each segment: "a%2Fb" stays one (invalid) id.
-  std::string_view raw = target;
-  raw = raw.substr(0, raw.find('?'));
-  std::vector<std::string> segs;
-  for (auto s : SplitString(raw, '/', true)) {
-    std::string d;
-    if (!http::PercentDecode(s, false, &d)) return nullptr;
-    segs.push_back(std::move(d));
-  }
-  *path_known = false;
-  const Route* best = nullptr;
-  int best_literals = -1;
-  for (const auto& r : routes_) {
-    if (r.segments.size() != segs.size()) continue;
-    int literals = 0;
-    bool ok = true;
-    for (size_t i = 0; i < segs.size() && ok; ++i) {
-      if (r.segments[i][0] == ':') continue;
-      ok = r.segments[i] == segs[i];
-      ++literals;
+  // Every route of the shared table that an edge serves has its handler.
+  for (const auto& r : api::Routes())
+    if (r.scope != api::Scope::kApiserver && !HandlerOf(r.id)) {
+      DSEC_LOG_ERROR("no handler for {} {}", r.method, r.pattern);
+      std::abort();
     }
-    if (!ok) continue;
-    *path_known = true;
-    if (allowed) allowed->insert(r.method);
-    if (r.method != method || literals <= best_literals) continue;
-    best = &r;
-    best_literals = literals;
-  }
-  if (best && params) {
-    for (size_t i = 0; i < segs.size(); ++i)
-      if (best->segments[i][0] == ':') (*params)[best->segments[i].substr(1)] = segs[i];
-  }
-  return best;
+}
+
+void Api::Bind(api::RouteId id, RouteFn fn) {
+  // One handler per route, bound once (a second Bind is a wiring bug).
+  if (api::RouteOf(id).scope == api::Scope::kApiserver || handlers_[static_cast<size_t>(id)])
+    std::abort();
+  handlers_[static_cast<size_t>(id)] = fn;
 }
 
 http::Preflight Api::Check(http::HttpRequest& req) {
@@ -236,10 +200,8 @@ http::Preflight Api::Check(http::HttpRequest& req) {
     pf.body_limit = d_.cfg.max_upload_bytes ? std::min(d_.cfg.max_upload_bytes, dflt) : dflt;
     return pf;
   }
-  std::map<std::string, std::string> params;
-  bool known = false;
-  Match(req.method, req.target, &params, &known);
-  auto e = d_.manager->Get(params["id"]);
+  auto m = api::MatchRoute(req.method, req.target, api::Server::kEdge);
+  auto e = d_.manager->Get(m.params["id"]);
   if (!e.ok()) {
     d_.metrics->CountRequest(req.method, 404);
     pf.ok = false;
@@ -269,18 +231,17 @@ http::Preflight Api::Authenticate(http::HttpRequest& req) {
         http::JsonError(400, "bad_request", "the request target must be a path starting with /");
     return pf;
   }
-  bool known = false;
-  const Route* r = Match(req.method, req.target, nullptr, &known);
+  const api::RouteSpec* r = api::MatchRoute(req.method, req.target, api::Server::kEdge).route;
   std::string port_id, port, port_target;
   // The port proxy takes the connection once authenticated (below): any method, no body limit.
-  pf.takeover = ParsePortTarget(req.target, &port_id, &port, &port_target);
-  if (r && r->upload) {
+  pf.takeover = api::ParsePortTarget(req.target, &port_id, &port, &port_target);
+  if (r && r->upload()) {
     pf.upload_sandbox = true;  // the limit is the sandbox's (Check)
     // A large upload (or one of unknown length) goes to disk and then to the sandbox a piece at
     // a time; a small one stays in memory.
     auto len = ParseUint64(req.Header("content-length"));
     if (!len || *len > kUploadInMemoryMax) pf.spool = http::Preflight::Spool::kUpload;
-  } else if (r && r->import) {
+  } else if (r && r->import()) {
     pf.body_limit = d_.cfg.max_import_bytes;  // up to GiBs: to disk, not memory
     pf.limit_why = "max_import_bytes";
     pf.spool = http::Preflight::Spool::kImport;
@@ -326,17 +287,16 @@ void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) 
   }
   auto ctx = std::make_shared<Ctx>();
   ctx->api = this;
-  bool known = false;
-  std::set<std::string> allowed;
-  const Route* route = Match(req.method, req.target, &ctx->params, &known, &allowed);
+  api::RouteMatch match = api::MatchRoute(req.method, req.target, api::Server::kEdge);
+  const api::RouteSpec* route = match.route;
+  ctx->params = std::move(match.params);
   ctx->req = std::move(req);
   if (!route) {
     ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
-    if (!known)
+    if (!match.path_known)
       return ctx->Fail(404, "not_found", "no route for " + ctx->req.method + " " + ctx->req.path);
     // A known path asked with a method it does not take: 405 and the methods it does take.
-    std::string allow;
-    for (const auto& m : allowed) allow += (allow.empty() ? "" : ", ") + m;
+    std::string allow = api::AllowHeader(match.allowed);
     d_.metrics->CountError("method_not_allowed");
     http::HttpResponse r = http::JsonError(
         405, "method_not_allowed",
@@ -348,7 +308,7 @@ void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) 
   std::string key;
   if (Mutating(ctx->req.method)) {
     key = ctx->req.Header("idempotency-key");
-    if (!route->upload && !route->import && !ctx->req.body.empty()) {
+    if (!route->upload() && !route->import() && !ctx->req.body.empty()) {
       // request_id in a JSON body; JSON errors are left for the handler to report.
       auto j = ParseJson(ctx->req.body);
       if (j.ok() || ctx->req.body.find('\0') != std::string::npos) {
@@ -407,13 +367,13 @@ void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) 
         std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method, d_.idempotency,
                                        scoped, hash, d_.cfg.idempotency_max_body_bytes);
   }
-  RouteFn fn = route->fn;
-  if (route->on_io_thread) return fn(ctx);
+  RouteFn fn = HandlerOf(route->id);
+  if (route->on_io_thread()) return fn(ctx);
   // What one sandbox's requests may hold of the shared workers at once (its own calls wait on
   // its agent, which its processes can slow down).
   std::shared_ptr<void> slot;
   if (auto id = ctx->params.find("id");
-      id != ctx->params.end() && StartsWith(ctx->req.path, "/v1/sandboxes/")) {
+      id != ctx->params.end() && route->scope == api::Scope::kSandbox) {
     auto taken = worker_slots_.Take(id->second);
     if (!taken.ok()) return ctx->Fail(taken.status());
     slot = std::move(*taken);

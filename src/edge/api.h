@@ -7,6 +7,7 @@
 // from the backend's callbacks.
 #pragma once
 
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <functional>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "api/errors.h"
+#include "api/routes.h"
 #include "backends/pools/pool.h"
 #include "base/base64.h"
 #include "edge/audit_log.h"
@@ -68,20 +70,8 @@ class Ctx {
 
 using RouteFn = void (*)(const std::shared_ptr<Ctx>&);
 
-struct Route {
-  std::string method;
-  std::vector<std::string> segments;  // literal, or ":name"
-  RouteFn fn;
-  bool upload = false;        // raw body up to max_upload_bytes
-  bool import = false;        // raw body up to max_import_bytes (image archives)
-  bool on_io_thread = false;  // cheap and never blocks: answered without a worker
-};
-
-enum RouteFlags : unsigned { kUpload = 1, kOnIoThread = 2, kImport = 4 };
-
-// The port proxy (api_ports.cc): the target's parts, and serving a taken-over connection.
-bool ParsePortTarget(const std::string& target, std::string* id, std::string* port,
-                     std::string* upstream);
+// The port proxy (api_ports.cc): serving a taken-over connection (its target is
+// api::ParsePortTarget's).
 class Api;
 void ServePort(Api* api, http::HttpRequest req);
 
@@ -122,15 +112,12 @@ class Api {
   // Proxied connections held now, per sandbox and in all (the port proxy's caps).
   SandboxSlots& proxy_slots() { return proxy_slots_; }
 
-  // The route for a method and raw target (nullptr if none); *path_known tells whether any
-  // method has a route for that path, and *allowed (if given) gets those methods. Fills
-  // *params (if given) from the route's pattern.
-  const Route* Match(const std::string& method, const std::string& target,
-                     std::map<std::string, std::string>* params, bool* path_known,
-                     std::set<std::string>* allowed = nullptr) const;
+  // The handler of a route of api::Routes() (nullptr for the apiserver's own routes).
+  RouteFn HandlerOf(api::RouteId id) const { return handlers_[static_cast<size_t>(id)]; }
 
  private:
-  void Add(const char* method, const char* pattern, RouteFn fn, unsigned flags = 0);
+  // Binds the handler of a route of the shared table (src/api/routes.h).
+  void Bind(api::RouteId id, RouteFn fn);
   friend void RegisterSandboxRoutes(Api* api);
   friend void RegisterExecRoutes(Api* api);
   friend void RegisterFileRoutes(Api* api);
@@ -138,7 +125,7 @@ class Api {
   friend void RegisterImageRoutes(Api* api);
 
   Deps d_;
-  std::vector<Route> routes_;
+  std::array<RouteFn, static_cast<size_t>(api::RouteId::kCount)> handlers_{};
   SandboxSlots proxy_slots_;
   // Workers running a handler on a sandbox now: one sandbox whose agent answers slowly (its
   // CPU starved by its own processes, say) holds at most max_workers_per_sandbox of them.

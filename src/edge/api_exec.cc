@@ -825,17 +825,17 @@ void Attach(const std::shared_ptr<Ctx>& c) {
 }  // namespace
 
 void RegisterExecRoutes(Api* a) {
-  a->Add("POST", "/v1/sandboxes/:id/exec", Exec);
-  a->Add("GET", "/v1/sandboxes/:id/execs", ListExecs);
-  a->Add("GET", "/v1/sandboxes/:id/execs/:eid", GetExec);
-  a->Add("POST", "/v1/sandboxes/:id/execs/:eid/kill", KillExec);
-  a->Add("DELETE", "/v1/sandboxes/:id/execs/:eid", DeleteExec);
-  a->Add("POST", "/v1/sandboxes/:id/signal", SignalAll);
-  a->Add("POST", "/v1/sandboxes/:id/shells", OpenShell);
-  a->Add("GET", "/v1/sandboxes/:id/shells", ListShells);
-  a->Add("POST", "/v1/sandboxes/:id/shells/:sid/run", RunShell);
-  a->Add("DELETE", "/v1/sandboxes/:id/shells/:sid", CloseShell);
-  a->Add("GET", "/v1/sandboxes/:id/attach", Attach);
+  a->Bind(api::RouteId::kExec, Exec);
+  a->Bind(api::RouteId::kListExecs, ListExecs);
+  a->Bind(api::RouteId::kGetExec, GetExec);
+  a->Bind(api::RouteId::kKillExec, KillExec);
+  a->Bind(api::RouteId::kDeleteExec, DeleteExec);
+  a->Bind(api::RouteId::kSignal, SignalAll);
+  a->Bind(api::RouteId::kOpenShell, OpenShell);
+  a->Bind(api::RouteId::kListShells, ListShells);
+  a->Bind(api::RouteId::kRunShell, RunShell);
+  a->Bind(api::RouteId::kCloseShell, CloseShell);
+  a->Bind(api::RouteId::kAttach, Attach);
 }
 
 }  // namespace dsec::edge

@@ -165,14 +165,14 @@ void GetArchive(const std::shared_ptr<Ctx>& c) {
 }  // namespace
 
 void RegisterFileRoutes(Api* a) {
-  a->Add("PUT", "/v1/sandboxes/:id/files", PutFile, kUpload);
-  a->Add("GET", "/v1/sandboxes/:id/files", GetFile);
-  a->Add("DELETE", "/v1/sandboxes/:id/files", DeleteFile);
-  a->Add("GET", "/v1/sandboxes/:id/files/list", ListFiles);
-  a->Add("GET", "/v1/sandboxes/:id/files/stat", StatFile);
-  a->Add("POST", "/v1/sandboxes/:id/files/mkdir", MakeDir);
-  a->Add("PUT", "/v1/sandboxes/:id/archive", PutArchive, kUpload);
-  a->Add("GET", "/v1/sandboxes/:id/archive", GetArchive);
+  a->Bind(api::RouteId::kPutFile, PutFile);
+  a->Bind(api::RouteId::kGetFile, GetFile);
+  a->Bind(api::RouteId::kDeleteFile, DeleteFile);
+  a->Bind(api::RouteId::kListFiles, ListFiles);
+  a->Bind(api::RouteId::kStatFile, StatFile);
+  a->Bind(api::RouteId::kMakeDir, MakeDir);
+  a->Bind(api::RouteId::kPutArchive, PutArchive);
+  a->Bind(api::RouteId::kGetArchive, GetArchive);
 }
 
 }  // namespace dsec::edge

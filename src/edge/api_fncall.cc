@@ -299,11 +299,11 @@ void DeletePool(const std::shared_ptr<Ctx>& c) {
 }  // namespace
 
 void RegisterFnCallRoutes(Api* api) {
-  api->Add("POST", "/v1/fncalls", RunFnCall, kOnIoThread);
-  api->Add("GET", "/v1/pools", ListPools, kOnIoThread);
-  api->Add("GET", "/v1/pools/:name", GetPool, kOnIoThread);
-  api->Add("PUT", "/v1/pools/:name", PutPool);
-  api->Add("DELETE", "/v1/pools/:name", DeletePool);
+  api->Bind(api::RouteId::kFnCall, RunFnCall);
+  api->Bind(api::RouteId::kListPools, ListPools);
+  api->Bind(api::RouteId::kGetPool, GetPool);
+  api->Bind(api::RouteId::kPutPool, PutPool);
+  api->Bind(api::RouteId::kDeletePool, DeletePool);
 }
 
 }  // namespace dsec::edge

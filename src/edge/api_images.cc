@@ -261,16 +261,16 @@ void CancelBuild(const std::shared_ptr<Ctx>& c) {
 }  // namespace
 
 void RegisterImageRoutes(Api* a) {
-  a->Add("POST", "/v1/images/build", StartBuild);
-  a->Add("GET", "/v1/images/builds/:id", GetBuild);
-  a->Add("GET", "/v1/images/builds/:id/log", BuildLog);
-  a->Add("DELETE", "/v1/images/builds/:id", CancelBuild);
-  a->Add("GET", "/v1/images", ListImages);
-  a->Add("GET", "/v1/images/:name", GetImage);
-  a->Add("DELETE", "/v1/images/:name", DeleteImage);
-  a->Add("POST", "/v1/images/import", ImportImage, kImport);
-  a->Add("POST", "/v1/sandboxes/:id/snapshot", Snapshot);
-  a->Add("POST", "/v1/sandboxes/:id/fork", Fork);
+  a->Bind(api::RouteId::kStartBuild, StartBuild);
+  a->Bind(api::RouteId::kGetBuild, GetBuild);
+  a->Bind(api::RouteId::kBuildLog, BuildLog);
+  a->Bind(api::RouteId::kCancelBuild, CancelBuild);
+  a->Bind(api::RouteId::kListImages, ListImages);
+  a->Bind(api::RouteId::kGetImage, GetImage);
+  a->Bind(api::RouteId::kDeleteImage, DeleteImage);
+  a->Bind(api::RouteId::kImportImage, ImportImage);
+  a->Bind(api::RouteId::kSnapshot, Snapshot);
+  a->Bind(api::RouteId::kFork, Fork);
 }
 
 }  // namespace dsec::edge

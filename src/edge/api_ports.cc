@@ -23,25 +23,9 @@ namespace dsec::edge {
 namespace {}  // namespace
 
 // "/v1/sandboxes/ID/ports/PORT[/rest][?query]": id, port and the upstream target ("/rest?query").
-bool ParsePortTarget(const std::string& target, std::string* id, std::string* port,
-                     std::string* upstream) {
-  constexpr std::string_view kPrefix = "/v1/sandboxes/";
-  if (!StartsWith(target, kPrefix)) return false;
-  size_t id_end = target.find('/', kPrefix.size());
-  if (id_end == std::string::npos || target.compare(id_end, 7, "/ports/") != 0) return false;
-  size_t port_start = id_end + 7;
-  size_t port_end = target.find_first_of("/?", port_start);
-  if (port_end == std::string::npos) port_end = target.size();
-  *id = target.substr(kPrefix.size(), id_end - kPrefix.size());
-  *port = target.substr(port_start, port_end - port_start);
-  std::string rest = target.substr(port_end);
-  *upstream = rest.empty() || rest[0] != '/' ? "/" + rest : rest;
-  return true;
-}
-
 void ServePort(Api* api, http::HttpRequest req) {
   std::string id, port_text, target;
-  ParsePortTarget(req.target, &id, &port_text, &target);
+  api::ParsePortTarget(req.target, &id, &port_text, &target);
   UniqueFd client = std::move(req.takeover_fd);
   auto fail = [&](const Status& s) {
     auto [status, code] = HttpErrorFor(s);

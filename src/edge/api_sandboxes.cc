@@ -388,21 +388,20 @@ StatusOr<ImageDefaults> ImageDefaultsOf(images::ImageStore* store, const std::st
 }
 
 void RegisterSandboxRoutes(Api* a) {
-  a->Add("POST", "/v1/sandboxes", CreateSandbox);
-  a->Add("GET", "/v1/sandboxes", ListSandboxes);
-  a->Add("GET", "/v1/sandboxes/:id", GetSandbox);
-  a->Add("PATCH", "/v1/sandboxes/:id", PatchSandbox);
-  a->Add("DELETE", "/v1/sandboxes/:id", DeleteSandbox);
-  a->Add("GET", "/v1/sandboxes/:id/stats", Stats);
-  a->Add("POST", "/v1/sandboxes/:id/pause", Pause);
-  a->Add("POST", "/v1/sandboxes/:id/resume", Resume);
-  a->Add("POST", "/v1/jobs/:job/pause", PauseJob);
-  a->Add("POST", "/v1/jobs/:job/resume", ResumeJob);
-  a->Add("DELETE", "/v1/jobs/:job", DeleteJob);
-  // On the IO thread: health must stay truthful while every worker is busy.
-  a->Add("GET", "/v1/health", Health, kOnIoThread);
-  a->Add("GET", "/v1/node", Node);
-  a->Add("GET", "/metrics", MetricsText);
+  a->Bind(api::RouteId::kCreateSandbox, CreateSandbox);
+  a->Bind(api::RouteId::kListSandboxes, ListSandboxes);
+  a->Bind(api::RouteId::kGetSandbox, GetSandbox);
+  a->Bind(api::RouteId::kPatchSandbox, PatchSandbox);
+  a->Bind(api::RouteId::kDeleteSandbox, DeleteSandbox);
+  a->Bind(api::RouteId::kStats, Stats);
+  a->Bind(api::RouteId::kPause, Pause);
+  a->Bind(api::RouteId::kResume, Resume);
+  a->Bind(api::RouteId::kPauseJob, PauseJob);
+  a->Bind(api::RouteId::kResumeJob, ResumeJob);
+  a->Bind(api::RouteId::kDeleteJob, DeleteJob);
+  a->Bind(api::RouteId::kHealth, Health);
+  a->Bind(api::RouteId::kNode, Node);
+  a->Bind(api::RouteId::kMetrics, MetricsText);
 }
 
 }  // namespace dsec::edge

@@ -2,7 +2,8 @@
 // chunks a socket might deliver, go through Beast's request parser configured as the server
 // configures it (header limit; the body limit set from preflight), the edge's request-head
 // conversion (RequestFromHead: method, lowercased headers, percent-decoded path and query),
-// preflight (Api::Check: token auth, per-route body limits), routing (Api::Match) and the strict
+// preflight (Api::Check: token auth, per-route body limits), routing (api::MatchRoute over the
+// shared route table of src/api/routes.h) and the strict
 // JSON body reader (JsonBody) that every handler uses. Pipelined requests are handled one after
 // another, as on a keep-alive connection. The sandbox operations behind the routes are not run
 // (they would create real sandboxes); the live suite (tests/security/test_api_abuse.py) fuzzes
@@ -73,17 +74,19 @@ void ReadJsonBody(const std::string& body) {
 
 // One complete request, as the server would hand it to Api::Handle.
 void Route(HttpRequest& req) {
-  std::map<std::string, std::string> params;
-  bool known = false;
-  const dsec::edge::Route* r = TheApi()->Match(req.method, req.target, &params, &known);
-  if (r && !known) __builtin_trap();
-  for (const auto& [name, value] : params) {
+  auto m = dsec::api::MatchRoute(req.method, req.target, dsec::api::Server::kEdge);
+  const dsec::api::RouteSpec* r = m.route;
+  if (r && !m.path_known) __builtin_trap();
+  if (r && r->scope == dsec::api::Scope::kApiserver) __builtin_trap();
+  if (r && !TheApi()->HandlerOf(r->id)) __builtin_trap();
+  if (!r && !m.params.empty()) __builtin_trap();
+  for (const auto& [name, value] : m.params) {
     bool declared = false;
     for (const auto& seg : r->segments) declared = declared || seg == ":" + name;
     if (!declared) __builtin_trap();
     (void)dsec::api::ValidateId(name, value);
   }
-  if (r && !r->upload) ReadJsonBody(req.body);
+  if (r && !r->upload()) ReadJsonBody(req.body);
 }
 
 }  // namespace
