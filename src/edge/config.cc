@@ -31,6 +31,12 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"cluster_etcd", &c->cluster_etcd},
       {"cluster_advertise", &c->cluster_advertise},
       {"cluster_lease_ttl_s", &c->cluster_lease_ttl_s},
+      {"sandbox_fusion_listen", &c->sandbox_fusion_listen},
+      {"sandbox_fusion_auth", &c->sandbox_fusion_auth},
+      {"sandbox_fusion_image", &c->sandbox_fusion_image},
+      {"sandbox_fusion_pool", &c->sandbox_fusion_pool},
+      {"sandbox_fusion_python_runtime", &c->sandbox_fusion_python_runtime},
+      {"sandbox_fusion_max_body_bytes", &c->sandbox_fusion_max_body_bytes},
       {"persist", &c->persist},
       {"log_level", &c->log_level},
       {"max_sandboxes", &c->max_sandboxes},
@@ -276,6 +282,15 @@ Status FinalizeConfig(EdgeConfig* c) {
     uint16_t port = 0;
     if (Status s = http::ParseHttpUrl(c->cluster_advertise, &host, &port); !s.ok())
       return InvalidArgument("cluster_advertise: " + s.message());
+  }
+  if (c->sandbox_fusion_auth != "token" && c->sandbox_fusion_auth != "none")
+    return InvalidArgument("sandbox_fusion_auth must be \"token\" or \"none\", not \"" +
+                           c->sandbox_fusion_auth + "\"");
+  if (!c->sandbox_fusion_listen.empty()) {
+    std::string host;
+    uint16_t port = 0;
+    if (Status s = ParseHostPort(c->sandbox_fusion_listen, &host, &port); !s.ok())
+      return InvalidArgument("sandbox_fusion_listen: " + s.message());
   }
   return OkStatus();
 }

@@ -156,6 +156,20 @@ struct EdgeConfig {
   std::string cluster_etcd;
   std::string cluster_advertise;
   int64_t cluster_lease_ttl_s = 5;
+
+  // SandboxFusion's /run_code API (edge/sandbox_fusion.h) on its own listener ("" = off).
+  // Callers authenticate with a token of token_file, as a bearer token or as the first path
+  // segment ("http://HOST:PORT/TOKEN/run_code", for clients that only take a URL, like verl's
+  // sandbox_fusion_url); sandbox_fusion_auth "none" lets anyone who reaches the listener run
+  // code. Python runs on the fncall runtime sandbox_fusion_python_runtime; every other language
+  // (and python with fetch_files or more memory than that runtime's) in a fresh container
+  // sandbox of sandbox_fusion_image, or one taken from the container pool sandbox_fusion_pool.
+  std::string sandbox_fusion_listen;
+  std::string sandbox_fusion_auth = "token";
+  std::string sandbox_fusion_image = "host";
+  std::string sandbox_fusion_pool;
+  std::string sandbox_fusion_python_runtime = "python";
+  uint64_t sandbox_fusion_max_body_bytes = 16 << 20;  // a request with its base64 files
 };
 
 // Reads the JSON config file into cfg (unknown keys and wrong types are errors).

@@ -131,5 +131,30 @@ TEST_F(ConfigTest, HostPortParsing) {
   EXPECT_FALSE(ParseHostPort("h:-1", &h, &p).ok());
 }
 
+TEST_F(ConfigTest, SandboxFusionListener) {
+  EdgeConfig c;
+  ASSERT_TRUE(Load(R"j({"sandbox_fusion_listen": "127.0.0.1:8080", "sandbox_fusion_auth": "none",
+                       "sandbox_fusion_pool": "cc", "sandbox_fusion_max_body_bytes": 1024})j",
+                   &c)
+                  .ok());
+  EXPECT_EQ(c.sandbox_fusion_listen, "127.0.0.1:8080");
+  EXPECT_EQ(c.sandbox_fusion_auth, "none");
+  EXPECT_EQ(c.sandbox_fusion_pool, "cc");
+  EXPECT_EQ(c.sandbox_fusion_max_body_bytes, 1024u);
+  c = Valid();
+  c.sandbox_fusion_auth = "maybe";
+  Status s = FinalizeConfig(&c);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("sandbox_fusion_auth"), std::string::npos) << s.message();
+  c = Valid();
+  c.sandbox_fusion_listen = "nohostport";
+  s = FinalizeConfig(&c);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("sandbox_fusion_listen"), std::string::npos) << s.message();
+  c = Valid();
+  c.sandbox_fusion_listen = "127.0.0.1:0";
+  EXPECT_TRUE(FinalizeConfig(&c).ok());
+}
+
 }  // namespace
 }  // namespace dsec::edge

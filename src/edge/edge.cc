@@ -34,6 +34,7 @@
 #include "edge/membership.h"
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
+#include "edge/sandbox_fusion.h"
 #include "edge/state_store.h"
 #include "http/server.h"
 
@@ -256,13 +257,21 @@ void Housekeep(const std::atomic<bool>& done, Idempotency* idem, const OutputBud
 }
 
 // One line on stdout when ready, for scripts.
-void AnnounceReady(const EdgeConfig& cfg, const http::HttpServer& server, int adopted) {
-  std::string where = cfg.listen.empty() ? "" : "http://" + cfg.listen;
-  if (!cfg.listen.empty() && cfg.listen.ends_with(":0"))
-    where =
-        "http://" + cfg.listen.substr(0, cfg.listen.size() - 1) + std::to_string(server.tcp_port());
+// "http://HOST:PORT" of a listener (its bound port when it was asked for port 0).
+std::string UrlOf(const std::string& listen, const http::HttpServer& server) {
+  if (listen.empty()) return "";
+  if (listen.ends_with(":0"))
+    return "http://" + listen.substr(0, listen.size() - 1) + std::to_string(server.tcp_port());
+  return "http://" + listen;
+}
+
+void AnnounceReady(const EdgeConfig& cfg, const http::HttpServer& server, int adopted,
+                   const http::HttpServer* fusion) {
+  std::string where = UrlOf(cfg.listen, server);
   std::cout << "dsec-edge ready node=" << cfg.node << " url=" << where << " socket=" << cfg.socket
-            << " adopted=" << adopted << std::endl;
+            << " adopted=" << adopted
+            << (fusion ? " sandbox_fusion=" + UrlOf(cfg.sandbox_fusion_listen, *fusion) : "")
+            << std::endl;
   DSEC_LOG_INFO("serving: url={} socket={} node={} state_dir={}", where, cfg.socket, cfg.node,
                 cfg.state_dir);
 }
@@ -371,6 +380,7 @@ int RunEdge(EdgeConfig cfg) {
   // Declared before the workers, so that they outlive every handler the workers still run.
   std::optional<Idempotency> idem;
   std::optional<Api> api;
+  std::optional<SandboxFusion> fusion;  // SandboxFusion's /run_code, when asked for
   // Timers and workers outlive the manager's shutdown: handlers blocked on a sandbox finish
   // when it goes, and only then are the workers joined.
   boost::asio::io_context timers;
@@ -456,6 +466,33 @@ int RunEdge(EdgeConfig cfg) {
   api->deps().proxy_io = &(*server)->io();
   manager.StartReaper();
 
+  // SandboxFusion's /run_code, on its own listener when asked for.
+  std::unique_ptr<http::HttpServer> fusion_server;
+  auto stop_fusion = MakeScopeGuard([&] {
+    if (fusion_server) fusion_server->Stop();
+  });
+  if (!cfg.sandbox_fusion_listen.empty()) {
+    fusion.emplace(SandboxFusion::Deps{.cfg = &cfg,
+                                       .manager = &manager,
+                                       .pools = &pools,
+                                       .images = image_store->get(),
+                                       .workers = &workers,
+                                       .metrics = &metrics,
+                                       .audit = audit->get(),
+                                       .tokens = *tokens});
+    http::HttpServerOptions fo = ho;
+    fo.listen = cfg.sandbox_fusion_listen;
+    fo.unix_path.clear();
+    fo.io_threads = 1;
+    auto fs = http::HttpServer::Start(
+        fo, [&fusion](http::HttpRequest& r) { return fusion->Check(r); },
+        [&fusion](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
+          fusion->Handle(std::move(r), std::move(res));
+        });
+    if (!fs.ok()) return fail("sandbox fusion listener", fs.status());
+    fusion_server = std::move(*fs);
+  }
+
   // In a cluster: registered once serving, and gone from placement first at shutdown.
   std::unique_ptr<Membership> membership;
   if (!cfg.cluster_etcd.empty()) {
@@ -496,7 +533,7 @@ int RunEdge(EdgeConfig cfg) {
     done = true;
     housekeeper.join();
   });
-  AnnounceReady(cfg, **server, recovered->first);
+  AnnounceReady(cfg, **server, recovered->first, fusion_server.get());
 
   int sig = WaitForSignal();
   DSEC_LOG_INFO("signal {}: shutting down{}", sig, cfg.persist ? " (persist)" : "");

@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
   auto* cluster =
       app.add_option("--cluster", flags.cluster_etcd,
                      "Join a cluster: etcd://HOST:PORT[,HOST:PORT] (config cluster_etcd)");
+  auto* fusion = app.add_option(
+      "--sandbox-fusion-listen", flags.sandbox_fusion_listen,
+      "Serve SandboxFusion's /run_code API on HOST:PORT (config sandbox_fusion_listen); off by "
+      "default");
   bool no_userns = false;
   app.add_flag("--no-userns", no_userns, "Force the no-user-namespace fallback");
   try {
@@ -74,6 +78,7 @@ int main(int argc, char** argv) {
   set(overcommit, cfg.memory_overcommit, flags.memory_overcommit);
   set(agent, cfg.agent_path, flags.agent_path);
   set(cluster, cfg.cluster_etcd, flags.cluster_etcd);
+  set(fusion, cfg.sandbox_fusion_listen, flags.sandbox_fusion_listen);
   if (no_userns) cfg.userns = false;
   if (auto s = dsec::edge::FinalizeConfig(&cfg); !s.ok()) {
     std::cerr << "dsec-edge: " << s.message() << "\n";

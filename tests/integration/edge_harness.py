@@ -534,13 +534,14 @@ class Edge:
                     continue
                 line += chunk
         self.ready_line = line.decode().strip()
-        m = re.match(r"dsec-edge ready node=(\S*) url=(\S*) socket=(\S*) adopted=(\d+)$",
-                     self.ready_line)
+        m = re.match(r"dsec-edge ready node=(\S*) url=(\S*) socket=(\S*) adopted=(\d+)"
+                     r"(?: sandbox_fusion=(\S+))?$", self.ready_line)
         assert m, f"unexpected ready line {self.ready_line!r}"
         self.node = m.group(1)
         assert m.group(2) == self.url, self.ready_line
         assert m.group(3) == self.socket, self.ready_line
         self.adopted = int(m.group(4))
+        self.sandbox_fusion_url = m.group(5)
         self.token = self.token_file.read_text().split()[0]
         self.instance = self.client().get("/v1/node", expect=200,
                                          validate=False).json["instance"]
