@@ -7,7 +7,11 @@ Systems (each: serial latency p50/p99, then calls/s with N concurrent clients):
   fresh pid/mount/ipc namespaces forked from a warm zygote, with fresh tmpfs dirs, no
   capabilities and the full seccomp profile, in a worker sandbox (cgroup, user namespace,
   overlay root, no network).
-- cold-python: `python3 -c 'print(1)'` per call (no isolation).
+- sandbox-fusion: the same code through SandboxFusion's POST /run_code on the edge's
+  --sandbox-fusion-listen (the request verl sends, all eight fields; it runs on the same fncall
+  runtime): the compat layer's cost against dsec's native call.
+- cold-python: `python3 -c 'print(1)'` per call (no isolation): what SandboxFusion itself does
+  per call with isolation "none" (a python process on a temp file), its SandboxFusion-like row.
 - bwrap+python: `bwrap --unshare-all ... python3 -c 'print(1)'` per call (a fresh sandbox).
 - fork-server: a bare, unisolated python fork-server on a unix socket (fork per call, exec
   the code with stdout captured): the floor.
@@ -18,7 +22,8 @@ With no --url it starts its own edge (examples/edgeproc.py) and checks it leaves
 
     sudo python3 bench/fncall_bench.py [--rounds 3] [--calls 300] [--concurrency 8,64] [--json]
                                        [--edge build/release/src/edge/dsec-edge]
-                                       [--systems dsec,fork-server,cold-python,bwrap+python]
+                                       [--systems dsec,sandbox-fusion,fork-server,cold-python,
+                                                  bwrap+python]
 
 --json lines carry p50/p90/p99/max (ms; p50_ms and p99_ms too, as before), calls/s and "cdf":
 the p0..p100 latency percentiles (101 values, ms) for bench/plots.py.
@@ -101,6 +106,27 @@ class DsecClient:
         r = json.loads(data)
         if r["exit_code"] != 0 or r["stdout"] != "1\n":
             raise RuntimeError(f"fncall: unexpected result {r}")
+
+
+class FusionClient:
+    def __init__(self, url: str, token: str):
+        host, port = url.split("//", 1)[1].rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        self.path = f"/{token}/run_code"
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        self.body = json.dumps({"compile_timeout": 10, "run_timeout": 10, "code": CODE,
+                                "stdin": "", "memory_limit_MB": 512, "language": "python",
+                                "files": {}, "fetch_files": []})
+
+    def call(self) -> None:
+        self.conn.request("POST", self.path, self.body, self.headers)
+        resp = self.conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"run_code: HTTP {resp.status}: {data[:200]!r}")
+        r = json.loads(data)
+        if r["status"] != "Success" or r["run_result"]["stdout"] != "1\n":
+            raise RuntimeError(f"run_code: unexpected result {r}")
 
 
 class ForkServerClient:
@@ -198,6 +224,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url")
     ap.add_argument("--token")
+    ap.add_argument("--sandbox-fusion-url", default="",
+                    help="with --url: the edge's --sandbox-fusion-listen URL")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=300, help="calls per system and level")
     ap.add_argument("--concurrency", default="8,64")
@@ -207,11 +235,12 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--edge", default=None, help="dsec-edge binary to start (default: $DSEC_EDGE"
                     " or build/release's)")
-    ap.add_argument("--systems", default="dsec,fork-server,cold-python,bwrap+python",
+    ap.add_argument("--systems",
+                    default="dsec,sandbox-fusion,fork-server,cold-python,bwrap+python",
                     help="systems to time (default all; bench/run's A/B of two builds: dsec)")
     args = ap.parse_args()
     wanted = [x for x in args.systems.split(",") if x]
-    known = {"dsec", "fork-server", "cold-python", "bwrap+python"}
+    known = {"dsec", "sandbox-fusion", "fork-server", "cold-python", "bwrap+python"}
     if not wanted or set(wanted) - known:
         ap.error(f"--systems: pick from {','.join(sorted(known))}")
     levels = [1] + [int(x) for x in args.concurrency.split(",") if x]
@@ -221,10 +250,13 @@ def main() -> int:
 
     edge = None
     if not args.url:
-        edge = edgeproc.EdgeProcess(args.edge).start()
+        edge = edgeproc.EdgeProcess(
+            args.edge, extra_args=["--sandbox-fusion-listen", "127.0.0.1:0"]).start()
         url, token = edge.url, edge.token
+        fusion_url = edge.sandbox_fusion_url
     else:
         url, token = args.url, args.token or os.environ.get("DSEC_TOKEN", "")
+        fusion_url = args.sandbox_fusion_url
     tmp = tempfile.mkdtemp(prefix="dsec-fnbench-")
     sock_path = os.path.join(tmp, "fork.sock")
     fs = subprocess.Popen([python, "-c", FORK_SERVER, sock_path], stdout=subprocess.PIPE,
@@ -249,6 +281,7 @@ def main() -> int:
             time.sleep(0.1)
         systems = {
             "dsec": lambda: DsecClient(url, token),
+            "sandbox-fusion": lambda: FusionClient(fusion_url, token),
             "fork-server": lambda: ForkServerClient(sock_path),
             "cold-python": lambda: SpawnClient([python, "-c", CODE]),
         }
@@ -256,12 +289,15 @@ def main() -> int:
             systems["bwrap+python"] = lambda: SpawnClient(
                 [bwrap, "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
                  "/proc", "--tmpfs", "/tmp", python, "-c", CODE])
+        if not fusion_url:
+            systems.pop("sandbox-fusion")
         systems = {k: v for k, v in systems.items() if k in wanted}
         for rnd in range(1, args.rounds + 1):
             print(f"== fncall round {rnd}/{args.rounds}", file=sys.stderr)
             for name, make in systems.items():
                 for conc in levels:
-                    n = args.calls if name in ("dsec", "fork-server") else args.cold_calls
+                    n = (args.calls if name in ("dsec", "sandbox-fusion", "fork-server")
+                         else args.cold_calls)
                     res = run_level(make, conc, max(n, conc * 2))
                     rec = {"workload": "fncall", "system": name, "concurrency": conc, **res}
                     emit(rec, args.json)
@@ -269,6 +305,8 @@ def main() -> int:
                 res = pool_create(url, token, args.pool_creates, pool)
                 emit({"workload": "pool_create", "system": name, "concurrency": 1, **res},
                      args.json)
+        # (a fresh connection: the first may have idled past the edge's idle_timeout_s)
+        c = http.client.HTTPConnection(host, int(port), timeout=60)
         c.request("DELETE", "/v1/pools/bench-ct", headers=h)
         c.getresponse().read()
     except Exception as e:  # noqa: BLE001

@@ -85,6 +85,7 @@ class EdgeProcess:
         self.dir: str | None = None
         self.proc: subprocess.Popen | None = None
         self.url = ""
+        self.sandbox_fusion_url = ""  # with --sandbox-fusion-listen
         self.token = ""
         self.socket = ""
         self.instance = ""
@@ -147,6 +148,7 @@ class EdgeProcess:
             self.ready_line = self._wait_ready()
             fields = dict(f.split("=", 1) for f in self.ready_line.split()[2:] if "=" in f)
             self.url = fields.get("url", "")
+            self.sandbox_fusion_url = fields.get("sandbox_fusion", "")
             if not self.url:
                 raise EdgeError(f"no url in the ready line: {self.ready_line!r}")
             with open(token_file) as f:
