@@ -14,6 +14,8 @@ std::pair<int, std::string_view> HttpErrorFor(StatusCode code) {
       return {403, "forbidden"};
     case StatusCode::kNotFound:
       return {404, "not_found"};
+    case StatusCode::kGone:
+      return {410, "gone"};
     case StatusCode::kAlreadyExists:
     case StatusCode::kFailedPrecondition:
     case StatusCode::kAborted:

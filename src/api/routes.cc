@@ -62,6 +62,7 @@ std::vector<RouteSpec> Table() {
       {"DELETE", "/v1/pools/:name", kDeletePool, kLocal},
 
       {"POST", "/v1/images/build", kStartBuild, kLocal},
+      {"GET", "/v1/images/builds", kListBuilds, kLocal},
       {"GET", "/v1/images/builds/:id", kGetBuild, kLocal},
       {"GET", "/v1/images/builds/:id/log", kBuildLog, kLocal},
       {"DELETE", "/v1/images/builds/:id", kCancelBuild, kLocal},

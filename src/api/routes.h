@@ -63,6 +63,7 @@ enum class RouteId : uint8_t {
   kDeletePool,
   // Images, builds, snapshots, forks.
   kStartBuild,
+  kListBuilds,
   kGetBuild,
   kBuildLog,
   kCancelBuild,

@@ -33,10 +33,10 @@ TEST(SandboxFusion, JustCodeIsPythonWithDefaults) {
   std::vector<FieldError> errors;
   ASSERT_TRUE(ParseRunCode(R"j({"code": "print(1)"})j", &r, &errors));
   EXPECT_EQ(r.language, "python");
-EXPECT_EQ(r.run_timeout_s, 10);
-EXPECT_EQ(r.compile_timeout_s, 10);
-EXPECT_EQ(r.memory_limit_mb, -1);
-EXPECT_FALSE(r.stdin_data);
+  EXPECT_EQ(r.run_timeout_s, 10);
+  EXPECT_EQ(r.compile_timeout_s, 10);
+  EXPECT_EQ(r.memory_limit_mb, -1);
+  EXPECT_FALSE(r.stdin_data);
 }
 
 TEST(SandboxFusion, BadFieldsAreFastApiDetails) {

@@ -34,6 +34,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "aborted";
     case StatusCode::kOverCapacity:
       return "over_capacity";
+    case StatusCode::kGone:
+      return "gone";
     case StatusCode::kInternal:
       return "internal";
   }

@@ -28,7 +28,8 @@ enum class StatusCode {
   kUnimplemented,       // 422 unprocessable
   kAborted,             // 409 conflict
   kOverCapacity,        // 429 over_capacity: admission refused, retry later
-  kInternal,            // 500 internal
+  kGone,                // 410 gone: it existed and was removed (a sandbox's TTL, say)
+  kInternal,            // 500 internal (last: StatusFromJson counts up to it)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -89,6 +90,7 @@ inline Status OverCapacity(std::string m) {
   return Status(StatusCode::kOverCapacity, std::move(m));
 }
 inline Status TooLarge(std::string m) { return Status(StatusCode::kTooLarge, std::move(m)); }
+inline Status Gone(std::string m) { return Status(StatusCode::kGone, std::move(m)); }
 inline Status DeadlineExceeded(std::string m) {
   return Status(StatusCode::kDeadlineExceeded, std::move(m));
 }

@@ -1,4 +1,4 @@
-// `dsec image build|build-status|build-log|build-cancel`: image builds on the edge, followed
+// `dsec image build|builds|build-status|build-log|build-cancel`: image builds on the edge, followed
 // with a live view of their steps and log, canceled on Ctrl-C.
 #include "cli/build_cmds.h"
 
@@ -392,6 +392,32 @@ int BuildImage(const GlobalOptions& g, const BuildOpts& o) {
   return kFail;
 }
 
+// `dsec image builds [--state S]`: the builds the edge keeps, newest first.
+int ListBuilds(const GlobalOptions& g, const std::string& state) {
+  auto c = Connect(g);
+  if (!c.ok()) return Fail(c.status());
+  auto r = (*c)->CallJson(
+      Verb::get, "/v1/images/builds" + (state.empty() ? "" : "?state=" + UrlEncode(state)));
+  if (!r.ok()) return Fail(r.status());
+  if (g.json) {
+    PrintJson(*r);
+    return 0;
+  }
+  int64_t now = NowMs();
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& b : r->value("builds", Json::array())) {
+    if (!b.is_object()) continue;
+    auto [k, step] = CurrentStep(b);
+    std::string st = Str(b, "state");
+    if (k) st += " (" + std::to_string(k) + "/" + std::to_string(StepCount(b)) + " " + step + ")";
+    int64_t created = b.value("created_at", int64_t{0});
+    rows.push_back({Str(b, "id"), Str(b, "name"), st, created ? Duration(now - created) : "-",
+                    Str(b, "error").empty() ? "-" : Str(b, "error")});
+  }
+  PrintTable({"ID", "NAME", "STATE", "AGE", "ERROR"}, rows);
+  return 0;
+}
+
 int BuildStatus(const GlobalOptions& g, const std::string& id) {
   auto c = Connect(g);
   if (!c.ok()) return Fail(c.status());
@@ -527,6 +553,13 @@ void RegisterBuildCommands(CLI::App* image, GlobalOptions& g, int* exit_code) {
   build->add_flag("--log", bo->log, "Stream the build's log to stderr");
   build->add_flag("-q,--quiet", bo->quiet, "No progress on stderr");
   build->callback([=, &g] { *exit_code = BuildImage(g, *bo); });
+
+  auto builds_state = std::make_shared<std::string>();
+  CLI::App* builds = image->add_subcommand(
+      "builds", "List the builds the edge keeps (queued, running, the last 100 finished)");
+  builds->add_option("--state", *builds_state,
+                     "queued|running|canceling|succeeded|failed|canceled");
+  builds->callback([=, &g] { *exit_code = ListBuilds(g, *builds_state); });
 
   auto status_id = std::make_shared<std::string>();
   CLI::App* status = image->add_subcommand(

@@ -26,6 +26,26 @@ namespace {
 
 constexpr size_t kIoChunk = 256 << 10;
 
+// Whether `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool ValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t k = 1; k < n; ++k) {
+      unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 2) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
 std::string Labels(const Json& rec) {
   std::string out;
   if (!rec.contains("labels") || !rec["labels"].is_object()) return out;
@@ -36,11 +56,27 @@ std::string Labels(const Json& rec) {
   return out;
 }
 
+// An image for a table: a forked sandbox's layer digests (64 hex digits each) shortened to
+// their first 12, as docker shows ids.
+std::string ShortImage(const Json& image) {
+  std::string out;
+  for (auto part : SplitString(ImageText(image), ',')) {
+    std::string_view p = part;
+    std::string_view prefix;
+    if (p.starts_with("sha256:")) prefix = "sha256:", p.remove_prefix(7);
+    bool digest = p.size() == 64 && p.find_first_not_of("0123456789abcdef") == p.npos;
+    out +=
+        (out.empty() ? "" : ",") + std::string(prefix) + std::string(digest ? p.substr(0, 12) : p);
+  }
+  return out;
+}
+
 std::vector<std::string> Row(const Json& r, int64_t now) {
   const Json& l = r.contains("limits") ? r["limits"] : Json::object();
   return {r.value("id", ""),
           r.value("state", ""),
-          r.contains("image") ? ImageText(r["image"]) : "",
+          r.value("kind", ""),
+          r.contains("image") ? ShortImage(r["image"]) : "",
           l.contains("cpu") ? Num(l["cpu"]) : "",
           l.contains("memory_mb") ? Num(l["memory_mb"]) + "M" : "",
           l.contains("disk_mb") ? Num(l["disk_mb"]) + "M" : "",
@@ -54,8 +90,8 @@ std::vector<std::string> Row(const Json& r, int64_t now) {
           Labels(r)};
 }
 
-const std::vector<std::string> kHead = {"ID",      "STATE", "IMAGE",   "CPU",  "MEM",   "DISK",
-                                        "NETWORK", "AGE",   "EXPIRES", "IDLE", "LABELS"};
+const std::vector<std::string> kHead = {"ID",   "STATE",   "KIND", "IMAGE",   "CPU",  "MEM",
+                                        "DISK", "NETWORK", "AGE",  "EXPIRES", "IDLE", "LABELS"};
 
 // ---- create ------------------------------------------------------------------------------
 
@@ -211,11 +247,13 @@ int Update(const GlobalOptions& g, const UpdateOpts& o) {
 
 // ---- ls / get ----------------------------------------------------------------------------
 
-int List(const GlobalOptions& g, const std::vector<std::string>& labels, const std::string& state) {
+int List(const GlobalOptions& g, const std::vector<std::string>& labels, const std::string& state,
+         const std::string& kind) {
   std::string q = "?limit=1000";
   if (auto valid = ParseKeyValues(labels, "--label"); !valid.ok()) return Fail(valid.status());
   for (const auto& l : labels) q += "&label=" + UrlEncode(l, false);  // each one, ANDed
   if (!state.empty()) q += "&state=" + UrlEncode(state, false);
+  if (!kind.empty()) q += "&kind=" + UrlEncode(kind, false);
   auto c = Connect(g);
   if (!c.ok()) return Fail(c.status());
   Json all = Json::array();
@@ -343,10 +381,14 @@ int StreamExec(EdgeClient& c, const ExecOpts& o, bool json) {
   if (!stream_error.ok()) return Fail(stream_error, kExecFail);
   if (!result) return Fail(Unavailable("the exec stream ended without an exit status"), kExecFail);
   if (json) {
+    // The output as text when both streams are UTF-8 (the JSON stays valid and readable),
+    // else both in base64; "encoding" says which, as the API's own results do.
     Json out = *result;
-    out["stdout"] = captured[0];
-    out["stderr"] = captured[1];
-    std::cout << out.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+    bool text = ValidUtf8(captured[0]) && ValidUtf8(captured[1]);
+    out["encoding"] = text ? "utf-8" : "base64";
+    out["stdout"] = text ? captured[0] : Base64Encode(captured[0]);
+    out["stderr"] = text ? captured[1] : Base64Encode(captured[1]);
+    std::cout << out.dump() << "\n";
   }
   return ExitCodeForResult(*result, o.timeout_s);
 }
@@ -732,7 +774,9 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
       ->expected(1)
       ->take_all();
   ls->add_option("--state", *ls_state, "creating|running|paused|failed");
-  ls->callback([=, &g] { *exit_code = List(g, *ls_labels, *ls_state); });
+  auto ls_kind = std::make_shared<std::string>();
+  ls->add_option("--kind", *ls_kind, "container|microvm");
+  ls->callback([=, &g] { *exit_code = List(g, *ls_labels, *ls_state, *ls_kind); });
 
   auto get_id = std::make_shared<std::string>();
   auto get_stats = std::make_shared<bool>(false);

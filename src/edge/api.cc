@@ -116,6 +116,22 @@ void Ctx::Fail(int status, std::string_view code, std::string_view message) {
 
 void Ctx::Fail(const Status& s) {
   auto [status, code] = HttpErrorFor(s);
+  if (s.code() == StatusCode::kGone && api->deps().manager) {
+    // A tombstone's reason and time, for programs: {"error": {..., "reason", "at"}}.
+    auto id = params.find("id");
+    auto t = id == params.end() ? std::nullopt : api->deps().manager->TombstoneOf(id->second);
+    if (t) {
+      api->deps().metrics->CountError(std::string(code));
+      http::HttpResponse r;
+      r.status = status;
+      r.body =
+          Json{
+              {"error",
+               {{"code", code}, {"message", s.message()}, {"reason", t->reason}, {"at", t->at_ms}}}}
+              .dump(-1, ' ', false, Json::error_handler_t::replace);
+      return res->Send(std::move(r));
+    }
+  }
   Fail(status, code, s.message());
 }
 
@@ -203,9 +219,10 @@ http::Preflight Api::Check(http::HttpRequest& req) {
   auto m = api::MatchRoute(req.method, req.target, api::Server::kEdge);
   auto e = d_.manager->Get(m.params["id"]);
   if (!e.ok()) {
-    d_.metrics->CountRequest(req.method, 404);
+    auto [status, code] = HttpErrorFor(e.status());
+    d_.metrics->CountRequest(req.method, status);
     pf.ok = false;
-    pf.error = http::JsonError(404, "not_found", e.status().message());
+    pf.error = http::JsonError(status, code, e.status().message());
     return pf;
   }
   uint64_t disk = static_cast<uint64_t>((*e)->params.resources.disk_mb) << 20;

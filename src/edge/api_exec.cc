@@ -11,6 +11,7 @@
 #include "base/clock.h"
 #include "base/ids.h"
 #include "edge/api.h"
+#include "edge/exec_ticket.h"
 #include "http/json_body.h"
 
 namespace dsec::edge {
@@ -42,7 +43,14 @@ Status CheckUser(const std::optional<std::string>& user) {
 StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
   DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
   ExecParams p;
-  DSEC_ASSIGN_OR_RETURN(auto cmd, b.StringArray("cmd", 4096, 1 << 20));
+  // "cmd" as a string (E2B-style REST users send one) runs as "sh -c STRING", as "shell" does.
+  std::optional<std::vector<std::string>> cmd;
+  std::optional<std::string> cmd_string;
+  if (auto it = b.json().find("cmd"); it != b.json().end() && it->is_string()) {
+    DSEC_ASSIGN_OR_RETURN(cmd_string, b.String("cmd", 1 << 20));
+  } else {
+    DSEC_ASSIGN_OR_RETURN(cmd, b.StringArray("cmd", 4096, 1 << 20));
+  }
   DSEC_ASSIGN_OR_RETURN(auto shell, b.String("shell", 1 << 20));
   DSEC_ASSIGN_OR_RETURN(auto stdin_data, b.String("stdin", cfg.max_json_body_bytes));
   DSEC_ASSIGN_OR_RETURN(auto stdin_enc, b.String("stdin_encoding", 16));
@@ -58,8 +66,13 @@ StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
   DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
   (void)rid;
   DSEC_RETURN_IF_ERROR(b.Finish());
-  if (cmd.has_value() == shell.has_value())
-    return InvalidArgument("give exactly one of \"cmd\" (an array) and \"shell\" (a string)");
+  if ((cmd.has_value() || cmd_string.has_value()) == shell.has_value())
+    return InvalidArgument(
+        "give exactly one of \"cmd\" (an array, or a string for sh -c) and \"shell\"");
+  if (cmd_string) {
+    if (cmd_string->empty()) return InvalidArgument("\"cmd\" must not be empty");
+    shell = std::move(cmd_string);
+  }
   if (cmd) {
     if (cmd->empty() || (*cmd)[0].empty()) return InvalidArgument("\"cmd\" must not be empty");
     p.req.cmd = *cmd;
@@ -121,68 +134,15 @@ Json ErrorJson(const Status& s) {
   return {{"error", {{"code", code}, {"message", s.message()}}}};
 }
 
-// One command in a sandbox: it holds one of the sandbox's concurrent-exec slots and its
-// audit record (a line when it starts, one when it ends). Finish — with the command's exit, or
-// why it never ran — writes the end line and gives the slot back, exactly once; a ticket
-// dropped unfinished finishes itself, so no path (a failed start, a WebSocket upgrade that
-// never completed) can keep a slot.
-class ExecTicket {
- public:
-  static StatusOr<std::shared_ptr<ExecTicket>> Take(const std::shared_ptr<Ctx>& c,
-                                                    std::shared_ptr<SandboxEntry> e,
-                                                    const char* kind, Json command,
-                                                    const std::string& user,
-                                                    const std::string& cwd) {
-    const auto& d = c->api->deps();
-    int max = d.cfg.max_execs_per_sandbox;
-    if (e->active_execs.fetch_add(1) >= max) {
-      e->active_execs--;
-      d.metrics->CountReject("execs_per_sandbox");
-      return OverCapacity("sandbox " + e->id + " already runs " + std::to_string(max) +
-                          " commands at once");
-    }
-    auto t = std::shared_ptr<ExecTicket>(new ExecTicket(std::move(e), d.audit, d.metrics));
-    t->base_ = {{"exec", RandomBase32(12)},
-                {"sandbox", t->entry_->id},
-                {"kind", kind},
-                {"principal", c->req.principal},
-                {"remote", c->req.remote}};
-    Json start = t->base_;
-    start["event"] = "start";
-    start["command"] = std::move(command);
-    start["user"] = user;
-    start["cwd"] = cwd;
-    t->log_->Record(std::move(start));
-    return t;
-  }
-  ~ExecTicket() { Finish(Status(StatusCode::kAborted, "the command never started")); }
-
-  void Finish(const StatusOr<ExecResult>& r) {
-    if (finished_.exchange(true)) return;
-    Json end = base_;
-    end["event"] = "exit";
-    if (r.ok()) {
-      end.update(ResultJson(*r, false));
-      end.erase("encoding");
-      metrics_->ObserveExec(r->duration_ms / 1000.0);
-    } else {
-      end["error"] = r.status().ToString();
-    }
-    log_->Record(std::move(end));
-    entry_->active_execs--;
-    entry_->Touch();
-  }
-
- private:
-  ExecTicket(std::shared_ptr<SandboxEntry> e, AuditLog* log, Metrics* metrics)
-      : entry_(std::move(e)), log_(log), metrics_(metrics) {}
-
-  std::shared_ptr<SandboxEntry> entry_;
-  AuditLog* log_;
-  Metrics* metrics_;
-  Json base_;  // exec, sandbox, kind, principal, remote
-  std::atomic<bool> finished_{false};
-};
+// An exec ticket (edge/exec_ticket.h) for a request of the API.
+StatusOr<std::shared_ptr<ExecTicket>> TakeTicket(const std::shared_ptr<Ctx>& c,
+                                                 std::shared_ptr<SandboxEntry> e, const char* kind,
+                                                 Json command, const std::string& user,
+                                                 const std::string& cwd) {
+  const auto& d = c->api->deps();
+  return ExecTicket::Take(d.cfg.max_execs_per_sandbox, d.audit, d.metrics, std::move(e), kind,
+                          std::move(command), user, cwd, c->req.principal, c->req.remote);
+}
 
 // Collects output (capped per stream, and by the node-wide output budget) and calls `done`
 // once with the result JSON, or an error. The budget's charge lives as long as the observer,
@@ -378,8 +338,7 @@ void Exec(const std::shared_ptr<Ctx>& c) {
                             : p->req.user.empty() ? e->params.user
                                                   : p->req.user;
   const std::string& cwd = p->req.cwd.empty() ? e->params.workdir : p->req.cwd;
-  auto ticket =
-      ExecTicket::Take(c, e, p->background ? "background" : "exec", p->audit_cmd, user, cwd);
+  auto ticket = TakeTicket(c, e, p->background ? "background" : "exec", p->audit_cmd, user, cwd);
   if (!ticket.ok()) return c->Fail(ticket.status());
 
   if (c->FlagQuery("stream") && !p->background) {
@@ -652,8 +611,8 @@ void RunShell(const std::shared_ptr<Ctx>& c) {
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e);
   if (!sb.ok()) return c->Fail(sb.status());
-  auto ticket = ExecTicket::Take(c, e, "shell", AuditLog::Clip(r->command), e->params.user,
-                                 "shell:" + c->params["sid"]);
+  auto ticket = TakeTicket(c, e, "shell", AuditLog::Clip(r->command), e->params.user,
+                           "shell:" + c->params["sid"]);
   if (!ticket.ok()) return c->Fail(ticket.status());
   auto obs = std::make_shared<CollectObserver>(
       r->max_output, r->base64,
@@ -816,8 +775,8 @@ void Attach(const std::shared_ptr<Ctx>& c) {
   auto sb = c->Sandbox(&e);
   if (!sb.ok()) return c->Fail(sb.status());
   Json cmd = req.shell ? Json(AuditLog::Clip(*req.shell)) : AuditLog::Command(req.cmd);
-  auto ticket = ExecTicket::Take(c, e, "attach", cmd, req.user.empty() ? e->params.user : req.user,
-                                 req.cwd.empty() ? e->params.workdir : req.cwd);
+  auto ticket = TakeTicket(c, e, "attach", cmd, req.user.empty() ? e->params.user : req.user,
+                           req.cwd.empty() ? e->params.workdir : req.cwd);
   if (!ticket.ok()) return c->Fail(ticket.status());
   c->res->AcceptWebSocket(std::make_shared<AttachSession>(*sb, std::move(req), *ticket));
 }

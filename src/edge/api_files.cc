@@ -2,11 +2,58 @@
 // inside the sandbox root (openat2 RESOLVE_IN_ROOT), acting as the sandbox's user; the edge
 // only checks their shape. Bodies are bounded by max_upload_bytes / max_download_bytes; an
 // upload over 1 MiB arrives in a spooled file and goes to the agent a piece at a time.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "base/file_util.h"
 #include "edge/api.h"
+#include "images/import.h"
 
 namespace dsec::edge {
 
 namespace {
+
+// The first bytes of an upload body (in memory or spooled), enough to tell a compressed one.
+std::string BodyHead(const std::shared_ptr<Ctx>& c) {
+  if (!c->req.body_file) return c->req.body.substr(0, 4);
+  char b[4];
+  ssize_t n = pread(c->req.body_file.get(), b, sizeof b, 0);
+  return n > 0 ? std::string(b, static_cast<size_t>(n)) : std::string();
+}
+
+// A gzip or zstd tar (what image import takes too) decompressed into an unlinked file of the
+// spool directory, at most `cap` bytes (the sandbox's disk: more could never be extracted, and
+// a small archive must not become a huge file on the node).
+StatusOr<UniqueFd> Decompress(const std::shared_ptr<Ctx>& c, uint64_t cap, uint64_t* size) {
+  const std::string dir = JoinPath(c->api->deps().cfg.state_dir, "spool");
+  UniqueFd out(open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (!out) return ErrnoError("spool a decompressed archive in " + dir);
+  *size = 0;
+  images::Decoder dec([&](std::string_view d) -> Status {
+    if (*size + d.size() > cap)
+      return TooLarge("the archive decompresses to more than " + std::to_string(cap >> 20) +
+                      " MiB, the sandbox's disk (disk_mb)");
+    DSEC_RETURN_IF_ERROR(WriteAllFd(out.get(), d, "spooled archive"));
+    *size += d.size();
+    return OkStatus();
+  });
+  if (!c->req.body_file) {
+    DSEC_RETURN_IF_ERROR(dec.Feed(c->req.body));
+  } else {
+    std::string buf(256 << 10, '\0');
+    for (uint64_t off = 0; off < c->req.body_size;) {
+      ssize_t n = pread(c->req.body_file.get(), buf.data(), buf.size(), static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoError("read the uploaded archive");
+      if (n == 0) break;
+      DSEC_RETURN_IF_ERROR(dec.Feed(std::string_view(buf.data(), static_cast<size_t>(n))));
+      off += static_cast<uint64_t>(n);
+    }
+  }
+  if (Status s = dec.Finish(); !s.ok())
+    return InvalidArgument("the compressed archive is cut short or corrupt: " + s.message());
+  return out;
+}
 
 StatusOr<std::string> PathQuery(const std::shared_ptr<Ctx>& c) {
   auto q = c->RequiredQuery("path");
@@ -140,10 +187,18 @@ void MakeDir(const std::shared_ptr<Ctx>& c) {
 void PutArchive(const std::shared_ptr<Ctx>& c) {
   auto run = [&]() -> Status {
     DSEC_ASSIGN_OR_RETURN(std::string path, PathQuery(c));
-    DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
+    std::shared_ptr<SandboxEntry> entry;
+    DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox(&entry));
     // The agent makes the target directory (and removes what it made if the archive is
     // refused before anything was extracted).
-    return sb->ExtractTar(path, Body(c));
+    if (!images::Decoder::Compressed(BodyHead(c))) return sb->ExtractTar(path, Body(c));
+    // gzip or zstd (by its first bytes): the agent gets the tar.
+    uint64_t size = 0;
+    DSEC_ASSIGN_OR_RETURN(
+        UniqueFd tar,
+        Decompress(c, static_cast<uint64_t>(entry->params.resources.disk_mb) << 20, &size));
+    c->req.body_file.Reset();  // the compressed one's space goes first
+    return sb->ExtractTar(path, backends::UploadBody(tar.get(), size));
   };
   Status s = run();
   c->req.body_file.Reset();

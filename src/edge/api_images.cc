@@ -242,6 +242,21 @@ void StartBuild(const std::shared_ptr<Ctx>& c) {
   });
 }
 
+void ListBuilds(const std::shared_ptr<Ctx>& c) {
+  WithBuilds(c, 200, [&](Builds* b) -> StatusOr<Json> {
+    std::string state;
+    if (const std::string* s = c->req.Query("state")) {
+      static const char* kStates[] = {"queued",    "running", "canceling",
+                                      "succeeded", "failed",  "canceled"};
+      if (std::find(std::begin(kStates), std::end(kStates), *s) == std::end(kStates))
+        return InvalidArgument(
+            "state must be queued, running, canceling, succeeded, failed or canceled");
+      state = *s;
+    }
+    return Json{{"builds", b->List(state)}};
+  });
+}
+
 void GetBuild(const std::shared_ptr<Ctx>& c) {
   WithBuilds(c, 200, [&](Builds* b) { return b->Get(c->params["id"]); });
 }
@@ -262,6 +277,7 @@ void CancelBuild(const std::shared_ptr<Ctx>& c) {
 
 void RegisterImageRoutes(Api* a) {
   a->Bind(api::RouteId::kStartBuild, StartBuild);
+  a->Bind(api::RouteId::kListBuilds, ListBuilds);
   a->Bind(api::RouteId::kGetBuild, GetBuild);
   a->Bind(api::RouteId::kBuildLog, BuildLog);
   a->Bind(api::RouteId::kCancelBuild, CancelBuild);

@@ -200,6 +200,7 @@ struct Builds::Job {
   std::atomic<bool> cancel{false};
   bool saving = false;  // the image is being saved: too late to cancel
   int64_t created_at = 0, started_at = 0, finished_at = 0, deadline_ms = 0;
+  uint64_t seq = 0;  // the order builds were started in (List: newest first)
 
   // Appends to the log, keeping its bounded tail (the caller holds Builds::mu_).
   void Append(std::string_view d) {
@@ -304,6 +305,7 @@ StatusOr<Json> Builds::Start(BuildRequest req) {
                     "build " + id + " is already making image \"" + j->req.name + "\"");
   if (queue_.size() >= kMaxQueued)
     return OverCapacity(std::to_string(kMaxQueued) + " builds are already waiting");
+  j->seq = ++next_seq_;
   jobs_[j->id] = j;
   queue_.push_back(j);
   PruneLocked();
@@ -316,6 +318,19 @@ StatusOr<Json> Builds::Get(const std::string& id) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFound("build " + id + " not found");
   return RecordLocked(*it->second);
+}
+
+Json Builds::List(const std::string& state) {
+  MutexLock l(mu_);
+  std::vector<const Job*> all;
+  for (const auto& [id, j] : jobs_) all.push_back(j.get());
+  std::sort(all.begin(), all.end(), [](const Job* a, const Job* b) { return a->seq > b->seq; });
+  Json out = Json::array();
+  for (const Job* j : all) {
+    Json r = RecordLocked(*j);
+    if (state.empty() || r.value("state", "") == state) out.push_back(std::move(r));
+  }
+  return out;
 }
 
 StatusOr<Json> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_bytes) {

@@ -80,6 +80,9 @@ class Builds {
   // taken (checked first), OverCapacity when the queue is full.
   StatusOr<Json> Start(BuildRequest req);
   StatusOr<Json> Get(const std::string& id);
+  // The builds it keeps (running, queued, and the last finished ones), newest first; only
+  // those in `state` when it is not empty.
+  Json List(const std::string& state);
   // The log from byte `offset` (at most max_bytes): {"offset", "next_offset", "text", "done"}.
   StatusOr<Json> Log(const std::string& id, uint64_t offset, uint64_t max_bytes);
   // Cancels a queued build ("canceled" at once) or a running one ("canceling" until its
@@ -113,6 +116,7 @@ class Builds {
   std::map<std::string, std::shared_ptr<Job>> jobs_ DSEC_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Job>> queue_ DSEC_GUARDED_BY(mu_);
   bool stopping_ DSEC_GUARDED_BY(mu_) = false;
+  uint64_t next_seq_ DSEC_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> workers_;
 };
 

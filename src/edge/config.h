@@ -92,6 +92,10 @@ struct EdgeConfig {
   // Sandboxes outlive a crashed edge this long, waiting to be re-adopted.
   int64_t orphan_timeout_s = 3600;
   int reap_interval_ms = 500;
+  // Sandboxes the node removed by itself (ttl, idle, failed, job, lost at a restart) answer
+  // 410 gone with the reason and time for tombstone_ttl_s; at most tombstone_max are kept.
+  int64_t tombstone_ttl_s = 3600;
+  int64_t tombstone_max = 65536;
 
   // Container backend.
   std::string cgroup_mode = "auto";

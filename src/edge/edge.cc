@@ -269,7 +269,7 @@ void AnnounceReady(const EdgeConfig& cfg, const http::HttpServer& server, int ad
                    const http::HttpServer* fusion) {
   std::string where = UrlOf(cfg.listen, server);
   std::cout << "dsec-edge ready node=" << cfg.node << " url=" << where << " socket=" << cfg.socket
-            << " adopted=" << adopted
+            << " adopted=" << adopted << " token_file=" << cfg.token_file
             << (fusion ? " sandbox_fusion=" + UrlOf(cfg.sandbox_fusion_listen, *fusion) : "")
             << std::endl;
   DSEC_LOG_INFO("serving: url={} socket={} node={} state_dir={}", where, cfg.socket, cfg.node,
@@ -288,9 +288,11 @@ int RunEdge(EdgeConfig cfg) {
   if (Status s = LockStateDir(cfg.state_dir, &lock); !s.ok()) return fail("state dir", s);
   auto tokens = LoadOrCreateTokens(cfg.token_file);
   if (!tokens.ok()) return fail("tokens", tokens.status());
-  // Best effort: some hosts refuse negative values even to root.
+  // Best effort: the OOM killer takes sandboxes before the edge. Some hosts (containers, VMs
+  // without CAP_SYS_RESOURCE) refuse a lower value even to root: then it stays as it is, which
+  // is worth a line in the debug log only.
   if (Status s = WriteStringToFile("/proc/self/oom_score_adj", "-1000"); !s.ok())
-    DSEC_LOG_WARN("could not set oom_score_adj -1000: {}", s.message());
+    DSEC_LOG_DEBUG("oom_score_adj stays as it was (this host refused -1000: {})", s.message());
 
   auto store = StateStore::Open(JoinPath(cfg.state_dir, "state.db"));
   if (!store.ok()) return fail("state db", store.status());

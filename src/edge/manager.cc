@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <ctime>
 #include <fstream>
 
 #include "base/clock.h"
@@ -12,6 +13,18 @@
 #include "base/strings.h"
 
 namespace dsec::edge {
+
+namespace {
+// "2026-12-06T02:40:00Z" (UTC, to the second).
+std::string UtcTime(int64_t ms) {
+  time_t t = static_cast<time_t>(ms / 1000);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+}  // namespace
 
 namespace {
 
@@ -204,6 +217,9 @@ Status Manager::AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included
   if (pool_included) {  // the pool counts the one it asks for already
     pooled = std::max<int64_t>(0, pooled - count);
     pooled_mb = std::max<int64_t>(0, pooled_mb - memory_mb);
+    // Room pools gave up for an explicit create is that create's, not a refill's.
+    pooled += reserved_;
+    pooled_mb += reserved_mb_;
   }
   int64_t n = static_cast<int64_t>(entries_.size()) + pooled;
   if (n + count > cfg_.max_sandboxes) {
@@ -225,6 +241,40 @@ Status Manager::AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included
         std::to_string(admit_memory_mb_) + " MiB (" + std::to_string(pooled_mb) + " MiB in pools)");
   }
   return OkStatus();
+}
+
+bool Manager::MakeRoomFromPools(const CreateParams& p, int count) {
+  if (!pools_) return false;
+  const int64_t mb = p.resources.memory_mb * count;
+  int64_t over_n = 0, over_mb = 0;
+  {
+    MutexLock l(mu_);
+    auto [pooled, pooled_mb] = pools_->Usage();
+    int64_t max_n = cfg_.max_sandboxes;
+    if (files_.nofile > 0) max_n = std::min<int64_t>(max_n, files_.max_sandboxes);
+    int64_t n = static_cast<int64_t>(entries_.size()) + reserved_;
+    over_n = n + pooled + count - max_n;
+    over_mb = memory_mb_ + reserved_mb_ + pooled_mb + mb - admit_memory_mb_;
+    // Only when the pools' idle sandboxes are what stands in the way.
+    if ((over_n <= 0 && over_mb <= 0) || n + count > max_n ||
+        memory_mb_ + reserved_mb_ + mb > admit_memory_mb_)
+      return false;
+    reserved_ += count;
+    reserved_mb_ += mb;
+  }
+  auto given = pools_->YieldIdle(std::max<int64_t>(0, over_n), std::max<int64_t>(0, over_mb));
+  for (auto& sb : given)
+    if (Status s = sb->Destroy(); !s.ok())
+      DSEC_LOG_WARN("pool sandbox given up for a create not destroyed: sandbox={} error={}",
+                    sb->id(), s.ToString());
+  if (!given.empty())
+    DSEC_LOG_INFO("pools gave up {} idle sandboxes for a create of {}", given.size(), count);
+  return true;
+}
+
+void Manager::ReleaseRoomLocked(const CreateParams& p, int count) {
+  reserved_ -= count;
+  reserved_mb_ -= p.resources.memory_mb * count;
 }
 
 Status Manager::AdmitPoolSandbox(int64_t memory_mb) {
@@ -255,8 +305,20 @@ StatusOr<std::vector<SandboxRecord>> Manager::Create(
   // A pooled sandbox gets the caller's network policy as it is taken (pools keep theirs none).
   if (p.network.mode != net::NetMode::kNone)
     for (auto& sb : pooled) DSEC_RETURN_IF_ERROR(sb->SetNetwork(p.network));
+  // Fresh sandboxes beyond what the pool gave may need room that idle pool workers hold.
+  const int fresh = count - static_cast<int>(pooled.size());
+  bool reserved = fresh > 0 && MakeRoomFromPools(p, fresh);
+  auto release = MakeScopeGuard([&] {
+    if (!reserved) return;
+    MutexLock l(mu_);
+    ReleaseRoomLocked(p, fresh);
+  });
   {
     MutexLock l(mu_);
+    if (reserved) {  // admitted below, under the same lock: the room is this create's
+      ReleaseRoomLocked(p, fresh);
+      reserved = false;
+    }
     // Checked under mu_: Shutdown's snapshot (also under mu_) then sees every entry made.
     if (shut_down_) return Unavailable("the edge is shutting down");
     DSEC_RETURN_IF_ERROR(Admit(p, count));
@@ -420,9 +482,40 @@ SandboxRecord Manager::AttachPooled(const std::shared_ptr<SandboxEntry>& e,
 StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
   MutexLock l(mu_);
   auto it = entries_.find(id);
-  if (it == entries_.end()) return NotFound("sandbox " + id + " not found");
+  if (it == entries_.end()) {
+    auto t = tombstones_.find(id);
+    if (t == tombstones_.end()) return NotFound("sandbox " + id + " not found");
+    const Tombstone& ts = t->second;
+    std::string why = ts.reason == "ttl"    ? "its ttl_s ran out"
+                      : ts.reason == "idle" ? "it was idle for its idle_ttl_s"
+                      : ts.reason == "job"  ? "its job was deleted"
+                      : ts.reason == "lost" ? "the edge restarted and could not re-adopt it"
+                                            : "it had failed";
+    return Gone("sandbox " + id + " is gone: " + why +
+                (ts.detail.empty() ? "" : " (" + ts.detail + ")") + ", at " + UtcTime(ts.at_ms));
+  }
   it->second->Touch();
   return it->second;
+}
+
+std::optional<Tombstone> Manager::TombstoneOf(const std::string& id) const {
+  MutexLock l(mu_);
+  auto t = tombstones_.find(id);
+  if (t == tombstones_.end()) return std::nullopt;
+  return t->second;
+}
+
+void Manager::AddTombstoneLocked(const std::string& id, Tombstone t) {
+  if (cfg_.tombstone_max <= 0) return;
+  const int64_t now = t.at_ms;
+  if (tombstones_.insert_or_assign(id, std::move(t)).second) tombstone_order_.push_back(id);
+  // Bounded by count and age, oldest first (an id is never reused: one entry per id).
+  while (!tombstone_order_.empty() &&
+         (static_cast<int64_t>(tombstone_order_.size()) > cfg_.tombstone_max ||
+          now - tombstones_[tombstone_order_.front()].at_ms > cfg_.tombstone_ttl_s * 1000)) {
+    tombstones_.erase(tombstone_order_.front());
+    tombstone_order_.pop_front();
+  }
 }
 
 StatusOr<SandboxPage> Manager::List(const ListFilter& f) const {
@@ -548,11 +641,21 @@ Status Manager::Delete(const std::string& id, const std::string& reason) {
     ReleaseMemoryLocked(*e);
   }
   bool creating;
+  std::string failed;  // why, when it had failed
   {
     MutexLock l(e->mu_);
     creating = e->phase_ == Phase::kCreating;
+    if (e->phase_ == Phase::kFailed) failed = e->reason_.empty() ? "failed" : e->reason_;
     e->phase_ = Phase::kDeleted;
     e->cv_.NotifyAll();
+  }
+  // What the node removed by itself leaves a tombstone (410 gone); an explicit delete does
+  // not (404, as for an id that never was: a retried delete is done).
+  if (reason == "ttl" || reason == "idle" || reason == "job") {
+    MutexLock l(mu_);
+    AddTombstoneLocked(id, {.reason = reason,
+                            .detail = failed.empty() ? "" : "it had failed: " + failed,
+                            .at_ms = WallMs()});
   }
   if (Status s = store_->DeleteSandbox(id); !s.ok())
     DSEC_LOG_ERROR("state db delete failed: sandbox={} error={}", id, s.ToString());
@@ -695,6 +798,11 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
       DSEC_LOG_WARN("could not re-adopt, cleaning up: sandbox={} error={}", row.id,
                     result.ToString());
       (void)store_->DeleteSandbox(row.id);
+      {
+        MutexLock l(mu_);
+        AddTombstoneLocked(row.id,
+                           {.reason = "lost", .detail = result.message(), .at_ms = WallMs()});
+      }
       continue;
     }
     auto e = std::make_shared<SandboxEntry>(row.id, *p, clock_);

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "api/records.h"
@@ -109,6 +110,15 @@ struct ListFilter {
 // What a job action (POST /v1/jobs/{job}/...) does to each sandbox labelled job=<job>.
 enum class JobOp { kPause, kResume, kDelete };
 
+// What a sandbox the node removed by itself left behind (Manager::TombstoneOf): why it went —
+// "ttl", "idle", "failed" (it had failed: `detail` says how), "job" (its job was deleted),
+// "lost" (an edge restart could not re-adopt it) — and when (ms since the epoch).
+struct Tombstone {
+  std::string reason;
+  std::string detail;
+  int64_t at_ms = 0;
+};
+
 struct PatchParams {
   std::optional<int64_t> ttl_s, idle_ttl_s;
   std::map<std::string, std::optional<std::string>> labels;  // nullopt deletes
@@ -142,8 +152,12 @@ class Manager {
   StatusOr<std::vector<SandboxRecord>> Create(
       const CreateParams& p, int count, bool wait,
       const std::function<void(std::function<void()>)>& background);
-  // NotFound for unknown ids; Touches the entry.
+  // NotFound for unknown ids, Gone for ids the node removed by itself lately (a tombstone);
+  // Touches the entry.
   StatusOr<std::shared_ptr<SandboxEntry>> Get(const std::string& id);
+  // The tombstone of a sandbox the node removed by itself (not by an explicit delete), kept
+  // for tombstone_ttl_s and at most tombstone_max of them (the oldest go first).
+  std::optional<Tombstone> TombstoneOf(const std::string& id) const;
   SandboxRecord Record(const SandboxEntry& e) const;
   StatusOr<SandboxPage> List(const ListFilter& f) const;
   StatusOr<SandboxRecord> Patch(const std::string& id, const PatchParams& p);
@@ -171,6 +185,12 @@ class Manager {
   Status FitsEver(const CreateParams& p, int count) const;
   Status Admit(const CreateParams& p, int count) DSEC_REQUIRES(mu_);
   Status AdmitLocked(int64_t count, int64_t memory_mb, bool pool_included) DSEC_REQUIRES(mu_);
+  // Idle pool workers give way to an explicit create: when they are what keeps it from fitting
+  // max_sandboxes (or the open-file budget, or committed memory), the least recently used are
+  // destroyed first, and the room is reserved for the create (the pools' refills see it taken)
+  // until it is admitted. Returns whether a reservation is held (ReleaseRoomLocked).
+  bool MakeRoomFromPools(const CreateParams& p, int count);
+  void ReleaseRoomLocked(const CreateParams& p, int count) DSEC_REQUIRES(mu_);
   StatusOr<SandboxRecord> CreateOne(const std::shared_ptr<SandboxEntry>& e);
   // An entry whose sandbox came ready-made from a pool.
   SandboxRecord AttachPooled(const std::shared_ptr<SandboxEntry>& e,
@@ -186,6 +206,7 @@ class Manager {
   // Once per failed entry: its memory no longer counts, its sandbox goes, the db says why.
   void FinishFailure(const std::shared_ptr<SandboxEntry>& e);
   void ReleaseMemoryLocked(SandboxEntry& e) DSEC_REQUIRES(mu_);
+  void AddTombstoneLocked(const std::string& id, Tombstone t) DSEC_REQUIRES(mu_);
   void Destroy(const std::shared_ptr<SandboxEntry>& e);
   std::vector<std::shared_ptr<SandboxEntry>> Snapshot() const;
 
@@ -204,6 +225,11 @@ class Manager {
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxEntry>> entries_ DSEC_GUARDED_BY(mu_);
   int64_t memory_mb_ DSEC_GUARDED_BY(mu_) = 0;
+  // Room that pools gave up for creates not yet admitted (MakeRoomFromPools).
+  int64_t reserved_ DSEC_GUARDED_BY(mu_) = 0;
+  int64_t reserved_mb_ DSEC_GUARDED_BY(mu_) = 0;
+  std::unordered_map<std::string, Tombstone> tombstones_ DSEC_GUARDED_BY(mu_);
+  std::deque<std::string> tombstone_order_ DSEC_GUARDED_BY(mu_);  // oldest first
 
   Mutex reaper_mu_;
   CondVar reaper_cv_;

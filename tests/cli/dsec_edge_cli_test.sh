@@ -41,8 +41,11 @@ out=$(D ls --label job=clitest | awk 'NR>1 {print $1, $2}'); check "ls" "$id run
 out=$(D ls --json --label job=clitest | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["sandboxes"]))'); check "ls --json" 1 "$out"
 out=$(D get "$id" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["state"], r["limits"]["memory_mb"])'); check "get --json" "running 256" "$out"
 out=$(D get "$id" --stats | grep -c '^memory_current'); check "get --stats" 1 "$out"
-out=$(D ls --label job=clitest | awk 'NR==1 {print $6, $7, $10} NR==2 {print $6, $7, $10}' | tr '\n' ' ')
-check "ls shows disk, network, idle ttl" "DISK NETWORK IDLE 256M none - " "$out"
+out=$(D ls --label job=clitest | awk 'NR==1 {print $3, $7, $8, $11} NR==2 {print $3, $7, $8, $11}' | tr '\n' ' ')
+check "ls shows kind, disk, network, idle ttl" "KIND DISK NETWORK IDLE container 256M none - " "$out"
+out=$(D ls --kind container --label job=clitest | awk 'NR>1 {print $1}'); check "ls --kind container" "$id" "$out"
+out=$(D ls --kind microvm --label job=clitest | awk 'NR>1' | grep -c .); check "ls --kind microvm" 0 "$out"
+out=$(D get "$id" | awk '$1 == "KIND:" {print $2}'); check "get shows the kind" container "$out"
 out=$(D stats "$id" | grep -c '^exec_count: '); check "stats" 1 "$out"
 out=$(D stats "$id" --json | python3 -c 'import json,sys; print("network_denied" in json.load(sys.stdin))'); check "stats --json" True "$out"
 out=$(D exec --json "$id" -- sh -c 'echo hi; echo oops >&2; exit 3' | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["exit_code"], r["stdout"].strip(), r["stderr"].strip())')

@@ -37,7 +37,7 @@ DEFAULT_BIN = REPO / "build" / "release" / "src" / "edge" / "dsec-edge"
 ERROR_STATUS = {
     "bad_request": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404,
     "method_not_allowed": 405,
-    "conflict": 409, "too_large": 413, "unprocessable": 422, "over_capacity": 429,
+    "conflict": 409, "gone": 410, "too_large": 413, "unprocessable": 422, "over_capacity": 429,
     "unavailable": 503, "bad_gateway": 502, "gateway_timeout": 504, "internal": 500,
 }
 
@@ -535,13 +535,14 @@ class Edge:
                 line += chunk
         self.ready_line = line.decode().strip()
         m = re.match(r"dsec-edge ready node=(\S*) url=(\S*) socket=(\S*) adopted=(\d+)"
-                     r"(?: sandbox_fusion=(\S+))?$", self.ready_line)
+                     r" token_file=(\S+)(?: sandbox_fusion=(\S+))?$", self.ready_line)
         assert m, f"unexpected ready line {self.ready_line!r}"
         self.node = m.group(1)
         assert m.group(2) == self.url, self.ready_line
         assert m.group(3) == self.socket, self.ready_line
         self.adopted = int(m.group(4))
-        self.sandbox_fusion_url = m.group(5)
+        assert m.group(5) == str(self.token_file), self.ready_line
+        self.sandbox_fusion_url = m.group(6)
         self.token = self.token_file.read_text().split()[0]
         self.instance = self.client().get("/v1/node", expect=200,
                                          validate=False).json["instance"]

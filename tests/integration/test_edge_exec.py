@@ -27,6 +27,9 @@ def test_exec_basics(client, sandbox):
     assert (r["exit_code"], r["stdout"], r["stderr"]) == (3, "out\n", "err\n")
     r = run(client, sandbox, cmd=["sh", "-c", "exit 255"])
     assert r["exit_code"] == 255
+    # A string cmd (as E2B-style REST users send it) runs as sh -c, like "shell".
+    r = run(client, sandbox, cmd="echo out; echo err >&2; exit 4")
+    assert (r["exit_code"], r["stdout"], r["stderr"]) == (4, "out\n", "err\n")
     r = run(client, sandbox, shell="kill -9 $$")
     assert r["signal"] == 9 and r["exit_code"] == 137
     r = run(client, sandbox, cmd=["/no/such/binary"])
@@ -93,7 +96,8 @@ def test_exec_leaves_background_children(client, sandbox):
 
 
 BAD_EXEC = [
-    "{", "[]", {}, {"cmd": []}, {"cmd": [""]}, {"cmd": "ls"}, {"cmd": [1]},
+    "{", "[]", {}, {"cmd": []}, {"cmd": [""]}, {"cmd": ""}, {"cmd": "ls", "shell": "ls"},
+    {"cmd": 5}, {"cmd": [1]},
     {"cmd": ["ls"], "shell": "ls"}, {"shell": 5}, {"cmd": ["ls"], "bogus": True},
     {"cmd": ["ls"], "timeout_ms": -1}, {"cmd": ["ls"], "timeout_ms": 86400001},
     {"cmd": ["ls"], "timeout_ms": 1e300}, {"cmd": ["ls"], "timeout_ms": "10"},

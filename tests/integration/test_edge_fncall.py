@@ -681,6 +681,32 @@ def test_config_keys_shape_the_builtin_runtimes(make_edge):
     ok(py(c, "x = 'a' * (64 << 20); print(len(x) >> 20)", memory_mb=128), "64\n")
 
 
+def test_idle_pool_workers_give_way_to_creates(make_edge):
+    # --max-sandboxes 4 with the built-in runtimes' 2 + 2 idle workers: all 4 creates fit (the
+    # least recently used idle workers go), the 5th is refused, and the pools fill again once
+    # the sandboxes are gone.
+    edge = make_edge(extra_args=["--max-sandboxes", "4"])
+    c = edge.client()
+    pools = {p["name"]: p for p in c.get("/v1/pools", expect=200).json["pools"]}
+    assert sum(p["workers"]["idle"] for p in pools.values()) == 4, pools
+    ids = []
+    try:
+        for _ in range(4):
+            ids.append(c.create({"memory_mb": 64})["id"])
+        r = c.post("/v1/sandboxes", {"memory_mb": 64}, expect=429)
+        assert "4 of 4" in r.json["error"]["message"], r
+        pools = {p["name"]: p for p in c.get("/v1/pools", expect=200).json["pools"]}
+        assert sum(p["yielded"] for p in pools.values()) == 4, pools
+        assert sum(p["workers"]["idle"] + p["workers"]["starting"]
+                   for p in pools.values()) == 0, pools
+    finally:
+        for sid in ids:
+            c.remove(sid)
+    wait_until(lambda: sum(p["workers"]["idle"] for p in c.get("/v1/pools").json["pools"]) == 4,
+               60, interval=0.2, what="pools refilled")
+    ok(py(c, "print(6 * 7)"), "42\n")
+
+
 @pytest.mark.parametrize("bad", [{"fncall_max": -1}, {"fncall_min_idle": "2"},
                                  {"fncall_pools": "yes"}, {"fncall_memory_mb": 8},
                                  {"fncall_queue_timeout_ms": 600001}])

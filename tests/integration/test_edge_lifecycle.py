@@ -57,7 +57,10 @@ def test_kill9_restart_readopts_and_cleans(make_edge):
     rec = c.get(f"/v1/sandboxes/{kid}", expect=200).json
     assert rec["state"] == "running" and rec["labels"] == {"job": "restart"}
     assert rec["created_at"] == keep["created_at"] and rec["expires_at"] == keep["expires_at"]
-    c.get(f"/v1/sandboxes/{lid}", expect=404)
+    # The one it could not re-adopt says so (410 gone, reason lost) rather than "never was".
+    err = c.get(f"/v1/sandboxes/{lid}", expect=410).json["error"]
+    assert err["code"] == "gone" and err["reason"] == "lost", err
+    assert "re-adopt" in err["message"], err
     wait_until(lambda: not edge.sandbox_cgroup_dirs(lid), 10, what="lost sandbox cleaned")
     # Files and the shell session survived.
     assert c.get(f"/v1/sandboxes/{kid}/files?path=/workspace/kept.txt",

@@ -88,8 +88,8 @@ def test_count_creates_many(client):
             assert client.sh(sid, "echo ok") == "ok\n"
     finally:
         assert client.delete(f"/v1/jobs/{job}", expect=200).json == {"affected": 3}
-    for sid in ids:
-        client.get(f"/v1/sandboxes/{sid}", expect=404)
+    for sid in ids:  # removed with their job: gone, and why
+        assert client.get(f"/v1/sandboxes/{sid}", expect=410).json["error"]["reason"] == "job"
     # count: 1 still answers with a list.
     r = client.post("/v1/sandboxes", {"count": 1, "memory_mb": 64}, expect=201).json
     assert len(r["sandboxes"]) == 1
@@ -275,8 +275,8 @@ def test_jobs_pause_resume_delete(client):
         assert {s["state"] for s in listed(client, label=f"job={job}")["sandboxes"]} == {
             "running"}
         assert client.delete(f"/v1/jobs/{job}", expect=200).json == {"affected": 3}
-        for sid in ids:
-            client.get(f"/v1/sandboxes/{sid}", expect=404)
+        for sid in ids:  # gone with their job: 410 and why
+            assert client.get(f"/v1/sandboxes/{sid}", expect=410).json["error"]["reason"] == "job"
         assert client.get(f"/v1/sandboxes/{keep['id']}", expect=200).json["state"] == "running"
         assert client.delete(f"/v1/jobs/{job}", expect=200).json == {"affected": 0}
         client.delete("/v1/jobs/" + "j" * 300, expect=400, validate=False)
@@ -292,9 +292,22 @@ def test_ttl_expiry_deletes(client, edge):
     assert sb["expires_at"] - sb["created_at"] == 1000
     cg = edge.sandbox_cgroup_dirs(sid)
     assert cg, "the sandbox has cgroups while it runs"
-    wait_until(lambda: client.get(f"/v1/sandboxes/{sid}").status == 404, 15,
+    wait_until(lambda: client.get(f"/v1/sandboxes/{sid}").status == 410, 15,
                interval=0.1, what="ttl expiry")
     wait_until(lambda: not edge.sandbox_cgroup_dirs(sid), 10, what="cgroups removed")
+    # An expired sandbox is not one that never existed: 410 gone, with the reason and time.
+    before = int(time.time() * 1000)
+    err = client.get(f"/v1/sandboxes/{sid}", expect=410).json["error"]
+    assert err["code"] == "gone" and err["reason"] == "ttl", err
+    assert sb["expires_at"] <= err["at"] <= before, (sb, err)
+    assert "ttl" in err["message"], err
+    r = client.post(f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}, expect=410)
+    assert r.json["error"]["reason"] == "ttl"
+    client.get(f"/v1/sandboxes/{sid}/files?path=/etc/hostname", expect=410)
+    # An explicit delete of it is still 404 (a retried delete is done), and stays so.
+    client.delete(f"/v1/sandboxes/{sid}", expect=404)
+    client.get(f"/v1/sandboxes/{sid}", expect=410)
+    assert sid not in {s["id"] for s in listed(client, limit=1000)["sandboxes"]}
 
 
 def test_idle_ttl(client):
@@ -310,7 +323,8 @@ def test_idle_ttl(client):
         # Then quiet: listing does not count as use, so it goes.
         wait_until(lambda: sid not in {s["id"] for s in listed(client, limit=1000)["sandboxes"]},
                    15, interval=0.2, what="idle expiry")
-        client.get(f"/v1/sandboxes/{sid}", expect=404)
+        err = client.get(f"/v1/sandboxes/{sid}", expect=410).json["error"]
+        assert err["reason"] == "idle", err
     finally:
         client.remove(sid)
 

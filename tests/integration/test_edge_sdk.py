@@ -11,7 +11,8 @@ import threading
 import pytest
 
 libdsec = pytest.importorskip("libdsec")
-from libdsec import AsyncDSecClient, DSecClient, DSecContainerRunArgs, DSecError  # noqa: E402
+from libdsec import (  # noqa: E402
+    AsyncDSecClient, DSecClient, DSecContainerRunArgs, DSecError, GoneError, NotFoundError)
 
 from edge_harness import wait_until  # noqa: E402
 
@@ -66,6 +67,19 @@ def test_run_container_exec_shell_files(sdk):
     with pytest.raises(DSecError) as ei:
         sdk.get_sandbox(sid)
     assert ei.value.code == "not_found" and ei.value.status == 404
+
+
+def test_sdk_expired_sandbox_is_gone(edge):
+    sdk = DSecClient(edge.url, edge.token)
+    sb = sdk.run_container(DSecContainerRunArgs(memory_limit_mb=64, ttl_running_stop=1))
+    sid, rec = sb.id, sb.record
+    wait_until(lambda: edge.client().get(f"/v1/sandboxes/{sid}").status == 410, 15,
+               interval=0.1, what="ttl expiry")
+    with pytest.raises(GoneError) as ei:
+        sdk.get_sandbox(sid)
+    assert isinstance(ei.value, NotFoundError)  # what code written before 410 catches
+    assert (ei.value.code, ei.value.status, ei.value.reason) == ("gone", 410, "ttl")
+    assert ei.value.at >= rec["expires_at"]
 
 
 @pytest.fixture

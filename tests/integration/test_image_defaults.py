@@ -279,6 +279,12 @@ def test_build_conflict_before_full_queue_and_cancel_states(make_edge):
                expect=409)
     c.post("/v1/images/build", {"name": "it-q-new:1", "from": "it-q-base:1", "run": ["true"]},
            expect=429)
+    # Listed, newest first, and by state.
+    listed = c.get("/v1/images/builds", expect=200).json["builds"]
+    assert [b["id"] for b in listed] == list(reversed(queued)) + [run["id"]], listed
+    assert [b["id"] for b in c.get("/v1/images/builds?state=running",
+                                   expect=200).json["builds"]] == [run["id"]]
+    c.get("/v1/images/builds?state=bogus", expect=400)
 
     for bid in queued:
         got = c.delete(f"/v1/images/builds/{bid}", expect=200).json

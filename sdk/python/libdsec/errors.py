@@ -20,6 +20,7 @@ __all__ = [
     "UnauthorizedError",
     "ForbiddenError",
     "NotFoundError",
+    "GoneError",
     "ConflictError",
     "TooLargeError",
     "UnprocessableError",
@@ -91,6 +92,32 @@ class NotFoundError(DSecError):
     """404 not_found: unknown sandbox, exec, shell, file, image or route."""
 
 
+class GoneError(NotFoundError):
+    """410 gone: the sandbox existed and its node removed it by itself.
+
+    A :class:`NotFoundError` too (``except NotFoundError`` still catches it).
+    ``reason`` says why: ``"ttl"`` or ``"idle"`` (its ``ttl_s`` or ``idle_ttl_s``
+    ran out), ``"failed"``, ``"job"`` (its job was deleted) or ``"lost"`` (an
+    edge restart could not re-adopt it); ``at`` when, in ms since the epoch.
+    Nodes keep these for an hour by default; after that, and after an explicit
+    delete, the id is simply not found.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str = "",
+        status: int | None = None,
+        retry_after: float | None = None,
+        reason: str | None = None,
+        at: int | None = None,
+    ) -> None:
+        super().__init__(code, message, status, retry_after)
+        self.args = (code, message, status, retry_after, reason, at)
+        self.reason = reason
+        self.at = at
+
+
 class ConflictError(DSecError):
     """409 conflict: wrong state, or an idempotency key reused with another body."""
 
@@ -157,6 +184,7 @@ _CODE_CLASSES: dict[str, type[DSecError]] = {
     "unauthorized": UnauthorizedError,
     "forbidden": ForbiddenError,
     "not_found": NotFoundError,
+    "gone": GoneError,
     "conflict": ConflictError,
     "too_large": TooLargeError,
     "unprocessable": UnprocessableError,
@@ -174,6 +202,7 @@ _STATUS_CODES: dict[int, str] = {
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    410: "gone",
     413: "too_large",
     422: "unprocessable",
     429: "over_capacity",
@@ -209,6 +238,7 @@ def error_from_response(
     a bounded excerpt of the body as the message.
     """
     code = message = None
+    err: object = None
     try:
         err = json.loads(body)["error"]
         code, message = err.get("code"), err.get("message")
@@ -218,7 +248,13 @@ def error_from_response(
         code = fallback_code(status)
     if not isinstance(message, str):
         message = body[:200].decode("utf-8", "replace").strip() or f"HTTP {status}"
-    return make_error(code, message, status, retry_after)
+    e = make_error(code, message, status, retry_after)
+    if isinstance(e, GoneError) and isinstance(err, dict):
+        reason, at = err.get("reason"), err.get("at")
+        e.reason = reason if isinstance(reason, str) else None
+        e.at = at if isinstance(at, int) and not isinstance(at, bool) else None
+        e.args = (code, message, status, retry_after, e.reason, e.at)
+    return e
 
 
 def error_from_stream_line(err: Mapping[str, object]) -> DSecError:

@@ -19,7 +19,7 @@ from libdsec import (
     OverCapacityError,
 )
 from libdsec import _http, _ops
-from libdsec.errors import InternalError, UnavailableError, error_from_response
+from libdsec.errors import GoneError, InternalError, UnavailableError, error_from_response
 
 
 def test_run_args_map_to_wire_names_and_omit_none():
@@ -138,6 +138,15 @@ def test_error_mapping_and_pickling():
     back = pickle.loads(pickle.dumps(NotFoundError("not_found", "gone", 404)))
     assert isinstance(back, NotFoundError) and back.status == 404 and str(back) == \
         "not_found: gone (HTTP 404)"
+    # 410 gone: a NotFoundError too, with the tombstone's reason and time; picklable.
+    e = error_from_response(
+        410, b'{"error":{"code":"gone","message":"expired","reason":"ttl","at":1765000000000}}')
+    assert isinstance(e, GoneError) and isinstance(e, NotFoundError)
+    assert (e.code, e.status, e.reason, e.at) == ("gone", 410, "ttl", 1765000000000)
+    back = pickle.loads(pickle.dumps(e))
+    assert isinstance(back, GoneError) and (back.reason, back.at) == ("ttl", 1765000000000)
+    e = error_from_response(410, b"")
+    assert isinstance(e, GoneError) and e.reason is None and e.code == "gone"
 
 
 def _ndjson(*objs) -> bytes:

@@ -381,6 +381,20 @@ backends::SandboxSpec ContainerSpecFor(const PoolConfig& c) {
 
 backends::SandboxSpec Pool::ContainerSpec() const { return ContainerSpecFor(cfg_); }
 
+std::shared_ptr<Sandbox> Pool::YieldIdle() {
+  std::shared_ptr<Worker> w;
+  {
+    MutexLock l(mu_);
+    if (stopped_ || idle_.empty()) return nullptr;
+    w = idle_.front();  // least recently used
+    idle_.pop_front();
+    yielded_++;
+  }
+  // The pool asks for a new one as it maintains itself; the node's admission decides.
+  if (wake_) wake_();
+  return w->sb;
+}
+
 std::pair<int64_t, int64_t> Pool::Usage() const {
   MutexLock l(mu_);
   int64_t n = static_cast<int64_t>(idle_.size() + busy_.size() + resting_.size()) + starting_;
@@ -588,6 +602,7 @@ Json Pool::Describe() const {
   }
   j["rejected"] = rejected_;
   j["replaced"] = replaced_;
+  j["yielded"] = yielded_;
   j["last_error"] = last_error_.empty() ? Json(nullptr) : Json(last_error_);
   return j;
 }
@@ -652,6 +667,28 @@ std::pair<int64_t, int64_t> PoolSet::Usage() const {
     sum.second += mb;
   }
   return sum;
+}
+
+std::vector<std::shared_ptr<Sandbox>> PoolSet::YieldIdle(int64_t count, int64_t memory_mb) {
+  std::vector<std::shared_ptr<Pool>> all;
+  {
+    MutexLock l(mu_);
+    for (const auto& [name, p] : pools_) all.push_back(p);
+  }
+  std::vector<std::shared_ptr<Sandbox>> out;
+  int64_t freed_mb = 0;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (const auto& p : all) {
+      if (static_cast<int64_t>(out.size()) >= count && freed_mb >= memory_mb) return out;
+      if (auto sb = p->YieldIdle()) {
+        out.push_back(std::move(sb));
+        freed_mb += p->config().resources.memory_mb;
+        progress = true;
+      }
+    }
+  }
+  return out;
 }
 
 std::shared_ptr<Pool> PoolSet::Get(const std::string& name) const {

@@ -111,6 +111,10 @@ class Pool : public std::enable_shared_from_this<Pool> {
   // Sandboxes the pool holds now (workers, or ready container sandboxes, starting ones
   // included) and the memory they may use (memory_mb each), for the node's admission.
   std::pair<int64_t, int64_t> Usage() const;
+  // Gives up its least recently used idle worker (or ready sandbox) so that an explicit create
+  // fits the node: nullptr when none is idle. The caller destroys it; the pool refills later
+  // as the node's admission lets it.
+  std::shared_ptr<backends::Sandbox> YieldIdle();
 
   // --- for the PoolSet's maintenance thread ---
   // Creates/destroys workers and expires queued calls; returns ms until it wants to run again.
@@ -169,7 +173,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
   uint64_t replaced_ DSEC_GUARDED_BY(mu_) = 0;
   uint64_t taken_ DSEC_GUARDED_BY(mu_) = 0;
   uint64_t missed_ DSEC_GUARDED_BY(mu_) = 0;
-  int idle_low_ DSEC_GUARDED_BY(mu_) = 0;  // fewest idle workers in this window
+  uint64_t yielded_ DSEC_GUARDED_BY(mu_) = 0;  // idle ones given up for explicit creates
+  int idle_low_ DSEC_GUARDED_BY(mu_) = 0;      // fewest idle workers in this window
   int64_t window_start_ms_ DSEC_GUARDED_BY(mu_) = 0;
   std::function<void()> wake_;  // asks the maintenance thread to run soon
   // The node's admission for one more sandbox of `memory_mb` (set by the PoolSet; may be
@@ -198,6 +203,10 @@ class PoolSet {
   void Shutdown();
   // All pools' Usage() together.
   std::pair<int64_t, int64_t> Usage() const;
+  // Idle workers and ready sandboxes given up, least recently used of each pool in turn,
+  // until `count` sandboxes and `memory_mb` MiB are freed or none is idle; the caller destroys
+  // them (Pool::YieldIdle).
+  std::vector<std::shared_ptr<backends::Sandbox>> YieldIdle(int64_t count, int64_t memory_mb);
   // Every pool asks `admit` before it makes a worker or a ready sandbox: pools are part of the
   // node's admission (max_sandboxes, committed memory) like creates are. Set before serving.
   void SetAdmission(std::function<Status(int64_t memory_mb)> admit) { admit_ = std::move(admit); }
