@@ -37,6 +37,7 @@ std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
       {"sandbox_fusion_pool", &c->sandbox_fusion_pool},
       {"sandbox_fusion_python_runtime", &c->sandbox_fusion_python_runtime},
       {"sandbox_fusion_max_body_bytes", &c->sandbox_fusion_max_body_bytes},
+      {"e2b_listen", &c->e2b_listen},
       {"persist", &c->persist},
       {"log_level", &c->log_level},
       {"max_sandboxes", &c->max_sandboxes},
@@ -290,6 +291,12 @@ Status FinalizeConfig(EdgeConfig* c) {
   if (c->sandbox_fusion_auth != "token" && c->sandbox_fusion_auth != "none")
     return InvalidArgument("sandbox_fusion_auth must be \"token\" or \"none\", not \"" +
                            c->sandbox_fusion_auth + "\"");
+  if (!c->e2b_listen.empty()) {
+    std::string host;
+    uint16_t port = 0;
+    if (Status s = ParseHostPort(c->e2b_listen, &host, &port); !s.ok())
+      return InvalidArgument("e2b_listen: " + s.message());
+  }
   if (!c->sandbox_fusion_listen.empty()) {
     std::string host;
     uint16_t port = 0;

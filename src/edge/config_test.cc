@@ -154,6 +154,11 @@ TEST_F(ConfigTest, SandboxFusionListener) {
   c = Valid();
   c.sandbox_fusion_listen = "127.0.0.1:0";
   EXPECT_TRUE(FinalizeConfig(&c).ok());
+  c = Valid();
+  c.e2b_listen = "nohostport";
+  s = FinalizeConfig(&c);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("e2b_listen"), std::string::npos) << s.message();
 }
 
 }  // namespace

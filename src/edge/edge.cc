@@ -29,6 +29,7 @@
 #include "edge/api.h"
 #include "edge/audit_log.h"
 #include "edge/builds.h"
+#include "edge/e2b.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"
 #include "edge/membership.h"
@@ -266,12 +267,12 @@ std::string UrlOf(const std::string& listen, const http::HttpServer& server) {
 }
 
 void AnnounceReady(const EdgeConfig& cfg, const http::HttpServer& server, int adopted,
-                   const http::HttpServer* fusion) {
+                   const http::HttpServer* fusion, const http::HttpServer* e2b) {
   std::string where = UrlOf(cfg.listen, server);
   std::cout << "dsec-edge ready node=" << cfg.node << " url=" << where << " socket=" << cfg.socket
             << " adopted=" << adopted << " token_file=" << cfg.token_file
             << (fusion ? " sandbox_fusion=" + UrlOf(cfg.sandbox_fusion_listen, *fusion) : "")
-            << std::endl;
+            << (e2b ? " e2b=" + UrlOf(cfg.e2b_listen, *e2b) : "") << std::endl;
   DSEC_LOG_INFO("serving: url={} socket={} node={} state_dir={}", where, cfg.socket, cfg.node,
                 cfg.state_dir);
 }
@@ -383,6 +384,7 @@ int RunEdge(EdgeConfig cfg) {
   std::optional<Idempotency> idem;
   std::optional<Api> api;
   std::optional<SandboxFusion> fusion;  // SandboxFusion's /run_code, when asked for
+  std::optional<E2b> e2b;               // the E2B-compatible API, when asked for
   // Timers and workers outlive the manager's shutdown: handlers blocked on a sandbox finish
   // when it goes, and only then are the workers joined.
   boost::asio::io_context timers;
@@ -494,6 +496,30 @@ int RunEdge(EdgeConfig cfg) {
     if (!fs.ok()) return fail("sandbox fusion listener", fs.status());
     fusion_server = std::move(*fs);
   }
+  std::unique_ptr<http::HttpServer> e2b_server;
+  auto stop_e2b = MakeScopeGuard([&] {
+    if (e2b_server) e2b_server->Stop();
+  });
+  if (!cfg.e2b_listen.empty()) {
+    e2b.emplace(E2b::Deps{.cfg = &cfg,
+                          .manager = &manager,
+                          .workers = &workers,
+                          .timers = &timers,
+                          .metrics = &metrics,
+                          .audit = audit->get(),
+                          .tokens = *tokens});
+    http::HttpServerOptions eo = ho;
+    eo.listen = cfg.e2b_listen;
+    eo.unix_path.clear();
+    eo.io_threads = 1;
+    auto es = http::HttpServer::Start(
+        eo, [&e2b](http::HttpRequest& r) { return e2b->Check(r); },
+        [&e2b](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
+          e2b->Handle(std::move(r), std::move(res));
+        });
+    if (!es.ok()) return fail("e2b listener", es.status());
+    e2b_server = std::move(*es);
+  }
 
   // In a cluster: registered once serving, and gone from placement first at shutdown.
   std::unique_ptr<Membership> membership;
@@ -535,7 +561,7 @@ int RunEdge(EdgeConfig cfg) {
     done = true;
     housekeeper.join();
   });
-  AnnounceReady(cfg, **server, recovered->first, fusion_server.get());
+  AnnounceReady(cfg, **server, recovered->first, fusion_server.get(), e2b_server.get());
 
   int sig = WaitForSignal();
   DSEC_LOG_INFO("signal {}: shutting down{}", sig, cfg.persist ? " (persist)" : "");

@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
       "--sandbox-fusion-listen", flags.sandbox_fusion_listen,
       "Serve SandboxFusion's /run_code API on HOST:PORT (config sandbox_fusion_listen); off by "
       "default");
+  auto* e2b = app.add_option(
+      "--e2b-listen", flags.e2b_listen,
+      "Serve the E2B-compatible API (control plane and envd) on HOST:PORT (config e2b_listen); "
+      "off by default");
   bool no_userns = false;
   app.add_flag("--no-userns", no_userns, "Force the no-user-namespace fallback");
   try {
@@ -79,6 +83,7 @@ int main(int argc, char** argv) {
   set(agent, cfg.agent_path, flags.agent_path);
   set(cluster, cfg.cluster_etcd, flags.cluster_etcd);
   set(fusion, cfg.sandbox_fusion_listen, flags.sandbox_fusion_listen);
+  set(e2b, cfg.e2b_listen, flags.e2b_listen);
   if (no_userns) cfg.userns = false;
   if (auto s = dsec::edge::FinalizeConfig(&cfg); !s.ok()) {
     std::cerr << "dsec-edge: " << s.message() << "\n";

@@ -535,7 +535,8 @@ class Edge:
                 line += chunk
         self.ready_line = line.decode().strip()
         m = re.match(r"dsec-edge ready node=(\S*) url=(\S*) socket=(\S*) adopted=(\d+)"
-                     r" token_file=(\S+)(?: sandbox_fusion=(\S+))?$", self.ready_line)
+                     r" token_file=(\S+)(?: sandbox_fusion=(\S+))?(?: e2b=(\S+))?$",
+                     self.ready_line)
         assert m, f"unexpected ready line {self.ready_line!r}"
         self.node = m.group(1)
         assert m.group(2) == self.url, self.ready_line
@@ -543,6 +544,7 @@ class Edge:
         self.adopted = int(m.group(4))
         assert m.group(5) == str(self.token_file), self.ready_line
         self.sandbox_fusion_url = m.group(6)
+        self.e2b_url = m.group(7)
         self.token = self.token_file.read_text().split()[0]
         self.instance = self.client().get("/v1/node", expect=200,
                                          validate=False).json["instance"]

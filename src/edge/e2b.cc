@@ -1,0 +1,873 @@
+#include "edge/e2b.h"
+
+#include <boost/asio/post.hpp>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "base/base64.h"
+#include "base/file_util.h"
+#include "base/logging.h"
+#include "base/strings.h"
+#include "edge/api.h"
+#include "edge/exec_ticket.h"
+#include "edge/idempotency.h"
+#include "http/auth.h"
+
+namespace dsec::edge {
+
+namespace e2b = api::e2b;
+
+namespace {
+
+constexpr const char* kHome = "/home/user";
+constexpr int64_t kDefaultTimeoutS = 300;
+constexpr int64_t kMaxTimeoutS = 86400;
+constexpr const char* kCompatLabel = "dsec.compat";
+constexpr const char* kTemplateLabel = "e2b.template";
+constexpr int kKeepaliveS = 15;  // well inside undici's 300 s body timeout
+constexpr uint64_t kMaxFilesBody = 64 << 20;
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+http::HttpResponse JsonResponse(int status, std::string body) {
+  http::HttpResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  return r;
+}
+
+http::HttpResponse NoContent() {
+  http::HttpResponse r;
+  r.status = 204;
+  r.content_type.clear();
+  return r;
+}
+
+// A control-plane error ({"code": N, "message"}), from one of ours.
+http::HttpResponse ApiFail(const Status& s) {
+  auto [status, code] = api::HttpErrorFor(s);
+  if (s.code() == StatusCode::kGone) status = 404;  // E2B knows "not found" only
+  return JsonResponse(status, e2b::ApiError(status, s.message()));
+}
+
+// A unary Connect error, from one of ours.
+http::HttpResponse RpcFail(const Status& s) {
+  std::string_view code = e2b::ConnectCodeFor(s);
+  return JsonResponse(e2b::ConnectHttpStatus(code), e2b::ConnectErrorBody(code, s.message()));
+}
+
+http::HttpResponse RpcOk(const Json& j) { return JsonResponse(200, Dump(j)); }
+
+// E2B's user of a call: the Authorization header's Basic "<user>:" (sent only when the caller
+// names one), else the default user; "root" is root, anything else the sandbox's user.
+std::string UserOf(const http::HttpRequest& req, const std::string& sandbox_user) {
+  std::string a = req.Header("authorization");
+  if (a.size() > 6 && (a.compare(0, 6, "Basic ") == 0 || a.compare(0, 6, "basic ") == 0)) {
+    auto d = Base64Decode(std::string_view(a).substr(6));
+    if (d && d->substr(0, d->find(':')) == "root") return "root";
+  }
+  if (const std::string* u = req.Query("username"); u && *u == "root") return "root";
+  return sandbox_user;
+}
+
+// A path of a call: relative ones are relative to the home of E2B's user.
+std::string Resolve(const std::string& path, const std::string& user) {
+  if (!path.empty() && path[0] == '/') return path;
+  std::string home = user == "root" ? "/root" : kHome;
+  return path.empty() ? home : JoinPath(home, path);
+}
+
+std::string BaseName(const std::string& p) {
+  size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+e2b::Entry EntryOf(const backends::FileEntry& f, const std::string& path) {
+  e2b::Entry e;
+  e.name = f.name.empty() ? BaseName(path) : f.name;
+  e.path = path;
+  e.type = f.type == "dir" ? "dir" : f.type == "symlink" ? "symlink" : "file";
+  e.size = f.size;
+  e.mode = f.mode;
+  e.mtime_ms = f.mtime_ms;
+  return e;
+}
+
+}  // namespace
+
+// ---- processes ------------------------------------------------------------------------------
+
+// One running command: the exec's observer, fanning its events out to every stream attached
+// to it (the Start that made it, and Connects by pid), as Connect envelopes.
+struct E2b::Process : public backends::ExecObserver {
+  E2b* owner = nullptr;
+  std::string sandbox;
+  e2b::StartRequest cfg;
+  std::shared_ptr<ExecTicket> ticket;
+
+  Mutex mu;
+  uint32_t pid DSEC_GUARDED_BY(mu) = 0;
+  bool started DSEC_GUARDED_BY(mu) = false;
+  bool ended DSEC_GUARDED_BY(mu) = false;
+  std::shared_ptr<backends::ExecHandle> handle DSEC_GUARDED_BY(mu);
+  std::vector<Res> streams DSEC_GUARDED_BY(mu);
+  std::vector<std::string> early DSEC_GUARDED_BY(mu);  // output before the start event
+
+  void Send(const std::string& envelope) DSEC_REQUIRES(mu) {
+    for (const auto& s : streams) s->Write(envelope);
+  }
+  void Keepalive() {
+    MutexLock l(mu);
+    if (started && !ended) Send(e2b::Envelope(0, e2b::KeepaliveEvent()));
+  }
+  // A stream attached by Connect: the start event first, then whatever comes.
+  bool Attach(const Res& res) {
+    MutexLock l(mu);
+    if (ended) return false;
+    res->StartStream(200, "application/connect+json");
+    res->Write(e2b::Envelope(0, e2b::StartEvent(pid)));
+    streams.push_back(res);
+    return true;
+  }
+  std::shared_ptr<backends::ExecHandle> Handle() {
+    MutexLock l(mu);
+    return handle;
+  }
+
+  void OnStart(int p) override {
+    {
+      MutexLock l(mu);
+      pid = static_cast<uint32_t>(p);
+      started = true;
+      Send(e2b::Envelope(0, e2b::StartEvent(pid)));  // the first message of the stream
+      for (const auto& env : early) Send(env);
+      early.clear();
+    }
+    owner->Register(this);
+  }
+  void OnOutput(uint8_t stream, std::string_view data) override {
+    MutexLock l(mu);
+    std::string env =
+        e2b::Envelope(0, e2b::DataEvent(stream == backends::kStderrStream, data, cfg.pty));
+    if (!started) {
+      early.push_back(std::move(env));
+      return;
+    }
+    Send(env);
+  }
+  void OnExit(const StatusOr<backends::ExecResult>& r) override {
+    uint32_t p;
+    {
+      MutexLock l(mu);
+      ended = true;
+      p = pid;
+      std::string tail;
+      if (!r.ok()) {
+        tail = e2b::EndStream(
+            std::make_pair(std::string(e2b::ConnectCodeFor(r.status())), r.status().message()));
+      } else if (r->timed_out) {
+        // As envd at the request's deadline: no end event, deadline_exceeded (TimeoutError).
+        tail = e2b::EndStream(std::make_pair(std::string("deadline_exceeded"),
+                                             std::string("context deadline exceeded")));
+      } else {
+        tail = e2b::Envelope(0, e2b::EndEvent(r->exit_code, r->signal)) + e2b::EndStream();
+      }
+      for (const auto& s : streams) {
+        s->Write(tail);
+        s->End();
+      }
+      streams.clear();
+      handle.reset();
+    }
+    if (ticket) ticket->Finish(r);
+    owner->Forget(sandbox, p, this);
+  }
+};
+
+void E2b::Register(Process* p) {
+  std::shared_ptr<Process> keep;
+  {
+    MutexLock l(mu_);
+    auto it = pending_.find(p);
+    if (it == pending_.end()) return;
+    keep = it->second;
+    pending_.erase(it);
+    MutexLock pl(p->mu);
+    procs_[p->sandbox][p->pid] = keep;
+  }
+}
+
+void E2b::Forget(const std::string& sandbox, uint32_t pid, Process* self) {
+  MutexLock l(mu_);
+  pending_.erase(self);
+  auto it = procs_.find(sandbox);
+  if (it == procs_.end()) return;
+  if (auto p = it->second.find(pid); p != it->second.end() && p->second.get() == self)
+    it->second.erase(p);  // (a newer process may have its pid by now)
+  if (it->second.empty()) procs_.erase(it);
+}
+
+std::shared_ptr<E2b::Process> E2b::FindProcess(const std::string& sandbox, const e2b::Selector& s) {
+  MutexLock l(mu_);
+  auto it = procs_.find(sandbox);
+  if (it == procs_.end()) return nullptr;
+  if (s.pid) {
+    auto p = it->second.find(*s.pid);
+    return p == it->second.end() ? nullptr : p->second;
+  }
+  for (const auto& [pid, p] : it->second)
+    if (p->cfg.tag && s.tag && *p->cfg.tag == *s.tag) return p;
+  return nullptr;
+}
+
+E2b::E2b(Deps d) : d_(std::move(d)) {
+  keepalive_ = std::thread([this] {
+    std::unique_lock<std::mutex> l(stop_mu_);
+    while (!stop_cv_.wait_for(l, std::chrono::seconds(kKeepaliveS), [this] { return stop_; })) {
+      std::vector<std::shared_ptr<Process>> all;
+      {
+        MutexLock ml(mu_);
+        for (const auto& [sb, m] : procs_)
+          for (const auto& [pid, p] : m) all.push_back(p);
+      }
+      for (const auto& p : all) p->Keepalive();
+    }
+  });
+}
+
+E2b::~E2b() {
+  {
+    std::lock_guard<std::mutex> l(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  keepalive_.join();
+}
+
+std::string E2b::AccessToken(const std::string& sandbox_id) const {
+  const std::string key = d_.tokens.empty() ? std::string() : d_.tokens.front();
+  return Idempotency::Hash("e2b-envd-access\n" + key + "\n" + sandbox_id).substr(0, 40);
+}
+
+// ---- the listener ---------------------------------------------------------------------------
+
+http::Preflight E2b::Check(http::HttpRequest& req) {
+  http::Preflight pf;
+  pf.principal = "e2b";
+  const bool envd = !req.Header("e2b-sandbox-id").empty();
+  if (envd && req.path == "/files" && req.method == "POST") {
+    // Multipart bodies are parsed in memory: bounded below the node's own upload cap.
+    pf.body_limit = std::min<uint64_t>(
+        d_.cfg->max_upload_bytes ? d_.cfg->max_upload_bytes : kMaxFilesBody, kMaxFilesBody);
+    pf.limit_why = "the E2B listener's 64 MiB per /files upload (larger: the DSec API)";
+  } else {
+    pf.body_limit = d_.cfg->max_json_body_bytes;
+    pf.limit_why = "max_json_body_bytes";
+  }
+  if (envd) {
+    // The sandbox's own token, before any body is read: a wrong one is 401 whether or not
+    // the sandbox exists (only /health answers without it, as envd's does).
+    const std::string id = req.Header("e2b-sandbox-id");
+    if (req.path != "/health" &&
+        !http::ConstantTimeEquals(req.Header("x-access-token"), AccessToken(id))) {
+      d_.metrics->CountRequest(req.method, 401);
+      pf.ok = false;
+      pf.error = JsonResponse(401, e2b::ApiError(401, "unauthorized access: wrong X-Access-Token"));
+      pf.error.close = true;
+    }
+    return pf;
+  }
+  const std::string key = req.Header("x-api-key");
+  bool ok = false;
+  for (const auto& t : d_.tokens) ok = ok || (!key.empty() && http::ConstantTimeEquals(key, t));
+  if (!ok) {
+    d_.metrics->CountRequest(req.method, 401);
+    pf.ok = false;
+    pf.error = JsonResponse(
+        401, e2b::ApiError(401, key.empty() ? "missing X-API-KEY" : "invalid X-API-KEY"));
+    pf.error.close = true;
+  }
+  return pf;
+}
+
+void E2b::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) {
+  auto shared = std::make_shared<http::HttpRequest>(std::move(req));
+  // Everything may wait on a sandbox (a create, an agent call): on a worker.
+  boost::asio::post(*d_.workers, [this, shared, res] {
+    try {
+      if (!shared->Header("e2b-sandbox-id").empty()) {
+        Envd(*shared, res);
+      } else {
+        ControlPlane(*shared, res);
+      }
+    } catch (const std::exception& e) {
+      DSEC_LOG_ERROR("e2b handler threw: {} {}: {}", shared->method, shared->path, e.what());
+      res->Send(JsonResponse(500, e2b::ApiError(500, "internal error")));
+    }
+  });
+}
+
+// ---- control plane --------------------------------------------------------------------------
+
+Json E2b::SandboxJson(const SandboxRecord& r, bool detail) const {
+  Json meta = Json::object();
+  for (const auto& [k, v] : r.labels)
+    if (k != kCompatLabel && k != kTemplateLabel) meta[k] = v;
+  auto t = r.labels.find(kTemplateLabel);
+  std::string tmpl = t != r.labels.end() ? t->second : r.image;
+  Json j = {{"sandboxID", r.id},
+            {"templateID", tmpl},
+            {"alias", tmpl},
+            {"clientID", "dsec"},
+            {"cpuCount", std::max<int64_t>(1, static_cast<int64_t>(std::ceil(r.limits.cpu)))},
+            {"memoryMB", r.limits.memory_mb},
+            {"diskSizeMB", r.limits.disk_mb},
+            {"startedAt", e2b::Rfc3339(r.created_at)},
+            {"endAt", e2b::Rfc3339(r.expires_at)},
+            {"state", r.state == Phase::kPaused ? "paused" : "running"},
+            {"envdVersion", e2b::kEnvdVersion},
+            {"metadata", meta},
+            {"volumeMounts", Json::array()}};
+  if (detail) {
+    j["envdAccessToken"] = AccessToken(r.id);
+    j["domain"] = nullptr;
+  }
+  return j;
+}
+
+void E2b::ControlPlane(http::HttpRequest& req, const Res& res) {
+  auto send = [&](http::HttpResponse r) {
+    d_.metrics->CountRequest(req.method, r.status);
+    res->Send(std::move(r));
+  };
+  std::vector<std::string> seg;
+  for (auto s : SplitString(req.path, '/', true)) seg.emplace_back(s);
+  const std::string& m = req.method;
+  const bool v2 = !seg.empty() && seg[0] == "v2";
+  if (v2) seg.erase(seg.begin());
+  if (seg.empty() || seg[0] != "sandboxes")
+    return send(JsonResponse(404, e2b::ApiError(404, "no route " + m + " " + req.path)));
+  if (seg.size() == 1) {
+    if (m == "POST") return Create(req, res);
+    if (m == "GET") return List(req, res);
+    return send(JsonResponse(405, e2b::ApiError(405, "GET or POST")));
+  }
+  const std::string& id = seg[1];
+  if (Status s = api::ValidateId("sandbox id", id); !s.ok()) return send(ApiFail(s));
+  Manager& mgr = *d_.manager;
+  auto json_body = [&]() -> StatusOr<Json> {
+    if (req.body.empty()) return Json::object();
+    auto j = ParseJson(req.body);
+    if (!j.ok() || !j->is_object()) return InvalidArgument("the body must be a JSON object");
+    return std::move(*j);
+  };
+  if (seg.size() == 2 && m == "GET") {
+    auto e = mgr.Get(id);
+    if (!e.ok()) return send(ApiFail(e.status()));
+    return send(JsonResponse(200, Dump(SandboxJson(mgr.Record(**e), true))));
+  }
+  if (seg.size() == 2 && m == "DELETE") {
+    if (Status s = mgr.Delete(id, "api"); !s.ok()) return send(ApiFail(s));
+    return send(NoContent());
+  }
+  if (seg.size() == 3 && m == "POST" && seg[2] == "timeout") {
+    auto b = json_body();
+    if (!b.ok()) return send(ApiFail(b.status()));
+    auto t = GetInt(*b, "timeout", std::nullopt, 0, kMaxTimeoutS);
+    if (!t.ok()) return send(ApiFail(t.status()));
+    PatchParams pp;
+    pp.ttl_s = std::max<int64_t>(1, *t);
+    if (auto r = mgr.Patch(id, pp); !r.ok()) return send(ApiFail(r.status()));
+    return send(NoContent());
+  }
+  if (seg.size() == 3 && m == "POST" && seg[2] == "pause") {
+    auto e = mgr.Get(id);
+    if (!e.ok()) return send(ApiFail(e.status()));
+    if ((*e)->phase() == Phase::kPaused)
+      return send(JsonResponse(409, e2b::ApiError(409, "sandbox " + id + " is already paused")));
+    if (auto r = mgr.Pause(id); !r.ok()) return send(ApiFail(r.status()));
+    return send(NoContent());
+  }
+  if (seg.size() == 3 && m == "POST" && (seg[2] == "connect" || seg[2] == "resume")) {
+    auto b = json_body();
+    if (!b.ok()) return send(ApiFail(b.status()));
+    auto t = GetInt(*b, "timeout", int64_t{0}, 0, kMaxTimeoutS);
+    if (!t.ok()) return send(ApiFail(t.status()));
+    auto e = mgr.Get(id);
+    if (!e.ok()) return send(ApiFail(e.status()));
+    bool resumed = false;
+    if ((*e)->phase() == Phase::kPaused) {
+      if (auto r = mgr.Resume(id); !r.ok()) return send(ApiFail(r.status()));
+      resumed = true;
+    }
+    SandboxRecord rec = mgr.Record(**e);
+    // The timeout only extends a running sandbox's life (as E2B's connect does).
+    int64_t want_s = *t > 0 ? *t : kDefaultTimeoutS;
+    if (resumed || rec.expires_at < WallMs() + want_s * 1000) {
+      PatchParams pp;
+      pp.ttl_s = want_s;
+      auto r = mgr.Patch(id, pp);
+      if (!r.ok()) return send(ApiFail(r.status()));
+      rec = *r;
+    }
+    return send(JsonResponse(resumed ? 201 : 200, Dump(SandboxJson(rec, true))));
+  }
+  send(JsonResponse(404, e2b::ApiError(404, "no route " + m + " " + req.path)));
+}
+
+void E2b::Create(const http::HttpRequest& req, const Res& res) {
+  auto fail = [&](const Status& s) {
+    http::HttpResponse r = ApiFail(s);
+    d_.metrics->CountRequest(req.method, r.status);
+    res->Send(std::move(r));
+  };
+  auto body = ParseJson(req.body.empty() ? std::string_view("{}") : std::string_view(req.body));
+  if (!body.ok() || !body->is_object())
+    return fail(InvalidArgument("the body must be a JSON object"));
+  const Json& b = *body;
+  auto tmpl = GetString(b, "templateID", std::string("base"));
+  if (!tmpl.ok()) return fail(tmpl.status());
+  auto timeout = GetInt(b, "timeout", kDefaultTimeoutS, 1, kMaxTimeoutS);
+  if (!timeout.ok()) return fail(timeout.status());
+  auto meta = GetStringMap(b, "metadata");
+  if (!meta.ok()) return fail(meta.status());
+  auto envs = GetStringMap(b, "envVars");
+  if (!envs.ok()) return fail(envs.status());
+  CreateParams p;
+  p.resources = d_.cfg->defaults;
+  p.ttl_s = *timeout;
+  p.image = *tmpl == "base" || *tmpl == "code-interpreter-v1" ? "host" : *tmpl;
+  p.workdir = kHome;
+  p.env = *envs;
+  p.env["HOME"] = kHome;
+  for (const auto& [k, v] : *meta) {
+    bool ok = !k.empty() && k.size() <= 63 && v.size() <= 256;
+    for (char c : k)
+      ok = ok &&
+           (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '/');
+    if (!ok)
+      return fail(InvalidArgument("metadata \"" + k +
+                                  "\": keys are 1-63 characters of A-Z a-z 0-9 . _ - / and "
+                                  "values at most 256 bytes (they are the sandbox's labels)"));
+    p.labels[k] = v;
+  }
+  if (p.labels.size() > 62) return fail(InvalidArgument("at most 62 metadata entries"));
+  p.labels[kCompatLabel] = "e2b";
+  p.labels[kTemplateLabel] = *tmpl;
+  if (auto net = b.find("allow_internet_access");
+      net != b.end() && net->is_boolean() && net->get<bool>())
+    p.network.mode = net::NetMode::kOpen;
+  auto* workers = d_.workers;
+  auto made = d_.manager->Create(p, 1, /*wait=*/true, [workers](std::function<void()> task) {
+    boost::asio::post(*workers, std::move(task));
+  });
+  if (!made.ok()) return fail(made.status());
+  d_.metrics->CountRequest(req.method, 201);
+  res->Send(JsonResponse(201, Dump(SandboxJson(made->front(), true))));
+}
+
+void E2b::List(const http::HttpRequest& req, const Res& res) {
+  auto fail = [&](const Status& s) {
+    http::HttpResponse r = ApiFail(s);
+    d_.metrics->CountRequest(req.method, r.status);
+    res->Send(std::move(r));
+  };
+  ListFilter f;
+  f.labels.emplace_back(kCompatLabel, "e2b");
+  if (const std::string* m = req.Query("metadata")) {
+    auto filter = e2b::ParseMetadataFilter(*m);
+    if (!filter.ok()) return fail(filter.status());
+    for (const auto& kv : *filter) f.labels.push_back(kv);
+  }
+  bool want_running = true, want_paused = true;
+  if (const std::string* st = req.Query("state")) {
+    want_running = want_paused = false;
+    for (auto s : SplitString(*st, ',', true)) {
+      if (s == "running") {
+        want_running = true;
+      } else if (s == "paused") {
+        want_paused = true;
+      } else {
+        return fail(InvalidArgument("state must be running and/or paused"));
+      }
+    }
+  }
+  if (want_running != want_paused) f.state = want_running ? Phase::kRunning : Phase::kPaused;
+  int64_t limit = 100;
+  if (const std::string* l = req.Query("limit")) {
+    auto v = ParseInt64(*l);
+    if (!v || *v < 1 || *v > 100) return fail(InvalidArgument("limit must be 1-100"));
+    limit = *v;
+  }
+  f.limit = static_cast<size_t>(limit);
+  if (const std::string* t = req.Query("nextToken")) f.cursor = *t;
+  auto page = d_.manager->List(f);
+  if (!page.ok()) return fail(page.status());
+  Json out = Json::array();
+  for (const auto& r : page->sandboxes)
+    if (r.state == Phase::kRunning || r.state == Phase::kPaused)
+      out.push_back(SandboxJson(r, false));
+  http::HttpResponse r = JsonResponse(200, Dump(out));
+  if (!page->next_cursor.empty()) r.headers.emplace_back("X-Next-Token", page->next_cursor);
+  d_.metrics->CountRequest(req.method, 200);
+  res->Send(std::move(r));
+}
+
+// ---- envd -----------------------------------------------------------------------------------
+
+void E2b::Envd(http::HttpRequest& req, const Res& res) {
+  auto send = [&](http::HttpResponse r) {
+    d_.metrics->CountRequest(req.method, r.status);
+    res->Send(std::move(r));
+  };
+  const std::string id = req.Header("e2b-sandbox-id");
+  const std::string port = req.Header("e2b-sandbox-port");
+  if (Status s = api::ValidateId("sandbox id", id); !s.ok())
+    return send(JsonResponse(400, e2b::ApiError(400, s.message())));
+  if (!port.empty() && port != std::to_string(e2b::kEnvdPort))
+    return send(JsonResponse(
+        501, e2b::ApiError(501, "port " + port + " of a sandbox is not served here (envd, " +
+                                    std::to_string(e2b::kEnvdPort) +
+                                    ", is; the code interpreter is not yet)")));
+  auto e = d_.manager->Get(id);
+  // As E2B's proxy answers for a sandbox that is not running: 502.
+  if (!e.ok() || (*e)->phase() == Phase::kPaused || (*e)->phase() == Phase::kFailed)
+    return send(JsonResponse(
+        502,
+        Dump(Json{{"sandboxId", id}, {"code", 502}, {"message", "The sandbox was not found"}})));
+  (*e)->Touch();
+  if (req.path == "/health") return send(NoContent());
+  if (req.path == "/files") return Files(req, *e, res);
+  // Connect RPCs: /process.Process/Start, /filesystem.Filesystem/Stat, ...
+  std::string path = req.path;
+  while (path.size() > 1 && path[1] == '/') path.erase(0, 1);  // "//x" (a trailing '/' in a URL)
+  if (StartsWith(path, "/process.Process/") || StartsWith(path, "/filesystem.Filesystem/")) {
+    if (req.method != "POST")
+      return send(RpcFail(InvalidArgument("Connect RPCs are POST requests")));
+    return Rpc(path.substr(1), req, *e, res);
+  }
+  send(JsonResponse(404, e2b::ApiError(404, "no route " + req.method + " " + req.path)));
+}
+
+void E2b::Rpc(const std::string& method, http::HttpRequest& req,
+              const std::shared_ptr<SandboxEntry>& e, const Res& res) {
+  auto send = [&](http::HttpResponse r) {
+    d_.metrics->CountRequest(req.method, r.status);
+    res->Send(std::move(r));
+  };
+  const bool streaming = StartsWith(req.Header("content-type"), "application/connect+json");
+  StatusOr<Json> msg = streaming ? e2b::ParseRequestEnvelope(req.body) : ParseJson(req.body);
+  if (msg.ok() && !msg->is_object()) msg = InvalidArgument("the request message is not an object");
+  // A streaming call's error goes in its end-of-stream trailer, with HTTP 200.
+  auto stream_fail = [&](const Status& s) {
+    res->StartStream(200, "application/connect+json");
+    res->End(e2b::EndStream(std::make_pair(std::string(e2b::ConnectCodeFor(s)), s.message())));
+    d_.metrics->CountRequest(req.method, 200);
+  };
+  if (!msg.ok()) return streaming ? stream_fail(msg.status()) : send(RpcFail(msg.status()));
+  const Json& j = *msg;
+  auto sb = e->Sandbox();
+  if (!sb.ok()) return streaming ? stream_fail(sb.status()) : send(RpcFail(sb.status()));
+  const std::string user = UserOf(req, e->params.user);
+
+  if (method == "process.Process/Start") {
+    auto sr = e2b::ParseStartRequest(j);
+    if (!sr.ok()) return stream_fail(sr.status());
+    return Start(*sr, req, e, res);
+  }
+  if (method == "process.Process/Connect") {
+    auto sel = e2b::ParseSelector(j);
+    if (!sel.ok()) return stream_fail(sel.status());
+    auto p = FindProcess(e->id, *sel);
+    if (!p || !p->Attach(res)) return stream_fail(NotFound("process not found"));
+    d_.metrics->CountRequest(req.method, 200);
+    return;
+  }
+  if (method == "process.Process/List") {
+    Json procs = Json::array();
+    {
+      MutexLock l(mu_);
+      if (auto it = procs_.find(e->id); it != procs_.end()) {
+        for (const auto& [pid, p] : it->second) {
+          Json cfg = {{"cmd", p->cfg.cmd}, {"args", p->cfg.args}, {"envs", p->cfg.envs}};
+          if (p->cfg.cwd) cfg["cwd"] = *p->cfg.cwd;
+          Json info = {{"config", cfg}, {"pid", pid}};
+          if (p->cfg.tag) info["tag"] = *p->cfg.tag;
+          procs.push_back(std::move(info));
+        }
+      }
+    }
+    return send(RpcOk({{"processes", procs}}));
+  }
+  if (method == "process.Process/SendInput" || method == "process.Process/SendSignal" ||
+      method == "process.Process/CloseStdin" || method == "process.Process/Update") {
+    auto sel = e2b::ParseSelector(j);
+    if (!sel.ok()) return send(RpcFail(sel.status()));
+    auto p = FindProcess(e->id, *sel);
+    auto h = p ? p->Handle() : nullptr;
+    if (!h) return send(RpcFail(NotFound("process not found")));
+    if (method == "process.Process/SendInput") {
+      auto in = j.find("input");
+      std::string data;
+      if (in != j.end() && in->is_object()) {
+        for (const char* k : {"stdin", "pty"})
+          if (auto v = in->find(k); v != in->end() && v->is_string()) {
+            auto d = Base64Decode(v->get<std::string>());
+            if (!d) return send(RpcFail(InvalidArgument("input is not base64")));
+            data = std::move(*d);
+          }
+      }
+      if (Status s = h->WriteStdin(std::move(data)); !s.ok()) return send(RpcFail(s));
+    } else if (method == "process.Process/SendSignal") {
+      std::string sig = j.value("signal", std::string("SIGNAL_SIGKILL"));
+      if (sig == "SIGNAL_SIGTERM" || sig == "15") {
+        h->Signal(15);
+      } else if (sig == "SIGNAL_SIGKILL" || sig == "9") {
+        h->Kill();
+      } else {
+        return send(RpcFail(InvalidArgument("signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")));
+      }
+    } else if (method == "process.Process/CloseStdin") {
+      h->CloseStdin();
+    } else if (auto pty = j.find("pty"); pty != j.end() && pty->is_object()) {
+      auto sz = pty->value("size", Json::object());
+      h->Resize(static_cast<uint16_t>(sz.value("cols", 80)),
+                static_cast<uint16_t>(sz.value("rows", 24)));
+    }
+    return send(RpcOk(Json::object()));
+  }
+
+  // filesystem.Filesystem
+  auto path_of = [&](const char* key) -> StatusOr<std::string> {
+    auto v = j.find(key);
+    if (v == j.end() || !v->is_string() || v->get<std::string>().empty())
+      return InvalidArgument(std::string(key) + " is required");
+    return Resolve(v->get<std::string>(), user);
+  };
+  auto entry_of = [&](const std::string& path) -> StatusOr<Json> {
+    DSEC_ASSIGN_OR_RETURN(backends::FileEntry f, (*sb)->Stat(path));
+    return e2b::EntryJson(EntryOf(f, path));
+  };
+  // A command as E2B's user, for what the agent has no call for (mkdir -p, mv).
+  auto run = [&](std::vector<std::string> argv) -> Status {
+    backends::ExecRequest er;
+    er.cmd = std::move(argv);
+    er.user = user;
+    er.timeout_ms = 30000;
+    DSEC_ASSIGN_OR_RETURN(backends::ExecOutput out, (*sb)->Exec(er));
+    if (out.result.exit_code != 0)
+      return InvalidArgument(TrimWhitespace(out.stderr_data).empty()
+                                 ? "exit status " + std::to_string(out.result.exit_code)
+                                 : std::string(TrimWhitespace(out.stderr_data)));
+    return OkStatus();
+  };
+  if (method == "filesystem.Filesystem/Stat") {
+    auto p = path_of("path");
+    if (!p.ok()) return send(RpcFail(p.status()));
+    auto en = entry_of(*p);
+    if (!en.ok()) return send(RpcFail(en.status()));
+    return send(RpcOk({{"entry", *en}}));
+  }
+  if (method == "filesystem.Filesystem/ListDir") {
+    auto p = path_of("path");
+    if (!p.ok()) return send(RpcFail(p.status()));
+    int64_t depth = j.value("depth", int64_t{1});
+    if (depth < 1 || depth > 64) return send(RpcFail(InvalidArgument("depth must be 1-64")));
+    Json entries = Json::array();
+    std::vector<std::pair<std::string, int64_t>> todo = {{*p, 1}};
+    while (!todo.empty()) {
+      auto [dir, level] = todo.back();
+      todo.pop_back();
+      auto list = (*sb)->ListDir(dir);
+      if (!list.ok()) {
+        if (level == 1) return send(RpcFail(list.status()));
+        continue;
+      }
+      for (const auto& f : *list) {
+        std::string child = JoinPath(dir, f.name);
+        entries.push_back(e2b::EntryJson(EntryOf(f, child)));
+        if (f.type == "dir" && level < depth) todo.emplace_back(child, level + 1);
+        if (entries.size() > 100000)
+          return send(RpcFail(ResourceExhausted("more than 100000 entries")));
+      }
+    }
+    return send(RpcOk({{"entries", entries}}));
+  }
+  if (method == "filesystem.Filesystem/MakeDir") {
+    auto p = path_of("path");
+    if (!p.ok()) return send(RpcFail(p.status()));
+    if (auto st = (*sb)->Stat(*p); st.ok())
+      return send(RpcFail(st->type == "dir"
+                              ? Status(StatusCode::kAlreadyExists, "directory " + *p + " exists")
+                              : InvalidArgument("path " + *p + " exists and is not a directory")));
+    if (Status s = run({"mkdir", "-p", "--", *p}); !s.ok()) return send(RpcFail(s));
+    auto en = entry_of(*p);
+    if (!en.ok()) return send(RpcFail(en.status()));
+    return send(RpcOk({{"entry", *en}}));
+  }
+  if (method == "filesystem.Filesystem/Move") {
+    auto src = path_of("source");
+    auto dst = path_of("destination");
+    if (!src.ok()) return send(RpcFail(src.status()));
+    if (!dst.ok()) return send(RpcFail(dst.status()));
+    if (auto st = (*sb)->Stat(*src); !st.ok()) return send(RpcFail(st.status()));
+    if (Status s =
+            run({"/bin/sh", "-c", "mkdir -p -- \"$(dirname -- \"$2\")\" && mv -f -- \"$1\" \"$2\"",
+                 "sh", *src, *dst});
+        !s.ok())
+      return send(RpcFail(s));
+    auto en = entry_of(*dst);
+    if (!en.ok()) return send(RpcFail(en.status()));
+    return send(RpcOk({{"entry", *en}}));
+  }
+  if (method == "filesystem.Filesystem/Remove") {
+    auto p = path_of("path");
+    if (!p.ok()) return send(RpcFail(p.status()));
+    if (*p == "/") return send(RpcFail(InvalidArgument("refusing to remove /")));
+    Status s = (*sb)->Remove(*p, /*recursive=*/true);
+    if (!s.ok() && s.code() != StatusCode::kNotFound) return send(RpcFail(s));
+    return send(RpcOk(Json::object()));
+  }
+  if (streaming) return stream_fail(Unimplemented(method + " is not served"));
+  send(RpcFail(Unimplemented(method + " is not served")));
+}
+
+void E2b::Start(const e2b::StartRequest& sr, const http::HttpRequest& req,
+                const std::shared_ptr<SandboxEntry>& e, const Res& res) {
+  auto stream_fail = [&](const Status& s) {
+    res->StartStream(200, "application/connect+json");
+    res->End(e2b::EndStream(std::make_pair(std::string(e2b::ConnectCodeFor(s)), s.message())));
+    d_.metrics->CountRequest(req.method, 200);
+  };
+  auto sb = e->Sandbox();
+  if (!sb.ok()) return stream_fail(sb.status());
+  const std::string user = UserOf(req, e->params.user);
+  backends::ExecRequest er;
+  er.cmd = {sr.cmd};
+  er.cmd.insert(er.cmd.end(), sr.args.begin(), sr.args.end());
+  er.env = sr.envs;
+  if (user != "root" && !er.env.count("HOME")) er.env["HOME"] = kHome;
+  er.user = user;
+  er.cwd = sr.cwd ? Resolve(*sr.cwd, user) : std::string(kHome);
+  if (auto st = (*sb)->Stat(er.cwd); !st.ok() || st->type != "dir")
+    return stream_fail(InvalidArgument("cwd '" + er.cwd + "' does not exist"));
+  // Connect-Timeout-Ms: the call's deadline, the command's too (envd kills it then).
+  er.timeout_ms = 0;
+  if (std::string t = req.Header("connect-timeout-ms"); !t.empty()) {
+    auto ms = ParseInt64(t);
+    if (!ms || *ms < 0) return stream_fail(InvalidArgument("Connect-Timeout-Ms must be a number"));
+    er.timeout_ms = *ms;
+  }
+  er.max_output_bytes = d_.cfg->max_output_bytes;
+  er.stdin_stream = sr.stdin_open || sr.pty;
+  er.tty = sr.pty;
+  er.cols = sr.cols;
+  er.rows = sr.rows;
+  Json command = Json::array();
+  for (const auto& a : er.cmd) command.push_back(a);
+  auto ticket = ExecTicket::Take(d_.cfg->max_execs_per_sandbox, d_.audit, d_.metrics, e, "e2b",
+                                 std::move(command), user, er.cwd, req.principal, req.remote);
+  if (!ticket.ok()) return stream_fail(ticket.status());
+  auto p = std::make_shared<Process>();
+  p->owner = this;
+  p->sandbox = e->id;
+  p->cfg = sr;
+  p->ticket = *ticket;
+  {
+    MutexLock l(p->mu);
+    res->StartStream(200, "application/connect+json");
+    p->streams.push_back(res);
+  }
+  {
+    MutexLock l(mu_);
+    pending_[p.get()] = p;  // registered by pid once it starts (Process::OnStart)
+  }
+  auto h = (*sb)->StartExec(er, p);
+  if (!h.ok()) {
+    {
+      MutexLock l(mu_);
+      pending_.erase(p.get());
+    }
+    MutexLock l(p->mu);
+    if (!p->ended) {
+      p->ended = true;
+      res->End(e2b::EndStream(
+          std::make_pair(std::string(e2b::ConnectCodeFor(h.status())), h.status().message())));
+      p->streams.clear();
+    }
+    p->ticket->Finish(h.status());
+    return;
+  }
+  {
+    MutexLock l(p->mu);
+    if (!p->ended) p->handle = *h;
+  }
+  d_.metrics->CountRequest(req.method, 200);
+}
+
+// ---- REST /files ----------------------------------------------------------------------------
+
+void E2b::Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, const Res& res) {
+  auto send = [&](http::HttpResponse r) {
+    d_.metrics->CountRequest(req.method, r.status);
+    res->Send(std::move(r));
+  };
+  auto fail = [&](int status, const std::string& msg) {
+    send(JsonResponse(status, e2b::ApiError(status, msg)));
+  };
+  auto sb = e->Sandbox();
+  if (!sb.ok()) return fail(502, sb.status().message());
+  const std::string user = UserOf(req, e->params.user);
+  const std::string* qpath = req.Query("path");
+  if (req.method == "GET") {
+    if (!qpath || qpath->empty()) return fail(400, "path is required");
+    std::string path = Resolve(*qpath, user);
+    auto st = (*sb)->Stat(path);
+    if (!st.ok()) {
+      if (st.status().code() == StatusCode::kNotFound)
+        return fail(404, "path '" + path + "' does not exist");
+      return fail(ApiFail(st.status()).status, st.status().message());
+    }
+    if (st->type == "dir") return fail(400, "path '" + path + "' is a directory");
+    uint64_t cap = d_.cfg->max_download_bytes;
+    if (st->size > cap)
+      return fail(413, "'" + path + "' is larger than the node's max_download_bytes");
+    auto data = (*sb)->ReadFile(path, cap);
+    if (!data.ok()) return fail(ApiFail(data.status()).status, data.status().message());
+    http::HttpResponse r;
+    r.content_type = "application/octet-stream";
+    r.body = std::move(*data);
+    return send(std::move(r));
+  }
+  if (req.method != "POST") return fail(405, "GET or POST");
+  std::vector<std::pair<std::string, std::string>> files;  // target, bytes
+  const std::string ct = req.Header("content-type");
+  if (StartsWith(ct, "multipart/form-data")) {
+    auto parts = e2b::ParseMultipart(ct, req.body);
+    if (!parts.ok()) return fail(400, parts.status().message());
+    for (auto& p : *parts) {
+      if (p.name != "file") continue;
+      std::string target = qpath && !qpath->empty() ? *qpath : p.filename;
+      if (target.empty()) return fail(400, "a file part without a path (filename or ?path=)");
+      files.emplace_back(Resolve(target, user), std::move(p.data));
+    }
+    if (qpath && files.size() > 1) return fail(400, "several files for one ?path=");
+  } else {
+    if (!qpath || qpath->empty()) return fail(400, "path is required for an octet-stream body");
+    if (!req.Header("content-encoding").empty() && req.Header("content-encoding") != "identity")
+      return fail(400, "compressed uploads (Content-Encoding) are not accepted");
+    files.emplace_back(Resolve(*qpath, user), std::move(req.body));
+  }
+  if (files.empty()) return fail(400, "no file in the request");
+  Json out = Json::array();
+  for (const auto& [path, data] : files) {
+    if (Status s = (*sb)->WriteFile(path, data, 0644); !s.ok())
+      return fail(ApiFail(s).status, s.message());
+    out.push_back({{"name", BaseName(path)}, {"type", "file"}, {"path", path}});
+  }
+  send(JsonResponse(200, Dump(out)));
+}
+
+}  // namespace dsec::edge

@@ -1,0 +1,186 @@
+"""The E2B-compatible listener (--e2b-listen) driven by the unmodified E2B JS SDK (npm `e2b`,
+pinned by tests/e2b/package-lock.json and installed with `npm ci` into the build tree), plus the
+protocol's edges from plain HTTP: bad envelopes, unknown RPCs and paths, a wrong access token,
+wrong content types and huge bodies, answered in the protocol's own error shapes while the edge
+keeps serving. No request leaves the machine: both E2B URLs point at the edge."""
+
+import base64
+import http.client
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import urllib.parse
+
+import pytest
+
+import edge_harness
+from edge_fixtures import _skip_if_not_runnable, _teardown
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SRC = REPO / "tests" / "e2b"
+
+
+@pytest.fixture(scope="module")
+def e2b_edge():
+    _skip_if_not_runnable()
+    e = edge_harness.Edge.start(config={"e2b_listen": "127.0.0.1:0"})
+    try:
+        assert e.e2b_url, e.ready_line
+        yield e
+    finally:
+        _teardown(e)
+
+
+@pytest.fixture(scope="module")
+def node_modules():
+    """`npm ci` of the pinned SDK into build/e2b-test (made in this run, never cached)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        reason = "node and npm are needed for the E2B SDK test (Node >= 20)"
+        print(f"[  SKIPPED ] {reason}")
+        pytest.skip(reason)
+    major = int(subprocess.run([node, "-p", "process.versions.node.split('.')[0]"],
+                               capture_output=True, text=True, check=True).stdout)
+    if major < 20:
+        pytest.skip(f"the E2B SDK needs Node >= 20 (this is {major})")
+    work = REPO / "build" / "e2b-test"
+    work.mkdir(parents=True, exist_ok=True)
+    for f in ("package.json", "package-lock.json", "e2b_test.mjs"):
+        shutil.copy(SRC / f, work / f)
+    if not (work / "node_modules" / "e2b").exists():
+        r = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=work,
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            pytest.fail(f"npm ci failed:\n{r.stdout}\n{r.stderr}")
+    return work
+
+
+def test_the_e2b_js_sdk(e2b_edge, node_modules):
+    env = dict(os.environ, E2B_API_URL=e2b_edge.e2b_url, E2B_SANDBOX_URL=e2b_edge.e2b_url,
+               E2B_API_KEY=e2b_edge.token, E2B_DOMAIN="dsec.invalid")
+    env.pop("E2B_DEBUG", None)
+    r = subprocess.run(["node", "e2b_test.mjs"], cwd=node_modules, env=env, capture_output=True,
+                       text=True, timeout=600)
+    print(r.stdout)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\nedge log:\n{e2b_edge.log_tail(60)}"
+    assert r.stdout.count("ok ") == 12, r.stdout
+    # Nothing left: every sandbox the SDK made was killed.
+    c = e2b_edge.client()
+    left = c.get("/v1/sandboxes?label=dsec.compat=e2b", expect=200).json["sandboxes"]
+    assert left == [], left
+
+
+def call(e, method, path, body=None, headers=None):
+    u = urllib.parse.urlsplit(e.e2b_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+        conn.request(method, path, body=data, headers=headers or {})
+        r = conn.getresponse()
+        raw = r.read()
+        try:
+            return r.status, json.loads(raw), dict(r.getheaders())
+        except ValueError:
+            return r.status, raw, dict(r.getheaders())
+    finally:
+        conn.close()
+
+
+def test_protocol_errors_in_their_own_shapes(e2b_edge):
+    e = e2b_edge
+    key = {"X-API-KEY": e.token, "Content-Type": "application/json"}
+    # Control plane: {"code": <status>, "message"}.
+    st, body, _ = call(e, "POST", "/v2/sandboxes", {"templateID": "base"}, {})
+    assert st == 401 and body["code"] == 401, body
+    st, body, _ = call(e, "GET", "/sandboxes/sb-nope-000000000000", None, key)
+    assert st == 404 and body == {"code": 404, "message": body["message"]}, body
+    st, body, _ = call(e, "DELETE", "/sandboxes/sb-nope-000000000000", None, key)
+    assert st == 404 and body["code"] == 404
+    st, body, _ = call(e, "POST", "/v2/sandboxes", "{not json", key)
+    assert st == 400 and body["code"] == 400
+    st, body, _ = call(e, "POST", "/v2/sandboxes", {"templateID": "no-such-image:1"}, key)
+    assert st == 404 and body["code"] == 404, body
+    st, body, _ = call(e, "POST", "/v2/sandboxes", {"metadata": {"a b": "c"}}, key)
+    assert st == 400 and "metadata" in body["message"], body
+    st, body, _ = call(e, "GET", "/v2/nothing", None, key)
+    assert st == 404 and body["code"] == 404
+
+    st, sb, _ = call(e, "POST", "/v2/sandboxes", {"templateID": "base", "timeout": 60}, key)
+    assert st == 201 and sb["envdVersion"] == "0.6.13" and sb["envdAccessToken"], sb
+    sid, token = sb["sandboxID"], sb["envdAccessToken"]
+    envd = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983", "X-Access-Token": token,
+            "Connect-Protocol-Version": "1", "Content-Type": "application/json"}
+    try:
+        # A wrong or missing access token: 401, whatever the sandbox.
+        st, body, _ = call(e, "POST", "/filesystem.Filesystem/Stat", {"path": "/"},
+                           dict(envd, **{"X-Access-Token": "wrong"}))
+        assert st == 401, body
+        bad = dict(envd, **{"E2b-Sandbox-Id": "sb-nope-000000000000"})
+        st, body, _ = call(e, "POST", "/filesystem.Filesystem/Stat", {"path": "/"}, bad)
+        assert st == 401, body
+        # Unary errors: {"code": "<connect code>", "message"} with connect-go's statuses.
+        st, body, h = call(e, "POST", "/filesystem.Filesystem/Stat", {"path": "/nope"}, envd)
+        assert st == 404 and body["code"] == "not_found", body
+        assert h["Content-Type"].startswith("application/json")
+        st, body, _ = call(e, "POST", "/filesystem.Filesystem/Stat", "[1]", envd)
+        assert st == 400 and body["code"] == "invalid_argument", body
+        st, body, _ = call(e, "POST", "/process.Process/Nope", {}, envd)
+        assert st == 501 and body["code"] == "unimplemented", body
+        st, body, _ = call(e, "POST", "/process.Process/SendSignal",
+                           {"process": {"pid": 999999}, "signal": "SIGNAL_SIGKILL"}, envd)
+        assert st == 404 and body["code"] == "not_found", body
+        # Streaming errors: HTTP 200 and an end-of-stream envelope with the error.
+        stream = dict(envd, **{"Content-Type": "application/connect+json"})
+        st, raw, _ = call(e, "POST", "/process.Process/Start", b"\x00\x00\x00\x00\x05{}", stream)
+        assert st == 200 and raw[0] == 2, raw
+        assert json.loads(raw[5:])["error"]["code"] == "invalid_argument", raw
+        msg = json.dumps({"process": {"cmd": "/bin/true"}}).encode()
+        st, raw, _ = call(e, "POST", "/process.Process/Start", b"\x01" + len(msg).to_bytes(4, "big")
+                          + msg, stream)
+        assert st == 200 and json.loads(raw[5:])["error"]["code"] == "invalid_argument", raw
+        msg = json.dumps({"process": {"cmd": "/bin/true", "cwd": "/no/such/dir"}}).encode()
+        st, raw, _ = call(e, "POST", "/process.Process/Start",
+                          b"\x00" + len(msg).to_bytes(4, "big") + msg, stream)
+        assert json.loads(raw[5:])["error"]["message"] == "cwd '/no/such/dir' does not exist"
+        # REST: /files errors in the control plane's shape; /health.
+        st, body, _ = call(e, "GET", "/files?path=/no/such/file", None, envd)
+        assert st == 404 and body["code"] == 404, body
+        st, body, _ = call(e, "POST", "/files", b"x", dict(envd, **{
+            "Content-Type": "multipart/form-data; boundary=zz"}))
+        assert st == 400 and body["code"] == 400, body
+        st, body, _ = call(e, "GET", "/health", None, envd)
+        assert st == 204
+        st, body, _ = call(e, "GET", "/nope", None, envd)
+        assert st == 404, body
+        # The code interpreter's port is not served yet: said so.
+        st, body, _ = call(e, "POST", "/execute", {"code": "1"}, dict(envd, **{
+            "E2b-Sandbox-Port": "49999"}))
+        assert st == 501 and "49999" in body["message"], body
+        # A huge body is refused from its head (Content-Length past the limit, nothing sent).
+        u = urllib.parse.urlsplit(e.e2b_url)
+        with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+            head = "".join(f"{k}: {v}\r\n" for k, v in envd.items())
+            s.sendall(f"POST /filesystem.Filesystem/Stat HTTP/1.1\r\nHost: x\r\n{head}"
+                      f"Content-Length: {2 << 20}\r\n\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 413")
+        # And the edge still serves: a command through a plain Start call.
+        msg = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "echo hi"]},
+                          "stdin": False}).encode()
+        st, raw, _ = call(e, "POST", "/process.Process/Start",
+                          b"\x00" + len(msg).to_bytes(4, "big") + msg, stream)
+        frames, i = [], 0
+        while i < len(raw):
+            n = int.from_bytes(raw[i + 1:i + 5], "big")
+            frames.append((raw[i], json.loads(raw[i + 5:i + 5 + n])))
+            i += 5 + n
+        assert frames[0][1]["event"]["start"]["pid"] > 0, frames
+        out = b"".join(base64.b64decode(f["event"]["data"]["stdout"]) for _, f in frames
+                       if "data" in f.get("event", {}))
+        assert out == b"hi\n", frames
+        assert frames[-2][1]["event"]["end"] == {"exited": True, "status": "exit status 0"}
+        assert frames[-1] == (2, {}), frames
+    finally:
+        call(e, "DELETE", f"/sandboxes/{sid}", None, key)
