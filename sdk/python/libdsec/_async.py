@@ -20,6 +20,7 @@ from ._http import (
     timed_out,
     unavailable,
 )
+from . import _compat
 from ._upload import BodyReadError
 from .errors import DSecError
 
@@ -209,9 +210,9 @@ class AsyncStream:
         try:
             while True:
                 try:
-                    async with asyncio.timeout(self._timeout):
+                    async with _compat.timeout(self._timeout):
                         chunk = await self._body.read_chunk()
-                except TimeoutError:
+                except _compat.TIMEOUT_ERRORS:
                     raise DSecError(
                         "timeout", f"stream stalled for {self._timeout}s", None
                     ) from None
@@ -261,7 +262,7 @@ class AsyncTransport:
     async def _open(self, timeout: float | None) -> _Conn:
         ep = self.endpoint
         try:
-            async with asyncio.timeout(timeout):
+            async with _compat.timeout(timeout):
                 if ep.unix_path is not None:
                     reader, writer = await asyncio.open_unix_connection(
                         ep.unix_path, limit=_LINE_LIMIT
@@ -273,7 +274,7 @@ class AsyncTransport:
                     reader, writer = await asyncio.open_connection(
                         ep.host, ep.port, ssl=ssl_ctx, limit=_LINE_LIMIT
                     )
-        except (OSError, TimeoutError) as e:  # refused, missing socket, connect timeout
+        except (OSError, *_compat.TIMEOUT_ERRORS) as e:  # refused, no socket, connect timeout
             raise RetryableError(e) from None
         return _Conn(reader, writer)
 
@@ -339,20 +340,20 @@ class AsyncTransport:
         refused the body). Returns whether the whole body went out."""
         length, chunks = req.stream_body.open()
         try:
-            async with asyncio.timeout(timeout):
+            async with _compat.timeout(timeout):
                 conn.writer.write(self._encode(req, length))
                 await conn.writer.drain()
             while not replied.done():
                 chunk = await asyncio.to_thread(next, chunks, None)
                 if chunk is None:
                     if length is None:
-                        async with asyncio.timeout(timeout):
+                        async with _compat.timeout(timeout):
                             conn.writer.write(b"0\r\n\r\n")
                             await conn.writer.drain()
                     return True
                 if length is None:
                     chunk = b"%X\r\n%s\r\n" % (len(chunk), chunk)
-                async with asyncio.timeout(timeout):
+                async with _compat.timeout(timeout):
                     conn.writer.write(chunk)
                     await conn.writer.drain()
             return False
@@ -384,7 +385,7 @@ class AsyncTransport:
                 except OSError as e:  # TimeoutError included
                     complete = False
                     try:
-                        async with asyncio.timeout(1.0):
+                        async with _compat.timeout(1.0):
                             await asyncio.shield(head_task)
                     except (OSError, asyncio.IncompleteReadError, _ProtocolError, ValueError):
                         pass
@@ -392,10 +393,10 @@ class AsyncTransport:
                         raise e
                 deadline = None if timeout is None else loop.time() + timeout
             else:
-                async with asyncio.timeout_at(deadline):
+                async with _compat.timeout_at(deadline):
                     conn.writer.write(self._encode(req))
                     await conn.writer.drain()
-            async with asyncio.timeout_at(deadline):
+            async with _compat.timeout_at(deadline):
                 if head_task is not None:
                     status, headers, keep_alive = await head_task
                 else:
@@ -413,7 +414,7 @@ class AsyncTransport:
                     data = b""  # refused mid-body and gone: the status says enough
                 reusable = body.reusable_when_done and complete and (not streamed or status < 400)
                 return Response(status, headers, data)
-        except TimeoutError:
+        except _compat.TIMEOUT_ERRORS:
             raise timed_out(req, timeout) from None
         except (OSError, asyncio.IncompleteReadError, _ProtocolError, ValueError) as e:
             # ValueError: a line over the StreamReader limit.

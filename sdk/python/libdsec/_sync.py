@@ -24,6 +24,7 @@ from ._http import (
     timed_out,
     unavailable,
 )
+from . import _compat
 from ._upload import BodyReadError
 from .errors import DSecError
 
@@ -104,7 +105,7 @@ class _OpenStream:
             while True:
                 try:
                     chunk = self._resp.read1(_READ_SIZE)
-                except TimeoutError:
+                except _compat.TIMEOUT_ERRORS:
                     raise DSecError(
                         "timeout", f"stream stalled for {self._timeout}s", None
                     ) from None
@@ -232,7 +233,7 @@ class SyncTransport:
             try:
                 conn.request(req.method, target, body=body, headers=headers)
                 resp = conn.getresponse()
-            except TimeoutError:
+            except _compat.TIMEOUT_ERRORS:
                 raise timed_out(req, timeout) from None
             except (OSError, http.client.HTTPException) as e:
                 # A server may refuse a streamed body early (413) and close:
@@ -248,7 +249,7 @@ class SyncTransport:
                 return opened
             try:
                 body = resp.read()
-            except TimeoutError:
+            except _compat.TIMEOUT_ERRORS:
                 raise timed_out(req, timeout) from None
             except (OSError, http.client.HTTPException) as e:
                 raise RetryableError(e) from None

@@ -7,6 +7,8 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence, Union
 
+from . import _compat
+
 __all__ = ["DSecContainerRunArgs", "ExecResult", "FnCallResult", "ExecEvent", "FileEntry",
            "Image", "ImageLayer", "ImageConfig", "Build", "BuildStep"]
 
@@ -285,7 +287,7 @@ class Image:
                 sec = v / 1000 if v >= 100_000_000_000 else v
                 return datetime.datetime.fromtimestamp(sec, datetime.timezone.utc)
             if isinstance(v, str) and v:
-                t = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
+                t = _compat.parse_iso8601(v)
                 if t.tzinfo is None:
                     t = t.replace(tzinfo=datetime.timezone.utc)
                 return t.astimezone(datetime.timezone.utc)

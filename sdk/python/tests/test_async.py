@@ -30,6 +30,15 @@ def run(coro):
     return asyncio.run(coro)
 
 
+@contextlib.asynccontextmanager
+async def _aclosing(agen):
+    """contextlib.aclosing, which Python 3.9 lacks."""
+    try:
+        yield agen
+    finally:
+        await agen.aclose()
+
+
 def make(server, **kw):
     kw.setdefault("retries", 3)
     kw.setdefault("backoff_base", 0.01)
@@ -229,7 +238,7 @@ def test_stream_early_close_and_error_line(server, edge):
     async def main():
         async with make(server) as c:
             s = c.sandbox(sb["id"])
-            async with contextlib.aclosing(s.exec_stream(["stream", "4"])) as events:
+            async with _aclosing(s.exec_stream(["stream", "4"])) as events:
                 async for ev in events:
                     assert ev.data == "line0\n"
                     break
