@@ -4,6 +4,7 @@
 #include <chrono>
 #include <iostream>
 
+#include "base/base64.h"
 #include "base/strings.h"
 
 namespace dsec::cli {
@@ -92,6 +93,33 @@ std::string HumanSize(uint64_t bytes) {
   char b[32];
   snprintf(b, sizeof b, v < 9.95 ? "%.1f %s" : "%.0f %s", v, kUnits[u]);
   return b;
+}
+
+bool ValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t k = 1; k < n; ++k) {
+      unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 2) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+void PrintResultJson(Json result, const std::string& out, const std::string& err) {
+  const bool text = ValidUtf8(out) && ValidUtf8(err);
+  result["encoding"] = text ? "utf-8" : "base64";
+  result["stdout"] = text ? out : Base64Encode(out);
+  result["stderr"] = text ? err : Base64Encode(err);
+  std::cout << result.dump() << "\n";
 }
 
 }  // namespace dsec::cli

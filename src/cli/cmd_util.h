@@ -36,4 +36,11 @@ std::string Duration(int64_t ms);
 // A byte count for people: "512 B", "3.1 KiB", "42 MiB".
 std::string HumanSize(uint64_t bytes);
 
+// Whether `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool ValidUtf8(std::string_view s);
+// `--json` of a command's run: its result fields with "stdout" and "stderr" as text when both
+// are UTF-8, else both in base64, and "encoding" saying which (as the API's results do); one
+// line on stdout.
+void PrintResultJson(Json result, const std::string& out, const std::string& err);
+
 }  // namespace dsec::cli

@@ -26,26 +26,6 @@ namespace {
 
 constexpr size_t kIoChunk = 256 << 10;
 
-// Whether `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
-bool ValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
-    for (size_t k = 1; k < n; ++k) {
-      unsigned char d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 2) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n;
-  }
-  return true;
-}
-
 std::string Labels(const Json& rec) {
   std::string out;
   if (!rec.contains("labels") || !rec["labels"].is_object()) return out;
@@ -381,14 +361,7 @@ int StreamExec(EdgeClient& c, const ExecOpts& o, bool json) {
   if (!stream_error.ok()) return Fail(stream_error, kExecFail);
   if (!result) return Fail(Unavailable("the exec stream ended without an exit status"), kExecFail);
   if (json) {
-    // The output as text when both streams are UTF-8 (the JSON stays valid and readable),
-    // else both in base64; "encoding" says which, as the API's own results do.
-    Json out = *result;
-    bool text = ValidUtf8(captured[0]) && ValidUtf8(captured[1]);
-    out["encoding"] = text ? "utf-8" : "base64";
-    out["stdout"] = text ? captured[0] : Base64Encode(captured[0]);
-    out["stderr"] = text ? captured[1] : Base64Encode(captured[1]);
-    std::cout << out.dump() << "\n";
+    PrintResultJson(*result, captured[0], captured[1]);
   }
   return ExitCodeForResult(*result, o.timeout_s);
 }
@@ -693,6 +666,15 @@ int MaybeRunThroughEdge(const GlobalOptions& g, const RunThroughEdge& o) {
     if (!d.ok() || (d->status != 204 && d->status != 404))
       std::cerr << "dsec: cleanup: could not delete " << id << "\n";
   });
+  if (g.json && o.tty != "always") {
+    // --json: one result object (exit status and the output) instead of the streams.
+    ExecOpts eo;
+    eo.id = id;
+    eo.cmd = o.cmd;
+    eo.timeout_s = o.timeout_s;
+    eo.raw = true;
+    return StreamExec(c, eo, /*json=*/true);
+  }
   AttachOptions a;
   a.cmd = o.cmd;
   a.tty = o.tty == "always" || (o.tty == "auto" && StdioIsTerminal());

@@ -17,6 +17,7 @@
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "cli/attach.h"
+#include "cli/cmd_util.h"
 #include "cli/edge_cmds.h"
 
 namespace dsec::cli {
@@ -37,9 +38,20 @@ struct RunOptions {
 
 class StreamObserver : public backends::ExecObserver {
  public:
+  // capture (--json): the output is kept for the result instead of written as it comes.
+  explicit StreamObserver(bool capture = false) : capture_(capture) {}
   void OnOutput(uint8_t stream, std::string_view data) override {
+    if (capture_) {
+      MutexLock l(mu_);
+      (stream == backends::kStderrStream ? err_ : out_).append(data);
+      return;
+    }
     (void)WriteAllFd(stream == backends::kStderrStream ? STDERR_FILENO : STDOUT_FILENO, data,
                      "output");
+  }
+  std::pair<std::string, std::string> Captured() {
+    MutexLock l(mu_);
+    return {out_, err_};
   }
   void OnExit(const StatusOr<backends::ExecResult>& r) override {
     MutexLock l(mu_);
@@ -58,8 +70,10 @@ class StreamObserver : public backends::ExecObserver {
   }
 
  private:
+  const bool capture_;
   Mutex mu_;
   CondVar cv_;
+  std::string out_, err_;
   bool done_ = false;
   StatusOr<backends::ExecResult> result_ = InternalError("no result");
 };
@@ -201,7 +215,7 @@ int Run(const GlobalOptions& g, RunOptions o) {
   bool tty =
       o.tty == "always" || (o.tty == "auto" && isatty(STDIN_FILENO) && isatty(STDOUT_FILENO));
   backends::ExecRequest req = LocalExecRequest(o, tty);
-  auto obs = std::make_shared<StreamObserver>();
+  auto obs = std::make_shared<StreamObserver>(g.json && !tty);
   std::unique_ptr<RawTerminal> raw;
   if (tty) raw = std::make_unique<RawTerminal>();
   auto handle = (*sb)->StartExec(req, obs);
@@ -221,6 +235,10 @@ int Run(const GlobalOptions& g, RunOptions o) {
   signal_thread.join();
   raw.reset();
   int code = ReportResult(result, o, req.max_output_bytes);
+  if (g.json && !tty && result.ok()) {
+    auto [out, err] = obs->Captured();
+    PrintResultJson(protocol::ToJson(*result), out, err);
+  }
   if (Status s = (*sb)->Destroy(); !s.ok()) std::cerr << "dsec: cleanup: " << s.message() << "\n";
   return code;
 }

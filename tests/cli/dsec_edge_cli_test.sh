@@ -50,6 +50,8 @@ out=$(D stats "$id" | grep -c '^exec_count: '); check "stats" 1 "$out"
 out=$(D stats "$id" --json | python3 -c 'import json,sys; print("network_denied" in json.load(sys.stdin))'); check "stats --json" True "$out"
 out=$(D exec --json "$id" -- sh -c 'echo hi; echo oops >&2; exit 3' | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["exit_code"], r["stdout"].strip(), r["stderr"].strip())')
 check "exec --json" "3 hi oops" "$out"
+out=$(D exec --json "$id" -- sh -c 'printf "\\377"' | python3 -c 'import json,sys,base64; r=json.load(sys.stdin); print(r["encoding"], base64.b64decode(r["stdout"]).hex())')
+check "exec --json, output not UTF-8" "base64 ff" "$out"
 err=$(echo ignored | D exec "$id" -- cat 2>&1 >/dev/null); check "piped stdin without -i is named" 1 "$(echo "$err" | grep -c 'stdin is not sent without -i')"
 D update "$id" --ttl 7200 --label stage=2 --idle-ttl 600 >/dev/null; check "update" 0 $?
 out=$(D get "$id" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["labels"]["stage"], r["idle_ttl_s"])'); check "update applied" "2 600" "$out"
@@ -148,6 +150,8 @@ D resume "$id" >/dev/null; check "resume" running "$(D get "$id" --json | python
 # run through the edge (TCP with a token this time), exit codes and stdin.
 out=$(echo via-edge | DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/tokens") "$DSEC" run -- cat); check "run through the edge" via-edge "$out"
 DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/tokens") "$DSEC" run -- sh -c 'exit 5' </dev/null; check "run exit code" 5 $?
+out=$(DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/tokens") "$DSEC" --json run -- sh -c 'echo out; exit 4' </dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["exit_code"], r["encoding"], r["stdout"].strip())')
+check "run --json through the edge" "4 utf-8 out" "$out"
 left=$(D ls --label dsec-run=1 | awk 'NR>1' | grep -c .); check "run deletes its sandbox" 0 "$left"
 
 # Function calls on the built-in runtimes: code from -c or a file, input files, stdin, output,

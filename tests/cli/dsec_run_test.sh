@@ -19,6 +19,8 @@ run() { "$DSEC" --local run "$@" </dev/null; }
 
 out=$(run -- /bin/sh -c 'echo hi; whoami; hostname | cut -c1-9'); check "stdout and identity" $'hi\nsandbox\nsb-local-' "$out"
 run -- /bin/sh -c 'exit 42'; check "exit code" 42 $?
+out=$("$DSEC" --local --json run -- /bin/sh -c 'echo hi; echo e >&2; exit 3' </dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["exit_code"], r["encoding"], r["stdout"].strip(), r["stderr"].strip())')
+check "--json: one result object" "3 utf-8 hi e" "$out"
 run -- /bin/sh -c 'kill -KILL $$'; check "killed by signal" 137 $?
 out=$(echo "streamed stdin" | "$DSEC" --local run -- tr a-z A-Z); check "stdin" "STREAMED STDIN" "$out"
 out=$(head -c 2000000 /dev/zero | "$DSEC" --local run -- wc -c); check "large stdin" 2000000 "$out"
