@@ -309,7 +309,7 @@ StatusOr<std::vector<Part>> ParseMultipart(std::string_view content_type, std::s
     size_t data_start = head_end + 4;
     size_t next = body.find("\r\n" + delim, data_start);
     if (next == std::string_view::npos) return InvalidArgument("a multipart part is cut short");
-    part.data = std::string(body.substr(data_start, next - data_start));
+    part.data = body.substr(data_start, next - data_start);
     parts.push_back(std::move(part));
     if (parts.size() > 1024) return InvalidArgument("more than 1024 multipart parts");
     pos = next + 2 + delim.size();

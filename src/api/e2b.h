@@ -98,9 +98,11 @@ std::string Permissions(uint32_t st_mode);
 
 // ---- envd REST -----------------------------------------------------------------------------
 
-// One part of a multipart/form-data body: its field name, filename and bytes.
+// One part of a multipart/form-data body: its field name, filename and bytes (a view into the
+// body, which must outlive it).
 struct Part {
-  std::string name, filename, data;
+  std::string name, filename;
+  std::string_view data;
 };
 // Parses a multipart/form-data body with the boundary of `content_type`.
 StatusOr<std::vector<Part>> ParseMultipart(std::string_view content_type, std::string_view body);

@@ -174,6 +174,7 @@ struct EdgeConfig {
   std::string sandbox_fusion_pool;
   std::string sandbox_fusion_python_runtime = "python";
   uint64_t sandbox_fusion_max_body_bytes = 16 << 20;  // a request with its base64 files
+  int sandbox_fusion_max_concurrent = 16;  // calls running in sandboxes at once (more: 429)
 
   // The E2B-compatible API (edge/e2b.h) on its own listener ("" = off): E2B_API_URL and
   // E2B_SANDBOX_URL point at it, E2B_API_KEY is a token of token_file.

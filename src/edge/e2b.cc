@@ -1,5 +1,12 @@
 #include "edge/e2b.h"
 
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <openssl/hmac.h>
+#include <cerrno>
+
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cmath>
 #include <condition_variable>
@@ -99,15 +106,46 @@ e2b::Entry EntryOf(const backends::FileEntry& f, const std::string& path) {
 
 // ---- processes ------------------------------------------------------------------------------
 
+// The running commands by sandbox and pid. Shared with each command (a weak reference): a
+// command's end may come from the backend after the listener is gone (an edge shutting down).
+struct E2b::Registry {
+  Mutex mu;
+  std::map<std::string, std::map<uint32_t, std::shared_ptr<Process>>> procs DSEC_GUARDED_BY(mu);
+  std::map<Process*, std::shared_ptr<Process>> pending DSEC_GUARDED_BY(mu);  // not started yet
+
+  void Register(Process* p, uint32_t pid);
+  void Forget(const std::string& sandbox, uint32_t pid, Process* self) {
+    MutexLock l(mu);
+    pending.erase(self);
+    auto it = procs.find(sandbox);
+    if (it == procs.end()) return;
+    if (auto p = it->second.find(pid); p != it->second.end() && p->second.get() == self)
+      it->second.erase(p);  // (a newer process may have its pid by now)
+    if (it->second.empty()) procs.erase(it);
+  }
+  std::shared_ptr<Process> Find(const std::string& sandbox, const e2b::Selector& s);
+  std::vector<std::shared_ptr<Process>> All(const std::string& sandbox = "") {
+    MutexLock l(mu);
+    std::vector<std::shared_ptr<Process>> out;
+    for (const auto& [sb, m] : procs)
+      if (sandbox.empty() || sb == sandbox)
+        for (const auto& [pid, p] : m) out.push_back(p);
+    return out;
+  }
+};
+
 // One running command: the exec's observer, fanning its events out to every stream attached
 // to it (the Start that made it, and Connects by pid), as Connect envelopes.
-struct E2b::Process : public backends::ExecObserver {
-  E2b* owner = nullptr;
+struct E2b::Process : public backends::ExecObserver,
+                      public std::enable_shared_from_this<E2b::Process> {
+  static constexpr size_t kMaxStreams = 16;
+  std::weak_ptr<Registry> reg;
   std::string sandbox;
   e2b::StartRequest cfg;
   std::shared_ptr<ExecTicket> ticket;
 
   Mutex mu;
+  CondVar cv;  // the handle is set, or the command ended
   uint32_t pid DSEC_GUARDED_BY(mu) = 0;
   bool started DSEC_GUARDED_BY(mu) = false;
   bool ended DSEC_GUARDED_BY(mu) = false;
@@ -122,18 +160,45 @@ struct E2b::Process : public backends::ExecObserver {
     MutexLock l(mu);
     if (started && !ended) Send(e2b::Envelope(0, e2b::KeepaliveEvent()));
   }
-  // A stream attached by Connect: the start event first, then whatever comes.
-  bool Attach(const Res& res) {
-    MutexLock l(mu);
-    if (ended) return false;
-    res->StartStream(200, "application/connect+json");
-    res->Write(e2b::Envelope(0, e2b::StartEvent(pid)));
-    streams.push_back(res);
-    return true;
+  // A stream goes from the list when its client does.
+  void Watch(const Res& res) {
+    std::weak_ptr<Process> self = weak_from_this();
+    http::Responder* raw = res.get();
+    res->OnDisconnect([self, raw] {
+      if (auto p = self.lock()) {
+        MutexLock l(p->mu);
+        auto& v = p->streams;
+        v.erase(std::remove_if(v.begin(), v.end(), [raw](const Res& r) { return r.get() == raw; }),
+                v.end());
+      }
+    });
   }
+  // A stream attached by Connect: the start event first, then whatever comes.
+  Status Attach(const Res& res) {
+    {
+      MutexLock l(mu);
+      if (ended) return NotFound("process not found");
+      if (streams.size() >= kMaxStreams)
+        return ResourceExhausted("process already has " + std::to_string(kMaxStreams) +
+                                 " streams attached");
+      res->StartStream(200, "application/connect+json");
+      res->Write(e2b::Envelope(0, e2b::StartEvent(pid)));
+      streams.push_back(res);
+    }
+    Watch(res);
+    return OkStatus();
+  }
+  // The command's handle: StartExec may not have returned it yet when its start event went
+  // out (and a client acts on that event at once): waits a little for it.
   std::shared_ptr<backends::ExecHandle> Handle() {
     MutexLock l(mu);
+    cv.WaitFor(l, std::chrono::seconds(5), [this]() DSEC_REQUIRES(mu) { return handle || ended; });
     return handle;
+  }
+  void SetHandle(std::shared_ptr<backends::ExecHandle> h) {
+    MutexLock l(mu);
+    if (!ended) handle = std::move(h);
+    cv.NotifyAll();
   }
 
   void OnStart(int p) override {
@@ -145,7 +210,7 @@ struct E2b::Process : public backends::ExecObserver {
       for (const auto& env : early) Send(env);
       early.clear();
     }
-    owner->Register(this);
+    if (auto r = reg.lock()) r->Register(this, static_cast<uint32_t>(p));
   }
   void OnOutput(uint8_t stream, std::string_view data) override {
     MutexLock l(mu);
@@ -180,39 +245,26 @@ struct E2b::Process : public backends::ExecObserver {
       }
       streams.clear();
       handle.reset();
+      cv.NotifyAll();
     }
     if (ticket) ticket->Finish(r);
-    owner->Forget(sandbox, p, this);
+    if (auto g = reg.lock()) g->Forget(sandbox, p, this);
   }
 };
 
-void E2b::Register(Process* p) {
-  std::shared_ptr<Process> keep;
-  {
-    MutexLock l(mu_);
-    auto it = pending_.find(p);
-    if (it == pending_.end()) return;
-    keep = it->second;
-    pending_.erase(it);
-    MutexLock pl(p->mu);
-    procs_[p->sandbox][p->pid] = keep;
-  }
+void E2b::Registry::Register(Process* p, uint32_t pid) {
+  MutexLock l(mu);
+  auto it = pending.find(p);
+  if (it == pending.end()) return;
+  procs[it->second->sandbox][pid] = it->second;
+  pending.erase(it);
 }
 
-void E2b::Forget(const std::string& sandbox, uint32_t pid, Process* self) {
-  MutexLock l(mu_);
-  pending_.erase(self);
-  auto it = procs_.find(sandbox);
-  if (it == procs_.end()) return;
-  if (auto p = it->second.find(pid); p != it->second.end() && p->second.get() == self)
-    it->second.erase(p);  // (a newer process may have its pid by now)
-  if (it->second.empty()) procs_.erase(it);
-}
-
-std::shared_ptr<E2b::Process> E2b::FindProcess(const std::string& sandbox, const e2b::Selector& s) {
-  MutexLock l(mu_);
-  auto it = procs_.find(sandbox);
-  if (it == procs_.end()) return nullptr;
+std::shared_ptr<E2b::Process> E2b::Registry::Find(const std::string& sandbox,
+                                                  const e2b::Selector& s) {
+  MutexLock l(mu);
+  auto it = procs.find(sandbox);
+  if (it == procs.end()) return nullptr;
   if (s.pid) {
     auto p = it->second.find(*s.pid);
     return p == it->second.end() ? nullptr : p->second;
@@ -222,18 +274,33 @@ std::shared_ptr<E2b::Process> E2b::FindProcess(const std::string& sandbox, const
   return nullptr;
 }
 
-E2b::E2b(Deps d) : d_(std::move(d)) {
+namespace {
+
+// The HMAC key of the access tokens: derived from the edge's first token with a label of its
+// own, so that the token itself is never the key of anything else.
+std::string TokenKey(const std::vector<std::string>& tokens) {
+  const std::string t = tokens.empty() ? std::string() : tokens.front();
+  const std::string label = "dsec e2b envd access token key v1";
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), t.data(), static_cast<int>(t.size()),
+       reinterpret_cast<const unsigned char*>(label.data()), label.size(), out, &n);
+  return std::string(reinterpret_cast<char*>(out), n);
+}
+
+}  // namespace
+
+E2b::E2b(Deps d)
+    : d_(std::move(d)),
+      token_key_(TokenKey(d_.tokens)),
+      reg_(std::make_shared<Registry>()),
+      slots_({.what = "E2B requests in progress",
+              .max_per_sandbox = d_.cfg->max_workers_per_sandbox,
+              .per_knob = "max_workers_per_sandbox"}) {
   keepalive_ = std::thread([this] {
     std::unique_lock<std::mutex> l(stop_mu_);
-    while (!stop_cv_.wait_for(l, std::chrono::seconds(kKeepaliveS), [this] { return stop_; })) {
-      std::vector<std::shared_ptr<Process>> all;
-      {
-        MutexLock ml(mu_);
-        for (const auto& [sb, m] : procs_)
-          for (const auto& [pid, p] : m) all.push_back(p);
-      }
-      for (const auto& p : all) p->Keepalive();
-    }
+    while (!stop_cv_.wait_for(l, std::chrono::seconds(kKeepaliveS), [this] { return stop_; }))
+      for (const auto& p : reg_->All()) p->Keepalive();
   });
 }
 
@@ -247,8 +314,18 @@ E2b::~E2b() {
 }
 
 std::string E2b::AccessToken(const std::string& sandbox_id) const {
-  const std::string key = d_.tokens.empty() ? std::string() : d_.tokens.front();
-  return Idempotency::Hash("e2b-envd-access\n" + key + "\n" + sandbox_id).substr(0, 40);
+  const std::string msg = "e2b-envd-access\n" + sandbox_id;
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), token_key_.data(), static_cast<int>(token_key_.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &n);
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < n; ++i) {
+    hex += kHex[out[i] >> 4];
+    hex += kHex[out[i] & 15];
+  }
+  return hex;
 }
 
 // ---- the listener ---------------------------------------------------------------------------
@@ -258,20 +335,24 @@ http::Preflight E2b::Check(http::HttpRequest& req) {
   pf.principal = "e2b";
   const bool envd = !req.Header("e2b-sandbox-id").empty();
   if (envd && req.path == "/files" && req.method == "POST") {
-    // Multipart bodies are parsed in memory: bounded below the node's own upload cap.
+    // Spooled to disk as it arrives (the server's max_spooled_uploads bounds how many at
+    // once), then parsed by the handler: bounded below the node's own upload cap.
     pf.body_limit = std::min<uint64_t>(
         d_.cfg->max_upload_bytes ? d_.cfg->max_upload_bytes : kMaxFilesBody, kMaxFilesBody);
     pf.limit_why = "the E2B listener's 64 MiB per /files upload (larger: the DSec API)";
+    pf.spool = http::Preflight::Spool::kUpload;
+  } else if (envd && req.path == "/health") {
+    pf.body_limit = 0;
   } else {
     pf.body_limit = d_.cfg->max_json_body_bytes;
     pf.limit_why = "max_json_body_bytes";
   }
   if (envd) {
     // The sandbox's own token, before any body is read: a wrong one is 401 whether or not
-    // the sandbox exists (only /health answers without it, as envd's does).
+    // the sandbox exists. /health too (envd's own answers it without one, but the SDK sends
+    // it, and an anonymous probe would keep the sandbox from its idle TTL).
     const std::string id = req.Header("e2b-sandbox-id");
-    if (req.path != "/health" &&
-        !http::ConstantTimeEquals(req.Header("x-access-token"), AccessToken(id))) {
+    if (!http::ConstantTimeEquals(req.Header("x-access-token"), AccessToken(id))) {
       d_.metrics->CountRequest(req.method, 401);
       pf.ok = false;
       pf.error = JsonResponse(401, e2b::ApiError(401, "unauthorized access: wrong X-Access-Token"));
@@ -294,8 +375,21 @@ http::Preflight E2b::Check(http::HttpRequest& req) {
 
 void E2b::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) {
   auto shared = std::make_shared<http::HttpRequest>(std::move(req));
+  // What one sandbox's envd calls may hold of the shared workers at once (its own processes
+  // can slow its agent): taken before queueing, so the queue is bounded too.
+  std::shared_ptr<void> slot;
+  if (std::string id = shared->Header("e2b-sandbox-id"); !id.empty()) {
+    auto taken = slots_.Take(id);
+    if (!taken.ok()) {
+      http::HttpResponse r = JsonResponse(429, e2b::ApiError(429, taken.status().message()));
+      r.headers.emplace_back("Retry-After", "1");
+      d_.metrics->CountRequest(shared->method, 429);
+      return res->Send(std::move(r));
+    }
+    slot = std::move(*taken);
+  }
   // Everything may wait on a sandbox (a create, an agent call): on a worker.
-  boost::asio::post(*d_.workers, [this, shared, res] {
+  boost::asio::post(*d_.workers, [this, shared, res, slot = std::move(slot)] {
     try {
       if (!shared->Header("e2b-sandbox-id").empty()) {
         Envd(*shared, res);
@@ -440,6 +534,15 @@ void E2b::Create(const http::HttpRequest& req, const Res& res) {
   p.ttl_s = *timeout;
   p.image = *tmpl == "base" || *tmpl == "code-interpreter-v1" ? "host" : *tmpl;
   p.workdir = kHome;
+  // envVars as the REST API takes env: at most 256, names without '=' or NUL, values no NUL.
+  if (envs->size() > 256) return fail(InvalidArgument("envVars: at most 256 variables"));
+  for (const auto& [k, v] : *envs)
+    if (k.empty() || k.size() > 256 || v.size() > (32 << 10) ||
+        k.find_first_of(std::string("=\0", 2)) != std::string::npos ||
+        v.find('\0') != std::string::npos)
+      return fail(
+          InvalidArgument("envVars: names of 1-256 bytes without '=' or NUL, values of "
+                          "at most 32 KiB without NUL"));
   p.env = *envs;
   p.env["HOME"] = kHome;
   for (const auto& [k, v] : *meta) {
@@ -457,8 +560,12 @@ void E2b::Create(const http::HttpRequest& req, const Res& res) {
   p.labels[kCompatLabel] = "e2b";
   p.labels[kTemplateLabel] = *tmpl;
   if (auto net = b.find("allow_internet_access");
-      net != b.end() && net->is_boolean() && net->get<bool>())
+      net != b.end() && net->is_boolean() && net->get<bool>()) {
+    if (!d_.cfg->network)
+      return fail(InvalidArgument(
+          "allow_internet_access: this node runs without sandbox networking (network: false)"));
     p.network.mode = net::NetMode::kOpen;
+  }
   auto* workers = d_.workers;
   auto made = d_.manager->Create(p, 1, /*wait=*/true, [workers](std::function<void()> task) {
     boost::asio::post(*workers, std::move(task));
@@ -580,24 +687,25 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
   if (method == "process.Process/Connect") {
     auto sel = e2b::ParseSelector(j);
     if (!sel.ok()) return stream_fail(sel.status());
-    auto p = FindProcess(e->id, *sel);
-    if (!p || !p->Attach(res)) return stream_fail(NotFound("process not found"));
+    auto p = reg_->Find(e->id, *sel);
+    if (!p) return stream_fail(NotFound("process not found"));
+    if (Status s = p->Attach(res); !s.ok()) return stream_fail(s);
     d_.metrics->CountRequest(req.method, 200);
     return;
   }
   if (method == "process.Process/List") {
     Json procs = Json::array();
-    {
-      MutexLock l(mu_);
-      if (auto it = procs_.find(e->id); it != procs_.end()) {
-        for (const auto& [pid, p] : it->second) {
-          Json cfg = {{"cmd", p->cfg.cmd}, {"args", p->cfg.args}, {"envs", p->cfg.envs}};
-          if (p->cfg.cwd) cfg["cwd"] = *p->cfg.cwd;
-          Json info = {{"config", cfg}, {"pid", pid}};
-          if (p->cfg.tag) info["tag"] = *p->cfg.tag;
-          procs.push_back(std::move(info));
-        }
+    for (const auto& p : reg_->All(e->id)) {
+      uint32_t pid;
+      {
+        MutexLock l(p->mu);
+        pid = p->pid;
       }
+      Json cfg = {{"cmd", p->cfg.cmd}, {"args", p->cfg.args}, {"envs", p->cfg.envs}};
+      if (p->cfg.cwd) cfg["cwd"] = *p->cfg.cwd;
+      Json info = {{"config", cfg}, {"pid", pid}};
+      if (p->cfg.tag) info["tag"] = *p->cfg.tag;
+      procs.push_back(std::move(info));
     }
     return send(RpcOk({{"processes", procs}}));
   }
@@ -605,7 +713,7 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
       method == "process.Process/CloseStdin" || method == "process.Process/Update") {
     auto sel = e2b::ParseSelector(j);
     if (!sel.ok()) return send(RpcFail(sel.status()));
-    auto p = FindProcess(e->id, *sel);
+    auto p = reg_->Find(e->id, *sel);
     auto h = p ? p->Handle() : nullptr;
     if (!h) return send(RpcFail(NotFound("process not found")));
     if (method == "process.Process/SendInput") {
@@ -621,10 +729,15 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
       }
       if (Status s = h->WriteStdin(std::move(data)); !s.ok()) return send(RpcFail(s));
     } else if (method == "process.Process/SendSignal") {
-      std::string sig = j.value("signal", std::string("SIGNAL_SIGKILL"));
-      if (sig == "SIGNAL_SIGTERM" || sig == "15") {
+      // The enum by name, or by number (proto3 JSON allows both).
+      auto sig = j.find("signal");
+      std::string name = sig == j.end() || sig->is_null() ? "SIGNAL_SIGKILL"
+                         : sig->is_string()               ? sig->get<std::string>()
+                         : sig->is_number_integer()       ? std::to_string(sig->get<int64_t>())
+                                                          : "";
+      if (name == "SIGNAL_SIGTERM" || name == "15") {
         h->Signal(15);
-      } else if (sig == "SIGNAL_SIGKILL" || sig == "9") {
+      } else if (name == "SIGNAL_SIGKILL" || name == "9") {
         h->Kill();
       } else {
         return send(RpcFail(InvalidArgument("signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")));
@@ -632,9 +745,16 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
     } else if (method == "process.Process/CloseStdin") {
       h->CloseStdin();
     } else if (auto pty = j.find("pty"); pty != j.end() && pty->is_object()) {
-      auto sz = pty->value("size", Json::object());
-      h->Resize(static_cast<uint16_t>(sz.value("cols", 80)),
-                static_cast<uint16_t>(sz.value("rows", 24)));
+      auto sz = pty->find("size");
+      auto dim = [&](const char* k, int64_t def) -> int64_t {
+        if (sz == pty->end() || !sz->is_object()) return def;
+        auto v = sz->find(k);
+        return v != sz->end() && v->is_number_unsigned() ? v->get<int64_t>() : -1;
+      };
+      int64_t cols = dim("cols", 80), rows = dim("rows", 24);
+      if (cols < 1 || cols > 4096 || rows < 1 || rows > 4096)
+        return send(RpcFail(InvalidArgument("pty.size needs cols and rows of 1-4096")));
+      h->Resize(static_cast<uint16_t>(cols), static_cast<uint16_t>(rows));
     }
     return send(RpcOk(Json::object()));
   }
@@ -650,13 +770,22 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
     DSEC_ASSIGN_OR_RETURN(backends::FileEntry f, (*sb)->Stat(path));
     return e2b::EntryJson(EntryOf(f, path));
   };
-  // A command as E2B's user, for what the agent has no call for (mkdir -p, mv).
+  // A command as E2B's user, for what the agent has no call for (mv): an exec of the sandbox
+  // like any other (its audit record, the per-sandbox exec cap).
   auto run = [&](std::vector<std::string> argv) -> Status {
     backends::ExecRequest er;
     er.cmd = std::move(argv);
     er.user = user;
     er.timeout_ms = 30000;
-    DSEC_ASSIGN_OR_RETURN(backends::ExecOutput out, (*sb)->Exec(er));
+    Json command = Json::array();
+    for (const auto& a : er.cmd) command.push_back(a);
+    DSEC_ASSIGN_OR_RETURN(
+        auto ticket, ExecTicket::Take(d_.cfg->max_execs_per_sandbox, d_.audit, d_.metrics, e, "e2b",
+                                      std::move(command), user, "", req.principal, req.remote));
+    auto done = (*sb)->Exec(er);
+    ticket->Finish(done.ok() ? StatusOr<backends::ExecResult>(done->result)
+                             : StatusOr<backends::ExecResult>(done.status()));
+    DSEC_ASSIGN_OR_RETURN(backends::ExecOutput out, std::move(done));
     if (out.result.exit_code != 0)
       return InvalidArgument(TrimWhitespace(out.stderr_data).empty()
                                  ? "exit status " + std::to_string(out.result.exit_code)
@@ -673,7 +802,11 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
   if (method == "filesystem.Filesystem/ListDir") {
     auto p = path_of("path");
     if (!p.ok()) return send(RpcFail(p.status()));
-    int64_t depth = j.value("depth", int64_t{1});
+    int64_t depth = 1;
+    if (auto d = j.find("depth"); d != j.end() && !d->is_null()) {
+      if (!d->is_number_integer()) return send(RpcFail(InvalidArgument("depth must be a number")));
+      depth = d->get<int64_t>();
+    }
     if (depth < 1 || depth > 64) return send(RpcFail(InvalidArgument("depth must be 1-64")));
     Json entries = Json::array();
     std::vector<std::pair<std::string, int64_t>> todo = {{*p, 1}};
@@ -702,7 +835,7 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
       return send(RpcFail(st->type == "dir"
                               ? Status(StatusCode::kAlreadyExists, "directory " + *p + " exists")
                               : InvalidArgument("path " + *p + " exists and is not a directory")));
-    if (Status s = run({"mkdir", "-p", "--", *p}); !s.ok()) return send(RpcFail(s));
+    if (Status s = (*sb)->MakeDir(*p, 0755); !s.ok()) return send(RpcFail(s));
     auto en = entry_of(*p);
     if (!en.ok()) return send(RpcFail(en.status()));
     return send(RpcOk({{"entry", *en}}));
@@ -750,7 +883,8 @@ void E2b::Start(const e2b::StartRequest& sr, const http::HttpRequest& req,
   er.env = sr.envs;
   if (user != "root" && !er.env.count("HOME")) er.env["HOME"] = kHome;
   er.user = user;
-  er.cwd = sr.cwd ? Resolve(*sr.cwd, user) : std::string(kHome);
+  // envd's default: the sandbox's workdir (/home/user for those made through E2B).
+  er.cwd = sr.cwd ? Resolve(*sr.cwd, user) : e->params.workdir;
   if (auto st = (*sb)->Stat(er.cwd); !st.ok() || st->type != "dir")
     return stream_fail(InvalidArgument("cwd '" + er.cwd + "' does not exist"));
   // Connect-Timeout-Ms: the call's deadline, the command's too (envd kills it then).
@@ -771,7 +905,7 @@ void E2b::Start(const e2b::StartRequest& sr, const http::HttpRequest& req,
                                  std::move(command), user, er.cwd, req.principal, req.remote);
   if (!ticket.ok()) return stream_fail(ticket.status());
   auto p = std::make_shared<Process>();
-  p->owner = this;
+  p->reg = reg_;
   p->sandbox = e->id;
   p->cfg = sr;
   p->ticket = *ticket;
@@ -780,30 +914,28 @@ void E2b::Start(const e2b::StartRequest& sr, const http::HttpRequest& req,
     res->StartStream(200, "application/connect+json");
     p->streams.push_back(res);
   }
+  p->Watch(res);
   {
-    MutexLock l(mu_);
-    pending_[p.get()] = p;  // registered by pid once it starts (Process::OnStart)
+    MutexLock l(reg_->mu);
+    reg_->pending[p.get()] = p;  // registered by pid once it starts (Process::OnStart)
   }
   auto h = (*sb)->StartExec(er, p);
   if (!h.ok()) {
+    reg_->Forget(e->id, 0, p.get());
     {
-      MutexLock l(mu_);
-      pending_.erase(p.get());
-    }
-    MutexLock l(p->mu);
-    if (!p->ended) {
-      p->ended = true;
-      res->End(e2b::EndStream(
-          std::make_pair(std::string(e2b::ConnectCodeFor(h.status())), h.status().message())));
-      p->streams.clear();
+      MutexLock l(p->mu);
+      if (!p->ended) {
+        p->ended = true;
+        res->End(e2b::EndStream(
+            std::make_pair(std::string(e2b::ConnectCodeFor(h.status())), h.status().message())));
+        p->streams.clear();
+      }
+      p->cv.NotifyAll();
     }
     p->ticket->Finish(h.status());
     return;
   }
-  {
-    MutexLock l(p->mu);
-    if (!p->ended) p->handle = *h;
-  }
+  p->SetHandle(*h);
   d_.metrics->CountRequest(req.method, 200);
 }
 
@@ -831,39 +963,66 @@ void E2b::Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, 
       return fail(ApiFail(st.status()).status, st.status().message());
     }
     if (st->type == "dir") return fail(400, "path '" + path + "' is a directory");
+    if (st->type != "file" && st->type != "symlink")
+      return fail(400, "path '" + path + "' is not a regular file");
     uint64_t cap = d_.cfg->max_download_bytes;
-    if (st->size > cap)
+    if (st->type == "file" && st->size > cap)
       return fail(413, "'" + path + "' is larger than the node's max_download_bytes");
-    auto data = (*sb)->ReadFile(path, cap);
+    // One byte past the cap tells a file that grew since the stat (or a symlink's target).
+    auto data = (*sb)->ReadFile(path, cap + 1);
     if (!data.ok()) return fail(ApiFail(data.status()).status, data.status().message());
+    if (data->size() > cap)
+      return fail(413, "'" + path + "' is larger than the node's max_download_bytes");
     http::HttpResponse r;
     r.content_type = "application/octet-stream";
     r.body = std::move(*data);
     return send(std::move(r));
   }
   if (req.method != "POST") return fail(405, "GET or POST");
-  std::vector<std::pair<std::string, std::string>> files;  // target, bytes
   const std::string ct = req.Header("content-type");
-  if (StartsWith(ct, "multipart/form-data")) {
-    auto parts = e2b::ParseMultipart(ct, req.body);
+  if (!StartsWith(ct, "multipart/form-data")) {
+    // An octet-stream body goes from its spooled file to the sandbox a piece at a time.
+    if (!qpath || qpath->empty()) return fail(400, "path is required for an octet-stream body");
+    if (!req.Header("content-encoding").empty() && req.Header("content-encoding") != "identity")
+      return fail(400, "compressed uploads (Content-Encoding) are not accepted");
+    std::string path = Resolve(*qpath, user);
+    Status s = req.body_file ? (*sb)->WriteFile(path, {req.body_file.get(), req.body_size}, 0644)
+                             : (*sb)->WriteFile(path, req.body, 0644);
+    req.body_file.Reset();
+    if (!s.ok()) return fail(ApiFail(s).status, s.message());
+    Json out = Json::array();
+    out.push_back({{"name", BaseName(path)}, {"type", "file"}, {"path", path}});
+    return send(JsonResponse(200, Dump(out)));
+  }
+  // A multipart body is parsed in memory (at most kMaxFilesBody), its parts views into it.
+  std::string body = std::move(req.body);
+  if (req.body_file) {
+    body.resize(req.body_size);
+    for (size_t off = 0; off < body.size();) {
+      ssize_t n =
+          pread(req.body_file.get(), body.data() + off, body.size() - off, static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return fail(500, "could not read the spooled upload");
+      off += static_cast<size_t>(n);
+    }
+    req.body_file.Reset();
+  }
+  std::vector<std::pair<std::string, std::string_view>> files;  // target, bytes
+  {
+    auto parts = e2b::ParseMultipart(ct, body);
     if (!parts.ok()) return fail(400, parts.status().message());
     for (auto& p : *parts) {
       if (p.name != "file") continue;
       std::string target = qpath && !qpath->empty() ? *qpath : p.filename;
       if (target.empty()) return fail(400, "a file part without a path (filename or ?path=)");
-      files.emplace_back(Resolve(target, user), std::move(p.data));
+      files.emplace_back(Resolve(target, user), p.data);
     }
     if (qpath && files.size() > 1) return fail(400, "several files for one ?path=");
-  } else {
-    if (!qpath || qpath->empty()) return fail(400, "path is required for an octet-stream body");
-    if (!req.Header("content-encoding").empty() && req.Header("content-encoding") != "identity")
-      return fail(400, "compressed uploads (Content-Encoding) are not accepted");
-    files.emplace_back(Resolve(*qpath, user), std::move(req.body));
   }
   if (files.empty()) return fail(400, "no file in the request");
   Json out = Json::array();
   for (const auto& [path, data] : files) {
-    if (Status s = (*sb)->WriteFile(path, data, 0644); !s.ok())
+    if (Status s = (*sb)->WriteFile(path, backends::UploadBody(data), 0644); !s.ok())
       return fail(ApiFail(s).status, s.message());
     out.push_back({{"name", BaseName(path)}, {"type", "file"}, {"path", path}});
   }

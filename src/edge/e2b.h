@@ -33,6 +33,7 @@
 #include "edge/config.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
+#include "edge/sandbox_slots.h"
 #include "http/server.h"
 
 namespace dsec::edge {
@@ -54,10 +55,12 @@ class E2b {
   http::Preflight Check(http::HttpRequest& headers_only);
   void Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
 
-  // The envdAccessToken of a sandbox.
+  // The envdAccessToken of a sandbox: HMAC-SHA256 of its id under a key derived from the
+  // edge's first token.
   std::string AccessToken(const std::string& sandbox_id) const;
 
-  struct Process;  // a running command (e2b.cc)
+  struct Process;   // a running command (e2b.cc)
+  struct Registry;  // the running commands, shared with them (they may outlive the listener)
 
  private:
   using Res = std::shared_ptr<http::Responder>;
@@ -73,15 +76,12 @@ class E2b {
              const std::shared_ptr<SandboxEntry>& e, const Res& res);
   void Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, const Res& res);
 
-  std::shared_ptr<Process> FindProcess(const std::string& sandbox, const api::e2b::Selector& s);
-  void Register(Process* p);  // started: findable by its pid
-  void Forget(const std::string& sandbox, uint32_t pid, Process* self);
-
   Deps d_;
-  Mutex mu_;
-  // Running commands per sandbox, by pid; those not started yet by their address.
-  std::map<std::string, std::map<uint32_t, std::shared_ptr<Process>>> procs_ DSEC_GUARDED_BY(mu_);
-  std::map<Process*, std::shared_ptr<Process>> pending_ DSEC_GUARDED_BY(mu_);
+  std::string token_key_;  // the access tokens' HMAC key
+  std::shared_ptr<Registry> reg_;
+  // envd requests in progress per sandbox (each takes a worker and may wait on its agent): at
+  // most max_workers_per_sandbox, as for the REST API.
+  SandboxSlots slots_;
   // Keepalive events on every process stream, every few seconds (undici drops a response
   // body silent for 300 s).
   std::mutex stop_mu_;

@@ -447,6 +447,12 @@ int RunEdge(EdgeConfig cfg) {
   api.emplace(std::move(deps));
 
   http::HttpServerOptions ho = ServerOptions(cfg, budgets->files);
+  // The connections the edge's descriptors allow are shared by its listeners: the API keeps
+  // half when a compatibility listener runs beside it, and they split the other half.
+  const int compat_listeners = !cfg.sandbox_fusion_listen.empty() + !cfg.e2b_listen.empty();
+  const int compat_connections =
+      compat_listeners ? std::max(16, ho.max_connections / 2 / compat_listeners) : 0;
+  if (compat_listeners) ho.max_connections = std::max(16, ho.max_connections / 2);
   if (Status s = MakeDirs(ho.spool_dir, 0700); !s.ok()) return fail("spool dir", s);
   // The socket's directory and whichever of its parents we create are removed again on exit.
   std::vector<std::string> made_dirs = MakeSocketDir(cfg.socket);
@@ -488,6 +494,7 @@ int RunEdge(EdgeConfig cfg) {
     fo.listen = cfg.sandbox_fusion_listen;
     fo.unix_path.clear();
     fo.io_threads = 1;
+    fo.max_connections = compat_connections;
     auto fs = http::HttpServer::Start(
         fo, [&fusion](http::HttpRequest& r) { return fusion->Check(r); },
         [&fusion](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
@@ -512,6 +519,7 @@ int RunEdge(EdgeConfig cfg) {
     eo.listen = cfg.e2b_listen;
     eo.unix_path.clear();
     eo.io_threads = 1;
+    eo.max_connections = compat_connections;
     auto es = http::HttpServer::Start(
         eo, [&e2b](http::HttpRequest& r) { return e2b->Check(r); },
         [&e2b](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {

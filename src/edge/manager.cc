@@ -249,6 +249,8 @@ bool Manager::MakeRoomFromPools(const CreateParams& p, int count) {
   int64_t over_n = 0, over_mb = 0;
   {
     MutexLock l(mu_);
+    // A create that could never fit (its 422) must not cost the pools their warm workers.
+    if (!FitsEver(p, count).ok()) return false;
     auto [pooled, pooled_mb] = pools_->Usage();
     int64_t max_n = cfg_.max_sandboxes;
     if (files_.nofile > 0) max_n = std::min<int64_t>(max_n, files_.max_sandboxes);
@@ -484,7 +486,8 @@ StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) {
     auto t = tombstones_.find(id);
-    if (t == tombstones_.end()) return NotFound("sandbox " + id + " not found");
+    if (t == tombstones_.end() || WallMs() - t->second.at_ms > cfg_.tombstone_ttl_s * 1000)
+      return NotFound("sandbox " + id + " not found");
     const Tombstone& ts = t->second;
     std::string why = ts.reason == "ttl"    ? "its ttl_s ran out"
                       : ts.reason == "idle" ? "it was idle for its idle_ttl_s"
@@ -501,7 +504,8 @@ StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
 std::optional<Tombstone> Manager::TombstoneOf(const std::string& id) const {
   MutexLock l(mu_);
   auto t = tombstones_.find(id);
-  if (t == tombstones_.end()) return std::nullopt;
+  if (t == tombstones_.end() || WallMs() - t->second.at_ms > cfg_.tombstone_ttl_s * 1000)
+    return std::nullopt;
   return t->second;
 }
 

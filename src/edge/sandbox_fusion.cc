@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cmath>
+#include <set>
 
 #include "base/file_util.h"
 #include "base/logging.h"
@@ -18,8 +19,9 @@ namespace fusion = api::fusion;
 
 namespace {
 
-constexpr uint64_t kMaxCaptured = 1 << 20;  // per stream, as SandboxFusion captures
-constexpr uint64_t kMaxFetched = 64 << 20;  // per fetched file
+constexpr uint64_t kMaxCaptured = 1 << 20;       // per stream, as SandboxFusion captures
+constexpr uint64_t kMaxFetched = 64 << 20;       // per fetched file
+constexpr uint64_t kMaxFetchedTotal = 64 << 20;  // all of a call's fetched files
 
 http::HttpResponse Detail(int status, std::string_view detail) {
   http::HttpResponse r;
@@ -43,12 +45,6 @@ fusion::CommandResult FromExec(const backends::ExecResult& r, std::string out, s
   c.stdout_data = std::move(out);
   c.stderr_data = std::move(err);
   return c;
-}
-
-// The step could not start because its program is missing (the agent's exec error, exit 127).
-bool ToolMissing(const fusion::CommandResult& c) {
-  return c.return_code == 127 && StartsWith(c.stderr_data, "dsec: ") &&
-         c.stderr_data.find("No such file or directory") != std::string::npos;
 }
 
 const char* kSupported =
@@ -107,7 +103,11 @@ void SandboxFusion::Handle(http::HttpRequest&& req, std::shared_ptr<http::Respon
   }
   if (path == "/run_code") {
     if (req.method != "POST") return send(Detail(405, "Method Not Allowed"));
-    return RunCode(std::move(req), std::move(res));
+    // Parsing (up to sandbox_fusion_max_body_bytes of JSON and base64) is a worker's job, not
+    // the listener's I/O thread's.
+    auto shared = std::make_shared<http::HttpRequest>(std::move(req));
+    boost::asio::post(*d_.workers, [this, shared, res] { RunCode(std::move(*shared), res); });
+    return;
   }
   send(Detail(404, "Not Found"));
 }
@@ -128,7 +128,7 @@ void SandboxFusion::RunCode(http::HttpRequest&& req, std::shared_ptr<http::Respo
                     {"sandbox", "sandbox-fusion"},
                     {"language", rq->language},
                     {"code_bytes", rq->code.size()},
-                    {"code_sha256", Idempotency::Hash(rq->code)},
+                    {"code_hash", Idempotency::Hash(rq->code)},
                     {"remote", req.remote}});
   auto lang = fusion::LanguageOf(rq->language, rq->args);
   if (!lang)
@@ -136,7 +136,11 @@ void SandboxFusion::RunCode(http::HttpRequest&& req, std::shared_ptr<http::Respo
                                                     " is not supported by this server (it runs " +
                                                     kSupported + ")"));
   if (rq->language == "python" && rq->fetch_files.empty() && RunOnFncall(*rq, res)) return;
-  boost::asio::post(*d_.workers, [this, rq, lang = *lang, reply] {
+  // A run in a sandbox holds a worker for its compile and run steps (up to their timeouts):
+  // at most sandbox_fusion_max_concurrent at once, so that the node's own API keeps workers;
+  // the others wait their turn without a worker (SandboxFusion's clients do not retry a 429),
+  // up to kMaxWaiting of them.
+  auto job = [this, rq, lang = *lang, reply] {
     std::optional<std::string> sandbox_error;
     fusion::RunCodeResult r;
     try {
@@ -146,7 +150,41 @@ void SandboxFusion::RunCode(http::HttpRequest&& req, std::shared_ptr<http::Respo
       sandbox_error = "internal error";
     }
     reply(200, fusion::RenderRunCode(r, sandbox_error));
-  });
+    Done();
+  };
+  {
+    MutexLock l(mu_);
+    if (running_ >= d_.cfg->sandbox_fusion_max_concurrent) {
+      if (waiting_.size() >= kMaxWaiting) {
+        l.Unlock();
+        http::HttpResponse busy = Detail(
+            429, "the node already runs " + std::to_string(d_.cfg->sandbox_fusion_max_concurrent) +
+                     " /run_code calls in sandboxes and " + std::to_string(kMaxWaiting) +
+                     " wait: retry later");
+        busy.headers.emplace_back("Retry-After", "1");
+        d_.metrics->CountRequest("POST", 429);
+        return res->Send(std::move(busy));
+      }
+      waiting_.push_back(std::move(job));
+      return;
+    }
+    running_++;
+  }
+  job();
+}
+
+void SandboxFusion::Done() {
+  std::function<void()> next;
+  {
+    MutexLock l(mu_);
+    if (waiting_.empty()) {
+      running_--;
+      return;
+    }
+    next = std::move(waiting_.front());  // its slot is the one this run gives up
+    waiting_.pop_front();
+  }
+  boost::asio::post(*d_.workers, std::move(next));
 }
 
 bool SandboxFusion::RunOnFncall(const fusion::RunCodeRequest& rq,
@@ -234,6 +272,19 @@ fusion::RunCodeResult SandboxFusion::RunInSandbox(const fusion::RunCodeRequest& 
   auto in_workdir = [&](const std::string& name) {
     return !name.empty() && name[0] == '/' ? name : JoinPath(p.workdir, name);
   };
+  // Is the toolchain there? Asked before anything of the caller's is in the sandbox: what the
+  // caller's code prints or exits with can never make its own failure a SandboxError.
+  {
+    backends::ExecRequest er;
+    er.cmd = {"/bin/sh", "-c", "command -v -- \"$1\" >/dev/null", "sh", lang.tool};
+    er.cwd = p.workdir;
+    er.timeout_ms = 10000;
+    auto r = (*sb)->Exec(er);
+    if (!r.ok()) return fail("could not check for " + lang.tool + ": " + r.status().message());
+    if (r->result.exit_code != 0)
+      return fail("language " + lang.name + " needs " + lang.tool + ", which image " + p.image +
+                  " does not have");
+  }
   for (const auto& [name, data] : rq.files) {
     if (Status s = (*sb)->WriteFile(in_workdir(name), data, 0644); !s.ok())
       return fail("file " + name + ": " + s.message());
@@ -272,13 +323,7 @@ fusion::RunCodeResult SandboxFusion::RunInSandbox(const fusion::RunCodeRequest& 
       c.stderr_data = r.status().message();
       return c;
     }
-    auto c = FromExec(r->result, std::move(r->stdout_data), std::move(r->stderr_data));
-    if (ToolMissing(c)) {
-      *sandbox_error = "language " + lang.name + " needs " + argv[0] + ", which image " + p.image +
-                       " does not have";
-      return std::nullopt;
-    }
-    return c;
+    return FromExec(r->result, std::move(r->stdout_data), std::move(r->stderr_data));
   };
   if (!lang.compile.empty()) {
     out.compile = step(lang.compile, rq.compile_timeout_s, std::nullopt);
@@ -288,11 +333,23 @@ fusion::RunCodeResult SandboxFusion::RunInSandbox(const fusion::RunCodeRequest& 
   }
   out.run = step(lang.run, rq.run_timeout_s, rq.stdin_data);
   if (!out.run) return out;
+  // Fetched files: each at most kMaxFetched, all together at most kMaxFetchedTotal, each path
+  // once; what is not a regular file, or too large, is left out (SandboxFusion skips what it
+  // cannot read).
+  uint64_t total = 0;
+  std::set<std::string> seen;
   for (const auto& name : rq.fetch_files) {
-    auto st = (*sb)->Stat(in_workdir(name));
-    if (!st.ok() || st->type != "file") continue;  // SandboxFusion skips what is not a file
-    auto data = (*sb)->ReadFile(in_workdir(name), kMaxFetched);
-    if (data.ok()) out.files[name] = std::move(*data);
+    const std::string path = in_workdir(name);
+    if (!seen.insert(path).second) continue;
+    auto st = (*sb)->Stat(path);
+    if (!st.ok() || st->type != "file" || st->size > kMaxFetched ||
+        total + st->size > kMaxFetchedTotal)
+      continue;
+    auto data = (*sb)->ReadFile(path, kMaxFetched + 1);
+    if (!data.ok() || data->size() > kMaxFetched || total + data->size() > kMaxFetchedTotal)
+      continue;  // (it grew since the stat)
+    total += data->size();
+    out.files[name] = std::move(*data);
   }
   return out;
 }

@@ -18,12 +18,15 @@
 #pragma once
 
 #include <boost/asio/thread_pool.hpp>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "api/sandbox_fusion.h"
 #include "backends/pools/pool.h"
+#include "base/mutex.h"
 #include "edge/audit_log.h"
 #include "edge/config.h"
 #include "edge/manager.h"
@@ -65,7 +68,13 @@ class SandboxFusion {
   bool RunOnFncall(const api::fusion::RunCodeRequest& rq,
                    const std::shared_ptr<http::Responder>& res);
 
+  void Done();  // a run in a sandbox ended: the next waiting one takes its place
+
+  static constexpr size_t kMaxWaiting = 4096;
   Deps d_;
+  Mutex mu_;
+  int running_ DSEC_GUARDED_BY(mu_) = 0;  // calls in sandboxes now (sandbox_fusion_max_concurrent)
+  std::deque<std::function<void()>> waiting_ DSEC_GUARDED_BY(mu_);
 };
 
 }  // namespace dsec::edge

@@ -372,7 +372,9 @@ def test_job_operations_fan_out(shared):
     assert status == 200 and out["affected"] == 4, out
     status, out = api(shared, "DELETE", f"/v1/jobs/{job}")
     assert status == 200 and out["affected"] == 4, out
-    assert all(api(shared, "GET", f"/v1/sandboxes/{s}")[0] == 404 for s in ids)
+    # Deleted with their job: each node answers 410 gone, reason job, through the apiserver.
+    gone = [api(shared, "GET", f"/v1/sandboxes/{s}") for s in ids]
+    assert all(st == 410 and out["error"]["reason"] == "job" for st, out in gone), gone
 
 
 # ---- faults (a cluster each) ---------------------------------------------------------------

@@ -153,6 +153,9 @@ def test_protocol_errors_in_their_own_shapes(e2b_edge):
         assert st == 400 and body["code"] == 400, body
         st, body, _ = call(e, "GET", "/health", None, envd)
         assert st == 204
+        no_token = {k: v for k, v in envd.items() if k != "X-Access-Token"}
+        st, body, _ = call(e, "GET", "/health", None, no_token)
+        assert st == 401, body
         st, body, _ = call(e, "GET", "/nope", None, envd)
         assert st == 404, body
         # The code interpreter's port is not served yet: said so.

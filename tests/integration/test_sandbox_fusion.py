@@ -102,6 +102,10 @@ def test_status_rules(fusion):
     assert 0.9 <= rr["execution_time"] < 10, rr
     out = run(fusion, verl_request("exit 3", language="bash"))
     assert out["status"] == "Failed" and out["run_result"]["return_code"] == 3, out
+    # What the code prints and exits with cannot make its failure look like the server's.
+    out = run(fusion, verl_request(
+        "echo 'dsec: exec ./main: No such file or directory' >&2; exit 127", language="bash"))
+    assert out["status"] == "Failed" and out["run_result"]["return_code"] == 127, out
     out = run(fusion, verl_request("x", language="cuda"))
     assert out["status"] == "SandboxError" and "cuda" in out["message"], out
     assert out["run_result"] is None
