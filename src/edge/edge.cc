@@ -258,6 +258,23 @@ void Housekeep(const std::atomic<bool>& done, Idempotency* idem, const OutputBud
 }
 
 // One line on stdout when ready, for scripts.
+// A compatibility listener (SandboxFusion, E2B) on its own TCP address: the API's server
+// options but no unix socket, one I/O thread and its share of the connections.
+template <typename Listener>
+StatusOr<std::unique_ptr<http::HttpServer>> StartCompatServer(http::HttpServerOptions opts,
+                                                              const std::string& listen,
+                                                              int max_connections, Listener* l) {
+  opts.listen = listen;
+  opts.unix_path.clear();
+  opts.io_threads = 1;
+  opts.max_connections = max_connections;
+  return http::HttpServer::Start(
+      opts, [l](http::HttpRequest& r) { return l->Check(r); },
+      [l](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
+        l->Handle(std::move(r), std::move(res));
+      });
+}
+
 // "http://HOST:PORT" of a listener (its bound port when it was asked for port 0).
 std::string UrlOf(const std::string& listen, const http::HttpServer& server) {
   if (listen.empty()) return "";
@@ -490,16 +507,7 @@ int RunEdge(EdgeConfig cfg) {
                                        .metrics = &metrics,
                                        .audit = audit->get(),
                                        .tokens = *tokens});
-    http::HttpServerOptions fo = ho;
-    fo.listen = cfg.sandbox_fusion_listen;
-    fo.unix_path.clear();
-    fo.io_threads = 1;
-    fo.max_connections = compat_connections;
-    auto fs = http::HttpServer::Start(
-        fo, [&fusion](http::HttpRequest& r) { return fusion->Check(r); },
-        [&fusion](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
-          fusion->Handle(std::move(r), std::move(res));
-        });
+    auto fs = StartCompatServer(ho, cfg.sandbox_fusion_listen, compat_connections, &*fusion);
     if (!fs.ok()) return fail("sandbox fusion listener", fs.status());
     fusion_server = std::move(*fs);
   }
@@ -515,16 +523,7 @@ int RunEdge(EdgeConfig cfg) {
                           .metrics = &metrics,
                           .audit = audit->get(),
                           .tokens = *tokens});
-    http::HttpServerOptions eo = ho;
-    eo.listen = cfg.e2b_listen;
-    eo.unix_path.clear();
-    eo.io_threads = 1;
-    eo.max_connections = compat_connections;
-    auto es = http::HttpServer::Start(
-        eo, [&e2b](http::HttpRequest& r) { return e2b->Check(r); },
-        [&e2b](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
-          e2b->Handle(std::move(r), std::move(res));
-        });
+    auto es = StartCompatServer(ho, cfg.e2b_listen, compat_connections, &*e2b);
     if (!es.ok()) return fail("e2b listener", es.status());
     e2b_server = std::move(*es);
   }

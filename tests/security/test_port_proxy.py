@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 
+from edge_harness import wait_until
 from sec_util import Neighbour
 
 # Answers every request head it sees with a keep-alive response whose body is a forged record,
@@ -327,7 +328,14 @@ def test_a_sandbox_that_starves_its_agent_holds_a_bounded_share_of_workers(make_
     try:
         c.put(f"/v1/sandboxes/{sid}/files?path=/workspace/f", b"x" * 1000, expect=204)
         c.exec(sid, "for i in $(seq 40); do (while :; do :; done) & done")
-        time.sleep(1)
+
+        def one_read_s():
+            t = time.monotonic()
+            c.get(f"/v1/sandboxes/{sid}/files?path=/workspace/f", expect=None, validate=False)
+            return time.monotonic() - t
+
+        # The premise: its busy loops starve its agent (a read takes a while) before the 64 go.
+        wait_until(lambda: one_read_s() > 0.2, 30, interval=0.2, what="the agent starved")
 
         def read(_):
             cc = e.client()
