@@ -75,14 +75,15 @@ struct SandboxPage {
 // What the manager knows of the node (GET /v1/node adds the edge's own fields).
 struct NodeReport {
   std::string node;
-  int64_t max_sandboxes = 0;    // configured
-  int64_t memory_mb = 0;        // the node's memory
-  double overcommit = 0;        // memory admission factor
-  int64_t admit_memory_mb = 0;  // what admission lets sandboxes ask for together
-  FileBudget files;             // the edge's own descriptors
-  NodeBudget budget;            // node-wide kernel budgets
-  int64_t sandboxes = 0;        // live now
-  int64_t used_memory_mb = 0;   // asked for by live sandboxes
+  int64_t max_sandboxes = 0;      // configured
+  int64_t memory_mb = 0;          // the node's memory
+  double overcommit = 0;          // memory admission factor
+  int64_t admit_memory_mb = 0;    // what admission lets sandboxes ask for together
+  int64_t reserve_memory_mb = 0;  // kept from sandboxes: admit = (memory - reserve) * overcommit
+  FileBudget files;               // the edge's own descriptors
+  NodeBudget budget;              // node-wide kernel budgets
+  int64_t sandboxes = 0;          // live now
+  int64_t used_memory_mb = 0;     // asked for by live sandboxes
   std::map<Phase, int64_t> by_state;
 };
 

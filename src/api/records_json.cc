@@ -37,7 +37,7 @@ Json ToJson(const SandboxRecord& r) {
             {"node", r.node},
             {"image", ImageField(r.image)},
             {"created_at", r.created_at},
-            {"expires_at", r.expires_at},
+            {"expires_at", r.expires_at > 0 ? Json(r.expires_at) : Json(nullptr)},  // null: no TTL
             {"ttl_s", r.ttl_s},
             {"idle_ttl_s", r.idle_ttl_s},
             {"last_used_at", r.last_used_at},
@@ -73,6 +73,7 @@ Json ToJson(const NodeReport& n) {
             {"memory_mb", n.memory_mb},
             {"overcommit", n.overcommit},
             {"admit_memory_mb", n.admit_memory_mb},
+            {"reserve_memory_mb", n.reserve_memory_mb},
             {"edge_max_sandboxes", n.files.max_sandboxes},
             {"edge_nofile", n.files.nofile},
             {"budgets",

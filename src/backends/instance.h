@@ -34,6 +34,9 @@ struct AgentLink {
   bool paused = false;              // the instance is paused (adopting a paused sandbox)
 };
 
+// Progress of a capture (Instance::CaptureStack): bytes of the layer read so far.
+using CaptureProgress = std::function<void(uint64_t bytes, bool read_all)>;
+
 class Instance {
  public:
   virtual ~Instance() = default;
@@ -59,10 +62,16 @@ class Instance {
   virtual Status SetMemoryLimit(int64_t bytes) = 0;
   // The image stack with the writable layer captured on top (Sandbox::CaptureStack); `running`:
   // the instance is not paused, so it must be held still while it is read.
-  virtual StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running) {
+  // `progress` (may be empty) is called as the layer is read: the bytes so far, and once more
+  // with `read_all` when it is all read and is being stored.
+  virtual StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running,
+                                                          const CaptureProgress& progress) {
     (void)keep_setuid;
     (void)running;
-    return Unimplemented("this kind of sandbox cannot be snapshotted");
+    (void)progress;
+    return Unimplemented(
+        std::string(KindName(kind())) +
+        " sandboxes cannot be snapshotted or forked yet (container sandboxes can)");
   }
 
   // Replaces the network policy (spec().network at Start) live: a sandbox created with mode

@@ -438,12 +438,13 @@ std::string Sandbox::network_address() const {
   return instance_->NetworkAddress();
 }
 
-StatusOr<std::vector<std::string>> Sandbox::CaptureStack(bool keep_setuid) {
+StatusOr<std::vector<std::string>> Sandbox::CaptureStack(bool keep_setuid,
+                                                         const CaptureProgress& progress) {
   MutexLock l(mu_);
   SandboxState st = state_.load();
   if (st != SandboxState::kRunning && st != SandboxState::kPaused)
     return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)));
-  return instance_->CaptureStack(keep_setuid, st == SandboxState::kRunning);
+  return instance_->CaptureStack(keep_setuid, st == SandboxState::kRunning, progress);
 }
 
 Status Sandbox::Destroy() {

@@ -116,7 +116,8 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // digests bottom first), its writable layer captured as the new top layer while it is held
   // still for a moment. A kind without layered images says Unimplemented.
   // `keep_setuid`: keep setuid/setgid bits of the sandbox's files (dropped by default).
-  StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid = false);
+  StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid = false,
+                                                  const CaptureProgress& progress = {});
   // Removes every kernel object and file the sandbox made. Safe to call twice.
   Status Destroy();
   // What a later process needs to re-adopt this sandbox (Backend::Adopt): an opaque string

@@ -182,8 +182,10 @@ void AddCreateFlags(CLI::App* cmd, CreateOpts* o) {
   cmd->add_option("--memory", o->memory_mb, "Memory limit in MB");
   cmd->add_option("--pids", o->pids, "Process limit");
   cmd->add_option("--disk", o->disk_mb, "Writable layer size in MB");
-  cmd->add_option("--ttl", o->ttl_s, "Delete after this many seconds");
-  cmd->add_option("--idle-ttl", o->idle_ttl_s, "Delete after this many idle seconds");
+  cmd->add_option("--ttl", o->ttl_s, "Delete after this many seconds (0: no TTL; default 3600)")
+      ->check(CLI::Range(int64_t{0}, int64_t{2592000}));
+  cmd->add_option("--idle-ttl", o->idle_ttl_s, "Delete after this many idle seconds (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{2592000}));
   cmd->add_option("--user", o->user, "sandbox (default), root, or uid[:gid]");
   cmd->add_option("--workdir", o->workdir, "Working directory (default /workspace)");
   cmd->add_option("--env", o->env, "KEY=VALUE (repeatable)")->expected(1)->take_all();
@@ -857,8 +859,10 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   CLI::App* update =
       app.add_subcommand("update", "Change a sandbox's TTLs, labels or network policy (live)");
   update->add_option("id", uo->id, "Sandbox id")->required();
-  update->add_option("--ttl", uo->ttl_s, "Delete this many seconds from now");
-  update->add_option("--idle-ttl", uo->idle_ttl_s, "Delete after this many idle seconds (0: off)");
+  update->add_option("--ttl", uo->ttl_s, "Delete this many seconds from now (0: no TTL)")
+      ->check(CLI::Range(int64_t{0}, int64_t{2592000}));
+  update->add_option("--idle-ttl", uo->idle_ttl_s, "Delete after this many idle seconds (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{2592000}));
   update->add_option("--label", uo->labels, "KEY=VALUE sets, KEY= removes (repeatable)")
       ->expected(1)
       ->take_all();

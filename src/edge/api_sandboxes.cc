@@ -173,7 +173,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   DSEC_ASSIGN_OR_RETURN(f.memory_mb, b.Int("memory_mb", 16, 1 << 20));
   DSEC_ASSIGN_OR_RETURN(f.pids, b.Int("pids", 8, 1 << 22));
   DSEC_ASSIGN_OR_RETURN(f.disk_mb, b.Int("disk_mb", 1, 1 << 20));
-  DSEC_ASSIGN_OR_RETURN(auto ttl, b.Int("ttl_s", 1, kMaxTtlS));
+  DSEC_ASSIGN_OR_RETURN(auto ttl, b.Int("ttl_s", 0, kMaxTtlS));  // 0: no TTL
   DSEC_ASSIGN_OR_RETURN(auto idle, b.Int("idle_ttl_s", 0, kMaxTtlS));
   DSEC_ASSIGN_OR_RETURN(f.user, b.String("user", 64));
   DSEC_ASSIGN_OR_RETURN(f.workdir, b.String("workdir", 1024));
@@ -267,7 +267,7 @@ void PatchSandbox(const std::shared_ptr<Ctx>& c) {
     DSEC_RETURN_IF_ERROR(ValidateId("sandbox id", c->params["id"]));
     DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
     PatchParams p;
-    DSEC_ASSIGN_OR_RETURN(p.ttl_s, b.Int("ttl_s", 1, kMaxTtlS));
+    DSEC_ASSIGN_OR_RETURN(p.ttl_s, b.Int("ttl_s", 0, kMaxTtlS));
     DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, b.Int("idle_ttl_s", 0, kMaxTtlS));
     DSEC_ASSIGN_OR_RETURN(auto labels, b.StringMap("labels", 64, 63, 256, /*null_deletes=*/true));
     DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));

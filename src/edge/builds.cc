@@ -614,7 +614,19 @@ Status Builds::CommandStep(Steps& s, backends::Sandbox& sb, const std::string& c
 
 Status Builds::CaptureStep(Steps& s, backends::Sandbox& sb, images::Image* img) {
   s.Begin();
-  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> captured, sb.CaptureStack(/*keep_setuid=*/true));
+  // A big layer takes a while to read and store: a line every 5 s says how far it is.
+  int64_t next_line = MonotonicMs() + 5000;
+  auto progress = [&](uint64_t bytes, bool read_all) {
+    const std::string mib = std::to_string(bytes >> 20) + " MiB";
+    if (read_all) {
+      s.Append("[dsec] layer read (" + mib + "), storing it\n");
+    } else if (MonotonicMs() >= next_line) {
+      s.Append("[dsec] capturing the layer: " + mib + " read so far\n");
+      next_line = MonotonicMs() + 5000;
+    }
+  };
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> captured,
+                        sb.CaptureStack(/*keep_setuid=*/true, progress));
   img->layers.clear();
   img->base.clear();
   for (const auto& d : captured) {

@@ -419,7 +419,8 @@ Json E2b::SandboxJson(const SandboxRecord& r, bool detail) const {
             {"memoryMB", r.limits.memory_mb},
             {"diskSizeMB", r.limits.disk_mb},
             {"startedAt", e2b::Rfc3339(r.created_at)},
-            {"endAt", e2b::Rfc3339(r.expires_at)},
+            // No TTL: E2B has no such state; its longest (24 h) from now.
+            {"endAt", e2b::Rfc3339(r.expires_at > 0 ? r.expires_at : WallMs() + 86400000)},
             {"state", r.state == Phase::kPaused ? "paused" : "running"},
             {"envdVersion", e2b::kEnvdVersion},
             {"metadata", meta},

@@ -118,10 +118,7 @@ container::ContainerBackendOptions BackendOptions(const EdgeConfig& cfg,
   bo.features.clone_into_cgroup = cfg.clone_into_cgroup;
   bo.features.cgroup_kill = cfg.cgroup_kill;
   bo.cgroup_mode = cfg.cgroup_mode;
-  int64_t node_mb = NodeMemoryMb();
-  int64_t reserve =
-      cfg.reserve_memory_mb >= 0 ? cfg.reserve_memory_mb : std::max<int64_t>(1024, node_mb / 10);
-  bo.parent_memory_bytes = std::max<int64_t>(256, node_mb - reserve) << 20;
+  bo.parent_memory_bytes = SandboxMemoryMb(NodeMemoryMb(), cfg.reserve_memory_mb) << 20;
   bo.parent_pids = budgets.node.sandbox_pids;
   bo.parent_socket_bytes = budgets.node.sandbox_tcp_bytes;
   bo.pty_max = budgets.node.pty_per_sandbox;
@@ -183,6 +180,24 @@ Json MicrovmFeatures(const backends::microvm::MicrovmBackend* b, const std::stri
             {"templates", b->template_count()}};
   if (std::string why = b->accel_reason(); !why.empty()) f["accel_reason"] = why;
   return f;
+}
+
+// GET /v1/node's features.network: the settings, and whether it works (or why not).
+Json NetworkFeatures(bool enabled, net::LazyNodeNetwork* network) {
+  if (!enabled) return {{"enabled", false}, {"reason", "network: false in the edge's config"}};
+  net::LazyNodeNetwork::Info i = network->Describe();
+  Json dns = {{"upstream", i.dns_upstream.empty() ? Json(nullptr) : Json(i.dns_upstream)},
+              {"state", i.dns_state}};
+  if (!i.dns_error.empty()) dns["error"] = i.dns_error;
+  Json j = {{"enabled", true},
+            {"available", i.reason.empty()},
+            {"started", i.started},
+            {"cidr", i.cidr},
+            {"uplink", i.uplink.empty() ? Json(nullptr) : Json(i.uplink)},
+            {"dns_upstream", i.dns_upstream.empty() ? Json(nullptr) : Json(i.dns_upstream)},
+            {"dns", dns}};
+  if (!i.reason.empty()) j["reason"] = i.reason;
+  return j;
 }
 
 // What GET /v1/node reports about the kernel features the backend found.
@@ -365,6 +380,19 @@ int RunEdge(EdgeConfig cfg) {
   auto stop_network = MakeScopeGuard([&] {
     if (!network_stays) network.Stop();
   });
+  // Checked now, not at the first networked create: a setting that does not parse stops the
+  // start; a problem of the node (no default route, a clashing network_cidr) is logged and
+  // shown in GET /v1/node, and creates that need the network answer 503 with it. The DNS
+  // upstream is probed in the background (up to 2 s).
+  std::thread dns_probe;
+  auto join_probe = MakeScopeGuard([&] {
+    if (dns_probe.joinable()) dns_probe.join();
+  });
+  if (cfg.network) {
+    net::NetworkCheck check = network.Check();
+    if (!check.config.ok()) return fail("network", check.config);
+    if (check.dns_addr) dns_probe = std::thread([&network] { network.ProbeDns(); });
+  }
   container::ContainerBackendOptions container_opts =
       BackendOptions(cfg, image_store->get(), *budgets);
   if (cfg.network) {
@@ -458,8 +486,9 @@ int RunEdge(EdgeConfig cfg) {
   deps.tokens = *tokens;
   deps.instance = (*backend)->instance_id();
   deps.features = FeaturesOf(**backend);
-  deps.live_features = [vm = microvms.get(), &no_microvms] {
-    return Json{{"microvm", MicrovmFeatures(vm, no_microvms)}};
+  deps.live_features = [vm = microvms.get(), &no_microvms, &network, &cfg] {
+    return Json{{"microvm", MicrovmFeatures(vm, no_microvms)},
+                {"network", NetworkFeatures(cfg.network, &network)}};
   };
   api.emplace(std::move(deps));
 

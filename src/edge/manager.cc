@@ -59,13 +59,29 @@ int64_t NodeMemoryMb() {
   return 1024;
 }
 
+// ttl_s 0 is no TTL: expires_at 0 (shown as null).
+static int64_t ExpiresAt(int64_t now_ms, int64_t ttl_s) {
+  return ttl_s > 0 ? now_ms + ttl_s * 1000 : 0;
+}
+
+int64_t ReserveMemoryMb(int64_t node_mb, int64_t configured) {
+  return configured >= 0 ? configured : std::max<int64_t>(1024, node_mb / 10);
+}
+
+int64_t SandboxMemoryMb(int64_t node_mb, int64_t configured_reserve) {
+  return std::max<int64_t>(256, node_mb - ReserveMemoryMb(node_mb, configured_reserve));
+}
+
 // --- Manager -----------------------------------------------------------------------------
 
 Manager::Manager(const EdgeConfig& cfg, std::vector<backends::Backend*> backends, StateStore* store,
                  Metrics* metrics)
     : cfg_(cfg), backends_(std::move(backends)), store_(store), metrics_(metrics) {
+  const int64_t node_mb = NodeMemoryMb();
+  reserve_memory_mb_ = ReserveMemoryMb(node_mb, cfg_.reserve_memory_mb);
   admit_memory_mb_ =
-      static_cast<int64_t>(static_cast<double>(NodeMemoryMb()) * cfg_.memory_overcommit);
+      static_cast<int64_t>(static_cast<double>(SandboxMemoryMb(node_mb, cfg_.reserve_memory_mb)) *
+                           cfg_.memory_overcommit);
 }
 
 Manager::~Manager() { Shutdown(cfg_.persist); }
@@ -184,10 +200,16 @@ Status Manager::FitsEver(const CreateParams& p, int count) const {
   };
   const int64_t memory_max =
       max.memory_mb > 0 ? std::min(max.memory_mb, admit_memory_mb_) : admit_memory_mb_;
-  if (r.memory_mb > memory_max)
-    return never("memory_mb " + std::to_string(r.memory_mb),
-                 "one sandbox may have at most " + std::to_string(memory_max) +
-                     " MiB (the node's memory less reserve_memory_mb, times memory_overcommit)");
+  if (r.memory_mb > memory_max) {
+    std::string why = "one sandbox may have at most " + std::to_string(memory_max) + " MiB";
+    if (memory_max == admit_memory_mb_)
+      why += " (admit_memory_mb: the node's " + std::to_string(NodeMemoryMb()) +
+             " MiB less reserve_memory_mb " + std::to_string(reserve_memory_mb_) +
+             ", times memory_overcommit " + FormatNumber(cfg_.memory_overcommit) + ")";
+    else
+      why += " (the largest its backend can give)";
+    return never("memory_mb " + std::to_string(r.memory_mb), why);
+  }
   if (r.memory_mb * count > admit_memory_mb_)
     return never(
         std::to_string(count) + " sandboxes of " + std::to_string(r.memory_mb) + " MiB",
@@ -333,7 +355,7 @@ StatusOr<std::vector<SandboxRecord>> Manager::Create(
         MutexLock el(e->mu_);  // not published yet
         e->labels_ = p.labels;
         e->created_at_ = now;
-        e->expires_at_ = now + p.ttl_s * 1000;
+        e->expires_at_ = ExpiresAt(now, p.ttl_s);
         e->idle_ttl_s_ = p.idle_ttl_s;
         e->ttl_s_ = p.ttl_s;
       }
@@ -601,12 +623,18 @@ StatusOr<SandboxRecord> Manager::Patch(const std::string& id, const PatchParams&
     if (labels.size() > 64) return InvalidArgument("a sandbox has at most 64 labels");
     e->labels_ = std::move(labels);
     if (p.ttl_s) {
-      e->expires_at_ = clock_->NowMs() + *p.ttl_s * 1000;
+      e->expires_at_ = ExpiresAt(clock_->NowMs(), *p.ttl_s);
       e->ttl_s_ = *p.ttl_s;
     }
     if (p.idle_ttl_s) e->idle_ttl_s_ = *p.idle_ttl_s;
   }
-  if (Status s = Persist(*e); !s.ok()) {
+  // A network change changes the adoption handle too (a veth and an address made or gone): the
+  // next edge must readopt exactly what the sandbox has, or its address could be given twice.
+  const bool network_changed = old_network && *p.network != *old_network;
+  Status persisted =
+      network_changed ? store_->PutSandbox({e->id, StoredRecord(*e).dump(), sb->AdoptionHandle()})
+                      : Persist(*e);
+  if (Status s = persisted; !s.ok()) {
     // Not durable: a restart would bring the old values back. Refuse it instead.
     MutexLock l(e->mu_);
     e->labels_ = std::move(old_labels);
@@ -737,7 +765,7 @@ void Manager::ReapOnce() {
       MutexLock l(e->mu_);
       if (e->phase_ == Phase::kCreating) continue;
       sb = e->sb_;
-      if (now >= e->expires_at_) {
+      if (e->expires_at_ > 0 && now >= e->expires_at_) {
         why = "ttl";
       } else if (e->idle_ttl_s_ > 0 && e->active_execs.load() == 0 &&
                  now - e->last_used_at.load() >= e->idle_ttl_s_ * 1000) {
@@ -817,7 +845,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
       e->labels_ = GetStringMap(*rec, "labels").value_or(p->labels);
       e->network_ = network;
       e->created_at_ = rec->value("created_at", now);
-      e->expires_at_ = rec->value("expires_at", now + p->ttl_s * 1000);
+      e->expires_at_ = rec->value("expires_at", ExpiresAt(now, p->ttl_s));
       e->idle_ttl_s_ = rec->value("idle_ttl_s", p->idle_ttl_s);
       e->ttl_s_ = rec->value("ttl_s", p->ttl_s);
     }
@@ -880,6 +908,7 @@ NodeReport Manager::NodeInfo() const {
   r.memory_mb = NodeMemoryMb();
   r.overcommit = cfg_.memory_overcommit;
   r.admit_memory_mb = admit_memory_mb_;
+  r.reserve_memory_mb = reserve_memory_mb_;
   r.files = files_;
   r.budget = budget_;
   for (auto& e : Snapshot()) {

@@ -219,6 +219,7 @@ class Manager {
   StateStore* store_;
   Metrics* metrics_;
   int64_t admit_memory_mb_ = 0;
+  int64_t reserve_memory_mb_ = 0;
   NodeBudget budget_;
   FileBudget files_;
 
@@ -241,5 +242,11 @@ class Manager {
 
 // Node memory in MiB (MemTotal).
 int64_t NodeMemoryMb();
+// What the edge keeps out of the sandboxes' parent cgroup: reserve_memory_mb, or when it is
+// negative (the default) max(1 GiB, 10% of the node).
+int64_t ReserveMemoryMb(int64_t node_mb, int64_t configured);
+// The memory all sandboxes together may use (their parent cgroup's limit): the node's less the
+// reserve, at least 256 MiB. Admission is this times memory_overcommit.
+int64_t SandboxMemoryMb(int64_t node_mb, int64_t configured_reserve);
 
 }  // namespace dsec::edge

@@ -20,6 +20,8 @@ namespace {
 
 constexpr size_t kMaxPending = 512, kMaxPendingPerSource = 8;
 constexpr int64_t kUpstreamTimeoutMs = 3000;
+// While the upstream is unreachable, one query in this interval still goes to it (a probe).
+constexpr int64_t kProbeIntervalMs = 2000;
 // An address is allowed at least this long (when the cap allows), even for a TTL of 0: the
 // sandbox connects right after the answer, and conntrack keeps the connection past it.
 constexpr uint32_t kMinAllowedTtl = 60;
@@ -114,6 +116,22 @@ void DnsForwarder::Loop() {
     if (--per_source[src] == 0) per_source.erase(src);
     pending.erase(pending.begin() + static_cast<long>(i));
   };
+  const std::string upstream_name = Ipv4ToString(ntohl(upstream_.sin_addr.s_addr)) + ":" +
+                                    std::to_string(ntohs(upstream_.sin_port));
+  int64_t next_probe = 0;   // while unreachable: when the next query may go upstream
+  int64_t last_answer = 0;  // when the upstream last answered anything
+  auto mark = [&](Upstream u, const char* why) {
+    const auto old = static_cast<Upstream>(upstream_state_.exchange(static_cast<int>(u)));
+    if (u == Upstream::kUnreachable && old != Upstream::kUnreachable) {
+      DSEC_LOG_WARN(
+          "dns: upstream {} {}: sandbox lookups fail at once (SERVFAIL) until it answers (a probe "
+          "every {} s; set network_dns to another resolver)",
+          upstream_name, why, kProbeIntervalMs / 1000);
+      next_probe = NowMs() + kProbeIntervalMs;
+    } else if (u == Upstream::kOk && old == Upstream::kUnreachable) {
+      DSEC_LOG_INFO("dns: upstream {} answers again", upstream_name);
+    }
+  };
   char buf[4096];
   for (;;) {
     std::vector<pollfd> fds = {{stop_.get(), POLLIN, 0}, {sock_.get(), POLLIN, 0}};
@@ -128,12 +146,21 @@ void DnsForwarder::Loop() {
     // Upstream answers (and timeouts), newest index first so erasing keeps the rest valid.
     for (size_t i = pending.size(); i-- > 0;) {
       Pending& p = pending[i];
-      if (fds[i + 2].revents & POLLIN) {
+      if (fds[i + 2].revents & (POLLIN | POLLERR)) {
         ssize_t n = recv(p.fd.get(), buf, sizeof buf, 0);
+        if (n < 0 && errno == ECONNREFUSED) {
+          // Nothing listens there (ICMP port unreachable): no answer will come.
+          mark(Upstream::kUnreachable, "refused the query (nothing listens there)");
+          reply(p.client, dns::Reply(p.query, p.q, dns::kServFail));
+          finish(i);
+          continue;
+        }
         if (n <= 0) continue;
         std::string_view ans(buf, static_cast<size_t>(n));
         auto a = dns::ParseAnswer(ans, p.upstream_q);
         if (!a) continue;  // not the answer to this query: keep waiting
+        last_answer = now;
+        mark(Upstream::kOk, "");
         const uint32_t max_ttl = options_.max_ttl_s;
         std::vector<dns::Address> addrs;
         for (const auto& r : a->addresses)
@@ -154,6 +181,10 @@ void DnsForwarder::Loop() {
         answered_++;
         finish(i);
       } else if (now >= p.deadline) {
+        // Unreachable only if nothing at all came back since this query went out: one lost
+        // datagram on a busy node does not fail everyone's lookups.
+        if (last_answer < p.deadline - kUpstreamTimeoutMs)
+          mark(Upstream::kUnreachable, "did not answer in 3 s");
         reply(p.client, dns::Reply(p.query, p.q, dns::kServFail));
         finish(i);
       }
@@ -192,6 +223,14 @@ void DnsForwarder::Loop() {
       if (pending.size() >= kMaxPending || per_source[src] >= kMaxPendingPerSource) {
         reply(from, dns::Reply(query, *q, dns::kServFail));
         continue;
+      }
+      if (upstream() == Upstream::kUnreachable) {
+        if (now < next_probe) {
+          reply(from, dns::Reply(query, *q, dns::kServFail));
+          failed_fast_++;
+          continue;
+        }
+        next_probe = now + kProbeIntervalMs;  // this one is the probe
       }
       Pending p;
       p.upstream_q = *q;

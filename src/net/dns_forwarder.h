@@ -16,6 +16,10 @@
 //   question, and the sandbox gets its own id back.
 // - Unknown or `none` sources get nothing. One thread, non-blocking: at most 512 queries
 //   upstream at once, 8 per sandbox, each answered SERVFAIL after 3 s without an upstream reply.
+// - An upstream that left a query unanswered (or refused it) is marked unreachable and logged:
+//   queries are then answered SERVFAIL at once, so tools fail fast instead of waiting out their
+//   resolver's retries, except one every 2 s, which goes upstream as a probe; its answer marks
+//   the upstream reachable again.
 #pragma once
 
 #include <netinet/in.h>
@@ -55,6 +59,9 @@ class DnsForwarder {
   uint16_t port() const { return port_; }  // where it listens
   uint64_t answered() const { return answered_.load(); }
   uint64_t refused() const { return refused_.load(); }
+  uint64_t failed_fast() const { return failed_fast_.load(); }
+  enum class Upstream { kUnknown, kOk, kUnreachable };
+  Upstream upstream() const { return static_cast<Upstream>(upstream_state_.load()); }
 
  private:
   DnsForwarder() = default;
@@ -67,7 +74,8 @@ class DnsForwarder {
   PolicyFn policy_;
   AllowFn allow_;
   std::thread thread_;
-  std::atomic<uint64_t> answered_{0}, refused_{0};
+  std::atomic<uint64_t> answered_{0}, refused_{0}, failed_fast_{0};
+  std::atomic<int> upstream_state_{0};  // an Upstream
 };
 
 // The first IPv4 nameserver in a resolv.conf text; nullopt if none.

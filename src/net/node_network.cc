@@ -5,17 +5,20 @@
 #include <linux/netlink.h>
 #include <net/if.h>
 #include <nftables/libnftables.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cinttypes>
 #include <cstring>
 #include <random>
 #include <thread>
 
 #include "base/file_util.h"
+#include "base/ids.h"
 #include "base/json.h"
 #include "base/logging.h"
 #include "base/strings.h"
@@ -99,6 +102,104 @@ uint64_t PacketsOf(const std::string& out) {
 
 }  // namespace
 
+NetworkCheck CheckNodeNetwork(const NodeNetworkOptions& o) {
+  NetworkCheck c;
+  uint32_t base = 0;
+  uint8_t prefix = 0;
+  bool host_bits = false;
+  if (!ParseCidr(o.cidr, &base, &prefix, &host_bits) || host_bits || prefix < 8 || prefix > 28) {
+    c.config = InvalidArgument(
+        "network_cidr must be an IPv4 network from /8 to /28, e.g. 10.213.0.0/16 (got \"" + o.cidr +
+        "\")");
+    return c;
+  }
+  // The DNS upstream: network_dns, else the first nameserver of /etc/resolv.conf.
+  if (o.dns_upstream.empty()) {
+    auto conf = ReadFileToString("/etc/resolv.conf");
+    auto ns = conf.ok() ? FirstNameserver(*conf) : std::nullopt;
+    if (ns) {
+      c.dns_addr = *ns;
+    } else {
+      c.dns_error = "no IPv4 nameserver in /etc/resolv.conf (set network_dns)";
+    }
+  } else {
+    const std::string& spec = o.dns_upstream;
+    size_t colon = spec.find(':');
+    auto p = colon == std::string::npos ? std::optional<uint64_t>(53)
+                                        : ParseUint64(spec.substr(colon + 1));
+    if (!ParseIpv4(spec.substr(0, colon), &c.dns_addr) || !p || *p == 0 || *p > 65535) {
+      c.config = InvalidArgument("network_dns \"" + spec + "\" is not a.b.c.d[:port]");
+      return c;
+    }
+    c.dns_port = static_cast<uint16_t>(*p);
+  }
+  if (c.dns_addr) c.dns_upstream = Ipv4ToString(c.dns_addr) + ":" + std::to_string(c.dns_port);
+
+  auto rtnl = Netlink::Open(NETLINK_ROUTE);
+  if (!rtnl.ok()) {
+    c.node = Unavailable("netlink: " + rtnl.status().message());
+    return c;
+  }
+  c.uplink = o.uplink;
+  if (c.uplink.empty()) {
+    auto dflt = rtnl->DefaultRouteInterface();
+    if (!dflt.ok()) {
+      c.node = Unavailable(
+          "this node has no IPv4 default route to reach the outside through: "
+          "add one or set network_uplink");
+      return c;
+    }
+    c.uplink = *dflt;
+  }
+  if (!rtnl->LinkIndex(c.uplink).ok()) {
+    c.node = Unavailable("network_uplink " + c.uplink + " is not an interface of this node");
+    return c;
+  }
+  // The gateway address must be nobody's yet, unless it is on this edge's own bridge from an
+  // earlier run (which the start makes again).
+  if (!o.tag.empty() && rtnl->LinkIndex("dsg" + o.tag).ok()) return c;
+  UniqueFd probe(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(base + 1);
+  if (probe && bind(probe.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0)
+    c.node = Unavailable("network_cidr " + o.cidr + " is in use on this node (" +
+                         Ipv4ToString(base + 1) +
+                         " is already a local address): choose another network_cidr");
+  return c;
+}
+
+Status ProbeDnsUpstream(uint32_t addr, uint16_t port, int timeout_ms) {
+  UniqueFd s(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s) return ErrnoError("socket");
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(addr);
+  sa.sin_port = htons(port);
+  if (connect(s.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0)
+    return Unavailable(std::string("cannot reach it: ") + strerror(errno));
+  // ". IN NS", recursion desired, with a random id.
+  std::string id = RandomBytes(2);
+  std::string q = id + std::string("\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00", 10) +
+                  std::string("\x00\x00\x02\x00\x01", 5);
+  if (send(s.get(), q.data(), q.size(), 0) < 0)
+    return Unavailable(std::string("cannot send to it: ") + strerror(errno));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - std::chrono::steady_clock::now())
+                             .count();
+    if (left <= 0) return Unavailable("did not answer in " + std::to_string(timeout_ms) + " ms");
+    pollfd p{s.get(), POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left)) < 0 && errno != EINTR) return ErrnoError("poll");
+    if (!p.revents) continue;
+    char buf[512];
+    ssize_t n = recv(s.get(), buf, sizeof buf, 0);
+    if (n < 0 && errno == ECONNREFUSED) return Unavailable("refused (nothing listens there)");
+    if (n >= 12 && buf[0] == id[0] && buf[1] == id[1]) return OkStatus();
+  }
+}
+
 StatusOr<std::unique_ptr<NodeNetwork>> NodeNetwork::Start(NodeNetworkOptions opts) {
   std::unique_ptr<NodeNetwork> n(new NodeNetwork(std::move(opts)));
   if (Status s = n->Init(); !s.ok()) {
@@ -127,6 +228,9 @@ Status NodeNetwork::Init() {
         "network_cidr must be an IPv4 network from /8 to /28, e.g. 10.213.0.0/16 (got \"" +
         opts_.cidr + "\")");
   gateway_ = base_ + 1;
+  check_ = CheckNodeNetwork(opts_);
+  DSEC_RETURN_IF_ERROR(check_.config);
+  DSEC_RETURN_IF_ERROR(check_.node);
   // An NFLOG group of this edge's own (two edges on one host log apart).
   uint32_t h = 2166136261u;
   for (char c : t) h = (h ^ static_cast<uint8_t>(c)) * 16777619u;
@@ -135,12 +239,7 @@ Status NodeNetwork::Init() {
   bridge_ = "dsg" + t;
   veth_prefix_ = "dsv" + t;
   DSEC_ASSIGN_OR_RETURN(Netlink rtnl, Netlink::Open(NETLINK_ROUTE));
-  uplink_ = opts_.uplink;
-  if (uplink_.empty()) {
-    DSEC_ASSIGN_OR_RETURN(uplink_, rtnl.DefaultRouteInterface());
-  }
-  if (!rtnl.LinkIndex(uplink_).ok())
-    return FailedPrecondition("network_uplink " + uplink_ + " is not an interface of this node");
+  uplink_ = check_.uplink;
 
   {
     MutexLock l(mu_);
@@ -165,16 +264,6 @@ Status NodeNetwork::Init() {
   // The gateway (after the table, which keeps its IGMP reports out of conntrack): ours from
   // an earlier run of this edge (re-made), or nobody's.
   if (auto old = rtnl.LinkIndex(bridge_); old.ok()) DSEC_RETURN_IF_ERROR(rtnl.DeleteLink(*old));
-  {
-    UniqueFd probe(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(gateway_);
-    if (probe && bind(probe.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0)
-      return FailedPrecondition("network_cidr " + opts_.cidr + " is in use on this node (" +
-                                Ipv4ToString(gateway_) +
-                                " is already a local address): choose another network_cidr");
-  }
   DSEC_RETURN_IF_ERROR(rtnl.CreateBridge(bridge_));
   DSEC_ASSIGN_OR_RETURN(int br, rtnl.LinkIndex(bridge_));
   (void)WriteSysctl("/proc/sys/net/ipv6/conf/" + bridge_ + "/disable_ipv6", "1");
@@ -500,6 +589,16 @@ void NodeNetwork::Detach(const NetAttachment& a) {
   }
 }
 
+void NodeNetwork::Unplug(const NetAttachment& a) {
+  if (auto rtnl = Netlink::Open(NETLINK_ROUTE); rtnl.ok()) {
+    if (auto i = rtnl->LinkIndex(a.host_if); i.ok()) {
+      if (Status s = rtnl->DeleteLink(*i); !s.ok())
+        DSEC_LOG_WARN("network: delete {}: {}", a.host_if, s.ToString());
+    }
+  }
+  Detach(a);
+}
+
 uint64_t NodeNetwork::Denied(const NetAttachment& a) {
   MutexLock l(mu_);
   auto out = NftOutput("list counter inet " + table_ + " dn_" + Hex8(a.addr));
@@ -515,33 +614,15 @@ uint64_t NodeNetwork::DeniedTotal() {
 }
 
 void NodeNetwork::StartDns() {
-  uint32_t up = 0;
-  uint16_t port = 53;
-  std::string spec = opts_.dns_upstream;
-  if (spec.empty()) {
-    auto conf = ReadFileToString("/etc/resolv.conf");
-    auto ns = conf.ok() ? FirstNameserver(*conf) : std::nullopt;
-    if (!ns) {
-      dns_error_ = "no IPv4 nameserver in /etc/resolv.conf (set network_dns)";
-      DSEC_LOG_WARN("network: no DNS forwarder: {}", dns_error_);
-      return;
-    }
-    up = *ns;
-  } else {
-    size_t colon = spec.find(':');
-    auto p = colon == std::string::npos ? std::optional<uint64_t>(53)
-                                        : ParseUint64(spec.substr(colon + 1));
-    if (!ParseIpv4(spec.substr(0, colon), &up) || !p || *p == 0 || *p > 65535) {
-      dns_error_ = "network_dns \"" + spec + "\" is not a.b.c.d[:port]";
-      DSEC_LOG_WARN("network: no DNS forwarder: {}", dns_error_);
-      return;
-    }
-    port = static_cast<uint16_t>(*p);
+  if (!check_.dns_addr) {
+    dns_error_ = check_.dns_error;
+    DSEC_LOG_WARN("network: no DNS forwarder: {}", dns_error_);
+    return;
   }
   DnsForwarderOptions fo;
   fo.max_ttl_s = opts_.dns_max_ttl_s;
   auto f = DnsForwarder::Start(
-      gateway_, up, port, [this](uint32_t src) { return PolicyFor(src); },
+      gateway_, check_.dns_addr, check_.dns_port, [this](uint32_t src) { return PolicyFor(src); },
       [this](uint32_t src, const std::vector<dns::Address>& a) { AllowResolved(src, a); }, fo);
   if (!f.ok()) {
     dns_error_ = f.status().ToString();
@@ -605,20 +686,103 @@ std::string NodeNetwork::Describe() const {
                  ", table inet ", table_});
 }
 
+std::string NodeNetwork::DnsState() const {
+  if (!dns_) return "none";
+  switch (dns_->upstream()) {
+    case DnsForwarder::Upstream::kOk:
+      return "ok";
+    case DnsForwarder::Upstream::kUnreachable:
+      return "unreachable";
+    case DnsForwarder::Upstream::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
 StatusOr<NodeNetwork*> LazyNodeNetwork::Get() {
   MutexLock l(mu_);
   if (!net_) {
     auto n = NodeNetwork::Start(opts_);
     if (!n.ok()) {
       DSEC_LOG_WARN("network: {}", n.status().ToString());
-      return Status(
-          n.status().code() == StatusCode::kInternal ? StatusCode::kUnavailable : n.status().code(),
-          n.status().message());
+      start_error_ = n.status().message();
+      // The node's problem, whatever the kind of failure: 503 with the reason.
+      return Unavailable("the node's sandbox network is unavailable: " + n.status().message());
     }
+    start_error_.clear();
     net_ = std::move(*n);
     DSEC_LOG_INFO("network: {}", net_->Describe());
   }
   return net_.get();
+}
+
+NetworkCheck LazyNodeNetwork::Check() {
+  NetworkCheck c = CheckNodeNetwork(opts_);
+  if (!c.config.ok()) {
+    DSEC_LOG_WARN("network: {}", c.config.message());
+  } else if (!c.node.ok()) {
+    DSEC_LOG_WARN("network: unavailable until fixed (creates that need it answer 503): {}",
+                  c.node.message());
+  } else if (!c.dns_error.empty()) {
+    DSEC_LOG_WARN("network: no DNS forwarder: {}", c.dns_error);
+  }
+  MutexLock l(mu_);
+  check_ = c;
+  return c;
+}
+
+void LazyNodeNetwork::ProbeDns() {
+  uint32_t addr = 0;
+  uint16_t port = 0;
+  std::string name;
+  {
+    MutexLock l(mu_);
+    addr = check_.dns_addr;
+    port = check_.dns_port;
+    name = check_.dns_upstream;
+  }
+  if (!addr) return;
+  Status s = ProbeDnsUpstream(addr, port, 2000);
+  if (!s.ok())
+    DSEC_LOG_WARN("network: DNS upstream {} {}: sandbox domain lookups will fail (set network_dns)",
+                  name, s.message());
+  MutexLock l(mu_);
+  dns_probe_ = s.ok() ? "ok" : s.message();
+}
+
+LazyNodeNetwork::Info LazyNodeNetwork::Describe() {
+  MutexLock l(mu_);
+  Info i;
+  i.cidr = opts_.cidr;
+  i.started = net_ != nullptr;
+  if (net_) {
+    i.uplink = net_->uplink();
+    i.dns_upstream = check_.dns_upstream;
+    i.dns_state = net_->DnsState();
+    i.dns_error = net_->dns_error();
+    if (i.dns_state == "unknown" && !dns_probe_.empty()) {  // no query yet: the start's probe
+      i.dns_state = dns_probe_ == "ok" ? "ok" : "unreachable";
+      if (dns_probe_ != "ok") i.dns_error = dns_probe_;
+    }
+    return i;
+  }
+  i.uplink = check_.uplink;
+  i.dns_upstream = check_.dns_upstream;
+  i.reason = !start_error_.empty() ? start_error_
+             : !check_.config.ok() ? check_.config.message()
+                                   : check_.node.message();
+  if (!check_.dns_addr) {
+    i.dns_state = "none";
+    i.dns_error = check_.dns_error;
+  } else if (dns_probe_.empty()) {
+    i.dns_state = "unknown";
+  } else if (dns_probe_ == "ok") {
+    i.dns_state = "ok";
+  } else {
+    i.dns_state = "unreachable";
+    i.dns_error = dns_probe_;
+  }
+  return i;
 }
 
 NodeNetwork* LazyNodeNetwork::IfStarted() {

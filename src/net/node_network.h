@@ -55,6 +55,26 @@ struct NodeNetworkOptions {
   std::function<void(const std::string& label, const DeniedPacket& p)> on_denied;
 };
 
+// The node's network as configured, checked without changing anything (edge start, and
+// GET /v1/node): `config` is a configuration error (a network_cidr or network_dns that does
+// not parse: the edge refuses to start); `node` a problem of the node (no default route, an
+// uplink that is not an interface, a network_cidr whose gateway address is already a local
+// address of someone else): creates that need a network answer 503 with it.
+struct NetworkCheck {
+  Status config;
+  Status node;
+  std::string uplink;        // what it would use
+  std::string dns_upstream;  // "a.b.c.d:port"; empty: none (dns_error says why)
+  std::string dns_error;
+  uint32_t dns_addr = 0;  // host byte order
+  uint16_t dns_port = 53;
+};
+NetworkCheck CheckNodeNetwork(const NodeNetworkOptions& o);
+
+// Sends one query (". NS") to a DNS upstream and waits up to timeout_ms for any answer with
+// its id: OK, or why not (no reply, refused).
+Status ProbeDnsUpstream(uint32_t addr, uint16_t port, int timeout_ms);
+
 // A sandbox's end of the network, as an adoption handle keeps it.
 struct NetAttachment {
   uint32_t addr = 0;    // host byte order; 0: none
@@ -80,6 +100,10 @@ class NodeNetwork {
   // Removes its rules and conntrack entries and frees the address (the veth goes with the
   // namespace).
   void Detach(const NetAttachment& a);
+  // A live change to mode none: deletes the veth (both ends: the sandbox is left with loopback
+  // only, as if it never had a network), then detaches. The address is free only once its
+  // route has gone with the veth.
+  void Unplug(const NetAttachment& a);
   // Packets the policy refused from this sandbox, and from all.
   uint64_t Denied(const NetAttachment& a);
   uint64_t DeniedTotal();
@@ -95,6 +119,11 @@ class NodeNetwork {
   const std::string& uplink() const { return uplink_; }
   const std::string& table() const { return table_; }
   std::string Describe() const;
+  // The DNS forwarder's view of its upstream: "ok" (it answered last), "unreachable" (the last
+  // query got no answer: lookups fail at once until a probe gets one), "unknown" (no query yet)
+  // or "none" (no forwarder: dns_error() says why).
+  std::string DnsState() const;
+  const std::string& dns_error() const { return dns_error_; }
 
  private:
   explicit NodeNetwork(NodeNetworkOptions o) : opts_(std::move(o)) {}
@@ -128,6 +157,7 @@ class NodeNetwork {
   };
   std::map<uint32_t, Attached> attached_ DSEC_GUARDED_BY(mu_);
   std::string dns_error_;  // why there is no forwarder
+  NetworkCheck check_;     // what Init found (uplink, DNS upstream)
   std::unique_ptr<DnsForwarder> dns_;
   std::unique_ptr<DenyLog> deny_log_;
   uint16_t log_group_ = 0;
@@ -139,14 +169,33 @@ class NodeNetwork {
 class LazyNodeNetwork {
  public:
   explicit LazyNodeNetwork(NodeNetworkOptions o) : opts_(std::move(o)) {}
+  // Every failure to start is the node's, not the caller's: Unavailable, with the reason.
   StatusOr<NodeNetwork*> Get();
   NodeNetwork* IfStarted();
   void Stop();  // when started
+
+  // What GET /v1/node shows: the settings, whether it works (started, or its check passed),
+  // the reason when not, and the DNS upstream's state.
+  struct Info {
+    bool started = false;
+    std::string reason;  // empty: fine as far as known
+    std::string cidr, uplink, dns_upstream;
+    std::string dns_state;  // "ok", "unreachable", "unknown", "none"
+    std::string dns_error;
+  };
+  Info Describe();
+  // Checks the node (CheckNodeNetwork) and, when it has a DNS upstream, probes it (a second
+  // or two: call it off the start path). Logs what is wrong.
+  NetworkCheck Check();
+  void ProbeDns();
 
  private:
   NodeNetworkOptions opts_;
   Mutex mu_;
   std::unique_ptr<NodeNetwork> net_ DSEC_GUARDED_BY(mu_);
+  NetworkCheck check_ DSEC_GUARDED_BY(mu_);
+  std::string start_error_ DSEC_GUARDED_BY(mu_);
+  std::string dns_probe_ DSEC_GUARDED_BY(mu_);  // "": not probed; "ok"; else the error
 };
 
 }  // namespace dsec::net

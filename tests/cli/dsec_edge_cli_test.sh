@@ -56,6 +56,11 @@ err=$(echo ignored | D exec "$id" -- cat 2>&1 >/dev/null); check "piped stdin wi
 D update "$id" --ttl 7200 --label stage=2 --idle-ttl 600 >/dev/null; check "update" 0 $?
 out=$(D get "$id" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["labels"]["stage"], r["idle_ttl_s"])'); check "update applied" "2 600" "$out"
 D update "$id" --label stage= >/dev/null
+D update "$id" --ttl 0 >/dev/null; check "update --ttl 0" 0 $?
+out=$(D get "$id" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["ttl_s"], r["expires_at"])'); check "--ttl 0 is no TTL" "0 None" "$out"
+err=$(D update "$id" --ttl -5 2>&1); one_line_error "negative --ttl names the flag" $? "$err"
+check "negative --ttl names the flag, not ttl_s" 1 "$(echo "$err" | grep -c -- '--ttl')"
+D update "$id" --ttl 7200 >/dev/null
 out=$(D get "$id" --json | python3 -c 'import json,sys; print("stage" in json.load(sys.stdin)["labels"])'); check "update removes a label" False "$out"
 out=$(D pause --job clitest); check "pause --job" "paused 1 sandboxes of job clitest" "$out"
 out=$(D get "$id" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])'); check "paused by job" paused "$out"

@@ -262,3 +262,24 @@ def test_a_node_without_room_refuses_a_disk_image_and_keeps_serving(make_edge, t
         edge.stop()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_a_full_disk_is_enospc_and_files_have_no_size_limit(make_edge):
+    """As on a normal machine (issue 41, item 11): no RLIMIT_FSIZE in a sandbox, so a file
+    that fills the disk gets ENOSPC (write(2) fails, `dd` says so and exits 1), never SIGXFSZ
+    (which kills a program that does not ignore it) or EFBIG at the disk's size."""
+    edge = make_edge(config=CONFIG)
+    c = edge.client(timeout=120)
+    sb = c.create({"disk_mb": 32, "memory_mb": 128})  # a tmpfs disk on these edges
+    sid = sb["id"]
+    try:
+        assert c.sh(sid, "ulimit -f").strip() == "unlimited"
+        assert py(c, sid, "import resource; print(resource.getrlimit(resource.RLIMIT_FSIZE))"
+                  ).strip() == "(-1, -1)"
+        written, err = py(c, sid, FILL.format(want=64 * MB, path="/workspace/big")).split()
+        assert err == "ENOSPC" and 24 <= int(written) <= 32, (written, err)
+        c.sh(sid, "rm /workspace/big")
+        r = c.exec(sid, "dd if=/dev/zero of=/workspace/dd bs=1M count=64")
+        assert r["exit_code"] == 1 and "No space left on device" in r["stderr"], r
+    finally:
+        c.remove(sid)

@@ -193,6 +193,11 @@ def test_capacity_429_with_retry_after(make_edge):
     r = c.post("/v1/sandboxes", {"memory_mb": admit + 1}, expect=422)
     assert r.json["error"]["code"] == "unprocessable" and "retry-after" not in r.headers
     assert f"at most {admit} MiB" in r.json["error"]["message"], r.json
+    # The message's formula is the one /v1/node reports: (memory - reserve) * overcommit.
+    cap = node["capacity"]
+    assert abs(admit - int((cap["memory_mb"] - cap["reserve_memory_mb"]) * 0.1)) <= 1, cap
+    assert (f"the node's {cap['memory_mb']} MiB less reserve_memory_mb "
+            f"{cap['reserve_memory_mb']}, times memory_overcommit 0.1") in r.json["error"]["message"]
     cpus = len(os.sched_getaffinity(0))
     r = c.post("/v1/sandboxes", {"cpu": cpus + 1}, expect=422)
     assert f"it has {cpus} CPUs" in r.json["error"]["message"], r.json

@@ -245,8 +245,9 @@ def test_health_node_images(edge, client):
     assert {"python", "bash"} <= set(builtin)
     assert all(builtin[r]["workers"]["idle"] >= builtin[r]["min_idle"] for r in ("python", "bash"))
     assert n["capacity"]["max_sandboxes"] == 4096 and n["capacity"]["overcommit"] == 8
-    assert n["capacity"]["admit_memory_mb"] == int(n["capacity"]["memory_mb"] * 8) or \
-        abs(n["capacity"]["admit_memory_mb"] - n["capacity"]["memory_mb"] * 8) <= 8
+    cap = n["capacity"]
+    assert cap["reserve_memory_mb"] == max(1024, cap["memory_mb"] // 10), cap
+    assert abs(cap["admit_memory_mb"] - (cap["memory_mb"] - cap["reserve_memory_mb"]) * 8) <= 8
     assert n["usage"]["sandboxes"] == sum(n["usage"]["by_state"].values())
     assert isinstance(n["features"], dict)
     imgs = client.get("/v1/images", expect=200).json

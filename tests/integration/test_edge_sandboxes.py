@@ -171,7 +171,13 @@ def test_patch(client):
         assert r["idle_ttl_s"] == 900 and r["ttl_s"] == 7200  # the record shows the new TTL
         assert before + 7200 * 1000 - 5000 <= r["expires_at"] <= before + 7200 * 1000 + 60000
         assert client.get(f"/v1/sandboxes/{sid}", expect=200).json["labels"] == r["labels"]
-        for bad in ({"ttl_s": 0}, {"ttl_s": "5"}, {"labels": {"k": 5}}, {"labels": []},
+        # ttl_s 0 is no TTL: expires_at null, never reaped for time; a TTL can come back.
+        r = client.patch(f"/v1/sandboxes/{sid}", {"ttl_s": 0}, expect=200).json
+        assert r["ttl_s"] == 0 and r["expires_at"] is None
+        assert client.get(f"/v1/sandboxes/{sid}", expect=200).json["expires_at"] is None
+        r = client.patch(f"/v1/sandboxes/{sid}", {"ttl_s": 7200}, expect=200).json
+        assert before + 7200 * 1000 - 5000 <= r["expires_at"] <= before + 7200 * 1000 + 60000
+        for bad in ({"ttl_s": -1}, {"ttl_s": "5"}, {"labels": {"k": 5}}, {"labels": []},
                     {"nope": 1}, {"network": {"mode": "wide"}}, {"labels": {"bad key": "v"}},
                     {"labels": {"k" * 64: "v"}}, {"labels": {"k": "v" * 257}}):
             r = client.patch(f"/v1/sandboxes/{sid}", bad, expect=400)
@@ -193,7 +199,7 @@ BAD_CREATE = [
     ({"memory_mb": True}, 400), ({"memory_mb": -1}, 400), ({"memory_mb": 15}, 400),
     ({"memory_mb": 10**30}, 400), ({"memory_mb": 2**64}, 400), ({"memory_mb": -2**63}, 400),
     ({"cpu": 0}, 400), ({"cpu": -1}, 400), ({"cpu": 65}, 400), ({"cpu": "1"}, 400),
-    ({"pids": 7}, 400), ({"disk_mb": 0}, 400), ({"ttl_s": 0}, 400), ({"ttl_s": 2592001}, 400),
+    ({"pids": 7}, 400), ({"disk_mb": 0}, 400), ({"ttl_s": -1}, 400), ({"ttl_s": 2592001}, 400),
     ({"idle_ttl_s": -1}, 400), ({"count": 0}, 400), ({"count": 257}, 400),
     ({"count": "2"}, 400), ({"workdir": "relative/dir"}, 400), ({"workdir": ""}, 400),
     ({"workdir": "/a\u0000b"}, 400), ({"env": {"A=B": "x"}}, 400), ({"env": {"A": 1}}, 400),
@@ -287,6 +293,8 @@ def test_jobs_pause_resume_delete(client):
 # ---- TTL and idle TTL ---------------------------------------------------------------------
 
 def test_ttl_expiry_deletes(client, edge):
+    forever = client.create({"ttl_s": 0, "memory_mb": 64})  # no TTL
+    assert forever["expires_at"] is None and forever["ttl_s"] == 0
     sb = client.create({"ttl_s": 1, "memory_mb": 64, "labels": {"ttl": "1"}})
     sid = sb["id"]
     assert sb["expires_at"] - sb["created_at"] == 1000
@@ -294,6 +302,8 @@ def test_ttl_expiry_deletes(client, edge):
     assert cg, "the sandbox has cgroups while it runs"
     wait_until(lambda: client.get(f"/v1/sandboxes/{sid}").status == 410, 15,
                interval=0.1, what="ttl expiry")
+    assert client.get(f"/v1/sandboxes/{forever['id']}", expect=200).json["state"] == "running"
+    client.remove(forever["id"])
     wait_until(lambda: not edge.sandbox_cgroup_dirs(sid), 10, what="cgroups removed")
     # An expired sandbox is not one that never existed: 410 gone, with the reason and time.
     before = int(time.time() * 1000)

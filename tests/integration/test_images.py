@@ -642,6 +642,8 @@ def test_build_from_an_image_with_run_steps(edge, client):
         assert all(s["state"] == "done" for s in rec["steps"])
         log = build_log(c, r["id"])
         assert "\n0\n/opt/app\n" in log and "built\ndone\n" in log, log
+        # The capture says how far it is (a line every 5 s for a big layer), then that it stores.
+        assert "[dsec] layer read (0 MiB), storing it\n" in log, log
         img = c.get("/v1/images/it-bld:1", expect=200).json
         assert img["source"] == "build" and img["layers"][0] == base["layers"][0]
         assert len(img["layers"]) == 2

@@ -93,6 +93,11 @@ def test_microvm_runs_the_image_with_its_own_kernel(edge, client, vm_image):
         assert c.post(f"/v1/sandboxes/{sid}/resume", expect=200).json["state"] == "running"
         assert "sleep 1000" in sh(c, sid, "ps")
         assert len(qemu_processes(sid)) == 1
+        # Fork and snapshot say what the kind cannot do (yet), not a generic refusal.
+        for path, body in (("fork", {}), ("snapshot", {"image": "it-vm-snap:1"})):
+            r = c.post(f"/v1/sandboxes/{sid}/{path}", body, expect=422)
+            assert "microvm sandboxes cannot be snapshotted or forked yet" in \
+                r.json["error"]["message"], r.json
     finally:
         c.remove(sid)
     assert not (edge.state_dir / "microvms" / sid).exists()

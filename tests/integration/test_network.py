@@ -15,7 +15,7 @@ import pytest
 
 import edge_fixtures
 import netlab
-from edge_harness import Edge
+from edge_harness import Edge, wait_until
 from netlab import PRIVATE, PROBE, PUBLIC, UPLINK_ADDR
 
 REASON = edge_fixtures.SKIP_REASON or netlab.why_not_available()
@@ -204,10 +204,19 @@ def test_patch_applies_live_and_cuts_established_connections(c, lab):
     assert done["result"]["stdout"].strip() == "cut ConnectionResetError", done
     assert probe(c, sid, PUBLIC, 7)[0] == REFUSED
     assert http_get(c, sid, f"http://{PUBLIC}/") == "200"
-    # Back to none: everything is refused (its eth0 stays, answering nothing).
+    # Back to none: no network device at all, as a sandbox created with none; its veth and
+    # address are gone from the node.
+    host_if = [n for n in lab.links() if n.startswith("dsv")]
     c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "none"}}, expect=200)
-    assert probe(c, sid, PUBLIC, 80)[0] == REFUSED
-    assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["network"]["mode"] == "none"
+    assert c.sh(sid, "tail -n +3 /proc/net/dev | cut -d: -f1").split() == ["lo"]
+    assert probe(c, sid, PUBLIC, 80)[0] == "OSError 101"  # network unreachable
+    rec = c.get(f"/v1/sandboxes/{sid}", expect=200).json
+    assert rec["network"]["mode"] == "none" and not rec["network"].get("address"), rec
+    wait_until(lambda: len([n for n in lab.links() if n.startswith("dsv")]) < len(host_if), 5,
+               what="the veth deleted")
+    # And back again: a new device, reaching what the policy allows.
+    c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "open"}}, expect=200)
+    assert http_get(c, sid, f"http://{PUBLIC}/") == "200"
     print(f"PATCH none -> allowlist (attach + policy) took {patch_ms:.1f} ms end to end")
 
 
@@ -323,6 +332,55 @@ def test_kill9_restart_readopts_the_network(lab):
         e.launch()
         c = e.client()
         assert probe(c, sb["id"], PUBLIC, 8080)[0] == "ok"
+        c.remove(sb["id"])
+        c.close()
+    finally:
+        stop_and_check(lab, e)
+
+
+def test_node_problems_are_found_at_start_and_answered_503(lab):
+    # An uplink that is not an interface, and a network_cidr whose gateway is already a local
+    # address: the edge starts, says why in /v1/node, and a networked create is 503 with it.
+    for config, says in [({"network_uplink": "nosuch0"}, "nosuch0 is not an interface"),
+                         ({"network_cidr": "127.0.0.0/8"}, "is in use on this node")]:
+        e = Edge.start(netns=lab.node, config={"network_dns": netlab.DNS,
+                                               "network_cidr": "10.217.0.0/16", **config})
+        try:
+            c = e.client()
+            net = c.get("/v1/node", expect=200).json["features"]["network"]
+            assert net["enabled"] and not net["available"] and says in net["reason"], net
+            assert says in e.log_tail(400), "the start logs it"
+            r = c.post("/v1/sandboxes", {"network": {"mode": "open"}}, expect=503)
+            assert r.json["error"]["code"] == "unavailable" and says in r.json["error"]["message"]
+            sb = c.create({})  # mode none needs nothing of it
+            c.remove(sb["id"])
+            c.close()
+        finally:
+            stop_and_check(lab, e)
+    # A setting that does not parse stops the start with one line.
+    with pytest.raises(RuntimeError) as failed:
+        Edge.start(netns=lab.node, config={"network_dns": "1.2.3"})
+    assert 'network_dns "1.2.3" is not a.b.c.d[:port]' in str(failed.value), failed.value
+
+
+def test_unreachable_dns_upstream_is_reported_and_lookups_fail_fast(lab):
+    # Nothing listens on port 5353 of the test internet's DNS host.
+    e = Edge.start(netns=lab.node, config={"network_dns": f"{netlab.DNS}:5353",
+                                           "network_cidr": "10.216.0.0/16"})
+    try:
+        c = e.client()
+        wait_until(lambda: c.get("/v1/node", expect=200).json["features"]["network"]["dns"][
+            "state"] == "unreachable", 10, what="the start's DNS probe")
+        dns = c.get("/v1/node", expect=200).json["features"]["network"]["dns"]
+        assert dns["upstream"] == f"{netlab.DNS}:5353" and dns["error"], dns
+        assert f"DNS upstream {netlab.DNS}:5353" in e.log_tail(400)
+        sb = c.create({"network": {"mode": "open"}})
+        t = time.monotonic()
+        out = c.exec(sb["id"], cmd=["python3", "-c", RESOLVE, "pypi.test"])["stdout"].strip()
+        took = time.monotonic() - t
+        assert out == "gaierror", out
+        # The resolver's retries (5 s each, 2 attempts) are not waited out.
+        assert took < 3, f"the lookup took {took:.1f} s"
         c.remove(sb["id"])
         c.close()
     finally:

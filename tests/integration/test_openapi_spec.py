@@ -559,7 +559,7 @@ INVALID_RESPONSES = [
     ("deep in oneOf", "POST", "/v1/sandboxes", 201, changed(RECORD, "/limits/cpu", "1"),
      "/limits/cpu"),
     ("deep in batch", "POST", "/v1/sandboxes", 201,
-     {"sandboxes": [RECORD, changed(RECORD, "/ttl_s", 0)]}, "/sandboxes/1/ttl_s"),
+     {"sandboxes": [RECORD, changed(RECORD, "/ttl_s", -1)]}, "/sandboxes/1/ttl_s"),
     ("record or batch", "POST", "/v1/sandboxes", 201, {}, ""),
 ]
 
@@ -626,7 +626,7 @@ INVALID_REQUESTS = [
     ("request_id control char", "POST", "/v1/sandboxes", {"request_id": "a\nb"}, "/request_id"),
     ("body not object", "POST", "/v1/sandboxes", [], ""),
     ("patch unknown", "PATCH", SB, {"memory_mb": 1024}, "/memory_mb"),
-    ("patch ttl zero", "PATCH", SB, {"ttl_s": 0}, "/ttl_s"),
+    ("patch ttl negative", "PATCH", SB, {"ttl_s": -1}, "/ttl_s"),
     ("patch label type", "PATCH", SB, {"labels": {"a": 1}}, "/labels/a"),
     ("patch no body", "PATCH", SB, None, ""),
     ("exec cmd and shell", "POST", SB + "/exec", {"cmd": ["ls"], "shell": "ls"}, ""),

@@ -436,11 +436,10 @@ Status ContainerInstance::Handshake(int conn, int userns_fd) {
   secret_ = RandomHex(32);
   s.secret = secret_;
   const auto& r = s.rootfs;
+  // No file size limit unless the node sets one (rlimits.fsize 0 = unlimited): every writable
+  // place in the sandbox is inside its size-capped writable layer, so a full disk is ENOSPC as
+  // on a normal machine, not SIGXFSZ at some size (programs and test suites expect the former).
   s.rlimits = b.opts_.rlimits;
-  if (s.rlimits.fsize == 0) s.rlimits.fsize = r.size_bytes;
-  // An fncall worker's own layer is small; its calls write to their own (bigger) tmpfs.
-  if (spec_.worker && s.rlimits.fsize < (static_cast<uint64_t>(spec_.worker->call_disk_mb) << 20))
-    s.rlimits.fsize = static_cast<uint64_t>(spec_.worker->call_disk_mb) << 20;
   s.seccomp = b.seccomp_;
   s.agent_caps = isolation::RootCapabilities() | isolation::CapMask({CAP_DAC_READ_SEARCH});
   if (spec_.worker) DSEC_RETURN_IF_ERROR(AddZygote(userns_fd, &s));
@@ -614,8 +613,13 @@ StatusOr<int> ContainerInstance::NetnsFd(UniqueFd* holder) const {
 }
 
 Status ContainerInstance::ApplyNetwork(const net::NetworkPolicy& p) {
+  if (p.mode == net::NetMode::kNone) {
+    // No network device at all, as a sandbox created with none: the veth and the address go.
+    if (attachment_ && net_) net_->Unplug(attachment_);
+    attachment_ = {};
+    return OkStatus();
+  }
   if (!attachment_) {
-    if (p.mode == net::NetMode::kNone) return OkStatus();  // nothing to take away
     if (!backend_->opts_.network)
       return Unimplemented("this edge has no sandbox network (network modes other than none)");
     DSEC_ASSIGN_OR_RETURN(net_, backend_->opts_.network());
@@ -657,7 +661,8 @@ uint64_t ContainerInstance::NetworkDenied() {
   return attachment_ && net_ ? net_->Denied(attachment_) : 0;
 }
 
-StatusOr<std::vector<std::string>> ContainerInstance::CaptureStack(bool keep_setuid, bool running) {
+StatusOr<std::vector<std::string>> ContainerInstance::CaptureStack(
+    bool keep_setuid, bool running, const CaptureProgress& progress) {
   images::ImageStore* store = backend_->opts_.image_store;
   if (!store) return FailedPrecondition("this node has no image store");
   if (layer_fd_ < 0 || overlay_targets_.empty())
@@ -698,8 +703,15 @@ StatusOr<std::vector<std::string>> ContainerInstance::CaptureStack(bool keep_set
   // Frozen while read, so the layer is one consistent state (a paused sandbox stays paused).
   bool thaw = running;
   if (thaw) DSEC_RETURN_IF_ERROR(cgroup_->Freeze());
+  uint64_t read = 0;
   Status captured = images::WriteLayerTar(
-      sources, co, [&](std::string_view d) { return builder->Feed(d); }, nullptr);
+      sources, co,
+      [&](std::string_view d) {
+        read += d.size();
+        if (progress) progress(read, false);
+        return builder->Feed(d);
+      },
+      nullptr);
   if (thaw) {
     if (Status s = cgroup_->Thaw(); !s.ok()) {
       DSEC_LOG_ERROR("thaw {} after snapshot: {}", spec_.id, s.ToString());
@@ -707,6 +719,7 @@ StatusOr<std::vector<std::string>> ContainerInstance::CaptureStack(bool keep_set
     }
   }
   DSEC_RETURN_IF_ERROR(captured.WithContext("capture the writable layer of " + spec_.id));
+  if (progress) progress(read, true);
   DSEC_ASSIGN_OR_RETURN(images::LayerInfo layer, builder->Commit());
   std::vector<std::string> out;
   if (stack_.base == "host") out.push_back("host");

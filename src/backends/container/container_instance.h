@@ -39,7 +39,8 @@ class ContainerInstance : public Instance {
   Status Resume() override;
   StatusOr<SandboxStats> Stats() override;
   Status SetMemoryLimit(int64_t bytes) override;
-  StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running) override;
+  StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running,
+                                                  const CaptureProgress& progress) override;
   Status Destroy() override;
   Status SetNetwork(const net::NetworkPolicy& p) override;
   std::string NetworkAddress() const override;

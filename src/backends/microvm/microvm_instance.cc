@@ -292,8 +292,7 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
   s.realtime_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
   s.entropy = RandomHex(64);
   s.disk_mb = spec_.resources.disk_mb;
-  s.rlimits = b.opts_.rlimits;
-  if (s.rlimits.fsize == 0) s.rlimits.fsize = static_cast<uint64_t>(spec_.resources.disk_mb) << 20;
+  s.rlimits = b.opts_.rlimits;  // fsize 0: unlimited (a full disk is ENOSPC)
   s.max_execs = b.opts_.max_execs_per_sandbox;
   s.orphan_timeout_ms = b.opts_.orphan_timeout_ms;
   // The same plan a container of this image starts from: hostname, hosts, the sandbox user,
