@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import edgeproc  # noqa: E402
 
 edgeproc.use_sdk()
-from libdsec import AsyncDSecClient, DSecContainerRunArgs, DSecError  # noqa: E402
+from libdsec import AsyncDSecClient, DSecError, SandboxSpec  # noqa: E402
 
 PROJECT = "/workspace/project"
 # Generous: 32 pytest runs at once on 2 cores take ~10 s each; a hung test still ends.
@@ -136,15 +136,13 @@ async def episode(client: AsyncDSecClient, i: int, runner: list[str], job: str,
     module, buggy, fixed, test_src, failing = TASKS[i % len(TASKS)]
     n = i % 97 + 2
     test_src = test_src.format(n=n, n2=2 + n, n3=3 * n)
-    args = DSecContainerRunArgs(container_image="host", cpu_cores_limit=1.0,
-                                memory_limit_mb=256, pids_limit=128, disk_limit_mb=64,
-                                ttl_running_stop=600, network_rules={"mode": "none"},
-                                labels={"job": job, "episode": str(i)})
+    spec = SandboxSpec(image="host", cpu=1.0, memory_mb=256, pids=128, disk_mb=64, ttl_s=600,
+                       network={"mode": "none"}, labels={"job": job, "episode": str(i)})
     step = "create"
     sb = None
     deleted = False
     try:
-        sb = await timed(stats, "create", client.run_container(args))
+        sb = await timed(stats, "create", client.create(spec))
         step = "write project"
         await timed(stats, "write", sb.write_file(f"{PROJECT}/{module}.py", buggy))
         await timed(stats, "write", sb.write_file(f"{PROJECT}/test_{module}.py", test_src))
@@ -204,9 +202,8 @@ async def choose_runner(client: AsyncDSecClient, forced: str, job: str) -> tuple
         return pytest_cmd, "pytest"
     if forced == "unittest":
         return unittest_cmd, "unittest"
-    args = DSecContainerRunArgs(memory_limit_mb=256, disk_limit_mb=16, ttl_running_stop=120,
-                                labels={"job": job, "probe": "1"})
-    async with await client.run_container(args) as sb:
+    async with await client.create(memory_mb=256, disk_mb=16, ttl_s=120,
+                                   labels={"job": job, "probe": "1"}) as sb:
         r = await sb.exec(["python3", "-c", "import pytest; print(pytest.__version__)"])
     if r.exit_code == 0:
         return pytest_cmd, f"pytest {r.stdout.strip()}"

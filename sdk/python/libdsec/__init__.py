@@ -2,10 +2,12 @@
 
 Blocking::
 
-    from libdsec import DSecClient, DSecContainerRunArgs
+    from libdsec import DSecClient
     with DSecClient("http://127.0.0.1:7070", token="...") as client:
-        with client.run_container(DSecContainerRunArgs(memory_limit_mb=512)) as sb:
+        with client.create(image="host", memory_mb=512) as sb:
             print(sb.run_shell("python3 -c 'print(1)'").stdout)
+
+A :class:`SandboxSpec` holds the same fields (``client.create(spec)``).
 
 Asyncio: :class:`AsyncDSecClient` has the same methods as coroutines.
 Every failure raises :class:`DSecError` (``.code``, ``.message``, ``.status``).
@@ -36,11 +38,13 @@ from .models import (
     DSecContainerRunArgs,
     ExecEvent,
     ExecResult,
+    ExecStatus,
     FileEntry,
     FnCallResult,
     Image,
     ImageConfig,
     ImageLayer,
+    SandboxSpec,
 )
 
 __version__ = "0.1.0"
@@ -52,8 +56,10 @@ __all__ = [
     "AsyncSandbox",
     "Shell",
     "AsyncShell",
+    "SandboxSpec",
     "DSecContainerRunArgs",
     "ExecResult",
+    "ExecStatus",
     "FnCallResult",
     "ExecEvent",
     "FileEntry",

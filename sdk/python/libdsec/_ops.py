@@ -4,6 +4,7 @@ AsyncDSecClient, so the two differ only in how they send."""
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import io
 import json
@@ -14,7 +15,7 @@ from urllib.parse import quote
 from . import _upload
 from ._http import Request, json_request, raw_request, seg, stream_request
 from .errors import DSecError, error_from_stream_line
-from .models import DSecContainerRunArgs, ExecEvent, ExecResult, FileEntry, Image
+from .models import ExecEvent, ExecResult, FileEntry, Image, SandboxSpec, spec_fields
 
 Cmd = Union[str, Sequence[str]]
 Stdin = Union[str, bytes, bytearray, memoryview]
@@ -34,7 +35,22 @@ def wait_s(ms: int | float | None) -> float | None:
 # -- sandboxes ---------------------------------------------------------------
 
 
-def create(args: DSecContainerRunArgs, count: int | None, request_id: str | None,
+def sandbox_spec(spec: SandboxSpec | None, fields: Mapping[str, Any], where: str) -> SandboxSpec:
+    """What a create method was given: ``spec`` with the keyword ``fields``
+    (the API's names) set on a copy, or a SandboxSpec of those fields.
+    Deprecated names warn as the caller's caller's; unknown ones raise TypeError."""
+    if not fields:
+        return spec if spec is not None else SandboxSpec()
+    fields = spec_fields(fields, where, 3, None if spec is None else type(spec))
+    if spec is None:
+        return SandboxSpec(**fields)
+    spec = copy.copy(spec)  # not dataclasses.replace: a subclass may have its own __init__
+    for key, value in fields.items():
+        setattr(spec, key, value)
+    return spec
+
+
+def create(args: SandboxSpec, count: int | None, request_id: str | None,
            wait: bool) -> Request:
     body = args.to_body()
     if count is not None:

@@ -20,12 +20,13 @@ from ._ops import Cmd, Stdin
 from .errors import BuildFailedError, DSecError, DSecTimeoutError, NotFoundError
 from .models import (
     Build,
-    DSecContainerRunArgs,
     ExecEvent,
     ExecResult,
+    ExecStatus,
     FileEntry,
     FnCallResult,
     Image,
+    SandboxSpec,
 )
 
 __all__ = ["AsyncDSecClient", "AsyncSandbox", "AsyncShell"]
@@ -86,20 +87,34 @@ class AsyncDSecClient:
 
     # -- sandboxes ---------------------------------------------------------
 
-    async def run_container(self, args: DSecContainerRunArgs | None = None,
-                            request_id: str | None = None, *,
-                            wait: bool = True) -> "AsyncSandbox":
-        """See :meth:`DSecClient.run_container`."""
-        data = await self._json(_ops.create(args or DSecContainerRunArgs(), None,
-                                            request_id, wait))
-        return AsyncSandbox(self, data)
+    async def create(self, spec: SandboxSpec | None = None, request_id: str | None = None, *,
+                     wait: bool = True, **fields: Any) -> "AsyncSandbox":
+        """See :meth:`DSecClient.create`: a :class:`SandboxSpec` or its fields as
+        keywords (``await client.create(image="host", memory_mb=256)``)."""
+        spec = _ops.sandbox_spec(spec, fields, "create()")
+        return AsyncSandbox(self, await self._json(_ops.create(spec, None, request_id, wait)))
 
-    async def run_containers(self, args: DSecContainerRunArgs | None, count: int,
+    async def create_many(self, count: int, spec: SandboxSpec | None = None,
+                          request_id: str | None = None, *, wait: bool = True,
+                          **fields: Any) -> list["AsyncSandbox"]:
+        """See :meth:`DSecClient.create_many`."""
+        spec = _ops.sandbox_spec(spec, fields, "create_many()")
+        data = await self._json(_ops.create(spec, count, request_id, wait))
+        return [AsyncSandbox(self, r) for r in _ops.created_records(data, count)]
+
+    async def run_container(self, args: SandboxSpec | None = None,
+                            request_id: str | None = None, *,
+                            wait: bool = True, **fields: Any) -> "AsyncSandbox":
+        """The same as :meth:`create` (its older name)."""
+        spec = _ops.sandbox_spec(args, fields, "run_container()")
+        return AsyncSandbox(self, await self._json(_ops.create(spec, None, request_id, wait)))
+
+    async def run_containers(self, args: SandboxSpec | None, count: int,
                              request_id: str | None = None, *,
-                             wait: bool = True) -> list["AsyncSandbox"]:
-        """See :meth:`DSecClient.run_containers`."""
-        data = await self._json(_ops.create(args or DSecContainerRunArgs(), count,
-                                            request_id, wait))
+                             wait: bool = True, **fields: Any) -> list["AsyncSandbox"]:
+        """The same as :meth:`create_many` (its older name), arguments in this order."""
+        spec = _ops.sandbox_spec(args, fields, "run_containers()")
+        data = await self._json(_ops.create(spec, count, request_id, wait))
         return [AsyncSandbox(self, r) for r in _ops.created_records(data, count)]
 
     async def get_sandbox(self, sandbox_id: str) -> "AsyncSandbox":
@@ -455,8 +470,10 @@ class AsyncSandbox:
         req = _ops.exec_request(self.id, body, background=True, request_id=request_id)
         return str((await self._json(req))["exec_id"])
 
-    async def exec_status(self, exec_id: str, wait_ms: int = 0) -> dict[str, Any]:
-        return await self._json(_ops.exec_status(self.id, exec_id, wait_ms))
+    async def exec_status(self, exec_id: str, wait_ms: int = 0) -> ExecStatus:
+        """See :meth:`Sandbox.exec_status`."""
+        return ExecStatus.from_json(await self._json(_ops.exec_status(self.id, exec_id,
+                                                                      wait_ms)))
 
     async def wait_exec(self, exec_id: str, timeout_s: float | None = None) -> ExecResult:
         """See :meth:`Sandbox.wait_exec`."""
@@ -468,8 +485,8 @@ class AsyncSandbox:
                 max(0.0, min(remaining, _STATUS_POLL_MS / 1000)) * 1000)
             started = time.monotonic()
             status = await self.exec_status(exec_id, wait_ms=wait_ms)
-            if status.get("state") == "exited" and status.get("result") is not None:
-                return ExecResult.from_json(status["result"])
+            if status.exited and status.result is not None:
+                return status.result
             if deadline is not None and time.monotonic() >= deadline:
                 raise DSecTimeoutError(
                     "timeout", f"exec {exec_id} still running after {timeout_s}s", None)

@@ -15,12 +15,13 @@ from ._sync import SyncTransport
 from .errors import BuildFailedError, DSecError, DSecTimeoutError, NotFoundError
 from .models import (
     Build,
-    DSecContainerRunArgs,
     ExecEvent,
     ExecResult,
+    ExecStatus,
     FileEntry,
     FnCallResult,
     Image,
+    SandboxSpec,
 )
 
 __all__ = ["DSecClient", "Sandbox", "Shell"]
@@ -95,30 +96,64 @@ class DSecClient:
 
     # -- sandboxes ---------------------------------------------------------
 
-    def run_container(
+    def create(
         self,
-        args: DSecContainerRunArgs | None = None,
+        spec: SandboxSpec | None = None,
         request_id: str | None = None,
         *,
         wait: bool = True,
+        **fields: Any,
     ) -> "Sandbox":
-        """Create a sandbox; returns once it is running (``wait=False`` may
-        return it still ``creating``; later calls on it wait for readiness)."""
-        args = args or DSecContainerRunArgs()
-        data = self._json(_ops.create(args, None, request_id, wait))
-        return Sandbox(self, data)
+        """Create a sandbox and return it once it is running (``wait=False`` may
+        return it still ``creating``; later calls on it wait for readiness).
+
+        What to create is a :class:`SandboxSpec`, or its fields as keywords with
+        the API's names: ``create(image="py:3.11", memory_mb=1024, network={"mode":
+        "open"}, labels={"job": "r7"})``; ``kind="microvm"`` makes a microVM.
+        Keywords given with a spec override its fields (the spec is not changed).
+        An unknown keyword raises TypeError."""
+        spec = _ops.sandbox_spec(spec, fields, "create()")
+        return Sandbox(self, self._json(_ops.create(spec, None, request_id, wait)))
+
+    def create_many(
+        self,
+        count: int,
+        spec: SandboxSpec | None = None,
+        request_id: str | None = None,
+        *,
+        wait: bool = True,
+        **fields: Any,
+    ) -> list["Sandbox"]:
+        """Create ``count`` (1..256) alike sandboxes in one request (all or
+        nothing); ``spec`` and keywords as for :meth:`create`."""
+        spec = _ops.sandbox_spec(spec, fields, "create_many()")
+        data = self._json(_ops.create(spec, count, request_id, wait))
+        return [Sandbox(self, r) for r in _ops.created_records(data, count)]
+
+    def run_container(
+        self,
+        args: SandboxSpec | None = None,
+        request_id: str | None = None,
+        *,
+        wait: bool = True,
+        **fields: Any,
+    ) -> "Sandbox":
+        """The same as :meth:`create` (its older name)."""
+        spec = _ops.sandbox_spec(args, fields, "run_container()")
+        return Sandbox(self, self._json(_ops.create(spec, None, request_id, wait)))
 
     def run_containers(
         self,
-        args: DSecContainerRunArgs | None,
+        args: SandboxSpec | None,
         count: int,
         request_id: str | None = None,
         *,
         wait: bool = True,
+        **fields: Any,
     ) -> list["Sandbox"]:
-        """Create ``count`` alike sandboxes in one request (all or nothing)."""
-        args = args or DSecContainerRunArgs()
-        data = self._json(_ops.create(args, count, request_id, wait))
+        """The same as :meth:`create_many` (its older name), arguments in this order."""
+        spec = _ops.sandbox_spec(args, fields, "run_containers()")
+        data = self._json(_ops.create(spec, count, request_id, wait))
         return [Sandbox(self, r) for r in _ops.created_records(data, count)]
 
     def get_sandbox(self, sandbox_id: str) -> "Sandbox":
@@ -646,10 +681,12 @@ class Sandbox:
         req = _ops.exec_request(self.id, body, background=True, request_id=request_id)
         return str(self._json(req)["exec_id"])
 
-    def exec_status(self, exec_id: str, wait_ms: int = 0) -> dict[str, Any]:
-        """``{"exec_id", "state": "running"|"exited", "started_at", "result"}``;
+    def exec_status(self, exec_id: str, wait_ms: int = 0) -> ExecStatus:
+        """A background exec's :class:`ExecStatus`: ``state`` (``"running"`` or
+        ``"exited"``), ``started_at`` and, once it exited, ``result`` (an
+        :class:`ExecResult`; ``exit_code``/``stdout``/``stderr``/``ok`` read it).
         ``wait_ms`` blocks server-side up to that long for the exec to end."""
-        return self._json(_ops.exec_status(self.id, exec_id, wait_ms))
+        return ExecStatus.from_json(self._json(_ops.exec_status(self.id, exec_id, wait_ms)))
 
     def wait_exec(self, exec_id: str, timeout_s: float | None = None) -> ExecResult:
         """Wait for a background exec to end and return its result.
@@ -662,8 +699,8 @@ class Sandbox:
                 max(0.0, min(remaining, _STATUS_POLL_MS / 1000)) * 1000)
             started = time.monotonic()
             status = self.exec_status(exec_id, wait_ms=wait_ms)
-            if status.get("state") == "exited" and status.get("result") is not None:
-                return ExecResult.from_json(status["result"])
+            if status.exited and status.result is not None:
+                return status.result
             if deadline is not None and time.monotonic() >= deadline:
                 raise DSecTimeoutError(
                     "timeout", f"exec {exec_id} still running after {timeout_s}s", None)

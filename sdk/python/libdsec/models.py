@@ -3,65 +3,157 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
+import difflib
+import functools
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence, Union
 
 from . import _compat
 
-__all__ = ["DSecContainerRunArgs", "ExecResult", "FnCallResult", "ExecEvent", "FileEntry",
-           "Image", "ImageLayer", "ImageConfig", "Build", "BuildStep"]
+__all__ = ["SandboxSpec", "DSecContainerRunArgs", "ExecResult", "ExecStatus", "FnCallResult",
+           "ExecEvent", "FileEntry", "Image", "ImageLayer", "ImageConfig", "Build",
+           "BuildStep"]
 
 Output = Union[str, bytes]
 
 
-@dataclass
-class DSecContainerRunArgs:
-    """What to create: the body of ``POST /v1/sandboxes``.
+# The names the SDK used before it took the API's, kept as deprecated aliases.
+_OLD_NAMES = {
+    "container_image": "image",
+    "cpu_cores_limit": "cpu",
+    "memory_limit_mb": "memory_mb",
+    "pids_limit": "pids",
+    "disk_limit_mb": "disk_mb",
+    "ttl_running_stop": "ttl_s",
+    "network_rules": "network",
+}
 
-    Field names follow the SDK shape in the API contract; :meth:`to_body` maps
-    them to the wire names (``cpu_cores_limit`` -> ``cpu``, ``ttl_running_stop``
-    -> ``ttl_s``, ``network_rules`` -> ``network``, ...). ``None`` fields are
+
+def spec_fields(fields: Mapping[str, Any], where: str, stacklevel: int,
+                cls: type | None = None) -> dict[str, Any]:
+    """``fields`` with every deprecated name turned into the API's, with a
+    DeprecationWarning (``stacklevel`` counts as warnings.warn's does, from the
+    caller). An old name given with its new one, or a name that is neither a
+    field of ``cls`` nor an old name, is a TypeError naming ``where``."""
+    names = [f.name for f in dataclasses.fields(cls or SandboxSpec)]
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        new = _OLD_NAMES.get(key)
+        if new is not None:
+            if new in fields:
+                raise TypeError(f"{where} got both {new!r} and its deprecated alias {key!r}")
+            _warn_old_name(key, new, stacklevel + 1)
+            key = new
+        elif key not in names:
+            raise TypeError(f"{where} got an unexpected keyword argument {key!r}"
+                            + _did_you_mean(key, names))
+        out[key] = value
+    return out
+
+
+def _did_you_mean(key: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(names) + list(_OLD_NAMES), n=1)
+    if close:
+        return f"; did you mean {_OLD_NAMES.get(close[0], close[0])!r}?"
+    return f" (the fields: {', '.join(names)})"
+
+
+def _warn_old_name(old: str, new: str, stacklevel: int) -> None:
+    # stacklevel counts from the caller, as warnings.warn's does.
+    warnings.warn(f"{old!r} is deprecated: use {new!r} (the API's name)", DeprecationWarning,
+                  stacklevel=stacklevel + 1)
+
+
+def _accept_old_names(cls: type) -> type:
+    """Let ``cls`` (a dataclass) take the names in ``_OLD_NAMES`` as deprecated
+    aliases: as keywords of its constructor and as attributes."""
+    init = cls.__init__
+
+    @functools.wraps(init)  # help() and inspect.signature show the real fields
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **spec_fields(kwargs, f"{type(self).__name__}()", 2, type(self)))
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    for old, new in _OLD_NAMES.items():
+        setattr(cls, old, _alias_property(old, new))
+    return cls
+
+
+def _alias_property(old: str, new: str) -> property:
+    def get(self: Any) -> Any:
+        _warn_old_name(old, new, 2)
+        return getattr(self, new)
+
+    def set_(self: Any, value: Any) -> None:
+        _warn_old_name(old, new, 2)
+        setattr(self, new, value)
+
+    return property(get, set_, doc=f"Deprecated alias of ``{new}``.")
+
+
+@_accept_old_names
+@dataclass
+class SandboxSpec:
+    """What to create: the body of ``POST /v1/sandboxes``, with the API's
+    field names (the CLI's ``dsec create`` options too). ``None`` fields are
     omitted so the node's defaults apply. Sizes are MiB, times seconds.
 
-    ``container_image`` is one image name, or a non-empty list of names
-    stacked in order, bottom first (``["debian:bookworm", "proj:abc123"]``).
+    ``image`` is one image name, or a non-empty list of names stacked in
+    order, bottom first (``["debian:bookworm", "proj:abc123"]``). ``kind`` is
+    ``"container"`` or ``"microvm"`` (a VM of its own; needs an image from
+    the store). ``ttl_s=0`` means no TTL (``idle_ttl_s`` still applies);
+    ``idle_ttl_s=0`` means no idle timeout. ``network`` is the policy, e.g.
+    ``{"mode": "none"}``, ``{"mode": "open"}`` or ``{"mode": "allowlist",
+    "rules": [{"cidr": "198.51.100.0/24", "ports": "443"}], "domains": ["pypi.org"]}``.
+
+    The SDK's older names still work, deprecated (a DeprecationWarning), as
+    keywords and attributes: ``container_image`` (``image``),
+    ``cpu_cores_limit`` (``cpu``), ``memory_limit_mb`` (``memory_mb``),
+    ``pids_limit`` (``pids``), ``disk_limit_mb`` (``disk_mb``),
+    ``ttl_running_stop`` (``ttl_s``), ``network_rules`` (``network``).
     """
 
-    container_image: str | Sequence[str] = "host"
-    cpu_cores_limit: float = 1.0
-    memory_limit_mb: int = 512
-    pids_limit: int = 256
-    disk_limit_mb: int = 256
-    ttl_running_stop: int = 3600
+    image: str | Sequence[str] = "host"
+    cpu: float = 1.0
+    memory_mb: int = 512
+    pids: int = 256
+    disk_mb: int = 256
+    ttl_s: int = 3600
     idle_ttl_s: int = 0
     user: str | None = None
     workdir: str | None = None
     env: dict[str, str] | None = None
     labels: dict[str, str] | None = None
-    network_rules: dict[str, Any] | None = None
+    network: dict[str, Any] | None = None
     kind: str = "container"
 
     def to_body(self) -> dict[str, Any]:
         """The JSON body for ``POST /v1/sandboxes`` (without count/request_id)."""
         body: dict[str, Any] = {
             "kind": self.kind,
-            "image": _image_field(self.container_image),
+            "image": _image_field(self.image),
             # The edge's strict parser wants a float for cpu and ints for the
-            # rest; coercing here lets callers write cpu_cores_limit=1.
-            "cpu": None if self.cpu_cores_limit is None else float(self.cpu_cores_limit),
-            "memory_mb": _opt_int(self.memory_limit_mb),
-            "pids": _opt_int(self.pids_limit),
-            "disk_mb": _opt_int(self.disk_limit_mb),
-            "ttl_s": _opt_int(self.ttl_running_stop),
+            # rest; coercing here lets callers write cpu=1.
+            "cpu": None if self.cpu is None else float(self.cpu),
+            "memory_mb": _opt_int(self.memory_mb),
+            "pids": _opt_int(self.pids),
+            "disk_mb": _opt_int(self.disk_mb),
+            "ttl_s": _opt_int(self.ttl_s),
             "idle_ttl_s": _opt_int(self.idle_ttl_s),
             "user": self.user,
             "workdir": self.workdir,
             "env": dict(self.env) if self.env is not None else None,
             "labels": dict(self.labels) if self.labels is not None else None,
-            "network": dict(self.network_rules) if self.network_rules is not None else None,
+            "network": dict(self.network) if self.network is not None else None,
         }
         return {k: v for k, v in body.items() if v is not None}
+
+
+# The class's name before it covered microVMs too: the same class.
+DSecContainerRunArgs = SandboxSpec
 
 
 def _opt_int(v: Any) -> int | None:
@@ -74,7 +166,7 @@ def _image_field(image: str | Sequence[str] | None) -> str | list[str] | None:
         return image
     names = list(image)
     if not names or not all(isinstance(n, str) and n for n in names):
-        raise ValueError("container_image must be a name or a non-empty list of names")
+        raise ValueError("image must be a name or a non-empty list of names")
     return names
 
 
@@ -160,6 +252,97 @@ def _decode_output(value: Any, is_base64: bool, want_bytes: bool) -> Output:
         data = base64.b64decode(value)
         return data if want_bytes else data.decode("utf-8", "replace")
     return value.encode("utf-8") if want_bytes else value
+
+
+@dataclass
+class ExecStatus:
+    """A background exec's status (:meth:`Sandbox.exec_status`, ``GET
+    .../execs/{eid}``).
+
+    ``state`` is ``"running"`` or ``"exited"``; ``result`` is the
+    :class:`ExecResult` once it exited, with all its output (``None`` while it
+    runs: read live output with ``exec_output``); ``started_at`` is ms since
+    the epoch. ``exit_code``, ``stdout``, ``stderr`` and ``ok`` read
+    ``result`` (``None``, or ``False`` for ``ok``, while it runs). ``raw``
+    keeps the server's JSON.
+
+    Reading it as the dict it once was (``st["state"]``, ``st.get("result")``,
+    ``"result" in st``) still works, deprecated: that reads ``raw``.
+    """
+
+    exec_id: str
+    state: str = "running"
+    started_at: int = 0
+    result: ExecResult | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def exited(self) -> bool:
+        return self.state == "exited"
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.result is None else self.result.exit_code
+
+    @property
+    def stdout(self) -> Output | None:
+        return None if self.result is None else self.result.stdout
+
+    @property
+    def stderr(self) -> Output | None:
+        return None if self.result is None else self.result.stderr
+
+    @property
+    def ok(self) -> bool:
+        """True when it exited 0 and did not time out."""
+        return self.result is not None and self.result.ok
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], binary: bool | None = None) -> "ExecStatus":
+        result = d.get("result")
+        return cls(
+            exec_id=str(d.get("exec_id", "")),
+            state=str(d.get("state", "running")),
+            started_at=int(d.get("started_at", 0) or 0),
+            result=None if result is None else ExecResult.from_json(result, binary),
+            raw=dict(d),
+        )
+
+    # -- the dict it was (deprecated) ----------------------------------------
+
+    @staticmethod
+    def _dict_access(what: str) -> None:
+        warnings.warn(f"exec_status() returns an ExecStatus: {what} is deprecated; use its "
+                      "attributes (.state, .result, ...) or .raw", DeprecationWarning,
+                      stacklevel=3)
+
+    def __getitem__(self, key: str) -> Any:
+        self._dict_access(f"[{key!r}]")
+        return self.raw[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._dict_access(f".get({key!r})")
+        return self.raw.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._dict_access("'in'")
+        return key in self.raw
+
+    def keys(self) -> Any:
+        self._dict_access(".keys()")
+        return self.raw.keys()
+
+    def values(self) -> Any:
+        self._dict_access(".values()")
+        return self.raw.values()
+
+    def items(self) -> Any:
+        self._dict_access(".items()")
+        return self.raw.items()
 
 
 @dataclass

@@ -171,10 +171,11 @@ class Edge:
         body = body or {}
         sid = sid or f"sb-fake-{uuid.uuid4().hex[:8]}"
         now = int(time.time() * 1000)
+        ttl_s = body.get("ttl_s", 3600)
         rec = {"id": sid, "kind": body.get("kind", "container"), "state": "running",
                "node": "fake", "image": body.get("image", "host"), "created_at": now,
-               "expires_at": now + 1000 * body.get("ttl_s", 3600),
-               "ttl_s": body.get("ttl_s", 3600), "idle_ttl_s": body.get("idle_ttl_s", 0),
+               "expires_at": _expires_at(now, ttl_s),
+               "ttl_s": ttl_s, "idle_ttl_s": body.get("idle_ttl_s", 0),
                "last_used_at": now,
                "limits": {"cpu": body.get("cpu", 1.0), "memory_mb": body.get("memory_mb", 512),
                           "pids": body.get("pids", 256), "disk_mb": body.get("disk_mb", 256)},
@@ -645,6 +646,11 @@ class FakeBuild:
                 "done": self.finished(now)}
 
 
+def _expires_at(now_ms: int, ttl_s: int):
+    """As the edge: ``ttl_s`` 0 is no TTL (``expires_at`` null)."""
+    return None if ttl_s == 0 else now_ms + 1000 * ttl_s
+
+
 def _image_list(image) -> list:
     return list(image) if isinstance(image, list) else [image]
 
@@ -1010,6 +1016,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 _strict(obj, PATCH_FIELDS)
                 if "ttl_s" in obj:
                     rec["ttl_s"] = obj["ttl_s"]
+                    rec["expires_at"] = _expires_at(int(time.time() * 1000), obj["ttl_s"])
                 for k, v in (obj.get("labels") or {}).items():
                     if v is None:
                         rec["labels"].pop(k, None)

@@ -16,12 +16,13 @@ import pytest
 from libdsec import (
     AsyncDSecClient,
     AsyncSandbox,
-    DSecContainerRunArgs,
     DSecTimeoutError,
     ExecResult,
+    ExecStatus,
     FnCallResult,
     InternalError,
     NotFoundError,
+    SandboxSpec,
     UnavailableError,
 )
 
@@ -52,7 +53,7 @@ def test_round_trip(server, edge, chunked):
 
     async def main():
         async with make(server) as c:
-            sb = await c.run_container(DSecContainerRunArgs(labels={"job": "j"}))
+            sb = await c.run_container(SandboxSpec(labels={"job": "j"}))
             assert isinstance(sb, AsyncSandbox) and sb.state == "running"
             assert (await c.get_sandbox(sb.id)).record == sb.record
             r = await sb.exec(["echo", "hi"])
@@ -77,6 +78,41 @@ def test_round_trip(server, edge, chunked):
 
     assert run(main())
     assert len(edge.conns()) == 1  # all sequential calls on one keep-alive connection
+
+
+def test_create_keywords_and_typed_exec_status(server, edge):
+    async def main():
+        async with make(server) as c:
+            sb = await c.create(image="host", memory_mb=256, ttl_s=0, network={"mode": "open"},
+                                labels={"job": "kw"})
+            body = dict(edge.seen("POST", "/v1/sandboxes")[-1].json)
+            body.pop("request_id")
+            assert body == dict(SandboxSpec(memory_mb=256, ttl_s=0).to_body(),
+                                network={"mode": "open"}, labels={"job": "kw"})
+            assert isinstance(sb, AsyncSandbox) and sb.record["expires_at"] is None
+            sbs = await c.create_many(2, SandboxSpec(labels={"job": "kw"}), pids=64)
+            assert len(sbs) == 2 and edge.seen("POST", "/v1/sandboxes")[-1].json["pids"] == 64
+            await c.run_containers(None, 2, disk_mb=64)
+            assert edge.seen("POST", "/v1/sandboxes")[-1].json["disk_mb"] == 64
+            await c.run_container(cpu=2)
+            assert edge.seen("POST", "/v1/sandboxes")[-1].json["cpu"] == 2.0
+            with pytest.warns(DeprecationWarning, match="use 'image'") as caught:
+                await c.create(container_image="host")
+            assert caught[0].filename == __file__
+            with pytest.raises(TypeError, match="'memory'; did you mean 'memory_mb'"):
+                await c.create(memory=256)
+            eid = await sb.start_background(["sleep", "0.2"])
+            st = await sb.exec_status(eid)
+            assert isinstance(st, ExecStatus) and st.running and st.result is None
+            r = await sb.wait_exec(eid, timeout_s=5)
+            st = await sb.exec_status(eid)
+            assert st.exited and st.result == r and st.exit_code == 0 and st.ok
+            with pytest.warns(DeprecationWarning):
+                assert st["result"]["exit_code"] == 0
+            assert await c.delete_job("kw") == 3
+        return True
+
+    assert run(main())
 
 
 def test_fncall_and_pools(server, edge):

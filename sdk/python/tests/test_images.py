@@ -20,11 +20,11 @@ from libdsec import (
     AsyncSandbox,
     BadRequestError,
     ConflictError,
-    DSecContainerRunArgs,
     Image,
     ImageLayer,
     NotFoundError,
     Sandbox,
+    SandboxSpec,
     TooLargeError,
     UnavailableError,
 )
@@ -287,19 +287,19 @@ def test_snapshot_and_fork(client, edge, sandbox):
 
 def test_create_with_stacked_images(client, edge, sandbox):
     sandbox.snapshot("proj:1")
-    sb = client.run_container(DSecContainerRunArgs(container_image=["host", "proj:1"]))
+    sb = client.run_container(SandboxSpec(image=["host", "proj:1"]))
     body = edge.seen("POST", "/v1/sandboxes")[-1].json
     assert body["image"] == ["host", "proj:1"]
     assert sb.record["image"] == ["host", "proj:1"]
     assert client.get_image("proj:1").in_use == 1
-    client.run_containers(DSecContainerRunArgs(container_image=("proj:1",)), 2)
+    client.run_containers(SandboxSpec(image=("proj:1",)), 2)
     assert edge.seen("POST", "/v1/sandboxes")[-1].json["image"] == ["proj:1"]
-    assert DSecContainerRunArgs(container_image="x").to_body()["image"] == "x"
+    assert SandboxSpec(image="x").to_body()["image"] == "x"
     with pytest.raises(NotFoundError):
-        client.run_container(DSecContainerRunArgs(container_image=["proj:1", "nope:2"]))
+        client.run_container(SandboxSpec(image=["proj:1", "nope:2"]))
     for bad in ([], ["a", ""], [1]):
         with pytest.raises(ValueError):
-            DSecContainerRunArgs(container_image=bad).to_body()
+            SandboxSpec(image=bad).to_body()
 
 
 # ---- asyncio ----------------------------------------------------------------------------------
@@ -334,7 +334,7 @@ def test_async_images(server, edge, tmpdir_clean):
             with pytest.raises(NotFoundError):
                 await c.get_image("deb:12")
 
-            sb = await c.run_container(DSecContainerRunArgs(container_image=["host", "dir:1"]))
+            sb = await c.run_container(SandboxSpec(image=["host", "dir:1"]))
             await sb.write_file("/w/f", b"1")
             snap = await sb.snapshot("snap:1")
             assert snap.source == "snapshot" and snap.in_use == 0

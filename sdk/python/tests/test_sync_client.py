@@ -7,44 +7,118 @@ import io
 import os
 import stat
 import tarfile
+import warnings
 
 import pytest
 
 from libdsec import (
     BadRequestError,
-    DSecContainerRunArgs,
     DSecError,
     DSecTimeoutError,
     ExecResult,
+    ExecStatus,
     FnCallResult,
     NotFoundError,
     OverCapacityError,
     Sandbox,
+    SandboxSpec,
     TooLargeError,
     UnsafeArchiveError,
 )
 
 
+ROUND_TRIP_FIELDS = dict(memory_mb=256, cpu=2, ttl_s=300, labels={"job": "rollout-7"},
+                         network={"mode": "none"}, env={"K": "V"}, workdir="/repo")
+ROUND_TRIP_BODY = {"kind": "container", "image": "host", "cpu": 2.0, "memory_mb": 256,
+                   "pids": 256, "disk_mb": 256, "ttl_s": 300, "idle_ttl_s": 0,
+                   "workdir": "/repo", "env": {"K": "V"}, "labels": {"job": "rollout-7"},
+                   "network": {"mode": "none"}}
+
+
+def created_body(edge) -> dict:
+    body = dict(edge.seen("POST", "/v1/sandboxes")[-1].json)
+    assert len(body.pop("request_id")) == 32
+    return body
+
+
 def test_run_container_round_trip(client, edge):
-    args = DSecContainerRunArgs(memory_limit_mb=256, cpu_cores_limit=2, ttl_running_stop=300,
-                                labels={"job": "rollout-7"}, network_rules={"mode": "none"},
-                                env={"K": "V"}, workdir="/repo")
-    sb = client.run_container(args)
-    body = edge.seen("POST", "/v1/sandboxes")[0].json
-    rid = body.pop("request_id")
-    assert len(rid) == 32
-    assert body == {"kind": "container", "image": "host", "cpu": 2.0, "memory_mb": 256,
-                    "pids": 256, "disk_mb": 256, "ttl_s": 300, "idle_ttl_s": 0,
-                    "workdir": "/repo", "env": {"K": "V"}, "labels": {"job": "rollout-7"},
-                    "network": {"mode": "none"}}
+    sb = client.run_container(SandboxSpec(**ROUND_TRIP_FIELDS))
+    assert created_body(edge) == ROUND_TRIP_BODY
     assert isinstance(sb, Sandbox) and sb.state == "running"
     assert sb.record["limits"]["memory_mb"] == 256 and sb.id.startswith("sb-fake-")
     assert client.get_sandbox(sb.id).record == sb.record
     assert client.sandbox(sb.id).refresh()["labels"] == {"job": "rollout-7"}
 
 
+def test_create_takes_the_api_names_as_keywords(client, edge, sandbox):
+    # The same request as a SandboxSpec with those fields, from every create method.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the API's names: no deprecation on the way
+        sb = client.create(**ROUND_TRIP_FIELDS)
+        assert created_body(edge) == ROUND_TRIP_BODY
+        assert isinstance(sb, Sandbox) and sb.record["limits"]["cpu"] == 2.0
+        assert sb.record["network"] == {"mode": "none"} and sb.record["workdir"] == "/repo"
+        client.run_container(**ROUND_TRIP_FIELDS)
+        assert created_body(edge) == ROUND_TRIP_BODY
+        client.create(SandboxSpec(**ROUND_TRIP_FIELDS))
+        assert created_body(edge) == ROUND_TRIP_BODY
+        # The brief's example, and a microVM.
+        client.create(image="host", memory_mb=256, network={"mode": "open"})
+        assert created_body(edge) == dict(SandboxSpec(memory_mb=256).to_body(),
+                                          network={"mode": "open"})
+        sandbox.snapshot("vm:1")
+        assert client.create(kind="microvm", image="vm:1").record["kind"] == "microvm"
+        assert created_body(edge)["kind"] == "microvm"
+        # Keywords with a spec override its fields; the spec stays as it was.
+        spec = SandboxSpec(**ROUND_TRIP_FIELDS)
+        client.create(spec, labels={"job": "r8"}, memory_mb=128)
+        assert created_body(edge) == dict(ROUND_TRIP_BODY, labels={"job": "r8"}, memory_mb=128)
+        assert spec == SandboxSpec(**ROUND_TRIP_FIELDS)
+        sbs = client.create_many(2, image="host", labels={"job": "many"}, wait=False)
+        assert len(sbs) == 2 and all(s["labels"] == {"job": "many"} for s in sbs)
+        seen = edge.seen("POST", "/v1/sandboxes")[-1]
+        assert seen.json["count"] == 2 and seen.query == [("wait", "0")]
+        client.run_containers(None, 2, pids=64)
+        assert created_body(edge) == dict(SandboxSpec(pids=64).to_body(), count=2)
+
+
+def test_create_keywords_old_names_warn_unknown_ones_raise(client, edge):
+    with pytest.warns(DeprecationWarning, match="'memory_limit_mb' is deprecated: use "
+                                                "'memory_mb'") as caught:
+        client.create(memory_limit_mb=256, cpu=2, ttl_s=300, labels={"job": "rollout-7"},
+                      network_rules={"mode": "none"}, env={"K": "V"}, workdir="/repo")
+    assert created_body(edge) == ROUND_TRIP_BODY
+    assert len(caught) == 2 and {w.filename for w in caught} == {__file__}
+    posts = len(edge.seen("POST", "/v1/sandboxes"))
+    with pytest.raises(TypeError, match=r"create\(\) got an unexpected keyword argument "
+                                        r"'memroy_mb'; did you mean 'memory_mb'\?"):
+        client.create(image="host", memroy_mb=256)
+    with pytest.raises(TypeError, match=r"create_many\(\) got an unexpected keyword argument "
+                                        r"'label'; did you mean 'labels'\?"):
+        client.create_many(2, label={"job": "x"})
+    with pytest.raises(TypeError, match=r"run_container\(\) got an unexpected keyword "
+                                        r"argument 'networks'; did you mean 'network'\?"):
+        client.run_container(SandboxSpec(), networks={"mode": "open"})
+    with pytest.raises(TypeError, match="both 'memory_mb' and its deprecated alias "
+                                        "'memory_limit_mb'"):
+        client.create(memory_mb=1, memory_limit_mb=2)
+    assert len(edge.seen("POST", "/v1/sandboxes")) == posts  # nothing was sent
+
+
+def test_ttl_s_zero_is_no_ttl(client, edge):
+    sb = client.create(ttl_s=0, labels={"job": "forever"})
+    assert created_body(edge)["ttl_s"] == 0
+    assert sb.record["ttl_s"] == 0 and sb.record["expires_at"] is None
+    sb2 = client.create()
+    assert sb2.record["expires_at"] is not None
+    rec = sb2.update(ttl_s=0)
+    assert edge.seen("PATCH")[-1].json["ttl_s"] == 0
+    assert rec["ttl_s"] == 0 and rec["expires_at"] is None and sb2.record is rec
+    assert sb2.update(ttl_s=60)["expires_at"] is not None
+
+
 def test_run_containers_count_and_wait_flag(client, edge):
-    sbs = client.run_containers(DSecContainerRunArgs(), 3, wait=False)
+    sbs = client.run_containers(SandboxSpec(), 3, wait=False)
     assert len(sbs) == 3 and len({s.id for s in sbs}) == 3
     seen = edge.seen("POST", "/v1/sandboxes")[0]
     assert seen.json["count"] == 3 and seen.query == [("wait", "0")]
@@ -174,17 +248,30 @@ def test_background_exec(client, edge, sandbox):
     eid = sandbox.start_background(["sleep", "0.3"])
     assert edge.seen("POST")[-1].json["background"] is True
     st = sandbox.exec_status(eid)
-    assert st["state"] == "running" and st["result"] is None
-    r = sandbox.wait_exec(eid, timeout_s=5)
+    assert isinstance(st, ExecStatus) and st.exec_id == eid
+    assert st.state == "running" and st.running and st.result is None and st.exit_code is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # wait_exec reads the status by its attributes
+        r = sandbox.wait_exec(eid, timeout_s=5)
     assert r.stderr == '["sleep", "0.3"]'
+    st = sandbox.exec_status(eid)
+    assert st.exited and st.result == r and st.exit_code == 0 and st.ok
+    assert st.stderr == '["sleep", "0.3"]' and st.stdout == ""
     waits = [int(v) for s in edge.seen("GET") for k, v in s.query if k == "wait_ms"]
     assert waits and all(4000 <= w <= 5000 for w in waits)
+    eid_b = sandbox.start_background(["bytes"], binary=True)
+    st = sandbox.exec_status(eid_b, wait_ms=1000)
+    assert st.stdout == b"\x00\xff\xfe\n" and st.result == sandbox.wait_exec(eid_b)
     eid2 = sandbox.start_background(["sleep", "5"])
     with pytest.raises(DSecTimeoutError):
         sandbox.wait_exec(eid2, timeout_s=0.2)
     killed = sandbox.kill_exec(eid2)  # answers once it is gone, with its result
     assert killed.signal == 9 and edge.seen("POST")[-1].path.endswith(f"/execs/{eid2}/kill")
-    assert sandbox.exec_status(eid2)["state"] == "exited"
+    assert sandbox.exec_status(eid2).state == "exited"
+    with pytest.warns(DeprecationWarning, match="ExecStatus"):
+        assert sandbox.exec_status(eid2)["state"] == "exited"  # as a dict: still works
+    with pytest.warns(DeprecationWarning):
+        assert sandbox.exec_status(eid2)["result"]["signal"] == 9
     sandbox.forget_exec(eid2)
     with pytest.raises(NotFoundError):
         sandbox.exec_status(eid2)

@@ -6,37 +6,144 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+import warnings
 
 import pytest
 
+import libdsec
 from libdsec import (
     DSecContainerRunArgs,
     DSecError,
     ExecResult,
+    ExecStatus,
     FileEntry,
     FnCallResult,
     NotFoundError,
     OverCapacityError,
+    SandboxSpec,
 )
 from libdsec import _http, _ops
 from libdsec.errors import GoneError, InternalError, UnavailableError, error_from_response
 
 
+# The body every spec below must give: to_body() of the same values never changes.
+SPEC_BODY = {
+    "kind": "container", "image": "py:3.11", "cpu": 2.0, "memory_mb": 1024, "pids": 64,
+    "disk_mb": 128, "ttl_s": 300, "idle_ttl_s": 30, "user": "root", "env": {"A": "1"},
+    "labels": {"job": "r7"}, "network": {"mode": "none"},
+}
+OLD_NAMES = {"container_image": "image", "cpu_cores_limit": "cpu", "memory_limit_mb": "memory_mb",
+             "pids_limit": "pids", "disk_limit_mb": "disk_mb", "ttl_running_stop": "ttl_s",
+             "network_rules": "network"}
+
+
 def test_run_args_map_to_wire_names_and_omit_none():
-    body = DSecContainerRunArgs(
-        container_image="py:3.11", cpu_cores_limit=2, memory_limit_mb=1024, pids_limit=64,
-        disk_limit_mb=128, ttl_running_stop=300, idle_ttl_s=30, user="root",
-        env={"A": "1"}, labels={"job": "r7"}, network_rules={"mode": "none"},
+    body = SandboxSpec(
+        image="py:3.11", cpu=2, memory_mb=1024, pids=64, disk_mb=128, ttl_s=300,
+        idle_ttl_s=30, user="root", env={"A": "1"}, labels={"job": "r7"},
+        network={"mode": "none"},
     ).to_body()
-    assert body == {
-        "kind": "container", "image": "py:3.11", "cpu": 2.0, "memory_mb": 1024, "pids": 64,
-        "disk_mb": 128, "ttl_s": 300, "idle_ttl_s": 30, "user": "root", "env": {"A": "1"},
-        "labels": {"job": "r7"}, "network": {"mode": "none"},
-    }
+    assert body == SPEC_BODY
     assert isinstance(body["cpu"], float)
-    defaults = DSecContainerRunArgs().to_body()
+    defaults = SandboxSpec().to_body()
     assert "user" not in defaults and "workdir" not in defaults and "network" not in defaults
-    assert defaults["ttl_s"] == 3600 and defaults["disk_mb"] == 256
+    assert defaults == {"kind": "container", "image": "host", "cpu": 1.0, "memory_mb": 512,
+                        "pids": 256, "disk_mb": 256, "ttl_s": 3600, "idle_ttl_s": 0}
+    # The field order is the one DSecContainerRunArgs had: positional calls mean the same.
+    assert SandboxSpec("py:3.11", 2, 1024, 64, 128, 300, 30, "root", None, {"A": "1"},
+                       {"job": "r7"}, {"mode": "none"}).to_body() == SPEC_BODY
+    assert SandboxSpec(kind="microvm", image="img:1").to_body()["kind"] == "microvm"
+
+
+def test_old_names_are_deprecated_aliases_with_the_same_body():
+    assert DSecContainerRunArgs is SandboxSpec
+    assert "SandboxSpec" in libdsec.__all__ and "DSecContainerRunArgs" in libdsec.__all__
+    with pytest.warns(DeprecationWarning) as caught:
+        old = DSecContainerRunArgs(
+            container_image="py:3.11", cpu_cores_limit=2, memory_limit_mb=1024, pids_limit=64,
+            disk_limit_mb=128, ttl_running_stop=300, idle_ttl_s=30, user="root",
+            env={"A": "1"}, labels={"job": "r7"}, network_rules={"mode": "none"},
+        )
+    assert old.to_body() == SPEC_BODY
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == len(OLD_NAMES)
+    for (name, new), message in zip(OLD_NAMES.items(), messages):
+        assert f"{name!r} is deprecated: use {new!r}" in message
+    assert {w.filename for w in caught} == {__file__}  # blamed on the caller's line
+    # Attributes by the old names: read and written, each a warning naming the new name.
+    for name, new in OLD_NAMES.items():
+        with pytest.warns(DeprecationWarning, match=f"use {new!r}") as caught:
+            assert getattr(old, name) == getattr(old, new)
+        assert caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="use 'memory_mb'"):
+        old.memory_limit_mb = 64
+    assert old.memory_mb == 64 and old.to_body()["memory_mb"] == 64
+    # Without warnings: the new names only.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert SandboxSpec(**{new: getattr(old, new) for new in OLD_NAMES.values()}).image \
+            == "py:3.11"
+
+
+@pytest.mark.parametrize("old,new", sorted(OLD_NAMES.items()))
+def test_old_and_new_name_together_is_a_type_error(old, new):
+    value = SandboxSpec().to_body().get(new, {"mode": "none"})
+    with pytest.raises(TypeError, match=f"both {new!r} and its deprecated alias {old!r}"):
+        SandboxSpec(**{new: value, old: value})
+
+
+def test_unknown_field_is_a_type_error_with_a_suggestion():
+    with pytest.raises(TypeError, match=r"SandboxSpec\(\) got an unexpected keyword argument "
+                                        r"'memroy_mb'; did you mean 'memory_mb'\?"):
+        SandboxSpec(memroy_mb=256)
+    with pytest.raises(TypeError, match="'networks'; did you mean 'network'"):
+        SandboxSpec(networks={"mode": "open"})
+    # Close to an old name: the suggestion is its new name.
+    with pytest.raises(TypeError, match="'memory_limit'; did you mean 'memory_mb'"):
+        SandboxSpec(memory_limit=256)
+    with pytest.raises(TypeError, match="'ttl_runing_stop'; did you mean 'ttl_s'"):
+        DSecContainerRunArgs(ttl_runing_stop=5)
+    with pytest.raises(TypeError, match=r"'zzz' \(the fields: image, cpu, memory_mb, "):
+        SandboxSpec(zzz=1)
+
+
+def test_ttl_s_zero_means_no_ttl_and_is_sent():
+    body = SandboxSpec(ttl_s=0, idle_ttl_s=0).to_body()
+    assert body["ttl_s"] == 0 and body["idle_ttl_s"] == 0
+    assert "ttl_s" not in SandboxSpec(ttl_s=None).to_body()  # None: the node's default
+
+
+def test_a_subclass_with_its_own_init_keeps_working():
+    # As bench/*.py's PoolArgs: old names through super().__init__ and as attributes.
+    class PoolArgs(DSecContainerRunArgs):
+        def __init__(self, pool, labels):
+            super().__init__(labels=labels, ttl_running_stop=600)
+            self.pool = pool
+
+        def to_body(self):
+            return {"pool": self.pool, "labels": dict(self.labels or {}),
+                    "ttl_s": self.ttl_running_stop}
+
+    with pytest.warns(DeprecationWarning) as caught:
+        body = PoolArgs("web", {"job": "j"}).to_body()
+    assert body == {"pool": "web", "labels": {"job": "j"}, "ttl_s": 600}
+    assert len(caught) == 2 and {w.filename for w in caught} == {__file__}
+    with pytest.warns(DeprecationWarning):
+        pool_args = PoolArgs("web", {})
+    spec = _ops.sandbox_spec(pool_args, {"labels": {"k": "v"}}, "create()")
+    assert isinstance(spec, PoolArgs) and spec.pool == "web" and spec.labels == {"k": "v"}
+
+
+def test_sandbox_spec_from_keywords():
+    spec = SandboxSpec(image="a:1", labels={"job": "x"})
+    assert _ops.sandbox_spec(None, {}, "create()") == SandboxSpec()
+    assert _ops.sandbox_spec(spec, {}, "create()") is spec
+    mixed = _ops.sandbox_spec(spec, {"memory_mb": 64, "labels": {"i": "1"}}, "create()")
+    assert mixed == SandboxSpec(image="a:1", memory_mb=64, labels={"i": "1"})
+    assert spec == SandboxSpec(image="a:1", labels={"job": "x"})  # not changed
+    with pytest.raises(TypeError, match=r"create\(\) got an unexpected keyword argument "
+                                        r"'imgae'; did you mean 'image'\?"):
+        _ops.sandbox_spec(spec, {"imgae": "x"}, "create()")
 
 
 def test_exec_result_decodes_base64_and_ok():
@@ -48,6 +155,47 @@ def test_exec_result_decodes_base64_and_ok():
     assert ExecResult.from_json({"exit_code": 0, "timed_out": True}).ok is False
     assert ExecResult.from_json({"exit_code": 0, "stdout": "hi"}, binary=True).stdout == b"hi"
     assert ExecResult.from_json({"exit_code": 137, "signal": 9}).signal == 9
+
+
+def test_exec_status_is_typed_like_exec_result():
+    running = ExecStatus.from_json({"exec_id": "ex-1", "state": "running", "started_at": 5,
+                                    "result": None})
+    assert running == ExecStatus("ex-1", "running", 5, None)
+    assert running.running and not running.exited and not running.ok
+    assert running.exit_code is None and running.stdout is None and running.stderr is None
+    d = {"exec_id": "ex-2", "state": "exited", "started_at": 7,
+         "result": {"exit_code": 3, "signal": None, "stdout": base64.b64encode(b"\xff").decode(),
+                    "stderr": "", "encoding": "base64", "duration_ms": 2.5, "stdout_bytes": 1}}
+    st = ExecStatus.from_json(d)
+    assert st.exited and not st.running and st.started_at == 7
+    assert st.result == ExecResult.from_json(d["result"])  # what exec() would have returned
+    assert isinstance(st.result, ExecResult) and st.exit_code == 3 and not st.ok
+    assert st.stdout == b"\xff" and st.stderr == b"" and st.raw == d
+    assert ExecStatus.from_json(dict(d, result=dict(d["result"], exit_code=0))).ok
+
+
+def test_exec_status_dict_access_still_works_deprecated():
+    d = {"exec_id": "ex-2", "state": "exited", "started_at": 7,
+         "result": {"exit_code": 0, "stdout": "hi\n", "stderr": ""}}
+    st = ExecStatus.from_json(d)
+    with pytest.warns(DeprecationWarning, match=r"exec_status\(\) returns an ExecStatus: "
+                                                r"\['state'\] is deprecated") as caught:
+        assert st["state"] == "exited"
+    assert caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning):
+        assert st["result"]["stdout"] == "hi\n"  # the JSON, as before
+    with pytest.warns(DeprecationWarning):
+        assert st.get("result")["exit_code"] == 0
+    with pytest.warns(DeprecationWarning):
+        assert st.get("nope", 1) == 1
+    with pytest.warns(DeprecationWarning):
+        assert "result" in st and "nope" not in st
+    with pytest.warns(DeprecationWarning):
+        assert dict(st) == d
+    with pytest.warns(DeprecationWarning):
+        assert dict(st.items()) == d and list(st.values()) == list(d.values())
+    with pytest.raises(KeyError), pytest.warns(DeprecationWarning):
+        st["nope"]
 
 
 def test_file_entry():
