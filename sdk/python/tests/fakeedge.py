@@ -113,6 +113,9 @@ class Edge:
     token: str | None = None
     chunked_json: bool = False          # send ordinary JSON replies chunked
     slow_s: float = 0.0                 # GET /v1/node sleeps this long
+    # GET /v1/node waits here until this many are in progress at once (a 500 if they never
+    # are): concurrency shown by the calls themselves, not by timing.
+    node_barrier: threading.Barrier | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     sandboxes: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
@@ -882,6 +885,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return ok({"ok": True})
         if segs == ["node"]:
             time.sleep(edge.slow_s)
+            if edge.node_barrier is not None:
+                try:
+                    edge.node_barrier.wait()
+                except threading.BrokenBarrierError:
+                    raise ApiError(500, "internal", "the calls were not all in progress at once")
             with edge.lock:
                 by_state = {}
                 for sb in edge.sandboxes.values():
