@@ -9,7 +9,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <type_traits>
+#include <utility>
 #include <variant>
 
 #include "base/file_util.h"
@@ -19,104 +23,419 @@ namespace dsec::edge {
 
 namespace {
 
-using Field = std::variant<std::string*, bool*, int*, int64_t*, uint64_t*, double*>;
+using Field = ConfigField;
 
-std::vector<std::pair<const char*, Field>> Fields(EdgeConfig* c) {
+// A config key: the member it sets, its unit ("" for none), a one-line description, what the
+// default stands for when it is a placeholder (`""`, 0 or -1), and what FinalizeConfig or the
+// backend accepts beyond the numeric bounds of kRanges.
+struct Key {
+  const char* name;
+  Field field;
+  const char* unit = nullptr;
+  const char* doc = nullptr;
+  const char* means = nullptr;
+  const char* values = nullptr;
+};
+
+struct Group {
+  const char* title;
+  std::vector<Key> keys;
+};
+
+// Every config key, in the reference's groups and order. The one place a key is named: the
+// config file, main.cc's flags and docs/config.md (dsec-edge --config-reference) all read it.
+std::vector<Group> Fields(EdgeConfig* c) {
   return {
-      {"listen", &c->listen},
-      {"socket", &c->socket},
-      {"state_dir", &c->state_dir},
-      {"token_file", &c->token_file},
-      {"node", &c->node},
-      {"cluster_etcd", &c->cluster_etcd},
-      {"cluster_advertise", &c->cluster_advertise},
-      {"cluster_lease_ttl_s", &c->cluster_lease_ttl_s},
-      {"sandbox_fusion_listen", &c->sandbox_fusion_listen},
-      {"sandbox_fusion_auth", &c->sandbox_fusion_auth},
-      {"sandbox_fusion_image", &c->sandbox_fusion_image},
-      {"sandbox_fusion_pool", &c->sandbox_fusion_pool},
-      {"sandbox_fusion_python_runtime", &c->sandbox_fusion_python_runtime},
-      {"sandbox_fusion_max_body_bytes", &c->sandbox_fusion_max_body_bytes},
-      {"sandbox_fusion_max_concurrent", &c->sandbox_fusion_max_concurrent},
-      {"e2b_listen", &c->e2b_listen},
-      {"persist", &c->persist},
-      {"log_level", &c->log_level},
-      {"max_sandboxes", &c->max_sandboxes},
-      {"memory_overcommit", &c->memory_overcommit},
-      {"reserve_memory_mb", &c->reserve_memory_mb},
-      {"node_sysctls", &c->node_sysctls},
-      {"reserve_pids", &c->reserve_pids},
-      {"pty_max_per_sandbox", &c->pty_max_per_sandbox},
-      {"uid_lock_file", &c->uid_lock_file},
-      {"sockets_per_mb", &c->sockets_per_mb},
-      {"default_cpu", &c->defaults.cpu},
-      {"default_memory_mb", &c->defaults.memory_mb},
-      {"default_pids", &c->defaults.pids},
-      {"default_disk_mb", &c->defaults.disk_mb},
-      {"tmpfs_disk_max_mb", &c->tmpfs_disk_max_mb},
-      {"disk_dir", &c->disk_dir},
-      {"disk_preallocate", &c->disk_preallocate},
-      {"default_ttl_s", &c->default_ttl_s},
-      {"max_header_bytes", &c->max_header_bytes},
-      {"max_json_body_bytes", &c->max_json_body_bytes},
-      {"max_upload_bytes", &c->max_upload_bytes},
-      {"max_import_bytes", &c->max_import_bytes},
-      {"max_download_bytes", &c->max_download_bytes},
-      {"max_output_bytes", &c->max_output_bytes},
-      {"max_execs_per_sandbox", &c->max_execs_per_sandbox},
-      {"max_background_execs_kept", &c->max_background_execs_kept},
-      {"output_memory_mb", &c->output_memory_mb},
-      {"max_connections", &c->max_connections},
-      {"idle_timeout_s", &c->idle_timeout_s},
-      {"max_count", &c->max_count},
-      {"io_threads", &c->io_threads},
-      {"worker_threads", &c->worker_threads},
-      {"agent_io_threads", &c->agent_io_threads},
-      {"idempotency_max_records", &c->idempotency_max_records},
-      {"idempotency_max_age_s", &c->idempotency_max_age_s},
-      {"idempotency_max_body_bytes", &c->idempotency_max_body_bytes},
-      {"idempotency_max_total_bytes", &c->idempotency_max_total_bytes},
-      {"audit_log", &c->audit_log},
-      {"audit_max_bytes", &c->audit_max_bytes},
-      {"audit_keep", &c->audit_keep},
-      {"orphan_timeout_s", &c->orphan_timeout_s},
-      {"reap_interval_ms", &c->reap_interval_ms},
-      {"tombstone_ttl_s", &c->tombstone_ttl_s},
-      {"tombstone_max", &c->tombstone_max},
-      {"cgroup_mode", &c->cgroup_mode},
-      {"userns", &c->userns},
-      {"clone_into_cgroup", &c->clone_into_cgroup},
-      {"cgroup_kill", &c->cgroup_kill},
-      {"netns_pool", &c->netns_pool},
-      {"image_layer_format", &c->image_layer_format},
-      {"image_max_layer_bytes", &c->image_max_layer_bytes},
-      {"max_builds", &c->max_builds},
-      {"build_mirror", &c->build_mirror},
-      {"port_proxy_connect_timeout_ms", &c->port_proxy_connect_timeout_ms},
-      {"port_proxy_max_conns", &c->port_proxy_max_conns},
-      {"port_proxy_max_conns_per_sandbox", &c->port_proxy_max_conns_per_sandbox},
-      {"max_workers_per_sandbox", &c->max_workers_per_sandbox},
-      {"agent_path", &c->agent_path},
-      {"microvm", &c->microvm},
-      {"microvm_accel", &c->microvm_accel},
-      {"microvm_kernel_dir", &c->microvm_kernel_dir},
-      {"zygote_path", &c->zygote_path},
-      {"network", &c->network},
-      {"network_cidr", &c->network_cidr},
-      {"network_uplink", &c->network_uplink},
-      {"network_dns", &c->network_dns},
-      {"network_dns_max_ttl_s", &c->network_dns_max_ttl_s},
-      {"network_max_conns", &c->network_max_conns},
-      {"network_new_conns_per_s", &c->network_new_conns_per_s},
-      {"fncall_pools", &c->fncall_pools},
-      {"fncall_python_preload", &c->fncall_python_preload},
-      {"fncall_min_idle", &c->fncall_min_idle},
-      {"fncall_max", &c->fncall_max},
-      {"fncall_max_queue", &c->fncall_max_queue},
-      {"fncall_queue_timeout_ms", &c->fncall_queue_timeout_ms},
-      {"fncall_memory_mb", &c->fncall_memory_mb},
-      {"fncall_worker_max_calls", &c->fncall_worker_max_calls},
+      {"Serving",
+       {
+           {"listen", &c->listen, "", "TCP `HOST:PORT` of the API (bearer-token auth); `\"\"`: off",
+            nullptr, "`HOST:PORT` or `\"\"`"},
+           {"socket", &c->socket, "",
+            "Unix socket of the API (root only, no token); `\"\"`: off (not with `listen` off "
+            "too)"},
+           {"state_dir", &c->state_dir, "",
+            "State directory: state DB, default token file, images, disks, audit log", nullptr,
+            "absolute path"},
+           {"token_file", &c->token_file, "",
+            "Bearer tokens, one per line; created (0600) with a random token if missing",
+            "`<state_dir>/token`"},
+           {"node", &c->node, "", "Node name in sandbox ids (`sb-<node>-...`)",
+            "the host name's letters and digits, lowercased", "1-24 lowercase letters and digits"},
+           {"persist", &c->persist, "",
+            "On SIGTERM leave sandboxes running for the next edge (false: destroy them)"},
+           {"log_level", &c->log_level, "",
+            "Log level on stderr: `trace`, `debug`, `info`, `warn` or `error`"},
+       }},
+      {"Admission and node budgets",
+       {
+           {"max_sandboxes", &c->max_sandboxes, "count",
+            "Sandboxes at once, fncall workers and pooled sandboxes included; also sizes "
+            "`RLIMIT_NOFILE` and `kernel.pty.max`"},
+           {"memory_overcommit", &c->memory_overcommit, "ratio",
+            "Sandboxes may ask for (node memory - `reserve_memory_mb`) x this much memory "
+            "together, "
+            "one sandbox for at most that"},
+           {"reserve_memory_mb", &c->reserve_memory_mb, "MiB",
+            "Memory kept out of the sandboxes' parent cgroup", "max(1 GiB, 10% of memory)"},
+           {"node_sysctls", &c->node_sysctls, "",
+            "Raise `fs.file-max`, `fs.aio-max-nr`, `kernel.pid_max` and `kernel.pty.max` at start "
+            "(never lowered); false: leave host sysctls alone"},
+           {"reserve_pids", &c->reserve_pids, "count",
+            "Processes left to the host of min(`kernel.pid_max`, `threads-max`); all sandboxes "
+            "together get the rest",
+            "max(4096, 10% of that)"},
+           {"pty_max_per_sandbox", &c->pty_max_per_sandbox, "count",
+            "Pseudo-terminals each sandbox's devpts hands out"},
+           {"sockets_per_mb", &c->sockets_per_mb, "per MiB",
+            "Inet sockets one sandbox may hold per MiB of its memory limit, at least 256 (a cgroup "
+            "BPF budget); 0: off"},
+           {"uid_lock_file", &c->uid_lock_file, "",
+            "Host-wide lease file of user-namespace uid ranges, shared by every edge on the host",
+            nullptr, "absolute path"},
+       }},
+      {"Sandbox defaults and disks",
+       {
+           {"default_cpu", &c->defaults.cpu, "cores", "CPU cap of a sandbox created without one"},
+           {"default_memory_mb", &c->defaults.memory_mb, "MiB",
+            "Memory limit of a sandbox created without one"},
+           {"default_pids", &c->defaults.pids, "count",
+            "Processes and threads of a sandbox created without a limit"},
+           {"default_disk_mb", &c->defaults.disk_mb, "MiB",
+            "Writable layer of a sandbox created without a size"},
+           {"tmpfs_disk_max_mb", &c->tmpfs_disk_max_mb, "MiB",
+            "Writable layers up to this size are a tmpfs charged to the sandbox's memory; bigger "
+            "ones are ext4 disk images in `disk_dir`"},
+           {"disk_dir", &c->disk_dir, "",
+            "Where disk images go; it needs room for what such sandboxes write",
+            "`<state_dir>/disks`", "absolute path or `\"\"`"},
+           {"disk_preallocate", &c->disk_preallocate, "",
+            "Disk images take their whole size at create (no room: 429), so sandboxes never fill "
+            "the host's disk; false: sparse (overcommitted)"},
+           {"default_ttl_s", &c->default_ttl_s, "s",
+            "Lifetime of a sandbox created without `ttl_s`"},
+       }},
+      {"Bounds on callers",
+       {
+           {"max_header_bytes", &c->max_header_bytes, "bytes", "Largest HTTP request head"},
+           {"max_json_body_bytes", &c->max_json_body_bytes, "bytes",
+            "Largest JSON request body (and an exec's `stdin`, an fncall's `code`)"},
+           {"max_upload_bytes", &c->max_upload_bytes, "bytes",
+            "Node-wide cap on a file or archive upload into a sandbox, which its `disk_mb` bounds "
+            "anyway",
+            "no cap beyond the sandbox's disk"},
+           {"max_import_bytes", &c->max_import_bytes, "bytes",
+            "Largest image archive (`POST /v1/images/import`)"},
+           {"max_download_bytes", &c->max_download_bytes, "bytes",
+            "Largest file read or archive out of a sandbox"},
+           {"max_output_bytes", &c->max_output_bytes, "bytes",
+            "Largest `max_output_bytes` an exec may ask for (per stream)"},
+           {"max_execs_per_sandbox", &c->max_execs_per_sandbox, "count",
+            "Execs and shell sessions running at once in one sandbox"},
+           {"max_background_execs_kept", &c->max_background_execs_kept, "count",
+            "Finished background execs remembered per sandbox; older ones are forgotten"},
+           {"output_memory_mb", &c->output_memory_mb, "MiB",
+            "Exec output the edge holds in memory, all sandboxes together; beyond, output is "
+            "dropped and marked truncated",
+            "max(256, node memory / 32)"},
+           {"max_connections", &c->max_connections, "count",
+            "Open HTTP connections (fewer when `RLIMIT_NOFILE` cannot hold them beside "
+            "`max_sandboxes`)"},
+           {"idle_timeout_s", &c->idle_timeout_s, "s",
+            "A keep-alive connection with no request is closed after this"},
+           {"max_count", &c->max_count, "count", "Largest `count` of one create"},
+       }},
+      {"Threads",
+       {
+           {"io_threads", &c->io_threads, "count", "HTTP I/O threads"},
+           {"worker_threads", &c->worker_threads, "count",
+            "Threads for blocking handlers (create, files)"},
+           {"max_workers_per_sandbox", &c->max_workers_per_sandbox, "count",
+            "Of `worker_threads`, the most one sandbox's requests hold at once (then 429)"},
+           {"agent_io_threads", &c->agent_io_threads, "count",
+            "I/O threads of each backend (container, microVM) for its agents' connections"},
+       }},
+      {"Idempotency records",
+       {
+           {"idempotency_max_records", &c->idempotency_max_records, "count",
+            "Responses kept of requests with a `request_id` or `Idempotency-Key`"},
+           {"idempotency_max_age_s", &c->idempotency_max_age_s, "s",
+            "How long such a response is kept"},
+           {"idempotency_max_body_bytes", &c->idempotency_max_body_bytes, "bytes",
+            "Largest response kept; a bigger one is replaced by a 409 that says so"},
+           {"idempotency_max_total_bytes", &c->idempotency_max_total_bytes, "bytes",
+            "All kept responses together; the oldest go first beyond it"},
+       }},
+      {"Exec audit log",
+       {
+           {"audit_log", &c->audit_log, "",
+            "One JSON line per exec, shell command and attach session, outside every sandbox",
+            "`<state_dir>/audit/exec.log`"},
+           {"audit_max_bytes", &c->audit_max_bytes, "bytes",
+            "Size at which the log rotates (`exec.log` -> `exec.log.1` ...)"},
+           {"audit_keep", &c->audit_keep, "count", "Rotated logs kept"},
+       }},
+      {"Sandbox lifecycle",
+       {
+           {"orphan_timeout_s", &c->orphan_timeout_s, "s",
+            "How long sandboxes outlive a crashed edge, waiting to be re-adopted; -1: forever, 0: "
+            "not "
+            "at all"},
+           {"reap_interval_ms", &c->reap_interval_ms, "ms",
+            "How often expired, idle and failed sandboxes are looked for"},
+           {"tombstone_ttl_s", &c->tombstone_ttl_s, "s",
+            "A sandbox the node removed by itself (ttl, idle, failed, job, lost at a restart) "
+            "answers 410 gone with the reason this long"},
+           {"tombstone_max", &c->tombstone_max, "count",
+            "Most such sandboxes remembered (the oldest go first); 0: none"},
+       }},
+      {"Container backend",
+       {
+           {"cgroup_mode", &c->cgroup_mode, "",
+            "cgroup hierarchy: `auto` is v2 when its memory controller is there, else v1", nullptr,
+            "`auto`, `v1`, `v2`"},
+           {"userns", &c->userns, "",
+            "User namespaces with idmapped image layers (fncall workers need them); false forces "
+            "the fallback without (`--no-userns`)"},
+           {"clone_into_cgroup", &c->clone_into_cgroup, "",
+            "clone3(CLONE_INTO_CGROUP) where the kernel has it; false forces the fallback"},
+           {"cgroup_kill", &c->cgroup_kill, "",
+            "cgroup.kill where the kernel has it; false forces the fallback (freeze, kill each, "
+            "thaw)"},
+           {"netns_pool", &c->netns_pool, "count",
+            "Loopback-only network namespaces kept for reuse; 0: a fresh one per sandbox"},
+           {"agent_path", &c->agent_path, "", "The dsec-agent binary",
+            "`$DSEC_AGENT_PATH`, else `dsec-agent` beside dsec-edge"},
+           {"zygote_path", &c->zygote_path, "",
+            "The dsec-zygote binary (fncall workers; without it the node has none)",
+            "`$DSEC_ZYGOTE_PATH`, else `dsec-zygote` beside dsec-edge"},
+       }},
+      {"Images and builds",
+       {
+           {"image_layer_format", &c->image_layer_format, "",
+            "How the image store (`<state_dir>/images`) stores new layers", nullptr,
+            "`dir`, `erofs`"},
+           {"image_max_layer_bytes", &c->image_max_layer_bytes, "bytes",
+            "Largest layer (unpacked file content) an import, snapshot or build may make"},
+           {"max_builds", &c->max_builds, "count",
+            "Image builds (`POST /v1/images/build`) running at once; more wait in a queue"},
+           {"build_mirror", &c->build_mirror, "", "The Debian mirror builds' mmdebstrap uses",
+            "`deb.debian.org`", "`http://`, `https://` or `file://` URL, or `\"\"`"},
+       }},
+      {"Port proxy",
+       {
+           {"port_proxy_connect_timeout_ms", &c->port_proxy_connect_timeout_ms, "ms",
+            "Longest a connect into a sandbox may take (then 504)"},
+           {"port_proxy_max_conns", &c->port_proxy_max_conns, "count",
+            "Proxied connections the node holds at once (then 429)"},
+           {"port_proxy_max_conns_per_sandbox", &c->port_proxy_max_conns_per_sandbox, "count",
+            "Proxied connections one sandbox holds at once (then 429)"},
+       }},
+      {"MicroVMs",
+       {
+           {"microvm", &c->microvm, "",
+            "Serve kind `microvm` where QEMU and the guest kernel are there (scripts/install-deps "
+            "fetches both); false, or either missing: 422"},
+           {"microvm_accel", &c->microvm_accel, "", "QEMU's accelerator", nullptr,
+            "`auto`, `kvm`, `tcg`"},
+           {"microvm_kernel_dir", &c->microvm_kernel_dir, "", "Directory of the guest kernel"},
+       }},
+      {"Sandbox networking",
+       {
+           {"network", &c->network, "",
+            "Modes `allowlist` and `open`, set up at the first sandbox that needs one; false: "
+            "every mode but `none` is 422"},
+           {"network_cidr", &c->network_cidr, "",
+            "Node-local sandbox addresses (a /32 each; the gateway is the first address)", nullptr,
+            "IPv4 network, /8 to /28"},
+           {"network_uplink", &c->network_uplink, "", "Interface sandbox traffic leaves by (NAT)",
+            "the interface of the default route"},
+           {"network_max_conns", &c->network_max_conns, "count", "Tracked connections per sandbox",
+            nullptr, "at least 1"},
+           {"network_new_conns_per_s", &c->network_new_conns_per_s, "per s",
+            "New connections per second per sandbox (burst twice that)", nullptr, "at least 1"},
+           {"network_dns", &c->network_dns, "",
+            "Upstream `a.b.c.d[:port]` of the sandboxes' DNS forwarder",
+            "the first nameserver of `/etc/resolv.conf`"},
+           {"network_dns_max_ttl_s", &c->network_dns_max_ttl_s, "s",
+            "Longest an address from a DNS answer stays allowed (the answer's TTL, capped)"},
+       }},
+      {"Function calls",
+       {
+           {"fncall_pools", &c->fncall_pools, "",
+            "Start the built-in `python` and `bash` runtimes (pools of warm workers)"},
+           {"fncall_python_preload", &c->fncall_python_preload, "",
+            "Modules each python worker imports once (comma-separated)"},
+           {"fncall_min_idle", &c->fncall_min_idle, "count",
+            "Idle workers a runtime keeps warm (built-in runtimes; default of new fncall pools)",
+            nullptr, "at most `fncall_max`"},
+           {"fncall_max", &c->fncall_max, "count",
+            "Workers a runtime grows to while calls wait (built-in; default of new fncall pools)",
+            "4 x cores, at least 8"},
+           {"fncall_max_queue", &c->fncall_max_queue, "count",
+            "Calls that may wait for a worker of a runtime; beyond, 429"},
+           {"fncall_queue_timeout_ms", &c->fncall_queue_timeout_ms, "ms",
+            "Longest a call waits for a worker (then 429)"},
+           {"fncall_memory_mb", &c->fncall_memory_mb, "MiB",
+            "Memory of a call: the default and the most a call may ask for"},
+           {"fncall_worker_max_calls", &c->fncall_worker_max_calls, "count",
+            "Calls after which a worker is replaced (they share what fork cannot renew: Python's "
+            "hash secret); 0: never"},
+       }},
+      {"Cluster membership",
+       {
+           {"cluster_etcd", &c->cluster_etcd, "",
+            "Register in etcd at `etcd://HOST:PORT[,HOST:PORT]` (the `--cluster` flag)",
+            "not in a cluster"},
+           {"cluster_advertise", &c->cluster_advertise, "",
+            "The `http://HOST:PORT` apiservers reach this edge at",
+            "`http://<listen>`, which must then not be a wildcard address"},
+           {"cluster_lease_ttl_s", &c->cluster_lease_ttl_s, "s",
+            "TTL of the etcd lease the edge registers under"},
+       }},
+      {"SandboxFusion /run_code API",
+       {
+           {"sandbox_fusion_listen", &c->sandbox_fusion_listen, "",
+            "`HOST:PORT` of SandboxFusion's `/run_code` API", "off", "`HOST:PORT` or `\"\"`"},
+           {"sandbox_fusion_auth", &c->sandbox_fusion_auth, "",
+            "`token`: a token of `token_file` as bearer token or first path segment; `none`: "
+            "anyone who reaches the listener runs code",
+            nullptr, "`token`, `none`"},
+           {"sandbox_fusion_image", &c->sandbox_fusion_image, "",
+            "Image of the fresh container sandbox of calls that do not run on the fncall runtime"},
+           {"sandbox_fusion_pool", &c->sandbox_fusion_pool, "",
+            "Container pool those calls take their sandbox from instead",
+            "a fresh sandbox of `sandbox_fusion_image`"},
+           {"sandbox_fusion_python_runtime", &c->sandbox_fusion_python_runtime, "",
+            "fncall runtime of Python calls (without `fetch_files`, within its memory)"},
+           {"sandbox_fusion_max_body_bytes", &c->sandbox_fusion_max_body_bytes, "bytes",
+            "Largest request, its base64 files included"},
+           {"sandbox_fusion_max_concurrent", &c->sandbox_fusion_max_concurrent, "count",
+            "Calls running in sandboxes at once; more wait their turn (a bounded queue, then 429)"},
+       }},
+      {"E2B-compatible API",
+       {
+           {"e2b_listen", &c->e2b_listen, "",
+            "`HOST:PORT` of E2B's control plane and envd; `E2B_API_KEY` is a token of `token_file`",
+            "off", "`HOST:PORT` or `\"\"`"},
+       }},
   };
+}
+
+// The numeric bounds FinalizeConfig checks, in the order it checks them (the reference shows
+// them too).
+struct KeyRange {
+  const char* key;
+  double lo, hi;
+};
+constexpr KeyRange kRanges[] = {
+    {"max_sandboxes", 1, 1 << 20},
+    {"cluster_lease_ttl_s", 2, 600},
+    {"port_proxy_connect_timeout_ms", 1, 600000},
+    {"port_proxy_max_conns", 1, 1 << 20},
+    {"max_workers_per_sandbox", 1, 1 << 16},
+    {"port_proxy_max_conns_per_sandbox", 1, 1 << 20},
+    {"pty_max_per_sandbox", 1, 1 << 20},
+    {"reserve_pids", -1, 1 << 22},
+    {"sockets_per_mb", 0, 1024},
+    {"output_memory_mb", 0, 1 << 20},
+    {"fncall_worker_max_calls", 0, 1e9},
+    {"memory_overcommit", 0.1, 1000},
+    {"default_cpu", 0.01, 64},
+    {"default_memory_mb", 16, 1 << 20},
+    {"default_pids", 8, 1 << 22},
+    {"default_disk_mb", 1, 1 << 20},
+    {"tmpfs_disk_max_mb", 0, 1 << 20},
+    {"default_ttl_s", 1, 2592000},
+    {"max_header_bytes", 1024, 1 << 20},
+    {"max_json_body_bytes", 1024, 1 << 30},
+    {"max_execs_per_sandbox", 1, 4096},
+    {"max_connections", 1, 1 << 20},
+    {"io_threads", 1, 64},
+    {"worker_threads", 1, 1024},
+    {"agent_io_threads", 1, 64},
+    {"max_count", 1, 4096},
+    {"reap_interval_ms", 10, 60000},
+    {"tombstone_ttl_s", 0, 2592000},
+    {"tombstone_max", 0, 10000000},
+    {"sandbox_fusion_max_concurrent", 1, 4096},
+    {"orphan_timeout_s", -1, 1e9},
+    {"idle_timeout_s", 1, 86400},
+    {"network_dns_max_ttl_s", 1, 86400},
+    {"fncall_min_idle", 0, 1024},
+    {"fncall_max", 0, 4096},
+    {"fncall_max_queue", 0, 1 << 20},
+    {"fncall_queue_timeout_ms", 0, 600000},
+    {"fncall_memory_mb", 16, 1 << 20},
+    {"max_builds", 1, 64},
+};
+
+const Key* FindKey(const std::vector<Group>& groups, std::string_view name) {
+  for (const Group& g : groups)
+    for (const Key& k : g.keys)
+      if (name == k.name) return &k;
+  return nullptr;
+}
+
+// Edits (insertions, deletions, substitutions) that turn a into b.
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];  // row[i-1][j-1]
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The known key an unknown one most likely meant: the closest within a few edits, or "".
+std::string ClosestKey(const std::vector<Group>& groups, const std::string& unknown) {
+  std::string lower = unknown;
+  for (char& ch : lower) ch = static_cast<char>(tolower(static_cast<unsigned char>(ch)));
+  const size_t max_edits = std::clamp<size_t>(lower.size() / 4, 1, 3);
+  std::string best;
+  size_t best_edits = max_edits + 1;
+  for (const Group& g : groups) {
+    for (const Key& k : g.keys) {
+      // (At least the lengths' difference: a long key costs nothing.)
+      size_t len = strlen(k.name);
+      if (std::max(len, lower.size()) - std::min(len, lower.size()) > max_edits) continue;
+      size_t d = EditDistance(lower, k.name);
+      if (d < best_edits) {
+        best_edits = d;
+        best = k.name;
+      }
+    }
+  }
+  return best;
+}
+
+// Line and column (1-based, in bytes) of the character at offset in text.
+std::pair<size_t, size_t> LineAndColumn(std::string_view text, size_t offset) {
+  offset = std::min(offset, text.size());
+  size_t line = 1, line_start = 0;
+  for (size_t i = 0; i < offset; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      line_start = i + 1;
+    }
+  }
+  return {line, offset - line_start + 1};
+}
+
+// nlohmann's message without its prefixes ("[json.exception.parse_error.101] parse error at
+// line 1, column 3: syntax error while parsing object key - ") and bounded.
+std::string ShortParseError(std::string what) {
+  if (size_t p = what.find("syntax error"); p != std::string::npos) what.erase(0, p);
+  if (what.rfind("syntax error while parsing ", 0) == 0) {
+    if (size_t p = what.find(" - "); p != std::string::npos) what.erase(0, p + 3);
+  }
+  if (what.size() > 160) what = what.substr(0, 157) + "...";
+  return what;
 }
 
 Status SetField(const std::string& key, const nlohmann::json& v, Field f) {
@@ -156,22 +475,215 @@ std::string SanitizeNode(const std::string& raw) {
   return out.empty() ? "node" : out;
 }
 
+const char* TypeName(const Field& f) {
+  static constexpr const char* kNames[] = {"string", "bool", "int32", "int64", "uint64", "number"};
+  static_assert(std::variant_size_v<Field> == std::size(kNames));
+  return kNames[f.index()];
+}
+
+// A key's value as the reference shows it: `value`, with the size of a byte count in KiB, MiB
+// or GiB when it is a whole one.
+std::string RenderValue(const Field& f, const char* unit) {
+  std::string v = std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return "\"" + *p + "\"";
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return *p ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, double>) {
+          return FormatNumber(*p);
+        } else {
+          return std::to_string(*p);
+        }
+      },
+      f);
+  std::string out = "`" + v + "`";
+  if (const auto* u = std::get_if<uint64_t*>(&f); u && std::string_view(unit) == "bytes") {
+    uint64_t n = **u;
+    int shift = 30;
+    for (const char* name : {"GiB", "MiB", "KiB"}) {
+      if (n >= (uint64_t{1} << shift) && n % (uint64_t{1} << shift) == 0) {
+        out += " (" + std::to_string(n >> shift) + " " + name + ")";
+        break;
+      }
+      shift -= 10;
+    }
+  }
+  return out;
+}
+
+// Text for a Markdown table cell: pipes escaped, and '<' outside code spans (a placeholder such
+// as <state_dir> would be taken for an HTML tag).
+std::string Cell(std::string_view s) {
+  std::string out;
+  bool code = false;
+  for (char ch : s) {
+    if (ch == '`') code = !code;
+    if (ch == '|' || (ch == '<' && !code)) out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+std::string Row(std::initializer_list<std::string_view> cells) {
+  std::string out = "|";
+  for (std::string_view c : cells) out += " " + Cell(c) + " |";
+  return out + "\n";
+}
+
 }  // namespace
+
+std::optional<ConfigField> ConfigFieldOf(EdgeConfig* c, std::string_view key) {
+  std::vector<Group> groups = Fields(c);
+  const Key* k = FindKey(groups, key);
+  if (!k) return std::nullopt;
+  return k->field;
+}
+
+const std::vector<EdgeFlag>& EdgeFlags() {
+  static const std::vector<EdgeFlag> flags = {
+      {"--config", "", "JSON config file: an object of the config keys; flags override it"},
+      {"--listen", "listen", "TCP HOST:PORT (token auth); '' = off"},
+      {"--socket", "socket", "Unix socket path (root only); '' = off"},
+      {"--state-dir", "state_dir", "State directory"},
+      {"--token-file", "token_file", "Bearer tokens, one per line; default <state-dir>/token"},
+      {"--node", "node", "Node name in sandbox ids; default: the host name"},
+      {"--persist", "persist", "On SIGTERM leave sandboxes running for the next edge"},
+      {"--log-level", "log_level", "trace|debug|info|warn|error"},
+      {"--max-sandboxes", "max_sandboxes", "Admission: sandboxes at once"},
+      {"--memory-overcommit", "memory_overcommit", "Admission: memory overcommit ratio"},
+      {"--agent", "agent_path",
+       "dsec-agent binary; default: $DSEC_AGENT_PATH, else beside dsec-edge"},
+      {"--cluster", "cluster_etcd", "Join a cluster: etcd://HOST:PORT[,HOST:PORT]"},
+      {"--sandbox-fusion-listen", "sandbox_fusion_listen",
+       "Serve SandboxFusion's /run_code API on HOST:PORT; off by default"},
+      {"--e2b-listen", "e2b_listen",
+       "Serve the E2B-compatible API (control plane and envd) on HOST:PORT; off by default"},
+      {"--no-userns", "", "Force the no-user-namespace fallback (config userns: false)"},
+      {"--config-reference", "",
+       "Print the reference of config keys, flags and environment variables (docs/config.md) "
+       "and exit"},
+  };
+  return flags;
+}
+
+std::vector<ConfigKeyDoc> ConfigKeyDocs() {
+  EdgeConfig defaults;
+  std::vector<ConfigKeyDoc> out;
+  for (const Group& g : Fields(&defaults)) {
+    for (const Key& k : g.keys) {
+      ConfigKeyDoc d;
+      d.group = g.title;
+      d.key = k.name;
+      d.type = TypeName(k.field);
+      d.default_value = RenderValue(k.field, k.unit ? k.unit : "");
+      if (k.means) d.default_value += std::string(" (") + k.means + ")";
+      d.unit = k.unit ? k.unit : "";
+      for (const KeyRange& r : kRanges)
+        if (d.key == r.key) d.range = FormatNumber(r.lo) + " to " + FormatNumber(r.hi);
+      if (k.values) d.range += (d.range.empty() ? "" : "; ") + std::string(k.values);
+      d.description = k.doc ? k.doc : "";
+      out.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
+std::string ConfigReference() {
+  std::string md =
+      "# dsec-edge configuration reference\n"
+      "\n"
+      "<!-- Generated by `dsec-edge --config-reference` from src/edge/config.cc: edit that, "
+      "then regenerate this file (config_test fails while it differs). -->\n"
+      "\n"
+      "dsec-edge takes its settings from the defaults below, then the JSON config file "
+      "(`--config FILE`, an object of the keys below), then its command-line flags, each "
+      "overriding the one before. An unknown key, a value of the wrong type or a file that is "
+      "not JSON stops the start with an error; so does a value outside its range, checked once "
+      "everything is read.\n"
+      "\n"
+      "```json\n"
+      "{\"listen\": \"10.0.1.5:7070\", \"max_sandboxes\": 2000, \"network_dns\": \"10.0.0.2\"}\n"
+      "```\n"
+      "\n"
+      "## Command-line flags\n"
+      "\n"
+      "Also `--help` and `--version`.\n"
+      "\n"
+      "| flag | config key | default | description |\n"
+      "|---|---|---|---|\n";
+  std::vector<ConfigKeyDoc> keys = ConfigKeyDocs();
+  for (const EdgeFlag& f : EdgeFlags()) {
+    std::string key, dflt;
+    for (const ConfigKeyDoc& k : keys) {
+      if (k.key == f.key) {
+        key = "`" + k.key + "`";
+        dflt = k.default_value;
+      }
+    }
+    md += Row({"`" + std::string(f.name) + "`", key, dflt, f.help});
+  }
+  md +=
+      "\n"
+      "## Environment variables\n"
+      "\n"
+      "| variable | used for |\n"
+      "|---|---|\n";
+  md += Row({"`DSEC_AGENT_PATH`", "The dsec-agent binary when `agent_path` is `\"\"`"});
+  md += Row({"`DSEC_ZYGOTE_PATH`", "The dsec-zygote binary when `zygote_path` is `\"\"`"});
+  md += Row({"`PATH`",
+             "Where the programs the edge runs are found: `qemu-system-x86_64` (microVMs), "
+             "`mmdebstrap` (image builds), `mkfs.ext4` (disk images), `mkfs.erofs` (erofs "
+             "layers)"});
+  md +=
+      "\n"
+      "## Config file keys\n"
+      "\n"
+      "Types: `int32` and `int64` are JSON integers of that range, `uint64` non-negative ones, "
+      "`number` any JSON number. A default in parentheses says what the placeholder value "
+      "stands for. Ranges are inclusive.\n";
+  std::string group;
+  for (const ConfigKeyDoc& k : keys) {
+    if (k.group != group) {
+      group = k.group;
+      md += "\n### " + group +
+            "\n\n"
+            "| key | type | default | unit | range | description |\n"
+            "|---|---|---|---|---|---|\n";
+    }
+    md += Row({"`" + k.key + "`", k.type, k.default_value, k.unit, k.range, k.description});
+  }
+  return md;
+}
 
 Status LoadConfigFile(const std::string& path, EdgeConfig* cfg) {
   DSEC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 1 << 20));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return InvalidArgument("config file \"" + path + "\" is not a JSON object");
-  auto fields = Fields(cfg);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.byte counts the characters read, the one that failed included.
+    auto [line, column] = LineAndColumn(text, e.byte > 0 ? e.byte - 1 : 0);
+    return InvalidArgument("config file \"" + path + "\": JSON syntax error at line " +
+                           std::to_string(line) + ", column " + std::to_string(column) + ": " +
+                           ShortParseError(e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("config file \"" + path + "\": " + ShortParseError(e.what()));
+  }
+  if (!j.is_object()) return InvalidArgument("config file \"" + path + "\" is not a JSON object");
+  auto groups = Fields(cfg);
   for (const auto& item : j.items()) {
     // (Not a structured binding: clang 14, the fuzz build's compiler, cannot capture those.)
     const std::string& key = item.key();
     const nlohmann::json& value = item.value();
-    auto it =
-        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return key == f.first; });
-    if (it == fields.end()) return InvalidArgument("config file: unknown key \"" + key + "\"");
-    DSEC_RETURN_IF_ERROR(SetField(key, value, it->second));
+    const Key* k = FindKey(groups, key);
+    if (!k) {
+      std::string near = ClosestKey(groups, key);
+      return InvalidArgument("config file: unknown key \"" + key + "\"" +
+                             (near.empty() ? "" : " (did you mean \"" + near + "\"?)"));
+    }
+    DSEC_RETURN_IF_ERROR(SetField(key, value, k->field));
   }
   return OkStatus();
 }
@@ -208,10 +720,6 @@ Status FinalizeConfig(EdgeConfig* c) {
   if (!c->build_mirror.empty() && c->build_mirror.rfind("http://", 0) != 0 &&
       c->build_mirror.rfind("https://", 0) != 0 && c->build_mirror.rfind("file://", 0) != 0)
     return InvalidArgument("build_mirror must be an http://, https:// or file:// URL");
-  struct Range {
-    const char* name;
-    double v, lo, hi;
-  };
   {
     uint32_t base = 0;
     uint8_t prefix = 0;
@@ -226,50 +734,22 @@ Status FinalizeConfig(EdgeConfig* c) {
     return InvalidArgument("network_max_conns and network_new_conns_per_s must be at least 1");
   if (c->microvm_accel != "auto" && c->microvm_accel != "kvm" && c->microvm_accel != "tcg")
     return InvalidArgument("microvm_accel must be auto, kvm or tcg");
-  for (const Range& r : std::initializer_list<Range>{
-           {"max_sandboxes", double(c->max_sandboxes), 1, 1 << 20},
-           {"cluster_lease_ttl_s", double(c->cluster_lease_ttl_s), 2, 600},
-           {"port_proxy_connect_timeout_ms", double(c->port_proxy_connect_timeout_ms), 1, 600000},
-           {"port_proxy_max_conns", double(c->port_proxy_max_conns), 1, 1 << 20},
-           {"max_workers_per_sandbox", double(c->max_workers_per_sandbox), 1, 1 << 16},
-           {"port_proxy_max_conns_per_sandbox", double(c->port_proxy_max_conns_per_sandbox), 1,
-            1 << 20},
-           {"pty_max_per_sandbox", double(c->pty_max_per_sandbox), 1, 1 << 20},
-           {"reserve_pids", double(c->reserve_pids), -1, 1 << 22},
-           {"sockets_per_mb", double(c->sockets_per_mb), 0, 1024},
-           {"output_memory_mb", double(c->output_memory_mb), 0, 1 << 20},
-           {"fncall_worker_max_calls", double(c->fncall_worker_max_calls), 0, 1e9},
-           {"memory_overcommit", c->memory_overcommit, 0.1, 1000},
-           {"default_cpu", c->defaults.cpu, 0.01, 64},
-           {"default_memory_mb", double(c->defaults.memory_mb), 16, 1 << 20},
-           {"default_pids", double(c->defaults.pids), 8, 1 << 22},
-           {"default_disk_mb", double(c->defaults.disk_mb), 1, 1 << 20},
-           {"tmpfs_disk_max_mb", double(c->tmpfs_disk_max_mb), 0, 1 << 20},
-           {"default_ttl_s", double(c->default_ttl_s), 1, 2592000},
-           {"max_header_bytes", double(c->max_header_bytes), 1024, 1 << 20},
-           {"max_json_body_bytes", double(c->max_json_body_bytes), 1024, 1 << 30},
-           {"max_execs_per_sandbox", double(c->max_execs_per_sandbox), 1, 4096},
-           {"max_connections", double(c->max_connections), 1, 1 << 20},
-           {"io_threads", double(c->io_threads), 1, 64},
-           {"worker_threads", double(c->worker_threads), 1, 1024},
-           {"agent_io_threads", double(c->agent_io_threads), 1, 64},
-           {"max_count", double(c->max_count), 1, 4096},
-           {"reap_interval_ms", double(c->reap_interval_ms), 10, 60000},
-           {"tombstone_ttl_s", double(c->tombstone_ttl_s), 0, 2592000},
-           {"tombstone_max", double(c->tombstone_max), 0, 10000000},
-           {"sandbox_fusion_max_concurrent", double(c->sandbox_fusion_max_concurrent), 1, 4096},
-           {"orphan_timeout_s", double(c->orphan_timeout_s), -1, 1e9},
-           {"idle_timeout_s", double(c->idle_timeout_s), 1, 86400},
-           {"network_dns_max_ttl_s", double(c->network_dns_max_ttl_s), 1, 86400},
-           {"fncall_min_idle", double(c->fncall_min_idle), 0, 1024},
-           {"fncall_max", double(c->fncall_max), 0, 4096},
-           {"fncall_max_queue", double(c->fncall_max_queue), 0, 1 << 20},
-           {"fncall_queue_timeout_ms", double(c->fncall_queue_timeout_ms), 0, 600000},
-           {"fncall_memory_mb", double(c->fncall_memory_mb), 16, 1 << 20},
-           {"max_builds", double(c->max_builds), 1, 64},
-       }) {
-    if (!(r.v >= r.lo && r.v <= r.hi))
-      return InvalidArgument(std::string(r.name) + " must be between " + FormatNumber(r.lo) +
+  auto groups = Fields(c);
+  for (const KeyRange& r : kRanges) {
+    const Key* k = FindKey(groups, r.key);
+    std::optional<double> v;
+    if (k) {
+      std::visit(
+          [&](auto* p) {
+            if constexpr (std::is_arithmetic_v<std::remove_pointer_t<decltype(p)>> &&
+                          !std::is_same_v<decltype(p), bool*>)
+              v = static_cast<double>(*p);
+          },
+          k->field);
+    }
+    if (!v) return InternalError(std::string("no numeric config key ") + r.key + " for its range");
+    if (!(*v >= r.lo && *v <= r.hi))
+      return InvalidArgument(std::string(r.key) + " must be between " + FormatNumber(r.lo) +
                              " and " + FormatNumber(r.hi));
   }
   if (!c->cluster_etcd.empty()) {

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "base/resources.h"
@@ -181,10 +184,34 @@ struct EdgeConfig {
   std::string e2b_listen;
 };
 
-// Reads the JSON config file into cfg (unknown keys and wrong types are errors).
+// Reads the JSON config file into cfg (unknown keys and wrong types are errors; an unknown key
+// close to a known one names it, a syntax error its line and column).
 Status LoadConfigFile(const std::string& path, EdgeConfig* cfg);
 // Fills derived defaults (token file, audit log, node name) and checks ranges.
 Status FinalizeConfig(EdgeConfig* cfg);
+
+// The member of *c a config key names (nullopt for an unknown key), for code that sets keys by
+// name: main.cc's flags.
+using ConfigField = std::variant<std::string*, bool*, int*, int64_t*, uint64_t*, double*>;
+std::optional<ConfigField> ConfigFieldOf(EdgeConfig* c, std::string_view key);
+
+// A command-line flag of dsec-edge. One with a config key sets that key (main.cc adds it to the
+// command line with the key's type and default); the others main.cc handles by name.
+struct EdgeFlag {
+  std::string_view name;  // "--listen"
+  std::string_view key;   // "listen"; "" for a flag of its own
+  std::string_view help;
+};
+const std::vector<EdgeFlag>& EdgeFlags();
+
+// One config key as the reference shows it.
+struct ConfigKeyDoc {
+  std::string group, key, type, default_value, unit, range, description;
+};
+std::vector<ConfigKeyDoc> ConfigKeyDocs();
+// Every config key, flag and environment variable of dsec-edge as Markdown: what
+// `dsec-edge --config-reference` prints and docs/config.md holds.
+std::string ConfigReference();
 using http::ParseHostPort;
 
 }  // namespace dsec::edge

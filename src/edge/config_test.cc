@@ -5,6 +5,12 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <map>
+#include <set>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+
 #include "base/file_util.h"
 
 namespace dsec::edge {
@@ -59,7 +65,40 @@ TEST_F(ConfigTest, UnknownKeysAndWrongTypesAreErrorsNamingTheKey) {
   s = Load(R"({"reap_interval_ms": 99999999999})", &c);  // an int field
   EXPECT_NE(s.message().find("in range"), std::string::npos);
   EXPECT_EQ(Load("[1, 2]", &c).code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(Load("[1, 2]", &c).message().find("is not a JSON object"), std::string::npos);
   EXPECT_EQ(Load("{not json", &c).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(ConfigTest, UnknownKeyNamesTheClosestKnownOne) {
+  EdgeConfig c;
+  EXPECT_EQ(Load(R"({"max_sandbox": 12})", &c).message(),
+            "config file: unknown key \"max_sandbox\" (did you mean \"max_sandboxes\"?)");
+  EXPECT_EQ(Load(R"({"netwrok_dns": "1.1.1.1"})", &c).message(),
+            "config file: unknown key \"netwrok_dns\" (did you mean \"network_dns\"?)");
+  EXPECT_EQ(Load(R"({"Log_Level": "info"})", &c).message(),
+            "config file: unknown key \"Log_Level\" (did you mean \"log_level\"?)");
+  // Nothing close: no guess.
+  EXPECT_EQ(Load(R"({"colour": "blue"})", &c).message(), "config file: unknown key \"colour\"");
+  EXPECT_EQ(Load(R"({"x": 1})", &c).message(), "config file: unknown key \"x\"");
+}
+
+TEST_F(ConfigTest, SyntaxErrorsSayWhere) {
+  EdgeConfig c;
+  Status s = Load("{\n  \"max_sandboxes\": 12,\n  \"listen\": ,\n}\n", &c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "config file \"" + dir_ +
+                             "/edge.json\": JSON syntax error at line 3, column 13: unexpected "
+                             "','; expected '[', '{', or a literal")
+      << s.message();
+  s = Load("{\"a\": 1,\n\"b\": tru\n}", &c);  // the bad literal ends the line
+  EXPECT_NE(s.message().find("at line 2, column 9: invalid literal"), std::string::npos)
+      << s.message();
+  s = Load("", &c);
+  EXPECT_NE(s.message().find("at line 1, column 1: unexpected end of input"), std::string::npos)
+      << s.message();
+  s = Load("{\"max_sandboxes\": 12}\n}", &c);
+  EXPECT_NE(s.message().find("at line 2, column 1: unexpected '}'"), std::string::npos)
+      << s.message();
 }
 
 TEST_F(ConfigTest, FinalizeFillsDerivedDefaults) {
@@ -117,6 +156,98 @@ TEST_F(ConfigTest, DnsMaxTtlIsReadAndBounded) {
   EXPECT_TRUE(FinalizeConfig(&c).ok());
   EXPECT_NE(Load(R"({"network_dns_max_ttl_s": "1h"})", &c).message().find("an integer"),
             std::string::npos);
+}
+
+TEST_F(ConfigTest, EveryKeyIsDocumented) {
+  std::set<std::string> keys;
+  for (const ConfigKeyDoc& k : ConfigKeyDocs()) {
+    EXPECT_TRUE(keys.insert(k.key).second) << "twice: " << k.key;
+    EXPECT_FALSE(k.description.empty()) << k.key << " has no description";
+    EXPECT_FALSE(k.group.empty()) << k.key;
+    EXPECT_FALSE(k.default_value.empty()) << k.key;
+    EdgeConfig c;
+    EXPECT_TRUE(ConfigFieldOf(&c, k.key).has_value()) << k.key;
+    // A byte count, duration or size says its unit.
+    for (const char* suffix : {"_bytes", "_s", "_ms", "_mb"}) {
+      std::string_view sv(k.key), sx(suffix);
+      if (sv.size() > sx.size() && sv.substr(sv.size() - sx.size()) == sx) {
+        EXPECT_FALSE(k.unit.empty()) << k.key << " has no unit";
+      }
+    }
+  }
+  EXPECT_GE(keys.size(), 90u);
+  EdgeConfig c;
+  EXPECT_FALSE(ConfigFieldOf(&c, "no_such_key").has_value());
+  for (const EdgeFlag& f : EdgeFlags()) {
+    EXPECT_FALSE(f.help.empty()) << f.name;
+    if (!f.key.empty()) {
+      EXPECT_TRUE(keys.count(std::string(f.key))) << f.name;
+    }
+  }
+}
+
+TEST_F(ConfigTest, ReferenceShowsDefaultsAndRanges) {
+  std::map<std::string, ConfigKeyDoc> docs;
+  for (ConfigKeyDoc& k : ConfigKeyDocs()) docs[k.key] = k;
+  EXPECT_EQ(docs["max_sandboxes"].default_value, "`4096`");
+  EXPECT_EQ(docs["max_sandboxes"].range, "1 to 1048576");
+  EXPECT_EQ(docs["max_sandboxes"].type, "int64");
+  EXPECT_EQ(docs["memory_overcommit"].range, "0.1 to 1000");
+  EXPECT_EQ(docs["max_header_bytes"].default_value, "`16384` (16 KiB)");
+  EXPECT_EQ(docs["persist"].default_value, "`false`");
+  EXPECT_EQ(docs["token_file"].default_value, "`\"\"` (`<state_dir>/token`)");
+  EXPECT_EQ(docs["image_layer_format"].range, "`dir`, `erofs`");
+  // The reference shows the bounds FinalizeConfig enforces: each one holds at its ends and
+  // fails just past them.
+  for (const auto& item : docs) {
+    // (Not a structured binding: clang 14, the fuzz build's compiler, cannot capture those.)
+    const std::string& key = item.first;
+    const ConfigKeyDoc& d = item.second;
+    if (d.range.find(" to ") == std::string::npos || d.type == "string") continue;
+    double lo = std::stod(d.range), hi = std::stod(d.range.substr(d.range.find(" to ") + 4));
+    auto finalize = [&](double v) {
+      EdgeConfig c = Valid();
+      c.fncall_max = 4096;  // so that fncall_min_idle may reach its own maximum
+      std::visit(
+          [&](auto* p) {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_arithmetic_v<T>) *p = static_cast<T>(v);
+          },
+          *ConfigFieldOf(&c, key));
+      return FinalizeConfig(&c);
+    };
+    EXPECT_TRUE(finalize(lo).ok()) << key << " " << lo << ": " << finalize(lo).message();
+    EXPECT_TRUE(finalize(hi).ok()) << key << " " << hi << ": " << finalize(hi).message();
+    double step = d.type == "number" ? lo / 2 : 1;
+    for (double bad : {lo - step, hi + 1}) {
+      if (d.type == "uint64" && bad < 0) continue;
+      Status s = finalize(bad);  // (fncall_max -1 fails fncall_min_idle <= fncall_max first)
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << key << " " << bad;
+      EXPECT_NE(s.message().find(key), std::string::npos)
+          << key << " " << bad << ": " << s.message();
+    }
+  }
+}
+
+// docs/config.md is what the code generates, so it cannot go stale: after changing a key,
+// regenerate it with `build/release/src/edge/dsec-edge --config-reference > docs/config.md`.
+TEST_F(ConfigTest, DocsConfigMdIsCurrent) {
+  auto file = ReadFileToString(std::string(DSEC_SOURCE_DIR) + "/docs/config.md", 1 << 22);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  std::string want = ConfigReference();
+  if (*file == want) return;
+  size_t line = 1, i = 0;
+  for (; i < std::min(file->size(), want.size()) && (*file)[i] == want[i]; ++i)
+    if (want[i] == '\n') ++line;
+  auto line_at = [&](const std::string& s) {
+    size_t b = s.rfind('\n', i == 0 ? 0 : i - 1);
+    b = b == std::string::npos ? 0 : b + 1;
+    return s.substr(b, s.find('\n', b) - b);
+  };
+  ADD_FAILURE() << "docs/config.md is stale from line " << line << ":\n  file: " << line_at(*file)
+                << "\n  code: " << line_at(want)
+                << "\nRegenerate it: build/release/src/edge/dsec-edge --config-reference > "
+                   "docs/config.md";
 }
 
 TEST_F(ConfigTest, HostPortParsing) {

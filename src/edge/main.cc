@@ -4,6 +4,12 @@
 
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "base/logging.h"
 #include "edge/config.h"
@@ -22,42 +28,60 @@ int main(int argc, char** argv) {
   // for good) serves those from mmap, so their memory goes back to the host when freed.
   mallopt(M_MMAP_THRESHOLD, 256 * 1024);
 
+  // The flags that set a config key get its type and default from EdgeConfig (--help shows
+  // them); the others are handled here by name.
   dsec::edge::EdgeConfig flags;
   CLI::App app{"dsec-edge: the DSec node daemon"};
   app.set_version_flag("--version", std::string("dsec-edge ") + DSEC_VERSION);
+  app.option_defaults()->always_capture_default();
+  app.footer(
+      "Every config file key, with its default and range: docs/config.md (or dsec-edge "
+      "--config-reference).");
   std::string config_file;
-  app.add_option("--config", config_file, "JSON config file");
-  auto* listen = app.add_option("--listen", flags.listen, "TCP HOST:PORT (token auth); '' = off");
-  auto* sock = app.add_option("--socket", flags.socket, "Unix socket path (root only); '' = off");
-  auto* state = app.add_option("--state-dir", flags.state_dir, "State directory");
-  auto* token = app.add_option("--token-file", flags.token_file, "Bearer tokens, one per line");
-  auto* node = app.add_option("--node", flags.node, "Node name in sandbox ids");
-  auto* persist = app.add_flag("--persist", flags.persist,
-                               "On SIGTERM leave sandboxes running for the next edge");
-  auto* level = app.add_option("--log-level", flags.log_level, "trace|debug|info|warn|error");
-  auto* max_sb = app.add_option("--max-sandboxes", flags.max_sandboxes, "Admission: sandboxes");
-  auto* overcommit =
-      app.add_option("--memory-overcommit", flags.memory_overcommit, "Admission: memory ratio");
-  auto* agent = app.add_option("--agent", flags.agent_path, "dsec-agent binary");
-  auto* cluster =
-      app.add_option("--cluster", flags.cluster_etcd,
-                     "Join a cluster: etcd://HOST:PORT[,HOST:PORT] (config cluster_etcd)");
-  auto* fusion = app.add_option(
-      "--sandbox-fusion-listen", flags.sandbox_fusion_listen,
-      "Serve SandboxFusion's /run_code API on HOST:PORT (config sandbox_fusion_listen); off by "
-      "default");
-  auto* e2b = app.add_option(
-      "--e2b-listen", flags.e2b_listen,
-      "Serve the E2B-compatible API (control plane and envd) on HOST:PORT (config e2b_listen); "
-      "off by default");
   bool no_userns = false;
-  app.add_flag("--no-userns", no_userns, "Force the no-user-namespace fallback");
+  bool reference = false;
+  std::vector<std::pair<CLI::Option*, std::string_view>> keyed;
+  for (const dsec::edge::EdgeFlag& f : dsec::edge::EdgeFlags()) {
+    std::string name(f.name), help(f.help);
+    if (f.key.empty()) {
+      if (f.name == "--config") {
+        app.add_option(name, config_file, help);
+      } else if (f.name == "--no-userns") {
+        app.add_flag(name, no_userns, help);
+      } else if (f.name == "--config-reference") {
+        app.add_flag(name, reference, help);
+      } else {
+        std::cerr << "dsec-edge: no handler for flag " << name << "\n";
+        return 2;
+      }
+      continue;
+    }
+    auto field = dsec::edge::ConfigFieldOf(&flags, f.key);
+    if (!field) {
+      std::cerr << "dsec-edge: flag " << name << " names no config key\n";
+      return 2;
+    }
+    help += " (config " + std::string(f.key) + ")";
+    auto* opt = std::visit(
+        [&](auto* p) -> CLI::Option* {
+          if constexpr (std::is_same_v<decltype(p), bool*>)
+            return app.add_flag(name, *p, help);
+          else
+            return app.add_option(name, *p, help);
+        },
+        *field);
+    keyed.emplace_back(opt, f.key);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::cerr << "dsec-edge: " << e.what() << " (see dsec-edge --help)\n";
     return 2;
+  }
+  if (reference) {
+    std::cout << dsec::edge::ConfigReference();
+    return 0;
   }
 
   dsec::edge::EdgeConfig cfg;
@@ -68,22 +92,13 @@ int main(int argc, char** argv) {
     }
     cfg.config_file = config_file;
   }
-  auto set = [](CLI::Option* o, auto& dst, const auto& src) {
-    if (o->count()) dst = src;
-  };
-  set(listen, cfg.listen, flags.listen);
-  set(sock, cfg.socket, flags.socket);
-  set(state, cfg.state_dir, flags.state_dir);
-  set(token, cfg.token_file, flags.token_file);
-  set(node, cfg.node, flags.node);
-  set(persist, cfg.persist, flags.persist);
-  set(level, cfg.log_level, flags.log_level);
-  set(max_sb, cfg.max_sandboxes, flags.max_sandboxes);
-  set(overcommit, cfg.memory_overcommit, flags.memory_overcommit);
-  set(agent, cfg.agent_path, flags.agent_path);
-  set(cluster, cfg.cluster_etcd, flags.cluster_etcd);
-  set(fusion, cfg.sandbox_fusion_listen, flags.sandbox_fusion_listen);
-  set(e2b, cfg.e2b_listen, flags.e2b_listen);
+  // A flag given on the command line overrides the config file.
+  for (const auto& [opt, key] : keyed) {
+    if (!opt->count()) continue;
+    auto from = *dsec::edge::ConfigFieldOf(&flags, key);
+    std::visit([&](auto* to) { *to = *std::get<decltype(to)>(from); },
+               *dsec::edge::ConfigFieldOf(&cfg, key));
+  }
   if (no_userns) cfg.userns = false;
   if (auto s = dsec::edge::FinalizeConfig(&cfg); !s.ok()) {
     std::cerr << "dsec-edge: " << s.message() << "\n";
