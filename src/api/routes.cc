@@ -72,6 +72,7 @@ std::vector<RouteSpec> Table() {
       {"POST", "/v1/images/import", kImportImage, kLocal, kImport},
       {"POST", "/v1/sandboxes/:id/snapshot", kSnapshot, kSandbox},
       {"POST", "/v1/sandboxes/:id/fork", kFork, kSandbox},
+      {"POST", "/v1/sandboxes/:id/port-urls", kPortUrl, kSandbox},
   };
   for (size_t i = 0; i < t.size(); ++i) {
     // The table is in RouteId order, one entry per id: RouteOf indexes it.
@@ -141,6 +142,29 @@ bool ParsePortTarget(std::string_view target, std::string* id, std::string* port
   *port = std::string(target.substr(port_start, port_end - port_start));
   std::string rest(target.substr(port_end));
   *upstream = rest.empty() || rest[0] != '/' ? "/" + rest : rest;
+  return true;
+}
+
+bool ParseSignedPortTarget(std::string_view target, SignedPortTarget* out) {
+  constexpr std::string_view kPrefix = "/v1/p/";
+  if (!StartsWith(target, kPrefix)) return false;
+  size_t end = target.find_first_of("/?", kPrefix.size());
+  if (end == std::string_view::npos) end = target.size();
+  std::string_view token = target.substr(kPrefix.size(), end - kPrefix.size());
+  // From the right: the id may hold anything but the three fields after it.
+  size_t c = token.rfind('.');
+  size_t b =
+      c == std::string_view::npos || c == 0 ? std::string_view::npos : token.rfind('.', c - 1);
+  size_t a =
+      b == std::string_view::npos || b == 0 ? std::string_view::npos : token.rfind('.', b - 1);
+  if (a == std::string_view::npos || a == 0) return false;
+  out->id = std::string(token.substr(0, a));
+  out->port = std::string(token.substr(a + 1, b - a - 1));
+  out->expires = std::string(token.substr(b + 1, c - b - 1));
+  out->mac = std::string(token.substr(c + 1));
+  out->prefix = std::string(target.substr(0, end));
+  std::string rest(target.substr(end));
+  out->upstream = rest.empty() || rest[0] != '/' ? "/" + rest : rest;
   return true;
 }
 

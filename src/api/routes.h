@@ -73,6 +73,7 @@ enum class RouteId : uint8_t {
   kImportImage,
   kSnapshot,
   kFork,
+  kPortUrl,
   kCount,  // (the number of routes)
 };
 
@@ -127,6 +128,14 @@ RouteMatch MatchRoute(std::string_view method, std::string_view target, Server s
 // sandbox gets ("/" + rest + query). The id and port are checked by whoever serves it.
 bool ParsePortTarget(std::string_view target, std::string* id, std::string* port,
                      std::string* upstream);
+
+// A signed port URL's target "/v1/p/{id}.{port}.{expires}.{mac}[/rest][?query]" (POST
+// /v1/sandboxes/{id}/port-urls makes them; they need no bearer token): false when the target is
+// not one. `prefix` is "/v1/p/{token}"; `upstream` as ParsePortTarget's. Nothing is verified.
+struct SignedPortTarget {
+  std::string id, port, expires, mac, prefix, upstream;
+};
+bool ParseSignedPortTarget(std::string_view target, SignedPortTarget* out);
 
 // "Allow" header value for a 405: the methods, comma-separated.
 std::string AllowHeader(const std::set<std::string>& methods);

@@ -828,14 +828,27 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
       ->required()
       ->check(CLI::Range(1, 65535));
   port->add_option("path", *port_path, "Path on that server (default /)");
+  auto port_signed = std::make_shared<bool>(false);
+  auto port_ttl = std::make_shared<int64_t>(3600);
+  port->add_flag("--signed", *port_signed,
+                 "A URL that needs no token (for a browser or a tool), valid for --ttl seconds");
+  port->add_option("--ttl", *port_ttl, "Seconds a --signed URL stays valid (default 3600)")
+      ->check(CLI::Range(int64_t{1}, int64_t{2592000}));
   port->callback([=, &g] {
     auto c = Connect(g);
     if (!c.ok()) {
       *exit_code = Fail(c.status());
       return;
     }
-    if (auto r = (*c)->CallJson(Verb::get, SbPath(*port_id)); !r.ok()) {
-      *exit_code = Fail(r.status());
+    auto rec = (*c)->CallJson(Verb::get, SbPath(*port_id));
+    if (!rec.ok()) {
+      *exit_code = Fail(rec.status());
+      return;
+    }
+    // Refused up front where the kind has no proxy (yet), not at the first request.
+    if (const std::string kind = rec->value("kind", "container"); kind != "container") {
+      *exit_code = Fail(InvalidArgument("the port proxy is not available for " + kind +
+                                        " sandboxes yet (container sandboxes have it)"));
       return;
     }
     auto ep = ResolveEndpoint(g.url, g.token);
@@ -843,8 +856,17 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
       *exit_code = Fail(ep.status());
       return;
     }
-    std::string rest = SbPath(*port_id) + "/ports/" + std::to_string(*port_num) + "/" +
-                       (StartsWith(*port_path, "/") ? port_path->substr(1) : *port_path);
+    const std::string path = StartsWith(*port_path, "/") ? port_path->substr(1) : *port_path;
+    std::string rest = SbPath(*port_id) + "/ports/" + std::to_string(*port_num) + "/" + path;
+    if (*port_signed) {
+      Json body = {{"port", *port_num}, {"ttl_s", *port_ttl}};
+      auto u = (*c)->CallJson(Verb::post, SbPath(*port_id) + "/port-urls", &body);
+      if (!u.ok()) {
+        *exit_code = Fail(u.status());
+        return;
+      }
+      rest = u->value("path", std::string("/")) + path;
+    }
     std::string url = ep->is_unix ? "unix://" + ep->unix_path + ":" + rest
                                   : "http://" + ep->host + ":" + ep->port + rest;
     if (g.json) {

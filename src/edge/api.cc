@@ -177,6 +177,7 @@ bool Ctx::FlagQuery(const char* name) const {
 
 Api::Api(Deps deps)
     : d_(std::move(deps)),
+      port_url_key_(http::DerivedKey(d_.tokens, "dsec port url key v1")),
       proxy_slots_({.what = "proxied connections",
                     .max_total = d_.cfg.port_proxy_max_conns,
                     .total_knob = "port_proxy_max_conns",
@@ -190,6 +191,7 @@ Api::Api(Deps deps)
   RegisterFileRoutes(this);
   RegisterFnCallRoutes(this);
   RegisterImageRoutes(this);
+  RegisterPortRoutes(this);
   // Every route of the shared table that an edge serves has its handler.
   for (const auto& r : api::Routes())
     if (r.scope != api::Scope::kApiserver && !HandlerOf(r.id)) {
@@ -246,6 +248,21 @@ http::Preflight Api::Authenticate(http::HttpRequest& req) {
     pf.ok = false;
     pf.error =
         http::JsonError(400, "bad_request", "the request target must be a path starting with /");
+    return pf;
+  }
+  // A signed port URL is its own credential (any method; the proxy takes the connection).
+  if (api::SignedPortTarget spt; api::ParseSignedPortTarget(req.target, &spt)) {
+    pf.takeover = true;
+    Status s = d_.manager ? VerifyPortUrl(spt) : PermissionDenied("no sandboxes here");
+    if (!s.ok()) {
+      auto [status, code] = HttpErrorFor(s);
+      d_.metrics->CountRequest(req.method, status);
+      d_.metrics->CountError(std::string(code));
+      pf.ok = false;
+      pf.error = http::JsonError(status, code, s.message());
+      return pf;
+    }
+    pf.principal = "port-url:" + spt.id;
     return pf;
   }
   const api::RouteSpec* r = api::MatchRoute(req.method, req.target, api::Server::kEdge).route;

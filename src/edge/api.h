@@ -112,6 +112,11 @@ class Api {
   // Proxied connections held now, per sandbox and in all (the port proxy's caps).
   SandboxSlots& proxy_slots() { return proxy_slots_; }
 
+  // Signed port URLs (api_ports.cc): the path for `port` of sandbox `e` until `expires_s` (Unix
+  // seconds), and the check of one (NotFound, PermissionDenied: forged, expired).
+  std::string PortUrlPath(const SandboxEntry& e, uint16_t port, int64_t expires_s) const;
+  Status VerifyPortUrl(const api::SignedPortTarget& t) const;
+
   // The handler of a route of api::Routes() (nullptr for the apiserver's own routes).
   RouteFn HandlerOf(api::RouteId id) const { return handlers_[static_cast<size_t>(id)]; }
 
@@ -123,8 +128,10 @@ class Api {
   friend void RegisterFileRoutes(Api* api);
   friend void RegisterFnCallRoutes(Api* api);
   friend void RegisterImageRoutes(Api* api);
+  friend void RegisterPortRoutes(Api* api);
 
   Deps d_;
+  std::string port_url_key_;  // derived from the first token (http::DerivedKey)
   std::array<RouteFn, static_cast<size_t>(api::RouteId::kCount)> handlers_{};
   SandboxSlots proxy_slots_;
   // Workers running a handler on a sandbox now: one sandbox whose agent answers slowly (its
@@ -137,6 +144,7 @@ void RegisterExecRoutes(Api* api);
 void RegisterFileRoutes(Api* api);
 void RegisterFnCallRoutes(Api* api);
 void RegisterImageRoutes(Api* api);
+void RegisterPortRoutes(Api* api);
 
 // What an image stack's config (the topmost image that sets each) gives a new sandbox by
 // default: a workdir and a user when usable on this node (a clean absolute path; a user the

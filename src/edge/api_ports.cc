@@ -10,22 +10,100 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/file_util.h"
 #include "base/logging.h"
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
+#include "http/auth.h"
+#include "http/json_body.h"
 #include "http/relay.h"
 
 namespace dsec::edge {
 
-namespace {}  // namespace
+namespace {
 
-// "/v1/sandboxes/ID/ports/PORT[/rest][?query]": id, port and the upstream target ("/rest?query").
+constexpr int64_t kMaxPortUrlTtlS = 30 * 86400;
+
+// What a signed port URL's MAC covers: the sandbox (its id and creation time: a URL names one
+// sandbox, never a later one that might reuse a name), the port and the expiry.
+std::string PortUrlMessage(const std::string& id, int64_t created_at, const std::string& port,
+                           const std::string& expires) {
+  return StrCat(
+      {"dsec-port-url\n", id, "\n", std::to_string(created_at), "\n", port, "\n", expires});
+}
+
+// POST /v1/sandboxes/{id}/port-urls {"port": N, "ttl_s": S}: a URL for the port that needs no
+// token (a browser, a tool that takes only a URL), until it expires or the sandbox goes.
+void CreatePortUrl(const std::shared_ptr<Ctx>& c) {
+  auto run = [&]() -> StatusOr<Json> {
+    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
+    DSEC_ASSIGN_OR_RETURN(auto port, b.Int("port", 1, 65535));
+    DSEC_ASSIGN_OR_RETURN(auto ttl, b.Int("ttl_s", 1, kMaxPortUrlTtlS));
+    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+    (void)rid;
+    DSEC_RETURN_IF_ERROR(b.Finish());
+    if (!port) return InvalidArgument("\"port\" is required");
+    DSEC_ASSIGN_OR_RETURN(auto e, c->Entry());
+    if (e->params.kind != backends::Kind::kContainer)
+      return Unimplemented("the port proxy is not available for " +
+                           std::string(backends::KindName(e->params.kind)) +
+                           " sandboxes yet (container sandboxes have it)");
+    const int64_t expires_s = WallMs() / 1000 + ttl.value_or(3600);
+    std::string path = c->api->PortUrlPath(*e, static_cast<uint16_t>(*port), expires_s);
+    Json out = {{"port", *port}, {"path", path}, {"expires_at", expires_s * 1000}};
+    const std::string host = c->req.Header("host");
+    out["url"] = c->req.via_unix || host.empty() ? Json(nullptr) : Json("http://" + host + path);
+    return out;
+  };
+  auto r = run();
+  if (!r.ok()) return c->Fail(r.status());
+  c->Reply(201, *r);
+}
+
+}  // namespace
+
+std::string Api::PortUrlPath(const SandboxEntry& e, uint16_t port, int64_t expires_s) const {
+  const std::string p = std::to_string(port), x = std::to_string(expires_s);
+  const std::string mac =
+      HexEncode(http::HmacSha256(port_url_key_, PortUrlMessage(e.id, e.created_at(), p, x)))
+          .substr(0, 32);
+  return StrCat({"/v1/p/", e.id, ".", p, ".", x, ".", mac, "/"});
+}
+
+Status Api::VerifyPortUrl(const api::SignedPortTarget& t) const {
+  DSEC_RETURN_IF_ERROR(ValidateId("sandbox id", t.id));
+  auto e = d_.manager->Get(t.id);
+  if (!e.ok()) return e.status();
+  const std::string want =
+      HexEncode(http::HmacSha256(port_url_key_,
+                                 PortUrlMessage(t.id, (*e)->created_at(), t.port, t.expires)))
+          .substr(0, 32);
+  if (!http::ConstantTimeEquals(t.mac, want))
+    return PermissionDenied("this port URL is not valid (not signed by this edge)");
+  auto expires = ParseInt64(t.expires);
+  if (!expires || *expires * 1000 <= WallMs())
+    return PermissionDenied("this port URL expired; ask for a new one");
+  return OkStatus();
+}
+
+void RegisterPortRoutes(Api* a) { a->Bind(api::RouteId::kPortUrl, CreatePortUrl); }
+
+// "/v1/sandboxes/ID/ports/PORT[/rest][?query]", or a signed "/v1/p/ID.PORT.EXPIRES.MAC[/rest]"
+// (checked by Api::Authenticate): id, port and the upstream target ("/rest?query").
 void ServePort(Api* api, http::HttpRequest req) {
-  std::string id, port_text, target;
-  api::ParsePortTarget(req.target, &id, &port_text, &target);
+  std::string id, port_text, target, prefix;
+  if (api::SignedPortTarget spt; api::ParseSignedPortTarget(req.target, &spt)) {
+    id = spt.id;
+    port_text = spt.port;
+    target = spt.upstream;
+    prefix = spt.prefix;
+  } else {
+    api::ParsePortTarget(req.target, &id, &port_text, &target);
+    prefix = StrCat({"/v1/sandboxes/", id, "/ports/", port_text});
+  }
   UniqueFd client = std::move(req.takeover_fd);
   auto fail = [&](const Status& s) {
     auto [status, code] = HttpErrorFor(s);
@@ -50,11 +128,10 @@ void ServePort(Api* api, http::HttpRequest req) {
   if (!upstream.ok()) return fail(upstream.status());
 
   // The head as the server in the sandbox sees it.
-  http::SetUpstreamHead(
-      req, target, "localhost:" + std::to_string(*port),
-      {{"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))},
-       {"X-Forwarded-Prefix", StrCat({"/v1/sandboxes/", id, "/ports/", port_text})}},
-      {}, &pr);
+  http::SetUpstreamHead(req, target, "localhost:" + std::to_string(*port),
+                        {{"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))},
+                         {"X-Forwarded-Prefix", prefix}},
+                        {}, &pr);
   pr.buffered = std::move(req.takeover_buffered);
   pr.target_name = "port " + port_text + " in sandbox " + id;
   Metrics* metrics = api->deps().metrics;

@@ -1,9 +1,7 @@
 #include "edge/e2b.h"
 
-#include <openssl/evp.h>
 #include <unistd.h>
 
-#include <openssl/hmac.h>
 #include <cerrno>
 
 #include <algorithm>
@@ -274,25 +272,9 @@ std::shared_ptr<E2b::Process> E2b::Registry::Find(const std::string& sandbox,
   return nullptr;
 }
 
-namespace {
-
-// The HMAC key of the access tokens: derived from the edge's first token with a label of its
-// own, so that the token itself is never the key of anything else.
-std::string TokenKey(const std::vector<std::string>& tokens) {
-  const std::string t = tokens.empty() ? std::string() : tokens.front();
-  const std::string label = "dsec e2b envd access token key v1";
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  HMAC(EVP_sha256(), t.data(), static_cast<int>(t.size()),
-       reinterpret_cast<const unsigned char*>(label.data()), label.size(), out, &n);
-  return std::string(reinterpret_cast<char*>(out), n);
-}
-
-}  // namespace
-
 E2b::E2b(Deps d)
     : d_(std::move(d)),
-      token_key_(TokenKey(d_.tokens)),
+      token_key_(http::DerivedKey(d_.tokens, "dsec e2b envd access token key v1")),
       reg_(std::make_shared<Registry>()),
       slots_({.what = "E2B requests in progress",
               .max_per_sandbox = d_.cfg->max_workers_per_sandbox,
@@ -314,18 +296,7 @@ E2b::~E2b() {
 }
 
 std::string E2b::AccessToken(const std::string& sandbox_id) const {
-  const std::string msg = "e2b-envd-access\n" + sandbox_id;
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  HMAC(EVP_sha256(), token_key_.data(), static_cast<int>(token_key_.size()),
-       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &n);
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < n; ++i) {
-    hex += kHex[out[i] >> 4];
-    hex += kHex[out[i] & 15];
-  }
-  return hex;
+  return HexEncode(http::HmacSha256(token_key_, "e2b-envd-access\n" + sandbox_id));
 }
 
 // ---- the listener ---------------------------------------------------------------------------

@@ -79,6 +79,7 @@ class SandboxEntry {
   StatusOr<std::shared_ptr<backends::Sandbox>> Sandbox(Op op = Op::kUse,
                                                        int64_t timeout_ms = 120000);
   Phase phase() const;
+  int64_t created_at() const;
 
  private:
   friend class Manager;

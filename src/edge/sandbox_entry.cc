@@ -67,4 +67,9 @@ Phase SandboxEntry::phase() const {
   return phase_;
 }
 
+int64_t SandboxEntry::created_at() const {
+  MutexLock l(mu_);
+  return created_at_;
+}
+
 }  // namespace dsec::edge

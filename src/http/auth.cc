@@ -1,6 +1,8 @@
 #include "http/auth.h"
 
 #include <fcntl.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -47,6 +49,18 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+std::string HmacSha256(std::string_view key, std::string_view msg) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &n);
+  return std::string(reinterpret_cast<char*>(out), n);
+}
+
+std::string DerivedKey(const std::vector<std::string>& tokens, std::string_view label) {
+  return HmacSha256(tokens.empty() ? std::string_view() : std::string_view(tokens.front()), label);
 }
 
 }  // namespace dsec::http

@@ -21,4 +21,10 @@ std::string BearerToken(const HttpRequest& req);
 // Compares without an early exit; an empty `b` never matches.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
+// HMAC-SHA256 of `msg` under `key` (32 raw bytes).
+std::string HmacSha256(std::string_view key, std::string_view msg);
+// A key for one purpose, derived from the edge's first token under `label`: the token itself is
+// never the key of anything else, and a new token file invalidates what was signed with it.
+std::string DerivedKey(const std::vector<std::string>& tokens, std::string_view label);
+
 }  // namespace dsec::http

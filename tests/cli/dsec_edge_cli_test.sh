@@ -157,6 +157,12 @@ out=$(echo via-edge | DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/t
 DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/tokens") "$DSEC" run -- sh -c 'exit 5' </dev/null; check "run exit code" 5 $?
 out=$(DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/tokens") "$DSEC" --json run -- sh -c 'echo out; exit 4' </dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["exit_code"], r["encoding"], r["stdout"].strip())')
 check "run --json through the edge" "4 utf-8 out" "$out"
+# A signed port URL: no token needed to use it (nothing listens on 8000: the edge's 502, not 401).
+D exec "$id" -- sh -c 'cd /tmp && echo signed > s.txt && (python3 -m http.server 8000 >/dev/null 2>&1 &)' >/dev/null
+url=$(DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/tokens") "$DSEC" port "$id" 8000 s.txt --signed --ttl 60)
+check "port --signed names the sandbox and port" 1 "$(echo "$url" | grep -c "^http://127.0.0.1:$port/v1/p/$id\.8000\.[0-9]*\.[0-9a-f]*/s.txt$")"
+for _ in $(seq 50); do out=$(curl -s "$url"); [ "$out" = signed ] && break; sleep 0.1; done
+check "a signed URL works without a token" signed "$out"
 left=$(D ls --label dsec-run=1 | awk 'NR>1' | grep -c .); check "run deletes its sandbox" 0 "$left"
 
 # Function calls on the built-in runtimes: code from -c or a file, input files, stdin, output,

@@ -153,3 +153,65 @@ def test_errors_are_clear(client, sandbox, path, status, says):
     assert r.status == status and says in r.json["error"]["message"], r
     r = client.get("/v1/sandboxes/sb-nosuch/ports/80/", validate=False)
     assert r.status == 404, r
+
+
+# Prints the request's path and its X-Forwarded-Prefix (what a server uses for absolute links).
+PREFIX_ECHO = r"""
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        out = (self.path + " " + self.headers.get("X-Forwarded-Prefix", "-")).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(out)))
+        self.end_headers(); self.wfile.write(out)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8002), H).serve_forever()
+"""
+
+
+def plain_get(edge, path):
+    """A GET with no token at all, as a browser sends it: (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=30)
+    conn.request("GET", path)
+    r = conn.getresponse()
+    out = (r.status, r.read())
+    conn.close()
+    return out
+
+
+def test_signed_port_urls_need_no_token_and_expire(client, sandbox, edge):
+    """A signed URL (POST .../port-urls) reaches the port without a token, for that port and
+    sandbox only, until it expires; a forged, altered or other-port URL is 403; once the sandbox
+    is gone it is 404. The server sees the URL's prefix in X-Forwarded-Prefix."""
+    client.exec(sandbox, cmd=["sh", "-c", "python3 -c \"$0\" >/dev/null 2>&1 &", PREFIX_ECHO])
+    wait_port(edge, sandbox, 8002)
+    r = client.post(f"/v1/sandboxes/{sandbox}/port-urls", {"port": 8002, "ttl_s": 600},
+                    expect=201).json
+    path = r["path"]
+    assert path.startswith(f"/v1/p/{sandbox}.8002.") and path.endswith("/"), r
+    assert r["url"] == f"http://127.0.0.1:{edge.port}{path}" and r["port"] == 8002
+    assert abs(r["expires_at"] / 1000 - (time.time() + 600)) < 30, r
+    status, body = plain_get(edge, path + "a/b?c=1")
+    assert status == 200 and body == f"/a/b?c=1 {path.rstrip('/')}".encode(), body
+    # Altered: another port, another expiry, another MAC, another sandbox's id.
+    sid_, port_, expires_, mac_ = path[len("/v1/p/"):-1].rsplit(".", 3)
+    for bad in (f"{sid_}.8000.{expires_}.{mac_}", f"{sid_}.8002.{int(expires_) + 1}.{mac_}",
+                f"{sid_}.8002.{expires_}.{'0' * 32}", f"{sid_}.8002.{expires_}.{mac_[:-1]}"):
+        status, body = plain_get(edge, f"/v1/p/{bad}/")
+        assert status == 403 and b"not valid" in body, (bad, body)
+    status, body = plain_get(edge, f"/v1/p/sb-nosuch.8002.{expires_}.{mac_}/")
+    assert status == 404, body
+    # Expired (a 1 s URL, a moment later).
+    short = client.post(f"/v1/sandboxes/{sandbox}/port-urls", {"port": 8002, "ttl_s": 1},
+                        expect=201).json["path"]
+    time.sleep(2.1)
+    status, body = plain_get(edge, short)
+    assert status == 403 and b"expired" in body, body
+    # Bad requests.
+    for body in ({}, {"port": 0}, {"port": 8002, "ttl_s": 0}, {"port": 8002, "nope": 1}):
+        client.post(f"/v1/sandboxes/{sandbox}/port-urls", body, expect=400)
+    # The sandbox gone: the URL goes with it.
+    other = client.create({})
+    p2 = client.post(f"/v1/sandboxes/{other['id']}/port-urls", {"port": 8002},
+                     expect=201).json["path"]
+    client.remove(other["id"])
+    assert plain_get(edge, p2)[0] == 404
