@@ -32,6 +32,9 @@ from .models import (
 __all__ = ["AsyncDSecClient", "AsyncSandbox", "AsyncShell"]
 
 _STATUS_POLL_MS = 30_000
+# kill_exec: how long it waits for a killed exec's final state when the edge answered before it
+# (a process stuck in the kernel); then DSecTimeoutError.
+_KILL_WAIT_S = 60.0
 
 
 class AsyncDSecClient:
@@ -502,6 +505,8 @@ class AsyncSandbox:
 
     async def kill_exec(self, exec_id: str, request_id: str | None = None) -> ExecResult:
         status = await self._json(_ops.exec_kill(self.id, exec_id, request_id))
+        if status.get("result") is None:  # still going: wait for its final state
+            return await self.wait_exec(exec_id, timeout_s=_KILL_WAIT_S)
         return ExecResult.from_json(status["result"])
 
     async def forget_exec(self, exec_id: str, request_id: str | None = None) -> None:

@@ -27,6 +27,9 @@ from .models import (
 __all__ = ["DSecClient", "Sandbox", "Shell"]
 
 _STATUS_POLL_MS = 30_000
+# kill_exec: how long it waits for a killed exec's final state when the edge answered before it
+# (a process stuck in the kernel); then DSecTimeoutError.
+_KILL_WAIT_S = 60.0
 
 
 class DSecClient:
@@ -723,6 +726,10 @@ class Sandbox:
         """Kill a background exec's process tree; returns once it is gone, with its result.
         The exec stays listed until :meth:`forget_exec`."""
         status = self._json(_ops.exec_kill(self.id, exec_id, request_id))
+        if status.get("result") is None:
+            # Still going after the edge's wait (a process stuck in the kernel): its final
+            # state, not a half answer.
+            return self.wait_exec(exec_id, timeout_s=_KILL_WAIT_S)
         return ExecResult.from_json(status["result"])
 
     def forget_exec(self, exec_id: str, request_id: str | None = None) -> None:

@@ -113,6 +113,9 @@ class Edge:
     token: str | None = None
     chunked_json: bool = False          # send ordinary JSON replies chunked
     slow_s: float = 0.0                 # GET /v1/node sleeps this long
+    # A kill the process outlives for a while (a stuck process): the kill answers `running`
+    # with no result, and the exec ends this much later.
+    kill_lag_s: float = 0.0
     # GET /v1/node waits here until this many are in progress at once (a 500 if they never
     # are): concurrency shown by the calls themselves, not by timing.
     node_barrier: threading.Barrier | None = None
@@ -1085,7 +1088,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 done_at, result = ent
                 if done_at > time.monotonic():  # killed: ends now, by SIGKILL
                     result = dict(result, exit_code=137, signal=9)
-                    edge.execs[(sid, rest[1])] = (time.monotonic(), result)
+                    edge.execs[(sid, rest[1])] = (time.monotonic() + edge.kill_lag_s, result)
+                    if edge.kill_lag_s:
+                        return ok({"exec_id": rest[1], "state": "running", "started_at": 0,
+                                   "result": None})
             return ok({"exec_id": rest[1], "state": "exited", "started_at": 0,
                        "result": result})
         if rest[:1] == ["execs"] and len(rest) == 2:

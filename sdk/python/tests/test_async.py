@@ -110,6 +110,12 @@ def test_create_keywords_and_typed_exec_status(server, edge):
             assert st.exited and st.result == r and st.exit_code == 0 and st.ok
             with pytest.warns(DeprecationWarning):
                 assert st["result"]["exit_code"] == 0
+            # A kill the process outlives for a moment: the final state, not a missing result.
+            edge.kill_lag_s = 0.3
+            eid = await sb.start_background(["sleep", "5"])
+            killed = await sb.kill_exec(eid)
+            assert killed.signal == 9 and (await sb.exec_status(eid)).exited
+            edge.kill_lag_s = 0.0
             assert await c.delete_job("kw") == 3
         return True
 

@@ -275,6 +275,13 @@ def test_background_exec(client, edge, sandbox):
     sandbox.forget_exec(eid2)
     with pytest.raises(NotFoundError):
         sandbox.exec_status(eid2)
+    # A kill the process outlives for a moment: the edge answers `running`, and kill_exec
+    # waits for the final state instead of failing on the missing result.
+    edge.kill_lag_s = 0.3
+    eid3 = sandbox.start_background(["sleep", "5"])
+    killed = sandbox.kill_exec(eid3)
+    assert killed.signal == 9 and sandbox.exec_status(eid3).state == "exited"
+    edge.kill_lag_s = 0.0
 
 
 def test_run_shell_keeps_one_session(client, edge, sandbox):
