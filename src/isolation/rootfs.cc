@@ -384,6 +384,14 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
       return ErrnoError("mkdir overlay dirs for " + o.target);
     std::vector<FsParam> params = {{"lowerdir", lower}, {"upperdir", up}, {"workdir", wk}};
     if (spec.userns) params.push_back({"userxattr", ""});
+    // xino: readdir's d_ino of a merged directory then matches stat's st_ino, as on one
+    // filesystem (without it, layers on other filesystems than the upper give the lower's
+    // inode in readdir and another in stat; programs that compare them, CPython's os.scandir
+    // tests among them, see a broken filesystem). A kernel that refuses it mounts without.
+    params.push_back({"xino", "on"});
+    auto m = NewMount("overlay", params, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+    if (m.ok()) return m;
+    params.pop_back();
     return NewMount("overlay", params, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
   };
 

@@ -464,3 +464,38 @@ def test_not_served_here_is_a_json_error(client, method, path):
                        validate=False)
     assert 400 <= r.status < 500, r
     client.check(r, validate=False)
+
+
+SCANDIR_VS_STAT = r"""
+import os
+checked, bad = 0, []
+for d in ["/", "/etc", "/usr", "/usr/lib", "/workspace", "/tmp"]:
+    dev = os.stat(d).st_dev
+    for e in os.scandir(d):
+        try:
+            st = os.stat(e.path, follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_dev != dev:  # a mount point: its readdir entry is the covered directory's
+            continue
+        checked += 1
+        if e.inode() != st.st_ino:
+            bad.append((e.path, e.inode(), st.st_ino))
+print(checked, len(bad), bad[:5])
+"""
+
+
+def test_readdir_inode_numbers_match_stat(client):
+    """The overlay root behaves like one filesystem (issue 41, item 11): os.scandir's inode
+    numbers (readdir's d_ino) equal stat's st_ino for every entry that is not a mount point,
+    in merged directories of the image and in the sandbox's own."""
+    sb = client.create({})
+    try:
+        client.sh(sb["id"], "mkdir -p /workspace/d && touch /workspace/f /etc/new-file", user="root")
+        r = client.exec(sb["id"], cmd=["python3", "-c", SCANDIR_VS_STAT])
+        assert r["exit_code"] == 0, r
+        out = r["stdout"]
+        checked, bad = out.split(" ", 2)[:2]
+        assert int(checked) > 50 and bad == "0", out
+    finally:
+        client.remove(sb["id"])
