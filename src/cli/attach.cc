@@ -189,10 +189,12 @@ StatusOr<Json> AttachAndRun(EdgeClient& client, const std::string& sandbox_id,
       target += "&cols=" + std::to_string(ws.ws_col) + "&rows=" + std::to_string(ws.ws_row);
   }
 
-  // Forwarded signals are taken by one thread; block them before any thread starts.
+  // Forwarded signals are taken by one thread; block them before any thread starts. SIGUSR1
+  // wakes that thread when the session ends (it would otherwise finish its 100 ms wait: the
+  // bulk of a `dsec run true`).
   sigset_t sigs, old;
   sigemptyset(&sigs);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH}) sigaddset(&sigs, s);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH, SIGUSR1}) sigaddset(&sigs, s);
   pthread_sigmask(SIG_BLOCK, &sigs, &old);
 
   auto ws = client.OpenWebSocket(target);
@@ -224,7 +226,7 @@ StatusOr<Json> AttachAndRun(EdgeClient& client, const std::string& sandbox_id,
     while (!session->ended()) {
       timespec ts{0, 100 * 1000 * 1000};
       int sig = sigtimedwait(&sigs, nullptr, &ts);
-      if (sig <= 0) continue;
+      if (sig <= 0 || sig == SIGUSR1) continue;  // (SIGUSR1: look at ended() again)
       if (sig == SIGWINCH) {
         winsize w{};
         if (tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &w) == 0)
@@ -239,6 +241,7 @@ StatusOr<Json> AttachAndRun(EdgeClient& client, const std::string& sandbox_id,
   client.io().restart();
   session->Start();
   client.io().run();
+  pthread_kill(signal_thread.native_handle(), SIGUSR1);  // pending until taken: never lost
   signal_thread.join();
   raw.reset();
   pthread_sigmask(SIG_SETMASK, &old, nullptr);

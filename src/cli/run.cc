@@ -130,7 +130,7 @@ std::thread ForwardStdinAndSignals(const std::shared_ptr<backends::ExecHandle>& 
     while (!*finished) {
       timespec ts{0, 200 * 1000 * 1000};
       int sig = sigtimedwait(&sigs, nullptr, &ts);
-      if (sig <= 0) continue;
+      if (sig <= 0 || sig == SIGUSR1) continue;  // (SIGUSR1: look at *finished again)
       if (sig == SIGWINCH) {
         winsize ws{};
         if (tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) h->Resize(ws.ws_col, ws.ws_row);
@@ -192,7 +192,8 @@ int Run(const GlobalOptions& g, RunOptions o) {
   // Signals the CLI forwards are handled by one thread; everything else blocks them.
   sigset_t sigs;
   sigemptyset(&sigs);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH}) sigaddset(&sigs, s);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH, SIGUSR1})
+    sigaddset(&sigs, s);  // USR1: wake
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   backends::container::ContainerBackendOptions bo;
@@ -232,6 +233,7 @@ int Run(const GlobalOptions& g, RunOptions o) {
 
   auto result = obs->Wait();
   finished = true;
+  pthread_kill(signal_thread.native_handle(), SIGUSR1);  // no wait for its 200 ms timeout
   signal_thread.join();
   raw.reset();
   int code = ReportResult(result, o, req.max_output_bytes);
