@@ -272,7 +272,6 @@ void Housekeep(const std::atomic<bool>& done, Idempotency* idem, const OutputBud
   }
 }
 
-// One line on stdout when ready, for scripts.
 // A compatibility listener (SandboxFusion, E2B) on its own TCP address: the API's server
 // options but no unix socket, one I/O thread and its share of the connections.
 template <typename Listener>
@@ -298,6 +297,7 @@ std::string UrlOf(const std::string& listen, const http::HttpServer& server) {
   return "http://" + listen;
 }
 
+// One line on stdout when ready, for scripts.
 void AnnounceReady(const EdgeConfig& cfg, const http::HttpServer& server, int adopted,
                    const http::HttpServer* fusion, const http::HttpServer* e2b) {
   std::string where = UrlOf(cfg.listen, server);

@@ -755,32 +755,23 @@ LazyNodeNetwork::Info LazyNodeNetwork::Describe() {
   Info i;
   i.cidr = opts_.cidr;
   i.started = net_ != nullptr;
+  i.dns_upstream = check_.dns_upstream;
   if (net_) {
     i.uplink = net_->uplink();
-    i.dns_upstream = check_.dns_upstream;
     i.dns_state = net_->DnsState();
     i.dns_error = net_->dns_error();
-    if (i.dns_state == "unknown" && !dns_probe_.empty()) {  // no query yet: the start's probe
-      i.dns_state = dns_probe_ == "ok" ? "ok" : "unreachable";
-      if (dns_probe_ != "ok") i.dns_error = dns_probe_;
-    }
-    return i;
-  }
-  i.uplink = check_.uplink;
-  i.dns_upstream = check_.dns_upstream;
-  i.reason = !start_error_.empty() ? start_error_
-             : !check_.config.ok() ? check_.config.message()
-                                   : check_.node.message();
-  if (!check_.dns_addr) {
-    i.dns_state = "none";
-    i.dns_error = check_.dns_error;
-  } else if (dns_probe_.empty()) {
-    i.dns_state = "unknown";
-  } else if (dns_probe_ == "ok") {
-    i.dns_state = "ok";
   } else {
-    i.dns_state = "unreachable";
-    i.dns_error = dns_probe_;
+    i.uplink = check_.uplink;
+    i.reason = !start_error_.empty() ? start_error_
+               : !check_.config.ok() ? check_.config.message()
+                                     : check_.node.message();
+    i.dns_state = check_.dns_addr ? "unknown" : "none";
+    i.dns_error = check_.dns_error;
+  }
+  // No query has told yet: the start's probe does.
+  if (i.dns_state == "unknown" && !dns_probe_.empty()) {
+    i.dns_state = dns_probe_ == "ok" ? "ok" : "unreachable";
+    if (dns_probe_ != "ok") i.dns_error = dns_probe_;
   }
   return i;
 }
