@@ -2,8 +2,9 @@
 """Writable-layer benchmark (issue 5): a tmpfs layer (disk_mb <= tmpfs_disk_max_mb, charged
 to memory) vs an ext4 disk image (bigger disk_mb, see src/isolation/disk_image.h).
 
-Starts a private edge (tests/integration/edge_harness.Edge) with the default
-tmpfs_disk_max_mb (1024) and measures, interleaving the two kinds in rounds:
+Starts a private edge (tests/integration/edge_harness.Edge) with tmpfs_disk_max_mb 256 (the
+default, 0, makes every layer an image) and the default disk image pool, and measures,
+interleaving the two kinds in rounds:
 
  create   create -> exec `true` -> delete, serially: disk_mb 256 (tmpfs) and 2048 (image);
           create (POST returns a running sandbox) and delete are timed apart.
@@ -78,7 +79,8 @@ def main() -> int:
     binary = find_edge(opts.edge)
     os.environ["DSEC_EDGE_BIN"] = binary
     edge = edge_harness.Edge.start(binary=binary, prefix="dsec-diskbench-",
-                                   config={"fncall_pools": False})
+                                   config={"fncall_pools": False,
+                                           "tmpfs_disk_max_mb": 256})
     rc = 0
     try:
         c = edge.client(timeout=300)

@@ -66,15 +66,19 @@ struct RootfsInputs {
   uint32_t workdir_uid = 0, workdir_gid = 0;  // the sandbox user's
   int64_t disk_mb = 256;
   uint64_t inodes_per_mb = 256;
-  int64_t tmpfs_disk_max_mb = 1024;  // bigger writable layers are disk images
+  int64_t tmpfs_disk_max_mb = 0;  // bigger writable layers are disk images
 };
 
 RootfsPlan PlanRootfs(const RootfsInputs& in);
 
+// The smallest disk image: below it ext4's own metadata (inode tables) would take a good part
+// of the size, so such tiny layers stay a tmpfs (charged to memory: at most 15 MiB more).
+constexpr int64_t kMinDiskImageMb = 16;
+
 // Whether a writable layer of disk_mb is a disk image rather than a tmpfs (whose pages count as
 // the sandbox's memory).
 inline bool WritableLayerOnDisk(int64_t disk_mb, int64_t tmpfs_disk_max_mb) {
-  return disk_mb > tmpfs_disk_max_mb;
+  return disk_mb > tmpfs_disk_max_mb && disk_mb >= kMinDiskImageMb;
 }
 
 }  // namespace dsec::backends

@@ -129,6 +129,9 @@ TEST(RootfsPlanTest, WritableLayerSizeInodesAndKind) {
   EXPECT_TRUE(p.disk_image);
   EXPECT_FALSE(WritableLayerOnDisk(1024, 1024));
   EXPECT_TRUE(WritableLayerOnDisk(1025, 1024));
+  // At 0 every layer is an image, but for tiny ones.
+  EXPECT_TRUE(WritableLayerOnDisk(16, 0));
+  EXPECT_FALSE(WritableLayerOnDisk(15, 0));
 }
 
 }  // namespace

@@ -50,6 +50,18 @@ std::string Num(const Json& j) {
   return j.is_string() ? j.get<std::string>() : j.dump();
 }
 
+std::string StatText(std::string_view key, const Json& v) {
+  auto ends = [&](std::string_view suffix) {
+    return key.size() >= suffix.size() && key.substr(key.size() - suffix.size()) == suffix;
+  };
+  if (!v.is_number_unsigned()) return Num(v);
+  uint64_t n = v.get<uint64_t>();
+  if (key.rfind("memory_", 0) == 0 || key.rfind("disk_", 0) == 0 || ends("_bytes"))
+    return HumanSize(n);
+  if (ends("_us")) return FormatNumber(static_cast<double>(n) / 1e6) + " s";
+  return Num(v);
+}
+
 std::string ImageText(const Json& image) {
   if (image.is_string()) return image.get<std::string>();
   if (!image.is_array()) return image.is_null() ? "" : image.dump();

@@ -24,6 +24,8 @@ void PrintTable(const std::vector<std::string>& head,
                 const std::vector<std::vector<std::string>>& rows);
 // A JSON number (or string) as the tables show it.
 std::string Num(const Json& j);
+// A stats value for people: bytes (memory_*, disk_*, *_bytes) in KiB/MiB/GiB, *_us in seconds.
+std::string StatText(std::string_view key, const Json& v);
 // A sandbox record's "image": a name, or the stacked names joined by ",".
 std::string ImageText(const Json& image);
 

@@ -288,7 +288,7 @@ int Get(const GlobalOptions& g, const std::string& id, bool stats) {
   if (r->contains("reason") && (*r)["reason"].is_string())
     rows.push_back({"REASON", (*r)["reason"].get<std::string>()});
   if (st)
-    for (const auto& [k, v] : st->items()) rows.push_back({k, Num(v)});
+    for (const auto& [k, v] : st->items()) rows.push_back({k, StatText(k, v)});
   for (const auto& rr : rows)
     std::cout << rr[0] << ":" << std::string(10 - std::min<size_t>(rr[0].size(), 9), ' ') << rr[1]
               << "\n";
@@ -627,7 +627,7 @@ int Stats(const GlobalOptions& g, const std::string& id) {
     PrintJson(*s);
     return 0;
   }
-  for (const auto& [k, v] : s->items()) std::cout << k << ": " << Num(v) << "\n";
+  for (const auto& [k, v] : s->items()) std::cout << k << ": " << StatText(k, v) << "\n";
   return 0;
 }
 

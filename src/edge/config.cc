@@ -103,8 +103,12 @@ std::vector<Group> Fields(EdgeConfig* c) {
            {"default_disk_mb", &c->defaults.disk_mb, "MiB",
             "Writable layer of a sandbox created without a size"},
            {"tmpfs_disk_max_mb", &c->tmpfs_disk_max_mb, "MiB",
-            "Writable layers up to this size are a tmpfs charged to the sandbox's memory; bigger "
-            "ones are ext4 disk images in `disk_dir`"},
+            "Writable layers up to this size are a tmpfs whose pages count as the sandbox's "
+            "memory (its memory limit is then memory_mb + disk_mb); bigger ones, all at 0, are "
+            "ext4 disk images in `disk_dir` and memory_mb is what the processes may use"},
+           {"disk_pool", &c->disk_pool, "count",
+            "Disk images kept ready (made in the background) for each recently used disk size, "
+            "so a create does not wait for one; 0: made at create"},
            {"disk_dir", &c->disk_dir, "",
             "Where disk images go; it needs room for what such sandboxes write",
             "`<state_dir>/disks`", "absolute path or `\"\"`"},
@@ -345,6 +349,7 @@ constexpr KeyRange kRanges[] = {
     {"default_pids", 8, 1 << 22},
     {"default_disk_mb", 1, 1 << 20},
     {"tmpfs_disk_max_mb", 0, 1 << 20},
+    {"disk_pool", 0, 256},
     {"default_ttl_s", 1, 2592000},
     {"max_header_bytes", 1024, 1 << 20},
     {"max_json_body_bytes", 1024, 1 << 30},

@@ -47,10 +47,12 @@ struct EdgeConfig {
   // Defaults for new sandboxes (config keys default_cpu, default_memory_mb, default_pids and
   // default_disk_mb).
   Resources defaults;
-  // Writable layers of up to this many MB are a tmpfs charged to the sandbox's memory; bigger
-  // ones are ext4 disk images in disk_dir ("" = <state_dir>/disks), which must have room for
-  // what such sandboxes write.
-  int64_t tmpfs_disk_max_mb = 1024;
+  // Writable layers of up to this many MB are a tmpfs charged to the sandbox's memory (memory
+  // limit = memory_mb + disk_mb); bigger ones (all, at 0) are ext4 disk images in disk_dir
+  // ("" = <state_dir>/disks), which must have room for what such sandboxes write.
+  int64_t tmpfs_disk_max_mb = 0;
+  // Disk images kept ready for each recently used size, so a create does not make one.
+  int64_t disk_pool = 4;
   std::string disk_dir;
   // Disk images take their whole size on disk_dir's filesystem at create (a node without room
   // answers 429), so sandboxes can never fill the host's disk; false: sparse (overcommitted).

@@ -134,6 +134,7 @@ container::ContainerBackendOptions BackendOptions(const EdgeConfig& cfg,
   bo.max_execs_per_sandbox = static_cast<uint32_t>(cfg.max_execs_per_sandbox);
   bo.tmpfs_disk_max_mb = cfg.tmpfs_disk_max_mb;
   bo.disk_preallocate = cfg.disk_preallocate;
+  bo.disk_pool = static_cast<size_t>(cfg.disk_pool);
   bo.disk_dir = cfg.disk_dir;
   return bo;
 }

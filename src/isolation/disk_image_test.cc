@@ -184,6 +184,80 @@ TEST_F(DiskImagePrivilegedTest, PreallocatedImagesTakeTheirSpaceUpFront) {
   EXPECT_EQ(LoopDevicesInUse(), loops);
 }
 
+// Loop devices whose image file was made in dir (named or unlinked).
+size_t LoopDevicesOf(const std::string& dir) {
+  size_t n = 0;
+  auto names = ListDir("/sys/block");
+  if (!names.ok()) return 0;
+  for (const auto& b : *names) {
+    if (b.rfind("loop", 0) != 0) continue;
+    auto back = ReadFileToString("/sys/block/" + b + "/loop/backing_file");
+    if (back.ok() && back->rfind(dir + "/", 0) == 0) ++n;
+  }
+  return n;
+}
+
+// The pool keeps `depth` images of a size once it was asked for; a taken one is a fresh,
+// empty filesystem of that size owned by the taker; a released one is unmounted by the pool's
+// thread (its loop device goes); the sizes asked for least recently are dropped beyond
+// max_sizes; the pool's end leaves nothing.
+TEST_F(DiskImagePrivilegedTest, PoolKeepsImagesReadyAndUnmountsReleasedOnes) {
+  const std::string dir = tmp_->path();
+  DiskImagePool::Options o;
+  o.dir = dir;
+  o.preallocate = false;
+  o.depth = 2;
+  o.max_sizes = 1;
+  {
+    DiskImagePool pool(o);
+    DiskImageSpec spec = Spec("sb-a", 32ull << 20, 1000);
+    spec.owner = 4242;
+    spec.group = 4243;
+    auto first = pool.Take(spec);  // nothing ready yet: made now
+    if (!first.ok() && first.status().code() == StatusCode::kFailedPrecondition)
+      GTEST_SKIP() << first.status().ToString();
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    ASSERT_TRUE(dsec::testing::PollUntil([&] { return pool.Ready() == 2; }, 20000));
+    EXPECT_EQ(LoopDevicesOf(dir), 3u);
+    auto second = pool.Take(spec);
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    EXPECT_EQ(pool.Ready(), 1u);  // it came from the pool
+    for (int mnt : {first->get(), second->get()}) {
+      struct stat st {};
+      ASSERT_EQ(fstat(mnt, &st), 0);
+      EXPECT_EQ(st.st_uid, 4242u);
+      EXPECT_EQ(st.st_gid, 4243u);
+      struct statfs sfs {};
+      ASSERT_EQ(fstatfs(mnt, &sfs), 0);
+      EXPECT_EQ(sfs.f_type, 0xEF53);
+      EXPECT_LE(static_cast<uint64_t>(sfs.f_blocks) * sfs.f_bsize, 32ull << 20);
+      EXPECT_GE(sfs.f_files, 1000u);
+      EXPECT_LT(sfs.f_files, 1000u + 1024);
+      auto names = ListDir(StrCat({"/proc/self/fd/", std::to_string(mnt)}));
+      ASSERT_TRUE(names.ok());
+      EXPECT_TRUE(names->empty());
+    }
+    ASSERT_TRUE(dsec::testing::PollUntil([&] { return pool.Ready() == 2; }, 20000));
+    // Written to and released: unmounted (its loop device gone), nothing left named.
+    EXPECT_EQ(Fill(first->get(), "f", 4 << 20).second, 0);
+    pool.Release(std::move(*first));
+    EXPECT_TRUE(dsec::testing::PollUntil([&] { return LoopDevicesOf(dir) == 3; }, 10000));
+    // Another size, with max_sizes 1: the first size's ready images are dropped.
+    auto other = pool.Take(Spec("sb-b", 24ull << 20, 800));
+    ASSERT_TRUE(other.ok()) << other.status().ToString();
+    ASSERT_TRUE(dsec::testing::PollUntil(
+        [&] { return pool.Ready() == 2 && LoopDevicesOf(dir) == 4; }, 20000));
+    struct statfs sfs {};
+    ASSERT_EQ(fstatfs(other->get(), &sfs), 0);
+    EXPECT_LE(static_cast<uint64_t>(sfs.f_blocks) * sfs.f_bsize, 24ull << 20);
+  }
+  // The pool's end and the taken mounts' closing leave no loop device and no file.
+  EXPECT_TRUE(dsec::testing::PollUntil([&] { return LoopDevicesOf(dir) == 0; }, 10000));
+  auto names = ListDir(dir);
+  ASSERT_TRUE(names.ok());
+  EXPECT_TRUE(names->empty());
+}
+
 TEST(DiskImageSpecPrivilegedTest, BadSpecsAndStaleFiles) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root";
   auto tmp = TempDir::Create("/tmp/dsec-disk-test-");

@@ -47,6 +47,8 @@ out=$(D ls --kind container --label job=clitest | awk 'NR>1 {print $1}'); check 
 out=$(D ls --kind microvm --label job=clitest | awk 'NR>1' | grep -c .); check "ls --kind microvm" 0 "$out"
 out=$(D get "$id" | awk '$1 == "KIND:" {print $2}'); check "get shows the kind" container "$out"
 out=$(D stats "$id" | grep -c '^exec_count: '); check "stats" 1 "$out"
+out=$(D stats "$id" | awk '$1 == "memory_limit:" || $1 == "disk_limit:" {print $2, $3}' | tr '\n' ' ')
+check "stats in human units: the limits as created" "256 MiB 256 MiB " "$out"
 out=$(D stats "$id" --json | python3 -c 'import json,sys; print("network_denied" in json.load(sys.stdin))'); check "stats --json" True "$out"
 out=$(D exec --json "$id" -- sh -c 'echo hi; echo oops >&2; exit 3' | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["exit_code"], r["stdout"].strip(), r["stderr"].strip())')
 check "exec --json" "3 hi oops" "$out"

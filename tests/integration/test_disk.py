@@ -12,8 +12,9 @@ import pytest
 from edge_harness import wait_until
 
 MB = 1 << 20
-# Small enough for tests: anything above 64 MB is a disk image on these edges.
-CONFIG = {"tmpfs_disk_max_mb": 64}
+# Small enough for tests: anything above 64 MB is a disk image on these edges, made at create
+# (no pool of ready images, so the loop devices counted are the sandboxes').
+CONFIG = {"tmpfs_disk_max_mb": 64, "disk_pool": 0}
 
 
 def need_loop():
@@ -74,6 +75,12 @@ def agent_pid(edge, sid):
 
 def disk_loops(edge):
     return [d for d in edge.loop_devices() if "/disks/" in d]
+
+
+def no_disk_loops(edge):
+    """A deleted sandbox's disk is unmounted off the delete's path: wait for its loop device."""
+    wait_until(lambda: disk_loops(edge) == [], 10, what="disk images unmounted")
+    return True
 
 
 def image_files(edge):
@@ -137,7 +144,7 @@ def test_big_disk_is_an_image_with_hard_caps_not_charged_to_memory(make_edge):
             c.remove(small["id"])
     finally:
         c.remove(sid)
-    assert disk_loops(edge) == []
+    assert no_disk_loops(edge)
     assert image_files(edge) == []
 
 
@@ -152,7 +159,7 @@ def test_without_user_namespace_root_is_capped_too(make_edge):
         check_disk_sandbox(c, sb["id"], 128, user="root")
     finally:
         c.remove(sb["id"])
-    assert disk_loops(edge) == []
+    assert no_disk_loops(edge)
 
 
 def test_snapshot_and_fork_of_a_disk_sandbox(make_edge):
@@ -193,7 +200,7 @@ def test_snapshot_and_fork_of_a_disk_sandbox(make_edge):
         for x in ids:
             c.remove(x)
         c.delete("/v1/images/it-disk-snap:1", expect=204)
-    assert disk_loops(edge) == []
+    assert no_disk_loops(edge)
 
 
 def test_killed_edge_readopts_disk_sandboxes_and_nothing_leaks(make_edge):
@@ -220,7 +227,7 @@ def test_killed_edge_readopts_disk_sandboxes_and_nothing_leaks(make_edge):
     check_disk_sandbox(c, keep["id"], 96)
     c.remove(keep["id"])
     c.delete(f"/v1/sandboxes/{dies['id']}")
-    assert disk_loops(edge) == []
+    assert no_disk_loops(edge)
 
 
 def test_a_node_without_room_refuses_a_disk_image_and_keeps_serving(make_edge, tmp_path):
@@ -283,3 +290,37 @@ def test_a_full_disk_is_enospc_and_files_have_no_size_limit(make_edge):
         assert r["exit_code"] == 1 and "No space left on device" in r["stderr"], r
     finally:
         c.remove(sid)
+
+
+def test_memory_mb_is_what_the_processes_may_use(make_edge):
+    """Issue 41 item 2, on a node with the defaults (every writable layer a disk image, kept
+    ready by the pool): memory_mb 64 is the memory limit, so a 150 MiB allocation is OOM-killed
+    with an empty disk; the disk is not memory either (writing 200 MB of files through 64 MB
+    succeeds, page cache being reclaimed) and a full disk does not take memory from the
+    processes; get and stats show the limits as set. Deleting leaves no loop device."""
+    need_loop()
+    edge = make_edge()
+    c = edge.client(timeout=180)
+    sb = c.create({"memory_mb": 64, "disk_mb": 256})
+    sid = sb["id"]
+    try:
+        st = stats(c, sid)
+        assert st["disk_kind"] == "image" and st["memory_limit"] == 64 * MB, st
+        assert st["disk_limit"] == 256 * MB, st
+        got = c.get(f"/v1/sandboxes/{sid}", expect=200).json
+        assert got["limits"]["memory_mb"] == 64 and got["limits"]["disk_mb"] == 256, got
+        r = c.exec(sid, cmd=["python3", "-c", "x = b'x' * (150 << 20); print(len(x))"],
+                   timeout_ms=60000)
+        assert r["exit_code"] != 0 and r["stdout"] == "", r
+        wait_until(lambda: stats(c, sid)["oom_kills"] >= 1, 10, what="the OOM kill counted")
+        # 100 MiB fits after the disk took 200 MB: the disk's pages are not the processes'.
+        out = py(c, sid, FILL.format(want=200 * MB, path="/workspace/big"))
+        assert out.split() == ["200", "0"], out
+        assert py(c, sid, "x = b'x' * (40 << 20); print(len(x) >> 20)") == "40\n"
+        assert stats(c, sid)["disk_used"] >= 190 * MB
+    finally:
+        c.remove(sid)
+    # The pool's ready images have loop devices while the edge runs; nothing outlives it.
+    assert edge.stop() == 0
+    wait_until(lambda: disk_loops(edge) == [], 10, what="no disk image left after the edge")
+    assert edge.residue() == {}, edge.residue()

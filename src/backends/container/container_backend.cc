@@ -80,6 +80,11 @@ Status ContainerBackend::PrepareStateDirs() {
   DSEC_RETURN_IF_ERROR(MakeDirs(disk_dir_, 0700));
   DSEC_ASSIGN_OR_RETURN(int stale, isolation::RemoveStaleDiskImages(disk_dir_));
   if (stale > 0) DSEC_LOG_INFO("removed {} disk images of interrupted creates", stale);
+  isolation::DiskImagePool::Options po;
+  po.dir = disk_dir_;
+  po.preallocate = opts_.disk_preallocate;
+  po.depth = opts_.disk_pool;
+  disk_pool_ = std::make_unique<isolation::DiskImagePool>(po);
   return OkStatus();
 }
 

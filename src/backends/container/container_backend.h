@@ -17,6 +17,7 @@
 #include "images/store.h"
 #include "isolation/cgroup.h"
 #include "isolation/credentials.h"
+#include "isolation/disk_image.h"
 #include "isolation/features.h"
 #include "isolation/host_image.h"
 #include "isolation/netns.h"
@@ -45,9 +46,12 @@ struct ContainerBackendOptions {
   // Writable layers of up to this many MB are a tmpfs (its pages count as the sandbox's
   // memory: memory limit = memory_mb + disk_mb); bigger ones are ext4 disk images made in
   // disk_dir (default <state_dir>/disks), not charged to memory (see isolation/disk_image.h).
-  int64_t tmpfs_disk_max_mb = 1024;
+  // 0: every writable layer is a disk image, and memory_mb is what the processes may use.
+  int64_t tmpfs_disk_max_mb = 0;
   std::string disk_dir;
   bool disk_preallocate = true;  // disk images take all their space up front (DiskImageSpec)
+  // Disk images kept ready per recently used size (isolation::DiskImagePool); 0: made at create.
+  size_t disk_pool = 0;
   std::vector<std::string> hidden_paths;  // the edge's token, config, socket, logs
   // Pseudo-terminals one sandbox's devpts may hand out (the node's kernel.pty.max is sized for
   // max_sandboxes of these by the edge).
@@ -98,6 +102,8 @@ class ContainerBackend : public Backend {
   bool socket_budget() const { return socket_budget_ != nullptr; }
   const std::string& socket_budget_error() const { return socket_budget_error_; }
   std::string Describe() const;
+  // Disk images of destroyed sandboxes not unmounted yet (that happens off the destroy's path).
+  size_t DiskReleasesPending() const { return disk_pool_ ? disk_pool_->Releasing() : 0; }
 
  private:
   friend class ContainerInstance;
@@ -111,8 +117,9 @@ class ContainerBackend : public Backend {
   ContainerBackendOptions opts_;
   std::string instance_id_;
   std::string sandboxes_dir_;
-  std::string root_mount_dir_;  // see Init()
-  std::string disk_dir_;        // where disk images are made
+  std::string root_mount_dir_;                           // see Init()
+  std::string disk_dir_;                                 // where disk images are made
+  std::unique_ptr<isolation::DiskImagePool> disk_pool_;  // made with disk_dir_
   isolation::KernelFeatures features_;
   std::unique_ptr<isolation::CgroupDriver> cgroups_;
   Mutex host_image_mu_;

@@ -453,7 +453,6 @@ Status ContainerInstance::Handshake(int conn, int userns_fd) {
     s.fds.cgroup_user = static_cast<int>(fds.size());
     fds.push_back(cg_user.get());
   }
-  UniqueFd disk;
   if (disk_image_) {
     isolation::DiskImageSpec d;
     d.dir = b.disk_dir_;
@@ -462,9 +461,9 @@ Status ContainerInstance::Handshake(int conn, int userns_fd) {
     d.inodes = r.inodes;
     d.owner = d.group = id_base_;  // the sandbox's root (0 without a user namespace)
     d.preallocate = b.opts_.disk_preallocate;
-    DSEC_ASSIGN_OR_RETURN(disk, isolation::MakeDiskImageMount(d));
+    DSEC_ASSIGN_OR_RETURN(disk_mount_, b.disk_pool_->Take(d));
     s.fds.disk = static_cast<int>(fds.size());
-    fds.push_back(disk.get());
+    fds.push_back(disk_mount_.get());
   }
   if (uid_lease_) {
     s.fds.uid_lease = static_cast<int>(fds.size());
@@ -577,6 +576,8 @@ Status ContainerInstance::Destroy() {
   if (netns_.ns && backend_->netns_ && !networked) backend_->netns_->Release(std::move(netns_));
   netns_ = {};
   if (cgroup_) result = cgroup_->Destroy();
+  // Nothing of the sandbox runs any more (the cgroup is empty): its disk can be shut down.
+  if (disk_mount_) backend_->disk_pool_->Release(std::move(disk_mount_));
   if (!dir_.empty()) {
     // The directory holds exactly these (and "mnt" if an older edge made it); anything else
     // falls back to the tree walk.

@@ -107,6 +107,9 @@ class ContainerInstance : public Instance {
   // The writable layer is an ext4 disk image (disk_mb above the backend's tmpfs_disk_max_mb)
   // rather than a tmpfs charged to memory.
   bool disk_image_ = false;
+  // The disk image's mount while this sandbox uses it (not after an adoption): given back to
+  // the backend's disk pool at Destroy, which unmounts it off the delete's path.
+  UniqueFd disk_mount_;
 };
 
 }  // namespace dsec::backends::container

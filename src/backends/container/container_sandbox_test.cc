@@ -742,6 +742,8 @@ size_t CountDir(const std::string& p, bool recursive_dirs) {
 
 Residue Measure(const ContainerBackend& b, const std::string& state) {
   Residue r;
+  // Destroyed sandboxes' disk images are unmounted a moment later, off the destroy's path.
+  dsec::testing::PollUntil([&] { return b.DiskReleasesPending() == 0; });
   r.mounts = SplitString(*ReadFileToString("/proc/self/mountinfo", 1 << 22), '\n', true).size();
   for (const char* h : {"memory", "pids", "cpu", "unified", "freezer", ""})
     r.cgroups += CountDir(std::string("/sys/fs/cgroup/") + h + "/dsec-" + b.instance_id(), true);
