@@ -84,6 +84,11 @@ RootfsPlan PlanRootfs(const RootfsInputs& in) {
                  "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" +
                      in.hostname + "\n",
                  0644, 0, 0}};
+  // /sys is the sandbox's own empty directory: these are all glibc's get_nprocs() reads first.
+  if (!in.cpu_list.empty())
+    for (const char* f : {"online", "possible", "present"})
+      plan.files.push_back(
+          {std::string("/sys/devices/system/cpu/") + f, in.cpu_list + "\n", 0444, 0, 0});
   if (!in.nameserver.empty())
     plan.files.push_back({"/etc/resolv.conf", "nameserver " + in.nameserver + "\n", 0644, 0, 0});
   // Without the host image, the sandbox user is added to the image's own passwd and group.

@@ -67,6 +67,9 @@ struct RootfsInputs {
   int64_t disk_mb = 256;
   uint64_t inodes_per_mb = 256;
   int64_t tmpfs_disk_max_mb = 0;  // bigger writable layers are disk images
+  // The CPUs the sandbox runs on ("0-1,3"), shown as /sys/devices/system/cpu/{online,possible,
+  // present} (glibc's and so Python's CPU count); empty: the node's, no such files.
+  std::string cpu_list;
 };
 
 RootfsPlan PlanRootfs(const RootfsInputs& in);

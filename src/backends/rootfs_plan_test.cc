@@ -134,5 +134,21 @@ TEST(RootfsPlanTest, WritableLayerSizeInodesAndKind) {
   EXPECT_FALSE(WritableLayerOnDisk(15, 0));
 }
 
+TEST(RootfsPlanTest, TheSandboxCpusAreItsSysCpuFiles) {
+  RootfsInputs in = HostInputs();
+  RootfsPlan p = PlanRootfs(in);
+  for (const auto& f : p.files) EXPECT_EQ(f.path.rfind("/sys/", 0), std::string::npos) << f.path;
+  in.cpu_list = "1,3";
+  p = PlanRootfs(in);
+  int n = 0;
+  for (const auto& f : p.files) {
+    if (f.path.rfind("/sys/devices/system/cpu/", 0) != 0) continue;
+    ++n;
+    EXPECT_EQ(f.content, "1,3\n");
+    EXPECT_EQ(f.mode, 0444u);
+  }
+  EXPECT_EQ(n, 3);
+}
+
 }  // namespace
 }  // namespace dsec::backends

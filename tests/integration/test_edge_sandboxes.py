@@ -499,3 +499,41 @@ def test_readdir_inode_numbers_match_stat(client):
         assert int(checked) > 50 and bad == "0", out
     finally:
         client.remove(sb["id"])
+
+
+CPU_VIEW = ("import os, subprocess; "
+            "print(os.cpu_count(), len(os.sched_getaffinity(0)), "
+            "subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip(), "
+            "sorted(os.sched_getaffinity(0)))")
+
+
+def test_a_sandbox_sees_its_cpu_cap_as_its_cpus(make_edge):
+    """Issue 41 item 10: a sandbox capped at `cpu` runs on (and is shown) ceil(cpu) CPUs —
+    os.cpu_count() (glibc reads /sys/devices/system/cpu/online), sched_getaffinity and nproc
+    agree — and sandboxes of one CPU are spread over the node's cores; a cap of every usable
+    CPU shows them all."""
+    node_cpus = len(os.sched_getaffinity(0))
+    if node_cpus < 2:
+        pytest.skip("a single-CPU host shows every sandbox its one CPU")
+    client = make_edge().client()  # its own edge: no other sandbox is pinned anywhere
+    ids = []
+    try:
+        seen = set()
+        for _ in range(node_cpus):
+            sb = client.create({"cpu": 0.5})
+            ids.append(sb["id"])
+            r = client.exec(sb["id"], cmd=["python3", "-c", CPU_VIEW])
+            assert r["exit_code"] == 0, r
+            count, aff, nproc, cpus = r["stdout"].split(" ", 3)
+            assert (count, aff, nproc) == ("1", "1", "1"), r["stdout"]
+            seen.add(cpus.strip())
+        # One sandbox per CPU, each on another: they spread.
+        assert len(seen) == node_cpus, seen
+        whole = client.create({"cpu": node_cpus})
+        ids.append(whole["id"])
+        r = client.exec(whole["id"], cmd=["python3", "-c", CPU_VIEW])
+        count, aff, nproc, _ = r["stdout"].split(" ", 3)
+        assert (count, aff, nproc) == (str(node_cpus),) * 3, r["stdout"]
+    finally:
+        for sid in ids:
+            client.remove(sid)

@@ -95,6 +95,7 @@ Status ContainerBackend::Init() {
   RaiseFileLimit();
 
   features_ = isolation::KernelFeatures::Detect(opts_.features);
+  cpu_spread_ = std::make_unique<CpuSpread>(CpuSpread::UsableNow());
 
   isolation::CgroupDriverOptions co;
   co.instance_id = instance_id_;

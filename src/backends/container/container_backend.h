@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/container/cpu_spread.h"
 #include "backends/container/launcher.h"
 #include "backends/sandbox.h"
 #include "backends/session/agent_client.h"
@@ -120,6 +121,7 @@ class ContainerBackend : public Backend {
   std::string root_mount_dir_;                           // see Init()
   std::string disk_dir_;                                 // where disk images are made
   std::unique_ptr<isolation::DiskImagePool> disk_pool_;  // made with disk_dir_
+  std::unique_ptr<CpuSpread> cpu_spread_;
   isolation::KernelFeatures features_;
   std::unique_ptr<isolation::CgroupDriver> cgroups_;
   Mutex host_image_mu_;

@@ -188,6 +188,15 @@ StatusOr<AgentLink> ContainerInstance::Start() {
   agent_ = std::make_unique<PendingAgent>(std::move(pending));
   agent_pid_ = agent_->pid();
   child_end.Reset();
+  // The CPUs it is shown (and runs on), set before the agent runs: every process inherits them.
+  cpus_ = b.cpu_spread_->Take(spec_.resources.cpu);
+  if (!cpus_.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus_) CPU_SET(c, &set);
+    if (sched_setaffinity(agent_pid_, sizeof set, &set) < 0)
+      return ErrnoError("set the CPUs of sandbox " + spec_.id);
+  }
 
   UniqueFd userns_fd;
   if (userns) {
@@ -279,6 +288,16 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd conn, ConnectToAgent(&agent_pid));
   adopted_ = true;
   agent_pid_ = agent_pid;
+  // The CPUs it was given count again.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(agent_pid_, sizeof set, &set) == 0) {
+    std::vector<int> cpus = CpusOf(set);
+    if (cpus.size() < b.cpu_spread_->usable()) {
+      cpus_ = std::move(cpus);
+      b.cpu_spread_->Claim(cpus_);
+    }
+  }
 
   std::string auth;
   DSEC_RETURN_IF_ERROR(
@@ -364,6 +383,7 @@ Status ContainerInstance::PrepareRoot(int userns_fd, isolation::RootfsSpec* r,
   in.disk_mb = spec_.resources.disk_mb;
   in.inodes_per_mb = b.opts_.inodes_per_mb;
   in.tmpfs_disk_max_mb = b.opts_.tmpfs_disk_max_mb;
+  in.cpu_list = CpuListText(cpus_);
   RootfsPlan plan = PlanRootfs(in);
   DSEC_ASSIGN_OR_RETURN(r->overlays, MountLowers(plan, sources, userns_fd, layers));
   r->size_bytes = plan.size_bytes;
@@ -594,6 +614,8 @@ Status ContainerInstance::Destroy() {
     uid_slot_ = -1;
   }
   uid_lease_.Reset();
+  backend_->cpu_spread_->Give(cpus_);
+  cpus_.clear();
   if (holds_image_ && backend_->opts_.image_store) {
     holds_image_ = false;
     backend_->opts_.image_store->Release(spec_.id);

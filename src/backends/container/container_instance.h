@@ -110,6 +110,8 @@ class ContainerInstance : public Instance {
   // The disk image's mount while this sandbox uses it (not after an adoption): given back to
   // the backend's disk pool at Destroy, which unmounts it off the delete's path.
   UniqueFd disk_mount_;
+  // The CPUs it runs on (the backend's CpuSpread); empty: all of them.
+  std::vector<int> cpus_;
 };
 
 }  // namespace dsec::backends::container
