@@ -90,6 +90,18 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
     layers.push_back(std::move(l));
   }
   if (!mount_dir) return InvalidArgument("setup needs a mount dir fd");
+  std::vector<UniqueFd> views;
+  std::vector<int> view_fds;
+  if (!spec.rootfs.proc_views.empty()) {
+    if (spec.fds.first_proc_view < 0) return InvalidArgument("setup is missing the proc views");
+    for (size_t i = 0; i < spec.rootfs.proc_views.size(); ++i) {
+      DSEC_ASSIGN_OR_RETURN(UniqueFd v,
+                            take(spec.fds.first_proc_view + static_cast<int>(i), "proc view"));
+      if (!v) return InvalidArgument("setup proc view fd missing");
+      view_fds.push_back(v.get());
+      views.push_back(std::move(v));
+    }
+  }
 
   // The agent keeps no supplementary groups (without a user namespace it would otherwise hold
   // the edge's), and its cgroup namespace is rooted at its own cgroup whether or not the
@@ -100,8 +112,9 @@ StatusOr<SetupResult> RunSetup(const protocol::SetupSpec& spec, std::vector<Uniq
   DSEC_RETURN_IF_ERROR(BringUpLoopback());
   UniqueFd writable;
   DSEC_RETURN_IF_ERROR(isolation::BuildRootfsAndPivot(spec.rootfs, layer_fds, mount_dir.get(),
-                                                      &writable, disk ? disk.get() : -1));
+                                                      &writable, disk ? disk.get() : -1, view_fds));
   layers.clear();
+  views.clear();
   disk.Reset();
   mount_dir.Reset();
   fds.clear();  // anything unexpected the edge sent goes too

@@ -106,6 +106,10 @@ std::vector<Group> Fields(EdgeConfig* c) {
             "Writable layers up to this size are a tmpfs whose pages count as the sandbox's "
             "memory (its memory limit is then memory_mb + disk_mb); bigger ones, all at 0, are "
             "ext4 disk images in `disk_dir` and memory_mb is what the processes may use"},
+           {"proc_views", &c->proc_views, "",
+            "Sandboxes see their own memory (memory_mb as MemTotal) in /proc/meminfo and their "
+            "own uptime, served by lxcfs (Debian: lxcfs) that the edge runs in "
+            "`<state_dir>/lxcfs`; without lxcfs installed they see the node's"},
            {"disk_pool", &c->disk_pool, "count",
             "Disk images kept ready (made in the background) for each recently used disk size, "
             "so a create does not wait for one; 0: made at create"},

@@ -53,6 +53,9 @@ struct EdgeConfig {
   int64_t tmpfs_disk_max_mb = 0;
   // Disk images kept ready for each recently used size, so a create does not make one.
   int64_t disk_pool = 4;
+  // Sandboxes see their memory limit in /proc/meminfo (and their own uptime) through lxcfs,
+  // when it is installed.
+  bool proc_views = true;
   std::string disk_dir;
   // Disk images take their whole size on disk_dir's filesystem at create (a node without room
   // answers 429), so sandboxes can never fill the host's disk; false: sparse (overcommitted).

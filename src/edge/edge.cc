@@ -135,6 +135,7 @@ container::ContainerBackendOptions BackendOptions(const EdgeConfig& cfg,
   bo.tmpfs_disk_max_mb = cfg.tmpfs_disk_max_mb;
   bo.disk_preallocate = cfg.disk_preallocate;
   bo.disk_pool = static_cast<size_t>(cfg.disk_pool);
+  bo.proc_views = cfg.proc_views;
   bo.disk_dir = cfg.disk_dir;
   return bo;
 }
@@ -210,6 +211,9 @@ Json FeaturesOf(const container::ContainerBackend& backend) {
                    {"cgroup_kill", f.cgroup_kill},
                    {"socket_budget", backend.socket_budget()}};
   if (!backend.socket_budget()) features["socket_budget_reason"] = backend.socket_budget_error();
+  std::string views = backend.ProcViewsState();
+  features["proc_views"] = views.empty();
+  if (!views.empty()) features["proc_views_reason"] = views;
   return features;
 }
 

@@ -160,7 +160,8 @@ Status WriteSysctls(int proc, const std::vector<std::pair<std::string, std::stri
 }
 
 Status SetupProc(int root, int dev_null_src,
-                 const std::vector<std::pair<std::string, std::string>>& sysctls) {
+                 const std::vector<std::pair<std::string, std::string>>& sysctls,
+                 const std::vector<std::string>& view_names, const std::vector<int>& views) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd procdir, MakeDirInRoot(root, "/proc", 0555, 0, 0, true));
   DSEC_ASSIGN_OR_RETURN(
       UniqueFd proc,
@@ -223,6 +224,16 @@ Status SetupProc(int root, int dev_null_src,
     UniqueFd target(openat(p.get(), rel.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
     if (!target) return ErrnoError("open /proc/" + rel);
     DSEC_RETURN_IF_ERROR(Attach(ro.get(), target.get(), "/proc/" + rel));
+  }
+  // The sandbox's own figures over the node's (its memory limit as MemTotal, ...).
+  if (view_names.size() != views.size()) return InvalidArgument("proc views and fds differ");
+  for (size_t i = 0; i < views.size(); ++i) {
+    const std::string& name = view_names[i];
+    if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
+      return InvalidArgument("bad proc view name \"" + name + "\"");
+    UniqueFd target(openat(p.get(), name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (!target) return ErrnoError("open /proc/" + name);
+    DSEC_RETURN_IF_ERROR(Attach(views[i], target.get(), "/proc/" + name));
   }
   return OkStatus();
 }
@@ -335,7 +346,7 @@ StatusOr<UniqueFd> MakeDirInRoot(int root, const std::string& path, mode_t mode,
 }
 
 Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds, int mount_dir,
-                           UniqueFd* writable, int disk) {
+                           UniqueFd* writable, int disk, const std::vector<int>& proc_views) {
   // 1. Nothing we mount propagates back to the host, and host mounts stop propagating in.
   if (mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0)
     return ErrnoError("mount --make-rprivate /");
@@ -429,7 +440,8 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
   UniqueFd dev_null(open("/dev/null", O_PATH | O_CLOEXEC));
   if (!dev_null) return ErrnoError("open host /dev/null");
   DSEC_RETURN_IF_ERROR(SetupDev(root.get(), dev_null.get(), spec.pty_max));
-  DSEC_RETURN_IF_ERROR(SetupProc(root.get(), dev_null.get(), spec.sysctls));
+  DSEC_RETURN_IF_ERROR(
+      SetupProc(root.get(), dev_null.get(), spec.sysctls, spec.proc_views, proc_views));
 
   // 6. pivot_root by fds: the new root becomes "/", the old one is stacked on it and detached.
   if (fchdir(root.get()) < 0) return ErrnoError("fchdir new root");

@@ -70,6 +70,9 @@ struct RootfsSpec {
   // sandbox's own namespaces (e.g. "kernel/shm_rmid_forced" = "1" for its ipc namespace).
   // Paths are relative, made of [a-z0-9_/-] components without "." or "..".
   std::vector<std::pair<std::string, std::string>> sysctls;
+  // /proc files ("meminfo") that get the detached mounts BuildRootfsAndPivot is given as
+  // `proc_views` (isolation/proc_views.h), in that order, attached over the kernel's.
+  std::vector<std::string> proc_views;
 };
 
 // Entries masked in the sandbox's /proc (bound over with /dev/null or an empty read-only
@@ -88,7 +91,8 @@ const std::vector<std::string>& ProcReadonlyPaths();
 // filesystem is the writable layer instead of a tmpfs; spec.size_bytes and inodes are then
 // already its own.
 Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer_fds, int mount_dir,
-                           UniqueFd* writable = nullptr, int disk = -1);
+                           UniqueFd* writable = nullptr, int disk = -1,
+                           const std::vector<int>& proc_views = {});
 
 // Opens the absolute `path` (no "." or "..") inside `root` (base/in_root.h, InRoot::kNoSymlinks).
 StatusOr<UniqueFd> OpenSandboxPath(int root, const std::string& path, int flags, mode_t mode = 0);

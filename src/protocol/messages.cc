@@ -106,6 +106,7 @@ Json ToJson(const isolation::RootfsSpec& r) {
   Json sc = Json::object();
   for (const auto& [k, v] : r.sysctls) sc[k] = v;
   j["sysctls"] = sc;
+  j["proc_views"] = r.proc_views;
   return j;
 }
 
@@ -144,6 +145,7 @@ StatusOr<isolation::RootfsSpec> RootfsFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(r.files, FilesFromJson(arr("files")));
   DSEC_ASSIGN_OR_RETURN(int64_t pty_max, GetInt(j, "pty_max", 0, 0, 1 << 20));
   r.pty_max = static_cast<uint32_t>(pty_max);
+  DSEC_ASSIGN_OR_RETURN(r.proc_views, GetStringList(j, "proc_views", 16));
   if (auto sc = j.find("sysctls"); sc != j.end()) {
     if (!sc->is_object() || sc->size() > 64)
       return InvalidArgument("rootfs.sysctls must be an object of at most 64 strings");
@@ -201,7 +203,8 @@ Json ToJson(const SetupSpec& s) {
             {"layer_count", s.fds.layer_count},
             {"zygote_binary", s.fds.zygote_binary},
             {"disk", s.fds.disk},
-            {"uid_lease", s.fds.uid_lease}}}};
+            {"uid_lease", s.fds.uid_lease},
+            {"first_proc_view", s.fds.first_proc_view}}}};
 }
 
 Json ToJson(const GuestSetup& s) {
@@ -272,8 +275,10 @@ StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(int64_t zb, GetInt(*fds, "zygote_binary", -1, -1, 252));
   DSEC_ASSIGN_OR_RETURN(int64_t dk, GetInt(*fds, "disk", -1, -1, 252));
   DSEC_ASSIGN_OR_RETURN(int64_t ul, GetInt(*fds, "uid_lease", -1, -1, 252));
-  s.fds = {static_cast<int>(md), static_cast<int>(ls), static_cast<int>(cg), static_cast<int>(fl),
-           static_cast<int>(lc), static_cast<int>(zb), static_cast<int>(dk), static_cast<int>(ul)};
+  DSEC_ASSIGN_OR_RETURN(int64_t pv, GetInt(*fds, "first_proc_view", -1, -1, 252));
+  s.fds = {static_cast<int>(md), static_cast<int>(ls), static_cast<int>(cg),
+           static_cast<int>(fl), static_cast<int>(lc), static_cast<int>(zb),
+           static_cast<int>(dk), static_cast<int>(ul), static_cast<int>(pv)};
   if (auto z = j.find("zygote"); z != j.end() && !z->is_null()) {
     if (!z->is_object()) return InvalidArgument("zygote must be an object");
     ZygoteSpec zs;

@@ -37,6 +37,7 @@ struct SetupFds {
   // The sandbox's host uid range lease (isolation/uid_ranges.h): the agent keeps it open for
   // the sandbox's whole life, so the range is never given to another sandbox meanwhile.
   int uid_lease = -1;
+  int first_proc_view = -1;  // rootfs.proc_views' mounts follow, in order
 };
 
 // What the agent of an fncall worker starts once it is set up: a resident zygote

@@ -44,8 +44,10 @@ TEST(MessagesTest, SetupSpecRoundTrip) {
   s.rootfs.symlinks.push_back({"/bin", "usr/bin"});
   s.rootfs.dirs.push_back({"/workspace", 0755, 1000, 1000});
   s.rootfs.files.push_back({"/etc/hosts", "127.0.0.1 localhost\n", 0644, 0, 0});
+  s.rootfs.proc_views = {"meminfo", "uptime"};
   s.seccomp = {std::string("\x01\x02\x00", 3)};
   s.fds = {0, 1, 2, 3, 2};
+  s.fds.first_proc_view = 5;
   auto back = SetupSpecFromJson(ToJson(s));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->rootfs.overlays[0].lower_fds, (std::vector<int>{0, 1}));
@@ -53,6 +55,8 @@ TEST(MessagesTest, SetupSpecRoundTrip) {
   EXPECT_EQ(back->rootfs.files[0].content, "127.0.0.1 localhost\n");
   EXPECT_EQ(back->seccomp, s.seccomp);
   EXPECT_EQ(back->fds.layer_count, 2);
+  EXPECT_EQ(back->rootfs.proc_views, s.rootfs.proc_views);
+  EXPECT_EQ(back->fds.first_proc_view, 5);
 }
 
 TEST(MessagesTest, ErrorsCarryCodes) {

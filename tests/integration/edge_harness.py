@@ -634,9 +634,10 @@ class Edge:
         """Host processes that belong to this edge's sandboxes (by cgroup or root dir)."""
         tags = [f"/dsec-{self.instance}/", f"/dsec-{self.instance}-vm/"] if self.instance else []
         state = str(self.state_dir)
+        helper = self.lxcfs_pid() if self.running() else None  # the edge's, not a sandbox's
         out = []
         for pid in pids():
-            if pid in (os.getpid(), self.pid):
+            if pid in (os.getpid(), self.pid, helper):
                 continue
             cgroups = _proc_cgroups(pid) if tags else ""
             if any(t in cgroups for t in tags):
@@ -652,9 +653,21 @@ class Edge:
                 pass
         return out
 
+    def lxcfs_pid(self):
+        """The lxcfs serving this edge's sandboxes' /proc views, or None."""
+        try:
+            pid = int((self.state_dir / "lxcfs" / "lxcfs.pid").read_text().strip())
+            if str(self.state_dir).encode() in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except (OSError, ValueError):
+            pass
+        return None
+
     def mounts(self):
         state = str(self.state_dir)
-        return [m for m in mountinfo() if m == state or m.startswith(state + "/")]
+        # lxcfs's mount is the running edge's own (its sandboxes' /proc views), not residue.
+        own = str(self.state_dir / "lxcfs" / "mnt") if self.running() and self.lxcfs_pid() else None
+        return [m for m in mountinfo() if (m == state or m.startswith(state + "/")) and m != own]
 
     def loop_devices(self):
         """Loop devices backed by files in this edge's state dir (EROFS image layers)."""

@@ -354,8 +354,10 @@ def test_full_state_disk_gives_errors_and_recovers(figure):
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     edge = None
     try:
+        # Sandbox disks stay tmpfs layers: this is about the edge's own records, and disk
+        # images would be made on the tiny state filesystem.
         edge = TmpfsEdge(edge_harness.edge_binary(), root, [],
-                         dict(NO_POOLS, orphan_timeout_s=600))
+                         dict(NO_POOLS, orphan_timeout_s=600, tmpfs_disk_max_mb=1024))
         edge.launch()
         c = edge.client()
         a = c.create({"memory_mb": 64, "labels": {"disk": "before"}})["id"]

@@ -262,7 +262,7 @@ def test_anonymous_memory_bomb_is_oom_killed(edge, hostile, figure):
     result says oom_killed, stats count the kill and a peak within the limit, the agent lives."""
     h = hostile(memory_mb=64, disk_mb=16)
     limit = h.stats()["memory_limit"]
-    assert limit == (64 + 16) * MB
+    assert limit == 64 * MB  # the disk is an image, not memory (issue 41 item 2)
     with Neighbour(edge) as n:
         r = h.py(ANON, timeout_ms=30000)
         n.check(figure)
@@ -335,7 +335,9 @@ echo "files $i"
 
 def test_tmpfs_fill_of_dev_shm_and_tmp_gives_enospc(edge, hostile, figure):
     """Filling /dev/shm (the sandbox's size-limited writable layer, as is /tmp) ends in ENOSPC
-    at disk_mb, not an OOM kill; the pages are charged to the sandbox and freed by rm."""
+    at disk_mb, not an OOM kill, even with less memory than disk: the layer is a disk image
+    whose page cache is reclaimed (issue 41 item 2), so memory stays within memory_mb; rm
+    frees the space."""
     h = hostile(memory_mb=32, disk_mb=48)
     with Neighbour(edge) as n:
         r = h.exec(FILL.replace("$1", "/dev/shm"), timeout_ms=30000)
@@ -348,8 +350,7 @@ def test_tmpfs_fill_of_dev_shm_and_tmp_gives_enospc(edge, hostile, figure):
     assert st["disk_limit"] == 48 * MB
     assert 40 * MB <= st["disk_used"] <= st["disk_limit"], st
     assert st["oom_kills"] == 0, st
-    # The tmpfs pages are the sandbox's memory, not the host's.
-    assert st["memory_current"] >= 40 * MB, st
+    assert st["disk_kind"] == "image" and st["memory_limit"] == 32 * MB, st
     assert st["memory_peak"] <= st["memory_limit"], st
     # /tmp is the same layer: full too.
     r2 = h.exec("head -c 65536 /dev/zero > /tmp/more")

@@ -6,14 +6,17 @@
 #include <sched.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 
 #include "backends/container/container_instance.h"
 #include "backends/container/launcher.h"
@@ -55,9 +58,62 @@ StatusOr<std::unique_ptr<ContainerBackend>> ContainerBackend::Create(ContainerBa
 }
 
 ContainerBackend::~ContainerBackend() {
+  // lxcfs serves sandboxes left running for the next backend to adopt; with none, it ends.
+  if (proc_views_ && cgroups_)
+    if (auto left = cgroups_->ListSandboxes(); left.ok() && left->empty()) proc_views_->Stop();
   // Only removes the parent cgroups if no sandbox uses them (rmdir refuses otherwise), so a
   // backend that goes away with sandboxes alive leaves those for the next one to adopt.
   if (cgroups_) (void)cgroups_->RemoveParent();
+}
+
+void ContainerBackend::AddViewAgent(pid_t pid) {
+  MutexLock l(view_agents_mu_);
+  view_agents_.insert(pid);
+}
+
+void ContainerBackend::RemoveViewAgent(pid_t pid) {
+  MutexLock l(view_agents_mu_);
+  view_agents_.erase(pid);
+}
+
+std::string ContainerBackend::ProcViewsState() const {
+  if (!proc_views_) return proc_views_error_;
+  std::string d = proc_views_->Describe();
+  return d.rfind("no lxcfs", 0) == 0 ? d : "";
+}
+
+// lxcfs died: its views in running sandboxes would answer ENOTCONN. A helper process enters
+// each sandbox's mount namespace and detaches them, so the kernel's files show again.
+void ContainerBackend::DropProcViews() {
+  std::vector<UniqueFd> namespaces;
+  {
+    MutexLock l(view_agents_mu_);
+    for (pid_t pid : view_agents_) {
+      UniqueFd ns(open(("/proc/" + std::to_string(pid) + "/ns/mnt").c_str(), O_RDONLY | O_CLOEXEC));
+      if (ns) namespaces.push_back(std::move(ns));
+    }
+  }
+  if (namespaces.empty()) return;
+  std::vector<std::string> paths;
+  for (const auto& name : isolation::ProcViews::Names()) paths.push_back("/proc/" + name);
+  // Forked: setns into a mount namespace needs a single-threaded process. The child only makes
+  // system calls on what was prepared above.
+  pid_t child = fork();
+  if (child < 0) {
+    DSEC_LOG_ERROR("proc views: fork to drop them: {}", strerror(errno));
+    return;
+  }
+  if (child == 0) {
+    for (const auto& ns : namespaces) {
+      if (setns(ns.get(), CLONE_NEWNS) < 0) continue;
+      for (const auto& p : paths) (void)umount2(p.c_str(), MNT_DETACH);
+    }
+    _exit(0);
+  }
+  int st;
+  while (waitpid(child, &st, 0) < 0 && errno == EINTR) {
+  }
+  DSEC_LOG_INFO("proc views: dropped in {} sandboxes", namespaces.size());
 }
 
 Status ContainerBackend::PrepareStateDirs() {
@@ -96,6 +152,22 @@ Status ContainerBackend::Init() {
 
   features_ = isolation::KernelFeatures::Detect(opts_.features);
   cpu_spread_ = std::make_unique<CpuSpread>(CpuSpread::UsableNow());
+  if (!opts_.proc_views) {
+    proc_views_error_ = "off (config proc_views)";
+  } else {
+    isolation::ProcViews::Options vo;
+    vo.dir = JoinPath(opts_.state_dir, "lxcfs");
+    vo.on_death = [this] { DropProcViews(); };
+    if (auto v = isolation::ProcViews::Start(vo); v.ok()) {
+      proc_views_ = std::move(*v);
+    } else {
+      proc_views_error_ = v.status().message();
+      if (v.status().code() == StatusCode::kNotFound)
+        DSEC_LOG_INFO("sandboxes see the node's /proc/meminfo: {}", proc_views_error_);
+      else
+        DSEC_LOG_WARN("sandboxes see the node's /proc/meminfo: {}", proc_views_error_);
+    }
+  }
 
   isolation::CgroupDriverOptions co;
   co.instance_id = instance_id_;

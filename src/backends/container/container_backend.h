@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "isolation/features.h"
 #include "isolation/host_image.h"
 #include "isolation/netns.h"
+#include "isolation/proc_views.h"
 #include "isolation/socket_budget.h"
 #include "isolation/uid_ranges.h"
 #include "net/node_network.h"
@@ -53,6 +55,9 @@ struct ContainerBackendOptions {
   bool disk_preallocate = true;  // disk images take all their space up front (DiskImageSpec)
   // Disk images kept ready per recently used size (isolation::DiskImagePool); 0: made at create.
   size_t disk_pool = 0;
+  // Sandboxes see their own memory in /proc/meminfo (and uptime) through lxcfs, run by this
+  // backend in <state_dir>/lxcfs when installed (isolation/proc_views.h).
+  bool proc_views = false;
   std::vector<std::string> hidden_paths;  // the edge's token, config, socket, logs
   // Pseudo-terminals one sandbox's devpts may hand out (the node's kernel.pty.max is sized for
   // max_sandboxes of these by the edge).
@@ -103,6 +108,8 @@ class ContainerBackend : public Backend {
   bool socket_budget() const { return socket_budget_ != nullptr; }
   const std::string& socket_budget_error() const { return socket_budget_error_; }
   std::string Describe() const;
+  // Whether sandboxes get /proc views now; if not, why ("" when they do).
+  std::string ProcViewsState() const;
   // Disk images of destroyed sandboxes not unmounted yet (that happens off the destroy's path).
   size_t DiskReleasesPending() const { return disk_pool_ ? disk_pool_->Releasing() : 0; }
 
@@ -122,6 +129,14 @@ class ContainerBackend : public Backend {
   std::string disk_dir_;                                 // where disk images are made
   std::unique_ptr<isolation::DiskImagePool> disk_pool_;  // made with disk_dir_
   std::unique_ptr<CpuSpread> cpu_spread_;
+  std::unique_ptr<isolation::ProcViews> proc_views_;  // null: off or lxcfs missing
+  std::string proc_views_error_;                      // why proc_views_ is null
+  // Agents of sandboxes that may have views: dropped in each if lxcfs dies (DropProcViews).
+  Mutex view_agents_mu_;
+  std::set<pid_t> view_agents_ DSEC_GUARDED_BY(view_agents_mu_);
+  void DropProcViews();
+  void AddViewAgent(pid_t pid);
+  void RemoveViewAgent(pid_t pid);
   isolation::KernelFeatures features_;
   std::unique_ptr<isolation::CgroupDriver> cgroups_;
   Mutex host_image_mu_;

@@ -288,6 +288,11 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd conn, ConnectToAgent(&agent_pid));
   adopted_ = true;
   agent_pid_ = agent_pid;
+  // It may have views (made by an earlier edge): dropped too should lxcfs die.
+  if (b.proc_views_) {
+    b.AddViewAgent(agent_pid_);
+    view_agent_ = true;
+  }
   // The CPUs it was given count again.
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -496,6 +501,18 @@ Status ContainerInstance::Handshake(int conn, int userns_fd) {
     s.fds.zygote_binary = static_cast<int>(fds.size());
     fds.push_back(b.zygote_memfd_.get());
   }
+  // Its own memory in /proc/meminfo while lxcfs serves; the node's otherwise (never an error).
+  std::vector<UniqueFd> views;
+  if (b.proc_views_) {
+    if (auto v = b.proc_views_->Clone(); v.ok()) {
+      views = std::move(*v);
+      s.rootfs.proc_views = isolation::ProcViews::Names();
+      s.fds.first_proc_view = static_cast<int>(fds.size());
+      for (const auto& fd : views) fds.push_back(fd.get());
+      b.AddViewAgent(agent_pid_);
+      view_agent_ = true;
+    }
+  }
 
   std::string frame;
   DSEC_RETURN_IF_ERROR(
@@ -616,6 +633,8 @@ Status ContainerInstance::Destroy() {
   uid_lease_.Reset();
   backend_->cpu_spread_->Give(cpus_);
   cpus_.clear();
+  if (view_agent_) backend_->RemoveViewAgent(agent_pid_);
+  view_agent_ = false;
   if (holds_image_ && backend_->opts_.image_store) {
     holds_image_ = false;
     backend_->opts_.image_store->Release(spec_.id);

@@ -112,6 +112,7 @@ class ContainerInstance : public Instance {
   UniqueFd disk_mount_;
   // The CPUs it runs on (the backend's CpuSpread); empty: all of them.
   std::vector<int> cpus_;
+  bool view_agent_ = false;  // registered with the backend's DropProcViews
 };
 
 }  // namespace dsec::backends::container
