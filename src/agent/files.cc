@@ -6,6 +6,7 @@
 #include <sys/fsuid.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -400,6 +401,11 @@ StatusOr<Reply> HandleStat(Agent*, uint32_t, protocol::StatRequest req) {
   struct stat st;
   if (fstat(fd.get(), &st) < 0) return ErrnoError("stat \"" + req.path + "\"");
   protocol::StatResponse out{EntryFromStat(SplitParent(req.path).second, st), st.st_uid, st.st_gid};
+  struct statvfs fs;
+  if (fstatvfs(fd.get(), &fs) == 0) {
+    out.fs_bytes = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+    out.fs_used = static_cast<uint64_t>(fs.f_blocks - fs.f_bfree) * fs.f_frsize;
+  }
   return Reply(protocol::Encode(out));
 }
 

@@ -5,6 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cstdio>
+#include <cstring>
 #include <set>
 
 #include "base/clock.h"
@@ -27,6 +30,35 @@ constexpr char kBootstrap[] =
     "  builtin printf '%s' \"$__dsec_mark\" >&2\n"
     "  builtin printf '%s %s\\n' \"$__dsec_mark\" \"$__dsec_rc\" >&4\n"
     "done\n";
+
+// The same loop for a POSIX sh (an image without bash): `read` has no NUL delimiter there, so
+// each command comes as one line with every byte but a few safe ones as a \0ooo escape
+// (EncodeForSh), which printf %b turns back (the "." keeps trailing newlines through $(...)).
+// `command` keeps a function the user defines from standing in for a builtin.
+constexpr char kShBootstrap[] =
+    "while IFS= command read -r __dsec_cmd <&3 && IFS= command read -r __dsec_mark <&3; do\n"
+    "  __dsec_cmd=$(command printf '%b.' \"$__dsec_cmd\")\n"
+    "  eval \"${__dsec_cmd%.}\" </dev/null 3<&- 4>&-\n"
+    "  __dsec_rc=$?\n"
+    "  command printf '%s' \"$__dsec_mark\"\n"
+    "  command printf '%s' \"$__dsec_mark\" >&2\n"
+    "  command printf '%s %s\\n' \"$__dsec_mark\" \"$__dsec_rc\" >&4\n"
+    "done\n";
+
+std::string EncodeForSh(const std::string& s) {
+  std::string out;
+  out.reserve(s.size() * 2);
+  for (unsigned char c : s) {
+    if (c != 0 && (isalnum(c) || strchr(" _./,:=+-@%^", c) != nullptr)) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char esc[8];
+      snprintf(esc, sizeof esc, "\\0%03o", c);
+      out += esc;
+    }
+  }
+  return out;
+}
 
 constexpr int kStuckGraceMs = 2000;
 
@@ -172,9 +204,12 @@ StatusOr<std::unique_ptr<ShellSession>> ShellSession::Open(Agent* agent, std::st
                                                            const protocol::ExecSpec& spec) {
   if (agent->active_processes() >= static_cast<int>(agent->config().max_execs))
     return ResourceExhausted("too many concurrent execs and shells in this sandbox");
-  if (access("/bin/bash", X_OK) != 0)
-    return FailedPrecondition("shell sessions need /bin/bash in the sandbox image");
+  // bash where the image has it, else its POSIX sh.
+  bool posix = access("/bin/bash", X_OK) != 0;
+  if (posix && access("/bin/sh", X_OK) != 0)
+    return FailedPrecondition("shell sessions need /bin/bash or /bin/sh in the sandbox image");
   std::unique_ptr<ShellSession> s(new ShellSession(agent, std::move(id)));
+  s->posix_ = posix;
   int p[2];
   UniqueFd pipes[8];
   for (int i = 0; i < 4; ++i) {
@@ -184,7 +219,10 @@ StatusOr<std::unique_ptr<ShellSession>> ShellSession::Open(Agent* agent, std::st
   }
   // 0: stdout, 1: stderr, 2: commands (bash fd 3), 3: status (bash fd 4)
   SpawnRequest req;
-  req.argv = {"/bin/bash", "--noprofile", "--norc", "-c", kBootstrap, "dsec-shell"};
+  if (posix)
+    req.argv = {"/bin/sh", "-c", kShBootstrap, "dsec-shell"};
+  else
+    req.argv = {"/bin/bash", "--noprofile", "--norc", "-c", kBootstrap, "dsec-shell"};
   req.env = spec.env;
   req.cwd = spec.cwd;
   req.uid = spec.uid;
@@ -251,10 +289,10 @@ StatusOr<std::unique_ptr<Op>> ShellSession::Run(uint32_t channel, const std::str
   std::set<pid_t> before;
   for (pid_t p : CgroupPids(*agent_, proc_.cgroup))
     if (p != proc_.pid) before.insert(p);
-  std::string msg = command;
-  msg.push_back('\0');
+  std::string msg = posix_ ? EncodeForSh(command) : command;
+  msg.push_back(posix_ ? '\n' : '\0');
   msg += marker_;
-  msg.push_back('\0');
+  msg.push_back(posix_ ? '\n' : '\0');
   if (msg.size() > (1 << 20) - 4096) return TooLarge("shell commands are limited to 1 MiB");
   ssize_t n;
   do {

@@ -50,6 +50,7 @@ class ShellSession {
   UniqueFd cmd_w_;  // fd 3 in bash
   std::unique_ptr<Reader> out_, err_, status_;
   bool alive_ = true;
+  bool posix_ = false;  // /bin/sh (no bash in the image): commands are sent escaped
   ShellRunOp* run_ = nullptr;
   std::string marker_;
   std::string tail_[2];  // unforwarded bytes that may be the start of a marker

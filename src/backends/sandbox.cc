@@ -403,11 +403,21 @@ Status Sandbox::Resume() {
 }
 
 StatusOr<SandboxStats> Sandbox::Stats() {
-  MutexLock l(mu_);
-  if (state_.load() == SandboxState::kDestroyed) return FailedPrecondition("sandbox is destroyed");
-  DSEC_ASSIGN_OR_RETURN(SandboxStats s, instance_->Stats());
-  s.exec_count = exec_count_.load();
-  s.network_denied = instance_->NetworkDenied();
+  std::shared_ptr<AgentSession> session;
+  SandboxStats s;
+  {
+    MutexLock l(mu_);
+    if (state_.load() == SandboxState::kDestroyed)
+      return FailedPrecondition("sandbox is destroyed");
+    DSEC_ASSIGN_OR_RETURN(s, instance_->Stats());
+    s.exec_count = exec_count_.load();
+    s.network_denied = instance_->NetworkDenied();
+    // Only a running agent is asked (a paused sandbox stays paused).
+    if (!s.disk_used_known && state_.load() == SandboxState::kRunning) session = session_;
+  }
+  if (session)
+    if (auto fs = session->StatFs({0, 0}, "/"); fs.ok() && fs->fs_bytes > 0)
+      s.disk_used = fs->fs_used;
   return s;
 }
 

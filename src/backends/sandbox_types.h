@@ -125,6 +125,9 @@ struct SandboxStats {
   uint64_t oom_kills = 0;
   uint64_t disk_used = 0, disk_limit = 0;
   std::string disk_kind = "tmpfs";  // what the writable layer is: "tmpfs" or "image"
+  // False when the writable layer lives where the instance cannot see it (a microVM guest's
+  // RAM): the agent is asked (statfs of its root) while the sandbox runs.
+  bool disk_used_known = true;
   uint64_t exec_count = 0;
   uint64_t network_denied = 0;  // packets its network policy refused
 };

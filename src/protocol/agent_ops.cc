@@ -350,13 +350,17 @@ Json Encode(const StatResponse& r) {
   Json j = ToJson(r.entry);
   j["uid"] = r.uid;
   j["gid"] = r.gid;
+  j["fs_bytes"] = r.fs_bytes;
+  j["fs_used"] = r.fs_used;
   return j;
 }
 Status Decode(const Json& j, StatResponse* out) {
   DSEC_RETURN_IF_ERROR(StatusFromJson(j));
   DSEC_ASSIGN_OR_RETURN(out->entry, FileEntryFromJson(j));
   DSEC_RETURN_IF_ERROR(GetUnsigned(j, "uid", 0, UINT32_MAX, &out->uid));
-  return GetUnsigned(j, "gid", 0, UINT32_MAX, &out->gid);
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "gid", 0, UINT32_MAX, &out->gid));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "fs_bytes", 0, INT64_MAX, &out->fs_bytes));
+  return GetUnsigned(j, "fs_used", 0, INT64_MAX, &out->fs_used);
 }
 
 Json Encode(const MakeDirRequest& r) {

@@ -201,6 +201,8 @@ struct StatRequest {
 struct StatResponse {
   FileEntry entry;
   uint32_t uid = 0, gid = 0;
+  // The filesystem holding the path (statvfs): its size and what is used; 0 from older agents.
+  uint64_t fs_bytes = 0, fs_used = 0;
 };
 struct MakeDirRequest {
   static constexpr std::string_view kOp = "mkdir";

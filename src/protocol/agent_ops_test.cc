@@ -91,6 +91,16 @@ TEST(AgentOpsTest, ResponsesRoundTripAndCarryErrors) {
   EXPECT_EQ(back.entries[0].name, "a");
   EXPECT_TRUE(back.truncated);
   EXPECT_EQ(RoundTrip(StatResponse{{"s", "dir", 0, 0755, 1}, 3, 4}).gid, 4u);
+  auto fs = RoundTrip(StatResponse{{"s", "dir", 0, 0755, 1}, 3, 4, 1ull << 40, 5ull << 30});
+  EXPECT_EQ(fs.fs_bytes, 1ull << 40);
+  EXPECT_EQ(fs.fs_used, 5ull << 30);
+  // An older agent sends no filesystem figures: zero.
+  StatResponse old;
+  ASSERT_TRUE(Decode(Json::parse(R"({"name": "s", "type": "dir", "size": 0, "mode": 493,
+                                     "mtime": 1, "uid": 3, "gid": 4})"),
+                     &old)
+                  .ok());
+  EXPECT_EQ(old.fs_bytes, 0u);
   EXPECT_EQ(RoundTrip(ShellOpenResponse{"sh1"}).shell_id, "sh1");
   ShellRunResponse sr;
   sr.result.exit_code = 3;

@@ -814,3 +814,31 @@ def test_build_debian_base_with_mmdebstrap(edge, client):
     finally:
         c.delete(f"/v1/images/builds/{r['id']}", expect=200)
         c.delete("/v1/images/it-deb:1", expect=(204, 404))
+
+
+def test_shell_session_in_an_image_without_bash(edge, client):
+    """Issue 41 item 16: an image with only a POSIX sh (busybox) gets shell sessions too (and so
+    a piped `dsec shell`): cwd, variables and exit codes carry over; multi-line commands,
+    quotes, backslashes, trailing newlines and non-ASCII bytes arrive exactly."""
+    need_busybox()
+    import_image(client, "it-nobash:1", busybox_rootfs())
+    sb = client.create({"image": "it-nobash:1"})
+    try:
+        sh_id = client.post(f"/v1/sandboxes/{sb['id']}/shells", {}, expect=201).json["shell_id"]
+        url = f"/v1/sandboxes/{sb['id']}/shells/{sh_id}/run"
+
+        def run(cmd):
+            return client.post(url, {"command": cmd}, expect=200).json
+
+        assert run("mkdir -p /tmp/d && cd /tmp/d && X='a b'")["exit_code"] == 0
+        r = run('pwd; echo "$X"')
+        assert r["stdout"] == "/tmp/d\na b\n", r
+        assert run("(exit 5)")["exit_code"] == 5
+        tricky = "printf '%s|' 'q\"uo\\\\te' \"$X\" 'ünï' \\\n  && echo\ncat <<'EOF'\nline $X\nEOF\n\n"
+        r = run(tricky)
+        assert r["stdout"] == 'q"uo\\\\te|a b|ünï|\nline $X\n', r
+        assert r["exit_code"] == 0
+        client.delete(f"/v1/sandboxes/{sb['id']}/shells/{sh_id}", expect=204)
+    finally:
+        client.remove(sb["id"])
+        client.delete("/v1/images/it-nobash:1", expect=204)

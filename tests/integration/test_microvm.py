@@ -86,6 +86,11 @@ def test_microvm_runs_the_image_with_its_own_kernel(edge, client, vm_image):
 
         st = c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json
         assert st["memory_current"] > 16 << 20 and st["memory_limit"] == (192 + 64) << 20, st
+        # The guest's writable layer, as its agent measures it (issue 41 item 16).
+        sh(c, sid, "head -c 8000000 /dev/zero > /workspace/blob")
+        st = c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json
+        assert 8_000_000 <= st["disk_used"] <= st["disk_limit"], st
+        sh(c, sid, "rm /workspace/blob")
 
         # Pause stops the VM (QMP stop); resume continues it with its processes.
         sh(c, sid, "sleep 1000 >/dev/null 2>&1 & echo started")

@@ -258,6 +258,12 @@ StatusOr<FileEntry> AgentSession::Stat(protocol::RunAs as, const std::string& pa
   return std::move(resp.entry);
 }
 
+StatusOr<protocol::StatResponse> AgentSession::StatFs(protocol::RunAs as, const std::string& path) {
+  DSEC_ASSIGN_OR_RETURN(Json r,
+                        client_->CallSync(protocol::Encode(protocol::StatRequest{as, path})));
+  return protocol::DecodeAs<protocol::StatResponse>(r);
+}
+
 Status AgentSession::MakeDir(protocol::RunAs as, const std::string& path, uint32_t mode) {
   return client_->CallSync(protocol::Encode(protocol::MakeDirRequest{as, path, mode, true}))
       .status();
