@@ -64,23 +64,13 @@ class Instance {
   // the instance is not paused, so it must be held still while it is read.
   // `progress` (may be empty) is called as the layer is read: the bytes so far, and once more
   // with `read_all` when it is all read and is being stored.
+  // (What a kind cannot do at all is refused before it gets here: Backend::Capabilities.)
   virtual StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running,
-                                                          const CaptureProgress& progress) {
-    (void)keep_setuid;
-    (void)running;
-    (void)progress;
-    return Unimplemented(
-        std::string(KindName(kind())) +
-        " sandboxes cannot be snapshotted or forked yet (container sandboxes can)");
-  }
+                                                          const CaptureProgress& progress) = 0;
 
   // Replaces the network policy (spec().network at Start) live: a sandbox created with mode
   // none may get a network later.
-  virtual Status SetNetwork(const net::NetworkPolicy& p) {
-    (void)p;
-    return Unimplemented("network policies are not available for " + std::string(KindName(kind())) +
-                         " sandboxes on this node yet");
-  }
+  virtual Status SetNetwork(const net::NetworkPolicy& p) = 0;
   // Its IPv4 address on the node's sandbox network; empty without one.
   virtual std::string NetworkAddress() const { return ""; }
   // Packets its network policy refused so far.
@@ -88,11 +78,7 @@ class Instance {
   // A TCP connection to 127.0.0.1:port inside the sandbox (the port proxy), whatever its
   // network policy: a non-blocking socket whose connect has started (EINPROGRESS) or finished;
   // never waits for the server.
-  virtual StatusOr<UniqueFd> ConnectPort(uint16_t port) {
-    (void)port;
-    return Unimplemented("the port proxy is not available for " + std::string(KindName(kind())) +
-                         " sandboxes yet");
-  }
+  virtual StatusOr<UniqueFd> ConnectPort(uint16_t port) = 0;
 
   virtual Status Destroy() = 0;
   // Lets go without destroying: everything keeps running for a later Adopt.

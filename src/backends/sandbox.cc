@@ -568,6 +568,35 @@ std::string HelperBinaryPath(const char* env_name, const std::string& name,
   return dir + "/" + name;
 }
 
+Status NoNetwork(Kind kind, net::NetMode mode) {
+  return Unimplemented("network mode \"" + std::string(net::NetModeName(mode)) +
+                       "\" is not available for " + std::string(KindName(kind)) +
+                       " sandboxes yet (containers have it)");
+}
+
+Status NoPortProxy(Kind kind) {
+  return Unimplemented("the port proxy is not available for " + std::string(KindName(kind)) +
+                       " sandboxes yet (container sandboxes have it)");
+}
+
+Status NoSnapshot(Kind kind) {
+  return Unimplemented(std::string(KindName(kind)) +
+                       " sandboxes cannot be snapshotted or forked yet (container sandboxes can)");
+}
+
+Status CheckCapabilities(Kind kind, const KindCapabilities& caps, const std::string& image,
+                         const net::NetworkPolicy& network, bool worker) {
+  if (!caps.host_image && (image == "host" || image.rfind("host,", 0) == 0))
+    return Unimplemented("image \"host\" cannot be used by " + std::string(KindName(kind)) +
+                         " sandboxes (it is a live view of the host's directories, not layers): "
+                         "give an image from the store, e.g. one made by `dsec image build`");
+  if (!caps.network && network.mode != net::NetMode::kNone) return NoNetwork(kind, network.mode);
+  if (!caps.fncall_workers && worker)
+    return Unimplemented("fncall workers run as containers, not " + std::string(KindName(kind)) +
+                         " sandboxes");
+  return OkStatus();
+}
+
 int UsableCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -156,10 +156,29 @@ std::vector<std::string> BaseEnv(const UserIds& u, const std::string& hostname, 
 // Sets k=v in an environment list, replacing an earlier value.
 void SetEnv(std::vector<std::string>* env, const std::string& k, const std::string& v);
 
+// What a kind can do, known before anything is built: a create or a change asking for more is
+// refused (422, naming the field) before admission, and GET /v1/node lists the same table.
+struct KindCapabilities {
+  bool host_image = true;      // the built-in "host" image (a live view of the host's dirs)
+  bool network = true;         // network modes other than "none", at create and later
+  bool port_proxy = true;      // /ports/{port} and signed port URLs
+  bool snapshot = true;        // snapshot and fork
+  bool fncall_workers = true;  // warm fncall workers
+};
+// Unimplemented, naming the field, when a sandbox of `kind` with this image, network and
+// worker flag asks for what `caps` cannot give; OK otherwise.
+Status CheckCapabilities(Kind kind, const KindCapabilities& caps, const std::string& image,
+                         const net::NetworkPolicy& network, bool worker);
+// The refusals of one capability, for the places that check it (the same words everywhere).
+Status NoNetwork(Kind kind, net::NetMode mode);
+Status NoPortProxy(Kind kind);
+Status NoSnapshot(Kind kind);
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual Kind kind() const = 0;
+  virtual KindCapabilities Capabilities() const = 0;
   // Returns when the sandbox is running.
   virtual StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) = 0;
   // Takes over a sandbox that a previous process on the same state made and left running,

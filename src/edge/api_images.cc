@@ -165,6 +165,10 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e, Op::kSnapshot);
   if (!sb.ok()) return c->Fail(sb.status());
+  if (auto caps = c->api->deps().manager->Capabilities(e->params.kind); !caps.ok())
+    return c->Fail(caps.status());
+  else if (!caps->snapshot)
+    return c->Fail(backends::NoSnapshot(e->params.kind));
   images::ImageStore::Lease lease(*s);  // the new layer is unreferenced until PutImage
   auto stack = (*sb)->CaptureStack(keep_setuid->value_or(false));
   if (!stack.ok()) return c->Fail(stack.status());
@@ -203,6 +207,10 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e, Op::kSnapshot);
   if (!sb.ok()) return c->Fail(sb.status());
+  if (auto caps = c->api->deps().manager->Capabilities(e->params.kind); !caps.ok())
+    return c->Fail(caps.status());
+  else if (!caps->snapshot)
+    return c->Fail(backends::NoSnapshot(e->params.kind));
   images::ImageStore::Lease lease(*s);  // until the forks hold the new layer
   auto stack = (*sb)->CaptureStack(keep_setuid->value_or(false));
   if (!stack.ok()) return c->Fail(stack.status());

@@ -47,10 +47,8 @@ void CreatePortUrl(const std::shared_ptr<Ctx>& c) {
     DSEC_RETURN_IF_ERROR(b.Finish());
     if (!port) return InvalidArgument("\"port\" is required");
     DSEC_ASSIGN_OR_RETURN(auto e, c->Entry());
-    if (e->params.kind != backends::Kind::kContainer)
-      return Unimplemented("the port proxy is not available for " +
-                           std::string(backends::KindName(e->params.kind)) +
-                           " sandboxes yet (container sandboxes have it)");
+    DSEC_ASSIGN_OR_RETURN(auto caps, c->api->deps().manager->Capabilities(e->params.kind));
+    if (!caps.port_proxy) return backends::NoPortProxy(e->params.kind);
     const int64_t expires_s = WallMs() / 1000 + ttl.value_or(3600);
     std::string path = c->api->PortUrlPath(*e, static_cast<uint16_t>(*port), expires_s);
     Json out = {{"port", *port}, {"path", path}, {"expires_at", expires_s * 1000}};
@@ -117,6 +115,9 @@ void ServePort(Api* api, http::HttpRequest req) {
     return fail(InvalidArgument("port must be 1-65535, not \"" + port_text + "\""));
   auto entry = api->deps().manager->Get(id);
   if (!entry.ok()) return fail(entry.status());
+  auto caps = api->deps().manager->Capabilities((*entry)->params.kind);
+  if (!caps.ok()) return fail(caps.status());
+  if (!caps->port_proxy) return fail(backends::NoPortProxy((*entry)->params.kind));
   (*entry)->Touch();
   auto sb = (*entry)->Sandbox(Op::kUse);
   if (!sb.ok()) return fail(sb.status());

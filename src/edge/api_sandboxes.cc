@@ -159,9 +159,9 @@ Status ApplyFields(const CreateFields& f, CreateParams* p) {
 }
 
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
-                                                   const std::vector<backends::Kind>& served,
-                                                   pools::PoolSet* pools,
+                                                   const Manager& manager, pools::PoolSet* pools,
                                                    images::ImageStore* images, bool* count_given) {
+  const std::vector<backends::Kind> served = manager.Kinds();
   DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
   CreateParams p;
   p.resources = cfg.defaults;
@@ -194,6 +194,13 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
     p.kind = *k;
   }
   DSEC_ASSIGN_OR_RETURN(p.network, ParseNetwork(network, cfg.network));
+  // What the kind cannot do is refused now, before its image is looked up (and admission
+  // checks it again for every other way in).
+  {
+    DSEC_ASSIGN_OR_RETURN(backends::KindCapabilities caps, manager.Capabilities(p.kind));
+    DSEC_RETURN_IF_ERROR(backends::CheckCapabilities(p.kind, caps, f.image.value_or(p.image),
+                                                     p.network, /*worker=*/false));
+  }
   if (pool && !pool->is_null()) {
     if (!pool->is_string()) return InvalidArgument("\"pool\" must be a pool name");
     DSEC_RETURN_IF_ERROR(TakeFromPool(pool->get<std::string>(), pools, &f, &p));
@@ -215,8 +222,8 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
 void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   bool count_given = false;
   const auto& deps = c->api->deps();
-  auto parsed = ParseCreate(c->req.body, deps.cfg, deps.manager->Kinds(), deps.pools, deps.images,
-                            &count_given);
+  auto parsed =
+      ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images, &count_given);
   if (!parsed.ok()) return c->Fail(parsed.status());
   const std::string* wait = c->req.Query("wait");
   bool wait_ready = !(wait && (*wait == "0" || *wait == "false"));

@@ -174,6 +174,15 @@ std::unique_ptr<backends::microvm::MicrovmBackend> StartMicrovms(
   return std::move(*b);
 }
 
+// What a kind can do (Backend::Capabilities: the table creates are checked against).
+Json CapabilitiesJson(const backends::KindCapabilities& c) {
+  return {{"host_image", c.host_image},
+          {"network", c.network},
+          {"port_proxy", c.port_proxy},
+          {"snapshot", c.snapshot},
+          {"fncall_workers", c.fncall_workers}};
+}
+
 Json MicrovmFeatures(const backends::microvm::MicrovmBackend* b, const std::string& why) {
   if (!b) return {{"available", false}, {"reason", why}};
   Json f = {{"available", true},
@@ -491,9 +500,13 @@ int RunEdge(EdgeConfig cfg) {
   deps.tokens = *tokens;
   deps.instance = (*backend)->instance_id();
   deps.features = FeaturesOf(**backend);
-  deps.live_features = [vm = microvms.get(), &no_microvms, &network, &cfg] {
+  deps.live_features = [ct = backend->get(), vm = microvms.get(), &no_microvms, &network, &cfg] {
+    // Each kind this node serves, with what it can do: the table creates are checked against.
+    Json kinds = {{"container", CapabilitiesJson(ct->Capabilities())}};
+    if (vm) kinds["microvm"] = CapabilitiesJson(vm->Capabilities());
     return Json{{"microvm", MicrovmFeatures(vm, no_microvms)},
-                {"network", NetworkFeatures(cfg.network, &network)}};
+                {"network", NetworkFeatures(cfg.network, &network)},
+                {"kinds", kinds}};
   };
   api.emplace(std::move(deps));
 

@@ -188,12 +188,23 @@ Status Manager::Persist(const SandboxEntry& e) {
   return s;
 }
 
+StatusOr<backends::KindCapabilities> Manager::Capabilities(backends::Kind kind) const {
+  backends::Backend* backend = BackendFor(kind);
+  if (!backend)
+    return Unimplemented("kind \"" + std::string(backends::KindName(kind)) +
+                         "\" is not available on this node");
+  return backend->Capabilities();
+}
+
 Status Manager::FitsEver(const CreateParams& p, int count) const {
   const Resources& r = p.resources;
   backends::Backend* backend = BackendFor(p.kind);
   if (!backend)
     return Unimplemented("kind \"" + std::string(backends::KindName(p.kind)) +
                          "\" is not available on this node");
+  // What the kind cannot do at all is refused before anything is admitted or recorded.
+  DSEC_RETURN_IF_ERROR(backends::CheckCapabilities(p.kind, backend->Capabilities(), p.image,
+                                                   p.network, /*worker=*/false));
   const Resources max = backend->Largest();
   auto never = [](const std::string& what, const std::string& why) {
     return ResourceExhausted(what + " can never fit this node: " + why);
@@ -592,6 +603,9 @@ StatusOr<SandboxRecord> Manager::Patch(const std::string& id, const PatchParams&
   std::optional<net::NetworkPolicy> old_network;
   std::shared_ptr<backends::Sandbox> sb;
   if (p.network) {
+    DSEC_ASSIGN_OR_RETURN(backends::KindCapabilities caps, Capabilities(e->params.kind));
+    if (!caps.network && p.network->mode != net::NetMode::kNone)
+      return backends::NoNetwork(e->params.kind, p.network->mode);
     // Waits while it is being created: the policy applies to the sandbox as made.
     DSEC_ASSIGN_OR_RETURN(sb, e->Sandbox(Op::kUpdate));
     {

@@ -162,6 +162,9 @@ class Manager {
   SandboxRecord Record(const SandboxEntry& e) const;
   StatusOr<SandboxPage> List(const ListFilter& f) const;
   StatusOr<SandboxRecord> Patch(const std::string& id, const PatchParams& p);
+  // What sandboxes of `kind` can do on this node (Backend::Capabilities); NotFound-like
+  // Unimplemented when the node does not serve the kind.
+  StatusOr<backends::KindCapabilities> Capabilities(backends::Kind kind) const;
   Status Delete(const std::string& id, const std::string& reason = "api");
   StatusOr<SandboxRecord> Pause(const std::string& id);
   StatusOr<SandboxRecord> Resume(const std::string& id);

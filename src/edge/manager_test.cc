@@ -128,6 +128,40 @@ TEST_F(ManagerTest, WhatCanNeverFitIs422WithTheNodesMaximum) {
   CreateOne(p);
 }
 
+TEST_F(ManagerTest, WhatTheKindCannotDoIsRefusedBeforeAdmission) {
+  backend_.caps.network = false;
+  backend_.caps.host_image = false;
+  CreateParams p;
+  p.image = "layered:1";
+  p.network.mode = net::NetMode::kOpen;
+  // Even without waiting: no record a client could see, nothing admitted, nothing built.
+  auto r = manager_->Create(p, 1, /*wait=*/false, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(r.status().message().find("network mode \"open\""), std::string::npos)
+      << r.status().message();
+  p.network.mode = net::NetMode::kNone;
+  p.image = "host";
+  r = manager_->Create(p, 1, false, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("image \"host\""), std::string::npos);
+  EXPECT_EQ(manager_->size(), 0u);
+  EXPECT_EQ(backend_.created(), 0);
+  EXPECT_EQ(manager_->NodeInfo().used_memory_mb, 0);
+  // A change the kind cannot make is refused before the sandbox is touched.
+  p.image = "layered:1";
+  std::string id = CreateOne(p);
+  PatchParams patch;
+  patch.network = net::NetworkPolicy{};
+  patch.network->mode = net::NetMode::kOpen;
+  auto changed = manager_->Patch(id, patch);
+  EXPECT_EQ(changed.status().code(), StatusCode::kUnimplemented) << changed.status().ToString();
+  ASSERT_TRUE(manager_->Capabilities(backends::Kind::kContainer).ok());
+  EXPECT_FALSE(manager_->Capabilities(backends::Kind::kContainer)->network);
+  EXPECT_EQ(manager_->Capabilities(backends::Kind::kMicrovm).status().code(),
+            StatusCode::kUnimplemented);
+}
+
 TEST_F(ManagerTest, TtlReapingFollowsTheClock) {
   CreateParams p;
   p.ttl_s = 10;

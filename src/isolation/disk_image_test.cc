@@ -50,6 +50,18 @@ std::pair<uint64_t, int> Fill(int dirfd, const char* name, uint64_t bytes) {
   return {done, err};
 }
 
+// The mount is an ext4 filesystem of at most max_bytes whose root is owned by uid:gid.
+void ExpectExt4Root(int mnt, uid_t uid, gid_t gid, uint64_t max_bytes) {
+  struct stat st {};
+  ASSERT_EQ(fstat(mnt, &st), 0);
+  EXPECT_EQ(st.st_uid, uid);
+  EXPECT_EQ(st.st_gid, gid);
+  struct statfs sfs {};
+  ASSERT_EQ(fstatfs(mnt, &sfs), 0);
+  EXPECT_EQ(sfs.f_type, 0xEF53);  // ext4
+  EXPECT_LE(static_cast<uint64_t>(sfs.f_blocks) * sfs.f_bsize, max_bytes);
+}
+
 // Root, loop devices, a temp dir for the images; the loop devices in use before the test.
 class DiskImagePrivilegedTest : public ::testing::Test {
  protected:
@@ -92,15 +104,10 @@ TEST_F(DiskImagePrivilegedTest, SizeAndInodesAreHardCapsAndNothingOutlivesTheMou
     EXPECT_TRUE(names->empty());
     EXPECT_EQ(LoopDevicesInUse(), loops + 1);
 
-    struct stat st {};
-    ASSERT_EQ(fstat(mnt, &st), 0);
-    EXPECT_EQ(st.st_uid, 4242u);
-    EXPECT_EQ(st.st_gid, 4243u);
+    ExpectExt4Root(mnt, 4242, 4243, 64ull << 20);
     struct statfs sfs {};
     ASSERT_EQ(fstatfs(mnt, &sfs), 0);
-    EXPECT_EQ(sfs.f_type, 0xEF53);  // ext4
     uint64_t size = static_cast<uint64_t>(sfs.f_blocks) * sfs.f_bsize;
-    EXPECT_LE(size, 64ull << 20);
     EXPECT_GE(size, 56ull << 20);
     // No root reserve: only ext4's own small metadata reserve (2%, at most 4096 blocks),
     // which no write(2) can use.
@@ -223,14 +230,9 @@ TEST_F(DiskImagePrivilegedTest, PoolKeepsImagesReadyAndUnmountsReleasedOnes) {
     ASSERT_TRUE(second.ok()) << second.status().ToString();
     EXPECT_EQ(pool.Ready(), 1u);  // it came from the pool
     for (int mnt : {first->get(), second->get()}) {
-      struct stat st {};
-      ASSERT_EQ(fstat(mnt, &st), 0);
-      EXPECT_EQ(st.st_uid, 4242u);
-      EXPECT_EQ(st.st_gid, 4243u);
+      ExpectExt4Root(mnt, 4242, 4243, 32ull << 20);
       struct statfs sfs {};
       ASSERT_EQ(fstatfs(mnt, &sfs), 0);
-      EXPECT_EQ(sfs.f_type, 0xEF53);
-      EXPECT_LE(static_cast<uint64_t>(sfs.f_blocks) * sfs.f_bsize, 32ull << 20);
       EXPECT_GE(sfs.f_files, 1000u);
       EXPECT_LT(sfs.f_files, 1000u + 1024);
       auto names = ListDir(StrCat({"/proc/self/fd/", std::to_string(mnt)}));

@@ -264,6 +264,12 @@ def test_bad_policies_are_clear_400s(c):
     r = c.patch(f"/v1/sandboxes/{sb['id']}", {"network": {"mode": "open", "rules": 5}},
                 expect=400)
     assert "must be a list" in r.json["error"]["message"]
+    # A kind without networking refuses it before anything is admitted (issue 40 item 1).
+    if c.get("/v1/node", expect=200).json["features"]["microvm"].get("available"):
+        r = c.post("/v1/sandboxes?wait=0", {"kind": "microvm", "image": "any:1",
+                                            "network": {"mode": "open"}}, expect=422)
+        assert 'network mode "open" is not available for microvm' in \
+            r.json["error"]["message"], r.json
 
 
 FLOOD = r"""

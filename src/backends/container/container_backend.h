@@ -91,6 +91,7 @@ class ContainerBackend : public Backend {
   ~ContainerBackend() override;
 
   Kind kind() const override { return Kind::kContainer; }
+  KindCapabilities Capabilities() const override { return {}; }  // all of them
   Resources Largest() const override;
   StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
   StatusOr<std::shared_ptr<Sandbox>> Adopt(const SandboxSpec& spec,

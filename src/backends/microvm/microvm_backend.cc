@@ -149,7 +149,8 @@ std::string MicrovmBackend::Describe() const {
 
 StatusOr<std::shared_ptr<Sandbox>> MicrovmBackend::Create(const SandboxSpec& spec) {
   DSEC_RETURN_IF_ERROR(ValidateSandboxSpec(spec));
-  if (spec.worker) return Unimplemented("fncall workers run as containers, not microVMs");
+  DSEC_RETURN_IF_ERROR(
+      CheckCapabilities(kind(), Capabilities(), spec.image, spec.network, spec.worker.has_value()));
   auto sb = Sandbox::Start(std::make_unique<MicrovmInstance>(this, spec), *io_);
   if (!sb.ok()) return sb.status().WithContext("create microVM " + spec.id);
   return sb;

@@ -85,6 +85,14 @@ class MicrovmBackend : public Backend {
   ~MicrovmBackend() override;
 
   Kind kind() const override { return Kind::kMicrovm; }
+  // Layered images only, no network, port proxy, snapshots or fncall workers yet.
+  KindCapabilities Capabilities() const override {
+    return {.host_image = false,
+            .network = false,
+            .port_proxy = false,
+            .snapshot = false,
+            .fncall_workers = false};
+  }
   Resources Largest() const override;
   StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
   StatusOr<std::shared_ptr<Sandbox>> Adopt(const SandboxSpec& spec,

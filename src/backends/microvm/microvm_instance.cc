@@ -95,10 +95,6 @@ Status MicrovmInstance::ClaimDirectory() {
 }
 
 Status MicrovmInstance::AcquireImage(std::vector<UniqueFd>* layers) {
-  if (spec_.image == "host")
-    return Unimplemented(
-        "the \"host\" image cannot boot a microVM (it is a live view of the host's directories, "
-        "not layers): give an image from the store, e.g. one made by `dsec image build`");
   images::ImageStore* store = backend_->opts_.image_store;
   if (!store) return FailedPrecondition("this node has no image store");
   std::vector<std::string> names;
@@ -380,9 +376,6 @@ Status MicrovmInstance::Handshake(UniqueFd* conn_fd) {
 
 StatusOr<AgentLink> MicrovmInstance::Start() {
   MicrovmBackend& b = *backend_;
-  if (spec_.network.mode != net::NetMode::kNone)
-    return Unimplemented("network mode \"" + std::string(net::NetModeName(spec_.network.mode)) +
-                         "\" is not available for microVM sandboxes yet (containers have it)");
   DSEC_RETURN_IF_ERROR(ClaimDirectory());
   std::vector<UniqueFd> layers;
   DSEC_RETURN_IF_ERROR(AcquireImage(&layers));

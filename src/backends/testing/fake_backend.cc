@@ -64,6 +64,15 @@ class FakeInstance : public Instance {
     if (bytes <= 0) return InvalidArgument("memory limit must be positive");
     return OkStatus();
   }
+  StatusOr<std::vector<std::string>> CaptureStack(bool, bool, const CaptureProgress&) override {
+    return Unimplemented("fake sandboxes have no writable layer to capture");
+  }
+  Status SetNetwork(const net::NetworkPolicy&) override {
+    return Unimplemented("fake sandboxes have no network");
+  }
+  StatusOr<UniqueFd> ConnectPort(uint16_t) override {
+    return Unimplemented("fake sandboxes have no ports");
+  }
 
   Status Destroy() override {
     MutexLock l(state_->mu);

@@ -23,6 +23,7 @@ class FakeBackend : public Backend {
   ~FakeBackend() override;
 
   Kind kind() const override { return Kind::kContainer; }
+  KindCapabilities Capabilities() const override { return caps; }
   StatusOr<std::shared_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
   // Succeeds for a sandbox that was detached (not destroyed) from this backend.
   StatusOr<std::shared_ptr<Sandbox>> Adopt(const SandboxSpec& spec,
@@ -31,6 +32,7 @@ class FakeBackend : public Backend {
   Resources Largest() const override { return largest; }
 
   Resources largest{.cpu = 4, .memory_mb = 8192, .pids = 0, .disk_mb = 65536};
+  KindCapabilities caps;
 
   // The next Create fails with `s` (after nothing was made).
   void FailNextCreate(Status s);
