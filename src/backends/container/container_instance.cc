@@ -147,7 +147,10 @@ StatusOr<AgentLink> ContainerInstance::Start() {
   }
 
   // Big writable layers are disk images; smaller ones a tmpfs, whose pages count as memory.
-  disk_image_ = WritableLayerOnDisk(spec_.resources.disk_mb, b.opts_.tmpfs_disk_max_mb);
+  // An fncall worker keeps a tmpfs: its calls run in fresh tmpfs directories of their own (in
+  // its memory limit) and barely touch the layer, and pools make workers in bulk.
+  disk_image_ =
+      WritableLayerOnDisk(spec_.resources.disk_mb, b.opts_.tmpfs_disk_max_mb) && !spec_.worker;
   isolation::CgroupLimits limits;
   limits.memory_bytes = (spec_.resources.memory_mb + (disk_image_ ? 0 : spec_.resources.disk_mb))
                         << 20;
