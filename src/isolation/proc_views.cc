@@ -10,6 +10,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -136,7 +137,11 @@ Status ProcViews::Launch() {
     return NotFound(opts_.binary + " is not installed (Debian: apt install lxcfs)");
   if (err != 0) return ErrnoStatus(err, "start " + opts_.binary);
   auto p = PidFd::Open(pid);
-  if (!p.ok()) return p.status();
+  if (!p.ok()) {  // not left running unwatched
+    (void)kill(pid, SIGKILL);
+    (void)waitpid(pid, nullptr, 0);
+    return p.status();
+  }
   // Serving once its mount shows the files.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   const std::string probe = mnt_ + "/proc/meminfo";
