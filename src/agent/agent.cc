@@ -318,19 +318,12 @@ void Agent::OnPendingReadable() {
   bool ok = n > 0 && pending_decoder_.Feed(std::string_view(buf, static_cast<size_t>(n))).ok();
   if (ok && !pending_decoder_.Next(&f)) return;  // wait for the whole auth frame
   bool authed = false;
-  if (ok && f.type == FrameType::kAuth) {
-    auto j = protocol::ParseJson(f.payload);
-    if (j.ok()) {
-      auto secret = protocol::GetString(*j, "secret");
-      authed = secret.ok() && ConstantTimeEquals(*secret, cfg_.secret);
-    }
-  }
+  if (ok && f.type == FrameType::kAuth) authed = Authentic(f);
   loop_.Remove(pending_.get());
   UniqueFd c = std::move(pending_);
   pending_deadline_ = 0;
   if (!authed) {
-    std::string err = protocol::EncodeFrameOrDie(
-        FrameType::kError, 0, 0, R"({"error":{"code":"unauthenticated","message":"bad secret"}})");
+    std::string err = BadSecretFrame();
     (void)!write(c.get(), err.data(), err.size());
     // A port stays ours: the next edge gets it once this one hung up.
     if (cfg_.guest_port) WaitForHost(std::move(c), true);
@@ -390,11 +383,8 @@ void Agent::HandleFrame(Frame& f) {
 }
 
 void Agent::TakeOverPort(const Frame& f) {
-  auto j = protocol::ParseJson(f.payload);
-  auto secret = j.ok() ? protocol::GetString(*j, "secret") : StatusOr<std::string>(j.status());
-  if (!secret.ok() || !ConstantTimeEquals(*secret, cfg_.secret)) {
-    std::string err = protocol::EncodeFrameOrDie(
-        FrameType::kError, 0, 0, R"({"error":{"code":"unauthenticated","message":"bad secret"}})");
+  if (!Authentic(f)) {
+    std::string err = BadSecretFrame();
     (void)!write(conn_.get(), err.data(), err.size());
     loop_.Remove(conn_.get());
     UniqueFd port = std::move(conn_);
@@ -415,6 +405,19 @@ void Agent::TakeOverPort(const Frame& f) {
     return;
   }
   SendHello();
+}
+
+bool Agent::Authentic(const Frame& f) const {
+  auto j = protocol::ParseJson(f.payload);
+  if (!j.ok()) return false;
+  auto auth = protocol::DecodeAs<protocol::Auth>(*j);
+  return auth.ok() && !cfg_.secret.empty() && ConstantTimeEquals(auth->secret, cfg_.secret);
+}
+
+std::string Agent::BadSecretFrame() {
+  return protocol::EncodeFrameOrDie(
+      FrameType::kError, 0, 0,
+      protocol::ErrorJson(Status(StatusCode::kUnauthenticated, "bad secret")).dump());
 }
 
 void Agent::SendHello() {

@@ -149,6 +149,9 @@ class Agent {
   // Guest mode: kAuth on the serving port (see HandleFrame).
   void TakeOverPort(const protocol::Frame& f);
   void SendHello();
+  // A kAuth frame carrying this sandbox's secret.
+  bool Authentic(const protocol::Frame& f) const;
+  static std::string BadSecretFrame();
   void CheckPort();
   void Retire(Op* op);
   void FlushRetired();

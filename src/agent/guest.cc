@@ -23,6 +23,7 @@
 #include "base/file_util.h"
 #include "base/resources.h"
 #include "base/strings.h"
+#include "isolation/rootfs.h"
 #include "protocol/frame.h"
 #include "protocol/messages.h"
 
@@ -240,37 +241,12 @@ Status AddEntropy(const std::string& hex) {
   return OkStatus();
 }
 
-// Directories up to `path` (absolute, no "." or ".." components), the missing ones root's 0755.
-Status MakeParents(const std::string& path) {
-  if (path.empty() || path[0] != '/') return InvalidArgument("not an absolute path: " + path);
-  std::string at;
-  auto parts = SplitString(path, '/', true);
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    if (parts[i] == "." || parts[i] == "..") return InvalidArgument("bad path: " + path);
-    at += "/" + std::string(parts[i]);
-    if (mkdir(at.c_str(), 0755) < 0 && errno != EEXIST) return ErrnoError("mkdir " + at);
-  }
-  return OkStatus();
-}
-
-// The plan's directories and files (nothing of the user's has run yet: plain calls are safe).
+// The plan's directories and files, written through the root overlay by the container path's
+// own writer (isolation/rootfs.h); nothing of the user's has run yet.
 Status WriteStartFiles(const protocol::GuestSetup& s) {
-  for (const auto& d : s.dirs) {
-    DSEC_RETURN_IF_ERROR(MakeParents(d.path));
-    if (mkdir(d.path.c_str(), d.mode) < 0 && errno != EEXIST) return ErrnoError("mkdir " + d.path);
-    if (chmod(d.path.c_str(), d.mode) < 0 || lchown(d.path.c_str(), d.uid, d.gid) < 0)
-      return ErrnoError("chown " + d.path);
-  }
-  for (const auto& f : s.files) {
-    DSEC_RETURN_IF_ERROR(MakeParents(f.path));
-    UniqueFd fd(
-        open(f.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, f.mode));
-    if (!fd) return ErrnoError("open " + f.path);
-    if (!WriteAll(fd.get(), f.content)) return ErrnoError("write " + f.path);
-    if (fchmod(fd.get(), f.mode) < 0 || fchown(fd.get(), f.uid, f.gid) < 0)
-      return ErrnoError("chown " + f.path);
-  }
-  return OkStatus();
+  UniqueFd root(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!root) return ErrnoError("open /");
+  return isolation::WriteRootPlan(root.get(), s.dirs, s.files, {}, InRoot::kFollowInside);
 }
 
 // boot_disk_mb: the writable layer's size at boot (dsec.disk_mb); a clone of a template made at
@@ -351,7 +327,7 @@ void GuestMain() {
   cfg.orphan_timeout_ms = setup->orphan_timeout_ms;
   cfg.guest_port = true;
   WriteAll(g_port, protocol::EncodeFrameOrDie(FrameType::kReady, 0, 0,
-                                              Json({{"pid", getpid()}, {"layer_fd", -1}}).dump()));
+                                              protocol::Encode(protocol::Ready{getpid(), -1}).dump()));
   Agent agent(std::move(cfg), UniqueFd(g_port), UniqueFd());
   g_port = -1;
   int rc = agent.Run();

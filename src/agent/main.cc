@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   // An fncall worker is ready once its zygote is warm.
   if (dsec::Status s = dsec::agent::StartZygote(agent); !s.ok()) Fail(s);
   // The writable layer's fd number: the edge opens it through /proc/<pid>/fd for snapshots.
-  SendBlocking(FrameType::kReady,
-               {{"pid", getpid()}, {"layer_fd", agent.config().writable_layer.get()}});
+  SendBlocking(FrameType::kReady, dsec::protocol::Encode(dsec::protocol::Ready{
+                                      getpid(), agent.config().writable_layer.get()}));
   return agent.Run();
 }

@@ -238,15 +238,15 @@ Status SetupProc(int root, int dev_null_src,
   return OkStatus();
 }
 
-// Creates a directory or file (and missing parents, 0755 root) in an overlay's upper dir
-// before the overlay is mounted. `upper` is our own fresh directory: nothing can be in the way.
+// Creates a directory or file (and missing parents, 0755 root) under `upper`, its parents
+// resolved by `policy` (WriteRootPlan).
 Status MakeUpperPath(int upper, const std::string& path, bool is_dir, uint32_t mode, uint32_t uid,
-                     uint32_t gid, std::string_view content) {
+                     uint32_t gid, std::string_view content, InRoot policy) {
   DSEC_RETURN_IF_ERROR(CheckComponents(path));
   auto comps = Components(path);
   if (comps.empty()) return OkStatus();
   std::vector<std::string> parents(comps.begin(), comps.end() - 1);
-  StatusOr<UniqueFd> parent = MakeDirsInRoot(upper, parents, InRoot::kBeneath);
+  StatusOr<UniqueFd> parent = MakeDirsInRoot(upper, parents, policy);
   if (!parent.ok()) return parent.status().WithContext("parent of \"" + path + "\"");
   UniqueFd cur = std::move(parent).value();
   std::string name(comps.back());
@@ -268,12 +268,13 @@ Status MakeUpperPath(int upper, const std::string& path, bool is_dir, uint32_t m
   return OkStatus();
 }
 
-Status MakeUpperSymlink(int upper, const SymlinkSpec& l) {
+Status MakeUpperSymlink(int upper, const SymlinkSpec& l, InRoot policy) {
   auto slash = l.path.rfind('/');
   if (slash != 0)
-    DSEC_RETURN_IF_ERROR(MakeUpperPath(upper, l.path.substr(0, slash), true, 0755, 0, 0, {}));
+    DSEC_RETURN_IF_ERROR(
+        MakeUpperPath(upper, l.path.substr(0, slash), true, 0755, 0, 0, {}, policy));
   StatusOr<UniqueFd> opened = OpenInRoot(upper, slash == 0 ? "" : l.path.substr(1, slash - 1),
-                                         O_PATH | O_DIRECTORY, InRoot::kBeneath);
+                                         O_PATH | O_DIRECTORY, policy);
   if (!opened.ok()) return opened.status().WithContext("parent of \"" + l.path + "\"");
   UniqueFd parent = std::move(opened).value();
   if (symlinkat(l.target.c_str(), parent.get(), l.path.c_str() + slash + 1) < 0 && errno != EEXIST)
@@ -282,6 +283,18 @@ Status MakeUpperSymlink(int upper, const SymlinkSpec& l) {
 }
 
 }  // namespace
+
+Status WriteRootPlan(int root, const std::vector<DirSpec>& dirs,
+                     const std::vector<FileSpec>& files, const std::vector<SymlinkSpec>& symlinks,
+                     InRoot parents) {
+  for (const auto& d : dirs)
+    DSEC_RETURN_IF_ERROR(MakeUpperPath(root, d.path, true, d.mode, d.uid, d.gid, {}, parents));
+  for (const auto& f : files)
+    DSEC_RETURN_IF_ERROR(
+        MakeUpperPath(root, f.path, false, f.mode, f.uid, f.gid, f.content, parents));
+  for (const auto& l : symlinks) DSEC_RETURN_IF_ERROR(MakeUpperSymlink(root, l, parents));
+  return OkStatus();
+}
 
 const std::vector<std::string>& ProcMaskedPaths() {
   // Docker's list plus the kernel address and page maps (kallsyms, kpage*). Each mask is a
@@ -415,11 +428,8 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
     if (mkdir(up0.c_str(), 0755) < 0) return ErrnoError("mkdir up/0");
     UniqueFd up(open(up0.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!up) return ErrnoError("open up/0");
-    for (const auto& d : spec.dirs)
-      DSEC_RETURN_IF_ERROR(MakeUpperPath(up.get(), d.path, true, d.mode, d.uid, d.gid, {}));
-    for (const auto& f : spec.files)
-      DSEC_RETURN_IF_ERROR(MakeUpperPath(up.get(), f.path, false, f.mode, f.uid, f.gid, f.content));
-    for (const auto& l : spec.symlinks) DSEC_RETURN_IF_ERROR(MakeUpperSymlink(up.get(), l));
+    DSEC_RETURN_IF_ERROR(
+        WriteRootPlan(up.get(), spec.dirs, spec.files, spec.symlinks, InRoot::kBeneath));
   }
   UniqueFd rootdir(open("root", O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!rootdir) return ErrnoError("open root");

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "base/in_root.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -95,6 +96,15 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
                            const std::vector<int>& proc_views = {});
 
 // Opens the absolute `path` (no "." or "..") inside `root` (base/in_root.h, InRoot::kNoSymlinks).
+// The plan's directories, files and symlinks under `root`, missing parents made 0755 root:
+// an overlay's fresh upper dir before it is mounted (parents kBeneath: nothing can be in the
+// way), or a booted microVM guest's root before anything of the user's ran (kFollowInside: the
+// image's links mean what they mean inside). The last component is never followed; an
+// existing file is truncated and rewritten, an existing directory gets the mode and owner.
+Status WriteRootPlan(int root, const std::vector<DirSpec>& dirs,
+                     const std::vector<FileSpec>& files, const std::vector<SymlinkSpec>& symlinks,
+                     InRoot parents);
+
 StatusOr<UniqueFd> OpenSandboxPath(int root, const std::string& path, int flags, mode_t mode = 0);
 // mkdir -p inside root without following symlinks; a symlink or non-directory in the way of
 // the final component is replaced when `replace` is set (mount points such as /proc and /dev),

@@ -70,6 +70,23 @@ Status Decode(const Json& j, Hello* out) {
   }
   return OkStatus();
 }
+Json Encode(const Auth& a) { return {{"secret", a.secret}}; }
+Status Decode(const Json& j, Auth* out) {
+  DSEC_ASSIGN_OR_RETURN(out->secret, GetString(j, "secret"));
+  if (out->secret.empty() || out->secret.size() > 256)
+    return InvalidArgument("field \"secret\" is malformed");
+  return OkStatus();
+}
+
+Json Encode(const Ready& r) { return {{"pid", r.pid}, {"layer_fd", r.layer_fd}}; }
+Status Decode(const Json& j, Ready* out) {
+  DSEC_ASSIGN_OR_RETURN(int64_t pid, GetInt(j, "pid", 0, 0, INT32_MAX));
+  DSEC_ASSIGN_OR_RETURN(int64_t fd, GetInt(j, "layer_fd", -1, -1, INT32_MAX));
+  out->pid = static_cast<int>(pid);
+  out->layer_fd = static_cast<int>(fd);
+  return OkStatus();
+}
+
 Status CheckVersion(const Hello& h) {
   if (h.version < kMinProtocolVersion || h.version > kProtocolVersion)
     return FailedPrecondition("the agent speaks protocol version " + std::to_string(h.version) +

@@ -41,6 +41,23 @@ Status Decode(const Json& j, Hello* out);
 // The hello's version is one this edge speaks.
 Status CheckVersion(const Hello& h);
 
+// kAuth, edge -> agent: the first frame on a connection the agent did not start with (an edge
+// that restarted, or a microVM's port with a new host end). The agent answers with a hello, or
+// with an "unauthenticated" error frame and nothing more.
+struct Auth {
+  std::string secret;  // hex, as given in the setup
+};
+Json Encode(const Auth& a);
+Status Decode(const Json& j, Auth* out);
+
+// kReady, agent -> edge: the setup is done and the agent serves.
+struct Ready {
+  int pid = 0;        // the agent, in its own pid namespace (1)
+  int layer_fd = -1;  // its fd of the writable layer (snapshots open it via /proc); -1 none
+};
+Json Encode(const Ready& r);
+Status Decode(const Json& j, Ready* out);
+
 // The user an operation runs as (ids inside the sandbox's user namespace).
 struct RunAs {
   uint32_t uid = 0, gid = 0;

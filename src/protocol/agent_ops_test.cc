@@ -129,5 +129,20 @@ TEST(AgentOpsTest, HelloVersions) {
   EXPECT_EQ(CheckVersion(future).code(), StatusCode::kFailedPrecondition);
 }
 
+TEST(AgentOpsTest, AuthAndReady) {
+  EXPECT_EQ(RoundTrip(Auth{"abc123"}).secret, "abc123");
+  EXPECT_EQ(DecodeAs<Auth>(Json{{"secret", ""}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeAs<Auth>(Json::object()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeAs<Auth>(Json{{"secret", 7}}).status().code(), StatusCode::kInvalidArgument);
+  Ready r = RoundTrip(Ready{1, 9});
+  EXPECT_EQ(r.pid, 1);
+  EXPECT_EQ(r.layer_fd, 9);
+  // An older agent's ready said nothing of a layer: none.
+  auto old = DecodeAs<Ready>(Json{{"pid", 1}});
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(old->layer_fd, -1);
+  EXPECT_FALSE(DecodeAs<Ready>(Json{{"layer_fd", "x"}}).ok());
+}
+
 }  // namespace
 }  // namespace dsec::protocol

@@ -4,7 +4,6 @@
 #include <linux/capability.h>
 #include <linux/magic.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -22,6 +21,7 @@
 #include "backends/container/container_backend.h"
 #include "backends/container/root_mounts.h"
 #include "backends/rootfs_plan.h"
+#include "backends/session/bootstrap.h"
 #include "base/clock.h"
 #include "base/fd_passing.h"
 #include "base/file_util.h"
@@ -38,32 +38,7 @@
 
 namespace dsec::backends::container {
 
-using protocol::Frame;
-using protocol::FrameType;
-using protocol::Json;
-
 namespace {
-
-Status ReadFrameTimeout(int fd, int timeout_ms, protocol::FrameDecoder* dec, Frame* f) {
-  int64_t deadline = MonotonicMs() + timeout_ms;
-  char buf[64 * 1024];
-  while (!dec->Next(f)) {
-    if (dec->failed()) return InternalError("agent sent a malformed frame");
-    int64_t left = deadline - MonotonicMs();
-    if (left <= 0)
-      return DeadlineExceeded("agent did not answer within " + std::to_string(timeout_ms) + " ms");
-    pollfd p{fd, POLLIN, 0};
-    int r = poll(&p, 1, static_cast<int>(left));
-    if (r < 0 && errno != EINTR) return ErrnoError("poll agent");
-    if (r <= 0) continue;
-    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n < 0) return ErrnoError("recv from agent");
-    if (n == 0) return Unavailable("agent exited during setup");
-    DSEC_RETURN_IF_ERROR(dec->Feed(std::string_view(buf, static_cast<size_t>(n))));
-  }
-  return OkStatus();
-}
 
 // agent.sock in the sandbox directory `dirfd`, through /proc/self/fd (no sun_path limit).
 sockaddr_un AgentSocketAddress(int dirfd) {
@@ -71,14 +46,6 @@ sockaddr_un AgentSocketAddress(int dirfd) {
   addr.sun_family = AF_UNIX;
   snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/agent.sock", dirfd);
   return addr;
-}
-
-// The agent's hello, in a version this edge speaks.
-StatusOr<protocol::Hello> DecodeHello(const Frame& f) {
-  DSEC_ASSIGN_OR_RETURN(Json j, protocol::ParseJson(f.payload));
-  DSEC_ASSIGN_OR_RETURN(auto hello, protocol::DecodeAs<protocol::Hello>(j));
-  DSEC_RETURN_IF_ERROR(protocol::CheckVersion(hello));
-  return hello;
 }
 
 }  // namespace
@@ -307,19 +274,12 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
     }
   }
 
-  std::string auth;
-  DSEC_RETURN_IF_ERROR(
-      protocol::EncodeFrame(FrameType::kAuth, 0, 0, Json({{"secret", secret_}}).dump(), &auth));
-  DSEC_RETURN_IF_ERROR(SendWithFds(conn.get(), auth, {}));
-  protocol::FrameDecoder dec;
-  Frame f;
-  DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn.get(), b.opts_.setup_timeout_ms, &dec, &f));
-  if (f.type != FrameType::kHello)
-    return Status(StatusCode::kUnauthenticated, "the agent refused the secret");
-  DSEC_ASSIGN_OR_RETURN(protocol::Hello hello, DecodeHello(f));
+  DSEC_ASSIGN_OR_RETURN(
+      protocol::Hello hello,
+      Reauthenticate(conn.get(), secret_, MonotonicMs() + b.opts_.setup_timeout_ms));
   if (frozen) DSEC_RETURN_IF_ERROR(cgroup_->Freeze());
-  // Frames the agent sent right after hello stay in `dec`; there are none before our first
-  // request, so the session can start on the bare connection.
+  // The agent sends nothing after its hello before our first request: the session starts on
+  // the bare connection.
   AgentLink link;
   link.stream = std::move(conn);
   link.shells = std::move(hello.shells);
@@ -442,11 +402,8 @@ Status ContainerInstance::AddZygote(int userns_fd, protocol::SetupSpec* setup) {
 
 Status ContainerInstance::Handshake(int conn, int userns_fd) {
   ContainerBackend& b = *backend_;
-  protocol::FrameDecoder dec;
-  Frame f;
-  DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn, b.opts_.setup_timeout_ms, &dec, &f));
-  if (f.type != FrameType::kHello) return InternalError("agent did not say hello");
-  DSEC_RETURN_IF_ERROR(DecodeHello(f).status());
+  AgentBootstrap boot(conn);
+  DSEC_RETURN_IF_ERROR(boot.ExpectHello(MonotonicMs() + b.opts_.setup_timeout_ms).status());
   agent_->Execd();
 
   DSEC_ASSIGN_OR_RETURN(UniqueFd listen_fd, BindAgentSocket());
@@ -517,23 +474,12 @@ Status ContainerInstance::Handshake(int conn, int userns_fd) {
     }
   }
 
-  std::string frame;
-  DSEC_RETURN_IF_ERROR(
-      protocol::EncodeFrame(FrameType::kSetup, 0, 0, protocol::ToJson(s).dump(), &frame));
-  DSEC_RETURN_IF_ERROR(SendWithFds(conn, frame, fds));
-  DSEC_RETURN_IF_ERROR(ReadFrameTimeout(conn, b.opts_.setup_timeout_ms, &dec, &f));
-  if (f.type == FrameType::kError) {
-    auto j = protocol::ParseJson(f.payload);
-    Status st = j.ok() ? protocol::StatusFromJson(*j) : InternalError("agent setup failed");
-    return st.ok() ? InternalError("agent setup failed") : st;
-  }
-  if (f.type != FrameType::kReady)
-    return InternalError("agent sent an unexpected frame during setup");
+  DSEC_RETURN_IF_ERROR(boot.SendSetup(protocol::ToJson(s), fds));
+  DSEC_ASSIGN_OR_RETURN(protocol::Ready ready,
+                        boot.ExpectReady(MonotonicMs() + b.opts_.setup_timeout_ms));
   // The agent holds the uid range's lease from here on; one fd less for the edge per sandbox.
   uid_lease_.Reset();
-  if (auto j = protocol::ParseJson(f.payload); j.ok() && j->is_object())
-    if (auto it = j->find("layer_fd"); it != j->end() && it->is_number_integer())
-      layer_fd_ = it->get<int>();
+  layer_fd_ = ready.layer_fd;
   return OkStatus();
 }
 

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <grp.h>
-#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -21,9 +20,11 @@
 #include <ctime>
 
 #include "backends/container/root_mounts.h"
+#include "backends/microvm/adoption_handle.h"
 #include "backends/microvm/microvm_backend.h"
 #include "backends/microvm/qemu_cmd.h"
 #include "backends/rootfs_plan.h"
+#include "backends/session/bootstrap.h"
 #include "base/clock.h"
 #include "base/file_util.h"
 #include "base/ids.h"
@@ -34,8 +35,6 @@
 
 namespace dsec::backends::microvm {
 
-using protocol::Frame;
-using protocol::FrameType;
 
 namespace {
 
@@ -240,31 +239,16 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
   return OkStatus();
 }
 
-StatusOr<Frame> MicrovmInstance::ReadFrame(int fd, int64_t deadline_ms,
-                                           protocol::FrameDecoder* dec) {
-  Frame f;
-  char buf[16384];
-  while (!dec->Next(&f)) {
-    if (dec->failed()) return InternalError("the guest agent sent a malformed frame");
-    int64_t left = deadline_ms - MonotonicMs();
-    if (left <= 0) {
+AgentCarrier MicrovmInstance::Carrier() {
+  AgentCarrier c;
+  c.name = "the guest agent";
+  c.exit_fd = qemu_.fd();
+  c.explain = [this](Status raw) -> Status {
+    if (raw.code() == StatusCode::kDeadlineExceeded) {
       std::string console = ConsoleTail(kLogTail);
       return DeadlineExceeded("the microVM's agent did not answer within " +
                               std::to_string(backend_->opts_.boot_timeout_ms) + " ms" +
                               (console.empty() ? "" : "; its console ends: " + console));
-    }
-    pollfd p[2] = {{fd, POLLIN, 0}, {qemu_.fd(), POLLIN, 0}};
-    int r = poll(p, 2, static_cast<int>(std::min<int64_t>(left, 1000)));
-    if (r < 0 && errno != EINTR) return ErrnoError("poll the guest agent");
-    if (r <= 0) continue;
-    if (p[0].revents & (POLLIN | POLLHUP)) {
-      ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      if (n < 0 && errno != ECONNRESET) return ErrnoError("recv from the guest agent");
-      if (n > 0) {
-        DSEC_RETURN_IF_ERROR(dec->Feed(std::string_view(buf, static_cast<size_t>(n))));
-        continue;
-      }
     }
     // The connection ended or QEMU exited: say why.
     if (qemu_.WaitReadable(2000)) {
@@ -272,9 +256,9 @@ StatusOr<Frame> MicrovmInstance::ReadFrame(int fd, int64_t deadline_ms,
       return Unavailable("QEMU exited during the microVM's boot" +
                          (log.empty() ? std::string() : ": " + log));
     }
-    return Unavailable("the guest agent hung up during setup");
-  }
-  return f;
+    return raw;
+  };
+  return c;
 }
 
 protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
@@ -326,52 +310,22 @@ int MicrovmInstance::Cpus() const {
   return std::clamp(static_cast<int>(spec_.resources.cpu + 0.999), 1, 64);
 }
 
-Status MicrovmInstance::Handshake(UniqueFd* conn_fd) {
+Status MicrovmInstance::Handshake(UniqueFd* conn) {
   int64_t deadline = MonotonicMs() + backend_->opts_.boot_timeout_ms;
-  protocol::FrameDecoder dec;
-  StatusOr<Frame> first = ReadFrame(
-      conn_fd->get(), mode_ == Mode::kClone ? MonotonicMs() + kCloneHelloMs : deadline, &dec);
-  if (!first.ok() && mode_ == Mode::kClone &&
-      first.status().code() == StatusCode::kDeadlineExceeded) {
+  auto boot = std::make_unique<AgentBootstrap>(conn->get(), Carrier());
+  StatusOr<protocol::Hello> hello =
+      boot->ExpectHello(mode_ == Mode::kClone ? MonotonicMs() + kCloneHelloMs : deadline);
+  if (!hello.ok() && mode_ == Mode::kClone &&
+      hello.status().code() == StatusCode::kDeadlineExceeded) {
     DSEC_LOG_WARN("microvm {}: no hello from the restored guest; reconnecting", spec_.id);
-    conn_fd->Reset();
-    DSEC_ASSIGN_OR_RETURN(*conn_fd, ConnectAgent());
-    dec = protocol::FrameDecoder();
-    first = ReadFrame(conn_fd->get(), deadline, &dec);
+    conn->Reset();
+    DSEC_ASSIGN_OR_RETURN(*conn, ConnectAgent());
+    boot = std::make_unique<AgentBootstrap>(conn->get(), Carrier());
+    hello = boot->ExpectHello(deadline);
   }
-  DSEC_RETURN_IF_ERROR(first.status());
-  int conn = conn_fd->get();
-  Frame f = std::move(first).value();
-  if (f.type == FrameType::kError) {
-    auto j = protocol::ParseJson(f.payload);
-    Status st = j.ok() ? protocol::StatusFromJson(*j) : Status();
-    return Unavailable("the microVM's init failed: " +
-                       (st.ok() ? std::string("(no reason given)") : st.message()));
-  }
-  if (f.type != FrameType::kHello) return InternalError("the guest agent did not say hello");
-  {
-    DSEC_ASSIGN_OR_RETURN(Json j, protocol::ParseJson(f.payload));
-    DSEC_ASSIGN_OR_RETURN(auto hello, protocol::DecodeAs<protocol::Hello>(j));
-    DSEC_RETURN_IF_ERROR(protocol::CheckVersion(hello));
-  }
-  std::string frame;
-  DSEC_RETURN_IF_ERROR(protocol::EncodeFrame(FrameType::kSetup, 0, 0,
-                                             protocol::ToJson(BuildGuestSetup()).dump(), &frame));
-  for (size_t off = 0; off < frame.size();) {
-    ssize_t n = send(conn, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError("send setup to the guest agent");
-    off += static_cast<size_t>(n);
-  }
-  DSEC_ASSIGN_OR_RETURN(f, ReadFrame(conn, deadline, &dec));
-  if (f.type == FrameType::kError) {
-    auto j = protocol::ParseJson(f.payload);
-    Status st = j.ok() ? protocol::StatusFromJson(*j) : Status();
-    return st.ok() ? InternalError("the guest agent's setup failed") : st;
-  }
-  if (f.type != FrameType::kReady)
-    return InternalError("the guest agent sent an unexpected frame during setup");
-  return OkStatus();
+  DSEC_RETURN_IF_ERROR(hello.status());
+  DSEC_RETURN_IF_ERROR(boot->SendSetup(protocol::ToJson(BuildGuestSetup())));
+  return boot->ExpectReady(deadline).status();
 }
 
 StatusOr<AgentLink> MicrovmInstance::Start() {
@@ -438,21 +392,19 @@ Status MicrovmInstance::BootProbe(MicrovmBackend* backend, const std::string& ac
     DSEC_RETURN_IF_ERROR(t.LeaseAndCgroup());
     DSEC_RETURN_IF_ERROR(t.SpawnQemu({}));
     DSEC_ASSIGN_OR_RETURN(UniqueFd conn, t.ConnectAgent());
-    protocol::FrameDecoder dec;
-    return t.ReadFrame(conn.get(), MonotonicMs() + timeout_ms, &dec).status();
+    return AgentBootstrap(conn.get(), t.Carrier()).Next(MonotonicMs() + timeout_ms).status();
   }();
   (void)t.Destroy();
   return s;
 }
 
 std::string MicrovmInstance::AdoptionHandle() const {
-  Json layers = Json::array();
-  for (const auto& l : stack_.layers) layers.push_back(l.digest);
-  return Json({{"secret", secret_},
-               {"uid_slot", uid_slot_},
-               {"qemu_pid", qemu_.pid()},
-               {"layers", layers}})
-      .dump();
+  VmAdoptionHandle h;
+  h.secret = secret_;
+  h.uid_slot = uid_slot_;
+  h.qemu_pid = qemu_.pid();
+  for (const auto& l : stack_.layers) h.layer_digests.push_back(l.digest);
+  return h.Encode();
 }
 
 Status MicrovmInstance::FindQemu(pid_t pid) {
@@ -465,56 +417,11 @@ Status MicrovmInstance::FindQemu(pid_t pid) {
 
 StatusOr<protocol::Hello> MicrovmInstance::Reconnect(UniqueFd* conn) {
   DSEC_ASSIGN_OR_RETURN(*conn, ConnectAgent());
-  std::string auth;
-  DSEC_RETURN_IF_ERROR(
-      protocol::EncodeFrame(FrameType::kAuth, 0, 0, Json({{"secret", secret_}}).dump(), &auth));
-  for (size_t off = 0; off < auth.size();) {
-    ssize_t n = send(conn->get(), auth.data() + off, auth.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError("send auth to the guest agent");
-    off += static_cast<size_t>(n);
-  }
-  // What the guest wrote to the previous edge and nobody read may come first (the port keeps
-  // it): the reply is the first whole hello (or error) frame in the stream.
-  std::string buf;
-  int64_t deadline = MonotonicMs() + 10000;
-  while (buf.size() < (1u << 20)) {
-    for (size_t at = buf.find("DS"); at != std::string::npos; at = buf.find("DS", at + 1)) {
-      protocol::FrameDecoder dec(4096);
-      Frame f;
-      if (!dec.Feed(std::string_view(buf).substr(at)).ok() || !dec.Next(&f)) continue;
-      auto j = ParseJson(f.payload);
-      if (!j.ok()) continue;
-      if (f.type == FrameType::kError) {
-        Status st = protocol::StatusFromJson(*j);
-        return st.ok() ? Status(StatusCode::kUnauthenticated, "the guest agent refused the secret")
-                       : st;
-      }
-      if (f.type != FrameType::kHello) continue;
-      if (auto hello = protocol::DecodeAs<protocol::Hello>(*j); hello.ok()) {
-        DSEC_RETURN_IF_ERROR(protocol::CheckVersion(*hello));
-        return hello;
-      }
-    }
-    int64_t left = deadline - MonotonicMs();
-    if (left <= 0) return DeadlineExceeded("the guest agent did not answer the reconnect");
-    pollfd p{conn->get(), POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-    char chunk[16384];
-    ssize_t n = recv(conn->get(), chunk, sizeof chunk, MSG_DONTWAIT);
-    if (n == 0) return Unavailable("the guest agent hung up on the reconnect");
-    if (n > 0) buf.append(chunk, static_cast<size_t>(n));
-  }
-  return InternalError("no hello from the guest agent in 1 MiB");
+  return Reauthenticate(conn->get(), secret_, MonotonicMs() + 10000);
 }
 
 StatusOr<AgentLink> MicrovmInstance::Adopt(const std::string& handle) {
   MicrovmBackend& b = *backend_;
-  DSEC_ASSIGN_OR_RETURN(Json h, ParseJson(handle));
-  if (!h.is_object()) return InvalidArgument("microVM adoption handle is not an object");
-  DSEC_ASSIGN_OR_RETURN(std::string secret, GetString(h, "secret"));
-  DSEC_ASSIGN_OR_RETURN(int64_t slot, GetInt(h, "uid_slot", -1, -1, INT32_MAX));
-  DSEC_ASSIGN_OR_RETURN(int64_t pid, GetInt(h, "qemu_pid", 0, 0, INT32_MAX));
   lock_fd_.Reset(open(JoinPath(dir_, "owner.lock").c_str(), O_RDWR | O_CLOEXEC));
   if (lock_fd_ && flock(lock_fd_.get(), LOCK_EX | LOCK_NB) < 0) {
     lock_fd_.Reset();
@@ -524,23 +431,21 @@ StatusOr<AgentLink> MicrovmInstance::Adopt(const std::string& handle) {
   }
   dir_owned_ = true;  // ours from here: a failed adopt destroys what is left
   if (auto cg = b.cgroups_->OpenSandbox(spec_.id); cg.ok()) cgroup_ = std::move(*cg);
-  if (secret.empty() || !cgroup_) return Unavailable("microVM " + spec_.id + " is incomplete");
-  secret_ = secret;
-  DSEC_RETURN_IF_ERROR(FindQemu(static_cast<pid_t>(pid)));
-  if (slot >= 0) {
+  // A handle that does not parse leaves nothing to adopt: what is left is destroyed.
+  DSEC_ASSIGN_OR_RETURN(VmAdoptionHandle h, VmAdoptionHandle::Parse(handle));
+  if (!cgroup_) return Unavailable("microVM " + spec_.id + " is incomplete");
+  secret_ = h.secret;
+  DSEC_RETURN_IF_ERROR(FindQemu(h.qemu_pid));
+  if (h.uid_slot >= 0) {
     // QEMU holds the lease; this only records the range as ours again.
-    DSEC_ASSIGN_OR_RETURN(uid_lease_, b.uids_->Claim(static_cast<uint32_t>(slot)));
-    uid_slot_ = slot;
-    qemu_uid_ = b.uids_->FirstId(static_cast<uint32_t>(slot));
+    DSEC_ASSIGN_OR_RETURN(uid_lease_, b.uids_->Claim(static_cast<uint32_t>(h.uid_slot)));
+    uid_slot_ = h.uid_slot;
+    qemu_uid_ = b.uids_->FirstId(static_cast<uint32_t>(h.uid_slot));
   }
-  if (auto layers = h.find("layers");
-      layers != h.end() && layers->is_array() && b.opts_.image_store) {
-    std::vector<std::string> digests;
-    for (const auto& d : *layers)
-      if (d.is_string()) digests.push_back(d.get<std::string>());
-    for (const auto& d : digests)
+  if (!h.layer_digests.empty() && b.opts_.image_store) {
+    for (const auto& d : h.layer_digests)
       if (auto l = b.opts_.image_store->GetLayer(d); l.ok()) stack_.layers.push_back(*l);
-    holds_image_ = b.opts_.image_store->Hold(spec_.id, digests).ok();
+    holds_image_ = b.opts_.image_store->Hold(spec_.id, h.layer_digests).ok();
   }
   auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
   if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);

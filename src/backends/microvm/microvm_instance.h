@@ -12,6 +12,7 @@
 #include "backends/instance.h"
 #include "backends/microvm/qmp.h"
 #include "backends/sandbox.h"
+#include "backends/session/bootstrap.h"
 #include "base/pidfd.h"
 #include "base/unique_fd.h"
 #include "images/store.h"
@@ -87,8 +88,9 @@ class MicrovmInstance : public Instance {
   // Adopt: the QEMU named in the handle, if it is this VM's (in its cgroup).
   Status FindQemu(pid_t pid);
   int Cpus() const;
-  // The next frame from the agent, or an error naming why the guest is gone or late.
-  StatusOr<protocol::Frame> ReadFrame(int fd, int64_t deadline_ms, protocol::FrameDecoder* dec);
+  // The guest agent's carrier for the bootstrap: QEMU, whose exit, log and console explain a
+  // silent or vanished guest.
+  AgentCarrier Carrier();
   Status Handshake(UniqueFd* conn);
   protocol::GuestSetup BuildGuestSetup();
   int64_t GuestRamMb() const { return spec_.resources.memory_mb + spec_.resources.disk_mb; }

@@ -16,8 +16,6 @@
 
 namespace dsec::backends::microvm {
 
-using protocol::Frame;
-using protocol::FrameType;
 
 namespace {
 
@@ -59,10 +57,10 @@ Status MicrovmInstance::SaveAsTemplate(Template* out) {
   // clone's edge connects.
   {
     DSEC_ASSIGN_OR_RETURN(UniqueFd conn, ConnectAgent());
-    protocol::FrameDecoder dec;
-    DSEC_ASSIGN_OR_RETURN(
-        Frame f, ReadFrame(conn.get(), MonotonicMs() + backend_->opts_.boot_timeout_ms, &dec));
-    if (f.type != FrameType::kHello) return InternalError("the template's agent did not greet");
+    DSEC_RETURN_IF_ERROR(AgentBootstrap(conn.get(), Carrier())
+                             .ExpectHello(MonotonicMs() + backend_->opts_.boot_timeout_ms)
+                             .status()
+                             .WithContext("the template's agent"));
   }
   usleep(200 * 1000);  // to its next greeting (TCG is slow)
   auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);

@@ -1,9 +1,11 @@
-// The microVM backend's pure parts: the initramfs archive and the QEMU command line.
+// The microVM backend's pure parts: the initramfs archive, the QEMU command line, the
+// adoption handle.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 
+#include "backends/microvm/adoption_handle.h"
 #include "backends/microvm/boot_files.h"
 #include "backends/microvm/qemu_cmd.h"
 #include "base/file_util.h"
@@ -154,6 +156,41 @@ TEST(QemuCmdTest, EverythingQemuTouchesIsADescriptorAndTheDisksAreReadOnly) {
 TEST(QemuCmdTest, HostTscIsReadFromCpuinfo) {
   // Every x86 Linux host reports a "cpu MHz"; the guest's TSC runs at its rate under TCG.
   EXPECT_GT(HostTscKhz(), 100000);
+}
+
+TEST(VmAdoptionHandleTest, RoundTripsEveryField) {
+  VmAdoptionHandle h;
+  h.secret = "feedface";
+  h.uid_slot = 7;
+  h.qemu_pid = 4242;
+  h.layer_digests = {"sha256:aa", "sha256:bb"};
+  auto back = VmAdoptionHandle::Parse(h.Encode());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->secret, h.secret);
+  EXPECT_EQ(back->uid_slot, 7);
+  EXPECT_EQ(back->qemu_pid, 4242);
+  EXPECT_EQ(back->layer_digests, h.layer_digests);
+  // What the edges before the typed handle wrote is the same shape.
+  auto old = VmAdoptionHandle::Parse(R"({"secret":"s","uid_slot":-1,"qemu_pid":9,"layers":[]})");
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(old->uid_slot, -1);
+  EXPECT_TRUE(old->layer_digests.empty());
+  EXPECT_TRUE(VmAdoptionHandle::Parse(R"({"secret":"s","qemu_pid":9,"future":{}})").ok());
+}
+
+TEST(VmAdoptionHandleTest, BadHandlesAreErrors) {
+  for (const char* bad : {"", "[]", "{}", R"({"secret":"","qemu_pid":9})",
+                          R"({"secret":"s"})", R"({"secret":"s","qemu_pid":0})",
+                          R"({"secret":"s","qemu_pid":"9"})",
+                          R"({"secret":"s","qemu_pid":9,"uid_slot":-2})",
+                          R"({"secret":"s","qemu_pid":9,"layers":"sha256:aa"})",
+                          R"({"secret":"s","qemu_pid":9,"layers":[1]})"}) {
+    auto h = VmAdoptionHandle::Parse(bad);
+    EXPECT_FALSE(h.ok()) << bad;
+    if (!h.ok()) {
+      EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument) << bad;
+    }
+  }
 }
 
 }  // namespace
