@@ -21,6 +21,10 @@
 #include "base/status.h"
 #include "base/unique_fd.h"
 
+namespace dsec::net {
+class SandboxNet;
+}
+
 namespace dsec::backends {
 
 // Counts the OOM kills in the sandbox so far (a cgroup's counter, a guest's). Must stay
@@ -68,18 +72,10 @@ class Instance {
   virtual StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running,
                                                           const CaptureProgress& progress) = 0;
 
-  // Replaces the network policy (spec().network at Start) live: a sandbox created with mode
-  // none may get a network later.
-  virtual Status SetNetwork(const net::NetworkPolicy& p) = 0;
-  // Its IPv4 address on the node's sandbox network; empty without one.
-  virtual std::string NetworkAddress() const { return ""; }
-  // Packets its network policy refused so far.
-  virtual uint64_t NetworkDenied() { return 0; }
-  // A TCP connection to 127.0.0.1:port inside the sandbox (the port proxy), whatever its
-  // network policy: a non-blocking socket whose connect has started (EINPROGRESS) or finished;
-  // never waits for the server.
-  virtual StatusOr<UniqueFd> ConnectPort(uint16_t port) = 0;
-
+  // Its network on the node's (net/sandbox_net.h: policy, address, refused packets, the port
+  // proxy's connections), over a namespace the kind made; null for a kind without one
+  // (Backend::Capabilities says so before anything asks).
+  virtual net::SandboxNet* Network() = 0;
   virtual Status Destroy() = 0;
   // Lets go without destroying: everything keeps running for a later Adopt.
   virtual void Detach() = 0;

@@ -10,6 +10,7 @@
 
 #include "base/ids.h"
 #include "base/strings.h"
+#include "net/sandbox_net.h"
 #include "protocol/frame.h"
 
 namespace dsec::backends {
@@ -411,7 +412,7 @@ StatusOr<SandboxStats> Sandbox::Stats() {
       return FailedPrecondition("sandbox is destroyed");
     DSEC_ASSIGN_OR_RETURN(s, instance_->Stats());
     s.exec_count = exec_count_.load();
-    s.network_denied = instance_->NetworkDenied();
+    if (net::SandboxNet* n = instance_->Network()) s.network_denied = n->Denied();
     // Only a running agent is asked (a paused sandbox stays paused).
     if (!s.disk_used_known && state_.load() == SandboxState::kRunning) session = session_;
   }
@@ -432,7 +433,9 @@ Status Sandbox::SetNetwork(const net::NetworkPolicy& p) {
   MutexLock l(mu_);
   if (state_.load() == SandboxState::kDestroyed)
     return FailedPrecondition("sandbox " + id() + " is destroyed");
-  return instance_->SetNetwork(p);
+  net::SandboxNet* n = instance_->Network();
+  if (!n) return p.mode == net::NetMode::kNone ? OkStatus() : NoNetwork(kind(), p.mode);
+  return n->Apply(p);
 }
 
 StatusOr<UniqueFd> Sandbox::ConnectPort(uint16_t port) {
@@ -440,12 +443,15 @@ StatusOr<UniqueFd> Sandbox::ConnectPort(uint16_t port) {
   MutexLock l(mu_);
   if (state_.load() == SandboxState::kDestroyed)
     return FailedPrecondition("sandbox " + id() + " is destroyed");
-  return instance_->ConnectPort(port);
+  net::SandboxNet* n = instance_->Network();
+  if (!n) return NoPortProxy(kind());
+  return n->ConnectPort(port);
 }
 
 std::string Sandbox::network_address() const {
   MutexLock l(mu_);
-  return instance_->NetworkAddress();
+  net::SandboxNet* n = instance_->Network();
+  return n ? n->Address() : std::string();
 }
 
 StatusOr<std::vector<std::string>> Sandbox::CaptureStack(bool keep_setuid,

@@ -729,16 +729,7 @@ Status FinalizeConfig(EdgeConfig* c) {
   if (!c->build_mirror.empty() && c->build_mirror.rfind("http://", 0) != 0 &&
       c->build_mirror.rfind("https://", 0) != 0 && c->build_mirror.rfind("file://", 0) != 0)
     return InvalidArgument("build_mirror must be an http://, https:// or file:// URL");
-  {
-    uint32_t base = 0;
-    uint8_t prefix = 0;
-    bool host_bits = false;
-    if (!net::ParseCidr(c->network_cidr, &base, &prefix, &host_bits) || host_bits || prefix < 8 ||
-        prefix > 28)
-      return InvalidArgument(
-          "network_cidr must be an IPv4 network from /8 to /28, e.g. "
-          "10.213.0.0/16");
-  }
+  DSEC_ASSIGN_OR_RETURN(c->network_range, net::ParseSandboxRange(c->network_cidr));
   if (c->network_max_conns < 1 || c->network_new_conns_per_s < 1)
     return InvalidArgument("network_max_conns and network_new_conns_per_s must be at least 1");
   if (c->microvm_accel != "auto" && c->microvm_accel != "kvm" && c->microvm_accel != "tcg")

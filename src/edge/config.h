@@ -12,6 +12,7 @@
 #include "base/resources.h"
 #include "base/status.h"
 #include "http/server.h"
+#include "net/ruleset.h"
 
 namespace dsec::edge {
 
@@ -138,6 +139,7 @@ struct EdgeConfig {
   // sandbox that needs it (nothing changes on the host before) and removed at shutdown.
   bool network = true;
   std::string network_cidr = "10.213.0.0/16";  // node-local sandbox addresses
+  net::Ipv4Net network_range{0x0ad50000, 16};  // network_cidr, parsed (by FinalizeConfig)
   std::string network_uplink;                  // "" = the interface of the default route
   int network_max_conns = 1024;                // tracked connections per sandbox
   int network_new_conns_per_s = 200;           // new connections per second per sandbox

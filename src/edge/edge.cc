@@ -363,7 +363,7 @@ int RunEdge(EdgeConfig cfg) {
   // The sandbox network: started by the first sandbox that needs one, removed after every
   // sandbox is gone (the guard outlives the manager), left in place for --persist.
   net::NodeNetworkOptions net_opts;
-  net_opts.cidr = cfg.network_cidr;
+  net_opts.range = cfg.network_range;
   net_opts.uplink = cfg.network_uplink;
   net_opts.dns_upstream = cfg.network_dns;
   net_opts.dns_max_ttl_s = static_cast<uint32_t>(cfg.network_dns_max_ttl_s);
@@ -411,10 +411,7 @@ int RunEdge(EdgeConfig cfg) {
       BackendOptions(cfg, image_store->get(), *budgets);
   if (cfg.network) {
     container_opts.network = [&network] { return network.Get(); };
-    uint32_t base = 0;
-    uint8_t prefix = 0;
-    if (net::ParseCidr(cfg.network_cidr, &base, &prefix))
-      container_opts.nameserver = net::Ipv4ToString(base + 1);  // the gateway
+    container_opts.nameserver = net::Ipv4ToString(cfg.network_range.gateway());
   }
   auto backend = container::ContainerBackend::Create(container_opts);
   if (!backend.ok()) return fail("container backend", backend.status());

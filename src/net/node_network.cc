@@ -24,47 +24,14 @@
 #include "base/strings.h"
 #include "base/unique_fd.h"
 #include "net/netlink.h"
+#include "net/ruleset.h"
 
 namespace dsec::net {
 
 namespace {
 
-std::string Hex8(uint32_t v) {
-  char b[9];
-  snprintf(b, sizeof b, "%08" PRIx32, v);
-  return b;
-}
-
-std::string Cidr(uint32_t a, uint8_t p) { return Ipv4ToString(a) + "/" + std::to_string(p); }
-
 Status WriteSysctl(const std::string& path, const char* value) {
   return WriteStringToFile(path, value);
-}
-
-// "{ 443, 8000-8100 }"
-std::string PortSet(const std::vector<PortRange>& ports) {
-  std::string s = "{ ";
-  for (size_t i = 0; i < ports.size(); ++i) {
-    s += (i ? ", " : "") + std::to_string(ports[i].lo);
-    if (ports[i].hi != ports[i].lo) s += "-" + std::to_string(ports[i].hi);
-  }
-  return s + " }";
-}
-
-// The nft rule bodies (after the chain) that accept what `r` allows.
-std::vector<std::string> RuleBodies(const Rule& r) {
-  std::string dst = "ip daddr " + Cidr(r.addr, r.prefix) + " ";
-  std::vector<std::string> out;
-  auto l4 = [&](const char* proto) {
-    if (r.ports.empty())
-      out.push_back(dst + "meta l4proto " + proto + " accept");
-    else
-      out.push_back(dst + proto + " dport " + PortSet(r.ports) + " accept");
-  };
-  if (r.protos & kTcp) l4("tcp");
-  if (r.protos & kUdp) l4("udp");
-  if ((r.protos & kIcmp) && r.ports.empty()) out.push_back(dst + "meta l4proto icmp accept");
-  return out;
 }
 
 // Sets up the sandbox's side from inside its namespace: no IPv6, and sockets that stay there.
@@ -104,15 +71,14 @@ uint64_t PacketsOf(const std::string& out) {
 
 NetworkCheck CheckNodeNetwork(const NodeNetworkOptions& o) {
   NetworkCheck c;
-  uint32_t base = 0;
-  uint8_t prefix = 0;
-  bool host_bits = false;
-  if (!ParseCidr(o.cidr, &base, &prefix, &host_bits) || host_bits || prefix < 8 || prefix > 28) {
-    c.config = InvalidArgument(
-        "network_cidr must be an IPv4 network from /8 to /28, e.g. 10.213.0.0/16 (got \"" + o.cidr +
-        "\")");
+  // (Parsed where the configuration is read: ParseSandboxRange. This only guards the type.)
+  if (o.range.prefix < 8 || o.range.prefix > 28 ||
+      (o.range.base & ~PrefixMask(o.range.prefix)) != 0) {
+    c.config = InvalidArgument("network_cidr must be an IPv4 network from /8 to /28 (got " +
+                               o.range.ToString() + ")");
     return c;
   }
+  const uint32_t gateway = o.range.gateway();
   // The DNS upstream: network_dns, else the first nameserver of /etc/resolv.conf.
   if (o.dns_upstream.empty()) {
     auto conf = ReadFileToString("/etc/resolv.conf");
@@ -161,10 +127,10 @@ NetworkCheck CheckNodeNetwork(const NodeNetworkOptions& o) {
   UniqueFd probe(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(base + 1);
+  sa.sin_addr.s_addr = htonl(gateway);
   if (probe && bind(probe.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0)
-    c.node = Unavailable("network_cidr " + o.cidr + " is in use on this node (" +
-                         Ipv4ToString(base + 1) +
+    c.node = Unavailable("network_cidr " + o.range.ToString() + " is in use on this node (" +
+                         Ipv4ToString(gateway) +
                          " is already a local address): choose another network_cidr");
   return c;
 }
@@ -221,15 +187,11 @@ Status NodeNetwork::Init() {
   if (t.empty() || t.size() > 6 ||
       t.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyz") != std::string::npos)
     return InvalidArgument("network tag must be 1-6 characters of [0-9a-z]");
-  bool host_bits = false;
-  if (!ParseCidr(opts_.cidr, &base_, &prefix_, &host_bits) || host_bits || prefix_ < 8 ||
-      prefix_ > 28)
-    return InvalidArgument(
-        "network_cidr must be an IPv4 network from /8 to /28, e.g. 10.213.0.0/16 (got \"" +
-        opts_.cidr + "\")");
-  gateway_ = base_ + 1;
   check_ = CheckNodeNetwork(opts_);
   DSEC_RETURN_IF_ERROR(check_.config);
+  base_ = opts_.range.base;
+  prefix_ = opts_.range.prefix;
+  gateway_ = opts_.range.gateway();
   DSEC_RETURN_IF_ERROR(check_.node);
   // An NFLOG group of this edge's own (two edges on one host log apart).
   uint32_t h = 2166136261u;
@@ -312,83 +274,16 @@ Status NodeNetwork::SetUplinkForwarding() {
 }
 
 std::string NodeNetwork::Ruleset() const {
-  // {name} placeholders are filled in below. The veths have no address of their own, so the
-  // node's IGMP reports on them would carry the gateway's: dropped (output, raw) before
-  // conntrack sees them.
-  std::string r = R"(table inet {table} {
-  set bind { type ifname . ipv4_addr; }
-  set never { type ipv4_addr; flags interval; elements = { 0.0.0.0/8, {range}, 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3 } }
-  set private { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15 } }
-  map marks { type ipv4_addr : mark; }
-  map denied { type ipv4_addr : counter; }
-  map dispatch { type ipv4_addr : verdict; }
-  set conns { type ipv4_addr; size 65535; flags dynamic; }
-  set rate { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 10s; }
-  set lograte { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 1m; }
-  counter denied_total { }
-  chain forward { type filter hook forward priority filter; policy accept;
-    iifname "{veths}" jump from_sandbox
-    oifname "{veths}" ct state established,related accept
-    oifname "{veths}" reject with icmpx type admin-prohibited
-  }
-  chain from_sandbox {
-    meta nfproto != ipv4 drop
-    iifname . ip saddr != @bind drop
-    ct state new ct mark set ip saddr map @marks
-    ct state new add @conns { ip saddr ct count over {max_conns} } goto deny
-    ct state new update @rate { ip saddr limit rate over {rate}/second burst {burst} packets } goto deny
-    ip daddr @never goto deny
-    ip saddr vmap @dispatch
-    goto deny
-  }
-  chain deny {
-{log}    counter name denied_total
-    counter name ip saddr map @denied
-    meta l4proto tcp reject with tcp reset
-    reject with icmpx type admin-prohibited
-  }
-  chain input { type filter hook input priority filter; policy accept;
-    iifname "{veths}" jump to_node
-  }
-  chain to_node {
-    meta nfproto != ipv4 drop
-    iifname . ip saddr != @bind drop
-    ct state new ct mark set ip saddr map @marks
-    ct state new add @conns { ip saddr ct count over {max_conns} } goto deny
-    ct state new update @rate { ip saddr limit rate over {rate}/second burst {burst} packets } goto deny
-    ip daddr {gateway} udp dport 53 accept
-    goto deny
-  }
-  chain output { type filter hook output priority raw; policy accept;
-    oifname "{veths}" meta l4proto igmp drop
-    oifname "{bridge}" meta l4proto igmp drop
-  }
-  chain postrouting { type nat hook postrouting priority srcnat; policy accept;
-    ip saddr {range} oifname "{uplink}" masquerade
-  }
-}
-)";
-  const std::string log =
-      opts_.on_denied
-          ? "    update @lograte { ip saddr limit rate 6/minute burst 5 packets } log group " +
-                std::to_string(log_group_) + "\n"
-          : "";
-  const std::pair<const char*, std::string> vars[] = {
-      {"{table}", table_},
-      {"{range}", Cidr(base_, prefix_)},
-      {"{veths}", veth_prefix_ + "*"},
-      {"{bridge}", bridge_},
-      {"{uplink}", uplink_},
-      {"{gateway}", Ipv4ToString(gateway_)},
-      {"{max_conns}", std::to_string(opts_.max_conns)},
-      {"{rate}", std::to_string(opts_.new_conns_per_s)},
-      {"{burst}", std::to_string(2 * opts_.new_conns_per_s)},
-      {"{log}", log},
-  };
-  for (const auto& [key, value] : vars)
-    for (size_t at = r.find(key); at != std::string::npos; at = r.find(key, at + value.size()))
-      r.replace(at, strlen(key), value);
-  return r;
+  NodeTable t;
+  t.table = table_;
+  t.bridge = bridge_;
+  t.veth_prefix = veth_prefix_;
+  t.uplink = uplink_;
+  t.range = opts_.range;
+  t.max_conns = opts_.max_conns;
+  t.new_conns_per_s = opts_.new_conns_per_s;
+  if (opts_.on_denied) t.log_group = log_group_;
+  return RenderTable(t);
 }
 
 Status NodeNetwork::Nft(const std::string& cmds) { return NftOutput(cmds).status(); }
@@ -414,47 +309,7 @@ StatusOr<uint32_t> NodeNetwork::AllocateAddress() {
     next_ = off + 1;  // next-fit: an address is reused as late as possible
     return base_ + off;
   }
-  return OverCapacity("the node's sandbox network " + opts_.cidr + " has no free address");
-}
-
-std::string NodeNetwork::AttachCmds(uint32_t addr, const std::string& host_if) const {
-  const std::string a = Ipv4ToString(addr), x = Hex8(addr), t = " inet " + table_ + " ";
-  return StrCat({"add element",
-                 t,
-                 "bind { \"",
-                 host_if,
-                 "\" . ",
-                 a,
-                 " }\n",  //
-                 "add element",
-                 t,
-                 "marks { ",
-                 a,
-                 " : 0x",
-                 x,
-                 " }\n",  //
-                 "add counter",
-                 t,
-                 "dn_",
-                 x,
-                 "\n",  //
-                 "add element",
-                 t,
-                 "denied { ",
-                 a,
-                 " : \"dn_",
-                 x,
-                 "\" }\n",  //
-                 "add set",
-                 t,
-                 "dns_",
-                 x,
-                 " { type ipv4_addr; flags timeout; }\n",  //
-                 "add chain",
-                 t,
-                 "sb_",
-                 x,
-                 "\n"});
+  return OverCapacity("the node's sandbox network " + opts_.range.ToString() + " has no free address");
 }
 
 StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& label) {
@@ -497,7 +352,7 @@ StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& lab
   Status s;
   {
     MutexLock l(mu_);
-    s = Nft(AttachCmds(a.addr, a.host_if));
+    s = Nft(RenderAttach(table_, a.addr, a.host_if));
     if (s.ok()) attached_[a.addr] = {.label = label};
   }
   if (!s.ok()) return undo(s);
@@ -507,10 +362,10 @@ StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& lab
 Status NodeNetwork::Readopt(const NetAttachment& a, const std::string& label) {
   MutexLock l(mu_);
   if (a.addr <= base_ || a.addr - base_ >= used_.size())
-    return InvalidArgument("address " + Ipv4ToString(a.addr) + " is outside " + opts_.cidr);
+    return InvalidArgument("address " + Ipv4ToString(a.addr) + " is outside " + opts_.range.ToString());
   if (attached_.count(a.addr))
     return Status(StatusCode::kAlreadyExists, Ipv4ToString(a.addr) + " is attached");
-  DSEC_RETURN_IF_ERROR(Nft(AttachCmds(a.addr, a.host_if)));
+  DSEC_RETURN_IF_ERROR(Nft(RenderAttach(table_, a.addr, a.host_if)));
   used_[a.addr - base_] = true;
   attached_[a.addr] = {.label = label};
   return OkStatus();
@@ -543,21 +398,8 @@ Status NodeNetwork::ApplyRules(const NetAttachment& a, const NetworkPolicy& p, b
   if (!p.domains.empty() && !dns_)
     return Unimplemented("network domains need the node's DNS forwarder, which is off: " +
                          dns_error_);
-  const std::string x = Hex8(a.addr), t = " inet " + table_ + " ", chain = "sb_" + x;
-  // What its earlier domains resolved to goes with them.
-  std::string cmds = "flush chain" + t + chain + "\nflush set" + t + "dns_" + x + "\n";
-  for (const auto& r : p.rules)
-    for (const auto& body : RuleBodies(r)) cmds += "add rule" + t + chain + " " + body + "\n";
-  if (!p.domains.empty())
-    cmds += "add rule" + t + chain + " ip daddr @dns_" + x + " ip daddr != @private accept\n";
-  if (p.mode == NetMode::kOpen) cmds += "add rule" + t + chain + " ip daddr != @private accept\n";
-  bool dispatch = p.mode != NetMode::kNone;
-  if (dispatch && !it->second.dispatched)
-    cmds +=
-        StrCat({"add element", t, "dispatch { ", Ipv4ToString(a.addr), " : jump ", chain, " }\n"});
-  if (!dispatch && it->second.dispatched)
-    cmds += StrCat({"delete element", t, "dispatch { ", Ipv4ToString(a.addr), " }\n"});
-  DSEC_RETURN_IF_ERROR(Nft(cmds));
+  const bool dispatch = p.mode != NetMode::kNone;
+  DSEC_RETURN_IF_ERROR(Nft(RenderPolicy(table_, a.addr, p, it->second.dispatched)));
   *had_flows = it->second.dispatched;
   it->second.dispatched = dispatch;
   it->second.policy = p;
@@ -569,16 +411,8 @@ void NodeNetwork::Detach(const NetAttachment& a) {
     MutexLock l(mu_);
     auto it = attached_.find(a.addr);
     if (it == attached_.end()) return;
-    const std::string s = Ipv4ToString(a.addr), x = Hex8(a.addr), t = " inet " + table_ + " ";
-    std::string cmds;
-    if (it->second.dispatched) cmds += StrCat({"delete element", t, "dispatch { ", s, " }\n"});
-    cmds += StrCat({"flush chain",    t, "sb_",       x,         "\n",                //
-                    "delete chain",   t, "sb_",       x,         "\n",                //
-                    "delete set",     t, "dns_",      x,         "\n",                //
-                    "delete element", t, "bind { \"", a.host_if, "\" . ", s, " }\n",  //
-                    "delete element", t, "marks { ",  s,         " }\n",              //
-                    "delete element", t, "denied { ", s,         " }\n",              //
-                    "delete counter", t, "dn_",       x,         "\n"});
+    const std::string s = Ipv4ToString(a.addr);
+    std::string cmds = RenderDetach(table_, a.addr, a.host_if, it->second.dispatched);
     if (Status st = Nft(cmds); !st.ok()) DSEC_LOG_WARN("network: detach {}: {}", s, st.ToString());
     attached_.erase(it);
     used_[a.addr - base_] = false;
@@ -601,7 +435,7 @@ void NodeNetwork::Unplug(const NetAttachment& a) {
 
 uint64_t NodeNetwork::Denied(const NetAttachment& a) {
   MutexLock l(mu_);
-  auto out = NftOutput("list counter inet " + table_ + " dn_" + Hex8(a.addr));
+  auto out = NftOutput("list counter inet " + table_ + " " + CounterName(a.addr));
   if (!out.ok()) return 0;
   return PacketsOf(*out);
 }
@@ -642,18 +476,9 @@ std::optional<NetworkPolicy> NodeNetwork::PolicyFor(uint32_t addr) {
 void NodeNetwork::AllowResolved(uint32_t sandbox, const std::vector<dns::Address>& addrs) {
   MutexLock l(mu_);
   if (!attached_.count(sandbox)) return;
-  // add + delete + add in one transaction: the element exists afterwards with this answer's
-  // timeout even when an earlier answer had added it with a shorter one.
-  std::string set = " inet " + table_ + " dns_" + Hex8(sandbox) + " { ", plain, timed;
-  for (const auto& a : addrs) {
-    // The forwarder has bounded it (dns_max_ttl_s); nft takes no timeout of 0.
-    uint32_t ttl = std::clamp<uint32_t>(a.ttl, 1, 86400);
-    plain += (plain.empty() ? "" : ", ") + Ipv4ToString(a.addr);
-    timed += StrCat(
-        {timed.empty() ? "" : ", ", Ipv4ToString(a.addr), " timeout ", std::to_string(ttl), "s"});
-  }
-  Status s = Nft(StrCat({"add element", set, plain, " }\ndelete element", set, plain,
-                         " }\nadd element", set, timed, " }\n"}));
+  std::string cmds = RenderAllowResolved(table_, sandbox, addrs);
+  if (cmds.empty()) return;
+  Status s = Nft(cmds);
   if (!s.ok())
     DSEC_LOG_WARN("network: allow resolved for {}: {}", Ipv4ToString(sandbox), s.ToString());
 }
@@ -682,7 +507,7 @@ void NodeNetwork::Stop() {
 }
 
 std::string NodeNetwork::Describe() const {
-  return StrCat({"range ", opts_.cidr, ", gateway ", Ipv4ToString(gateway_), ", uplink ", uplink_,
+  return StrCat({"range ", opts_.range.ToString(), ", gateway ", Ipv4ToString(gateway_), ", uplink ", uplink_,
                  ", table inet ", table_});
 }
 
@@ -753,7 +578,7 @@ void LazyNodeNetwork::ProbeDns() {
 LazyNodeNetwork::Info LazyNodeNetwork::Describe() {
   MutexLock l(mu_);
   Info i;
-  i.cidr = opts_.cidr;
+  i.cidr = opts_.range.ToString();
   i.started = net_ != nullptr;
   i.dns_upstream = check_.dns_upstream;
   if (net_) {

@@ -33,13 +33,14 @@
 #include "net/deny_log.h"
 #include "net/dns_forwarder.h"
 #include "net/policy.h"
+#include "net/ruleset.h"
 
 struct nft_ctx;
 
 namespace dsec::net {
 
 struct NodeNetworkOptions {
-  std::string cidr = "10.213.0.0/16";  // node-local; /8 to /28
+  Ipv4Net range{0x0ad50000, 16};  // node-local, /8 to /28 (ParseSandboxRange): 10.213.0.0/16
   std::string uplink;                  // empty: the interface of the IPv4 default route
   std::string tag;                     // 1-6 of [0-9a-z]: names the table, bridge and veths
   std::string state_file;              // remembers the uplink's forwarding setting across crashes

@@ -51,7 +51,9 @@ sockaddr_un AgentSocketAddress(int dirfd) {
 }  // namespace
 
 ContainerInstance::ContainerInstance(ContainerBackend* backend, SandboxSpec spec)
-    : backend_(backend), spec_(std::move(spec)) {
+    : backend_(backend),
+      spec_(std::move(spec)),
+      net_(backend_->opts_.network, [this] { return OpenNetns(); }, spec_.id) {
   if (spec_.hostname.empty()) spec_.hostname = spec_.id;
   dir_ = JoinPath(backend_->sandboxes_dir_, spec_.id);
 }
@@ -139,7 +141,7 @@ StatusOr<AgentLink> ContainerInstance::Start() {
     DSEC_ASSIGN_OR_RETURN(netns_, isolation::NetnsPool::CreateLoopbackOnly());
   }
   // Its network exists, policy applied, before anything of the sandbox runs.
-  if (spec_.network.mode != net::NetMode::kNone) DSEC_RETURN_IF_ERROR(ApplyNetwork(spec_.network));
+  if (spec_.network.mode != net::NetMode::kNone) DSEC_RETURN_IF_ERROR(net_.Apply(spec_.network));
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) return ErrnoError("socketpair");
   UniqueFd conn(sp[0]), child_end(sp[1]);
@@ -242,14 +244,7 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
   holds_image_ = !stack_.layers.empty();
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->OpenSandbox(spec_.id));
   cgroup_ = std::move(cg);
-  if (h.net_addr) {
-    if (!b.opts_.network) return FailedPrecondition("this edge has no sandbox network");
-    DSEC_ASSIGN_OR_RETURN(net_, b.opts_.network());
-    net::NetAttachment a{h.net_addr, h.net_if};
-    DSEC_RETURN_IF_ERROR(net_->Readopt(a, spec_.id));
-    attachment_ = a;
-    DSEC_RETURN_IF_ERROR(net_->Apply(attachment_, spec_.network));
-  }
+  DSEC_RETURN_IF_ERROR(net_.Readopt({h.net_addr, h.net_if}, spec_.network));
   // A frozen agent cannot answer: thaw for the handshake, freeze again after.
   bool frozen = cgroup_->IsFrozen().value_or(false);
   if (frozen) DSEC_RETURN_IF_ERROR(cgroup_->Thaw());
@@ -297,8 +292,8 @@ std::string ContainerInstance::AdoptionHandle() const {
   h.overlays = overlay_targets_;
   h.base = stack_.base;
   for (const auto& l : stack_.layers) h.layer_digests.push_back(l.digest);
-  h.net_addr = attachment_.addr;
-  h.net_if = attachment_.host_if;
+  h.net_addr = net_.attachment().addr;
+  h.net_if = net_.attachment().host_if;
   return h.Encode();
 }
 
@@ -306,7 +301,7 @@ void ContainerInstance::Detach() {
   destroyed_ = true;  // nothing for a later Destroy to do
   // Still in use by the agent: never back into the pool; its network stays for the next edge.
   netns_ = {};
-  attachment_ = {};
+  net_.Forget();
   agent_.reset();  // already exec'd: nothing is killed
   adopted_ = false;
   lock_fd_.Reset();
@@ -554,9 +549,8 @@ Status ContainerInstance::Destroy() {
     adopted_ = false;
   }
   // Its rules and conntrack entries go now; the veth goes with the namespace.
-  bool networked = bool(attachment_);
-  if (attachment_ && net_) net_->Detach(attachment_);
-  attachment_ = {};
+  bool networked = net_.attached();
+  net_.Detach();
   // Nothing runs in the network namespace any more (the agent, PID 1 of the only pid
   // namespace in it, is reaped), so it can serve another sandbox, unless it has a network.
   if (netns_.ns && backend_->netns_ && !networked) backend_->netns_->Release(std::move(netns_));
@@ -593,63 +587,18 @@ Status ContainerInstance::Destroy() {
   return result;
 }
 
-StatusOr<int> ContainerInstance::NetnsFd(UniqueFd* holder) const {
-  if (netns_.ns) return netns_.ns.get();
+StatusOr<UniqueFd> ContainerInstance::OpenNetns() const {
+  if (netns_.ns) {
+    UniqueFd fd(fcntl(netns_.ns.get(), F_DUPFD_CLOEXEC, 3));
+    if (!fd) return ErrnoError("dup the network namespace of sandbox " + spec_.id);
+    return fd;
+  }
   // Pooling off, or adopted: the agent's namespace.
-  holder->Reset(
+  UniqueFd fd(
       open(("/proc/" + std::to_string(agent_pid_) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
-  if (!*holder || !InOwnCgroup(agent_pid_))
+  if (!fd || !InOwnCgroup(agent_pid_))
     return ErrnoError("open the network namespace of sandbox " + spec_.id);
-  return holder->get();
-}
-
-Status ContainerInstance::ApplyNetwork(const net::NetworkPolicy& p) {
-  if (p.mode == net::NetMode::kNone) {
-    // No network device at all, as a sandbox created with none: the veth and the address go.
-    if (attachment_ && net_) net_->Unplug(attachment_);
-    attachment_ = {};
-    return OkStatus();
-  }
-  if (!attachment_) {
-    if (!backend_->opts_.network)
-      return Unimplemented("this edge has no sandbox network (network modes other than none)");
-    DSEC_ASSIGN_OR_RETURN(net_, backend_->opts_.network());
-    UniqueFd holder;
-    DSEC_ASSIGN_OR_RETURN(int ns, NetnsFd(&holder));
-    DSEC_ASSIGN_OR_RETURN(attachment_, net_->Attach(ns, spec_.id));
-  }
-  return net_->Apply(attachment_, p);
-}
-
-Status ContainerInstance::SetNetwork(const net::NetworkPolicy& p) { return ApplyNetwork(p); }
-
-StatusOr<UniqueFd> ContainerInstance::ConnectPort(uint16_t port) {
-  UniqueFd holder;
-  DSEC_ASSIGN_OR_RETURN(int ns, NetnsFd(&holder));
-  // Made in the sandbox's namespace, it connects to that namespace's loopback.
-  DSEC_ASSIGN_OR_RETURN(UniqueFd s,
-                        net::SocketIn(ns, AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  // Non-blocking: a server that never accepts must not hold the caller (the sandbox's lock, a
-  // worker); the caller waits for the connection to finish, with a deadline.
-  if (connect(s.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0 && errno != EINPROGRESS) {
-    if (errno == ECONNREFUSED)
-      return Status(StatusCode::kUnavailable,
-                    "nothing listens on port " + std::to_string(port) + " in sandbox " + spec_.id);
-    return ErrnoError("connect to port " + std::to_string(port) + " in sandbox " + spec_.id);
-  }
-  return s;
-}
-
-std::string ContainerInstance::NetworkAddress() const {
-  return attachment_ ? net::Ipv4ToString(attachment_.addr) : std::string();
-}
-
-uint64_t ContainerInstance::NetworkDenied() {
-  return attachment_ && net_ ? net_->Denied(attachment_) : 0;
+  return fd;
 }
 
 StatusOr<std::vector<std::string>> ContainerInstance::CaptureStack(

@@ -18,7 +18,7 @@
 #include "isolation/cgroup.h"
 #include "isolation/netns.h"
 #include "isolation/rootfs.h"
-#include "net/node_network.h"
+#include "net/sandbox_net.h"
 #include "protocol/messages.h"
 
 namespace dsec::backends::container {
@@ -42,10 +42,7 @@ class ContainerInstance : public Instance {
   StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running,
                                                   const CaptureProgress& progress) override;
   Status Destroy() override;
-  Status SetNetwork(const net::NetworkPolicy& p) override;
-  std::string NetworkAddress() const override;
-  uint64_t NetworkDenied() override;
-  StatusOr<UniqueFd> ConnectPort(uint16_t port) override;
+  net::SandboxNet* Network() override { return &net_; }
   void Detach() override;
 
   // True if pid is a process in this sandbox's cgroups (checked from /proc/<pid>/cgroup).
@@ -81,13 +78,9 @@ class ContainerInstance : public Instance {
   bool adopted_ = false;                       // found by Adopt (agent_pid_)
   UniqueFd lock_fd_;
   isolation::Netns netns_;  // pooled namespace, returned on destroy (unless it got a network)
-  // Its network (SetNetwork, or the spec at Start); `net_` is the node network it is on.
-  net::NodeNetwork* net_ = nullptr;
-  net::NetAttachment attachment_;
-  // Gives the sandbox's namespace a network if it has none yet, then applies `p`.
-  Status ApplyNetwork(const net::NetworkPolicy& p);
-  // Its network namespace: the pooled one it was given, or its agent's (opened into holder).
-  StatusOr<int> NetnsFd(UniqueFd* holder) const;
+  // Its network namespace: the pooled one it was given, or its agent's (a new descriptor).
+  StatusOr<UniqueFd> OpenNetns() const;
+  net::SandboxNet net_;  // its network on the node's, over that namespace
   pid_t agent_pid_ = -1;
   int64_t uid_slot_ = -1;
   // The host uid range's lease while we hold it: until the agent has its own copy after

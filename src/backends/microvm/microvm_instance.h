@@ -43,8 +43,8 @@ class MicrovmInstance : public Instance {
   StatusOr<std::vector<std::string>> CaptureStack(bool, bool, const CaptureProgress&) override {
     return NoSnapshot(kind());
   }
-  Status SetNetwork(const net::NetworkPolicy& p) override { return NoNetwork(kind(), p.mode); }
-  StatusOr<UniqueFd> ConnectPort(uint16_t) override { return NoPortProxy(kind()); }
+  // (Next: a SandboxNet over the namespace QEMU runs in, with a tap.)
+  net::SandboxNet* Network() override { return nullptr; }
   Status Destroy() override;
   void Detach() override;
 

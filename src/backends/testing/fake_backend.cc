@@ -67,12 +67,7 @@ class FakeInstance : public Instance {
   StatusOr<std::vector<std::string>> CaptureStack(bool, bool, const CaptureProgress&) override {
     return Unimplemented("fake sandboxes have no writable layer to capture");
   }
-  Status SetNetwork(const net::NetworkPolicy&) override {
-    return Unimplemented("fake sandboxes have no network");
-  }
-  StatusOr<UniqueFd> ConnectPort(uint16_t) override {
-    return Unimplemented("fake sandboxes have no ports");
-  }
+  net::SandboxNet* Network() override { return nullptr; }  // caps: no network, no port proxy
 
   Status Destroy() override {
     MutexLock l(state_->mu);

@@ -1,0 +1,73 @@
+#include "net/sandbox_net.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "net/netlink.h"
+
+namespace dsec::net {
+
+SandboxNet::SandboxNet(NodeSource node, NamespaceSource netns, std::string label)
+    : node_source_(std::move(node)), netns_(std::move(netns)), label_(std::move(label)) {}
+
+Status SandboxNet::Apply(const NetworkPolicy& p) {
+  if (p.mode == NetMode::kNone) {
+    // No network device at all, as a sandbox created with none: the veth and the address go.
+    if (attachment_ && node_) node_->Unplug(attachment_);
+    attachment_ = {};
+    return OkStatus();
+  }
+  if (!attachment_) {
+    if (!node_source_)
+      return Unimplemented("this edge has no sandbox network (network modes other than none)");
+    DSEC_ASSIGN_OR_RETURN(node_, node_source_());
+    DSEC_ASSIGN_OR_RETURN(UniqueFd ns, netns_());
+    DSEC_ASSIGN_OR_RETURN(attachment_, node_->Attach(ns.get(), label_));
+  }
+  return node_->Apply(attachment_, p);
+}
+
+Status SandboxNet::Readopt(const NetAttachment& a, const NetworkPolicy& p) {
+  if (!a) return OkStatus();
+  if (!node_source_) return FailedPrecondition("this edge has no sandbox network");
+  DSEC_ASSIGN_OR_RETURN(node_, node_source_());
+  DSEC_RETURN_IF_ERROR(node_->Readopt(a, label_));
+  attachment_ = a;
+  return node_->Apply(attachment_, p);
+}
+
+StatusOr<UniqueFd> SandboxNet::ConnectPort(uint16_t port) {
+  DSEC_ASSIGN_OR_RETURN(UniqueFd ns, netns_());
+  // Made in the sandbox's namespace, it connects to that namespace's loopback.
+  DSEC_ASSIGN_OR_RETURN(
+      UniqueFd s, SocketIn(ns.get(), AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // Non-blocking: a server that never accepts must not hold the caller (the sandbox's lock, a
+  // worker); the caller waits for the connection to finish, with a deadline.
+  if (connect(s.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0 && errno != EINPROGRESS) {
+    if (errno == ECONNREFUSED)
+      return Status(StatusCode::kUnavailable,
+                    "nothing listens on port " + std::to_string(port) + " in sandbox " + label_);
+    return ErrnoError("connect to port " + std::to_string(port) + " in sandbox " + label_);
+  }
+  return s;
+}
+
+std::string SandboxNet::Address() const {
+  return attachment_ ? Ipv4ToString(attachment_.addr) : std::string();
+}
+
+uint64_t SandboxNet::Denied() { return attachment_ && node_ ? node_->Denied(attachment_) : 0; }
+
+void SandboxNet::Detach() {
+  if (attachment_ && node_) node_->Detach(attachment_);
+  attachment_ = {};
+}
+
+void SandboxNet::Forget() { attachment_ = {}; }
+
+}  // namespace dsec::net

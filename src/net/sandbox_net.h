@@ -1,0 +1,63 @@
+// A sandbox's network, owned beside its instance: a kind hands over its network namespace (a
+// container's; for a microVM, the namespace QEMU runs in with its tap) and this does the rest
+// on the node's network (node_network.h): attach on the first policy that is not `none`,
+// replace the policy live, unplug on `none`, connect to a port inside for the port proxy,
+// count refused packets, detach. Nothing here knows which kind made the namespace.
+//
+// Thread safety: none; the owner serializes calls (Sandbox holds its lock).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+#include "net/node_network.h"
+#include "net/policy.h"
+
+namespace dsec::net {
+
+class SandboxNet {
+ public:
+  // The node network, started at its first use; unset: this edge has none (modes other than
+  // none are refused).
+  using NodeSource = std::function<StatusOr<NodeNetwork*>()>;
+  // Opens the sandbox's network namespace (a new descriptor each call).
+  using NamespaceSource = std::function<StatusOr<UniqueFd>()>;
+
+  // `label` names the sandbox in the node's log of refused packets.
+  SandboxNet(NodeSource node, NamespaceSource netns, std::string label);
+
+  // Gives the namespace a network if it has none yet (eth0, an address), then applies `p`
+  // atomically. Mode none takes the network away again: the sandbox is left with loopback
+  // only, as if it never had one.
+  Status Apply(const NetworkPolicy& p);
+  // After an edge restart: the attachment an adoption handle kept, with its policy again.
+  Status Readopt(const NetAttachment& a, const NetworkPolicy& p);
+  // A TCP connection to 127.0.0.1:port inside the namespace, whatever the policy: a
+  // non-blocking socket whose connect has started (EINPROGRESS) or finished; never waits for
+  // the server. Nothing listening is kUnavailable.
+  StatusOr<UniqueFd> ConnectPort(uint16_t port);
+  // Its IPv4 address; empty without a network.
+  std::string Address() const;
+  // Packets its policy refused so far.
+  uint64_t Denied();
+  // What an adoption handle keeps (empty: no network).
+  const NetAttachment& attachment() const { return attachment_; }
+  bool attached() const { return bool(attachment_); }
+  // Removes its rules and conntrack entries and frees the address; the veth goes with the
+  // namespace. Idempotent.
+  void Detach();
+  // Lets go without removing anything: a later edge adopts it.
+  void Forget();
+
+ private:
+  NodeSource node_source_;
+  NamespaceSource netns_;
+  std::string label_;
+  NodeNetwork* node_ = nullptr;
+  NetAttachment attachment_;
+};
+
+}  // namespace dsec::net
