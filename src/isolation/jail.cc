@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -137,6 +138,15 @@ void BuildRoot(const Plan& p) {
 // credentials (glibc's wrappers would try to reach the parent's threads).
 [[noreturn]] void Child(const Plan& p) {
   const JailSpec& s = *p.spec;
+  // Started with every signal blocked (SpawnJailed): the edge's handlers must not run here.
+  // Every disposition goes back to the default (an ignored one would survive the exec), and
+  // nothing stays blocked once it runs.
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    (void)sigaction(sig, &dfl, nullptr);  // (glibc's internal signals refuse: fine)
+  }
   char c;
   if (read(p.go, &c, 1) != 1) Fail(p, kWait);  // the edge gave up on this start
   int copies[64];
@@ -169,6 +179,9 @@ void BuildRoot(const Plan& p) {
       Fail(p, kIds);
   }
   if (s.no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) Fail(p, kNoNewPrivs);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
   execve(s.exe.c_str(), p.argv.data(), p.envp.data());
   Fail(p, kExec);
 }
@@ -228,6 +241,20 @@ StatusOr<Plan> MakePlan(const JailSpec& s) {
 
 }  // namespace
 
+StatusOr<std::string> FindExecutable(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (name[0] == '/' && access(name.c_str(), X_OK) == 0) return name;
+    return NotFound("\"" + name + "\" is not an executable at an absolute path");
+  }
+  const char* path = getenv("PATH");
+  for (std::string_view dir : SplitString(path ? path : "/usr/bin:/bin", ':', true)) {
+    if (dir.empty() || dir[0] != '/') continue;
+    std::string cand = std::string(dir) + "/" + name;
+    if (access(cand.c_str(), X_OK) == 0) return cand;
+  }
+  return NotFound("\"" + name + "\" is not on PATH");
+}
+
 StatusOr<PidFd> SpawnJailed(const JailSpec& spec) {
   DSEC_ASSIGN_OR_RETURN(Plan p, MakePlan(spec));
   int go[2], err[2];
@@ -246,9 +273,17 @@ StatusOr<PidFd> SpawnJailed(const JailSpec& spec) {
   args.flags = static_cast<uint64_t>(spec.namespaces) | CLONE_PIDFD;
   args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
   long pid = sys::Clone3(&args);
-  if (pid < 0) return ErrnoError("clone3 " + spec.exe);
   if (pid == 0) Child(p);
+  int clone_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) {
+    errno = clone_errno;
+    return ErrnoError("clone3 " + spec.exe);
+  }
   PidFd proc(static_cast<pid_t>(pid), UniqueFd(pidfd));
   go_read.Reset();
   err_write.Reset();

@@ -58,7 +58,10 @@ struct JailSpec {
   std::function<Status(pid_t)> before_exec;
 };
 
-// Starts the jailed process. Its pidfd names the host pid; the caller reaps it.
+// The absolute path execve runs for `name`: itself when absolute, else found on PATH.
+StatusOr<std::string> FindExecutable(const std::string& name);
+
+// Starts the jailed process (default signal dispositions, nothing blocked). Its pidfd names the host pid; the caller reaps it.
 StatusOr<PidFd> SpawnJailed(const JailSpec& spec);
 
 }  // namespace dsec::isolation

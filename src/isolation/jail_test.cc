@@ -4,7 +4,9 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -115,6 +117,24 @@ TEST_F(JailPrivilegedTest, CredentialsAreDroppedForGood) {
   EXPECT_NE(out.find("ids: 65534 65533 [65533 65532]"), std::string::npos) << out;
   EXPECT_NE(out.find("NoNewPrivs: 1"), std::string::npos) << out;
   EXPECT_NE(out.find("CapEff: 0000000000000000"), std::string::npos) << out;
+}
+
+TEST_F(JailPrivilegedTest, SignalsStartAtTheirDefaults) {
+  // What the edge ignores or blocks is not the helper's.
+  struct sigaction ign {}, old_usr1 {};
+  ign.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGUSR1, &ign, &old_usr1), 0);
+  sigset_t usr2, old_mask;
+  sigemptyset(&usr2);
+  sigaddset(&usr2, SIGUSR2);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &usr2, &old_mask), 0);
+  int rc = -1;
+  std::string out = Run(Minimal(), "grep -E '^Sig(Ign|Blk):' /proc/self/status", &rc);
+  sigaction(SIGUSR1, &old_usr1, nullptr);
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("SigBlk:\t0000000000000000"), std::string::npos) << out;
+  EXPECT_NE(out.find("SigIgn:\t0000000000000000"), std::string::npos) << out;
 }
 
 TEST_F(JailPrivilegedTest, ItsOwnNetworkNamespaceHasOnlyLoopback) {

@@ -5,7 +5,6 @@
 #include <linux/mount.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/eventfd.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -20,9 +19,9 @@
 #include "base/file_util.h"
 #include "base/logging.h"
 #include "base/strings.h"
+#include "isolation/jail.h"
 #include "sys/syscalls.h"
 
-extern char** environ;
 
 namespace dsec::isolation {
 
@@ -108,40 +107,21 @@ Status ProcViews::Launch() {
   struct stat st;
   if (stat(log.c_str(), &st) == 0 && st.st_size > kMaxLogBytes) (void)truncate(log.c_str(), 0);
   const std::string pidfile = JoinPath(opts_.dir, "lxcfs.pid");
-  std::vector<std::string> args = {opts_.binary, "-f", "--enable-pidfd", "-p", pidfile, mnt_};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-  // Its own session (the edge's terminal and process group are not its), default signals.
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t pid = -1;
-  int err = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (err == ENOENT)
-    return NotFound(opts_.binary + " is not installed (Debian: apt install lxcfs)");
-  if (err != 0) return ErrnoStatus(err, "start " + opts_.binary);
-  auto p = PidFd::Open(pid);
-  if (!p.ok()) {  // not left running unwatched
-    (void)kill(pid, SIGKILL);
-    (void)waitpid(pid, nullptr, 0);
-    return p.status();
-  }
+  auto exe = FindExecutable(opts_.binary);
+  if (!exe.ok()) return NotFound(opts_.binary + " is not installed (Debian: apt install lxcfs)");
+  UniqueFd null_fd(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  UniqueFd log_fd(open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!null_fd || !log_fd) return ErrnoError("open lxcfs's stdio");
+  // Through the helper jail (jail.h) for its descriptors, session and signals; no namespaces
+  // or root of its own: it serves the node's /proc and cgroups to every sandbox, as root.
+  JailSpec j;
+  j.exe = *exe;
+  j.argv = {opts_.binary, "-f", "--enable-pidfd", "-p", pidfile, mnt_};
+  j.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+  j.fds = {{0, null_fd.get()}, {1, log_fd.get()}, {2, log_fd.get()}};
+  auto spawned = SpawnJailed(j);
+  if (!spawned.ok()) return spawned.status().WithContext("start " + opts_.binary);
+  auto p = std::move(spawned);
   // Serving once its mount shows the files.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   const std::string probe = mnt_ + "/proc/meminfo";

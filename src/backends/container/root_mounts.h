@@ -1,11 +1,11 @@
-// The container kind's side of a root filesystem plan (backends/rootfs_plan.h): what the plan
-// needs to know of the host image and the image layers (read from them), and the plan's lowers
-// as detached read-only mounts, idmapped into the sandbox's id range where the plan says, for
-// the agent to stack into overlays.
+// The container kind's side of a root filesystem plan (backends/rootfs_plan.h): the plan's
+// lowers, from its sources (backends/root_sources.h), as detached read-only mounts, idmapped
+// into the sandbox's id range where the plan says, for the agent to stack into overlays.
 #pragma once
 
 #include <vector>
 
+#include "backends/root_sources.h"
 #include "backends/rootfs_plan.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
@@ -15,16 +15,8 @@
 
 namespace dsec::backends::container {
 
-// The host image and image layers a root is made of, and what its plan needs to know of them.
-struct RootSources {
-  isolation::HostImage host;
-  std::vector<images::LayerSource> layers;  // bottom first, as the stack
-  RootfsInputs inputs;                      // the image part filled in
-};
-
-// `host`: the host image, when the stack starts from it (moved into the result).
-StatusOr<RootSources> GatherRootSources(const images::Stack& stack, isolation::HostImage host,
-                                        images::ImageStore* store);
+using backends::GatherRootSources;
+using backends::RootSources;
 
 // Mounts the plan's lowers (detached; idmapped into the sandbox's range where the plan says,
 // when there is a user namespace: userns_fd >= 0) into *mounts, and returns the overlays

@@ -19,10 +19,10 @@
 #include <cstring>
 #include <ctime>
 
-#include "backends/container/root_mounts.h"
 #include "backends/microvm/adoption_handle.h"
 #include "backends/microvm/microvm_backend.h"
 #include "backends/microvm/qemu_cmd.h"
+#include "backends/root_sources.h"
 #include "backends/rootfs_plan.h"
 #include "backends/session/bootstrap.h"
 #include "base/clock.h"
@@ -30,6 +30,7 @@
 #include "base/ids.h"
 #include "base/logging.h"
 #include "base/strings.h"
+#include "isolation/jail.h"
 #include "protocol/agent_ops.h"
 #include "protocol/messages.h"
 
@@ -53,21 +54,6 @@ std::string FileTail(const std::string& path, size_t n) {
   if (!s.ok() || s->empty()) return "";
   std::string t = s->size() > n ? s->substr(s->size() - n) : *s;
   return std::string(TrimWhitespace(t));
-}
-
-// The binary execve will run: `name` itself when it has a slash, else found on PATH.
-StatusOr<std::string> FindProgram(const std::string& name) {
-  if (name.find('/') != std::string::npos) {
-    if (access(name.c_str(), X_OK) == 0) return name;
-  } else {
-    const char* path = getenv("PATH");
-    for (std::string_view dir : SplitString(path ? path : "/usr/bin:/bin", ':', true)) {
-      std::string cand = JoinPath(dir, name);
-      if (access(cand.c_str(), X_OK) == 0) return cand;
-    }
-  }
-  return FailedPrecondition("\"" + name +
-                            "\" not found: microVMs need QEMU (apt-get install qemu-system-x86)");
 }
 
 }  // namespace
@@ -164,75 +150,44 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
     qc.layer_fds.push_back(kFirstLayerFd + static_cast<int>(i));
     from.push_back(layers[i].get());
   }
-  DSEC_ASSIGN_OR_RETURN(std::string exe, FindProgram(qc.qemu));
-  std::vector<std::string> args = QemuArgv(qc);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  char env_path[] = "PATH=/usr/bin:/bin";
-  char* envp[] = {env_path, nullptr};
-
   UniqueFd null_fd(open("/dev/null", O_RDONLY | O_CLOEXEC));
   UniqueFd log(open(JoinPath(dir_, "qemu.log").c_str(),
                     O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600));
   if (!null_fd || !log) return ErrnoError("open QEMU's stdio");
-  // All targets first (0-2 and the numbered ones) from copies above every target.
-  std::vector<int> targets = {0, 1, 2};
-  std::vector<int> sources = {null_fd.get(), log.get(), log.get()};
-  for (size_t i = 0; i < from.size(); ++i) {
-    targets.push_back(kKernelFd + static_cast<int>(i));
-    sources.push_back(from[i]);
-  }
-  int high = kKernelFd + static_cast<int>(from.size());
-  int go[2];
-  if (pipe2(go, O_CLOEXEC) < 0) return ErrnoError("pipe");
-  UniqueFd go_read(go[0]), go_write(go[1]);
-  uid_t uid = qemu_uid_;
+  // Everything QEMU is confined by (isolation/jail.h).
+  isolation::JailSpec j;
+  auto exe = isolation::FindExecutable(qc.qemu);
+  if (!exe.ok())
+    return FailedPrecondition(exe.status().message() +
+                              ": microVMs need QEMU (apt-get install qemu-system-x86)");
+  j.exe = *exe;
+  j.argv = QemuArgv(qc);
+  j.env = {"PATH=/usr/bin:/bin"};
+  j.fds = {{0, null_fd.get()}, {1, log.get()}, {2, log.get()}};
+  for (size_t i = 0; i < from.size(); ++i) j.fds.push_back({kKernelFd + static_cast<int>(i), from[i]});
+  // Namespaces of its own. Network: empty, every socket QEMU uses is an inherited descriptor,
+  // so a QEMU taken over by its guest reaches no network, not even the node's loopback (the
+  // edge's API, other services). Mount: a root of only what it runs from (the guest's kernel,
+  // initramfs, layers and RAM are descriptors), built over its own directory. Pid: it sees
+  // (and can signal) itself only. IPC, UTS: nothing of the node's.
+  j.namespaces = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS;
+  j.root_at = dir_;
+  j.ro_paths = {"/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache"};
+  j.devices = {"/dev/null", "/dev/urandom"};
+  j.proc = true;  // its descriptors' /proc/self/fd paths (-kernel, -initrd, mem-path)
+  j.rlimits = {{RLIMIT_CORE, 0}};  // a core of guest RAM would be the guest's data on disk
+  j.uid = qemu_uid_;
+  j.gid = qemu_uid_;
   // Under KVM the one supplementary group QEMU keeps is /dev/kvm's.
-  gid_t kvm_group = 0;
   struct stat kvm_st;
-  bool kvm = qc.accel == "kvm" && stat(b.opts_.kvm_device.c_str(), &kvm_st) == 0;
-  if (kvm) kvm_group = kvm_st.st_gid;
-  pid_t pid = fork();
-  if (pid < 0) return ErrnoError("fork QEMU");
-  if (pid == 0) {
-    // The child: only async-signal-safe calls from here.
-    char c;
-    if (read(go_read.get(), &c, 1) != 1) _exit(126);  // the edge gave up on this start
-    int copies[64];
-    size_t n = std::min<size_t>(sources.size(), 64);
-    for (size_t i = 0; i < n; ++i) {
-      copies[i] = fcntl(sources[i], F_DUPFD, high);
-      if (copies[i] < 0) _exit(126);
-    }
-    for (size_t i = 0; i < n; ++i)
-      if (dup2(copies[i], targets[i]) < 0) _exit(126);
-    syscall(SYS_close_range, high, ~0U, 0);
-    setsid();
-    rlimit no_core{0, 0};
-    setrlimit(RLIMIT_CORE, &no_core);  // a core of guest RAM would be the guest's data on disk
-    // A network namespace of its own, empty: every socket QEMU uses is an inherited
-    // descriptor, so a QEMU taken over by its guest reaches no network, not even the node's
-    // loopback (the edge's API, other services).
-    if (unshare(CLONE_NEWNET) < 0) _exit(126);
-    if (setgroups(kvm ? 1 : 0, &kvm_group) < 0 || setresgid(uid, uid, uid) < 0 ||
-        setresuid(uid, uid, uid) < 0)
-      _exit(126);
-    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-    execve(exe.c_str(), argv.data(), envp);
-    _exit(127);
+  if (qc.accel == "kvm" && stat(b.opts_.kvm_device.c_str(), &kvm_st) == 0) {
+    j.devices.push_back(b.opts_.kvm_device);
+    j.groups = {kvm_st.st_gid};
   }
-  go_read.Reset();
-  auto pidfd = PidFd::Open(pid);
-  if (!pidfd.ok()) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    return pidfd.status();
-  }
-  qemu_ = std::move(*pidfd);
-  // In its cgroup before it runs anything (it waits for the byte).
-  DSEC_RETURN_IF_ERROR(cgroup_->AddProcess(pid, /*cloned_into_v2=*/false));
-  if (write(go_write.get(), "g", 1) != 1) return ErrnoError("start QEMU");
+  // In its cgroup before it runs anything.
+  j.before_exec = [this](pid_t pid) { return cgroup_->AddProcess(pid, /*cloned_into_v2=*/false); };
+  DSEC_ASSIGN_OR_RETURN(qemu_, isolation::SpawnJailed(j));
+
   // QEMU holds the uid lease from here on (an inherited fd): the uid stays taken for as long
   // as QEMU lives, also if this edge dies.
   uid_lease_.Reset();
@@ -279,7 +234,7 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
   // the workdir.
   RootfsInputs in;
   in.host_base = false;
-  if (auto src = container::GatherRootSources(stack_, {}, b.opts_.image_store); src.ok())
+  if (auto src = GatherRootSources(stack_, {}, b.opts_.image_store); src.ok())
     in = src->inputs;
   else
     DSEC_LOG_WARN("microvm {}: reading its image's users: {}", spec_.id, src.status().ToString());

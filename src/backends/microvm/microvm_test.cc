@@ -5,6 +5,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -145,13 +147,29 @@ TEST_F(MicrovmTest, BootsAnImageRunsCommandsAndLeavesNothingBehind) {
   EXPECT_NE(status->find("NoNewPrivs:\t1"), std::string::npos);
   // In a network namespace of its own (it needs none: its sockets are inherited), and its uid
   // lease is a read-only descriptor of the host-wide lease file (issue 35 item 8).
-  auto ns_of = [](const std::string& pid) {
+  auto ns_of = [](const std::string& pid, const char* ns) {
     char buf[64] = {};
-    ssize_t n = readlink(("/proc/" + pid + "/ns/net").c_str(), buf, sizeof buf - 1);
+    ssize_t n = readlink(("/proc/" + pid + "/ns/" + ns).c_str(), buf, sizeof buf - 1);
     return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
   };
-  EXPECT_NE(ns_of(std::to_string(qemu)), ns_of("self"));
-  EXPECT_NE(ns_of(std::to_string(qemu)), "");
+  // Its jail (isolation/jail.h): every namespace but the user one its own, PID 1 in its pid
+  // namespace, and a root holding only what it runs from.
+  for (const char* ns : {"net", "mnt", "pid", "ipc", "uts"}) {
+    EXPECT_NE(ns_of(std::to_string(qemu), ns), ns_of("self", ns)) << ns;
+    EXPECT_NE(ns_of(std::to_string(qemu), ns), "") << ns;
+  }
+  EXPECT_NE(status->find("NSpid:\t" + std::to_string(qemu) + "\t1\n"), std::string::npos)
+      << *status;
+  auto root = ListDir("/proc/" + std::to_string(qemu) + "/root");
+  ASSERT_TRUE(root.ok()) << root.status().ToString();
+  std::sort(root->begin(), root->end());
+  for (const std::string& e : *root)
+    EXPECT_TRUE(e == "bin" || e == "dev" || e == "etc" || e == "lib" || e == "lib64" ||
+                e == "proc" || e == "usr")
+        << "QEMU's root holds " << e;
+  auto dev = ListDir("/proc/" + std::to_string(qemu) + "/root/dev");
+  ASSERT_TRUE(dev.ok());
+  EXPECT_LE(dev->size(), 3u);  // null, urandom (and kvm under KVM)
   int lease_fds = 0;
   const std::string fd_dir = "/proc/" + std::to_string(qemu) + "/fd";
   auto fds = ListDir(fd_dir);
