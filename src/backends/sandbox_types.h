@@ -32,17 +32,24 @@ struct WorkerSpec {
   int64_t call_disk_mb = 64;         // each call's fresh workdir, /tmp and /dev/shm
 };
 
-struct SandboxSpec {
-  std::optional<WorkerSpec> worker;
-  std::string id;  // chosen by the caller (unique per node)
+// The shape of a sandbox: what it runs and with what, as whom, where, and what it may reach.
+// One struct that a create (edge CreateParams), a container pool's sandboxes and the backend's
+// spec all are, so that it is copied whole, never field by field.
+struct SandboxShape {
   Kind kind = Kind::kContainer;
-  std::string image = "host";
+  std::string image = "host";  // "host", or an image (stack: "a,b")
   Resources resources;
   std::string user = "sandbox";
   std::string workdir = "/workspace";
   std::map<std::string, std::string> env;
-  std::string hostname;        // defaults to the id
   net::NetworkPolicy network;  // egress (net/policy.h); mode none: loopback only
+  bool operator==(const SandboxShape&) const = default;
+};
+
+struct SandboxSpec : SandboxShape {
+  std::optional<WorkerSpec> worker;
+  std::string id;        // chosen by the caller (unique per node)
+  std::string hostname;  // defaults to the id
 };
 
 enum class SandboxState { kCreating, kRunning, kPaused, kFailed, kDestroyed };

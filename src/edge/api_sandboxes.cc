@@ -103,7 +103,7 @@ Status TakeFromPool(const std::string& name, pools::PoolSet* pools, CreateFields
   if (!src) return NotFound("pool " + name + " not found");
   if (src->config().kind != pools::PoolKind::kContainer)
     return InvalidArgument("pool " + name + " is an fncall runtime, not a container pool");
-  backends::SandboxSpec ps = src->ContainerSpec();
+  const backends::SandboxShape ps = src->config().Shape();
   auto differs = [&](const char* field, bool same) -> Status {
     if (same) return OkStatus();
     return InvalidArgument("\"" + std::string(field) + "\" is set by pool " + name +

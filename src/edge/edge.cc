@@ -325,6 +325,42 @@ void AnnounceReady(const EdgeConfig& cfg, const http::HttpServer& server, int ad
 
 }  // namespace
 
+namespace {
+
+// The node network's settings; refused packets are logged to `audit`.
+net::NodeNetworkOptions NetworkOptions(const EdgeConfig& cfg, AuditLog* audit) {
+  net::NodeNetworkOptions net_opts;
+  net_opts.range = cfg.network_range;
+  net_opts.uplink = cfg.network_uplink;
+  net_opts.dns_upstream = cfg.network_dns;
+  net_opts.dns_max_ttl_s = static_cast<uint32_t>(cfg.network_dns_max_ttl_s);
+  {
+    // Named after the edge instance (what the container backend derives from the same path).
+    char real[PATH_MAX];
+    net_opts.tag = InstanceIdForPath(realpath(cfg.state_dir.c_str(), real) ? real : cfg.state_dir)
+                       .substr(0, 6);
+  }
+  net_opts.state_file = JoinPath(cfg.state_dir, "network.json");
+  net_opts.max_conns = static_cast<uint32_t>(cfg.network_max_conns);
+  net_opts.new_conns_per_s = static_cast<uint32_t>(cfg.network_new_conns_per_s);
+  // Refused connections in the audit log, beside the execs (a few a minute per sandbox).
+  net_opts.on_denied = [log = audit](const std::string& sandbox,
+                                            const net::DeniedPacket& p) {
+    Json e = {{"event", "network_denied"},
+              {"sandbox", sandbox},
+              {"dst", net::Ipv4ToString(p.dst)},
+              {"proto", p.proto == IPPROTO_TCP    ? "tcp"
+                        : p.proto == IPPROTO_UDP  ? "udp"
+                        : p.proto == IPPROTO_ICMP ? "icmp"
+                                                  : std::to_string(p.proto)}};
+    if (p.dport) e["port"] = p.dport;
+    log->Record(std::move(e));
+  };
+  return net_opts;
+}
+
+}  // namespace
+
 int RunEdge(EdgeConfig cfg) {
   auto fail = [](const std::string& what, const Status& s) {
     std::cerr << "dsec-edge: " << what << ": " << s.message() << "\n";
@@ -362,34 +398,7 @@ int RunEdge(EdgeConfig cfg) {
   if (!budgets.ok()) return fail("node budgets", budgets.status());
   // The sandbox network: started by the first sandbox that needs one, removed after every
   // sandbox is gone (the guard outlives the manager), left in place for --persist.
-  net::NodeNetworkOptions net_opts;
-  net_opts.range = cfg.network_range;
-  net_opts.uplink = cfg.network_uplink;
-  net_opts.dns_upstream = cfg.network_dns;
-  net_opts.dns_max_ttl_s = static_cast<uint32_t>(cfg.network_dns_max_ttl_s);
-  {
-    // Named after the edge instance (what the container backend derives from the same path).
-    char real[PATH_MAX];
-    net_opts.tag = InstanceIdForPath(realpath(cfg.state_dir.c_str(), real) ? real : cfg.state_dir)
-                       .substr(0, 6);
-  }
-  net_opts.state_file = JoinPath(cfg.state_dir, "network.json");
-  net_opts.max_conns = static_cast<uint32_t>(cfg.network_max_conns);
-  net_opts.new_conns_per_s = static_cast<uint32_t>(cfg.network_new_conns_per_s);
-  // Refused connections in the audit log, beside the execs (a few a minute per sandbox).
-  net_opts.on_denied = [log = audit->get()](const std::string& sandbox,
-                                            const net::DeniedPacket& p) {
-    Json e = {{"event", "network_denied"},
-              {"sandbox", sandbox},
-              {"dst", net::Ipv4ToString(p.dst)},
-              {"proto", p.proto == IPPROTO_TCP    ? "tcp"
-                        : p.proto == IPPROTO_UDP  ? "udp"
-                        : p.proto == IPPROTO_ICMP ? "icmp"
-                                                  : std::to_string(p.proto)}};
-    if (p.dport) e["port"] = p.dport;
-    log->Record(std::move(e));
-  };
-  net::LazyNodeNetwork network(net_opts);
+  net::LazyNodeNetwork network(NetworkOptions(cfg, audit->get()));
   bool network_stays = true;  // set once serving, unless --persist
   auto stop_network = MakeScopeGuard([&] {
     if (!network_stays) network.Stop();

@@ -41,17 +41,11 @@ using api::SandboxPage;
 using api::SandboxRecord;
 
 // What a caller asked for (validated by the API layer; defaults filled in).
-struct CreateParams {
-  backends::Kind kind = backends::Kind::kContainer;
-  std::string image = "host";
-  Resources resources;
+// The shape's network is the one at create; the live one is SandboxEntry::network_.
+struct CreateParams : backends::SandboxShape {
   int64_t ttl_s = 3600;
   int64_t idle_ttl_s = 0;
-  std::string user = "sandbox";
-  std::string workdir = "/workspace";
-  std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
-  net::NetworkPolicy network;  // at create; the live one is SandboxEntry::network_
   std::string pool;  // a container pool to take a ready sandbox from (else a fresh create)
   // A fork's image is the layer digests it was made of, which carry no config: this names the
   // image (stack) whose config it got, for a snapshot of it to carry that config.

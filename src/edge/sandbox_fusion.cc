@@ -241,13 +241,8 @@ fusion::RunCodeResult SandboxFusion::RunInSandbox(const fusion::RunCodeRequest& 
   auto pool = cfg.sandbox_fusion_pool.empty() ? nullptr : d_.pools->Get(cfg.sandbox_fusion_pool);
   if (pool && pool->config().kind == pools::PoolKind::kContainer &&
       (mem == 0 || mem <= pool->config().resources.memory_mb)) {
-    backends::SandboxSpec ps = pool->ContainerSpec();
+    static_cast<backends::SandboxShape&>(p) = pool->config().Shape();
     p.pool = cfg.sandbox_fusion_pool;
-    p.image = ps.image;
-    p.resources = ps.resources;
-    p.workdir = ps.workdir;
-    p.user = ps.user;
-    p.env = ps.env;
   } else {
     if (mem > 0) p.resources.memory_mb = mem;
     if (p.image != "host") {

@@ -371,11 +371,7 @@ std::shared_ptr<Sandbox> Pool::TakeSandbox() {
 
 backends::SandboxSpec ContainerSpecFor(const PoolConfig& c) {
   backends::SandboxSpec s;
-  s.image = c.image;
-  s.workdir = c.workdir;
-  s.user = c.user;
-  s.env = c.env;
-  s.resources = c.resources;
+  static_cast<backends::SandboxShape&>(s) = c.Shape();
   return s;
 }
 

@@ -60,6 +60,17 @@ struct PoolConfig {
   std::string workdir = "/workspace";
   std::string user = "sandbox";
   std::map<std::string, std::string> env;
+
+  // The shape of its sandboxes (a container pool's, as a create takes it; network none).
+  backends::SandboxShape Shape() const {
+    backends::SandboxShape s;
+    s.image = image;
+    s.resources = resources;
+    s.user = user;
+    s.workdir = workdir;
+    s.env = env;
+    return s;
+  }
 };
 Json ToJson(const PoolConfig& c);
 // Fields missing from `j` keep the values in `base` (so a PUT may change only some).
