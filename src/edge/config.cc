@@ -730,10 +730,10 @@ Status FinalizeConfig(EdgeConfig* c) {
       c->build_mirror.rfind("https://", 0) != 0 && c->build_mirror.rfind("file://", 0) != 0)
     return InvalidArgument("build_mirror must be an http://, https:// or file:// URL");
   DSEC_ASSIGN_OR_RETURN(c->network_range, net::ParseSandboxRange(c->network_cidr));
+  DSEC_ASSIGN_OR_RETURN(c->cgroup, isolation::ParseCgroupMode(c->cgroup_mode));
   if (c->network_max_conns < 1 || c->network_new_conns_per_s < 1)
     return InvalidArgument("network_max_conns and network_new_conns_per_s must be at least 1");
-  if (c->microvm_accel != "auto" && c->microvm_accel != "kvm" && c->microvm_accel != "tcg")
-    return InvalidArgument("microvm_accel must be auto, kvm or tcg");
+  DSEC_ASSIGN_OR_RETURN(c->accel, backends::microvm::ParseAccel(c->microvm_accel));
   auto groups = Fields(c);
   for (const KeyRange& r : kRanges) {
     const Key* k = FindKey(groups, r.key);

@@ -11,7 +11,9 @@
 
 #include "base/resources.h"
 #include "base/status.h"
+#include "backends/microvm/qemu_cmd.h"
 #include "http/server.h"
+#include "isolation/cgroup.h"
 #include "net/ruleset.h"
 
 namespace dsec::edge {
@@ -108,6 +110,7 @@ struct EdgeConfig {
 
   // Container backend.
   std::string cgroup_mode = "auto";
+  isolation::CgroupMode cgroup = isolation::CgroupMode::kAuto;  // cgroup_mode, parsed
   bool userns = true;             // false forces the no-user-namespace fallback
   bool clone_into_cgroup = true;  // false forces the fallback
   bool cgroup_kill = true;        // false forces the fallback
@@ -132,6 +135,7 @@ struct EdgeConfig {
   // (scripts/install-deps fetches both); off, or missing either, kind microvm is 422.
   bool microvm = true;
   std::string microvm_accel = "auto";  // auto | kvm | tcg
+  backends::microvm::Accel accel = backends::microvm::Accel::kAuto;  // microvm_accel, parsed
   std::string microvm_kernel_dir = "/var/cache/dsec/guest-kernel/current";
   std::string zygote_path;  // default: dsec-zygote beside dsec-edge
 

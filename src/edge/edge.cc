@@ -117,7 +117,7 @@ container::ContainerBackendOptions BackendOptions(const EdgeConfig& cfg,
   bo.features.userns = cfg.userns;
   bo.features.clone_into_cgroup = cfg.clone_into_cgroup;
   bo.features.cgroup_kill = cfg.cgroup_kill;
-  bo.cgroup_mode = cfg.cgroup_mode;
+  bo.cgroup_mode = cfg.cgroup;
   bo.parent_memory_bytes = SandboxMemoryMb(NodeMemoryMb(), cfg.reserve_memory_mb) << 20;
   bo.parent_pids = budgets.node.sandbox_pids;
   bo.parent_socket_bytes = budgets.node.sandbox_tcp_bytes;
@@ -146,8 +146,8 @@ backends::microvm::MicrovmBackendOptions MicrovmOptions(
   o.state_dir = cfg.state_dir;
   o.agent_path = cfg.agent_path;
   o.kernel_dir = cfg.microvm_kernel_dir;
-  o.accel = cfg.microvm_accel;
-  o.cgroup_mode = cfg.cgroup_mode;
+  o.accel = cfg.accel;
+  o.cgroup_mode = cfg.cgroup;
   o.parent_memory_bytes = containers.parent_memory_bytes;
   o.uid_lock_file = cfg.uid_lock_file;
   o.max_execs_per_sandbox = containers.max_execs_per_sandbox;

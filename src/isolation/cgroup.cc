@@ -25,20 +25,37 @@ StatusOr<std::unique_ptr<CgroupDriver>> CgroupDriver::Create(const CgroupDriverO
       for (const char* c : {"memory", "pids", "cpu", "freezer", "cpuacct"})
         mounts.v1[c] = JoinPath(opts.v1_root, c);
   }
-  std::string mode = opts.mode;
-  if (mode == "auto") {
-    mode = "v1";
+  CgroupMode mode = opts.mode;
+  if (mode == CgroupMode::kAuto) {
+    mode = CgroupMode::kV1;
     if (!mounts.v2.empty()) {
       auto ctrl = ReadFileToString(JoinPath(mounts.v2, "cgroup.controllers"));
-      if (ctrl.ok() && ctrl->find("memory") != std::string::npos) mode = "v2";
+      if (ctrl.ok() && ctrl->find("memory") != std::string::npos) mode = CgroupMode::kV2;
     }
   }
-  if (mode == "v2") {
+  if (mode == CgroupMode::kV2) {
     if (mounts.v2.empty()) return Unimplemented("cgroup v2 requested but no cgroup2 mount found");
     return NewCgroupV2Driver(mounts.v2, opts);
   }
-  if (mode == "v1") return NewCgroupV1HybridDriver(mounts, opts);
-  return InvalidArgument("cgroup mode must be auto, v1 or v2, not \"" + mode + "\"");
+  return NewCgroupV1HybridDriver(mounts, opts);
+}
+
+std::string_view CgroupModeName(CgroupMode m) {
+  switch (m) {
+    case CgroupMode::kV1:
+      return "v1";
+    case CgroupMode::kV2:
+      return "v2";
+    case CgroupMode::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+StatusOr<CgroupMode> ParseCgroupMode(std::string_view s) {
+  for (CgroupMode m : {CgroupMode::kAuto, CgroupMode::kV1, CgroupMode::kV2})
+    if (s == CgroupModeName(m)) return m;
+  return InvalidArgument("cgroup_mode must be auto, v1 or v2, not \"" + std::string(s) + "\"");
 }
 
 }  // namespace dsec::isolation

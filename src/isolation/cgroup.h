@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -76,10 +77,16 @@ class Cgroup {
   virtual Status Destroy() = 0;
 };
 
+// Which hierarchy carries the controllers: detected (v2 when its memory controller is there),
+// cgroup v2, or v1 (hybrid: v1 controllers, the v2 mount for kill/freeze/BPF).
+enum class CgroupMode { kAuto, kV1, kV2 };
+std::string_view CgroupModeName(CgroupMode m);
+// "auto", "v1", "v2"; anything else is InvalidArgument.
+StatusOr<CgroupMode> ParseCgroupMode(std::string_view s);
+
 struct CgroupDriverOptions {
   std::string instance_id;  // parent cgroup is "dsec-<instance_id>"
-  // "auto" (detect), "v2" or "v1" (hybrid). Tests may point roots at fake trees.
-  std::string mode = "auto";
+  CgroupMode mode = CgroupMode::kAuto;  // tests may point roots at fake trees
   std::string v2_root;              // override the cgroup2 mount path
   std::string v1_root;              // override the directory holding v1 hierarchies
   bool use_cgroup_kill = true;      // false forces the freeze+kill fallback

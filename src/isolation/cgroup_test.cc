@@ -56,7 +56,7 @@ TEST(CgroupV2Test, WritesLimitsAndControllers) {
                   .ok());
   CgroupDriverOptions o;
   o.instance_id = "test01";
-  o.mode = "v2";
+  o.mode = CgroupMode::kV2;
   o.v2_root = root;
   o.plain_directory_tree = true;
   o.parent_memory_bytes = 1 << 30;
@@ -103,7 +103,7 @@ TEST(CgroupV2Test, MissingControllerIsAClearError) {
       WriteStringToFile(dir->path() + "/cgroup.controllers", "cpu io\n", O_WRONLY | O_CREAT).ok());
   CgroupDriverOptions o;
   o.instance_id = "test02";
-  o.mode = "v2";
+  o.mode = CgroupMode::kV2;
   o.v2_root = dir->path();
   o.plain_directory_tree = true;
   auto d = CgroupDriver::Create(o);
@@ -115,10 +115,16 @@ TEST(CgroupDriverTest, RejectsUnsafeInstanceIds) {
   CgroupDriverOptions o;
   o.instance_id = "../evil";
   EXPECT_EQ(CgroupDriver::Create(o).status().code(), StatusCode::kInvalidArgument);
-  o.instance_id = "ok";
-  o.mode = "v3";
-  o.v2_root = "/nonexistent";
-  EXPECT_EQ(CgroupDriver::Create(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(CgroupDriverTest, ModesByName) {
+  for (CgroupMode m : {CgroupMode::kAuto, CgroupMode::kV1, CgroupMode::kV2}) {
+    auto back = ParseCgroupMode(CgroupModeName(m));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, m);
+  }
+  EXPECT_EQ(ParseCgroupMode("v3").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseCgroupMode("").status().code(), StatusCode::kInvalidArgument);
 }
 
 // ---- Real cgroups (privileged) ----

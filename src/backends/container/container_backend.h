@@ -35,7 +35,7 @@ struct ContainerBackendOptions {
   std::string agent_path;   // default: $DSEC_AGENT_PATH, else dsec-agent beside this binary
   std::string zygote_path;  // default: $DSEC_ZYGOTE_PATH, else dsec-zygote beside this binary
   isolation::FeatureSwitches features;
-  std::string cgroup_mode = "auto";  // auto | v1 | v2
+  isolation::CgroupMode cgroup_mode = isolation::CgroupMode::kAuto;
   int64_t parent_memory_bytes = 0;   // limit on all sandboxes together; 0 = none
   int64_t parent_pids = 0;           // processes of all sandboxes together; 0 = none
   int64_t parent_socket_bytes = 0;   // v1: TCP buffers of all sandboxes together; 0 = memory

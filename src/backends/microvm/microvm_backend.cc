@@ -35,8 +35,6 @@ MicrovmBackend::~MicrovmBackend() {
 Status MicrovmBackend::Init() {
   if (geteuid() != 0) return PermissionDenied("the microVM backend needs root");
   if (opts_.state_dir.empty()) return InvalidArgument("state dir is required");
-  if (opts_.accel != "auto" && opts_.accel != "kvm" && opts_.accel != "tcg")
-    return InvalidArgument("microvm_accel must be auto, kvm or tcg, not \"" + opts_.accel + "\"");
   DSEC_RETURN_IF_ERROR(MakeDirs(opts_.state_dir, 0700));
   char real[PATH_MAX];
   if (!realpath(opts_.state_dir.c_str(), real))
@@ -92,24 +90,24 @@ Status MicrovmBackend::ChooseAccel() {
               "(as Debian's udev sets it up: 0660 root:kvm)";
   }
   kvm.Reset();
-  if (opts_.accel == "kvm" && !why_not.empty())
+  if (opts_.accel == Accel::kKvm && !why_not.empty())
     return FailedPrecondition("microvm_accel is kvm but " + why_not);
   MutexLock l(accel_mu_);
-  if (opts_.accel == "tcg") {
-    accel_ = "tcg";
+  if (opts_.accel == Accel::kTcg) {
+    accel_ = Accel::kTcg;
     accel_reason_ = "configured (microvm_accel: tcg)";
-  } else if (opts_.accel == "kvm") {
-    accel_ = "kvm";
+  } else if (opts_.accel == Accel::kKvm) {
+    accel_ = Accel::kKvm;
   } else if (!why_not.empty()) {
-    accel_ = "tcg";
+    accel_ = Accel::kTcg;
     accel_reason_ = why_not;
   } else {
     probe_ = std::thread([this] {
-      Status s = MicrovmInstance::BootProbe(this, "kvm", opts_.kvm_probe_timeout_ms);
+      Status s = MicrovmInstance::BootProbe(this, Accel::kKvm, opts_.kvm_probe_timeout_ms);
       MutexLock l2(accel_mu_);
-      accel_ = s.ok() ? "kvm" : "tcg";
+      accel_ = s.ok() ? Accel::kKvm : Accel::kTcg;
       accel_reason_ = s.ok() ? "" : "a guest does not boot under KVM here: " + s.message();
-      DSEC_LOG_INFO("microVM accelerator: {}{}", accel_,
+      DSEC_LOG_INFO("microVM accelerator: {}{}", AccelName(accel_),
                     accel_reason_.empty() ? "" : " (" + accel_reason_ + ")");
       accel_cv_.NotifyAll();
     });
@@ -117,15 +115,15 @@ Status MicrovmBackend::ChooseAccel() {
   return OkStatus();
 }
 
-std::string MicrovmBackend::accel() const {
+Accel MicrovmBackend::accel() const {
   MutexLock l(accel_mu_);
-  while (accel_.empty()) accel_cv_.Wait(l);
+  while (accel_ == Accel::kAuto) accel_cv_.Wait(l);
   return accel_;
 }
 
 std::string MicrovmBackend::AccelNow() const {
   MutexLock l(accel_mu_);
-  return accel_.empty() ? "probing" : accel_;
+  return accel_ == Accel::kAuto ? "probing" : std::string(AccelName(accel_));
 }
 
 std::string MicrovmBackend::accel_reason() const {

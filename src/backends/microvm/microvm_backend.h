@@ -27,6 +27,7 @@
 #include "backends/microvm/boot_files.h"
 #include "backends/sandbox.h"
 #include "backends/session/agent_client.h"
+#include "backends/microvm/qemu_cmd.h"
 #include "base/mutex.h"
 #include "base/unique_fd.h"
 #include "images/store.h"
@@ -41,12 +42,12 @@ struct MicrovmBackendOptions {
   std::string agent_path;  // the static dsec-agent; default: as the container backend finds it
   std::string kernel_dir = "/var/cache/dsec/guest-kernel/current";
   std::string qemu = "qemu-system-x86_64";
-  std::string accel = "auto";  // auto | kvm | tcg
+  Accel accel = Accel::kAuto;
   // auto: KVM if this device opens and a probe guest boots under it (in the background, with
   // a hard timeout; the first create waits for it), else TCG. Tests point it elsewhere.
   std::string kvm_device = "/dev/kvm";
   int kvm_probe_timeout_ms = 15000;
-  std::string cgroup_mode = "auto";
+  isolation::CgroupMode cgroup_mode = isolation::CgroupMode::kAuto;
   int64_t parent_memory_bytes = 0;  // all VMs together (QEMU processes); 0 = none
   // Charged to a VM's cgroup beyond its guest RAM: QEMU's own heap, TCG's translation buffer,
   // device state.
@@ -103,9 +104,9 @@ class MicrovmBackend : public Backend {
   const std::string& instance_id() const { return instance_id_; }
   // Templates made so far (tests and GET /v1/node).
   size_t template_count() const;
-  // "kvm" or "tcg": waits for the probe of `auto`.
-  std::string accel() const;
-  // The same without waiting: "probing" while the probe runs. And why not KVM ("" for kvm).
+  // kKvm or kTcg: waits for the probe of `auto`.
+  Accel accel() const;
+  // Its name without waiting: "probing" while the probe runs. And why not KVM ("" for kvm).
   std::string AccelNow() const;
   std::string accel_reason() const;
   const GuestKernel& kernel() const { return kernel_; }
@@ -133,7 +134,7 @@ class MicrovmBackend : public Backend {
   Status ChooseAccel();
   mutable Mutex accel_mu_;
   mutable CondVar accel_cv_;
-  std::string accel_ DSEC_GUARDED_BY(accel_mu_);  // "" while probing
+  Accel accel_ DSEC_GUARDED_BY(accel_mu_) = Accel::kAuto;  // kAuto while probing
   std::string accel_reason_ DSEC_GUARDED_BY(accel_mu_);
   std::thread probe_;
   int64_t tsc_khz_ = 0;

@@ -125,7 +125,7 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd qmp_listen, Listen("qmp.sock"));
   QemuConfig qc;
   qc.qemu = b.opts_.qemu;
-  qc.accel = accel_.empty() ? b.accel() : accel_;
+  qc.accel = accel_ == Accel::kAuto ? b.accel() : accel_;
   qc.cpus = Cpus();
   qc.memory_mb = GuestRamMb();
   qc.disk_mb = spec_.resources.disk_mb;
@@ -180,7 +180,7 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
   j.gid = qemu_uid_;
   // Under KVM the one supplementary group QEMU keeps is /dev/kvm's.
   struct stat kvm_st;
-  if (qc.accel == "kvm" && stat(b.opts_.kvm_device.c_str(), &kvm_st) == 0) {
+  if (qc.accel == Accel::kKvm && stat(b.opts_.kvm_device.c_str(), &kvm_st) == 0) {
     j.devices.push_back(b.opts_.kvm_device);
     j.groups = {kvm_st.st_gid};
   }
@@ -333,7 +333,7 @@ Status MicrovmInstance::LeaseAndCgroup() {
   return OkStatus();
 }
 
-Status MicrovmInstance::BootProbe(MicrovmBackend* backend, const std::string& accel,
+Status MicrovmInstance::BootProbe(MicrovmBackend* backend, Accel accel,
                                   int timeout_ms) {
   SandboxSpec spec;
   spec.id = "probe-" + RandomHex(6);

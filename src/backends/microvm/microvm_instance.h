@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/instance.h"
+#include "backends/microvm/qemu_cmd.h"
 #include "backends/microvm/qmp.h"
 #include "backends/sandbox.h"
 #include "backends/session/bootstrap.h"
@@ -57,7 +58,7 @@ class MicrovmInstance : public Instance {
 
   // Boots a guest under `accel` that can only report its init's failure (it has no layers):
   // OK if its agent says anything within timeout_ms (so guests run under that accelerator).
-  static Status BootProbe(MicrovmBackend* backend, const std::string& accel, int timeout_ms);
+  static Status BootProbe(MicrovmBackend* backend, Accel accel, int timeout_ms);
 
   bool from_template() const { return template_ != nullptr; }
   pid_t qemu_pid() const { return qemu_.pid(); }
@@ -114,7 +115,7 @@ class MicrovmInstance : public Instance {
   Mode mode_ = Mode::kBoot;
   std::shared_ptr<const Template> template_;  // kClone
   UniqueFd ram_fd_;                           // kTemplate: the RAM memfd being made
-  std::string accel_;                         // BootProbe's; else the backend's
+  Accel accel_ = Accel::kAuto;                // BootProbe's; kAuto: the backend's
 };
 
 }  // namespace dsec::backends::microvm

@@ -373,7 +373,7 @@ TEST_F(MicrovmTest, ColdBootsWithoutTemplates) {
 // the guest does not boot (here the "device" is a plain file, so QEMU finds no KVM). kvm when
 // the device does not open is refused at start.
 TEST_F(MicrovmTest, TheAcceleratorIsChosenByBootingAProbe) {
-  auto backend_with = [&](const std::string& accel, const std::string& device) {
+  auto backend_with = [&](Accel accel, const std::string& device) {
     MicrovmBackendOptions o;
     o.state_dir = GetEnv().dir->path() + "/state-accel";
     o.agent_path = DSEC_TEST_AGENT_PATH;
@@ -384,21 +384,21 @@ TEST_F(MicrovmTest, TheAcceleratorIsChosenByBootingAProbe) {
     return MicrovmBackend::Create(o);
   };
   std::string missing = GetEnv().dir->path() + "/no-kvm";
-  auto none = backend_with("auto", missing);
+  auto none = backend_with(Accel::kAuto, missing);
   ASSERT_TRUE(none.ok()) << none.status().ToString();
   EXPECT_EQ((*none)->AccelNow(), "tcg");
   EXPECT_NE((*none)->accel_reason().find("cannot be opened"), std::string::npos);
   none->reset();
 
-  auto forced = backend_with("kvm", missing);
+  auto forced = backend_with(Accel::kKvm, missing);
   ASSERT_FALSE(forced.ok());
   EXPECT_EQ(forced.status().code(), StatusCode::kFailedPrecondition);
 
   std::string fake = GetEnv().dir->path() + "/fake-kvm";
   ASSERT_TRUE(WriteStringToFile(fake, "", O_WRONLY | O_CREAT).ok());
-  auto probed = backend_with("auto", fake);
+  auto probed = backend_with(Accel::kAuto, fake);
   ASSERT_TRUE(probed.ok()) << probed.status().ToString();
-  std::string accel = (*probed)->accel();  // waits for the probe
+  std::string accel(AccelName((*probed)->accel()));  // waits for the probe
   if (access("/dev/kvm", R_OK | W_OK) != 0) {
     EXPECT_EQ(accel, "tcg");
     EXPECT_NE((*probed)->accel_reason().find("does not boot under KVM"), std::string::npos)

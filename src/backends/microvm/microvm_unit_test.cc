@@ -145,7 +145,7 @@ TEST(QemuCmdTest, EverythingQemuTouchesIsADescriptorAndTheDisksAreReadOnly) {
             "memory-backend-file,id=mem,size=768M,mem-path=/proc/self/fd/7,share=off");
   EXPECT_EQ(Arg(a, "-incoming"), "defer");
 
-  c.accel = "kvm";
+  c.accel = Accel::kKvm;
   c.seccomp = false;
   a = QemuArgv(c);
   EXPECT_EQ(Arg(a, "-accel"), "kvm");

@@ -22,6 +22,24 @@ std::string GuestCmdline(const QemuConfig& c) {
   return s;
 }
 
+std::string_view AccelName(Accel a) {
+  switch (a) {
+    case Accel::kKvm:
+      return "kvm";
+    case Accel::kTcg:
+      return "tcg";
+    case Accel::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+StatusOr<Accel> ParseAccel(std::string_view s) {
+  for (Accel a : {Accel::kAuto, Accel::kKvm, Accel::kTcg})
+    if (s == AccelName(a)) return a;
+  return InvalidArgument("microvm_accel must be auto, kvm or tcg, not \"" + std::string(s) + "\"");
+}
+
 std::vector<std::string> QemuArgv(const QemuConfig& c) {
   auto fd_path = [](int fd) { return "/proc/self/fd/" + std::to_string(fd); };
   std::vector<std::string> a = {
@@ -30,9 +48,9 @@ std::vector<std::string> QemuArgv(const QemuConfig& c) {
       std::string("microvm,x-option-roms=off,rtc=on") +
           (c.ram_fd >= 0 ? ",memory-backend=mem" : ""),
       "-accel",
-      c.accel == "kvm" ? std::string("kvm")
+      c.accel == Accel::kKvm ? std::string("kvm")
                        : "tcg,thread=single,tb-size=" + std::to_string(c.tcg_tb_mb),
-      "-cpu", c.accel == "kvm" ? "host" : "max", "-smp", std::to_string(c.cpus), "-m",
+      "-cpu", c.accel == Accel::kKvm ? "host" : "max", "-smp", std::to_string(c.cpus), "-m",
       std::to_string(c.memory_mb) + "M", "-nodefaults", "-no-user-config", "-display", "none",
       "-no-reboot", "-kernel", fd_path(c.kernel_fd), "-initrd", fd_path(c.initrd_fd), "-append",
       GuestCmdline(c),

@@ -8,13 +8,21 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "base/status.h"
 
 namespace dsec::backends::microvm {
 
+// QEMU's accelerator; kAuto (settings only) is chosen by a probe boot (MicrovmBackend).
+enum class Accel { kAuto, kKvm, kTcg };
+std::string_view AccelName(Accel a);  // "auto", "kvm", "tcg"
+StatusOr<Accel> ParseAccel(std::string_view s);
+
 struct QemuConfig {
   std::string qemu = "qemu-system-x86_64";
-  std::string accel = "tcg";  // tcg | kvm
+  Accel accel = Accel::kTcg;  // kvm or tcg
   int cpus = 1;
   int64_t memory_mb = 256;  // guest RAM (the writable layer's tmpfs lives in it)
   int64_t disk_mb = 256;    // the writable layer's size, passed to the guest's init
