@@ -574,6 +574,24 @@ std::string HelperBinaryPath(const char* env_name, const std::string& name,
   return dir + "/" + name;
 }
 
+std::string_view FnRuntimeName(FnRuntime r) {
+  switch (r) {
+    case FnRuntime::kBash:
+      return "bash";
+    case FnRuntime::kExec:
+      return "exec";
+    case FnRuntime::kPython:
+      break;
+  }
+  return "python";
+}
+
+std::optional<FnRuntime> FnRuntimeFromName(std::string_view name) {
+  for (FnRuntime r : {FnRuntime::kPython, FnRuntime::kBash, FnRuntime::kExec})
+    if (name == FnRuntimeName(r)) return r;
+  return std::nullopt;
+}
+
 Status NoNetwork(Kind kind, net::NetMode mode) {
   return Unimplemented("network mode \"" + std::string(net::NetModeName(mode)) +
                        "\" is not available for " + std::string(KindName(kind)) +

@@ -23,10 +23,16 @@ namespace dsec::backends {
 using ExecResult = protocol::ExecResult;
 using FileEntry = protocol::FileEntry;
 
+// What an fncall runtime runs a call's code with: an embedded CPython, bash (exec of
+// /bin/bash -c), or a command the code is appended to.
+enum class FnRuntime { kPython, kBash, kExec };
+std::string_view FnRuntimeName(FnRuntime r);  // "python", "bash", "exec"
+std::optional<FnRuntime> FnRuntimeFromName(std::string_view name);
+
 // An fncall worker: the sandbox also runs a resident zygote (backends/fncall/zygote.h) that
 // serves ExecRequest::fncall calls, each in fresh namespaces forked from it.
 struct WorkerSpec {
-  std::string runtime = "python";    // python | exec
+  FnRuntime runtime = FnRuntime::kPython;  // kPython or kExec (bash is exec of /bin/bash -c)
   std::vector<std::string> preload;  // python: modules imported once, before any call
   std::vector<std::string> command;  // exec: argv; the call's code is appended
   int64_t call_disk_mb = 64;         // each call's fresh workdir, /tmp and /dev/shm

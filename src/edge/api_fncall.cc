@@ -152,7 +152,6 @@ pools::PoolConfig PoolDefaults(const EdgeConfig& cfg, pools::PoolKind kind) {
   pools::PoolConfig p;
   p.kind = kind;
   if (kind == pools::PoolKind::kContainer) {
-    p.runtime.clear();
     p.resources = cfg.defaults;
     p.min_idle = 8;
     p.max = 64;
@@ -200,12 +199,12 @@ void LoadPools(const EdgeConfig& cfg, bool userns, pools::PoolSet* pools, StateS
   } else if (cfg.fncall_pools) {
     pools::PoolConfig py = PoolDefaults(cfg, pools::PoolKind::kFncall);
     py.name = "python";
-    py.runtime = "python";
+    py.runtime = backends::FnRuntime::kPython;
     for (auto m : SplitString(cfg.fncall_python_preload, ',', true))
       py.preload.emplace_back(TrimWhitespace(m));
     pools::PoolConfig sh = PoolDefaults(cfg, pools::PoolKind::kFncall);
     sh.name = "bash";
-    sh.runtime = "bash";
+    sh.runtime = backends::FnRuntime::kBash;
     want = {py, sh};
   }
   auto stored = store->ListPools();
@@ -240,7 +239,8 @@ void LoadPools(const EdgeConfig& cfg, bool userns, pools::PoolSet* pools, StateS
       DSEC_LOG_WARN("pool {} not started: {}", c.name, p.status().message());
     else
       DSEC_LOG_INFO("pool {}: kind={} runtime={} min_idle={} max={}", c.name,
-                    pools::PoolKindName(c.kind), c.runtime, c.min_idle, c.max);
+                    pools::PoolKindName(c.kind), backends::FnRuntimeName(c.runtime), c.min_idle,
+                    c.max);
   }
 }
 
@@ -266,7 +266,7 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
       existing && existing->config().kind == kind ? existing->config() : PoolDefaults(d.cfg, kind);
   if (!j->contains("runtime") && kind == pools::PoolKind::kFncall && !existing) {
     if (!j->contains("command")) return c->Fail(InvalidArgument("\"runtime\" is required"));
-    base.runtime = "exec";
+    base.runtime = backends::FnRuntime::kExec;
   }
   base.name = name;
   auto cfg = pools::PoolConfigFromJson(*j, base);

@@ -374,14 +374,15 @@ Status ContainerInstance::AddZygote(int userns_fd, protocol::SetupSpec* setup) {
     return FailedPrecondition("dsec-zygote not found at \"" + b.opts_.zygote_path + "\"");
   const WorkerSpec& w = *spec_.worker;
   protocol::ZygoteSpec z;
-  z.args = {"--runtime=" + w.runtime, "--workdir=" + spec_.workdir,
+  const bool exec = w.runtime != FnRuntime::kPython;
+  z.args = {std::string("--runtime=") + (exec ? "exec" : "python"), "--workdir=" + spec_.workdir,
             "--tmpfs-mb=" + std::to_string(w.call_disk_mb),
             "--inodes=" + std::to_string(std::max<int64_t>(4096, w.call_disk_mb * 256))};
   if (!w.preload.empty()) z.args.push_back("--preload=" + JoinStrings(w.preload, ","));
   DSEC_ASSIGN_OR_RETURN(UserIds u, ResolveUser(spec_.user));
   z.args.push_back("--uid=" + std::to_string(u.uid));
   z.args.push_back("--gid=" + std::to_string(u.gid));
-  if (w.runtime == "exec") {
+  if (exec) {
     z.args.push_back("--");
     for (const auto& a : w.command) z.args.push_back(a);
   }

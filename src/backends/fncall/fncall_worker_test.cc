@@ -75,13 +75,13 @@ class FnCallWorkerTest : public ::testing::Test {
   }
   static std::shared_ptr<Sandbox> Python(FnCallWorkerTest* t) {
     WorkerSpec w;
-    w.runtime = "python";
+    w.runtime = FnRuntime::kPython;
     w.preload = {"json"};
     return t->Worker(w);
   }
   static std::shared_ptr<Sandbox> Bash(FnCallWorkerTest* t) {
     WorkerSpec w;
-    w.runtime = "exec";
+    w.runtime = FnRuntime::kExec;
     w.command = {"/bin/bash", "-c"};
     return t->Worker(w);
   }

@@ -118,7 +118,7 @@ std::optional<PoolKind> PoolKindFromName(std::string_view name) {
 Json ToJson(const PoolConfig& c) {
   Json j = {{"name", c.name},
             {"kind", PoolKindName(c.kind)},
-            {"runtime", c.runtime},
+            {"runtime", backends::FnRuntimeName(c.runtime)},
             {"image", c.image},
             {"min_idle", c.min_idle},
             {"max", c.max},
@@ -132,8 +132,10 @@ Json ToJson(const PoolConfig& c) {
     j.erase("queue_timeout_ms");
     j.erase("idle_timeout_s");
   }
-  if (c.kind == PoolKind::kFncall && c.runtime == "python") j["preload"] = c.preload;
-  if (c.kind == PoolKind::kFncall && c.runtime == "exec") j["command"] = c.command;
+  if (c.kind == PoolKind::kFncall && c.runtime == backends::FnRuntime::kPython)
+    j["preload"] = c.preload;
+  if (c.kind == PoolKind::kFncall && c.runtime == backends::FnRuntime::kExec)
+    j["command"] = c.command;
   return j;
 }
 
@@ -164,7 +166,8 @@ StatusOr<PoolConfig> PoolConfigFromJson(const Json& j, PoolConfig c) {
   auto k = PoolKindFromName(kind);
   if (!k) return InvalidArgument("\"kind\" must be \"fncall\" or \"container\"");
   c.kind = *k;
-  DSEC_RETURN_IF_ERROR(str("runtime", &c.runtime));
+  std::string runtime(backends::FnRuntimeName(c.runtime));
+  DSEC_RETURN_IF_ERROR(str("runtime", &runtime));
   DSEC_RETURN_IF_ERROR(str("image", &c.image));
   DSEC_RETURN_IF_ERROR(GetStrings(j, "preload", &c.preload));
   DSEC_RETURN_IF_ERROR(GetStrings(j, "command", &c.command));
@@ -180,9 +183,10 @@ StatusOr<PoolConfig> PoolConfigFromJson(const Json& j, PoolConfig c) {
   DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "idle_timeout_s", &c.idle_timeout_s, 1, 86400 * 7));
   if (c.min_idle > c.max) return InvalidArgument("\"min_idle\" must not exceed \"max\"");
   if (c.kind == PoolKind::kFncall) {
-    if (c.runtime != "python" && c.runtime != "bash" && c.runtime != "exec")
-      return InvalidArgument("\"runtime\" must be \"python\", \"bash\" or \"exec\"");
-    if (c.runtime == "exec" && c.command.empty())
+    auto r = backends::FnRuntimeFromName(runtime);
+    if (!r) return InvalidArgument("\"runtime\" must be \"python\", \"bash\" or \"exec\"");
+    c.runtime = *r;
+    if (c.runtime == backends::FnRuntime::kExec && c.command.empty())
       return InvalidArgument("an \"exec\" runtime needs a \"command\" (the code is appended)");
     for (const auto& m : c.preload)
       if (!ValidModuleName(m)) return InvalidArgument("bad module name \"" + m + "\" in preload");
@@ -413,9 +417,12 @@ StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
   s.hostname = "fncall";
   s.resources.disk_mb = kWorkerDiskMb;
   backends::WorkerSpec w;
-  w.runtime = cfg_.runtime == "python" ? "python" : "exec";
+  w.runtime = cfg_.runtime == backends::FnRuntime::kPython ? backends::FnRuntime::kPython
+                                                           : backends::FnRuntime::kExec;
   w.preload = cfg_.preload;
-  w.command = cfg_.runtime == "bash" ? std::vector<std::string>{"/bin/bash", "-c"} : cfg_.command;
+  w.command = cfg_.runtime == backends::FnRuntime::kBash
+                  ? std::vector<std::string>{"/bin/bash", "-c"}
+                  : cfg_.command;
   w.call_disk_mb = cfg_.resources.disk_mb;
   s.worker = std::move(w);
   DSEC_RETURN_IF_ERROR(backends::ValidateSandboxSpec(s));

@@ -42,7 +42,7 @@ std::optional<PoolKind> PoolKindFromName(std::string_view name);
 struct PoolConfig {
   std::string name;
   PoolKind kind = PoolKind::kFncall;
-  std::string runtime = "python";    // python | exec (bash is exec of /bin/bash -c)
+  backends::FnRuntime runtime = backends::FnRuntime::kPython;  // fncall pools
   std::vector<std::string> preload;  // python modules imported once per worker
   std::vector<std::string> command;  // exec: argv the code is appended to
   std::string image = "host";
