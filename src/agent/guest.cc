@@ -326,8 +326,9 @@ void GuestMain() {
   cfg.secret = setup->secret;
   cfg.orphan_timeout_ms = setup->orphan_timeout_ms;
   cfg.guest_port = true;
-  WriteAll(g_port, protocol::EncodeFrameOrDie(FrameType::kReady, 0, 0,
-                                              protocol::Encode(protocol::Ready{getpid(), -1}).dump()));
+  WriteAll(g_port,
+           protocol::EncodeFrameOrDie(FrameType::kReady, 0, 0,
+                                      protocol::Encode(protocol::Ready{getpid(), -1}).dump()));
   Agent agent(std::move(cfg), UniqueFd(g_port), UniqueFd());
   g_port = -1;
   int rc = agent.Run();

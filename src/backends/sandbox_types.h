@@ -33,9 +33,9 @@ std::optional<FnRuntime> FnRuntimeFromName(std::string_view name);
 // serves ExecRequest::fncall calls, each in fresh namespaces forked from it.
 struct WorkerSpec {
   FnRuntime runtime = FnRuntime::kPython;  // kPython or kExec (bash is exec of /bin/bash -c)
-  std::vector<std::string> preload;  // python: modules imported once, before any call
-  std::vector<std::string> command;  // exec: argv; the call's code is appended
-  int64_t call_disk_mb = 64;         // each call's fresh workdir, /tmp and /dev/shm
+  std::vector<std::string> preload;        // python: modules imported once, before any call
+  std::vector<std::string> command;        // exec: argv; the call's code is appended
+  int64_t call_disk_mb = 64;               // each call's fresh workdir, /tmp and /dev/shm
 };
 
 // The shape of a sandbox: what it runs and with what, as whom, where, and what it may reach.

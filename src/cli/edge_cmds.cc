@@ -15,8 +15,8 @@
 #include "base/strings.h"
 #include "base/unique_fd.h"
 #include "cli/attach.h"
-#include "cli/copy_cmd.h"
 #include "cli/cmd_util.h"
+#include "cli/copy_cmd.h"
 #include "cli/edge_client.h"
 #include "cli/terminal_filter.h"
 

@@ -9,9 +9,9 @@
 #include <variant>
 #include <vector>
 
+#include "backends/microvm/qemu_cmd.h"
 #include "base/resources.h"
 #include "base/status.h"
-#include "backends/microvm/qemu_cmd.h"
 #include "http/server.h"
 #include "isolation/cgroup.h"
 #include "net/ruleset.h"
@@ -134,7 +134,7 @@ struct EdgeConfig {
   // MicroVM sandboxes (kind "microvm"), served when QEMU and the guest kernel are there
   // (scripts/install-deps fetches both); off, or missing either, kind microvm is 422.
   bool microvm = true;
-  std::string microvm_accel = "auto";  // auto | kvm | tcg
+  std::string microvm_accel = "auto";                                // auto | kvm | tcg
   backends::microvm::Accel accel = backends::microvm::Accel::kAuto;  // microvm_accel, parsed
   std::string microvm_kernel_dir = "/var/cache/dsec/guest-kernel/current";
   std::string zygote_path;  // default: dsec-zygote beside dsec-edge

@@ -85,12 +85,12 @@ std::string_view CgroupModeName(CgroupMode m);
 StatusOr<CgroupMode> ParseCgroupMode(std::string_view s);
 
 struct CgroupDriverOptions {
-  std::string instance_id;  // parent cgroup is "dsec-<instance_id>"
+  std::string instance_id;              // parent cgroup is "dsec-<instance_id>"
   CgroupMode mode = CgroupMode::kAuto;  // tests may point roots at fake trees
-  std::string v2_root;              // override the cgroup2 mount path
-  std::string v1_root;              // override the directory holding v1 hierarchies
-  bool use_cgroup_kill = true;      // false forces the freeze+kill fallback
-  int64_t parent_memory_bytes = 0;  // limit for the parent (all sandboxes); 0 = none
+  std::string v2_root;                  // override the cgroup2 mount path
+  std::string v1_root;                  // override the directory holding v1 hierarchies
+  bool use_cgroup_kill = true;          // false forces the freeze+kill fallback
+  int64_t parent_memory_bytes = 0;      // limit for the parent (all sandboxes); 0 = none
   // Processes and threads of all sandboxes together (the parent's pids.max); 0 = none.
   int64_t parent_pids = 0;
   // v1 only: TCP buffer memory of all sandboxes together (memory.kmem.tcp.limit_in_bytes of the

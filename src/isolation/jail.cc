@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/mount.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -10,7 +11,6 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,10 +45,10 @@ enum Step : int {
   kExec,
 };
 constexpr const char* kStepNames[] = {
-    "wait for the edge", "map descriptors",  "make mounts private", "open a host path",
-    "make it read-only", "make the root",    "make a mount point",  "bind a host path",
-    "mount /proc",       "seal the root",    "pivot_root",          "setsid",
-    "set rlimits",       "set credentials",  "set no_new_privs",    "exec",
+    "wait for the edge", "map descriptors", "make mounts private", "open a host path",
+    "make it read-only", "make the root",   "make a mount point",  "bind a host path",
+    "mount /proc",       "seal the root",   "pivot_root",          "setsid",
+    "set rlimits",       "set credentials", "set no_new_privs",    "exec",
 };
 
 // One host path in the jail's root.
@@ -122,8 +122,7 @@ void BuildRoot(const Plan& p) {
       Fail(p, kProc);
     int m = sys::FsMount(pfs, FSMOUNT_CLOEXEC,
                          MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
-    if (m < 0 || sys::MoveMount(m, "", root, "proc", MOVE_MOUNT_F_EMPTY_PATH) < 0)
-      Fail(p, kProc);
+    if (m < 0 || sys::MoveMount(m, "", root, "proc", MOVE_MOUNT_F_EMPTY_PATH) < 0) Fail(p, kProc);
   }
   mount_attr ro{};
   ro.attr_set = MOUNT_ATTR_RDONLY;
@@ -170,8 +169,7 @@ void BuildRoot(const Plan& p) {
   if (s.namespaces & CLONE_NEWNS) BuildRoot(p);
   if (setsid() < 0) Fail(p, kSession);
   for (size_t i = 0; i < s.rlimits.size() && i < p.limits.size(); ++i)
-    if (setrlimit(s.rlimits[i].first, &p.limits[i]) < 0)
-      Fail(p, kRlimit);
+    if (setrlimit(s.rlimits[i].first, &p.limits[i]) < 0) Fail(p, kRlimit);
   if (s.uid) {
     if (syscall(SYS_setgroups, s.groups.size(), s.groups.data()) < 0 ||
         syscall(SYS_setresgid, s.gid, s.gid, s.gid) < 0 ||
@@ -223,8 +221,7 @@ StatusOr<Plan> MakePlan(const JailSpec& s) {
       struct stat ps;
       if (stat(path.c_str(), &ps) < 0) return OkStatus();  // not on this host: skipped
       if (device != (S_ISCHR(ps.st_mode) || S_ISBLK(ps.st_mode)))
-        return InvalidArgument("jail: \"" + path + "\" is " + (device ? "not " : "") +
-                               "a device");
+        return InvalidArgument("jail: \"" + path + "\" is " + (device ? "not " : "") + "a device");
       Bind b{path, path.substr(1), S_ISDIR(ps.st_mode), device};
       AddDirs(b.rel, b.dir, &p.dirs);
       p.binds.push_back(std::move(b));

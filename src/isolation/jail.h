@@ -61,7 +61,8 @@ struct JailSpec {
 // The absolute path execve runs for `name`: itself when absolute, else found on PATH.
 StatusOr<std::string> FindExecutable(const std::string& name);
 
-// Starts the jailed process (default signal dispositions, nothing blocked). Its pidfd names the host pid; the caller reaps it.
+// Starts the jailed process (default signal dispositions, nothing blocked). Its pidfd names the
+// host pid; the caller reaps it.
 StatusOr<PidFd> SpawnJailed(const JailSpec& spec);
 
 }  // namespace dsec::isolation

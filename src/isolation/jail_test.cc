@@ -121,7 +121,8 @@ TEST_F(JailPrivilegedTest, CredentialsAreDroppedForGood) {
 
 TEST_F(JailPrivilegedTest, SignalsStartAtTheirDefaults) {
   // What the edge ignores or blocks is not the helper's.
-  struct sigaction ign {}, old_usr1 {};
+  struct sigaction ign {
+  }, old_usr1{};
   ign.sa_handler = SIG_IGN;
   ASSERT_EQ(sigaction(SIGUSR1, &ign, &old_usr1), 0);
   sigset_t usr2, old_mask;

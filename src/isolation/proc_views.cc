@@ -22,7 +22,6 @@
 #include "isolation/jail.h"
 #include "sys/syscalls.h"
 
-
 namespace dsec::isolation {
 
 namespace {

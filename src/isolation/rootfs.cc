@@ -284,9 +284,8 @@ Status MakeUpperSymlink(int upper, const SymlinkSpec& l, InRoot policy) {
 
 }  // namespace
 
-Status WriteRootPlan(int root, const std::vector<DirSpec>& dirs,
-                     const std::vector<FileSpec>& files, const std::vector<SymlinkSpec>& symlinks,
-                     InRoot parents) {
+Status WriteRootPlan(int root, const std::vector<DirSpec>& dirs, const std::vector<FileSpec>& files,
+                     const std::vector<SymlinkSpec>& symlinks, InRoot parents) {
   for (const auto& d : dirs)
     DSEC_RETURN_IF_ERROR(MakeUpperPath(root, d.path, true, d.mode, d.uid, d.gid, {}, parents));
   for (const auto& f : files)

@@ -101,9 +101,8 @@ Status BuildRootfsAndPivot(const RootfsSpec& spec, const std::vector<int>& layer
 // way), or a booted microVM guest's root before anything of the user's ran (kFollowInside: the
 // image's links mean what they mean inside). The last component is never followed; an
 // existing file is truncated and rewritten, an existing directory gets the mode and owner.
-Status WriteRootPlan(int root, const std::vector<DirSpec>& dirs,
-                     const std::vector<FileSpec>& files, const std::vector<SymlinkSpec>& symlinks,
-                     InRoot parents);
+Status WriteRootPlan(int root, const std::vector<DirSpec>& dirs, const std::vector<FileSpec>& files,
+                     const std::vector<SymlinkSpec>& symlinks, InRoot parents);
 
 StatusOr<UniqueFd> OpenSandboxPath(int root, const std::string& path, int flags, mode_t mode = 0);
 // mkdir -p inside root without following symlinks; a symlink or non-directory in the way of

@@ -309,7 +309,8 @@ StatusOr<uint32_t> NodeNetwork::AllocateAddress() {
     next_ = off + 1;  // next-fit: an address is reused as late as possible
     return base_ + off;
   }
-  return OverCapacity("the node's sandbox network " + opts_.range.ToString() + " has no free address");
+  return OverCapacity("the node's sandbox network " + opts_.range.ToString() +
+                      " has no free address");
 }
 
 StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& label) {
@@ -362,7 +363,8 @@ StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& lab
 Status NodeNetwork::Readopt(const NetAttachment& a, const std::string& label) {
   MutexLock l(mu_);
   if (a.addr <= base_ || a.addr - base_ >= used_.size())
-    return InvalidArgument("address " + Ipv4ToString(a.addr) + " is outside " + opts_.range.ToString());
+    return InvalidArgument("address " + Ipv4ToString(a.addr) + " is outside " +
+                           opts_.range.ToString());
   if (attached_.count(a.addr))
     return Status(StatusCode::kAlreadyExists, Ipv4ToString(a.addr) + " is attached");
   DSEC_RETURN_IF_ERROR(Nft(RenderAttach(table_, a.addr, a.host_if)));
@@ -507,8 +509,8 @@ void NodeNetwork::Stop() {
 }
 
 std::string NodeNetwork::Describe() const {
-  return StrCat({"range ", opts_.range.ToString(), ", gateway ", Ipv4ToString(gateway_), ", uplink ", uplink_,
-                 ", table inet ", table_});
+  return StrCat({"range ", opts_.range.ToString(), ", gateway ", Ipv4ToString(gateway_),
+                 ", uplink ", uplink_, ", table inet ", table_});
 }
 
 std::string NodeNetwork::DnsState() const {

@@ -40,12 +40,12 @@ struct nft_ctx;
 namespace dsec::net {
 
 struct NodeNetworkOptions {
-  Ipv4Net range{0x0ad50000, 16};  // node-local, /8 to /28 (ParseSandboxRange): 10.213.0.0/16
-  std::string uplink;                  // empty: the interface of the IPv4 default route
-  std::string tag;                     // 1-6 of [0-9a-z]: names the table, bridge and veths
-  std::string state_file;              // remembers the uplink's forwarding setting across crashes
-  uint32_t max_conns = 1024;           // tracked connections per sandbox
-  uint32_t new_conns_per_s = 200;      // new connections per second per sandbox (burst: 2x)
+  Ipv4Net range{0x0ad50000, 16};   // node-local, /8 to /28 (ParseSandboxRange): 10.213.0.0/16
+  std::string uplink;              // empty: the interface of the IPv4 default route
+  std::string tag;                 // 1-6 of [0-9a-z]: names the table, bridge and veths
+  std::string state_file;          // remembers the uplink's forwarding setting across crashes
+  uint32_t max_conns = 1024;       // tracked connections per sandbox
+  uint32_t new_conns_per_s = 200;  // new connections per second per sandbox (burst: 2x)
   // Where the DNS forwarder sends queries: "a.b.c.d" or "a.b.c.d:port"; empty: the first
   // nameserver of /etc/resolv.conf. Without one, policies with domains are refused.
   std::string dns_upstream;

@@ -147,12 +147,42 @@ std::string RenderTable(const NodeTable& t) {
 
 std::string RenderAttach(const std::string& table, uint32_t addr, const std::string& host_if) {
   const std::string a = Ipv4ToString(addr), x = Hex8(addr), t = In(table);
-  return StrCat({"add element", t, "bind { \"", host_if, "\" . ", a, " }\n",       //
-                 "add element", t, "marks { ", a, " : 0x", x, " }\n",              //
-                 "add counter", t, "dn_", x, "\n",                                 //
-                 "add element", t, "denied { ", a, " : \"dn_", x, "\" }\n",        //
-                 "add set", t, "dns_", x, " { type ipv4_addr; flags timeout; }\n",  //
-                 "add chain", t, "sb_", x, "\n"});
+  return StrCat({"add element",
+                 t,
+                 "bind { \"",
+                 host_if,
+                 "\" . ",
+                 a,
+                 " }\n",  //
+                 "add element",
+                 t,
+                 "marks { ",
+                 a,
+                 " : 0x",
+                 x,
+                 " }\n",  //
+                 "add counter",
+                 t,
+                 "dn_",
+                 x,
+                 "\n",  //
+                 "add element",
+                 t,
+                 "denied { ",
+                 a,
+                 " : \"dn_",
+                 x,
+                 "\" }\n",  //
+                 "add set",
+                 t,
+                 "dns_",
+                 x,
+                 " { type ipv4_addr; flags timeout; }\n",  //
+                 "add chain",
+                 t,
+                 "sb_",
+                 x,
+                 "\n"});
 }
 
 std::string RenderPolicy(const std::string& table, uint32_t addr, const NetworkPolicy& p,
@@ -167,7 +197,8 @@ std::string RenderPolicy(const std::string& table, uint32_t addr, const NetworkP
   if (p.mode == NetMode::kOpen) cmds += "add rule" + t + chain + " ip daddr != @private accept\n";
   bool dispatch = p.mode != NetMode::kNone;
   if (dispatch && !dispatched)
-    cmds += StrCat({"add element", t, "dispatch { ", Ipv4ToString(addr), " : jump ", chain, " }\n"});
+    cmds +=
+        StrCat({"add element", t, "dispatch { ", Ipv4ToString(addr), " : jump ", chain, " }\n"});
   if (!dispatch && dispatched)
     cmds += StrCat({"delete element", t, "dispatch { ", Ipv4ToString(addr), " }\n"});
   return cmds;
@@ -178,13 +209,13 @@ std::string RenderDetach(const std::string& table, uint32_t addr, const std::str
   const std::string s = Ipv4ToString(addr), x = Hex8(addr), t = In(table);
   std::string cmds;
   if (dispatched) cmds += StrCat({"delete element", t, "dispatch { ", s, " }\n"});
-  cmds += StrCat({"flush chain", t, "sb_", x, "\n",                          //
-                  "delete chain", t, "sb_", x, "\n",                         //
-                  "delete set", t, "dns_", x, "\n",                          //
+  cmds += StrCat({"flush chain",    t, "sb_",       x,       "\n",                //
+                  "delete chain",   t, "sb_",       x,       "\n",                //
+                  "delete set",     t, "dns_",      x,       "\n",                //
                   "delete element", t, "bind { \"", host_if, "\" . ", s, " }\n",  //
-                  "delete element", t, "marks { ", s, " }\n",                //
-                  "delete element", t, "denied { ", s, " }\n",               //
-                  "delete counter", t, "dn_", x, "\n"});
+                  "delete element", t, "marks { ",  s,       " }\n",              //
+                  "delete element", t, "denied { ", s,       " }\n",              //
+                  "delete counter", t, "dn_",       x,       "\n"});
   return cmds;
 }
 

@@ -71,8 +71,7 @@ TEST(RulesetTest, TheNodeTable) {
 TEST(RulesetTest, AttachAndDetach) {
   ExpectGolden("attach.nft", RenderAttach("dsec_t1", kSandbox, "dsvt10000abcd"));
   ExpectGolden("detach.nft", RenderDetach("dsec_t1", kSandbox, "dsvt10000abcd", false));
-  ExpectGolden("detach_dispatched.nft",
-               RenderDetach("dsec_t1", kSandbox, "dsvt10000abcd", true));
+  ExpectGolden("detach_dispatched.nft", RenderDetach("dsec_t1", kSandbox, "dsvt10000abcd", true));
 }
 
 TEST(RulesetTest, Policies) {
@@ -89,7 +88,8 @@ TEST(RulesetTest, Policies) {
   ExpectGolden("policy_open.nft",
                RenderPolicy("dsec_t1", kSandbox, Policy(R"({"mode":"open"})"), true));
   // Back to none: the dispatch entry goes (and the chain is left empty).
-  ExpectGolden("policy_none.nft", RenderPolicy("dsec_t1", kSandbox, Policy(R"({"mode":"none"})"), true));
+  ExpectGolden("policy_none.nft",
+               RenderPolicy("dsec_t1", kSandbox, Policy(R"({"mode":"none"})"), true));
   // None to none changes nothing but the (empty) chain and set.
   std::string idle = RenderPolicy("dsec_t1", kSandbox, Policy(R"({"mode":"none"})"), false);
   EXPECT_EQ(idle, "flush chain inet dsec_t1 sb_0ad50007\nflush set inet dsec_t1 dns_0ad50007\n");

@@ -40,8 +40,8 @@ Status SandboxNet::Readopt(const NetAttachment& a, const NetworkPolicy& p) {
 StatusOr<UniqueFd> SandboxNet::ConnectPort(uint16_t port) {
   DSEC_ASSIGN_OR_RETURN(UniqueFd ns, netns_());
   // Made in the sandbox's namespace, it connects to that namespace's loopback.
-  DSEC_ASSIGN_OR_RETURN(
-      UniqueFd s, SocketIn(ns.get(), AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd s,
+                        SocketIn(ns.get(), AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(port);

@@ -36,11 +36,11 @@ struct ContainerBackendOptions {
   std::string zygote_path;  // default: $DSEC_ZYGOTE_PATH, else dsec-zygote beside this binary
   isolation::FeatureSwitches features;
   isolation::CgroupMode cgroup_mode = isolation::CgroupMode::kAuto;
-  int64_t parent_memory_bytes = 0;   // limit on all sandboxes together; 0 = none
-  int64_t parent_pids = 0;           // processes of all sandboxes together; 0 = none
-  int64_t parent_socket_bytes = 0;   // v1: TCP buffers of all sandboxes together; 0 = memory
-  uint32_t userns_base = 1u << 28;   // first host uid/gid of sandbox ranges
-  uint32_t userns_slots = 8192;      // ranges of 65536 ids
+  int64_t parent_memory_bytes = 0;  // limit on all sandboxes together; 0 = none
+  int64_t parent_pids = 0;          // processes of all sandboxes together; 0 = none
+  int64_t parent_socket_bytes = 0;  // v1: TCP buffers of all sandboxes together; 0 = memory
+  uint32_t userns_base = 1u << 28;  // first host uid/gid of sandbox ranges
+  uint32_t userns_slots = 8192;     // ranges of 65536 ids
   // Host-wide lease file shared by every edge on the host (isolation/uid_ranges.h).
   std::string uid_lock_file = "/run/dsec/uid-ranges.lock";
   isolation::Rlimits rlimits;

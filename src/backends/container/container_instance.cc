@@ -53,7 +53,8 @@ sockaddr_un AgentSocketAddress(int dirfd) {
 ContainerInstance::ContainerInstance(ContainerBackend* backend, SandboxSpec spec)
     : backend_(backend),
       spec_(std::move(spec)),
-      net_(backend_->opts_.network, [this] { return OpenNetns(); }, spec_.id) {
+      net_(
+          backend_->opts_.network, [this] { return OpenNetns(); }, spec_.id) {
   if (spec_.hostname.empty()) spec_.hostname = spec_.id;
   dir_ = JoinPath(backend_->sandboxes_dir_, spec_.id);
 }

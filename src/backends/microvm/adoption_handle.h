@@ -15,9 +15,9 @@
 namespace dsec::backends::microvm {
 
 struct VmAdoptionHandle {
-  std::string secret;      // the guest agent's auth secret (never empty)
-  int64_t uid_slot = -1;   // the host uid range QEMU runs as; -1 none
-  pid_t qemu_pid = 0;      // checked against the sandbox's cgroup before it is trusted
+  std::string secret;     // the guest agent's auth secret (never empty)
+  int64_t uid_slot = -1;  // the host uid range QEMU runs as; -1 none
+  pid_t qemu_pid = 0;     // checked against the sandbox's cgroup before it is trusted
   std::vector<std::string> layer_digests;  // the image's layers, bottom first (held again)
 
   std::string Encode() const;

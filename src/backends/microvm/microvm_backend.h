@@ -25,9 +25,9 @@
 #include <thread>
 
 #include "backends/microvm/boot_files.h"
+#include "backends/microvm/qemu_cmd.h"
 #include "backends/sandbox.h"
 #include "backends/session/agent_client.h"
-#include "backends/microvm/qemu_cmd.h"
 #include "base/mutex.h"
 #include "base/unique_fd.h"
 #include "images/store.h"

@@ -36,7 +36,6 @@
 
 namespace dsec::backends::microvm {
 
-
 namespace {
 
 constexpr int kMaxLayers = 24;  // /dev/vda .. /dev/vdx
@@ -164,7 +163,8 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
   j.argv = QemuArgv(qc);
   j.env = {"PATH=/usr/bin:/bin"};
   j.fds = {{0, null_fd.get()}, {1, log.get()}, {2, log.get()}};
-  for (size_t i = 0; i < from.size(); ++i) j.fds.push_back({kKernelFd + static_cast<int>(i), from[i]});
+  for (size_t i = 0; i < from.size(); ++i)
+    j.fds.push_back({kKernelFd + static_cast<int>(i), from[i]});
   // Namespaces of its own. Network: empty, every socket QEMU uses is an inherited descriptor,
   // so a QEMU taken over by its guest reaches no network, not even the node's loopback (the
   // edge's API, other services). Mount: a root of only what it runs from (the guest's kernel,
@@ -333,8 +333,7 @@ Status MicrovmInstance::LeaseAndCgroup() {
   return OkStatus();
 }
 
-Status MicrovmInstance::BootProbe(MicrovmBackend* backend, Accel accel,
-                                  int timeout_ms) {
+Status MicrovmInstance::BootProbe(MicrovmBackend* backend, Accel accel, int timeout_ms) {
   SandboxSpec spec;
   spec.id = "probe-" + RandomHex(6);
   spec.kind = Kind::kMicrovm;

@@ -16,7 +16,6 @@
 
 namespace dsec::backends::microvm {
 
-
 namespace {
 
 const Json kIgnoreShared = {

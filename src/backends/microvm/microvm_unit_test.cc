@@ -179,9 +179,8 @@ TEST(VmAdoptionHandleTest, RoundTripsEveryField) {
 }
 
 TEST(VmAdoptionHandleTest, BadHandlesAreErrors) {
-  for (const char* bad : {"", "[]", "{}", R"({"secret":"","qemu_pid":9})",
-                          R"({"secret":"s"})", R"({"secret":"s","qemu_pid":0})",
-                          R"({"secret":"s","qemu_pid":"9"})",
+  for (const char* bad : {"", "[]", "{}", R"({"secret":"","qemu_pid":9})", R"({"secret":"s"})",
+                          R"({"secret":"s","qemu_pid":0})", R"({"secret":"s","qemu_pid":"9"})",
                           R"({"secret":"s","qemu_pid":9,"uid_slot":-2})",
                           R"({"secret":"s","qemu_pid":9,"layers":"sha256:aa"})",
                           R"({"secret":"s","qemu_pid":9,"layers":[1]})"}) {

@@ -49,7 +49,7 @@ std::vector<std::string> QemuArgv(const QemuConfig& c) {
           (c.ram_fd >= 0 ? ",memory-backend=mem" : ""),
       "-accel",
       c.accel == Accel::kKvm ? std::string("kvm")
-                       : "tcg,thread=single,tb-size=" + std::to_string(c.tcg_tb_mb),
+                             : "tcg,thread=single,tb-size=" + std::to_string(c.tcg_tb_mb),
       "-cpu", c.accel == Accel::kKvm ? "host" : "max", "-smp", std::to_string(c.cpus), "-m",
       std::to_string(c.memory_mb) + "M", "-nodefaults", "-no-user-config", "-display", "none",
       "-no-reboot", "-kernel", fd_path(c.kernel_fd), "-initrd", fd_path(c.initrd_fd), "-append",

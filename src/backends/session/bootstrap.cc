@@ -72,8 +72,8 @@ StatusOr<Frame> AgentBootstrap::Next(int64_t deadline_ms) {
 StatusOr<protocol::Hello> AgentBootstrap::ExpectHello(int64_t deadline_ms) {
   DSEC_ASSIGN_OR_RETURN(Frame f, Next(deadline_ms));
   if (f.type == FrameType::kError)  // before its hello: it could not start (a guest's init)
-    return Unavailable(carrier_.name + " failed to start: " +
-                       ErrorFrameStatus(f, "no reason given").message());
+    return Unavailable(carrier_.name +
+                       " failed to start: " + ErrorFrameStatus(f, "no reason given").message());
   if (f.type != FrameType::kHello) return InternalError(carrier_.name + " did not say hello");
   return DecodeHello(f);
 }
@@ -95,8 +95,8 @@ StatusOr<protocol::Ready> AgentBootstrap::ExpectReady(int64_t deadline_ms) {
 
 StatusOr<protocol::Hello> Reauthenticate(int fd, const std::string& secret, int64_t deadline_ms) {
   std::string auth;
-  DSEC_RETURN_IF_ERROR(protocol::EncodeFrame(FrameType::kAuth, 0, 0,
-                                             protocol::Encode(protocol::Auth{secret}).dump(), &auth));
+  DSEC_RETURN_IF_ERROR(protocol::EncodeFrame(
+      FrameType::kAuth, 0, 0, protocol::Encode(protocol::Auth{secret}).dump(), &auth));
   DSEC_RETURN_IF_ERROR(SendWithFds(fd, auth, {}).WithContext("send auth to the agent"));
   // Resync: try a frame at every magic in what arrived. Replies are small; stale output is
   // skipped, whatever it holds.

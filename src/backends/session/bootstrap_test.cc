@@ -29,8 +29,7 @@ class BootstrapTest : public ::testing::Test {
   // The scripted agent says something.
   void Say(FrameType type, const Json& j) { Raw(protocol::EncodeFrameOrDie(type, 0, 0, j.dump())); }
   void Raw(const std::string& bytes) {
-    ASSERT_EQ(write(agent_.get(), bytes.data(), bytes.size()),
-              static_cast<ssize_t>(bytes.size()));
+    ASSERT_EQ(write(agent_.get(), bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
   }
   // The next frame the edge sent, with any fds that came along.
   Frame Heard(std::vector<UniqueFd>* fds = nullptr) {
@@ -73,10 +72,10 @@ TEST_F(BootstrapTest, HelloSetupWithFdsReady) {
 }
 
 TEST_F(BootstrapTest, FramesSplitAcrossWritesAndBackToBackArrive) {
-  std::string hello = protocol::EncodeFrameOrDie(
-      FrameType::kHello, 0, 0, protocol::Encode(protocol::Hello{}).dump());
-  std::string ready =
-      protocol::EncodeFrameOrDie(FrameType::kReady, 0, 0, protocol::Encode(protocol::Ready{}).dump());
+  std::string hello = protocol::EncodeFrameOrDie(FrameType::kHello, 0, 0,
+                                                 protocol::Encode(protocol::Hello{}).dump());
+  std::string ready = protocol::EncodeFrameOrDie(FrameType::kReady, 0, 0,
+                                                 protocol::Encode(protocol::Ready{}).dump());
   Raw(hello.substr(0, 5));
   AgentBootstrap boot(edge_.get());
   std::thread rest([&] {
@@ -152,9 +151,9 @@ TEST_F(BootstrapTest, SilenceHangUpAndCarrierExitGoThroughTheKindsExplanation) {
     AgentBootstrap boot(edge_.get(), c);
     EXPECT_EQ(boot.ExpectHello(In(10000)).status().code(), StatusCode::kUnavailable);
   }
-  EXPECT_EQ(explained, (std::vector<StatusCode>{StatusCode::kDeadlineExceeded,
-                                                StatusCode::kUnavailable,
-                                                StatusCode::kUnavailable}));
+  EXPECT_EQ(explained,
+            (std::vector<StatusCode>{StatusCode::kDeadlineExceeded, StatusCode::kUnavailable,
+                                     StatusCode::kUnavailable}));
 }
 
 TEST_F(BootstrapTest, ReauthenticateSendsTheTypedSecretAndSkipsStaleBytes) {
@@ -174,8 +173,7 @@ TEST_F(BootstrapTest, ReauthenticateSendsTheTypedSecretAndSkipsStaleBytes) {
 }
 
 TEST_F(BootstrapTest, ReauthenticateRefusedTimedOutOrHungUp) {
-  Say(FrameType::kError,
-      protocol::ErrorJson(Status(StatusCode::kUnauthenticated, "bad secret")));
+  Say(FrameType::kError, protocol::ErrorJson(Status(StatusCode::kUnauthenticated, "bad secret")));
   EXPECT_EQ(Reauthenticate(edge_.get(), "wrong", In(5000)).status().code(),
             StatusCode::kUnauthenticated);
   EXPECT_EQ(Reauthenticate(edge_.get(), "s", In(100)).status().code(),
