@@ -3,6 +3,7 @@
 // container pools alike. Pools made through the API are kept in the state DB.
 #include <cmath>
 
+#include "api/pool_json.h"
 #include "base/base64.h"
 #include "base/ids.h"
 #include "base/logging.h"
@@ -135,7 +136,7 @@ void RunFnCall(const std::shared_ptr<Ctx>& c) {
 }
 
 void ListPools(const std::shared_ptr<Ctx>& c) {
-  c->Reply(200, {{"pools", c->api->deps().pools->List()}});
+  c->Reply(200, {{"pools", api::ToJson(c->api->deps().pools->List())}});
 }
 
 void GetPool(const std::shared_ptr<Ctx>& c) {
@@ -143,7 +144,7 @@ void GetPool(const std::shared_ptr<Ctx>& c) {
   if (Status s = ValidateId("pool name", name); !s.ok()) return c->Fail(s);
   auto pool = c->api->deps().pools->Get(name);
   if (!pool) return c->Fail(NotFound("pool " + name + " not found"));
-  c->Reply(200, pool->Describe());
+  c->Reply(200, api::ToJson(pool->State()));
 }
 
 }  // namespace
@@ -225,7 +226,7 @@ void LoadPools(const EdgeConfig& cfg, bool userns, pools::PoolSet* pools, StateS
                                             : "fncall");
     pools::PoolConfig base = PoolDefaults(cfg, kind.value_or(pools::PoolKind::kFncall));
     base.name = name;
-    auto c = j.ok() ? pools::PoolConfigFromJson(*j, base) : StatusOr<pools::PoolConfig>(j.status());
+    auto c = j.ok() ? api::PoolConfigFromJson(*j, base) : StatusOr<pools::PoolConfig>(j.status());
     Status ok = c.ok() ? ResolvePoolImage(images, &*c) : c.status();
     if (!ok.ok()) {
       DSEC_LOG_WARN("stored pool {} ignored: {}", name, ok.message());
@@ -269,7 +270,7 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
     base.runtime = backends::FnRuntime::kExec;
   }
   base.name = name;
-  auto cfg = pools::PoolConfigFromJson(*j, base);
+  auto cfg = api::PoolConfigFromJson(*j, base);
   if (!cfg.ok()) return c->Fail(cfg.status());
   if (Status s = ResolvePoolImage(d.images, &*cfg); !s.ok()) return c->Fail(s);
   if (cfg->kind == pools::PoolKind::kContainer) {
@@ -279,9 +280,9 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
   }
   auto pool = d.pools->Put(*cfg);
   if (!pool.ok()) return c->Fail(pool.status());
-  if (Status s = d.store->PutPool(name, pools::ToJson(*cfg).dump()); !s.ok())
+  if (Status s = d.store->PutPool(name, api::ToJson(*cfg).dump()); !s.ok())
     DSEC_LOG_ERROR("state db: pool {} not saved: {}", name, s.ToString());
-  c->Reply(existing ? 200 : 201, (*pool)->Describe());
+  c->Reply(existing ? 200 : 201, api::ToJson((*pool)->State()));
 }
 
 void DeletePool(const std::shared_ptr<Ctx>& c) {

@@ -87,9 +87,9 @@ void DeleteImage(const std::shared_ptr<Ctx>& c) {
   // A pool keeps making sandboxes of its image: it goes first.
   if (auto norm = images::NormalizeName(name); norm.ok() && c->api->deps().pools)
     for (const auto& p : c->api->deps().pools->List())
-      if (p.value("image", "") == *norm)
+      if (p.config.image == *norm)
         return c->Fail(409, "conflict",
-                       "image \"" + *norm + "\" is the image of pool \"" + p.value("name", "") +
+                       "image \"" + *norm + "\" is the image of pool \"" + p.config.name +
                            "\"; delete the pool or give it another image first");
   if (Status st = (*s)->DeleteImage(name); !st.ok()) return c->Fail(st);
   // Its layers go now unless another image or a sandbox still uses them.

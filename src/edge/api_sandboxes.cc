@@ -2,6 +2,7 @@
 // node-level endpoints (health, node, images, metrics).
 #include <boost/asio/post.hpp>
 
+#include "api/pool_json.h"
 #include "base/strings.h"
 #include "edge/api.h"
 #include "http/json_body.h"
@@ -361,7 +362,7 @@ void Node(const std::shared_ptr<Ctx>& c) {
   j["instance"] = d.instance;
   j["backends"] = Json::array();
   for (backends::Kind k : d.manager->Kinds()) j["backends"].push_back(backends::KindName(k));
-  j["pools"] = d.pools ? d.pools->List() : Json::array();
+  j["pools"] = d.pools ? api::ToJson(d.pools->List()) : Json::array();
   j["features"] = d.features;  // open connections are in /metrics (dsec_http_connections)
   if (d.live_features) {
     Json live = d.live_features();

@@ -358,6 +358,29 @@ net::NodeNetworkOptions NetworkOptions(const EdgeConfig& cfg, AuditLog* audit) {
   return net_opts;
 }
 
+// What this node registers in the cluster (and renews with its lease).
+cluster::NodeRecord NodeRecordOf(const EdgeConfig& cfg, const Manager& manager,
+                                 const pools::PoolSet& pools, const std::string& instance,
+                                 int64_t started_at) {
+  NodeReport n = manager.NodeInfo();
+  cluster::NodeRecord r;
+  r.node = cfg.node;
+  r.url = cfg.cluster_advertise;
+  r.instance = instance;
+  r.version = DSEC_VERSION;
+  for (backends::Kind k : manager.Kinds()) r.kinds.emplace_back(backends::KindName(k));
+  for (const auto& p : pools.List()) r.pools.push_back(p.config.name);
+  r.max_sandboxes = std::min(n.max_sandboxes,
+                             n.files.max_sandboxes > 0 ? n.files.max_sandboxes : n.max_sandboxes);
+  r.memory_mb = n.memory_mb;
+  r.admit_memory_mb = n.admit_memory_mb;
+  r.max_memory_mb = n.admit_memory_mb;
+  r.sandboxes = n.sandboxes;
+  r.used_memory_mb = n.used_memory_mb;
+  r.started_at = started_at;
+  return r;
+}
+
 }  // namespace
 
 int RunEdge(EdgeConfig cfg) {
@@ -589,24 +612,7 @@ int RunEdge(EdgeConfig cfg) {
     membership = std::make_unique<Membership>(
         *endpoints, cfg.cluster_lease_ttl_s,
         [&cfg, &manager, &pools, instance = (*backend)->instance_id(), started_at] {
-          NodeReport n = manager.NodeInfo();
-          cluster::NodeRecord r;
-          r.node = cfg.node;
-          r.url = cfg.cluster_advertise;
-          r.instance = instance;
-          r.version = DSEC_VERSION;
-          for (backends::Kind k : manager.Kinds()) r.kinds.emplace_back(backends::KindName(k));
-          for (const auto& p : pools.List())
-            if (p.contains("name") && p["name"].is_string()) r.pools.push_back(p["name"]);
-          r.max_sandboxes = std::min(
-              n.max_sandboxes, n.files.max_sandboxes > 0 ? n.files.max_sandboxes : n.max_sandboxes);
-          r.memory_mb = n.memory_mb;
-          r.admit_memory_mb = n.admit_memory_mb;
-          r.max_memory_mb = n.admit_memory_mb;
-          r.sandboxes = n.sandboxes;
-          r.used_memory_mb = n.used_memory_mb;
-          r.started_at = started_at;
-          return r;
+          return NodeRecordOf(cfg, manager, pools, instance, started_at);
         });
     membership->Start();
   }

@@ -23,62 +23,6 @@ constexpr int64_t kIdleRecheckMs = 500;
 constexpr int64_t kQueueRecheckMs = 20;
 constexpr int64_t kFailureBackoffMs = 1000;
 
-bool ValidModuleName(const std::string& m) {
-  if (m.empty() || m.size() > 128 || m.front() == '.' || m.back() == '.') return false;
-  for (char c : m)
-    if (!(isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.')) return false;
-  return true;
-}
-
-template <typename T>
-Status GetField(const Json& j, const char* key, T* out, T lo, T hi) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return OkStatus();
-  if constexpr (std::is_floating_point_v<T>) {
-    if (!it->is_number()) return InvalidArgument(std::string("\"") + key + "\" must be a number");
-  } else {
-    if (!it->is_number_integer())
-      return InvalidArgument(std::string("\"") + key + "\" must be an integer");
-  }
-  // Compared before narrowing: 2^63 must not wrap into the range.
-  bool in_range;
-  T v{};
-  if constexpr (std::is_floating_point_v<T>) {
-    v = it->get<T>();
-    in_range = v >= lo && v <= hi;
-  } else if (it->is_number_unsigned()) {
-    uint64_t u = it->get<uint64_t>();
-    in_range = hi >= 0 && u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo &&
-               u <= static_cast<uint64_t>(INT64_MAX);
-    v = static_cast<T>(u);
-  } else {
-    int64_t i = it->get<int64_t>();
-    in_range = i >= static_cast<int64_t>(lo) && i <= static_cast<int64_t>(hi);
-    v = static_cast<T>(i);
-  }
-  if (!in_range)
-    return InvalidArgument(std::string("\"") + key + "\" must be between " + FormatNumber(lo) +
-                           " and " + FormatNumber(hi));
-  *out = v;
-  return OkStatus();
-}
-
-Status GetStrings(const Json& j, const char* key, std::vector<std::string>* out) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return OkStatus();
-  if (!it->is_array() || it->size() > 256)
-    return InvalidArgument(std::string("\"") + key + "\" must be a list of at most 256 strings");
-  std::vector<std::string> v;
-  for (const auto& e : *it) {
-    if (!e.is_string() || e.get<std::string>().size() > 4096 ||
-        e.get<std::string>().find('\0') != std::string::npos)
-      return InvalidArgument(std::string("\"") + key + "\" must hold strings");
-    v.push_back(e.get<std::string>());
-  }
-  *out = std::move(v);
-  return OkStatus();
-}
-
 // Collects a call's output; the agent already caps each stream at max_output_bytes.
 class Collect : public backends::ExecObserver {
  public:
@@ -113,85 +57,6 @@ std::optional<PoolKind> PoolKindFromName(std::string_view name) {
   if (name == "fncall") return PoolKind::kFncall;
   if (name == "container") return PoolKind::kContainer;
   return std::nullopt;
-}
-
-Json ToJson(const PoolConfig& c) {
-  Json j = {{"name", c.name},
-            {"kind", PoolKindName(c.kind)},
-            {"runtime", backends::FnRuntimeName(c.runtime)},
-            {"image", c.image},
-            {"min_idle", c.min_idle},
-            {"max", c.max},
-            {"max_queue", c.max_queue},
-            {"queue_timeout_ms", c.queue_timeout_ms},
-            {"idle_timeout_s", c.idle_timeout_s}};
-  j.update(ToJson(c.resources));
-  if (c.kind == PoolKind::kContainer) {
-    j.erase("runtime");
-    j.erase("max_queue");
-    j.erase("queue_timeout_ms");
-    j.erase("idle_timeout_s");
-  }
-  if (c.kind == PoolKind::kFncall && c.runtime == backends::FnRuntime::kPython)
-    j["preload"] = c.preload;
-  if (c.kind == PoolKind::kFncall && c.runtime == backends::FnRuntime::kExec)
-    j["command"] = c.command;
-  return j;
-}
-
-StatusOr<PoolConfig> PoolConfigFromJson(const Json& j, PoolConfig c) {
-  if (!j.is_object()) return InvalidArgument("a pool must be a JSON object");
-  static const char* kKnown[] = {"name",           "kind",
-                                 "runtime",        "image",
-                                 "preload",        "command",
-                                 "min_idle",       "max",
-                                 "memory_mb",      "disk_mb",
-                                 "pids",           "cpu",
-                                 "max_queue",      "queue_timeout_ms",
-                                 "idle_timeout_s", "request_id"};
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (std::find_if(std::begin(kKnown), std::end(kKnown),
-                     [&](const char* k) { return it.key() == k; }) == std::end(kKnown))
-      return InvalidArgument("unknown pool field \"" + it.key() + "\"");
-  }
-  auto str = [&](const char* key, std::string* out) -> Status {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return OkStatus();
-    if (!it->is_string()) return InvalidArgument(std::string("\"") + key + "\" must be a string");
-    *out = it->get<std::string>();
-    return OkStatus();
-  };
-  std::string kind(PoolKindName(c.kind));
-  DSEC_RETURN_IF_ERROR(str("kind", &kind));
-  auto k = PoolKindFromName(kind);
-  if (!k) return InvalidArgument("\"kind\" must be \"fncall\" or \"container\"");
-  c.kind = *k;
-  std::string runtime(backends::FnRuntimeName(c.runtime));
-  DSEC_RETURN_IF_ERROR(str("runtime", &runtime));
-  DSEC_RETURN_IF_ERROR(str("image", &c.image));
-  DSEC_RETURN_IF_ERROR(GetStrings(j, "preload", &c.preload));
-  DSEC_RETURN_IF_ERROR(GetStrings(j, "command", &c.command));
-  DSEC_RETURN_IF_ERROR(GetField(j, "min_idle", &c.min_idle, 0, 1024));
-  DSEC_RETURN_IF_ERROR(GetField(j, "max", &c.max, 1, 4096));
-  Resources& r = c.resources;
-  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "memory_mb", &r.memory_mb, 16, 1 << 20));
-  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "disk_mb", &r.disk_mb, 1, 1 << 20));
-  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "pids", &r.pids, 16, 1 << 22));
-  DSEC_RETURN_IF_ERROR(GetField(j, "cpu", &r.cpu, 0.01, 1024.0));
-  DSEC_RETURN_IF_ERROR(GetField(j, "max_queue", &c.max_queue, 0, 1 << 20));
-  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "queue_timeout_ms", &c.queue_timeout_ms, 0, 600000));
-  DSEC_RETURN_IF_ERROR(GetField<int64_t>(j, "idle_timeout_s", &c.idle_timeout_s, 1, 86400 * 7));
-  if (c.min_idle > c.max) return InvalidArgument("\"min_idle\" must not exceed \"max\"");
-  if (c.kind == PoolKind::kFncall) {
-    auto r = backends::FnRuntimeFromName(runtime);
-    if (!r) return InvalidArgument("\"runtime\" must be \"python\", \"bash\" or \"exec\"");
-    c.runtime = *r;
-    if (c.runtime == backends::FnRuntime::kExec && c.command.empty())
-      return InvalidArgument("an \"exec\" runtime needs a \"command\" (the code is appended)");
-    for (const auto& m : c.preload)
-      if (!ValidModuleName(m)) return InvalidArgument("bad module name \"" + m + "\" in preload");
-  }
-  return c;
 }
 
 // --- Pool ---
@@ -592,22 +457,22 @@ void Pool::Shutdown() {
   for (auto& w : all) (void)w->sb->Destroy();
 }
 
-Json Pool::Describe() const {
+PoolStatus Pool::State() const {
   MutexLock l(mu_);
-  Json j = ToJson(cfg_);
-  j["workers"] = {{"idle", idle_.size()}, {"busy", busy_.size()}, {"starting", starting_}};
-  if (cfg_.kind == PoolKind::kContainer) {
-    j["taken"] = taken_;
-    j["missed"] = missed_;
-  } else {
-    j["queued"] = queue_.size();
-    j["calls"] = calls_;
-  }
-  j["rejected"] = rejected_;
-  j["replaced"] = replaced_;
-  j["yielded"] = yielded_;
-  j["last_error"] = last_error_.empty() ? Json(nullptr) : Json(last_error_);
-  return j;
+  PoolStatus st;
+  st.config = cfg_;
+  st.idle = idle_.size();
+  st.busy = busy_.size();
+  st.starting = starting_;
+  st.taken = taken_;
+  st.missed = missed_;
+  st.queued = queue_.size();
+  st.calls = calls_;
+  st.rejected = rejected_;
+  st.replaced = replaced_;
+  st.yielded = yielded_;
+  st.last_error = last_error_;
+  return st;
 }
 
 // --- PoolSet ---
@@ -711,25 +576,23 @@ Status PoolSet::Remove(const std::string& name) {
   return OkStatus();
 }
 
-Json PoolSet::List() const {
+std::vector<PoolStatus> PoolSet::List() const {
   std::vector<std::shared_ptr<Pool>> pools;
   {
     MutexLock l(mu_);
     for (auto& [n, p] : pools_) pools.push_back(p);
   }
-  Json arr = Json::array();
-  for (auto& p : pools) arr.push_back(p->Describe());
-  return arr;
+  std::vector<PoolStatus> out;
+  for (auto& p : pools) out.push_back(p->State());
+  return out;
 }
 
 void PoolSet::WaitWarm(int64_t timeout_ms) const {
   int64_t deadline = MonotonicMs() + timeout_ms;
   while (MonotonicMs() < deadline) {
     bool warm = true;
-    for (const auto& p : List()) {
-      int idle = p["workers"]["idle"].get<int>();
-      warm = warm && (idle >= p["min_idle"].get<int>() || !p["last_error"].is_null());
-    }
+    for (const auto& p : List())
+      warm = warm && (static_cast<int>(p.idle) >= p.config.min_idle || !p.last_error.empty());
     if (warm) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -72,9 +72,17 @@ struct PoolConfig {
     return s;
   }
 };
-Json ToJson(const PoolConfig& c);
-// Fields missing from `j` keep the values in `base` (so a PUT may change only some).
-StatusOr<PoolConfig> PoolConfigFromJson(const Json& j, PoolConfig base);
+// What a pool is doing (GET /v1/pools renders it: api/pool_json.h).
+struct PoolStatus {
+  PoolConfig config;
+  size_t idle = 0, busy = 0;  // workers (or ready container sandboxes)
+  int starting = 0;
+  uint64_t taken = 0, missed = 0;  // container pools: creates served from it, or not
+  size_t queued = 0;               // fncall pools: calls waiting
+  uint64_t calls = 0;
+  uint64_t rejected = 0, replaced = 0, yielded = 0;
+  std::string last_error;  // empty: none
+};
 
 // What a container pool's sandboxes are created with (their id aside).
 backends::SandboxSpec ContainerSpecFor(const PoolConfig& c);
@@ -118,7 +126,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   std::shared_ptr<backends::Sandbox> TakeSandbox();
   // kind "container": what each pooled sandbox is created with (its id aside).
   backends::SandboxSpec ContainerSpec() const;
-  Json Describe() const;
+  PoolStatus State() const;
   // Sandboxes the pool holds now (workers, or ready container sandboxes, starting ones
   // included) and the memory they may use (memory_mb each), for the node's admission.
   std::pair<int64_t, int64_t> Usage() const;
@@ -208,7 +216,7 @@ class PoolSet {
   StatusOr<std::shared_ptr<Pool>> Put(const PoolConfig& cfg);
   std::shared_ptr<Pool> Get(const std::string& name) const;
   Status Remove(const std::string& name);
-  Json List() const;
+  std::vector<PoolStatus> List() const;
   // Waits (up to timeout_ms) until every pool has its min_idle workers or reported an error.
   void WaitWarm(int64_t timeout_ms) const;
   void Shutdown();
