@@ -744,7 +744,14 @@ Residue Measure(const ContainerBackend& b, const std::string& state) {
   Residue r;
   // Destroyed sandboxes' disk images are unmounted a moment later, off the destroy's path.
   dsec::testing::PollUntil([&] { return b.DiskReleasesPending() == 0; });
-  r.mounts = SplitString(*ReadFileToString("/proc/self/mountinfo", 1 << 22), '\n', true).size();
+  // Only mounts under this test's directory (state, sandboxes, disks, lxcfs): other edges on
+  // the host mount and unmount their own meanwhile.
+  const std::string root = state.substr(0, state.rfind('/')) + "/";
+  for (std::string_view line :
+       SplitString(*ReadFileToString("/proc/self/mountinfo", 1 << 22), '\n', true)) {
+    auto fields = SplitString(line, ' ', true);
+    if (fields.size() > 4 && fields[4].substr(0, root.size()) == root) ++r.mounts;
+  }
   for (const char* h : {"memory", "pids", "cpu", "unified", "freezer", ""})
     r.cgroups += CountDir(std::string("/sys/fs/cgroup/") + h + "/dsec-" + b.instance_id(), true);
   DIR* d = opendir("/proc");
