@@ -747,8 +747,8 @@ Residue Measure(const ContainerBackend& b, const std::string& state) {
   // Only mounts under this test's directory (state, sandboxes, disks, lxcfs): other edges on
   // the host mount and unmount their own meanwhile.
   const std::string root = state.substr(0, state.rfind('/')) + "/";
-  for (std::string_view line :
-       SplitString(*ReadFileToString("/proc/self/mountinfo", 1 << 22), '\n', true)) {
+  const std::string mountinfo = ReadFileToString("/proc/self/mountinfo", 1 << 22).value_or("");
+  for (std::string_view line : SplitString(mountinfo, '\n', true)) {
     auto fields = SplitString(line, ' ', true);
     if (fields.size() > 4 && fields[4].substr(0, root.size()) == root) ++r.mounts;
   }
