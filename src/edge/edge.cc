@@ -311,22 +311,6 @@ std::string UrlOf(const std::string& listen, const http::HttpServer& server) {
   return "http://" + listen;
 }
 
-// One line on stdout when ready, for scripts.
-void AnnounceReady(const EdgeConfig& cfg, const http::HttpServer& server, int adopted,
-                   const http::HttpServer* fusion, const http::HttpServer* e2b) {
-  std::string where = UrlOf(cfg.listen, server);
-  std::cout << "dsec-edge ready node=" << cfg.node << " url=" << where << " socket=" << cfg.socket
-            << " adopted=" << adopted << " token_file=" << cfg.token_file
-            << (fusion ? " sandbox_fusion=" + UrlOf(cfg.sandbox_fusion_listen, *fusion) : "")
-            << (e2b ? " e2b=" + UrlOf(cfg.e2b_listen, *e2b) : "") << std::endl;
-  DSEC_LOG_INFO("serving: url={} socket={} node={} state_dir={}", where, cfg.socket, cfg.node,
-                cfg.state_dir);
-}
-
-}  // namespace
-
-namespace {
-
 // The node network's settings; refused packets are logged to `audit`.
 net::NodeNetworkOptions NetworkOptions(const EdgeConfig& cfg, AuditLog* audit) {
   net::NodeNetworkOptions net_opts;
@@ -381,258 +365,331 @@ cluster::NodeRecord NodeRecordOf(const EdgeConfig& cfg, const Manager& manager,
   return r;
 }
 
-}  // namespace
+// The edge's services, as members in the order they start: the destructor stops what was
+// started in the reverse order (the shutdown order), on every way out, a failed start-up
+// included. `serving` tells a stop at the end (sandboxes go, unless --persist) from a start-up
+// that failed (nothing was served: adopted sandboxes are left as they were, for the next edge).
+class EdgeServices {
+ public:
+  explicit EdgeServices(EdgeConfig cfg) : cfg_(std::move(cfg)) {}
+  EdgeServices(const EdgeServices&) = delete;
+  EdgeServices& operator=(const EdgeServices&) = delete;
+  ~EdgeServices();
 
-int RunEdge(EdgeConfig cfg) {
-  auto fail = [](const std::string& what, const Status& s) {
-    std::cerr << "dsec-edge: " << what << ": " << s.message() << "\n";
-    return 1;
+  // Each step fails with a Status whose message starts with what failed.
+  Status Open();          // state dir, tokens, state DB, audit log, images, budgets, network
+  Status StartKinds();    // the container backend and, where it can run, the microVM one
+  Status StartManager();  // timers, workers, the manager (re-adopting), builds, pools
+  Status Serve();         // the API, its listeners, cluster membership, housekeeping
+  void Announce() const;
+
+ private:
+  Json LiveFeatures() const;
+  Status StartCompatListeners(const http::HttpServerOptions& ho);
+
+  EdgeConfig cfg_;
+  bool serving_ = false;
+  UniqueFd lock_;
+  std::vector<std::string> tokens_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<AuditLog> audit_;
+  // Before the backends: exec observers still inside one when it is torn down report to these.
+  Metrics metrics_;
+  std::unique_ptr<OutputBudget> output_budget_;
+  std::unique_ptr<images::ImageStore> images_;
+  Budgets budgets_;
+  // The sandbox network: started by the first sandbox that needs one, removed after every
+  // sandbox is gone, left in place for --persist.
+  std::unique_ptr<net::LazyNodeNetwork> network_;
+  std::thread dns_probe_;
+  container::ContainerBackendOptions container_opts_;
+  std::unique_ptr<container::ContainerBackend> containers_;
+  std::string no_microvms_;
+  std::unique_ptr<backends::microvm::MicrovmBackend> microvms_;
+  // Timers and workers outlive the manager's shutdown: handlers blocked on a sandbox finish
+  // when it goes, and only then are the workers joined.
+  boost::asio::io_context timers_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>
+      timers_work_;
+  std::thread timer_thread_;
+  std::optional<boost::asio::thread_pool> workers_;
+  std::unique_ptr<Manager> manager_;
+  int adopted_ = 0;
+  std::unique_ptr<Builds> builds_;
+  std::unique_ptr<pools::PoolSet> pools_;
+  std::optional<Idempotency> idem_;
+  std::optional<Api> api_;
+  std::vector<std::string> made_dirs_;  // the socket's, deepest first: removed while empty
+  std::unique_ptr<http::HttpServer> server_;
+  std::optional<SandboxFusion> fusion_;  // SandboxFusion's /run_code, when asked for
+  std::unique_ptr<http::HttpServer> fusion_server_;
+  std::optional<E2b> e2b_;  // the E2B-compatible API, when asked for
+  std::unique_ptr<http::HttpServer> e2b_server_;
+  std::unique_ptr<Membership> membership_;  // gone from placement first at shutdown
+  std::atomic<bool> done_{false};
+  std::thread housekeeper_;
+};
+
+EdgeServices::~EdgeServices() {
+  if (housekeeper_.joinable()) {
+    done_ = true;
+    housekeeper_.join();
+  }
+  if (membership_) membership_->Stop();
+  if (e2b_server_) e2b_server_->Stop();
+  if (fusion_server_) fusion_server_->Stop();
+  if (server_) server_->Stop();
+  for (const auto& d : made_dirs_) (void)rmdir(d.c_str());  // only while empty
+  if (pools_) pools_->Shutdown();    // workers and pooled sandboxes go even with --persist
+  if (builds_) builds_->Shutdown();  // a build in progress goes
+  if (manager_) manager_->Shutdown(serving_ ? cfg_.persist : true);
+  if (workers_) workers_->join();
+  if (timer_thread_.joinable()) {
+    timers_work_.reset();
+    timers_.stop();
+    timer_thread_.join();
+  }
+  if (serving_ && !cfg_.persist) {
+    if (Status s = containers_->Shutdown(); !s.ok())
+      DSEC_LOG_WARN("parent cgroups not removed: {}", s.message());
+    if (microvms_)
+      if (Status s = microvms_->Shutdown(); !s.ok())
+        DSEC_LOG_WARN("microVM parent cgroups not removed: {}", s.message());
+  }
+  if (serving_) DSEC_LOG_INFO("stopped");
+  if (dns_probe_.joinable()) dns_probe_.join();
+  if (network_ && serving_ && !cfg_.persist) network_->Stop();
+}
+
+Status EdgeServices::Open() {
+  auto failed = [](const std::string& what, const Status& s) {
+    return Status(s.code(), what + ": " + s.message());
   };
-  if (geteuid() != 0) return fail("start", PermissionDenied("dsec-edge must run as root"));
-  UniqueFd lock;
-  if (Status s = LockStateDir(cfg.state_dir, &lock); !s.ok()) return fail("state dir", s);
-  auto tokens = LoadOrCreateTokens(cfg.token_file);
-  if (!tokens.ok()) return fail("tokens", tokens.status());
+  if (geteuid() != 0) return PermissionDenied("start: dsec-edge must run as root");
+  if (Status s = LockStateDir(cfg_.state_dir, &lock_); !s.ok()) return failed("state dir", s);
+  auto tokens = LoadOrCreateTokens(cfg_.token_file);
+  if (!tokens.ok()) return failed("tokens", tokens.status());
+  tokens_ = std::move(*tokens);
   // Best effort: the OOM killer takes sandboxes before the edge. Some hosts (containers, VMs
   // without CAP_SYS_RESOURCE) refuse a lower value even to root: then it stays as it is, which
   // is worth a line in the debug log only.
   if (Status s = WriteStringToFile("/proc/self/oom_score_adj", "-1000"); !s.ok())
     DSEC_LOG_DEBUG("oom_score_adj stays as it was (this host refused -1000: {})", s.message());
-
-  auto store = StateStore::Open(JoinPath(cfg.state_dir, "state.db"));
-  if (!store.ok()) return fail("state db", store.status());
-  auto audit = AuditLog::Open(cfg.audit_log, cfg.audit_max_bytes, cfg.audit_keep);
-  if (!audit.ok()) return fail("audit log", audit.status());
-  // Before the backend: exec observers still inside it when it is torn down report to these.
-  Metrics metrics;
-  OutputBudget output_budget(
-      static_cast<uint64_t>(cfg.output_memory_mb > 0 ? cfg.output_memory_mb
-                                                     : std::max<int64_t>(256, NodeMemoryMb() / 32))
+  auto store = StateStore::Open(JoinPath(cfg_.state_dir, "state.db"));
+  if (!store.ok()) return failed("state db", store.status());
+  store_ = std::move(*store);
+  auto audit = AuditLog::Open(cfg_.audit_log, cfg_.audit_max_bytes, cfg_.audit_keep);
+  if (!audit.ok()) return failed("audit log", audit.status());
+  audit_ = std::move(*audit);
+  output_budget_ = std::make_unique<OutputBudget>(
+      static_cast<uint64_t>(cfg_.output_memory_mb > 0 ? cfg_.output_memory_mb
+                                                      : std::max<int64_t>(256, NodeMemoryMb() / 32))
       << 20);
-
   images::StoreOptions iso;
-  iso.root = JoinPath(cfg.state_dir, "images");
-  iso.default_format = cfg.image_layer_format;
-  iso.max_layer_bytes = cfg.image_max_layer_bytes;
+  iso.root = JoinPath(cfg_.state_dir, "images");
+  iso.default_format = cfg_.image_layer_format;
+  iso.max_layer_bytes = cfg_.image_max_layer_bytes;
   auto image_store = images::ImageStore::Open(iso);
-  if (!image_store.ok()) return fail("image store", image_store.status());
-  auto budgets = PrepareBudgets(cfg);
-  if (!budgets.ok()) return fail("node budgets", budgets.status());
-  // The sandbox network: started by the first sandbox that needs one, removed after every
-  // sandbox is gone (the guard outlives the manager), left in place for --persist.
-  net::LazyNodeNetwork network(NetworkOptions(cfg, audit->get()));
-  bool network_stays = true;  // set once serving, unless --persist
-  auto stop_network = MakeScopeGuard([&] {
-    if (!network_stays) network.Stop();
-  });
+  if (!image_store.ok()) return failed("image store", image_store.status());
+  images_ = std::move(*image_store);
+  auto budgets = PrepareBudgets(cfg_);
+  if (!budgets.ok()) return failed("node budgets", budgets.status());
+  budgets_ = std::move(*budgets);
+  network_ = std::make_unique<net::LazyNodeNetwork>(NetworkOptions(cfg_, audit_.get()));
   // Checked now, not at the first networked create: a setting that does not parse stops the
   // start; a problem of the node (no default route, a clashing network_cidr) is logged and
   // shown in GET /v1/node, and creates that need the network answer 503 with it. The DNS
   // upstream is probed in the background (up to 2 s).
-  std::thread dns_probe;
-  auto join_probe = MakeScopeGuard([&] {
-    if (dns_probe.joinable()) dns_probe.join();
-  });
-  if (cfg.network) {
-    net::NetworkCheck check = network.Check();
-    if (!check.config.ok()) return fail("network", check.config);
-    if (check.dns_addr) dns_probe = std::thread([&network] { network.ProbeDns(); });
+  if (cfg_.network) {
+    net::NetworkCheck check = network_->Check();
+    if (!check.config.ok()) return failed("network", check.config);
+    if (check.dns_addr) dns_probe_ = std::thread([n = network_.get()] { n->ProbeDns(); });
   }
-  container::ContainerBackendOptions container_opts =
-      BackendOptions(cfg, image_store->get(), *budgets);
-  if (cfg.network) {
-    container_opts.network = [&network] { return network.Get(); };
-    container_opts.nameserver = net::Ipv4ToString(cfg.network_range.gateway());
+  return OkStatus();
+}
+
+Status EdgeServices::StartKinds() {
+  container_opts_ = BackendOptions(cfg_, images_.get(), budgets_);
+  if (cfg_.network) {
+    container_opts_.network = [n = network_.get()] { return n->Get(); };
+    container_opts_.nameserver = net::Ipv4ToString(cfg_.network_range.gateway());
   }
-  auto backend = container::ContainerBackend::Create(container_opts);
-  if (!backend.ok()) return fail("container backend", backend.status());
-  DSEC_LOG_INFO("{}", (*backend)->Describe());
-  std::string no_microvms;
-  std::unique_ptr<backends::microvm::MicrovmBackend> microvms =
-      StartMicrovms(cfg, container_opts, &no_microvms);
+  auto backend = container::ContainerBackend::Create(container_opts_);
+  if (!backend.ok())
+    return Status(backend.status().code(), "container backend: " + backend.status().message());
+  containers_ = std::move(*backend);
+  DSEC_LOG_INFO("{}", containers_->Describe());
+  microvms_ = StartMicrovms(cfg_, container_opts_, &no_microvms_);
+  return OkStatus();
+}
 
-  // From here on every service is stopped by the guard made right after it, in reverse order
-  // of their start, on every way out: a failed start-up included. `serving` tells a stop at
-  // the end (sandboxes go, unless --persist) from a start-up that failed (nothing was served:
-  // adopted sandboxes are left as they were, for the next edge).
-  bool serving = false;
-  auto log_stopped = MakeScopeGuard([&] {
-    if (serving) DSEC_LOG_INFO("stopped");
-  });
-  auto stop_backend = MakeScopeGuard([&] {
-    if (!serving || cfg.persist) return;
-    if (Status s = (*backend)->Shutdown(); !s.ok())
-      DSEC_LOG_WARN("parent cgroups not removed: {}", s.message());
-    if (microvms)
-      if (Status s = microvms->Shutdown(); !s.ok())
-        DSEC_LOG_WARN("microVM parent cgroups not removed: {}", s.message());
-  });
-  // Declared before the workers, so that they outlive every handler the workers still run.
-  std::optional<Idempotency> idem;
-  std::optional<Api> api;
-  std::optional<SandboxFusion> fusion;  // SandboxFusion's /run_code, when asked for
-  std::optional<E2b> e2b;               // the E2B-compatible API, when asked for
-  // Timers and workers outlive the manager's shutdown: handlers blocked on a sandbox finish
-  // when it goes, and only then are the workers joined.
-  boost::asio::io_context timers;
-  auto timers_work = boost::asio::make_work_guard(timers);
-  std::thread timer_thread([&] { timers.run(); });
-  auto stop_timers = MakeScopeGuard([&] {
-    timers_work.reset();
-    timers.stop();
-    timer_thread.join();
-  });
-  boost::asio::thread_pool workers(static_cast<size_t>(cfg.worker_threads));
-  auto stop_workers = MakeScopeGuard([&] { workers.join(); });
-
-  std::vector<backends::Backend*> kinds = {backend->get()};
-  if (microvms) kinds.push_back(microvms.get());
-  Manager manager(cfg, kinds, store->get(), &metrics);
-  auto stop_manager = MakeScopeGuard([&] { manager.Shutdown(serving ? cfg.persist : true); });
-  manager.SetNodeBudget(budgets->node);
-  manager.SetFileBudget(budgets->files);
-  auto recovered = manager.Recover();
-  if (!recovered.ok()) return fail("recover", recovered.status());
+Status EdgeServices::StartManager() {
+  timers_work_.emplace(boost::asio::make_work_guard(timers_));
+  timer_thread_ = std::thread([this] { timers_.run(); });
+  workers_.emplace(static_cast<size_t>(cfg_.worker_threads));
+  std::vector<backends::Backend*> kinds = {containers_.get()};
+  if (microvms_) kinds.push_back(microvms_.get());
+  manager_ = std::make_unique<Manager>(cfg_, kinds, store_.get(), &metrics_);
+  manager_->SetNodeBudget(budgets_.node);
+  manager_->SetFileBudget(budgets_.files);
+  auto recovered = manager_->Recover();
+  if (!recovered.ok())
+    return Status(recovered.status().code(), "recover: " + recovered.status().message());
+  adopted_ = recovered->first;
   DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
-  ReleaseLostLayers(manager, image_store->get());
-  Builds builds(cfg, &manager, image_store->get());
-  auto stop_builds = MakeScopeGuard([&] { builds.Shutdown(); });  // a build in progress goes
-  if (int n = builds.CleanupLost(); n > 0)
+  ReleaseLostLayers(*manager_, images_.get());
+  builds_ = std::make_unique<Builds>(cfg_, manager_.get(), images_.get());
+  if (int n = builds_->CleanupLost(); n > 0)
     DSEC_LOG_INFO("deleted {} sandboxes of builds a previous edge left", n);
   // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
-  pools::PoolSet pools(backend->get(), cfg.node);
-  // Workers and pooled sandboxes go even with --persist: pools restart.
-  auto stop_pools = MakeScopeGuard([&] { pools.Shutdown(); });
-  pools.SetAdmission([&manager](int64_t mb) { return manager.AdmitPoolSandbox(mb); });
-  pools.SetWorkerMaxCalls(cfg.fncall_worker_max_calls);
-  manager.SetPools(&pools);
-  LoadPools(cfg, (*backend)->features().userns, &pools, store->get(), image_store->get());
-  pools.WaitWarm(30000);  // "ready" means the runtimes answer their first calls warm
+  pools_ = std::make_unique<pools::PoolSet>(containers_.get(), cfg_.node);
+  pools_->SetAdmission([m = manager_.get()](int64_t mb) { return m->AdmitPoolSandbox(mb); });
+  pools_->SetWorkerMaxCalls(cfg_.fncall_worker_max_calls);
+  manager_->SetPools(pools_.get());
+  LoadPools(cfg_, containers_->features().userns, pools_.get(), store_.get(), images_.get());
+  pools_->WaitWarm(30000);  // "ready" means the runtimes answer their first calls warm
+  return OkStatus();
+}
 
-  idem.emplace(store->get(), cfg.idempotency_max_records, cfg.idempotency_max_age_s,
-               cfg.idempotency_max_body_bytes, cfg.idempotency_max_total_bytes);
+Json EdgeServices::LiveFeatures() const {
+  // Each kind this node serves, with what it can do: the table creates are checked against.
+  Json kinds = {{"container", CapabilitiesJson(containers_->Capabilities())}};
+  if (microvms_) kinds["microvm"] = CapabilitiesJson(microvms_->Capabilities());
+  return Json{{"microvm", MicrovmFeatures(microvms_.get(), no_microvms_)},
+              {"network", NetworkFeatures(cfg_.network, network_.get())},
+              {"kinds", kinds}};
+}
+
+Status EdgeServices::Serve() {
+  idem_.emplace(store_.get(), cfg_.idempotency_max_records, cfg_.idempotency_max_age_s,
+                cfg_.idempotency_max_body_bytes, cfg_.idempotency_max_total_bytes);
   Api::Deps deps;
-  deps.cfg = cfg;
-  deps.manager = &manager;
-  deps.backend = backend->get();
-  deps.idempotency = &*idem;
-  deps.metrics = &metrics;
-  deps.output_budget = &output_budget;
-  deps.audit = audit->get();
-  deps.workers = &workers;
-  deps.timers = &timers;
-  deps.pools = &pools;
-  deps.store = store->get();
-  deps.images = image_store->get();
-  deps.builds = &builds;
-  deps.tokens = *tokens;
-  deps.instance = (*backend)->instance_id();
-  deps.features = FeaturesOf(**backend);
-  deps.live_features = [ct = backend->get(), vm = microvms.get(), &no_microvms, &network, &cfg] {
-    // Each kind this node serves, with what it can do: the table creates are checked against.
-    Json kinds = {{"container", CapabilitiesJson(ct->Capabilities())}};
-    if (vm) kinds["microvm"] = CapabilitiesJson(vm->Capabilities());
-    return Json{{"microvm", MicrovmFeatures(vm, no_microvms)},
-                {"network", NetworkFeatures(cfg.network, &network)},
-                {"kinds", kinds}};
-  };
-  api.emplace(std::move(deps));
+  deps.cfg = cfg_;
+  deps.manager = manager_.get();
+  deps.backend = containers_.get();
+  deps.idempotency = &*idem_;
+  deps.metrics = &metrics_;
+  deps.output_budget = output_budget_.get();
+  deps.audit = audit_.get();
+  deps.workers = &*workers_;
+  deps.timers = &timers_;
+  deps.pools = pools_.get();
+  deps.store = store_.get();
+  deps.images = images_.get();
+  deps.builds = builds_.get();
+  deps.tokens = tokens_;
+  deps.instance = containers_->instance_id();
+  deps.features = FeaturesOf(*containers_);
+  deps.live_features = [this] { return LiveFeatures(); };
+  api_.emplace(std::move(deps));
 
-  http::HttpServerOptions ho = ServerOptions(cfg, budgets->files);
+  http::HttpServerOptions ho = ServerOptions(cfg_, budgets_.files);
+  if (Status s = MakeDirs(ho.spool_dir, 0700); !s.ok())
+    return Status(s.code(), "spool dir: " + s.message());
+  made_dirs_ = MakeSocketDir(cfg_.socket);
+  http::HttpServerOptions api_opts = ho;
   // The connections the edge's descriptors allow are shared by its listeners: the API keeps
   // half when a compatibility listener runs beside it, and they split the other half.
-  const int compat_listeners = !cfg.sandbox_fusion_listen.empty() + !cfg.e2b_listen.empty();
-  const int compat_connections =
-      compat_listeners ? std::max(16, ho.max_connections / 2 / compat_listeners) : 0;
-  if (compat_listeners) ho.max_connections = std::max(16, ho.max_connections / 2);
-  if (Status s = MakeDirs(ho.spool_dir, 0700); !s.ok()) return fail("spool dir", s);
-  // The socket's directory and whichever of its parents we create are removed again on exit.
-  std::vector<std::string> made_dirs = MakeSocketDir(cfg.socket);
-  auto remove_dirs = MakeScopeGuard([&] {
-    for (const auto& d : made_dirs) (void)rmdir(d.c_str());  // only while empty
-  });
+  if (!cfg_.sandbox_fusion_listen.empty() || !cfg_.e2b_listen.empty())
+    api_opts.max_connections = std::max(16, ho.max_connections / 2);
   auto server = http::HttpServer::Start(
-      ho, [&api](http::HttpRequest& r) { return api->Check(r); },
-      [&api](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
-        api->Handle(std::move(r), std::move(res));
+      api_opts, [this](http::HttpRequest& r) { return api_->Check(r); },
+      [this](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
+        api_->Handle(std::move(r), std::move(res));
       });
-  if (!server.ok()) return fail("serve", server.status());
-  auto stop_server = MakeScopeGuard([&] { (*server)->Stop(); });
-  serving = true;
-  network_stays = cfg.persist;
-  metrics.SetNetworkDenied([&network] {
-    net::NodeNetwork* n = network.IfStarted();
-    return n ? n->DeniedTotal() : 0;
+  if (!server.ok()) return Status(server.status().code(), "serve: " + server.status().message());
+  server_ = std::move(*server);
+  serving_ = true;
+  metrics_.SetNetworkDenied([n = network_.get()] {
+    net::NodeNetwork* started = n->IfStarted();
+    return started ? started->DeniedTotal() : 0;
   });
-  api->deps().connections = [s = server->get()] { return s->connections(); };
-  api->deps().proxy_io = &(*server)->io();
-  manager.StartReaper();
-
-  // SandboxFusion's /run_code, on its own listener when asked for.
-  std::unique_ptr<http::HttpServer> fusion_server;
-  auto stop_fusion = MakeScopeGuard([&] {
-    if (fusion_server) fusion_server->Stop();
-  });
-  if (!cfg.sandbox_fusion_listen.empty()) {
-    fusion.emplace(SandboxFusion::Deps{.cfg = &cfg,
-                                       .manager = &manager,
-                                       .pools = &pools,
-                                       .images = image_store->get(),
-                                       .workers = &workers,
-                                       .metrics = &metrics,
-                                       .audit = audit->get(),
-                                       .tokens = *tokens});
-    auto fs = StartCompatServer(ho, cfg.sandbox_fusion_listen, compat_connections, &*fusion);
-    if (!fs.ok()) return fail("sandbox fusion listener", fs.status());
-    fusion_server = std::move(*fs);
-  }
-  std::unique_ptr<http::HttpServer> e2b_server;
-  auto stop_e2b = MakeScopeGuard([&] {
-    if (e2b_server) e2b_server->Stop();
-  });
-  if (!cfg.e2b_listen.empty()) {
-    e2b.emplace(E2b::Deps{.cfg = &cfg,
-                          .manager = &manager,
-                          .workers = &workers,
-                          .timers = &timers,
-                          .metrics = &metrics,
-                          .audit = audit->get(),
-                          .tokens = *tokens});
-    auto es = StartCompatServer(ho, cfg.e2b_listen, compat_connections, &*e2b);
-    if (!es.ok()) return fail("e2b listener", es.status());
-    e2b_server = std::move(*es);
-  }
+  api_->deps().connections = [s = server_.get()] { return s->connections(); };
+  api_->deps().proxy_io = &server_->io();
+  manager_->StartReaper();
+  DSEC_RETURN_IF_ERROR(StartCompatListeners(ho));
 
   // In a cluster: registered once serving, and gone from placement first at shutdown.
-  std::unique_ptr<Membership> membership;
-  if (!cfg.cluster_etcd.empty()) {
-    auto endpoints = etcd::ParseEndpoints(cfg.cluster_etcd);  // checked by FinalizeConfig
-    if (!endpoints.ok()) return fail("cluster", endpoints.status());
-    const int64_t started_at = WallMs();
-    membership = std::make_unique<Membership>(
-        *endpoints, cfg.cluster_lease_ttl_s,
-        [&cfg, &manager, &pools, instance = (*backend)->instance_id(), started_at] {
-          return NodeRecordOf(cfg, manager, pools, instance, started_at);
+  if (!cfg_.cluster_etcd.empty()) {
+    auto endpoints = etcd::ParseEndpoints(cfg_.cluster_etcd);  // checked by FinalizeConfig
+    if (!endpoints.ok())
+      return Status(endpoints.status().code(), "cluster: " + endpoints.status().message());
+    membership_ = std::make_unique<Membership>(
+        *endpoints, cfg_.cluster_lease_ttl_s,
+        [this, instance = containers_->instance_id(), started_at = WallMs()] {
+          return NodeRecordOf(cfg_, *manager_, *pools_, instance, started_at);
         });
-    membership->Start();
+    membership_->Start();
   }
-  auto stop_membership = MakeScopeGuard([&] {
-    if (membership) membership->Stop();
-  });
+  housekeeper_ = std::thread([this] { Housekeep(done_, &*idem_, *output_budget_); });
+  return OkStatus();
+}
 
-  std::atomic<bool> done{false};
-  std::thread housekeeper([&] { Housekeep(done, &*idem, output_budget); });
-  auto stop_housekeeper = MakeScopeGuard([&] {
-    done = true;
-    housekeeper.join();
-  });
-  AnnounceReady(cfg, **server, recovered->first, fusion_server.get(), e2b_server.get());
+// SandboxFusion's /run_code and the E2B-compatible API, each on its own listener when asked
+// for, sharing half of the connections `ho` allows.
+Status EdgeServices::StartCompatListeners(const http::HttpServerOptions& ho) {
+  const int listeners = !cfg_.sandbox_fusion_listen.empty() + !cfg_.e2b_listen.empty();
+  if (listeners == 0) return OkStatus();
+  const int connections = std::max(16, ho.max_connections / 2 / listeners);
+  if (!cfg_.sandbox_fusion_listen.empty()) {
+    fusion_.emplace(SandboxFusion::Deps{.cfg = &cfg_,
+                                        .manager = manager_.get(),
+                                        .pools = pools_.get(),
+                                        .images = images_.get(),
+                                        .workers = &*workers_,
+                                        .metrics = &metrics_,
+                                        .audit = audit_.get(),
+                                        .tokens = tokens_});
+    auto fs = StartCompatServer(ho, cfg_.sandbox_fusion_listen, connections, &*fusion_);
+    if (!fs.ok())
+      return Status(fs.status().code(), "sandbox fusion listener: " + fs.status().message());
+    fusion_server_ = std::move(*fs);
+  }
+  if (!cfg_.e2b_listen.empty()) {
+    e2b_.emplace(E2b::Deps{.cfg = &cfg_,
+                           .manager = manager_.get(),
+                           .workers = &*workers_,
+                           .timers = &timers_,
+                           .metrics = &metrics_,
+                           .audit = audit_.get(),
+                           .tokens = tokens_});
+    auto es = StartCompatServer(ho, cfg_.e2b_listen, connections, &*e2b_);
+    if (!es.ok()) return Status(es.status().code(), "e2b listener: " + es.status().message());
+    e2b_server_ = std::move(*es);
+  }
+  return OkStatus();
+}
 
+// One line on stdout when ready, for scripts.
+void EdgeServices::Announce() const {
+  std::string where = UrlOf(cfg_.listen, *server_);
+  std::cout << "dsec-edge ready node=" << cfg_.node << " url=" << where << " socket=" << cfg_.socket
+            << " adopted=" << adopted_ << " token_file=" << cfg_.token_file
+            << (fusion_server_
+                    ? " sandbox_fusion=" + UrlOf(cfg_.sandbox_fusion_listen, *fusion_server_)
+                    : "")
+            << (e2b_server_ ? " e2b=" + UrlOf(cfg_.e2b_listen, *e2b_server_) : "") << std::endl;
+  DSEC_LOG_INFO("serving: url={} socket={} node={} state_dir={}", where, cfg_.socket, cfg_.node,
+                cfg_.state_dir);
+}
+
+}  // namespace
+
+int RunEdge(EdgeConfig cfg) {
+  const bool persist = cfg.persist;
+  EdgeServices edge(std::move(cfg));
+  Status s = edge.Open();
+  if (s.ok()) s = edge.StartKinds();
+  if (s.ok()) s = edge.StartManager();
+  if (s.ok()) s = edge.Serve();
+  if (!s.ok()) {
+    std::cerr << "dsec-edge: " << s.message() << "\n";
+    return 1;  // what started stops as `edge` goes; adopted sandboxes stay for the next edge
+  }
+  edge.Announce();
   int sig = WaitForSignal();
-  DSEC_LOG_INFO("signal {}: shutting down{}", sig, cfg.persist ? " (persist)" : "");
-  // Everything stops as the guards go, in reverse order: the housekeeper, the server, its
-  // directories, pools, builds, the manager, workers, timers, the backend's parent cgroups.
-  return 0;
+  DSEC_LOG_INFO("signal {}: shutting down{}", sig, persist ? " (persist)" : "");
+  return 0;  // everything stops as `edge` goes, in the reverse order of its start
 }
 
 }  // namespace dsec::edge
