@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <future>
 
+#include "base/enum_names.h"
 #include "base/ids.h"
 #include "base/strings.h"
 #include "net/sandbox_net.h"
@@ -15,21 +16,16 @@
 
 namespace dsec::backends {
 
-std::string_view KindName(Kind k) {
-  switch (k) {
-    case Kind::kContainer:
-      return "container";
-    case Kind::kMicrovm:
-      return "microvm";
-  }
-  return "unknown";
-}
+namespace {
+constexpr EnumName<Kind> kKindNames[] = {{Kind::kContainer, "container"},
+                                         {Kind::kMicrovm, "microvm"}};
+constexpr EnumName<FnRuntime> kFnRuntimes[] = {
+    {FnRuntime::kPython, "python"}, {FnRuntime::kBash, "bash"}, {FnRuntime::kExec, "exec"}};
+}  // namespace
 
-std::optional<Kind> KindFromName(std::string_view name) {
-  for (Kind k : kAllKinds)
-    if (KindName(k) == name) return k;
-  return std::nullopt;
-}
+std::string_view KindName(Kind k) { return NameIn(kKindNames, k); }
+
+std::optional<Kind> KindFromName(std::string_view name) { return ValueIn(kKindNames, name); }
 
 std::string_view SandboxStateName(SandboxState s) {
   switch (s) {
@@ -574,22 +570,10 @@ std::string HelperBinaryPath(const char* env_name, const std::string& name,
   return dir + "/" + name;
 }
 
-std::string_view FnRuntimeName(FnRuntime r) {
-  switch (r) {
-    case FnRuntime::kBash:
-      return "bash";
-    case FnRuntime::kExec:
-      return "exec";
-    case FnRuntime::kPython:
-      break;
-  }
-  return "python";
-}
+std::string_view FnRuntimeName(FnRuntime r) { return NameIn(kFnRuntimes, r); }
 
 std::optional<FnRuntime> FnRuntimeFromName(std::string_view name) {
-  for (FnRuntime r : {FnRuntime::kPython, FnRuntime::kBash, FnRuntime::kExec})
-    if (name == FnRuntimeName(r)) return r;
-  return std::nullopt;
+  return ValueIn(kFnRuntimes, name);
 }
 
 Status NoNetwork(Kind kind, net::NetMode mode) {

@@ -20,7 +20,9 @@ Json ImageJson(images::ImageStore* store, const images::Image& img) {
   for (const auto& d : img.layers) {
     auto l = store->GetLayer(d);
     layers.push_back(
-        {{"digest", d}, {"size", l.ok() ? l->size : 0}, {"format", l.ok() ? l->format : "dir"}});
+        {{"digest", d},
+         {"size", l.ok() ? l->size : 0},
+         {"format", images::LayerFormatName(l.ok() ? l->format : images::LayerFormat::kDir)}});
   }
   const auto& c = img.config;
   return {{"name", img.name},
@@ -105,7 +107,11 @@ void ImportImage(const std::shared_ptr<Ctx>& c) {
   images::ImportOptions o;
   o.name = *name;
   if (const std::string* f = c->req.Query("format"); f && !f->empty()) o.format = *f;
-  if (const std::string* f = c->req.Query("layer_format"); f && !f->empty()) o.layer_format = *f;
+  if (const std::string* f = c->req.Query("layer_format"); f && !f->empty()) {
+    auto format = images::ParseLayerFormat(*f);
+    if (!format.ok()) return c->Fail(format.status());
+    o.layer_format = *format;
+  }
   if (const std::string* b = c->req.Query("base"); b && !b->empty()) o.base = *b;
   o.max_archive_bytes = c->api->deps().cfg.max_import_bytes;
   auto imp = images::Importer::Start(*s, o);

@@ -724,8 +724,11 @@ Status FinalizeConfig(EdgeConfig* c) {
     return InvalidArgument("uid_lock_file must be an absolute path");
   if (!c->disk_dir.empty() && c->disk_dir[0] != '/')
     return InvalidArgument("disk_dir must be an absolute path");
-  if (c->image_layer_format != "dir" && c->image_layer_format != "erofs")
-    return InvalidArgument("image_layer_format must be \"dir\" or \"erofs\"");
+  auto layer_format = images::ParseLayerFormat(c->image_layer_format);
+  if (!layer_format.ok())
+    return InvalidArgument("image_layer_format must be dir or erofs, not \"" +
+                           c->image_layer_format + "\"");
+  c->layer_format = *layer_format;
   if (!c->build_mirror.empty() && c->build_mirror.rfind("http://", 0) != 0 &&
       c->build_mirror.rfind("https://", 0) != 0 && c->build_mirror.rfind("file://", 0) != 0)
     return InvalidArgument("build_mirror must be an http://, https:// or file:// URL");

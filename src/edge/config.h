@@ -13,6 +13,7 @@
 #include "base/resources.h"
 #include "base/status.h"
 #include "http/server.h"
+#include "images/store.h"
 #include "isolation/cgroup.h"
 #include "net/ruleset.h"
 
@@ -117,6 +118,7 @@ struct EdgeConfig {
   int netns_pool = 256;
   // Image store (<state_dir>/images): how new layers are stored, "dir" or "erofs".
   std::string image_layer_format = "dir";
+  images::LayerFormat layer_format = images::LayerFormat::kDir;  // image_layer_format, parsed
   // Largest layer (bytes of unpacked file content) an import, snapshot or build may make.
   uint64_t image_max_layer_bytes = 16ull << 30;
   // Image builds (POST /v1/images/build): how many run at once (more wait in a queue), and

@@ -487,7 +487,7 @@ Status EdgeServices::Open() {
       << 20);
   images::StoreOptions iso;
   iso.root = JoinPath(cfg_.state_dir, "images");
-  iso.default_format = cfg_.image_layer_format;
+  iso.default_format = cfg_.layer_format;
   iso.max_layer_bytes = cfg_.image_max_layer_bytes;
   auto image_store = images::ImageStore::Open(iso);
   if (!image_store.ok()) return failed("image store", image_store.status());

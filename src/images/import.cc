@@ -642,8 +642,6 @@ StatusOr<std::unique_ptr<Importer>> Importer::Start(ImageStore* store, ImportOpt
       opts.format != "docker")
     return InvalidArgument("import format \"" + opts.format +
                            "\": expected auto, rootfs, oci or docker");
-  if (!opts.layer_format.empty() && opts.layer_format != "dir" && opts.layer_format != "erofs")
-    return InvalidArgument("layer format \"" + opts.layer_format + "\": expected dir or erofs");
   if (!opts.base.empty() && opts.base != "host")
     return InvalidArgument("base \"" + opts.base + "\": expected \"host\" or none");
   if (opts.add_image && store->GetImage(opts.name).ok())  // checked again when it is added

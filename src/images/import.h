@@ -42,10 +42,10 @@ class Decoder {
 };
 
 struct ImportOptions {
-  std::string name;             // "name[:tag]"
-  std::string format = "auto";  // auto | rootfs | oci | docker
-  std::string layer_format;     // "" (the store's default) | dir | erofs
-  std::string base;             // rootfs imports: "" or "host" (the layer goes on the host image)
+  std::string name;                         // "name[:tag]"
+  std::string format = "auto";              // auto | rootfs | oci | docker
+  std::optional<LayerFormat> layer_format;  // none: the store's default
+  std::string base;  // rootfs imports: "" or "host" (the layer goes on the host image)
   uint64_t max_archive_bytes = 32ull << 30;  // decompressed
   // false: the layers are stored but no image is added; Finish() returns what it would be
   // (the caller holds an ImageStore::Lease until it references the layers).

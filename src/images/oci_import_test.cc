@@ -361,7 +361,9 @@ class OciImportTest : public ::testing::Test {
     o.root = root_;
     o.max_layer_bytes = max_layer_bytes;
     o.max_layer_entries = max_layer_entries;
-    o.default_format = format;
+    auto f = ParseLayerFormat(format);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    o.default_format = *f;
     auto s = ImageStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(s).value();

@@ -14,6 +14,7 @@
 
 #include "archive/tar.h"
 #include "base/clock.h"
+#include "base/enum_names.h"
 #include "base/file_util.h"
 #include "base/ids.h"
 #include "base/in_root.h"
@@ -29,6 +30,13 @@ namespace dsec::images {
 using Json = nlohmann::json;
 
 namespace {
+
+constexpr EnumName<LayerFormat> kLayerFormats[] = {{LayerFormat::kDir, "dir"},
+                                                   {LayerFormat::kErofs, "erofs"}};
+
+// What a layer's file name adds to its digest's: EROFS layers are image files beside the
+// directories.
+const char* LayerSuffix(LayerFormat f) { return f == LayerFormat::kErofs ? ".erofs" : ""; }
 
 // An EROFS image of a layer directory. -x1: extended attributes kept (overlayfs opaque
 // markers; whiteouts are 0/0 devices). Chunk-based files (4 KiB chunks) keep a sparse file's
@@ -164,6 +172,14 @@ StatusOr<UniqueFd> MountErofs(const std::string& file) {
 
 }  // namespace
 
+std::string_view LayerFormatName(LayerFormat f) { return NameIn(kLayerFormats, f); }
+
+StatusOr<LayerFormat> ParseLayerFormat(std::string_view s) {
+  if (auto f = ValueIn(kLayerFormats, s)) return *f;
+  return InvalidArgument("layer format \"" + std::string(s) + "\": expected " +
+                         NamesIn(kLayerFormats));
+}
+
 StatusOr<std::string> NormalizeName(std::string_view name) {
   std::string_view repo = name, tag = "latest";
   if (size_t colon = name.rfind(':'); colon != std::string_view::npos) {
@@ -228,7 +244,7 @@ Status LayerBuilder::Feed(std::string_view data) {
 }
 
 StatusOr<LayerInfo> LayerBuilder::Commit(const std::string& expect_digest,
-                                         const std::string& format) {
+                                         std::optional<LayerFormat> format) {
   if (done_) return FailedPrecondition("layer already committed");
   DSEC_RETURN_IF_ERROR(impl_->tar->Finish());
   unsigned char out[EVP_MAX_MD_SIZE];
@@ -240,9 +256,7 @@ StatusOr<LayerInfo> LayerBuilder::Commit(const std::string& expect_digest,
                            ", its content is " + digest);
   uint64_t size = impl_->tar->stats().bytes;
   impl_->tar.reset();
-  std::string fmt = format.empty() ? store_->opts_.default_format : format;
-  if (fmt != "dir" && fmt != "erofs")
-    return InvalidArgument("layer format \"" + fmt + "\": expected dir or erofs");
+  LayerFormat fmt = format.value_or(store_->opts_.default_format);
   // The directories the tar did not list are recorded beside the layer (<layer>.dirs): the
   // importer restores their owner and mode from the layers below (see import.cc).
   if (!store_->GetLayer(digest).ok()) {
@@ -279,9 +293,6 @@ ImageStore::Lease::~Lease() {
 StatusOr<std::unique_ptr<ImageStore>> ImageStore::Open(StoreOptions opts) {
   if (opts.root.empty() || opts.root[0] != '/')
     return InvalidArgument("image store root must be an absolute path");
-  if (opts.default_format != "dir" && opts.default_format != "erofs")
-    return InvalidArgument("image layer format \"" + opts.default_format +
-                           "\": expected dir or erofs");
   std::unique_ptr<ImageStore> s(new ImageStore(std::move(opts)));
   DSEC_RETURN_IF_ERROR(MakeDirs(s->opts_.root + "/layers", 0700));
   // Whatever a crash left half made.
@@ -315,9 +326,10 @@ Status ImageStore::Load() {
       LayerInfo info;
       info.digest = l.value("digest", "");
       info.size = l.value("size", uint64_t{0});
-      info.format = l.value("format", "dir");
-      if (!ValidDigest(info.digest)) continue;
-      std::string p = LayerDir(info.digest) + (info.format == "erofs" ? ".erofs" : "");
+      auto format = ParseLayerFormat(l.value("format", "dir"));
+      if (!ValidDigest(info.digest) || !format.ok()) continue;
+      info.format = *format;
+      std::string p = LayerDir(info.digest) + LayerSuffix(info.format);
       if (access(p.c_str(), F_OK) < 0) {
         DSEC_LOG_WARN("image store: layer {} is missing from disk; dropped", info.digest);
         continue;
@@ -374,7 +386,7 @@ Status ImageStore::SaveLocked() {
   j["version"] = 1;
   j["layers"] = Json::array();
   for (const auto& [d, l] : layers_)
-    j["layers"].push_back({{"digest", d}, {"size", l.size}, {"format", l.format}});
+    j["layers"].push_back({{"digest", d}, {"size", l.size}, {"format", LayerFormatName(l.format)}});
   j["images"] = Json::array();
   for (const auto& [n, i] : images_)
     j["images"].push_back({{"name", i.name},
@@ -423,33 +435,33 @@ StatusOr<std::unique_ptr<LayerBuilder>> ImageStore::NewLayer(bool skip_dev_nodes
 }
 
 StatusOr<LayerInfo> ImageStore::AddLayer(const std::string& tmp_dir, const std::string& digest,
-                                         uint64_t size, const std::string& format) {
+                                         uint64_t size, LayerFormat format) {
   {
     MutexLock l(mu_);
     if (auto it = layers_.find(digest); it != layers_.end()) return it->second;  // deduplicated
   }
   std::string final_path = LayerDir(digest);
   std::string staged = tmp_dir;
-  if (format == "erofs") {
+  if (format == LayerFormat::kErofs) {
     staged = tmp_dir + ".erofs";
     DSEC_RETURN_IF_ERROR(MakeErofs(opts_.mkfs_erofs, staged, tmp_dir));
     final_path += ".erofs";
   }
   MutexLock l(mu_);
   if (auto it = layers_.find(digest); it != layers_.end()) {  // another import won the race
-    if (format == "erofs") unlink(staged.c_str());
+    if (format == LayerFormat::kErofs) unlink(staged.c_str());
     return it->second;
   }
   // The unlisted directories first: a layer is never in place without them.
   std::string side = tmp_dir + ".dirs", final_side = LayerDir(digest) + ".dirs";
   if (rename(side.c_str(), final_side.c_str()) < 0 && errno != ENOENT) {
     Status s = ErrnoError("rename \"" + side + "\" -> \"" + final_side + "\"");
-    if (format == "erofs") unlink(staged.c_str());
+    if (format == LayerFormat::kErofs) unlink(staged.c_str());
     return s;
   }
   if (rename(staged.c_str(), final_path.c_str()) < 0) {
     Status s = ErrnoError("rename \"" + staged + "\" -> \"" + final_path + "\"");
-    if (format == "erofs") unlink(staged.c_str());
+    if (format == LayerFormat::kErofs) unlink(staged.c_str());
     unlink(final_side.c_str());
     return s;
   }
@@ -640,8 +652,7 @@ StatusOr<int> ImageStore::Collect() {
         ++it;
         continue;
       }
-      doomed.emplace_back(LayerDir(it->first) + (it->second.format == "erofs" ? ".erofs" : ""),
-                          it->first);
+      doomed.emplace_back(LayerDir(it->first) + LayerSuffix(it->second.format), it->first);
       erofs_mounts_.erase(it->first);  // sandboxes' clones keep the device while they live
       erofs_builds_.erase(it->first);
       it = layers_.erase(it);
@@ -662,7 +673,7 @@ StatusOr<int> ImageStore::Collect() {
 
 StatusOr<std::string> ImageStore::ErofsFile(const LayerInfo& layer) {
   std::string img = LayerDir(layer.digest) + ".erofs";
-  if (layer.format == "erofs") return img;
+  if (layer.format == LayerFormat::kErofs) return img;
   // A directory layer gets an EROFS copy, once: for stacking on the host image (overlayfs
   // refuses a layer inside the filesystem of another) and as a microVM's block device.
   std::shared_ptr<Mutex> building;
@@ -686,7 +697,8 @@ StatusOr<std::string> ImageStore::ErofsFile(const LayerInfo& layer) {
 }
 
 StatusOr<LayerSource> ImageStore::Source(const LayerInfo& layer, bool own_fs) {
-  if (layer.format != "erofs" && !own_fs) return LayerSource{LayerDir(layer.digest), -1};
+  if (layer.format != LayerFormat::kErofs && !own_fs)
+    return LayerSource{LayerDir(layer.digest), -1};
   DSEC_ASSIGN_OR_RETURN(std::string img, ErofsFile(layer));
   MutexLock l(mu_);
   if (!layers_.count(layer.digest)) return NotFound("layer " + layer.digest + " not found");

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -40,10 +41,16 @@ struct ImageConfig {
   std::vector<std::string> entrypoint, cmd;
 };
 
+// How a layer is stored: a directory tree, or an EROFS image mounted read-only.
+enum class LayerFormat : unsigned char { kDir, kErofs };
+std::string_view LayerFormatName(LayerFormat f);  // "dir", "erofs"
+// InvalidArgument naming the choices for anything else.
+StatusOr<LayerFormat> ParseLayerFormat(std::string_view s);
+
 struct LayerInfo {
   std::string digest;  // "sha256:<hex>" of the uncompressed layer tar
   uint64_t size = 0;   // bytes of file content in the layer
-  std::string format;  // "dir" | "erofs"
+  LayerFormat format = LayerFormat::kDir;
 };
 
 struct Image {
@@ -70,8 +77,8 @@ struct LayerSource {
 };
 
 struct StoreOptions {
-  std::string root;                    // <state_dir>/images
-  std::string default_format = "dir";  // "dir" | "erofs"
+  std::string root;  // <state_dir>/images
+  LayerFormat default_format = LayerFormat::kDir;
   uint64_t max_layer_bytes = 16ull << 30;
   uint64_t max_layer_entries = 2'000'000;
   std::string mkfs_erofs = "mkfs.erofs";
@@ -90,7 +97,8 @@ class LayerBuilder {
   Status Feed(std::string_view data);
   // Completes the layer: verifies `expect_digest` when given, stores it under its digest (or
   // finds it already stored) in `format` ("" = the store's default).
-  StatusOr<LayerInfo> Commit(const std::string& expect_digest = "", const std::string& format = "");
+  StatusOr<LayerInfo> Commit(const std::string& expect_digest = "",
+                             std::optional<LayerFormat> format = std::nullopt);
   uint64_t bytes_in() const { return bytes_in_; }
 
  private:
@@ -170,7 +178,7 @@ class ImageStore {
   Status SaveLocked() DSEC_REQUIRES(mu_);
   bool ReferencedLocked(const std::string& digest) const DSEC_REQUIRES(mu_);
   StatusOr<LayerInfo> AddLayer(const std::string& tmp_dir, const std::string& digest, uint64_t size,
-                               const std::string& format);
+                               LayerFormat format);
 
   StoreOptions opts_;
   Mutex mu_;

@@ -56,7 +56,9 @@ class ImageStoreTest : public ::testing::Test {
     store_.reset();
     StoreOptions o;
     o.root = root_;
-    o.default_format = fmt;
+    auto format = ParseLayerFormat(fmt);
+    ASSERT_TRUE(format.ok()) << format.status().ToString();
+    o.default_format = *format;
     auto s = ImageStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(s).value();
@@ -66,7 +68,9 @@ class ImageStoreTest : public ::testing::Test {
                          const std::string& layer_format = "") {
     ImportOptions o;
     o.name = name;
-    o.layer_format = layer_format;
+    if (!layer_format.empty()) {
+      DSEC_ASSIGN_OR_RETURN(o.layer_format, ParseLayerFormat(layer_format));
+    }
     return ImportFile(store_.get(), file, o);
   }
 
@@ -74,6 +78,16 @@ class ImageStoreTest : public ::testing::Test {
   std::string root_, src_;
   std::unique_ptr<ImageStore> store_;
 };
+
+TEST(LayerFormatTest, NamesRoundTripAndOthersAreRefused) {
+  for (LayerFormat f : {LayerFormat::kDir, LayerFormat::kErofs})
+    EXPECT_EQ(ParseLayerFormat(LayerFormatName(f)).value(), f);
+  EXPECT_EQ(LayerFormatName(LayerFormat::kErofs), "erofs");
+  auto bad = ParseLayerFormat("zip");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("dir or erofs"), std::string::npos);
+  EXPECT_FALSE(ParseLayerFormat("").ok());
+}
 
 TEST_F(ImageStoreTest, RootfsTarBecomesAnOverlayReadyLayer) {
   auto img = Import(tmp_->path() + "/l.tar", "base");
@@ -236,7 +250,7 @@ TEST_F(ImageStoreTest, ErofsLayersMountThroughLoopDevices) {
   ASSERT_TRUE(img.ok()) << img.status().ToString();
   auto layer = store_->GetLayer(img->layers[0]);
   ASSERT_TRUE(layer.ok());
-  EXPECT_EQ(layer->format, "erofs");
+  EXPECT_EQ(layer->format, LayerFormat::kErofs);
   auto src = store_->Source(*layer);
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   std::string motd = "/proc/self/fd/" + std::to_string(src->mount_fd) + "/etc/motd";
@@ -295,7 +309,7 @@ TEST_F(ImageStoreTest, CapturedSparseFilesStayHolesAndSetuidBitsAreDropped) {
       auto b = store_->NewLayer();
       ASSERT_TRUE(b.ok());
       ASSERT_TRUE((*b)->Feed(tar).ok());
-      auto layer = (*b)->Commit("", fmt);
+      auto layer = (*b)->Commit("", *ParseLayerFormat(fmt));
       ASSERT_TRUE(layer.ok()) << layer.status().ToString();
       auto src = store_->Source(*layer);
       ASSERT_TRUE(src.ok()) << src.status().ToString();

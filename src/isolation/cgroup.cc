@@ -2,6 +2,7 @@
 // pids and cpu controllers, otherwise the v1 hybrid.
 #include "isolation/cgroup.h"
 
+#include "base/enum_names.h"
 #include "base/file_util.h"
 #include "base/ids.h"
 #include "base/strings.h"
@@ -40,22 +41,17 @@ StatusOr<std::unique_ptr<CgroupDriver>> CgroupDriver::Create(const CgroupDriverO
   return NewCgroupV1HybridDriver(mounts, opts);
 }
 
-std::string_view CgroupModeName(CgroupMode m) {
-  switch (m) {
-    case CgroupMode::kV1:
-      return "v1";
-    case CgroupMode::kV2:
-      return "v2";
-    case CgroupMode::kAuto:
-      break;
-  }
-  return "auto";
-}
+namespace {
+constexpr EnumName<CgroupMode> kCgroupModes[] = {
+    {CgroupMode::kAuto, "auto"}, {CgroupMode::kV1, "v1"}, {CgroupMode::kV2, "v2"}};
+}  // namespace
+
+std::string_view CgroupModeName(CgroupMode m) { return NameIn(kCgroupModes, m); }
 
 StatusOr<CgroupMode> ParseCgroupMode(std::string_view s) {
-  for (CgroupMode m : {CgroupMode::kAuto, CgroupMode::kV1, CgroupMode::kV2})
-    if (s == CgroupModeName(m)) return m;
-  return InvalidArgument("cgroup_mode must be auto, v1 or v2, not \"" + std::string(s) + "\"");
+  if (auto m = ValueIn(kCgroupModes, s)) return *m;
+  return InvalidArgument("cgroup_mode must be " + NamesIn(kCgroupModes) + ", not \"" +
+                         std::string(s) + "\"");
 }
 
 }  // namespace dsec::isolation

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/enum_names.h"
 #include "base/strings.h"
 
 namespace dsec::net {
@@ -129,17 +130,12 @@ StatusOr<std::string> ParseDomain(const Json& j) {
 
 }  // namespace
 
-std::string_view NetModeName(NetMode m) {
-  switch (m) {
-    case NetMode::kNone:
-      return "none";
-    case NetMode::kAllowlist:
-      return "allowlist";
-    case NetMode::kOpen:
-      return "open";
-  }
-  return "none";
-}
+namespace {
+constexpr EnumName<NetMode> kNetModes[] = {
+    {NetMode::kNone, "none"}, {NetMode::kAllowlist, "allowlist"}, {NetMode::kOpen, "open"}};
+}  // namespace
+
+std::string_view NetModeName(NetMode m) { return NameIn(kNetModes, m); }
 
 std::string Ipv4ToString(uint32_t a) {
   return std::to_string(a >> 24) + "." + std::to_string((a >> 16) & 255) + "." +
@@ -183,15 +179,9 @@ StatusOr<NetworkPolicy> ParsePolicy(const Json* j) {
   for (const auto& [k, v] : j->items())
     if (k != "mode" && k != "rules" && k != "domains")
       return InvalidArgument("unknown field \"network." + k + "\"");
-  std::string mode = (*j)["mode"];
-  if (mode == "none")
-    p.mode = NetMode::kNone;
-  else if (mode == "allowlist")
-    p.mode = NetMode::kAllowlist;
-  else if (mode == "open")
-    p.mode = NetMode::kOpen;
-  else
-    return InvalidArgument("network mode must be \"none\", \"allowlist\" or \"open\"");
+  auto mode = ValueIn(kNetModes, (*j)["mode"].get_ref<const std::string&>());
+  if (!mode) return InvalidArgument("network mode must be \"none\", \"allowlist\" or \"open\"");
+  p.mode = *mode;
   if (auto r = j->find("rules"); r != j->end() && !r->is_null()) {
     if (!r->is_array()) return InvalidArgument("\"network.rules\" must be a list");
     if (r->size() > kMaxRules)

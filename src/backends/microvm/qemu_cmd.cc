@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "base/enum_names.h"
 #include "base/file_util.h"
 #include "base/strings.h"
 
@@ -22,22 +23,17 @@ std::string GuestCmdline(const QemuConfig& c) {
   return s;
 }
 
-std::string_view AccelName(Accel a) {
-  switch (a) {
-    case Accel::kKvm:
-      return "kvm";
-    case Accel::kTcg:
-      return "tcg";
-    case Accel::kAuto:
-      break;
-  }
-  return "auto";
-}
+namespace {
+constexpr EnumName<Accel> kAccels[] = {
+    {Accel::kAuto, "auto"}, {Accel::kKvm, "kvm"}, {Accel::kTcg, "tcg"}};
+}  // namespace
+
+std::string_view AccelName(Accel a) { return NameIn(kAccels, a); }
 
 StatusOr<Accel> ParseAccel(std::string_view s) {
-  for (Accel a : {Accel::kAuto, Accel::kKvm, Accel::kTcg})
-    if (s == AccelName(a)) return a;
-  return InvalidArgument("microvm_accel must be auto, kvm or tcg, not \"" + std::string(s) + "\"");
+  if (auto a = ValueIn(kAccels, s)) return *a;
+  return InvalidArgument("microvm_accel must be " + NamesIn(kAccels) + ", not \"" + std::string(s) +
+                         "\"");
 }
 
 std::vector<std::string> QemuArgv(const QemuConfig& c) {

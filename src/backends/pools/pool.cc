@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "base/clock.h"
+#include "base/enum_names.h"
 #include "base/ids.h"
 #include "base/strings.h"
 #include "protocol/frame.h"
@@ -49,14 +50,15 @@ class Collect : public backends::ExecObserver {
 
 }  // namespace
 
-std::string_view PoolKindName(PoolKind k) {
-  return k == PoolKind::kContainer ? "container" : "fncall";
-}
+namespace {
+constexpr EnumName<PoolKind> kPoolKinds[] = {{PoolKind::kFncall, "fncall"},
+                                             {PoolKind::kContainer, "container"}};
+}  // namespace
+
+std::string_view PoolKindName(PoolKind k) { return NameIn(kPoolKinds, k); }
 
 std::optional<PoolKind> PoolKindFromName(std::string_view name) {
-  if (name == "fncall") return PoolKind::kFncall;
-  if (name == "container") return PoolKind::kContainer;
-  return std::nullopt;
+  return ValueIn(kPoolKinds, name);
 }
 
 // --- Pool ---
