@@ -1,3 +1,4 @@
+#include "api/network_json.h"
 #include "api/records.h"
 #include "base/strings.h"
 
@@ -44,7 +45,7 @@ Json ToJson(const SandboxRecord& r) {
             {"limits", ToJson(r.limits)},
             {"user", r.user},
             {"workdir", r.workdir},
-            {"network", net::ToJson(r.network)},
+            {"network", api::ToJson(r.network)},
             {"labels", ToJsonObject(r.labels)},
             {"reason", r.reason.empty() ? Json(nullptr) : Json(r.reason)}};
   if (!r.pool.empty()) j["pool"] = r.pool;

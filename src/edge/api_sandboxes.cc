@@ -2,6 +2,7 @@
 // node-level endpoints (health, node, images, metrics).
 #include <boost/asio/post.hpp>
 
+#include "api/network_json.h"
 #include "api/pool_json.h"
 #include "base/strings.h"
 #include "edge/api.h"
@@ -24,7 +25,7 @@ Status ValidateLabels(const std::map<std::string, std::optional<std::string>>& l
 
 // "network": a policy (net/policy.h) this node can enforce.
 StatusOr<net::NetworkPolicy> ParseNetwork(const Json* n, bool node_has_network) {
-  DSEC_ASSIGN_OR_RETURN(net::NetworkPolicy p, net::ParsePolicy(n));
+  DSEC_ASSIGN_OR_RETURN(net::NetworkPolicy p, api::NetworkPolicyFromJson(n));
   if (p.mode != net::NetMode::kNone && !node_has_network)
     return Unimplemented("network mode \"" + std::string(net::NetModeName(p.mode)) +
                          "\" is not available: this edge runs with network: false");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <future>
 
+#include "api/network_json.h"
 #include "base/clock.h"
 #include "base/ids.h"
 #include "base/logging.h"
@@ -128,7 +129,7 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body) {
   DSEC_ASSIGN_OR_RETURN(auto from, ParseFrom(b.Raw("from")));
   const Json* network = b.Raw("network");
   DSEC_RETURN_IF_ERROR(b.Finish());
-  DSEC_ASSIGN_OR_RETURN(r.network, net::ParsePolicy(network));
+  DSEC_ASSIGN_OR_RETURN(r.network, api::NetworkPolicyFromJson(network));
   if (!name) return InvalidArgument("\"name\" (name:tag) is required");
   DSEC_ASSIGN_OR_RETURN(r.name, images::NormalizeName(*name));
   if (base.has_value() == from.has_value())

@@ -6,6 +6,7 @@
 #include <ctime>
 #include <fstream>
 
+#include "api/network_json.h"
 #include "base/clock.h"
 #include "base/ids.h"
 #include "base/logging.h"
@@ -156,7 +157,7 @@ Json Manager::StoredRecord(const SandboxEntry& e) const {
   MutexLock l(e.mu_);
   return {{"params", ToJson(e.params)},
           {"labels", ToJsonObject(e.labels_)},
-          {"network", net::ToJson(e.network_)},
+          {"network", api::ToJson(e.network_)},
           {"created_at", e.created_at_},
           {"expires_at", e.expires_at_},
           {"idle_ttl_s", e.idle_ttl_s_},
@@ -675,7 +676,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
     // The policy as last changed (PATCH), not as created.
     net::NetworkPolicy network = result.ok() ? p->network : net::NetworkPolicy();
     if (result.ok() && rec->contains("network")) {
-      auto n = net::ParsePolicy(&(*rec)["network"]);
+      auto n = api::NetworkPolicyFromJson(&(*rec)["network"]);
       if (n.ok())
         network = *n;
       else

@@ -1,5 +1,6 @@
 #include "edge/manager.h"
 
+#include "api/network_json.h"
 #include "base/clock.h"
 #include "base/ids.h"
 
@@ -15,7 +16,7 @@ Json ToJson(const CreateParams& p) {
             {"workdir", p.workdir},
             {"env", ToJsonObject(p.env)},
             {"labels", ToJsonObject(p.labels)},
-            {"network", net::ToJson(p.network)},
+            {"network", api::ToJson(p.network)},
             {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
   if (!p.config_from.empty()) j["config_from"] = p.config_from;
   j.update(ToJson(p.resources));
@@ -43,7 +44,7 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(p.env, GetStringMap(j, "env"));
   DSEC_ASSIGN_OR_RETURN(p.labels, GetStringMap(j, "labels"));
   if (auto it = j.find("network"); it != j.end()) {
-    DSEC_ASSIGN_OR_RETURN(p.network, net::ParsePolicy(&*it));
+    DSEC_ASSIGN_OR_RETURN(p.network, api::NetworkPolicyFromJson(&*it));
   }
   DSEC_ASSIGN_OR_RETURN(p.pool, GetString(j, "pool", ""));
   DSEC_ASSIGN_OR_RETURN(p.config_from, GetString(j, "config_from", ""));

@@ -259,12 +259,12 @@ class NodeNetworkPrivilegedTest : public ::testing::Test {
     if (a.ok()) s.a = *a;
     return s;
   }
-  NetworkPolicy Policy(const char* json) {
-    auto j = ParseJson(json);
-    auto p = ParsePolicy(&*j);
+  static NetworkPolicy Policy(const PolicyBuilder& b) {
+    auto p = b.Build();
     EXPECT_TRUE(p.ok()) << p.status().ToString();
-    return *p;
+    return p.ok() ? *p : NetworkPolicy{};
   }
+  static NetworkPolicy Mode(NetMode m) { return Policy(PolicyBuilder(m)); }
 
   UniqueFd orig_, node_, internet_, dns_;
   std::vector<UniqueFd> listeners_;
@@ -277,7 +277,7 @@ TEST_F(NodeNetworkPrivilegedTest, NoneRefusesEverythingAtOnce) {
   Sandbox sb = Attach();
   ASSERT_TRUE(sb.a);
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), ECONNREFUSED);
-  ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"none"})")).ok());
+  ASSERT_TRUE(net_->Apply(sb.a, Mode(NetMode::kNone)).ok());
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 8080), ECONNREFUSED);
   EXPECT_GE(net_->Denied(sb.a), 2u);
   EXPECT_GE(net_->DeniedTotal(), 2u);
@@ -286,9 +286,9 @@ TEST_F(NodeNetworkPrivilegedTest, NoneRefusesEverythingAtOnce) {
 
 TEST_F(NodeNetworkPrivilegedTest, AllowlistReachesExactlyItsRules) {
   Sandbox sb = Attach();
-  ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"allowlist","rules":[
-      {"cidr":"198.51.100.0/24","ports":"80","proto":"tcp"},
-      {"cidr":"10.9.9.9","ports":"8000-8100"}]})"))
+  ASSERT_TRUE(net_->Apply(sb.a, Policy(PolicyBuilder(NetMode::kAllowlist)
+                                           .Allow("198.51.100.0/24", "80", "tcp")
+                                           .Allow("10.9.9.9", "8000-8100")))
                   .ok());
   UniqueFd c;
   ASSERT_EQ(ConnectFrom(sb.ns.get(), kServer, 80, &c), 0);
@@ -304,8 +304,8 @@ TEST_F(NodeNetworkPrivilegedTest, AllowlistReachesExactlyItsRules) {
 
 TEST_F(NodeNetworkPrivilegedTest, OpenReachesPublicButNotPrivateNodeOrNeighbours) {
   Sandbox a = Attach(), b = Attach();
-  ASSERT_TRUE(net_->Apply(a.a, Policy(R"({"mode":"open"})")).ok());
-  ASSERT_TRUE(net_->Apply(b.a, Policy(R"({"mode":"open"})")).ok());
+  ASSERT_TRUE(net_->Apply(a.a, Mode(NetMode::kOpen)).ok());
+  ASSERT_TRUE(net_->Apply(b.a, Mode(NetMode::kOpen)).ok());
   EXPECT_EQ(ConnectFrom(a.ns.get(), kServer, 8080), 0);
   EXPECT_EQ(ConnectFrom(a.ns.get(), kPrivate, 80), ECONNREFUSED);
   EXPECT_EQ(ConnectFrom(a.ns.get(), kUplinkAddr, 22), ECONNREFUSED);
@@ -318,7 +318,7 @@ TEST_F(NodeNetworkPrivilegedTest, OpenReachesPublicButNotPrivateNodeOrNeighbours
   sa.sin_addr.s_addr = htonl(b.a.addr);
   ASSERT_EQ(bind(l.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
   ASSERT_EQ(listen(l.get(), 4), 0);
-  ASSERT_TRUE(net_->Apply(a.a, Policy(R"({"mode":"open","rules":[{"cidr":"0.0.0.0/0"}]})")).ok());
+  ASSERT_TRUE(net_->Apply(a.a, Policy(PolicyBuilder(NetMode::kOpen).Allow("0.0.0.0/0"))).ok());
   EXPECT_EQ(ConnectFrom(a.ns.get(), b.a.addr, 9000), ECONNREFUSED);
   EXPECT_EQ(ConnectFrom(a.ns.get(), 0xa9fea9fe, 80), ECONNREFUSED);  // 169.254.169.254
   EXPECT_EQ(ConnectFrom(a.ns.get(), kPrivate, 80), 0);  // the rule allows private ranges
@@ -336,32 +336,29 @@ TEST_F(NodeNetworkPrivilegedTest, OpenReachesPublicButNotPrivateNodeOrNeighbours
 TEST_F(NodeNetworkPrivilegedTest, LiveChangeCutsAnEstablishedConnection) {
   Sandbox sb = Attach();
   ASSERT_TRUE(
-      net_->Apply(sb.a, Policy(R"({"mode":"allowlist","rules":[{"cidr":"198.51.100.10"}]})")).ok());
+      net_->Apply(sb.a, Policy(PolicyBuilder(NetMode::kAllowlist).Allow("198.51.100.10"))).ok());
   UniqueFd c;
   ASSERT_EQ(ConnectFrom(sb.ns.get(), kServer, 80, &c), 0);
   ASSERT_EQ(Echo(c.get()), 0);
   ASSERT_TRUE(
-      net_->Apply(
-              sb.a,
-              Policy(R"({"mode":"allowlist","rules":[{"cidr":"198.51.100.10","ports":"8080"}]})"))
+      net_->Apply(sb.a, Policy(PolicyBuilder(NetMode::kAllowlist).Allow("198.51.100.10", "8080")))
           .ok());
   EXPECT_EQ(Echo(c.get()), ECONNRESET);
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 8080), 0);
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), ECONNREFUSED);
   // And back: allowed again at the next connection.
-  ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"open"})")).ok());
+  ASSERT_TRUE(net_->Apply(sb.a, Mode(NetMode::kOpen)).ok());
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), 0);
   net_->Detach(sb.a);
 }
 
 TEST_F(NodeNetworkPrivilegedTest, DomainsResolveAndConnectOnlyWhenListed) {
   Sandbox sb = Attach(), none = Attach();
-  ASSERT_TRUE(
-      net_->Apply(
-              sb.a,
-              Policy(
-                  R"({"mode":"allowlist","domains":["pypi.test","*.corp.test","private.test"]})"))
-          .ok());
+  ASSERT_TRUE(net_->Apply(sb.a, Policy(PolicyBuilder(NetMode::kAllowlist)
+                                           .Domain("pypi.test")
+                                           .Domain("*.corp.test")
+                                           .Domain("private.test")))
+                  .ok());
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), ECONNREFUSED);  // not resolved yet
   EXPECT_EQ(Resolve(sb.ns.get(), net_->gateway(), "PyPI.test"), "198.51.100.10 ");
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), 0);
@@ -371,12 +368,13 @@ TEST_F(NodeNetworkPrivilegedTest, DomainsResolveAndConnectOnlyWhenListed) {
   EXPECT_EQ(Resolve(sb.ns.get(), net_->gateway(), "private.test"), "10.9.9.9 ");
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kPrivate, 80), ECONNREFUSED);
   // A sandbox whose policy is none gets no answer at all.
-  ASSERT_TRUE(net_->Apply(none.a, Policy(R"({"mode":"none"})")).ok());
+  ASSERT_TRUE(net_->Apply(none.a, Mode(NetMode::kNone)).ok());
   EXPECT_EQ(Resolve(none.ns.get(), net_->gateway(), "pypi.test"), "");
   // Domains removed: what they resolved to goes too, established connections included.
   UniqueFd c;
   ASSERT_EQ(ConnectFrom(sb.ns.get(), kServer, 80, &c), 0);
-  ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"allowlist","domains":["other.test"]})")).ok());
+  ASSERT_TRUE(
+      net_->Apply(sb.a, Policy(PolicyBuilder(NetMode::kAllowlist).Domain("other.test"))).ok());
   EXPECT_EQ(Echo(c.get()), ECONNRESET);
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), ECONNREFUSED);
   net_->Detach(sb.a);
@@ -420,8 +418,8 @@ TEST_F(NodeNetworkPrivilegedTest, ConnectionFloodStaysInItsSandbox) {
   o.new_conns_per_s = 1000;
   net_ = NodeNetwork::Start(o).value();
   Sandbox flood = Attach(), neighbour = Attach();
-  ASSERT_TRUE(net_->Apply(flood.a, Policy(R"({"mode":"open"})")).ok());
-  ASSERT_TRUE(net_->Apply(neighbour.a, Policy(R"({"mode":"open"})")).ok());
+  ASSERT_TRUE(net_->Apply(flood.a, Mode(NetMode::kOpen)).ok());
+  ASSERT_TRUE(net_->Apply(neighbour.a, Mode(NetMode::kOpen)).ok());
   std::vector<UniqueFd> held;
   int refused = 0;
   for (int i = 0; i < 40; ++i) {
@@ -442,7 +440,7 @@ TEST_F(NodeNetworkPrivilegedTest, ConnectionFloodStaysInItsSandbox) {
 
 TEST_F(NodeNetworkPrivilegedTest, RestartReadoptsAndStopLeavesNothing) {
   Sandbox sb = Attach();
-  ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"open"})")).ok());
+  ASSERT_TRUE(net_->Apply(sb.a, Mode(NetMode::kOpen)).ok());
   ASSERT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), 0);
   // A crash: the object goes without Stop; the next Start replaces its table.
   net_.reset();
@@ -452,7 +450,7 @@ TEST_F(NodeNetworkPrivilegedTest, RestartReadoptsAndStopLeavesNothing) {
   net_ = NodeNetwork::Start(o).value();
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80, nullptr, 0, 300), ETIMEDOUT);  // unknown: dropped
   ASSERT_TRUE(net_->Readopt(sb.a).ok());
-  ASSERT_TRUE(net_->Apply(sb.a, Policy(R"({"mode":"open"})")).ok());
+  ASSERT_TRUE(net_->Apply(sb.a, Mode(NetMode::kOpen)).ok());
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kServer, 80), 0);
   net_->Detach(sb.a);
   sb.ns.Reset();

@@ -21,116 +21,8 @@ bool ParseUint(std::string_view s, uint32_t max, uint32_t* out) {
   return true;
 }
 
-Status ParsePortItem(std::string_view item, std::vector<PortRange>* out) {
-  item = TrimWhitespace(item);
-  uint32_t lo = 0, hi = 0;
-  size_t dash = item.find('-');
-  bool ok = dash == std::string_view::npos ? ParseUint(item, 65535, &lo) && (hi = lo, true)
-                                           : ParseUint(item.substr(0, dash), 65535, &lo) &&
-                                                 ParseUint(item.substr(dash + 1), 65535, &hi);
-  if (!ok || lo > hi || lo == 0)
-    return InvalidArgument("bad port \"" + std::string(item) +
-                           "\" in network rule: use 1-65535, \"a-b\" or a list of those");
-  out->push_back({static_cast<uint16_t>(lo), static_cast<uint16_t>(hi)});
-  return OkStatus();
-}
-
-StatusOr<std::vector<PortRange>> ParsePorts(const Json& j) {
-  std::vector<PortRange> out;
-  auto one = [&](const Json& e) -> Status {
-    if (e.is_number_unsigned()) {
-      return ParsePortItem(std::to_string(e.get<uint64_t>()), &out);
-    }
-    if (e.is_string()) {
-      const std::string& text = e.get_ref<const std::string&>();
-      for (auto part : SplitString(text, ',', /*skip_empty=*/false))
-        DSEC_RETURN_IF_ERROR(ParsePortItem(part, &out));
-      return OkStatus();
-    }
-    return InvalidArgument("network rule \"ports\" must be a port, \"a-b\", \"a,b-c\" or a list");
-  };
-  if (j.is_array()) {
-    for (const auto& e : j) DSEC_RETURN_IF_ERROR(one(e));
-  } else {
-    DSEC_RETURN_IF_ERROR(one(j));
-  }
-  if (out.empty()) return InvalidArgument("network rule \"ports\" is empty");
-  std::sort(out.begin(), out.end(), [](auto a, auto b) { return a.lo < b.lo; });
-  std::vector<PortRange> merged;
-  for (auto r : out) {
-    if (!merged.empty() && r.lo <= static_cast<uint32_t>(merged.back().hi) + 1)
-      merged.back().hi = std::max(merged.back().hi, r.hi);
-    else
-      merged.push_back(r);
-  }
-  if (merged.size() > kMaxPortRanges)
-    return InvalidArgument("a network rule takes at most " + std::to_string(kMaxPortRanges) +
-                           " port ranges");
-  if (merged.size() == 1 && merged[0].lo == 1 && merged[0].hi == 65535) merged.clear();
-  return merged;
-}
-
-StatusOr<Rule> ParseRule(const Json& j) {
-  if (!j.is_object()) return InvalidArgument("each network rule must be an object");
-  for (const auto& [k, v] : j.items())
-    if (k != "cidr" && k != "ports" && k != "proto")
-      return InvalidArgument("unknown field \"network.rules[]." + k + "\"");
-  Rule r;
-  auto cidr = j.find("cidr");
-  if (cidr == j.end() || !cidr->is_string())
-    return InvalidArgument("each network rule needs a \"cidr\" such as \"198.51.100.0/24\"");
-  std::string c = cidr->get<std::string>();
-  bool host_bits = false;
-  if (c.find(':') != std::string::npos)
-    return InvalidArgument("network rule " + c + ": sandboxes have IPv4 only");
-  if (!ParseCidr(c, &r.addr, &r.prefix, &host_bits))
-    return InvalidArgument("bad network rule cidr \"" + c + "\": use a.b.c.d/n");
-  if (host_bits)
-    return InvalidArgument("network rule cidr " + c + " has host bits set (did you mean " +
-                           Ipv4ToString(r.addr & PrefixMask(r.prefix)) + "/" +
-                           std::to_string(r.prefix) + "?)");
-  if (auto p = j.find("proto"); p != j.end() && !p->is_null()) {
-    std::string s = p->is_string() ? p->get<std::string>() : "";
-    if (s == "tcp")
-      r.protos = kTcp;
-    else if (s == "udp")
-      r.protos = kUdp;
-    else if (s == "icmp")
-      r.protos = kIcmp;
-    else if (s == "any")
-      r.protos = kAnyProto;
-    else
-      return InvalidArgument("network rule \"proto\" must be tcp, udp, icmp or any");
-  }
-  if (auto p = j.find("ports"); p != j.end() && !p->is_null()) {
-    if (r.protos == kIcmp) return InvalidArgument("an icmp network rule takes no \"ports\"");
-    DSEC_ASSIGN_OR_RETURN(r.ports, ParsePorts(*p));
-  }
-  return r;
-}
-
-StatusOr<std::string> ParseDomain(const Json& j) {
-  if (!j.is_string()) return InvalidArgument("\"network.domains\" must be a list of names");
-  std::string d = j.get<std::string>();
-  for (char& c : d) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-  if (!d.empty() && d.back() == '.') d.pop_back();
-  std::string_view body = d;
-  if (StartsWith(body, "*.")) body.remove_prefix(2);
-  bool ok = !body.empty() && body.size() <= 253;
-  for (auto label : SplitString(body, '.', /*skip_empty=*/false)) {
-    ok = ok && !label.empty() && label.size() <= 63 && label.front() != '-' && label.back() != '-';
-    for (char c : label)
-      ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_');
-  }
-  if (!ok)
-    return InvalidArgument("bad domain \"" + j.get<std::string>() +
-                           "\" in network.domains: use a name like pypi.org or *.example.org");
-  return d;
-}
-
-}  // namespace
-
-namespace {
+constexpr EnumName<uint8_t> kProtos[] = {
+    {kAnyProto, "any"}, {kTcp, "tcp"}, {kUdp, "udp"}, {kIcmp, "icmp"}};
 constexpr EnumName<NetMode> kNetModes[] = {
     {NetMode::kNone, "none"}, {NetMode::kAllowlist, "allowlist"}, {NetMode::kOpen, "open"}};
 }  // namespace
@@ -169,66 +61,142 @@ bool ParseCidr(std::string_view s, uint32_t* addr, uint8_t* prefix, bool* host_b
   return true;
 }
 
-StatusOr<NetworkPolicy> ParsePolicy(const Json* j) {
-  NetworkPolicy p;
-  if (!j || j->is_null()) return p;
-  if (!j->is_object() || !j->contains("mode") || !(*j)["mode"].is_string())
-    return InvalidArgument(
-        "\"network\" must be {\"mode\": \"none\" | \"allowlist\" | \"open\", \"rules\": [...], "
-        "\"domains\": [...]}");
-  for (const auto& [k, v] : j->items())
-    if (k != "mode" && k != "rules" && k != "domains")
-      return InvalidArgument("unknown field \"network." + k + "\"");
-  auto mode = ValueIn(kNetModes, (*j)["mode"].get_ref<const std::string&>());
-  if (!mode) return InvalidArgument("network mode must be \"none\", \"allowlist\" or \"open\"");
-  p.mode = *mode;
-  if (auto r = j->find("rules"); r != j->end() && !r->is_null()) {
-    if (!r->is_array()) return InvalidArgument("\"network.rules\" must be a list");
-    if (r->size() > kMaxRules)
-      return InvalidArgument("at most " + std::to_string(kMaxRules) + " network rules");
-    for (const auto& e : *r) {
-      DSEC_ASSIGN_OR_RETURN(Rule rule, ParseRule(e));
-      if (std::find(p.rules.begin(), p.rules.end(), rule) == p.rules.end())
-        p.rules.push_back(std::move(rule));
-    }
+StatusOr<NetMode> ParseNetMode(std::string_view name) {
+  if (auto m = ValueIn(kNetModes, name)) return *m;
+  return InvalidArgument("network mode must be \"none\", \"allowlist\" or \"open\"");
+}
+
+StatusOr<uint8_t> ParseProto(std::string_view name) {
+  if (auto p = ValueIn(kProtos, name)) return *p;
+  return InvalidArgument("network rule \"proto\" must be tcp, udp, icmp or any");
+}
+
+std::string_view ProtoName(uint8_t protos) { return NameIn(kProtos, protos); }
+
+Status AddPorts(std::string_view text, std::vector<PortRange>* ports) {
+  for (std::string_view item : SplitString(text, ',', /*skip_empty=*/false)) {
+    item = TrimWhitespace(item);
+    uint32_t lo = 0, hi = 0;
+    size_t dash = item.find('-');
+    bool ok = dash == std::string_view::npos ? ParseUint(item, 65535, &lo) && (hi = lo, true)
+                                             : ParseUint(item.substr(0, dash), 65535, &lo) &&
+                                                   ParseUint(item.substr(dash + 1), 65535, &hi);
+    if (!ok || lo > hi || lo == 0)
+      return InvalidArgument("bad port \"" + std::string(item) +
+                             "\" in network rule: use 1-65535, \"a-b\" or a list of those");
+    ports->push_back({static_cast<uint16_t>(lo), static_cast<uint16_t>(hi)});
   }
-  if (auto d = j->find("domains"); d != j->end() && !d->is_null()) {
-    if (!d->is_array()) return InvalidArgument("\"network.domains\" must be a list of names");
-    if (d->size() > kMaxDomains)
-      return InvalidArgument("at most " + std::to_string(kMaxDomains) + " network domains");
-    for (const auto& e : *d) {
-      DSEC_ASSIGN_OR_RETURN(std::string name, ParseDomain(e));
-      if (std::find(p.domains.begin(), p.domains.end(), name) == p.domains.end())
-        p.domains.push_back(std::move(name));
-    }
+  return OkStatus();
+}
+
+std::string PortsText(const std::vector<PortRange>& ports) {
+  std::string s;
+  for (auto pr : ports)
+    s += (s.empty() ? "" : ",") + std::to_string(pr.lo) +
+         (pr.hi != pr.lo ? "-" + std::to_string(pr.hi) : "");
+  return s;
+}
+
+StatusOr<Rule> MakeRule(std::string_view cidr, uint8_t protos, std::vector<PortRange> ports) {
+  Rule r;
+  const std::string c(cidr);
+  bool host_bits = false;
+  if (c.find(':') != std::string::npos)
+    return InvalidArgument("network rule " + c + ": sandboxes have IPv4 only");
+  if (!ParseCidr(c, &r.addr, &r.prefix, &host_bits))
+    return InvalidArgument("bad network rule cidr \"" + c + "\": use a.b.c.d/n");
+  if (host_bits)
+    return InvalidArgument("network rule cidr " + c + " has host bits set (did you mean " +
+                           Ipv4ToString(r.addr & PrefixMask(r.prefix)) + "/" +
+                           std::to_string(r.prefix) + "?)");
+  if (protos == 0 || (protos & ~kAnyProto) != 0)
+    return InvalidArgument("network rule \"proto\" must be tcp, udp, icmp or any");
+  r.protos = protos;
+  if (ports.empty()) return r;
+  if (protos == kIcmp) return InvalidArgument("an icmp network rule takes no \"ports\"");
+  std::sort(ports.begin(), ports.end(), [](auto a, auto b) { return a.lo < b.lo; });
+  for (auto p : ports) {
+    if (!r.ports.empty() && p.lo <= static_cast<uint32_t>(r.ports.back().hi) + 1)
+      r.ports.back().hi = std::max(r.ports.back().hi, p.hi);
+    else
+      r.ports.push_back(p);
   }
-  if (p.mode == NetMode::kNone && (!p.rules.empty() || !p.domains.empty()))
+  if (r.ports.size() > kMaxPortRanges)
+    return InvalidArgument("a network rule takes at most " + std::to_string(kMaxPortRanges) +
+                           " port ranges");
+  if (r.ports.size() == 1 && r.ports[0].lo == 1 && r.ports[0].hi == 65535) r.ports.clear();
+  return r;
+}
+
+StatusOr<std::string> NormalizeDomain(std::string_view name) {
+  std::string d(name);
+  for (char& c : d) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+  if (!d.empty() && d.back() == '.') d.pop_back();
+  std::string_view body = d;
+  if (StartsWith(body, "*.")) body.remove_prefix(2);
+  bool ok = !body.empty() && body.size() <= 253;
+  for (auto label : SplitString(body, '.', /*skip_empty=*/false)) {
+    ok = ok && !label.empty() && label.size() <= 63 && label.front() != '-' && label.back() != '-';
+    for (char c : label)
+      ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_');
+  }
+  if (!ok)
+    return InvalidArgument("bad domain \"" + std::string(name) +
+                           "\" in network.domains: use a name like pypi.org or *.example.org");
+  return d;
+}
+
+StatusOr<NetworkPolicy> MakePolicy(NetMode mode, std::vector<Rule> rules,
+                                   std::vector<std::string> domains) {
+  if (rules.size() > kMaxRules)
+    return InvalidArgument("at most " + std::to_string(kMaxRules) + " network rules");
+  if (domains.size() > kMaxDomains)
+    return InvalidArgument("at most " + std::to_string(kMaxDomains) + " network domains");
+  if (mode == NetMode::kNone && (!rules.empty() || !domains.empty()))
     return InvalidArgument("network mode \"none\" takes no rules or domains");
+  NetworkPolicy p;
+  p.mode = mode;
+  for (auto& r : rules)
+    if (std::find(p.rules.begin(), p.rules.end(), r) == p.rules.end())
+      p.rules.push_back(std::move(r));
+  for (auto& d : domains)
+    if (std::find(p.domains.begin(), p.domains.end(), d) == p.domains.end())
+      p.domains.push_back(std::move(d));
   return p;
 }
 
-Json ToJson(const NetworkPolicy& p) {
-  Json j = {{"mode", NetModeName(p.mode)}};
-  if (p.mode == NetMode::kNone) return j;
-  Json rules = Json::array();
-  for (const auto& r : p.rules) {
-    Json e = {{"cidr", Ipv4ToString(r.addr) + "/" + std::to_string(r.prefix)}};
-    e["proto"] = r.protos == kTcp    ? "tcp"
-                 : r.protos == kUdp  ? "udp"
-                 : r.protos == kIcmp ? "icmp"
-                                     : "any";
-    if (!r.ports.empty()) {
-      std::string s;
-      for (auto pr : r.ports)
-        s += (s.empty() ? "" : ",") + std::to_string(pr.lo) +
-             (pr.hi != pr.lo ? "-" + std::to_string(pr.hi) : "");
-      e["ports"] = s;
-    }
-    rules.push_back(std::move(e));
+PolicyBuilder& PolicyBuilder::Allow(std::string_view cidr, std::string_view ports,
+                                    std::string_view proto) {
+  if (!error_.ok()) return *this;
+  std::vector<PortRange> ranges;
+  auto protos = ParseProto(proto);
+  if (!protos.ok()) {
+    error_ = protos.status();
+    return *this;
   }
-  j["rules"] = std::move(rules);
-  j["domains"] = p.domains;
-  return j;
+  if (!ports.empty()) error_ = AddPorts(ports, &ranges);
+  if (!error_.ok()) return *this;
+  auto rule = MakeRule(cidr, *protos, std::move(ranges));
+  if (rule.ok())
+    rules_.push_back(std::move(*rule));
+  else
+    error_ = rule.status();
+  return *this;
+}
+
+PolicyBuilder& PolicyBuilder::Domain(std::string_view name) {
+  if (!error_.ok()) return *this;
+  auto d = NormalizeDomain(name);
+  if (d.ok())
+    domains_.push_back(std::move(*d));
+  else
+    error_ = d.status();
+  return *this;
+}
+
+StatusOr<NetworkPolicy> PolicyBuilder::Build() const {
+  if (!error_.ok()) return error_;
+  return MakePolicy(mode_, rules_, domains_);
 }
 
 bool DomainAllowed(const NetworkPolicy& p, std::string_view name) {

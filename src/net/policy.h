@@ -1,15 +1,13 @@
-// A sandbox's network policy (API `network`): the mode, CIDR/port/protocol rules and domain
-// names, parsed and checked from JSON and rendered back. Pure values; net/node_network.h
-// enforces them.
+// A sandbox's network policy: the mode, CIDR/port/protocol rules and domain names, built and
+// checked from typed parts (the REST layer's JSON is api/network_json.h). Pure values;
+// net/node_network.h enforces them.
 //
-//   {"mode": "none"}                                   loopback only (the default)
-//   {"mode": "allowlist", "rules": [{"cidr": "198.51.100.0/24", "ports": "443,8000-8100",
-//    "proto": "tcp"}], "domains": ["pypi.org", "*.pythonhosted.org"]}
-//   {"mode": "open", "rules": [...]}                   public addresses, plus private ones a
-//                                                      rule names
-// `ports`: a number, "a-b", a comma-separated list of those, or a JSON list of them; absent:
-// every port. `proto`: tcp, udp, icmp or any (default: any = all three); icmp takes no ports.
-// `cidr`: IPv4 only ("a.b.c.d" is a /32), no host bits set.
+//   none       loopback only (the default)
+//   allowlist  only the rules' destinations and the domains' resolved addresses
+//   open       public addresses, plus private ones a rule names
+// Ports: a number, "a-b", or a comma-separated list of those; none: every port. Protocols:
+// tcp, udp, icmp or any (= all three); icmp takes no ports. CIDRs: IPv4 only ("a.b.c.d" is a
+// /32), no host bits set. Domains: "pypi.org", or "*.example.org" for its subdomains.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +15,6 @@
 #include <string_view>
 #include <vector>
 
-#include "base/json.h"
 #include "base/status.h"
 
 namespace dsec::net {
@@ -49,9 +46,40 @@ struct NetworkPolicy {
 
 inline constexpr size_t kMaxRules = 256, kMaxDomains = 256, kMaxPortRanges = 64;
 
-// Null or absent JSON is mode none. Errors are InvalidArgument naming the field.
-StatusOr<NetworkPolicy> ParsePolicy(const Json* j);
-Json ToJson(const NetworkPolicy& p);
+// The parts, each checked on its own; errors are InvalidArgument saying what is wrong.
+StatusOr<NetMode> ParseNetMode(std::string_view name);
+StatusOr<uint8_t> ParseProto(std::string_view name);  // tcp | udp | icmp | any
+std::string_view ProtoName(uint8_t protos);
+// Appends "443", "8000-8100" or "443,8000-8100" to `ports`.
+Status AddPorts(std::string_view text, std::vector<PortRange>* ports);
+std::string PortsText(const std::vector<PortRange>& ports);  // "443-444,8000-8100"
+// A rule from its CIDR text; `ports` (as AddPorts gave them; empty: every port) are sorted
+// and merged.
+StatusOr<Rule> MakeRule(std::string_view cidr, uint8_t protos = kAnyProto,
+                        std::vector<PortRange> ports = {});
+// Lowercased, without a final dot; InvalidArgument unless a DNS name or "*." and one.
+StatusOr<std::string> NormalizeDomain(std::string_view name);
+// A policy from checked parts: duplicates dropped, limits and the mode's rules checked.
+StatusOr<NetworkPolicy> MakePolicy(NetMode mode, std::vector<Rule> rules,
+                                   std::vector<std::string> domains);
+
+// Typed construction for code and tests; the first error is Build()'s:
+//   PolicyBuilder(NetMode::kAllowlist).Allow("198.51.100.0/24", "443", "tcp")
+//       .Domain("pypi.org").Build()
+class PolicyBuilder {
+ public:
+  explicit PolicyBuilder(NetMode mode) : mode_(mode) {}
+  PolicyBuilder& Allow(std::string_view cidr, std::string_view ports = "",
+                       std::string_view proto = "any");
+  PolicyBuilder& Domain(std::string_view name);
+  StatusOr<NetworkPolicy> Build() const;
+
+ private:
+  NetMode mode_;
+  std::vector<Rule> rules_;
+  std::vector<std::string> domains_;
+  Status error_;
+};
 
 // "a.b.c.d" for a host-order address; parsing is strict dotted quad.
 std::string Ipv4ToString(uint32_t addr);

@@ -5,82 +5,74 @@
 namespace dsec::net {
 namespace {
 
-StatusOr<NetworkPolicy> P(const char* text) {
-  auto j = ParseJson(text);
-  EXPECT_TRUE(j.ok());
-  return ParsePolicy(&*j);
-}
-
-TEST(NetPolicyTest, DefaultsToNone) {
-  auto p = ParsePolicy(nullptr);
-  ASSERT_TRUE(p.ok());
-  EXPECT_EQ(p->mode, NetMode::kNone);
-  EXPECT_EQ(ToJson(*p).dump(), R"({"mode":"none"})");
-}
-
-TEST(NetPolicyTest, RulesPortsAndProtocols) {
-  auto p = P(R"({"mode":"allowlist","rules":[
-      {"cidr":"198.51.100.0/24","ports":"443,8000-8100,444","proto":"tcp"},
-      {"cidr":"203.0.113.7","ports":[53,"60-70"],"proto":"udp"},
-      {"cidr":"192.0.2.0/24","proto":"icmp"},
-      {"cidr":"10.0.0.0/8"}],
-      "domains":["PyPI.org.","*.pythonhosted.org"]})");
+TEST(NetPolicyTest, BuilderMakesCheckedRules) {
+  auto p = PolicyBuilder(NetMode::kAllowlist)
+               .Allow("198.51.100.0/24", "443,8000-8100,444", "tcp")
+               .Allow("203.0.113.7", "53", "udp")
+               .Allow("192.0.2.0/24", "", "icmp")
+               .Allow("10.0.0.0/8")
+               .Allow("10.0.0.0/8")  // a duplicate is dropped
+               .Domain("PyPI.org.")
+               .Domain("*.pythonhosted.org")
+               .Build();
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   ASSERT_EQ(p->rules.size(), 4u);
   EXPECT_EQ(p->rules[0].protos, kTcp);
   ASSERT_EQ(p->rules[0].ports.size(), 2u);  // 443-444 merged
   EXPECT_EQ(p->rules[0].ports[0], (PortRange{443, 444}));
-  EXPECT_EQ(p->rules[0].ports[1], (PortRange{8000, 8100}));
+  EXPECT_EQ(PortsText(p->rules[0].ports), "443-444,8000-8100");
   EXPECT_EQ(p->rules[1].prefix, 32);
-  EXPECT_EQ(p->rules[1].ports[1], (PortRange{60, 70}));
   EXPECT_EQ(p->rules[2].protos, kIcmp);
   EXPECT_EQ(p->rules[3].protos, kAnyProto);
   EXPECT_TRUE(p->rules[3].ports.empty());
-  EXPECT_EQ(p->domains[0], "pypi.org");
-  // Round trip.
-  Json j = ToJson(*p);
-  EXPECT_EQ(j["rules"][0]["ports"], "443-444,8000-8100");
-  auto again = ParsePolicy(&j);
-  ASSERT_TRUE(again.ok());
-  EXPECT_EQ(*again, *p);
+  EXPECT_EQ(p->domains, (std::vector<std::string>{"pypi.org", "*.pythonhosted.org"}));
+  // Every port is no port list at all.
+  auto all = MakeRule("10.0.0.0/8", kTcp, {{1, 100}, {50, 65535}});
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->ports.empty());
 }
 
-TEST(NetPolicyTest, ClearErrors) {
+TEST(NetPolicyTest, BuilderReportsTheFirstError) {
   struct Case {
-    const char* json;
+    PolicyBuilder builder;
     const char* says;
   } cases[] = {
-      {R"({"mode":"wide"})", "must be \"none\", \"allowlist\" or \"open\""},
-      {R"({"mode":"none","rules":[{"cidr":"1.2.3.0/24"}]})", "takes no rules"},
-      {R"({"mode":"allowlist","rules":[{"cidr":"10.1.2.3/8"}]})", "did you mean 10.0.0.0/8"},
-      {R"({"mode":"allowlist","rules":[{"cidr":"fd00::/8"}]})", "IPv4 only"},
-      {R"({"mode":"allowlist","rules":[{"cidr":"1.2.3.256"}]})", "bad network rule cidr"},
-      {R"({"mode":"allowlist","rules":[{"cidr":"1.2.3.4","ports":"0"}]})", "bad port"},
-      {R"({"mode":"allowlist","rules":[{"cidr":"1.2.3.4","ports":"90-80"}]})", "bad port"},
-      {R"({"mode":"allowlist","rules":[{"cidr":"1.2.3.4","proto":"sctp"}]})", "tcp, udp, icmp"},
-      {R"({"mode":"allowlist","rules":[{"cidr":"1.2.3.4","proto":"icmp","ports":1}]})",
-       "takes no \"ports\""},
-      {R"({"mode":"allowlist","rules":[{"cidr":"1.2.3.4","port":1}]})", "network.rules[].port"},
-      {R"({"mode":"allowlist","domains":["bad domain"]})", "bad domain"},
-      {R"({"mode":"allowlist","extra":1})", "unknown field \"network.extra\""},
+      {PolicyBuilder(NetMode::kNone).Allow("1.2.3.0/24"), "takes no rules"},
+      {PolicyBuilder(NetMode::kAllowlist).Allow("10.1.2.3/8"), "did you mean 10.0.0.0/8"},
+      {PolicyBuilder(NetMode::kAllowlist).Allow("fd00::/8"), "IPv4 only"},
+      {PolicyBuilder(NetMode::kAllowlist).Allow("1.2.3.256"), "bad network rule cidr"},
+      {PolicyBuilder(NetMode::kAllowlist).Allow("1.2.3.4", "0"), "bad port"},
+      {PolicyBuilder(NetMode::kAllowlist).Allow("1.2.3.4", "90-80"), "bad port"},
+      {PolicyBuilder(NetMode::kAllowlist).Allow("1.2.3.4", "", "sctp"), "tcp, udp, icmp"},
+      {PolicyBuilder(NetMode::kAllowlist).Allow("1.2.3.4", "1", "icmp"), "takes no \"ports\""},
+      {PolicyBuilder(NetMode::kAllowlist).Domain("bad domain").Allow("1.2.3.256"), "bad domain"},
   };
   for (const auto& c : cases) {
-    auto p = P(c.json);
-    ASSERT_FALSE(p.ok()) << c.json;
+    auto p = c.builder.Build();
+    ASSERT_FALSE(p.ok()) << c.says;
     EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(p.status().message().find(c.says), std::string::npos)
-        << c.json << " -> " << p.status().message();
+    EXPECT_NE(p.status().message().find(c.says), std::string::npos) << p.status().message();
   }
+  std::vector<Rule> many(kMaxRules + 1, *MakeRule("10.0.0.0/8"));
+  EXPECT_FALSE(MakePolicy(NetMode::kOpen, many, {}).ok());
+  EXPECT_EQ(ParseNetMode("wide").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseNetMode("open").value(), NetMode::kOpen);
+  EXPECT_EQ(ProtoName(kUdp), "udp");
+  EXPECT_EQ(ProtoName(kAnyProto), "any");
 }
 
 TEST(NetPolicyTest, Domains) {
-  auto p = P(R"({"mode":"allowlist","domains":["pypi.org","*.pythonhosted.org"]})");
+  auto p =
+      PolicyBuilder(NetMode::kAllowlist).Domain("pypi.org").Domain("*.pythonhosted.org").Build();
   ASSERT_TRUE(p.ok());
   EXPECT_TRUE(DomainAllowed(*p, "pypi.org"));
   EXPECT_FALSE(DomainAllowed(*p, "www.pypi.org"));
   EXPECT_TRUE(DomainAllowed(*p, "files.pythonhosted.org"));
   EXPECT_FALSE(DomainAllowed(*p, "pythonhosted.org"));
   EXPECT_FALSE(DomainAllowed(*p, "evilpythonhosted.org"));
+  EXPECT_FALSE(NormalizeDomain("-bad.org").ok());
+  EXPECT_FALSE(NormalizeDomain("*.").ok());
+  EXPECT_EQ(NormalizeDomain("*.Example.ORG.").value(), "*.example.org");
 }
 
 TEST(NetPolicyTest, Cidr) {

@@ -26,13 +26,12 @@ void ExpectGolden(const std::string& name, const std::string& got) {
   EXPECT_EQ(got, *want) << "differs from " << path;
 }
 
-NetworkPolicy Policy(const char* json) {
-  auto j = ParseJson(json);
-  EXPECT_TRUE(j.ok());
-  auto p = ParsePolicy(&*j);
+NetworkPolicy Policy(const PolicyBuilder& b) {
+  auto p = b.Build();
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   return p.ok() ? *p : NetworkPolicy{};
 }
+NetworkPolicy Mode(NetMode m) { return Policy(PolicyBuilder(m)); }
 
 constexpr uint32_t kSandbox = 0x0ad50007;  // 10.213.0.7
 
@@ -77,21 +76,20 @@ TEST(RulesetTest, AttachAndDetach) {
 TEST(RulesetTest, Policies) {
   // From none: rules, then the dispatch entry.
   ExpectGolden("policy_allowlist.nft",
-               RenderPolicy("dsec_t1", kSandbox, Policy(R"({"mode":"allowlist","rules":[
-      {"cidr":"198.51.100.0/24","ports":"80,443,8000-8100","proto":"tcp"},
-      {"cidr":"203.0.113.9","proto":"udp","ports":"53"},
-      {"cidr":"192.0.2.0/24","proto":"icmp"},
-      {"cidr":"10.9.9.9"}],
-      "domains":["pypi.org"]})"),
+               RenderPolicy("dsec_t1", kSandbox,
+                            Policy(PolicyBuilder(NetMode::kAllowlist)
+                                       .Allow("198.51.100.0/24", "80,443,8000-8100", "tcp")
+                                       .Allow("203.0.113.9", "53", "udp")
+                                       .Allow("192.0.2.0/24", "", "icmp")
+                                       .Allow("10.9.9.9")
+                                       .Domain("pypi.org")),
                             /*dispatched=*/false));
   // Already dispatched: only the rules change.
-  ExpectGolden("policy_open.nft",
-               RenderPolicy("dsec_t1", kSandbox, Policy(R"({"mode":"open"})"), true));
+  ExpectGolden("policy_open.nft", RenderPolicy("dsec_t1", kSandbox, Mode(NetMode::kOpen), true));
   // Back to none: the dispatch entry goes (and the chain is left empty).
-  ExpectGolden("policy_none.nft",
-               RenderPolicy("dsec_t1", kSandbox, Policy(R"({"mode":"none"})"), true));
+  ExpectGolden("policy_none.nft", RenderPolicy("dsec_t1", kSandbox, Mode(NetMode::kNone), true));
   // None to none changes nothing but the (empty) chain and set.
-  std::string idle = RenderPolicy("dsec_t1", kSandbox, Policy(R"({"mode":"none"})"), false);
+  std::string idle = RenderPolicy("dsec_t1", kSandbox, Mode(NetMode::kNone), false);
   EXPECT_EQ(idle, "flush chain inet dsec_t1 sb_0ad50007\nflush set inet dsec_t1 dns_0ad50007\n");
 }
 
