@@ -15,9 +15,6 @@
 
 namespace dsec::backends::container {
 
-using backends::GatherRootSources;
-using backends::RootSources;
-
 // Mounts the plan's lowers (detached; idmapped into the sandbox's range where the plan says,
 // when there is a user namespace: userns_fd >= 0) into *mounts, and returns the overlays
 // indexing them.

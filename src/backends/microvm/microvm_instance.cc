@@ -267,20 +267,20 @@ int MicrovmInstance::Cpus() const {
 
 Status MicrovmInstance::Handshake(UniqueFd* conn) {
   int64_t deadline = MonotonicMs() + backend_->opts_.boot_timeout_ms;
-  auto boot = std::make_unique<AgentBootstrap>(conn->get(), Carrier());
+  AgentBootstrap boot(conn->get(), Carrier());
   StatusOr<protocol::Hello> hello =
-      boot->ExpectHello(mode_ == Mode::kClone ? MonotonicMs() + kCloneHelloMs : deadline);
+      boot.ExpectHello(mode_ == Mode::kClone ? MonotonicMs() + kCloneHelloMs : deadline);
   if (!hello.ok() && mode_ == Mode::kClone &&
       hello.status().code() == StatusCode::kDeadlineExceeded) {
     DSEC_LOG_WARN("microvm {}: no hello from the restored guest; reconnecting", spec_.id);
     conn->Reset();
     DSEC_ASSIGN_OR_RETURN(*conn, ConnectAgent());
-    boot = std::make_unique<AgentBootstrap>(conn->get(), Carrier());
-    hello = boot->ExpectHello(deadline);
+    boot = AgentBootstrap(conn->get(), Carrier());
+    hello = boot.ExpectHello(deadline);
   }
   DSEC_RETURN_IF_ERROR(hello.status());
-  DSEC_RETURN_IF_ERROR(boot->SendSetup(protocol::ToJson(BuildGuestSetup())));
-  return boot->ExpectReady(deadline).status();
+  DSEC_RETURN_IF_ERROR(boot.SendSetup(protocol::ToJson(BuildGuestSetup())));
+  return boot.ExpectReady(deadline).status();
 }
 
 StatusOr<AgentLink> MicrovmInstance::Start() {
