@@ -1,8 +1,12 @@
 #include "agent/guest.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/random.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -249,6 +253,57 @@ Status WriteStartFiles(const protocol::GuestSetup& s) {
   return isolation::WriteRootPlan(root.get(), s.dirs, s.files, {}, InRoot::kFollowInside);
 }
 
+// eth0, the VM's NIC on the node's network: the sandbox's address (a /32), the gateway on the
+// link and the default route through it — what the edge gives a container's eth0 from
+// outside. No IPv6 (the node forwards IPv4 only).
+Status ConfigureNic(const protocol::GuestSetup& s) {
+  if (s.net_address.empty()) return OkStatus();
+  in_addr addr{}, gateway{};
+  if (inet_pton(AF_INET, s.net_address.c_str(), &addr) != 1 ||
+      inet_pton(AF_INET, s.net_gateway.c_str(), &gateway) != 1)
+    return InvalidArgument("bad network address " + s.net_address + " via " + s.net_gateway);
+  UniqueFd sock(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!sock) return ErrnoError("socket for eth0");
+  ifreq ifr{};
+  strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
+  for (int waited = 0; ioctl(sock.get(), SIOCGIFFLAGS, &ifr) < 0; waited += 2) {
+    if (errno != ENODEV || waited >= kDeviceWaitMs) return ErrnoError("the NIC eth0");
+    usleep(2000);
+  }
+  (void)WriteStringToFile("/proc/sys/net/ipv6/conf/eth0/disable_ipv6", "1");
+  auto set_addr = [&](unsigned long request, in_addr a, const char* what) -> Status {
+    ifreq r{};
+    strncpy(r.ifr_name, "eth0", IFNAMSIZ - 1);
+    auto* sin = reinterpret_cast<sockaddr_in*>(&r.ifr_addr);
+    sin->sin_family = AF_INET;
+    sin->sin_addr = a;
+    if (ioctl(sock.get(), request, &r) < 0) return ErrnoError(what);
+    return OkStatus();
+  };
+  DSEC_RETURN_IF_ERROR(set_addr(SIOCSIFADDR, addr, "eth0's address"));
+  DSEC_RETURN_IF_ERROR(set_addr(SIOCSIFNETMASK, in_addr{INADDR_BROADCAST}, "eth0's netmask"));
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  if (ioctl(sock.get(), SIOCSIFFLAGS, &ifr) < 0) return ErrnoError("bring up eth0");
+  auto add_route = [&](in_addr dst, in_addr mask, in_addr via, short flags) -> Status {
+    rtentry rt{};
+    auto put = [](sockaddr* sa, in_addr a) {
+      auto* sin = reinterpret_cast<sockaddr_in*>(sa);
+      sin->sin_family = AF_INET;
+      sin->sin_addr = a;
+    };
+    put(&rt.rt_dst, dst);
+    put(&rt.rt_genmask, mask);
+    put(&rt.rt_gateway, via);
+    rt.rt_flags = static_cast<unsigned short>(RTF_UP | flags);
+    char dev[] = "eth0";
+    rt.rt_dev = dev;
+    if (ioctl(sock.get(), SIOCADDRT, &rt) < 0 && errno != EEXIST) return ErrnoError("add a route");
+    return OkStatus();
+  };
+  DSEC_RETURN_IF_ERROR(add_route(gateway, in_addr{INADDR_BROADCAST}, in_addr{}, RTF_HOST));
+  return add_route(in_addr{}, in_addr{}, gateway, RTF_GATEWAY);
+}
+
 // boot_disk_mb: the writable layer's size at boot (dsec.disk_mb); a clone of a template made at
 // another size resizes it.
 Status ApplySetup(const protocol::GuestSetup& s, int upper_fd, int64_t boot_disk_mb) {
@@ -260,6 +315,7 @@ Status ApplySetup(const protocol::GuestSetup& s, int upper_fd, int64_t boot_disk
   }
   DSEC_RETURN_IF_ERROR(AddEntropy(s.entropy));
   DSEC_RETURN_IF_ERROR(WriteStartFiles(s));
+  DSEC_RETURN_IF_ERROR(ConfigureNic(s));
   if (s.disk_mb > 0 && s.disk_mb != boot_disk_mb) {
     std::string path = "/proc/self/fd/" + std::to_string(upper_fd);
     std::string opts = "size=" + std::to_string(s.disk_mb) + "m";

@@ -154,6 +154,8 @@ backends::microvm::MicrovmBackendOptions MicrovmOptions(
   o.orphan_timeout_ms = containers.orphan_timeout_ms;
   o.io_threads = cfg.agent_io_threads;
   o.image_store = containers.image_store;
+  o.network = containers.network;
+  o.nameserver = containers.nameserver;
   return o;
 }
 

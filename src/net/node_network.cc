@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/if_tun.h>
 #include <linux/netlink.h>
 #include <net/if.h>
 #include <nftables/libnftables.h>
@@ -313,43 +314,37 @@ StatusOr<uint32_t> NodeNetwork::AllocateAddress() {
                       " has no free address");
 }
 
-StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& label) {
+StatusOr<NetAttachment> NodeNetwork::Reserve() {
+  MutexLock l(mu_);
+  if (stopped_) return FailedPrecondition("the node network is stopped");
   NetAttachment a;
-  {
-    MutexLock l(mu_);
-    if (stopped_) return FailedPrecondition("the node network is stopped");
-    DSEC_ASSIGN_OR_RETURN(a.addr, AllocateAddress());
-    // Unique names: a dropped namespace's veth lingers for a moment (the kernel removes it
-    // asynchronously), so a name is never reused soon.
-    const size_t width = std::min<size_t>(8, IFNAMSIZ - 1 - veth_prefix_.size());
-    a.host_if = veth_prefix_ + Hex8(veth_counter_++).substr(8 - width);
-  }
-  auto fail = [&](Status s) {
-    MutexLock l(mu_);
-    used_[a.addr - base_] = false;
-    return s;
-  };
-  DSEC_ASSIGN_OR_RETURN(Inside in, EnterOnce(netns_fd));
-  DSEC_ASSIGN_OR_RETURN(Netlink rtnl, Netlink::Open(NETLINK_ROUTE));
-  if (Status s = rtnl.CreateVeth(a.host_if, "eth0", netns_fd); !s.ok()) return fail(s);
+  DSEC_ASSIGN_OR_RETURN(a.addr, AllocateAddress());
+  // Unique names: a dropped namespace's veth lingers for a moment (the kernel removes it
+  // asynchronously), so a name is never reused soon.
+  const size_t width = std::min<size_t>(8, IFNAMSIZ - 1 - veth_prefix_.size());
+  a.host_if = veth_prefix_ + Hex8(veth_counter_++).substr(8 - width);
+  return a;
+}
+
+void NodeNetwork::ReleaseAddress(uint32_t addr) {
+  MutexLock l(mu_);
+  used_[addr - base_] = false;
+}
+
+StatusOr<NetAttachment> NodeNetwork::FinishAttach(Netlink& rtnl, NetAttachment a,
+                                                  const std::string& label) {
   auto undo = [&](Status s) {
     if (auto i = rtnl.LinkIndex(a.host_if); i.ok()) (void)rtnl.DeleteLink(*i);
-    return fail(s.WithContext("attach the sandbox network"));
+    ReleaseAddress(a.addr);
+    return s.WithContext("attach the sandbox network");
   };
   auto host = rtnl.LinkIndex(a.host_if);
   if (!host.ok()) return undo(host.status());
   (void)WriteSysctl("/proc/sys/net/ipv6/conf/" + a.host_if + "/disable_ipv6", "1");
   if (Status s = WriteSysctl("/proc/sys/net/ipv4/conf/" + a.host_if + "/forwarding", "1"); !s.ok())
     return undo(s);
+  if (Status s = rtnl.SetUp(*host); !s.ok()) return undo(s);
   if (Status s = rtnl.AddRoute4(a.addr, 32, *host, 0, false); !s.ok()) return undo(s);
-  ifreq ifr{};
-  strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
-  if (ioctl(in.inet.get(), SIOCGIFINDEX, &ifr) < 0) return undo(ErrnoError("eth0 index"));
-  int eth0 = ifr.ifr_ifindex;
-  Netlink inner = Netlink::FromFd(std::move(in.rtnl));
-  if (Status s = inner.SetUp(eth0); !s.ok()) return undo(s);
-  if (Status s = inner.AddAddress4(eth0, a.addr, 32); !s.ok()) return undo(s);
-  if (Status s = inner.AddRoute4(0, 0, eth0, gateway_, /*onlink=*/true); !s.ok()) return undo(s);
   Status s;
   {
     MutexLock l(mu_);
@@ -357,6 +352,57 @@ StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& lab
     if (s.ok()) attached_[a.addr] = {.label = label};
   }
   if (!s.ok()) return undo(s);
+  return a;
+}
+
+StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& label) {
+  DSEC_ASSIGN_OR_RETURN(NetAttachment a, Reserve());
+  auto fail = [&](Status s) {
+    ReleaseAddress(a.addr);
+    return s;
+  };
+  auto in = EnterOnce(netns_fd);
+  if (!in.ok()) return fail(in.status());
+  auto rtnl = Netlink::Open(NETLINK_ROUTE);
+  if (!rtnl.ok()) return fail(rtnl.status());
+  if (Status s = rtnl->CreateVeth(a.host_if, "eth0", netns_fd); !s.ok()) return fail(s);
+  // The sandbox's side, from inside: eth0 up with the address, the gateway on the link.
+  Status inside = [&]() -> Status {
+    ifreq ifr{};
+    strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
+    if (ioctl(in->inet.get(), SIOCGIFINDEX, &ifr) < 0) return ErrnoError("eth0 index");
+    int eth0 = ifr.ifr_ifindex;
+    Netlink inner = Netlink::FromFd(std::move(in->rtnl));
+    DSEC_RETURN_IF_ERROR(inner.SetUp(eth0));
+    DSEC_RETURN_IF_ERROR(inner.AddAddress4(eth0, a.addr, 32));
+    return inner.AddRoute4(0, 0, eth0, gateway_, /*onlink=*/true);
+  }();
+  if (!inside.ok()) {
+    if (auto i = rtnl->LinkIndex(a.host_if); i.ok()) (void)rtnl->DeleteLink(*i);
+    return fail(inside.WithContext("attach the sandbox network"));
+  }
+  return FinishAttach(*rtnl, a, label);
+}
+
+StatusOr<NetAttachment> NodeNetwork::AttachTap(UniqueFd* tap, const std::string& label) {
+  DSEC_ASSIGN_OR_RETURN(NetAttachment a, Reserve());
+  auto rtnl = Netlink::Open(NETLINK_ROUTE);
+  if (!rtnl.ok()) {
+    ReleaseAddress(a.addr);
+    return rtnl.status();
+  }
+  // No IFF_VNET_HDR: the guest's virtio-net and a template's (which has no tap) agree.
+  UniqueFd fd(open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+  ifreq ifr{};
+  strncpy(ifr.ifr_name, a.host_if.c_str(), IFNAMSIZ - 1);
+  ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
+  if (!fd || ioctl(fd.get(), TUNSETIFF, &ifr) < 0) {
+    Status s = ErrnoError("create tap " + a.host_if);
+    ReleaseAddress(a.addr);
+    return s;
+  }
+  DSEC_ASSIGN_OR_RETURN(a, FinishAttach(*rtnl, a, label));
+  *tap = std::move(fd);
   return a;
 }
 

@@ -39,6 +39,8 @@ struct nft_ctx;
 
 namespace dsec::net {
 
+class Netlink;
+
 struct NodeNetworkOptions {
   Ipv4Net range{0x0ad50000, 16};   // node-local, /8 to /28 (ParseSandboxRange): 10.213.0.0/16
   std::string uplink;              // empty: the interface of the IPv4 default route
@@ -92,6 +94,11 @@ class NodeNetwork {
   // until Apply.
   // `label` names the sandbox in on_denied.
   StatusOr<NetAttachment> Attach(int netns_fd, const std::string& label = "");
+  // A microVM's end: a tap device on the node, named, routed and filtered as a veth's host
+  // end is; *tap is its descriptor, for QEMU (-netdev tap,fd=). The guest gives its NIC the
+  // attachment's address. The tap is not persistent: it goes, with its route, when the last
+  // descriptor closes (QEMU's exit).
+  StatusOr<NetAttachment> AttachTap(UniqueFd* tap, const std::string& label = "");
   // After an edge restart: the veth and route still exist; this takes the address again and
   // re-creates its rules.
   Status Readopt(const NetAttachment& a, const std::string& label = "");
@@ -137,6 +144,12 @@ class NodeNetwork {
   std::string Ruleset() const;
   std::string AttachCmds(uint32_t addr, const std::string& host_if) const;
   StatusOr<uint32_t> AllocateAddress() DSEC_REQUIRES(mu_);
+  // An address and a host interface name for a new attachment (released by ReleaseAddress).
+  StatusOr<NetAttachment> Reserve();
+  void ReleaseAddress(uint32_t addr);
+  // The host side of a new attachment whose interface exists: no IPv6, forwarding, the route
+  // to its address, its rules; on failure the interface is deleted and the address released.
+  StatusOr<NetAttachment> FinishAttach(Netlink& rtnl, NetAttachment a, const std::string& label);
   Status SetUplinkForwarding();
   void StartDns();
 

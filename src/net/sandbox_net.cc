@@ -11,7 +11,19 @@ namespace dsec::net {
 SandboxNet::SandboxNet(NodeSource node, NamespaceSource netns, std::string label)
     : node_source_(std::move(node)), netns_(std::move(netns)), label_(std::move(label)) {}
 
+StatusOr<UniqueFd> SandboxNet::AttachTap() {
+  if (attachment_) return FailedPrecondition("sandbox " + label_ + " already has a network");
+  if (!node_source_)
+    return Unimplemented("this edge has no sandbox network (network modes other than none)");
+  DSEC_ASSIGN_OR_RETURN(node_, node_source_());
+  UniqueFd tap;
+  DSEC_ASSIGN_OR_RETURN(attachment_, node_->AttachTap(&tap, label_));
+  tap_ = true;
+  return tap;
+}
+
 Status SandboxNet::Apply(const NetworkPolicy& p) {
+  if (tap_ && attachment_) return node_->Apply(attachment_, p);  // `none` refuses everything
   if (p.mode == NetMode::kNone) {
     // No network device at all, as a sandbox created with none: the veth and the address go.
     if (attachment_ && node_) node_->Unplug(attachment_);
@@ -19,6 +31,11 @@ Status SandboxNet::Apply(const NetworkPolicy& p) {
     return OkStatus();
   }
   if (!attachment_) {
+    if (!netns_)
+      return FailedPrecondition("sandbox " + label_ +
+                                " was created without a network and cannot get one while it "
+                                "runs (a microVM's NIC is made at its start): create it with "
+                                "the network it needs");
     if (!node_source_)
       return Unimplemented("this edge has no sandbox network (network modes other than none)");
     DSEC_ASSIGN_OR_RETURN(node_, node_source_());
@@ -34,10 +51,12 @@ Status SandboxNet::Readopt(const NetAttachment& a, const NetworkPolicy& p) {
   DSEC_ASSIGN_OR_RETURN(node_, node_source_());
   DSEC_RETURN_IF_ERROR(node_->Readopt(a, label_));
   attachment_ = a;
+  tap_ = !netns_;
   return node_->Apply(attachment_, p);
 }
 
 StatusOr<UniqueFd> SandboxNet::ConnectPort(uint16_t port) {
+  if (!netns_) return Unimplemented("sandbox " + label_ + " has no port proxy");
   DSEC_ASSIGN_OR_RETURN(UniqueFd ns, netns_());
   // Made in the sandbox's namespace, it connects to that namespace's loopback.
   DSEC_ASSIGN_OR_RETURN(UniqueFd s,
@@ -61,13 +80,21 @@ std::string SandboxNet::Address() const {
   return attachment_ ? Ipv4ToString(attachment_.addr) : std::string();
 }
 
+std::string SandboxNet::Gateway() const {
+  return attachment_ && node_ ? Ipv4ToString(node_->gateway()) : std::string();
+}
+
 uint64_t SandboxNet::Denied() { return attachment_ && node_ ? node_->Denied(attachment_) : 0; }
 
 void SandboxNet::Detach() {
   if (attachment_ && node_) node_->Detach(attachment_);
   attachment_ = {};
+  tap_ = false;
 }
 
-void SandboxNet::Forget() { attachment_ = {}; }
+void SandboxNet::Forget() {
+  attachment_ = {};
+  tap_ = false;
+}
 
 }  // namespace dsec::net

@@ -1,8 +1,9 @@
-// A sandbox's network, owned beside its instance: a kind hands over its network namespace (a
-// container's; for a microVM, the namespace QEMU runs in with its tap) and this does the rest
-// on the node's network (node_network.h): attach on the first policy that is not `none`,
-// replace the policy live, unplug on `none`, connect to a port inside for the port proxy,
-// count refused packets, detach. Nothing here knows which kind made the namespace.
+// A sandbox's network, owned beside its instance, on the node's network (node_network.h).
+// A kind either hands over a network namespace (a container's: attached on the first policy
+// that is not `none`, unplugged again on `none`, its loopback reachable for the port proxy) or
+// asks for a tap device before it starts (a microVM's NIC, whose descriptor QEMU gets: a NIC
+// cannot be added to a running microVM, so `none` later refuses everything and keeps it).
+// Either way this replaces the policy live, counts refused packets and detaches.
 //
 // Thread safety: none; the owner serializes calls (Sandbox holds its lock).
 #pragma once
@@ -26,8 +27,13 @@ class SandboxNet {
   // Opens the sandbox's network namespace (a new descriptor each call).
   using NamespaceSource = std::function<StatusOr<UniqueFd>()>;
 
-  // `label` names the sandbox in the node's log of refused packets.
+  // `label` names the sandbox in the node's log of refused packets. Without `netns` the
+  // sandbox has a network only through AttachTap.
   SandboxNet(NodeSource node, NamespaceSource netns, std::string label);
+
+  // A tap device on the node for the sandbox (its descriptor for the VMM), with everything
+  // refused until Apply.
+  StatusOr<UniqueFd> AttachTap();
 
   // Gives the namespace a network if it has none yet (eth0, an address), then applies `p`
   // atomically. Mode none takes the network away again: the sandbox is left with loopback
@@ -39,8 +45,9 @@ class SandboxNet {
   // non-blocking socket whose connect has started (EINPROGRESS) or finished; never waits for
   // the server. Nothing listening is kUnavailable.
   StatusOr<UniqueFd> ConnectPort(uint16_t port);
-  // Its IPv4 address; empty without a network.
+  // Its IPv4 address, and the node's end of its link (the gateway); empty without a network.
   std::string Address() const;
+  std::string Gateway() const;
   // Packets its policy refused so far.
   uint64_t Denied();
   // What an adoption handle keeps (empty: no network).
@@ -58,6 +65,7 @@ class SandboxNet {
   std::string label_;
   NodeNetwork* node_ = nullptr;
   NetAttachment attachment_;
+  bool tap_ = false;  // attached by AttachTap
 };
 
 }  // namespace dsec::net

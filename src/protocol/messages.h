@@ -84,6 +84,9 @@ struct GuestSetup {
   isolation::Rlimits rlimits;  // fsize, nofile, ... for every process the agent starts
   uint32_t max_execs = 64;     // concurrent execs + shells
   int64_t orphan_timeout_ms = -1;  // see SetupSpec
+  // The guest's NIC (eth0), when the VM has one on the node's network: its address (a /32)
+  // and the gateway reached on the link; empty: no network.
+  std::string net_address, net_gateway;
   // What the writable layer starts with (rootfs_plan.h: /etc/hostname, /etc/hosts, the
   // sandbox user in /etc/passwd, the workdir), made by the guest through its root overlay.
   std::vector<isolation::DirSpec> dirs;

@@ -59,6 +59,28 @@ TEST(MessagesTest, SetupSpecRoundTrip) {
   EXPECT_EQ(back->fds.first_proc_view, 5);
 }
 
+TEST(MessagesTest, GuestSetupCarriesTheNicOrNone) {
+  GuestSetup s;
+  s.sandbox_id = s.hostname = "sb-vm-1";
+  s.secret = "ab";
+  s.net_address = "10.213.0.7";
+  s.net_gateway = "10.213.0.1";
+  auto back = GuestSetupFromJson(ToJson(s));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->net_address, "10.213.0.7");
+  EXPECT_EQ(back->net_gateway, "10.213.0.1");
+  Json j = ToJson(s);
+  j.erase("net_address");
+  j.erase("net_gateway");
+  back = GuestSetupFromJson(j);  // an older edge's setup: no NIC
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->net_address.empty());
+  j["net_address"] = "10.213.0.7";  // an address without its gateway
+  EXPECT_FALSE(GuestSetupFromJson(j).ok());
+  j["net_gateway"] = "10.213.0.1.1.1.1.1.1";
+  EXPECT_FALSE(GuestSetupFromJson(j).ok());
+}
+
 TEST(MessagesTest, ErrorsCarryCodes) {
   Status s = StatusFromJson(ErrorJson(NotFound("no such file")));
   EXPECT_EQ(s.code(), StatusCode::kNotFound);

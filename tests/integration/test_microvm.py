@@ -116,14 +116,12 @@ def test_what_a_microvm_cannot_boot_is_422(client):
     client.post("/v1/sandboxes", {"kind": "microvm", "image": "it-no-such:1"}, expect=404)
     # What the kind cannot do is known before anything is admitted or recorded (issue 40 item
     # 1): even with wait=0 there is no "creating" record that later vanishes.
-    r = client.post("/v1/sandboxes?wait=0", {"kind": "microvm", "image": "it-no-such:1",
-                                             "network": {"mode": "open"},
+    r = client.post("/v1/sandboxes?wait=0", {"kind": "microvm", "image": "host",
                                              "labels": {"it": "vm-caps"}}, expect=422)
-    # (This edge has no sandbox network either; manager_test checks the kind's own refusal.)
-    assert 'network mode "open" is not available' in r.json["error"]["message"], r.json
+    assert "host" in r.json["error"]["message"], r.json
     assert client.get("/v1/sandboxes?label=it=vm-caps", expect=200).json["sandboxes"] == []
     kinds = client.get("/v1/node", expect=200).json["features"]["kinds"]
-    assert kinds["microvm"] == {"host_image": False, "network": False, "port_proxy": False,
+    assert kinds["microvm"] == {"host_image": False, "network": True, "port_proxy": False,
                                 "snapshot": False, "fncall_workers": False}, kinds
     assert all(kinds["container"].values()), kinds
 

@@ -264,12 +264,12 @@ def test_bad_policies_are_clear_400s(c):
     r = c.patch(f"/v1/sandboxes/{sb['id']}", {"network": {"mode": "open", "rules": 5}},
                 expect=400)
     assert "must be a list" in r.json["error"]["message"]
-    # A kind without networking refuses it before anything is admitted (issue 40 item 1).
+    # A microVM's policy is checked as a container's (its NIC follows the same rules).
     if c.get("/v1/node", expect=200).json["features"]["microvm"].get("available"):
         r = c.post("/v1/sandboxes?wait=0", {"kind": "microvm", "image": "any:1",
-                                            "network": {"mode": "open"}}, expect=422)
-        assert 'network mode "open" is not available for microvm' in \
-            r.json["error"]["message"], r.json
+                                            "network": {"mode": "open", "rules": 5}},
+                   expect=400)
+        assert "must be a list" in r.json["error"]["message"], r.json
 
 
 FLOOD = r"""
@@ -477,3 +477,83 @@ def test_image_build_run_steps_use_the_builds_network(c):
         c.remove(sb["id"])
         c.made.remove(sb["id"])
         c.delete(f"/v1/images/{image}", expect=(204, 404))
+
+
+# ---- microVMs: a NIC behind a tap on the node, under the same policy (issue 16/17) ----
+
+VM_APPLETS = ["wget", "nslookup", "cat", "ls"]
+
+
+def vm_fetch(c, sid, url):
+    """busybox wget in the guest: its exit status and what it printed."""
+    r = c.exec(sid, f"wget -q -O - {url}", timeout_ms=15000)  # (-T crashes busybox 1.35)
+    return r["exit_code"], (r["stdout"] + r["stderr"]).strip()
+
+
+def tap_links(lab, nedge):
+    return {n for n in lab.links() if n.startswith(f"dsv{nedge.instance[:6]}")}
+
+
+def test_microvm_nic_follows_its_policy_live(c, lab, nedge):
+    from test_images import busybox_rootfs, import_image, need_busybox
+    need_busybox()
+    vm = c.get("/v1/node", expect=200).json["features"].get("microvm", {})
+    if not vm.get("available"):
+        pytest.skip(f"this edge has no microVMs: {vm.get('reason', 'not reported')}")
+    extra = [(f"bin/{a}", "hardlink", "bin/busybox") for a in VM_APPLETS]
+    import_image(c, "it-vm-net:1", busybox_rootfs(extra))
+    links_before = tap_links(lab, nedge)
+    try:
+        # Without a network a microVM has no NIC at all, and cannot get one later.
+        plain = create(c, kind="microvm", image="it-vm-net:1", memory_mb=128, disk_mb=32)
+        assert c.sh(plain["id"], "ls /sys/class/net").split() == ["lo"]
+        r = c.patch(f"/v1/sandboxes/{plain['id']}", {"network": {"mode": "open"}}, expect=409)
+        assert "created without a network" in r.json["error"]["message"], r.json
+        assert tap_links(lab, nedge) == links_before
+
+        sb = create(c, {"mode": "allowlist", "rules": [{"cidr": PUBLIC, "ports": 80,
+                                                        "proto": "tcp"}],
+                        "domains": ["pypi.test"]},
+                    kind="microvm", image="it-vm-net:1", memory_mb=128, disk_mb=32)
+        sid = sb["id"]
+        addr = sb["network"]["address"]
+        assert addr.startswith("10.213."), sb
+        assert len(tap_links(lab, nedge) - links_before) == 1  # its tap on the node
+        assert c.sh(sid, "ls /sys/class/net").split() == ["eth0", "lo"]
+        assert addr in c.sh(sid, "cat /proc/net/fib_trie")  # eth0's, given by the guest
+        assert c.sh(sid, "cat /etc/resolv.conf") == "nameserver 10.213.0.1\n"
+        # Exactly its rules: HTTP on 80, not 8080, not the node, not a private address.
+        assert vm_fetch(c, sid, f"http://{PUBLIC}/")[0] == 0
+        code, err = vm_fetch(c, sid, f"http://{PUBLIC}:8080/")
+        assert code != 0 and "refused" in err.lower(), err
+        assert vm_fetch(c, sid, f"http://10.213.0.1:{nedge.port}/")[0] != 0
+        assert vm_fetch(c, sid, f"http://{PRIVATE}/")[0] != 0
+        # Its domain resolves through the node's forwarder; others do not.
+        assert PUBLIC in c.sh(sid, "nslookup pypi.test")
+        assert c.exec(sid, "nslookup unlisted.test")["exit_code"] != 0
+        st = c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json
+        assert st["network_denied"] >= 2, st
+
+        # Live: open reaches 8080; none refuses everything but keeps the NIC.
+        c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "open"}}, expect=200)
+        assert vm_fetch(c, sid, f"http://{PUBLIC}:8080/")[0] == 0
+        assert vm_fetch(c, sid, f"http://{PRIVATE}/")[0] != 0  # private stays closed
+        r = c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "none"}}, expect=200).json
+        assert r["network"]["mode"] == "none"
+        assert vm_fetch(c, sid, f"http://{PUBLIC}/")[0] != 0
+        c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "open"}}, expect=200)
+        assert vm_fetch(c, sid, f"http://{PUBLIC}/")[0] == 0
+
+        # A second one from the same (networked) template gets its own address and tap.
+        other = create(c, {"mode": "open"}, kind="microvm", image="it-vm-net:1", memory_mb=128,
+                       disk_mb=32)
+        assert other["network"]["address"] not in ("", addr)
+        assert vm_fetch(c, other["id"], f"http://{PUBLIC}/")[0] == 0
+        assert vm_fetch(c, other["id"], f"http://{addr}/")[0] != 0  # never a neighbour
+    finally:
+        for sid in list(c.made):
+            c.remove(sid)
+        c.made.clear()
+        c.delete("/v1/images/it-vm-net:1", expect=(204, 404))
+    # QEMU's exit took the taps (and their routes) with it.
+    wait_until(lambda: tap_links(lab, nedge) == links_before, timeout=5)

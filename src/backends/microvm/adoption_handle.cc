@@ -10,7 +10,9 @@ std::string VmAdoptionHandle::Encode() const {
   return Json({{"secret", secret},
                {"uid_slot", uid_slot},
                {"qemu_pid", qemu_pid},
-               {"layers", layer_digests}})
+               {"layers", layer_digests},
+               {"net_addr", net_addr},
+               {"net_if", net_if}})
       .dump();
 }
 
@@ -31,6 +33,11 @@ StatusOr<VmAdoptionHandle> VmAdoptionHandle::Parse(const std::string& text) {
       a.layer_digests.push_back(d.get<std::string>());
     }
   }
+  DSEC_ASSIGN_OR_RETURN(int64_t addr, GetInt(h, "net_addr", 0, 0, UINT32_MAX));
+  a.net_addr = static_cast<uint32_t>(addr);
+  DSEC_ASSIGN_OR_RETURN(a.net_if, GetString(h, "net_if", ""));
+  if (a.net_addr != 0 && (a.net_if.empty() || a.net_if.size() >= 16))
+    return InvalidArgument("microVM adoption handle: a network address without its tap");
   return a;
 }
 

@@ -19,6 +19,8 @@ struct VmAdoptionHandle {
   int64_t uid_slot = -1;  // the host uid range QEMU runs as; -1 none
   pid_t qemu_pid = 0;     // checked against the sandbox's cgroup before it is trusted
   std::vector<std::string> layer_digests;  // the image's layers, bottom first (held again)
+  uint32_t net_addr = 0;                   // its NIC's address on the node (0: no network)
+  std::string net_if;                      // and its tap's name
 
   std::string Encode() const;
   // Unknown keys are ignored (a newer edge's handle); a missing or empty secret, a missing

@@ -196,7 +196,7 @@ size_t MicrovmBackend::template_count() const {
 
 StatusOr<std::shared_ptr<const Template>> MicrovmBackend::TemplateFor(
     const std::string& key, const images::Stack& stack, const std::vector<int>& layers, int cpus,
-    int64_t ram_mb) {
+    int64_t ram_mb, bool nic) {
   (void)stack;
   std::shared_ptr<TemplateSlot> slot;
   {
@@ -220,7 +220,7 @@ StatusOr<std::shared_ptr<const Template>> MicrovmBackend::TemplateFor(
   MutexLock b(slot->build);
   if (slot->made) return slot->made;
   if (!slot->error.empty()) return FailedPrecondition(slot->error);
-  auto t = MicrovmInstance::MakeTemplate(this, key, layers, cpus, ram_mb);
+  auto t = MicrovmInstance::MakeTemplate(this, key, layers, cpus, ram_mb, nic);
   if (!t.ok()) {
     slot->error = "no template: " + t.status().ToString();
     DSEC_LOG_WARN("microvm template [{}]: {} (creates of it boot cold)", key, slot->error);

@@ -16,9 +16,16 @@
 // from the agent's setup. A template that cannot be made leaves that set on cold boots.
 //
 // A restarted edge re-adopts running VMs (MicrovmInstance::Adopt: QMP, and an authenticated
-// reconnect to the agent's port). Not yet: snapshots, fork and networking.
+// reconnect to the agent's port).
+//
+// Network: a VM created with a network policy gets a NIC (virtio-net) behind a tap on the node
+// (net::SandboxNet::AttachTap), routed and filtered like a container's veth; its guest gives
+// eth0 the sandbox's address at setup. Its template set includes the NIC (the template's goes
+// nowhere), so clones restore with the device and their own tap. A VM created without a
+// network has no NIC and cannot get one later. Not yet: snapshots, fork, the port proxy.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +41,7 @@
 #include "isolation/cgroup.h"
 #include "isolation/credentials.h"
 #include "isolation/uid_ranges.h"
+#include "net/node_network.h"
 
 namespace dsec::backends::microvm {
 
@@ -65,6 +73,10 @@ struct MicrovmBackendOptions {
   int64_t orphan_timeout_ms = -1;
   int io_threads = 1;
   images::ImageStore* image_store = nullptr;  // not owned; required (VMs boot image layers)
+  // The node's sandbox network, started on first use (unset: VMs get no network: a create
+  // that asks for one is refused).
+  std::function<StatusOr<net::NodeNetwork*>()> network;
+  std::string nameserver;  // a networked guest's /etc/resolv.conf names it
 };
 
 class MicrovmInstance;
@@ -86,10 +98,11 @@ class MicrovmBackend : public Backend {
   ~MicrovmBackend() override;
 
   Kind kind() const override { return Kind::kMicrovm; }
-  // Layered images only, no network, port proxy, snapshots or fncall workers yet.
+  // Layered images only; a network (a NIC at create) but no port proxy, snapshots or fncall
+  // workers yet.
   KindCapabilities Capabilities() const override {
     return {.host_image = false,
-            .network = false,
+            .network = true,
             .port_proxy = false,
             .snapshot = false,
             .fncall_workers = false};
@@ -123,7 +136,7 @@ class MicrovmBackend : public Backend {
   StatusOr<std::shared_ptr<const Template>> TemplateFor(const std::string& key,
                                                         const images::Stack& stack,
                                                         const std::vector<int>& layers, int cpus,
-                                                        int64_t ram_mb);
+                                                        int64_t ram_mb, bool nic);
 
   MicrovmBackendOptions opts_;
   std::string instance_id_;

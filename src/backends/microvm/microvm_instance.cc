@@ -42,7 +42,7 @@ constexpr int kMaxLayers = 24;  // /dev/vda .. /dev/vdx
 constexpr size_t kLogTail = 600;
 
 // Where the descriptors QEMU inherits land (QemuConfig names them).
-enum : int { kKernelFd = 3, kInitrdFd, kAgentFd, kQmpFd, kLeaseFd, kRamFd, kFirstLayerFd };
+enum : int { kKernelFd = 3, kInitrdFd, kAgentFd, kQmpFd, kLeaseFd, kRamFd, kTapFd, kFirstLayerFd };
 // How long a clone waits for the hello of a guest that may not have noticed the template's
 // host end go (it then still waits in read(): a reconnect makes it greet).
 constexpr int kCloneHelloMs = 3000;
@@ -58,7 +58,10 @@ std::string FileTail(const std::string& path, size_t n) {
 }  // namespace
 
 MicrovmInstance::MicrovmInstance(MicrovmBackend* backend, SandboxSpec spec)
-    : backend_(backend), spec_(std::move(spec)) {
+    : backend_(backend),
+      spec_(std::move(spec)),
+      // No namespace: a VM's network is the tap made at its start (AttachTap).
+      net_(backend_->opts_.network, nullptr, spec_.id) {
   if (spec_.hostname.empty()) spec_.hostname = spec_.id;
   dir_ = JoinPath(backend_->vms_dir_, spec_.id);
 }
@@ -118,7 +121,7 @@ StatusOr<UniqueFd> MicrovmInstance::Listen(const std::string& name) {
   return fd;
 }
 
-Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
+Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers, UniqueFd tap) {
   MicrovmBackend& b = *backend_;
   DSEC_ASSIGN_OR_RETURN(UniqueFd agent_listen, Listen("agent.sock"));
   DSEC_ASSIGN_OR_RETURN(UniqueFd qmp_listen, Listen("qmp.sock"));
@@ -141,10 +144,19 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers) {
   // lease file: a QEMU taken over by its guest cannot write or truncate it.
   DSEC_ASSIGN_OR_RETURN(UniqueFd lease,
                         b.uids_->ShareReadOnly(static_cast<uint32_t>(uid_slot_), uid_lease_));
-  std::vector<int> from = {
-      b.kernel_fd_.get(), b.initramfs_fd_.get(),
-      agent_listen.get(), qmp_listen.get(),
-      lease.get(),        ram >= 0 ? ram : b.kernel_fd_.get()};  // (a spare when unused)
+  qc.nic = nic_;
+  if (nic_ == Nic::kTap) {
+    if (!tap) return InternalError("microvm " + spec_.id + ": a NIC without its tap");
+    qc.tap_fd = kTapFd;
+  }
+  // (The kernel's descriptor again in the slots a VM does not use.)
+  std::vector<int> from = {b.kernel_fd_.get(),
+                           b.initramfs_fd_.get(),
+                           agent_listen.get(),
+                           qmp_listen.get(),
+                           lease.get(),
+                           ram >= 0 ? ram : b.kernel_fd_.get(),
+                           tap ? tap.get() : b.kernel_fd_.get()};
   for (size_t i = 0; i < layers.size(); ++i) {
     qc.layer_fds.push_back(kFirstLayerFd + static_cast<int>(i));
     from.push_back(layers[i].get());
@@ -243,6 +255,11 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
   in.workdir_uid = kSandboxUid, in.workdir_gid = kSandboxGid;
   if (auto u = ResolveUser(spec_.user); u.ok()) in.workdir_uid = u->uid, in.workdir_gid = u->gid;
   in.disk_mb = spec_.resources.disk_mb;
+  if (net_.attached()) {
+    in.nameserver = b.opts_.nameserver;
+    s.net_address = net_.Address();
+    s.net_gateway = net_.Gateway();
+  }
   RootfsPlan plan = PlanRootfs(in);
   s.dirs = std::move(plan.dirs);
   s.files = std::move(plan.files);
@@ -289,25 +306,34 @@ StatusOr<AgentLink> MicrovmInstance::Start() {
   std::vector<UniqueFd> layers;
   DSEC_RETURN_IF_ERROR(AcquireImage(&layers));
   DSEC_RETURN_IF_ERROR(LeaseAndCgroup());
+  // A NIC when the create asks for a network (a microVM cannot get one later).
+  UniqueFd tap;
+  if (spec_.network.mode != net::NetMode::kNone) {
+    DSEC_ASSIGN_OR_RETURN(tap, net_.AttachTap());
+    nic_ = Nic::kTap;
+  }
   if (b.opts_.templates) {
-    std::string key = "cpus=" + std::to_string(Cpus()) + " ram=" + std::to_string(GuestRamMb());
+    std::string key = "cpus=" + std::to_string(Cpus()) + " ram=" + std::to_string(GuestRamMb()) +
+                      (nic_ != Nic::kNone ? " nic" : "");
     std::vector<int> fds;
     for (size_t i = 0; i < layers.size(); ++i) {
       key += " " + stack_.layers[i].digest;
       fds.push_back(layers[i].get());
     }
-    auto t = b.TemplateFor(key, stack_, fds, Cpus(), GuestRamMb());
+    auto t = b.TemplateFor(key, stack_, fds, Cpus(), GuestRamMb(), nic_ != Nic::kNone);
     if (t.ok()) {
       template_ = std::move(*t);
       mode_ = Mode::kClone;
     }
   }
-  DSEC_RETURN_IF_ERROR(SpawnQemu(std::move(layers)));
+  DSEC_RETURN_IF_ERROR(SpawnQemu(std::move(layers), std::move(tap)));
   if (mode_ == Mode::kClone) DSEC_RETURN_IF_ERROR(Restore());
 
   // The chardev's listening socket queues this connection until QEMU accepts it.
   DSEC_ASSIGN_OR_RETURN(UniqueFd conn, ConnectAgent());
   DSEC_RETURN_IF_ERROR(Handshake(&conn));
+  // Everything was refused until now: the guest configured eth0 in its setup.
+  if (net_.attached()) DSEC_RETURN_IF_ERROR(net_.Apply(spec_.network));
   if (!qmp_) {
     auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
     if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);
@@ -358,6 +384,8 @@ std::string MicrovmInstance::AdoptionHandle() const {
   h.uid_slot = uid_slot_;
   h.qemu_pid = qemu_.pid();
   for (const auto& l : stack_.layers) h.layer_digests.push_back(l.digest);
+  h.net_addr = net_.attachment().addr;
+  h.net_if = net_.attachment().host_if;
   return h.Encode();
 }
 
@@ -416,6 +444,10 @@ StatusOr<AgentLink> MicrovmInstance::Adopt(const std::string& handle) {
   }
   DSEC_RETURN_IF_ERROR(hello.status().WithContext("reconnect to microVM " + spec_.id));
   if (paused) DSEC_RETURN_IF_ERROR(qmp_->Execute("stop").status());
+  if (h.net_addr) {
+    nic_ = Nic::kTap;
+    DSEC_RETURN_IF_ERROR(net_.Readopt({h.net_addr, h.net_if}, spec_.network));
+  }
   AgentLink link;
   link.stream = std::move(conn);
   link.shells = std::move(hello->shells);
@@ -491,6 +523,8 @@ Status MicrovmInstance::Destroy() {
     (void)qemu_.TryWait();  // reaps it
     qemu_ = PidFd();
   }
+  // QEMU's exit closed the tap (and its route went with it): the rules and the address go.
+  net_.Detach();
   if (cgroup_) result = cgroup_->Destroy();
   if (dir_owned_ && !dir_.empty()) {
     for (const char* f : {"agent.sock", "qmp.sock", "qemu.log", "owner.lock"})
@@ -520,6 +554,7 @@ void MicrovmInstance::Detach() {
   destroyed_ = true;
   qmp_.reset();
   qemu_ = PidFd();
+  net_.Forget();  // its tap lives on with QEMU; the next edge readopts it
   lock_fd_.Reset();
   cgroup_.reset();
   if (uid_slot_ >= 0) {

@@ -18,6 +18,7 @@
 #include "base/unique_fd.h"
 #include "images/store.h"
 #include "isolation/cgroup.h"
+#include "net/sandbox_net.h"
 #include "protocol/agent_ops.h"
 #include "protocol/frame.h"
 
@@ -44,17 +45,19 @@ class MicrovmInstance : public Instance {
   StatusOr<std::vector<std::string>> CaptureStack(bool, bool, const CaptureProgress&) override {
     return NoSnapshot(kind());
   }
-  // (Next: a SandboxNet over the namespace QEMU runs in, with a tap.)
-  net::SandboxNet* Network() override { return nullptr; }
+  // Its NIC's tap on the node (when created with a network; a live change to none refuses
+  // everything and keeps the NIC).
+  net::SandboxNet* Network() override { return &net_; }
   Status Destroy() override;
   void Detach() override;
 
   // Boots a template VM of `layers` (borrowed fds, bottom first) and saves it (see
   // microvm_backend.h).
+  // With `nic`, the template has a NIC that goes nowhere (see microvm_backend.h).
   static StatusOr<std::unique_ptr<Template>> MakeTemplate(MicrovmBackend* backend,
                                                           const std::string& key,
                                                           const std::vector<int>& layers, int cpus,
-                                                          int64_t ram_mb);
+                                                          int64_t ram_mb, bool nic);
 
   // Boots a guest under `accel` that can only report its init's failure (it has no layers):
   // OK if its agent says anything within timeout_ms (so guests run under that accelerator).
@@ -74,7 +77,8 @@ class MicrovmInstance : public Instance {
   Status AcquireImage(std::vector<UniqueFd>* layers);
   // Listening unix sockets at dir/<name> for QEMU to accept on.
   StatusOr<UniqueFd> Listen(const std::string& name);
-  Status SpawnQemu(std::vector<UniqueFd> layers);
+  // `tap`: the NIC's (nic_ == kTap).
+  Status SpawnQemu(std::vector<UniqueFd> layers, UniqueFd tap = {});
   // The host uid QEMU runs as and its cgroup (guest RAM + QEMU's overhead).
   Status LeaseAndCgroup();
   // A booted template VM: waits for its agent's greeting, stops it, saves its device state
@@ -116,6 +120,8 @@ class MicrovmInstance : public Instance {
   std::shared_ptr<const Template> template_;  // kClone
   UniqueFd ram_fd_;                           // kTemplate: the RAM memfd being made
   Accel accel_ = Accel::kAuto;                // BootProbe's; kAuto: the backend's
+  Nic nic_ = Nic::kNone;
+  net::SandboxNet net_;
 };
 
 }  // namespace dsec::backends::microvm

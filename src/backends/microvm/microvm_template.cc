@@ -34,7 +34,8 @@ Status Seal(int fd, const char* what) {
 Status MicrovmInstance::Restore() {
   MicrovmBackend& b = *backend_;
   auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
-  if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);
+  // (A QEMU that refused its command line is gone already: its log says why.)
+  if (!qmp.ok()) return Carrier().explain(qmp.status()).WithContext("QMP of " + spec_.id);
   qmp_.emplace(std::move(*qmp));
   DSEC_RETURN_IF_ERROR(qmp_->Execute("migrate-set-capabilities", kIgnoreShared).status());
   // A description of its own (offset 0): clones restore side by side.
@@ -89,7 +90,8 @@ Status MicrovmInstance::SaveAsTemplate(Template* out) {
 StatusOr<std::unique_ptr<Template>> MicrovmInstance::MakeTemplate(MicrovmBackend* backend,
                                                                   const std::string& key,
                                                                   const std::vector<int>& layers,
-                                                                  int cpus, int64_t ram_mb) {
+                                                                  int cpus, int64_t ram_mb,
+                                                                  bool nic) {
   int64_t t0 = MonotonicMs();
   SandboxSpec spec;
   spec.id = "tmpl-" + RandomHex(6);
@@ -100,6 +102,7 @@ StatusOr<std::unique_ptr<Template>> MicrovmInstance::MakeTemplate(MicrovmBackend
   spec.resources.memory_mb = ram_mb - spec.resources.disk_mb;
   MicrovmInstance t(backend, spec);
   t.mode_ = Mode::kTemplate;
+  t.nic_ = nic ? Nic::kUnplugged : Nic::kNone;
   auto out = std::make_unique<Template>();
   out->key = key;
   out->id = spec.id;

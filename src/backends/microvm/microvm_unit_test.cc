@@ -145,6 +145,18 @@ TEST(QemuCmdTest, EverythingQemuTouchesIsADescriptorAndTheDisksAreReadOnly) {
             "memory-backend-file,id=mem,size=768M,mem-path=/proc/self/fd/7,share=off");
   EXPECT_EQ(Arg(a, "-incoming"), "defer");
 
+  // A NIC only when asked for: a tap by descriptor, or (a template's) a hub port to nowhere.
+  c.nic = Nic::kTap;
+  c.tap_fd = 10;
+  a = QemuArgv(c);
+  EXPECT_EQ(Arg(a, "-netdev"), "tap,id=net0,fd=10");
+  EXPECT_EQ(Arg(a, "-device", 4), "virtio-net-device,netdev=net0");  // after both disks
+  c.nic = Nic::kUnplugged;
+  a = QemuArgv(c);
+  EXPECT_EQ(Arg(a, "-netdev"), "hubport,id=net0,hubid=0");
+  EXPECT_EQ(Arg(a, "-device", 4), "virtio-net-device,netdev=net0");
+  c.nic = Nic::kNone;
+
   c.accel = Accel::kKvm;
   c.seccomp = false;
   a = QemuArgv(c);
@@ -164,12 +176,17 @@ TEST(VmAdoptionHandleTest, RoundTripsEveryField) {
   h.uid_slot = 7;
   h.qemu_pid = 4242;
   h.layer_digests = {"sha256:aa", "sha256:bb"};
+  h.net_addr = 0x0ad50007;
+  h.net_if = "dsvabc12300000001";
+  h.net_if.resize(15);
   auto back = VmAdoptionHandle::Parse(h.Encode());
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->secret, h.secret);
   EXPECT_EQ(back->uid_slot, 7);
   EXPECT_EQ(back->qemu_pid, 4242);
   EXPECT_EQ(back->layer_digests, h.layer_digests);
+  EXPECT_EQ(back->net_addr, 0x0ad50007u);
+  EXPECT_EQ(back->net_if, h.net_if);
   // What the edges before the typed handle wrote is the same shape.
   auto old = VmAdoptionHandle::Parse(R"({"secret":"s","uid_slot":-1,"qemu_pid":9,"layers":[]})");
   ASSERT_TRUE(old.ok());
@@ -183,7 +200,9 @@ TEST(VmAdoptionHandleTest, BadHandlesAreErrors) {
                           R"({"secret":"s","qemu_pid":0})", R"({"secret":"s","qemu_pid":"9"})",
                           R"({"secret":"s","qemu_pid":9,"uid_slot":-2})",
                           R"({"secret":"s","qemu_pid":9,"layers":"sha256:aa"})",
-                          R"({"secret":"s","qemu_pid":9,"layers":[1]})"}) {
+                          R"({"secret":"s","qemu_pid":9,"layers":[1]})",
+                          R"({"secret":"s","qemu_pid":9,"net_addr":7})",
+                          R"({"secret":"s","qemu_pid":9,"net_addr":-1,"net_if":"t"})"}) {
     auto h = VmAdoptionHandle::Parse(bad);
     EXPECT_FALSE(h.ok()) << bad;
     if (!h.ok()) {

@@ -70,6 +70,13 @@ std::vector<std::string> QemuArgv(const QemuConfig& c) {
                            ",format=raw,readonly=on,file.locking=off",
                        "-device", "virtio-blk-device,drive=" + id});
   }
+  // After the disks, so they keep their names. The tap has no vnet header (QEMU asks it): a
+  // template's hub port has none either, and clones restore the device state it saw.
+  if (c.nic == Nic::kTap)
+    a.insert(a.end(), {"-netdev", "tap,id=net0,fd=" + std::to_string(c.tap_fd)});
+  else if (c.nic == Nic::kUnplugged)
+    a.insert(a.end(), {"-netdev", "hubport,id=net0,hubid=0"});
+  if (c.nic != Nic::kNone) a.insert(a.end(), {"-device", "virtio-net-device,netdev=net0"});
   if (c.seccomp)
     a.insert(a.end(), {"-sandbox",
                        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"});

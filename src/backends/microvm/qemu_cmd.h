@@ -20,6 +20,11 @@ enum class Accel { kAuto, kKvm, kTcg };
 std::string_view AccelName(Accel a);  // "auto", "kvm", "tcg"
 StatusOr<Accel> ParseAccel(std::string_view s);
 
+// The guest's NIC (virtio-net), when it has one: behind a tap on the node (the sandbox's
+// network, net/node_network.h), or behind a hub port that goes nowhere (a template's: the same
+// device, so clones of it restore with their own tap).
+enum class Nic { kNone, kTap, kUnplugged };
+
 struct QemuConfig {
   std::string qemu = "qemu-system-x86_64";
   Accel accel = Accel::kTcg;  // kvm or tcg
@@ -32,6 +37,8 @@ struct QemuConfig {
   int agent_listen_fd = -1;    // a bound unix socket: the agent's virtio-serial port's host end
   int qmp_listen_fd = -1;      // a bound unix socket: QMP
   std::vector<int> layer_fds;  // O_RDONLY fds of the EROFS layers, bottom first (vda, vdb, ..)
+  Nic nic = Nic::kNone;
+  int tap_fd = -1;  // kTap: the tap's descriptor (made without a vnet header)
   // Guest RAM from a file (a memfd): a template boots with it shared (its pages are the
   // template), a clone maps it private (copy-on-write) and waits for its device state.
   int ram_fd = -1;
