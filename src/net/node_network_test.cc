@@ -7,10 +7,12 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/if_tun.h>
 #include <linux/netlink.h>
 #include <net/if.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -259,6 +261,57 @@ class NodeNetworkPrivilegedTest : public ::testing::Test {
     if (a.ok()) s.a = *a;
     return s;
   }
+  // A stand-in for a microVM: the node's tap (AttachTap) relayed frame by frame to a tap named
+  // eth0 in a namespace of its own, configured as the guest agent configures its NIC.
+  struct TapSandbox {
+    UniqueFd ns, node_tap, guest_tap, stop;
+    NetAttachment a;
+    std::thread relay;
+    ~TapSandbox() {
+      if (relay.joinable()) {
+        uint64_t one = 1;
+        (void)!write(stop.get(), &one, sizeof one);
+        relay.join();
+      }
+    }
+  };
+  std::unique_ptr<TapSandbox> AttachTap() {
+    auto s = std::make_unique<TapSandbox>();
+    auto a = net_->AttachTap(&s->node_tap);
+    EXPECT_TRUE(a.ok()) << a.status().ToString();
+    if (!a.ok()) return s;
+    s->a = *a;
+    s->ns = NewNs();
+    InNs(s->ns.get(), [&] {
+      s->guest_tap.Reset(open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+      ifreq ifr{};
+      strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
+      ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
+      ASSERT_EQ(ioctl(s->guest_tap.get(), TUNSETIFF, &ifr), 0);
+      auto nl = Netlink::Open(NETLINK_ROUTE);
+      LinkUp(*nl, "lo");
+      LinkUp(*nl, "eth0");
+      int eth0 = nl->LinkIndex("eth0").value();
+      ASSERT_TRUE(nl->AddAddress4(eth0, s->a.addr, 32).ok());
+      ASSERT_TRUE(nl->AddRoute4(0, 0, eth0, net_->gateway(), /*onlink=*/true).ok());
+    });
+    s->stop.Reset(eventfd(0, EFD_CLOEXEC));
+    s->relay = std::thread([t = s.get()] {
+      char frame[65536];
+      for (;;) {
+        pollfd p[3] = {{t->node_tap.get(), POLLIN, 0},
+                       {t->guest_tap.get(), POLLIN, 0},
+                       {t->stop.get(), POLLIN, 0}};
+        if (poll(p, 3, -1) < 0 || p[2].revents) return;
+        for (int i = 0; i < 2; ++i) {
+          if (!(p[i].revents & POLLIN)) continue;
+          ssize_t n = read(p[i].fd, frame, sizeof frame);
+          if (n > 0) (void)!write(p[1 - i].fd, frame, static_cast<size_t>(n));
+        }
+      }
+    });
+    return s;
+  }
   static NetworkPolicy Policy(const PolicyBuilder& b) {
     auto p = b.Build();
     EXPECT_TRUE(p.ok()) << p.status().ToString();
@@ -300,6 +353,48 @@ TEST_F(NodeNetworkPrivilegedTest, AllowlistReachesExactlyItsRules) {
   EXPECT_EQ(ConnectFrom(sb.ns.get(), kUplinkAddr, 22), ECONNREFUSED);
   EXPECT_EQ(ConnectFrom(sb.ns.get(), net_->gateway(), 80), ECONNREFUSED);
   net_->Detach(sb.a);
+}
+
+TEST_F(NodeNetworkPrivilegedTest, TapAttachmentsFollowThePolicyAndGoWithTheirDescriptor) {
+  auto vm = AttachTap();
+  ASSERT_TRUE(vm->a);
+  EXPECT_TRUE(StartsWith(vm->a.host_if, "dsvt1"));
+  // Everything is refused until a policy; then exactly its rules, as for a veth.
+  EXPECT_EQ(ConnectFrom(vm->ns.get(), kServer, 80), ECONNREFUSED);
+  ASSERT_TRUE(
+      net_->Apply(vm->a, Policy(PolicyBuilder(NetMode::kAllowlist).Allow("198.51.100.10", "80")))
+          .ok());
+  UniqueFd c;
+  ASSERT_EQ(ConnectFrom(vm->ns.get(), kServer, 80, &c), 0);
+  EXPECT_EQ(Echo(c.get()), 0);
+  EXPECT_EQ(ConnectFrom(vm->ns.get(), kServer, 8080), ECONNREFUSED);
+  EXPECT_EQ(ConnectFrom(vm->ns.get(), net_->gateway(), 80), ECONNREFUSED);
+  EXPECT_GE(net_->Denied(vm->a), 3u);
+  // A guest whose root took a neighbour's address sends nothing: dropped at the node.
+  auto other = AttachTap();
+  ASSERT_TRUE(net_->Apply(other->a, Mode(NetMode::kOpen)).ok());
+  ASSERT_TRUE(net_->Apply(vm->a, Mode(NetMode::kOpen)).ok());
+  InNs(vm->ns.get(), [&] {
+    auto nl = Netlink::Open(NETLINK_ROUTE);
+    ASSERT_TRUE(nl->AddAddress4(nl->LinkIndex("eth0").value(), other->a.addr, 32).ok());
+  });
+  EXPECT_EQ(ConnectFrom(vm->ns.get(), kServer, 8080, nullptr, other->a.addr, 300), ETIMEDOUT);
+  EXPECT_EQ(ConnectFrom(other->ns.get(), kServer, 8080), 0);  // the neighbour is unharmed
+  // Readopt after an edge restart takes the same tap again.
+  const NetAttachment kept = vm->a;
+  net_->Detach(vm->a);
+  EXPECT_EQ(ConnectFrom(vm->ns.get(), kServer, 8080), ETIMEDOUT);  // no rules: dropped
+  ASSERT_TRUE(net_->Readopt(kept).ok());
+  ASSERT_TRUE(net_->Apply(kept, Mode(NetMode::kOpen)).ok());
+  EXPECT_EQ(ConnectFrom(vm->ns.get(), kServer, 8080), 0);
+  // The tap is the descriptor's: closed (QEMU's exit), the link and its route are gone.
+  auto rtnl = Netlink::Open(NETLINK_ROUTE);
+  ASSERT_TRUE(rtnl->LinkIndex(kept.host_if).ok());
+  const std::string name = kept.host_if;
+  net_->Detach(kept);
+  vm.reset();
+  EXPECT_FALSE(rtnl->LinkIndex(name).ok()) << name << " outlived its descriptor";
+  net_->Detach(other->a);
 }
 
 TEST_F(NodeNetworkPrivilegedTest, OpenReachesPublicButNotPrivateNodeOrNeighbours) {
