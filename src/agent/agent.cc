@@ -13,6 +13,7 @@
 #include "agent/exec.h"
 #include "agent/files.h"
 #include "agent/jobs.h"
+#include "agent/port.h"
 #include "agent/shell.h"
 #include "base/clock.h"
 #include "sys/syscalls.h"
@@ -496,6 +497,7 @@ constexpr OpEntry kOps[] = {
     Entry<protocol::JobListRequest, HandleJobList>(),
     Entry<protocol::SignalAllRequest, HandleSignalAll>(),
     Entry<protocol::PingRequest, HandlePing>(),
+    Entry<protocol::PortConnectRequest, HandlePortConnect>(),
     Entry<protocol::ReadFileRequest, HandleReadFile>(),
     Entry<protocol::WriteFileRequest, HandleWriteFile>(),
     Entry<protocol::ListDirRequest, HandleListDir>(),

@@ -434,14 +434,22 @@ Status Sandbox::SetNetwork(const net::NetworkPolicy& p) {
   return n->Apply(p);
 }
 
-StatusOr<UniqueFd> Sandbox::ConnectPort(uint16_t port) {
+StatusOr<UniqueFd> Sandbox::ConnectPort(uint16_t port, int64_t timeout_ms) {
   DSEC_RETURN_IF_ERROR(Ready().status());
-  MutexLock l(mu_);
-  if (state_.load() == SandboxState::kDestroyed)
-    return FailedPrecondition("sandbox " + id() + " is destroyed");
-  net::SandboxNet* n = instance_->Network();
-  if (!n) return NoPortProxy(kind());
-  return n->ConnectPort(port);
+  {
+    MutexLock l(mu_);
+    if (state_.load() == SandboxState::kDestroyed)
+      return FailedPrecondition("sandbox " + id() + " is destroyed");
+    net::SandboxNet* n = instance_->Network();
+    if (n && n->has_namespace()) return n->ConnectPort(port);  // from inside, no agent involved
+  }
+  return ConnectPortViaAgent(port, timeout_ms);  // a microVM's
+}
+
+StatusOr<UniqueFd> Sandbox::ConnectPortViaAgent(uint16_t port, int64_t timeout_ms) {
+  // The session, not the lock, is held while the agent connects.
+  DSEC_ASSIGN_OR_RETURN(std::shared_ptr<AgentSession> session, Ready());
+  return session->OpenPort(port, timeout_ms);
 }
 
 std::string Sandbox::network_address() const {

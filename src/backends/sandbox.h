@@ -111,7 +111,11 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // Its IPv4 address on the node's sandbox network; empty without one.
   std::string network_address() const;
   // A TCP connection to its 127.0.0.1:port (a paused sandbox is resumed first).
-  StatusOr<UniqueFd> ConnectPort(uint16_t port);
+  // A relaying agent (a microVM's) answers within timeout_ms (else kDeadlineExceeded).
+  StatusOr<UniqueFd> ConnectPort(uint16_t port, int64_t timeout_ms = 5000);
+  // The same through its agent (port_connect), whatever the kind: what ConnectPort does for a
+  // kind whose namespace the edge cannot enter.
+  StatusOr<UniqueFd> ConnectPortViaAgent(uint16_t port, int64_t timeout_ms = 5000);
   // The sandbox's files as an image stack ("host" first when on the host image, then layer
   // digests bottom first), its writable layer captured as the new top layer while it is held
   // still for a moment. A kind without layered images says Unimplemented.

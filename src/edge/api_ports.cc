@@ -125,7 +125,8 @@ void ServePort(Api* api, http::HttpRequest req) {
   if (Status s = http::FrameBody(req, &pr); !s.ok()) return fail(s);
   auto slot = api->proxy_slots().Take(id);
   if (!slot.ok()) return fail(slot.status());
-  auto upstream = (*sb)->ConnectPort(static_cast<uint16_t>(*port));
+  auto upstream = (*sb)->ConnectPort(static_cast<uint16_t>(*port),
+                                     api->deps().cfg.port_proxy_connect_timeout_ms);
   if (!upstream.ok()) return fail(upstream.status());
 
   // The head as the server in the sandbox sees it.

@@ -41,6 +41,9 @@ class SandboxNet {
   Status Apply(const NetworkPolicy& p);
   // After an edge restart: the attachment an adoption handle kept, with its policy again.
   Status Readopt(const NetAttachment& a, const NetworkPolicy& p);
+  // Whether the edge can enter the sandbox's namespace (ConnectPort works); otherwise its
+  // agent relays the port proxy's connections.
+  bool has_namespace() const { return bool(netns_); }
   // A TCP connection to 127.0.0.1:port inside the namespace, whatever the policy: a
   // non-blocking socket whose connect has started (EINPROGRESS) or finished; never waits for
   // the server. Nothing listening is kUnavailable.

@@ -157,6 +157,13 @@ Status Decode(const Json& j, SignalAllResponse* out) {
   return GetUnsigned(j, "processes", 0, INT32_MAX, &out->processes);
 }
 
+Json Encode(const PortConnectRequest& r) { return WithOp(r.kOp, {{"port", r.port}}); }
+Status Decode(const Json& j, PortConnectRequest* out) {
+  DSEC_ASSIGN_OR_RETURN(int64_t port, GetInt(j, "port", std::nullopt, 1, 65535));
+  out->port = static_cast<uint16_t>(port);
+  return OkStatus();
+}
+
 Json Encode(const PingRequest& r) { return WithOp(r.kOp, Json::object()); }
 Status Decode(const Json&, PingRequest*) { return OkStatus(); }
 Json Encode(const PingResponse& r) { return {{"pid", r.pid}, {"active", r.active}}; }

@@ -106,6 +106,21 @@ struct SignalAllRequest {
 struct SignalAllResponse {
   int processes = 0;
 };
+// A TCP connection to 127.0.0.1:port inside the sandbox, relayed over the channel (the port
+// proxy of a kind whose network namespace the edge cannot enter: a microVM). The agent answers
+// an event {"connected": true} once connected (or the final response with the error:
+// kUnavailable when nothing listens), then relays: kData frames on kStdout carry what the
+// server sent (an event {"eof": true} when it closed its side), kData frames on kStdin what the
+// edge sends (kFlagEof: shut down the writing side). Each side keeps at most kPortWindow bytes
+// unacknowledged: the agent acks what it wrote to the server with events {"ack": n}, the edge
+// what it delivered with controls {"ack": n}. The final response {} comes when both sides
+// ended; a control {"close": true} ends it at once.
+inline constexpr uint64_t kPortWindow = 1 << 20;
+struct PortConnectRequest {
+  static constexpr std::string_view kOp = "port_connect";
+  uint16_t port = 0;
+};
+
 struct PingRequest {
   static constexpr std::string_view kOp = "ping";
 };
@@ -270,6 +285,7 @@ DSEC_PROTOCOL_CODEC(ShellRunResponse)
 DSEC_PROTOCOL_CODEC(ShellCloseRequest)
 DSEC_PROTOCOL_CODEC(SignalAllRequest)
 DSEC_PROTOCOL_CODEC(SignalAllResponse)
+DSEC_PROTOCOL_CODEC(PortConnectRequest)
 DSEC_PROTOCOL_CODEC(PingRequest)
 DSEC_PROTOCOL_CODEC(PingResponse)
 DSEC_PROTOCOL_CODEC(JobStartRequest)

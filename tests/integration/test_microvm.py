@@ -121,7 +121,7 @@ def test_what_a_microvm_cannot_boot_is_422(client):
     assert "host" in r.json["error"]["message"], r.json
     assert client.get("/v1/sandboxes?label=it=vm-caps", expect=200).json["sandboxes"] == []
     kinds = client.get("/v1/node", expect=200).json["features"]["kinds"]
-    assert kinds["microvm"] == {"host_image": False, "network": True, "port_proxy": False,
+    assert kinds["microvm"] == {"host_image": False, "network": True, "port_proxy": True,
                                 "snapshot": False, "fncall_workers": False}, kinds
     assert all(kinds["container"].values()), kinds
 

@@ -98,12 +98,12 @@ class MicrovmBackend : public Backend {
   ~MicrovmBackend() override;
 
   Kind kind() const override { return Kind::kMicrovm; }
-  // Layered images only; a network (a NIC at create) but no port proxy, snapshots or fncall
-  // workers yet.
+  // Layered images only; a network (a NIC at create) and the port proxy (relayed by the
+  // agent), but no snapshots or fncall workers yet.
   KindCapabilities Capabilities() const override {
     return {.host_image = false,
             .network = true,
-            .port_proxy = false,
+            .port_proxy = true,
             .snapshot = false,
             .fncall_workers = false};
   }

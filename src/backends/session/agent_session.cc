@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 
+#include "backends/session/port_bridge.h"
 #include "base/mutex.h"
 #include "protocol/frame.h"
 
@@ -169,6 +170,7 @@ std::shared_ptr<AgentSession> AgentSession::Start(IoRunner& io, UniqueFd stream,
   s->oom_->seen = oom_seen;
   s->job_oom_ = std::make_shared<JobOom>();
   s->job_oom_->oom = s->oom_;
+  s->io_ = &io.io();
   s->client_ = AgentClient::Create(io.io(), std::move(stream));
   s->client_->Start([oom = s->oom_, cb = std::move(on_closed)](const Status&) {
     if (cb) cb(oom->KilledSince());
@@ -288,6 +290,10 @@ StatusOr<std::string> AgentSession::CreateTar(protocol::RunAs as, const std::str
   if (data.size() >= max_bytes)
     return TooLarge("archive is larger than " + std::to_string(max_bytes) + " bytes");
   return data;
+}
+
+StatusOr<UniqueFd> AgentSession::OpenPort(uint16_t port, int64_t timeout_ms) {
+  return OpenPortRelay(*io_, client_, port, timeout_ms);
 }
 
 namespace {

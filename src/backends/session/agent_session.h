@@ -63,6 +63,9 @@ class AgentSession {
   StatusOr<std::string> CreateTar(protocol::RunAs as, const std::string& dir, uint64_t max_bytes);
   // Signals every user process (the agent survives). Returns how many there were.
   StatusOr<int> SignalAll(int sig);
+  // A connection to 127.0.0.1:port inside the sandbox, relayed by the agent
+  // (session/port_bridge.h): kUnavailable when nothing listens there.
+  StatusOr<UniqueFd> OpenPort(uint16_t port, int64_t timeout_ms = 5000);
 
   // Background jobs (protocol/agent_ops.h, job_*): execs the agent keeps, with their output,
   // across connections. An agent older than protocol 3 answers FailedPrecondition.
@@ -86,6 +89,7 @@ class AgentSession {
   // SIGKILLed jobs' OOM attribution (defined in agent_session.cc).
   struct JobOom;
 
+  boost::asio::io_context* io_ = nullptr;
   std::shared_ptr<AgentClient> client_;
   std::shared_ptr<OomTracker> oom_;
   std::shared_ptr<JobOom> job_oom_;
