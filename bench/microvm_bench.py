@@ -51,11 +51,12 @@ def emit(rec: dict) -> None:
                                     for k, v in rec.items()}), flush=True)
 
 
-def busybox_tar() -> bytes:
+def busybox_tar(applets: list[str] = APPLETS) -> bytes:
+    """A root filesystem of busybox and links to `applets` (an image for microVMs)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as t:
         t.add(BUSYBOX, arcname="bin/busybox")
-        for a in APPLETS:
+        for a in applets:
             ti = tarfile.TarInfo("bin/" + a)
             ti.type, ti.linkname = tarfile.SYMTYPE, "busybox"
             t.addfile(ti)

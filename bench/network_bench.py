@@ -13,8 +13,13 @@ internet (tests/integration/netlab.py): no packet leaves the machine.
  proxy    a 256 MiB download from a server in the sandbox: through the port proxy (TCP to the
           edge's API port, from its namespace) against a direct connection from inside the
           sandbox's namespace; MB/s, best of 3 each
+ microvm  (where the edge serves microVMs) creates of a busybox microVM with network none
+          against allowlist (a tap on the node, the guest configuring its NIC at setup),
+          interleaved, from the same kind of template each; and a 64 MiB download from busybox
+          httpd in a VM through the port proxy, which its agent relays (port_connect)
 
-    sudo python3 bench/network_bench.py [--creates 40] [--patches 200] [--json]
+    sudo python3 bench/network_bench.py [--creates 40] [--patches 200] [--json] [--no-microvm]
+                                        [--edge PATH]   (another build's dsec-edge: an A/B)
 
 Leaves nothing behind (residue checked after SIGTERM); exit status 1 otherwise.
 """
@@ -86,6 +91,61 @@ def timed(fn):
     return r, (time.perf_counter() - t) * 1e3
 
 
+def vm_rows(c, edge, lab, creates: int, allow: dict) -> None:
+    """The microVM kind's rows (skipped, with the reason, where the edge has none)."""
+    import microvm_bench  # (bench/) its busybox image
+    vm = c.get("/v1/node").json["features"].get("microvm", {})
+    if not vm.get("available"):
+        print(f"| microVM rows skipped: {vm.get('reason', 'no microVMs')} | | | | | |")
+        return
+    tar = microvm_bench.busybox_tar(microvm_bench.APPLETS + ["httpd", "mkdir", "dd"])
+    r = c.post("/v1/images/import?name=bench-vm-net:1&format=rootfs", tar,
+               headers={"Content-Type": "application/octet-stream"})
+    assert r.status == 201, r
+    body = {"kind": "microvm", "image": "bench-vm-net:1", "memory_mb": 128, "disk_mb": 96}
+    for net in ({"mode": "none"}, allow):  # the two templates
+        r = c.post("/v1/sandboxes", {**body, "network": net})
+        assert r.status == 201, r
+        c.delete(f"/v1/sandboxes/{r.json['id']}")
+    times = {"none": [], "allowlist": []}
+    n = max(4, min(creates, 12))
+    for i in range(n * 2):
+        kind = "none" if i % 2 == 0 else "allowlist"
+        net = {"mode": "none"} if kind == "none" else allow
+        r, ms = timed(lambda: c.post("/v1/sandboxes", {**body, "network": net}))
+        assert r.status == 201, r
+        times[kind].append(ms)
+        c.delete(f"/v1/sandboxes/{r.json['id']}")
+        time.sleep(0.2)
+    print(row("microVM create, network none", times["none"]))
+    print(row("microVM create, network allowlist (a tap)", times["allowlist"]))
+    emit({"case": "vm_create_none", "p50_ms": pct(times["none"], 50)})
+    emit({"case": "vm_create_allowlist", "p50_ms": pct(times["allowlist"], 50),
+          "added_p50_ms": pct(times["allowlist"], 50) - pct(times["none"], 50)})
+    sid = c.post("/v1/sandboxes", body).json["id"]
+    try:
+        out = c.post(f"/v1/sandboxes/{sid}/exec", {"shell": (
+            "mkdir -p /tmp/www && dd if=/dev/zero of=/tmp/www/big bs=1M count=64 2>/dev/null && "
+            "httpd -p 127.0.0.1:9000 -h /tmp/www")}).json
+        assert out["exit_code"] == 0, out
+        time.sleep(0.5)
+        rates = []
+        for _ in range(3):
+            done = subprocess.run(
+                ["nsenter", f"--net=/run/netns/{lab.node}", sys.executable, "-c", FETCH,
+                 "127.0.0.1", str(edge.port), f"/v1/sandboxes/{sid}/ports/9000/big", edge.token],
+                capture_output=True, text=True, timeout=300)
+            status, nbytes, secs = done.stdout.split()
+            assert status == "200" and int(nbytes) == 64 << 20, done
+            rates.append(int(nbytes) / float(secs) / 1e6)
+        print(f"| microVM: download 64 MiB through the port proxy (agent relay) | 3 | "
+              f"best {max(rates):.0f} | | | MB/s |")
+        emit({"case": "vm_proxy", "proxy_mb_s": max(rates)})
+    finally:
+        c.delete(f"/v1/sandboxes/{sid}")
+        c.delete("/v1/images/bench-vm-net:1")
+
+
 def main() -> int:
     global JSON_OUT
     ap = argparse.ArgumentParser()
@@ -93,6 +153,7 @@ def main() -> int:
     ap.add_argument("--patches", type=int, default=200)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--edge", default=None)
+    ap.add_argument("--no-microvm", action="store_true", help="skip the microVM rows")
     a = ap.parse_args()
     JSON_OUT = a.json
     why = edge_harness.why_not_runnable() or netlab.why_not_available()
@@ -173,6 +234,8 @@ def main() -> int:
                   f"| | MB/s ({ratio * 100:.0f}% of direct) |")
             emit({"case": "proxy", "direct_mb_s": max(direct), "proxy_mb_s": max(proxied),
                   "ratio": ratio})
+            if not a.no_microvm:
+                vm_rows(c, edge, lab, a.creates, allow)
             print(f"\ntargets: create with allowlist adds {added:.2f} ms at p50 (<= 1.5), "
                   f"PATCH p50 {pct(patch_ms, 50):.2f} ms (<= 5), proxy {ratio * 100:.0f}% of "
                   f"direct (>= 80)")
