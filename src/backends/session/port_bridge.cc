@@ -42,6 +42,15 @@ class PortBridge : public AgentClient::Call, public std::enable_shared_from_this
   void OnData(uint8_t stream, std::string_view data) override {
     if (stream != protocol::kStdout) return;
     asio::post(strand_, [self = shared_from_this(), d = std::string(data)]() mutable {
+      if (!self->sock_.is_open()) return;  // the relay ended: what comes late is dropped
+      // The agent may have no more than its window unacknowledged: one that sends past it (a
+      // guest's root can replace its agent) ends the relay instead of growing the edge's queue.
+      self->queued_ += d.size();
+      if (self->queued_ > protocol::kPortWindow + protocol::kDataChunk) {
+        if (!self->ended_) self->client_->SendControl(self->channel_, {{"close", true}});
+        self->CloseSocket();  // (a write in flight ends with an error and pops its buffer)
+        return;
+      }
       self->to_edge_.push_back(std::move(d));
       self->WriteEdge();
     });
@@ -113,6 +122,7 @@ class PortBridge : public AgentClient::Call, public std::enable_shared_from_this
     asio::async_write(sock_, asio::buffer(to_edge_.front()),
                       [self = shared_from_this()](boost::system::error_code ec, size_t n) {
                         self->writing_ = false;
+                        self->queued_ -= self->to_edge_.front().size();
                         self->to_edge_.pop_front();
                         if (ec) {  // the proxy's client went away: end the relay at once
                           if (!self->ended_)
@@ -138,6 +148,7 @@ class PortBridge : public AgentClient::Call, public std::enable_shared_from_this
   bool edge_eof_ = false, agent_eof_ = false, shut_ = false, ended_ = false;
   uint32_t channel_ = 0;
   uint64_t in_flight_ = 0;  // sent to the agent, not yet acked
+  uint64_t queued_ = 0;     // from the agent, not yet written (nor acked)
   std::deque<std::string> to_edge_;
   char buf_[protocol::kDataChunk];
 };
