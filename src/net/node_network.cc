@@ -331,8 +331,16 @@ void NodeNetwork::ReleaseAddress(uint32_t addr) {
   used_[addr - base_] = false;
 }
 
+Status NodeNetwork::CanEnforce(const NetworkPolicy& p) const {
+  if (!p.domains.empty() && !dns_)
+    return Unimplemented("network domains need the node's DNS forwarder, which is off: " +
+                         dns_error_);
+  return OkStatus();
+}
+
 StatusOr<NetAttachment> NodeNetwork::FinishAttach(Netlink& rtnl, NetAttachment a,
-                                                  const std::string& label) {
+                                                  const std::string& label,
+                                                  const NetworkPolicy* initial) {
   auto undo = [&](Status s) {
     if (auto i = rtnl.LinkIndex(a.host_if); i.ok()) (void)rtnl.DeleteLink(*i);
     ReleaseAddress(a.addr);
@@ -348,14 +356,24 @@ StatusOr<NetAttachment> NodeNetwork::FinishAttach(Netlink& rtnl, NetAttachment a
   Status s;
   {
     MutexLock l(mu_);
-    s = Nft(RenderAttach(table_, a.addr, a.host_if));
-    if (s.ok()) attached_[a.addr] = {.label = label};
+    std::string cmds = RenderAttach(table_, a.addr, a.host_if);
+    if (initial) cmds += RenderPolicy(table_, a.addr, *initial, /*dispatched=*/false);
+    s = Nft(cmds);
+    if (s.ok()) {
+      attached_[a.addr] = {.label = label};
+      if (initial) {
+        attached_[a.addr].dispatched = initial->mode != NetMode::kNone;
+        attached_[a.addr].policy = *initial;
+      }
+    }
   }
   if (!s.ok()) return undo(s);
   return a;
 }
 
-StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& label) {
+StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& label,
+                                            const NetworkPolicy* initial) {
+  if (initial) DSEC_RETURN_IF_ERROR(CanEnforce(*initial));
   DSEC_ASSIGN_OR_RETURN(NetAttachment a, Reserve());
   auto fail = [&](Status s) {
     ReleaseAddress(a.addr);
@@ -381,7 +399,7 @@ StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& lab
     if (auto i = rtnl->LinkIndex(a.host_if); i.ok()) (void)rtnl->DeleteLink(*i);
     return fail(inside.WithContext("attach the sandbox network"));
   }
-  return FinishAttach(*rtnl, a, label);
+  return FinishAttach(*rtnl, a, label, initial);
 }
 
 StatusOr<NetAttachment> NodeNetwork::AttachTap(UniqueFd* tap, const std::string& label) {
@@ -401,7 +419,7 @@ StatusOr<NetAttachment> NodeNetwork::AttachTap(UniqueFd* tap, const std::string&
     ReleaseAddress(a.addr);
     return s;
   }
-  DSEC_ASSIGN_OR_RETURN(a, FinishAttach(*rtnl, a, label));
+  DSEC_ASSIGN_OR_RETURN(a, FinishAttach(*rtnl, a, label, nullptr));
   *tap = std::move(fd);
   return a;
 }
@@ -443,9 +461,7 @@ Status NodeNetwork::ApplyRules(const NetAttachment& a, const NetworkPolicy& p, b
   MutexLock l(mu_);
   auto it = attached_.find(a.addr);
   if (it == attached_.end()) return FailedPrecondition("the sandbox has no network attachment");
-  if (!p.domains.empty() && !dns_)
-    return Unimplemented("network domains need the node's DNS forwarder, which is off: " +
-                         dns_error_);
+  DSEC_RETURN_IF_ERROR(CanEnforce(p));
   const bool dispatch = p.mode != NetMode::kNone;
   DSEC_RETURN_IF_ERROR(Nft(RenderPolicy(table_, a.addr, p, it->second.dispatched)));
   *had_flows = it->second.dispatched;

@@ -93,7 +93,10 @@ class NodeNetwork {
   // Gives the namespace eth0 (a veth to this node) and an address; everything is refused
   // until Apply.
   // `label` names the sandbox in on_denied.
-  StatusOr<NetAttachment> Attach(int netns_fd, const std::string& label = "");
+  // With `initial`, its policy is in force from the same nftables transaction (one fewer per
+  // networked create); without, everything is refused until Apply.
+  StatusOr<NetAttachment> Attach(int netns_fd, const std::string& label = "",
+                                 const NetworkPolicy* initial = nullptr);
   // A microVM's end: a tap device on the node, named, routed and filtered as a veth's host
   // end is; *tap is its descriptor, for QEMU (-netdev tap,fd=). The guest gives its NIC the
   // attachment's address. The tap is not persistent: it goes, with its route, when the last
@@ -149,7 +152,10 @@ class NodeNetwork {
   void ReleaseAddress(uint32_t addr);
   // The host side of a new attachment whose interface exists: no IPv6, forwarding, the route
   // to its address, its rules; on failure the interface is deleted and the address released.
-  StatusOr<NetAttachment> FinishAttach(Netlink& rtnl, NetAttachment a, const std::string& label);
+  StatusOr<NetAttachment> FinishAttach(Netlink& rtnl, NetAttachment a, const std::string& label,
+                                       const NetworkPolicy* initial);
+  // Whether this node can enforce `p` (its domains need the DNS forwarder).
+  Status CanEnforce(const NetworkPolicy& p) const;
   Status SetUplinkForwarding();
   void StartDns();
 

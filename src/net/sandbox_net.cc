@@ -40,7 +40,9 @@ Status SandboxNet::Apply(const NetworkPolicy& p) {
       return Unimplemented("this edge has no sandbox network (network modes other than none)");
     DSEC_ASSIGN_OR_RETURN(node_, node_source_());
     DSEC_ASSIGN_OR_RETURN(UniqueFd ns, netns_());
-    DSEC_ASSIGN_OR_RETURN(attachment_, node_->Attach(ns.get(), label_));
+    // Attached with its policy in one transaction: nothing flows before it, nothing to flush.
+    DSEC_ASSIGN_OR_RETURN(attachment_, node_->Attach(ns.get(), label_, &p));
+    return OkStatus();
   }
   return node_->Apply(attachment_, p);
 }
