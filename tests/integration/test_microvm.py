@@ -243,7 +243,10 @@ def test_both_stream_background_and_signal(client, kind_sb):
     assert st["state"] == "exited" and st["result"]["signal"] == 9
     client.post(f"/v1/sandboxes/{sid}/exec", {"shell": "sleep 300 & sleep 300 & wait",
                                               "background": True}, expect=202)
-    wait_until(lambda: client.sh(sid, "ps").count("sleep 300") >= 2, 20, what="sleeps")
+    # Both sleeps running (the shell's own command line names "sleep 300" twice: not counted).
+    wait_until(lambda: sum(1 for line in client.sh(sid, "ps").splitlines()
+                           if line.split()[-2:] == ["sleep", "300"] and "&" not in line) >= 2,
+               20, what="sleeps")
     assert client.post(f"/v1/sandboxes/{sid}/signal", {"signal": "KILL"},
                        expect=200).json["signaled"] >= 3
     assert client.sh(sid, "echo alive") == "alive\n"  # the agent survived
