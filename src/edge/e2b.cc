@@ -273,11 +273,16 @@ E2b::E2b(Deps d)
       reg_(std::make_shared<Registry>()),
       slots_({.what = "E2B requests in progress",
               .max_per_sandbox = d_.cfg->max_workers_per_sandbox,
-              .per_knob = "max_workers_per_sandbox"}) {
+              .per_knob = "max_workers_per_sandbox"}),
+      interpreter_({.cfg = d_.cfg, .metrics = d_.metrics, .audit = d_.audit}) {
   keepalive_ = std::thread([this] {
     std::unique_lock<std::mutex> l(stop_mu_);
-    while (!stop_cv_.wait_for(l, std::chrono::seconds(kKeepaliveS), [this] { return stop_; }))
-      for (const auto& p : reg_->All()) p->Keepalive();
+    for (int tick = 1; !stop_cv_.wait_for(l, std::chrono::seconds(1), [this] { return stop_; });
+         ++tick) {
+      interpreter_.Tick();
+      if (tick % kKeepaliveS == 0)
+        for (const auto& p : reg_->All()) p->Keepalive();
+    }
   });
 }
 
@@ -292,6 +297,10 @@ E2b::~E2b() {
 
 std::string E2b::AccessToken(const std::string& sandbox_id) const {
   return HexEncode(http::HmacSha256(token_key_, "e2b-envd-access\n" + sandbox_id));
+}
+
+std::string E2b::TrafficToken(const std::string& sandbox_id) const {
+  return HexEncode(http::HmacSha256(token_key_, "e2b-traffic-access\n" + sandbox_id));
 }
 
 // ---- the listener ---------------------------------------------------------------------------
@@ -318,7 +327,10 @@ http::Preflight E2b::Check(http::HttpRequest& req) {
     // the sandbox exists. /health too (envd's own answers it without one, but the SDK sends
     // it, and an anonymous probe would keep the sandbox from its idle TTL).
     const std::string id = req.Header("e2b-sandbox-id");
-    if (!http::ConstantTimeEquals(req.Header("x-access-token"), AccessToken(id))) {
+    bool ok = http::ConstantTimeEquals(req.Header("x-access-token"), AccessToken(id));
+    if (!ok && req.Header("e2b-sandbox-port") == std::to_string(e2b::kCodeInterpreterPort))
+      ok = http::ConstantTimeEquals(req.Header("e2b-traffic-access-token"), TrafficToken(id));
+    if (!ok) {
       d_.metrics->CountRequest(req.method, 401);
       pf.ok = false;
       pf.error = JsonResponse(401, e2b::ApiError(401, "unauthorized access: wrong X-Access-Token"));
@@ -380,11 +392,13 @@ void E2b::Envd(http::HttpRequest& req, const Res& res) {
   const std::string port = req.Header("e2b-sandbox-port");
   if (Status s = api::ValidateId("sandbox id", id); !s.ok())
     return send(JsonResponse(400, e2b::ApiError(400, s.message())));
-  if (!port.empty() && port != std::to_string(e2b::kEnvdPort))
+  const bool interpreter = port == std::to_string(e2b::kCodeInterpreterPort);
+  if (!port.empty() && port != std::to_string(e2b::kEnvdPort) && !interpreter)
     return send(JsonResponse(
-        501, e2b::ApiError(501, "port " + port + " of a sandbox is not served here (envd, " +
-                                    std::to_string(e2b::kEnvdPort) +
-                                    ", is; the code interpreter is not yet)")));
+        501,
+        e2b::ApiError(501, "port " + port + " of a sandbox is not served here (envd, " +
+                               std::to_string(e2b::kEnvdPort) + ", and the code interpreter, " +
+                               std::to_string(e2b::kCodeInterpreterPort) + ", are)")));
   auto e = d_.manager->Get(id);
   // As E2B's proxy answers for a sandbox that is not running: 502.
   if (!e.ok() || (*e)->phase() == Phase::kPaused || (*e)->phase() == Phase::kFailed)
@@ -392,6 +406,7 @@ void E2b::Envd(http::HttpRequest& req, const Res& res) {
         502,
         Dump(Json{{"sandboxId", id}, {"code", 502}, {"message", "The sandbox was not found"}})));
   (*e)->Touch();
+  if (interpreter) return interpreter_.Handle(req, *e, res);
   if (req.path == "/health") return send(NoContent());
   if (req.path == "/files") return Files(req, *e, res);
   // Connect RPCs: /process.Process/Start, /filesystem.Filesystem/Stat, ...

@@ -12,6 +12,7 @@
 // env. E2B's user "user" is the sandbox user, with /home/user its home and working directory;
 // "root" is root. envdAccessToken is a keyed hash of the sandbox id under the edge's first
 // token: nothing to store, the same after an edge restart, and useless for another sandbox.
+// Port 49999 of a sandbox is E2B's code interpreter (e2b_interpreter.h).
 // Processes are the sandbox's execs (the audit log and the per-sandbox exec cap apply); they
 // live on when the client's stream goes, until they exit or are killed, and can be reattached
 // (Connect) by pid.
@@ -31,6 +32,7 @@
 #include "base/mutex.h"
 #include "edge/audit_log.h"
 #include "edge/config.h"
+#include "edge/e2b_interpreter.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
 #include "edge/sandbox_slots.h"
@@ -58,6 +60,9 @@ class E2b {
   // The envdAccessToken of a sandbox: HMAC-SHA256 of its id under a key derived from the
   // edge's first token.
   std::string AccessToken(const std::string& sandbox_id) const;
+  // Its trafficAccessToken (another keyed hash of the id): what the code interpreter's SDK
+  // sends on every port-49999 call (its /contexts calls carry no envd token).
+  std::string TrafficToken(const std::string& sandbox_id) const;
 
   struct Process;   // a running command (e2b.cc)
   struct Registry;  // the running commands, shared with them (they may outlive the listener)
@@ -82,6 +87,7 @@ class E2b {
   // envd requests in progress per sandbox (each takes a worker and may wait on its agent): at
   // most max_workers_per_sandbox, as for the REST API.
   SandboxSlots slots_;
+  CodeInterpreter interpreter_;  // port 49999
   // Keepalive events on every process stream, every few seconds (undici drops a response
   // body silent for 300 s).
   std::mutex stop_mu_;

@@ -39,6 +39,7 @@ Json E2b::SandboxJson(const SandboxRecord& r, bool detail) const {
             {"volumeMounts", Json::array()}};
   if (detail) {
     j["envdAccessToken"] = AccessToken(r.id);
+    j["trafficAccessToken"] = TrafficToken(r.id);
     j["domain"] = nullptr;
   }
   return j;

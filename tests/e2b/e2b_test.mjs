@@ -1,8 +1,10 @@
-// The unmodified E2B JS SDK (e2b, pinned in package-lock.json) against dsec-edge's E2B listener.
+// The unmodified E2B JS SDKs (e2b and @e2b/code-interpreter, pinned in package-lock.json)
+// against dsec-edge's E2B listener.
 // Run by tests/integration/test_e2b.py with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set to
 // the edge's listener and token; prints "ok <step>" per step and exits non-zero on a failure.
 import assert from "node:assert/strict";
-import { Sandbox, CommandExitError, TimeoutError, FileNotFoundError } from "e2b";
+import { Sandbox, CommandExitError, TimeoutError, FileNotFoundError, NotFoundError } from "e2b";
+import { Sandbox as CodeSandbox } from "@e2b/code-interpreter";
 
 const steps = [];
 const step = (name, fn) => steps.push([name, fn]);
@@ -102,6 +104,90 @@ step("files", async () => {
   // A command sees what the files API wrote, as E2B's user.
   const r = await sbx.commands.run("stat -c '%U %s' /home/user/bin.dat");
   assert.match(r.stdout, / 256\n$/);
+});
+
+step("runCode: values, output, errors, state", async () => {
+  const ci = await CodeSandbox.create({ metadata: { suite: tag, kind: "code" } });
+  try {
+    let ex = await ci.runCode("x = 41\nprint('hi')\nx + 1");
+    assert.equal(ex.error, undefined, JSON.stringify(ex.error));
+    assert.equal(ex.text, "42");
+    assert.deepEqual(ex.logs.stdout, ["hi\n"]);
+    assert.equal(ex.executionCount, 1);
+    ex = await ci.runCode("x * 2");  // the kernel keeps its variables
+    assert.equal(ex.text, "82");
+    ex = await ci.runCode("'a string'");
+    assert.equal(ex.text, "a string");
+    ex = await ci.runCode("def f():\n    return 1 / 0\nf()");
+    assert.equal(ex.error.name, "ZeroDivisionError");
+    assert.equal(ex.error.value, "division by zero");
+    assert.match(ex.error.traceback, /line 2, in f/);
+    ex = await ci.runCode("def broken(:");
+    assert.equal(ex.error.name, "SyntaxError");
+    // Output arrives while the code runs, stdout and stderr apart, children's too.
+    const out = [], err = [];
+    const t0 = Date.now();
+    ex = await ci.runCode(
+      "import subprocess, sys, time\n" +
+      "for i in range(3):\n    print(i, flush=True)\n    time.sleep(0.3)\n" +
+      "print('warn', file=sys.stderr)\n" +
+      "subprocess.run(['sh', '-c', 'echo child; id -u'])",
+      { onStdout: (m) => out.push([m.line, Date.now() - t0]), onStderr: (m) => err.push(m.line) });
+    assert.equal(ex.error, undefined, JSON.stringify(ex.error));
+    assert.match(ex.logs.stdout.join(""), /^0\n1\n2\nchild\n[1-9][0-9]*\n$/);  // not root
+    assert.deepEqual(err, ["warn\n"]);
+    assert.ok(out[0][1] < out[2][1] - 300, JSON.stringify(out));  // streamed, not at the end
+    ex = await ci.runCode("import os; os.environ['GREETING']", { envs: { GREETING: "hello" } });
+    assert.equal(ex.text, "hello");
+    ex = await ci.runCode("import os; os.environ.get('GREETING')");
+    assert.equal(ex.text, undefined);  // per execution only: None is no result
+    ex = await ci.runCode("class H:\n    def _repr_html_(self):\n        return '<b>x</b>'\nH()");
+    assert.equal(ex.results[0].html, "<b>x</b>");
+    ex = await ci.runCode("import os; (os.getcwd(), os.getuid() != 0)");
+    assert.equal(ex.text, "('/home/user', True)");
+    // A client timeout interrupts the execution; the kernel and its state stay.
+    await assert.rejects(ci.runCode("import time\ntime.sleep(60)", { timeoutMs: 1000 }),
+      (e) => e instanceof TimeoutError);
+    ex = await ci.runCode("x");
+    assert.equal(ex.text, "41");
+    // A kernel that dies ends its execution with an error; the next call gets a fresh one.
+    ex = await ci.runCode("import os; os._exit(3)");
+    assert.equal(ex.error.name, "DeadKernelError");
+    ex = await ci.runCode("'x' in dir()");
+    assert.equal(ex.text, "False");
+  } finally {
+    await ci.kill();
+  }
+});
+
+step("code contexts", async () => {
+  const ci = await CodeSandbox.create({ metadata: { suite: tag, kind: "code" } });
+  try {
+    const ctx = await ci.createCodeContext({ cwd: "/tmp" });
+    assert.equal(ctx.cwd, "/tmp");
+    assert.equal(ctx.language, "python");
+    let ex = await ci.runCode("import os; y = 7; os.getcwd()", { context: ctx });
+    assert.equal(ex.text, "/tmp");
+    ex = await ci.runCode("'y' in dir()");  // the default context is another kernel
+    assert.equal(ex.text, "False");
+    const listed = await ci.listCodeContexts();
+    assert.deepEqual(listed.map((c) => c.id), [ctx.id]);
+    await ci.restartCodeContext(ctx);
+    ex = await ci.runCode("'y' in dir()", { context: ctx });
+    assert.equal(ex.text, "False");
+    await ci.removeCodeContext(ctx);
+    assert.deepEqual(await ci.listCodeContexts(), []);
+    await assert.rejects(ci.runCode("1", { context: ctx }), (e) => e instanceof NotFoundError);
+    // Several contexts run at once.
+    const ctxs = await Promise.all([1, 2, 3].map(() => ci.createCodeContext()));
+    const t0 = Date.now();
+    const res = await Promise.all(ctxs.map((c, i) =>
+      ci.runCode(`import time\ntime.sleep(1)\n${i} * 10`, { context: c })));
+    assert.deepEqual(res.map((r) => r.text), ["0", "10", "20"]);
+    assert.ok(Date.now() - t0 < 2900, `${Date.now() - t0} ms`);
+  } finally {
+    await ci.kill();
+  }
 });
 
 step("list with a metadata filter", async () => {

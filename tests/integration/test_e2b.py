@@ -1,8 +1,8 @@
-"""The E2B-compatible listener (--e2b-listen) driven by the unmodified E2B JS SDK (npm `e2b`,
-pinned by tests/e2b/package-lock.json and installed with `npm ci` into the build tree), plus the
-protocol's edges from plain HTTP: bad envelopes, unknown RPCs and paths, a wrong access token,
-wrong content types and huge bodies, answered in the protocol's own error shapes while the edge
-keeps serving. No request leaves the machine: both E2B URLs point at the edge."""
+"""The E2B-compatible listener (--e2b-listen) driven by the unmodified E2B JS SDKs (npm `e2b`
+and `@e2b/code-interpreter`, pinned by tests/e2b/package-lock.json and installed with `npm ci`
+into the build tree), plus the protocol's edges from plain HTTP: bad envelopes, unknown RPCs and
+paths, a wrong access token, wrong content types and huge bodies, answered in the protocol's own
+error shapes while the edge keeps serving. No request leaves the machine: both E2B URLs point at the edge."""
 
 import base64
 import http.client
@@ -50,7 +50,7 @@ def node_modules():
     work.mkdir(parents=True, exist_ok=True)
     for f in ("package.json", "package-lock.json", "e2b_test.mjs"):
         shutil.copy(SRC / f, work / f)
-    if not (work / "node_modules" / "e2b").exists():
+    if not (work / "node_modules" / "@e2b" / "code-interpreter").exists():
         r = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=work,
                            capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
@@ -66,7 +66,7 @@ def test_the_e2b_js_sdk(e2b_edge, node_modules):
                        text=True, timeout=600)
     print(r.stdout)
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\nedge log:\n{e2b_edge.log_tail(60)}"
-    assert r.stdout.count("ok ") == 12, r.stdout
+    assert r.stdout.count("ok ") == 14, r.stdout
     # Nothing left: every sandbox the SDK made was killed.
     c = e2b_edge.client()
     left = c.get("/v1/sandboxes?label=dsec.compat=e2b", expect=200).json["sandboxes"]
@@ -158,9 +158,9 @@ def test_protocol_errors_in_their_own_shapes(e2b_edge):
         assert st == 401, body
         st, body, _ = call(e, "GET", "/nope", None, envd)
         assert st == 404, body
-        # The code interpreter's port is not served yet: said so.
+        # A port the listener does not serve: said so.
         st, body, _ = call(e, "POST", "/execute", {"code": "1"}, dict(envd, **{
-            "E2b-Sandbox-Port": "49999"}))
+            "E2b-Sandbox-Port": "50005"}))
         assert st == 501 and "49999" in body["message"], body
         # A huge body is refused from its head (Content-Length past the limit, nothing sent).
         u = urllib.parse.urlsplit(e.e2b_url)
@@ -185,5 +185,149 @@ def test_protocol_errors_in_their_own_shapes(e2b_edge):
         assert out == b"hi\n", frames
         assert frames[-2][1]["event"]["end"] == {"exited": True, "status": "exit status 0"}
         assert frames[-1] == (2, {}), frames
+    finally:
+        call(e, "DELETE", f"/sandboxes/{sid}", None, key)
+
+
+def ndjson(raw):
+    """An /execute answer's lines, each checked to be a JSON object with a type."""
+    out = []
+    for line in raw.decode().splitlines():
+        j = json.loads(line)
+        assert isinstance(j, dict) and isinstance(j.get("type"), str), line
+        out.append(j)
+    return out
+
+
+def test_code_interpreter_protocol_edges(e2b_edge):
+    """Port 49999 from plain HTTP: its auth, bad requests, an abandoned execution, a kernel
+    that ignores the interrupt, one that floods or forges its protocol, the context cap, and a
+    sandbox deleted under a running execution — the edge keeps serving throughout."""
+    e = e2b_edge
+    key = {"X-API-KEY": e.token, "Content-Type": "application/json"}
+    st, sb, _ = call(e, "POST", "/v2/sandboxes", {"templateID": "code-interpreter-v1"}, key)
+    assert st == 201 and sb["trafficAccessToken"] and sb["envdAccessToken"], sb
+    sid = sb["sandboxID"]
+    base = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49999",
+            "Content-Type": "application/json"}
+    run_h = dict(base, **{"X-Access-Token": sb["envdAccessToken"]})
+    ctx_h = dict(base, **{"E2B-Traffic-Access-Token": sb["trafficAccessToken"]})
+
+    def execute(body, headers=run_h, path="/execute"):
+        st, raw, _ = call(e, "POST", path, body, headers)
+        return st, (ndjson(raw) if st == 200 else raw)
+
+    def result(lines):
+        return [x.get("text") for x in lines if x["type"] == "result"]
+
+    try:
+        # Auth: /execute takes either token; /contexts (no envd token from the SDK) the traffic
+        # token; neither, or another sandbox's, is 401.
+        assert call(e, "GET", "/contexts", None, base)[0] == 401
+        assert call(e, "GET", "/contexts", None, dict(
+            base, **{"E2B-Traffic-Access-Token": sb["envdAccessToken"]}))[0] == 401
+        st, body, _ = call(e, "GET", "/contexts", None, ctx_h)
+        assert st == 200 and body == [], body
+        st, lines = execute({"code": "1 + 1"}, ctx_h)
+        assert st == 200 and result(lines) == ["2"], lines
+        st, lines = execute({"code": "x = 5\nx"}, path="//execute")  # a trailing '/' in the URL
+        assert st == 200 and result(lines) == ["5"], lines
+        assert [x["type"] for x in lines] == ["number_of_executions", "result", "end_of_execution"]
+
+        # Bad requests, in plain text as the real server's.
+        for body in ("{not json", {"code": 5}, {"code": "1", "context_id": "a", "language": "python"},
+                     {"code": "1", "language": "r"}, {"code": "1", "env_vars": {"A": 1}},
+                     {"code": "1", "env_vars": ["A"]}):
+            st, raw = execute(body)
+            assert st == 400, (body, raw)
+        st, raw = execute({"code": "1", "context_id": "nope"})
+        assert st == 404 and raw == b"Context nope not found", raw
+        assert call(e, "GET", "/execute", None, run_h)[0] == 405
+        assert call(e, "DELETE", "/contexts/nope", None, ctx_h)[0] == 404
+        assert call(e, "POST", "/contexts", {"cwd": "/no/such/dir"}, ctx_h)[0] == 400
+        assert call(e, "POST", "/contexts", {"language": "r"}, ctx_h)[0] == 400
+
+        # A client that goes away mid-execution interrupts it; the kernel and x stay.
+        u = urllib.parse.urlsplit(e.e2b_url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("POST", "/execute", json.dumps({"code": "import time\ntime.sleep(60)"}),
+                     run_h)
+        r = conn.getresponse()
+        assert json.loads(r.readline())["type"] == "number_of_executions"
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        st, lines = execute({"code": "x"})
+        assert result(lines) == ["5"], lines
+
+        # A kernel that ignores SIGINT is killed 5 s after its client left; what was queued
+        # behind it says so, and the context's next execution gets a fresh kernel.
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("POST", "/execute", json.dumps({
+            "code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                    "time.sleep(120)"}), run_h)
+        r = conn.getresponse()
+        assert json.loads(r.readline())["type"] == "number_of_executions"
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        st, lines = execute({"code": "x"})
+        assert [x.get("name") for x in lines if x["type"] == "error"] == ["DeadKernelError"], lines
+        st, lines = execute({"code": "'x' in dir()"})
+        assert result(lines) == ["False"], lines
+
+        # What user code writes to the protocol's descriptors cannot break the stream: junk
+        # lines are dropped, a line over 16 MiB becomes an error, and the execution ends.
+        st, lines = execute({"code": "import os\nfor fd in range(3, 16):\n    try:\n"
+                                     "        os.write(fd, b'junk\\n{\"type\": 5}\\n[1]\\n')\n"
+                                     "    except OSError:\n        pass\n1 + 1"})
+        assert st == 200 and result(lines) == ["2"], lines
+        st, lines = execute({"code": "'y' * (17 << 20)"})
+        assert [x.get("name") for x in lines if x["type"] == "error"] == ["OutputTooLarge"]
+        assert lines[-1]["type"] == "end_of_execution"
+        st, lines = execute({"code": "len('y' * (1 << 20))"})
+        assert result(lines) == [str(1 << 20)], lines
+
+        # At most 8 contexts a sandbox (the default one included); removing one ends its kernel.
+        made = []
+        for _ in range(7):
+            st, ctx, _ = call(e, "POST", "/contexts", {}, ctx_h)
+            assert st == 200 and ctx["cwd"] == "/home/user", ctx
+            made.append(ctx["id"])
+        st, raw, _ = call(e, "POST", "/contexts", {}, ctx_h)
+        assert st == 429, raw
+        ps = json.dumps({"process": {"cmd": "/bin/sh", "args": [
+            "-c", "grep -l [d]sec-kernel /proc/[0-9]*/cmdline | wc -l"]}, "stdin": False}).encode()
+        envd = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983",
+                "X-Access-Token": sb["envdAccessToken"],
+                "Content-Type": "application/connect+json"}
+
+        def kernels():
+            st, raw, _ = call(e, "POST", "/process.Process/Start",
+                              b"\x00" + len(ps).to_bytes(4, "big") + ps, envd)
+            i, out = 0, b""
+            while i < len(raw):
+                n = int.from_bytes(raw[i + 1:i + 5], "big")
+                ev = json.loads(raw[i + 5:i + 5 + n]).get("event", {})
+                out += base64.b64decode(ev.get("data", {}).get("stdout", ""))
+                i += 5 + n
+            return int(out)
+
+        assert kernels() == 8
+        for cid in made:
+            assert call(e, "DELETE", f"/contexts/{cid}", None, ctx_h)[0] == 204
+        assert edge_harness.wait_until(lambda: kernels() == 1, timeout=10), kernels()
+
+        # The sandbox deleted under a running execution: it ends with an error, and the edge
+        # keeps serving.
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        conn.request("POST", "/execute", json.dumps({"code": "import time\ntime.sleep(60)"}),
+                     run_h)
+        r = conn.getresponse()
+        assert json.loads(r.readline())["type"] == "number_of_executions"
+        assert call(e, "DELETE", f"/sandboxes/{sid}", None, key)[0] == 204
+        rest = ndjson(r.read())
+        conn.close()
+        assert rest[-1]["type"] == "end_of_execution", rest
+        assert [x.get("name") for x in rest if x["type"] == "error"] == ["DeadKernelError"], rest
+        assert e.client().get("/v1/node", expect=200)
     finally:
         call(e, "DELETE", f"/sandboxes/{sid}", None, key)
