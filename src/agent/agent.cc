@@ -502,6 +502,7 @@ constexpr OpEntry kOps[] = {
     Entry<protocol::WriteFileRequest, HandleWriteFile>(),
     Entry<protocol::ListDirRequest, HandleListDir>(),
     Entry<protocol::StatRequest, HandleStat>(),
+    Entry<protocol::WatchDirRequest, HandleWatchDir>(),
     Entry<protocol::MakeDirRequest, HandleMakeDir>(),
     Entry<protocol::RemoveRequest, HandleRemove>(),
     Entry<protocol::TarExtractRequest, HandleTarExtract>(),

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/fsuid.h>
+#include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "archive/tar.h"
@@ -325,6 +327,187 @@ class TarCreateOp : public Op {
   uint64_t bytes_ = 0;
 };
 
+// watch_dir: an inotify instance over the directory (and, recursive, those below it), read
+// as the agent's loop says it is readable, its events sent in batches. Stops reading while the
+// outgoing queue is full (the kernel's own queue then overflows, which is reported).
+int g_watch_ops = 0;
+
+class WatchOp : public Op, public EventHandler {
+ public:
+  WatchOp(Agent* agent, uint32_t channel, protocol::WatchDirRequest req)
+      : Op(agent, channel), req_(std::move(req)) {
+    ++g_watch_ops;
+  }
+  ~WatchOp() override {
+    Close();
+    --g_watch_ops;
+  }
+
+  void Begin() override {
+    if (g_watch_ops > protocol::kMaxWatchOps)
+      return Fail(ResourceExhausted("the sandbox already has " +
+                                    std::to_string(protocol::kMaxWatchOps) + " watches"));
+    ino_.Reset(inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+    if (!ino_) return Fail(ErrnoError("inotify_init1"));
+    {
+      ScopedFsIds as(req_.as.uid, req_.as.gid);
+      auto dir = Resolve(req_.path, O_RDONLY | O_DIRECTORY);
+      if (!dir.ok()) return Fail(dir.status());
+      if (Status s = AddTree(dir->get(), "", 0); !s.ok()) return Fail(s);
+    }
+    if (Status s = agent_->loop().Add(ino_.get(), EPOLLIN, this); !s.ok()) return Fail(s);
+    registered_ = true;
+    agent_->SendJson(FrameType::kEvent, channel_, {{"watching", true}});
+  }
+
+  void OnEvent(uint32_t) override { Read(); }
+  void OnRoom() override {
+    waiting_room_ = false;
+    if (!done_) Read();
+  }
+  void OnControl(const Json& j) override {
+    if (j.contains("close") && !done_) {
+      done_ = true;
+      Close();
+      agent_->Finish(this, Json::object());
+    }
+  }
+  void Cancel() override {
+    done_ = true;
+    Close();
+  }
+
+ private:
+  static constexpr uint32_t kMask = IN_CREATE | IN_MODIFY | IN_DELETE | IN_DELETE_SELF |
+                                    IN_MOVED_FROM | IN_MOVED_TO | IN_MOVE_SELF | IN_ATTRIB |
+                                    IN_ONLYDIR | IN_EXCL_UNLINK;
+  static constexpr int kMaxDepth = 64;
+
+  // Watches `dir` (an open directory, `rel` below the watched one) and, recursive, the
+  // directories under it. Runs with the caller's fs ids.
+  Status AddTree(int dir, const std::string& rel, int depth) {
+    if (dirs_.size() >= req_.max_dirs)
+      return ResourceExhausted("more than " + std::to_string(req_.max_dirs) +
+                               " directories to watch under \"" + req_.path + "\"");
+    // The open directory itself (its /proc/self/fd link followed: no path looked up again),
+    // or its path, not followed, where no /proc is.
+    int wd = inotify_add_watch(ino_.get(), ("/proc/self/fd/" + std::to_string(dir)).c_str(), kMask);
+    if (wd < 0 && errno == ENOENT)
+      wd = inotify_add_watch(ino_.get(), JoinRel(req_.path, rel).c_str(), kMask | IN_DONT_FOLLOW);
+    if (wd < 0) return ErrnoError("watch \"" + JoinRel(req_.path, rel) + "\"");
+    dirs_[wd] = rel;
+    if (!req_.recursive || depth >= kMaxDepth) return OkStatus();
+    UniqueFd copy(openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    DIR* d = copy ? fdopendir(copy.get()) : nullptr;
+    if (!d) return OkStatus();  // unreadable: its own events only
+    (void)copy.Release();       // the DIR owns it now
+    Status out = OkStatus();
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == ".." || (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN)) continue;
+      UniqueFd sub(openat(dirfd(d), n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!sub) continue;  // not a directory, gone, or not ours to read
+      struct stat st, parent;
+      if (fstat(sub.get(), &st) < 0 || fstat(dirfd(d), &parent) < 0 || st.st_dev != parent.st_dev)
+        continue;  // another filesystem (a mount): not crossed
+      out = AddTree(sub.get(), rel.empty() ? n : rel + "/" + n, depth + 1);
+      if (!out.ok()) break;
+    }
+    closedir(d);
+    return out;
+  }
+
+  static std::string JoinRel(const std::string& a, const std::string& b) {
+    if (b.empty()) return a;
+    return a.back() == '/' ? a + b : a + "/" + b;
+  }
+
+  void Read() {
+    if (done_) return;
+    alignas(inotify_event) char buf[64 << 10];
+    while (!done_) {
+      if (!agent_->OutputHasRoom()) {
+        if (!waiting_room_) agent_->WaitForRoom(this);
+        waiting_room_ = true;
+        return;
+      }
+      ssize_t n = read(ino_.get(), buf, sizeof buf);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN) return;
+        return Fail(ErrnoError("read inotify"));
+      }
+      Json batch = Json::array();
+      bool gone = false;
+      for (ssize_t off = 0; off < n;) {
+        auto* ev = reinterpret_cast<inotify_event*>(buf + off);
+        off += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
+        if (ev->mask & IN_Q_OVERFLOW) {
+          agent_->SendJson(FrameType::kEvent, channel_, {{"overflow", true}});
+          continue;
+        }
+        auto it = dirs_.find(ev->wd);
+        if (it == dirs_.end()) continue;
+        const std::string rel = it->second;
+        if (ev->mask & IN_IGNORED) {
+          dirs_.erase(it);
+          if (rel.empty()) gone = true;  // the watched directory itself went
+          continue;
+        }
+        std::string name = ev->len ? std::string(ev->name) : "";
+        std::string path = rel.empty() ? name : name.empty() ? rel : rel + "/" + name;
+        if ((ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF)) && !rel.empty())
+          continue;  // seen from its parent
+        const char* type = (ev->mask & (IN_CREATE | IN_MOVED_TO))        ? "create"
+                           : (ev->mask & IN_MODIFY)                      ? "write"
+                           : (ev->mask & (IN_DELETE | IN_DELETE_SELF))   ? "remove"
+                           : (ev->mask & (IN_MOVED_FROM | IN_MOVE_SELF)) ? "rename"
+                           : (ev->mask & IN_ATTRIB)                      ? "chmod"
+                                                                         : nullptr;
+        if (!type) continue;
+        protocol::WatchEvent we{path, type, std::nullopt};
+        if ((req_.include_entry || (req_.recursive && (ev->mask & IN_ISDIR))) && !name.empty()) {
+          ScopedFsIds as(req_.as.uid, req_.as.gid);
+          auto fd = Resolve(JoinRel(req_.path, path), O_PATH | O_NOFOLLOW);
+          struct stat st;
+          if (fd.ok() && fstat(fd->get(), &st) == 0) {
+            if (req_.include_entry) we.entry = EntryFromStat(name, st);
+            // A directory made (or moved in) under a recursive watch is watched too.
+            if (req_.recursive && (ev->mask & (IN_CREATE | IN_MOVED_TO)) && S_ISDIR(st.st_mode)) {
+              auto dir = Resolve(JoinRel(req_.path, path), O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+              if (dir.ok()) (void)AddTree(dir->get(), path, 1);
+            }
+          }
+        }
+        batch.push_back(protocol::ToJson(we));
+        if (batch.size() >= protocol::kMaxWatchBatch) {
+          agent_->SendJson(FrameType::kEvent, channel_, {{"fs", std::move(batch)}});
+          batch = Json::array();
+        }
+      }
+      if (!batch.empty()) agent_->SendJson(FrameType::kEvent, channel_, {{"fs", std::move(batch)}});
+      if (gone) return Fail(NotFound("the watched directory \"" + req_.path + "\" was removed"));
+    }
+  }
+
+  void Fail(const Status& s) {
+    if (done_) return;
+    done_ = true;
+    Close();
+    agent_->FinishWithError(this, s);
+  }
+  void Close() {
+    if (registered_) agent_->loop().Remove(ino_.get());
+    registered_ = false;
+    ino_.Reset();
+  }
+
+  protocol::WatchDirRequest req_;
+  UniqueFd ino_;
+  std::map<int, std::string> dirs_;  // watch descriptor -> path below the watched directory
+  bool registered_ = false, done_ = false, waiting_room_ = false;
+};
+
 }  // namespace
 
 // Every handler runs with the requesting user's fs ids: the kernel checks permissions as that
@@ -472,6 +655,10 @@ StatusOr<Reply> HandleTarCreate(Agent* agent, uint32_t ch, protocol::TarCreateRe
   DSEC_RETURN_IF_ERROR(RefuseKernelFs(dir.get(), path));
   DSEC_ASSIGN_OR_RETURN(auto creator, archive::TarCreator::Open(dir.get(), "."));
   return Reply(std::make_unique<TarCreateOp>(agent, ch, std::move(creator), req.as, path, max));
+}
+
+StatusOr<Reply> HandleWatchDir(Agent* agent, uint32_t ch, protocol::WatchDirRequest req) {
+  return Reply(std::make_unique<WatchOp>(agent, ch, std::move(req)));
 }
 
 }  // namespace dsec::agent

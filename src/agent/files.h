@@ -20,6 +20,7 @@ StatusOr<Reply> HandleReadFile(Agent* agent, uint32_t ch, protocol::ReadFileRequ
 StatusOr<Reply> HandleWriteFile(Agent* agent, uint32_t ch, protocol::WriteFileRequest req);
 StatusOr<Reply> HandleListDir(Agent* agent, uint32_t ch, protocol::ListDirRequest req);
 StatusOr<Reply> HandleStat(Agent* agent, uint32_t ch, protocol::StatRequest req);
+StatusOr<Reply> HandleWatchDir(Agent* agent, uint32_t ch, protocol::WatchDirRequest req);
 StatusOr<Reply> HandleMakeDir(Agent* agent, uint32_t ch, protocol::MakeDirRequest req);
 StatusOr<Reply> HandleRemove(Agent* agent, uint32_t ch, protocol::RemoveRequest req);
 StatusOr<Reply> HandleTarExtract(Agent* agent, uint32_t ch, protocol::TarExtractRequest req);

@@ -300,6 +300,19 @@ StatusOr<std::vector<FileEntry>> Sandbox::ListDir(const std::string& path) {
   return session->ListDir(as, path);
 }
 
+StatusOr<std::shared_ptr<WatchHandle>> Sandbox::WatchDir(const std::string& path, bool recursive,
+                                                         bool include_entry,
+                                                         std::shared_ptr<WatchObserver> observer) {
+  DSEC_ASSIGN_OR_RETURN(auto session, Ready());
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  protocol::WatchDirRequest req;
+  req.as = as;
+  req.path = path;
+  req.recursive = recursive;
+  req.include_entry = include_entry;
+  return session->WatchDir(std::move(req), std::move(observer));
+}
+
 StatusOr<FileEntry> Sandbox::Stat(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
   DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));

@@ -86,6 +86,11 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   Status Remove(const std::string& path, bool recursive);
   Status ExtractTar(const std::string& dir, const UploadBody& tar);
   StatusOr<std::string> CreateTar(const std::string& dir, uint64_t max_bytes);
+  // Watches a directory as the sandbox's user: events to `observer` until the handle's Stop
+  // (or the directory goes, or the sandbox).
+  StatusOr<std::shared_ptr<WatchHandle>> WatchDir(const std::string& path, bool recursive,
+                                                  bool include_entry,
+                                                  std::shared_ptr<WatchObserver> observer);
 
   // Signals every user process (the agent survives). Returns how many there were.
   StatusOr<int> SignalAll(int sig);

@@ -15,6 +15,7 @@
 #include "base/resources.h"
 #include "base/status.h"
 #include "net/policy.h"
+#include "protocol/agent_ops.h"
 #include "protocol/frame.h"
 #include "protocol/messages.h"
 
@@ -129,6 +130,22 @@ class ExecHandle {
   virtual void Signal(int sig) = 0;
   virtual void Resize(uint16_t cols, uint16_t rows) = 0;
   virtual void Kill() = 0;  // the whole process tree
+};
+
+// A directory watch's events (Sandbox::WatchDir). Callbacks run on an I/O thread and must
+// not block.
+class WatchObserver {
+ public:
+  virtual ~WatchObserver() = default;
+  virtual void OnWatching() = 0;  // the watches are set: changes from now on are reported
+  virtual void OnEvents(std::vector<protocol::WatchEvent> events) = 0;
+  // Exactly once: OK after Stop, else why the watch ended (the directory removed, ...).
+  virtual void OnEnd(const Status& status) = 0;
+};
+class WatchHandle {
+ public:
+  virtual ~WatchHandle() = default;
+  virtual void Stop() = 0;
 };
 
 struct SandboxStats {

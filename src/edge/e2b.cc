@@ -267,6 +267,99 @@ std::shared_ptr<E2b::Process> E2b::Registry::Find(const std::string& sandbox,
   return nullptr;
 }
 
+// One WatchDir stream: the agent's watch events as Connect envelopes ({"start":{}} first, once
+// the watches are set), keepalives, and its end: the client gone (the watch stopped), its
+// Connect-Timeout-Ms passed (deadline_exceeded, as envd), or the agent's error.
+struct E2b::Watch : public backends::WatchObserver {
+  Res res;
+  std::string dir;  // the watched directory, for the entries' paths
+  int64_t deadline_ms = 0;
+  Mutex mu;
+  std::shared_ptr<backends::WatchHandle> handle DSEC_GUARDED_BY(mu);
+  bool started DSEC_GUARDED_BY(mu) = false;
+  bool ended DSEC_GUARDED_BY(mu) = false;
+
+  void OnWatching() override {
+    MutexLock l(mu);
+    if (ended || started) return;
+    started = true;
+    res->Write(e2b::Envelope(0, Dump(Json{{"start", Json::object()}})));
+  }
+  void OnEvents(std::vector<protocol::WatchEvent> events) override {
+    std::string out;
+    for (const auto& ev : events) {
+      std::string type = "EVENT_TYPE_";
+      for (char c : ev.type) type += static_cast<char>(c >= 'a' && c <= 'z' ? c - 32 : c);
+      Json fs = {{"name", ev.name}, {"type", type}};
+      if (ev.entry) fs["entry"] = e2b::EntryJson(EntryOf(*ev.entry, JoinPath(dir, ev.name)));
+      out += e2b::Envelope(0, Dump(Json{{"filesystem", fs}}));
+    }
+    MutexLock l(mu);
+    if (!ended && started) res->Write(std::move(out));
+  }
+  void OnEnd(const Status& s) override {
+    MutexLock l(mu);
+    End(s.ok()
+            ? std::nullopt
+            : std::make_optional(std::make_pair(std::string(e2b::ConnectCodeFor(s)), s.message())));
+  }
+  void End(std::optional<std::pair<std::string, std::string>> error) DSEC_REQUIRES(mu) {
+    if (ended) return;
+    ended = true;
+    res->End(e2b::EndStream(std::move(error)));
+    handle.reset();
+  }
+  // Stops the agent's watch; the stream ends now with `error` (if the client is still there).
+  void Stop(std::optional<std::pair<std::string, std::string>> error = std::nullopt) {
+    std::shared_ptr<backends::WatchHandle> h;
+    {
+      MutexLock l(mu);
+      h = handle;
+      End(std::move(error));
+    }
+    if (h) h->Stop();
+  }
+  void Tick(int64_t now, bool keepalive) {
+    if (deadline_ms && now >= deadline_ms)
+      return Stop(std::make_pair(std::string("deadline_exceeded"),
+                                 std::string("context deadline exceeded")));
+    MutexLock l(mu);
+    if (keepalive && started && !ended)
+      res->Write(e2b::Envelope(0, Dump(Json{{"keepalive", Json::object()}})));
+  }
+};
+
+struct E2b::Watches {
+  Mutex mu;
+  std::vector<std::weak_ptr<Watch>> open DSEC_GUARDED_BY(mu);
+  void Add(const std::shared_ptr<Watch>& w) {
+    MutexLock l(mu);
+    open.push_back(w);
+  }
+  void Tick(bool keepalive) {
+    std::vector<std::shared_ptr<Watch>> live;
+    {
+      MutexLock l(mu);
+      std::vector<std::weak_ptr<Watch>> keep;
+      for (auto& w : open)
+        if (auto p = w.lock()) {
+          bool ended;
+          {
+            MutexLock wl(p->mu);
+            ended = p->ended;
+          }
+          if (!ended) {
+            keep.push_back(w);
+            live.push_back(std::move(p));
+          }
+        }
+      open = std::move(keep);
+    }
+    const int64_t now = MonotonicMs();
+    for (const auto& w : live) w->Tick(now, keepalive);
+  }
+};
+
 E2b::E2b(Deps d)
     : d_(std::move(d)),
       token_key_(http::DerivedKey(d_.tokens, "dsec e2b envd access token key v1")),
@@ -274,12 +367,14 @@ E2b::E2b(Deps d)
       slots_({.what = "E2B requests in progress",
               .max_per_sandbox = d_.cfg->max_workers_per_sandbox,
               .per_knob = "max_workers_per_sandbox"}),
-      interpreter_({.cfg = d_.cfg, .metrics = d_.metrics, .audit = d_.audit}) {
+      interpreter_({.cfg = d_.cfg, .metrics = d_.metrics, .audit = d_.audit}),
+      watches_(std::make_shared<Watches>()) {
   keepalive_ = std::thread([this] {
     std::unique_lock<std::mutex> l(stop_mu_);
     for (int tick = 1; !stop_cv_.wait_for(l, std::chrono::seconds(1), [this] { return stop_; });
          ++tick) {
       interpreter_.Tick();
+      watches_->Tick(tick % kKeepaliveS == 0);
       if (tick % kKeepaliveS == 0)
         for (const auto& p : reg_->All()) p->Keepalive();
     }
@@ -446,6 +541,7 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
     if (!sr.ok()) return stream_fail(sr.status());
     return Start(*sr, req, e, res);
   }
+  if (method == "filesystem.Filesystem/WatchDir") return WatchDir(j, req, e, res);
   if (method == "process.Process/Connect") {
     auto sel = e2b::ParseSelector(j);
     if (!sel.ok()) return stream_fail(sel.status());
@@ -698,6 +794,58 @@ void E2b::Start(const e2b::StartRequest& sr, const http::HttpRequest& req,
     return;
   }
   p->SetHandle(*h);
+  d_.metrics->CountRequest(req.method, 200);
+}
+
+void E2b::WatchDir(const Json& j, const http::HttpRequest& req,
+                   const std::shared_ptr<SandboxEntry>& e, const Res& res) {
+  auto stream_fail = [&](const Status& s) {
+    res->StartStream(200, "application/connect+json");
+    res->End(e2b::EndStream(std::make_pair(std::string(e2b::ConnectCodeFor(s)), s.message())));
+    d_.metrics->CountRequest(req.method, 200);
+  };
+  auto sb = e->Sandbox();
+  if (!sb.ok()) return stream_fail(sb.status());
+  auto path = j.find("path");
+  if (path == j.end() || !path->is_string() || path->get<std::string>().empty())
+    return stream_fail(InvalidArgument("path is required"));
+  auto flag = [&](const char* camel, const char* snake) {
+    for (const char* k : {camel, snake})
+      if (auto v = j.find(k); v != j.end() && v->is_boolean() && v->get<bool>()) return true;
+    return false;
+  };
+  auto w = std::make_shared<Watch>();
+  w->res = res;
+  w->dir = Resolve(path->get<std::string>(), UserOf(req, e->params.user));
+  if (std::string t = req.Header("connect-timeout-ms"); !t.empty()) {
+    auto ms = ParseInt64(t);
+    if (!ms || *ms < 0) return stream_fail(InvalidArgument("Connect-Timeout-Ms must be a number"));
+    if (*ms > 0) w->deadline_ms = MonotonicMs() + *ms;
+  }
+  if (auto st = (*sb)->Stat(w->dir); !st.ok())
+    return stream_fail(st.status());
+  else if (st->type != "dir")
+    return stream_fail(InvalidArgument("path '" + w->dir + "' is not a directory"));
+  res->StartStream(200, "application/connect+json");
+  auto h = (*sb)->WatchDir(w->dir, flag("recursive", "recursive"),
+                           flag("includeEntry", "include_entry"), w);
+  if (!h.ok()) {
+    MutexLock l(w->mu);
+    return w->End(
+        std::make_pair(std::string(e2b::ConnectCodeFor(h.status())), h.status().message()));
+  }
+  bool ended;
+  {
+    MutexLock l(w->mu);
+    if (!w->ended) w->handle = *h;
+    ended = w->ended;
+  }
+  if (ended) (*h)->Stop();
+  watches_->Add(w);
+  std::weak_ptr<Watch> weak = w;
+  res->OnDisconnect([weak] {
+    if (auto p = weak.lock()) p->Stop();
+  });
   d_.metrics->CountRequest(req.method, 200);
 }
 

@@ -65,6 +65,8 @@ class E2b {
   std::string TrafficToken(const std::string& sandbox_id) const;
 
   struct Process;   // a running command (e2b.cc)
+  struct Watch;     // a WatchDir stream
+  struct Watches;   // the open ones, for keepalives and deadlines
   struct Registry;  // the running commands, shared with them (they may outlive the listener)
 
  private:
@@ -80,6 +82,8 @@ class E2b {
   void Start(const api::e2b::StartRequest& sr, const http::HttpRequest& req,
              const std::shared_ptr<SandboxEntry>& e, const Res& res);
   void Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, const Res& res);
+  void WatchDir(const Json& j, const http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e,
+                const Res& res);
 
   Deps d_;
   std::string token_key_;  // the access tokens' HMAC key
@@ -88,6 +92,7 @@ class E2b {
   // most max_workers_per_sandbox, as for the REST API.
   SandboxSlots slots_;
   CodeInterpreter interpreter_;  // port 49999
+  std::shared_ptr<Watches> watches_;
   // Keepalive events on every process stream, every few seconds (undici drops a response
   // body silent for 300 s).
   std::mutex stop_mu_;

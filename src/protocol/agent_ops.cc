@@ -164,6 +164,41 @@ Status Decode(const Json& j, PortConnectRequest* out) {
   return OkStatus();
 }
 
+Json Encode(const WatchDirRequest& r) {
+  return WithOp(r.kOp, AsJson(r.as, {{"path", r.path},
+                                     {"recursive", r.recursive},
+                                     {"include_entry", r.include_entry},
+                                     {"max_dirs", r.max_dirs}}));
+}
+Status Decode(const Json& j, WatchDirRequest* out) {
+  DSEC_RETURN_IF_ERROR(DecodeRunAs(j, &out->as));
+  DSEC_RETURN_IF_ERROR(DecodePath(j, &out->path));
+  DSEC_ASSIGN_OR_RETURN(out->recursive, GetBool(j, "recursive", false));
+  DSEC_ASSIGN_OR_RETURN(out->include_entry, GetBool(j, "include_entry", false));
+  DSEC_ASSIGN_OR_RETURN(int64_t max, GetInt(j, "max_dirs", 4096, 1, 65536));
+  out->max_dirs = static_cast<uint32_t>(max);
+  return OkStatus();
+}
+Json ToJson(const WatchEvent& e) {
+  Json j = {{"name", e.name}, {"type", e.type}};
+  if (e.entry) j["entry"] = ToJson(*e.entry);
+  return j;
+}
+StatusOr<WatchEvent> WatchEventFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("a watch event must be an object");
+  WatchEvent e;
+  DSEC_ASSIGN_OR_RETURN(e.name, GetString(j, "name"));
+  DSEC_ASSIGN_OR_RETURN(e.type, GetString(j, "type"));
+  if (e.type != "create" && e.type != "write" && e.type != "remove" && e.type != "rename" &&
+      e.type != "chmod")
+    return InvalidArgument("unknown watch event type \"" + e.type + "\"");
+  if (auto it = j.find("entry"); it != j.end() && it->is_object()) {
+    DSEC_ASSIGN_OR_RETURN(FileEntry fe, FileEntryFromJson(*it));
+    e.entry = std::move(fe);
+  }
+  return e;
+}
+
 Json Encode(const PingRequest& r) { return WithOp(r.kOp, Json::object()); }
 Status Decode(const Json&, PingRequest*) { return OkStatus(); }
 Json Encode(const PingResponse& r) { return {{"pid", r.pid}, {"active", r.active}}; }

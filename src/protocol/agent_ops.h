@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -120,6 +121,31 @@ struct PortConnectRequest {
   static constexpr std::string_view kOp = "port_connect";
   uint16_t port = 0;
 };
+
+// Watches a directory (inotify) as `as`: the agent answers an event {"watching": true} once
+// its watches are set, then events {"fs": [WatchEvent...]} as changes happen (at most
+// kMaxWatchBatch a frame; {"overflow": true} when the kernel dropped some), until a control
+// {"close": true} (final response {}) or an error (the directory gone, too many directories).
+// `name` is relative to the watched directory; with `recursive`, directories made later are
+// watched too. At most kMaxWatchOps watches run in one agent at once.
+inline constexpr size_t kMaxWatchBatch = 256;
+inline constexpr int kMaxWatchOps = 16;
+struct WatchDirRequest {
+  static constexpr std::string_view kOp = "watch_dir";
+  RunAs as;
+  std::string path;
+  bool recursive = false;
+  bool include_entry = false;  // each event carries the entry's stat (when it still exists)
+  uint32_t max_dirs = 4096;    // directories watched at most (recursive)
+};
+// One change: "create", "write", "remove", "rename" or "chmod" (fsnotify's names).
+struct WatchEvent {
+  std::string name;
+  std::string type;
+  std::optional<FileEntry> entry;
+};
+Json ToJson(const WatchEvent& e);
+StatusOr<WatchEvent> WatchEventFromJson(const Json& j);
 
 struct PingRequest {
   static constexpr std::string_view kOp = "ping";
@@ -286,6 +312,7 @@ DSEC_PROTOCOL_CODEC(ShellCloseRequest)
 DSEC_PROTOCOL_CODEC(SignalAllRequest)
 DSEC_PROTOCOL_CODEC(SignalAllResponse)
 DSEC_PROTOCOL_CODEC(PortConnectRequest)
+DSEC_PROTOCOL_CODEC(WatchDirRequest)
 DSEC_PROTOCOL_CODEC(PingRequest)
 DSEC_PROTOCOL_CODEC(PingResponse)
 DSEC_PROTOCOL_CODEC(JobStartRequest)

@@ -40,10 +40,38 @@ TEST(AgentOpsTest, FileRequestsRoundTrip) {
   EXPECT_EQ(RoundTrip(StatRequest{{7, 8}, "/s"}).as.gid, 8u);
 }
 
+TEST(AgentOpsTest, WatchDirAndItsEvents) {
+  WatchDirRequest r{{1000, 1000}, "/home/user", true, true, 99};
+  auto back = RoundTrip(r);
+  EXPECT_EQ(back.path, "/home/user");
+  EXPECT_TRUE(back.recursive);
+  EXPECT_TRUE(back.include_entry);
+  EXPECT_EQ(back.max_dirs, 99u);
+  auto defaults = DecodeAs<WatchDirRequest>(Json{{"uid", 1}, {"gid", 1}, {"path", "/a"}});
+  ASSERT_TRUE(defaults.ok()) << defaults.status().message();
+  EXPECT_FALSE(defaults->recursive);
+  EXPECT_EQ(defaults->max_dirs, 4096u);
+  EXPECT_FALSE(
+      DecodeAs<WatchDirRequest>(Json{{"uid", 1}, {"gid", 1}, {"path", "/a"}, {"max_dirs", 0}})
+          .ok());
+  FileEntry fe;
+  fe.name = "a";
+  fe.type = "file";
+  fe.size = 3;
+  auto ev = WatchEventFromJson(ToJson(WatchEvent{"d/a", "write", fe}));
+  ASSERT_TRUE(ev.ok()) << ev.status().message();
+  EXPECT_EQ(ev->name, "d/a");
+  EXPECT_EQ(ev->type, "write");
+  ASSERT_TRUE(ev->entry);
+  EXPECT_EQ(ev->entry->size, 3u);
+  EXPECT_FALSE(WatchEventFromJson(Json{{"name", "a"}, {"type", "explode"}}).ok());
+  EXPECT_FALSE(WatchEventFromJson(Json::array()).ok());
+}
+
 // The agent has no default user: every file operation must name its ids.
 TEST(AgentOpsTest, MissingIdsAreAnError) {
   for (const char* op : {"read_file", "write_file", "list", "stat", "mkdir", "remove",
-                         "tar_extract", "tar_create"}) {
+                         "tar_extract", "tar_create", "watch_dir"}) {
     Json j = {{"op", op}, {"path", "/x"}, {"gid", 1000}};
     Status s;
     std::string name = op;
@@ -55,6 +83,7 @@ TEST(AgentOpsTest, MissingIdsAreAnError) {
     if (name == "remove") s = DecodeAs<RemoveRequest>(j).status();
     if (name == "tar_extract") s = DecodeAs<TarExtractRequest>(j).status();
     if (name == "tar_create") s = DecodeAs<TarCreateRequest>(j).status();
+    if (name == "watch_dir") s = DecodeAs<WatchDirRequest>(j).status();
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << op;
     EXPECT_NE(s.message().find("uid"), std::string::npos) << op << ": " << s.message();
   }

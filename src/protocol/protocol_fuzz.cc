@@ -38,6 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)DecodeAs<ListDirRequest>(*j);
       (void)DecodeAs<ListDirResponse>(*j);
       (void)DecodeAs<StatRequest>(*j);
+      (void)DecodeAs<WatchDirRequest>(*j);
+      (void)WatchEventFromJson(*j);
       (void)DecodeAs<StatResponse>(*j);
       (void)DecodeAs<MakeDirRequest>(*j);
       (void)DecodeAs<RemoveRequest>(*j);

@@ -106,6 +106,40 @@ step("files", async () => {
   assert.match(r.stdout, / 256\n$/);
 });
 
+step("files.watchDir", async () => {
+  await sbx.files.makeDir("/home/user/w");
+  const events = [];
+  const h = await sbx.files.watchDir("/home/user/w", (ev) => events.push(`${ev.type} ${ev.name}`),
+    { recursive: true });
+  await sbx.files.write("/home/user/w/a.txt", "1");
+  await sbx.files.makeDir("/home/user/w/sub");
+  await sbx.commands.run("sleep 0.3; cd /home/user/w && echo x > sub/b.txt && mv a.txt c.txt && " +
+    "chmod 600 c.txt && rm c.txt");
+  const want = ["create a.txt", "write a.txt", "create sub", "create sub/b.txt", "write sub/b.txt",
+    "rename a.txt", "create c.txt", "chmod c.txt", "remove c.txt"];
+  for (let i = 0; i < 100 && !want.every((w) => events.includes(w)); i++)
+    await new Promise((r) => setTimeout(r, 50));
+  assert.deepEqual(want.filter((w) => !events.includes(w)), [], JSON.stringify(events));
+  await h.stop();
+  const n = events.length;
+  await sbx.files.write("/home/user/w/after.txt", "2");
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(events.length, n, JSON.stringify(events.slice(n)));  // stopped
+  // Not recursive, with entries.
+  const flat = [];
+  const h2 = await sbx.files.watchDir("/home/user/w", (ev) => flat.push(ev), { includeEntry: true });
+  await sbx.files.write("/home/user/w/sub/deep.txt", "3");
+  await sbx.files.write("/home/user/w/top.txt", "four");
+  for (let i = 0; i < 100 && !flat.some((e) => e.name === "top.txt" && e.type === "write"); i++)
+    await new Promise((r) => setTimeout(r, 50));
+  await h2.stop();
+  assert.ok(!flat.some((e) => e.name.includes("deep")), JSON.stringify(flat));
+  const top = flat.find((e) => e.name === "top.txt" && e.type === "write");
+  assert.ok(top && top.entry && top.entry.path === "/home/user/w/top.txt", JSON.stringify(flat));
+  await assert.rejects(sbx.files.watchDir("/home/user/nope", () => {}),
+    (e) => e instanceof NotFoundError || e instanceof FileNotFoundError, "missing dir");
+});
+
 step("runCode: values, output, errors, state", async () => {
   const ci = await CodeSandbox.create({ metadata: { suite: tag, kind: "code" } });
   try {

@@ -66,7 +66,7 @@ def test_the_e2b_js_sdk(e2b_edge, node_modules):
                        text=True, timeout=600)
     print(r.stdout)
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\nedge log:\n{e2b_edge.log_tail(60)}"
-    assert r.stdout.count("ok ") == 14, r.stdout
+    assert r.stdout.count("ok ") == 15, r.stdout
     # Nothing left: every sandbox the SDK made was killed.
     c = e2b_edge.client()
     left = c.get("/v1/sandboxes?label=dsec.compat=e2b", expect=200).json["sandboxes"]
@@ -329,5 +329,85 @@ def test_code_interpreter_protocol_edges(e2b_edge):
         assert rest[-1]["type"] == "end_of_execution", rest
         assert [x.get("name") for x in rest if x["type"] == "error"] == ["DeadKernelError"], rest
         assert e.client().get("/v1/node", expect=200)
+    finally:
+        call(e, "DELETE", f"/sandboxes/{sid}", None, key)
+
+
+def test_watch_dir_edges(e2b_edge):
+    """WatchDir from plain HTTP: Connect-Timeout-Ms ends it with deadline_exceeded (as envd), a
+    removed directory ends it with not_found, a directory the user may not read is refused,
+    and a sandbox holds at most 16 watches at once."""
+    e = e2b_edge
+    key = {"X-API-KEY": e.token, "Content-Type": "application/json"}
+    st, sb, _ = call(e, "POST", "/v2/sandboxes", {"templateID": "base"}, key)
+    assert st == 201, sb
+    sid = sb["sandboxID"]
+    envd = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": sb["envdAccessToken"], "Content-Type": "application/connect+json"}
+    u = urllib.parse.urlsplit(e.e2b_url)
+
+    def envelope(obj):
+        m = json.dumps(obj).encode()
+        return b"\x00" + len(m).to_bytes(4, "big") + m
+
+    def frames(raw):
+        out, i = [], 0
+        while i < len(raw):
+            n = int.from_bytes(raw[i + 1:i + 5], "big")
+            out.append((raw[i], json.loads(raw[i + 5:i + 5 + n])))
+            i += 5 + n
+        return out
+
+    def watch(path, headers=None):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("POST", "/filesystem.Filesystem/WatchDir", envelope({"path": path}),
+                     dict(envd, **(headers or {})))
+        return conn, conn.getresponse()
+
+    try:
+        assert call(e, "POST", "/filesystem.Filesystem/MakeDir", {"path": "/home/user/gone"},
+                    dict(envd, **{"Content-Type": "application/json"}))[0] == 200
+        conn, r = watch("/home/user", {"Connect-Timeout-Ms": "1500"})
+        got = frames(r.read())
+        conn.close()
+        assert got[0] == (0, {"start": {}}), got
+        assert got[-1][0] == 2 and got[-1][1]["error"]["code"] == "deadline_exceeded", got
+
+        conn, r = watch("/home/user/gone")
+        first = r.read(5)
+        body = r.read(int.from_bytes(first[1:5], "big"))
+        assert json.loads(body) == {"start": {}}
+        rm = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "rmdir /home/user/gone"]},
+                         "stdin": False}).encode()
+        call(e, "POST", "/process.Process/Start", b"\x00" + len(rm).to_bytes(4, "big") + rm, envd)
+        got = frames(r.read())
+        conn.close()
+        assert got[-1][0] == 2 and got[-1][1]["error"]["code"] == "not_found", got
+
+        st, raw, _ = call(e, "POST", "/filesystem.Filesystem/WatchDir", envelope({"path": "/root"}),
+                          envd)
+        got = frames(raw)
+        assert got[-1][1]["error"]["code"] in ("permission_denied", "invalid_argument"), got
+
+        held = [watch("/home/user") for _ in range(16)]
+        try:
+            for conn, r in held:
+                first = r.read(5)
+                assert json.loads(r.read(int.from_bytes(first[1:5], "big"))) == {"start": {}}
+            st, raw, _ = call(e, "POST", "/filesystem.Filesystem/WatchDir",
+                              envelope({"path": "/home/user"}), envd)
+            got = frames(raw)
+            assert got[-1][1]["error"]["code"] == "resource_exhausted", got
+        finally:
+            for conn, _ in held:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+                conn.close()
+        # Their clients gone, the watches end in the agent: a new one is taken again.
+        def one_more():
+            c, r = watch("/home/user", {"Connect-Timeout-Ms": "300"})
+            got = frames(r.read())
+            c.close()
+            return got[0] == (0, {"start": {}})
+        assert edge_harness.wait_until(one_more, timeout=10)
     finally:
         call(e, "DELETE", f"/sandboxes/{sid}", None, key)

@@ -298,6 +298,51 @@ StatusOr<UniqueFd> AgentSession::OpenPort(uint16_t port, int64_t timeout_ms) {
 
 namespace {
 
+// A watch_dir call: its events to the observer; Stop asks the agent to end it.
+class WatchCall : public AgentClient::Call, public WatchHandle {
+ public:
+  WatchCall(std::weak_ptr<AgentClient> client, std::shared_ptr<WatchObserver> obs)
+      : client_(std::move(client)), obs_(std::move(obs)) {}
+  void set_channel(uint32_t ch) { channel_ = ch; }
+
+  void OnEvent(const Json& e) override {
+    if (e.contains("watching")) return obs_->OnWatching();
+    auto fs = e.find("fs");
+    if (fs == e.end() || !fs->is_array()) return;  // "overflow": nothing E2B could say
+    std::vector<protocol::WatchEvent> events;
+    for (const auto& j : *fs)
+      if (auto ev = protocol::WatchEventFromJson(j); ev.ok()) events.push_back(std::move(*ev));
+    if (!events.empty()) obs_->OnEvents(std::move(events));
+  }
+  void OnResponse(StatusOr<Json> r) override {
+    Status s = r.ok() ? OkStatus() : r.status();
+    if (s.code() == StatusCode::kInvalidArgument &&
+        s.message().find("unknown operation") != std::string::npos)
+      s = FailedPrecondition(
+          "this sandbox's agent predates directory watches (it was started by an older edge)");
+    obs_->OnEnd(s);
+  }
+  void Stop() override {
+    if (auto c = client_.lock(); c && channel_) c->SendControl(channel_, {{"close", true}});
+  }
+
+ private:
+  std::weak_ptr<AgentClient> client_;
+  std::shared_ptr<WatchObserver> obs_;
+  std::atomic<uint32_t> channel_{0};
+};
+
+}  // namespace
+
+std::shared_ptr<WatchHandle> AgentSession::WatchDir(protocol::WatchDirRequest req,
+                                                    std::shared_ptr<WatchObserver> observer) {
+  auto call = std::make_shared<WatchCall>(client_, std::move(observer));
+  call->set_channel(client_->StartCall(protocol::Encode(req), call));
+  return call;
+}
+
+namespace {
+
 // An agent that predates jobs does not know their operations.
 Status JobStatus(const Status& s) {
   if (s.code() == StatusCode::kInvalidArgument &&

@@ -66,6 +66,10 @@ class AgentSession {
   // A connection to 127.0.0.1:port inside the sandbox, relayed by the agent
   // (session/port_bridge.h): kUnavailable when nothing listens there.
   StatusOr<UniqueFd> OpenPort(uint16_t port, int64_t timeout_ms = 5000);
+  // Watches a directory (watch_dir). An agent that predates it answers FailedPrecondition
+  // (through the observer's OnEnd).
+  std::shared_ptr<WatchHandle> WatchDir(protocol::WatchDirRequest req,
+                                        std::shared_ptr<WatchObserver> observer);
 
   // Background jobs (protocol/agent_ops.h, job_*): execs the agent keeps, with their output,
   // across connections. An agent older than protocol 3 answers FailedPrecondition.
