@@ -5,6 +5,7 @@
 
 #include "base/base64.h"
 #include "base/json.h"
+#include "base/strings.h"
 
 namespace dsec::api::fusion {
 namespace {
@@ -47,6 +48,34 @@ void StringList(const Json& j, const char* key, size_t max, std::vector<std::str
   for (const auto& v : *it) {
     if (!v.is_string()) return Add(errors, key, "Input should be a valid string", "string_type");
     out->push_back(v.get<std::string>());
+  }
+}
+
+// files: path -> base64 content; null contents and names holding "IGNORE_THIS_FILE" are
+// skipped, as SandboxFusion does.
+void Files(const Json& j, std::vector<std::pair<std::string, std::string>>* out,
+           std::vector<FieldError>* errors) {
+  if (auto f = j.find("files"); f != j.end() && !f->is_null()) {
+    if (!f->is_object() || f->size() > 1024) {
+      Add(errors, "files", "Input should be a valid dictionary of at most 1024 files", "dict_type");
+    } else {
+      for (const auto& [name, v] : f->items()) {
+        if (v.is_null()) continue;  // SandboxFusion skips these
+        if (!v.is_string()) {
+          errors->push_back(
+              {{"body", "files", name}, "Input should be a valid string", "string_type"});
+          continue;
+        }
+        auto data = Base64Decode(v.get<std::string>());
+        if (!data) {
+          errors->push_back(
+              {{"body", "files", name}, "Input should be valid base64", "value_error"});
+          continue;
+        }
+        if (name.find("IGNORE_THIS_FILE") != std::string::npos) continue;
+        out->emplace_back(name, std::move(*data));
+      }
+    }
   }
 }
 
@@ -123,31 +152,105 @@ bool ParseRunCode(std::string_view body, RunCodeRequest* out, std::vector<FieldE
     else
       out->stdin_data = s->get<std::string>();
   }
-  if (auto f = j.find("files"); f != j.end() && !f->is_null()) {
-    if (!f->is_object() || f->size() > 1024) {
-      Add(errors, "files", "Input should be a valid dictionary of at most 1024 files", "dict_type");
-    } else {
-      for (const auto& [name, v] : f->items()) {
-        if (v.is_null()) continue;  // SandboxFusion skips these
-        if (!v.is_string()) {
-          errors->push_back(
-              {{"body", "files", name}, "Input should be a valid string", "string_type"});
-          continue;
-        }
-        auto data = Base64Decode(v.get<std::string>());
-        if (!data) {
-          errors->push_back(
-              {{"body", "files", name}, "Input should be valid base64", "value_error"});
-          continue;
-        }
-        if (name.find("IGNORE_THIS_FILE") != std::string::npos) continue;
-        out->files.emplace_back(name, std::move(*data));
-      }
-    }
-  }
+  Files(j, &out->files, errors);
   StringList(j, "fetch_files", 1024, &out->fetch_files, errors);
   StringList(j, "args", 256, &out->args, errors);
   return errors->empty();
+}
+
+bool ParseRunJupyter(std::string_view body, RunJupyterRequest* out,
+                     std::vector<FieldError>* errors) {
+  auto parsed = ParseJson(body);
+  if (!parsed.ok() || !parsed->is_object()) {
+    errors->push_back({{"body"},
+                       parsed.ok() ? "Input should be a valid dictionary" : "JSON decode error",
+                       parsed.ok() ? "model_attributes_type" : "json_invalid"});
+    return false;
+  }
+  const Json& j = *parsed;
+  auto cells = j.find("cells");
+  if (cells == j.end() || cells->is_null())
+    Add(errors, "cells", "Field required", "missing");
+  else
+    StringList(j, "cells", 1024, &out->cells, errors);
+  // cell_timeout may be 0 (none); total_timeout must be positive.
+  if (auto c = j.find("cell_timeout"); c != j.end() && !c->is_null() && c->is_number() &&
+                                       !c->is_boolean() && c->get<double>() == 0) {
+    out->cell_timeout_s = 0;
+  } else {
+    Float(j, "cell_timeout", 0, 3600, &out->cell_timeout_s, errors);
+  }
+  Float(j, "total_timeout", 0, 3600, &out->total_timeout_s, errors);
+  if (auto k = j.find("kernel");
+      k != j.end() && !k->is_null() && (!k->is_string() || k->get<std::string>() != "python3"))
+    Add(errors, "kernel", "Input should be 'python3'", "literal_error");
+  Files(j, &out->files, errors);
+  StringList(j, "fetch_files", 1024, &out->fetch_files, errors);
+  return errors->empty();
+}
+
+std::vector<CellResult> CellsFromKernel(std::string_view ndjson) {
+  // E2B's result formats -> Jupyter's MIME bundle keys.
+  static const std::pair<const char*, const char*> kMime[] = {
+      {"text", "text/plain"},        {"html", "text/html"},
+      {"markdown", "text/markdown"}, {"svg", "image/svg+xml"},
+      {"png", "image/png"},          {"jpeg", "image/jpeg"},
+      {"pdf", "application/pdf"},    {"latex", "text/latex"},
+      {"json", "application/json"},  {"javascript", "application/javascript"}};
+  std::vector<CellResult> cells;
+  std::optional<CellResult> cur;
+  while (!ndjson.empty()) {
+    size_t nl = ndjson.find('\n');
+    std::string_view line = ndjson.substr(0, nl);
+    ndjson.remove_prefix(nl == std::string_view::npos ? ndjson.size() : nl + 1);
+    auto j = ParseJson(line);
+    if (!j.ok() || !j->is_object()) continue;
+    std::string type = j->value("type", "");
+    if (type == "number_of_executions") {
+      cur = CellResult{};
+    } else if (!cur) {
+      continue;
+    } else if (type == "stdout" || type == "stderr") {
+      (type == "stdout" ? cur->stdout_data : cur->stderr_data) += j->value("text", "");
+    } else if (type == "result") {
+      Json bundle = Json::object();
+      for (const auto& [key, mime] : kMime)
+        if (auto v = j->find(key); v != j->end() && !v->is_null()) bundle[mime] = *v;
+      cur->display.push_back(std::move(bundle));
+    } else if (type == "error") {
+      Json tb = Json::array();
+      for (auto piece : SplitString(j->value("traceback", ""), '\n', true)) tb.push_back(piece);
+      cur->error.push_back(
+          {{"ename", j->value("name", "")}, {"evalue", j->value("value", "")}, {"traceback", tb}});
+    } else if (type == "end_of_execution") {
+      cells.push_back(std::move(*cur));
+      cur.reset();
+    }
+  }
+  return cells;
+}
+
+std::string RenderRunJupyter(RunStatus status, const std::string& message,
+                             const std::optional<CommandResult>& driver,
+                             const std::vector<CellResult>& cells,
+                             const std::map<std::string, std::string>& files) {
+  Json c = Json::array();
+  for (const auto& cell : cells)
+    c.push_back({{"stdout", cell.stdout_data},
+                 {"stderr", cell.stderr_data},
+                 {"display", cell.display},
+                 {"error", cell.error}});
+  Json f = Json::object();
+  for (const auto& [name, data] : files) f[name] = Base64Encode(data);
+  Json j = {{"status", status == RunStatus::kSuccess  ? "Success"
+                       : status == RunStatus::kFailed ? "Failed"
+                                                      : "SandboxError"},
+            {"message", message},
+            {"driver", CommandJson(driver)},
+            {"cells", c},
+            {"executor_pod_name", nullptr},
+            {"files", f}};
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 std::string RenderDetail(const std::vector<FieldError>& errors) {

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/json.h"
+
 namespace dsec::api::fusion {
 
 struct RunCodeRequest {
@@ -39,6 +41,28 @@ struct FieldError {
 bool ParseRunCode(std::string_view body, RunCodeRequest* out, std::vector<FieldError>* errors);
 std::string RenderDetail(const std::vector<FieldError>& errors);
 
+// /run_jupyter: cells run one after another in one python kernel.
+struct RunJupyterRequest {
+  std::vector<std::string> cells;
+  double cell_timeout_s = 0;  // 0: none
+  double total_timeout_s = 45;
+  std::vector<std::pair<std::string, std::string>> files;  // as RunCodeRequest's
+  std::vector<std::string> fetch_files;
+};
+bool ParseRunJupyter(std::string_view body, RunJupyterRequest* out,
+                     std::vector<FieldError>* errors);
+
+// One cell's output as SandboxFusion reports it: streams, display data (MIME bundles: the
+// cell's value and what display() showed) and errors ({ename, evalue, traceback: [lines]}).
+struct CellResult {
+  std::string stdout_data, stderr_data;
+  Json display = Json::array();
+  Json error = Json::array();
+};
+// The cells of a code-interpreter kernel's NDJSON output (edge/e2b_kernel.cc: E2B's lines), one
+// per finished execution; lines that are not JSON objects are skipped.
+std::vector<CellResult> CellsFromKernel(std::string_view ndjson);
+
 enum class CommandStatus { kFinished, kError, kTimeLimitExceeded };
 
 struct CommandResult {
@@ -64,6 +88,12 @@ std::pair<RunStatus, std::string> StatusOf(const RunCodeResult& r);
 // message whatever the steps say.
 std::string RenderRunCode(const RunCodeResult& r,
                           const std::optional<std::string>& sandbox_error = std::nullopt);
+
+// The 200 response of /run_jupyter: {status, message, driver, cells, executor_pod_name, files}.
+std::string RenderRunJupyter(RunStatus status, const std::string& message,
+                             const std::optional<CommandResult>& driver,
+                             const std::vector<CellResult>& cells,
+                             const std::map<std::string, std::string>& files);
 
 // How a language runs: its source file, the compile step (empty: none) and the run step, each
 // an argv in the working directory; `tool` is what must be on PATH (for the error that names

@@ -110,6 +110,46 @@ TEST(SandboxFusion, RendersSandboxFusionsResponse) {
   EXPECT_TRUE(j["run_result"].is_null());
 }
 
+TEST(SandboxFusion, RunJupyter) {
+  RunJupyterRequest r;
+  std::vector<FieldError> errors;
+  ASSERT_TRUE(ParseRunJupyter(R"({"cells": ["a = 1", "a"], "cell_timeout": 0,
+                                  "files": {"x": "AAE="}, "fetch_files": ["y"]})",
+                              &r, &errors));
+  EXPECT_EQ(r.cells.size(), 2u);
+  EXPECT_EQ(r.cell_timeout_s, 0);
+  EXPECT_EQ(r.total_timeout_s, 45);
+  ASSERT_EQ(r.files.size(), 1u);
+  EXPECT_EQ(r.files[0].second, std::string("\x00\x01", 2));
+  for (const char* bad : {R"({})", R"({"cells": [1]})", R"({"cells": [], "kernel": "r"})",
+                          R"({"cells": [], "total_timeout": 0})", "[]"}) {
+    RunJupyterRequest x;
+    std::vector<FieldError> e;
+    EXPECT_FALSE(ParseRunJupyter(bad, &x, &e)) << bad;
+    EXPECT_FALSE(e.empty()) << bad;
+  }
+  // E2B's kernel lines to cells; junk and lines outside an execution are skipped.
+  auto cells = CellsFromKernel(
+      "{\"type\": \"ready\"}\njunk\n"
+      "{\"type\": \"number_of_executions\", \"execution_count\": 1}\n"
+      "{\"type\": \"stdout\", \"text\": \"a\"}\n{\"type\": \"stdout\", \"text\": \"b\\n\"}\n"
+      "{\"type\": \"result\", \"text\": \"2\", \"html\": \"<i>2</i>\", \"is_main_result\": true}\n"
+      "{\"type\": \"end_of_execution\"}\n"
+      "{\"type\": \"number_of_executions\", \"execution_count\": 2}\n"
+      "{\"type\": \"error\", \"name\": \"E\", \"value\": \"v\", \"traceback\": \"l1\\nl2\\n\"}\n"
+      "{\"type\": \"end_of_execution\"}\n"
+      "{\"type\": \"number_of_executions\", \"execution_count\": 3}\n");
+  ASSERT_EQ(cells.size(), 2u);  // the third never ended
+  EXPECT_EQ(cells[0].stdout_data, "ab\n");
+  EXPECT_EQ(cells[0].display, Json::parse(R"([{"text/plain": "2", "text/html": "<i>2</i>"}])"));
+  EXPECT_EQ(cells[1].error,
+            Json::parse(R"([{"ename": "E", "evalue": "v", "traceback": ["l1", "l2"]}])"));
+  auto j = Json::parse(RenderRunJupyter(RunStatus::kSuccess, "", std::nullopt, cells, {}));
+  EXPECT_EQ(j["status"], "Success");
+  EXPECT_EQ(j["cells"][0]["stdout"], "ab\n");
+  EXPECT_TRUE(j["driver"].is_null());
+}
+
 TEST(SandboxFusion, Languages) {
   EXPECT_TRUE(IsLanguageName("cuda"));
   EXPECT_FALSE(LanguageOf("cuda", {}));  // accepted by the protocol, not run here

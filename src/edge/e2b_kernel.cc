@@ -1,5 +1,6 @@
 // The code interpreter's kernel (e2b_interpreter.h): a persistent Python process inside the
-// sandbox, standard library only. Requests arrive as JSON lines on stdin ({"code", "env_vars"});
+// sandbox, standard library only. Requests arrive as JSON lines on stdin ({"code", "env_vars",
+// "timeout_s"}: past it the cell raises TimeoutError);
 // each execution answers E2B's NDJSON lines (number_of_executions, stdout, stderr, result,
 // error, end_of_execution) on stdout. The first line it writes is {"type": "ready"}.
 #include "edge/e2b_interpreter.h"
@@ -7,15 +8,17 @@
 namespace dsec::edge {
 
 // Started as `python3 -c kE2bKernelBoot`, which reads one JSON string (this source) from stdin
-// and runs it: the kernel's text stays out of the sandbox's process list.
+// and runs it: the kernel's text stays out of the sandbox's process list. What came after that
+// line in the same read (requests written at once, as /run_jupyter does) is `_pending`.
 const char kE2bKernelBoot[] =
     "import os,json\n"
     "b=b''\n"
-    "while not b.endswith(b'\\n'):\n"
+    "while b'\\n' not in b:\n"
     " c=os.read(0,65536)\n"
     " if not c: raise SystemExit(0)\n"
     " b+=c\n"
-    "exec(compile(json.loads(b),'<dsec-kernel>','exec'))";
+    "l,_pending=b.split(b'\\n',1)\n"
+    "exec(compile(json.loads(l),'<dsec-kernel>','exec'))";
 
 const char kE2bKernelSource[] = R"PY(
 import ast
@@ -171,7 +174,12 @@ def _kernel():
         if state["busy"]:
             raise KeyboardInterrupt
 
+    def on_alarm(signum, frame):
+        if state["busy"]:
+            raise TimeoutError("the cell ran past its timeout of %g s" % state["timeout"])
+
     signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGALRM, on_alarm)
     count = 0
 
     def run(req):
@@ -182,8 +190,12 @@ def _kernel():
         env = req.get("env_vars") or {}
         saved = {k: os.environ.get(k) for k in env}
         fname = "<cell-%d>" % count
+        timeout = req.get("timeout_s")
         try:
             state["busy"] = True
+            if isinstance(timeout, (int, float)) and timeout > 0:
+                state["timeout"] = timeout
+                signal.setitimer(signal.ITIMER_REAL, timeout)
             for k, v in env.items():
                 os.environ[k] = str(v)
             if not isinstance(code, str):
@@ -204,6 +216,7 @@ def _kernel():
             error(e)
         finally:
             state["busy"] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -213,15 +226,8 @@ def _kernel():
         emit({"type": "end_of_execution"})
 
     emit({"type": "ready"})
-    buf = b""
+    buf = globals().pop("_pending", b"")
     while True:
-        try:
-            chunk = os.read(proto_in, 1 << 20)
-        except KeyboardInterrupt:
-            continue
-        if not chunk:
-            return
-        buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             try:
@@ -232,6 +238,13 @@ def _kernel():
                 run(req if isinstance(req, dict) else {})
             except KeyboardInterrupt:
                 emit({"type": "end_of_execution"})
+        try:
+            chunk = os.read(proto_in, 1 << 20)
+        except KeyboardInterrupt:
+            continue
+        if not chunk:
+            return
+        buf += chunk
 
 
 _kernel()

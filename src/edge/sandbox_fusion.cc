@@ -10,6 +10,7 @@
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "edge/api.h"
+#include "edge/e2b_interpreter.h"
 #include "edge/idempotency.h"
 #include "http/auth.h"
 
@@ -19,9 +20,10 @@ namespace fusion = api::fusion;
 
 namespace {
 
-constexpr uint64_t kMaxCaptured = 1 << 20;       // per stream, as SandboxFusion captures
-constexpr uint64_t kMaxFetched = 64 << 20;       // per fetched file
-constexpr uint64_t kMaxFetchedTotal = 64 << 20;  // all of a call's fetched files
+constexpr uint64_t kMaxCaptured = 1 << 20;        // per stream, as SandboxFusion captures
+constexpr uint64_t kMaxJupyterOutput = 16 << 20;  // a /run_jupyter kernel's output lines
+constexpr uint64_t kMaxFetched = 64 << 20;        // per fetched file
+constexpr uint64_t kMaxFetchedTotal = 64 << 20;   // all of a call's fetched files
 
 http::HttpResponse Detail(int status, std::string_view detail) {
   http::HttpResponse r;
@@ -101,12 +103,16 @@ void SandboxFusion::Handle(http::HttpRequest&& req, std::shared_ptr<http::Respon
     r.body = "\"pong\"";
     return send(std::move(r));
   }
-  if (path == "/run_code") {
+  if (path == "/run_code" || path == "/run_jupyter") {
     if (req.method != "POST") return send(Detail(405, "Method Not Allowed"));
     // Parsing (up to sandbox_fusion_max_body_bytes of JSON and base64) is a worker's job, not
     // the listener's I/O thread's.
     auto shared = std::make_shared<http::HttpRequest>(std::move(req));
-    boost::asio::post(*d_.workers, [this, shared, res] { RunCode(std::move(*shared), res); });
+    const bool jupyter = path == "/run_jupyter";
+    boost::asio::post(*d_.workers, [this, shared, res, jupyter] {
+      if (jupyter) return RunJupyter(std::move(*shared), res);
+      RunCode(std::move(*shared), res);
+    });
     return;
   }
   send(Detail(404, "Not Found"));
@@ -136,20 +142,29 @@ void SandboxFusion::RunCode(http::HttpRequest&& req, std::shared_ptr<http::Respo
                                                     " is not supported by this server (it runs " +
                                                     kSupported + ")"));
   if (rq->language == "python" && rq->fetch_files.empty() && RunOnFncall(*rq, res)) return;
-  // A run in a sandbox holds a worker for its compile and run steps (up to their timeouts):
-  // at most sandbox_fusion_max_concurrent at once, so that the node's own API keeps workers;
-  // the others wait their turn without a worker (SandboxFusion's clients do not retry a 429),
-  // up to kMaxWaiting of them.
-  auto job = [this, rq, lang = *lang, reply] {
-    std::optional<std::string> sandbox_error;
-    fusion::RunCodeResult r;
-    try {
-      r = RunInSandbox(*rq, lang, &sandbox_error);
-    } catch (const std::exception& e) {
-      DSEC_LOG_ERROR("sandbox fusion: {}", e.what());
-      sandbox_error = "internal error";
-    }
-    reply(200, fusion::RenderRunCode(r, sandbox_error));
+  Schedule(
+      [this, rq, lang = *lang, reply] {
+        std::optional<std::string> sandbox_error;
+        fusion::RunCodeResult r;
+        try {
+          r = RunInSandbox(*rq, lang, &sandbox_error);
+        } catch (const std::exception& e) {
+          DSEC_LOG_ERROR("sandbox fusion: {}", e.what());
+          sandbox_error = "internal error";
+        }
+        reply(200, fusion::RenderRunCode(r, sandbox_error));
+      },
+      res);
+}
+
+// A run in a sandbox holds a worker for its steps (up to their timeouts): at most
+// sandbox_fusion_max_concurrent at once, so that the node's own API keeps workers; the others
+// wait their turn without a worker (SandboxFusion's clients do not retry a 429), up to
+// kMaxWaiting of them.
+void SandboxFusion::Schedule(std::function<void()> run,
+                             const std::shared_ptr<http::Responder>& res) {
+  auto job = [this, run = std::move(run)] {
+    run();
     Done();
   };
   {
@@ -159,7 +174,7 @@ void SandboxFusion::RunCode(http::HttpRequest&& req, std::shared_ptr<http::Respo
         l.Unlock();
         http::HttpResponse busy = Detail(
             429, "the node already runs " + std::to_string(d_.cfg->sandbox_fusion_max_concurrent) +
-                     " /run_code calls in sandboxes and " + std::to_string(kMaxWaiting) +
+                     " calls in sandboxes and " + std::to_string(kMaxWaiting) +
                      " wait: retry later");
         busy.headers.emplace_back("Retry-After", "1");
         d_.metrics->CountRequest("POST", 429);
@@ -171,6 +186,74 @@ void SandboxFusion::RunCode(http::HttpRequest&& req, std::shared_ptr<http::Respo
     running_++;
   }
   job();
+}
+
+void SandboxFusion::RunJupyter(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) {
+  auto reply = [this, res](int status, std::string body) {
+    d_.metrics->CountRequest("POST", status);
+    http::HttpResponse r;
+    r.status = status;
+    r.body = std::move(body);
+    res->Send(std::move(r));
+  };
+  fusion::RunJupyterRequest jr;
+  std::vector<fusion::FieldError> errors;
+  if (!fusion::ParseRunJupyter(req.body, &jr, &errors))
+    return reply(422, fusion::RenderDetail(errors));
+  // The cells run in the code interpreter's kernel (e2b_interpreter.h), in a sandbox of their
+  // own as /run_code's other languages: its source, then one request a cell, on its stdin; it
+  // ends at the end of its input, or at total_timeout.
+  auto rq = std::make_shared<fusion::RunCodeRequest>();
+  rq->language = "jupyter";
+  rq->run_timeout_s = jr.total_timeout_s;
+  rq->files = std::move(jr.files);
+  rq->fetch_files = std::move(jr.fetch_files);
+  std::string in = Json(std::string(kE2bKernelSource)).dump() + "\n";
+  std::string code_hash_input;
+  for (const auto& cell : jr.cells) {
+    Json r = {{"code", cell}};
+    if (jr.cell_timeout_s > 0) r["timeout_s"] = jr.cell_timeout_s;
+    in += r.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+    code_hash_input += cell + "\n";
+  }
+  rq->stdin_data = std::move(in);
+  d_.audit->Record({{"event", "run_jupyter"},
+                    {"sandbox", "sandbox-fusion"},
+                    {"cells", jr.cells.size()},
+                    {"code_hash", Idempotency::Hash(code_hash_input)},
+                    {"remote", req.remote}});
+  const size_t want = jr.cells.size();
+  Schedule(
+      [this, rq, want, reply] {
+        fusion::Language kernel{"jupyter", "", {}, {"python3", "-c", kE2bKernelBoot}, "python3"};
+        std::optional<std::string> sandbox_error;
+        fusion::RunCodeResult r;
+        try {
+          r = RunInSandbox(*rq, kernel, &sandbox_error, kMaxJupyterOutput);
+        } catch (const std::exception& e) {
+          DSEC_LOG_ERROR("sandbox fusion: {}", e.what());
+          sandbox_error = "internal error";
+        }
+        if (sandbox_error || !r.run)
+          return reply(
+              200, fusion::RenderRunJupyter(fusion::RunStatus::kSandboxError,
+                                            sandbox_error.value_or("no result"), r.run, {}, {}));
+        std::string lines = std::move(r.run->stdout_data);
+        r.run->stdout_data.clear();  // the kernel's protocol, given as cells
+        if (r.run->status != fusion::CommandStatus::kFinished)
+          return reply(200,
+                       fusion::RenderRunJupyter(fusion::RunStatus::kFailed, "", r.run, {}, {}));
+        auto cells = fusion::CellsFromKernel(lines);
+        if (cells.size() < want)
+          return reply(200, fusion::RenderRunJupyter(fusion::RunStatus::kFailed,
+                                                     "the kernel exited after " +
+                                                         std::to_string(cells.size()) + " of " +
+                                                         std::to_string(want) + " cells",
+                                                     r.run, cells, r.files));
+        reply(200,
+              fusion::RenderRunJupyter(fusion::RunStatus::kSuccess, "", r.run, cells, r.files));
+      },
+      res);
 }
 
 void SandboxFusion::Done() {
@@ -225,7 +308,8 @@ bool SandboxFusion::RunOnFncall(const fusion::RunCodeRequest& rq,
 
 fusion::RunCodeResult SandboxFusion::RunInSandbox(const fusion::RunCodeRequest& rq,
                                                   const fusion::Language& lang,
-                                                  std::optional<std::string>* sandbox_error) {
+                                                  std::optional<std::string>* sandbox_error,
+                                                  uint64_t max_output) {
   const EdgeConfig& cfg = *d_.cfg;
   fusion::RunCodeResult out;
   auto fail = [&](std::string why) {
@@ -286,8 +370,9 @@ fusion::RunCodeResult SandboxFusion::RunInSandbox(const fusion::RunCodeRequest& 
   }
   std::string code = rq.code;
   if (lang.name == "php" && code.find("<?php") == std::string::npos) code = "<?php\n" + code;
-  if (Status s = (*sb)->WriteFile(in_workdir(lang.source), code, 0644); !s.ok())
-    return fail("the code's file: " + s.message());
+  if (!lang.source.empty())
+    if (Status s = (*sb)->WriteFile(in_workdir(lang.source), code, 0644); !s.ok())
+      return fail("the code's file: " + s.message());
 
   // memory_limit_MB is what the step's processes may use: a sandbox's cgroup also holds its
   // tmpfs disk's pages, so the limit is set before each step to the asked memory plus what the
@@ -309,7 +394,7 @@ fusion::RunCodeResult SandboxFusion::RunInSandbox(const fusion::RunCodeRequest& 
     er.cmd = argv;
     er.cwd = p.workdir;
     er.timeout_ms = Ms(timeout_s);
-    er.max_output_bytes = kMaxCaptured;
+    er.max_output_bytes = max_output ? max_output : kMaxCaptured;
     er.stdin_data = stdin_data.value_or("");
     auto r = (*sb)->Exec(er);
     if (!r.ok()) {

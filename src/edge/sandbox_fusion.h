@@ -12,7 +12,10 @@
 //
 // memory_limit_MB is the sandbox's (or the fncall's) memory limit. Output is captured up to
 // 1 MiB per stream, as SandboxFusion does. A language whose toolchain the image lacks answers
-// SandboxError naming the tool. Routes: POST /run_code, GET /v1/ping, each also under
+// SandboxError naming the tool. POST /run_jupyter runs its cells one after another in the code
+// interpreter's python kernel (e2b_interpreter.h) in such a sandbox: each cell's stdout, stderr,
+// display data (MIME bundles) and errors, cell_timeout per cell (TimeoutError in the cell),
+// total_timeout for all. Routes: POST /run_code, POST /run_jupyter, GET /v1/ping, each also under
 // /TOKEN/... (see EdgeConfig::sandbox_fusion_auth); errors of the request itself are FastAPI's
 // shapes ({"detail": ...}), as SandboxFusion (a FastAPI server) answers them.
 #pragma once
@@ -57,14 +60,21 @@ class SandboxFusion {
   void Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
 
   // Runs one request in a container sandbox (blocking: a worker thread).
+  // `max_output`: captured per stream (0: SandboxFusion's 1 MiB); a language without a source
+  // file name gets its code on stdin only.
   api::fusion::RunCodeResult RunInSandbox(const api::fusion::RunCodeRequest& rq,
                                           const api::fusion::Language& lang,
-                                          std::optional<std::string>* sandbox_error);
+                                          std::optional<std::string>* sandbox_error,
+                                          uint64_t max_output = 0);
 
  private:
   // The path without the token prefix ("/run_code"), or "" when the caller is not allowed.
   std::string Route(const http::HttpRequest& req) const;
   void RunCode(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
+  void RunJupyter(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
+  // Runs `run` on this worker now, or later on another when sandbox_fusion_max_concurrent
+  // runs are going (429 past kMaxWaiting waiting).
+  void Schedule(std::function<void()> run, const std::shared_ptr<http::Responder>& res);
   bool RunOnFncall(const api::fusion::RunCodeRequest& rq,
                    const std::shared_ptr<http::Responder>& res);
 

@@ -3,7 +3,7 @@ sends (all eight fields, and just {"code"}), each status rule (Success, Failed o
 exit, a time limit or a failed compile, SandboxError for a language not run here or a missing
 toolchain), stdin, memory_limit_MB on both paths (fncall and container sandbox), files in and
 fetch_files out, 64 concurrent calls, authentication (bearer and token-in-path), bad input
-answered in FastAPI's shapes, and nothing left behind.
+answered in FastAPI's shapes, /run_jupyter's cells in one kernel, and nothing left behind.
 
 The client here is plain HTTP, built as verl's sandbox_fusion utility builds its request
 (json.dumps of the eight fields, Content-Type and Accept application/json, POST to the URL).
@@ -238,3 +238,52 @@ def test_bad_input(fusion):
     assert head.startswith("HTTP/1.1 413"), head
     # And it still runs code.
     assert run(fusion, {"code": "print(2)"})["run_result"]["stdout"] == "2\n"
+
+
+def test_run_jupyter(fusion):
+    """/run_jupyter: SandboxFusion's example cells in one kernel (state kept from cell to cell),
+    each cell's stdout, stderr, display data and error; cell_timeout, total_timeout, files in
+    and out, a kernel that dies, bad input."""
+    body = {"cells": ["a = 123", "a", "print(a)", "import sys; sys.stderr.write('stderr message')",
+                      "raise RuntimeError('error message')",
+                      "class H:\n    def _repr_html_(self):\n        return '<b>h</b>'\n"
+                      "display(H()); open('out.txt', 'w').write(open('in.txt').read() * 2)",
+                      "import time\ntime.sleep(30)", "a + 1"],
+            "cell_timeout": 1, "total_timeout": 30, "kernel": "python3",
+            "files": {"in.txt": base64.b64encode(b"ab").decode()}, "fetch_files": ["out.txt"]}
+    status, out = call(fusion, "/run_jupyter", body)
+    assert status == 200 and out["status"] == "Success", out
+    cells = out["cells"]
+    assert len(cells) == 8, cells
+    assert cells[0] == {"stdout": "", "stderr": "", "display": [], "error": []}
+    assert cells[1]["display"] == [{"text/plain": "123"}], cells[1]
+    assert cells[2]["stdout"] == "123\n"
+    assert cells[3]["stderr"] == "stderr message"
+    err = cells[4]["error"]
+    assert err[0]["ename"] == "RuntimeError" and err[0]["evalue"] == "error message", err
+    assert any("RuntimeError" in line for line in err[0]["traceback"]), err
+    assert cells[5]["display"][0]["text/html"] == "<b>h</b>", cells[5]
+    assert cells[6]["error"][0]["ename"] == "TimeoutError", cells[6]
+    assert cells[7]["display"] == [{"text/plain": "124"}], cells[7]
+    assert base64.b64decode(out["files"]["out.txt"]) == b"abab"
+    assert out["driver"]["status"] == "Finished" and out["driver"]["return_code"] == 0, out
+
+    # total_timeout over all cells: Failed, no cells (as SandboxFusion).
+    status, out = call(fusion, "/run_jupyter", {"cells": ["import time", "time.sleep(30)"],
+                                                "total_timeout": 1})
+    assert status == 200 and out["status"] == "Failed" and out["cells"] == [], out
+    assert out["driver"]["status"] == "TimeLimitExceeded", out
+    # A kernel that exits mid-way: the cells that ran, and Failed saying so.
+    status, out = call(fusion, "/run_jupyter", {"cells": ["print(1)", "import os; os._exit(3)",
+                                                          "print(2)"]})
+    assert status == 200 and out["status"] == "Failed", out
+    assert [c["stdout"] for c in out["cells"]] == ["1\n"] and "1 of 3" in out["message"], out
+    # Bad input in FastAPI's shape.
+    status, out = call(fusion, "/run_jupyter", {"cells": "print(1)"})
+    assert status == 422 and out["detail"][0]["loc"] == ["body", "cells"], out
+    status, out = call(fusion, "/run_jupyter", {"cells": [], "kernel": "julia"})
+    assert status == 422 and out["detail"][0]["loc"] == ["body", "kernel"], out
+    status, out = call(fusion, "/run_jupyter", {})
+    assert status == 422 and out["detail"][0]["type"] == "missing", out
+    status, out = call(fusion, "/run_jupyter", {"cells": []})
+    assert status == 200 and out["status"] == "Success" and out["cells"] == [], out
