@@ -94,10 +94,11 @@ struct UploadBody {
   UploadBody(std::string_view d) : data(d), size(d.size()) {}     // NOLINT: implicit on purpose
   UploadBody(const std::string& d) : data(d), size(d.size()) {}   // NOLINT
   UploadBody(const char* d) : UploadBody(std::string_view(d)) {}  // NOLINT
-  UploadBody(int file, uint64_t bytes) : fd(file), size(bytes) {}
+  UploadBody(int file, uint64_t bytes, uint64_t from = 0) : fd(file), size(bytes), offset(from) {}
   std::string_view data;
   int fd = -1;
   uint64_t size = 0;
+  uint64_t offset = 0;  // of the bytes in fd
 };
 
 // Output and result of a buffered exec.

@@ -84,12 +84,13 @@ Status WriteAllFd(int fd, std::string_view data, const std::string& what) {
 }
 
 Status ReadFileChunks(int fd, uint64_t size, size_t chunk,
-                      const std::function<Status(std::string_view)>& fn, const std::string& what) {
+                      const std::function<Status(std::string_view)>& fn, const std::string& what,
+                      uint64_t offset) {
   std::vector<char> buf(std::min<uint64_t>(chunk, size));
   for (uint64_t off = 0; off < size;) {
     size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - off)), got = 0;
     while (got < want) {
-      ssize_t n = pread(fd, buf.data() + got, want - got, static_cast<off_t>(off + got));
+      ssize_t n = pread(fd, buf.data() + got, want - got, static_cast<off_t>(offset + off + got));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return ErrnoError("read \"" + what + "\"");
       if (n == 0)

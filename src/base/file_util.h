@@ -28,9 +28,11 @@ Status WriteFileAt(int dirfd, const std::string& name, std::string_view data, in
 Status WriteAllFd(int fd, std::string_view data, const std::string& what);
 // Reads the first `size` bytes of fd (pread: its file position is left alone), handing them to
 // fn `chunk` bytes at a time (the last piece may be shorter); a file shorter than `size` is an
-// error, and so is fn's first error, which stops the reading. `what` names fd in errors.
+// error, and so is fn's first error, which stops the reading. `what` names fd in errors. The
+// bytes read start at `offset`.
 Status ReadFileChunks(int fd, uint64_t size, size_t chunk,
-                      const std::function<Status(std::string_view)>& fn, const std::string& what);
+                      const std::function<Status(std::string_view)>& fn, const std::string& what,
+                      uint64_t offset = 0);
 // Creates path and missing parents (like mkdir -p); existing directories are fine.
 Status MakeDirs(const std::string& path, mode_t mode = 0755);
 // Removes a tree without following symlinks and without crossing into other mounts

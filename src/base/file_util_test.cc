@@ -39,6 +39,10 @@ TEST(FileUtilTest, ReadFileChunksReadsSizeBytesFromTheStart) {
   EXPECT_TRUE(ReadFileChunks(fd.get(), 0, 3, collect, "f").ok());
   EXPECT_TRUE(pieces.empty());
   EXPECT_EQ(ReadFileChunks(fd.get(), 11, 4, collect, "f").code(), StatusCode::kInternal);
+  pieces.clear();
+  ASSERT_TRUE(ReadFileChunks(fd.get(), 5, 2, collect, "f", /*offset=*/4).ok());  // a range
+  EXPECT_EQ(pieces, (std::vector<std::string>{"45", "67", "8"}));
+  EXPECT_EQ(ReadFileChunks(fd.get(), 5, 4, collect, "f", 6).code(), StatusCode::kInternal);
   int calls = 0;
   Status stop = ReadFileChunks(
       fd.get(), 10, 2,

@@ -1,5 +1,6 @@
 #include "edge/e2b.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include "base/base64.h"
 #include "base/file_util.h"
 #include "base/logging.h"
+#include "base/scope_guard.h"
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/e2b_internal.h"
@@ -406,10 +408,18 @@ http::Preflight E2b::Check(http::HttpRequest& req) {
   const bool envd = !req.Header("e2b-sandbox-id").empty();
   if (envd && req.path == "/files" && req.method == "POST") {
     // Spooled to disk as it arrives (the server's max_spooled_uploads bounds how many at
-    // once), then parsed by the handler: bounded below the node's own upload cap.
-    pf.body_limit = std::min<uint64_t>(
-        d_.cfg->max_upload_bytes ? d_.cfg->max_upload_bytes : kMaxFilesBody, kMaxFilesBody);
-    pf.limit_why = "the E2B listener's 64 MiB per /files upload (larger: the DSec API)";
+    // once), then parsed where it lies by the handler: at most the sandbox's disk_mb (plus
+    // room for the multipart framing), and the node's max_upload_bytes when set.
+    pf.body_limit = kMaxFilesBody;
+    pf.limit_why = "the E2B listener's 64 MiB per /files upload for an unknown sandbox";
+    if (auto e = d_.manager->Get(req.Header("e2b-sandbox-id")); e.ok()) {
+      pf.body_limit = (static_cast<uint64_t>((*e)->params.resources.disk_mb) << 20) + (1 << 20);
+      pf.limit_why = "the sandbox's disk_mb";
+    }
+    if (d_.cfg->max_upload_bytes && d_.cfg->max_upload_bytes < pf.body_limit) {
+      pf.body_limit = d_.cfg->max_upload_bytes;
+      pf.limit_why = "max_upload_bytes";
+    }
     pf.spool = http::Preflight::Spool::kUpload;
   } else if (envd && req.path == "/health") {
     pf.body_limit = 0;
@@ -904,19 +914,24 @@ void E2b::Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, 
     out.push_back({{"name", BaseName(path)}, {"type", "file"}, {"path", path}});
     return send(JsonResponse(200, Dump(out)));
   }
-  // A multipart body is parsed in memory (at most kMaxFilesBody), its parts views into it.
-  std::string body = std::move(req.body);
-  if (req.body_file) {
-    body.resize(req.body_size);
-    for (size_t off = 0; off < body.size();) {
-      ssize_t n =
-          pread(req.body_file.get(), body.data() + off, body.size() - off, static_cast<off_t>(off));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return fail(500, "could not read the spooled upload");
-      off += static_cast<size_t>(n);
-    }
-    req.body_file.Reset();
+  // A multipart body is parsed where it lies: a spooled one mapped read-only (page cache, not
+  // the edge's memory), its parts then sent from the spool file a window at a time.
+  std::string_view body = req.body;
+  const char* base = nullptr;
+  auto unmap = MakeScopeGuard([&] {
+    if (base) munmap(const_cast<char*>(base), req.body_size);
+  });
+  if (req.body_file && req.body_size > 0) {
+    void* m = mmap(nullptr, req.body_size, PROT_READ, MAP_PRIVATE, req.body_file.get(), 0);
+    if (m == MAP_FAILED) return fail(500, "could not map the spooled upload");
+    base = static_cast<const char*>(m);
+    body = std::string_view(base, req.body_size);
   }
+  auto upload_of = [&](std::string_view part) {
+    return base ? backends::UploadBody(req.body_file.get(), part.size(),
+                                       static_cast<uint64_t>(part.data() - base))
+                : backends::UploadBody(part);
+  };
   std::vector<std::pair<std::string, std::string_view>> files;  // target, bytes
   {
     auto parts = e2b::ParseMultipart(ct, body);
@@ -932,7 +947,7 @@ void E2b::Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, 
   if (files.empty()) return fail(400, "no file in the request");
   Json out = Json::array();
   for (const auto& [path, data] : files) {
-    if (Status s = (*sb)->WriteFile(path, backends::UploadBody(data), 0644); !s.ok())
+    if (Status s = (*sb)->WriteFile(path, upload_of(data), 0644); !s.ok())
       return fail(ApiFail(s).status, s.message());
     out.push_back({{"name", BaseName(path)}, {"type", "file"}, {"path", path}});
   }

@@ -411,3 +411,60 @@ def test_watch_dir_edges(e2b_edge):
         assert edge_harness.wait_until(one_more, timeout=10)
     finally:
         call(e, "DELETE", f"/sandboxes/{sid}", None, key)
+
+
+def test_files_larger_than_64_mib(e2b_edge):
+    """/files takes what the sandbox's disk holds, octet-stream and multipart alike (a spooled
+    multipart body is parsed where it lies and sent from the spool file), and refuses more
+    from the request's head."""
+    e = e2b_edge
+    key = {"X-API-KEY": e.token, "Content-Type": "application/json"}
+    st, sb, _ = call(e, "POST", "/v2/sandboxes", {"templateID": "base"}, key)
+    assert st == 201, sb
+    sid = sb["sandboxID"]
+    envd = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": sb["envdAccessToken"]}
+    disk_mb = e.client().get(f"/v1/sandboxes/{sid}", expect=200).json["limits"]["disk_mb"]
+    assert disk_mb >= 200, disk_mb
+    blob = bytes(range(256)) * (80 << 12)  # 80 MiB
+    digest = __import__("hashlib").sha256(blob).hexdigest()
+
+    def sha(path):
+        cmd = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", f"sha256sum {path}"]},
+                          "stdin": False}).encode()
+        st, raw, _ = call(e, "POST", "/process.Process/Start",
+                          b"\x00" + len(cmd).to_bytes(4, "big") + cmd,
+                          dict(envd, **{"Content-Type": "application/connect+json"}))
+        i, out = 0, b""
+        while i < len(raw):
+            n = int.from_bytes(raw[i + 1:i + 5], "big")
+            ev = json.loads(raw[i + 5:i + 5 + n]).get("event", {})
+            out += base64.b64decode(ev.get("data", {}).get("stdout", ""))
+            i += 5 + n
+        return out.split()[0].decode()
+
+    try:
+        st, body, _ = call(e, "POST", "/files?path=/home/user/big.bin", blob,
+                           dict(envd, **{"Content-Type": "application/octet-stream"}))
+        assert st == 200, body
+        assert sha("/home/user/big.bin") == digest
+        call(e, "POST", "/filesystem.Filesystem/Remove", {"path": "/home/user/big.bin"},
+             dict(envd, **{"Content-Type": "application/json"}))
+        b = "dsecboundary42"
+        mp = (f"--{b}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/tmp/m.bin\""
+              f"\r\nContent-Type: application/octet-stream\r\n\r\n").encode() + blob + \
+            f"\r\n--{b}--\r\n".encode()
+        st, body, _ = call(e, "POST", "/files", mp,
+                           dict(envd, **{"Content-Type": f"multipart/form-data; boundary={b}"}))
+        assert st == 200 and body[0]["path"] == "/tmp/m.bin", body
+        assert sha("/tmp/m.bin") == digest
+        # More than the disk: refused from the head, nothing read.
+        u = urllib.parse.urlsplit(e.e2b_url)
+        with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+            head = "".join(f"{k}: {v}\r\n" for k, v in envd.items())
+            s.sendall(f"POST /files?path=/tmp/x HTTP/1.1\r\nHost: x\r\n{head}"
+                      f"Content-Type: application/octet-stream\r\n"
+                      f"Content-Length: {(disk_mb + 2) << 20}\r\n\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 413")
+    finally:
+        call(e, "DELETE", f"/sandboxes/{sid}", None, key)

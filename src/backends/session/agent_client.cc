@@ -299,8 +299,8 @@ StatusOr<Json> AgentClient::CallSync(const Json& request, std::string_view uploa
   return std::move(r.response);
 }
 
-StatusOr<Json> AgentClient::CallSyncUpload(const Json& request, int fd, uint64_t size,
-                                           int64_t timeout_ms) {
+StatusOr<Json> AgentClient::CallSyncUpload(const Json& request, int fd, uint64_t offset,
+                                           uint64_t size, int64_t timeout_ms) {
   auto call = std::make_shared<SyncCall>(0);
   auto fut = call->future();
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -325,7 +325,7 @@ StatusOr<Json> AgentClient::CallSyncUpload(const Json& request, int fd, uint64_t
         SendData(ch, protocol::kBody, std::string(piece), /*eof=*/sent == size);
         return OkStatus();
       },
-      "the spooled upload");
+      "the spooled upload", offset);
   // An empty body, or one that could not be read to its end: the body ends where it is (the
   // caller is told the upload failed).
   if (!stopped && (size == 0 || !read.ok())) SendData(ch, protocol::kBody, {}, /*eof=*/true);

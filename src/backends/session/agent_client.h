@@ -66,7 +66,9 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
   // most kUploadWindow bytes of it wait in the outgoing queue, so a large upload is never held
   // in memory. Stops sending when the agent answered early (it refused the request).
   static constexpr uint64_t kUploadWindow = 4 << 20;
-  StatusOr<protocol::Json> CallSyncUpload(const protocol::Json& request, int fd, uint64_t size,
+  // `size` bytes of fd from `offset`.
+  StatusOr<protocol::Json> CallSyncUpload(const protocol::Json& request, int fd, uint64_t offset,
+                                          uint64_t size,
                                           int64_t timeout_ms = kDefaultCallTimeoutMs);
   // Forgets a call: late frames for it are dropped and its callbacks never run.
   void Abandon(uint32_t channel);

@@ -228,7 +228,8 @@ Status AgentSession::CloseShell(const std::string& shell_id) {
 }
 
 Status AgentSession::Upload(const Json& request, const UploadBody& body) {
-  if (body.fd >= 0) return client_->CallSyncUpload(request, body.fd, body.size).status();
+  if (body.fd >= 0)
+    return client_->CallSyncUpload(request, body.fd, body.offset, body.size).status();
   return client_->CallSync(request, body.data, nullptr, 0, /*has_upload=*/true).status();
 }
 
