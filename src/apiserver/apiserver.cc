@@ -86,6 +86,8 @@ NodeError ErrorOf(const http::ClientResponse& r) {
   return out;
 }
 
+}  // namespace
+
 std::string PercentEncode(std::string_view s) {
   static const char* kHex = "0123456789ABCDEF";
   std::string out;
@@ -119,8 +121,6 @@ StatusOr<std::map<std::string, std::string>> DecodeCursor(const std::string& tex
   }
   return out;
 }
-
-}  // namespace
 
 std::string NodeOfSandbox(std::string_view id) {
   // "sb-" + node + "-" + 12 random base32 characters.

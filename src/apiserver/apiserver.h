@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <future>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -50,6 +51,9 @@ struct ApiserverConfig {
   // Calls on sandboxes being relayed at once (each holds two sockets and two pipes); more are
   // refused with 429 before their bodies are read.
   int64_t max_relays = 8192;
+  // The compatibility listeners (compat.h), relayed to the edges' own: off when empty.
+  std::string e2b_listen;
+  std::string sandbox_fusion_listen;
 };
 
 class Apiserver {
@@ -104,5 +108,11 @@ class Apiserver {
 
 // The node named in a sandbox id ("sb-<node>-<12 random>"); "" if the id has no such shape.
 std::string NodeOfSandbox(std::string_view id);
+
+// A query value, percent-encoded.
+std::string PercentEncode(std::string_view s);
+// A list cursor over nodes: where each node's listing stopped ("~": it has no more).
+std::string EncodeCursor(const std::map<std::string, std::string>& at);
+StatusOr<std::map<std::string, std::string>> DecodeCursor(const std::string& text);
 
 }  // namespace dsec::apiserver

@@ -5,8 +5,12 @@
 
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <memory>
+#include <tuple>
+#include <vector>
 
 #include "apiserver/apiserver.h"
+#include "apiserver/compat.h"
 #include "base/file_util.h"
 #include "base/logging.h"
 #include "base/strings.h"
@@ -49,6 +53,11 @@ int main(int argc, char** argv) {
   app.add_option("--workers", cfg.workers, "Threads for calls that wait on nodes")
       ->check(CLI::Range(4, 4096));
   app.add_option("--placement-k", cfg.placement.k, "Power-of-k choices")->check(CLI::Range(1, 64));
+  app.add_option("--e2b-listen", cfg.e2b_listen,
+                 "HOST:PORT for the E2B-compatible API, relayed to the edges' (off when empty)");
+  app.add_option("--sandbox-fusion-listen", cfg.sandbox_fusion_listen,
+                 "HOST:PORT for SandboxFusion's /run_code and /run_jupyter, relayed to the "
+                 "edges' (off when empty)");
   app.add_option("--max-relays", cfg.max_relays, "Calls on sandboxes relayed at once (then 429)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--placement-tries", cfg.placement.max_tries,
@@ -99,10 +108,57 @@ int main(int argc, char** argv) {
     return fail("serve", server.status());
   }
   api.SetServer(server->get());
+  // The compatibility listeners: their relays and lists on a pool of their own.
+  boost::asio::thread_pool compat_workers(8);
+  std::vector<std::unique_ptr<apiserver::CompatFront>> fronts;
+  std::vector<std::unique_ptr<http::HttpServer>> compat_servers;
+  std::string compat_urls;
+  for (auto [listen, protocol, label] :
+       {std::tuple{cfg.e2b_listen, apiserver::CompatFront::Protocol::kE2b, "e2b"},
+        std::tuple{cfg.sandbox_fusion_listen, apiserver::CompatFront::Protocol::kSandboxFusion,
+                   "sandbox_fusion"}}) {
+    if (listen.empty()) continue;
+    auto front = std::make_unique<apiserver::CompatFront>(
+        apiserver::CompatFront::Options{.protocol = protocol,
+                                        .tokens = *tokens,
+                                        .node_token = node_tokens->front(),
+                                        .view = &view,
+                                        .workers = &compat_workers,
+                                        .call_timeout_ms = cfg.call_timeout_ms,
+                                        .max_relays = cfg.max_relays});
+    http::HttpServerOptions co = ho;
+    co.listen = listen;
+    auto* f = front.get();
+    auto cs = http::HttpServer::Start(
+        co, [f](http::HttpRequest& r) { return f->Check(r); },
+        [f](http::HttpRequest&& r, std::shared_ptr<http::Responder> res) {
+          f->Handle(std::move(r), std::move(res));
+        });
+    if (!cs.ok()) {
+      (*server)->Stop();
+      for (auto& s : compat_servers) s->Stop();
+      api.Shutdown();
+      view.Stop();
+      return fail(std::string("--") + (protocol == apiserver::CompatFront::Protocol::kE2b
+                                           ? "e2b-listen"
+                                           : "sandbox-fusion-listen"),
+                  cs.status());
+    }
+    f->SetServer(cs->get());
+    std::string h;
+    uint16_t p = 0;
+    (void)http::ParseHostPort(listen, &h, &p);
+    compat_urls += StrCat({" ", label, "=http://", h, ":", std::to_string((*cs)->tcp_port())});
+    fronts.push_back(std::move(front));
+    compat_servers.push_back(std::move(*cs));
+  }
   std::cout << "dsec-apiserver ready listen=" << host << ":" << (*server)->tcp_port()
-            << " etcd=" << JoinStrings(*endpoints, ",") << std::endl;
+            << " etcd=" << JoinStrings(*endpoints, ",") << compat_urls << std::endl;
   int sig = WaitForSignal();
   DSEC_LOG_INFO("signal {}: shutting down", sig);
+  for (auto& s : compat_servers) s->Stop();
+  compat_workers.stop();
+  compat_workers.join();
   (*server)->Stop();
   api.Shutdown();
   view.Stop();

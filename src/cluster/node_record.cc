@@ -17,7 +17,9 @@ Json NodeRecord::ToJson() const {
           {"max_memory_mb", max_memory_mb},
           {"sandboxes", sandboxes},
           {"used_memory_mb", used_memory_mb},
-          {"started_at", started_at}};
+          {"started_at", started_at},
+          {"e2b_url", e2b_url},
+          {"sandbox_fusion_url", sandbox_fusion_url}};
 }
 
 StatusOr<NodeRecord> NodeRecord::FromJson(std::string_view text) {
@@ -40,6 +42,8 @@ StatusOr<NodeRecord> NodeRecord::FromJson(std::string_view text) {
     r.sandboxes = j.value("sandboxes", int64_t{0});
     r.used_memory_mb = j.value("used_memory_mb", int64_t{0});
     r.started_at = j.value("started_at", int64_t{0});
+    r.e2b_url = j.value("e2b_url", "");
+    r.sandbox_fusion_url = j.value("sandbox_fusion_url", "");
   } catch (const Json::exception& e) {
     return InvalidArgument(std::string("node record: ") + e.what());
   }

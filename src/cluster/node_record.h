@@ -34,6 +34,10 @@ struct NodeRecord {
   int64_t sandboxes = 0;
   int64_t used_memory_mb = 0;
   int64_t started_at = 0;  // ms since the epoch
+  // Its compatibility listeners, where it runs them (empty otherwise): apiservers started with
+  // the same listeners relay to them.
+  std::string e2b_url;
+  std::string sandbox_fusion_url;
 
   Json ToJson() const;
   static StatusOr<NodeRecord> FromJson(std::string_view text);

@@ -197,15 +197,15 @@ struct E2b::Process : public backends::ExecObserver,
   }
 
   void OnStart(int p) override {
-    {
-      MutexLock l(mu);
-      pid = static_cast<uint32_t>(p);
-      started = true;
-      Send(e2b::Envelope(0, e2b::StartEvent(pid)));  // the first message of the stream
-      for (const auto& env : early) Send(env);
-      early.clear();
-    }
+    // Findable by pid before the start event goes out: a client acts on it at once
+    // (SendInput on another connection may arrive before this thread runs again).
     if (auto r = reg.lock()) r->Register(this, static_cast<uint32_t>(p));
+    MutexLock l(mu);
+    pid = static_cast<uint32_t>(p);
+    started = true;
+    Send(e2b::Envelope(0, e2b::StartEvent(pid)));  // the first message of the stream
+    for (const auto& env : early) Send(env);
+    early.clear();
   }
   void OnOutput(uint8_t stream, std::string_view data) override {
     MutexLock l(mu);

@@ -345,9 +345,25 @@ net::NodeNetworkOptions NetworkOptions(const EdgeConfig& cfg, AuditLog* audit) {
 }
 
 // What this node registers in the cluster (and renews with its lease).
+// Where apiservers reach a compatibility listener of this node: its port, on its listen host,
+// or on the advertised API's host when it listens on every address.
+std::string AdvertisedUrlOf(const std::string& advertise, const std::string& listen,
+                            const http::HttpServer* server) {
+  if (!server || listen.empty()) return "";
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    std::string_view a = advertise;
+    if (size_t p = a.find("://"); p != std::string_view::npos) a.remove_prefix(p + 3);
+    a = a.substr(0, a.find('/'));
+    host = std::string(a.substr(0, a.rfind(':')));
+  }
+  return "http://" + host + ":" + std::to_string(server->tcp_port());
+}
+
 cluster::NodeRecord NodeRecordOf(const EdgeConfig& cfg, const Manager& manager,
                                  const pools::PoolSet& pools, const std::string& instance,
-                                 int64_t started_at) {
+                                 int64_t started_at, const http::HttpServer* e2b,
+                                 const http::HttpServer* fusion) {
   NodeReport n = manager.NodeInfo();
   cluster::NodeRecord r;
   r.node = cfg.node;
@@ -364,6 +380,8 @@ cluster::NodeRecord NodeRecordOf(const EdgeConfig& cfg, const Manager& manager,
   r.sandboxes = n.sandboxes;
   r.used_memory_mb = n.used_memory_mb;
   r.started_at = started_at;
+  r.e2b_url = AdvertisedUrlOf(cfg.cluster_advertise, cfg.e2b_listen, e2b);
+  r.sandbox_fusion_url = AdvertisedUrlOf(cfg.cluster_advertise, cfg.sandbox_fusion_listen, fusion);
   return r;
 }
 
@@ -619,7 +637,8 @@ Status EdgeServices::Serve() {
     membership_ = std::make_unique<Membership>(
         *endpoints, cfg_.cluster_lease_ttl_s,
         [this, instance = containers_->instance_id(), started_at = WallMs()] {
-          return NodeRecordOf(cfg_, *manager_, *pools_, instance, started_at);
+          return NodeRecordOf(cfg_, *manager_, *pools_, instance, started_at, e2b_server_.get(),
+                              fusion_server_.get());
         });
     membership_->Start();
   }

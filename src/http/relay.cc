@@ -22,20 +22,27 @@
 
 namespace dsec::http {
 
-std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message) {
-  HttpResponse r = JsonError(status, code, message);
+std::string RawResponse(const HttpResponse& r) {
   namespace http = boost::beast::http;
-  auto why = http::obsolete_reason(http::int_to_status(static_cast<unsigned>(status)));
-  std::string out = StrCat({"HTTP/1.1 ", std::to_string(status), " ", std::string(why),
-                            "\r\nContent-Type: application/json\r\nContent-Length: ",
-                            std::to_string(r.body.size()), "\r\n"});
+  auto why = http::obsolete_reason(http::int_to_status(static_cast<unsigned>(r.status)));
+  std::string out = StrCat({"HTTP/1.1 ", std::to_string(r.status), " ", std::string(why),
+                            "\r\nContent-Type: ", r.content_type,
+                            "\r\nContent-Length: ", std::to_string(r.body.size()), "\r\n"});
   for (const auto& [k, v] : r.headers) out += StrCat({k, ": ", v, "\r\n"});
-  if (status == 429) out += "Retry-After: 1\r\n";
+  if (r.status == 429) out += "Retry-After: 1\r\n";
   return StrCat({out, "Connection: close\r\n\r\n", r.body});
 }
 
+std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message) {
+  return RawResponse(JsonError(status, code, message));
+}
+
 void SendErrorAndClose(UniqueFd fd, int status, std::string_view code, std::string_view message) {
-  std::string out = ProxyErrorResponse(status, code, message);
+  SendAndClose(std::move(fd), JsonError(status, code, message));
+}
+
+void SendAndClose(UniqueFd fd, const HttpResponse& r) {
+  std::string out = RawResponse(r);
   int fl = fcntl(fd.get(), F_GETFL);
   if (fl >= 0) fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
   timeval tv{5, 0};

@@ -73,6 +73,11 @@ void StartPortRelay(boost::asio::io_context& io, UniqueFd client, UniqueFd upstr
 
 // A complete error response (JSON body, Connection: close) as bytes.
 std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message);
+// Any complete response (with Connection: close) as bytes.
+struct HttpResponse;
+std::string RawResponse(const HttpResponse& r);
+// `r` written straight onto a taken-over connection (as SendErrorAndClose).
+void SendAndClose(UniqueFd fd, const HttpResponse& r);
 
 // The same, written straight onto a taken-over connection (blocking, at most 5 s), which is
 // then shut down for writing and closed.

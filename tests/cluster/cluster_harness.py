@@ -273,7 +273,7 @@ class ClusterEdge(Edge):
 class Cluster:
     """etcd + edges n1..nN + apiservers 0..M-1, all under one directory."""
 
-    def __init__(self, root, edges, apiservers, edge_args, edge_config, register):
+    def __init__(self, root, edges, apiservers, edge_args, edge_config, register, compat=False):
         self.root = pathlib.Path(root)
         self._short_dir = None
         self.edge_bin = edge_harness.edge_binary()
@@ -301,11 +301,17 @@ class Cluster:
             }
             if register:
                 cfg["cluster_advertise"] = e.url
+            if compat:  # the compatibility listeners, which apiservers relay to
+                cfg["e2b_listen"] = "127.0.0.1:0"
+                cfg["sandbox_fusion_listen"] = "127.0.0.1:0"
             extra = edge_config(name) if callable(edge_config) else edge_config
             cfg.update(extra or {})
             e.config = cfg
             self.edges[name] = e
         self.apiserver_ports = [free_port() for _ in range(apiservers)]
+        # Each apiserver's E2B and SandboxFusion listeners, with compat.
+        self.compat_ports = [(free_port(), free_port()) for _ in range(apiservers)] \
+            if compat else []
         self.apiserver_extra = []  # more dsec-apiserver arguments (for the next start)
         self.apiserver_procs = [None] * apiservers
 
@@ -313,7 +319,7 @@ class Cluster:
 
     @classmethod
     def start(cls, workdir=None, edges=3, apiservers=2, edge_args=None, edge_config=None,
-              register=None):
+              register=None, compat=False):
         """Starts everything and waits until every apiserver lists every edge as ready.
         workdir: an empty or absent directory (None: a new temp dir). edge_config: a dict for
         every edge's config.json, or a function of the node name returning one (applied over
@@ -329,7 +335,7 @@ class Cluster:
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o700)
         c = cls(root, edges, apiservers, edge_args, edge_config,
-                register_default() if register is None else register)
+                register_default() if register is None else register, compat)
         try:
             c._write_files()
             c.etcd_start()
@@ -473,7 +479,22 @@ class Cluster:
     def apiserver_args(self, i):
         return [self.apiserver_bin, "--listen", f"127.0.0.1:{self.apiserver_ports[i]}",
                 "--etcd", self.etcd_url, "--token-file", self.root / "cluster.token",
-                "--node-token-file", self.root / "node.token"] + list(self.apiserver_extra)
+                "--node-token-file", self.root / "node.token"] + self.compat_args(i) + \
+            list(self.apiserver_extra)
+
+    def compat_args(self, i):
+        if not self.compat_ports:
+            return []
+        e2b, fusion = self.compat_ports[i]
+        return ["--e2b-listen", f"127.0.0.1:{e2b}", "--sandbox-fusion-listen", f"127.0.0.1:{fusion}"]
+
+    @property
+    def e2b_urls(self):
+        return [f"http://127.0.0.1:{e}" for e, _ in self.compat_ports]
+
+    @property
+    def fusion_urls(self):
+        return [f"http://127.0.0.1:{f}" for _, f in self.compat_ports]
 
     def apiserver_start(self, i, timeout=60, wait_nodes=True):
         """Starts apiserver i (0-based) on its port; waits for GET /v1/health 200 and, with
