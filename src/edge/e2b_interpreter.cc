@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <deque>
 #include <utility>
 #include <vector>
@@ -65,6 +66,7 @@ struct CodeInterpreter::Run {
 };
 
 struct CodeInterpreter::Registry {
+  std::shared_ptr<std::atomic<uint64_t>> held = std::make_shared<std::atomic<uint64_t>>(0);
   Mutex mu;
   std::map<std::string, std::map<std::string, std::shared_ptr<Kernel>>> kernels DSEC_GUARDED_BY(mu);
 
@@ -105,13 +107,33 @@ struct CodeInterpreter::Kernel : public backends::ExecObserver,
   std::shared_ptr<backends::ExecHandle> handle DSEC_GUARDED_BY(mu);
   bool ready DSEC_GUARDED_BY(mu) = false;
   bool ended DSEC_GUARDED_BY(mu) = false;
-  std::string partial DSEC_GUARDED_BY(mu);    // a line not ended yet
+  std::string partial DSEC_GUARDED_BY(mu);  // a line not ended yet
+  // Node-wide: the bytes every kernel's partial line holds (kMaxHeldLines at most).
+  std::shared_ptr<std::atomic<uint64_t>> held;
+  uint64_t charged DSEC_GUARDED_BY(mu) = 0;   // this kernel's part of it
   bool skipping DSEC_GUARDED_BY(mu) = false;  // the rest of a line over kMaxLine
   uint64_t received DSEC_GUARDED_BY(mu) = 0;
   std::string err_tail DSEC_GUARDED_BY(mu);
   std::shared_ptr<Run> current DSEC_GUARDED_BY(mu);
   std::deque<std::shared_ptr<Run>> queue DSEC_GUARDED_BY(mu);
   int64_t interrupted_at DSEC_GUARDED_BY(mu) = 0;
+
+  ~Kernel() {
+    if (held) held->fetch_sub(charged);
+  }
+  bool Charge(uint64_t n) DSEC_REQUIRES(mu) {
+    uint64_t cur = held->load();
+    do {
+      if (cur + n > kMaxHeldLines) return false;
+    } while (!held->compare_exchange_weak(cur, cur + n));
+    charged += n;
+    return true;
+  }
+  void ClearPartial() DSEC_REQUIRES(mu) {
+    partial.clear();
+    held->fetch_sub(charged);
+    charged = 0;
+  }
 
   // The next request to send, if the kernel is free: it becomes the current execution.
   std::string NextLocked() DSEC_REQUIRES(mu) {
@@ -233,20 +255,24 @@ struct CodeInterpreter::Kernel : public backends::ExecObserver,
         size_t nl = data.find('\n');
         std::string_view piece = data.substr(0, nl);
         if (!skipping) {
-          if (partial.size() + piece.size() > kMaxLine) {
+          const bool too_long = partial.size() + piece.size() > kMaxLine;
+          if (too_long || !Charge(piece.size())) {
             skipping = true;
-            partial.clear();
+            ClearPartial();
             if (current)
-              current->Write(ErrorLine("OutputTooLarge", "an output line of the kernel was over " +
-                                                             std::to_string(kMaxLine >> 20) +
-                                                             " MiB; it was dropped"));
+              current->Write(ErrorLine(
+                  "OutputTooLarge",
+                  too_long ? "an output line of the kernel was over " +
+                                 std::to_string(kMaxLine >> 20) + " MiB; it was dropped"
+                           : "the node holds too many unfinished output lines of kernels now; "
+                             "a line was dropped"));
           } else {
             partial.append(piece);
           }
         }
         if (nl == std::string_view::npos) break;
         if (!skipping) OnLineLocked(partial, &next);
-        partial.clear();
+        ClearPartial();
         skipping = false;
         data.remove_prefix(nl + 1);
       }
@@ -399,6 +425,7 @@ StatusOr<std::shared_ptr<CodeInterpreter::Kernel>> CodeInterpreter::StartKernel(
     return InvalidArgument("cwd '" + cwd + "' is not a directory in the sandbox");
   auto k = std::make_shared<Kernel>();
   k->reg = reg_;
+  k->held = reg_->held;
   k->sandbox = e->id;
   k->id = id;
   k->cwd = cwd;

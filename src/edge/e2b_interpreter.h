@@ -15,7 +15,8 @@
 //
 // What a kernel writes is untrusted (user code runs in it and can write to the protocol's
 // descriptor): the edge forwards only whole lines that are JSON objects with a string "type",
-// at most kMaxLine bytes each, and holds at most one partial line per kernel.
+// at most kMaxLine bytes each, and holds at most one partial line per kernel (kMaxHeldLines
+// for all of them together).
 #pragma once
 
 #include <map>
@@ -39,6 +40,9 @@ class CodeInterpreter {
   static constexpr size_t kMaxContexts = 8;      // per sandbox, the default one included
   static constexpr size_t kMaxQueued = 16;       // executions waiting on one context
   static constexpr size_t kMaxLine = 16u << 20;  // one NDJSON line from a kernel
+  // What all kernels' unfinished lines may hold in the edge at once (a sandbox's kernels could
+  // otherwise hold kMaxContexts x kMaxLine each).
+  static constexpr uint64_t kMaxHeldLines = 256u << 20;
   static constexpr int64_t kInterruptGraceMs = 5000;
   static constexpr int64_t kKeepaliveMs = 5000;  // of silence, as E2B's server
 
