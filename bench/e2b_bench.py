@@ -2,12 +2,14 @@
 """E2B compatibility layer: `commands.run('true')` through the unmodified E2B JS SDK (npm `e2b`,
 pinned by tests/e2b/package-lock.json) against a native v1 exec of the same command
 (`/bin/bash -l -c true`) from the same Node process, one sandbox, serial, interleaved rounds.
-Goal (issue 19): E2B p50 <= 1.3x native.
+Goal (issue 19): E2B p50 <= 1.3x native. Then `@e2b/code-interpreter`'s runCode('1 + 1') (a
+persistent kernel) against a native exec of `python3 -c 'print(1 + 1)'` (no goal: what a
+persistent kernel saves per call).
 
     sudo python3 bench/e2b_bench.py [--calls 200] [--rounds 3] [--edge build/release/src/edge/dsec-edge]
 
 Starts its own edge (examples/edgeproc.py) with --e2b-listen, `npm ci`s the SDK into
-build/e2b-test (Node >= 20 and npm needed), prints the two rows and the ratio; --json prints the
+build/e2b-test (Node >= 20 and npm needed), prints the rows and the ratios; --json prints the
 rows as JSON lines too. Checks that the edge left nothing behind.
 """
 
@@ -41,7 +43,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     for f in ("package.json", "package-lock.json", "e2b_bench.mjs"):
         shutil.copy(REPO / "tests" / "e2b" / f, work / f)
-    if not (work / "node_modules" / "e2b").exists():
+    if not (work / "node_modules" / "@e2b" / "code-interpreter").exists():
         subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=work,
                        check=True, capture_output=True)
     edge = edgeproc.EdgeProcess(args.edge, extra_args=["--e2b-listen", "127.0.0.1:0"]).start()
@@ -59,12 +61,14 @@ def main() -> int:
             return 1
         rows = {j["system"]: j for j in map(json.loads, r.stdout.split("\n")[:-1])}
         for j in rows.values():
-            print(f"{j['workload']:<16} {j['system']:<7} n={j['n']:<5} p50 {j['p50_ms']:7.2f} ms"
+            print(f"{j['workload']:<16} {j['system']:<13} n={j['n']:<5} p50 {j['p50_ms']:7.2f} ms"
                   f"  p90 {j['p90_ms']:7.2f} ms  p99 {j['p99_ms']:7.2f} ms", file=sys.stderr)
             if args.json:
                 print("JSON " + json.dumps(j), flush=True)
         ratio = rows["e2b"]["p50_ms"] / rows["native"]["p50_ms"]
         print(f"e2b/native p50: {ratio:.2f}x (goal <= 1.3x)", file=sys.stderr)
+        print(f"runCode/native python3 -c p50: "
+              f"{rows['runcode']['p50_ms'] / rows['native-python']['p50_ms']:.2f}x", file=sys.stderr)
     finally:
         left = edge.stop()
         if left:

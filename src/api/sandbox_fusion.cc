@@ -79,6 +79,16 @@ void Files(const Json& j, std::vector<std::pair<std::string, std::string>>* out,
   }
 }
 
+// The body as a JSON object, or the error pydantic gives for one that is not.
+std::optional<Json> ParseBody(std::string_view body, std::vector<FieldError>* errors) {
+  auto parsed = ParseJson(body);
+  if (parsed.ok() && parsed->is_object()) return std::move(*parsed);
+  errors->push_back({{"body"},
+                     parsed.ok() ? "Input should be a valid dictionary" : "JSON decode error",
+                     parsed.ok() ? "model_attributes_type" : "json_invalid"});
+  return std::nullopt;
+}
+
 const char* StatusName(CommandStatus s) {
   switch (s) {
     case CommandStatus::kFinished:
@@ -113,13 +123,8 @@ bool IsLanguageName(std::string_view name) {
 }
 
 bool ParseRunCode(std::string_view body, RunCodeRequest* out, std::vector<FieldError>* errors) {
-  auto parsed = ParseJson(body);
-  if (!parsed.ok() || !parsed->is_object()) {
-    errors->push_back({{"body"},
-                       parsed.ok() ? "Input should be a valid dictionary" : "JSON decode error",
-                       parsed.ok() ? "model_attributes_type" : "json_invalid"});
-    return false;
-  }
+  auto parsed = ParseBody(body, errors);
+  if (!parsed) return false;
   const Json& j = *parsed;
   auto code = j.find("code");
   if (code == j.end() || code->is_null())
@@ -160,13 +165,8 @@ bool ParseRunCode(std::string_view body, RunCodeRequest* out, std::vector<FieldE
 
 bool ParseRunJupyter(std::string_view body, RunJupyterRequest* out,
                      std::vector<FieldError>* errors) {
-  auto parsed = ParseJson(body);
-  if (!parsed.ok() || !parsed->is_object()) {
-    errors->push_back({{"body"},
-                       parsed.ok() ? "Input should be a valid dictionary" : "JSON decode error",
-                       parsed.ok() ? "model_attributes_type" : "json_invalid"});
-    return false;
-  }
+  auto parsed = ParseBody(body, errors);
+  if (!parsed) return false;
   const Json& j = *parsed;
   auto cells = j.find("cells");
   if (cells == j.end() || cells->is_null())

@@ -122,6 +122,28 @@ StatusOr<std::map<std::string, std::string>> DecodeCursor(const std::string& tex
   return out;
 }
 
+bool AdvanceListCursor(const std::vector<std::pair<std::string, std::string>>& page,
+                       const std::map<std::string, std::pair<size_t, bool>>& returned,
+                       std::map<std::string, std::string>* at) {
+  std::map<std::string, size_t> taken;
+  std::map<std::string, std::string> last_key;
+  for (const auto& [node, key] : page) {
+    ++taken[node];
+    last_key[node] = key;
+  }
+  bool more = false;
+  for (const auto& [node, r] : returned) {
+    auto [count, has_more] = r;
+    if (taken[node] == count && !has_more) {
+      (*at)[node] = "~";
+    } else {
+      more = true;
+      if (taken[node] > 0) (*at)[node] = last_key[node];
+    }
+  }
+  return more;
+}
+
 std::string NodeOfSandbox(std::string_view id) {
   // "sb-" + node + "-" + 12 random base32 characters.
   constexpr size_t kRandom = 12;
@@ -556,24 +578,13 @@ void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::R
     return std::tie(a.created_at, a.id) < std::tie(b.created_at, b.id);
   });
   if (items.size() > static_cast<size_t>(limit)) items.resize(static_cast<size_t>(limit));
-  std::map<std::string, size_t> taken;
-  std::map<std::string, std::string> last_key;
+  std::vector<std::pair<std::string, std::string>> page;
   Json out = Json::array();
   for (auto& it : items) {
-    ++taken[it.node];
-    last_key[it.node] = std::to_string(it.created_at) + "." + it.id;
+    page.emplace_back(it.node, std::to_string(it.created_at) + "." + it.id);
     out.push_back(std::move(it.record));
   }
-  bool more = false;
-  for (const auto& [node, r] : returned) {
-    auto [count, has_more] = r;
-    if (taken[node] == count && !has_more) {
-      at[node] = "~";
-    } else {
-      more = true;
-      if (taken[node] > 0) at[node] = last_key[node];
-    }
-  }
+  bool more = AdvanceListCursor(page, returned, &at);
   http::Headers h;
   if (!unavailable.empty()) {
     h.emplace_back("Dsec-Unavailable-Nodes", JoinStrings(unavailable, ","));

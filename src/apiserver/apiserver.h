@@ -114,5 +114,11 @@ std::string PercentEncode(std::string_view s);
 // A list cursor over nodes: where each node's listing stopped ("~": it has no more).
 std::string EncodeCursor(const std::map<std::string, std::string>& at);
 StatusOr<std::map<std::string, std::string>> DecodeCursor(const std::string& text);
+// After a page merged from several nodes' pages: `page` holds the node and the node's own
+// cursor key of each item kept, in order; `returned` each node's (items it gave, whether it
+// has more). Moves each node's place in `at` ("~": listed to its end); true if any has more.
+bool AdvanceListCursor(const std::vector<std::pair<std::string, std::string>>& page,
+                       const std::map<std::string, std::pair<size_t, bool>>& returned,
+                       std::map<std::string, std::string>* at);
 
 }  // namespace dsec::apiserver

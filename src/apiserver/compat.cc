@@ -333,24 +333,13 @@ void CompatFront::E2bList(const http::HttpRequest& req,
     return std::tie(a.started, a.id) < std::tie(b.started, b.id);
   });
   if (items.size() > static_cast<size_t>(limit)) items.resize(static_cast<size_t>(limit));
-  std::map<std::string, size_t> taken;
-  std::map<std::string, std::string> last_key;  // the node's own cursor: "<created ms>.<id>"
+  std::vector<std::pair<std::string, std::string>> page;  // the node's own cursor: "<ms>.<id>"
   Json out = Json::array();
   for (auto& it : items) {
-    ++taken[it.node];
-    last_key[it.node] = std::to_string(ParseRfc3339Ms(it.started)) + "." + it.id;
+    page.emplace_back(it.node, std::to_string(ParseRfc3339Ms(it.started)) + "." + it.id);
     out.push_back(std::move(it.record));
   }
-  bool more = false;
-  for (const auto& [node, r] : returned) {
-    auto [count, has_more] = r;
-    if (taken[node] == count && !has_more) {
-      at[node] = "~";
-    } else {
-      more = true;
-      if (taken[node] > 0) at[node] = last_key[node];
-    }
-  }
+  bool more = AdvanceListCursor(page, returned, &at);
   http::HttpResponse r;
   r.body = out.dump();
   if (more) r.headers.emplace_back("X-Next-Token", EncodeCursor(at));

@@ -60,6 +60,10 @@ http::HttpResponse RpcFail(const Status& s) {
 
 http::HttpResponse RpcOk(const Json& j) { return JsonResponse(200, Dump(j)); }
 
+std::pair<std::string, std::string> ConnectError(const Status& s) {
+  return {std::string(e2b::ConnectCodeFor(s)), s.message()};
+}
+
 // E2B's user of a call: the Authorization header's Basic "<user>:" (sent only when the caller
 // names one), else the default user; "root" is root, anything else the sandbox's user.
 std::string UserOf(const http::HttpRequest& req, const std::string& sandbox_user) {
@@ -225,8 +229,7 @@ struct E2b::Process : public backends::ExecObserver,
       p = pid;
       std::string tail;
       if (!r.ok()) {
-        tail = e2b::EndStream(
-            std::make_pair(std::string(e2b::ConnectCodeFor(r.status())), r.status().message()));
+        tail = e2b::EndStream(ConnectError(r.status()));
       } else if (r->timed_out) {
         // As envd at the request's deadline: no end event, deadline_exceeded (TimeoutError).
         tail = e2b::EndStream(std::make_pair(std::string("deadline_exceeded"),
@@ -301,9 +304,7 @@ struct E2b::Watch : public backends::WatchObserver {
   }
   void OnEnd(const Status& s) override {
     MutexLock l(mu);
-    End(s.ok()
-            ? std::nullopt
-            : std::make_optional(std::make_pair(std::string(e2b::ConnectCodeFor(s)), s.message())));
+    End(s.ok() ? std::nullopt : std::make_optional(ConnectError(s)));
   }
   void End(std::optional<std::pair<std::string, std::string>> error) DSEC_REQUIRES(mu) {
     if (ended) return;
@@ -398,6 +399,13 @@ std::string E2b::AccessToken(const std::string& sandbox_id) const {
 
 std::string E2b::TrafficToken(const std::string& sandbox_id) const {
   return HexEncode(http::HmacSha256(token_key_, "e2b-traffic-access\n" + sandbox_id));
+}
+
+// A streaming call that fails before its first message: HTTP 200, the error in the trailer.
+void E2b::StreamFail(const http::HttpRequest& req, const Res& res, const Status& s) {
+  res->StartStream(200, "application/connect+json");
+  res->End(e2b::EndStream(ConnectError(s)));
+  d_.metrics->CountRequest(req.method, 200);
 }
 
 // ---- the listener ---------------------------------------------------------------------------
@@ -535,11 +543,7 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
   StatusOr<Json> msg = streaming ? e2b::ParseRequestEnvelope(req.body) : ParseJson(req.body);
   if (msg.ok() && !msg->is_object()) msg = InvalidArgument("the request message is not an object");
   // A streaming call's error goes in its end-of-stream trailer, with HTTP 200.
-  auto stream_fail = [&](const Status& s) {
-    res->StartStream(200, "application/connect+json");
-    res->End(e2b::EndStream(std::make_pair(std::string(e2b::ConnectCodeFor(s)), s.message())));
-    d_.metrics->CountRequest(req.method, 200);
-  };
+  auto stream_fail = [&](const Status& s) { StreamFail(req, res, s); };
   if (!msg.ok()) return streaming ? stream_fail(msg.status()) : send(RpcFail(msg.status()));
   const Json& j = *msg;
   auto sb = e->Sandbox();
@@ -737,11 +741,7 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
 
 void E2b::Start(const e2b::StartRequest& sr, const http::HttpRequest& req,
                 const std::shared_ptr<SandboxEntry>& e, const Res& res) {
-  auto stream_fail = [&](const Status& s) {
-    res->StartStream(200, "application/connect+json");
-    res->End(e2b::EndStream(std::make_pair(std::string(e2b::ConnectCodeFor(s)), s.message())));
-    d_.metrics->CountRequest(req.method, 200);
-  };
+  auto stream_fail = [&](const Status& s) { StreamFail(req, res, s); };
   auto sb = e->Sandbox();
   if (!sb.ok()) return stream_fail(sb.status());
   const std::string user = UserOf(req, e->params.user);
@@ -794,8 +794,7 @@ void E2b::Start(const e2b::StartRequest& sr, const http::HttpRequest& req,
       MutexLock l(p->mu);
       if (!p->ended) {
         p->ended = true;
-        res->End(e2b::EndStream(
-            std::make_pair(std::string(e2b::ConnectCodeFor(h.status())), h.status().message())));
+        res->End(e2b::EndStream(ConnectError(h.status())));
         p->streams.clear();
       }
       p->cv.NotifyAll();
@@ -809,11 +808,7 @@ void E2b::Start(const e2b::StartRequest& sr, const http::HttpRequest& req,
 
 void E2b::WatchDir(const Json& j, const http::HttpRequest& req,
                    const std::shared_ptr<SandboxEntry>& e, const Res& res) {
-  auto stream_fail = [&](const Status& s) {
-    res->StartStream(200, "application/connect+json");
-    res->End(e2b::EndStream(std::make_pair(std::string(e2b::ConnectCodeFor(s)), s.message())));
-    d_.metrics->CountRequest(req.method, 200);
-  };
+  auto stream_fail = [&](const Status& s) { StreamFail(req, res, s); };
   auto sb = e->Sandbox();
   if (!sb.ok()) return stream_fail(sb.status());
   auto path = j.find("path");
@@ -841,8 +836,7 @@ void E2b::WatchDir(const Json& j, const http::HttpRequest& req,
                            flag("includeEntry", "include_entry"), w);
   if (!h.ok()) {
     MutexLock l(w->mu);
-    return w->End(
-        std::make_pair(std::string(e2b::ConnectCodeFor(h.status())), h.status().message()));
+    return w->End(ConnectError(h.status()));
   }
   bool ended;
   {

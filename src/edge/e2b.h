@@ -82,6 +82,7 @@ class E2b {
   void Start(const api::e2b::StartRequest& sr, const http::HttpRequest& req,
              const std::shared_ptr<SandboxEntry>& e, const Res& res);
   void Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, const Res& res);
+  void StreamFail(const http::HttpRequest& req, const Res& res, const Status& s);
   void WatchDir(const Json& j, const http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e,
                 const Res& res);
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "api/e2b.h"
 #include "backends/sandbox_types.h"
@@ -28,6 +29,8 @@ http::HttpResponse ApiFail(const Status& s);
 // A unary Connect error, from one of ours.
 http::HttpResponse RpcFail(const Status& s);
 http::HttpResponse RpcOk(const Json& j);
+// A Connect error's code and message (an end-of-stream trailer's), from one of ours.
+std::pair<std::string, std::string> ConnectError(const Status& s);
 // E2B's user of a call: the Authorization header's Basic "<user>:" (sent only when the caller
 // names one), else the default user; "root" is root, anything else the sandbox's user.
 std::string UserOf(const http::HttpRequest& req, const std::string& sandbox_user);

@@ -119,13 +119,7 @@ void SandboxFusion::Handle(http::HttpRequest&& req, std::shared_ptr<http::Respon
 }
 
 void SandboxFusion::RunCode(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) {
-  auto reply = [this, res](int status, std::string body) {
-    d_.metrics->CountRequest("POST", status);
-    http::HttpResponse r;
-    r.status = status;
-    r.body = std::move(body);
-    res->Send(std::move(r));
-  };
+  auto reply = [this, res](int status, std::string body) { Reply(res, status, std::move(body)); };
   auto rq = std::make_shared<fusion::RunCodeRequest>();
   std::vector<fusion::FieldError> errors;
   if (!fusion::ParseRunCode(req.body, rq.get(), &errors))
@@ -189,13 +183,7 @@ void SandboxFusion::Schedule(std::function<void()> run,
 }
 
 void SandboxFusion::RunJupyter(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) {
-  auto reply = [this, res](int status, std::string body) {
-    d_.metrics->CountRequest("POST", status);
-    http::HttpResponse r;
-    r.status = status;
-    r.body = std::move(body);
-    res->Send(std::move(r));
-  };
+  auto reply = [this, res](int status, std::string body) { Reply(res, status, std::move(body)); };
   fusion::RunJupyterRequest jr;
   std::vector<fusion::FieldError> errors;
   if (!fusion::ParseRunJupyter(req.body, &jr, &errors))
@@ -254,6 +242,15 @@ void SandboxFusion::RunJupyter(http::HttpRequest&& req, std::shared_ptr<http::Re
               fusion::RenderRunJupyter(fusion::RunStatus::kSuccess, "", r.run, cells, r.files));
       },
       res);
+}
+
+void SandboxFusion::Reply(const std::shared_ptr<http::Responder>& res, int status,
+                          std::string body) {
+  d_.metrics->CountRequest("POST", status);
+  http::HttpResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  res->Send(std::move(r));
 }
 
 void SandboxFusion::Done() {

@@ -79,6 +79,7 @@ class SandboxFusion {
                    const std::shared_ptr<http::Responder>& res);
 
   void Done();  // a run in a sandbox ended: the next waiting one takes its place
+  void Reply(const std::shared_ptr<http::Responder>& res, int status, std::string body);
 
   static constexpr size_t kMaxWaiting = 4096;
   Deps d_;

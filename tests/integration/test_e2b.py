@@ -89,6 +89,33 @@ def call(e, method, path, body=None, headers=None):
         conn.close()
 
 
+def envelope(obj):
+    """One Connect envelope (flags 0) of a JSON message."""
+    m = json.dumps(obj).encode()
+    return b"\x00" + len(m).to_bytes(4, "big") + m
+
+
+def frames(raw):
+    """A Connect stream's envelopes: [(flags, message)]."""
+    out, i = [], 0
+    while i < len(raw):
+        n = int.from_bytes(raw[i + 1:i + 5], "big")
+        out.append((raw[i], json.loads(raw[i + 5:i + 5 + n])))
+        i += 5 + n
+    return out
+
+
+def run_sh(e, envd, script):
+    """What `sh -c script` prints in the sandbox of `envd` (its headers), through Start."""
+    st, raw, _ = call(e, "POST", "/process.Process/Start",
+                      envelope({"process": {"cmd": "/bin/sh", "args": ["-c", script]},
+                                "stdin": False}),
+                      dict(envd, **{"Content-Type": "application/connect+json"}))
+    assert st == 200, raw
+    return b"".join(base64.b64decode(f.get("event", {}).get("data", {}).get("stdout", ""))
+                    for _, f in frames(raw))
+
+
 def test_protocol_errors_in_their_own_shapes(e2b_edge):
     e = e2b_edge
     key = {"X-API-KEY": e.token, "Content-Type": "application/json"}
@@ -170,21 +197,16 @@ def test_protocol_errors_in_their_own_shapes(e2b_edge):
                       f"Content-Length: {2 << 20}\r\n\r\n".encode())
             assert s.recv(4096).startswith(b"HTTP/1.1 413")
         # And the edge still serves: a command through a plain Start call.
-        msg = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "echo hi"]},
-                          "stdin": False}).encode()
         st, raw, _ = call(e, "POST", "/process.Process/Start",
-                          b"\x00" + len(msg).to_bytes(4, "big") + msg, stream)
-        frames, i = [], 0
-        while i < len(raw):
-            n = int.from_bytes(raw[i + 1:i + 5], "big")
-            frames.append((raw[i], json.loads(raw[i + 5:i + 5 + n])))
-            i += 5 + n
-        assert frames[0][1]["event"]["start"]["pid"] > 0, frames
-        out = b"".join(base64.b64decode(f["event"]["data"]["stdout"]) for _, f in frames
+                          envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "echo hi"]},
+                                    "stdin": False}), stream)
+        got = frames(raw)
+        assert got[0][1]["event"]["start"]["pid"] > 0, got
+        out = b"".join(base64.b64decode(f["event"]["data"]["stdout"]) for _, f in got
                        if "data" in f.get("event", {}))
-        assert out == b"hi\n", frames
-        assert frames[-2][1]["event"]["end"] == {"exited": True, "status": "exit status 0"}
-        assert frames[-1] == (2, {}), frames
+        assert out == b"hi\n", got
+        assert got[-2][1]["event"]["end"] == {"exited": True, "status": "exit status 0"}
+        assert got[-1] == (2, {}), got
     finally:
         call(e, "DELETE", f"/sandboxes/{sid}", None, key)
 
@@ -294,22 +316,11 @@ def test_code_interpreter_protocol_edges(e2b_edge):
             made.append(ctx["id"])
         st, raw, _ = call(e, "POST", "/contexts", {}, ctx_h)
         assert st == 429, raw
-        ps = json.dumps({"process": {"cmd": "/bin/sh", "args": [
-            "-c", "grep -l [d]sec-kernel /proc/[0-9]*/cmdline | wc -l"]}, "stdin": False}).encode()
         envd = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983",
-                "X-Access-Token": sb["envdAccessToken"],
-                "Content-Type": "application/connect+json"}
+                "X-Access-Token": sb["envdAccessToken"]}
 
         def kernels():
-            st, raw, _ = call(e, "POST", "/process.Process/Start",
-                              b"\x00" + len(ps).to_bytes(4, "big") + ps, envd)
-            i, out = 0, b""
-            while i < len(raw):
-                n = int.from_bytes(raw[i + 1:i + 5], "big")
-                ev = json.loads(raw[i + 5:i + 5 + n]).get("event", {})
-                out += base64.b64decode(ev.get("data", {}).get("stdout", ""))
-                i += 5 + n
-            return int(out)
+            return int(run_sh(e, envd, "grep -l [d]sec-kernel /proc/[0-9]*/cmdline | wc -l"))
 
         assert kernels() == 8
         for cid in made:
@@ -346,18 +357,6 @@ def test_watch_dir_edges(e2b_edge):
             "X-Access-Token": sb["envdAccessToken"], "Content-Type": "application/connect+json"}
     u = urllib.parse.urlsplit(e.e2b_url)
 
-    def envelope(obj):
-        m = json.dumps(obj).encode()
-        return b"\x00" + len(m).to_bytes(4, "big") + m
-
-    def frames(raw):
-        out, i = [], 0
-        while i < len(raw):
-            n = int.from_bytes(raw[i + 1:i + 5], "big")
-            out.append((raw[i], json.loads(raw[i + 5:i + 5 + n])))
-            i += 5 + n
-        return out
-
     def watch(path, headers=None):
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
         conn.request("POST", "/filesystem.Filesystem/WatchDir", envelope({"path": path}),
@@ -377,9 +376,7 @@ def test_watch_dir_edges(e2b_edge):
         first = r.read(5)
         body = r.read(int.from_bytes(first[1:5], "big"))
         assert json.loads(body) == {"start": {}}
-        rm = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "rmdir /home/user/gone"]},
-                         "stdin": False}).encode()
-        call(e, "POST", "/process.Process/Start", b"\x00" + len(rm).to_bytes(4, "big") + rm, envd)
+        run_sh(e, envd, "rmdir /home/user/gone")
         got = frames(r.read())
         conn.close()
         assert got[-1][0] == 2 and got[-1][1]["error"]["code"] == "not_found", got
@@ -430,18 +427,7 @@ def test_files_larger_than_64_mib(e2b_edge):
     digest = __import__("hashlib").sha256(blob).hexdigest()
 
     def sha(path):
-        cmd = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", f"sha256sum {path}"]},
-                          "stdin": False}).encode()
-        st, raw, _ = call(e, "POST", "/process.Process/Start",
-                          b"\x00" + len(cmd).to_bytes(4, "big") + cmd,
-                          dict(envd, **{"Content-Type": "application/connect+json"}))
-        i, out = 0, b""
-        while i < len(raw):
-            n = int.from_bytes(raw[i + 1:i + 5], "big")
-            ev = json.loads(raw[i + 5:i + 5 + n]).get("event", {})
-            out += base64.b64decode(ev.get("data", {}).get("stdout", ""))
-            i += 5 + n
-        return out.split()[0].decode()
+        return run_sh(e, envd, f"sha256sum {path}").split()[0].decode()
 
     try:
         st, body, _ = call(e, "POST", "/files?path=/home/user/big.bin", blob,
