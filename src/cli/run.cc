@@ -199,7 +199,8 @@ int Run(const GlobalOptions& g, RunOptions o) {
   backends::container::ContainerBackendOptions bo;
   bo.state_dir = g.state_dir;
   bo.features.userns = !o.no_userns;
-  bo.orphan_timeout_ms = 0;  // nothing re-adopts a dsec run sandbox: it ends with us
+  bo.orphan_timeout_ms = 0;            // nothing re-adopts a dsec run sandbox: it ends with us
+  bo.socket_table_entries = 1u << 16;  // one sandbox (the edge's 2M costs ~50 ms to allocate)
   auto backend = backends::container::ContainerBackend::Create(bo);
   if (!backend.ok()) {
     std::cerr << "dsec: " << backend.status().message() << "\n";

@@ -220,7 +220,7 @@ void ContainerBackend::PrepareSocketBudget() {
     socket_budget_error_ = "off (sockets_per_mb 0)";
   } else if (!cgroups_->has_cgroup2()) {
     socket_budget_error_ = "no cgroup2 hierarchy to attach cgroup BPF programs to";
-  } else if (auto sb = isolation::SocketBudget::Create(1u << 21); sb.ok()) {
+  } else if (auto sb = isolation::SocketBudget::Create(opts_.socket_table_entries); sb.ok()) {
     socket_budget_ = std::move(*sb);
   } else {
     socket_budget_error_ = sb.status().message();

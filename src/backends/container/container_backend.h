@@ -65,6 +65,10 @@ struct ContainerBackendOptions {
   // Inet sockets a sandbox may hold: this many per MiB of its memory limit, at least 256
   // (isolation/socket_budget.h); 0 turns the budget off.
   uint32_t sockets_per_mb = 4;
+  // Sockets the budget tracks node-wide at most (creates past it are refused). Its BPF hash
+  // table's buckets are allocated at start (the power of two at or above it, 16 bytes each: 32
+  // MiB of kernel memory and ~50 ms at the default); `dsec run` (one sandbox) takes far fewer.
+  uint32_t socket_table_entries = 1u << 21;
   bool allow_ptrace = true;
   int setup_timeout_ms = 10000;
   // Loopback-only network namespaces kept for reuse (0: a fresh one per sandbox).
