@@ -10,6 +10,7 @@
 
 #include <cstring>
 
+#include "agent/capture.h"
 #include "agent/exec.h"
 #include "agent/files.h"
 #include "agent/jobs.h"
@@ -503,6 +504,7 @@ constexpr OpEntry kOps[] = {
     Entry<protocol::ListDirRequest, HandleListDir>(),
     Entry<protocol::StatRequest, HandleStat>(),
     Entry<protocol::WatchDirRequest, HandleWatchDir>(),
+    Entry<protocol::CaptureLayerRequest, HandleCaptureLayer>(),
     Entry<protocol::MakeDirRequest, HandleMakeDir>(),
     Entry<protocol::RemoveRequest, HandleRemove>(),
     Entry<protocol::TarExtractRequest, HandleTarExtract>(),

@@ -358,9 +358,12 @@ void GuestMain() {
   int64_t layers = ParseInt64(CmdlineValue(*cmdline, "dsec.layers")).value_or(0);
   int64_t disk_mb = ParseInt64(CmdlineValue(*cmdline, "dsec.disk_mb")).value_or(0);
   Check(BuildRoot(static_cast<int>(layers), disk_mb));
-  // Held for resizing the writable layer at setup (its path is gone after the move).
+  // Held for resizing the writable layer at setup (its path is gone after the move), and for
+  // snapshots (capture_layer reads its upper dir).
   int upper_fd = open(kUpper, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (upper_fd < 0) Fail(ErrnoError("open the writable layer"));
+  UniqueFd layer(open(kUpper, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!layer) Fail(ErrnoError("open the writable layer"));
   unlink("/init");  // the initramfs is RAM; nothing needs it after the move
   Check(SwitchRoot());
   auto cgroup = UserCgroup();
@@ -382,6 +385,7 @@ void GuestMain() {
   cfg.secret = setup->secret;
   cfg.orphan_timeout_ms = setup->orphan_timeout_ms;
   cfg.guest_port = true;
+  cfg.writable_layer = std::move(layer);
   WriteAll(g_port,
            protocol::EncodeFrameOrDie(FrameType::kReady, 0, 0,
                                       protocol::Encode(protocol::Ready{getpid(), -1}).dump()));

@@ -26,6 +26,10 @@ class SandboxNet;
 }
 
 namespace dsec::backends {
+class AgentSession;
+}  // namespace dsec::backends
+
+namespace dsec::backends {
 
 // Counts the OOM kills in the sandbox so far (a cgroup's counter, a guest's). Must stay
 // callable after the instance is destroyed (answer the last value, or 0).
@@ -69,8 +73,11 @@ class Instance {
   // `progress` (may be empty) is called as the layer is read: the bytes so far, and once more
   // with `read_all` when it is all read and is being stored.
   // (What a kind cannot do at all is refused before it gets here: Backend::Capabilities.)
+  // `session`: the running sandbox's agent (a kind whose writable layer only its agent can
+  // read asks it); null while paused.
   virtual StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running,
-                                                          const CaptureProgress& progress) = 0;
+                                                          const CaptureProgress& progress,
+                                                          AgentSession* session) = 0;
 
   // Its network on the node's (net/sandbox_net.h: policy, address, refused packets, the port
   // proxy's connections), over a namespace the kind made; null for a kind without one

@@ -477,7 +477,9 @@ StatusOr<std::vector<std::string>> Sandbox::CaptureStack(bool keep_setuid,
   SandboxState st = state_.load();
   if (st != SandboxState::kRunning && st != SandboxState::kPaused)
     return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)));
-  return instance_->CaptureStack(keep_setuid, st == SandboxState::kRunning, progress);
+  const bool running = st == SandboxState::kRunning;
+  return instance_->CaptureStack(keep_setuid, running, progress,
+                                 running ? session_.get() : nullptr);
 }
 
 Status Sandbox::Destroy() {

@@ -199,6 +199,28 @@ StatusOr<WatchEvent> WatchEventFromJson(const Json& j) {
   return e;
 }
 
+Json Encode(const CaptureLayerRequest& r) {
+  return WithOp(r.kOp, {{"skip", r.skip},
+                        {"empty", r.empty},
+                        {"keep_setuid", r.keep_setuid},
+                        {"max_apparent_bytes", r.max_apparent_bytes}});
+}
+Status Decode(const Json& j, CaptureLayerRequest* out) {
+  for (auto [key, list] : {std::pair{"skip", &out->skip}, std::pair{"empty", &out->empty}}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_array() || it->size() > 256)
+      return InvalidArgument(std::string("field \"") + key + "\" must be a list of paths");
+    for (const auto& p : *it) {
+      if (!p.is_string() || p.get<std::string>().empty() || p.get<std::string>()[0] != '/')
+        return InvalidArgument(std::string("field \"") + key + "\" must hold absolute paths");
+      list->push_back(p.get<std::string>());
+    }
+  }
+  DSEC_ASSIGN_OR_RETURN(out->keep_setuid, GetBool(j, "keep_setuid", false));
+  return GetUnsigned(j, "max_apparent_bytes", 0, INT64_MAX, &out->max_apparent_bytes);
+}
+
 Json Encode(const PingRequest& r) { return WithOp(r.kOp, Json::object()); }
 Status Decode(const Json&, PingRequest*) { return OkStatus(); }
 Json Encode(const PingResponse& r) { return {{"pid", r.pid}, {"active", r.active}}; }

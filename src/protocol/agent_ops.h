@@ -147,6 +147,19 @@ struct WatchEvent {
 Json ToJson(const WatchEvent& e);
 StatusOr<WatchEvent> WatchEventFromJson(const Json& j);
 
+// Captures the writable layer the agent holds (a microVM guest's: its root's overlay upper;
+// a container's is read by the edge itself, and its agent answers FailedPrecondition) as an
+// OCI layer tar (images/capture.h: whiteouts, opaque directories, sparse files), streamed in
+// kData frames on kBody while the sandbox's processes are frozen; the final response is
+// {"bytes": n}. A control {"close": true} stops it.
+struct CaptureLayerRequest {
+  static constexpr std::string_view kOp = "capture_layer";
+  std::vector<std::string> skip;   // paths left out, with what is below them
+  std::vector<std::string> empty;  // directories whose contents are left out
+  bool keep_setuid = false;
+  uint64_t max_apparent_bytes = 0;  // 0: none
+};
+
 struct PingRequest {
   static constexpr std::string_view kOp = "ping";
 };
@@ -313,6 +326,7 @@ DSEC_PROTOCOL_CODEC(SignalAllRequest)
 DSEC_PROTOCOL_CODEC(SignalAllResponse)
 DSEC_PROTOCOL_CODEC(PortConnectRequest)
 DSEC_PROTOCOL_CODEC(WatchDirRequest)
+DSEC_PROTOCOL_CODEC(CaptureLayerRequest)
 DSEC_PROTOCOL_CODEC(PingRequest)
 DSEC_PROTOCOL_CODEC(PingResponse)
 DSEC_PROTOCOL_CODEC(JobStartRequest)

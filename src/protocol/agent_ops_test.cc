@@ -68,6 +68,22 @@ TEST(AgentOpsTest, WatchDirAndItsEvents) {
   EXPECT_FALSE(WatchEventFromJson(Json::array()).ok());
 }
 
+TEST(AgentOpsTest, CaptureLayerRequest) {
+  CaptureLayerRequest r;
+  r.skip = {"/etc/hostname"};
+  r.empty = {"/proc"};
+  r.keep_setuid = true;
+  r.max_apparent_bytes = 123;
+  auto back = RoundTrip(r);
+  EXPECT_EQ(back.skip, r.skip);
+  EXPECT_EQ(back.empty, r.empty);
+  EXPECT_TRUE(back.keep_setuid);
+  EXPECT_EQ(back.max_apparent_bytes, 123u);
+  EXPECT_FALSE(DecodeAs<CaptureLayerRequest>(Json{{"skip", {"relative"}}}).ok());
+  EXPECT_FALSE(DecodeAs<CaptureLayerRequest>(Json{{"empty", "/x"}}).ok());
+  EXPECT_TRUE(DecodeAs<CaptureLayerRequest>(Json::object()).ok());
+}
+
 // The agent has no default user: every file operation must name its ids.
 TEST(AgentOpsTest, MissingIdsAreAnError) {
   for (const char* op : {"read_file", "write_file", "list", "stat", "mkdir", "remove",

@@ -39,6 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)DecodeAs<ListDirResponse>(*j);
       (void)DecodeAs<StatRequest>(*j);
       (void)DecodeAs<WatchDirRequest>(*j);
+      (void)DecodeAs<CaptureLayerRequest>(*j);
       (void)WatchEventFromJson(*j);
       (void)DecodeAs<StatResponse>(*j);
       (void)DecodeAs<MakeDirRequest>(*j);

@@ -98,15 +98,65 @@ def test_microvm_runs_the_image_with_its_own_kernel(edge, client, vm_image):
         assert c.post(f"/v1/sandboxes/{sid}/resume", expect=200).json["state"] == "running"
         assert "sleep 1000" in sh(c, sid, "ps")
         assert len(qemu_processes(sid)) == 1
-        # Fork and snapshot say what the kind cannot do (yet), not a generic refusal.
-        for path, body in (("fork", {}), ("snapshot", {"image": "it-vm-snap:1"})):
-            r = c.post(f"/v1/sandboxes/{sid}/{path}", body, expect=422)
-            assert "microvm sandboxes cannot be snapshotted or forked yet" in \
-                r.json["error"]["message"], r.json
     finally:
         c.remove(sid)
     assert not (edge.state_dir / "microvms" / sid).exists()
     assert qemu_processes(sid) == []
+
+
+def test_microvm_snapshot_and_fork(edge, vm_image):
+    """A microVM's writable layer, captured by its own agent while its processes are frozen:
+    new files and directories and a file of the image deleted (a whiteout) come back in a VM
+    made from the snapshot and in a fork, not the per-boot files (its hostname is its own); the
+    VM runs on with its processes; a paused VM is refused (409) and stays paused."""
+    c = edge.client(timeout=300)
+    microvms(c)
+    ids, snaps = [], []
+    vm = {"kind": "microvm", "memory_mb": 192, "disk_mb": 64}
+    try:
+        sb = c.create(dict(vm, image=vm_image))
+        sid = sb["id"]
+        ids.append(sid)
+        sh(c, sid, "echo kept > /workspace/kept.txt && mkdir -p /workspace/d && "
+                   "echo deep > /workspace/d/f && (sleep 1000 >/dev/null 2>&1 &)")
+        r = c.exec(sid, cmd=["/bin/sh", "-c", "rm /etc/motd && mkdir /etc/new.d && "
+                                              "echo new > /etc/new.d/only"], user="root")
+        assert r["exit_code"] == 0, r
+        image_layers = len(c.get(f"/v1/images/{vm_image}", expect=200).json["layers"])
+        snap = c.post(f"/v1/sandboxes/{sid}/snapshot", {"image": "it-vm-snap:1"},
+                      expect=201).json
+        snaps.append("it-vm-snap:1")
+        assert snap["source"] == "snapshot" and len(snap["layers"]) == image_layers + 1, snap
+        assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["state"] == "running"
+        assert "sleep 1000" in sh(c, sid, "ps")  # thawed, its processes kept
+        sh(c, sid, "echo after > /workspace/after.txt")
+
+        new = c.create(dict(vm, image="it-vm-snap:1"))
+        ids.append(new["id"])
+        out = sh(c, new["id"], "cat /workspace/kept.txt /workspace/d/f; "
+                               "test -e /etc/motd && echo motd-back || echo motd-gone; "
+                               "ls /etc/new.d; test -e /workspace/after.txt && echo after; "
+                               "hostname")
+        assert out == f"kept\ndeep\nmotd-gone\nonly\n{new['id']}\n", out
+
+        forks = c.post(f"/v1/sandboxes/{sid}/fork", {"count": 1}, expect=201).json
+        f = forks["sandboxes"][0]["id"]
+        ids.append(f)
+        assert sh(c, f, "cat /workspace/kept.txt /workspace/after.txt") == "kept\nafter\n"
+        sh(c, f, "echo mine > /workspace/kept.txt")
+        assert sh(c, sid, "cat /workspace/kept.txt") == "kept\n"
+
+        c.post(f"/v1/sandboxes/{sid}/pause", expect=200)
+        r = c.post(f"/v1/sandboxes/{sid}/snapshot", {"image": "it-vm-snap:2"}, expect=409)
+        assert "paused" in r.json["error"]["message"], r.json
+        assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["state"] == "paused"
+    finally:
+        for x in ids:
+            c.remove(x)
+        for name in snaps:
+            c.delete(f"/v1/images/{name}", expect=(204, 404, 409))
+    for x in ids:
+        assert qemu_processes(x) == []
 
 
 def test_what_a_microvm_cannot_boot_is_422(client):
@@ -122,7 +172,7 @@ def test_what_a_microvm_cannot_boot_is_422(client):
     assert client.get("/v1/sandboxes?label=it=vm-caps", expect=200).json["sandboxes"] == []
     kinds = client.get("/v1/node", expect=200).json["features"]["kinds"]
     assert kinds["microvm"] == {"host_image": False, "network": True, "port_proxy": True,
-                                "snapshot": False, "fncall_workers": False}, kinds
+                                "snapshot": True, "fncall_workers": False}, kinds
     assert all(kinds["container"].values()), kinds
 
 

@@ -603,8 +603,9 @@ StatusOr<UniqueFd> ContainerInstance::OpenNetns() const {
   return fd;
 }
 
-StatusOr<std::vector<std::string>> ContainerInstance::CaptureStack(
-    bool keep_setuid, bool running, const CaptureProgress& progress) {
+StatusOr<std::vector<std::string>> ContainerInstance::CaptureStack(bool keep_setuid, bool running,
+                                                                   const CaptureProgress& progress,
+                                                                   AgentSession*) {
   images::ImageStore* store = backend_->opts_.image_store;
   if (!store) return FailedPrecondition("this node has no image store");
   if (layer_fd_ < 0 || overlay_targets_.empty())

@@ -40,7 +40,8 @@ class ContainerInstance : public Instance {
   StatusOr<SandboxStats> Stats() override;
   Status SetMemoryLimit(int64_t bytes) override;
   StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running,
-                                                  const CaptureProgress& progress) override;
+                                                  const CaptureProgress& progress,
+                                                  AgentSession* session) override;
   Status Destroy() override;
   net::SandboxNet* Network() override { return &net_; }
   void Detach() override;

@@ -22,7 +22,8 @@
 // (net::SandboxNet::AttachTap), routed and filtered like a container's veth; its guest gives
 // eth0 the sandbox's address at setup. Its template set includes the NIC (the template's goes
 // nowhere), so clones restore with the device and their own tap. A VM created without a
-// network has no NIC and cannot get one later. Not yet: snapshots, fork, the port proxy.
+// network has no NIC and cannot get one later. Snapshots (and so fork) capture the guest's
+// writable layer through its agent (capture_layer) into a new layer of the image store.
 #pragma once
 
 #include <functional>
@@ -98,13 +99,13 @@ class MicrovmBackend : public Backend {
   ~MicrovmBackend() override;
 
   Kind kind() const override { return Kind::kMicrovm; }
-  // Layered images only; a network (a NIC at create) and the port proxy (relayed by the
-  // agent), but no snapshots or fncall workers yet.
+  // Layered images only; a network (a NIC at create), the port proxy (relayed by the agent)
+  // and snapshots (captured by the agent), but no fncall workers.
   KindCapabilities Capabilities() const override {
     return {.host_image = false,
             .network = true,
             .port_proxy = true,
-            .snapshot = false,
+            .snapshot = true,
             .fncall_workers = false};
   }
   Resources Largest() const override;

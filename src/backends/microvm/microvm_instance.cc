@@ -24,6 +24,7 @@
 #include "backends/microvm/qemu_cmd.h"
 #include "backends/root_sources.h"
 #include "backends/rootfs_plan.h"
+#include "backends/session/agent_session.h"
 #include "backends/session/bootstrap.h"
 #include "base/clock.h"
 #include "base/file_util.h"
@@ -562,6 +563,37 @@ void MicrovmInstance::Detach() {
     uid_slot_ = -1;
   }
   uid_lease_.Reset();
+}
+
+StatusOr<std::vector<std::string>> MicrovmInstance::CaptureStack(bool keep_setuid, bool running,
+                                                                 const CaptureProgress& progress,
+                                                                 AgentSession* session) {
+  images::ImageStore* store = backend_->opts_.image_store;
+  if (!store) return FailedPrecondition("this node has no image store");
+  if (!running || !session)
+    return FailedPrecondition("microVM " + spec_.id +
+                              " is paused: resume it to snapshot it (its agent reads its disk)");
+  protocol::CaptureLayerRequest req;
+  // Per-sandbox files the guest writes at every boot, and the kernel's filesystems.
+  req.skip = {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf"};
+  req.empty = {"/proc", "/sys", "/dev", "/run"};
+  req.keep_setuid = keep_setuid;
+  req.max_apparent_bytes = store->options().max_layer_bytes;
+  images::ImageStore::Lease lease(store);
+  DSEC_ASSIGN_OR_RETURN(auto builder, store->NewLayer());
+  uint64_t read = 0;
+  auto sent = session->CaptureLayer(req, [&](std::string_view d) {
+    read += d.size();
+    if (progress) progress(read, false);
+    return builder->Feed(d);
+  });
+  DSEC_RETURN_IF_ERROR(sent.status().WithContext("capture the writable layer of " + spec_.id));
+  if (progress) progress(read, true);
+  DSEC_ASSIGN_OR_RETURN(images::LayerInfo layer, builder->Commit());
+  std::vector<std::string> out;
+  for (const auto& x : stack_.layers) out.push_back(x.digest);
+  if (std::find(out.begin(), out.end(), layer.digest) == out.end()) out.push_back(layer.digest);
+  return out;
 }
 
 }  // namespace dsec::backends::microvm

@@ -41,10 +41,11 @@ class MicrovmInstance : public Instance {
   Status Resume() override;
   StatusOr<SandboxStats> Stats() override;
   Status SetMemoryLimit(int64_t bytes) override;
-  // Not yet for this kind (MicrovmBackend::Capabilities says so before a request gets here).
-  StatusOr<std::vector<std::string>> CaptureStack(bool, bool, const CaptureProgress&) override {
-    return NoSnapshot(kind());
-  }
+  // The guest's writable layer, captured by its agent (capture_layer) into a new layer of the
+  // image store, on top of the VM's own layers. A paused VM is refused (its agent cannot run).
+  StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running,
+                                                  const CaptureProgress& progress,
+                                                  AgentSession* session) override;
   // Its NIC's tap on the node (when created with a network; a live change to none refuses
   // everything and keeps the NIC).
   net::SandboxNet* Network() override { return &net_; }

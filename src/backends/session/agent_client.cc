@@ -299,6 +299,66 @@ StatusOr<Json> AgentClient::CallSync(const Json& request, std::string_view uploa
   return std::move(r.response);
 }
 
+namespace {
+
+class StreamCall : public AgentClient::Call {
+ public:
+  StreamCall(std::function<Status(std::string_view)> sink, std::weak_ptr<AgentClient> client)
+      : sink_(std::move(sink)), client_(std::move(client)) {}
+  void set_channel(uint32_t ch) { channel_ = ch; }
+  void OnData(uint8_t, std::string_view data) override {
+    bool stop = false;
+    {
+      MutexLock l(mu_);
+      if (!active_ || !sunk_.ok()) return;
+      sunk_ = sink_(data);
+      stop = !sunk_.ok();
+    }
+    if (stop) Close();
+  }
+  void OnResponse(StatusOr<Json> r) override {
+    MutexLock l(mu_);
+    promise_.set_value(sunk_.ok() ? std::move(r) : StatusOr<Json>(sunk_));
+  }
+  std::future<StatusOr<Json>> future() { return promise_.get_future(); }
+  // The caller gave up: no sink call runs once this returns; the agent is asked to stop.
+  void Deactivate() {
+    {
+      MutexLock l(mu_);
+      active_ = false;
+    }
+    Close();
+  }
+
+ private:
+  void Close() {
+    if (auto c = client_.lock()) c->SendControl(channel_, {{"close", true}});
+  }
+  std::function<Status(std::string_view)> sink_;
+  std::weak_ptr<AgentClient> client_;
+  std::atomic<uint32_t> channel_{0};
+  Mutex mu_;
+  bool active_ DSEC_GUARDED_BY(mu_) = true;
+  Status sunk_ DSEC_GUARDED_BY(mu_) = OkStatus();
+  std::promise<StatusOr<Json>> promise_;
+};
+
+}  // namespace
+
+StatusOr<Json> AgentClient::CallSyncStream(const Json& request,
+                                           std::function<Status(std::string_view)> sink,
+                                           int64_t timeout_ms) {
+  auto call = std::make_shared<StreamCall>(std::move(sink), weak_from_this());
+  auto fut = call->future();
+  call->set_channel(StartCall(request, call));
+  if (fut.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
+    call->Deactivate();
+    return DeadlineExceeded("the sandbox agent did not finish within " +
+                            std::to_string(timeout_ms) + " ms");
+  }
+  return fut.get();
+}
+
 StatusOr<Json> AgentClient::CallSyncUpload(const Json& request, int fd, uint64_t offset,
                                            uint64_t size, int64_t timeout_ms) {
   auto call = std::make_shared<SyncCall>(0);

@@ -70,6 +70,12 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
   StatusOr<protocol::Json> CallSyncUpload(const protocol::Json& request, int fd, uint64_t offset,
                                           uint64_t size,
                                           int64_t timeout_ms = kDefaultCallTimeoutMs);
+  // A call whose kData frames go to `sink` as they arrive (on the connection's strand: it must
+  // not block for long; the agent slows down with it). A sink error stops the call (a control
+  // {"close": true}) and is the result.
+  StatusOr<protocol::Json> CallSyncStream(const protocol::Json& request,
+                                          std::function<Status(std::string_view)> sink,
+                                          int64_t timeout_ms = kDefaultCallTimeoutMs);
   // Forgets a call: late frames for it are dropped and its callbacks never run.
   void Abandon(uint32_t channel);
 

@@ -335,6 +335,18 @@ class WatchCall : public AgentClient::Call, public WatchHandle {
 
 }  // namespace
 
+StatusOr<uint64_t> AgentSession::CaptureLayer(const protocol::CaptureLayerRequest& req,
+                                              std::function<Status(std::string_view)> sink) {
+  // A large layer takes a while: as long as an archive may (10 minutes).
+  auto r = client_->CallSyncStream(protocol::Encode(req), std::move(sink), 600000);
+  if (!r.ok() && r.status().code() == StatusCode::kInvalidArgument &&
+      r.status().message().find("unknown operation") != std::string::npos)
+    return FailedPrecondition(
+        "this sandbox's agent predates snapshots of microVMs (it was started by an older edge)");
+  DSEC_RETURN_IF_ERROR(r.status());
+  return r->value("bytes", uint64_t{0});
+}
+
 std::shared_ptr<WatchHandle> AgentSession::WatchDir(protocol::WatchDirRequest req,
                                                     std::shared_ptr<WatchObserver> observer) {
   auto call = std::make_shared<WatchCall>(client_, std::move(observer));

@@ -70,6 +70,10 @@ class AgentSession {
   // (through the observer's OnEnd).
   std::shared_ptr<WatchHandle> WatchDir(protocol::WatchDirRequest req,
                                         std::shared_ptr<WatchObserver> observer);
+  // The writable layer the agent holds, as a layer tar to `sink` (capture_layer; on the
+  // session's I/O thread). Returns the bytes sent.
+  StatusOr<uint64_t> CaptureLayer(const protocol::CaptureLayerRequest& req,
+                                  std::function<Status(std::string_view)> sink);
 
   // Background jobs (protocol/agent_ops.h, job_*): execs the agent keeps, with their output,
   // across connections. An agent older than protocol 3 answers FailedPrecondition.

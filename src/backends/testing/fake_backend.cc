@@ -64,7 +64,8 @@ class FakeInstance : public Instance {
     if (bytes <= 0) return InvalidArgument("memory limit must be positive");
     return OkStatus();
   }
-  StatusOr<std::vector<std::string>> CaptureStack(bool, bool, const CaptureProgress&) override {
+  StatusOr<std::vector<std::string>> CaptureStack(bool, bool, const CaptureProgress&,
+                                                  AgentSession*) override {
     return Unimplemented("fake sandboxes have no writable layer to capture");
   }
   net::SandboxNet* Network() override { return nullptr; }  // caps: no network, no port proxy
