@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/file_util.h"
+#include "base/strings.h"
 #include "images/capture.h"
 
 namespace dsec::agent {

@@ -1,6 +1,7 @@
 // The E2B-compatible API's control plane (e2b.h): create, list, get, kill, pause, resume,
 // timeouts of sandboxes.
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <cmath>
 
 #include "base/logging.h"
