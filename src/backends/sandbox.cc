@@ -282,29 +282,33 @@ std::vector<std::string> Sandbox::ListShells() {
   return {shells_.begin(), shells_.end()};
 }
 
-StatusOr<std::string> Sandbox::ReadFile(const std::string& path, uint64_t max_bytes) {
+StatusOr<std::string> Sandbox::ReadFile(const std::string& path, uint64_t max_bytes,
+                                        const std::string& user) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
-  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(user));
   return session->ReadFile(as, path, max_bytes);
 }
 
-Status Sandbox::WriteFile(const std::string& path, const UploadBody& data, uint32_t mode) {
+Status Sandbox::WriteFile(const std::string& path, const UploadBody& data, uint32_t mode,
+                          const std::string& user) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
-  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(user));
   return session->WriteFile(as, path, data, mode);
 }
 
-StatusOr<std::vector<FileEntry>> Sandbox::ListDir(const std::string& path) {
+StatusOr<std::vector<FileEntry>> Sandbox::ListDir(const std::string& path,
+                                                  const std::string& user) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
-  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(user));
   return session->ListDir(as, path);
 }
 
 StatusOr<std::shared_ptr<WatchHandle>> Sandbox::WatchDir(const std::string& path, bool recursive,
                                                          bool include_entry,
-                                                         std::shared_ptr<WatchObserver> observer) {
+                                                         std::shared_ptr<WatchObserver> observer,
+                                                         const std::string& user) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
-  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(user));
   protocol::WatchDirRequest req;
   req.as = as;
   req.path = path;
@@ -313,21 +317,21 @@ StatusOr<std::shared_ptr<WatchHandle>> Sandbox::WatchDir(const std::string& path
   return session->WatchDir(std::move(req), std::move(observer));
 }
 
-StatusOr<FileEntry> Sandbox::Stat(const std::string& path) {
+StatusOr<FileEntry> Sandbox::Stat(const std::string& path, const std::string& user) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
-  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(user));
   return session->Stat(as, path);
 }
 
-Status Sandbox::MakeDir(const std::string& path, uint32_t mode) {
+Status Sandbox::MakeDir(const std::string& path, uint32_t mode, const std::string& user) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
-  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(user));
   return session->MakeDir(as, path, mode);
 }
 
-Status Sandbox::Remove(const std::string& path, bool recursive) {
+Status Sandbox::Remove(const std::string& path, bool recursive, const std::string& user) {
   DSEC_ASSIGN_OR_RETURN(auto session, Ready());
-  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(""));
+  DSEC_ASSIGN_OR_RETURN(protocol::RunAs as, RunAsUser(user));
   return session->Remove(as, path, recursive);
 }
 

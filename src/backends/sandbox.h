@@ -77,20 +77,23 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // Shell sessions alive in the sandbox (including ones found when it was adopted).
   std::vector<std::string> ListShells();
 
-  // Files, resolved inside the sandbox root, as the sandbox's user.
-  StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes);
-  Status WriteFile(const std::string& path, const UploadBody& data, uint32_t mode);
-  StatusOr<std::vector<FileEntry>> ListDir(const std::string& path);
-  StatusOr<FileEntry> Stat(const std::string& path);
-  Status MakeDir(const std::string& path, uint32_t mode);
-  Status Remove(const std::string& path, bool recursive);
+  // Files, resolved inside the sandbox root, as `user` ("": the sandbox's user).
+  StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes,
+                                 const std::string& user = "");
+  Status WriteFile(const std::string& path, const UploadBody& data, uint32_t mode,
+                   const std::string& user = "");
+  StatusOr<std::vector<FileEntry>> ListDir(const std::string& path, const std::string& user = "");
+  StatusOr<FileEntry> Stat(const std::string& path, const std::string& user = "");
+  Status MakeDir(const std::string& path, uint32_t mode, const std::string& user = "");
+  Status Remove(const std::string& path, bool recursive, const std::string& user = "");
   Status ExtractTar(const std::string& dir, const UploadBody& tar);
   StatusOr<std::string> CreateTar(const std::string& dir, uint64_t max_bytes);
-  // Watches a directory as the sandbox's user: events to `observer` until the handle's Stop
+  // Watches a directory as `user`: events to `observer` until the handle's Stop
   // (or the directory goes, or the sandbox).
   StatusOr<std::shared_ptr<WatchHandle>> WatchDir(const std::string& path, bool recursive,
                                                   bool include_entry,
-                                                  std::shared_ptr<WatchObserver> observer);
+                                                  std::shared_ptr<WatchObserver> observer,
+                                                  const std::string& user = "");
 
   // Signals every user process (the agent survives). Returns how many there were.
   StatusOr<int> SignalAll(int sig);

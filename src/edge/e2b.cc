@@ -639,7 +639,7 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
     return Resolve(v->get<std::string>(), user);
   };
   auto entry_of = [&](const std::string& path) -> StatusOr<Json> {
-    DSEC_ASSIGN_OR_RETURN(backends::FileEntry f, (*sb)->Stat(path));
+    DSEC_ASSIGN_OR_RETURN(backends::FileEntry f, (*sb)->Stat(path, user));
     return e2b::EntryJson(EntryOf(f, path));
   };
   // A command as E2B's user, for what the agent has no call for (mv): an exec of the sandbox
@@ -685,7 +685,7 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
     while (!todo.empty()) {
       auto [dir, level] = todo.back();
       todo.pop_back();
-      auto list = (*sb)->ListDir(dir);
+      auto list = (*sb)->ListDir(dir, user);
       if (!list.ok()) {
         if (level == 1) return send(RpcFail(list.status()));
         continue;
@@ -703,11 +703,11 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
   if (method == "filesystem.Filesystem/MakeDir") {
     auto p = path_of("path");
     if (!p.ok()) return send(RpcFail(p.status()));
-    if (auto st = (*sb)->Stat(*p); st.ok())
+    if (auto st = (*sb)->Stat(*p, user); st.ok())
       return send(RpcFail(st->type == "dir"
                               ? Status(StatusCode::kAlreadyExists, "directory " + *p + " exists")
                               : InvalidArgument("path " + *p + " exists and is not a directory")));
-    if (Status s = (*sb)->MakeDir(*p, 0755); !s.ok()) return send(RpcFail(s));
+    if (Status s = (*sb)->MakeDir(*p, 0755, user); !s.ok()) return send(RpcFail(s));
     auto en = entry_of(*p);
     if (!en.ok()) return send(RpcFail(en.status()));
     return send(RpcOk({{"entry", *en}}));
@@ -717,7 +717,7 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
     auto dst = path_of("destination");
     if (!src.ok()) return send(RpcFail(src.status()));
     if (!dst.ok()) return send(RpcFail(dst.status()));
-    if (auto st = (*sb)->Stat(*src); !st.ok()) return send(RpcFail(st.status()));
+    if (auto st = (*sb)->Stat(*src, user); !st.ok()) return send(RpcFail(st.status()));
     if (Status s =
             run({"/bin/sh", "-c", "mkdir -p -- \"$(dirname -- \"$2\")\" && mv -f -- \"$1\" \"$2\"",
                  "sh", *src, *dst});
@@ -731,7 +731,7 @@ void E2b::Rpc(const std::string& method, http::HttpRequest& req,
     auto p = path_of("path");
     if (!p.ok()) return send(RpcFail(p.status()));
     if (*p == "/") return send(RpcFail(InvalidArgument("refusing to remove /")));
-    Status s = (*sb)->Remove(*p, /*recursive=*/true);
+    Status s = (*sb)->Remove(*p, /*recursive=*/true, user);
     if (!s.ok() && s.code() != StatusCode::kNotFound) return send(RpcFail(s));
     return send(RpcOk(Json::object()));
   }
@@ -753,7 +753,7 @@ void E2b::Start(const e2b::StartRequest& sr, const http::HttpRequest& req,
   er.user = user;
   // envd's default: the sandbox's workdir (/home/user for those made through E2B).
   er.cwd = sr.cwd ? Resolve(*sr.cwd, user) : e->params.workdir;
-  if (auto st = (*sb)->Stat(er.cwd); !st.ok() || st->type != "dir")
+  if (auto st = (*sb)->Stat(er.cwd, user); !st.ok() || st->type != "dir")
     return stream_fail(InvalidArgument("cwd '" + er.cwd + "' does not exist"));
   // Connect-Timeout-Ms: the call's deadline, the command's too (envd kills it then).
   er.timeout_ms = 0;
@@ -821,19 +821,20 @@ void E2b::WatchDir(const Json& j, const http::HttpRequest& req,
   };
   auto w = std::make_shared<Watch>();
   w->res = res;
-  w->dir = Resolve(path->get<std::string>(), UserOf(req, e->params.user));
+  const std::string user = UserOf(req, e->params.user);
+  w->dir = Resolve(path->get<std::string>(), user);
   if (std::string t = req.Header("connect-timeout-ms"); !t.empty()) {
     auto ms = ParseInt64(t);
     if (!ms || *ms < 0) return stream_fail(InvalidArgument("Connect-Timeout-Ms must be a number"));
     if (*ms > 0) w->deadline_ms = MonotonicMs() + *ms;
   }
-  if (auto st = (*sb)->Stat(w->dir); !st.ok())
+  if (auto st = (*sb)->Stat(w->dir, user); !st.ok())
     return stream_fail(st.status());
   else if (st->type != "dir")
     return stream_fail(InvalidArgument("path '" + w->dir + "' is not a directory"));
   res->StartStream(200, "application/connect+json");
   auto h = (*sb)->WatchDir(w->dir, flag("recursive", "recursive"),
-                           flag("includeEntry", "include_entry"), w);
+                           flag("includeEntry", "include_entry"), w, user);
   if (!h.ok()) {
     MutexLock l(w->mu);
     return w->End(ConnectError(h.status()));
@@ -870,7 +871,7 @@ void E2b::Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, 
   if (req.method == "GET") {
     if (!qpath || qpath->empty()) return fail(400, "path is required");
     std::string path = Resolve(*qpath, user);
-    auto st = (*sb)->Stat(path);
+    auto st = (*sb)->Stat(path, user);
     if (!st.ok()) {
       if (st.status().code() == StatusCode::kNotFound)
         return fail(404, "path '" + path + "' does not exist");
@@ -883,7 +884,7 @@ void E2b::Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, 
     if (st->type == "file" && st->size > cap)
       return fail(413, "'" + path + "' is larger than the node's max_download_bytes");
     // One byte past the cap tells a file that grew since the stat (or a symlink's target).
-    auto data = (*sb)->ReadFile(path, cap + 1);
+    auto data = (*sb)->ReadFile(path, cap + 1, user);
     if (!data.ok()) return fail(ApiFail(data.status()).status, data.status().message());
     if (data->size() > cap)
       return fail(413, "'" + path + "' is larger than the node's max_download_bytes");
@@ -900,8 +901,9 @@ void E2b::Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, 
     if (!req.Header("content-encoding").empty() && req.Header("content-encoding") != "identity")
       return fail(400, "compressed uploads (Content-Encoding) are not accepted");
     std::string path = Resolve(*qpath, user);
-    Status s = req.body_file ? (*sb)->WriteFile(path, {req.body_file.get(), req.body_size}, 0644)
-                             : (*sb)->WriteFile(path, req.body, 0644);
+    Status s = req.body_file
+                   ? (*sb)->WriteFile(path, {req.body_file.get(), req.body_size}, 0644, user)
+                   : (*sb)->WriteFile(path, req.body, 0644, user);
     req.body_file.Reset();
     if (!s.ok()) return fail(ApiFail(s).status, s.message());
     Json out = Json::array();
@@ -941,7 +943,7 @@ void E2b::Files(http::HttpRequest& req, const std::shared_ptr<SandboxEntry>& e, 
   if (files.empty()) return fail(400, "no file in the request");
   Json out = Json::array();
   for (const auto& [path, data] : files) {
-    if (Status s = (*sb)->WriteFile(path, upload_of(data), 0644); !s.ok())
+    if (Status s = (*sb)->WriteFile(path, upload_of(data), 0644, user); !s.ok())
       return fail(ApiFail(s).status, s.message());
     out.push_back({{"name", BaseName(path)}, {"type", "file"}, {"path", path}});
   }

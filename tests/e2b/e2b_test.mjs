@@ -104,6 +104,15 @@ step("files", async () => {
   // A command sees what the files API wrote, as E2B's user.
   const r = await sbx.commands.run("stat -c '%U %s' /home/user/bin.dat");
   assert.match(r.stdout, / 256\n$/);
+  // E2B's root is the sandbox's root for files too; its default user may not write there.
+  await sbx.files.write("/etc/e2b-root.txt", "as root", { user: "root" });
+  assert.equal(await sbx.files.read("/etc/e2b-root.txt", { user: "root" }), "as root");
+  const owner = await sbx.commands.run("stat -c %U /etc/e2b-root.txt");
+  assert.equal(owner.stdout.trim(), "root");
+  await assert.rejects(sbx.files.write("/etc/e2b-user.txt", "x"));
+  assert.equal(await sbx.files.makeDir("/etc/e2b-dir", { user: "root" }), true);
+  await sbx.files.remove("/etc/e2b-dir", { user: "root" });
+  assert.equal(await sbx.files.exists("/etc/e2b-dir"), false);
 });
 
 step("files.watchDir", async () => {
