@@ -41,13 +41,6 @@ http::HttpResponse Detail(int status, const std::string& detail) {
   return r;
 }
 
-// "http://host:port" -> host, port.
-bool SplitUrl(std::string_view url, std::string* host, uint16_t* port) {
-  if (size_t p = url.find("://"); p != std::string_view::npos) url.remove_prefix(p + 3);
-  url = url.substr(0, url.find('/'));
-  return http::ParseHostPort(std::string(url), host, port).ok();
-}
-
 // E2B's startedAt ("2026-12-06T18:00:00.123Z") in ms since the epoch; 0 if it is not one.
 int64_t ParseRfc3339Ms(const std::string& s) {
   struct tm tm {};
@@ -79,20 +72,7 @@ const std::string& CompatFront::UrlOf(const NodeState& n) const {
 }
 
 std::string CompatFront::FusionRoute(const http::HttpRequest& req) const {
-  const std::string bearer = http::BearerToken(req);
-  int auth_headers = 0;
-  for (const auto& [k, v] : req.headers) auth_headers += k == "authorization";
-  bool ok = false;
-  if (auth_headers <= 1 && !bearer.empty())
-    for (const auto& t : o_.tokens) ok = ok || http::ConstantTimeEquals(bearer, t);
-  if (ok) return req.path;
-  // "/TOKEN/run_code": for clients that take a URL and nothing else.
-  if (req.path.size() < 2 || req.path[0] != '/') return "";
-  size_t end = req.path.find('/', 1);
-  if (end == std::string::npos) return "";
-  std::string_view first = std::string_view(req.path).substr(1, end - 1);
-  for (const auto& t : o_.tokens) ok = ok || http::ConstantTimeEquals(first, t);
-  return ok ? req.path.substr(end) : "";
+  return http::PathBehindToken(req, o_.tokens);
 }
 
 http::Preflight CompatFront::Check(http::HttpRequest& req) {
@@ -179,8 +159,13 @@ std::optional<NodeState> CompatFront::Choose() {
     double busy = static_cast<double>(n.rec.sandboxes + (it == inflight_.end() ? 0 : it->second));
     return busy / static_cast<double>(std::max<int64_t>(1, n.rec.max_sandboxes));
   };
-  std::uniform_int_distribution<size_t> pick(0, ok.size() - 1);
-  size_t a = pick(rng_), b = pick(rng_);
+  // Two different nodes (when there are two), the less loaded of them.
+  size_t a = std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng_);
+  size_t b = a;
+  if (ok.size() > 1) {
+    b = std::uniform_int_distribution<size_t>(0, ok.size() - 2)(rng_);
+    if (b >= a) ++b;
+  }
   return load(ok[a]) <= load(ok[b]) ? ok[a] : ok[b];
 }
 
@@ -234,7 +219,7 @@ void CompatFront::Relay(http::HttpRequest req) {
   }
   std::string host;
   uint16_t port = 0;
-  if (!SplitUrl(UrlOf(*n), &host, &port))
+  if (!http::ParseHttpUrl(UrlOf(*n), &host, &port).ok())
     return refuse(502, "node " + n->rec.node + " published a bad URL: " + UrlOf(*n));
   http::ProxiedRequest pr;
   if (Status s = http::FrameBody(req, &pr); !s.ok()) return refuse(400, s.message());
@@ -296,7 +281,7 @@ void CompatFront::E2bList(const http::HttpRequest& req,
       auto& c = clients_[UrlOf(n)];
       std::string host;
       uint16_t port = 0;
-      if (!c && SplitUrl(UrlOf(n), &host, &port))
+      if (!c && http::ParseHttpUrl(UrlOf(n), &host, &port).ok())
         c = std::make_shared<http::HttpClient>(host, port);
       client = c;
     }

@@ -37,6 +37,7 @@
 #include "edge/node_budget.h"
 #include "edge/sandbox_fusion.h"
 #include "edge/state_store.h"
+#include "http/client.h"
 #include "http/server.h"
 
 namespace dsec::edge {
@@ -349,14 +350,13 @@ net::NodeNetworkOptions NetworkOptions(const EdgeConfig& cfg, AuditLog* audit) {
 // or on the advertised API's host when it listens on every address.
 std::string AdvertisedUrlOf(const std::string& advertise, const std::string& listen,
                             const http::HttpServer* server) {
-  if (!server || listen.empty()) return "";
-  std::string host = listen.substr(0, listen.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
-    std::string_view a = advertise;
-    if (size_t p = a.find("://"); p != std::string_view::npos) a.remove_prefix(p + 3);
-    a = a.substr(0, a.find('/'));
-    host = std::string(a.substr(0, a.rfind(':')));
+  std::string host;
+  uint16_t port = 0;
+  if (!server || listen.empty() || !http::ParseHostPort(listen, &host, &port).ok()) return "";
+  if (host.empty() || host == "0.0.0.0" || host == "::") {
+    if (!http::ParseHttpUrl(advertise, &host, &port).ok()) return "";
   }
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
   return "http://" + host + ":" + std::to_string(server->tcp_port());
 }
 

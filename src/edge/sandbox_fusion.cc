@@ -57,20 +57,7 @@ const char* kSupported =
 
 std::string SandboxFusion::Route(const http::HttpRequest& req) const {
   if (d_.cfg->sandbox_fusion_auth == "none") return req.path;
-  const std::string bearer = http::BearerToken(req);
-  int auth_headers = 0;
-  for (const auto& [k, v] : req.headers) auth_headers += k == "authorization";
-  bool ok = false;
-  if (auth_headers <= 1 && !bearer.empty())
-    for (const auto& t : d_.tokens) ok = ok || http::ConstantTimeEquals(bearer, t);
-  if (ok) return req.path;
-  // "/TOKEN/run_code": for clients that take a URL and nothing else.
-  if (req.path.size() < 2 || req.path[0] != '/') return "";
-  size_t end = req.path.find('/', 1);
-  if (end == std::string::npos) return "";
-  std::string_view first = std::string_view(req.path).substr(1, end - 1);
-  for (const auto& t : d_.tokens) ok = ok || http::ConstantTimeEquals(first, t);
-  return ok ? req.path.substr(end) : "";
+  return http::PathBehindToken(req, d_.tokens);
 }
 
 http::Preflight SandboxFusion::Check(http::HttpRequest& req) {

@@ -44,6 +44,22 @@ std::string BearerToken(const HttpRequest& req) {
   return {};
 }
 
+std::string PathBehindToken(const HttpRequest& req, const std::vector<std::string>& tokens) {
+  const std::string bearer = BearerToken(req);
+  int auth_headers = 0;
+  for (const auto& [k, v] : req.headers) auth_headers += k == "authorization";
+  bool ok = false;
+  if (auth_headers <= 1 && !bearer.empty())
+    for (const auto& t : tokens) ok = ok || ConstantTimeEquals(bearer, t);
+  if (ok) return req.path;
+  if (req.path.size() < 2 || req.path[0] != '/') return "";
+  size_t end = req.path.find('/', 1);
+  if (end == std::string::npos) return "";
+  std::string_view first = std::string_view(req.path).substr(1, end - 1);
+  for (const auto& t : tokens) ok = ok || ConstantTimeEquals(first, t);
+  return ok ? req.path.substr(end) : "";
+}
+
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size() || b.empty()) return false;
   unsigned char diff = 0;

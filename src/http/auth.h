@@ -18,6 +18,12 @@ StatusOr<std::vector<std::string>> LoadOrCreateTokens(const std::string& path);
 // The token of "Authorization: Bearer <token>" (any case of "Bearer"); "" if there is none.
 std::string BearerToken(const HttpRequest& req);
 
+// The path of a request whose caller holds one of `tokens`: as a bearer token (one
+// Authorization header), or as the path's first segment, which is then cut off
+// ("/TOKEN/run_code" -> "/run_code", for clients that take a URL and nothing else); "" when
+// it holds neither.
+std::string PathBehindToken(const HttpRequest& req, const std::vector<std::string>& tokens);
+
 // Compares without an early exit; an empty `b` never matches.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
