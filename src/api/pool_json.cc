@@ -177,4 +177,37 @@ Json ToJson(const std::vector<pools::PoolStatus>& all) {
   return arr;
 }
 
+StatusOr<PoolConfig> ParsePoolPut(std::string_view body, const std::string& name,
+                                  const PoolConfig* existing, const PoolDefaultsFn& defaults) {
+  auto j = ParseJson(body.empty() ? "{}" : body);
+  if (!j.ok() || !j->is_object()) return InvalidArgument("the body must be a JSON object");
+  if (j->contains("name") && (*j)["name"] != name)
+    return InvalidArgument("\"name\" differs from the path");
+  PoolKind kind = existing ? existing->kind : PoolKind::kFncall;
+  if (auto k = j->find("kind"); k != j->end() && k->is_string()) {
+    auto named = PoolKindFromName(k->get<std::string>());
+    if (!named) return InvalidArgument("\"kind\" must be \"fncall\" or \"container\"");
+    kind = *named;
+  }
+  PoolConfig base = existing && existing->kind == kind ? *existing : defaults(kind);
+  if (!j->contains("runtime") && kind == PoolKind::kFncall && !existing) {
+    if (!j->contains("command")) return InvalidArgument("\"runtime\" is required");
+    base.runtime = backends::FnRuntime::kExec;
+  }
+  base.name = name;
+  return PoolConfigFromJson(*j, base);
+}
+
+StatusOr<PoolConfig> StoredPoolFromJson(std::string_view text, const std::string& name,
+                                        const PoolDefaultsFn& defaults) {
+  auto j = ParseJson(text);
+  // A stored kind that is not valid is refused by PoolConfigFromJson below.
+  auto kind = PoolKindFromName(j.ok() && j->is_object() && (*j)["kind"].is_string()
+                                   ? (*j)["kind"].get<std::string>()
+                                   : "fncall");
+  PoolConfig base = defaults(kind.value_or(PoolKind::kFncall));
+  base.name = name;
+  return j.ok() ? PoolConfigFromJson(*j, base) : StatusOr<PoolConfig>(j.status());
+}
+
 }  // namespace dsec::api

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "api/errors.h"
+#include "api/exec_json.h"
 #include "api/routes.h"
 #include "backends/pools/pool.h"
 #include "base/base64.h"
@@ -97,6 +98,7 @@ class Api {
     // Feature entries that change while the edge runs (merged into `features` per request).
     std::function<Json()> live_features;
     std::function<int64_t()> connections;
+    std::function<int64_t()> accepted;  // TCP connections accepted since the start
     // Where proxied connections (api_ports.cc) are relayed: the HTTP server's I/O.
     boost::asio::io_context* proxy_io = nullptr;
   };
@@ -162,42 +164,10 @@ pools::PoolConfig PoolDefaults(const EdgeConfig& cfg, pools::PoolKind kind);
 void LoadPools(const EdgeConfig& cfg, bool userns, pools::PoolSet* pools, StateStore* store,
                images::ImageStore* images);
 
-// Output bytes kept for a JSON string: utf-8 (invalid sequences become U+FFFD when encoded)
-// or base64. A multi-byte character split across chunks is carried to the next chunk.
-class Encoder {
- public:
-  explicit Encoder(bool base64) : base64_(base64) {}
-  std::string Take(std::string_view data, bool final) {
-    if (base64_) return Base64Encode(data);
-    std::string s = carry_ + std::string(data);
-    carry_.clear();
-    if (!final) {
-      // Keep back an incomplete UTF-8 sequence at the end (at most 3 bytes).
-      size_t n = s.size(), i = n;
-      while (i > 0 && n - i < 3 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) --i;
-      if (i > 0) {
-        unsigned char lead = static_cast<unsigned char>(s[i - 1]);
-        size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-        if (need > 1 && n - (i - 1) < need) {
-          carry_ = s.substr(i - 1);
-          s.resize(i - 1);
-        }
-      }
-    }
-    return s;
-  }
-
- private:
-  bool base64_;
-  std::string carry_;
-};
-
-// A request's "stdin" as bytes, by its "stdin_encoding" (utf-8, the default, or base64).
-StatusOr<std::string> DecodeStdin(std::optional<std::string> data,
-                                  const std::optional<std::string>& encoding);
-
-// The exec result fields shared by every response shape (without the output).
-Json ResultJson(const backends::ExecResult& r, bool base64);
+// The exec codecs the handlers share (api/exec_json.h).
+using api::DecodeStdin;
+using api::Encoder;
+using api::ResultJson;
 
 using api::HttpErrorFor;
 using api::ValidateId;

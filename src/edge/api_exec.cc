@@ -4,15 +4,13 @@
 // Every exec is written to the audit log when it starts and when it ends.
 #include <algorithm>
 #include <boost/asio/steady_timer.hpp>
-#include <cmath>
-#include <csignal>
 
+#include "api/exec_json.h"
 #include "base/base64.h"
 #include "base/clock.h"
 #include "base/ids.h"
 #include "edge/api.h"
 #include "edge/exec_ticket.h"
-#include "http/json_body.h"
 
 namespace dsec::edge {
 
@@ -23,116 +21,7 @@ using backends::ExecObserver;
 using backends::ExecRequest;
 using backends::ExecResult;
 
-constexpr uint64_t kDefaultOutput = 1 << 20;
-constexpr int64_t kMaxTimeoutMs = 86400000;
-
-struct ExecParams {
-  ExecRequest req;
-  bool base64 = false;
-  bool background = false;
-  Json audit_cmd;
-};
-
-// "user" names a user of the sandbox ("sandbox", "root", a name or a uid); empty is an error,
-// not the default.
-Status CheckUser(const std::optional<std::string>& user) {
-  if (user && user->empty()) return InvalidArgument("\"user\" must not be empty");
-  return OkStatus();
-}
-
-StatusOr<ExecParams> ParseExec(const std::string& body, const EdgeConfig& cfg) {
-  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
-  ExecParams p;
-  // "cmd" as a string (E2B-style REST users send one) runs as "sh -c STRING", as "shell" does.
-  std::optional<std::vector<std::string>> cmd;
-  std::optional<std::string> cmd_string;
-  if (auto it = b.json().find("cmd"); it != b.json().end() && it->is_string()) {
-    DSEC_ASSIGN_OR_RETURN(cmd_string, b.String("cmd", 1 << 20));
-  } else {
-    DSEC_ASSIGN_OR_RETURN(cmd, b.StringArray("cmd", 4096, 1 << 20));
-  }
-  DSEC_ASSIGN_OR_RETURN(auto shell, b.String("shell", 1 << 20));
-  DSEC_ASSIGN_OR_RETURN(auto stdin_data, b.String("stdin", cfg.max_json_body_bytes));
-  DSEC_ASSIGN_OR_RETURN(auto stdin_enc, b.String("stdin_encoding", 16));
-  DSEC_ASSIGN_OR_RETURN(auto env, b.StringMap("env", 256, 256, 32 << 10));
-  DSEC_ASSIGN_OR_RETURN(auto cwd, b.String("cwd", 4096));
-  DSEC_ASSIGN_OR_RETURN(auto user, b.String("user", 64));
-  DSEC_ASSIGN_OR_RETURN(auto timeout, b.Int("timeout_ms", 0, kMaxTimeoutMs));
-  DSEC_ASSIGN_OR_RETURN(auto max_out,
-                        b.Int("max_output_bytes", 0, static_cast<int64_t>(cfg.max_output_bytes)));
-  DSEC_ASSIGN_OR_RETURN(auto enc, b.String("encoding", 16));
-  DSEC_ASSIGN_OR_RETURN(auto background, b.Bool("background"));
-  DSEC_ASSIGN_OR_RETURN(auto grader, b.Bool("grader"));
-  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
-  (void)rid;
-  DSEC_RETURN_IF_ERROR(b.Finish());
-  if ((cmd.has_value() || cmd_string.has_value()) == shell.has_value())
-    return InvalidArgument(
-        "give exactly one of \"cmd\" (an array, or a string for sh -c) and \"shell\"");
-  if (cmd_string) {
-    if (cmd_string->empty()) return InvalidArgument("\"cmd\" must not be empty");
-    shell = std::move(cmd_string);
-  }
-  if (cmd) {
-    if (cmd->empty() || (*cmd)[0].empty()) return InvalidArgument("\"cmd\" must not be empty");
-    p.req.cmd = *cmd;
-    p.audit_cmd = AuditLog::Command(*cmd);
-  } else {
-    p.req.shell = *shell;
-    p.audit_cmd = AuditLog::Clip(*shell);
-  }
-  if (enc && *enc != "utf-8" && *enc != "base64")
-    return InvalidArgument("\"encoding\" must be \"utf-8\" or \"base64\"");
-  p.base64 = enc && *enc == "base64";
-  DSEC_ASSIGN_OR_RETURN(p.req.stdin_data, DecodeStdin(std::move(stdin_data), stdin_enc));
-  if (cwd && (cwd->empty() || (*cwd)[0] != '/'))
-    return InvalidArgument("\"cwd\" must be an absolute path");
-  DSEC_RETURN_IF_ERROR(CheckUser(user));
-  if (env) p.req.env = http::Flatten(*env);
-  if (cwd) p.req.cwd = *cwd;
-  if (user) p.req.user = *user;
-  p.req.timeout_ms = timeout.value_or(30000);
-  p.req.max_output_bytes = static_cast<uint64_t>(max_out.value_or(kDefaultOutput));
-  p.background = background.value_or(false);
-  p.req.grader = grader.value_or(false);  // (with "user": 400 from the backend)
-  return p;
-}
-
-}  // namespace
-
-StatusOr<std::string> DecodeStdin(std::optional<std::string> data,
-                                  const std::optional<std::string>& encoding) {
-  if (encoding && *encoding != "utf-8" && *encoding != "base64")
-    return InvalidArgument("\"stdin_encoding\" must be \"utf-8\" or \"base64\"");
-  if (!data) return std::string();
-  if (encoding && *encoding == "base64") {
-    auto d = Base64Decode(*data);
-    if (!d) return InvalidArgument("\"stdin\" is not valid base64");
-    return std::move(*d);
-  }
-  return std::move(*data);
-}
-
-Json ResultJson(const ExecResult& r, bool base64) {
-  return {{"exit_code", r.exit_code},
-          {"signal", r.signal ? Json(r.signal) : Json(nullptr)},
-          {"stdout_truncated", r.stdout_truncated},
-          {"stderr_truncated", r.stderr_truncated},
-          {"timed_out", r.timed_out},
-          {"oom_killed", r.oom_killed},
-          {"duration_ms", std::round(r.duration_ms * 1000.0) / 1000.0},  // to the microsecond
-          {"stdout_bytes", r.stdout_bytes},
-          {"stderr_bytes", r.stderr_bytes},
-          {"encoding", base64 ? "base64" : "utf-8"}};
-}
-
-namespace {
-
-Json ErrorJson(const Status& s) {
-  auto [status, code] = HttpErrorFor(s);
-  (void)status;
-  return {{"error", {{"code", code}, {"message", s.message()}}}};
-}
+using api::ExecParams;
 
 // An exec ticket (edge/exec_ticket.h) for a request of the API.
 StatusOr<std::shared_ptr<ExecTicket>> TakeTicket(const std::shared_ptr<Ctx>& c,
@@ -171,13 +60,11 @@ class CollectObserver : public ExecObserver {
   void OnExit(const StatusOr<ExecResult>& r) override {
     ticket_->Finish(r);
     if (!r.ok()) return done_(r.status());
-    Json j = ResultJson(*r, base64_);
-    Encoder eo(base64_), ee(base64_);
-    j["stdout"] = eo.Take(out_, true);
-    j["stderr"] = ee.Take(err_, true);
     // What the node's output budget could not hold is cut like what passed the cap.
-    if (out_dropped_) j["stdout_truncated"] = true;
-    if (err_dropped_) j["stderr_truncated"] = true;
+    ExecResult result = *r;
+    result.stdout_truncated |= out_dropped_;
+    result.stderr_truncated |= err_dropped_;
+    Json j = api::ResultJson(result, base64_, out_, err_);
     std::string().swap(out_);
     std::string().swap(err_);
     done_(j);
@@ -218,16 +105,15 @@ class StreamObserver : public ExecObserver {
     bool is_err = stream == backends::kStderrStream;
     std::string text = (is_err ? err_ : out_).Take(data, false);
     if (text.empty()) return;
-    Emit(Json{{is_err ? "stderr" : "stdout", text}});
+    Emit(api::OutputJson(is_err, std::move(text)));
   }
   void OnExit(const StatusOr<ExecResult>& r) override {
     ticket_->Finish(r);
     for (bool is_err : {false, true}) {
       std::string rest = (is_err ? err_ : out_).Take("", true);
-      if (!rest.empty()) Emit(Json{{is_err ? "stderr" : "stdout", rest}});
+      if (!rest.empty()) Emit(api::OutputJson(is_err, std::move(rest)));
     }
-    Json last = r.ok() ? Json{{"exit", ResultJson(*r, base64_)}} : ErrorJson(r.status());
-    std::string line = last.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+    std::string line = api::Line(api::ExitJson(r, base64_)) + "\n";
     MutexLock l(mu_);
     if (started_) {
       res_->End(std::move(line));
@@ -238,7 +124,7 @@ class StreamObserver : public ExecObserver {
 
  private:
   void Emit(const Json& j) {
-    std::string line = j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+    std::string line = api::Line(j) + "\n";
     MutexLock l(mu_);
     if (started_) {
       res_->Write(std::move(line));
@@ -258,28 +144,8 @@ class StreamObserver : public ExecObserver {
 
 // A background exec is a job its sandbox's agent keeps (agent/jobs.h), so that it and its
 // output survive a restart of the edge; the edge holds nothing of it but the audit ticket.
-// Its encoding is kept with it ("meta").
-bool JobBase64(const protocol::JobInfo& i) { return i.meta == "base64"; }
-
-// ExecStatus. `out`/`err`: the whole output (the result's stdout and stderr) once it exited;
-// without them the result has only the exit fields (lists, live reads).
-Json JobJson(const protocol::JobInfo& i, const std::string* out = nullptr,
-             const std::string* err = nullptr) {
-  bool base64 = JobBase64(i);
-  Json j = {{"exec_id", i.job_id},
-            {"state", i.done ? "exited" : "running"},
-            {"started_at", i.started_at},
-            {"result", nullptr}};
-  if (i.done) {
-    Json r = ResultJson(i.result, base64);
-    if (out && err) {
-      r["stdout"] = Encoder(base64).Take(*out, true);
-      r["stderr"] = Encoder(base64).Take(*err, true);
-    }
-    j["result"] = std::move(r);
-  }
-  return j;
-}
+// Its encoding is kept with it (api::JobMeta).
+using api::JobJson;
 
 // An agent's "job not found" names the exec and its sandbox.
 Status ExecStatusFor(const Status& s, const std::string& eid, const std::string& sandbox) {
@@ -313,7 +179,7 @@ void StartBackground(const std::shared_ptr<Ctx>& c, const std::shared_ptr<Sandbo
   protocol::JobStartRequest job;
   job.job_id = "ex-" + RandomBase32(12);
   job.started_at = WallMs();
-  job.meta = p.base64 ? "base64" : "";
+  job.meta = api::JobMeta(p.base64);
   job.keep = static_cast<uint32_t>(std::max(1, d.cfg.max_background_execs_kept));
   // Kept in the sandbox's own memory: a quarter of it at most, and 64 MiB.
   job.max_kept_bytes =
@@ -329,7 +195,8 @@ void StartBackground(const std::shared_ptr<Ctx>& c, const std::shared_ptr<Sandbo
 
 void Exec(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
-  auto p = ParseExec(c->req.body, d.cfg);
+  auto p = api::ParseExecRequest(c->req.body, {.max_stdin_bytes = d.cfg.max_json_body_bytes,
+                                               .max_output_bytes = d.cfg.max_output_bytes});
   if (!p.ok()) return c->Fail(p.status());
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e);
@@ -338,7 +205,9 @@ void Exec(const std::shared_ptr<Ctx>& c) {
                             : p->req.user.empty() ? e->params.user
                                                   : p->req.user;
   const std::string& cwd = p->req.cwd.empty() ? e->params.workdir : p->req.cwd;
-  auto ticket = TakeTicket(c, e, p->background ? "background" : "exec", p->audit_cmd, user, cwd);
+  Json audit_cmd =
+      p->req.shell ? Json(AuditLog::Clip(*p->req.shell)) : AuditLog::Command(p->req.cmd);
+  auto ticket = TakeTicket(c, e, p->background ? "background" : "exec", audit_cmd, user, cwd);
   if (!ticket.ok()) return c->Fail(ticket.status());
 
   if (c->FlagQuery("stream") && !p->background) {
@@ -454,21 +323,7 @@ void GetExec(const std::shared_ptr<Ctx>& c) {
     req.max_bytes = static_cast<uint64_t>(max);
     sb->ReadJob(req, [c, eid, sandbox](StatusOr<backends::AgentSession::JobOutput> r) {
       if (!r.ok()) return c->Fail(ExecStatusFor(r.status(), eid, sandbox));
-      const protocol::JobInfo& i = r->read.info;
-      Json j = JobJson(i);
-      bool base64 = JobBase64(i);
-      for (auto [name, data, start, kept] :
-           {std::tuple{"stdout", &r->out, r->read.stdout_offset, i.stdout_kept},
-            std::tuple{"stderr", &r->err, r->read.stderr_offset, i.stderr_kept}}) {
-        // Text stops before a UTF-8 sequence the next read completes, unless none can follow.
-        bool last = i.done && start + data->size() >= kept;
-        std::string text = Encoder(base64).Take(*data, last);
-        uint64_t used = base64 ? data->size() : text.size();
-        j[name] = std::move(text);
-        j[std::string(name) + "_offset"] = start + used;
-      }
-      j["encoding"] = base64 ? "base64" : "utf-8";
-      c->Reply(200, j);
+      c->Reply(200, api::JobReadJson(r->read, r->out, r->err));
     });
     return OkStatus();
   };
@@ -496,33 +351,9 @@ void DeleteExec(const std::shared_ptr<Ctx>& c) {
   c->NoContent();
 }
 
-StatusOr<int> ParseSignal(const Json* v) {
-  if (!v) return InvalidArgument("\"signal\" is required");
-  if (v->is_number_integer()) {
-    int64_t n = v->get<int64_t>();
-    if (n < 1 || n > 64) return InvalidArgument("signal numbers are 1-64");
-    return static_cast<int>(n);
-  }
-  if (!v->is_string()) return InvalidArgument("\"signal\" must be a name or a number");
-  std::string s = v->get<std::string>();
-  if (s.rfind("SIG", 0) == 0) s = s.substr(3);
-  static const std::pair<const char*, int> kNames[] = {
-      {"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"KILL", SIGKILL},
-      {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"TERM", SIGTERM}, {"STOP", SIGSTOP},
-      {"CONT", SIGCONT}, {"ALRM", SIGALRM}, {"PIPE", SIGPIPE}, {"WINCH", SIGWINCH}};
-  for (const auto& [name, sig] : kNames)
-    if (s == name) return sig;
-  return InvalidArgument("unknown signal \"" + v->get<std::string>() + "\"");
-}
-
 void SignalAll(const std::shared_ptr<Ctx>& c) {
   auto run = [&]() -> StatusOr<int> {
-    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
-    const Json* sig = b.Raw("signal");
-    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
-    (void)rid;
-    DSEC_RETURN_IF_ERROR(b.Finish());
-    DSEC_ASSIGN_OR_RETURN(int signo, ParseSignal(sig));
+    DSEC_ASSIGN_OR_RETURN(int signo, api::ParseSignalRequest(c->req.body));
     DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
     return sb->SignalAll(signo);
   };
@@ -557,12 +388,7 @@ StatusOr<std::string> BackendShellId(const std::string& api_id) {
 
 void OpenShell(const std::shared_ptr<Ctx>& c) {
   auto run = [&]() -> StatusOr<std::string> {
-    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
-    DSEC_ASSIGN_OR_RETURN(auto user, b.String("user", 64));
-    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
-    (void)rid;
-    DSEC_RETURN_IF_ERROR(b.Finish());
-    DSEC_RETURN_IF_ERROR(CheckUser(user));
+    DSEC_ASSIGN_OR_RETURN(auto user, api::ParseOpenShellRequest(c->req.body));
     DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
     DSEC_ASSIGN_OR_RETURN(std::string id, sb->OpenShell(user.value_or("")));
     return ApiShellId(id);
@@ -582,29 +408,10 @@ void ListShells(const std::shared_ptr<Ctx>& c) {
 
 void RunShell(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
-  struct Req {
-    std::string command;
-    int64_t timeout_ms;
-    uint64_t max_output;
-    bool base64;
-  };
   std::string shell_id;
-  auto parse = [&]() -> StatusOr<Req> {
+  auto parse = [&]() -> StatusOr<api::ShellRunParams> {
     DSEC_ASSIGN_OR_RETURN(shell_id, BackendShellId(c->params["sid"]));
-    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
-    DSEC_ASSIGN_OR_RETURN(auto cmd, b.String("command", 1 << 20));
-    DSEC_ASSIGN_OR_RETURN(auto timeout, b.Int("timeout_ms", 0, kMaxTimeoutMs));
-    DSEC_ASSIGN_OR_RETURN(
-        auto max_out, b.Int("max_output_bytes", 0, static_cast<int64_t>(d.cfg.max_output_bytes)));
-    DSEC_ASSIGN_OR_RETURN(auto enc, b.String("encoding", 16));
-    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
-    (void)rid;
-    DSEC_RETURN_IF_ERROR(b.Finish());
-    if (!cmd) return InvalidArgument("\"command\" is required");
-    if (enc && *enc != "utf-8" && *enc != "base64")
-      return InvalidArgument("\"encoding\" must be \"utf-8\" or \"base64\"");
-    return Req{*cmd, timeout.value_or(60000),
-               static_cast<uint64_t>(max_out.value_or(kDefaultOutput)), enc && *enc == "base64"};
+    return api::ParseShellRunRequest(c->req.body, d.cfg.max_output_bytes);
   };
   auto r = parse();
   if (!r.ok()) return c->Fail(r.status());
@@ -656,7 +463,7 @@ class AttachSession : public http::WebSocketHandler,
     auto h = sb_->StartExec(req_, shared_from_this());
     if (!h.ok()) {
       ticket_->Finish(h.status());
-      conn->Send(ErrorJson(h.status()).dump(), false);
+      conn->Send(api::ErrorJson(h.status()).dump(), false);
       conn->Close();
       return;
     }
@@ -673,20 +480,11 @@ class AttachSession : public http::WebSocketHandler,
       if (Status s = h->WriteStdin(std::move(data)); !s.ok()) Abort(s);
       return;
     }
-    auto j = ParseJson(data);
-    if (!j.ok() || !j->is_object())
-      return Abort(InvalidArgument("control frames are JSON objects"));
-    if (auto it = j->find("resize"); it != j->end()) {
-      if (it->is_array() && it->size() == 2 && (*it)[0].is_number_unsigned() &&
-          (*it)[1].is_number_unsigned())
-        h->Resize(static_cast<uint16_t>(std::min<uint64_t>((*it)[0].get<uint64_t>(), 65535)),
-                  static_cast<uint16_t>(std::min<uint64_t>((*it)[1].get<uint64_t>(), 65535)));
-    }
-    if (auto it = j->find("signal"); it != j->end()) {
-      auto sig = ParseSignal(&*it);
-      if (sig.ok()) h->Signal(*sig);
-    }
-    if (j->value("eof", false)) h->CloseStdin();
+    auto ctl = api::ParseAttachControl(data);
+    if (!ctl.ok()) return Abort(ctl.status());
+    if (ctl->resize) h->Resize(ctl->resize->first, ctl->resize->second);
+    if (ctl->signal) h->Signal(*ctl->signal);
+    if (ctl->eof) h->CloseStdin();
   }
   void OnClose() override {
     std::shared_ptr<ExecHandle> h;
@@ -703,7 +501,7 @@ class AttachSession : public http::WebSocketHandler,
     auto conn = Conn();
     if (!conn) return;
     if (stream == backends::kStderrStream && !req_.tty) {
-      conn->Send(Json({{"stderr", Base64Encode(data)}}).dump(), false);
+      conn->Send(api::OutputJson(true, Base64Encode(data)).dump(), false);
     } else {
       conn->Send(std::string(data), true);
     }
@@ -717,8 +515,7 @@ class AttachSession : public http::WebSocketHandler,
       handle_.reset();
     }
     if (!conn) return;
-    Json last = r.ok() ? Json{{"exit", ResultJson(*r, false)}} : ErrorJson(r.status());
-    conn->Send(last.dump(-1, ' ', false, Json::error_handler_t::replace), false);
+    conn->Send(api::Line(api::ExitJson(r, false)), false);
     conn->Close();
   }
 
@@ -729,7 +526,7 @@ class AttachSession : public http::WebSocketHandler,
   }
   void Abort(const Status& s) {
     if (auto conn = Conn()) {
-      conn->Send(ErrorJson(s).dump(), false);
+      conn->Send(api::ErrorJson(s).dump(), false);
       conn->Close();
     }
   }
@@ -755,7 +552,7 @@ void Attach(const std::shared_ptr<Ctx>& c) {
   req.tty = c->FlagQuery("tty");
   auto cols = c->IntQuery("cols", 80, 1, 65535);
   auto rows = c->IntQuery("rows", 24, 1, 65535);
-  auto timeout = c->IntQuery("timeout_ms", 0, 0, kMaxTimeoutMs);
+  auto timeout = c->IntQuery("timeout_ms", 0, 0, api::kMaxExecTimeoutMs);
   for (const auto* s : {&cols, &rows, &timeout})
     if (!s->ok()) return c->Fail(s->status());
   req.cols = static_cast<uint16_t>(*cols);

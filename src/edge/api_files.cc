@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "api/files_json.h"
 #include "base/file_util.h"
 #include "edge/api.h"
 #include "images/import.h"
@@ -58,37 +59,17 @@ StatusOr<UniqueFd> Decompress(const std::shared_ptr<Ctx>& c, uint64_t cap, uint6
 StatusOr<std::string> PathQuery(const std::shared_ptr<Ctx>& c) {
   auto q = c->RequiredQuery("path");
   if (!q.ok()) return q.status();
-  const std::string& p = *q;
-  if (!p.starts_with('/')) return InvalidArgument("\"path\" must be absolute");
-  if (p.size() > 4096) return InvalidArgument("\"path\" is too long");
-  return p;
+  return api::CheckFilePath(std::move(*q));
 }
 
 StatusOr<uint32_t> ModeQuery(const std::shared_ptr<Ctx>& c, uint32_t def) {
-  const std::string* m = c->req.Query("mode");
-  if (!m || m->empty()) return def;
-  if (m->size() > 5) return InvalidArgument("\"mode\" must be octal, like 0644");
-  uint32_t v = 0;
-  for (char ch : *m) {
-    if (ch < '0' || ch > '7') return InvalidArgument("\"mode\" must be octal, like 0644");
-    v = v * 8 + static_cast<uint32_t>(ch - '0');
-  }
-  if (v > 07777) return InvalidArgument("\"mode\" must be at most 07777");
-  return v;
+  return api::ParseFileMode(c->req.Query("mode"), def);
 }
 
 // The request body: in memory, or (a large upload) the file the HTTP layer spooled it to.
 backends::UploadBody Body(const std::shared_ptr<Ctx>& c) {
   if (c->req.body_file) return {c->req.body_file.get(), c->req.body_size};
   return c->req.body;
-}
-
-Json EntryJson(const backends::FileEntry& e) {
-  return {{"name", e.name},
-          {"type", e.type},
-          {"size", e.size},
-          {"mode", e.mode & 07777},
-          {"mtime", e.mtime_ms}};
 }
 
 void PutFile(const std::shared_ptr<Ctx>& c) {
@@ -150,9 +131,7 @@ void ListFiles(const std::shared_ptr<Ctx>& c) {
     DSEC_ASSIGN_OR_RETURN(std::string path, PathQuery(c));
     DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
     DSEC_ASSIGN_OR_RETURN(auto entries, sb->ListDir(path));
-    Json list = Json::array();
-    for (const auto& e : entries) list.push_back(EntryJson(e));
-    return Json{{"entries", list}};
+    return api::EntriesJson(entries);
   };
   auto r = run();
   if (!r.ok()) return c->Fail(r.status());
@@ -164,7 +143,7 @@ void StatFile(const std::shared_ptr<Ctx>& c) {
     DSEC_ASSIGN_OR_RETURN(std::string path, PathQuery(c));
     DSEC_ASSIGN_OR_RETURN(auto sb, c->Sandbox());
     DSEC_ASSIGN_OR_RETURN(auto e, sb->Stat(path));
-    return EntryJson(e);
+    return api::FileEntryJson(e);
   };
   auto r = run();
   if (!r.ok()) return c->Fail(r.status());

@@ -1,93 +1,23 @@
 // Function calls and pools: POST /v1/fncalls runs code on a warm worker of the runtime's pool
 // (backends/pools/pool.h); GET/PUT/DELETE /v1/pools manage the pools, fncall runtimes and
 // container pools alike. Pools made through the API are kept in the state DB.
-#include <cmath>
-
+#include "api/fncall_json.h"
 #include "api/pool_json.h"
-#include "base/base64.h"
 #include "base/ids.h"
 #include "base/logging.h"
 #include "base/strings.h"
 #include "edge/api.h"
-#include "http/json_body.h"
 #include "images/store.h"
 
 namespace dsec::edge {
 
 namespace {
 
-constexpr int64_t kMaxCallTimeoutMs = 600000;
-constexpr uint64_t kDefaultCallOutput = 64 << 10;
-
-struct FnCallParams {
-  std::string runtime;
-  pools::CallRequest req;
-  bool base64 = false;
-};
-
-StatusOr<FnCallParams> ParseFnCall(const std::string& body, const EdgeConfig& cfg) {
-  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
-  FnCallParams p;
-  DSEC_ASSIGN_OR_RETURN(auto runtime, b.String("runtime", 128));
-  DSEC_ASSIGN_OR_RETURN(auto code, b.String("code", cfg.max_json_body_bytes));
-  DSEC_ASSIGN_OR_RETURN(auto filename, b.String("filename", 256));
-  DSEC_ASSIGN_OR_RETURN(auto stdin_data, b.String("stdin", cfg.max_json_body_bytes));
-  DSEC_ASSIGN_OR_RETURN(auto stdin_enc, b.String("stdin_encoding", 16));
-  DSEC_ASSIGN_OR_RETURN(auto timeout, b.Int("timeout_ms", 1, kMaxCallTimeoutMs));
-  DSEC_ASSIGN_OR_RETURN(auto memory, b.Int("memory_mb", 16, 1 << 20));
-  DSEC_ASSIGN_OR_RETURN(auto max_out,
-                        b.Int("max_output_bytes", 0, static_cast<int64_t>(cfg.max_output_bytes)));
-  DSEC_ASSIGN_OR_RETURN(auto encoding, b.String("encoding", 16));
-  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
-  (void)rid;
-  const Json* files = b.Raw("files");
-  DSEC_RETURN_IF_ERROR(b.Finish());
-  if (!runtime || runtime->empty()) return InvalidArgument("\"runtime\" is required");
-  if (!code) return InvalidArgument("\"code\" is required");
-  p.runtime = *runtime;
-  p.req.call.code = std::move(*code);
-  if (filename) {
-    if (filename->find('\0') != std::string::npos)
-      return InvalidArgument("\"filename\" must not contain NUL");
-    p.req.call.filename = *filename;
-  }
-  DSEC_ASSIGN_OR_RETURN(p.req.stdin_data, DecodeStdin(std::move(stdin_data), stdin_enc));
-  if (files) {
-    if (!files->is_object() || files->size() > 256)
-      return InvalidArgument("\"files\" must be an object of at most 256 name: content entries");
-    for (const auto& [name, v] : files->items()) {
-      if (name.empty() || name.size() > 1024 || name[0] == '/' || name.find('\0') != name.npos)
-        return InvalidArgument("file names are relative paths: \"" + name + "\"");
-      for (auto part : SplitString(name, '/', false))
-        if (part.empty() || part == "." || part == "..")
-          return InvalidArgument("file names are relative paths without . or ..: \"" + name + "\"");
-      std::string data;
-      if (v.is_string()) {
-        data = v.get<std::string>();
-      } else if (v.is_object() && v.size() == 1 && v.contains("base64") &&
-                 v["base64"].is_string()) {
-        auto d = Base64Decode(v["base64"].get<std::string>());
-        if (!d) return InvalidArgument("file \"" + name + "\" is not valid base64");
-        data = std::move(*d);
-      } else {
-        return InvalidArgument("file \"" + name + "\" must be a string or {\"base64\": ...}");
-      }
-      p.req.call.files.emplace_back(name, std::move(data));
-    }
-  }
-  p.req.timeout_ms = timeout.value_or(5000);
-  p.req.memory_mb = memory.value_or(0);
-  p.req.max_output_bytes = static_cast<uint64_t>(max_out.value_or(kDefaultCallOutput));
-  if (encoding && *encoding != "utf-8" && *encoding != "base64")
-    return InvalidArgument("\"encoding\" must be \"utf-8\" or \"base64\"");
-  p.base64 = encoding && *encoding == "base64";
-  return p;
-}
-
 // Runs on the I/O thread: parsing and handing the call to its pool never block.
 void RunFnCall(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
-  auto parsed = ParseFnCall(c->req.body, d.cfg);
+  auto parsed = api::ParseFnCallRequest(c->req.body, {.max_body_bytes = d.cfg.max_json_body_bytes,
+                                                      .max_output_bytes = d.cfg.max_output_bytes});
   if (!parsed.ok()) return c->Fail(parsed.status());
   auto pool = d.pools->Get(parsed->runtime);
   if (!pool || pool->config().kind != pools::PoolKind::kFncall)
@@ -120,18 +50,12 @@ void RunFnCall(const std::shared_ptr<Ctx>& c) {
               runtime, r.status().code() == StatusCode::kOverCapacity ? "rejected" : "error");
           return c->Fail(r.status());
         }
-        Json j = ResultJson(r->out.result, base64);
-        end.update(j);
+        end.update(ResultJson(r->out.result, base64));
         end.erase("encoding");
         d.audit->Record(std::move(end));
         d.metrics->CountFnCall(runtime, r->out.result.timed_out ? "timeout" : "done");
         d.metrics->ObserveFnCall(r->out.result.duration_ms / 1000.0);
-        Encoder eo(base64), ee(base64);
-        j["stdout"] = eo.Take(r->out.stdout_data, true);
-        j["stderr"] = ee.Take(r->out.stderr_data, true);
-        j["runtime"] = runtime;
-        j["queue_ms"] = std::round(r->queue_ms * 1000.0) / 1000.0;
-        c->Reply(200, j);
+        c->Reply(200, api::FnCallResultJson(*r, base64, runtime));
       });
 }
 
@@ -219,14 +143,8 @@ void LoadPools(const EdgeConfig& cfg, bool userns, pools::PoolSet* pools, StateS
       std::erase_if(want, [&](const pools::PoolConfig& w) { return w.name == name; });
       continue;
     }
-    auto j = ParseJson(text);
-    // A stored kind that is not valid is refused by PoolConfigFromJson below.
-    auto kind = pools::PoolKindFromName(j.ok() && j->is_object() && (*j)["kind"].is_string()
-                                            ? (*j)["kind"].get<std::string>()
-                                            : "fncall");
-    pools::PoolConfig base = PoolDefaults(cfg, kind.value_or(pools::PoolKind::kFncall));
-    base.name = name;
-    auto c = j.ok() ? api::PoolConfigFromJson(*j, base) : StatusOr<pools::PoolConfig>(j.status());
+    auto c = api::StoredPoolFromJson(text, name,
+                                     [&](pools::PoolKind kind) { return PoolDefaults(cfg, kind); });
     Status ok = c.ok() ? ResolvePoolImage(images, &*c) : c.status();
     if (!ok.ok()) {
       DSEC_LOG_WARN("stored pool {} ignored: {}", name, ok.message());
@@ -251,26 +169,10 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
   const std::string& name = c->params["name"];
   if (Status s = ValidateId("pool name", name); !s.ok()) return c->Fail(s);
-  auto j = ParseJson(c->req.body.empty() ? "{}" : c->req.body);
-  if (!j.ok() || !j->is_object()) return c->Fail(InvalidArgument("the body must be a JSON object"));
-  if (j->contains("name") && (*j)["name"] != name)
-    return c->Fail(InvalidArgument("\"name\" differs from the path"));
   auto existing = d.pools->Get(name);
   // A PUT without "kind" changes the pool that is there (of whatever kind).
-  pools::PoolKind kind = existing ? existing->config().kind : pools::PoolKind::kFncall;
-  if (auto k = j->find("kind"); k != j->end() && k->is_string()) {
-    auto named = pools::PoolKindFromName(k->get<std::string>());
-    if (!named) return c->Fail(InvalidArgument("\"kind\" must be \"fncall\" or \"container\""));
-    kind = *named;
-  }
-  pools::PoolConfig base =
-      existing && existing->config().kind == kind ? existing->config() : PoolDefaults(d.cfg, kind);
-  if (!j->contains("runtime") && kind == pools::PoolKind::kFncall && !existing) {
-    if (!j->contains("command")) return c->Fail(InvalidArgument("\"runtime\" is required"));
-    base.runtime = backends::FnRuntime::kExec;
-  }
-  base.name = name;
-  auto cfg = api::PoolConfigFromJson(*j, base);
+  auto cfg = api::ParsePoolPut(c->req.body, name, existing ? &existing->config() : nullptr,
+                               [&](pools::PoolKind kind) { return PoolDefaults(d.cfg, kind); });
   if (!cfg.ok()) return c->Fail(cfg.status());
   if (Status s = ResolvePoolImage(d.images, &*cfg); !s.ok()) return c->Fail(s);
   if (cfg->kind == pools::PoolKind::kContainer) {

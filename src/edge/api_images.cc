@@ -4,10 +4,10 @@
 
 #include <boost/asio/post.hpp>
 
+#include "api/images_json.h"
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/builds.h"
-#include "http/json_body.h"
 #include "images/import.h"
 #include "images/store.h"
 
@@ -15,47 +15,30 @@ namespace dsec::edge {
 
 namespace {
 
+// An image's record as the API shows it (api/images_json.h), with what the store knows of it.
 Json ImageJson(images::ImageStore* store, const images::Image& img) {
-  Json layers = Json::array();
+  api::ImageRecord r;
   for (const auto& d : img.layers) {
     auto l = store->GetLayer(d);
-    layers.push_back(
-        {{"digest", d},
-         {"size", l.ok() ? l->size : 0},
-         {"format", images::LayerFormatName(l.ok() ? l->format : images::LayerFormat::kDir)}});
+    r.layers.push_back(
+        {d, l.ok() ? l->size : 0,
+         std::string(images::LayerFormatName(l.ok() ? l->format : images::LayerFormat::kDir))});
   }
-  const auto& c = img.config;
-  return {{"name", img.name},
-          {"base", img.base.empty() ? Json(nullptr) : Json(img.base)},
-          {"layers", layers},
-          {"config",
-           {{"env", c.env},
-            {"workdir", c.workdir},
-            {"user", c.user},
-            {"entrypoint", c.entrypoint},
-            {"cmd", c.cmd}}},
-          {"size", store->ImageSize(img)},
-          {"source", img.source},
-          {"created_at", img.created_at},
-          {"in_use", store->InUse(img)}};
+  r.name = img.name;
+  r.base = img.base;
+  r.env = img.config.env;
+  r.workdir = img.config.workdir;
+  r.user = img.config.user;
+  r.entrypoint = img.config.entrypoint;
+  r.cmd = img.config.cmd;
+  r.size = store->ImageSize(img);
+  r.source = img.source;
+  r.created_at = img.created_at;
+  r.in_use = store->InUse(img);
+  return api::ToJson(r);
 }
 
-Json HostImageJson() {
-  return {{"name", "host"},
-          {"base", nullptr},
-          {"layers", Json::array()},
-          {"config",
-           {{"env", Json::array()},
-            {"workdir", ""},
-            {"user", ""},
-            {"entrypoint", Json::array()},
-            {"cmd", Json::array()}}},
-          {"size", 0},
-          {"source", "builtin"},
-          {"builtin", true},
-          {"created_at", 0},
-          {"in_use", nullptr}};
-}
+using api::HostImageJson;
 
 StatusOr<images::ImageStore*> Store(const std::shared_ptr<Ctx>& c) {
   images::ImageStore* s = c->api->deps().images;
@@ -154,17 +137,9 @@ std::vector<std::string> StackNames(const std::string& image) {
 void Snapshot(const std::shared_ptr<Ctx>& c) {
   auto s = Store(c);
   if (!s.ok()) return c->Fail(s.status());
-  auto body = http::JsonBody::Parse(c->req.body);
-  if (!body.ok()) return c->Fail(body.status());
-  auto name = body->String("image", 300);
-  auto rid = body->String("request_id", 128);
-  auto keep_setuid = body->Bool("keep_setuid");
-  if (!name.ok()) return c->Fail(name.status());
-  if (!rid.ok()) return c->Fail(rid.status());
-  if (!keep_setuid.ok()) return c->Fail(keep_setuid.status());
-  if (Status f = body->Finish(); !f.ok()) return c->Fail(f);
-  if (!name->has_value()) return c->Fail(400, "bad_request", "\"image\" (name:tag) is required");
-  auto norm = images::NormalizeName(**name);
+  auto req = api::ParseSnapshotRequest(c->req.body);
+  if (!req.ok()) return c->Fail(req.status());
+  auto norm = images::NormalizeName(req->image);
   if (!norm.ok()) return c->Fail(norm.status());
   if ((*s)->GetImage(*norm).ok())  // checked again when it is added
     return c->Fail(409, "conflict", "image \"" + *norm + "\" already exists");
@@ -176,7 +151,7 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   else if (!caps->snapshot)
     return c->Fail(backends::NoSnapshot(e->params.kind));
   images::ImageStore::Lease lease(*s);  // the new layer is unreferenced until PutImage
-  auto stack = (*sb)->CaptureStack(keep_setuid->value_or(false));
+  auto stack = (*sb)->CaptureStack(req->keep_setuid);
   if (!stack.ok()) return c->Fail(stack.status());
   images::Image img;
   img.name = *norm;
@@ -201,15 +176,8 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
 void Fork(const std::shared_ptr<Ctx>& c) {
   auto s = Store(c);
   if (!s.ok()) return c->Fail(s.status());
-  auto body = http::JsonBody::Parse(c->req.body);
-  if (!body.ok()) return c->Fail(body.status());
-  auto count = body->Int("count", 1, std::min(64, c->api->deps().cfg.max_count));
-  auto rid = body->String("request_id", 128);
-  auto keep_setuid = body->Bool("keep_setuid");
-  if (!keep_setuid.ok()) return c->Fail(keep_setuid.status());
-  if (!count.ok()) return c->Fail(count.status());
-  if (!rid.ok()) return c->Fail(rid.status());
-  if (Status f = body->Finish(); !f.ok()) return c->Fail(f);
+  auto req = api::ParseForkRequest(c->req.body, std::min(64, c->api->deps().cfg.max_count));
+  if (!req.ok()) return c->Fail(req.status());
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e, Op::kSnapshot);
   if (!sb.ok()) return c->Fail(sb.status());
@@ -218,7 +186,7 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   else if (!caps->snapshot)
     return c->Fail(backends::NoSnapshot(e->params.kind));
   images::ImageStore::Lease lease(*s);  // until the forks hold the new layer
-  auto stack = (*sb)->CaptureStack(keep_setuid->value_or(false));
+  auto stack = (*sb)->CaptureStack(req->keep_setuid);
   if (!stack.ok()) return c->Fail(stack.status());
   CreateParams p = e->params;
   if (p.config_from.empty()) p.config_from = p.image;
@@ -226,7 +194,7 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   p.pool.clear();
   auto* workers = c->api->deps().workers;
   auto made = c->api->deps().manager->Create(
-      p, static_cast<int>(count->value_or(1)), /*wait=*/true,
+      p, req->count, /*wait=*/true,
       [workers](std::function<void()> f) { boost::asio::post(*workers, std::move(f)); });
   if (!made.ok()) return c->Fail(made.status());
   c->Reply(201, {{"sandboxes", ToJson(*made)}});
