@@ -332,7 +332,8 @@ void Apiserver::Relay(http::HttpRequest req) {
   http::ProxiedRequest pr;
   if (Status s = http::FrameBody(req, &pr); !s.ok())
     return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
-  auto upstream = http::StartConnect(n->client->host(), n->client->port());
+  // Keep-alive toward the node: a connection of the node's idle pool when there is one.
+  auto upstream = http::ConnectUpstream(n->client, req.websocket_upgrade, &pr);
   if (!upstream.ok())
     return http::SendErrorAndClose(std::move(client), 503, "unavailable",
                                    "node " + node + ": " + upstream.status().message());
@@ -349,7 +350,7 @@ void Apiserver::Relay(http::HttpRequest req) {
   relays_.fetch_add(1);
   std::shared_ptr<void> slot(nullptr, [this](void*) { relays_.fetch_sub(1); });
   // Keep-alive toward the client: after the exchange its connection comes back to this server,
-  // whose next request is checked and routed afresh (the node's connection is not reused).
+  // whose next request is checked and routed afresh.
   if (req.keep_alive && !req.websocket_upgrade)
     pr.reuse = [server = server_, remote = req.remote](UniqueFd fd, std::string next) {
       server->Adopt(std::move(fd), std::move(next), remote);

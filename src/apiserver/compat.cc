@@ -217,16 +217,15 @@ void CompatFront::Relay(http::HttpRequest req) {
     target = path + (q == std::string::npos ? "" : req.target.substr(q));
     extra.emplace_back("Authorization", "Bearer " + o_.node_token);
   }
-  std::string host;
-  uint16_t port = 0;
-  if (!http::ParseHttpUrl(UrlOf(*n), &host, &port).ok())
-    return refuse(502, "node " + n->rec.node + " published a bad URL: " + UrlOf(*n));
+  const auto& to_node = e2b ? n->e2b_client : n->fusion_client;
+  if (!to_node) return refuse(502, "node " + n->rec.node + " published a bad URL: " + UrlOf(*n));
   http::ProxiedRequest pr;
   if (Status s = http::FrameBody(req, &pr); !s.ok()) return refuse(400, s.message());
-  auto upstream = http::StartConnect(host, port);
+  auto upstream = http::ConnectUpstream(to_node, req.websocket_upgrade, &pr);
   if (!upstream.ok())
     return refuse(e2b ? 502 : 503, "node " + n->rec.node + ": " + upstream.status().message());
-  http::SetUpstreamHead(req, target, StrCat({host, ":", std::to_string(port)}), extra,
+  http::SetUpstreamHead(req, target,
+                        StrCat({to_node->host(), ":", std::to_string(to_node->port())}), extra,
                         {"x-forwarded-for", "x-api-key"}, &pr);
   pr.buffered = std::move(req.takeover_buffered);
   pr.target_name = "node " + n->rec.node;
@@ -275,16 +274,7 @@ void CompatFront::E2bList(const http::HttpRequest& req,
   for (const NodeState& n : o_.view->Nodes()) {
     auto it = at.find(n.rec.node);
     if ((it != at.end() && it->second == "~") || !n.alive || UrlOf(n).empty()) continue;
-    std::shared_ptr<http::HttpClient> client;
-    {
-      MutexLock l(mu_);
-      auto& c = clients_[UrlOf(n)];
-      std::string host;
-      uint16_t port = 0;
-      if (!c && http::ParseHttpUrl(UrlOf(n), &host, &port).ok())
-        c = std::make_shared<http::HttpClient>(host, port);
-      client = c;
-    }
+    std::shared_ptr<http::HttpClient> client = n.e2b_client;
     if (!client) continue;
     std::string target = "/v2/sandboxes?limit=" + std::to_string(limit) + rest;
     if (it != at.end() && !it->second.empty()) target += "&nextToken=" + PercentEncode(it->second);

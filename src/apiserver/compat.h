@@ -67,7 +67,6 @@ class CompatFront {
   Mutex mu_;
   std::mt19937_64 rng_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, int64_t> inflight_ DSEC_GUARDED_BY(mu_);  // relays per node now
-  std::map<std::string, std::shared_ptr<http::HttpClient>> clients_ DSEC_GUARDED_BY(mu_);
 };
 
 // The node a compatibility call is for, from its E2b-Sandbox-Id header or its path's sandbox

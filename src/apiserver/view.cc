@@ -74,6 +74,15 @@ void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
   NodeState& n = nodes_[name];
   if (!n.client || n.client->host() != host || n.client->port() != port)
     n.client = std::make_shared<http::HttpClient>(host, port, 64);
+  for (auto [url, c] : {std::pair{&rec->e2b_url, &n.e2b_client},
+                        std::pair{&rec->sandbox_fusion_url, &n.fusion_client}}) {
+    std::string h;
+    uint16_t p = 0;
+    if (url->empty() || !http::ParseHttpUrl(*url, &h, &p).ok())
+      c->reset();
+    else if (!*c || (*c)->host() != h || (*c)->port() != p)
+      *c = std::make_shared<http::HttpClient>(h, p, 64);
+  }
   if (!n.inflight) n.inflight = std::make_shared<std::atomic<int64_t>>(0);
   if (!n.inflight_mb) n.inflight_mb = std::make_shared<std::atomic<int64_t>>(0);
   if (!n.alive) {

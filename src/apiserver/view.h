@@ -30,6 +30,8 @@ struct NodeState {
   std::string cordon;      // "", "cordon" or "drain"
   int64_t changed_ms = 0;  // when it last became alive or unavailable (wall clock)
   std::shared_ptr<http::HttpClient> client;  // to rec.url
+  // To its compatibility listeners (rec.e2b_url, rec.sandbox_fusion_url); null without one.
+  std::shared_ptr<http::HttpClient> e2b_client, fusion_client;
   // Creates this apiserver has sent to the node and not had answered: counted as load on top
   // of what the node last published.
   std::shared_ptr<std::atomic<int64_t>> inflight;

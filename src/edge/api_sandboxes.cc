@@ -375,7 +375,8 @@ void Node(const std::shared_ptr<Ctx>& c) {
 void MetricsText(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
   c->Raw(200, "text/plain; version=0.0.4; charset=utf-8",
-         d.metrics->Render(d.manager->Gauges(), d.connections ? d.connections() : 0));
+         d.metrics->Render(d.manager->Gauges(), d.connections ? d.connections() : 0,
+                           d.accepted ? d.accepted() : 0));
 }
 
 }  // namespace

@@ -625,6 +625,7 @@ Status EdgeServices::Serve() {
     return started ? started->DeniedTotal() : 0;
   });
   api_->deps().connections = [s = server_.get()] { return s->connections(); };
+  api_->deps().accepted = [s = server_.get()] { return s->tcp_accepted(); };
   api_->deps().proxy_io = &server_->io();
   manager_->StartReaper();
   DSEC_RETURN_IF_ERROR(StartCompatListeners(ho));

@@ -94,7 +94,7 @@ void Describe(const char* name, const char* type, const char* help, std::string*
 
 }  // namespace
 
-std::string Metrics::Render(const Gauges& sandboxes, int64_t connections) const {
+std::string Metrics::Render(const Gauges& sandboxes, int64_t connections, int64_t accepted) const {
   std::string o;
   Describe("dsec_sandboxes", "gauge", "Sandboxes on this node by state and kind.", &o);
   for (const auto& [k, n] : sandboxes)
@@ -102,6 +102,9 @@ std::string Metrics::Render(const Gauges& sandboxes, int64_t connections) const 
          std::to_string(n) + "\n";
   Describe("dsec_http_connections", "gauge", "Open HTTP connections.", &o);
   o += "dsec_http_connections " + std::to_string(connections) + "\n";
+  Describe("dsec_http_connections_accepted_total", "counter",
+           "TCP connections the API accepted since the start.", &o);
+  o += "dsec_http_connections_accepted_total " + std::to_string(accepted) + "\n";
   Describe("dsec_sandbox_create_seconds", "histogram",
            "Time to create a sandbox until it is running.", &o);
   create_.Render("dsec_sandbox_create_seconds", &o);

@@ -44,7 +44,7 @@ class Metrics {
   void CountDeleted(const std::string& reason);
 
   using Gauges = std::map<std::pair<std::string, std::string>, int64_t>;  // (state, kind)
-  std::string Render(const Gauges& sandboxes, int64_t connections) const;
+  std::string Render(const Gauges& sandboxes, int64_t connections, int64_t accepted) const;
   // Packets sandbox network policies refused, node-wide (set once, before serving).
   void SetNetworkDenied(std::function<uint64_t()> f) { network_denied_ = std::move(f); }
 

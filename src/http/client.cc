@@ -261,11 +261,20 @@ StatusOr<UniqueFd> HttpClient::Connect(Clock::time_point deadline) {
 }
 
 UniqueFd HttpClient::TakeIdle() {
-  MutexLock l(mu_);
-  if (idle_.empty()) return UniqueFd();
-  UniqueFd fd = std::move(idle_.back());
-  idle_.pop_back();
-  return fd;
+  for (;;) {
+    UniqueFd fd;
+    {
+      MutexLock l(mu_);
+      if (idle_.empty()) return UniqueFd();
+      fd = std::move(idle_.back());
+      idle_.pop_back();
+    }
+    // Between messages nothing may be readable: an end of stream (the server closed it while
+    // idle), a reset or stray bytes all retire the connection.
+    char c;
+    ssize_t n = recv(fd.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return fd;
+  }
 }
 
 void HttpClient::GiveBack(UniqueFd fd) {

@@ -70,10 +70,15 @@ class HttpClient {
   const std::string& host() const { return host_; }
   uint16_t port() const { return port_; }
 
- private:
-  StatusOr<UniqueFd> Connect(std::chrono::steady_clock::time_point deadline);
+  // The idle pool, for relays that speak HTTP on these connections themselves (the
+  // apiserver's relayed exchanges): an idle keep-alive connection (non-blocking, between
+  // messages, not seen closed by the server), or an invalid fd when there is none. A
+  // connection given back must be between messages in both directions.
   UniqueFd TakeIdle();
   void GiveBack(UniqueFd fd);
+
+ private:
+  StatusOr<UniqueFd> Connect(std::chrono::steady_clock::time_point deadline);
 
   std::string host_;
   uint16_t port_;

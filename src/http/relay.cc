@@ -18,6 +18,7 @@
 
 #include "base/file_util.h"
 #include "base/strings.h"
+#include "http/client.h"
 #include "http/server.h"
 
 namespace dsec::http {
@@ -71,6 +72,18 @@ Status FrameBody(const HttpRequest& req, ProxiedRequest* pr) {
   return OkStatus();
 }
 
+StatusOr<UniqueFd> ConnectUpstream(const std::shared_ptr<HttpClient>& pool, bool upgrade,
+                                   ProxiedRequest* pr) {
+  auto connect = [pool] { return StartConnect(pool->host(), pool->port()); };
+  if (upgrade) return connect();
+  pr->upstream_reuse = [pool](UniqueFd fd) { pool->GiveBack(std::move(fd)); };
+  if (UniqueFd idle = pool->TakeIdle(); idle.valid()) {
+    pr->reconnect = connect;
+    return idle;
+  }
+  return connect();
+}
+
 void SetUpstreamHead(const HttpRequest& req, std::string_view target, std::string_view host,
                      const std::vector<std::pair<std::string, std::string>>& extra,
                      std::initializer_list<std::string_view> drop, ProxiedRequest* pr) {
@@ -84,7 +97,9 @@ void SetUpstreamHead(const HttpRequest& req, std::string_view target, std::strin
   if (pr->body == ProxiedRequest::Body::kChunked) head += "Transfer-Encoding: chunked\r\n";
   if (pr->body == ProxiedRequest::Body::kLength)
     head += "Content-Length: " + std::to_string(pr->length) + "\r\n";
-  head += req.websocket_upgrade ? "Connection: Upgrade\r\n\r\n" : "Connection: close\r\n\r\n";
+  head += req.websocket_upgrade ? "Connection: Upgrade\r\n\r\n"
+          : pr->upstream_reuse  ? "\r\n"
+                                : "Connection: close\r\n\r\n";
   pr->head = std::move(head);
   pr->upgrade = req.websocket_upgrade;
   pr->head_method = req.method == "HEAD";
@@ -142,7 +157,8 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
  public:
   PortRelay(asio::io_context& io, UniqueFd client, UniqueFd upstream, ProxiedRequest req,
             std::shared_ptr<void> slot, std::function<void(int)> outcome)
-      : strand_(asio::make_strand(io)),
+      : io_(io),
+        strand_(asio::make_strand(io)),
         client_(strand_, client.Release()),
         upstream_(strand_, upstream.Release()),
         timer_(strand_),
@@ -151,6 +167,13 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
         outcome_(std::move(outcome)) {}
 
   void Start(std::chrono::milliseconds connect_timeout) {
+    connect_timeout_ = connect_timeout;
+    // A pooled upstream connection may be found closed: the request is kept to send again
+    // when all of it is in memory.
+    if (req_.reconnect && !req_.upgrade &&
+        (req_.body == ProxiedRequest::Body::kNone ||
+         (req_.body == ProxiedRequest::Body::kLength && req_.length <= req_.buffered.size())))
+      replay_ = std::make_unique<ProxiedRequest>(req_);
     auto self = shared_from_this();
     asio::dispatch(strand_, [self, connect_timeout] { self->Connect(connect_timeout); });
   }
@@ -195,6 +218,7 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       socklen_t len = sizeof err;
       if (getsockopt(self->upstream_.native_handle(), SOL_SOCKET, SO_ERROR, &err, &len) < 0)
         err = errno;
+      if (err != 0 && self->Restart()) return;
       if (err == ECONNREFUSED)
         return self->Fail(502, "bad_gateway", "nothing listens on " + self->req_.target_name);
       if (err != 0)
@@ -344,8 +368,10 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       return Pump(up_);
     }
     // Keep-alive toward the client only where the response's own framing ends it.
-    keep_client_ = req_.reuse && (resp_parser_->is_done() || resp_parser_->chunked() ||
-                                  resp_parser_->content_length().has_value());
+    const bool framed = resp_parser_->is_done() || resp_parser_->chunked() ||
+                        resp_parser_->content_length().has_value();
+    keep_client_ = req_.reuse && framed;
+    keep_upstream_ = req_.upstream_reuse && framed && resp_parser_->keep_alive();
     down_.out += Head(keep_client_ ? Kind::kKeep : Kind::kFinal);
     if (resp_parser_->is_done()) return MessageEnded(down_);
     if (resp_parser_->chunked()) {
@@ -414,6 +440,7 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
           d.in_pipe -= static_cast<size_t>(m);
           progress = true;
         } else if (m < 0 && errno != EAGAIN) {
+          if (&d == &up_) return UpstreamBroken(errno);
           return Close();
         }
       }
@@ -460,12 +487,13 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       ssize_t n = splice(d.from->native_handle(), nullptr, d.w.get(), nullptr, want,
                          SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
       if (n > 0) {
+        if (&d == &down_) got_response_ = true;
         d.in_pipe += static_cast<size_t>(n);
         if (d.mode == Mode::kCount && (d.remaining -= static_cast<uint64_t>(n)) == 0)
           MessageEnded(d);
         return 1;
       }
-      if (n < 0) return errno == EAGAIN ? 0 : (Close(), -1);
+      if (n < 0) return errno == EAGAIN ? 0 : (ReadFailed(d, errno), -1);
       return AtEof(d);
     }
     char buf[kReadChunk];
@@ -473,10 +501,11 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
     if (d.mode == Mode::kHold && Holding()) want = std::min(want, kMaxHeld - held_.size());
     ssize_t n = recv(d.from->native_handle(), buf, want, MSG_DONTWAIT);
     if (n > 0) {
+      if (&d == &down_) got_response_ = true;
       TakeInput(d, std::string(buf, static_cast<size_t>(n)));
       return 1;
     }
-    if (n < 0) return errno == EAGAIN ? 0 : (Close(), -1);
+    if (n < 0) return errno == EAGAIN ? 0 : (ReadFailed(d, errno), -1);
     return AtEof(d);
   }
 
@@ -505,6 +534,7 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       }
     }
     if (d.mode == Mode::kHead && !head_sent_) {
+      if (Restart()) return -1;
       Fail(502, "bad_gateway",
            "the server on " + req_.target_name + " closed the connection without a response");
       return -1;
@@ -521,10 +551,16 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       return;
     }
     if (&d != &down_) return;
+    const bool request_out = up_.mode == Mode::kHold && up_.out.empty() && up_.in_pipe == 0;
+    // The upstream connection, at a message boundary in both directions, goes to its pool.
+    if (keep_upstream_ && request_out && down_.in.empty()) {
+      UniqueFd upstream(upstream_.release());
+      auto give = std::move(req_.upstream_reuse);
+      give(std::move(upstream));
+    }
     // The response is out; with keep-alive, and the request read whole, the connection goes
     // back to the client's server for its next request.
-    if (keep_client_ && up_.mode == Mode::kHold && up_.out.empty() && up_.in_pipe == 0)
-      return HandBack();
+    if (keep_client_ && request_out) return HandBack();
     Linger();
   }
 
@@ -570,6 +606,44 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
     });
   }
 
+  // A read from `d.from` failed (not at its end).
+  void ReadFailed(Dir& d, int err) {
+    if (&d == &down_) return UpstreamBroken(err);
+    Close();
+  }
+
+  // The upstream connection failed (a reset, a broken pipe): a pooled one is replaced when it
+  // can be; before any response the client gets a 502, after one its connection ends.
+  void UpstreamBroken(int err) {
+    if (Restart()) return;
+    if (head_sent_) return Close();
+    Fail(502, "bad_gateway",
+         StrCat({"the connection to the server on ", req_.target_name,
+                 " failed before a response: ", strerror(err)}));
+  }
+
+  // The pooled upstream connection was found closed before any byte of a response: the whole
+  // request (kept in replay_) goes again, once, on a fresh connection, in a new relay that
+  // takes over the client, the slot and the outcome. False when that is not possible.
+  bool Restart() {
+    if (!replay_ || got_response_ || head_sent_ || closed_) return false;
+    ProxiedRequest again = std::move(*replay_);
+    replay_.reset();
+    auto fresh = again.reconnect();
+    if (!fresh.ok()) return false;
+    again.reconnect = nullptr;  // once
+    // The client's bytes read since (its next request, with keep-alive) follow the request.
+    again.buffered += held_;
+    closed_ = true;
+    beast::error_code ec;
+    timer_.cancel();
+    upstream_.close(ec);
+    UniqueFd client(client_.release());  // (its pending waits end, aborted)
+    StartPortRelay(io_, std::move(client), std::move(*fresh), std::move(again), connect_timeout_,
+                   std::move(slot_), std::move(outcome_));
+    return true;
+  }
+
   // An error from the edge itself, when the client has seen nothing of a response yet.
   void Fail(int status, std::string_view code, const std::string& message) {
     if (closed_) return;
@@ -612,6 +686,7 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
     upstream_.close(ec);
   }
 
+  asio::io_context& io_;
   Strand strand_;
   Stream client_, upstream_;
   asio::steady_timer timer_;
@@ -621,9 +696,12 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
   std::unique_ptr<Framer<true>> req_parser_;
   std::unique_ptr<Framer<false>> resp_parser_;
   Dir up_, down_;
-  std::string held_;  // client bytes after an upgrade request, until the 101
+  std::string held_;                        // client bytes after an upgrade request, until the 101
+  std::unique_ptr<ProxiedRequest> replay_;  // the request as it came, to send again (Restart)
+  std::chrono::milliseconds connect_timeout_{0};
   bool connected_ = false, closed_ = false, head_sent_ = false, upgraded_ = false;
-  bool reported_ = false, lingering_ = false, keep_client_ = false;
+  bool reported_ = false, lingering_ = false, keep_client_ = false, keep_upstream_ = false;
+  bool got_response_ = false;  // a byte of the response came from upstream
 };
 
 void StartPortRelay(asio::io_context& io, UniqueFd client, UniqueFd upstream, ProxiedRequest req,

@@ -60,6 +60,17 @@ struct ProxiedRequest {
   // the bytes the client sent past its request (its next one, at most 64 KiB held). Set it only
   // for a client that asked to keep its connection.
   std::function<void(UniqueFd client, std::string next)> reuse;
+  // Keep-alive toward the upstream server (the apiserver's relays to nodes; never the port
+  // proxy): when set, the head asks to keep the upstream connection (SetUpstreamHead), and once
+  // the request went out whole and a response the server means to keep the connection after
+  // ended by its own framing, the upstream connection goes to `upstream_reuse` (an idle pool).
+  std::function<void(UniqueFd upstream)> upstream_reuse;
+  // Set when `upstream` came from such a pool: should it turn out closed by the server before
+  // any byte of a response came back (it closed it while idle), the exchange starts once more
+  // on a connection from `reconnect` — only when the whole request is in memory (the head and
+  // `buffered`: no body, or one that arrived with the head); a body still streaming from the
+  // client cannot be sent twice, and its exchange fails as with a fresh connection.
+  std::function<StatusOr<UniqueFd>()> reconnect;
 };
 
 // Relays one exchange. `upstream` is a non-blocking TCP socket whose connect was started
@@ -70,6 +81,15 @@ class PortRelay;
 void StartPortRelay(boost::asio::io_context& io, UniqueFd client, UniqueFd upstream,
                     ProxiedRequest req, std::chrono::milliseconds connect_timeout,
                     std::shared_ptr<void> slot, std::function<void(int status)> outcome);
+
+// The upstream connection of an exchange relayed over `pool`'s connections (keep-alive toward
+// a server the relay trusts to frame its responses): an idle one of the pool when there is one
+// (pr->reconnect set to replace it should it turn out closed), else a fresh connect started;
+// the connection goes back to the pool after the exchange (pr->upstream_reuse) unless the
+// request is a WebSocket upgrade. Call before SetUpstreamHead.
+class HttpClient;
+StatusOr<UniqueFd> ConnectUpstream(const std::shared_ptr<HttpClient>& pool, bool upgrade,
+                                   ProxiedRequest* pr);
 
 // A complete error response (JSON body, Connection: close) as bytes.
 std::string ProxyErrorResponse(int status, std::string_view code, std::string_view message);
@@ -95,7 +115,8 @@ Status FrameBody(const HttpRequest& req, ProxiedRequest* pr);
 // The head of `req` as the upstream server gets it: the request line with `target`, `host` as
 // Host, the client's headers but the hop-by-hop ones, Upgrade (unless it is a WebSocket
 // upgrade) and those named in `drop` (lowercase), then `extra`, the framing FrameBody found,
-// and "Connection: close" (or "Upgrade"). Sets pr->head, pr->upgrade and pr->head_method.
+// and "Connection: close" (or "Upgrade"; nothing, i.e. keep-alive, when pr->upstream_reuse
+// is set). Sets pr->head, pr->upgrade and pr->head_method.
 void SetUpstreamHead(const HttpRequest& req, std::string_view target, std::string_view host,
                      const std::vector<std::pair<std::string, std::string>>& extra,
                      std::initializer_list<std::string_view> drop, ProxiedRequest* pr);

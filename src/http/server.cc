@@ -76,6 +76,7 @@ void HttpServer::Impl::AcceptTcp() {
     s.set_option(tcp::no_delay(true), ig);
     auto ep = s.remote_endpoint(ig);
     std::string remote = ig ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
+    accepted.fetch_add(1, std::memory_order_relaxed);
     StartSession(std::move(s), false, static_cast<uid_t>(-1), std::move(remote));
     AcceptTcp();
   });
@@ -208,6 +209,7 @@ void HttpServer::Stop() {
 }
 
 int64_t HttpServer::connections() const { return impl_->conns.load(); }
+int64_t HttpServer::tcp_accepted() const { return impl_->accepted.load(); }
 
 void HttpServer::Adopt(UniqueFd fd, std::string buffered, std::string remote) {
   sockaddr_storage ss{};

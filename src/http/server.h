@@ -143,7 +143,8 @@ class HttpServer {
   // Stops accepting, closes every connection and joins the I/O threads.
   void Stop();
   int64_t connections() const;
-  uint16_t tcp_port() const;  // the bound port (useful with port 0)
+  int64_t tcp_accepted() const;  // TCP connections accepted since the start
+  uint16_t tcp_port() const;     // the bound port (useful with port 0)
   // Serves a TCP connection handed back after a relayed exchange (keep-alive through a relay):
   // a new session, as after a keep-alive response; `buffered` is what the client already sent
   // of its next request. Thread-safe.

@@ -64,6 +64,7 @@ struct HttpServer::Impl {
   std::unique_ptr<unix_proto::acceptor> unix_acceptor;
   std::unique_ptr<asio::steady_timer> tcp_retry, unix_retry;
   std::atomic<int64_t> conns{0};
+  std::atomic<int64_t> accepted{0};  // TCP connections accepted since the start
   // Bodies being spooled (HttpServerOptions::max_spooled and max_spooled_uploads).
   std::atomic<int> spooling{0}, spooling_uploads{0};
   std::atomic<bool> stopping{false};

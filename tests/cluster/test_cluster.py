@@ -653,3 +653,30 @@ def test_calls_on_sandboxes_keep_the_connection_alive(shared, sb):
     s.close()
     assert got.count(b"HTTP/1.1 200") == 2, got[:400]
     assert got.count(sb.id.encode()) >= 2
+
+
+def accepted_by(c, node):
+    """The TCP connections node's API accepted so far (its /metrics, asked directly)."""
+    status, text = request(c.edge_url(node), "GET", "/metrics", token=c.node_token)
+    assert status == 200, (status, text)
+    for line in text.decode().splitlines():
+        if line.startswith("dsec_http_connections_accepted_total "):
+            return int(line.split()[1])
+    raise AssertionError("no dsec_http_connections_accepted_total in the node's metrics")
+
+
+def test_relayed_calls_reuse_connections_to_the_node(shared, sb):
+    """Relayed calls travel on the apiserver's keep-alive connections to the node: 40 calls, each
+    on a new client connection to the apiserver (buffered and streamed exec, a record, a file),
+    cost the node a handful of new connections, not 40."""
+    node = sb.id.split("-")[1]
+    before = accepted_by(shared, node)
+    for k in range(10):
+        assert api(shared, "POST", f"/v1/sandboxes/{sb.id}/exec",
+                   {"cmd": ["echo", str(k)]}, i=1)[1]["stdout"] == f"{k}\n"
+        assert api(shared, "GET", f"/v1/sandboxes/{sb.id}", i=1)[1]["id"] == sb.id
+        sb.write_file(f"/tmp/f{k}", f"v{k}")
+        assert sb.read_file(f"/tmp/f{k}") == f"v{k}".encode()
+    after = accepted_by(shared, node)
+    # (the metrics calls themselves are two of them)
+    assert after - before <= 10, f"{after - before} new connections for 40 relayed calls"
