@@ -310,7 +310,13 @@ class PortRelay : public std::enable_shared_from_this<PortRelay> {
       if (d.mode == Mode::kHead) {
         beast::error_code ec;
         size_t used = resp_parser_->put(asio::buffer(d.in), ec);
-        if (ec == http::error::need_more) return;
+        if (ec == http::error::need_more) {
+          // Beast takes the status line and whole fields of a head still incomplete (they are
+          // in the parser's state now): they must not be given to it again. (Fed twice, they
+          // read as a malformed head: "bad field", a 502 for a response split after a line.)
+          d.in.erase(0, used);
+          return;
+        }
         if (ec)
           return Fail(502, "bad_gateway",
                       StrCat({"the server on ", req_.target_name,
