@@ -303,7 +303,8 @@ class TarCreateOp : public Op {
       auto more = creator_->Next(
           &chunk, static_cast<size_t>(std::min<uint64_t>(protocol::kDataChunk, max_ - bytes_ + 1)));
       if (!more.ok()) return agent_->FinishWithError(this, more.status());
-      if (bytes_ + chunk.size() > max_) {
+      // (what the headers handed out promise counts: a 1 TB file is refused at its header)
+      if (bytes_ + chunk.size() > max_ || creator_->owed() > max_ - bytes_ - chunk.size()) {
         return agent_->FinishWithError(this,
                                        TooLarge("the archive of \"" + path_ + "\" is larger than " +
                                                 std::to_string(max_) + " bytes"));

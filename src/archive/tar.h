@@ -107,6 +107,10 @@ class TarCreator {
   // archive (including the end marker) has been appended. Errors are sticky.
   StatusOr<bool> Next(std::string* out, size_t max_bytes);
   uint64_t skipped() const;
+  // Archive bytes already promised by what Next handed out (a header's file data and padding,
+  // the rest of a header) and not yet appended: the archive is at least this much longer. A
+  // caller with a size limit refuses a 1 TB file at its header instead of after its zeros.
+  uint64_t owed() const;
 
  private:
   class Impl;

@@ -197,6 +197,10 @@ class TarCreator::Impl {
   }
 
   uint64_t skipped() const { return skipped_; }
+  uint64_t owed() const {
+    return (pending_.size() - pending_off_) +
+           (in_file_ ? file_remaining_ + PaddingFor(file_size_) : 0);
+  }
 
  private:
   enum class Phase { kWalk, kTrailer, kDone };
@@ -426,5 +430,6 @@ StatusOr<bool> TarCreator::Next(std::string* out, size_t max_bytes) {
   return impl_->Next(out, max_bytes);
 }
 uint64_t TarCreator::skipped() const { return impl_->skipped(); }
+uint64_t TarCreator::owed() const { return impl_->owed(); }
 
 }  // namespace dsec::archive

@@ -418,6 +418,33 @@ TEST_F(TarTest, CreatorSubdirSingleFileAndSymlink) {
   EXPECT_EQ(TarCreator::Open(src_fd_.get(), "").status().code(), StatusCode::kInvalidArgument);
 }
 
+// owed() is what the archive still has to append for what was handed out: with it, a caller
+// that bounds the archive sees a huge (sparse) file's size at its header, and the total it
+// predicts is the archive's length.
+TEST_F(TarTest, CreatorOwesWhatItsHeadersPromise) {
+  WriteFile(src_ + "/small", "abc");
+  const int fd = open((src_ + "/huge").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, off_t{1} << 40), 0);  // 1 TB, sparse
+  close(fd);
+  auto c = TarCreator::Open(src_fd_.get(), "huge");
+  ASSERT_TRUE(c.ok());
+  std::string out;
+  ASSERT_TRUE((*c)->Next(&out, 512).ok());  // the header
+  EXPECT_EQ(out.size(), 512u);
+  // Its data (a multiple of 512: no padding) and the rest of its headers (a pax size record).
+  EXPECT_GE((*c)->owed(), uint64_t{1} << 40);
+  EXPECT_LT((*c)->owed(), (uint64_t{1} << 40) + 4096);
+  auto small = TarCreator::Open(src_fd_.get(), "small");
+  ASSERT_TRUE(small.ok());
+  out.clear();
+  ASSERT_TRUE((*small)->Next(&out, 100).ok());      // part of the header
+  EXPECT_EQ(out.size() + (*small)->owed(), 1024u);  // header + 3 bytes padded to 512
+  for (auto more = (*small)->Next(&out, 1); more.ok() && *more;) more = (*small)->Next(&out, 7);
+  EXPECT_EQ(out.size(), 1024u + 1024u);  // and the end marker
+  EXPECT_EQ((*small)->owed(), 0u);
+}
+
 TEST_F(TarTest, CreatorSkipsSpecialFiles) {
   std::mt19937_64 rng(2);
   WriteFile(src_ + "/regular", "r");
