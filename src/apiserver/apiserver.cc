@@ -159,6 +159,7 @@ Apiserver::Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::
       node_token_(std::move(node_token)),
       etcd_(etcd),
       view_(view),
+      records_(static_cast<size_t>(std::max<int64_t>(0, cfg_.record_cache))),
       workers_(static_cast<size_t>(std::max(4, cfg_.workers))),
       fanout_(static_cast<size_t>(std::max(4, cfg_.workers))),
       rng_(std::random_device{}()) {}
@@ -202,7 +203,9 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
   // shared table, and the port proxy.
   const api::RouteSpec* r = api::MatchRoute(req.method, req.target, api::Server::kApiserver).route;
   std::string port_id, port, port_target;
-  if ((r && r->scope == api::Scope::kSandbox) ||
+  // (A record, GET /v1/sandboxes/{id}, is asked by the apiserver itself: it keeps what it
+  // reads, to show while the node is unavailable.)
+  if ((r && r->scope == api::Scope::kSandbox && r->id != api::RouteId::kGetSandbox) ||
       api::ParsePortTarget(req.target, &port_id, &port, &port_target)) {
     if (relays_.load() >= cfg_.max_relays)
       return deny(429, "over_capacity",
@@ -275,6 +278,8 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
       return on_worker([this, shared, res] { Create(*shared, res); });
     case RouteId::kListSandboxes:
       return on_worker([this, shared, res] { List(*shared, res); });
+    case RouteId::kGetSandbox:
+      return on_worker([this, shared, res] { GetSandbox(*shared, res); });
     case RouteId::kFnCall:
       return on_worker([this, shared, res] { FnCall(*shared, res); });
     case RouteId::kNode:
@@ -317,6 +322,7 @@ void Apiserver::Relay(http::HttpRequest req) {
   if (Status s = api::ValidateId("sandbox id", id); !s.ok())
     return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
   const std::string node = NodeOfSandbox(id);
+  if (req.method == "DELETE" && seg.size() == 3) records_.Erase(id);
   auto n = node.empty() ? std::nullopt : view_->Find(node);
   if (!n)
     return http::SendErrorAndClose(
@@ -357,6 +363,50 @@ void Apiserver::Relay(http::HttpRequest req) {
     };
   http::StartPortRelay(server_->io(), std::move(client), std::move(*upstream), std::move(pr),
                        milliseconds(5000), std::move(slot), [](int) {});
+}
+
+std::string Apiserver::UnavailableWhy(const std::string& node) const {
+  auto n = view_->Find(node);
+  const int64_t ago = n ? (WallMs() - n->changed_ms) / 1000 : 0;
+  return "node " + node + " is unavailable (its lease lapsed " + std::to_string(ago) +
+         " s ago): this is the sandbox's last known record; calls on it answer 503 until the "
+         "node is back";
+}
+
+void Apiserver::GetSandbox(const http::HttpRequest& req,
+                           const std::shared_ptr<http::Responder>& res) {
+  std::vector<std::string_view> seg = SplitString(req.path, '/', true);
+  const std::string id(seg.size() >= 3 ? seg[2] : "");
+  if (Status s = api::ValidateId("sandbox id", id); !s.ok()) return Fail(res, s);
+  const std::string node = NodeOfSandbox(id);
+  auto n = node.empty() ? std::nullopt : view_->Find(node);
+  if (!n)
+    return Fail(res, 404, "not_found",
+                "sandbox " + id + " not found" +
+                    (node.empty() ? "" : " (no node " + node + " in the cluster)"));
+  if (!n->alive) {
+    if (auto kept = records_.Get(id, WallMs()))
+      return Reply(res, 200, RecordCache::Unavailable(std::move(*kept), UnavailableWhy(node)),
+                   {{"Dsec-Node", node}});
+    return Fail(res, 503, "unavailable",
+                "node " + node + " is unavailable: sandbox " + id +
+                    " cannot be reached until the node is back (its lease lapsed " +
+                    std::to_string((WallMs() - n->changed_ms) / 1000) + " s ago)");
+  }
+  auto r = n->client->Request("GET", req.target, NodeHeaders(req), "",
+                              milliseconds(cfg_.call_timeout_ms));
+  if (!r.ok()) return Fail(res, 503, "unavailable", "node " + node + ": " + r.status().message());
+  if (r->status == 200)
+    records_.Put(Json::parse(r->body, nullptr, false));
+  else if (r->status == 404 || r->status == 410)
+    records_.Erase(id);
+  PassOn(res, *r, node);
+}
+
+void Apiserver::PassOnCreate(const std::shared_ptr<http::Responder>& res,
+                             const http::ClientResponse& r, const std::string& node) {
+  if (r.status == 200 || r.status == 201) records_.PutAll(Json::parse(r.body, nullptr, false));
+  PassOn(res, r, node);
 }
 
 void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
@@ -428,7 +478,7 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
       auto a = answers[i].get();
       if (a.ok() && !(a->status == 404 && ErrorOf(*a).code == "not_found")) {
         for (size_t j = i + 1; j < answers.size(); ++j) answers[j].wait();
-        return PassOn(res, *a, probes[i].rec.node);
+        return PassOnCreate(res, *a, probes[i].rec.node);
       }
     }
   }
@@ -465,7 +515,10 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
           for (auto& s : j["sandboxes"]) all.push_back(std::move(s));
       }
     }
-    if (!failed && transport.ok()) return Reply(res, 201, {{"sandboxes", all}});
+    if (!failed && transport.ok()) {
+      for (const Json& r : all) records_.Put(r);
+      return Reply(res, 201, {{"sandboxes", all}});
+    }
     // All or nothing, as on one node: what the other nodes made goes again.
     for (const auto& s : all) {
       std::string id = s.value("id", "");
@@ -499,7 +552,7 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
     const NodeError err = r->status >= 400 ? ErrorOf(*r) : NodeError{};
     const bool next = r->status == 429 || r->status == 503 ||
                       (r->status == 422 && err.message.find("can never fit") != std::string::npos);
-    if (!next) return PassOn(res, *r, n.rec.node);
+    if (!next) return PassOnCreate(res, *r, n.rec.node);
     tried += StrCat({tried.empty() ? "" : "; ", n.rec.node, ": ", err.message});
     last.emplace(std::move(*r), n.rec.node);
   }
@@ -517,8 +570,17 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
 void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
   int64_t limit = 100;
   std::map<std::string, std::string> at;
-  std::string rest;  // the filters, passed on as given
+  std::string rest;     // the filters, passed on as given
+  RecordFilter filter;  // the same, for the records kept of unavailable nodes
   for (const auto& [k, v] : req.query) {
+    if (k == "label") {
+      size_t eq = v.find('=');
+      if (eq != std::string::npos) filter.labels.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+    } else if (k == "state") {
+      filter.state = v;
+    } else if (k == "kind") {
+      filter.kind = v;
+    }
     if (k == "limit") {
       auto n = ParseInt64(v);
       if (!n || *n < 1 || *n > 1000) return Fail(res, 400, "bad_request", "limit must be 1-1000");
@@ -544,6 +606,7 @@ void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::R
       unavailable.push_back(n.rec.node);
       continue;
     }
+    if (filter.state == "unavailable") continue;  // (a node that answers has none)
     std::string target = "/v1/sandboxes?limit=" + std::to_string(limit) + rest;
     if (it != at.end() && !it->second.empty()) target += "&cursor=" + PercentEncode(it->second);
     parts.push_back({n.rec.node, Fanout([this, &req, client = n.client, target] {
@@ -570,10 +633,29 @@ void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::R
     Json j = Json::parse(r->body, nullptr, false);
     if (!j.is_object() || !j.contains("sandboxes") || !j["sandboxes"].is_array())
       return Fail(res, 502, "bad_gateway", "node " + p.node + " answered a list without sandboxes");
-    for (auto& s : j["sandboxes"])
+    for (auto& s : j["sandboxes"]) {
+      records_.Put(s);
       items.push_back({s.value("created_at", int64_t{0}), s.value("id", ""), p.node, std::move(s)});
+    }
     returned[p.node] = {j["sandboxes"].size(),
                         j.contains("next_cursor") && j["next_cursor"].is_string()};
+  }
+  // An unavailable node's share: the records this apiserver last saw of its sandboxes, with
+  // state "unavailable" (filtered and paged like a node's own page).
+  for (const std::string& node : unavailable) {
+    bool more = false;
+    std::vector<Json> kept;
+    if (filter.state.empty() || filter.state == "unavailable") {
+      RecordFilter f = filter;
+      f.state.clear();
+      auto it = at.find(node);
+      kept = records_.OfNode(node, it == at.end() ? "" : it->second, f, static_cast<size_t>(limit),
+                             WallMs(), &more);
+    }
+    for (auto& s : kept)
+      items.push_back({s.value("created_at", int64_t{0}), s.value("id", ""), node,
+                       RecordCache::Unavailable(std::move(s), UnavailableWhy(node))});
+    returned[node] = {kept.size(), more};
   }
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return std::tie(a.created_at, a.id) < std::tie(b.created_at, b.id);
@@ -587,10 +669,8 @@ void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::R
   }
   bool more = AdvanceListCursor(page, returned, &at);
   http::Headers h;
-  if (!unavailable.empty()) {
-    h.emplace_back("Dsec-Unavailable-Nodes", JoinStrings(unavailable, ","));
-    more = true;  // their sandboxes are still to come when they are back
-  }
+  // Their sandboxes in the list are the records last seen here; others may exist.
+  if (!unavailable.empty()) h.emplace_back("Dsec-Unavailable-Nodes", JoinStrings(unavailable, ","));
   Reply(res, 200,
         {{"sandboxes", out}, {"next_cursor", more ? Json(EncodeCursor(at)) : Json(nullptr)}},
         std::move(h));

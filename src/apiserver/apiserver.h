@@ -29,6 +29,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "apiserver/placement.h"
+#include "apiserver/record_cache.h"
 #include "apiserver/view.h"
 #include "base/mutex.h"
 #include "cluster/etcd.h"
@@ -51,6 +52,8 @@ struct ApiserverConfig {
   // Calls on sandboxes being relayed at once (each holds two sockets and two pipes); more are
   // refused with 429 before their bodies are read.
   int64_t max_relays = 8192;
+  // Sandbox records kept to show while their node is unavailable (record_cache.h).
+  int64_t record_cache = 100000;
   // The compatibility listeners (compat.h), relayed to the edges' own: off when empty.
   std::string e2b_listen;
   std::string sandbox_fusion_listen;
@@ -75,6 +78,12 @@ class Apiserver {
   void PlaceAndForward(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res,
                        api::CreateShape shape);
   void List(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  void GetSandbox(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  // Why a record of `node`'s is shown with state "unavailable".
+  std::string UnavailableWhy(const std::string& node) const;
+  // A node's create answer: its records are kept, then it goes to the client.
+  void PassOnCreate(const std::shared_ptr<http::Responder>& res, const http::ClientResponse& r,
+                    const std::string& node);
   void Jobs(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void Nodes(const std::shared_ptr<http::Responder>& res);
   void GetNode(const std::string& node, const std::shared_ptr<http::Responder>& res);
@@ -100,6 +109,7 @@ class Apiserver {
   ClusterView* view_;
   http::HttpServer* server_ = nullptr;
   std::atomic<int64_t> relays_{0};
+  RecordCache records_;
   boost::asio::thread_pool workers_;
   boost::asio::thread_pool fanout_;
   Mutex rng_mu_;

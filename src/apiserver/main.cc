@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
                  "edges' (off when empty)");
   app.add_option("--max-relays", cfg.max_relays, "Calls on sandboxes relayed at once (then 429)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--record-cache", cfg.record_cache,
+                 "Sandbox records kept to show while their node is unavailable")
+      ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}));
   app.add_option("--placement-tries", cfg.placement.max_tries,
                  "Nodes one create is sent to before its 429 is the answer")
       ->check(CLI::Range(1, 64));

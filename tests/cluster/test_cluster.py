@@ -391,17 +391,40 @@ def test_lease_expiry_marks_the_node_unavailable_and_its_return_readopts(make_cl
     wait_until(lambda: api(c, "GET", "/v1/nodes/n2")[1]["state"] == "unavailable", timeout=20)
     status, out = api(c, "POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
     assert status == 503 and "node n2 is unavailable" in out["error"]["message"], out
-    # New sandboxes go to the node that is up; the list says which node it could not ask.
-    assert node_of(create(c)["id"]) == "n1"
+    # Its record is the one last seen, with state "unavailable" and why.
+    status, rec = api(c, "GET", f"/v1/sandboxes/{sid}")
+    assert status == 200 and rec["id"] == sid and rec["state"] == "unavailable", rec
+    assert rec["node"] == "n2" and "node n2 is unavailable" in rec["reason"], rec
+    # New sandboxes go to the node that is up; the list says which node it could not ask, and
+    # shows the records it has of that node's sandboxes as unavailable.
+    other = create(c)["id"]
+    assert node_of(other) == "n1"
     u = urllib.parse.urlsplit(c.urls[0])
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-    conn.request("GET", "/v1/sandboxes", headers={"Authorization": f"Bearer {c.token}"})
-    resp = conn.getresponse()
-    assert resp.status == 200 and resp.getheader("Dsec-Unavailable-Nodes") == "n2"
-    resp.read()
-    conn.close()
+
+    def listed(query="", unavailable="n2"):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("GET", "/v1/sandboxes" + query,
+                     headers={"Authorization": f"Bearer {c.token}"})
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        assert resp.status == 200, body
+        assert resp.getheader("Dsec-Unavailable-Nodes") == unavailable, body
+        return {s["id"]: s["state"] for s in body["sandboxes"]}, body["next_cursor"]
+
+    states, cursor = listed()
+    assert states == {sid: "unavailable", other: "running"} and cursor is None, states
+    assert listed("?state=running")[0] == {other: "running"}
+    assert listed("?state=unavailable")[0] == {sid: "unavailable"}
+    # One per page: the cursor walks both nodes' shares.
+    first, cursor = listed("?limit=1")
+    # (n2's share was all on the first page: the second asks n1 only)
+    second, cursor2 = listed("?limit=1&cursor=" + urllib.parse.quote(cursor), unavailable=None)
+    assert {**first, **second} == {sid: "unavailable", other: "running"}, (first, second)
+    assert cursor2 is None
     c.edge_start("n2")
     wait_until(lambda: api(c, "GET", "/v1/nodes/n2")[1]["state"] == "ready", timeout=30)
+    assert api(c, "GET", f"/v1/sandboxes/{sid}")[1]["state"] == "running"
     assert sb.read_file("/workspace/keep.txt") == b"still here\n"
     assert sb.exec(["true"]).exit_code == 0
 
@@ -552,12 +575,14 @@ def test_relays_are_capped(make_cluster):
                                               f"/v1/sandboxes/{sid}/attach?cmd=cat", token=c.token)
             assert status == 101
             held.append(ws)
-        status, out = api(c, "GET", f"/v1/sandboxes/{sid}")
+        status, out = api(c, "POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
         assert status == 429 and "max_relays" in out["error"]["message"], out
-        # Creates and lists are not relays: they go on.
+        # Creates, lists and records are not relays: they go on.
         assert api(c, "GET", "/v1/sandboxes")[0] == 200
+        assert api(c, "GET", f"/v1/sandboxes/{sid}")[0] == 200
         held.pop().close()
-        wait_until(lambda: api(c, "GET", f"/v1/sandboxes/{sid}")[0] == 200, timeout=10)
+        wait_until(lambda: api(c, "POST", f"/v1/sandboxes/{sid}/exec",
+                               {"cmd": ["true"]})[0] == 200, timeout=10)
     finally:
         for ws in held:
             ws.close()
