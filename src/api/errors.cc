@@ -2,6 +2,8 @@
 
 #include <cctype>
 
+#include "base/json.h"
+
 namespace dsec::api {
 
 std::pair<int, std::string_view> HttpErrorFor(StatusCode code) {
@@ -38,6 +40,12 @@ std::pair<int, std::string_view> HttpErrorFor(StatusCode code) {
 std::pair<int, std::string_view> HttpErrorFor(const Status& s) {
   if (s.error_number() != 0 && s.code() != StatusCode::kResourceExhausted) return {500, "internal"};
   return HttpErrorFor(s.code());
+}
+
+std::string TombstoneErrorBody(std::string_view code, std::string_view message,
+                               const std::string& reason, int64_t at_ms) {
+  return Json{{"error", {{"code", code}, {"message", message}, {"reason", reason}, {"at", at_ms}}}}
+      .dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 Status ValidateId(std::string_view what, std::string_view id) {

@@ -230,4 +230,22 @@ Json JobReadJson(const protocol::JobReadResponse& read, const std::string& out,
   return j;
 }
 
+Json ExecStartedJson(const std::string& exec_id) { return {{"exec_id", exec_id}}; }
+
+Json ExecListJson(const std::vector<protocol::JobInfo>& jobs) {
+  Json list = Json::array();
+  for (const auto& i : jobs) list.push_back(JobJson(i));
+  return {{"execs", list}};
+}
+
+Json SignaledJson(int count) { return {{"signaled", count}}; }
+
+Json ShellOpenedJson(const std::string& shell_id) { return {{"shell_id", shell_id}}; }
+
+Json ShellListJson(const std::vector<std::string>& shell_ids) {
+  Json ids = Json::array();
+  for (const auto& id : shell_ids) ids.push_back(id);
+  return {{"shells", ids}};
+}
+
 }  // namespace dsec::api

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "backends/sandbox_types.h"
 #include "base/base64.h"
@@ -126,5 +127,16 @@ Json JobJson(const protocol::JobInfo& i, const std::string* out = nullptr,
 // offsets to read on from.
 Json JobReadJson(const protocol::JobReadResponse& read, const std::string& out,
                  const std::string& err);
+// The answer of a background exec's start: {"exec_id"}.
+Json ExecStartedJson(const std::string& exec_id);
+// The answer of a list of a sandbox's execs: {"execs": [ExecStatus without output...]}.
+Json ExecListJson(const std::vector<protocol::JobInfo>& jobs);
+// The answer of a signal to every process: {"signaled": how many}.
+Json SignaledJson(int count);
+
+// The answers of the shell routes, with the API's shell ids ("sh-..."): {"shell_id"} of an
+// open, {"shells": [...]} of a list.
+Json ShellOpenedJson(const std::string& shell_id);
+Json ShellListJson(const std::vector<std::string>& shell_ids);
 
 }  // namespace dsec::api

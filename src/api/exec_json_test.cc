@@ -198,5 +198,19 @@ TEST(ExecJsonTest, Jobs) {
   EXPECT_EQ(live["stdout_offset"], 2);
 }
 
+TEST(ExecJsonTest, SmallAnswers) {
+  EXPECT_EQ(ExecStartedJson("ex-1").dump(), R"({"exec_id":"ex-1"})");
+  EXPECT_EQ(SignaledJson(3).dump(), R"({"signaled":3})");
+  EXPECT_EQ(ShellOpenedJson("sh-1").dump(), R"({"shell_id":"sh-1"})");
+  EXPECT_EQ(ShellListJson({}).dump(), R"({"shells":[]})");
+  EXPECT_EQ(ShellListJson({"sh-1", "sh-x"}).dump(), R"({"shells":["sh-1","sh-x"]})");
+  EXPECT_EQ(ExecListJson({}).dump(), R"({"execs":[]})");
+  protocol::JobInfo i;
+  i.job_id = "ex-2";
+  Json list = ExecListJson({i});
+  ASSERT_EQ(list["execs"].size(), 1u);
+  EXPECT_EQ(list["execs"][0], JobJson(i));
+}
+
 }  // namespace
 }  // namespace dsec::api

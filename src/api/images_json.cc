@@ -40,6 +40,12 @@ Json HostImageJson() {
           {"in_use", nullptr}};
 }
 
+Json ImageListJson(const std::vector<ImageRecord>& imgs) {
+  Json out = Json::array({HostImageJson()});
+  for (const auto& img : imgs) out.push_back(ToJson(img));
+  return {{"images", out}};
+}
+
 StatusOr<SnapshotRequest> ParseSnapshotRequest(std::string_view body) {
   DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
   auto name = b.String("image", 300);

@@ -35,6 +35,8 @@ struct ImageRecord {
 Json ToJson(const ImageRecord& img);
 // The built-in "host" image.
 Json HostImageJson();
+// The answer of GET /v1/images: {"images": [host, then `imgs`...]}.
+Json ImageListJson(const std::vector<ImageRecord>& imgs);
 
 // POST /v1/sandboxes/{id}/snapshot.
 struct SnapshotRequest {

@@ -56,5 +56,15 @@ TEST(ImagesJsonTest, ForkRequests) {
   EXPECT_NE(both.status().message().find("keep_setuid"), std::string::npos);
 }
 
+TEST(ImagesJsonTest, List) {
+  EXPECT_EQ(ImageListJson({}).dump(), Json({{"images", {HostImageJson()}}}).dump());
+  ImageRecord r;
+  r.name = "app:1";
+  Json list = ImageListJson({r});
+  ASSERT_EQ(list["images"].size(), 2u);
+  EXPECT_EQ(list["images"][0]["name"], "host");
+  EXPECT_EQ(list["images"][1], ToJson(r));
+}
+
 }  // namespace
 }  // namespace dsec::api

@@ -177,6 +177,8 @@ Json ToJson(const std::vector<pools::PoolStatus>& all) {
   return arr;
 }
 
+Json PoolListJson(const std::vector<pools::PoolStatus>& all) { return {{"pools", ToJson(all)}}; }
+
 StatusOr<PoolConfig> ParsePoolPut(std::string_view body, const std::string& name,
                                   const PoolConfig* existing, const PoolDefaultsFn& defaults) {
   auto j = ParseJson(body.empty() ? "{}" : body);

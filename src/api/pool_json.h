@@ -18,6 +18,8 @@ Json ToJson(const pools::PoolConfig& c);
 StatusOr<pools::PoolConfig> PoolConfigFromJson(const Json& j, pools::PoolConfig base);
 Json ToJson(const pools::PoolStatus& st);
 Json ToJson(const std::vector<pools::PoolStatus>& all);
+// The answer of GET /v1/pools: {"pools": [...]}.
+Json PoolListJson(const std::vector<pools::PoolStatus>& all);
 
 // A new pool's config of a kind (the node's defaults).
 using PoolDefaultsFn = std::function<pools::PoolConfig(pools::PoolKind)>;

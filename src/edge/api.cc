@@ -2,11 +2,11 @@
 
 #include <boost/asio/post.hpp>
 
+#include "api/request_json.h"
 #include "base/logging.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "http/auth.h"
-#include "http/json_body.h"
 
 namespace dsec::edge {
 
@@ -124,11 +124,7 @@ void Ctx::Fail(const Status& s) {
       api->deps().metrics->CountError(std::string(code));
       http::HttpResponse r;
       r.status = status;
-      r.body =
-          Json{
-              {"error",
-               {{"code", code}, {"message", s.message()}, {"reason", t->reason}, {"at", t->at_ms}}}}
-              .dump(-1, ' ', false, Json::error_handler_t::replace);
+      r.body = api::TombstoneErrorBody(code, s.message(), t->reason, t->at_ms);
       return res->Send(std::move(r));
     }
   }
@@ -343,33 +339,20 @@ void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) 
   if (Mutating(ctx->req.method)) {
     key = ctx->req.Header("idempotency-key");
     if (!route->upload() && !route->import() && !ctx->req.body.empty()) {
-      // request_id in a JSON body; JSON errors are left for the handler to report.
-      auto j = ParseJson(ctx->req.body);
-      if (j.ok() || ctx->req.body.find('\0') != std::string::npos) {
-        // Every JSON body, whichever handler reads it (some parse it themselves).
-        if (Status s = http::CheckStrictJson(ctx->req.body); !s.ok()) {
-          ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
-          return ctx->Fail(s);
-        }
+      // request_id in a JSON body (api/request_json.h); JSON errors are left for the handler
+      // to report.
+      auto rid = api::BodyRequestId(ctx->req.body);
+      if (!rid.ok()) {
+        ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+        return ctx->Fail(rid.status());
       }
-      if (j.ok() && j->is_object()) {
-        if (auto it = j->find("request_id"); it != j->end() && !it->is_null()) {
-          if (!it->is_string()) {
-            ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
-            return ctx->Fail(400, "bad_request", "\"request_id\" must be a string");
-          }
-          std::string rid = it->get<std::string>();
-          if (rid.empty()) {
-            ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
-            return ctx->Fail(400, "bad_request", "\"request_id\" must not be empty");
-          }
-          if (!key.empty() && key != rid) {
-            ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
-            return ctx->Fail(400, "bad_request",
-                             "\"request_id\" and the Idempotency-Key header differ");
-          }
-          key = rid;
+      if (*rid) {
+        if (!key.empty() && key != **rid) {
+          ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+          return ctx->Fail(400, "bad_request",
+                           "\"request_id\" and the Idempotency-Key header differ");
         }
+        key = **rid;
       }
     }
     bool printable = key.size() <= 128;

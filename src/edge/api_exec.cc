@@ -190,7 +190,7 @@ void StartBackground(const std::shared_ptr<Ctx>& c, const std::shared_ptr<Sandbo
     return c->Fail(info.status());
   }
   WatchJob(sb, info->job_id, std::move(ticket));
-  c->Reply(202, {{"exec_id", info->job_id}});
+  c->Reply(202, api::ExecStartedJson(info->job_id));
 }
 
 void Exec(const std::shared_ptr<Ctx>& c) {
@@ -254,9 +254,7 @@ void ListExecs(const std::shared_ptr<Ctx>& c) {
   if (!sb.ok()) return c->Fail(sb.status());
   auto jobs = (*sb)->ListJobs();
   if (!jobs.ok()) return c->Fail(jobs.status());
-  Json list = Json::array();
-  for (const auto& i : *jobs) list.push_back(JobJson(i));
-  c->Reply(200, {{"execs", list}});
+  c->Reply(200, api::ExecListJson(*jobs));
 }
 
 // Answers with the whole result: reads all the output the agent kept (charged to the node's
@@ -359,7 +357,7 @@ void SignalAll(const std::shared_ptr<Ctx>& c) {
   };
   auto n = run();
   if (!n.ok()) return c->Fail(n.status());
-  c->Reply(200, {{"signaled", *n}});
+  c->Reply(200, api::SignaledJson(*n));
 }
 
 // --- shells --------------------------------------------------------------------------------
@@ -395,15 +393,15 @@ void OpenShell(const std::shared_ptr<Ctx>& c) {
   };
   auto id = run();
   if (!id.ok()) return c->Fail(id.status());
-  c->Reply(201, {{"shell_id", *id}});
+  c->Reply(201, api::ShellOpenedJson(*id));
 }
 
 void ListShells(const std::shared_ptr<Ctx>& c) {
   auto sb = c->Sandbox();
   if (!sb.ok()) return c->Fail(sb.status());
-  Json ids = Json::array();
+  std::vector<std::string> ids;
   for (const auto& id : (*sb)->ListShells()) ids.push_back(ApiShellId(id));
-  c->Reply(200, {{"shells", ids}});
+  c->Reply(200, api::ShellListJson(ids));
 }
 
 void RunShell(const std::shared_ptr<Ctx>& c) {

@@ -60,7 +60,7 @@ void RunFnCall(const std::shared_ptr<Ctx>& c) {
 }
 
 void ListPools(const std::shared_ptr<Ctx>& c) {
-  c->Reply(200, {{"pools", api::ToJson(c->api->deps().pools->List())}});
+  c->Reply(200, api::PoolListJson(c->api->deps().pools->List()));
 }
 
 void GetPool(const std::shared_ptr<Ctx>& c) {

@@ -5,6 +5,7 @@
 #include <boost/asio/post.hpp>
 
 #include "api/images_json.h"
+#include "api/sandboxes_json.h"
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/builds.h"
@@ -16,7 +17,7 @@ namespace dsec::edge {
 namespace {
 
 // An image's record as the API shows it (api/images_json.h), with what the store knows of it.
-Json ImageJson(images::ImageStore* store, const images::Image& img) {
+api::ImageRecord ImageRecordOf(images::ImageStore* store, const images::Image& img) {
   api::ImageRecord r;
   for (const auto& d : img.layers) {
     auto l = store->GetLayer(d);
@@ -35,7 +36,11 @@ Json ImageJson(images::ImageStore* store, const images::Image& img) {
   r.source = img.source;
   r.created_at = img.created_at;
   r.in_use = store->InUse(img);
-  return api::ToJson(r);
+  return r;
+}
+
+Json ImageJson(images::ImageStore* store, const images::Image& img) {
+  return api::ToJson(ImageRecordOf(store, img));
 }
 
 using api::HostImageJson;
@@ -47,10 +52,10 @@ StatusOr<images::ImageStore*> Store(const std::shared_ptr<Ctx>& c) {
 }
 
 void ListImages(const std::shared_ptr<Ctx>& c) {
-  Json out = Json::array({HostImageJson()});
+  std::vector<api::ImageRecord> imgs;
   if (images::ImageStore* s = c->api->deps().images)
-    for (const auto& img : s->ListImages()) out.push_back(ImageJson(s, img));
-  c->Reply(200, {{"images", out}});
+    for (const auto& img : s->ListImages()) imgs.push_back(ImageRecordOf(s, img));
+  c->Reply(200, api::ImageListJson(imgs));
 }
 
 void GetImage(const std::shared_ptr<Ctx>& c) {
@@ -197,7 +202,7 @@ void Fork(const std::shared_ptr<Ctx>& c) {
       p, req->count, /*wait=*/true,
       [workers](std::function<void()> f) { boost::asio::post(*workers, std::move(f)); });
   if (!made.ok()) return c->Fail(made.status());
-  c->Reply(201, {{"sandboxes", ToJson(*made)}});
+  c->Reply(201, api::SandboxListJson(*made));
 }
 
 // The build routes' common part: 409 when this node does not build images, else `fn`'s

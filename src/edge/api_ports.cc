@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "api/ports_json.h"
 #include "base/clock.h"
 #include "base/file_util.h"
 #include "base/logging.h"
@@ -18,14 +19,11 @@
 #include "edge/manager.h"
 #include "edge/metrics.h"
 #include "http/auth.h"
-#include "http/json_body.h"
 #include "http/relay.h"
 
 namespace dsec::edge {
 
 namespace {
-
-constexpr int64_t kMaxPortUrlTtlS = 30 * 86400;
 
 // What a signed port URL's MAC covers: the sandbox (its id and creation time: a URL names one
 // sandbox, never a later one that might reuse a name), the port and the expiry.
@@ -38,27 +36,22 @@ std::string PortUrlMessage(const std::string& id, int64_t created_at, const std:
 // POST /v1/sandboxes/{id}/port-urls {"port": N, "ttl_s": S}: a URL for the port that needs no
 // token (a browser, a tool that takes only a URL), until it expires or the sandbox goes.
 void CreatePortUrl(const std::shared_ptr<Ctx>& c) {
-  auto run = [&]() -> StatusOr<Json> {
-    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
-    DSEC_ASSIGN_OR_RETURN(auto port, b.Int("port", 1, 65535));
-    DSEC_ASSIGN_OR_RETURN(auto ttl, b.Int("ttl_s", 1, kMaxPortUrlTtlS));
-    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
-    (void)rid;
-    DSEC_RETURN_IF_ERROR(b.Finish());
-    if (!port) return InvalidArgument("\"port\" is required");
+  auto run = [&]() -> StatusOr<api::PortUrl> {
+    DSEC_ASSIGN_OR_RETURN(api::PortUrlRequest req, api::ParsePortUrlRequest(c->req.body));
     DSEC_ASSIGN_OR_RETURN(auto e, c->Entry());
     DSEC_ASSIGN_OR_RETURN(auto caps, c->api->deps().manager->Capabilities(e->params.kind));
     if (!caps.port_proxy) return backends::NoPortProxy(e->params.kind);
-    const int64_t expires_s = WallMs() / 1000 + ttl.value_or(3600);
-    std::string path = c->api->PortUrlPath(*e, static_cast<uint16_t>(*port), expires_s);
-    Json out = {{"port", *port}, {"path", path}, {"expires_at", expires_s * 1000}};
+    const int64_t expires_s = WallMs() / 1000 + req.ttl_s;
+    api::PortUrl out{.port = req.port,
+                     .path = c->api->PortUrlPath(*e, req.port, expires_s),
+                     .expires_at = expires_s * 1000};
     const std::string host = c->req.Header("host");
-    out["url"] = c->req.via_unix || host.empty() ? Json(nullptr) : Json("http://" + host + path);
+    if (!c->req.via_unix && !host.empty()) out.url = "http://" + host + out.path;
     return out;
   };
   auto r = run();
   if (!r.ok()) return c->Fail(r.status());
-  c->Reply(201, *r);
+  c->Reply(201, api::ToJson(*r));
 }
 
 }  // namespace

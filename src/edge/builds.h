@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/builds_json.h"
 #include "base/mutex.h"
 #include "base/status.h"
 #include "edge/config.h"
@@ -31,22 +32,9 @@
 
 namespace dsec::edge {
 
-struct BuildRequest {
-  std::string name;                        // "name:tag" (normalized)
-  std::string suite;                       // base "debian:<suite>": bootstrap with mmdebstrap
-  std::string variant = "minbase";         // mmdebstrap --variant
-  std::vector<std::string> from;           // or start from these images (stacked)
-  std::vector<std::string> packages;       // with a Debian base
-  std::vector<std::string> run;            // shell commands, run as root in a build sandbox
-  std::map<std::string, std::string> env;  // for the commands, and kept in the image
-  std::string workdir;                     // for the commands, and kept in the image
-  int64_t memory_mb = 2048, disk_mb = 4096;
-  int64_t timeout_s = 3600;    // the whole build
-  net::NetworkPolicy network;  // of the build sandbox (its run steps); default none
-};
-
-// Parses and validates a POST /v1/images/build body.
-StatusOr<BuildRequest> ParseBuildRequest(std::string_view body);
+// A build as asked for, and the parse of its body (api/builds_json.h).
+using api::BuildRequest;
+using api::ParseBuildRequest;
 
 namespace internal {
 

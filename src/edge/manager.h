@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "api/records.h"
+#include "api/sandboxes_json.h"
 #include "backends/pools/pool.h"
 #include "backends/sandbox.h"
 #include "base/clock.h"
@@ -114,11 +115,8 @@ struct Tombstone {
   int64_t at_ms = 0;
 };
 
-struct PatchParams {
-  std::optional<int64_t> ttl_s, idle_ttl_s;
-  std::map<std::string, std::optional<std::string>> labels;  // nullopt deletes
-  std::optional<net::NetworkPolicy> network;                 // applied live
-};
+// What a PATCH changes (api/sandboxes_json.h parses it).
+using PatchParams = api::SandboxPatch;
 
 class Manager {
  public:

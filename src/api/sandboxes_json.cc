@@ -1,0 +1,164 @@
+#include "api/sandboxes_json.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "api/network_json.h"
+#include "api/pool_json.h"
+#include "base/strings.h"
+#include "http/json_body.h"
+#include "images/store.h"
+
+namespace dsec::api {
+
+namespace {
+
+// "network": a policy (net/policy.h) this node can enforce.
+StatusOr<net::NetworkPolicy> ParseNetwork(const Json* n, bool node_has_network) {
+  DSEC_ASSIGN_OR_RETURN(net::NetworkPolicy p, NetworkPolicyFromJson(n));
+  if (p.mode != net::NetMode::kNone && !node_has_network)
+    return Unimplemented("network mode \"" + std::string(net::NetModeName(p.mode)) +
+                         "\" is not available: this edge runs with network: false");
+  return p;
+}
+
+}  // namespace
+
+StatusOr<std::optional<std::string>> ParseImageStack(const Json* j) {
+  if (!j) return std::optional<std::string>();
+  std::vector<std::string> names;
+  if (j->is_string()) {
+    names.push_back(j->get<std::string>());
+  } else if (j->is_array() && !j->empty() && j->size() <= 16) {
+    for (const auto& e : *j) {
+      if (!e.is_string()) return InvalidArgument("\"image\" entries must be strings");
+      names.push_back(e.get<std::string>());
+    }
+  } else {
+    return InvalidArgument("\"image\" must be a name or a list of 1 to 16 names");
+  }
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::string n = names[i];
+    if (n == "host" || n == "host:latest") {
+      if (i != 0) return InvalidArgument("\"host\" can only be the first image of a stack");
+      n = "host";
+    } else if (StartsWith(n, "sha256:")) {
+      if (n.size() != 71 || n.find_first_not_of("0123456789abcdef", 7) != std::string::npos)
+        return InvalidArgument("bad layer digest in \"image\"");
+    } else {
+      DSEC_ASSIGN_OR_RETURN(n, images::NormalizeName(n));
+    }
+    out += (i ? "," : "") + n;
+  }
+  return std::optional<std::string>(out);
+}
+
+Status ValidateLabels(const BodyStringMap& labels) {
+  for (const auto& [k, v] : labels)
+    for (char c : k)
+      if (!isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' && c != '/')
+        return InvalidArgument("label keys are 1-63 characters of A-Z a-z 0-9 . _ - /");
+  return OkStatus();
+}
+
+StatusOr<CreateRequest> ParseCreateRequest(std::string_view body, const CreateLimits& limits) {
+  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
+  CreateRequest r;
+  DSEC_ASSIGN_OR_RETURN(auto kind, b.String("kind", 32));
+  DSEC_ASSIGN_OR_RETURN(r.image, ParseImageStack(b.Raw("image")));
+  DSEC_ASSIGN_OR_RETURN(r.cpu, b.Number("cpu", 0.01, 64));
+  DSEC_ASSIGN_OR_RETURN(r.memory_mb, b.Int("memory_mb", 16, 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(r.pids, b.Int("pids", 8, 1 << 22));
+  DSEC_ASSIGN_OR_RETURN(r.disk_mb, b.Int("disk_mb", 1, 1 << 20));
+  DSEC_ASSIGN_OR_RETURN(r.ttl_s, b.Int("ttl_s", 0, kMaxTtlS));
+  DSEC_ASSIGN_OR_RETURN(r.idle_ttl_s, b.Int("idle_ttl_s", 0, kMaxTtlS));
+  DSEC_ASSIGN_OR_RETURN(r.user, b.String("user", 64));
+  DSEC_ASSIGN_OR_RETURN(r.workdir, b.String("workdir", 1024));
+  DSEC_ASSIGN_OR_RETURN(r.env, b.StringMap("env", 256, 256, 32 << 10));
+  DSEC_ASSIGN_OR_RETURN(r.labels, b.StringMap("labels", 64, 63, 256));
+  DSEC_ASSIGN_OR_RETURN(r.count, b.Int("count", 1, limits.max_count));
+  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+  (void)rid;
+  const Json* network = b.Raw("network");
+  const Json* pool = b.Raw("pool");
+  DSEC_RETURN_IF_ERROR(b.Finish());
+  if (kind) {
+    auto k = backends::KindFromName(*kind);
+    if (!k) return InvalidArgument("kind must be \"container\" or \"microvm\"");
+    if (std::find(limits.kinds.begin(), limits.kinds.end(), *k) == limits.kinds.end())
+      return Unimplemented("kind \"" + *kind +
+                           "\" is not available on this node (GET /v1/node says why)");
+    r.kind = *k;
+  }
+  DSEC_ASSIGN_OR_RETURN(r.network, ParseNetwork(network, limits.network));
+  // What the kind cannot do is refused now, before its image or pool is looked up.
+  if (limits.check_kind) DSEC_RETURN_IF_ERROR(limits.check_kind(r));
+  if (pool && !pool->is_null()) {
+    if (!pool->is_string()) return InvalidArgument("\"pool\" must be a pool name");
+    r.pool = pool->get<std::string>();
+  }
+  return r;
+}
+
+StatusOr<SandboxPatch> ParsePatchRequest(std::string_view body, bool network) {
+  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
+  SandboxPatch p;
+  DSEC_ASSIGN_OR_RETURN(p.ttl_s, b.Int("ttl_s", 0, kMaxTtlS));
+  DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, b.Int("idle_ttl_s", 0, kMaxTtlS));
+  DSEC_ASSIGN_OR_RETURN(auto labels, b.StringMap("labels", 64, 63, 256, /*null_deletes=*/true));
+  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+  (void)rid;
+  const Json* net_json = b.Raw("network");
+  DSEC_RETURN_IF_ERROR(b.Finish());
+  if (net_json) {
+    DSEC_ASSIGN_OR_RETURN(p.network, ParseNetwork(net_json, network));
+  }
+  if (labels) {
+    DSEC_RETURN_IF_ERROR(ValidateLabels(*labels));
+    p.labels = *labels;
+  }
+  return p;
+}
+
+Status CheckActionBody(std::string_view body) {
+  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
+  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
+  (void)rid;
+  return b.Finish();
+}
+
+Json SandboxListJson(const std::vector<SandboxRecord>& rs) { return {{"sandboxes", ToJson(rs)}}; }
+
+Json StatsJson(const backends::SandboxStats& st) {
+  return {{"cpu_time_ms", static_cast<double>(st.cpu_usage_us) / 1000.0},
+          {"memory_current", st.memory_current},
+          {"memory_peak", st.memory_peak},
+          {"memory_limit", st.memory_limit},
+          {"disk_used", st.disk_used},
+          {"disk_limit", st.disk_limit},
+          {"disk_kind", st.disk_kind},
+          {"pids", st.pids},
+          {"oom_kills", st.oom_kills},
+          {"exec_count", st.exec_count},
+          {"network_denied", st.network_denied}};
+}
+
+Json JobActionJson(int affected) { return {{"affected", affected}}; }
+
+Json HealthJson() { return {{"ok", true}}; }
+
+Json ToJson(const NodeInfo& n) {
+  Json j = ToJson(n.report);
+  j["version"] = n.version;
+  j["instance"] = n.instance;
+  j["backends"] = Json::array();
+  for (backends::Kind k : n.backends) j["backends"].push_back(backends::KindName(k));
+  j["pools"] = ToJson(n.pools);
+  j["features"] = n.features;  // open connections are in /metrics (dsec_http_connections)
+  if (n.live_features.is_object())
+    for (const auto& item : n.live_features.items()) j["features"][item.key()] = item.value();
+  return j;
+}
+
+}  // namespace dsec::api
