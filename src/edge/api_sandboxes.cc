@@ -1,9 +1,9 @@
 // Sandbox lifecycle routes: create/get/list/patch/delete, stats, pause/resume, jobs, and the
-// node-level endpoints (health, node, images, metrics).
+// node-level endpoints (health, node, metrics). Bodies are parsed and answers rendered by
+// api/sandboxes_json.h; these check the typed requests against the node.
 #include <boost/asio/post.hpp>
 
-#include "api/network_json.h"
-#include "api/pool_json.h"
+#include "api/sandboxes_json.h"
 #include "base/strings.h"
 #include "edge/api.h"
 #include "http/json_body.h"
@@ -12,57 +12,6 @@
 namespace dsec::edge {
 
 namespace {
-
-constexpr int64_t kMaxTtlS = 30 * 86400;
-
-Status ValidateLabels(const std::map<std::string, std::optional<std::string>>& labels) {
-  for (const auto& [k, v] : labels)
-    for (char c : k)
-      if (!isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' && c != '/')
-        return InvalidArgument("label keys are 1-63 characters of A-Z a-z 0-9 . _ - /");
-  return OkStatus();
-}
-
-// "network": a policy (net/policy.h) this node can enforce.
-StatusOr<net::NetworkPolicy> ParseNetwork(const Json* n, bool node_has_network) {
-  DSEC_ASSIGN_OR_RETURN(net::NetworkPolicy p, api::NetworkPolicyFromJson(n));
-  if (p.mode != net::NetMode::kNone && !node_has_network)
-    return Unimplemented("network mode \"" + std::string(net::NetModeName(p.mode)) +
-                         "\" is not available: this edge runs with network: false");
-  return p;
-}
-
-// "image": a name, or a list of images stacked in order (the first at the bottom), kept as one
-// comma-separated string of normalized names ("host", "name:tag" or "sha256:<hex>" layers).
-StatusOr<std::optional<std::string>> ParseImage(const Json* j) {
-  if (!j) return std::optional<std::string>();
-  std::vector<std::string> names;
-  if (j->is_string()) {
-    names.push_back(j->get<std::string>());
-  } else if (j->is_array() && !j->empty() && j->size() <= 16) {
-    for (const auto& e : *j) {
-      if (!e.is_string()) return InvalidArgument("\"image\" entries must be strings");
-      names.push_back(e.get<std::string>());
-    }
-  } else {
-    return InvalidArgument("\"image\" must be a name or a list of 1 to 16 names");
-  }
-  std::string out;
-  for (size_t i = 0; i < names.size(); ++i) {
-    std::string n = names[i];
-    if (n == "host" || n == "host:latest") {
-      if (i != 0) return InvalidArgument("\"host\" can only be the first image of a stack");
-      n = "host";
-    } else if (StartsWith(n, "sha256:")) {
-      if (n.size() != 71 || n.find_first_not_of("0123456789abcdef", 7) != std::string::npos)
-        return InvalidArgument("bad layer digest in \"image\"");
-    } else {
-      DSEC_ASSIGN_OR_RETURN(n, images::NormalizeName(n));
-    }
-    out += (i ? "," : "") + n;
-  }
-  return std::optional<std::string>(out);
-}
 
 // A workdir from an image's config (imported, so untrusted): the same shape a caller may give.
 bool UsableWorkdir(const std::string& w) {
@@ -88,14 +37,8 @@ Status ApplyImageConfig(images::ImageStore* store, bool workdir_given, bool user
   return OkStatus();
 }
 
-// The fields of a create that a pool may fix, as the request sent them.
-struct CreateFields {
-  std::optional<std::string> image;
-  std::optional<double> cpu;
-  std::optional<int64_t> memory_mb, pids, disk_mb;
-  std::optional<std::string> user, workdir;
-  std::optional<std::map<std::string, std::optional<std::string>>> env;
-};
+// The fields of a create that a pool may fix are the request's (api/sandboxes_json.h).
+using CreateFields = api::CreateRequest;
 
 // A create from a container pool: the pool fixed what its sandboxes are made with, so the
 // request may leave those fields out or send the pool's values, and nothing else.
@@ -163,62 +106,36 @@ Status ApplyFields(const CreateFields& f, CreateParams* p) {
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
                                                    const Manager& manager, pools::PoolSet* pools,
                                                    images::ImageStore* images, bool* count_given) {
-  const std::vector<backends::Kind> served = manager.Kinds();
-  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
   CreateParams p;
   p.resources = cfg.defaults;
   p.ttl_s = cfg.default_ttl_s;
-  CreateFields f;
-  DSEC_ASSIGN_OR_RETURN(auto kind, b.String("kind", 32));
-  DSEC_ASSIGN_OR_RETURN(f.image, ParseImage(b.Raw("image")));
-  DSEC_ASSIGN_OR_RETURN(f.cpu, b.Number("cpu", 0.01, 64));
-  DSEC_ASSIGN_OR_RETURN(f.memory_mb, b.Int("memory_mb", 16, 1 << 20));
-  DSEC_ASSIGN_OR_RETURN(f.pids, b.Int("pids", 8, 1 << 22));
-  DSEC_ASSIGN_OR_RETURN(f.disk_mb, b.Int("disk_mb", 1, 1 << 20));
-  DSEC_ASSIGN_OR_RETURN(auto ttl, b.Int("ttl_s", 0, kMaxTtlS));  // 0: no TTL
-  DSEC_ASSIGN_OR_RETURN(auto idle, b.Int("idle_ttl_s", 0, kMaxTtlS));
-  DSEC_ASSIGN_OR_RETURN(f.user, b.String("user", 64));
-  DSEC_ASSIGN_OR_RETURN(f.workdir, b.String("workdir", 1024));
-  DSEC_ASSIGN_OR_RETURN(f.env, b.StringMap("env", 256, 256, 32 << 10));
-  DSEC_ASSIGN_OR_RETURN(auto labels, b.StringMap("labels", 64, 63, 256));
-  DSEC_ASSIGN_OR_RETURN(auto count, b.Int("count", 1, cfg.max_count));
-  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
-  (void)rid;
-  const Json* network = b.Raw("network");
-  const Json* pool = b.Raw("pool");
-  DSEC_RETURN_IF_ERROR(b.Finish());
-  if (kind) {
-    auto k = backends::KindFromName(*kind);
-    if (!k) return InvalidArgument("kind must be \"container\" or \"microvm\"");
-    if (std::find(served.begin(), served.end(), *k) == served.end())
-      return Unimplemented("kind \"" + *kind +
-                           "\" is not available on this node (GET /v1/node says why)");
-    p.kind = *k;
-  }
-  DSEC_ASSIGN_OR_RETURN(p.network, ParseNetwork(network, cfg.network));
-  // What the kind cannot do is refused now, before its image is looked up (and admission
-  // checks it again for every other way in).
-  {
-    DSEC_ASSIGN_OR_RETURN(backends::KindCapabilities caps, manager.Capabilities(p.kind));
-    DSEC_RETURN_IF_ERROR(backends::CheckCapabilities(p.kind, caps, f.image.value_or(p.image),
-                                                     p.network, /*worker=*/false));
-  }
-  if (pool && !pool->is_null()) {
-    if (!pool->is_string()) return InvalidArgument("\"pool\" must be a pool name");
-    DSEC_RETURN_IF_ERROR(TakeFromPool(pool->get<std::string>(), pools, &f, &p));
-  }
+  api::CreateLimits limits{
+      .max_count = cfg.max_count,
+      .kinds = manager.Kinds(),
+      .network = cfg.network,
+      .check_kind = [&](const api::CreateRequest& r) -> Status {
+        backends::Kind kind = r.kind.value_or(p.kind);
+        DSEC_ASSIGN_OR_RETURN(backends::KindCapabilities caps, manager.Capabilities(kind));
+        // (admission checks it again for every other way in)
+        return backends::CheckCapabilities(kind, caps, r.image.value_or(p.image), r.network,
+                                           /*worker=*/false);
+      }};
+  DSEC_ASSIGN_OR_RETURN(CreateFields f, api::ParseCreateRequest(body, limits));
+  if (f.kind) p.kind = *f.kind;
+  p.network = f.network;
+  if (f.pool) DSEC_RETURN_IF_ERROR(TakeFromPool(*f.pool, pools, &f, &p));
   DSEC_RETURN_IF_ERROR(ApplyFields(f, &p));
-  if (ttl) p.ttl_s = *ttl;
-  if (idle) p.idle_ttl_s = *idle;
-  if (labels) {
-    DSEC_RETURN_IF_ERROR(ValidateLabels(*labels));
-    p.labels = http::Flatten(*labels);
+  if (f.ttl_s) p.ttl_s = *f.ttl_s;
+  if (f.idle_ttl_s) p.idle_ttl_s = *f.idle_ttl_s;
+  if (f.labels) {
+    DSEC_RETURN_IF_ERROR(api::ValidateLabels(*f.labels));
+    p.labels = http::Flatten(*f.labels);
   }
   // A pool made its sandboxes already, with what it fixes (checked above).
   if (p.pool.empty() && p.image != "host" && images)
     DSEC_RETURN_IF_ERROR(ApplyImageConfig(images, f.workdir.has_value(), f.user.has_value(), &p));
-  *count_given = count.has_value();
-  return std::make_pair(p, static_cast<int>(count.value_or(1)));
+  *count_given = f.count.has_value();
+  return std::make_pair(p, static_cast<int>(f.count.value_or(1)));
 }
 
 void CreateSandbox(const std::shared_ptr<Ctx>& c) {
@@ -234,7 +151,7 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
       parsed->first, parsed->second, wait_ready,
       [workers](std::function<void()> task) { boost::asio::post(*workers, std::move(task)); });
   if (!made.ok()) return c->Fail(made.status());
-  if (count_given) return c->Reply(201, {{"sandboxes", ToJson(*made)}});
+  if (count_given) return c->Reply(201, api::SandboxListJson(*made));
   c->Reply(201, ToJson(made->front()));
 }
 
@@ -252,11 +169,15 @@ void ListSandboxes(const std::shared_ptr<Ctx>& c) {
       return c->Fail(400, "bad_request", "label filters are key=value");
     f.labels.emplace_back(l.substr(0, eq), l.substr(eq + 1));
   }
+  bool none = false;
   if (const std::string* s = c->req.Query("state")) {
     for (Phase p : {Phase::kCreating, Phase::kRunning, Phase::kPaused, Phase::kFailed})
       if (*s == PhaseName(p)) f.state = p;
-    if (!f.state)
-      return c->Fail(400, "bad_request", "state must be creating, running, paused or failed");
+    // ("unavailable" is an apiserver's word for a lost node's sandboxes: an edge has none)
+    none = *s == "unavailable";
+    if (!f.state && !none)
+      return c->Fail(400, "bad_request",
+                     "state must be creating, running, paused, failed or unavailable");
   }
   if (const std::string* k = c->req.Query("kind")) {
     f.kind = backends::KindFromName(*k);
@@ -266,6 +187,7 @@ void ListSandboxes(const std::shared_ptr<Ctx>& c) {
   if (!limit.ok()) return c->Fail(limit.status());
   f.limit = static_cast<size_t>(*limit);
   if (const std::string* cur = c->req.Query("cursor")) f.cursor = *cur;
+  if (none) return c->Reply(200, ToJson(api::SandboxPage{}));
   auto r = c->api->deps().manager->List(f);
   if (!r.ok()) return c->Fail(r.status());
   c->Reply(200, ToJson(*r));
@@ -274,22 +196,8 @@ void ListSandboxes(const std::shared_ptr<Ctx>& c) {
 void PatchSandbox(const std::shared_ptr<Ctx>& c) {
   auto run = [&]() -> StatusOr<SandboxRecord> {
     DSEC_RETURN_IF_ERROR(ValidateId("sandbox id", c->params["id"]));
-    DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(c->req.body));
-    PatchParams p;
-    DSEC_ASSIGN_OR_RETURN(p.ttl_s, b.Int("ttl_s", 0, kMaxTtlS));
-    DSEC_ASSIGN_OR_RETURN(p.idle_ttl_s, b.Int("idle_ttl_s", 0, kMaxTtlS));
-    DSEC_ASSIGN_OR_RETURN(auto labels, b.StringMap("labels", 64, 63, 256, /*null_deletes=*/true));
-    DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
-    (void)rid;
-    const Json* network = b.Raw("network");
-    DSEC_RETURN_IF_ERROR(b.Finish());
-    if (network) {
-      DSEC_ASSIGN_OR_RETURN(p.network, ParseNetwork(network, c->api->deps().cfg.network));
-    }
-    if (labels) {
-      DSEC_RETURN_IF_ERROR(ValidateLabels(*labels));
-      p.labels = *labels;
-    }
+    DSEC_ASSIGN_OR_RETURN(PatchParams p,
+                          api::ParsePatchRequest(c->req.body, c->api->deps().cfg.network));
     return c->api->deps().manager->Patch(c->params["id"], p);
   };
   auto r = run();
@@ -309,26 +217,10 @@ void Stats(const std::shared_ptr<Ctx>& c) {
   if (!sb.ok()) return c->Fail(sb.status());
   auto st = (*sb)->Stats();
   if (!st.ok()) return c->Fail(st.status());
-  c->Reply(200, {{"cpu_time_ms", static_cast<double>(st->cpu_usage_us) / 1000.0},
-                 {"memory_current", st->memory_current},
-                 {"memory_peak", st->memory_peak},
-                 {"memory_limit", st->memory_limit},
-                 {"disk_used", st->disk_used},
-                 {"disk_limit", st->disk_limit},
-                 {"disk_kind", st->disk_kind},
-                 {"pids", st->pids},
-                 {"oom_kills", st->oom_kills},
-                 {"exec_count", st->exec_count},
-                 {"network_denied", st->network_denied}});
+  c->Reply(200, api::StatsJson(*st));
 }
 
-// Body-less actions still take an optional JSON body, strictly: only "request_id".
-Status CheckActionBody(const std::string& body) {
-  DSEC_ASSIGN_OR_RETURN(http::JsonBody b, http::JsonBody::Parse(body));
-  DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
-  (void)rid;
-  return b.Finish();
-}
+using api::CheckActionBody;
 
 void PauseOrResume(const std::shared_ptr<Ctx>& c, bool pause) {
   Status s = ValidateId("sandbox id", c->params["id"]);
@@ -348,28 +240,25 @@ void Job(const std::shared_ptr<Ctx>& c, JobOp op) {
   if (Status s = CheckActionBody(c->req.body); !s.ok()) return c->Fail(s);
   auto n = c->api->deps().manager->JobAction(job, op);
   if (!n.ok()) return c->Fail(n.status());
-  c->Reply(200, {{"affected", *n}});
+  c->Reply(200, api::JobActionJson(*n));
 }
 void PauseJob(const std::shared_ptr<Ctx>& c) { Job(c, JobOp::kPause); }
 void ResumeJob(const std::shared_ptr<Ctx>& c) { Job(c, JobOp::kResume); }
 void DeleteJob(const std::shared_ptr<Ctx>& c) { Job(c, JobOp::kDelete); }
 
-void Health(const std::shared_ptr<Ctx>& c) { c->Reply(200, {{"ok", true}}); }
+void Health(const std::shared_ptr<Ctx>& c) { c->Reply(200, api::HealthJson()); }
 
 void Node(const std::shared_ptr<Ctx>& c) {
   const auto& d = c->api->deps();
-  Json j = ToJson(d.manager->NodeInfo());
-  j["version"] = DSEC_VERSION;
-  j["instance"] = d.instance;
-  j["backends"] = Json::array();
-  for (backends::Kind k : d.manager->Kinds()) j["backends"].push_back(backends::KindName(k));
-  j["pools"] = d.pools ? api::ToJson(d.pools->List()) : Json::array();
-  j["features"] = d.features;  // open connections are in /metrics (dsec_http_connections)
-  if (d.live_features) {
-    Json live = d.live_features();
-    for (const auto& item : live.items()) j["features"][item.key()] = item.value();
-  }
-  c->Reply(200, j);
+  api::NodeInfo n;
+  n.report = d.manager->NodeInfo();
+  n.version = DSEC_VERSION;
+  n.instance = d.instance;
+  n.backends = d.manager->Kinds();
+  if (d.pools) n.pools = d.pools->List();
+  n.features = d.features;
+  if (d.live_features) n.live_features = d.live_features();
+  c->Reply(200, api::ToJson(n));
 }
 
 void MetricsText(const std::shared_ptr<Ctx>& c) {

@@ -126,6 +126,9 @@ def test_list_filters_and_pagination(client):
         # Labels are ANDed.
         both = client.get(f"/v1/sandboxes?label=job={job}&label=team=a", expect=200).json
         assert {s["id"] for s in both["sandboxes"]} == ids
+        # "unavailable" (an apiserver's state for a lost node's sandboxes) is none on an edge.
+        assert listed(client, label=f"job={job}", state="unavailable") == {
+            "sandboxes": [], "next_cursor": None}
         # Pages of 2: 3 pages, no duplicates, cursor null at the end.
         seen, cursor, pages = [], None, 0
         while True:
