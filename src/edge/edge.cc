@@ -191,7 +191,8 @@ Json MicrovmFeatures(const backends::microvm::MicrovmBackend* b, const std::stri
   Json f = {{"available", true},
             {"accel", b->AccelNow()},
             {"kernel", b->kernel().version},
-            {"templates", b->template_count()}};
+            {"templates", b->template_count()},
+            {"templates_loaded", b->templates_loaded()}};
   if (std::string why = b->accel_reason(); !why.empty()) f["accel_reason"] = why;
   return f;
 }

@@ -215,6 +215,51 @@ def test_kill9_then_restart_readopts_the_vm(make_edge):
     assert not edge.sandbox_cgroup_dirs(sid)
 
 
+def test_templates_are_kept_across_an_edge_restart(make_edge):
+    """A template is kept on disk (ram sparse, state, meta.json with digests): the next edge on
+    the same state dir restores its first create of that set from it instead of booting a
+    template again. A damaged one is never used: it is removed and made again."""
+    need_busybox()
+    edge = make_edge()
+    c = edge.client()
+    microvms(c)
+    import_image(c, "it-vm-tmpl:1", busybox_rootfs())
+    spec = {"kind": "microvm", "image": "it-vm-tmpl:1", "memory_mb": 128, "disk_mb": 32}
+
+    def templates(client):
+        f = client.get("/v1/node", expect=200).json["features"]["microvm"]
+        return f["templates"], f["templates_loaded"]
+
+    c.remove(c.create(spec)["id"])
+    assert templates(c) == (1, 0)
+    saved = [d for d in (edge.state_dir / "microvm-templates").iterdir()]
+    assert len(saved) == 1 and {p.name for p in saved[0].iterdir()} == {"ram", "state",
+                                                                       "meta.json"}
+    ram = saved[0] / "ram"
+    assert os.stat(ram).st_blocks * 512 < os.stat(ram).st_size, "the RAM file is sparse"
+    assert edge.stop() == 0
+    edge.launch()
+    c = edge.client()
+    sid = c.create(spec)["id"]
+    assert templates(c) == (1, 1)
+    assert sh(c, sid, "echo restored") == "restored\n"
+    c.remove(sid)
+    # Damaged: one byte of its device state changed. Refused (digest), removed, made again.
+    assert edge.stop() == 0
+    state = saved[0] / "state"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    edge.launch()
+    c = edge.client()
+    sid = c.create(spec)["id"]
+    assert templates(c) == (1, 0)
+    assert sh(c, sid, "echo made again") == "made again\n"
+    assert "cannot be used (state digest)" in edge.log_path.read_text(errors="replace")
+    c.remove(sid)
+    c.delete("/v1/images/it-vm-tmpl:1", expect=(204, 404))
+
+
 # ---- the same calls on both kinds ---------------------------------------------------------
 # A representative subset of the exec, streaming, background, signal, files, archive and
 # lifecycle suites, run on a container and on a microVM of one busybox image (the full

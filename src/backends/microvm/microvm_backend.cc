@@ -220,6 +220,20 @@ StatusOr<std::shared_ptr<const Template>> MicrovmBackend::TemplateFor(
   MutexLock b(slot->build);
   if (slot->made) return slot->made;
   if (!slot->error.empty()) return FailedPrecondition(slot->error);
+  TemplateFiles* files = Files();
+  if (files) {
+    int64_t t0 = MonotonicMs();
+    auto loaded = files->Load(key);
+    if (loaded.ok()) {
+      DSEC_LOG_INFO("microvm template [{}] loaded from {} in {} ms", key, files->dir(),
+                    MonotonicMs() - t0);
+      templates_loaded_.fetch_add(1);
+      slot->made = std::shared_ptr<const Template>(std::move(*loaded));
+      return slot->made;
+    }
+    if (loaded.status().code() != StatusCode::kNotFound)
+      DSEC_LOG_WARN("microvm template [{}]: {} (made again)", key, loaded.status().ToString());
+  }
   auto t = MicrovmInstance::MakeTemplate(this, key, layers, cpus, ram_mb, nic);
   if (!t.ok()) {
     slot->error = "no template: " + t.status().ToString();
@@ -228,8 +242,27 @@ StatusOr<std::shared_ptr<const Template>> MicrovmBackend::TemplateFor(
   }
   DSEC_LOG_INFO("microvm template [{}] made in {} ms ({} bytes of device state)", key,
                 (*t)->build_ms, (*t)->state_bytes);
+  if (files)
+    if (Status s = files->Save(**t); !s.ok())
+      DSEC_LOG_WARN("microvm template [{}] not kept on disk: {}", key, s.ToString());
   slot->made = std::shared_ptr<const Template>(std::move(*t));
   return slot->made;
+}
+
+TemplateFiles* MicrovmBackend::Files() {
+  MutexLock l(files_mu_);
+  if (files_) return files_.get();
+  if (!files_error_.empty()) return nullptr;
+  auto f = std::make_unique<TemplateFiles>(JoinPath(opts_.state_dir, "microvm-templates"),
+                                           opts_.max_templates);
+  Status s = f->Init(kernel_.vmlinux, initramfs_, opts_.qemu, std::string(AccelName(accel())));
+  if (!s.ok()) {
+    files_error_ = s.ToString();
+    DSEC_LOG_WARN("microvm templates are not kept on disk: {}", files_error_);
+    return nullptr;
+  }
+  files_ = std::move(f);
+  return files_.get();
 }
 
 Status MicrovmBackend::Shutdown() { return cgroups_->RemoveParent(); }

@@ -15,6 +15,9 @@
 // sandbox forbids exec:), continues, and gets its identity (hostname, clock, entropy, secret)
 // from the agent's setup. A template that cannot be made leaves that set on cold boots.
 //
+// Templates are also kept on disk (template_files.h, <state_dir>/microvm-templates): a
+// restarted edge loads a set's template instead of booting it again.
+//
 // A restarted edge re-adopts running VMs (MicrovmInstance::Adopt: QMP, and an authenticated
 // reconnect to the agent's port).
 //
@@ -26,6 +29,7 @@
 // writable layer through its agent (capture_layer) into a new layer of the image store.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -34,6 +38,7 @@
 
 #include "backends/microvm/boot_files.h"
 #include "backends/microvm/qemu_cmd.h"
+#include "backends/microvm/template_files.h"
 #include "backends/sandbox.h"
 #include "backends/session/agent_client.h"
 #include "base/mutex.h"
@@ -116,8 +121,10 @@ class MicrovmBackend : public Backend {
   Status Shutdown();
 
   const std::string& instance_id() const { return instance_id_; }
-  // Templates made so far (tests and GET /v1/node).
+  // Templates made so far (tests and GET /v1/node), and how many of them were loaded from the
+  // files of an earlier run.
   size_t template_count() const;
+  int64_t templates_loaded() const { return templates_loaded_.load(); }
   // kKvm or kTcg: waits for the probe of `auto`.
   Accel accel() const;
   // Its name without waiting: "probing" while the probe runs. And why not KVM ("" for kvm).
@@ -164,6 +171,13 @@ class MicrovmBackend : public Backend {
   };
   mutable Mutex templates_mu_;
   std::map<std::string, std::shared_ptr<TemplateSlot>> templates_ DSEC_GUARDED_BY(templates_mu_);
+  // On disk: set up at the first template (the accelerator is known then).
+  Mutex files_mu_;
+  std::unique_ptr<TemplateFiles> files_ DSEC_GUARDED_BY(files_mu_);
+  std::string files_error_ DSEC_GUARDED_BY(files_mu_);
+  std::atomic<int64_t> templates_loaded_{0};
+  // The template files, ready; null when they cannot be used (logged once).
+  TemplateFiles* Files();
 };
 
 }  // namespace dsec::backends::microvm
