@@ -118,7 +118,7 @@ TEST(PoolJsonTest, PutErrors) {
       ParsePoolPut(R"({"name":"q","runtime":"python"})", "p", nullptr, Defaults).status().message(),
       "\"name\" differs from the path");
   EXPECT_EQ(ParsePoolPut(R"({"kind":"vm"})", "p", nullptr, Defaults).status().message(),
-            "\"kind\" must be \"fncall\" or \"container\"");
+            "\"kind\" must be \"fncall\", \"container\" or \"microvm\"");
   EXPECT_EQ(ParsePoolPut("{}", "p", nullptr, Defaults).status().message(),
             "\"runtime\" is required");
   EXPECT_FALSE(StoredPoolFromJson("{", "p", Defaults).ok());

@@ -85,7 +85,7 @@ Json ToJson(const PoolConfig& c) {
             {"queue_timeout_ms", c.queue_timeout_ms},
             {"idle_timeout_s", c.idle_timeout_s}};
   j.update(ToJson(c.resources));
-  if (c.kind == PoolKind::kContainer) {
+  if (pools::HoldsSandboxes(c.kind)) {
     j.erase("runtime");
     j.erase("max_queue");
     j.erase("queue_timeout_ms");
@@ -123,7 +123,7 @@ StatusOr<PoolConfig> PoolConfigFromJson(const Json& j, PoolConfig c) {
   std::string kind(PoolKindName(c.kind));
   DSEC_RETURN_IF_ERROR(str("kind", &kind));
   auto k = PoolKindFromName(kind);
-  if (!k) return InvalidArgument("\"kind\" must be \"fncall\" or \"container\"");
+  if (!k) return InvalidArgument("\"kind\" must be \"fncall\", \"container\" or \"microvm\"");
   c.kind = *k;
   std::string runtime(backends::FnRuntimeName(c.runtime));
   DSEC_RETURN_IF_ERROR(str("runtime", &runtime));
@@ -157,7 +157,7 @@ Json ToJson(const pools::PoolStatus& st) {
   const PoolConfig& c = st.config;
   Json j = ToJson(c);
   j["workers"] = {{"idle", st.idle}, {"busy", st.busy}, {"starting", st.starting}};
-  if (c.kind == PoolKind::kContainer) {
+  if (pools::HoldsSandboxes(c.kind)) {
     j["taken"] = st.taken;
     j["missed"] = st.missed;
   } else {
@@ -188,7 +188,7 @@ StatusOr<PoolConfig> ParsePoolPut(std::string_view body, const std::string& name
   PoolKind kind = existing ? existing->kind : PoolKind::kFncall;
   if (auto k = j->find("kind"); k != j->end() && k->is_string()) {
     auto named = PoolKindFromName(k->get<std::string>());
-    if (!named) return InvalidArgument("\"kind\" must be \"fncall\" or \"container\"");
+    if (!named) return InvalidArgument("\"kind\" must be \"fncall\", \"container\" or \"microvm\"");
     kind = *named;
   }
   PoolConfig base = existing && existing->kind == kind ? *existing : defaults(kind);

@@ -76,7 +76,7 @@ void GetPool(const std::shared_ptr<Ctx>& c) {
 pools::PoolConfig PoolDefaults(const EdgeConfig& cfg, pools::PoolKind kind) {
   pools::PoolConfig p;
   p.kind = kind;
-  if (kind == pools::PoolKind::kContainer) {
+  if (pools::HoldsSandboxes(kind)) {
     p.resources = cfg.defaults;
     p.min_idle = 8;
     p.max = 64;
@@ -98,10 +98,14 @@ Status ResolvePoolImage(images::ImageStore* store, pools::PoolConfig* cfg) {
   cfg->env.clear();
   if (cfg->image == "host" || cfg->image == "host:latest") {
     cfg->image = "host";
+    if (cfg->kind == pools::PoolKind::kMicrovm)
+      return Unimplemented(
+          "image \"host\" cannot be used by microvm pools (it is a live view of the host's "
+          "directories, not layers): name an image of this node's store");
     return OkStatus();
   }
   // The fncall zygote needs the host image's runtime (its workers fail to start elsewhere).
-  if (cfg->kind != pools::PoolKind::kContainer)
+  if (!pools::HoldsSandboxes(cfg->kind))
     return Unimplemented("image \"" + cfg->image +
                          "\": fncall pools run on the \"host\" image only (container pools may "
                          "use any image)");
@@ -175,7 +179,7 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
                                [&](pools::PoolKind kind) { return PoolDefaults(d.cfg, kind); });
   if (!cfg.ok()) return c->Fail(cfg.status());
   if (Status s = ResolvePoolImage(d.images, &*cfg); !s.ok()) return c->Fail(s);
-  if (cfg->kind == pools::PoolKind::kContainer) {
+  if (pools::HoldsSandboxes(cfg->kind)) {
     backends::SandboxSpec spec = pools::ContainerSpecFor(*cfg);
     spec.id = "sb-check";  // only the limits are checked here
     if (Status s = backends::ValidateSandboxSpec(spec); !s.ok()) return c->Fail(s);

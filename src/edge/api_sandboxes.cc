@@ -46,8 +46,15 @@ Status TakeFromPool(const std::string& name, pools::PoolSet* pools, CreateFields
                     CreateParams* p) {
   auto src = pools ? pools->Get(name) : nullptr;
   if (!src) return NotFound("pool " + name + " not found");
-  if (src->config().kind != pools::PoolKind::kContainer)
-    return InvalidArgument("pool " + name + " is an fncall runtime, not a container pool");
+  if (!pools::HoldsSandboxes(src->config().kind))
+    return InvalidArgument("pool " + name + " is an fncall runtime, not a pool of sandboxes");
+  const backends::Kind kind = pools::SandboxKindOf(src->config().kind);
+  if (f->kind && *f->kind != kind)
+    return InvalidArgument("\"kind\" is set by pool " + name + " (" +
+                           std::string(backends::KindName(kind)) +
+                           "); leave it out or make it equal");
+  f->kind = kind;
+  p->kind = kind;
   const backends::SandboxShape ps = src->config().Shape();
   auto differs = [&](const char* field, bool same) -> Status {
     if (same) return OkStatus();

@@ -563,7 +563,12 @@ Status EdgeServices::StartManager() {
   if (int n = builds_->CleanupLost(); n > 0)
     DSEC_LOG_INFO("deleted {} sandboxes of builds a previous edge left", n);
   // After Recover: a previous edge's pool workers are never adopted, only cleaned up.
-  pools_ = std::make_unique<pools::PoolSet>(containers_.get(), cfg_.node);
+  pools_ = std::make_unique<pools::PoolSet>(
+      [this](backends::Kind k) -> backends::Backend* {
+        if (k == backends::Kind::kMicrovm) return microvms_.get();
+        return containers_.get();
+      },
+      cfg_.node);
   pools_->SetAdmission([m = manager_.get()](int64_t mb) { return m->AdmitPoolSandbox(mb); });
   pools_->SetWorkerMaxCalls(cfg_.fncall_worker_max_calls);
   manager_->SetPools(pools_.get());

@@ -215,6 +215,43 @@ def test_kill9_then_restart_readopts_the_vm(make_edge):
     assert not edge.sandbox_cgroup_dirs(sid)
 
 
+def test_microvm_pools_hold_ready_vms(edge, vm_image):
+    """PUT /v1/pools/{name} with kind microvm keeps ready microVMs (restored from the set's
+    template, their agent answering); a create naming the pool takes one and gets a microVM
+    of the pool's image and limits; the pool makes another. host is refused for microVM pools
+    as for microVM creates, and a create cannot ask the pool for another kind."""
+    c = edge.client()
+    microvms(c)
+    r = c.put("/v1/pools/it-vmpool-host", {"kind": "microvm", "image": "host"}, validate=False)
+    assert r.status == 422 and "microvm pools" in r.json["error"]["message"], r
+    name = "it-vmpool"
+    c.put(f"/v1/pools/{name}", {"kind": "microvm", "image": vm_image, "memory_mb": 128,
+                                "disk_mb": 32, "min_idle": 1, "max": 2}, expect=201)
+    try:
+        wait_until(lambda: c.get(f"/v1/pools/{name}", expect=200).json["workers"]["idle"] >= 1,
+                   timeout=180)
+        sb = c.post("/v1/sandboxes", {"pool": name}, expect=201).json
+        try:
+            assert sb["kind"] == "microvm" and sb["pool"] == name, sb
+            assert sb["limits"]["memory_mb"] == 128 and sb["limits"]["disk_mb"] == 32, sb
+            assert sh(c, sb["id"], "cat /etc/motd") == "from-vm-image\n"
+            assert len(qemu_processes(sb["id"])) == 1
+            st = c.get(f"/v1/pools/{name}", expect=200).json
+            assert st["kind"] == "microvm" and st["taken"] >= 1, st
+            r = c.post("/v1/sandboxes", {"pool": name, "kind": "container"}, validate=False)
+            assert r.status == 400 and "is set by pool" in r.json["error"]["message"], r
+            # It makes another ready one.
+            wait_until(lambda: c.get(f"/v1/pools/{name}", expect=200).json["workers"]["idle"]
+                       >= 1, timeout=180)
+        finally:
+            c.remove(sb["id"])
+    finally:
+        c.delete(f"/v1/pools/{name}", expect=204)
+    # The pool's idle VMs go with it.
+    wait_until(lambda: not [d for d in (edge.state_dir / "microvms").iterdir()
+                            if not d.name.startswith("tmpl-")], timeout=60)
+
+
 def test_templates_are_kept_across_an_edge_restart(make_edge):
     """A template is kept on disk (ram sparse, state, meta.json with digests): the next edge on
     the same state dir restores its first create of that set from it instead of booting a

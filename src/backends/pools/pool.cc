@@ -52,7 +52,8 @@ class Collect : public backends::ExecObserver {
 
 namespace {
 constexpr EnumName<PoolKind> kPoolKinds[] = {{PoolKind::kFncall, "fncall"},
-                                             {PoolKind::kContainer, "container"}};
+                                             {PoolKind::kContainer, "container"},
+                                             {PoolKind::kMicrovm, "microvm"}};
 }  // namespace
 
 std::string_view PoolKindName(PoolKind k) { return NameIn(kPoolKinds, k); }
@@ -220,7 +221,7 @@ std::shared_ptr<Sandbox> Pool::TakeSandbox() {
   std::shared_ptr<Worker> w;
   {
     MutexLock l(mu_);
-    if (cfg_.kind != PoolKind::kContainer || stopped_) return nullptr;
+    if (!HoldsSandboxes(cfg_.kind) || stopped_) return nullptr;
     // A pooled sandbox that died while idle is not handed out.
     while (!idle_.empty() && !w) {
       w = idle_.back();
@@ -243,6 +244,7 @@ std::shared_ptr<Sandbox> Pool::TakeSandbox() {
 backends::SandboxSpec ContainerSpecFor(const PoolConfig& c) {
   backends::SandboxSpec s;
   static_cast<backends::SandboxShape&>(s) = c.Shape();
+  s.kind = SandboxKindOf(c.kind);
   return s;
 }
 
@@ -270,7 +272,7 @@ std::pair<int64_t, int64_t> Pool::Usage() const {
 
 StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
   if (admit_) DSEC_RETURN_IF_ERROR(admit_(cfg_.resources.memory_mb));
-  if (cfg_.kind == PoolKind::kContainer) {
+  if (HoldsSandboxes(cfg_.kind)) {
     backends::SandboxSpec s = ContainerSpec();
     s.id = NewSandboxId(node_);
     DSEC_RETURN_IF_ERROR(backends::ValidateSandboxSpec(s));
@@ -354,7 +356,7 @@ Pool::Upkeep Pool::PlanUpkeepLocked(int64_t now) {
     c.queued = static_cast<int>(queue_.size());
     c.idle_low = idle_low_;
     c.window_over = now - window_start_ms_ >= cfg_.idle_timeout_s * 1000;
-    ScalePlan plan = PlanScale(c, cfg_.min_idle, cfg_.max, cfg_.kind == PoolKind::kContainer);
+    ScalePlan plan = PlanScale(c, cfg_.min_idle, cfg_.max, HoldsSandboxes(cfg_.kind));
     u.create = plan.start;
     // The least recently used idle workers (at the back) go when the window had surplus;
     // over max, the front ones.
@@ -479,8 +481,8 @@ PoolStatus Pool::State() const {
 
 // --- PoolSet ---
 
-PoolSet::PoolSet(backends::Backend* backend, std::string node)
-    : backend_(backend), node_(std::move(node)), thread_([this] { Loop(); }) {}
+PoolSet::PoolSet(std::function<backends::Backend*(backends::Kind)> backend_of, std::string node)
+    : backend_of_(std::move(backend_of)), node_(std::move(node)), thread_([this] { Loop(); }) {}
 
 PoolSet::~PoolSet() { Shutdown(); }
 
@@ -493,10 +495,15 @@ void PoolSet::Wake() {
 StatusOr<std::shared_ptr<Pool>> PoolSet::Put(const PoolConfig& cfg) {
   DSEC_RETURN_IF_ERROR(ValidateSafeName("pool name", cfg.name));
   std::shared_ptr<Pool> old;
-  auto pool = std::make_shared<Pool>(cfg, backend_, node_);
+  backends::Backend* backend = backend_of_(SandboxKindOf(cfg.kind));
+  if (!backend)
+    return FailedPrecondition("this node has no " +
+                              std::string(backends::KindName(SandboxKindOf(cfg.kind))) +
+                              " sandboxes for pool " + cfg.name);
+  auto pool = std::make_shared<Pool>(cfg, backend, node_);
   pool->wake_ = [this] { Wake(); };
   pool->admit_ = admit_;
-  if (cfg.kind != PoolKind::kContainer) pool->max_calls_ = max_calls_;
+  if (!HoldsSandboxes(cfg.kind)) pool->max_calls_ = max_calls_;
   {
     MutexLock l(mu_);
     if (stop_) return Unavailable("shutting down");

@@ -33,11 +33,17 @@ namespace dsec::pools {
 
 using Json = nlohmann::json;
 
-// What a pool holds: warm fncall workers (a runtime calls are submitted to), or ready container
-// sandboxes that creates take whole.
-enum class PoolKind { kFncall, kContainer };
-std::string_view PoolKindName(PoolKind k);  // "fncall", "container"
+// What a pool holds: warm fncall workers (a runtime calls are submitted to), or ready sandboxes
+// that creates take whole: containers, or microVMs (each restored from its template and
+// answering, so a create from the pool costs no restore).
+enum class PoolKind { kFncall, kContainer, kMicrovm };
+std::string_view PoolKindName(PoolKind k);  // "fncall", "container", "microvm"
 std::optional<PoolKind> PoolKindFromName(std::string_view name);
+// Whether it holds ready sandboxes (not fncall workers), and of which kind.
+inline bool HoldsSandboxes(PoolKind k) { return k != PoolKind::kFncall; }
+inline backends::Kind SandboxKindOf(PoolKind k) {
+  return k == PoolKind::kMicrovm ? backends::Kind::kMicrovm : backends::Kind::kContainer;
+}
 
 struct PoolConfig {
   std::string name;
@@ -84,7 +90,7 @@ struct PoolStatus {
   std::string last_error;  // empty: none
 };
 
-// What a container pool's sandboxes are created with (their id aside).
+// What a pool's ready sandboxes are created with (their id aside; fncall workers add theirs).
 backends::SandboxSpec ContainerSpecFor(const PoolConfig& c);
 
 struct CallRequest {
@@ -209,7 +215,9 @@ class Pool : public std::enable_shared_from_this<Pool> {
 // Every pool of a node, and the thread that maintains them.
 class PoolSet {
  public:
-  PoolSet(backends::Backend* backend, std::string node);
+  // `backend_of` gives the backend of a kind (null: the node does not serve it); fncall
+  // workers are containers.
+  PoolSet(std::function<backends::Backend*(backends::Kind)> backend_of, std::string node);
   ~PoolSet();
   // Creates the pool, or updates the limits of an existing one (a changed runtime, preload,
   // command, image or per-call limits replaces its workers).
@@ -236,7 +244,7 @@ class PoolSet {
   void Loop();
   void Wake();
 
-  backends::Backend* backend_;
+  std::function<backends::Backend*(backends::Kind)> backend_of_;
   std::string node_;
   mutable Mutex mu_;
   CondVar cv_;
