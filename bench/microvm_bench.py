@@ -15,6 +15,13 @@ dsec-edge's REST API, on a busybox image imported into a private edge.
  delete   DELETE of a VM (QMP-less: SIGKILL by cgroup, reaping, removing its directory)
 
     sudo python3 bench/microvm_bench.py [--creates 8] [--execs 200] [--json]
+    sudo python3 bench/microvm_bench.py --density 200 [--density-memory-mb 64]
+
+--density N instead fills the edge with N idle microVMs (4 creates in flight, all from the
+template) and at 25, 50, 100, ... and N alive measures, while they idle: the QEMU processes'
+PSS per VM (/proc/PID/smaps_rollup), host memory in use per VM (MemTotal - MemAvailable, from
+before the first VM), the CPU all QEMU processes burn while idle (utime+stime over 5 s, in
+cores), and exec `true` latency in randomly chosen VMs; then deletes them all.
 
 Leaves nothing behind (the edge's
 residue is checked after SIGTERM); exit status 1 otherwise.
@@ -112,6 +119,84 @@ def row(name: str, xs: list[float], unit: str = "ms") -> str:
             f"| {unit} |")
 
 
+def mem_used_kb() -> int:
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            info[k] = int(v.split()[0])
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def cpu_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def density(edge: edge_harness.Edge, api: "Api", n: int, memory_mb: int, execs: int) -> list[str]:
+    import random
+    c = api.client()
+    spec = {"kind": "microvm", "image": "bench-vm:1", "memory_mb": memory_mb, "disk_mb": 16}
+    first = c.post("/v1/sandboxes", spec)  # the template, made before the baseline
+    if first.status != 201:
+        raise RuntimeError(f"create: {first.status} {first.body[:300]!r}")
+    api.delete(first.json["id"])
+    time.sleep(2)
+    base = mem_used_kb()
+    ids: list[str] = []
+    lines = [f"{n} idle microVMs, {memory_mb} MiB guest RAM + 16 MiB disk each, 4 creates in "
+             "flight", "",
+             "| alive | QEMU PSS MiB/VM (p50 / max) | host memory in use MiB/VM | idle CPU "
+             "(cores, all VMs) | exec true p50 / p99 ms | create p50 ms |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    created_ms: list[float] = []
+
+    def make(_):
+        t0 = time.perf_counter()
+        r = api.client().post("/v1/sandboxes", spec)
+        if r.status != 201:
+            raise RuntimeError(f"create #{len(ids)}: {r.status} {r.body[:300]!r}")
+        return r.json["id"], (time.perf_counter() - t0) * 1e3
+
+    marks = sorted({m for m in (25, 50, 100, 150, 200, 300, 400) if m < n} | {n})
+    try:
+        with cf.ThreadPoolExecutor(4) as pool:
+            for mark in marks:
+                for sid, ms in pool.map(make, range(mark - len(ids))):
+                    ids.append(sid)
+                    created_ms.append(ms)
+                time.sleep(5)  # settle
+                pids = [p for p in (qemu_pid(edge, s) for s in ids) if p]
+                pss = [pss_kb(p) / 1024 for p in pids]
+                used = (mem_used_kb() - base) / 1024 / len(ids)
+                hz = os.sysconf("SC_CLK_TCK")
+                t0 = {p: cpu_ticks(p) for p in pids}
+                time.sleep(5)
+                idle = sum(cpu_ticks(p) - t0[p] for p in pids) / hz / 5
+                lat = []
+                for _ in range(execs):
+                    sid = random.choice(ids)
+                    t = time.perf_counter()
+                    x = c.post(f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}, expect=200).json
+                    lat.append((time.perf_counter() - t) * 1e3)
+                    assert x["exit_code"] == 0, x
+                lines.append(f"| {len(ids)} | {pct(pss, 50):.1f} / {max(pss):.1f} | {used:.1f} | "
+                             f"{idle:.2f} | {pct(lat, 50):.1f} / {pct(lat, 99):.1f} | "
+                             f"{pct(created_ms, 50):.0f} |")
+                emit({"case": "density", "alive": len(ids), "pss_mib_p50": pct(pss, 50),
+                      "host_mib_per_vm": used, "idle_cores": idle,
+                      "exec_p50": pct(lat, 50), "exec_p99": pct(lat, 99)})
+                print(lines[-1], flush=True)
+    finally:
+        with cf.ThreadPoolExecutor(4) as pool:
+            list(pool.map(api.delete, ids))
+    return lines
+
+
 def main() -> int:
     global JSON_OUT
     ap = argparse.ArgumentParser()
@@ -119,12 +204,16 @@ def main() -> int:
     ap.add_argument("--execs", type=int, default=200)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--edge", default=None)
+    ap.add_argument("--density", type=int, default=0, help="fill with N idle VMs instead")
+    ap.add_argument("--density-memory-mb", type=int, default=64)
     opts = ap.parse_args()
     JSON_OUT = opts.json
     if opts.edge:
         os.environ["DSEC_EDGE_BIN"] = opts.edge
-    edge = edge_harness.Edge.start(binary=opts.edge, prefix="dsec-vmbench-",
-                                   config={"fncall_pools": False})
+    config = {"fncall_pools": False}
+    if opts.density:
+        config["max_sandboxes"] = opts.density + 16
+    edge = edge_harness.Edge.start(binary=opts.edge, prefix="dsec-vmbench-", config=config)
     ok = True
     try:
         api = Api(edge)
@@ -135,51 +224,56 @@ def main() -> int:
             return 0
         c.post("/v1/images/import?name=bench-vm:1&format=rootfs", busybox_tar(),
                headers={"Content-Type": "application/octet-stream"}, expect=201)
-        lines = [f"accelerator {vm['accel']}, guest kernel {vm['kernel']}; 128 MiB + 32 MiB "
-                 "disk per sandbox", "",
-                 "| what | n | p50 | p90 | p99 | unit |", "|---|---|---|---|---|---|"]
-        res: dict[str, list[float]] = {}
-        sid, ms = api.create("microvm")  # makes the template
-        res["first create (cold boot, template saved)"] = [ms]
-        api.delete(sid)
-        for kind in ("microvm", "container"):
-            ids, lat = [], []
-            for _ in range(opts.creates):
-                sid, ms = api.create(kind)
-                ids.append(sid)
-                lat.append(ms)
-            res[f"create {kind} (serial{', from the template' if kind == 'microvm' else ''})"] = lat
-            execs = []
-            for _ in range(opts.execs):
-                t0 = time.perf_counter()
-                x = c.post(f"/v1/sandboxes/{ids[0]}/exec", {"cmd": ["true"]}, expect=200).json
-                execs.append((time.perf_counter() - t0) * 1e3)
-                assert x["exit_code"] == 0, x
-            res[f"exec true in a {kind}"] = execs
-            stats = []  # an agent round trip with no process: stat of /
-            for _ in range(opts.execs):
-                t0 = time.perf_counter()
-                c.get(f"/v1/sandboxes/{ids[0]}/files/stat?path=/", expect=200)
-                stats.append((time.perf_counter() - t0) * 1e3)
-            res[f"agent round trip (files/stat /) in a {kind}"] = stats
-            if kind == "microvm":
-                pss = [pss_kb(p) / 1024 for p in (qemu_pid(edge, s) for s in ids) if p]
-                res[f"QEMU PSS per idle VM ({len(pss)} alive)"] = pss
-            res[f"delete {kind}"] = [api.delete(s) for s in ids]
-        for conc in (2, 8):
-            with cf.ThreadPoolExecutor(conc) as pool:
-                t0 = time.perf_counter()
-                made = list(pool.map(lambda _: api.create("microvm"), range(conc)))
-                wall = (time.perf_counter() - t0) * 1e3
-                res[f"create microvm, {conc} at once"] = [ms for _, ms in made]
-                res[f"  all {conc} running (wall)"] = [wall]
-                list(pool.map(api.delete, [s for s, _ in made]))
-        for name, xs in res.items():
-            unit = "MiB" if "PSS" in name else "ms"
-            lines.append(row(name, xs, unit))
-            emit({"case": name, "n": len(xs), "p50": pct(xs, 50), "p99": pct(xs, 99),
-                  "unit": unit})
-        print("\n".join(lines))
+        if opts.density:
+            print(f"accelerator {vm['accel']}, guest kernel {vm['kernel']}")
+            print("\n".join(density(edge, api, opts.density, opts.density_memory_mb, 50)))
+        else:
+            lines = [f"accelerator {vm['accel']}, guest kernel {vm['kernel']}; 128 MiB + 32 MiB "
+                     "disk per sandbox", "",
+                     "| what | n | p50 | p90 | p99 | unit |", "|---|---|---|---|---|---|"]
+            res: dict[str, list[float]] = {}
+            sid, ms = api.create("microvm")  # makes the template
+            res["first create (cold boot, template saved)"] = [ms]
+            api.delete(sid)
+            for kind in ("microvm", "container"):
+                ids, lat = [], []
+                for _ in range(opts.creates):
+                    sid, ms = api.create(kind)
+                    ids.append(sid)
+                    lat.append(ms)
+                how = ", from the template" if kind == "microvm" else ""
+                res[f"create {kind} (serial{how})"] = lat
+                execs = []
+                for _ in range(opts.execs):
+                    t0 = time.perf_counter()
+                    x = c.post(f"/v1/sandboxes/{ids[0]}/exec", {"cmd": ["true"]}, expect=200).json
+                    execs.append((time.perf_counter() - t0) * 1e3)
+                    assert x["exit_code"] == 0, x
+                res[f"exec true in a {kind}"] = execs
+                stats = []  # an agent round trip with no process: stat of /
+                for _ in range(opts.execs):
+                    t0 = time.perf_counter()
+                    c.get(f"/v1/sandboxes/{ids[0]}/files/stat?path=/", expect=200)
+                    stats.append((time.perf_counter() - t0) * 1e3)
+                res[f"agent round trip (files/stat /) in a {kind}"] = stats
+                if kind == "microvm":
+                    pss = [pss_kb(p) / 1024 for p in (qemu_pid(edge, s) for s in ids) if p]
+                    res[f"QEMU PSS per idle VM ({len(pss)} alive)"] = pss
+                res[f"delete {kind}"] = [api.delete(s) for s in ids]
+            for conc in (2, 8):
+                with cf.ThreadPoolExecutor(conc) as pool:
+                    t0 = time.perf_counter()
+                    made = list(pool.map(lambda _: api.create("microvm"), range(conc)))
+                    wall = (time.perf_counter() - t0) * 1e3
+                    res[f"create microvm, {conc} at once"] = [ms for _, ms in made]
+                    res[f"  all {conc} running (wall)"] = [wall]
+                    list(pool.map(api.delete, [s for s, _ in made]))
+            for name, xs in res.items():
+                unit = "MiB" if "PSS" in name else "ms"
+                lines.append(row(name, xs, unit))
+                emit({"case": name, "n": len(xs), "p50": pct(xs, 50), "p99": pct(xs, 99),
+                      "unit": unit})
+            print("\n".join(lines))
     except Exception as e:  # noqa: BLE001 (reported, then the edge is still cleaned up)
         print(f"microvm_bench: failed: {e}", file=sys.stderr)
         ok = False
