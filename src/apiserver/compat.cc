@@ -278,10 +278,12 @@ void CompatFront::E2bList(const http::HttpRequest& req,
     if (!client) continue;
     std::string target = "/v2/sandboxes?limit=" + std::to_string(limit) + rest;
     if (it != at.end() && !it->second.empty()) target += "&nextToken=" + PercentEncode(it->second);
-    parts.push_back({n.rec.node, std::async(std::launch::async, [this, client, target, headers] {
-                       return client->Request("GET", target, headers, "",
-                                              milliseconds(o_.call_timeout_ms));
-                     })});
+    auto call = std::make_shared<std::packaged_task<StatusOr<http::ClientResponse>()>>(
+        [this, client, target, headers] {
+          return client->Request("GET", target, headers, "", milliseconds(o_.call_timeout_ms));
+        });
+    parts.push_back({n.rec.node, call->get_future()});
+    boost::asio::post(fanout_, [call] { (*call)(); });
   }
   struct Item {
     std::string started, id, node;

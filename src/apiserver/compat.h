@@ -62,6 +62,9 @@ class CompatFront {
   void E2bList(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
 
   Options o_;
+  // A list's calls to every node at once, on threads of their own (never the workers a list
+  // waits on).
+  boost::asio::thread_pool fanout_{8};
   http::HttpServer* server_ = nullptr;
   std::atomic<int64_t> relays_{0};
   Mutex mu_;

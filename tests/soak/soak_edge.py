@@ -169,7 +169,10 @@ def run(edge, total, clients):
                     state["next"] += 1
                 try:
                     t0 = time.monotonic()
-                    r = c.post("/v1/sandboxes", {"memory_mb": 64, "ttl_s": 600,
+                    # (a small disk: the host frees a deleted sandbox's preallocated image
+                    # only as fast as it discards its blocks; 256 MiB images at this rate
+                    # held ~60 GB of this host's disk at the peak)
+                    r = c.post("/v1/sandboxes", {"memory_mb": 64, "disk_mb": 32, "ttl_s": 600,
                                                  "labels": {"soak": "1"}})
                     t1 = time.monotonic()
                     if r.status != 201:
@@ -238,7 +241,7 @@ def main():
         # Warm up (first create/exec touch lazily-made things: netns pool, agent threads),
         # then take the baseline once the edge is quiet.
         for _ in range(2):
-            sid = c.post("/v1/sandboxes", {"memory_mb": 64}).json["id"]
+            sid = c.post("/v1/sandboxes", {"memory_mb": 64, "disk_mb": 32}).json["id"]
             c.post(f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
             c.delete(f"/v1/sandboxes/{sid}")
         time.sleep(0.5)
