@@ -117,4 +117,40 @@ StatusOr<BuildRequest> ParseBuildRequest(std::string_view body) {
   return r;
 }
 
+Json ToJson(const BuildRecord& r) {
+  Json steps = Json::array();
+  size_t done = 0;
+  for (const auto& s : r.steps) {
+    steps.push_back({{"name", s.name}, {"state", s.state}});
+    done += s.state == "done";
+  }
+  auto opt = [](const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); };
+  auto ts = [](int64_t t) { return t ? Json(t) : Json(nullptr); };
+  const bool live = r.state == "running" || r.state == "canceling";  // a step may be running
+  return {{"id", r.id},
+          {"name", r.name},
+          {"state", r.state},
+          {"steps", steps},
+          {"step", live && r.step >= 0 ? Json(r.step) : Json(nullptr)},
+          {"progress", r.steps.empty() ? 0.0 : double(done) / double(r.steps.size())},
+          {"error", opt(r.error)},
+          {"image", opt(r.image)},
+          {"sandbox", opt(r.sandbox)},
+          {"log_bytes", r.log_bytes},
+          {"created_at", r.created_at},
+          {"started_at", ts(r.started_at)},
+          {"finished_at", ts(r.finished_at)}};
+}
+
+Json BuildListJson(const std::vector<BuildRecord>& all) {
+  Json out = Json::array();
+  for (const auto& r : all) out.push_back(ToJson(r));
+  return Json{{"builds", out}};
+}
+
+Json ToJson(const BuildLogPiece& p) {
+  return Json{
+      {"offset", p.offset}, {"next_offset", p.next_offset}, {"text", p.text}, {"done", p.done}};
+}
+
 }  // namespace dsec::api

@@ -73,5 +73,38 @@ TEST(BuildsJsonTest, Errors) {
   EXPECT_NE(BuildError(R"({"network":{"mode":"x"}})"), "\"name\" (name:tag) is required");
 }
 
+// A build record as the API shows it: nulls for what has not happened, the running step only
+// while it runs, progress from the steps done.
+TEST(BuildsJsonTest, RecordAndLogRender) {
+  BuildRecord r;
+  r.id = "bld-1";
+  r.name = "x:1";
+  r.state = "running";
+  r.steps = {{"start a build sandbox", "done"}, {"run: make", "running"}};
+  r.step = 1;
+  r.sandbox = "sb-n-abc";
+  r.log_bytes = 12;
+  r.created_at = 5;
+  r.started_at = 6;
+  Json j = ToJson(r);
+  EXPECT_EQ(j["step"], 1);
+  EXPECT_EQ(j["progress"], 0.5);
+  EXPECT_EQ(j["error"], nullptr);
+  EXPECT_EQ(j["image"], nullptr);
+  EXPECT_EQ(j["sandbox"], "sb-n-abc");
+  EXPECT_EQ(j["finished_at"], nullptr);
+  EXPECT_EQ(j["steps"][1], Json({{"name", "run: make"}, {"state", "running"}}));
+  r.state = "succeeded";
+  r.image = "x:1";
+  r.finished_at = 9;
+  j = ToJson(r);
+  EXPECT_EQ(j["step"], nullptr);  // not shown once finished
+  EXPECT_EQ(j["finished_at"], 9);
+  EXPECT_EQ(BuildListJson({r, r})["builds"].size(), 2u);
+  EXPECT_EQ(BuildListJson({}), Json({{"builds", Json::array()}}));
+  BuildLogPiece p{.offset = 3, .next_offset = 5, .text = "ab", .done = true};
+  EXPECT_EQ(ToJson(p), Json({{"offset", 3}, {"next_offset", 5}, {"text", "ab"}, {"done", true}}));
+}
+
 }  // namespace
 }  // namespace dsec::api

@@ -206,19 +206,19 @@ void Fork(const std::shared_ptr<Ctx>& c) {
 }
 
 // The build routes' common part: 409 when this node does not build images, else `fn`'s
-// record (with `ok_status`) or its error.
+// answer (a record, a list or a log piece, with `ok_status`) or its error.
 template <typename Fn>
 void WithBuilds(const std::shared_ptr<Ctx>& c, int ok_status, Fn&& fn) {
   Builds* b = c->api->deps().builds;
   if (!b || !c->api->deps().images)
     return c->Fail(FailedPrecondition("this node does not build images"));
-  StatusOr<Json> rec = fn(b);
-  if (!rec.ok()) return c->Fail(rec.status());
-  c->Reply(ok_status, *rec);
+  auto answer = fn(b);
+  if (!answer.ok()) return c->Fail(answer.status());
+  c->Reply(ok_status, api::ToJson(*answer));
 }
 
 void StartBuild(const std::shared_ptr<Ctx>& c) {
-  WithBuilds(c, 202, [&](Builds* b) -> StatusOr<Json> {
+  WithBuilds(c, 202, [&](Builds* b) -> StatusOr<BuildRecord> {
     DSEC_ASSIGN_OR_RETURN(BuildRequest req, ParseBuildRequest(c->req.body));
     if (req.network.mode != net::NetMode::kNone && !c->api->deps().cfg.network)
       return Unimplemented(
@@ -230,7 +230,10 @@ void StartBuild(const std::shared_ptr<Ctx>& c) {
 }
 
 void ListBuilds(const std::shared_ptr<Ctx>& c) {
-  WithBuilds(c, 200, [&](Builds* b) -> StatusOr<Json> {
+  Builds* b = c->api->deps().builds;
+  if (!b || !c->api->deps().images)
+    return c->Fail(FailedPrecondition("this node does not build images"));
+  auto list = [&]() -> StatusOr<std::vector<BuildRecord>> {
     std::string state;
     if (const std::string* s = c->req.Query("state")) {
       static const char* kStates[] = {"queued",    "running", "canceling",
@@ -240,8 +243,10 @@ void ListBuilds(const std::shared_ptr<Ctx>& c) {
             "state must be queued, running, canceling, succeeded, failed or canceled");
       state = *s;
     }
-    return Json{{"builds", b->List(state)}};
-  });
+    return b->List(state);
+  }();
+  if (!list.ok()) return c->Fail(list.status());
+  c->Reply(200, api::BuildListJson(*list));
 }
 
 void GetBuild(const std::shared_ptr<Ctx>& c) {
@@ -249,7 +254,7 @@ void GetBuild(const std::shared_ptr<Ctx>& c) {
 }
 
 void BuildLog(const std::shared_ptr<Ctx>& c) {
-  WithBuilds(c, 200, [&](Builds* b) -> StatusOr<Json> {
+  WithBuilds(c, 200, [&](Builds* b) -> StatusOr<BuildLogPiece> {
     DSEC_ASSIGN_OR_RETURN(int64_t offset, c->IntQuery("offset", 0, 0, int64_t{1} << 62));
     DSEC_ASSIGN_OR_RETURN(int64_t max, c->IntQuery("max_bytes", 1 << 20, 1, 4 << 20));
     return b->Log(c->params["id"], static_cast<uint64_t>(offset), static_cast<uint64_t>(max));

@@ -140,29 +140,21 @@ int Builds::CleanupLost() {
   return n;
 }
 
-Json Builds::RecordLocked(const Job& j) const {
-  Json steps = Json::array();
-  size_t done = 0;
-  for (const auto& s : j.steps) {
-    steps.push_back({{"name", s.name}, {"state", s.state}});
-    done += s.state == "done";
-  }
-  auto opt = [](const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); };
-  auto ts = [](int64_t t) { return t ? Json(t) : Json(nullptr); };
-  bool live = j.state == "running" || j.state == "canceling";  // a step may be running
-  return {{"id", j.id},
-          {"name", j.req.name},
-          {"state", j.state},
-          {"steps", steps},
-          {"step", live && j.current >= 0 ? Json(j.current) : Json(nullptr)},
-          {"progress", j.steps.empty() ? 0.0 : double(done) / double(j.steps.size())},
-          {"error", opt(j.error)},
-          {"image", opt(j.image)},
-          {"sandbox", opt(j.sandbox_id)},
-          {"log_bytes", j.log_start + j.log.size()},
-          {"created_at", j.created_at},
-          {"started_at", ts(j.started_at)},
-          {"finished_at", ts(j.finished_at)}};
+BuildRecord Builds::RecordLocked(const Job& j) const {
+  BuildRecord r;
+  r.id = j.id;
+  r.name = j.req.name;
+  r.state = j.state;
+  for (const auto& s : j.steps) r.steps.push_back({s.name, s.state});
+  r.step = j.current;
+  r.error = j.error;
+  r.image = j.image;
+  r.sandbox = j.sandbox_id;
+  r.log_bytes = j.log_start + j.log.size();
+  r.created_at = j.created_at;
+  r.started_at = j.started_at;
+  r.finished_at = j.finished_at;
+  return r;
 }
 
 void Builds::PruneLocked() {
@@ -178,7 +170,7 @@ void Builds::PruneLocked() {
   }
 }
 
-StatusOr<Json> Builds::Start(BuildRequest req) {
+StatusOr<BuildRecord> Builds::Start(BuildRequest req) {
   if (store_->GetImage(req.name).ok())  // checked again when the image is added
     return Status(StatusCode::kAlreadyExists, "image \"" + req.name + "\" already exists");
   auto j = std::make_shared<Job>();
@@ -209,27 +201,25 @@ StatusOr<Json> Builds::Start(BuildRequest req) {
   return RecordLocked(*j);
 }
 
-StatusOr<Json> Builds::Get(const std::string& id) {
+StatusOr<BuildRecord> Builds::Get(const std::string& id) {
   MutexLock l(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFound("build " + id + " not found");
   return RecordLocked(*it->second);
 }
 
-Json Builds::List(const std::string& state) {
+std::vector<BuildRecord> Builds::List(const std::string& state) {
   MutexLock l(mu_);
   std::vector<const Job*> all;
   for (const auto& [id, j] : jobs_) all.push_back(j.get());
   std::sort(all.begin(), all.end(), [](const Job* a, const Job* b) { return a->seq > b->seq; });
-  Json out = Json::array();
-  for (const Job* j : all) {
-    Json r = RecordLocked(*j);
-    if (state.empty() || r.value("state", "") == state) out.push_back(std::move(r));
-  }
+  std::vector<BuildRecord> out;
+  for (const Job* j : all)
+    if (state.empty() || j->state == state) out.push_back(RecordLocked(*j));
   return out;
 }
 
-StatusOr<Json> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_bytes) {
+StatusOr<BuildLogPiece> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_bytes) {
   MutexLock l(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFound("build " + id + " not found");
@@ -240,13 +230,15 @@ StatusOr<Json> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_
   std::string_view rest = std::string_view(j.log).substr(from - j.log_start);
   // Whole UTF-8 characters only (the next call continues where this one stopped).
   std::string text(rest.substr(0, internal::Utf8Prefix(rest, max_bytes, j.finished_at != 0)));
-  return Json{{"offset", from},
-              {"next_offset", from + text.size()},
-              {"text", text},
-              {"done", j.finished_at != 0}};
+  BuildLogPiece p;
+  p.offset = from;
+  p.next_offset = from + text.size();
+  p.text = std::move(text);
+  p.done = j.finished_at != 0;
+  return p;
 }
 
-StatusOr<Json> Builds::Cancel(const std::string& id) {
+StatusOr<BuildRecord> Builds::Cancel(const std::string& id) {
   MutexLock l(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFound("build " + id + " not found");

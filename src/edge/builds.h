@@ -33,6 +33,8 @@
 namespace dsec::edge {
 
 // A build as asked for, and the parse of its body (api/builds_json.h).
+using api::BuildLogPiece;
+using api::BuildRecord;
 using api::BuildRequest;
 using api::ParseBuildRequest;
 
@@ -66,17 +68,17 @@ class Builds {
 
   // Queues a build; its record (state "queued" or "running"). AlreadyExists when the name is
   // taken (checked first), OverCapacity when the queue is full.
-  StatusOr<Json> Start(BuildRequest req);
-  StatusOr<Json> Get(const std::string& id);
+  StatusOr<BuildRecord> Start(BuildRequest req);
+  StatusOr<BuildRecord> Get(const std::string& id);
   // The builds it keeps (running, queued, and the last finished ones), newest first; only
   // those in `state` when it is not empty.
-  Json List(const std::string& state);
-  // The log from byte `offset` (at most max_bytes): {"offset", "next_offset", "text", "done"}.
-  StatusOr<Json> Log(const std::string& id, uint64_t offset, uint64_t max_bytes);
+  std::vector<BuildRecord> List(const std::string& state);
+  // The log from byte `offset` (at most max_bytes).
+  StatusOr<BuildLogPiece> Log(const std::string& id, uint64_t offset, uint64_t max_bytes);
   // Cancels a queued build ("canceled" at once) or a running one ("canceling" until its
   // sandbox is deleted and its layers collected, then "canceled"). A build already saving its
   // image is past canceling and stays "running"; a finished one is returned as it is.
-  StatusOr<Json> Cancel(const std::string& id);
+  StatusOr<BuildRecord> Cancel(const std::string& id);
 
  private:
   struct Job;
@@ -92,7 +94,7 @@ class Builds {
   Status CommandStep(Steps& s, backends::Sandbox& sb, const std::string& cmd);
   Status CaptureStep(Steps& s, backends::Sandbox& sb, images::Image* img);
   Status SaveStep(Steps& s, images::Image* img);
-  Json RecordLocked(const Job& j) const DSEC_REQUIRES(mu_);
+  BuildRecord RecordLocked(const Job& j) const DSEC_REQUIRES(mu_);
   void CancelRunningLocked(Job& j) DSEC_REQUIRES(mu_);
   void PruneLocked() DSEC_REQUIRES(mu_);
 

@@ -134,9 +134,10 @@ TEST_F(BuildsQueueTest, ConflictComesBeforeAFullQueue) {
       EXPECT_EQ(r.status().code(), StatusCode::kOverCapacity) << r.status().ToString();
       break;
     }
-    EXPECT_EQ((*r)["state"], "queued");
-    EXPECT_TRUE((*r)["sandbox"].is_null());
-    ids.push_back((*r)["id"].get<std::string>());
+    EXPECT_EQ(r->state, "queued");
+    EXPECT_TRUE(r->sandbox.empty());
+    EXPECT_EQ(api::ToJson(*r)["sandbox"], nullptr);
+    ids.push_back(r->id);
     ASSERT_LT(i, 1000);
   }
   ASSERT_FALSE(ids.empty());
@@ -148,9 +149,9 @@ TEST_F(BuildsQueueTest, ConflictComesBeforeAFullQueue) {
   // Canceling a queued build: "canceled" at once, as Get shows it, and its place is free.
   auto c = builds_->Cancel(ids[0]);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ((*c)["state"], "canceled");
-  EXPECT_FALSE((*c)["finished_at"].is_null());
-  for (const auto& s : (*c)["steps"]) EXPECT_EQ(s["state"], "canceled");
+  EXPECT_EQ(c->state, "canceled");
+  EXPECT_NE(c->finished_at, 0);
+  for (const auto& s : c->steps) EXPECT_EQ(s.state, "canceled");
   auto g = builds_->Get(ids[0]);
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(*g, *c);
@@ -161,8 +162,8 @@ TEST_F(BuildsQueueTest, ConflictComesBeforeAFullQueue) {
 
   auto log = builds_->Log(ids[0], 0, 1);
   ASSERT_TRUE(log.ok());
-  EXPECT_EQ((*log)["text"], "");
-  EXPECT_EQ((*log)["done"], true);
+  EXPECT_EQ(log->text, "");
+  EXPECT_TRUE(log->done);
   EXPECT_EQ(builds_->Get("bld-0000000000000000").status().code(), StatusCode::kNotFound);
 }
 
