@@ -36,13 +36,7 @@ class Sha256 {
     unsigned char out[EVP_MAX_MD_SIZE];
     unsigned int len = 0;
     EVP_DigestFinal_ex(md_, out, &len);
-    static const char* kHex = "0123456789abcdef";
-    std::string h;
-    for (unsigned i = 0; i < len; ++i) {
-      h += kHex[out[i] >> 4];
-      h += kHex[out[i] & 15];
-    }
-    return h;
+    return HexEncode(std::string_view(reinterpret_cast<const char*>(out), len));
   }
 
  private:
