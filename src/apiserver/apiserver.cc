@@ -72,6 +72,17 @@ void PassOn(const std::shared_ptr<http::Responder>& res, const http::ClientRespo
 struct NodeError {
   std::string code, message;
 };
+// "its lease lapsed N s ago" of an unavailable node.
+std::string LeaseLapsed(const NodeState& n) {
+  return "its lease lapsed " + std::to_string((WallMs() - n.changed_ms) / 1000) + " s ago";
+}
+
+// The 503 of a call on sandbox `id` whose node `n` is unavailable.
+std::string Unreachable(const std::string& id, const NodeState& n) {
+  return "node " + n.rec.node + " is unavailable: sandbox " + id +
+         " cannot be reached until the node is back (" + LeaseLapsed(n) + ")";
+}
+
 NodeError ErrorOf(const http::ClientResponse& r) {
   Json j = Json::parse(r.body, nullptr, false);
   const Json* e =
@@ -330,11 +341,7 @@ void Apiserver::Relay(http::HttpRequest req) {
         "sandbox " + id + " not found" +
             (node.empty() ? "" : " (no node " + node + " in the cluster)"));
   if (!n->alive)
-    return http::SendErrorAndClose(
-        std::move(client), 503, "unavailable",
-        "node " + node + " is unavailable: sandbox " + id +
-            " cannot be reached until the node is back (its lease lapsed " +
-            std::to_string((WallMs() - n->changed_ms) / 1000) + " s ago)");
+    return http::SendErrorAndClose(std::move(client), 503, "unavailable", Unreachable(id, *n));
   http::ProxiedRequest pr;
   if (Status s = http::FrameBody(req, &pr); !s.ok())
     return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
@@ -367,10 +374,9 @@ void Apiserver::Relay(http::HttpRequest req) {
 
 std::string Apiserver::UnavailableWhy(const std::string& node) const {
   auto n = view_->Find(node);
-  const int64_t ago = n ? (WallMs() - n->changed_ms) / 1000 : 0;
-  return "node " + node + " is unavailable (its lease lapsed " + std::to_string(ago) +
-         " s ago): this is the sandbox's last known record; calls on it answer 503 until the "
-         "node is back";
+  return "node " + node + " is unavailable (" + (n ? LeaseLapsed(*n) : "its lease lapsed") +
+         "): this is the sandbox's last known record; calls on it answer 503 until the node is "
+         "back";
 }
 
 void Apiserver::GetSandbox(const http::HttpRequest& req,
@@ -388,10 +394,7 @@ void Apiserver::GetSandbox(const http::HttpRequest& req,
     if (auto kept = records_.Get(id, WallMs()))
       return Reply(res, 200, RecordCache::Unavailable(std::move(*kept), UnavailableWhy(node)),
                    {{"Dsec-Node", node}});
-    return Fail(res, 503, "unavailable",
-                "node " + node + " is unavailable: sandbox " + id +
-                    " cannot be reached until the node is back (its lease lapsed " +
-                    std::to_string((WallMs() - n->changed_ms) / 1000) + " s ago)");
+    return Fail(res, 503, "unavailable", Unreachable(id, *n));
   }
   auto r = n->client->Request("GET", req.target, NodeHeaders(req), "",
                               milliseconds(cfg_.call_timeout_ms));
@@ -652,9 +655,10 @@ void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::R
       kept = records_.OfNode(node, it == at.end() ? "" : it->second, f, static_cast<size_t>(limit),
                              WallMs(), &more);
     }
+    const std::string why = kept.empty() ? "" : UnavailableWhy(node);
     for (auto& s : kept)
       items.push_back({s.value("created_at", int64_t{0}), s.value("id", ""), node,
-                       RecordCache::Unavailable(std::move(s), UnavailableWhy(node))});
+                       RecordCache::Unavailable(std::move(s), why)});
     returned[node] = {kept.size(), more};
   }
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
