@@ -148,6 +148,64 @@ Json JobActionJson(int affected) { return {{"affected", affected}}; }
 
 Json HealthJson() { return {{"ok", true}}; }
 
+namespace {
+
+Json ToJson(const backends::KindCapabilities& c) {
+  return {{"host_image", c.host_image},
+          {"network", c.network},
+          {"port_proxy", c.port_proxy},
+          {"snapshot", c.snapshot},
+          {"fncall_workers", c.fncall_workers}};
+}
+
+Json ToJson(const MicrovmFeatures& m) {
+  if (!m.available) return {{"available", false}, {"reason", m.reason}};
+  Json j = {{"available", true},
+            {"accel", m.accel},
+            {"kernel", m.kernel},
+            {"templates", m.templates},
+            {"templates_loaded", m.templates_loaded}};
+  if (!m.accel_reason.empty()) j["accel_reason"] = m.accel_reason;
+  return j;
+}
+
+Json OrNull(const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); }
+
+// The settings, and whether the network works (or why not).
+Json ToJson(const NetworkFeatures& n) {
+  if (!n.enabled) return {{"enabled", false}, {"reason", "network: false in the edge's config"}};
+  const net::LazyNodeNetwork::Info& i = n.info;
+  Json dns = {{"upstream", OrNull(i.dns_upstream)}, {"state", i.dns_state}};
+  if (!i.dns_error.empty()) dns["error"] = i.dns_error;
+  Json j = {
+      {"enabled", true}, {"available", i.reason.empty()}, {"started", i.started},
+      {"cidr", i.cidr},  {"uplink", OrNull(i.uplink)},    {"dns_upstream", OrNull(i.dns_upstream)},
+      {"dns", dns}};
+  if (!i.reason.empty()) j["reason"] = i.reason;
+  return j;
+}
+
+}  // namespace
+
+Json ToJson(const NodeFeatures& f) {
+  const KernelFeatures& k = f.kernel;
+  Json j = {{"kernel", k.kernel},
+            {"userns", k.userns},
+            {"clone_into_cgroup", k.clone_into_cgroup},
+            {"cgroup_kill", k.cgroup_kill},
+            {"socket_budget", k.socket_budget},
+            {"proc_views", k.proc_views_reason.empty()}};
+  if (!k.socket_budget) j["socket_budget_reason"] = k.socket_budget_reason;
+  if (!k.proc_views_reason.empty()) j["proc_views_reason"] = k.proc_views_reason;
+  j["microvm"] = ToJson(f.microvm);
+  j["network"] = ToJson(f.network);
+  Json kinds = Json::object();
+  for (const auto& [kind, caps] : f.kinds)
+    kinds[std::string(backends::KindName(kind))] = ToJson(caps);
+  j["kinds"] = kinds;
+  return j;
+}
+
 Json ToJson(const NodeInfo& n) {
   Json j = ToJson(n.report);
   j["version"] = n.version;
@@ -155,9 +213,7 @@ Json ToJson(const NodeInfo& n) {
   j["backends"] = Json::array();
   for (backends::Kind k : n.backends) j["backends"].push_back(backends::KindName(k));
   j["pools"] = ToJson(n.pools);
-  j["features"] = n.features;  // open connections are in /metrics (dsec_http_connections)
-  if (n.live_features.is_object())
-    for (const auto& item : n.live_features.items()) j["features"][item.key()] = item.value();
+  j["features"] = ToJson(n.features);  // open connections are in /metrics (dsec_http_connections)
   return j;
 }
 

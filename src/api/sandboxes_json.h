@@ -16,9 +16,11 @@
 #include "api/records.h"
 #include "backends/kind.h"
 #include "backends/pools/pool.h"
+#include "backends/sandbox.h"
 #include "backends/sandbox_types.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "net/node_network.h"
 #include "net/policy.h"
 
 namespace dsec::api {
@@ -88,14 +90,43 @@ Json JobActionJson(int affected);
 // GET /v1/health.
 Json HealthJson();
 
+// GET /v1/node's "features": what the node found at start (the kernel's part) and what changes
+// while it runs (microVMs, the network, the kinds' capabilities).
+struct KernelFeatures {
+  std::string kernel;  // release
+  bool userns = false;
+  bool clone_into_cgroup = false;
+  bool cgroup_kill = false;
+  bool socket_budget = false;
+  std::string socket_budget_reason;  // why not, when !socket_budget
+  std::string proc_views_reason;     // empty: the /proc views work
+};
+struct MicrovmFeatures {
+  bool available = false;
+  std::string reason;  // why not, when !available
+  std::string accel, accel_reason, kernel;
+  int64_t templates = 0;
+  int64_t templates_loaded = 0;
+};
+struct NetworkFeatures {
+  bool enabled = false;             // the edge's `network` setting
+  net::LazyNodeNetwork::Info info;  // when enabled
+};
+struct NodeFeatures {
+  KernelFeatures kernel;
+  MicrovmFeatures microvm;
+  NetworkFeatures network;
+  std::vector<std::pair<backends::Kind, backends::KindCapabilities>> kinds;  // those served
+};
+Json ToJson(const NodeFeatures& f);
+
 // GET /v1/node: the manager's report with the edge's own fields.
 struct NodeInfo {
   NodeReport report;
   std::string version, instance;
   std::vector<backends::Kind> backends;  // the kinds served
   std::vector<pools::PoolStatus> pools;
-  Json features;       // fixed at start
-  Json live_features;  // entries that change while the edge runs (over `features`)
+  NodeFeatures features;
 };
 Json ToJson(const NodeInfo& n);
 

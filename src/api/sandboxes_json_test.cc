@@ -146,17 +146,57 @@ TEST(SandboxesJsonTest, Node) {
   n.version = "1.0";
   n.instance = "i";
   n.backends = {backends::Kind::kContainer, backends::Kind::kMicrovm};
-  n.features = {{"kernel", "6"}, {"network", {{"enabled", false}}}};
-  n.live_features = {{"network", {{"enabled", true}}}};
+  n.features.kernel.kernel = "6";
+  n.features.kernel.socket_budget = true;
+  n.features.microvm.reason = "no qemu";
+  n.features.kinds.emplace_back(backends::Kind::kContainer, backends::KindCapabilities{});
   Json j = ToJson(n);
   EXPECT_EQ(j["node"], "n1");
   EXPECT_EQ(j["version"], "1.0");
   EXPECT_EQ(j["instance"], "i");
   EXPECT_EQ(j["backends"].dump(), R"(["container","microvm"])");
   EXPECT_EQ(j["pools"].dump(), "[]");
-  EXPECT_EQ(j["features"].dump(), R"({"kernel":"6","network":{"enabled":true}})");
+  EXPECT_EQ(j["features"]["kernel"], "6");
+  EXPECT_EQ(j["features"]["socket_budget"], true);
+  EXPECT_FALSE(j["features"].contains("socket_budget_reason"));
+  EXPECT_EQ(j["features"]["proc_views"], true);
+  EXPECT_EQ(j["features"]["microvm"].dump(), R"({"available":false,"reason":"no qemu"})");
+  EXPECT_EQ(j["features"]["network"].dump(),
+            R"({"enabled":false,"reason":"network: false in the edge's config"})");
+  EXPECT_EQ(j["features"]["kinds"].dump(),
+            R"({"container":{"fncall_workers":true,"host_image":true,"network":true,)"
+            R"("port_proxy":true,"snapshot":true}})");
   EXPECT_TRUE(j.contains("capacity"));
   EXPECT_TRUE(j.contains("usage"));
+}
+
+TEST(SandboxesJsonTest, NodeFeaturesSayWhyNot) {
+  NodeFeatures f;
+  f.kernel.socket_budget_reason = "no BPF";
+  f.kernel.proc_views_reason = "lxcfs is gone";
+  f.microvm.available = true;
+  f.microvm.accel = "tcg";
+  f.microvm.accel_reason = "kvm: guest did not boot";
+  f.microvm.templates = 2;
+  f.network.enabled = true;
+  f.network.info.cidr = "10.0.0.0/16";
+  f.network.info.dns_state = "unreachable";
+  f.network.info.dns_error = "timeout";
+  f.network.info.reason = "no default route";
+  Json j = ToJson(f);
+  EXPECT_EQ(j["socket_budget"], false);
+  EXPECT_EQ(j["socket_budget_reason"], "no BPF");
+  EXPECT_EQ(j["proc_views"], false);
+  EXPECT_EQ(j["proc_views_reason"], "lxcfs is gone");
+  EXPECT_EQ(j["microvm"]["accel"], "tcg");
+  EXPECT_EQ(j["microvm"]["accel_reason"], "kvm: guest did not boot");
+  EXPECT_EQ(j["microvm"]["templates"], 2);
+  EXPECT_EQ(j["network"]["available"], false);
+  EXPECT_EQ(j["network"]["reason"], "no default route");
+  EXPECT_TRUE(j["network"]["uplink"].is_null());
+  EXPECT_EQ(j["network"]["dns"].dump(),
+            R"({"error":"timeout","state":"unreachable","upstream":null})");
+  EXPECT_EQ(j["kinds"].dump(), "{}");
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "api/errors.h"
 #include "api/exec_json.h"
 #include "api/routes.h"
+#include "api/sandboxes_json.h"
 #include "backends/pools/pool.h"
 #include "base/base64.h"
 #include "edge/audit_log.h"
@@ -94,9 +95,8 @@ class Api {
     Builds* builds = nullptr;
     std::vector<std::string> tokens;
     std::string instance;
-    Json features;
-    // Feature entries that change while the edge runs (merged into `features` per request).
-    std::function<Json()> live_features;
+    // GET /v1/node's features, read per request (some change while the edge runs).
+    std::function<api::NodeFeatures()> features;
     std::function<int64_t()> connections;
     std::function<int64_t()> accepted;  // TCP connections accepted since the start
     // Where proxied connections (api_ports.cc) are relayed: the HTTP server's I/O.

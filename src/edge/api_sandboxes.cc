@@ -263,8 +263,7 @@ void Node(const std::shared_ptr<Ctx>& c) {
   n.instance = d.instance;
   n.backends = d.manager->Kinds();
   if (d.pools) n.pools = d.pools->List();
-  n.features = d.features;
-  if (d.live_features) n.live_features = d.live_features();
+  if (d.features) n.features = d.features();
   c->Reply(200, api::ToJson(n));
 }
 

@@ -177,57 +177,34 @@ std::unique_ptr<backends::microvm::MicrovmBackend> StartMicrovms(
   return std::move(*b);
 }
 
-// What a kind can do (Backend::Capabilities: the table creates are checked against).
-Json CapabilitiesJson(const backends::KindCapabilities& c) {
-  return {{"host_image", c.host_image},
-          {"network", c.network},
-          {"port_proxy", c.port_proxy},
-          {"snapshot", c.snapshot},
-          {"fncall_workers", c.fncall_workers}};
-}
-
-Json MicrovmFeatures(const backends::microvm::MicrovmBackend* b, const std::string& why) {
-  if (!b) return {{"available", false}, {"reason", why}};
-  Json f = {{"available", true},
-            {"accel", b->AccelNow()},
-            {"kernel", b->kernel().version},
-            {"templates", b->template_count()},
-            {"templates_loaded", b->templates_loaded()}};
-  if (std::string why = b->accel_reason(); !why.empty()) f["accel_reason"] = why;
+api::MicrovmFeatures MicrovmFeaturesOf(const backends::microvm::MicrovmBackend* b,
+                                       const std::string& why) {
+  api::MicrovmFeatures f;
+  f.available = b != nullptr;
+  if (!b) {
+    f.reason = why;
+    return f;
+  }
+  f.accel = b->AccelNow();
+  f.accel_reason = b->accel_reason();
+  f.kernel = b->kernel().version;
+  f.templates = static_cast<int64_t>(b->template_count());
+  f.templates_loaded = b->templates_loaded();
   return f;
 }
 
-// GET /v1/node's features.network: the settings, and whether it works (or why not).
-Json NetworkFeatures(bool enabled, net::LazyNodeNetwork* network) {
-  if (!enabled) return {{"enabled", false}, {"reason", "network: false in the edge's config"}};
-  net::LazyNodeNetwork::Info i = network->Describe();
-  Json dns = {{"upstream", i.dns_upstream.empty() ? Json(nullptr) : Json(i.dns_upstream)},
-              {"state", i.dns_state}};
-  if (!i.dns_error.empty()) dns["error"] = i.dns_error;
-  Json j = {{"enabled", true},
-            {"available", i.reason.empty()},
-            {"started", i.started},
-            {"cidr", i.cidr},
-            {"uplink", i.uplink.empty() ? Json(nullptr) : Json(i.uplink)},
-            {"dns_upstream", i.dns_upstream.empty() ? Json(nullptr) : Json(i.dns_upstream)},
-            {"dns", dns}};
-  if (!i.reason.empty()) j["reason"] = i.reason;
-  return j;
-}
-
-// What GET /v1/node reports about the kernel features the backend found.
-Json FeaturesOf(const container::ContainerBackend& backend) {
+// What GET /v1/node reports about the kernel features the backend found (fixed at start).
+api::KernelFeatures KernelFeaturesOf(const container::ContainerBackend& backend) {
   const auto& f = backend.features();
-  Json features = {{"kernel", f.kernel_release},
-                   {"userns", f.userns},
-                   {"clone_into_cgroup", f.clone_into_cgroup},
-                   {"cgroup_kill", f.cgroup_kill},
-                   {"socket_budget", backend.socket_budget()}};
-  if (!backend.socket_budget()) features["socket_budget_reason"] = backend.socket_budget_error();
-  std::string views = backend.ProcViewsState();
-  features["proc_views"] = views.empty();
-  if (!views.empty()) features["proc_views_reason"] = views;
-  return features;
+  api::KernelFeatures k;
+  k.kernel = f.kernel_release;
+  k.userns = f.userns;
+  k.clone_into_cgroup = f.clone_into_cgroup;
+  k.cgroup_kill = f.cgroup_kill;
+  k.socket_budget = backend.socket_budget();
+  if (!k.socket_budget) k.socket_budget_reason = backend.socket_budget_error();
+  k.proc_views_reason = backend.ProcViewsState();
+  return k;
 }
 
 http::HttpServerOptions ServerOptions(const EdgeConfig& cfg, const FileBudget& files) {
@@ -405,7 +382,7 @@ class EdgeServices {
   void Announce() const;
 
  private:
-  Json LiveFeatures() const;
+  api::NodeFeatures Features() const;
   Status StartCompatListeners(const http::HttpServerOptions& ho);
 
   EdgeConfig cfg_;
@@ -426,6 +403,7 @@ class EdgeServices {
   container::ContainerBackendOptions container_opts_;
   std::unique_ptr<container::ContainerBackend> containers_;
   std::string no_microvms_;
+  api::KernelFeatures kernel_features_;  // found at start
   std::unique_ptr<backends::microvm::MicrovmBackend> microvms_;
   // Timers and workers outlive the manager's shutdown: handlers blocked on a sandbox finish
   // when it goes, and only then are the workers joined.
@@ -577,13 +555,16 @@ Status EdgeServices::StartManager() {
   return OkStatus();
 }
 
-Json EdgeServices::LiveFeatures() const {
+api::NodeFeatures EdgeServices::Features() const {
+  api::NodeFeatures f;
+  f.kernel = kernel_features_;
+  f.microvm = MicrovmFeaturesOf(microvms_.get(), no_microvms_);
+  f.network.enabled = cfg_.network;
+  if (cfg_.network) f.network.info = network_->Describe();
   // Each kind this node serves, with what it can do: the table creates are checked against.
-  Json kinds = {{"container", CapabilitiesJson(containers_->Capabilities())}};
-  if (microvms_) kinds["microvm"] = CapabilitiesJson(microvms_->Capabilities());
-  return Json{{"microvm", MicrovmFeatures(microvms_.get(), no_microvms_)},
-              {"network", NetworkFeatures(cfg_.network, network_.get())},
-              {"kinds", kinds}};
+  f.kinds.emplace_back(backends::Kind::kContainer, containers_->Capabilities());
+  if (microvms_) f.kinds.emplace_back(backends::Kind::kMicrovm, microvms_->Capabilities());
+  return f;
 }
 
 Status EdgeServices::Serve() {
@@ -605,8 +586,8 @@ Status EdgeServices::Serve() {
   deps.builds = builds_.get();
   deps.tokens = tokens_;
   deps.instance = containers_->instance_id();
-  deps.features = FeaturesOf(*containers_);
-  deps.live_features = [this] { return LiveFeatures(); };
+  kernel_features_ = KernelFeaturesOf(*containers_);
+  deps.features = [this] { return Features(); };
   api_.emplace(std::move(deps));
 
   http::HttpServerOptions ho = ServerOptions(cfg_, budgets_.files);
