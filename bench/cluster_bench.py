@@ -66,7 +66,7 @@ async def run_level(urls, token, clients, cycles, memory_mb, own_ids=False):
     per = max(1, cycles // clients)
     sdks = [AsyncDSecClient(urls[k % len(urls)], token=token) for k in range(clients)]
     lat = {"cycle": [], "create": [], "exec": [], "delete": []}
-    args = DSecContainerRunArgs(memory_limit_mb=memory_mb, labels={"bench": "cluster"})
+    args = DSecContainerRunArgs(memory_mb=memory_mb, labels={"bench": "cluster"})
 
     async def one(c):
         for _ in range(per):
