@@ -20,6 +20,7 @@
 #include <boost/asio/post.hpp>
 
 #include "api/errors.h"
+#include "api/ports_json.h"
 #include "api/routes.h"
 #include "base/base64.h"
 #include "base/clock.h"
@@ -194,11 +195,27 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
   int auth_headers = 0;
   for (const auto& [k, v] : req.headers) auth_headers += k == "authorization";
   if (auth_headers > 1) return deny(401, "unauthorized", "more than one Authorization header");
-  const std::string token = http::BearerToken(req);
-  bool ok = false;
-  for (const auto& t : tokens_) ok = ok || (!token.empty() && http::ConstantTimeEquals(token, t));
-  if (!ok)
-    return deny(401, "unauthorized", token.empty() ? "missing bearer token" : "invalid token");
+  auto relay_slot = [&]() -> bool {
+    if (relays_.load() < cfg_.max_relays) return true;
+    deny(429, "over_capacity",
+         "the apiserver relays " + std::to_string(cfg_.max_relays) +
+             " calls on sandboxes now (max_relays): retry");
+    return false;
+  };
+  // A port host or a signed port URL carries its own credential, which only the sandbox's node
+  // can check (its key): relayed as it came, without the node token (Relay).
+  std::string port_id, port, port_target;
+  api::SignedPortTarget spt;
+  if (api::ParsePortHost(req.Header("host"), cfg_.port_domain, &port_id, &port) ||
+      api::ParseSignedPortTarget(req.target, &spt)) {
+    if (!relay_slot()) return pf;
+    pf.takeover = true;
+    pf.principal = "port";
+    return pf;
+  }
+  if (!CallerIsCluster(req))
+    return deny(401, "unauthorized",
+                http::BearerToken(req).empty() ? "missing bearer token" : "invalid token");
   pf.principal = "cluster";
   // The node routes the path it decodes from the target as sent: it must name the same thing
   // the apiserver checked (no "." or ".." segment, no encoded '/'), or a call the apiserver
@@ -213,15 +230,11 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
   // Everything on one sandbox goes to its node as it comes, body and all: its routes in the
   // shared table, and the port proxy.
   const api::RouteSpec* r = api::MatchRoute(req.method, req.target, api::Server::kApiserver).route;
-  std::string port_id, port, port_target;
   // (A record, GET /v1/sandboxes/{id}, is asked by the apiserver itself: it keeps what it
   // reads, to show while the node is unavailable.)
   if ((r && r->scope == api::Scope::kSandbox && r->id != api::RouteId::kGetSandbox) ||
       api::ParsePortTarget(req.target, &port_id, &port, &port_target)) {
-    if (relays_.load() >= cfg_.max_relays)
-      return deny(429, "over_capacity",
-                  "the apiserver relays " + std::to_string(cfg_.max_relays) +
-                      " calls on sandboxes now (max_relays): retry");
+    if (!relay_slot()) return pf;
     pf.takeover = true;
     return pf;
   }
@@ -323,13 +336,28 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
            "this release)");
 }
 
+bool Apiserver::CallerIsCluster(const http::HttpRequest& req) const {
+  const std::string token = http::BearerToken(req);
+  bool ok = false;
+  for (const auto& t : tokens_) ok = ok || (!token.empty() && http::ConstantTimeEquals(token, t));
+  return ok;
+}
+
 void Apiserver::Relay(http::HttpRequest req) {
   UniqueFd client = std::move(req.takeover_fd);
   if (!server_)  // (between the server's start and SetServer)
     return http::SendErrorAndClose(std::move(client), 503, "unavailable", "starting");
   std::vector<std::string> seg;
   for (auto s : SplitString(req.path, '/', true)) seg.emplace_back(s);
-  const std::string id = seg.size() >= 3 ? seg[2] : "";
+  std::string id = seg.size() >= 3 ? seg[2] : "";
+  // A port host or signed port URL (Check let it through unauthenticated): its node checks the
+  // credential; it gets the node token only when the caller showed the cluster token.
+  std::string port;
+  api::SignedPortTarget spt;
+  const bool port_host = api::ParsePortHost(req.Header("host"), cfg_.port_domain, &id, &port);
+  const bool signed_port = !port_host && api::ParseSignedPortTarget(req.target, &spt);
+  if (signed_port) id = spt.id;
+  const bool with_node_token = !(port_host || signed_port) || CallerIsCluster(req);
   if (Status s = api::ValidateId("sandbox id", id); !s.ok())
     return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
   const std::string node = NodeOfSandbox(id);
@@ -351,12 +379,17 @@ void Apiserver::Relay(http::HttpRequest req) {
     return http::SendErrorAndClose(std::move(client), 503, "unavailable",
                                    "node " + node + ": " + upstream.status().message());
   // The node sees the call as the client made it, with the node token instead of the cluster
-  // token and the client's address (not one the client claims).
+  // token, the client's address (not one the client claims) and the Host the client used (a
+  // port host keeps it: it names the sandbox and port to the node).
+  std::vector<std::pair<std::string, std::string>> extra = {
+      {"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))},
+      {"X-Forwarded-Host", req.Header("host")}};
+  if (with_node_token) extra.emplace_back("Authorization", "Bearer " + node_token_);
   http::SetUpstreamHead(req, req.target,
-                        StrCat({n->client->host(), ":", std::to_string(n->client->port())}),
-                        {{"Authorization", "Bearer " + node_token_},
-                         {"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))}},
-                        {"x-forwarded-for"}, &pr);
+                        port_host
+                            ? req.Header("host")
+                            : StrCat({n->client->host(), ":", std::to_string(n->client->port())}),
+                        extra, {"x-forwarded-for", "x-forwarded-host"}, &pr);
   pr.buffered = std::move(req.takeover_buffered);
   pr.target_name = "node " + node;
   // Counted while it lasts (the relay holds the slot): past max_relays, new ones are 429.

@@ -54,6 +54,9 @@ struct ApiserverConfig {
   int64_t max_relays = 8192;
   // Sandbox records kept to show while their node is unavailable (record_cache.h).
   int64_t record_cache = 100000;
+  // Host-based port URLs ("<port>-<id>.<port_domain>", the edges' port_domain): relayed to the
+  // sandbox's node with their Host, as signed /v1/p/ URLs are ("" = off).
+  std::string port_domain;
   // The compatibility listeners (compat.h), relayed to the edges' own: off when empty.
   std::string e2b_listen;
   std::string sandbox_fusion_listen;
@@ -73,6 +76,8 @@ class Apiserver {
 
  private:
   void Relay(http::HttpRequest req);
+  // The caller showed one of the cluster tokens.
+  bool CallerIsCluster(const http::HttpRequest& req) const;
   void Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void FnCall(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void PlaceAndForward(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res,

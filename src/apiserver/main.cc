@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "api/ports_json.h"
 #include "apiserver/apiserver.h"
 #include "apiserver/compat.h"
 #include "base/file_util.h"
@@ -58,6 +59,9 @@ int main(int argc, char** argv) {
   app.add_option("--sandbox-fusion-listen", cfg.sandbox_fusion_listen,
                  "HOST:PORT for SandboxFusion's /run_code and /run_jupyter, relayed to the "
                  "edges' (off when empty)");
+  app.add_option("--port-domain", cfg.port_domain,
+                 "Host-based port URLs: <port>-<sandbox id>.DOMAIN, relayed to the sandbox's node "
+                 "(the edges' port_domain; off when empty)");
   app.add_option("--max-relays", cfg.max_relays, "Calls on sandboxes relayed at once (then 429)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--record-cache", cfg.record_cache,
@@ -83,6 +87,12 @@ int main(int argc, char** argv) {
     std::cerr << "dsec-apiserver: " << what << ": " << s.message() << "\n";
     return 2;
   };
+  if (!cfg.port_domain.empty()) {
+    for (char& ch : cfg.port_domain)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (Status s = api::ValidatePortDomain(cfg.port_domain); !s.ok())
+      return fail("--port-domain", s);
+  }
   auto endpoints = etcd::ParseEndpoints(cfg.etcd);
   if (!endpoints.ok()) return fail("--etcd", endpoints.status());
   std::string host;

@@ -246,6 +246,25 @@ http::Preflight Api::Authenticate(http::HttpRequest& req) {
         http::JsonError(400, "bad_request", "the request target must be a path starting with /");
     return pf;
   }
+  // A port host (port_domain): every request on it goes to the sandbox's port, with the API
+  // token, the signed URL's port token or the cookie it set as the credential.
+  if (std::string id, port;
+      api::ParsePortHost(req.Header("host"), d_.cfg.port_domain, &id, &port)) {
+    pf.takeover = true;
+    Status s = req.via_unix && req.peer_uid == 0 ? OkStatus()
+               : d_.manager                      ? VerifyPortHost(req, id, port)
+                                                 : PermissionDenied("no sandboxes here");
+    if (!s.ok()) {
+      auto [status, code] = HttpErrorFor(s);
+      d_.metrics->CountRequest(req.method, status);
+      d_.metrics->CountError(std::string(code));
+      pf.ok = false;
+      pf.error = http::JsonError(status, code, s.message());
+      return pf;
+    }
+    pf.principal = "port-host:" + id;
+    return pf;
+  }
   // A signed port URL is its own credential (any method; the proxy takes the connection).
   if (api::SignedPortTarget spt; api::ParseSignedPortTarget(req.target, &spt)) {
     pf.takeover = true;

@@ -20,6 +20,7 @@
 
 #include "api/errors.h"
 #include "api/exec_json.h"
+#include "api/ports_json.h"
 #include "api/routes.h"
 #include "api/sandboxes_json.h"
 #include "backends/pools/pool.h"
@@ -118,6 +119,13 @@ class Api {
   // seconds), and the check of one (NotFound, PermissionDenied: forged, expired).
   std::string PortUrlPath(const SandboxEntry& e, uint16_t port, int64_t expires_s) const;
   Status VerifyPortUrl(const api::SignedPortTarget& t) const;
+  // The host-based form (api::ParsePortHost; port_domain): the credential "<expires>.<mac>" of
+  // a sandbox's port, as the URL's query carries it and the cookie keeps it.
+  std::string PortToken(const SandboxEntry& e, uint16_t port, int64_t expires_s) const;
+  // A request for a port host: a valid API token, the query's port token or one of the port
+  // cookies (PermissionDenied, Unauthenticated when none is there, NotFound).
+  Status VerifyPortHost(const http::HttpRequest& req, const std::string& id,
+                        const std::string& port) const;
 
   // The handler of a route of api::Routes() (nullptr for the apiserver's own routes).
   RouteFn HandlerOf(api::RouteId id) const { return handlers_[static_cast<size_t>(id)]; }

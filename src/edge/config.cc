@@ -1,5 +1,6 @@
 #include "edge/config.h"
 
+#include "api/ports_json.h"
 #include "cluster/etcd.h"
 #include "http/client.h"
 
@@ -237,6 +238,11 @@ std::vector<Group> Fields(EdgeConfig* c) {
             "Proxied connections the node holds at once (then 429)"},
            {"port_proxy_max_conns_per_sandbox", &c->port_proxy_max_conns_per_sandbox, "count",
             "Proxied connections one sandbox holds at once (then 429)"},
+           {"port_domain", &c->port_domain, "",
+            "Host-based port URLs: Host `<port>-<sandbox id>.<port_domain>` reaches that port "
+            "with absolute links working; signed URLs set a per-host cookie (its wildcard DNS "
+            "must point at the edge)",
+            "`\"\"` (off)", "a DNS name"},
        }},
       {"MicroVMs",
        {
@@ -754,6 +760,12 @@ Status FinalizeConfig(EdgeConfig* c) {
     if (!(*v >= r.lo && *v <= r.hi))
       return InvalidArgument(std::string(r.key) + " must be between " + FormatNumber(r.lo) +
                              " and " + FormatNumber(r.hi));
+  }
+  if (!c->port_domain.empty()) {
+    for (char& ch : c->port_domain)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (Status s = api::ValidatePortDomain(c->port_domain); !s.ok())
+      return InvalidArgument("port_domain: " + s.message());
   }
   if (!c->cluster_etcd.empty()) {
     DSEC_RETURN_IF_ERROR(etcd::ParseEndpoints(c->cluster_etcd).status());

@@ -130,6 +130,10 @@ struct EdgeConfig {
   int64_t port_proxy_connect_timeout_ms = 5000;
   int port_proxy_max_conns = 1024;
   int port_proxy_max_conns_per_sandbox = 64;
+  // Host-based port URLs: a request whose Host is "<port>-<sandbox id>.<port_domain>" goes to
+  // that port as a whole (absolute links work), authenticated by a per-host cookie that a
+  // signed URL sets ("" = off; the domain's wildcard must resolve to the edge).
+  std::string port_domain;
   // Worker threads one sandbox's requests may hold at once (of worker_threads; then 429).
   int max_workers_per_sandbox = 16;
   std::string agent_path;  // default: dsec-agent beside dsec-edge

@@ -54,6 +54,10 @@ DEFAULT_APISERVER_BIN = REPO / "build" / "release" / "src" / "apiserver" / "dsec
 _ports_given = set()
 
 
+
+# The port domain of every test cluster's edges and apiservers (Host headers only: no DNS).
+PORT_DOMAIN = "ports.cluster.test"
+
 def free_port():
     """A loopback port below the ephemeral range (32768-60999 on Linux): a port the kernel
     hands out for port 0 can be taken again by any outgoing connection (the edges' to etcd)
@@ -298,6 +302,8 @@ class Cluster:
                 "network": False,
                 # Its own sandbox range (each edge routes its range on this host).
                 "network_cidr": f"10.{220 + k}.0.0/16",
+                # Host-based port URLs (the apiservers relay them too: PORT_DOMAIN).
+                "port_domain": PORT_DOMAIN,
             }
             if register:
                 cfg["cluster_advertise"] = e.url
@@ -479,7 +485,8 @@ class Cluster:
     def apiserver_args(self, i):
         return [self.apiserver_bin, "--listen", f"127.0.0.1:{self.apiserver_ports[i]}",
                 "--etcd", self.etcd_url, "--token-file", self.root / "cluster.token",
-                "--node-token-file", self.root / "node.token"] + self.compat_args(i) + \
+                "--node-token-file", self.root / "node.token", "--port-domain", PORT_DOMAIN] + \
+            self.compat_args(i) + \
             list(self.apiserver_extra)
 
     def compat_args(self, i):

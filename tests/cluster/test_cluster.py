@@ -63,6 +63,20 @@ def api(c, method, path, body=None, i=0, **kw):
     return status, out
 
 
+def raw_get(url, path, host=None, cookie=None, full=False):
+    """A GET with no token, as a browser sends it: (status, body) or (status, headers, body)."""
+    hostport = url.split("//", 1)[1]
+    conn = http.client.HTTPConnection(hostport, timeout=30)
+    headers = {"Host": host} if host else {}
+    if cookie:
+        headers["Cookie"] = cookie
+    conn.request("GET", path, headers=headers)
+    r = conn.getresponse()
+    out = (r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    conn.close()
+    return out if full else (out[0], out[2])
+
+
 def sdk(c, i=0, **kw):
     return libdsec.DSecClient(c.urls[i], token=c.token, **kw)
 
@@ -309,6 +323,29 @@ def test_archives_ports_pause_fork_snapshot(shared, sb, tmp_path):
         s, body = api(shared, "GET", f"/v1/sandboxes/{sb.id}/ports/8000/hi.txt", i=1)
         return s == 200 and body == b"hello\n"
     wait_until(served, timeout=20)
+
+    # Signed port URLs through an apiserver: the answer names the apiserver, and both forms are
+    # relayed to the node without a token (the node checks them); without a credential, 401.
+    status, u = api(shared, "POST", f"/v1/sandboxes/{sb.id}/port-urls", {"port": 8000}, i=1)
+    assert status == 201 and u["url"] == shared.urls[1] + u["path"], u
+    port1 = shared.urls[1].rsplit(":", 1)[1]
+    host = f"8000-{sb.id}.{cluster_harness.PORT_DOMAIN}"
+    assert u["host_url"].startswith(f"http://{host}:{port1}/?dsec_port_token="), u
+    for i in (0, 1):
+        s, body = raw_get(shared.urls[i], u["path"] + "hi.txt")
+        assert (s, body) == (200, b"hello\n"), (s, body)
+    token = u["host_url"].split("=", 1)[1]
+    s, hdrs, _ = raw_get(shared.urls[0], f"/hi.txt?dsec_port_token={token}", host=host, full=True)
+    assert s == 302 and hdrs["location"] == "/hi.txt" and "dsec_port=" in hdrs["set-cookie"], hdrs
+    s, body = raw_get(shared.urls[0], "/hi.txt", host=host, cookie=f"dsec_port={token}")
+    assert (s, body) == (200, b"hello\n"), (s, body)
+    assert raw_get(shared.urls[0], "/hi.txt", host=host)[0] == 401
+    assert raw_get(shared.urls[0], "/hi.txt", host=host,
+                   cookie=f"dsec_port={token.split('.')[0]}.{'0' * 32}")[0] == 403
+    # A port host of a sandbox the cluster does not know, and a forged signed path: 404 / 403.
+    assert raw_get(shared.urls[0], "/", host=f"8000-sb-nosuch-aaaaaaaaaaaa."
+                   f"{cluster_harness.PORT_DOMAIN}")[0] == 404
+    assert raw_get(shared.urls[0], u["path"].rsplit(".", 1)[0] + "." + "0" * 32 + "/")[0] == 403
 
     assert api(shared, "POST", f"/v1/sandboxes/{sb.id}/pause")[0] == 200
     assert api(shared, "GET", f"/v1/sandboxes/{sb.id}")[1]["state"] == "paused"

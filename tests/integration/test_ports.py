@@ -217,6 +217,109 @@ def test_signed_port_urls_need_no_token_and_expire(client, sandbox, edge):
     assert plain_get(edge, p2)[0] == 404
 
 
+# Answers every GET with what the server saw: path, Host, X-Forwarded-Host, Cookie; a page with
+# an absolute link; and sets a cookie of its own.
+HOST_ECHO = r"""
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        h = self.headers
+        out = " | ".join([self.path, h.get("Host", "-"), h.get("X-Forwarded-Host", "-"),
+                          h.get("Cookie", "-"), h.get("Authorization", "-")]).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(out)))
+        self.send_header("Set-Cookie", "app=1; Path=/")
+        self.end_headers(); self.wfile.write(out)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8003), H).serve_forever()
+"""
+
+
+def host_get(edge, host, path, headers=None):
+    """A GET as a browser sends it to a port host (no token): (status, headers, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=30)
+    conn.request("GET", path, headers={"Host": host, **(headers or {})})
+    r = conn.getresponse()
+    out = (r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    conn.close()
+    return out
+
+
+def test_host_based_port_urls_set_a_cookie_of_their_own_origin(make_edge):
+    """With port_domain, a signed port URL's host_url is http://<port>-<id>.<domain>:N/ with a
+    token in the query: its first visit is a 302 to the same URL without it that sets a host-only
+    HttpOnly cookie; from then on any path of that host (absolute links) reaches the port with
+    the cookie alone, and the server sees neither the token nor our cookie (its own cookies
+    pass). Without a credential it is 401; a cookie of another port or sandbox, a forged or
+    expired one is 403; a sandbox's server tossing a bad cookie of the same name does not lock
+    the user out (any valid one is taken); the API token works too; the sandbox gone, 404."""
+    edge = make_edge(config={"port_domain": "Sbx.Example.test"})
+    c = edge.client()
+    sid = c.create({})["id"]
+    other = c.create({})["id"]
+    c.exec(sid, cmd=["sh", "-c", "python3 -c \"$0\" >/dev/null 2>&1 &", HOST_ECHO])
+    wait_port(edge, sid, 8003)
+    r = c.post(f"/v1/sandboxes/{sid}/port-urls", {"port": 8003, "ttl_s": 600}, expect=201).json
+    host = f"8003-{sid}.sbx.example.test"
+    prefix = f"http://{host}:{edge.port}/?dsec_port_token="
+    assert r["host_url"].startswith(prefix), r
+    token = r["host_url"][len(prefix):]
+
+    # First visit: the token traded for a cookie, the other query parameters kept.
+    status, hdrs, _ = host_get(edge, host.upper(), f"/deep/x?a=1&dsec_port_token={token}&b=2")
+    assert status == 302 and hdrs["location"] == "/deep/x?a=1&b=2", hdrs
+    cookie = hdrs["set-cookie"]
+    assert cookie.startswith(f"dsec_port={token};"), cookie
+    for attr in ("Path=/", "HttpOnly", "SameSite=Lax", "Max-Age="):
+        assert attr in cookie, cookie
+    assert "Domain" not in cookie, cookie  # host-only: no other sandbox's origin gets it
+    # The redirect never leaves the host.
+    status, hdrs, _ = host_get(edge, host, f"//evil.test/x?dsec_port_token={token}")
+    assert status == 302 and hdrs["location"] == "/evil.test/x", hdrs
+    # Then: any absolute path of the host with the cookie; the server sees its own cookie only.
+    status, hdrs, body = host_get(edge, f"{host}:{edge.port}", "/static/app.js?v=2",
+                                  {"Cookie": f"app=1; dsec_port={token}"})
+    assert status == 200, body
+    path, h, fwd_host, cookies, auth = body.decode().split(" | ")
+    assert (path, h, fwd_host, cookies, auth) == (
+        "/static/app.js?v=2", "localhost:8003", f"{host}:{edge.port}", "app=1", "-"), body
+    assert hdrs["set-cookie"] == "app=1; Path=/"
+    # A tossed cookie of the same name before ours does not lock the user out.
+    status, _, _ = host_get(edge, host, "/", {"Cookie": f"dsec_port=1.{'0' * 32}; dsec_port={token}"})
+    assert status == 200
+
+    # No credential: 401 saying what to do; forged, expired, other port or sandbox: 403.
+    status, _, body = host_get(edge, host, "/")
+    assert status == 401 and b"signed port URL" in body, body
+    expires, mac = token.split(".")
+    for bad_host, bad in ((host, f"{expires}.{'0' * 32}"), (host, f"{int(expires) + 1}.{mac}"),
+                          (f"8004-{sid}.sbx.example.test", token),
+                          (f"8003-{other}.sbx.example.test", token)):
+        status, _, body = host_get(edge, bad_host, "/", {"Cookie": f"dsec_port={bad}"})
+        assert status == 403 and b"not valid" in body, (bad_host, bad, body)
+        status, _, body = host_get(edge, bad_host, f"/?dsec_port_token={bad}")
+        assert status == 403, (bad_host, bad, body)
+    short = c.post(f"/v1/sandboxes/{sid}/port-urls", {"port": 8003, "ttl_s": 1},
+                   expect=201).json["host_url"]
+    time.sleep(2.1)
+    status, _, body = host_get(edge, host, "/" + short.split("/", 3)[3])
+    assert status == 403 and b"expired" in body, body
+    # The API token works on a port host too, and is not passed on.
+    status, _, body = host_get(edge, host, "/t", {"Authorization": f"Bearer {edge.token}"})
+    assert status == 200 and body.decode().split(" | ")[4] == "-", body
+    # Hosts that are not port hosts stay the API's.
+    assert host_get(edge, f"x-{sid}.sbx.example.test", "/v1/health")[0] == 200
+    assert host_get(edge, "sbx.example.test", "/v1/health")[0] == 200
+    # The sandbox gone: its host goes with it.
+    c.remove(sid)
+    assert host_get(edge, host, "/", {"Cookie": f"dsec_port={token}"})[0] == 404
+    c.remove(other)
+
+
+def test_host_urls_are_null_without_a_port_domain(client, sandbox):
+    r = client.post(f"/v1/sandboxes/{sandbox}/port-urls", {"port": 8003}, expect=201).json
+    assert r["host_url"] is None, r
+
+
 # A CGI for busybox httpd: the sha256 of the POST body it was given (CRLF: the edge's parser
 # takes no bare LF in a response head, and httpd passes the CGI's head on as it is).
 SUM_CGI = b"""#!/bin/sh
