@@ -168,7 +168,11 @@ namespace {
 
 template <class Req>
 void SetCommonFields(const Endpoint& ep, Req& req) {
-  req.set(http::field::host, ep.is_unix ? std::string("localhost") : ep.host);
+  // With its port (RFC 9110 7.2): the edge builds URLs it answers (port URLs) from it.
+  std::string host = ep.host;
+  if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";
+  if (!ep.port.empty() && ep.port != "80") host += ":" + ep.port;
+  req.set(http::field::host, ep.is_unix ? std::string("localhost") : host);
   req.set(http::field::user_agent, std::string("dsec/") + DSEC_VERSION);
   if (!ep.token.empty() && !ep.is_unix) req.set(http::field::authorization, "Bearer " + ep.token);
   req.keep_alive(true);

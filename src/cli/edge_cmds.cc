@@ -704,7 +704,8 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   auto port_signed = std::make_shared<bool>(false);
   auto port_ttl = std::make_shared<int64_t>(3600);
   port->add_flag("--signed", *port_signed,
-                 "A URL that needs no token (for a browser or a tool), valid for --ttl seconds");
+                 "A URL that needs no token (for a browser or a tool), valid for --ttl seconds "
+                 "(host-based when the node has a port_domain)");
   port->add_option("--ttl", *port_ttl, "Seconds a --signed URL stays valid (default 3600)")
       ->check(CLI::Range(int64_t{1}, int64_t{2592000}));
   port->callback([=, &g] {
@@ -718,11 +719,18 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
       *exit_code = Fail(rec.status());
       return;
     }
-    // Refused up front where the kind has no proxy (yet), not at the first request.
-    if (const std::string kind = rec->value("kind", "container"); kind != "container") {
-      *exit_code = Fail(InvalidArgument("the port proxy is not available for " + kind +
-                                        " sandboxes yet (container sandboxes have it)"));
-      return;
+    // Refused up front where the node says the kind has no proxy, not at the first request.
+    const std::string kind = rec->value("kind", "container");
+    if (auto node = (*c)->CallJson(Verb::get, "/v1/node"); node.ok()) {
+      const Json* caps = nullptr;
+      if (auto f = node->find("features"); f != node->end() && f->is_object())
+        if (auto k = f->find("kinds"); k != f->end() && k->is_object())
+          if (auto kc = k->find(kind); kc != k->end() && kc->is_object()) caps = &*kc;
+      if (caps && !caps->value("port_proxy", true)) {
+        *exit_code = Fail(InvalidArgument("the port proxy is not available for " + kind +
+                                          " sandboxes on this node"));
+        return;
+      }
     }
     auto ep = ResolveEndpoint(g.url, g.token);
     if (!ep.ok()) {
@@ -736,6 +744,19 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
       auto u = (*c)->CallJson(Verb::post, SbPath(*port_id) + "/port-urls", &body);
       if (!u.ok()) {
         *exit_code = Fail(u.status());
+        return;
+      }
+      // The host-based form when the node has a port domain: absolute links work there.
+      if (auto h = u->find("host_url"); h != u->end() && h->is_string()) {
+        std::string host_url = h->get<std::string>();
+        size_t q = host_url.find("/?");
+        if (q != std::string::npos) host_url.insert(q + 1, path);
+        if (g.json) {
+          PrintJson(Json{{"url", host_url}});
+        } else {
+          std::cout << host_url << "\n";
+        }
+        *exit_code = 0;
         return;
       }
       rest = u->value("path", std::string("/")) + path;

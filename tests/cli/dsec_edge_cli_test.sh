@@ -27,7 +27,8 @@ one_line_error() {  # name rc stderr
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 # No sandbox networking: it would NAT to this machine's real uplink (tests/integration/
 # test_network.py tests it in namespaces of its own).
-echo '{"network": false}' >"$T/config.json"
+# (port_domain: dsec port --signed prints the host-based form; curl resolves it with --connect-to.)
+echo '{"network": false, "port_domain": "ports.cli.test"}' >"$T/config.json"
 "$EDGE" --listen 127.0.0.1:"$port" --socket "$T/edge.sock" --state-dir "$T/state" \
   --token-file "$T/tokens" --config "$T/config.json" --log-level warn >"$T/edge.out" 2>"$T/edge.err" &
 edge_pid=$!
@@ -162,8 +163,9 @@ check "run --json through the edge" "4 utf-8 out" "$out"
 # A signed port URL: no token needed to use it (nothing listens on 8000: the edge's 502, not 401).
 D exec "$id" -- sh -c 'cd /tmp && echo signed > s.txt && (python3 -m http.server 8000 >/dev/null 2>&1 &)' >/dev/null
 url=$(DSEC_URL=http://127.0.0.1:$port DSEC_TOKEN=$(head -1 "$T/tokens") "$DSEC" port "$id" 8000 s.txt --signed --ttl 60)
-check "port --signed names the sandbox and port" 1 "$(echo "$url" | grep -c "^http://127.0.0.1:$port/v1/p/$id\.8000\.[0-9]*\.[0-9a-f]*/s.txt$")"
-for _ in $(seq 50); do out=$(curl -s "$url"); [ "$out" = signed ] && break; sleep 0.1; done
+check "port --signed names the sandbox and port" 1 "$(echo "$url" | grep -c "^http://8000-$id\.ports\.cli\.test:$port/s.txt?dsec_port_token=[0-9]*\.[0-9a-f]*$")"
+# curl follows the redirect that trades the token for the host's cookie.
+for _ in $(seq 50); do out=$(curl -s -L -b '' --connect-to "8000-$id.ports.cli.test:$port:127.0.0.1:$port" "$url"); [ "$out" = signed ] && break; sleep 0.1; done
 check "a signed URL works without a token" signed "$out"
 left=$(D ls --label dsec-run=1 | awk 'NR>1' | grep -c .); check "run deletes its sandbox" 0 "$left"
 

@@ -6,6 +6,7 @@ import asyncio
 import os
 import pathlib
 import tempfile
+import time
 import threading
 
 import pytest
@@ -196,3 +197,37 @@ def test_async_client(edge):
     asyncio.run(main())
     assert edge.client().get("/v1/sandboxes?label=job=async-it",
                              expect=200).json["sandboxes"] == []
+
+
+def test_signed_port_urls_from_both_clients(edge):
+    """Sandbox.signed_port_url (sync and async) asks POST .../port-urls: a URL that needs no
+    token, for that port and sandbox (host_url is null on a node without a port_domain)."""
+    import http.client
+    import urllib.parse
+
+    with DSecClient(edge.url, token=edge.token) as c:
+        with c.run_container(DSecContainerRunArgs(memory_mb=64)) as sb:
+            sb.run_shell("echo served > /tmp/s.txt; cd /tmp; "
+                         "(python3 -m http.server 8000 >/dev/null 2>&1 &)")
+            u = sb.signed_port_url(8000, ttl_s=60)
+            assert u["port"] == 8000 and u["host_url"] is None, u
+            assert u["path"].startswith(f"/v1/p/{sb.id}.8000."), u
+            assert abs(u["expires_at"] / 1000 - (time.time() + 60)) < 30, u
+            parsed = urllib.parse.urlparse(u["url"])
+            deadline = time.monotonic() + 15
+            while True:
+                conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+                conn.request("GET", u["path"] + "s.txt")  # no token
+                r = conn.getresponse()
+                body = r.read()
+                conn.close()
+                if r.status != 502 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert (r.status, body) == (200, b"served\n")
+
+            async def from_async():
+                async with AsyncDSecClient(edge.url, token=edge.token) as ac:
+                    return await (await ac.get_sandbox(sb.id)).signed_port_url(8000)
+            a = asyncio.run(from_async())
+            assert a["path"].startswith(f"/v1/p/{sb.id}.8000.") and a["path"] != u["path"], a

@@ -99,6 +99,12 @@ def stats(sandbox_id: str) -> Request:
     return json_request("GET", sb_path(sandbox_id, "stats"), mutating=False)
 
 
+def port_urls(sandbox_id: str, port: int, ttl_s: int) -> Request:
+    # Each call signs a new URL: nothing to deduplicate, safe to retry.
+    return json_request("POST", sb_path(sandbox_id, "port-urls"), {"port": port, "ttl_s": ttl_s},
+                        mutating=False)
+
+
 def signal(sandbox_id: str, sig: str | int, request_id: str | None) -> Request:
     return json_request("POST", sb_path(sandbox_id, "signal"), {"signal": sig},
                         request_id=request_id)

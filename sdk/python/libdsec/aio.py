@@ -406,6 +406,10 @@ class AsyncSandbox:
         """Same as :meth:`delete` (kept for older callers)."""
         await self.delete(request_id)
 
+    async def signed_port_url(self, port: int, ttl_s: int = 3600) -> dict[str, Any]:
+        """Sandbox.signed_port_url."""
+        return await self._json(_ops.port_urls(self.id, port, ttl_s))
+
     async def stats(self) -> dict[str, Any]:
         return await self._json(_ops.stats(self.id))
 

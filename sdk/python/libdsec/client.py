@@ -537,6 +537,13 @@ class Sandbox:
         must carry the API token (``Authorization: Bearer ...``)."""
         return port_url(self._client.endpoint, self.id, port, path)
 
+    def signed_port_url(self, port: int, ttl_s: int = 3600) -> dict[str, Any]:
+        """A URL for ``port`` that needs no token (a browser, a tool that takes only a URL),
+        valid for ``ttl_s`` seconds or until the sandbox goes: ``{"url", "path", "host_url",
+        "expires_at", "port"}``. ``host_url`` (when the node has a ``port_domain``) gives the
+        port an origin of its own, where absolute links work."""
+        return self._json(_ops.port_urls(self.id, port, ttl_s))
+
     def update(
         self,
         ttl_s: int | None = None,
