@@ -51,6 +51,13 @@ class Cgroup {
   // The sandbox's name (its directory name in every hierarchy).
   virtual const std::string& name() const = 0;
   virtual Status SetLimits(const CgroupLimits& limits) = 0;
+  // The CPUs its processes may run on ("0-1,3", the kernel's list format; "": all of the
+  // parent's), where a cpuset controller is there (a v1 cpuset hierarchy, or cpuset enabled on
+  // v2); OK and nothing done otherwise (the caller's affinity is then the only view). Unlike an
+  // affinity, a cpuset is a bound: root inside cannot widen it. Before the first process joins.
+  virtual Status SetCpus(const std::string& list) = 0;
+  // Whether SetCpus bounds anything on this host.
+  virtual bool has_cpuset() const = 0;
   // Directory fd of the v2 cgroup for clone3(CLONE_INTO_CGROUP) and BPF attach; -1 without
   // cgroup2, after ReleaseCloneFd, and for a sandbox opened by OpenSandbox.
   virtual int CloneIntoFd() const = 0;
@@ -90,7 +97,10 @@ struct CgroupDriverOptions {
   std::string v2_root;                  // override the cgroup2 mount path
   std::string v1_root;                  // override the directory holding v1 hierarchies
   bool use_cgroup_kill = true;          // false forces the freeze+kill fallback
-  int64_t parent_memory_bytes = 0;      // limit for the parent (all sandboxes); 0 = none
+  // Bound each sandbox's CPUs with a cpuset cgroup where the host has the controller (Cgroup::
+  // SetCpus); false: affinity only.
+  bool use_cpuset = true;
+  int64_t parent_memory_bytes = 0;  // limit for the parent (all sandboxes); 0 = none
   // Processes and threads of all sandboxes together (the parent's pids.max); 0 = none.
   int64_t parent_pids = 0;
   // v1 only: TCP buffer memory of all sandboxes together (memory.kmem.tcp.limit_in_bytes of the

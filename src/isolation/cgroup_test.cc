@@ -67,8 +67,10 @@ TEST(CgroupV2Test, WritesLimitsAndControllers) {
   EXPECT_TRUE((*d)->has_cgroup2());
   // All sandboxes together: the node's pids budget.
   EXPECT_EQ(*ReadFileToString(root + "/dsec-test01/pids.max"), "123456");
-  EXPECT_EQ(*ReadFileToString(root + "/cgroup.subtree_control"), "+memory +pids +cpu");
-  EXPECT_EQ(*ReadFileToString(root + "/dsec-test01/cgroup.subtree_control"), "+memory +pids +cpu");
+  // cpuset too where the host has it (SetCpus).
+  EXPECT_EQ(*ReadFileToString(root + "/cgroup.subtree_control"), "+memory +pids +cpu +cpuset");
+  EXPECT_EQ(*ReadFileToString(root + "/dsec-test01/cgroup.subtree_control"),
+            "+memory +pids +cpu +cpuset");
   EXPECT_EQ(*ReadFileToString(root + "/dsec-test01/memory.max"), std::to_string(1 << 30));
   CgroupLimits l;
   l.memory_bytes = 256 << 20;
@@ -81,6 +83,9 @@ TEST(CgroupV2Test, WritesLimitsAndControllers) {
   EXPECT_EQ(*ReadFileToString(sb + "/memory.swap.max"), "0");
   EXPECT_EQ(*ReadFileToString(sb + "/pids.max"), "64");
   EXPECT_EQ(*ReadFileToString(sb + "/cpu.max"), "150000 100000");
+  EXPECT_TRUE((*cg)->has_cpuset());
+  ASSERT_TRUE((*cg)->SetCpus("1-2").ok());
+  EXPECT_EQ(*ReadFileToString(sb + "/cpuset.cpus"), "1-2");
   struct stat st;
   EXPECT_EQ(stat((sb + "/user").c_str(), &st), 0);
   ASSERT_TRUE((*cg)->AddProcess(4242, /*cloned_into_v2=*/false).ok());
@@ -229,6 +234,36 @@ TEST_P(CgroupPrivilegedTest, KillFreezeStatsDestroy) {
   auto left = driver_->ListSandboxes();
   ASSERT_TRUE(left.ok());
   EXPECT_EQ(std::count(left->begin(), left->end(), name), 0);
+}
+
+// A sandbox's CPUs are a bound where the host has cpusets: a process inside cannot widen its
+// affinity past them (it could past a mere affinity).
+TEST_P(CgroupPrivilegedTest, CpusetBoundsTheAffinity) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  Cgroup* cg = Make({});
+  ASSERT_NE(cg, nullptr);
+  if (!cg->has_cpuset()) GTEST_SKIP() << "no cpuset controller here: " << driver_->Describe();
+  ASSERT_TRUE(cg->SetCpus("0").ok());
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  pid_t pid = Spawn(cg, [fd = p[1]] {
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int i = 0; i < CPU_SETSIZE; ++i) CPU_SET(i, &all);
+    (void)sched_setaffinity(0, sizeof all, &all);
+    cpu_set_t now;
+    CPU_ZERO(&now);
+    char n = sched_getaffinity(0, sizeof now, &now) == 0 ? static_cast<char>(CPU_COUNT(&now)) : 0;
+    (void)!write(fd, &n, 1);
+  });
+  close(p[1]);
+  char n = 0;
+  ASSERT_EQ(read(p[0], &n, 1), 1);
+  close(p[0]);
+  EXPECT_EQ(n, 1);
+  waitpid(pid, nullptr, 0);
+  // "" is the parent's CPUs again.
+  ASSERT_TRUE(cg->SetCpus("").ok());
 }
 
 // cgroup v1 leaves socket buffers (TCP, UDP) out of a memory cgroup unless its

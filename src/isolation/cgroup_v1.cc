@@ -39,6 +39,7 @@ Status SetSocketMemoryLimit(const std::string& memory_dir, const std::string& li
 
 struct Hierarchies {
   std::string memory, pids, cpu;
+  std::string cpuset;            // optional: the CPUs a sandbox may use, as a bound
   std::string freezer, cpuacct;  // used only without cgroup2
   std::string v2;                // cgroup2 mount, may be empty
 };
@@ -54,6 +55,8 @@ class CgroupV1Hybrid : public Cgroup {
     memory_ = dir(h.memory);
     pids_ = dir(h.pids);
     cpu_ = dir(h.cpu);
+    cpuset_ = dir(h.cpuset);
+    cpuset_parent_ = h.cpuset.empty() ? std::string() : JoinPath(h.cpuset, parent_name);
     if (!h.v2.empty()) {
       v2_.emplace(dir(h.v2), use_kill);
     } else {
@@ -64,12 +67,14 @@ class CgroupV1Hybrid : public Cgroup {
 
   std::vector<std::string> V1Dirs() const {
     std::vector<std::string> out;
-    for (const auto* d : {&memory_, &pids_, &cpu_, &freezer_, &cpuacct_})
+    for (const auto* d : {&memory_, &pids_, &cpu_, &cpuset_, &freezer_, &cpuacct_})
       if (!d->empty()) out.push_back(*d);
     return out;
   }
 
   Status Init(bool create) {
+    // A sandbox made before cpusets were used has none: it is adopted without one.
+    if (!create && !cpuset_.empty() && access(cpuset_.c_str(), F_OK) < 0) cpuset_.clear();
     for (const auto& d : V1Dirs()) {
       if (create ? mkdir(d.c_str(), 0755) < 0 : access(d.c_str(), F_OK) < 0)
         return ErrnoError(std::string(create ? "mkdir" : "access") + " \"" + d + "\"");
@@ -105,6 +110,17 @@ class CgroupV1Hybrid : public Cgroup {
     if (l.cpu > 0) quota = std::max<int64_t>(1000, std::llround(l.cpu * 100000));
     return WriteControlIfChanged(JoinPath(cpu_, "cpu.cfs_quota_us"), std::to_string(quota));
   }
+
+  Status SetCpus(const std::string& list) override {
+    if (cpuset_.empty()) return OkStatus();
+    std::string cpus = list;
+    if (cpus.empty()) {
+      DSEC_ASSIGN_OR_RETURN(cpus, ReadControl(JoinPath(cpuset_parent_, "cpuset.cpus")));
+      cpus = std::string(TrimWhitespace(cpus));
+    }
+    return WriteControlIfChanged(JoinPath(cpuset_, "cpuset.cpus"), cpus);
+  }
+  bool has_cpuset() const override { return !cpuset_.empty(); }
 
   int CloneIntoFd() const override { return v2_ ? v2_->fd() : -1; }
   void ReleaseCloneFd() override {
@@ -210,7 +226,8 @@ class CgroupV1Hybrid : public Cgroup {
   }
 
   std::string name_;
-  std::string memory_, pids_, cpu_, freezer_, cpuacct_;
+  std::string memory_, pids_, cpu_, cpuset_, freezer_, cpuacct_;
+  std::string cpuset_parent_;
   std::optional<V2Dir> v2_;
 };
 
@@ -221,6 +238,7 @@ class CgroupV1HybridDriver : public CgroupDriver {
 
   std::vector<std::string> Roots() const {
     std::vector<std::string> out = {h_.memory, h_.pids, h_.cpu};
+    if (!h_.cpuset.empty()) out.push_back(h_.cpuset);
     if (!h_.v2.empty()) {
       out.push_back(h_.v2);
     } else {
@@ -235,7 +253,11 @@ class CgroupV1HybridDriver : public CgroupDriver {
       std::string p = JoinPath(r, parent_name_);
       if (mkdir(p.c_str(), 0755) < 0 && errno != EEXIST) return ErrnoError("mkdir \"" + p + "\"");
     }
-    // Children of a v1 cpuset/memory cgroup inherit hierarchy; nothing else to enable.
+    // A v1 cpuset starts with no CPUs and no memory nodes, and takes no process until it has
+    // both: the parent gets the root's, and its children copy the parent's when made
+    // (clone_children), so a sandbox's cpuset is usable from its mkdir on.
+    if (!h_.cpuset.empty()) DSEC_RETURN_IF_ERROR(InitCpusetParent());
+    // Children of a v1 memory cgroup inherit hierarchy; nothing else to enable.
     if (opts_.parent_memory_bytes > 0)
       DSEC_RETURN_IF_ERROR(SetParentMemoryLimit(opts_.parent_memory_bytes));
     if (opts_.parent_pids > 0)
@@ -244,8 +266,20 @@ class CgroupV1HybridDriver : public CgroupDriver {
     return OkStatus();
   }
 
+  Status InitCpusetParent() {
+    std::string parent = JoinPath(h_.cpuset, parent_name_);
+    for (const char* f : {"cpuset.mems", "cpuset.cpus"}) {
+      DSEC_ASSIGN_OR_RETURN(std::string mine, ReadControl(JoinPath(parent, f)));
+      if (!TrimWhitespace(mine).empty()) continue;
+      DSEC_ASSIGN_OR_RETURN(std::string root, ReadControl(JoinPath(h_.cpuset, f)));
+      DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(parent, f), std::string(TrimWhitespace(root))));
+    }
+    return WriteControlIfChanged(JoinPath(parent, "cgroup.clone_children"), "1");
+  }
+
   std::string Describe() const override {
     std::string s = "v1-hybrid (memory=" + h_.memory + " pids=" + h_.pids + " cpu=" + h_.cpu;
+    if (!h_.cpuset.empty()) s += " cpuset=" + h_.cpuset;
     s += h_.v2.empty() ? " freezer=" + h_.freezer : " cgroup2=" + h_.v2;
     return s + ")";
   }
@@ -344,6 +378,7 @@ StatusOr<std::unique_ptr<CgroupDriver>> NewCgroupV1HybridDriver(
   h.memory = find("memory");
   h.pids = find("pids");
   h.cpu = find("cpu");
+  if (opts.use_cpuset) h.cpuset = find("cpuset");
   h.v2 = mounts.v2;
   if (h.v2.empty()) {
     h.freezer = find("freezer");

@@ -30,8 +30,11 @@ std::string CpuMax(double cpus) {
 
 class CgroupV2 : public Cgroup {
  public:
-  CgroupV2(std::string name, std::string path, bool use_kill, bool plain)
-      : name_(std::move(name)), dir_(std::move(path), use_kill, plain), plain_(plain) {}
+  CgroupV2(std::string name, std::string path, bool use_kill, bool plain, bool cpuset)
+      : name_(std::move(name)),
+        dir_(std::move(path), use_kill, plain),
+        plain_(plain),
+        cpuset_(cpuset) {}
 
   Status Init(bool create) { return create ? dir_.Create() : dir_.Open(); }
 
@@ -47,6 +50,13 @@ class CgroupV2 : public Cgroup {
     DSEC_RETURN_IF_ERROR(Write("pids.max", l.pids > 0 ? std::to_string(l.pids) : "max"));
     return WriteControlIfChanged(JoinPath(dir_.path(), "cpu.max"), CpuMax(l.cpu), plain_);
   }
+
+  // "" is the parent's CPUs in v2 (an empty cpuset.cpus takes the parent's effective ones).
+  Status SetCpus(const std::string& list) override {
+    if (!cpuset_) return OkStatus();
+    return WriteControlIfChanged(JoinPath(dir_.path(), "cpuset.cpus"), list, plain_);
+  }
+  bool has_cpuset() const override { return cpuset_; }
 
   int CloneIntoFd() const override { return dir_.fd(); }
   void ReleaseCloneFd() override { dir_.CloseFd(); }
@@ -104,6 +114,7 @@ class CgroupV2 : public Cgroup {
   std::string name_;
   V2Dir dir_;
   bool plain_;
+  bool cpuset_;
 };
 
 class CgroupV2Driver : public CgroupDriver {
@@ -123,6 +134,13 @@ class CgroupV2Driver : public CgroupDriver {
                              "\" is not available at " + root_);
       enable += std::string(enable.empty() ? "+" : " +") + c;
     }
+    // cpuset where the host offers it (SetCpus); without it, sandboxes' CPUs are affinities.
+    if (opts_.use_cpuset)
+      for (auto tok : SplitString(TrimWhitespace(avail), ' ', true))
+        if (tok == "cpuset") {
+          enable += " +cpuset";
+          cpuset_ = true;
+        }
     bool plain = opts_.plain_directory_tree;
     DSEC_RETURN_IF_ERROR(WriteControl(JoinPath(root_, "cgroup.subtree_control"), enable, plain));
     if (mkdir(parent_.c_str(), 0755) < 0 && errno != EEXIST)
@@ -143,7 +161,7 @@ class CgroupV2Driver : public CgroupDriver {
   StatusOr<std::unique_ptr<Cgroup>> CreateSandbox(const std::string& name,
                                                   const CgroupLimits& limits) override {
     auto cg = std::make_unique<CgroupV2>(name, JoinPath(parent_, name), opts_.use_cgroup_kill,
-                                         opts_.plain_directory_tree);
+                                         opts_.plain_directory_tree, cpuset_);
     Status init = cg->Init(true);
     if (init.error_number() == ENOENT) {
       // Another process on this state dir removed the (then empty) parent; make it again.
@@ -160,7 +178,7 @@ class CgroupV2Driver : public CgroupDriver {
 
   StatusOr<std::unique_ptr<Cgroup>> OpenSandbox(const std::string& name) override {
     auto cg = std::make_unique<CgroupV2>(name, JoinPath(parent_, name), opts_.use_cgroup_kill,
-                                         opts_.plain_directory_tree);
+                                         opts_.plain_directory_tree, cpuset_);
     DSEC_RETURN_IF_ERROR(cg->Init(false));
     return std::unique_ptr<Cgroup>(std::move(cg));
   }
@@ -184,6 +202,7 @@ class CgroupV2Driver : public CgroupDriver {
   std::string root_;
   std::string parent_;
   CgroupDriverOptions opts_;
+  bool cpuset_ = false;  // enabled for the sandboxes (Init)
 };
 
 }  // namespace

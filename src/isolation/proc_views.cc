@@ -45,7 +45,7 @@ std::string Tail(const std::string& path) {
 }  // namespace
 
 const std::vector<std::string>& ProcViews::Names() {
-  static const std::vector<std::string> kNames = {"meminfo", "uptime"};
+  static const std::vector<std::string> kNames = {"meminfo", "uptime", "cpuinfo", "stat"};
   return kNames;
 }
 

@@ -1,5 +1,5 @@
 """Issue 41 item 10: a sandbox sees its own memory in /proc/meminfo (memory_mb as MemTotal, as
-`free` shows it) and its own uptime, through lxcfs run and watched by the edge; if lxcfs dies
+`free` shows it), its own uptime and its own CPUs in /proc/cpuinfo and /proc/stat, through lxcfs run and watched by the edge; if lxcfs dies
 the sandboxes fall back to the kernel's files without errors and new sandboxes get views from a
 restarted lxcfs; lxcfs outlives an edge that leaves sandboxes running and the next edge adopts
 it; an edge that stops with no sandboxes leaves no lxcfs and no mount."""
@@ -72,6 +72,52 @@ def test_meminfo_and_uptime_are_the_sandboxes_and_survive_lxcfs_dying(make_edge)
         c.remove(b)
     edge.stop()
     assert edge.lxcfs_pid() is None
+    assert edge.residue() == {}, edge.residue()
+
+
+# What a sandbox shows tools about its CPUs, after root inside asked for every CPU.
+CPU_VIEW = r"""
+import os
+n_info = sum(1 for l in open('/proc/cpuinfo') if l.startswith('processor'))
+n_stat = sum(1 for l in open('/proc/stat') if l[:3] == 'cpu' and l[3:4].isdigit())
+try:
+    os.sched_setaffinity(0, set(range(64)))
+except OSError:
+    pass
+print(os.cpu_count(), n_info, n_stat, len(os.sched_getaffinity(0)))
+"""
+
+
+def has_cpuset():
+    if os.path.exists("/sys/fs/cgroup/cpuset/cpuset.cpus"):  # a v1 cpuset hierarchy
+        return True
+    ctl = "/sys/fs/cgroup/cgroup.controllers"  # pure v2
+    return os.path.exists(ctl) and "cpuset" in open(ctl).read().split()
+
+
+def test_cpuinfo_and_stat_show_the_sandboxes_cpus_and_root_cannot_widen_them(make_edge):
+    """A sandbox capped at 0.5 CPU sees one processor in nproc, /proc/cpuinfo and /proc/stat;
+    one capped at 2 (on a node of 2 or more) sees two. Its CPUs are a cpuset, not only an
+    affinity: root inside asking for every CPU keeps the ones it was given."""
+    need_lxcfs()
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs a node of 2 CPUs or more")
+    if not has_cpuset():
+        pytest.skip("no cpuset controller on this host")
+    edge = make_edge()
+    c = edge.client(timeout=120)
+    half = c.create({"cpu": 0.5})["id"]
+    two = c.create({"cpu": 2})["id"]
+    try:
+        out = c.exec(half, cmd=["python3", "-c", CPU_VIEW], user="root")
+        assert out["exit_code"] == 0, out
+        assert out["stdout"].split() == ["1", "1", "1", "1"], out
+        out = c.exec(two, cmd=["python3", "-c", CPU_VIEW], user="root")
+        assert out["stdout"].split() == ["2", "2", "2", "2"], out
+    finally:
+        c.remove(half)
+        c.remove(two)
+    edge.stop()
     assert edge.residue() == {}, edge.residue()
 
 

@@ -163,6 +163,9 @@ StatusOr<AgentLink> ContainerInstance::Start() {
   child_end.Reset();
   // The CPUs it is shown (and runs on), set before the agent runs: every process inherits them.
   cpus_ = b.cpu_spread_->Take(spec_.resources.cpu);
+  // A bound too where the host has cpusets (root inside cannot widen it), and what lxcfs's
+  // /proc/cpuinfo and /proc/stat show the sandbox.
+  if (!cpus_.empty()) DSEC_RETURN_IF_ERROR(cgroup_->SetCpus(CpuListText(cpus_)));
   if (!cpus_.empty()) {
     cpu_set_t set;
     CPU_ZERO(&set);
