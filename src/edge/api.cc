@@ -248,38 +248,31 @@ http::Preflight Api::Authenticate(http::HttpRequest& req) {
   }
   // A port host (port_domain): every request on it goes to the sandbox's port, with the API
   // token, the signed URL's port token or the cookie it set as the credential.
+  // The port proxy's own credentials: the connection is taken over once `s` is OK.
+  auto port_credential = [&](const Status& s, std::string principal) {
+    pf.takeover = true;
+    if (!s.ok()) {
+      auto [status, code] = HttpErrorFor(s);
+      d_.metrics->CountRequest(req.method, status);
+      d_.metrics->CountError(std::string(code));
+      pf.ok = false;
+      pf.error = http::JsonError(status, code, s.message());
+      return pf;
+    }
+    pf.principal = std::move(principal);
+    return pf;
+  };
   if (std::string id, port;
       api::ParsePortHost(req.Header("host"), d_.cfg.port_domain, &id, &port)) {
-    pf.takeover = true;
-    Status s = req.via_unix && req.peer_uid == 0 ? OkStatus()
-               : d_.manager                      ? VerifyPortHost(req, id, port)
-                                                 : PermissionDenied("no sandboxes here");
-    if (!s.ok()) {
-      auto [status, code] = HttpErrorFor(s);
-      d_.metrics->CountRequest(req.method, status);
-      d_.metrics->CountError(std::string(code));
-      pf.ok = false;
-      pf.error = http::JsonError(status, code, s.message());
-      return pf;
-    }
-    pf.principal = "port-host:" + id;
-    return pf;
+    return port_credential(req.via_unix && req.peer_uid == 0 ? OkStatus()
+                           : d_.manager                      ? VerifyPortHost(req, id, port)
+                                        : PermissionDenied("no sandboxes here"),
+                           "port-host:" + id);
   }
   // A signed port URL is its own credential (any method; the proxy takes the connection).
-  if (api::SignedPortTarget spt; api::ParseSignedPortTarget(req.target, &spt)) {
-    pf.takeover = true;
-    Status s = d_.manager ? VerifyPortUrl(spt) : PermissionDenied("no sandboxes here");
-    if (!s.ok()) {
-      auto [status, code] = HttpErrorFor(s);
-      d_.metrics->CountRequest(req.method, status);
-      d_.metrics->CountError(std::string(code));
-      pf.ok = false;
-      pf.error = http::JsonError(status, code, s.message());
-      return pf;
-    }
-    pf.principal = "port-url:" + spt.id;
-    return pf;
-  }
+  if (api::SignedPortTarget spt; api::ParseSignedPortTarget(req.target, &spt))
+    return port_credential(d_.manager ? VerifyPortUrl(spt) : PermissionDenied("no sandboxes here"),
+                           "port-url:" + spt.id);
   const api::RouteSpec* r = api::MatchRoute(req.method, req.target, api::Server::kEdge).route;
   std::string port_id, port, port_target;
   // The port proxy takes the connection once authenticated (below): any method, no body limit.
