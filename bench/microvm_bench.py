@@ -206,11 +206,16 @@ def main() -> int:
     ap.add_argument("--edge", default=None)
     ap.add_argument("--density", type=int, default=0, help="fill with N idle VMs instead")
     ap.add_argument("--density-memory-mb", type=int, default=64)
+    ap.add_argument("--phases", action="store_true",
+                    help="run the edge at log level debug and print where each microVM start's "
+                         "time went (its 'started in' lines)")
     opts = ap.parse_args()
     JSON_OUT = opts.json
     if opts.edge:
         os.environ["DSEC_EDGE_BIN"] = opts.edge
     config = {"fncall_pools": False}
+    if opts.phases:
+        config["log_level"] = "debug"
     if opts.density:
         config["max_sandboxes"] = opts.density + 16
     edge = edge_harness.Edge.start(binary=opts.edge, prefix="dsec-vmbench-", config=config)
@@ -237,12 +242,18 @@ def main() -> int:
             api.delete(sid)
             for kind in ("microvm", "container"):
                 ids, lat = [], []
+                firsts = []
                 for _ in range(opts.creates):
                     sid, ms = api.create(kind)
                     ids.append(sid)
                     lat.append(ms)
+                    t0 = time.perf_counter()
+                    x = c.post(f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}, expect=200).json
+                    firsts.append((time.perf_counter() - t0) * 1e3)
+                    assert x["exit_code"] == 0, x
                 how = ", from the template" if kind == "microvm" else ""
                 res[f"create {kind} (serial{how})"] = lat
+                res[f"first exec true in a new {kind}"] = firsts
                 execs = []
                 for _ in range(opts.execs):
                     t0 = time.perf_counter()
@@ -260,6 +271,35 @@ def main() -> int:
                     pss = [pss_kb(p) / 1024 for p in (qemu_pid(edge, s) for s in ids) if p]
                     res[f"QEMU PSS per idle VM ({len(pss)} alive)"] = pss
                 res[f"delete {kind}"] = [api.delete(s) for s in ids]
+            # A pool of ready microVMs (restored and set up ahead): a create naming the pool
+            # takes one; each take waits for the pool to be refilled first (steady state).
+            c.put("/v1/pools/bench-vmpool", {"kind": "microvm", "image": "bench-vm:1",
+                                             "memory_mb": 128, "disk_mb": 32, "min_idle": 1,
+                                             "max": opts.creates + 2}, expect=201)
+            try:
+                taken, lat, first = [], [], []
+                for _ in range(opts.creates):
+                    deadline = time.monotonic() + 120
+                    while c.get("/v1/pools/bench-vmpool",
+                                expect=200).json["workers"]["idle"] < 1:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("the microVM pool did not refill in 120 s")
+                        time.sleep(0.05)
+                    t0 = time.perf_counter()
+                    sb = c.post("/v1/sandboxes", {"pool": "bench-vmpool"}, expect=201).json
+                    lat.append((time.perf_counter() - t0) * 1e3)
+                    taken.append(sb["id"])
+                    t0 = time.perf_counter()
+                    x = c.post(f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["true"]},
+                               expect=200).json
+                    first.append((time.perf_counter() - t0) * 1e3)
+                    assert x["exit_code"] == 0, x
+                res["create microvm from a pool of ready VMs (serial)"] = lat
+                res["first exec true in a VM taken from the pool"] = first
+                for sid in taken:
+                    api.delete(sid)
+            finally:
+                c.delete("/v1/pools/bench-vmpool", expect=204)
             for conc in (2, 8):
                 with cf.ThreadPoolExecutor(conc) as pool:
                     t0 = time.perf_counter()
@@ -279,6 +319,9 @@ def main() -> int:
         ok = False
     finally:
         rc = edge.stop()
+        if opts.phases:
+            print("\n".join(ln.split("] ", 2)[-1] for ln in edge.log_path.read_text().splitlines()
+                            if "started in" in ln))
         left = edge.residue()
         edge.cleanup()
         if rc != 0 or left:

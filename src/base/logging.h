@@ -14,7 +14,10 @@ void Init(std::string_view level);
 
 }  // namespace dsec::log
 
-#define DSEC_LOG_DEBUG(...) SPDLOG_DEBUG(__VA_ARGS__)
+// Debug lines are checked against the level at run time (`--log-level debug` works in release
+// builds, where spdlog's compile-time SPDLOG_DEBUG is compiled out).
+#define DSEC_LOG_DEBUG(...) \
+  SPDLOG_LOGGER_CALL(spdlog::default_logger_raw(), spdlog::level::debug, __VA_ARGS__)
 #define DSEC_LOG_INFO(...) SPDLOG_INFO(__VA_ARGS__)
 #define DSEC_LOG_WARN(...) SPDLOG_WARN(__VA_ARGS__)
 #define DSEC_LOG_ERROR(...) SPDLOG_ERROR(__VA_ARGS__)

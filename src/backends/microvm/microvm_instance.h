@@ -123,6 +123,9 @@ class MicrovmInstance : public Instance {
   Accel accel_ = Accel::kAuto;                // BootProbe's; kAuto: the backend's
   Nic nic_ = Nic::kNone;
   net::SandboxNet net_;
+  struct {
+    int64_t hello = 0;  // MonotonicUs when the guest's hello came (Start's timing line)
+  } marks_;
 };
 
 }  // namespace dsec::backends::microvm

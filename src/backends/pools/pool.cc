@@ -277,6 +277,16 @@ StatusOr<std::shared_ptr<Pool::Worker>> Pool::MakeWorker() {
     s.id = NewSandboxId(node_);
     DSEC_RETURN_IF_ERROR(backends::ValidateSandboxSpec(s));
     DSEC_ASSIGN_OR_RETURN(auto sb, backend_->Create(s));
+    if (cfg_.kind == PoolKind::kMicrovm) {
+      // A restored guest translates (TCG) every code path it runs afresh: the first exec in it
+      // takes 100s of ms there. One `true` now, while it waits in the pool, not in the first
+      // exec of whoever takes it. Best effort: an image without `true` still pools (the spawn
+      // path ran all the same). (Its exec counter starts at one.)
+      backends::ExecRequest warm;
+      warm.cmd = {"true"};
+      warm.timeout_ms = 30000;
+      (void)sb->Exec(warm);
+    }
     auto worker = std::make_shared<Worker>();
     worker->sb = sb;
     return worker;
