@@ -215,6 +215,40 @@ def test_kill9_then_restart_readopts_the_vm(make_edge):
     assert not edge.sandbox_cgroup_dirs(sid)
 
 
+def test_microvm_snapshot_freezes_its_processes(edge, vm_image):
+    """While the agent captures the writable layer, the VM's processes stand still: a writer
+    that puts the same counter into two files, one after the other, as fast as it can, is
+    captured with the two at most one apart, although the capture reads 16 MiB between them
+    (the big file's name and age put it between the two in any walk order); the writer runs on
+    after the snapshot."""
+    c = edge.client(timeout=300)
+    microvms(c)
+    ids = []
+    try:
+        sid = c.create({"kind": "microvm", "image": vm_image, "memory_mb": 192,
+                        "disk_mb": 64})["id"]
+        ids.append(sid)
+        sh(c, sid, "mkdir -p /workspace/w && cd /workspace/w && echo 0 > z && "
+                   "head -c 16777216 /dev/urandom > m-big && echo 0 > a && "
+                   "(i=0; while :; do i=$((i+1)); echo $i 1<>a; echo $i 1<>z; done "
+                   ">/dev/null 2>&1 &)")
+        wait_until(lambda: int(sh(c, sid, "cat /workspace/w/z")) > 20, 60,
+                   what="the writer running")
+        c.post(f"/v1/sandboxes/{sid}/snapshot", {"image": "it-vm-freeze:1"}, expect=201)
+        new = c.create({"kind": "microvm", "image": "it-vm-freeze:1", "memory_mb": 192,
+                        "disk_mb": 64})["id"]
+        ids.append(new)
+        # (Written in place, never truncated: the counter only grows, so each file always
+        # holds one whole value.)
+        a, z = (int(sh(c, new, f"cat /workspace/w/{f}")) for f in ("a", "z"))
+        assert z > 20 and 0 <= a - z <= 1, (a, z)
+        assert int(sh(c, sid, "cat /workspace/w/z")) > a  # thawed: it went on
+    finally:
+        for x in ids:
+            c.remove(x)
+        c.delete("/v1/images/it-vm-freeze:1", expect=(204, 404, 409))
+
+
 def test_microvm_pools_hold_ready_vms(edge, vm_image):
     """PUT /v1/pools/{name} with kind microvm keeps ready microVMs (restored from the set's
     template, their agent answering, one exec run in each to warm it); a create naming the pool takes one and gets a microVM

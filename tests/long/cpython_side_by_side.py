@@ -301,7 +301,7 @@ def run_sandbox(ns, edge, log_path):
                                   env=exec_env(who, home), timeout_ms=ns.run_timeout * 1000)
         res = sb.wait_exec(eid, timeout_s=ns.run_timeout + 120)
         wall = time.monotonic() - t1
-        data = sb.read_file(out, max_bytes=1 << 30)
+        data = sb.read_file(out, max_bytes=1 << 28)  # the API maximum
         pathlib.Path(log_path).write_bytes(data)
         rc = None if res.timed_out else res.exit_code
         return {"user": who, "rc": rc, "wall_s": wall, "create_s": t1 - t0,
@@ -418,25 +418,24 @@ def main():
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="dsec-cpython-"))
     os.chmod(work, 0o755)
+    if ns.log_dir:
+        os.makedirs(ns.log_dir, exist_ok=True)
+    logs = pathlib.Path(ns.log_dir or work)
     edge = None
     try:
         what = "the whole suite" if ns.all else f"{len(ns.tests)} modules"
         print(f"cpython: {what}: {' '.join(regrtest_args(ns)[1:])}", flush=True)
         print(f"cpython: host run as {'root' if ns.as_root else HOST_USER} ...", flush=True)
-        host = run_host(ns, work, work / "host.log")
+        host = run_host(ns, work, logs / "host.log")
         print(f"cpython: host done in {fmt_s(host['wall_s'])} (rc {host['rc']})", flush=True)
         edge = Edge.start(prefix="dsec-cpython-edge-", config={"network": False})
         print(f"cpython: edge pid {edge.pid} at {edge.url}; sandbox run ...", flush=True)
-        sandbox = run_sandbox(ns, edge, work / "sandbox.log")
+        sandbox = run_sandbox(ns, edge, logs / "sandbox.log")
         print(f"cpython: sandbox done in {fmt_s(sandbox['wall_s'])} (rc {sandbox['rc']}, "
               f"create {sandbox['create_s'] * 1000:.0f} ms)", flush=True)
         residue = edge.shutdown_and_check()
         if residue:
             print(f"cpython: the edge left residue: {residue}", file=sys.stderr)
-        if ns.log_dir:
-            os.makedirs(ns.log_dir, exist_ok=True)
-            for f in ("host.log", "sandbox.log"):
-                shutil.copy(work / f, os.path.join(ns.log_dir, f))
         hp, sp = parse(host["log"]), parse(sandbox["log"])
         diffs, mods = compare(hp, sp)
         report(ns, host, sandbox, hp, sp, diffs, mods)
