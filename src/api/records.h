@@ -64,6 +64,7 @@ struct SandboxRecord {
   std::map<std::string, std::string> labels;
   std::string reason;  // why it failed; empty otherwise
   std::string pool;    // the container pool it was taken from; empty for a fresh create
+  std::string project = "default";
 };
 
 // One page of GET /v1/sandboxes.

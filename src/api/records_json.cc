@@ -47,6 +47,7 @@ Json ToJson(const SandboxRecord& r) {
             {"workdir", r.workdir},
             {"network", api::ToJson(r.network)},
             {"labels", ToJsonObject(r.labels)},
+            {"project", r.project},
             {"reason", r.reason.empty() ? Json(nullptr) : Json(r.reason)}};
   if (!r.pool.empty()) j["pool"] = r.pool;
   if (!r.address.empty()) j["network"]["address"] = r.address;

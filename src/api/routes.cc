@@ -32,6 +32,12 @@ std::vector<RouteSpec> Table() {
       {"POST", "/v1/nodes/:node/cordon", kCordonNode, kApiserver},
       {"POST", "/v1/nodes/:node/uncordon", kUncordonNode, kApiserver},
       {"POST", "/v1/nodes/:node/drain", kDrainNode, kApiserver},
+      {"GET", "/v1/projects", kListProjects, kApiserver},
+      {"POST", "/v1/projects", kCreateProject, kApiserver},
+      {"DELETE", "/v1/projects/:project", kDeleteProject, kApiserver},
+      {"GET", "/v1/projects/:project/tokens", kListTokens, kApiserver},
+      {"POST", "/v1/projects/:project/tokens", kCreateToken, kApiserver},
+      {"DELETE", "/v1/projects/:project/tokens/:name", kDeleteToken, kApiserver},
       {"GET", "/metrics", kMetrics, kLocal},
 
       {"POST", "/v1/sandboxes/:id/exec", kExec, kSandbox},

@@ -33,6 +33,13 @@ enum class RouteId : uint8_t {
   kCordonNode,
   kUncordonNode,
   kDrainNode,
+  // Projects and tokens (cluster step 2; apiservers only).
+  kListProjects,
+  kCreateProject,
+  kDeleteProject,
+  kListTokens,
+  kCreateToken,
+  kDeleteToken,
   kMetrics,
   // Execs, shells, attach.
   kExec,
@@ -82,7 +89,7 @@ enum class Scope : uint8_t {
   kSandbox,    // a call on one existing sandbox: the node named in its id
   kCluster,    // the API as a whole: an apiserver (fanned out or placed), or the lone edge
   kLocal,      // one node's own state (images, pools, builds, metrics): the edge only, for now
-  kApiserver,  // the cluster's members (/v1/nodes): apiservers only; an edge has no route
+  kApiserver,  // the cluster's own (/v1/nodes, /v1/projects): apiservers only; no edge route
 };
 
 enum RouteFlags : unsigned {

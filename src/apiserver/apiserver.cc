@@ -27,6 +27,7 @@
 #include "base/logging.h"
 #include "base/strings.h"
 #include "http/auth.h"
+#include "http/json_body.h"
 #include "http/relay.h"
 
 namespace dsec::apiserver {
@@ -165,12 +166,13 @@ std::string NodeOfSandbox(std::string_view id) {
 }
 
 Apiserver::Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::string node_token,
-                     etcd::Client* etcd, ClusterView* view)
+                     etcd::Client* etcd, ClusterView* view, AccessView* access)
     : cfg_(std::move(cfg)),
       tokens_(std::move(tokens)),
       node_token_(std::move(node_token)),
       etcd_(etcd),
       view_(view),
+      access_(access),
       records_(static_cast<size_t>(std::max<int64_t>(0, cfg_.record_cache))),
       workers_(static_cast<size_t>(std::max(4, cfg_.workers))),
       fanout_(static_cast<size_t>(std::max(4, cfg_.workers))),
@@ -213,10 +215,11 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
     pf.principal = "port";
     return pf;
   }
-  if (!CallerIsCluster(req))
+  auto who = Caller(req);
+  if (!who)
     return deny(401, "unauthorized",
                 http::BearerToken(req).empty() ? "missing bearer token" : "invalid token");
-  pf.principal = "cluster";
+  pf.principal = who->Encode();
   // The node routes the path it decodes from the target as sent: it must name the same thing
   // the apiserver checked (no "." or ".." segment, no encoded '/'), or a call the apiserver
   // let through as one sandbox's could reach another route of the node with the node token.
@@ -230,10 +233,35 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
   // Everything on one sandbox goes to its node as it comes, body and all: its routes in the
   // shared table, and the port proxy.
   const api::RouteSpec* r = api::MatchRoute(req.method, req.target, api::Server::kApiserver).route;
+  // What the role may do: a viewer reads (no attach, no port proxy: both act on the sandbox);
+  // managing projects, tokens and nodes is an admin's.
+  const bool port_proxy = api::ParsePortTarget(req.target, &port_id, &port, &port_target);
+  using api::RouteId;
+  if (who->role == Role::kViewer &&
+      ((req.method != "GET" && req.method != "HEAD") || req.websocket_upgrade || port_proxy ||
+       (r && r->id == RouteId::kAttach)))
+    return deny(403, "forbidden",
+                "token " + who->token + " has the viewer role: it only reads (" + req.method + " " +
+                    req.path + " needs member)");
+  if (who->role != Role::kAdmin && r &&
+      (r->id == RouteId::kCreateProject || r->id == RouteId::kDeleteProject ||
+       r->id == RouteId::kListTokens || r->id == RouteId::kCreateToken ||
+       r->id == RouteId::kDeleteToken || r->id == RouteId::kCordonNode ||
+       r->id == RouteId::kUncordonNode || r->id == RouteId::kDrainNode))
+    return deny(403, "forbidden",
+                "token " + who->token + " has the " + std::string(RoleName(who->role)) +
+                    " role: " + req.method + " " + req.path + " needs admin");
+  // The project it acts in must be one it may (404 for one that does not exist).
+  if (std::string named = req.Header("dsec-project"); !named.empty()) {
+    if (who->role != Role::kAdmin && named != who->project)
+      return deny(403, "forbidden",
+                  "token " + who->token + " belongs to project " + who->project +
+                      ", not to project " + named);
+    if (!access_->ProjectExists(named)) return deny(404, "not_found", "no project " + named);
+  }
   // (A record, GET /v1/sandboxes/{id}, is asked by the apiserver itself: it keeps what it
   // reads, to show while the node is unavailable.)
-  if ((r && r->scope == api::Scope::kSandbox && r->id != api::RouteId::kGetSandbox) ||
-      api::ParsePortTarget(req.target, &port_id, &port, &port_target)) {
+  if ((r && r->scope == api::Scope::kSandbox && r->id != api::RouteId::kGetSandbox) || port_proxy) {
     if (!relay_slot()) return pf;
     pf.takeover = true;
     return pf;
@@ -246,6 +274,11 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
 http::Headers Apiserver::NodeHeaders(const http::HttpRequest& req) const {
   http::Headers h = {{"Authorization", "Bearer " + node_token_},
                      {"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))}};
+  // The project the node acts in (it keeps it with each sandbox and answers only for it).
+  const api::RouteSpec* route =
+      api::MatchRoute(req.method, req.target, api::Server::kApiserver).route;
+  const bool one = route && route->scope == api::Scope::kSandbox;
+  if (auto p = ProjectOf(req, one); p.ok() && !p->empty()) h.emplace_back("Dsec-Project", *p);
   if (std::string ct = req.Header("content-type"); !ct.empty()) h.emplace_back("Content-Type", ct);
   if (std::string k = req.Header("idempotency-key"); !k.empty())
     h.emplace_back("Idempotency-Key", k);
@@ -326,6 +359,15 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
     case RouteId::kResumeJob:
     case RouteId::kDeleteJob:
       return on_worker([this, shared, res] { Jobs(*shared, res); });
+    case RouteId::kListProjects:
+    case RouteId::kCreateProject:
+    case RouteId::kDeleteProject:
+    case RouteId::kListTokens:
+    case RouteId::kCreateToken:
+    case RouteId::kDeleteToken:
+      return on_worker([this, shared, res, id = match.route->id, params = match.params] {
+        Projects(*shared, id, params, res);
+      });
     default:
       break;
   }
@@ -334,6 +376,21 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
        "no route " + shared->method + " " + shared->path +
            " on the apiserver (images, pools, builds and metrics are served by each edge in "
            "this release)");
+}
+
+std::optional<Principal> Apiserver::Caller(const http::HttpRequest& req) const {
+  if (CallerIsCluster(req)) return Principal{"cluster", std::string(kDefaultProject), Role::kAdmin};
+  return access_->Authenticate(http::BearerToken(req), WallMs());
+}
+
+StatusOr<std::string> Apiserver::ProjectOf(const http::HttpRequest& req,
+                                           bool on_one_sandbox) const {
+  auto who = Principal::Decode(req.principal);
+  if (!who) return PermissionDenied("no caller");  // (Check sets it on every request)
+  const std::string named = req.Header("dsec-project");
+  if (who->role != Role::kAdmin) return who->project;  // (Check refused naming another)
+  if (!named.empty()) return named;
+  return on_one_sandbox ? std::string() : std::string(kDefaultProject);
 }
 
 bool Apiserver::CallerIsCluster(const http::HttpRequest& req) const {
@@ -384,12 +441,17 @@ void Apiserver::Relay(http::HttpRequest req) {
   std::vector<std::pair<std::string, std::string>> extra = {
       {"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))},
       {"X-Forwarded-Host", req.Header("host")}};
-  if (with_node_token) extra.emplace_back("Authorization", "Bearer " + node_token_);
+  if (with_node_token) {
+    extra.emplace_back("Authorization", "Bearer " + node_token_);
+    // Only a sandbox of the caller's project answers (an admin naming none: any).
+    if (auto p = ProjectOf(req, true); p.ok() && !p->empty())
+      extra.emplace_back("Dsec-Project", *p);
+  }
   http::SetUpstreamHead(req, req.target,
                         port_host
                             ? req.Header("host")
                             : StrCat({n->client->host(), ":", std::to_string(n->client->port())}),
-                        extra, {"x-forwarded-for", "x-forwarded-host"}, &pr);
+                        extra, {"x-forwarded-for", "x-forwarded-host", "dsec-project"}, &pr);
   pr.buffered = std::move(req.takeover_buffered);
   pr.target_name = "node " + node;
   // Counted while it lasts (the relay holds the slot): past max_relays, new ones are 429.
@@ -424,7 +486,12 @@ void Apiserver::GetSandbox(const http::HttpRequest& req,
                 "sandbox " + id + " not found" +
                     (node.empty() ? "" : " (no node " + node + " in the cluster)"));
   if (!n->alive) {
-    if (auto kept = records_.Get(id, WallMs()))
+    auto kept = records_.Get(id, WallMs());
+    // (Another project's sandbox is not found, here as on its node.)
+    if (auto p = ProjectOf(req, true);
+        kept && p.ok() && !p->empty() && kept->value("project", std::string("default")) != *p)
+      kept.reset();
+    if (kept)
       return Reply(res, 200, RecordCache::Unavailable(std::move(*kept), UnavailableWhy(node)),
                    {{"Dsec-Node", node}});
     return Fail(res, 503, "unavailable", Unreachable(id, *n));
@@ -608,6 +675,7 @@ void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::R
   std::map<std::string, std::string> at;
   std::string rest;     // the filters, passed on as given
   RecordFilter filter;  // the same, for the records kept of unavailable nodes
+  if (auto p = ProjectOf(req, false); p.ok()) filter.project = *p;
   for (const auto& [k, v] : req.query) {
     if (k == "label") {
       size_t eq = v.find('=');
@@ -856,6 +924,148 @@ void Apiserver::NodeAction(const http::HttpRequest& req, const std::string& node
   Json j = NodeJson(cur ? *cur : *n);
   if (action == "drain") j["drained"] = drained;
   Reply(res, 200, j);
+}
+
+// GET|POST /v1/projects, DELETE /v1/projects/{project}, GET|POST /v1/projects/{project}/tokens,
+// DELETE /v1/projects/{project}/tokens/{name} (access.h). Check let only admins through, but to
+// the list of projects (a member or viewer sees its own).
+void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
+                         const std::map<std::string, std::string>& params,
+                         const std::shared_ptr<http::Responder>& res) {
+  using api::RouteId;
+  auto who = Principal::Decode(req.principal);
+  if (!who) return Fail(res, 403, "forbidden", "no caller");
+  const std::string project = params.count("project") ? params.at("project") : "";
+  auto name_key = [](const std::string& p, const std::string& n) {
+    return StrCat({"/dsec/token-names/", p, "/", n});
+  };
+  if (id == RouteId::kListProjects) {
+    Json list = Json::array();
+    for (const auto& p : access_->Projects())
+      if (who->role == Role::kAdmin || p.name == who->project) list.push_back(p.ToJson());
+    return Reply(res, 200, {{"projects", list}});
+  }
+  if (id != RouteId::kCreateProject) {
+    if (Status s = ValidateAccessName("project", project); !s.ok()) return Fail(res, s);
+    if (!access_->ProjectExists(project))
+      return Fail(res, 404, "not_found", "no project " + project);
+  }
+  switch (id) {
+    case RouteId::kCreateProject: {
+      auto body = http::JsonBody::Parse(req.body);
+      if (!body.ok()) return Fail(res, body.status());
+      auto name = body->String("name", 63);
+      if (!name.ok()) return Fail(res, name.status());
+      if (Status s = body->Finish(); !s.ok()) return Fail(res, s);
+      if (!*name) return Fail(res, 400, "bad_request", "\"name\" is required");
+      if (Status s = ValidateAccessName("project", **name); !s.ok()) return Fail(res, s);
+      if (**name == kDefaultProject)
+        return Fail(res, 409, "conflict", "project default exists (it always does)");
+      ProjectRecord rec{**name, WallMs()};
+      const std::string key = std::string(kProjectsPrefix) + rec.name;
+      auto made = etcd_->PutIfAbsent({{key, rec.ToJson().dump()}}, {key});
+      if (!made.ok()) return Fail(res, 503, "unavailable", "etcd: " + made.status().message());
+      if (!*made) return Fail(res, 409, "conflict", "project " + rec.name + " exists");
+      access_->ApplyPut(key, rec.ToJson().dump());  // (the watch brings it to the others)
+      DSEC_LOG_INFO("audit: project created: project={} by={}:{}", rec.name, who->project,
+                    who->token);
+      return Reply(res, 201, rec.ToJson());
+    }
+    case RouteId::kDeleteProject: {
+      if (project == kDefaultProject)
+        return Fail(res, 409, "conflict", "the default project cannot be removed");
+      // Not while it has sandboxes: each node answers for its own (its list in that project).
+      http::Headers h = {{"Authorization", "Bearer " + node_token_}, {"Dsec-Project", project}};
+      for (const NodeState& n : view_->Nodes()) {
+        if (!n.alive) continue;
+        auto r = n.client->Request("GET", "/v1/sandboxes?limit=1", h, "",
+                                   milliseconds(cfg_.call_timeout_ms));
+        if (!r.ok() || r->status != 200)
+          return Fail(res, 503, "unavailable",
+                      "node " + n.rec.node + " did not say whether project " + project +
+                          " has sandboxes there: retry");
+        Json j = Json::parse(r->body, nullptr, false);
+        if (j.is_object() && j.value("sandboxes", Json::array()).size() > 0)
+          return Fail(res, 409, "conflict",
+                      "project " + project + " still has sandboxes (on node " + n.rec.node +
+                          "): delete them first");
+      }
+      std::vector<std::string> keys = {std::string(kProjectsPrefix) + project};
+      for (const auto& [key, t] : access_->Tokens(project)) {
+        keys.push_back(key);
+        keys.push_back(name_key(project, t.name));
+      }
+      if (Status s = etcd_->DeleteAll(keys); !s.ok())
+        return Fail(res, 503, "unavailable", "etcd: " + s.message());
+      for (const auto& k : keys) access_->ApplyDelete(k);
+      DSEC_LOG_INFO("audit: project removed: project={} tokens={} by={}:{}", project,
+                    (keys.size() - 1) / 2, who->project, who->token);
+      http::HttpResponse r;
+      r.status = 204;
+      return res->Send(std::move(r));
+    }
+    case RouteId::kListTokens: {
+      Json list = Json::array();
+      for (const auto& [key, t] : access_->Tokens(project)) list.push_back(t.ToJson());
+      return Reply(res, 200, {{"tokens", list}});
+    }
+    case RouteId::kCreateToken: {
+      auto body = http::JsonBody::Parse(req.body);
+      if (!body.ok()) return Fail(res, body.status());
+      auto name = body->String("name", 63);
+      if (!name.ok()) return Fail(res, name.status());
+      auto role_text = body->String("role", 16);
+      if (!role_text.ok()) return Fail(res, role_text.status());
+      auto ttl = body->Int("ttl_s", 1, int64_t{10} * 366 * 86400);
+      if (!ttl.ok()) return Fail(res, ttl.status());
+      if (Status s = body->Finish(); !s.ok()) return Fail(res, s);
+      if (!*name) return Fail(res, 400, "bad_request", "\"name\" is required");
+      if (Status s = ValidateAccessName("token name", **name); !s.ok()) return Fail(res, s);
+      auto role = ParseRole(role_text->value_or("member"));
+      if (!role.ok()) return Fail(res, role.status());
+      TokenRecord rec;
+      rec.name = **name;
+      rec.project = project;
+      rec.role = *role;
+      rec.created_at = WallMs();
+      rec.expires_at = *ttl ? rec.created_at + **ttl * 1000 : 0;
+      const std::string token = AccessView::NewToken();
+      const std::string key = std::string(kTokensPrefix) + access_->TokenHash(token);
+      const std::string nkey = name_key(project, rec.name);
+      const std::string value = rec.ToJson().dump();
+      auto made = etcd_->PutIfAbsent({{key, value}, {nkey, key}}, {nkey});
+      if (!made.ok()) return Fail(res, 503, "unavailable", "etcd: " + made.status().message());
+      if (!*made)
+        return Fail(res, 409, "conflict",
+                    "project " + project + " has a token named " + rec.name + ": revoke it first");
+      access_->ApplyPut(key, value);
+      DSEC_LOG_INFO("audit: token created: project={} token={} role={} by={}:{}", project, rec.name,
+                    RoleName(rec.role), who->project, who->token);
+      Json out = rec.ToJson();
+      out["token"] = token;  // shown this once: only its keyed hash is kept
+      return Reply(res, 201, out, {{"Cache-Control", "no-store"}});
+    }
+    case RouteId::kDeleteToken: {
+      const std::string name = params.count("name") ? params.at("name") : "";
+      if (Status s = ValidateAccessName("token name", name); !s.ok()) return Fail(res, s);
+      auto kv = etcd_->Get(name_key(project, name));
+      if (!kv.ok()) return Fail(res, 503, "unavailable", "etcd: " + kv.status().message());
+      if (!*kv) return Fail(res, 404, "not_found", "project " + project + " has no token " + name);
+      const std::string key = (*kv)->value;
+      if (!StartsWith(key, kTokensPrefix))
+        return Fail(res, 500, "internal", "a bad token name record for " + name);
+      if (Status s = etcd_->DeleteAll({key, name_key(project, name)}); !s.ok())
+        return Fail(res, 503, "unavailable", "etcd: " + s.message());
+      access_->ApplyDelete(key);
+      DSEC_LOG_INFO("audit: token revoked: project={} token={} by={}:{}", project, name,
+                    who->project, who->token);
+      http::HttpResponse r;
+      r.status = 204;
+      return res->Send(std::move(r));
+    }
+    default:
+      return Fail(res, 404, "not_found", "no route");
+  }
 }
 
 }  // namespace dsec::apiserver

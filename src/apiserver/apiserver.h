@@ -21,6 +21,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "api/routes.h"
 #include "apiserver/placement.h"
 #include "apiserver/record_cache.h"
 #include "apiserver/view.h"
@@ -65,7 +67,7 @@ struct ApiserverConfig {
 class Apiserver {
  public:
   Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::string node_token,
-            etcd::Client* etcd, ClusterView* view);
+            etcd::Client* etcd, ClusterView* view, AccessView* access);
 
   http::Preflight Check(http::HttpRequest& headers_only);
   void Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
@@ -78,6 +80,16 @@ class Apiserver {
   void Relay(http::HttpRequest req);
   // The caller showed one of the cluster tokens.
   bool CallerIsCluster(const http::HttpRequest& req) const;
+  // Who calls (a cluster token: admin of default; a project token), or nullopt.
+  std::optional<Principal> Caller(const http::HttpRequest& req) const;
+  // The project a request acts in: the caller's, or for an admin the one it names in
+  // Dsec-Project (default: "default"); "" for an admin's call on one sandbox without a name
+  // (any project). 403/404 when the caller may not act there.
+  StatusOr<std::string> ProjectOf(const http::HttpRequest& req, bool on_one_sandbox) const;
+  // Projects and tokens (access.h), admins only but for a caller's own project's listing.
+  void Projects(const http::HttpRequest& req, api::RouteId id,
+                const std::map<std::string, std::string>& params,
+                const std::shared_ptr<http::Responder>& res);
   void Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void FnCall(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void PlaceAndForward(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res,
@@ -112,6 +124,7 @@ class Apiserver {
   std::string node_token_;
   etcd::Client* etcd_;
   ClusterView* view_;
+  AccessView* access_;
   http::HttpServer* server_ = nullptr;
   std::atomic<int64_t> relays_{0};
   RecordCache records_;

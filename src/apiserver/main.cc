@@ -104,9 +104,12 @@ int main(int argc, char** argv) {
   if (!node_tokens.ok()) return fail("--node-token-file", node_tokens.status());
 
   etcd::Client etcd(*endpoints);
-  apiserver::ClusterView view(&etcd);
+  // Project tokens are kept as keyed hashes; the key comes from the node token, which every
+  // apiserver of the cluster has and etcd does not.
+  apiserver::AccessView access(http::DerivedKey(*node_tokens, "dsec-project-token-hash"));
+  apiserver::ClusterView view(&etcd, &access);
   view.Start();
-  apiserver::Apiserver api(cfg, *tokens, node_tokens->front(), &etcd, &view);
+  apiserver::Apiserver api(cfg, *tokens, node_tokens->front(), &etcd, &view, &access);
   http::HttpServerOptions ho;
   ho.listen = cfg.listen;
   ho.io_threads = cfg.io_threads;

@@ -37,6 +37,7 @@ std::string StringField(const Json& j, const char* name) {
 bool RecordFilter::Matches(const Json& record) const {
   if (!state.empty() && StringField(record, "state") != state) return false;
   if (!kind.empty() && StringField(record, "kind") != kind) return false;
+  if (!project.empty() && StringField(record, "project") != project) return false;
   auto l = record.find("labels");
   for (const auto& [k, v] : labels) {
     if (l == record.end() || !l->is_object()) return false;

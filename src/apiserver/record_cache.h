@@ -27,6 +27,7 @@ namespace dsec::apiserver {
 struct RecordFilter {
   std::vector<std::pair<std::string, std::string>> labels;  // all must match
   std::string state, kind;                                  // "" for any
+  std::string project;                                      // "" for any
   bool Matches(const Json& record) const;
 };
 

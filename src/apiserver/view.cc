@@ -16,7 +16,7 @@ std::string NodeState::State() const {
   return "ready";
 }
 
-ClusterView::ClusterView(etcd::Client* etcd) : etcd_(etcd) {}
+ClusterView::ClusterView(etcd::Client* etcd, AccessView* access) : etcd_(etcd), access_(access) {}
 
 ClusterView::~ClusterView() { Stop(); }
 
@@ -52,6 +52,8 @@ std::optional<NodeState> ClusterView::Find(const std::string& node) const {
 }
 
 void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
+  if (access_ && (StartsWith(key, kProjectsPrefix) || StartsWith(key, kTokensPrefix)))
+    return access_->ApplyPut(key, value);
   if (StartsWith(key, cluster::kCordonPrefix)) {
     MutexLock l(mu_);
     cordons_[key.substr(cluster::kCordonPrefix.size())] = value == "drain" ? "drain" : "cordon";
@@ -94,6 +96,8 @@ void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
 }
 
 void ClusterView::ApplyDelete(const std::string& key) {
+  if (access_ && (StartsWith(key, kProjectsPrefix) || StartsWith(key, kTokensPrefix)))
+    return access_->ApplyDelete(key);
   MutexLock l(mu_);
   if (StartsWith(key, cluster::kCordonPrefix)) {
     cordons_.erase(key.substr(cluster::kCordonPrefix.size()));
@@ -108,8 +112,11 @@ void ClusterView::ApplyDelete(const std::string& key) {
 }
 
 void ClusterView::Reset(const std::vector<etcd::KeyValue>& kvs) {
+  if (access_) access_->Reset(kvs);
   std::set<std::string> present;
   for (const auto& kv : kvs) {
+    if (access_ && (StartsWith(kv.key, kProjectsPrefix) || StartsWith(kv.key, kTokensPrefix)))
+      continue;
     ApplyPut(kv.key, kv.value);
     present.insert(kv.key);
   }

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "apiserver/access.h"
 #include "base/mutex.h"
 #include "cluster/etcd.h"
 #include "cluster/node_record.h"
@@ -43,7 +44,8 @@ struct NodeState {
 
 class ClusterView {
  public:
-  explicit ClusterView(etcd::Client* etcd);
+  // `access` (may be null) gets the projects and tokens of the same watch.
+  explicit ClusterView(etcd::Client* etcd, AccessView* access = nullptr);
   ~ClusterView();
   void Start();
   void Stop();
@@ -62,6 +64,7 @@ class ClusterView {
   void Reset(const std::vector<etcd::KeyValue>& kvs);
 
   etcd::Client* etcd_;
+  AccessView* access_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> loaded_{false};
   std::atomic<bool> etcd_ok_{false};

@@ -114,6 +114,26 @@ Status Client::Delete(const std::string& key) {
   return Call("kv/deleterange", {{"key", Base64Encode(key)}}).status();
 }
 
+StatusOr<bool> Client::PutIfAbsent(const std::vector<std::pair<std::string, std::string>>& puts,
+                                   const std::vector<std::string>& absent) {
+  // (The gateway's JSON leaves out zero values: "create_revision": "0" with the default
+  // EQUAL compare reads "the key was never created".)
+  Json compare = Json::array(), success = Json::array();
+  for (const auto& k : absent)
+    compare.push_back({{"key", Base64Encode(k)}, {"target", "CREATE"}, {"create_revision", "0"}});
+  for (const auto& [k, v] : puts)
+    success.push_back({{"requestPut", {{"key", Base64Encode(k)}, {"value", Base64Encode(v)}}}});
+  DSEC_ASSIGN_OR_RETURN(Json j, Call("kv/txn", {{"compare", compare}, {"success", success}}));
+  return j.value("succeeded", false);
+}
+
+Status Client::DeleteAll(const std::vector<std::string>& keys) {
+  Json success = Json::array();
+  for (const auto& k : keys)
+    success.push_back({{"requestDeleteRange", {{"key", Base64Encode(k)}}}});
+  return Call("kv/txn", {{"success", success}}).status();
+}
+
 StatusOr<std::vector<KeyValue>> Client::RangePrefix(const std::string& prefix, int64_t* revision) {
   DSEC_ASSIGN_OR_RETURN(Json j, Call("kv/range", {{"key", Base64Encode(prefix)},
                                                   {"range_end", Base64Encode(PrefixEnd(prefix))}}));

@@ -42,6 +42,12 @@ class Client {
 
   StatusOr<int64_t> Put(const std::string& key, const std::string& value, int64_t lease = 0);
   Status Delete(const std::string& key);
+  // In one transaction: puts every pair of `puts` if none of `absent` exists (true), or
+  // changes nothing (false).
+  StatusOr<bool> PutIfAbsent(const std::vector<std::pair<std::string, std::string>>& puts,
+                             const std::vector<std::string>& absent);
+  // Deletes every key in one transaction.
+  Status DeleteAll(const std::vector<std::string>& keys);
   // Every key under `prefix`, and the store's revision at that moment.
   StatusOr<std::vector<KeyValue>> RangePrefix(const std::string& prefix, int64_t* revision);
   StatusOr<std::optional<KeyValue>> Get(const std::string& key);

@@ -215,7 +215,9 @@ http::Preflight Api::Check(http::HttpRequest& req) {
     return pf;
   }
   auto m = api::MatchRoute(req.method, req.target, api::Server::kEdge);
-  auto e = d_.manager->Get(m.params["id"]);
+  Status in_project = d_.manager->CheckProject(m.params["id"], req.Header("dsec-project"));
+  auto e = in_project.ok() ? d_.manager->Get(m.params["id"])
+                           : StatusOr<std::shared_ptr<SandboxEntry>>(in_project);
   if (!e.ok()) {
     auto [status, code] = HttpErrorFor(e.status());
     d_.metrics->CountRequest(req.method, status);
@@ -347,6 +349,16 @@ void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) 
     return ctx->res->Send(std::move(r));
   }
 
+  // A call naming a project (an apiserver relays its caller's) finds only that project's
+  // sandboxes: another's id is 404 as an unknown one.
+  const std::string project = ctx->req.Header("dsec-project");
+  if (!project.empty() && route->scope == api::Scope::kSandbox && d_.manager) {
+    if (Status s = d_.manager->CheckProject(ctx->params["id"], project); !s.ok()) {
+      ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+      return ctx->Fail(s);
+    }
+  }
+
   std::string key;
   if (Mutating(ctx->req.method)) {
     key = ctx->req.Header("idempotency-key");
@@ -379,8 +391,9 @@ void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) 
     if (!ctx->req.Header("dsec-replay-only").empty())
       return ctx->Fail(400, "bad_request", "Dsec-Replay-Only needs a request id");
   } else {
-    std::string scoped =
-        ctx->req.principal + "\n" + ctx->req.method + "\n" + ctx->req.target + "\n" + key;
+    // (Per project too: an apiserver's callers share its node token.)
+    std::string scoped = ctx->req.principal + "\n" + project + "\n" + ctx->req.method + "\n" +
+                         ctx->req.target + "\n" + key;
     std::string hash = Idempotency::Hash(ctx->req.body);
     auto plain = std::make_shared<ApiResponder>(res, d_.metrics, ctx->req.method);
     const bool replay_only = ctx->req.Header("dsec-replay-only") == "1";

@@ -175,6 +175,9 @@ void ServePort(Api* api, http::HttpRequest req) {
   auto port = ParseUint64(port_text);
   if (!port || *port == 0 || *port > 65535)
     return fail(InvalidArgument("port must be 1-65535, not \"" + port_text + "\""));
+  // (A relayed call names its caller's project: another's sandbox is not found.)
+  if (Status s = api->deps().manager->CheckProject(id, req.Header("dsec-project")); !s.ok())
+    return fail(s);
   auto entry = api->deps().manager->Get(id);
   if (!entry.ok()) return fail(entry.status());
   auto caps = api->deps().manager->Capabilities((*entry)->params.kind);

@@ -145,12 +145,26 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   return std::make_pair(p, static_cast<int>(f.count.value_or(1)));
 }
 
+// The project a request acts in: Dsec-Project (an apiserver names its caller's), else default.
+StatusOr<std::string> RequestProject(const http::HttpRequest& req) {
+  std::string p = req.Header("dsec-project");
+  if (p.empty()) return std::string("default");
+  bool ok = p.size() <= 63 && p.front() != '-' && p.back() != '-';
+  for (char ch : p) ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-');
+  if (!ok)
+    return InvalidArgument("Dsec-Project must be a project name (a-z 0-9 -), not \"" + p + "\"");
+  return p;
+}
+
 void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   bool count_given = false;
   const auto& deps = c->api->deps();
+  auto project = RequestProject(c->req);
+  if (!project.ok()) return c->Fail(project.status());
   auto parsed =
       ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images, &count_given);
   if (!parsed.ok()) return c->Fail(parsed.status());
+  parsed->first.project = *project;
   const std::string* wait = c->req.Query("wait");
   bool wait_ready = !(wait && (*wait == "0" || *wait == "false"));
   auto* workers = c->api->deps().workers;
@@ -194,6 +208,12 @@ void ListSandboxes(const std::shared_ptr<Ctx>& c) {
   if (!limit.ok()) return c->Fail(limit.status());
   f.limit = static_cast<size_t>(*limit);
   if (const std::string* cur = c->req.Query("cursor")) f.cursor = *cur;
+  // Named by an apiserver: only that project's; a lone edge's caller sees all.
+  if (!c->req.Header("dsec-project").empty()) {
+    auto project = RequestProject(c->req);
+    if (!project.ok()) return c->Fail(project.status());
+    f.project = *project;
+  }
   if (none) return c->Reply(200, ToJson(api::SandboxPage{}));
   auto r = c->api->deps().manager->List(f);
   if (!r.ok()) return c->Fail(r.status());
@@ -245,7 +265,7 @@ void Job(const std::shared_ptr<Ctx>& c, JobOp op) {
   const std::string& job = c->params["job"];
   if (job.empty() || job.size() > 256) return c->Fail(400, "bad_request", "bad job name");
   if (Status s = CheckActionBody(c->req.body); !s.ok()) return c->Fail(s);
-  auto n = c->api->deps().manager->JobAction(job, op);
+  auto n = c->api->deps().manager->JobAction(job, op, c->req.Header("dsec-project"));
   if (!n.ok()) return c->Fail(n.status());
   c->Reply(200, api::JobActionJson(*n));
 }

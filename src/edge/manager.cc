@@ -139,6 +139,7 @@ SandboxRecord Manager::Record(const SandboxEntry& e) const {
   r.user = p.user;
   r.workdir = p.workdir;
   r.pool = p.pool;
+  r.project = p.project;
   MutexLock l(e.mu_);
   r.state = e.phase_;
   r.created_at = e.created_at_;
@@ -361,6 +362,20 @@ SandboxRecord Manager::AttachPooled(const std::shared_ptr<SandboxEntry>& e,
   return Record(*e);
 }
 
+Status Manager::CheckProject(const std::string& id, const std::string& project) const {
+  if (project.empty()) return OkStatus();
+  MutexLock l(mu_);
+  auto it = entries_.find(id);
+  if (it != entries_.end()) {
+    if (it->second->params.project != project) return NotFound("sandbox " + id + " not found");
+    return OkStatus();
+  }
+  auto t = tombstones_.find(id);
+  if (t != tombstones_.end() && t->second.project != project)
+    return NotFound("sandbox " + id + " not found");
+  return OkStatus();
+}
+
 StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
   MutexLock l(mu_);
   auto it = entries_.find(id);
@@ -422,6 +437,7 @@ StatusOr<SandboxPage> Manager::List(const ListFilter& f) const {
   for (const auto& [key, e] : all) {
     if (after && !(*after < key)) continue;
     if (f.kind && e->params.kind != *f.kind) continue;
+    if (!f.project.empty() && e->params.project != f.project) continue;
     {
       MutexLock l(e->mu_);
       bool ok = true;
@@ -548,7 +564,8 @@ Status Manager::Delete(const std::string& id, const std::string& reason) {
     MutexLock l(mu_);
     AddTombstoneLocked(id, {.reason = reason,
                             .detail = failed.empty() ? "" : "it had failed: " + failed,
-                            .at_ms = WallMs()});
+                            .at_ms = WallMs(),
+                            .project = e->params.project});
   }
   if (Status s = store_->DeleteSandbox(id); !s.ok())
     DSEC_LOG_ERROR("state db delete failed: sandbox={} error={}", id, s.ToString());
@@ -572,9 +589,10 @@ StatusOr<SandboxRecord> Manager::Resume(const std::string& id) {
   return Record(*e);
 }
 
-StatusOr<int> Manager::JobAction(const std::string& job, JobOp op) {
+StatusOr<int> Manager::JobAction(const std::string& job, JobOp op, const std::string& project) {
   std::vector<std::string> ids;
   for (auto& e : Snapshot()) {
+    if (!project.empty() && e->params.project != project) continue;
     MutexLock l(e->mu_);
     auto it = e->labels_.find("job");
     if (it != e->labels_.end() && it->second == job) ids.push_back(e->id);
@@ -693,8 +711,10 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
       (void)store_->DeleteSandbox(row.id);
       {
         MutexLock l(mu_);
-        AddTombstoneLocked(row.id,
-                           {.reason = "lost", .detail = result.message(), .at_ms = WallMs()});
+        AddTombstoneLocked(row.id, {.reason = "lost",
+                                    .detail = result.message(),
+                                    .at_ms = WallMs(),
+                                    .project = p.ok() ? p->project : std::string()});
       }
       continue;
     }

@@ -51,6 +51,9 @@ struct CreateParams : backends::SandboxShape {
   // A fork's image is the layer digests it was made of, which carry no config: this names the
   // image (stack) whose config it got, for a snapshot of it to carry that config.
   std::string config_from;
+  // The project it belongs to (a cluster's apiserver names it in Dsec-Project; "default" on a
+  // lone edge): a call naming another project finds no such sandbox.
+  std::string project = "default";
 };
 Json ToJson(const CreateParams& p);
 StatusOr<CreateParams> CreateParamsFromJson(const Json& j);
@@ -96,6 +99,7 @@ class SandboxEntry {
 };
 
 struct ListFilter {
+  std::string project;                                      // "": any
   std::vector<std::pair<std::string, std::string>> labels;  // all must match
   std::optional<Phase> state;
   std::optional<backends::Kind> kind;
@@ -113,6 +117,7 @@ struct Tombstone {
   std::string reason;
   std::string detail;
   int64_t at_ms = 0;
+  std::string project;
 };
 
 // What a PATCH changes (api/sandboxes_json.h parses it).
@@ -148,6 +153,9 @@ class Manager {
   // NotFound for unknown ids, Gone for ids the node removed by itself lately (a tombstone);
   // Touches the entry.
   StatusOr<std::shared_ptr<SandboxEntry>> Get(const std::string& id);
+  // NotFound (the same words as for an unknown id) when `id` is a sandbox, or a tombstone, of
+  // another project than `project`; OK otherwise, unknown ids too (the call then says so).
+  Status CheckProject(const std::string& id, const std::string& project) const;
   // The tombstone of a sandbox the node removed by itself (not by an explicit delete), kept
   // for tombstone_ttl_s and at most tombstone_max of them (the oldest go first).
   std::optional<Tombstone> TombstoneOf(const std::string& id) const;
@@ -161,7 +169,8 @@ class Manager {
   StatusOr<SandboxRecord> Pause(const std::string& id);
   StatusOr<SandboxRecord> Resume(const std::string& id);
   // `op` on every sandbox labelled job=<job>; returns how many it succeeded on.
-  StatusOr<int> JobAction(const std::string& job, JobOp op);
+  // `project`: only its sandboxes ("": any).
+  StatusOr<int> JobAction(const std::string& job, JobOp op, const std::string& project = "");
 
   NodeReport NodeInfo() const;
   // The kinds of sandbox this node makes.

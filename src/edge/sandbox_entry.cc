@@ -19,6 +19,7 @@ Json ToJson(const CreateParams& p) {
             {"network", api::ToJson(p.network)},
             {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
   if (!p.config_from.empty()) j["config_from"] = p.config_from;
+  j["project"] = p.project;
   j.update(ToJson(p.resources));
   return j;
 }
@@ -48,6 +49,7 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
   }
   DSEC_ASSIGN_OR_RETURN(p.pool, GetString(j, "pool", ""));
   DSEC_ASSIGN_OR_RETURN(p.config_from, GetString(j, "config_from", ""));
+  DSEC_ASSIGN_OR_RETURN(p.project, GetString(j, "project", "default"));  // (rows from before)
   return p;
 }
 

@@ -80,6 +80,12 @@ APISERVER_OPERATIONS = {
     ("POST", "/v1/nodes/{node}/cordon"),
     ("POST", "/v1/nodes/{node}/uncordon"),
     ("POST", "/v1/nodes/{node}/drain"),
+    ("GET", "/v1/projects"),
+    ("POST", "/v1/projects"),
+    ("DELETE", "/v1/projects/{project}"),
+    ("GET", "/v1/projects/{project}/tokens"),
+    ("POST", "/v1/projects/{project}/tokens"),
+    ("DELETE", "/v1/projects/{project}/tokens/{name}"),
 }
 # In shared/API.md but not served yet: marked `x-dsec-status: planned`.
 PLANNED_OPERATIONS = set()
@@ -102,7 +108,7 @@ RECORD = {
     "idle_ttl_s": 0, "last_used_at": 1764480000000,
     "limits": {"cpu": 1.0, "memory_mb": 512, "pids": 256, "disk_mb": 256},
     "user": "sandbox", "workdir": "/workspace", "network": {"mode": "none"},
-    "labels": {"job": "rollout-7"}, "reason": None,
+    "labels": {"job": "rollout-7"}, "project": "default", "reason": None,
 }
 CREATE = {
     "kind": "container", "image": "host", "cpu": 1.0, "memory_mb": 512, "pids": 256,

@@ -187,7 +187,7 @@ class Edge:
                           "pids": body.get("pids", 256), "disk_mb": body.get("disk_mb", 256)},
                "user": body.get("user", "sandbox"), "workdir": body.get("workdir", "/workspace"),
                "network": body.get("network", {"mode": "none"}),
-               "labels": dict(body.get("labels") or {}), "reason": None}
+               "labels": dict(body.get("labels") or {}), "project": "default", "reason": None}
         with self.lock:
             self.sandboxes[sid] = rec
         return rec

@@ -1,0 +1,235 @@
+"""Cluster step 2 (issue 37): projects, tokens and roles on real etcd, real apiservers and
+edges. Tokens are shown once and kept only as keyed hashes; a token works on every apiserver
+and a revoke reaches every apiserver within a second; roles limit what a token may do."""
+
+import base64
+import json
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+import cluster_harness
+from cluster_harness import Cluster, request
+from edge_harness import wait_until
+
+
+@pytest.fixture(scope="module")
+def cl(tmp_path_factory):
+    reason = cluster_harness.why_not_runnable()
+    if reason:
+        print(f"[  SKIPPED ] {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    c = Cluster.start(tmp_path_factory.mktemp("access"), edges=2, apiservers=2)
+    try:
+        yield c
+    finally:
+        try:
+            residue = c.shutdown_and_check()
+            logs = c.logs(60) if residue else ""
+        finally:
+            c.cleanup()
+        assert not residue, f"the cluster left residue: {residue}\n{logs}"
+
+
+def call(c, method, path, body=None, token=None, i=0, project=None):
+    headers = {"Dsec-Project": project} if project else None
+    return request(c.urls[i], method, path, body, token=token or c.token, headers=headers)
+
+
+def new_name(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def make_token(c, project, name, role="member", **extra):
+    s, t = call(c, "POST", f"/v1/projects/{project}/tokens", {"name": name, "role": role, **extra})
+    assert s == 201, (s, t)
+    assert t["token"].startswith("dsec_") and t["role"] == role and t["project"] == project, t
+    return t["token"]
+
+
+def etcd_values(c):
+    """Every key and value under /dsec/ in etcd, decoded."""
+    body = json.dumps({"key": base64.b64encode(b"/dsec/").decode(),
+                       "range_end": base64.b64encode(b"/dsec0").decode()}).encode()
+    req = urllib.request.Request(c.etcd_url + "/v3/kv/range", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        kvs = json.loads(r.read()).get("kvs", [])
+    return [(base64.b64decode(kv["key"]).decode(), base64.b64decode(kv.get("value", "")).decode())
+            for kv in kvs]
+
+
+def test_projects_are_made_listed_and_refused_twice(cl):
+    p = new_name("team")
+    s, out = call(cl, "POST", "/v1/projects", {"name": p})
+    assert s == 201 and out["name"] == p and out["created_at"] > 0, out
+    assert call(cl, "POST", "/v1/projects", {"name": p})[0] == 409
+    assert call(cl, "POST", "/v1/projects", {"name": "default"})[0] == 409
+    for bad in ({"name": "Team"}, {"name": "-x"}, {"name": "a" * 64}, {}, {"name": p, "x": 1}):
+        assert call(cl, "POST", "/v1/projects", bad)[0] == 400, bad
+    # Both apiservers list it (the second through its etcd watch).
+    for i in (0, 1):
+        wait_until(lambda: p in [x["name"] for x in call(cl, "GET", "/v1/projects", i=i)[1]
+                                 ["projects"]], 5, what=f"apiserver {i} listing {p}")
+    assert "default" in [x["name"] for x in call(cl, "GET", "/v1/projects")[1]["projects"]]
+    assert call(cl, "GET", "/v1/projects/nosuch-proj/tokens")[0] == 404
+    assert call(cl, "DELETE", "/v1/projects/default")[0] == 409
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 404
+
+
+def test_a_token_is_shown_once_works_everywhere_and_a_revoke_reaches_every_apiserver(cl):
+    p = new_name("team")
+    assert call(cl, "POST", "/v1/projects", {"name": p})[0] == 201
+    token = make_token(cl, p, "alice")
+    # Listed without its secret; a second of the same name is refused.
+    s, out = call(cl, "GET", f"/v1/projects/{p}/tokens")
+    assert s == 200 and [t["name"] for t in out["tokens"]] == ["alice"], out
+    assert "token" not in out["tokens"][0] and out["tokens"][0]["expires_at"] is None, out
+    s, out = call(cl, "POST", f"/v1/projects/{p}/tokens", {"name": "alice"})
+    assert s == 409, out
+    for bad in ({"name": "bob", "role": "root"}, {"name": "Bob"}, {"role": "member"},
+                {"name": "bob", "ttl_s": 0}):
+        assert call(cl, "POST", f"/v1/projects/{p}/tokens", bad)[0] == 400, bad
+    # It works on both apiservers (the second within a second of its creation).
+    for i in (0, 1):
+        wait_until(lambda: call(cl, "GET", "/v1/sandboxes", token=token, i=i)[0] == 200, 1,
+                   what=f"the new token on apiserver {i}")
+    # Never in etcd, nor in any log, in clear.
+    assert not [k for k, v in etcd_values(cl) if token in k or token in v]
+    for log in cl.root.glob("*.log"):
+        assert token not in log.read_text(errors="replace"), log
+    # Revoked: refused on both within a second.
+    t0 = time.monotonic()
+    assert call(cl, "DELETE", f"/v1/projects/{p}/tokens/alice")[0] == 204
+    for i in (0, 1):
+        wait_until(lambda: call(cl, "GET", "/v1/sandboxes", token=token, i=i)[0] == 401, 1,
+                   what=f"the revoke on apiserver {i}")
+    assert time.monotonic() - t0 < 2
+    assert call(cl, "DELETE", f"/v1/projects/{p}/tokens/alice")[0] == 404
+    # An expired token is refused too.
+    short = make_token(cl, p, "brief", ttl_s=1)
+    assert call(cl, "GET", "/v1/sandboxes", token=short)[0] == 200
+    time.sleep(1.2)
+    assert call(cl, "GET", "/v1/sandboxes", token=short)[0] == 401
+    # Removing the project removes its tokens.
+    keep = make_token(cl, p, "carol")
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
+    wait_until(lambda: call(cl, "GET", "/v1/sandboxes", token=keep, i=1)[0] == 401, 2,
+               what="the project's tokens gone with it")
+    assert not [k for k, _ in etcd_values(cl) if p in k]
+
+
+def test_roles_limit_what_a_token_may_do(cl):
+    p = new_name("team")
+    assert call(cl, "POST", "/v1/projects", {"name": p})[0] == 201
+    member = make_token(cl, p, "mem")
+    viewer = make_token(cl, p, "view", role="viewer")
+    admin = make_token(cl, p, "adm", role="admin")
+    wait_until(lambda: call(cl, "GET", "/v1/sandboxes", token=viewer, i=1)[0] == 200, 2,
+               what="the tokens on apiserver 1")
+    # A member uses sandboxes of its project; it may not manage projects, tokens or nodes.
+    s, sb = call(cl, "POST", "/v1/sandboxes", {"memory_mb": 64}, token=member)
+    assert s == 201, sb
+    try:
+        s, out = call(cl, "POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["true"]},
+                      token=member, i=1)
+        assert s == 200 and out["exit_code"] == 0, out
+        for method, path, body in (("POST", "/v1/projects", {"name": "x"}),
+                                   ("GET", f"/v1/projects/{p}/tokens", None),
+                                   ("POST", f"/v1/projects/{p}/tokens", {"name": "x"}),
+                                   ("DELETE", f"/v1/projects/{p}/tokens/view", None),
+                                   ("POST", "/v1/nodes/n1/cordon", None)):
+            s, out = call(cl, method, path, body, token=member)
+            assert s == 403 and "needs admin" in out["error"]["message"], (path, out)
+        # It sees only its own project in the list of projects.
+        s, out = call(cl, "GET", "/v1/projects", token=member)
+        assert s == 200 and [x["name"] for x in out["projects"]] == [p], out
+        # Naming another project: 403; an admin naming one that does not exist: 404.
+        s, out = call(cl, "GET", "/v1/sandboxes", token=member, project="default")
+        assert s == 403 and "belongs to project" in out["error"]["message"], out
+        assert call(cl, "GET", "/v1/sandboxes", project="nosuch-proj")[0] == 404
+        # A viewer reads, and nothing else.
+        assert call(cl, "GET", "/v1/sandboxes", token=viewer)[0] == 200
+        assert call(cl, "GET", f"/v1/sandboxes/{sb['id']}/stats", token=viewer)[0] == 200
+        for method, path, body in (("POST", "/v1/sandboxes", {"memory_mb": 64}),
+                                   ("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["true"]}),
+                                   ("DELETE", f"/v1/sandboxes/{sb['id']}", None),
+                                   ("GET", f"/v1/sandboxes/{sb['id']}/ports/80/", None)):
+            s, out = call(cl, method, path, body, token=viewer)
+            assert s == 403 and "viewer" in out["error"]["message"], (path, out)
+        # A project's admin token manages projects and tokens like the cluster token.
+        other = new_name("team")
+        assert call(cl, "POST", "/v1/projects", {"name": other}, token=admin)[0] == 201
+        assert call(cl, "DELETE", f"/v1/projects/{other}", token=admin)[0] == 204
+        # A wrong token is 401 with nothing said about the project.
+        s, out = call(cl, "GET", "/v1/sandboxes", token="dsec_" + "a" * 43)
+        assert s == 401 and out["error"]["message"] == "invalid token", out
+    finally:
+        assert call(cl, "DELETE", f"/v1/sandboxes/{sb['id']}", token=member)[0] in (204, 404)
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
+
+
+def test_a_project_never_sees_anothers_sandboxes(cl):
+    """Every endpoint shape on a sandbox of project A answers a token of project B as for an id
+    that does not exist (404); B's lists and job operations leave A's alone; the same request
+    id in both makes two sandboxes; an admin reaches any project's sandbox by id and lists
+    `default` unless it names a project."""
+    a, b = new_name("team"), new_name("team")
+    for p in (a, b):
+        assert call(cl, "POST", "/v1/projects", {"name": p})[0] == 201
+    ta, tb = make_token(cl, a, "alice"), make_token(cl, b, "bob")
+    wait_until(lambda: all(call(cl, "GET", "/v1/sandboxes", token=t, i=1)[0] == 200
+                           for t in (ta, tb)), 2, what="the tokens on apiserver 1")
+    s, sa = call(cl, "POST", "/v1/sandboxes",
+                 {"memory_mb": 64, "labels": {"job": "j1"}, "request_id": "same-rid"}, token=ta)
+    assert s == 201 and sa["project"] == a, sa
+    s, sb = call(cl, "POST", "/v1/sandboxes",
+                 {"memory_mb": 64, "labels": {"job": "j1"}, "request_id": "same-rid"}, token=tb)
+    assert s == 201 and sb["project"] == b and sb["id"] != sa["id"], (sa, sb)
+    sid = sa["id"]
+    try:
+        shapes = [("GET", f"/v1/sandboxes/{sid}", None),
+                  ("PATCH", f"/v1/sandboxes/{sid}", {"labels": {"x": "y"}}),
+                  ("GET", f"/v1/sandboxes/{sid}/stats", None),
+                  ("POST", f"/v1/sandboxes/{sid}/pause", None),
+                  ("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}),
+                  ("GET", f"/v1/sandboxes/{sid}/execs", None),
+                  ("POST", f"/v1/sandboxes/{sid}/signal", {"signal": "KILL"}),
+                  ("GET", f"/v1/sandboxes/{sid}/files?path=/etc/hostname", None),
+                  ("GET", f"/v1/sandboxes/{sid}/files/list?path=/", None),
+                  ("PUT", f"/v1/sandboxes/{sid}/files?path=/tmp/x", b"data"),
+                  ("GET", f"/v1/sandboxes/{sid}/archive?path=/etc", None),
+                  ("POST", f"/v1/sandboxes/{sid}/shells", {}),
+                  ("GET", f"/v1/sandboxes/{sid}/ports/80/", None),
+                  ("POST", f"/v1/sandboxes/{sid}/port-urls", {"port": 80}),
+                  ("POST", f"/v1/sandboxes/{sid}/snapshot", {"image": "stolen"}),
+                  ("POST", f"/v1/sandboxes/{sid}/fork", {"count": 1}),
+                  ("DELETE", f"/v1/sandboxes/{sid}", None)]
+        for i in (0, 1):
+            for method, path, body in shapes:
+                s, out = call(cl, method, path, body, token=tb, i=i)
+                assert s == 404 and out["error"]["message"].startswith(f"sandbox {sid} not found"), \
+                    (i, method, path, s, out)
+        # Lists and jobs: each project sees and acts on its own.
+        ids = lambda t, **kw: [x["id"] for x in call(cl, "GET", "/v1/sandboxes", token=t, **kw)[1]
+                               ["sandboxes"]]
+        assert ids(ta) == [sid] and ids(tb) == [sb["id"]]
+        s, out = call(cl, "POST", "/v1/jobs/j1/pause", token=tb)
+        assert s == 200 and out["affected"] == 1, out
+        assert call(cl, "GET", f"/v1/sandboxes/{sid}", token=ta)[1]["state"] == "running"
+        # An admin: any sandbox by id; lists default unless it names a project.
+        assert call(cl, "GET", f"/v1/sandboxes/{sid}")[0] == 200
+        assert sid not in ids(None)
+        assert ids(None, project=a) == [sid]
+        # A project with sandboxes cannot be removed.
+        s, out = call(cl, "DELETE", f"/v1/projects/{a}")
+        assert s == 409 and "still has sandboxes" in out["error"]["message"], out
+    finally:
+        for t, x in ((ta, sid), (tb, sb["id"])):
+            assert call(cl, "DELETE", f"/v1/sandboxes/{x}", token=t)[0] in (204, 404)
+    for p in (a, b):
+        assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
