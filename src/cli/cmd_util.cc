@@ -18,7 +18,7 @@ int Fail(const Status& s, int code) {
 }
 
 StatusOr<std::unique_ptr<EdgeClient>> Connect(const GlobalOptions& g) {
-  DSEC_ASSIGN_OR_RETURN(Endpoint ep, ResolveEndpoint(g.url, g.token));
+  DSEC_ASSIGN_OR_RETURN(Endpoint ep, ResolveEndpoint(g.url, g.token, g.project));
   return std::make_unique<EdgeClient>(std::move(ep));
 }
 

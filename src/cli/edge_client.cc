@@ -53,10 +53,11 @@ std::string UrlEncode(std::string_view s, bool keep_slash) {
   return out;
 }
 
-StatusOr<Endpoint> ResolveEndpoint(std::string url, std::string token) {
+StatusOr<Endpoint> ResolveEndpoint(std::string url, std::string token, std::string project) {
   Endpoint ep;
   if (url.empty()) url = Env("DSEC_URL");
   if (token.empty()) token = Env("DSEC_TOKEN");
+  ep.project = project.empty() ? Env("DSEC_PROJECT") : project;
   ep.configured = !url.empty();
   if (url.empty())
     url = access(kDefaultSocket, F_OK) == 0 ? std::string("unix://") + kDefaultSocket
@@ -175,6 +176,7 @@ void SetCommonFields(const Endpoint& ep, Req& req) {
   req.set(http::field::host, ep.is_unix ? std::string("localhost") : host);
   req.set(http::field::user_agent, std::string("dsec/") + DSEC_VERSION);
   if (!ep.token.empty() && !ep.is_unix) req.set(http::field::authorization, "Bearer " + ep.token);
+  if (!ep.project.empty()) req.set("Dsec-Project", ep.project);
   req.keep_alive(true);
 }
 

@@ -28,6 +28,7 @@ struct Endpoint {
   std::string unix_path;
   std::string host, port;
   std::string token;
+  std::string project;      // sent as Dsec-Project (a cluster's apiserver); "" not at all
   bool configured = false;  // from --url or DSEC_URL (not the default)
 };
 
@@ -37,8 +38,8 @@ inline constexpr const char* kDefaultTokenFile = "/var/lib/dsec/edge/token";
 
 // url: --url or $DSEC_URL ("http://HOST:PORT", "unix:///PATH" or "/PATH"); empty picks the
 // default unix socket when it exists, else http://127.0.0.1:7070. token: --token or $DSEC_TOKEN,
-// else the default edge's token file when readable.
-StatusOr<Endpoint> ResolveEndpoint(std::string url, std::string token);
+// else the default edge's token file when readable. project: --project or $DSEC_PROJECT.
+StatusOr<Endpoint> ResolveEndpoint(std::string url, std::string token, std::string project = "");
 
 // An API error as a Status: the HTTP status picks the code, the message is the server's.
 Status ApiError(unsigned http_status, std::string_view body);

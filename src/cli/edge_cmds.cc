@@ -520,7 +520,7 @@ int RemoveJob(const GlobalOptions& g, const std::string& job) {
 
 int MaybeRunThroughEdge(const GlobalOptions& g, const RunThroughEdge& o) {
   if (g.local) return -1;
-  auto ep = ResolveEndpoint(g.url, g.token);
+  auto ep = ResolveEndpoint(g.url, g.token, g.project);
   if (!ep.ok()) return Fail(ep.status(), kExecFail);
   EdgeClient c(*ep);
   if (!ep->configured && !c.Reachable()) return -1;  // no edge here: run locally
@@ -732,7 +732,7 @@ void RegisterEdgeCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
         return;
       }
     }
-    auto ep = ResolveEndpoint(g.url, g.token);
+    auto ep = ResolveEndpoint(g.url, g.token, g.project);
     if (!ep.ok()) {
       *exit_code = Fail(ep.status());
       return;

@@ -12,6 +12,7 @@
 #include "cli/fncall_cmds.h"
 #include "cli/image_cmds.h"
 #include "cli/node_cmds.h"
+#include "cli/project_cmds.h"
 #include "cli/run.h"
 
 int main(int argc, char** argv) {
@@ -27,6 +28,9 @@ int main(int argc, char** argv) {
                  "(default $DSEC_URL, then the local edge's socket /run/dsec/edge.sock, then "
                  "http://127.0.0.1:7070)");
   app.add_option("--token", global.token, "Bearer token for a TCP edge (default $DSEC_TOKEN)");
+  app.add_option("--project", global.project,
+                 "A cluster's project to act in (default $DSEC_PROJECT; a token acts in its own; "
+                 "an admin's in default)");
   app.add_flag("--json", global.json, "Machine-readable JSON output");
   app.add_flag("--local", global.local, "dsec run: run here without an edge");
   app.fallthrough();
@@ -37,6 +41,7 @@ int main(int argc, char** argv) {
   dsec::cli::RegisterFnCallCommands(app, global, &exit_code);
   dsec::cli::RegisterImageCommands(app, global, &exit_code);
   dsec::cli::RegisterNodeCommands(app, global, &exit_code);
+  dsec::cli::RegisterProjectCommands(app, global, &exit_code);
   dsec::cli::RegisterBenchCommand(app);
   // Everything after the first "--" is the command, verbatim (CLI11 would otherwise give
   // options like "-c" to itself or to a repeatable flag before it).

@@ -16,6 +16,7 @@ struct GlobalOptions {
   std::string state_dir;
   std::string log_level = "warn";
   std::string url, token;  // the edge (default: $DSEC_URL / $DSEC_TOKEN, then the local edge)
+  std::string project;     // a cluster's project to act in (default $DSEC_PROJECT)
   bool json = false;       // machine-readable output
   bool local = false;      // `run` without an edge even when one is reachable
   std::vector<std::string> command;  // after "--"

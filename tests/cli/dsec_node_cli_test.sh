@@ -89,6 +89,28 @@ err=$(DSEC_TOKEN=wrong D node ls 2>&1); one_line_error "a wrong token" $? "$err"
 err=$(DSEC_URL=unix://$C/edge-n1/edge.sock D node ls 2>&1)
 one_line_error "an edge's URL" $? "$err" "dsec-apiserver"
 
+# Projects and tokens (issue 37): an admin makes a project and a member token of it; the
+# token is the last line of the output; the member's sandbox is in its project and invisible
+# to another's; revoke; rm.
+check "project create" "clip" "$(D project create clip)"
+err=$(D project create clip 2>&1); one_line_error "project create twice" $? "$err" "exists"
+check "project ls" "clip default " "$(D project ls | awk 'NR>1 {print $1}' | tr '\n' ' ')"
+tok=$(D token create --project clip --role member alice 2>/dev/null | tail -n 1)
+check "token create prints the token last" 1 "$(echo "$tok" | grep -c '^dsec_[a-z2-7]\{43\}$')"
+check "token ls" "alice member -" "$(D --project clip token ls | awk 'NR>1 {print $1, $2, $NF}')"
+err=$(D token create alice 2>&1); one_line_error "token create without a project" $? "$err" "--project"
+mid=$(DSEC_TOKEN=$tok D create --memory 64)
+check "a member's sandbox is of its project" clip "$(DSEC_TOKEN=$tok D get "$mid" --json | json 'r["project"]')"
+err=$(D --project default get "$mid" 2>&1); one_line_error "another project's sandbox" $? "$err" "not found"
+err=$(DSEC_TOKEN=$tok D project create x 2>&1); one_line_error "a member making a project" $? "$err" "needs admin"
+DSEC_TOKEN=$tok D rm "$mid" >/dev/null; check "the member deletes its sandbox" 0 $?
+check "token revoke" "alice revoked" "$(D token revoke --project clip alice)"
+sleep 1
+err=$(DSEC_TOKEN=$tok D ls 2>&1); one_line_error "a revoked token" $? "$err" "invalid token"
+check "project rm" "clip removed" "$(D project rm clip)"
+err=$(DSEC_URL=unix://$C/edge-n1/edge.sock D project ls 2>&1)
+one_line_error "projects on an edge's URL" $? "$err" "dsec-apiserver"
+
 cluster_up=
 "$repo/scripts/cluster" down "$C" >"$T/down.out" 2>"$T/down.err"; rc=$?
 check "cluster down: stopped, nothing left" "0 gone" "$rc $([ -e "$C" ] && echo kept || echo gone)"

@@ -233,3 +233,36 @@ def test_a_project_never_sees_anothers_sandboxes(cl):
             assert call(cl, "DELETE", f"/v1/sandboxes/{x}", token=t)[0] in (204, 404)
     for p in (a, b):
         assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
+
+
+def test_the_sdk_acts_in_a_project(cl, monkeypatch):
+    """DSecClient(project=...) or DSEC_PROJECT names the project an admin acts in; a project
+    token's client acts in its own (the sync and the async client alike)."""
+    import asyncio
+    sys.path.insert(0, str(cluster_harness.REPO / "sdk" / "python"))
+    import libdsec
+    p = new_name("team")
+    assert call(cl, "POST", "/v1/projects", {"name": p})[0] == 201
+    member = make_token(cl, p, "sdk")
+    wait_until(lambda: call(cl, "GET", "/v1/sandboxes", token=member, i=1)[0] == 200, 2,
+               what="the token on apiserver 1")
+    with libdsec.DSecClient(cl.urls[1], token=member) as c:
+        sb = c.run_container(libdsec.DSecContainerRunArgs(memory_mb=64))
+        assert sb["project"] == p, sb.record
+    try:
+        with libdsec.DSecClient(cl.urls[0], token=cl.token) as admin:
+            assert sb.id not in [s.id for s in admin.list_sandboxes()]  # default
+        with libdsec.DSecClient(cl.urls[0], token=cl.token, project=p) as admin:
+            assert [s.id for s in admin.list_sandboxes()] == [sb.id]
+        monkeypatch.setenv("DSEC_PROJECT", p)
+        with libdsec.DSecClient(cl.urls[0], token=cl.token) as admin:
+            assert admin.project == p and [s.id for s in admin.list_sandboxes()] == [sb.id]
+
+        async def from_async():
+            async with libdsec.AsyncDSecClient(cl.urls[1], token=cl.token) as ac:
+                return [s.id for s in await ac.list_sandboxes()]
+        assert asyncio.run(from_async()) == [sb.id]
+        monkeypatch.delenv("DSEC_PROJECT")
+    finally:
+        assert call(cl, "DELETE", f"/v1/sandboxes/{sb.id}", token=member)[0] in (204, 404)
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204

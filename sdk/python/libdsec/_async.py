@@ -245,6 +245,7 @@ class AsyncTransport:
         retry: RetryPolicy,
         max_connections: int = 64,
         ssl_context: ssl_module.SSLContext | None = None,
+        project: str | None = None,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
@@ -252,7 +253,7 @@ class AsyncTransport:
         self.timeout = timeout
         self.retry = retry
         self.max_connections = max_connections
-        self._headers = base_headers(endpoint, token)
+        self._headers = base_headers(endpoint, token, project)
         self._ssl = ssl_context
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: collections.deque[_Conn] = collections.deque()

@@ -84,6 +84,14 @@ def resolve_config(url: str | None, token: str | None) -> tuple[Endpoint, str | 
     return parse_url(url), token
 
 
+def resolve_project(project: str | None) -> str | None:
+    """The cluster project to act in: ``project``, else ``DSEC_PROJECT``, else none (a
+    token acts in its own project; a cluster admin's in ``default``)."""
+    if project is None:
+        project = os.environ.get("DSEC_PROJECT") or None
+    return project or None
+
+
 FRESH_ID_HEADER = "Dsec-Fresh-Request-Id"
 
 
@@ -235,10 +243,13 @@ def stream_request(
                    source, fresh_id=request_id is None)
 
 
-def base_headers(endpoint: Endpoint, token: str | None) -> dict[str, str]:
+def base_headers(endpoint: Endpoint, token: str | None,
+                 project: str | None = None) -> dict[str, str]:
     headers = {"User-Agent": USER_AGENT}
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    if project:
+        headers["Dsec-Project"] = project
     return headers
 
 

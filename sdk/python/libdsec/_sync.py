@@ -143,11 +143,12 @@ class SyncTransport:
         timeout: float | None,
         retry: RetryPolicy,
         ssl_context: ssl.SSLContext | None = None,
+        project: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self.retry = retry
-        self._headers = base_headers(endpoint, token)
+        self._headers = base_headers(endpoint, token, project)
         self._ssl_context = ssl_context
         self._local = threading.local()
         self._lock = threading.Lock()

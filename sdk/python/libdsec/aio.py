@@ -15,7 +15,8 @@ from typing import Any, AsyncIterator, BinaryIO, Callable, Mapping, Sequence
 
 from . import _archive, _ops
 from ._async import AsyncTransport
-from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, port_url, resolve_config
+from ._http import (DEFAULT_TIMEOUT, Request, RetryPolicy, port_url, resolve_config,
+                    resolve_project)
 from ._ops import Cmd, Stdin
 from .errors import BuildFailedError, DSecError, DSecTimeoutError, NotFoundError
 from .models import (
@@ -57,14 +58,16 @@ class AsyncDSecClient:
         retry_after_cap: float = 30.0,
         max_connections: int = 64,
         ssl_context: ssl.SSLContext | None = None,
+        project: str | None = None,
     ) -> None:
         endpoint, token = resolve_config(url, token)
         self.url = url
         self.endpoint = endpoint
+        self.project = resolve_project(project)
         self._t = AsyncTransport(
             endpoint, token, timeout,
             RetryPolicy(retries, backoff_base, backoff_cap, retry_after_cap),
-            max_connections, ssl_context,
+            max_connections, ssl_context, self.project,
         )
 
     async def _call(self, req: Request) -> bytes:

@@ -9,7 +9,8 @@ import time
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
 from . import _archive, _ops
-from ._http import DEFAULT_TIMEOUT, Request, RetryPolicy, port_url, resolve_config
+from ._http import (DEFAULT_TIMEOUT, Request, RetryPolicy, port_url, resolve_config,
+                    resolve_project)
 from ._ops import Cmd, Stdin
 from ._sync import SyncTransport
 from .errors import BuildFailedError, DSecError, DSecTimeoutError, NotFoundError
@@ -49,6 +50,10 @@ class DSecClient:
             runs it at most once.
         backoff_base, backoff_cap: exponential backoff with jitter, seconds.
         retry_after_cap: upper bound on a server's ``Retry-After``, seconds.
+        project: the cluster project to act in (sent as ``Dsec-Project``); ``None``
+            reads ``DSEC_PROJECT``, else none: a project token acts in its own project,
+            a cluster admin's in ``default``. A lone edge keeps every sandbox in
+            ``default``.
 
     The client is thread-safe: each thread uses its own keep-alive connection.
     All errors are :class:`~libdsec.DSecError`.
@@ -65,13 +70,16 @@ class DSecClient:
         backoff_cap: float = 5.0,
         retry_after_cap: float = 30.0,
         ssl_context: ssl.SSLContext | None = None,
+        project: str | None = None,
     ) -> None:
         endpoint, token = resolve_config(url, token)
         self.url = url
         self.endpoint = endpoint
+        self.project = resolve_project(project)
         self._t = SyncTransport(
             endpoint, token, timeout,
             RetryPolicy(retries, backoff_base, backoff_cap, retry_after_cap), ssl_context,
+            self.project,
         )
 
     # -- plumbing ----------------------------------------------------------
