@@ -166,13 +166,14 @@ std::string NodeOfSandbox(std::string_view id) {
 }
 
 Apiserver::Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::string node_token,
-                     etcd::Client* etcd, ClusterView* view, AccessView* access)
+                     etcd::Client* etcd, ClusterView* view, AccessView* access, AuditLog* audit)
     : cfg_(std::move(cfg)),
       tokens_(std::move(tokens)),
       node_token_(std::move(node_token)),
       etcd_(etcd),
       view_(view),
       access_(access),
+      audit_(audit),
       records_(static_cast<size_t>(std::max<int64_t>(0, cfg_.record_cache))),
       workers_(static_cast<size_t>(std::max(4, cfg_.workers))),
       fanout_(static_cast<size_t>(std::max(4, cfg_.workers))),
@@ -300,6 +301,7 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
     return;
   }
   api::RouteMatch match = api::MatchRoute(req.method, req.target, api::Server::kApiserver);
+  if (match.route) Audit(req, match.params.count("id") ? match.params.at("id") : "");
   auto shared = std::make_shared<http::HttpRequest>(std::move(req));
   auto on_worker = [this, res](auto fn) {
     boost::asio::post(workers_, [fn = std::move(fn), res]() mutable {
@@ -378,6 +380,25 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
            "this release)");
 }
 
+void Apiserver::Audit(const http::HttpRequest& req, const std::string& sandbox) const {
+  if (!audit_ || ((req.method == "GET" || req.method == "HEAD") && !req.websocket_upgrade)) return;
+  auto who = Principal::Decode(req.principal);
+  Json e = {{"event", "call"},
+            {"method", req.method},
+            {"path", req.path},
+            {"remote", req.remote.substr(0, req.remote.rfind(':'))}};
+  if (who) {
+    e["token"] = who->token;
+    e["project"] = who->project;
+    e["role"] = RoleName(who->role);
+    if (std::string named = req.Header("dsec-project"); !named.empty()) e["acting_in"] = named;
+  } else {
+    e["credential"] = req.principal;  // "port": a signed port URL or port host
+  }
+  if (!sandbox.empty()) e["sandbox"] = sandbox;
+  audit_->Record(std::move(e));
+}
+
 std::optional<Principal> Apiserver::Caller(const http::HttpRequest& req) const {
   if (CallerIsCluster(req)) return Principal{"cluster", std::string(kDefaultProject), Role::kAdmin};
   return access_->Authenticate(http::BearerToken(req), WallMs());
@@ -415,6 +436,7 @@ void Apiserver::Relay(http::HttpRequest req) {
   const bool signed_port = !port_host && api::ParseSignedPortTarget(req.target, &spt);
   if (signed_port) id = spt.id;
   const bool with_node_token = !(port_host || signed_port) || CallerIsCluster(req);
+  Audit(req, id);
   if (Status s = api::ValidateId("sandbox id", id); !s.ok())
     return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
   const std::string node = NodeOfSandbox(id);

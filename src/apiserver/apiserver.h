@@ -33,6 +33,7 @@
 #include "apiserver/placement.h"
 #include "apiserver/record_cache.h"
 #include "apiserver/view.h"
+#include "base/audit_log.h"
 #include "base/mutex.h"
 #include "cluster/etcd.h"
 #include "http/server.h"
@@ -59,6 +60,12 @@ struct ApiserverConfig {
   // Host-based port URLs ("<port>-<id>.<port_domain>", the edges' port_domain): relayed to the
   // sandbox's node with their Host, as signed /v1/p/ URLs are ("" = off).
   std::string port_domain;
+  // The access log (base/audit_log.h): one JSON line per change a caller asks for (any method
+  // but GET/HEAD, and attach): who (token name, project, role), what, which sandbox. Off when
+  // empty; rotated at audit_max_bytes, keeping audit_keep old files.
+  std::string audit_log;
+  uint64_t audit_max_bytes = 64ull << 20;
+  int audit_keep = 5;
   // The compatibility listeners (compat.h), relayed to the edges' own: off when empty.
   std::string e2b_listen;
   std::string sandbox_fusion_listen;
@@ -67,7 +74,7 @@ struct ApiserverConfig {
 class Apiserver {
  public:
   Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::string node_token,
-            etcd::Client* etcd, ClusterView* view, AccessView* access);
+            etcd::Client* etcd, ClusterView* view, AccessView* access, AuditLog* audit = nullptr);
 
   http::Preflight Check(http::HttpRequest& headers_only);
   void Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
@@ -80,6 +87,8 @@ class Apiserver {
   void Relay(http::HttpRequest req);
   // The caller showed one of the cluster tokens.
   bool CallerIsCluster(const http::HttpRequest& req) const;
+  // One access-log line for a request that changes something (nothing for reads).
+  void Audit(const http::HttpRequest& req, const std::string& sandbox) const;
   // Who calls (a cluster token: admin of default; a project token), or nullopt.
   std::optional<Principal> Caller(const http::HttpRequest& req) const;
   // The project a request acts in: the caller's, or for an admin the one it names in
@@ -125,6 +134,7 @@ class Apiserver {
   etcd::Client* etcd_;
   ClusterView* view_;
   AccessView* access_;
+  AuditLog* audit_;
   http::HttpServer* server_ = nullptr;
   std::atomic<int64_t> relays_{0};
   RecordCache records_;

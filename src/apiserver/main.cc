@@ -62,6 +62,9 @@ int main(int argc, char** argv) {
   app.add_option("--port-domain", cfg.port_domain,
                  "Host-based port URLs: <port>-<sandbox id>.DOMAIN, relayed to the sandbox's node "
                  "(the edges' port_domain; off when empty)");
+  app.add_option("--audit-log", cfg.audit_log,
+                 "Access log: a JSON line per change a caller asks for (who: token name, "
+                 "project, role; what; which sandbox); off when empty");
   app.add_option("--max-relays", cfg.max_relays, "Calls on sandboxes relayed at once (then 429)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--record-cache", cfg.record_cache,
@@ -109,7 +112,13 @@ int main(int argc, char** argv) {
   apiserver::AccessView access(http::DerivedKey(*node_tokens, "dsec-project-token-hash"));
   apiserver::ClusterView view(&etcd, &access);
   view.Start();
-  apiserver::Apiserver api(cfg, *tokens, node_tokens->front(), &etcd, &view, &access);
+  std::unique_ptr<AuditLog> audit;
+  if (!cfg.audit_log.empty()) {
+    auto a = AuditLog::Open(cfg.audit_log, cfg.audit_max_bytes, cfg.audit_keep);
+    if (!a.ok()) return fail("--audit-log", a.status());
+    audit = std::move(*a);
+  }
+  apiserver::Apiserver api(cfg, *tokens, node_tokens->front(), &etcd, &view, &access, audit.get());
   http::HttpServerOptions ho;
   ho.listen = cfg.listen;
   ho.io_threads = cfg.io_threads;

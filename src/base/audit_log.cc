@@ -1,4 +1,4 @@
-#include "edge/audit_log.h"
+#include "base/audit_log.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,7 +8,7 @@
 #include "base/file_util.h"
 #include "base/logging.h"
 
-namespace dsec::edge {
+namespace dsec {
 
 namespace {
 constexpr size_t kMaxArgBytes = 4096;
@@ -21,11 +21,11 @@ StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path, uint
   a->path_ = path;
   a->max_bytes_ = max_bytes;
   a->keep_ = keep;
-  std::string dir = path.substr(0, path.rfind('/'));
-  if (!dir.empty()) {
-    DSEC_RETURN_IF_ERROR(MakeDirs(dir, 0700));
-    (void)chmod(dir.c_str(), 0700);
-  }
+  // Its directory is made private when made here; one that exists keeps its mode (an
+  // apiserver's log may go to /var/log). The file itself is 0600.
+  const size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "" : path.substr(0, slash);
+  if (!dir.empty() && access(dir.c_str(), F_OK) != 0) DSEC_RETURN_IF_ERROR(MakeDirs(dir, 0700));
   MutexLock l(a->mu_);  // not shared yet; taken so the fields are only ever touched under it
   a->fd_.Reset(open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!a->fd_) return ErrnoError("open audit log \"" + path + "\"");
@@ -79,4 +79,4 @@ void AuditLog::Record(Json entry) {
   size_ += line.size();
 }
 
-}  // namespace dsec::edge
+}  // namespace dsec

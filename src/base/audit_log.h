@@ -1,7 +1,8 @@
-// The exec audit log: one JSON line per exec, shell command and attach session (who, when,
-// which sandbox, the command, exit, sizes), for reward-hacking forensics. It lives on the host
-// under a root-only directory that no sandbox can see (the state dir is hidden from every
-// image), and rotates by size: exec.log -> exec.log.1 -> ... keeping `keep` old files.
+// Audit logs as JSON lines: the edge's exec log (one line per exec, shell command and attach
+// session: who, when, which sandbox, the command, exit, sizes: reward-hacking forensics) and the
+// apiserver's access log (who, by token name and project, changed what). Each lives on the host
+// where no sandbox can see it (the edge's state dir is hidden from every image), and rotates by
+// size: exec.log -> exec.log.1 -> ... keeping `keep` old files.
 // Thread safety: Record is thread-safe; each line is one write(2) with O_APPEND.
 #pragma once
 
@@ -14,7 +15,7 @@
 #include "base/status.h"
 #include "base/unique_fd.h"
 
-namespace dsec::edge {
+namespace dsec {
 
 class AuditLog {
  public:
@@ -42,4 +43,4 @@ class AuditLog {
   uint64_t write_errors_ = 0;
 };
 
-}  // namespace dsec::edge
+}  // namespace dsec

@@ -25,7 +25,7 @@
 #include "api/sandboxes_json.h"
 #include "backends/pools/pool.h"
 #include "base/base64.h"
-#include "edge/audit_log.h"
+#include "base/audit_log.h"
 #include "edge/config.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"

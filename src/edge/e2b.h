@@ -30,7 +30,7 @@
 
 #include "api/e2b.h"
 #include "base/mutex.h"
-#include "edge/audit_log.h"
+#include "base/audit_log.h"
 #include "edge/config.h"
 #include "edge/e2b_interpreter.h"
 #include "edge/manager.h"

@@ -24,7 +24,7 @@
 #include <string>
 
 #include "base/mutex.h"
-#include "edge/audit_log.h"
+#include "base/audit_log.h"
 #include "edge/config.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"

@@ -27,7 +27,7 @@
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "edge/api.h"
-#include "edge/audit_log.h"
+#include "base/audit_log.h"
 #include "edge/builds.h"
 #include "edge/e2b.h"
 #include "edge/idempotency.h"

@@ -12,7 +12,7 @@
 #include "base/ids.h"
 #include "base/json.h"
 #include "edge/api.h"
-#include "edge/audit_log.h"
+#include "base/audit_log.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
 

@@ -485,7 +485,8 @@ class Cluster:
     def apiserver_args(self, i):
         return [self.apiserver_bin, "--listen", f"127.0.0.1:{self.apiserver_ports[i]}",
                 "--etcd", self.etcd_url, "--token-file", self.root / "cluster.token",
-                "--node-token-file", self.root / "node.token", "--port-domain", PORT_DOMAIN] + \
+                "--node-token-file", self.root / "node.token", "--port-domain", PORT_DOMAIN,
+                "--audit-log", self.root / f"apiserver-{i + 1}.audit.log"] + \
             self.compat_args(i) + \
             list(self.apiserver_extra)
 

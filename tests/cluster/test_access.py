@@ -228,6 +228,17 @@ def test_a_project_never_sees_anothers_sandboxes(cl):
         # A project with sandboxes cannot be removed.
         s, out = call(cl, "DELETE", f"/v1/projects/{a}")
         assert s == 409 and "still has sandboxes" in out["error"]["message"], out
+        # The apiservers' access logs say who asked what of which sandbox (not reads).
+        lines = [json.loads(ln) for i in (1, 2) for ln in
+                 (cl.root / f"apiserver-{i}.audit.log").read_text().splitlines()]
+        mine = [(e["token"], e["project"], e["method"], e["path"], e.get("sandbox"))
+                for e in lines if e.get("project") in (a, b)]
+        assert ("alice", a, "POST", "/v1/sandboxes", None) in mine, mine
+        assert ("bob", b, "DELETE", f"/v1/sandboxes/{sid}", sid) in mine, mine
+        assert ("bob", b, "POST", f"/v1/sandboxes/{sid}/exec", sid) in mine, mine
+        assert not [e for e in lines if e.get("project") in (a, b) and e["method"] == "GET"]
+        assert all(e["time_ms"] > 0 and e["role"] == "member" for e in lines
+                   if e.get("project") in (a, b)), lines
     finally:
         for t, x in ((ta, sid), (tb, sb["id"])):
             assert call(cl, "DELETE", f"/v1/sandboxes/{x}", token=t)[0] in (204, 404)
