@@ -44,11 +44,13 @@ std::optional<Principal> Principal::Decode(std::string_view s) {
 }
 
 Json TokenRecord::ToJson() const {
-  return {{"name", name},
-          {"project", project},
-          {"role", RoleName(role)},
-          {"created_at", created_at},
-          {"expires_at", expires_at > 0 ? Json(expires_at) : Json(nullptr)}};
+  Json j = {{"name", name},
+            {"project", project},
+            {"role", RoleName(role)},
+            {"created_at", created_at},
+            {"expires_at", expires_at > 0 ? Json(expires_at) : Json(nullptr)}};
+  if (last_used > 0) j["last_used"] = last_used;
+  return j;
 }
 
 StatusOr<TokenRecord> TokenRecord::FromJson(std::string_view text) {
@@ -94,7 +96,7 @@ std::string AccessView::TokenHash(std::string_view token) const {
 
 std::string AccessView::NewToken() { return "dsec_" + RandomBase32(43); }
 
-std::optional<Principal> AccessView::Authenticate(std::string_view token, int64_t now_ms) const {
+std::optional<Principal> AccessView::Authenticate(std::string_view token, int64_t now_ms) {
   if (token.empty()) return std::nullopt;
   const std::string h = TokenHash(token);
   MutexLock l(mu_);
@@ -102,7 +104,23 @@ std::optional<Principal> AccessView::Authenticate(std::string_view token, int64_
   if (it == tokens_.end()) return std::nullopt;
   const TokenRecord& r = it->second;
   if (r.expires_at > 0 && r.expires_at <= now_ms) return std::nullopt;
+  int64_t& u = used_[h];
+  u = std::max(u, now_ms);
   return Principal{r.name, r.project, r.role};
+}
+
+std::vector<std::pair<std::string, int64_t>> AccessView::TokenUses(int64_t now_ms,
+                                                                   int64_t interval_ms) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  MutexLock l(mu_);
+  for (const auto& [h, use] : used_) {
+    if (!tokens_.count(h)) continue;  // revoked
+    Written& w = written_[h];
+    if (use <= w.use || now_ms - w.at < interval_ms) continue;
+    out.emplace_back(std::string(kTokenUsedPrefix) + h, use);
+    w = {use, now_ms};
+  }
+  return out;
 }
 
 bool AccessView::ProjectExists(std::string_view name) const {
@@ -126,8 +144,12 @@ std::vector<std::pair<std::string, TokenRecord>> AccessView::Tokens(
     std::string_view project) const {
   MutexLock l(mu_);
   std::vector<std::pair<std::string, TokenRecord>> out;
-  for (const auto& [hash, t] : tokens_)
-    if (t.project == project) out.emplace_back(std::string(kTokensPrefix) + hash, t);
+  for (const auto& [hash, t] : tokens_) {
+    if (t.project != project) continue;
+    out.emplace_back(std::string(kTokensPrefix) + hash, t);
+    if (auto u = used_.find(hash); u != used_.end())
+      out.back().second.last_used = std::max(out.back().second.last_used, u->second);
+  }
   std::sort(out.begin(), out.end(),
             [](const auto& a, const auto& b) { return a.second.name < b.second.name; });
   return out;
@@ -142,6 +164,13 @@ void AccessView::ApplyPut(const std::string& key, const std::string& value) {
     }
     MutexLock l(mu_);
     projects_[p->name] = std::move(*p);
+  } else if (StartsWith(key, kTokenUsedPrefix)) {
+    // Another apiserver's (or this one's) note of a use.
+    auto ms = ParseInt64(value);
+    if (!ms) return;
+    MutexLock l(mu_);
+    int64_t& u = used_[key.substr(kTokenUsedPrefix.size())];
+    u = std::max(u, *ms);
   } else if (StartsWith(key, kTokensPrefix)) {
     auto t = TokenRecord::FromJson(value);
     if (!t.ok()) {
@@ -159,6 +188,8 @@ void AccessView::ApplyDelete(const std::string& key) {
     projects_.erase(key.substr(kProjectsPrefix.size()));
   else if (StartsWith(key, kTokensPrefix))
     tokens_.erase(key.substr(kTokensPrefix.size()));
+  else if (StartsWith(key, kTokenUsedPrefix))
+    used_.erase(key.substr(kTokenUsedPrefix.size()));
 }
 
 void AccessView::Reset(const std::vector<etcd::KeyValue>& kvs) {
@@ -169,6 +200,7 @@ void AccessView::Reset(const std::vector<etcd::KeyValue>& kvs) {
   MutexLock l(mu_);
   projects_.swap(fresh.projects_);
   tokens_.swap(fresh.tokens_);
+  for (const auto& [h, u] : fresh.used_) used_[h] = std::max(used_[h], u);
 }
 
 }  // namespace dsec::apiserver

@@ -28,6 +28,9 @@ namespace dsec::apiserver {
 
 inline constexpr std::string_view kProjectsPrefix = "/dsec/projects/";
 inline constexpr std::string_view kTokensPrefix = "/dsec/tokens/";
+// When a token was last used: /dsec/token-used/<hash hex> = ms, written by each apiserver at
+// most once a minute per token (TokenUses), so a busy token costs etcd a write a minute.
+inline constexpr std::string_view kTokenUsedPrefix = "/dsec/token-used/";
 inline constexpr std::string_view kDefaultProject = "default";
 
 // admin: projects, tokens and nodes, and sandboxes in any project; member: sandboxes, fncalls
@@ -51,6 +54,7 @@ struct TokenRecord {
   Role role = Role::kMember;
   int64_t created_at = 0;  // ms since the epoch
   int64_t expires_at = 0;  // ms; 0: never
+  int64_t last_used = 0;   // ms, as far as known (not stored in the record: kTokenUsedPrefix)
   Json ToJson() const;     // as stored and as listed (never the token itself)
   static StatusOr<TokenRecord> FromJson(std::string_view text);
 };
@@ -75,8 +79,12 @@ class AccessView {
   // A new random token ("dsec_" and 43 base32 characters, 215 bits).
   static std::string NewToken();
 
-  // The project token's caller, or nullopt (unknown, expired).
-  std::optional<Principal> Authenticate(std::string_view token, int64_t now_ms) const;
+  // The project token's caller, or nullopt (unknown, expired). Notes the use (TokenUses).
+  std::optional<Principal> Authenticate(std::string_view token, int64_t now_ms);
+  // The uses to write to etcd now: tokens used since their last write here, at most one write
+  // a minute each (`interval_ms`): (key under kTokenUsedPrefix, ms).
+  std::vector<std::pair<std::string, int64_t>> TokenUses(int64_t now_ms,
+                                                         int64_t interval_ms = 60000);
 
   bool ProjectExists(std::string_view name) const;  // "default" always does
   std::vector<ProjectRecord> Projects() const;
@@ -94,6 +102,11 @@ class AccessView {
   mutable Mutex mu_;
   std::map<std::string, ProjectRecord> projects_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, TokenRecord> tokens_ DSEC_GUARDED_BY(mu_);  // by hash hex
+  std::map<std::string, int64_t> used_ DSEC_GUARDED_BY(mu_);        // hash -> last use
+  struct Written {
+    int64_t use = 0, at = 0;  // the use written, when it was written
+  };
+  std::map<std::string, Written> written_ DSEC_GUARDED_BY(mu_);
 };
 
 }  // namespace dsec::apiserver

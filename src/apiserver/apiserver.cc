@@ -1016,12 +1016,13 @@ void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
       for (const auto& [key, t] : access_->Tokens(project)) {
         keys.push_back(key);
         keys.push_back(name_key(project, t.name));
+        keys.push_back(std::string(kTokenUsedPrefix) + key.substr(kTokensPrefix.size()));
       }
       if (Status s = etcd_->DeleteAll(keys); !s.ok())
         return Fail(res, 503, "unavailable", "etcd: " + s.message());
       for (const auto& k : keys) access_->ApplyDelete(k);
       DSEC_LOG_INFO("audit: project removed: project={} tokens={} by={}:{}", project,
-                    (keys.size() - 1) / 2, who->project, who->token);
+                    (keys.size() - 1) / 3, who->project, who->token);
       http::HttpResponse r;
       r.status = 204;
       return res->Send(std::move(r));
@@ -1076,7 +1077,10 @@ void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
       const std::string key = (*kv)->value;
       if (!StartsWith(key, kTokensPrefix))
         return Fail(res, 500, "internal", "a bad token name record for " + name);
-      if (Status s = etcd_->DeleteAll({key, name_key(project, name)}); !s.ok())
+      if (Status s =
+              etcd_->DeleteAll({key, name_key(project, name),
+                                std::string(kTokenUsedPrefix) + key.substr(kTokensPrefix.size())});
+          !s.ok())
         return Fail(res, 503, "unavailable", "etcd: " + s.message());
       access_->ApplyDelete(key);
       DSEC_LOG_INFO("audit: token revoked: project={} token={} by={}:{}", project, name,

@@ -4,14 +4,18 @@
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
 #include <iostream>
 #include <memory>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "api/ports_json.h"
 #include "apiserver/apiserver.h"
 #include "apiserver/compat.h"
+#include "base/clock.h"
 #include "base/file_util.h"
 #include "base/logging.h"
 #include "base/strings.h"
@@ -179,8 +183,20 @@ int main(int argc, char** argv) {
   }
   std::cout << "dsec-apiserver ready listen=" << host << ":" << (*server)->tcp_port()
             << " etcd=" << JoinStrings(*endpoints, ",") << compat_urls << std::endl;
+  // Tokens' last uses to etcd, at most a write a minute per token (AccessView::TokenUses).
+  std::atomic<bool> stopping{false};
+  std::thread uses([&] {
+    while (!stopping) {
+      for (int i = 0; i < 50 && !stopping; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (const auto& [key, ms] : access.TokenUses(WallMs()))
+        (void)etcd.Put(key, std::to_string(ms));
+    }
+  });
   int sig = WaitForSignal();
   DSEC_LOG_INFO("signal {}: shutting down", sig);
+  stopping = true;
+  uses.join();
   for (auto& s : compat_servers) s->Stop();
   compat_workers.stop();
   compat_workers.join();

@@ -52,7 +52,8 @@ std::optional<NodeState> ClusterView::Find(const std::string& node) const {
 }
 
 void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
-  if (access_ && (StartsWith(key, kProjectsPrefix) || StartsWith(key, kTokensPrefix)))
+  if (access_ && (StartsWith(key, kProjectsPrefix) || StartsWith(key, kTokensPrefix) ||
+                  StartsWith(key, kTokenUsedPrefix)))
     return access_->ApplyPut(key, value);
   if (StartsWith(key, cluster::kCordonPrefix)) {
     MutexLock l(mu_);
@@ -96,7 +97,8 @@ void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
 }
 
 void ClusterView::ApplyDelete(const std::string& key) {
-  if (access_ && (StartsWith(key, kProjectsPrefix) || StartsWith(key, kTokensPrefix)))
+  if (access_ && (StartsWith(key, kProjectsPrefix) || StartsWith(key, kTokensPrefix) ||
+                  StartsWith(key, kTokenUsedPrefix)))
     return access_->ApplyDelete(key);
   MutexLock l(mu_);
   if (StartsWith(key, cluster::kCordonPrefix)) {
@@ -115,7 +117,8 @@ void ClusterView::Reset(const std::vector<etcd::KeyValue>& kvs) {
   if (access_) access_->Reset(kvs);
   std::set<std::string> present;
   for (const auto& kv : kvs) {
-    if (access_ && (StartsWith(kv.key, kProjectsPrefix) || StartsWith(kv.key, kTokensPrefix)))
+    if (access_ && (StartsWith(kv.key, kProjectsPrefix) || StartsWith(kv.key, kTokensPrefix) ||
+                    StartsWith(kv.key, kTokenUsedPrefix)))
       continue;
     ApplyPut(kv.key, kv.value);
     present.insert(kv.key);

@@ -98,6 +98,21 @@ def test_a_token_is_shown_once_works_everywhere_and_a_revoke_reaches_every_apise
     for i in (0, 1):
         wait_until(lambda: call(cl, "GET", "/v1/sandboxes", token=token, i=i)[0] == 200, 1,
                    what=f"the new token on apiserver {i}")
+    # Its last use is kept, and reaches the other apiserver through etcd (a write a minute at
+    # most per token and apiserver): a token used only on apiserver 0.
+    only0 = make_token(cl, p, "only0")
+    used_at = time.time() * 1000
+    for _ in range(5):
+        assert call(cl, "GET", "/v1/sandboxes", token=only0, i=0)[0] == 200
+
+    def last_used(i):
+        toks = call(cl, "GET", f"/v1/projects/{p}/tokens", i=i)[1]["tokens"]
+        return next(t for t in toks if t["name"] == "only0").get("last_used", 0)
+    assert last_used(0) >= used_at - 1000
+    wait_until(lambda: last_used(1) >= used_at - 1000, 15, what="last_used on apiserver 1")
+    used_keys = [k for k, _ in etcd_values(cl) if k.startswith("/dsec/token-used/")]
+    assert used_keys, "no use written to etcd"
+    assert call(cl, "DELETE", f"/v1/projects/{p}/tokens/only0")[0] == 204
     # Never in etcd, nor in any log, in clear.
     assert not [k for k, v in etcd_values(cl) if token in k or token in v]
     for log in cl.root.glob("*.log"):
