@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "api/e2b.h"
-#include "base/mutex.h"
 #include "base/audit_log.h"
+#include "base/mutex.h"
 #include "edge/config.h"
 #include "edge/e2b_interpreter.h"
 #include "edge/manager.h"

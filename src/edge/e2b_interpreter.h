@@ -23,8 +23,8 @@
 #include <memory>
 #include <string>
 
-#include "base/mutex.h"
 #include "base/audit_log.h"
+#include "base/mutex.h"
 #include "edge/config.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"

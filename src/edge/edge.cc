@@ -20,6 +20,7 @@
 
 #include "backends/container/container_backend.h"
 #include "backends/microvm/microvm_backend.h"
+#include "base/audit_log.h"
 #include "base/clock.h"
 #include "base/file_util.h"
 #include "base/ids.h"
@@ -27,7 +28,6 @@
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "edge/api.h"
-#include "base/audit_log.h"
 #include "edge/builds.h"
 #include "edge/e2b.h"
 #include "edge/idempotency.h"

@@ -9,10 +9,10 @@
 #include <memory>
 #include <string>
 
+#include "base/audit_log.h"
 #include "base/ids.h"
 #include "base/json.h"
 #include "edge/api.h"
-#include "base/audit_log.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
 

@@ -29,8 +29,8 @@
 
 #include "api/sandbox_fusion.h"
 #include "backends/pools/pool.h"
-#include "base/mutex.h"
 #include "base/audit_log.h"
+#include "base/mutex.h"
 #include "edge/config.h"
 #include "edge/manager.h"
 #include "edge/metrics.h"
