@@ -46,6 +46,7 @@ std::optional<Principal> Principal::Decode(std::string_view s) {
 Json TokenRecord::ToJson() const {
   Json j = {{"name", name},
             {"project", project},
+            {"project_created_at", project_created_at},
             {"role", RoleName(role)},
             {"created_at", created_at},
             {"expires_at", expires_at > 0 ? Json(expires_at) : Json(nullptr)}};
@@ -62,6 +63,7 @@ StatusOr<TokenRecord> TokenRecord::FromJson(std::string_view text) {
     r.project = j.at("project").get<std::string>();
     DSEC_ASSIGN_OR_RETURN(r.role, ParseRole(j.at("role").get<std::string>()));
     r.created_at = j.value("created_at", int64_t{0});
+    r.project_created_at = j.value("project_created_at", int64_t{0});
     if (auto e = j.find("expires_at"); e != j.end() && e->is_number_integer())
       r.expires_at = e->get<int64_t>();
   } catch (const Json::exception& e) {
@@ -104,6 +106,11 @@ std::optional<Principal> AccessView::Authenticate(std::string_view token, int64_
   if (it == tokens_.end()) return std::nullopt;
   const TokenRecord& r = it->second;
   if (r.expires_at > 0 && r.expires_at <= now_ms) return std::nullopt;
+  // Its project, as it was when the token was made.
+  if (r.project != kDefaultProject) {
+    auto p = projects_.find(r.project);
+    if (p == projects_.end() || p->second.created_at != r.project_created_at) return std::nullopt;
+  }
   int64_t& u = used_[h];
   u = std::max(u, now_ms);
   return Principal{r.name, r.project, r.role};
@@ -114,13 +121,22 @@ std::vector<std::pair<std::string, int64_t>> AccessView::TokenUses(int64_t now_m
   std::vector<std::pair<std::string, int64_t>> out;
   MutexLock l(mu_);
   for (const auto& [h, use] : used_) {
-    if (!tokens_.count(h)) continue;  // revoked
+    auto t = tokens_.find(h);
+    if (t == tokens_.end()) continue;  // revoked
     Written& w = written_[h];
     if (use <= w.use || now_ms - w.at < interval_ms) continue;
-    out.emplace_back(std::string(kTokenUsedPrefix) + h, use);
+    out.emplace_back(StrCat({kTokenUsedPrefix, t->second.project, "/", h}), use);
     w = {use, now_ms};
   }
   return out;
+}
+
+std::optional<int64_t> AccessView::ProjectCreatedAt(std::string_view name) const {
+  if (name == kDefaultProject) return 0;
+  MutexLock l(mu_);
+  auto it = projects_.find(std::string(name));
+  if (it == projects_.end()) return std::nullopt;
+  return it->second.created_at;
 }
 
 bool AccessView::ProjectExists(std::string_view name) const {
@@ -146,7 +162,7 @@ std::vector<std::pair<std::string, TokenRecord>> AccessView::Tokens(
   std::vector<std::pair<std::string, TokenRecord>> out;
   for (const auto& [hash, t] : tokens_) {
     if (t.project != project) continue;
-    out.emplace_back(std::string(kTokensPrefix) + hash, t);
+    out.emplace_back(StrCat({kTokensPrefix, project, "/", hash}), t);
     if (auto u = used_.find(hash); u != used_.end())
       out.back().second.last_used = std::max(out.back().second.last_used, u->second);
   }
@@ -169,7 +185,7 @@ void AccessView::ApplyPut(const std::string& key, const std::string& value) {
     auto ms = ParseInt64(value);
     if (!ms) return;
     MutexLock l(mu_);
-    int64_t& u = used_[key.substr(kTokenUsedPrefix.size())];
+    int64_t& u = used_[key.substr(key.rfind('/') + 1)];
     u = std::max(u, *ms);
   } else if (StartsWith(key, kTokensPrefix)) {
     auto t = TokenRecord::FromJson(value);
@@ -178,7 +194,7 @@ void AccessView::ApplyPut(const std::string& key, const std::string& value) {
       return;
     }
     MutexLock l(mu_);
-    tokens_[key.substr(kTokensPrefix.size())] = std::move(*t);
+    tokens_[key.substr(key.rfind('/') + 1)] = std::move(*t);
   }
 }
 
@@ -187,9 +203,9 @@ void AccessView::ApplyDelete(const std::string& key) {
   if (StartsWith(key, kProjectsPrefix))
     projects_.erase(key.substr(kProjectsPrefix.size()));
   else if (StartsWith(key, kTokensPrefix))
-    tokens_.erase(key.substr(kTokensPrefix.size()));
+    tokens_.erase(key.substr(key.rfind('/') + 1));
   else if (StartsWith(key, kTokenUsedPrefix))
-    used_.erase(key.substr(kTokenUsedPrefix.size()));
+    used_.erase(key.substr(key.rfind('/') + 1));
 }
 
 void AccessView::Reset(const std::vector<etcd::KeyValue>& kvs) {

@@ -4,8 +4,11 @@
 //
 // A token is shown once, when it is made; etcd holds only its keyed hash (HMAC-SHA256 with a key
 // derived from the node token, which every apiserver of the cluster has and etcd does not), as
-// the key /dsec/tokens/<hash hex> of a record {name, project, role, created_at, expires_at}. A
-// revoke deletes the key: every apiserver's watch drops it (well within a second).
+// the key /dsec/tokens/<project>/<hash hex> of a record {name, project, project_created_at,
+// role, created_at, expires_at}, with /dsec/token-names/<project>/<name> naming that key. A
+// revoke deletes the keys: every apiserver's watch drops them (well within a second). A token
+// holds only while its project exists as it was when the token was made (a project removed
+// and made again under the same name does not revive old tokens).
 //
 // The cluster tokens of --token-file stay what they were: admin of the `default` project.
 //
@@ -28,8 +31,9 @@ namespace dsec::apiserver {
 
 inline constexpr std::string_view kProjectsPrefix = "/dsec/projects/";
 inline constexpr std::string_view kTokensPrefix = "/dsec/tokens/";
-// When a token was last used: /dsec/token-used/<hash hex> = ms, written by each apiserver at
-// most once a minute per token (TokenUses), so a busy token costs etcd a write a minute.
+inline constexpr std::string_view kTokenNamesPrefix = "/dsec/token-names/";
+// When a token was last used: /dsec/token-used/<project>/<hash hex> = ms, written by each
+// apiserver at most once a minute per token (TokenUses): a busy token costs a write a minute.
 inline constexpr std::string_view kTokenUsedPrefix = "/dsec/token-used/";
 inline constexpr std::string_view kDefaultProject = "default";
 
@@ -51,6 +55,7 @@ struct Principal {
 
 struct TokenRecord {
   std::string name, project;
+  int64_t project_created_at = 0;  // which project of that name (0: default)
   Role role = Role::kMember;
   int64_t created_at = 0;  // ms since the epoch
   int64_t expires_at = 0;  // ms; 0: never
@@ -88,6 +93,8 @@ class AccessView {
 
   bool ProjectExists(std::string_view name) const;  // "default" always does
   std::vector<ProjectRecord> Projects() const;
+  // When the project was made (0 for default); nullopt if it does not exist.
+  std::optional<int64_t> ProjectCreatedAt(std::string_view name) const;
   // The tokens of a project, with their etcd keys.
   std::vector<std::pair<std::string, TokenRecord>> Tokens(std::string_view project) const;
 

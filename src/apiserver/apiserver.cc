@@ -247,8 +247,9 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
   if (who->role != Role::kAdmin && r &&
       (r->id == RouteId::kCreateProject || r->id == RouteId::kDeleteProject ||
        r->id == RouteId::kListTokens || r->id == RouteId::kCreateToken ||
-       r->id == RouteId::kDeleteToken || r->id == RouteId::kCordonNode ||
-       r->id == RouteId::kUncordonNode || r->id == RouteId::kDrainNode))
+       r->id == RouteId::kDeleteToken || r->id == RouteId::kNodes || r->id == RouteId::kGetNode ||
+       r->id == RouteId::kCordonNode || r->id == RouteId::kUncordonNode ||
+       r->id == RouteId::kDrainNode))
     return deny(403, "forbidden",
                 "token " + who->token + " has the " + std::string(RoleName(who->role)) +
                     " role: " + req.method + " " + req.path + " needs admin");
@@ -276,10 +277,13 @@ http::Headers Apiserver::NodeHeaders(const http::HttpRequest& req) const {
   http::Headers h = {{"Authorization", "Bearer " + node_token_},
                      {"X-Forwarded-For", req.remote.substr(0, req.remote.rfind(':'))}};
   // The project the node acts in (it keeps it with each sandbox and answers only for it).
+  // (None for the cluster's own routes: a drain asks a node about every project.)
   const api::RouteSpec* route =
       api::MatchRoute(req.method, req.target, api::Server::kApiserver).route;
   const bool one = route && route->scope == api::Scope::kSandbox;
-  if (auto p = ProjectOf(req, one); p.ok() && !p->empty()) h.emplace_back("Dsec-Project", *p);
+  const bool scoped = route && (one || route->scope == api::Scope::kCluster);
+  if (auto p = ProjectOf(req, one); scoped && p.ok() && !p->empty())
+    h.emplace_back("Dsec-Project", *p);
   if (std::string ct = req.Header("content-type"); !ct.empty()) h.emplace_back("Content-Type", ct);
   if (std::string k = req.Header("idempotency-key"); !k.empty())
     h.emplace_back("Idempotency-Key", k);
@@ -383,9 +387,14 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
 void Apiserver::Audit(const http::HttpRequest& req, const std::string& sandbox) const {
   if (!audit_ || ((req.method == "GET" || req.method == "HEAD") && !req.websocket_upgrade)) return;
   auto who = Principal::Decode(req.principal);
+  // (A signed port URL's path is its credential: logged without its MAC.)
+  std::string path = req.path;
+  if (api::SignedPortTarget spt; api::ParseSignedPortTarget(path, &spt))
+    path = StrCat(
+        {"/v1/p/", spt.id, ".", spt.port, ".", spt.expires, ".-", path.substr(spt.prefix.size())});
   Json e = {{"event", "call"},
             {"method", req.method},
-            {"path", req.path},
+            {"path", path},
             {"remote", req.remote.substr(0, req.remote.rfind(':'))}};
   if (who) {
     e["token"] = who->token;
@@ -397,6 +406,14 @@ void Apiserver::Audit(const http::HttpRequest& req, const std::string& sandbox) 
   }
   if (!sandbox.empty()) e["sandbox"] = sandbox;
   audit_->Record(std::move(e));
+}
+
+bool Apiserver::KeptIsCallers(const http::HttpRequest& req, const std::string& id) {
+  auto p = ProjectOf(req, true);
+  if (!p.ok()) return false;
+  if (p->empty()) return true;  // an admin acting in any project: the node answered for all
+  auto kept = records_.Get(id, WallMs());
+  return !kept || kept->value("project", std::string(kDefaultProject)) == *p;
 }
 
 std::optional<Principal> Apiserver::Caller(const http::HttpRequest& req) const {
@@ -440,7 +457,7 @@ void Apiserver::Relay(http::HttpRequest req) {
   if (Status s = api::ValidateId("sandbox id", id); !s.ok())
     return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
   const std::string node = NodeOfSandbox(id);
-  if (req.method == "DELETE" && seg.size() == 3) records_.Erase(id);
+  if (req.method == "DELETE" && seg.size() == 3 && KeptIsCallers(req, id)) records_.Erase(id);
   auto n = node.empty() ? std::nullopt : view_->Find(node);
   if (!n)
     return http::SendErrorAndClose(
@@ -523,8 +540,8 @@ void Apiserver::GetSandbox(const http::HttpRequest& req,
   if (!r.ok()) return Fail(res, 503, "unavailable", "node " + node + ": " + r.status().message());
   if (r->status == 200)
     records_.Put(Json::parse(r->body, nullptr, false));
-  else if (r->status == 404 || r->status == 410)
-    records_.Erase(id);
+  else if ((r->status == 404 || r->status == 410) && KeptIsCallers(req, id))
+    records_.Erase(id);  // (another project's 404 says nothing of it)
   PassOn(res, *r, node);
 }
 
@@ -959,7 +976,7 @@ void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
   if (!who) return Fail(res, 403, "forbidden", "no caller");
   const std::string project = params.count("project") ? params.at("project") : "";
   auto name_key = [](const std::string& p, const std::string& n) {
-    return StrCat({"/dsec/token-names/", p, "/", n});
+    return StrCat({kTokenNamesPrefix, p, "/", n});
   };
   if (id == RouteId::kListProjects) {
     Json list = Json::array();
@@ -999,7 +1016,11 @@ void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
       // Not while it has sandboxes: each node answers for its own (its list in that project).
       http::Headers h = {{"Authorization", "Bearer " + node_token_}, {"Dsec-Project", project}};
       for (const NodeState& n : view_->Nodes()) {
-        if (!n.alive) continue;
+        // (A node that is away may hold some: its sandboxes would outlive their project.)
+        if (!n.alive)
+          return Fail(res, 503, "unavailable",
+                      "node " + n.rec.node + " is unavailable: whether project " + project +
+                          " has sandboxes there is not known; retry when it is back");
         auto r = n.client->Request("GET", "/v1/sandboxes?limit=1", h, "",
                                    milliseconds(cfg_.call_timeout_ms));
         if (!r.ok() || r->status != 200)
@@ -1012,17 +1033,17 @@ void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
                       "project " + project + " still has sandboxes (on node " + n.rec.node +
                           "): delete them first");
       }
-      std::vector<std::string> keys = {std::string(kProjectsPrefix) + project};
-      for (const auto& [key, t] : access_->Tokens(project)) {
-        keys.push_back(key);
-        keys.push_back(name_key(project, t.name));
-        keys.push_back(std::string(kTokenUsedPrefix) + key.substr(kTokensPrefix.size()));
-      }
+      // The project and all its tokens in one transaction (by key range: any number of them).
+      const std::vector<std::string> keys = {
+          std::string(kProjectsPrefix) + project, StrCat({kTokensPrefix, project, "/*"}),
+          StrCat({kTokenNamesPrefix, project, "/*"}), StrCat({kTokenUsedPrefix, project, "/*"})};
+      const auto tokens = access_->Tokens(project);
       if (Status s = etcd_->DeleteAll(keys); !s.ok())
         return Fail(res, 503, "unavailable", "etcd: " + s.message());
-      for (const auto& k : keys) access_->ApplyDelete(k);
-      DSEC_LOG_INFO("audit: project removed: project={} tokens={} by={}:{}", project,
-                    (keys.size() - 1) / 3, who->project, who->token);
+      access_->ApplyDelete(keys[0]);
+      for (const auto& [key, t] : tokens) access_->ApplyDelete(key);
+      DSEC_LOG_INFO("audit: project removed: project={} tokens={} by={}:{}", project, tokens.size(),
+                    who->project, who->token);
       http::HttpResponse r;
       r.status = 204;
       return res->Send(std::move(r));
@@ -1049,18 +1070,25 @@ void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
       TokenRecord rec;
       rec.name = **name;
       rec.project = project;
+      rec.project_created_at = access_->ProjectCreatedAt(project).value_or(0);
       rec.role = *role;
       rec.created_at = WallMs();
       rec.expires_at = *ttl ? rec.created_at + **ttl * 1000 : 0;
       const std::string token = AccessView::NewToken();
-      const std::string key = std::string(kTokensPrefix) + access_->TokenHash(token);
+      const std::string key = StrCat({kTokensPrefix, project, "/", access_->TokenHash(token)});
       const std::string nkey = name_key(project, rec.name);
       const std::string value = rec.ToJson().dump();
-      auto made = etcd_->PutIfAbsent({{key, value}, {nkey, key}}, {nkey});
+      // Only while its project exists (a removal racing it on another apiserver wins).
+      std::vector<etcd::Client::Condition> when = {{nkey, etcd::Client::Condition::kAbsent, ""}};
+      if (project != kDefaultProject)
+        when.push_back(
+            {std::string(kProjectsPrefix) + project, etcd::Client::Condition::kPresent, ""});
+      auto made = etcd_->Txn(when, {{key, value}, {nkey, key}});
       if (!made.ok()) return Fail(res, 503, "unavailable", "etcd: " + made.status().message());
       if (!*made)
         return Fail(res, 409, "conflict",
-                    "project " + project + " has a token named " + rec.name + ": revoke it first");
+                    "project " + project + " has a token named " + rec.name +
+                        " (revoke it first), or was just removed");
       access_->ApplyPut(key, value);
       DSEC_LOG_INFO("audit: token created: project={} token={} role={} by={}:{}", project, rec.name,
                     RoleName(rec.role), who->project, who->token);
@@ -1075,13 +1103,18 @@ void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
       if (!kv.ok()) return Fail(res, 503, "unavailable", "etcd: " + kv.status().message());
       if (!*kv) return Fail(res, 404, "not_found", "project " + project + " has no token " + name);
       const std::string key = (*kv)->value;
-      if (!StartsWith(key, kTokensPrefix))
+      if (!StartsWith(key, StrCat({kTokensPrefix, project, "/"})))
         return Fail(res, 500, "internal", "a bad token name record for " + name);
-      if (Status s =
-              etcd_->DeleteAll({key, name_key(project, name),
-                                std::string(kTokenUsedPrefix) + key.substr(kTokensPrefix.size())});
-          !s.ok())
-        return Fail(res, 503, "unavailable", "etcd: " + s.message());
+      // Only the token this name still names (a revoke and a new token of the same name
+      // racing: the new one stays, and the revoke says to look again).
+      auto gone =
+          etcd_->Txn({{name_key(project, name), etcd::Client::Condition::kValueIs, key}}, {},
+                     {key, name_key(project, name),
+                      StrCat({kTokenUsedPrefix, project, "/", key.substr(key.rfind('/') + 1)})});
+      if (!gone.ok()) return Fail(res, 503, "unavailable", "etcd: " + gone.status().message());
+      if (!*gone)
+        return Fail(res, 409, "conflict",
+                    "token " + name + " of project " + project + " changed meanwhile: retry");
       access_->ApplyDelete(key);
       DSEC_LOG_INFO("audit: token revoked: project={} token={} by={}:{}", project, name,
                     who->project, who->token);

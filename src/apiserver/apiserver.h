@@ -87,6 +87,9 @@ class Apiserver {
   void Relay(http::HttpRequest req);
   // The caller showed one of the cluster tokens.
   bool CallerIsCluster(const http::HttpRequest& req) const;
+  // Whether the record kept of `id` (if any) is of the caller's project: only then may what
+  // the caller did or saw (a delete, a 404) drop it.
+  bool KeptIsCallers(const http::HttpRequest& req, const std::string& id);
   // One access-log line for a request that changes something (nothing for reads).
   void Audit(const http::HttpRequest& req, const std::string& sandbox) const;
   // Who calls (a cluster token: admin of default; a project token), or nullopt.

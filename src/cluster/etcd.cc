@@ -114,24 +114,56 @@ Status Client::Delete(const std::string& key) {
   return Call("kv/deleterange", {{"key", Base64Encode(key)}}).status();
 }
 
-StatusOr<bool> Client::PutIfAbsent(const std::vector<std::pair<std::string, std::string>>& puts,
-                                   const std::vector<std::string>& absent) {
+StatusOr<bool> Client::Txn(const std::vector<Condition>& when,
+                           const std::vector<std::pair<std::string, std::string>>& puts,
+                           const std::vector<std::string>& deletes) {
   // (The gateway's JSON leaves out zero values: "create_revision": "0" with the default
-  // EQUAL compare reads "the key was never created".)
+  // EQUAL compare reads "the key was never created"; GREATER than 0, "it exists".)
   Json compare = Json::array(), success = Json::array();
-  for (const auto& k : absent)
-    compare.push_back({{"key", Base64Encode(k)}, {"target", "CREATE"}, {"create_revision", "0"}});
+  for (const auto& c : when) {
+    Json cmp = {{"key", Base64Encode(c.key)}};
+    switch (c.kind) {
+      case Condition::kAbsent:
+        cmp["target"] = "CREATE";
+        cmp["create_revision"] = "0";
+        break;
+      case Condition::kPresent:
+        cmp["target"] = "CREATE";
+        cmp["result"] = "GREATER";
+        cmp["create_revision"] = "0";
+        break;
+      case Condition::kValueIs:
+        cmp["target"] = "VALUE";
+        cmp["value"] = Base64Encode(c.value);
+        break;
+    }
+    compare.push_back(std::move(cmp));
+  }
   for (const auto& [k, v] : puts)
     success.push_back({{"requestPut", {{"key", Base64Encode(k)}, {"value", Base64Encode(v)}}}});
+  for (const auto& k : deletes) {
+    if (!k.empty() && k.back() == '*') {
+      const std::string prefix = k.substr(0, k.size() - 1);
+      success.push_back(
+          {{"requestDeleteRange",
+            {{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixEnd(prefix))}}}});
+    } else {
+      success.push_back({{"requestDeleteRange", {{"key", Base64Encode(k)}}}});
+    }
+  }
   DSEC_ASSIGN_OR_RETURN(Json j, Call("kv/txn", {{"compare", compare}, {"success", success}}));
   return j.value("succeeded", false);
 }
 
+StatusOr<bool> Client::PutIfAbsent(const std::vector<std::pair<std::string, std::string>>& puts,
+                                   const std::vector<std::string>& absent) {
+  std::vector<Condition> when;
+  for (const auto& k : absent) when.push_back({k, Condition::kAbsent, ""});
+  return Txn(when, puts);
+}
+
 Status Client::DeleteAll(const std::vector<std::string>& keys) {
-  Json success = Json::array();
-  for (const auto& k : keys)
-    success.push_back({{"requestDeleteRange", {{"key", Base64Encode(k)}}}});
-  return Call("kv/txn", {{"success", success}}).status();
+  return Txn({}, {}, keys).status();
 }
 
 StatusOr<std::vector<KeyValue>> Client::RangePrefix(const std::string& prefix, int64_t* revision) {

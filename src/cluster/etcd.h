@@ -42,11 +42,21 @@ class Client {
 
   StatusOr<int64_t> Put(const std::string& key, const std::string& value, int64_t lease = 0);
   Status Delete(const std::string& key);
-  // In one transaction: puts every pair of `puts` if none of `absent` exists (true), or
-  // changes nothing (false).
+  // One transaction: if every condition holds, puts `puts` and deletes `deletes` (keys, or
+  // with a trailing '*' every key under that prefix) and answers true; else changes nothing
+  // and answers false.
+  struct Condition {
+    std::string key;
+    enum Kind { kAbsent, kPresent, kValueIs } kind = kAbsent;
+    std::string value;  // kValueIs
+  };
+  StatusOr<bool> Txn(const std::vector<Condition>& when,
+                     const std::vector<std::pair<std::string, std::string>>& puts,
+                     const std::vector<std::string>& deletes = {});
+  // Puts every pair if none of `absent` exists (true), or changes nothing (false).
   StatusOr<bool> PutIfAbsent(const std::vector<std::pair<std::string, std::string>>& puts,
                              const std::vector<std::string>& absent);
-  // Deletes every key in one transaction.
+  // Deletes every key (or prefix*, as Txn) in one transaction.
   Status DeleteAll(const std::vector<std::string>& keys);
   // Every key under `prefix`, and the store's revision at that moment.
   StatusOr<std::vector<KeyValue>> RangePrefix(const std::string& prefix, int64_t* revision);

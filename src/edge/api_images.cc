@@ -161,6 +161,8 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   images::Image img;
   img.name = *norm;
   img.source = "snapshot";
+  // Its sandbox's project's alone (a create in another project finds no such image).
+  img.project = e->params.project;
   for (const auto& n : *stack) {
     if (n == "host")
       img.base = "host";

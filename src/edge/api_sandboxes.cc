@@ -165,6 +165,15 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
       ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images, &count_given);
   if (!parsed.ok()) return c->Fail(parsed.status());
   parsed->first.project = *project;
+  // Another project's snapshot is an image this project does not have (the same words).
+  if (!c->req.Header("dsec-project").empty() && deps.images && parsed->first.pool.empty()) {
+    for (auto n : SplitString(parsed->first.image, ',', /*skip_empty=*/true)) {
+      if (n == "host") continue;
+      auto img = deps.images->GetImage(std::string(n));
+      if (img.ok() && !img->project.empty() && img->project != *project)
+        return c->Fail(NotFound("image \"" + img->name + "\" not found"));
+    }
+  }
   const std::string* wait = c->req.Query("wait");
   bool wait_ready = !(wait && (*wait == "0" || *wait == "false"));
   auto* workers = c->api->deps().workers;

@@ -344,6 +344,7 @@ Status ImageStore::Load() {
       img.base = i.value("base", "");
       img.source = i.value("source", "import");
       img.created_at = i.value("created_at", int64_t{0});
+      img.project = i.value("project", "");
       img.config = ConfigFromJson(i.value("config", Json::object()));
       bool whole = true;
       for (const auto& d : i.value("layers", Json::array())) {
@@ -388,13 +389,15 @@ Status ImageStore::SaveLocked() {
   for (const auto& [d, l] : layers_)
     j["layers"].push_back({{"digest", d}, {"size", l.size}, {"format", LayerFormatName(l.format)}});
   j["images"] = Json::array();
-  for (const auto& [n, i] : images_)
+  for (const auto& [n, i] : images_) {
     j["images"].push_back({{"name", i.name},
                            {"base", i.base},
                            {"layers", i.layers},
                            {"config", ConfigToJson(i.config)},
                            {"source", i.source},
                            {"created_at", i.created_at}});
+    if (!i.project.empty()) j["images"].back()["project"] = i.project;
+  }
   j["holders"] = Json::object();
   for (const auto& [h, ds] : holders_) j["holders"][h] = ds;
   std::string path = opts_.root + "/index.json";

@@ -60,6 +60,9 @@ struct Image {
   ImageConfig config;
   std::string source;      // "import" | "snapshot" | "build"
   int64_t created_at = 0;  // ms since the epoch
+  // The project whose snapshot made it (a cluster's); "" for one every project may use (an
+  // import or build on the node, a snapshot through no project). Names are node-wide.
+  std::string project;
 };
 
 // A resolved stack for one sandbox: the base, the layers bottom first, the merged config.

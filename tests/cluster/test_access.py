@@ -130,12 +130,22 @@ def test_a_token_is_shown_once_works_everywhere_and_a_revoke_reaches_every_apise
     assert call(cl, "GET", "/v1/sandboxes", token=short)[0] == 200
     time.sleep(1.2)
     assert call(cl, "GET", "/v1/sandboxes", token=short)[0] == 401
-    # Removing the project removes its tokens.
+    # Removing the project removes its tokens, whatever their number (one transaction).
     keep = make_token(cl, p, "carol")
+    for n in range(50):
+        make_token(cl, p, f"bulk-{n}")
     assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
     wait_until(lambda: call(cl, "GET", "/v1/sandboxes", token=keep, i=1)[0] == 401, 2,
                what="the project's tokens gone with it")
     assert not [k for k, _ in etcd_values(cl) if p in k]
+    # No token for a project that is gone; one made again does not revive the old tokens.
+    assert call(cl, "POST", f"/v1/projects/{p}/tokens", {"name": "late"})[0] == 404
+    assert call(cl, "POST", "/v1/projects", {"name": p})[0] == 201
+    for i in (0, 1):
+        wait_until(lambda: p in [x["name"] for x in call(cl, "GET", "/v1/projects", i=i)[1]
+                                 ["projects"]], 5, what="the project again")
+        assert call(cl, "GET", "/v1/sandboxes", token=keep, i=i)[0] == 401
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
 
 
 def test_roles_limit_what_a_token_may_do(cl):
@@ -176,6 +186,12 @@ def test_roles_limit_what_a_token_may_do(cl):
                                    ("GET", f"/v1/sandboxes/{sb['id']}/ports/80/", None)):
             s, out = call(cl, method, path, body, token=viewer)
             assert s == 403 and "viewer" in out["error"]["message"], (path, out)
+        # The cluster's nodes are an admin's to see; a drain counts every project's sandboxes.
+        assert call(cl, "GET", "/v1/nodes", token=member)[0] == 403
+        node = sb["node"]
+        s, out = call(cl, "POST", f"/v1/nodes/{node}/drain?timeout_s=0")
+        assert s == 200 and out["drained"] is False, out
+        assert call(cl, "POST", f"/v1/nodes/{node}/uncordon")[0] == 200
         # A project's admin token manages projects and tokens like the cluster token.
         other = new_name("team")
         assert call(cl, "POST", "/v1/projects", {"name": other}, token=admin)[0] == 201

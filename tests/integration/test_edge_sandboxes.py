@@ -12,6 +12,7 @@ from edge_harness import wait_until
 
 SB_KEYS = {"id", "kind", "state", "node", "image", "created_at", "expires_at", "ttl_s",
            "idle_ttl_s", "last_used_at", "limits", "user", "workdir", "network", "labels",
+           "project",
            "reason"}
 
 
