@@ -34,6 +34,7 @@ std::vector<RouteSpec> Table() {
       {"POST", "/v1/nodes/:node/drain", kDrainNode, kApiserver},
       {"GET", "/v1/projects", kListProjects, kApiserver},
       {"POST", "/v1/projects", kCreateProject, kApiserver},
+      {"GET", "/v1/projects/:project", kGetProject, kApiserver},
       {"DELETE", "/v1/projects/:project", kDeleteProject, kApiserver},
       {"GET", "/v1/projects/:project/tokens", kListTokens, kApiserver},
       {"POST", "/v1/projects/:project/tokens", kCreateToken, kApiserver},

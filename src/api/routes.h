@@ -36,6 +36,7 @@ enum class RouteId : uint8_t {
   // Projects and tokens (cluster step 2; apiservers only).
   kListProjects,
   kCreateProject,
+  kGetProject,
   kDeleteProject,
   kListTokens,
   kCreateToken,

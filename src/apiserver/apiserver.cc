@@ -367,6 +367,7 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
       return on_worker([this, shared, res] { Jobs(*shared, res); });
     case RouteId::kListProjects:
     case RouteId::kCreateProject:
+    case RouteId::kGetProject:
     case RouteId::kDeleteProject:
     case RouteId::kListTokens:
     case RouteId::kCreateToken:
@@ -986,8 +987,14 @@ void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
   }
   if (id != RouteId::kCreateProject) {
     if (Status s = ValidateAccessName("project", project); !s.ok()) return Fail(res, s);
-    if (!access_->ProjectExists(project))
+    // (Another project is none of a member's business: the same 404 as for none.)
+    if (!access_->ProjectExists(project) || (who->role != Role::kAdmin && project != who->project))
       return Fail(res, 404, "not_found", "no project " + project);
+  }
+  if (id == RouteId::kGetProject) {
+    for (const auto& p : access_->Projects())
+      if (p.name == project) return Reply(res, 200, p.ToJson());
+    return Fail(res, 404, "not_found", "no project " + project);
   }
   switch (id) {
     case RouteId::kCreateProject: {

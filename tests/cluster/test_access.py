@@ -170,9 +170,13 @@ def test_roles_limit_what_a_token_may_do(cl):
                                    ("POST", "/v1/nodes/n1/cordon", None)):
             s, out = call(cl, method, path, body, token=member)
             assert s == 403 and "needs admin" in out["error"]["message"], (path, out)
-        # It sees only its own project in the list of projects.
+        # It sees only its own project in the list of projects, and by name.
         s, out = call(cl, "GET", "/v1/projects", token=member)
         assert s == 200 and [x["name"] for x in out["projects"]] == [p], out
+        s, out = call(cl, "GET", f"/v1/projects/{p}", token=viewer)
+        assert s == 200 and out["name"] == p, out
+        assert call(cl, "GET", "/v1/projects/default", token=member)[0] == 404
+        assert call(cl, "GET", "/v1/projects/default")[1]["name"] == "default"
         # Naming another project: 403; an admin naming one that does not exist: 404.
         s, out = call(cl, "GET", "/v1/sandboxes", token=member, project="default")
         assert s == 403 and "belongs to project" in out["error"]["message"], out

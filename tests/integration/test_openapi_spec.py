@@ -82,6 +82,7 @@ APISERVER_OPERATIONS = {
     ("POST", "/v1/nodes/{node}/drain"),
     ("GET", "/v1/projects"),
     ("POST", "/v1/projects"),
+    ("GET", "/v1/projects/{project}"),
     ("DELETE", "/v1/projects/{project}"),
     ("GET", "/v1/projects/{project}/tokens"),
     ("POST", "/v1/projects/{project}/tokens"),
