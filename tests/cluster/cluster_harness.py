@@ -107,6 +107,16 @@ def register_default():
 
 # ---- HTTP ---------------------------------------------------------------------------------
 
+def teardown(c):
+    """Stops a test's cluster, removes it, and fails if it left anything behind."""
+    try:
+        residue = c.shutdown_and_check()
+        logs = c.logs(60) if residue else ""
+    finally:
+        c.cleanup()
+    assert not residue, f"the cluster left residue: {residue}\n{logs}"
+
+
 def request(url, method, path, body=None, token=None, headers=None, timeout=60):
     """One HTTP request on a new connection: (status, parsed JSON or raw bytes). A dict or list
     body is sent as JSON; bytes as they are."""

@@ -46,12 +46,7 @@ def _skip_if_not_runnable():
 
 
 def _teardown(c):
-    try:
-        residue = c.shutdown_and_check()
-        logs = c.logs(60) if residue else ""
-    finally:
-        c.cleanup()
-    assert not residue, f"the cluster left residue: {residue}\n{logs}"
+    cluster_harness.teardown(c)
 
 
 @pytest.fixture

@@ -26,12 +26,7 @@ def cl(tmp_path_factory):
     try:
         yield c
     finally:
-        try:
-            residue = c.shutdown_and_check()
-            logs = c.logs(60) if residue else ""
-        finally:
-            c.cleanup()
-        assert not residue, f"the cluster left residue: {residue}\n{logs}"
+        cluster_harness.teardown(c)
 
 
 def call(c, method, path, body=None, token=None, i=0, project=None):

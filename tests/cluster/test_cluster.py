@@ -45,12 +45,7 @@ def shared(tmp_path_factory):
     try:
         yield c
     finally:
-        try:
-            residue = c.shutdown_and_check()
-            logs = c.logs(60) if residue else ""
-        finally:
-            c.cleanup()
-        assert not residue, f"the cluster left residue: {residue}\n{logs}"
+        cluster_harness.teardown(c)
 
 
 def api(c, method, path, body=None, i=0, **kw):
