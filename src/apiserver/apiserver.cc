@@ -220,6 +220,14 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
   if (!who)
     return deny(401, "unauthorized",
                 http::BearerToken(req).empty() ? "missing bearer token" : "invalid token");
+  // A project token is only as good as this apiserver's view of revocations: out of step with
+  // etcd for longer than access_stale_ms, project tokens wait (the cluster tokens still work).
+  if (const int64_t stale = view_->stale_since_ms();
+      stale > 0 && !CallerIsCluster(req) && WallMs() - stale > cfg_.access_stale_ms)
+    return deny(503, "unavailable",
+                "this apiserver has not reached etcd for " +
+                    std::to_string((WallMs() - stale) / 1000) +
+                    " s: project tokens wait until it has (a revoke could be missed); retry");
   pf.principal = who->Encode();
   // The node routes the path it decodes from the target as sent: it must name the same thing
   // the apiserver checked (no "." or ".." segment, no encoded '/'), or a call the apiserver

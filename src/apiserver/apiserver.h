@@ -51,6 +51,9 @@ struct ApiserverConfig {
   PlacementOptions placement;
   int64_t create_timeout_ms = 300000;  // a create may wait for a microVM to boot
   int64_t call_timeout_ms = 30000;     // lists, jobs, probes
+  // How long project tokens are still taken while the view is out of step with etcd (a revoke
+  // elsewhere could be missed beyond that); the cluster tokens are always taken.
+  int64_t access_stale_ms = 30000;
   uint64_t max_json_body_bytes = 1 << 20;
   // Calls on sandboxes being relayed at once (each holds two sockets and two pipes); more are
   // refused with 429 before their bodies are read.

@@ -69,6 +69,10 @@ int main(int argc, char** argv) {
   app.add_option("--audit-log", cfg.audit_log,
                  "Access log: a JSON line per change a caller asks for (who: token name, "
                  "project, role; what; which sandbox); off when empty");
+  app.add_option("--access-stale-ms", cfg.access_stale_ms,
+                 "Project tokens wait (503) once the view has been out of step with etcd this "
+                 "long (a revoke could be missed); cluster tokens always work")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000}));
   app.add_option("--max-relays", cfg.max_relays, "Calls on sandboxes relayed at once (then 429)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--record-cache", cfg.record_cache,

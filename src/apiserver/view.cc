@@ -143,6 +143,7 @@ void ClusterView::Run() {
     auto kvs = etcd_->RangePrefix(std::string(cluster::kPrefix), &revision);
     if (!kvs.ok()) {
       etcd_ok_ = false;
+      if (stale_since_ms_.load() == 0) stale_since_ms_ = WallMs();
       if (!warned) DSEC_LOG_WARN("view: etcd unreachable: {}", kvs.status().message());
       warned = true;
       for (auto until = std::chrono::steady_clock::now() + backoff;
@@ -154,6 +155,7 @@ void ClusterView::Run() {
     Reset(*kvs);
     loaded_ = true;
     etcd_ok_ = true;
+    stale_since_ms_ = 0;
     if (warned) DSEC_LOG_INFO("view: etcd is back (revision {})", revision);
     warned = false;
     backoff = std::chrono::milliseconds(100);
@@ -170,6 +172,7 @@ void ClusterView::Run() {
         &stop_);
     if (stop_) break;
     etcd_ok_ = false;
+    if (stale_since_ms_.load() == 0) stale_since_ms_ = WallMs();
     DSEC_LOG_WARN("view: etcd watch ended: {}", s.message());
     warned = true;
   }

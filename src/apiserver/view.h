@@ -52,6 +52,8 @@ class ClusterView {
 
   bool loaded() const { return loaded_.load(); }
   bool etcd_ok() const { return etcd_ok_.load(); }
+  // Since when (ms since the epoch) the view has not been in step with etcd; 0 while it is.
+  int64_t stale_since_ms() const { return stale_since_ms_.load(); }
   std::vector<NodeState> Nodes() const;
   std::optional<NodeState> Find(const std::string& node) const;
 
@@ -68,6 +70,7 @@ class ClusterView {
   std::atomic<bool> stop_{false};
   std::atomic<bool> loaded_{false};
   std::atomic<bool> etcd_ok_{false};
+  std::atomic<int64_t> stale_since_ms_{0};
   std::thread thread_;
   mutable Mutex mu_;
   std::map<std::string, NodeState> nodes_ DSEC_GUARDED_BY(mu_);

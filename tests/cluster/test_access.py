@@ -4,6 +4,7 @@ and a revoke reaches every apiserver within a second; roles limit what a token m
 
 import base64
 import json
+import signal
 import sys
 import time
 import urllib.request
@@ -307,3 +308,28 @@ def test_the_sdk_acts_in_a_project(cl, monkeypatch):
     finally:
         assert call(cl, "DELETE", f"/v1/sandboxes/{sb.id}", token=member)[0] in (204, 404)
     assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
+
+
+def test_project_tokens_wait_while_the_view_is_out_of_step_with_etcd(make_cluster):
+    """An apiserver that has not reached etcd for longer than --access-stale-ms could have
+    missed a revoke: project tokens are 503 until etcd is back; the cluster token still works
+    (routing and lists go on from the view)."""
+    c = make_cluster(edges=1, apiservers=1)
+    c.apiserver_extra = ["--access-stale-ms", "1000"]
+    c.apiserver_kill(0, signal.SIGTERM)
+    c.apiserver_start(0)
+    p = new_name("team")
+    assert call(c, "POST", "/v1/projects", {"name": p})[0] == 201
+    tok = make_token(c, p, "t")
+    assert call(c, "GET", "/v1/sandboxes", token=tok)[0] == 200
+    c.etcd_stop()
+    try:
+        wait_until(lambda: call(c, "GET", "/v1/sandboxes", token=tok)[0] == 503, 20,
+                   what="project tokens refused once the view is stale")
+        s, out = call(c, "GET", "/v1/sandboxes", token=tok)
+        assert "has not reached etcd" in out["error"]["message"], out
+        assert call(c, "GET", "/v1/sandboxes")[0] == 200  # the cluster token
+    finally:
+        c.etcd_start()
+    wait_until(lambda: call(c, "GET", "/v1/sandboxes", token=tok)[0] == 200, 30,
+               what="project tokens taken again once etcd is back")
