@@ -79,6 +79,7 @@ std::string RenderTable(const NodeTable& t) {
   set conns { type ipv4_addr; size 65535; flags dynamic; }
   set rate { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 10s; }
   set lograte { type ipv4_addr; size 65535; flags dynamic, timeout; timeout 1m; }
+  set nontcp { type ipv4_addr; size 65535; flags dynamic; }
   counter denied_total { }
   chain forward { type filter hook forward priority filter; policy accept;
     iifname "{veths}" jump from_sandbox
@@ -92,6 +93,7 @@ std::string RenderTable(const NodeTable& t) {
     ct state new add @conns { ip saddr ct count over {max_conns} } goto deny
     ct state new update @rate { ip saddr limit rate over {rate}/second burst {burst} packets } goto deny
     ip daddr @never goto deny
+    ct state new meta l4proto != tcp add @nontcp { ip saddr }
     ip saddr vmap @dispatch
     goto deny
   }
