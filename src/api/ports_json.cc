@@ -26,9 +26,7 @@ Json ToJson(const PortUrl& u) {
           {"host_url", u.host_url.empty() ? Json(nullptr) : Json(u.host_url)}};
 }
 
-namespace {
-
-bool IsLabel(std::string_view l) {
+bool IsDnsLabel(std::string_view l) {
   if (l.empty() || l.size() > 63 || l.front() == '-' || l.back() == '-') return false;
   for (char c : l)
     if (!(std::islower(static_cast<unsigned char>(c)) ||
@@ -37,13 +35,11 @@ bool IsLabel(std::string_view l) {
   return true;
 }
 
-}  // namespace
-
 Status ValidatePortDomain(std::string_view domain) {
   if (domain.empty() || domain.size() > 200)
     return InvalidArgument("must be a DNS name of 1-200 characters");
   for (std::string_view l : SplitString(domain, '.', false))
-    if (!IsLabel(l))
+    if (!IsDnsLabel(l))
       return InvalidArgument("\"" + std::string(domain) +
                              "\" is not a lowercase DNS name (labels of a-z 0-9 -, 1-63 each)");
   return OkStatus();
@@ -51,7 +47,7 @@ Status ValidatePortDomain(std::string_view domain) {
 
 std::string PortHost(uint16_t port, std::string_view id, std::string_view domain) {
   std::string label = std::to_string(port) + "-" + std::string(id);
-  if (domain.empty() || !IsLabel(label)) return "";
+  if (domain.empty() || !IsDnsLabel(label)) return "";
   return label + "." + std::string(domain);
 }
 
@@ -68,7 +64,7 @@ bool ParsePortHost(std::string_view host, std::string_view domain, std::string* 
     return false;
   std::string_view label = std::string_view(h).substr(0, h.size() - domain.size() - 1);
   size_t dash = label.find('-');
-  if (!IsLabel(label) || dash == std::string_view::npos || dash == 0) return false;
+  if (!IsDnsLabel(label) || dash == std::string_view::npos || dash == 0) return false;
   std::string_view p = label.substr(0, dash);
   for (char c : p)
     if (!std::isdigit(static_cast<unsigned char>(c))) return false;

@@ -40,6 +40,9 @@ Json ToJson(const PortUrl& u);
 // the node trades for a host-only cookie kPortCookie and a redirect to the URL without it.
 inline constexpr std::string_view kPortTokenParam = "dsec_port_token";
 inline constexpr std::string_view kPortCookie = "dsec_port";
+// 1-63 of a-z 0-9 -, not starting or ending with '-': a DNS label (also what project and token
+// names are: they show up in hosts, ids and labels).
+bool IsDnsLabel(std::string_view l);
 // A lowercase DNS name of labels [a-z0-9-] (1-63 characters, no '-' at either end), at most 200
 // characters in all.
 Status ValidatePortDomain(std::string_view domain);

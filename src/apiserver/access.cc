@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "api/ports_json.h"
 #include "base/ids.h"
 #include "base/logging.h"
 #include "base/strings.h"
@@ -82,9 +83,7 @@ StatusOr<ProjectRecord> ProjectRecord::FromJson(std::string_view text) {
 }
 
 Status ValidateAccessName(std::string_view what, std::string_view name) {
-  bool ok = !name.empty() && name.size() <= 63 && name.front() != '-' && name.back() != '-';
-  for (char c : name) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-');
-  if (!ok)
+  if (!api::IsDnsLabel(name))
     return InvalidArgument(std::string(what) + " must be 1-63 characters of a-z 0-9 - (not " +
                            "starting or ending with -), not \"" + std::string(name) + "\"");
   return OkStatus();

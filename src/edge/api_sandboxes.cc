@@ -149,9 +149,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
 StatusOr<std::string> RequestProject(const http::HttpRequest& req) {
   std::string p = req.Header("dsec-project");
   if (p.empty()) return std::string("default");
-  bool ok = p.size() <= 63 && p.front() != '-' && p.back() != '-';
-  for (char ch : p) ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-');
-  if (!ok)
+  if (!api::IsDnsLabel(p))
     return InvalidArgument("Dsec-Project must be a project name (a-z 0-9 -), not \"" + p + "\"");
   return p;
 }
