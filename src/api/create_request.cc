@@ -31,6 +31,11 @@ StatusOr<CreateShape> ParseCreateShape(std::string_view body) {
   DSEC_RETURN_IF_ERROR(str("request_id", &s.request_id));
   DSEC_RETURN_IF_ERROR(num("memory_mb", 1, int64_t{1} << 30, &s.memory_mb, nullptr));
   DSEC_RETURN_IF_ERROR(num("count", 1, 1 << 20, &s.count, &s.count_given));
+  if (auto it = j.find("cpu"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() <= 0 || it->get<double>() > 1024)
+      return InvalidArgument("\"cpu\" must be a number of cores above 0, at most 1024");
+    s.cpu_milli = static_cast<int64_t>(it->get<double>() * 1000 + 0.5);
+  }
   if (s.kind.empty()) s.kind = "container";
   return s;
 }

@@ -15,6 +15,7 @@ namespace dsec::api {
 struct CreateShape {
   std::string kind = "container";
   int64_t memory_mb = 0;  // 0: not given (the node's default)
+  int64_t cpu_milli = 0;  // "cpu" in thousandths of a core; 0: not given (the node's default)
   int64_t count = 1;
   bool count_given = false;
   std::string pool;        // a container pool: only nodes that have it

@@ -39,6 +39,12 @@ std::vector<RouteSpec> Table() {
       {"GET", "/v1/projects/:project/tokens", kListTokens, kApiserver},
       {"POST", "/v1/projects/:project/tokens", kCreateToken, kApiserver},
       {"DELETE", "/v1/projects/:project/tokens/:name", kDeleteToken, kApiserver},
+      {"GET", "/v1/quota", kGetOrgQuota, kApiserver},
+      {"PATCH", "/v1/quota", kSetOrgQuota, kApiserver},
+      {"GET", "/v1/projects/:project/quota", kGetProjectQuota, kApiserver},
+      {"PATCH", "/v1/projects/:project/quota", kSetProjectQuota, kApiserver},
+      {"GET", "/v1/projects/:project/tokens/:name/quota", kGetTokenQuota, kApiserver},
+      {"PATCH", "/v1/projects/:project/tokens/:name/quota", kSetTokenQuota, kApiserver},
       {"GET", "/metrics", kMetrics, kLocal},
 
       {"POST", "/v1/sandboxes/:id/exec", kExec, kSandbox},

@@ -41,6 +41,13 @@ enum class RouteId : uint8_t {
   kListTokens,
   kCreateToken,
   kDeleteToken,
+  // Quotas at each level: /v1/quota (org), .../projects/{p}/quota, .../tokens/{name}/quota.
+  kGetOrgQuota,
+  kSetOrgQuota,
+  kGetProjectQuota,
+  kSetProjectQuota,
+  kGetTokenQuota,
+  kSetTokenQuota,
   kMetrics,
   // Execs, shells, attach.
   kExec,

@@ -166,13 +166,15 @@ std::string NodeOfSandbox(std::string_view id) {
 }
 
 Apiserver::Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::string node_token,
-                     etcd::Client* etcd, ClusterView* view, AccessView* access, AuditLog* audit)
+                     etcd::Client* etcd, ClusterView* view, AccessView* access, Quotas* quotas,
+                     AuditLog* audit)
     : cfg_(std::move(cfg)),
       tokens_(std::move(tokens)),
       node_token_(std::move(node_token)),
       etcd_(etcd),
       view_(view),
       access_(access),
+      quotas_(quotas),
       audit_(audit),
       records_(static_cast<size_t>(std::max<int64_t>(0, cfg_.record_cache))),
       workers_(static_cast<size_t>(std::max(4, cfg_.workers))),
@@ -257,7 +259,8 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
        r->id == RouteId::kListTokens || r->id == RouteId::kCreateToken ||
        r->id == RouteId::kDeleteToken || r->id == RouteId::kNodes || r->id == RouteId::kGetNode ||
        r->id == RouteId::kCordonNode || r->id == RouteId::kUncordonNode ||
-       r->id == RouteId::kDrainNode))
+       r->id == RouteId::kDrainNode || r->id == RouteId::kSetOrgQuota ||
+       r->id == RouteId::kSetProjectQuota || r->id == RouteId::kSetTokenQuota))
     return deny(403, "forbidden",
                 "token " + who->token + " has the " + std::string(RoleName(who->role)) +
                     " role: " + req.method + " " + req.path + " needs admin");
@@ -382,6 +385,15 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
     case RouteId::kDeleteToken:
       return on_worker([this, shared, res, id = match.route->id, params = match.params] {
         Projects(*shared, id, params, res);
+      });
+    case RouteId::kGetOrgQuota:
+    case RouteId::kSetOrgQuota:
+    case RouteId::kGetProjectQuota:
+    case RouteId::kSetProjectQuota:
+    case RouteId::kGetTokenQuota:
+    case RouteId::kSetTokenQuota:
+      return on_worker([this, shared, res, id = match.route->id, params = match.params] {
+        Quota(*shared, id, params, res);
       });
     default:
       break;
@@ -563,7 +575,7 @@ void Apiserver::PassOnCreate(const std::shared_ptr<http::Responder>& res,
 void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
   auto shape = api::ParseCreateShape(req.body);
   if (!shape.ok()) return Fail(res, shape.status());
-  PlaceAndForward(req, res, std::move(*shape));
+  PlaceAndForward(req, res, std::move(*shape), /*counted=*/true);
 }
 
 void Apiserver::FnCall(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
@@ -578,13 +590,80 @@ void Apiserver::FnCall(const http::HttpRequest& req, const std::shared_ptr<http:
   shape.pool = rt->get<std::string>();
   if (auto rid = j.find("request_id"); rid != j.end() && rid->is_string())
     shape.request_id = rid->get<std::string>();
-  PlaceAndForward(req, res, std::move(shape));
+  PlaceAndForward(req, res, std::move(shape), /*counted=*/false);
+}
+
+StatusOr<http::ClientResponse> Apiserver::SendCreate(const NodeState& n, const std::string& target,
+                                                     const http::Headers& headers,
+                                                     const std::string& body,
+                                                     const api::CreateShape& shape, int64_t count,
+                                                     const QuotaCaller* q) {
+  const auto timeout = milliseconds(cfg_.create_timeout_ms);
+  if (!q) return n.client->Request("POST", target, headers, body, timeout);
+  Amount need{count, count * (shape.memory_mb > 0 ? shape.memory_mb : n.rec.default_memory_mb),
+              count * (shape.cpu_milli > 0 ? shape.cpu_milli : n.rec.default_cpu_milli)};
+  for (int attempt = 0;; ++attempt) {
+    QuotaRefusal refusal;
+    auto ticket = quotas_->Admit(q->project, q->owner, need, count, &refusal);
+    if (!ticket.ok()) {
+      http::ClientResponse r;
+      if (ticket.status().code() == StatusCode::kOverCapacity) {
+        r.status = 429;
+        r.body = refusal.ToJson().dump();
+        // (a rate's room comes back next second; the others when sandboxes go)
+        r.headers.emplace_back("retry-after", "1");
+      } else {
+        r.status = 503;
+        r.body = http::JsonError(503, "unavailable", ticket.status().message()).body;
+        r.headers.emplace_back("retry-after", "1");
+      }
+      r.headers.emplace_back("content-type", "application/json");
+      return r;
+    }
+    http::Headers h = headers;
+    if (!ticket->header.empty()) h.emplace_back("Dsec-Quota", ticket->header);
+    auto r = n.client->Request("POST", target, h, body, timeout);
+    if (!r.ok()) {
+      // A connection never made sent nothing; otherwise it may have reached the node: counted
+      // a while yet.
+      quotas_->Settle(ticket->id, StartsWith(r.status().message(), "connect ")
+                                      ? Quotas::Outcome::kFailed
+                                      : Quotas::Outcome::kUnknown);
+      return r;
+    }
+    if (r->status == 201 || r->status == 200) {
+      quotas_->Settle(ticket->id, Quotas::Outcome::kCreated, n.rec.node,
+                      ParseInt64(r->Header("dsec-usage-gen")).value_or(0));
+      return r;
+    }
+    quotas_->Settle(ticket->id, Quotas::Outcome::kFailed);
+    const std::string more = r->Header("dsec-quota-need");
+    if (r->status != 409 || more.empty() || attempt > 0) return r;
+    for (auto part : SplitString(more, ';', /*skip_empty=*/true)) {
+      size_t eq = part.find('=');
+      if (eq == std::string_view::npos) continue;
+      auto v = ParseInt64(part.substr(eq + 1));
+      if (!v || *v < 0) continue;
+      if (part.substr(0, eq) == "sandboxes") need.sandboxes = *v;
+      if (part.substr(0, eq) == "memory_mb") need.memory_mb = *v;
+      if (part.substr(0, eq) == "cpu_milli") need.cpu_milli = *v;
+    }
+  }
 }
 
 void Apiserver::PlaceAndForward(const http::HttpRequest& req,
                                 const std::shared_ptr<http::Responder>& res,
-                                api::CreateShape shape_value) {
+                                api::CreateShape shape_value, bool counted) {
   const api::CreateShape* shape = &shape_value;
+  std::optional<QuotaCaller> quota_caller;
+  if (counted) {
+    auto who = Principal::Decode(req.principal);
+    auto project = ProjectOf(req, false);
+    if (!who || !project.ok() || project->empty())
+      return Fail(res, 403, "forbidden", "no caller or project for the create");
+    quota_caller = QuotaCaller{*project, who->token};
+  }
+  const QuotaCaller* qc = quota_caller ? &*quota_caller : nullptr;
   if (!view_->etcd_ok())
     return Fail(res, 503, "unavailable",
                 "the cluster store (etcd) cannot be reached: creates are refused until it is "
@@ -592,6 +671,7 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
   const std::vector<NodeState> nodes = view_->Nodes();
   http::Headers headers = NodeHeaders(req);
   if (req.Header("content-type").empty()) headers.emplace_back("Content-Type", "application/json");
+  if (qc) headers.emplace_back("Dsec-Owner", qc->owner);
 
   // 1. Placement: the candidates in order.
   PlacementOptions opts = cfg_.placement;
@@ -646,10 +726,10 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
                       (static_cast<int64_t>(i) < shape->count % static_cast<int64_t>(parts));
       if (!shape->request_id.empty())
         part["request_id"] = shape->request_id + "/" + std::to_string(i);
-      done.push_back(Fanout([&, client = (*order)[i].client, text = part.dump()] {
-        return client->Request("POST", req.target, headers, text,
-                               milliseconds(cfg_.create_timeout_ms));
-      }));
+      done.push_back(
+          Fanout([&, n = (*order)[i], text = part.dump(), c = part["count"].get<int64_t>()] {
+            return SendCreate(n, req.target, headers, text, *shape, c, qc);
+          }));
     }
     Json all = Json::array();
     std::optional<std::pair<http::ClientResponse, std::string>> failed;
@@ -688,8 +768,7 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
     const int64_t mb = shape->memory_mb * shape->count;
     n.inflight->fetch_add(shape->count);
     n.inflight_mb->fetch_add(mb);
-    auto r = n.client->Request("POST", req.target, headers, req.body,
-                               milliseconds(cfg_.create_timeout_ms));
+    auto r = SendCreate(n, req.target, headers, req.body, *shape, shape->count, qc);
     n.inflight->fetch_sub(shape->count);
     n.inflight_mb->fetch_sub(mb);
     if (!r.ok()) {
@@ -701,6 +780,8 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
       continue;
     }
     const NodeError err = r->status >= 400 ? ErrorOf(*r) : NodeError{};
+    // A quota says the same on every node.
+    if (err.code == "quota_exceeded") return PassOn(res, *r, n.rec.node);
     const bool next = r->status == 429 || r->status == 503 ||
                       (r->status == 422 && err.message.find("can never fit") != std::string::npos);
     if (!next) return PassOnCreate(res, *r, n.rec.node);
@@ -977,6 +1058,61 @@ void Apiserver::NodeAction(const http::HttpRequest& req, const std::string& node
 // GET|POST /v1/projects, DELETE /v1/projects/{project}, GET|POST /v1/projects/{project}/tokens,
 // DELETE /v1/projects/{project}/tokens/{name} (access.h). Check let only admins through, but to
 // the list of projects (a member or viewer sees its own).
+void Apiserver::Quota(const http::HttpRequest& req, api::RouteId id,
+                      const std::map<std::string, std::string>& params,
+                      const std::shared_ptr<http::Responder>& res) {
+  auto who = Principal::Decode(req.principal);
+  if (!who) return Fail(res, 403, "forbidden", "no caller");
+  std::string level = "org";
+  if (auto p = params.find("project"); p != params.end()) {
+    const std::string& project = p->second;
+    if (Status s = ValidateAccessName("project", project); !s.ok()) return Fail(res, s);
+    if (!access_->ProjectExists(project) || (who->role != Role::kAdmin && project != who->project))
+      return Fail(res, 404, "not_found", "no project " + project);
+    level = "project/" + project;
+    if (auto n = params.find("name"); n != params.end()) {
+      if (Status s = ValidateAccessName("token name", n->second); !s.ok()) return Fail(res, s);
+      bool known = project == kDefaultProject && n->second == "cluster";  // the cluster tokens
+      for (const auto& [key, t] : access_->Tokens(project)) known = known || t.name == n->second;
+      if (!known) return Fail(res, 404, "not_found", "no token " + n->second + " in " + project);
+      level = StrCat({"token/", project, "/", n->second});
+    }
+  } else if (who->role != Role::kAdmin) {
+    return Fail(res, 403, "forbidden",
+                "token " + who->token + " has the " + std::string(RoleName(who->role)) +
+                    " role: the organisation's quota is an admin's to see");
+  }
+  if (id == api::RouteId::kSetOrgQuota || id == api::RouteId::kSetProjectQuota ||
+      id == api::RouteId::kSetTokenQuota) {
+    Json body = Json::parse(req.body, nullptr, false);
+    const std::optional<QuotaLimits> old = quotas_->Limits(level);
+    QuotaLimits limits = old.value_or(QuotaLimits{});
+    if (Status s = limits.Patch(body); !s.ok()) return Fail(res, s);
+    // Compare-and-set on what this view had (a change elsewhere meanwhile: 409), and a new
+    // version of the level: a hold being taken on the old limits fails and looks again.
+    const std::string key = StrCat({kQuotasPrefix, level});
+    std::vector<etcd::Client::Condition> when = {
+        old ? etcd::Client::Condition{key, etcd::Client::Condition::kValueIs, old->ToJson().dump()}
+            : etcd::Client::Condition{key, etcd::Client::Condition::kAbsent, ""}};
+    std::vector<etcd::Client::TxnPut> puts = {
+        {StrCat({kQuotaVersionPrefix, level}), "limits:" + std::to_string(WallMs()), 0}};
+    std::vector<std::string> deletes;
+    if (limits.any())
+      puts.push_back({key, limits.ToJson().dump(), 0});
+    else
+      deletes.push_back(key);
+    int64_t revision = 0;
+    auto ok = etcd_->TxnAt(when, puts, deletes, &revision);
+    if (!ok.ok()) return Fail(res, 503, "unavailable", "etcd: " + ok.status().message());
+    if (!*ok)
+      return Fail(res, 409, "conflict", "the quota of " + level + " changed meanwhile: retry");
+    (void)quotas_->WaitRevision(revision, 2000);
+    DSEC_LOG_INFO("audit: quota set: level={} limits={} by={}:{}", level, limits.ToJson().dump(),
+                  who->project, who->token);
+  }
+  Reply(res, 200, quotas_->Report(level));
+}
+
 void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
                          const std::map<std::string, std::string>& params,
                          const std::shared_ptr<http::Responder>& res) {
@@ -1049,9 +1185,12 @@ void Apiserver::Projects(const http::HttpRequest& req, api::RouteId id,
                           "): delete them first");
       }
       // The project and all its tokens in one transaction (by key range: any number of them).
-      const std::vector<std::string> keys = {
-          std::string(kProjectsPrefix) + project, StrCat({kTokensPrefix, project, "/*"}),
-          StrCat({kTokenNamesPrefix, project, "/*"}), StrCat({kTokenUsedPrefix, project, "/*"})};
+      const std::vector<std::string> keys = {std::string(kProjectsPrefix) + project,
+                                             StrCat({kTokensPrefix, project, "/*"}),
+                                             StrCat({kTokenNamesPrefix, project, "/*"}),
+                                             StrCat({kTokenUsedPrefix, project, "/*"}),
+                                             StrCat({kQuotasPrefix, "project/", project}),
+                                             StrCat({kQuotasPrefix, "token/", project, "/*"})};
       const auto tokens = access_->Tokens(project);
       if (Status s = etcd_->DeleteAll(keys); !s.ok())
         return Fail(res, 503, "unavailable", "etcd: " + s.message());

@@ -77,7 +77,8 @@ struct ApiserverConfig {
 class Apiserver {
  public:
   Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::string node_token,
-            etcd::Client* etcd, ClusterView* view, AccessView* access, AuditLog* audit = nullptr);
+            etcd::Client* etcd, ClusterView* view, AccessView* access, Quotas* quotas,
+            AuditLog* audit = nullptr);
 
   http::Preflight Check(http::HttpRequest& headers_only);
   void Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
@@ -105,10 +106,28 @@ class Apiserver {
   void Projects(const http::HttpRequest& req, api::RouteId id,
                 const std::map<std::string, std::string>& params,
                 const std::shared_ptr<http::Responder>& res);
+  // A level's quota (quota.h): GET for the admin or the project's own tokens, PATCH admins.
+  void Quota(const http::HttpRequest& req, api::RouteId id,
+             const std::map<std::string, std::string>& params,
+             const std::shared_ptr<http::Responder>& res);
   void Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void FnCall(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  // `counted`: a create of sandboxes, admitted under the caller's quota chain (quota.h); an
+  // fncall is not (its workers are the node's pools').
   void PlaceAndForward(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res,
-                       api::CreateShape shape);
+                       api::CreateShape shape, bool counted);
+  // Who a counted create is for: the project it acts in and the caller's token name.
+  struct QuotaCaller {
+    std::string project, owner;
+  };
+  // One create (`count` sandboxes) sent to node `n`: admitted under `q`'s quotas first (a
+  // refusal is answered as the node would, 429 quota_exceeded), settled by the answer. A node
+  // that finds the create takes more than the room (a pool's sizes, say) says what it needs:
+  // admitted again for that, once.
+  StatusOr<http::ClientResponse> SendCreate(const NodeState& n, const std::string& target,
+                                            const http::Headers& headers, const std::string& body,
+                                            const api::CreateShape& shape, int64_t count,
+                                            const QuotaCaller* q);
   void List(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   void GetSandbox(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
   // Why a record of `node`'s is shown with state "unavailable".
@@ -140,6 +159,7 @@ class Apiserver {
   etcd::Client* etcd_;
   ClusterView* view_;
   AccessView* access_;
+  Quotas* quotas_;
   AuditLog* audit_;
   http::HttpServer* server_ = nullptr;
   std::atomic<int64_t> relays_{0};

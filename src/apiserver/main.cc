@@ -8,9 +8,12 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "api/ports_json.h"
 #include "apiserver/apiserver.h"
@@ -118,15 +121,24 @@ int main(int argc, char** argv) {
   // Project tokens are kept as keyed hashes; the key comes from the node token, which every
   // apiserver of the cluster has and etcd does not.
   apiserver::AccessView access(http::DerivedKey(*node_tokens, "dsec-project-token-hash"));
-  apiserver::ClusterView view(&etcd, &access);
+  // Quota holds are this process's (its id names them; its lease bounds them).
+  std::string id;
+  {
+    std::random_device rd;
+    for (int i = 0; i < 2; ++i) id += fmt::format("{:08x}", rd());
+  }
+  apiserver::Quotas quotas(&etcd, id);
+  apiserver::ClusterView view(&etcd, &access, &quotas);
   view.Start();
+  quotas.Start();
   std::unique_ptr<AuditLog> audit;
   if (!cfg.audit_log.empty()) {
     auto a = AuditLog::Open(cfg.audit_log, cfg.audit_max_bytes, cfg.audit_keep);
     if (!a.ok()) return fail("--audit-log", a.status());
     audit = std::move(*a);
   }
-  apiserver::Apiserver api(cfg, *tokens, node_tokens->front(), &etcd, &view, &access, audit.get());
+  apiserver::Apiserver api(cfg, *tokens, node_tokens->front(), &etcd, &view, &access, &quotas,
+                           audit.get());
   http::HttpServerOptions ho;
   ho.listen = cfg.listen;
   ho.io_threads = cfg.io_threads;
@@ -206,6 +218,7 @@ int main(int argc, char** argv) {
   compat_workers.join();
   (*server)->Stop();
   api.Shutdown();
+  quotas.Stop();
   view.Stop();
   return 0;
 }

@@ -16,7 +16,8 @@ std::string NodeState::State() const {
   return "ready";
 }
 
-ClusterView::ClusterView(etcd::Client* etcd, AccessView* access) : etcd_(etcd), access_(access) {}
+ClusterView::ClusterView(etcd::Client* etcd, AccessView* access, Quotas* quotas)
+    : etcd_(etcd), access_(access), quotas_(quotas) {}
 
 ClusterView::~ClusterView() { Stop(); }
 
@@ -52,6 +53,7 @@ std::optional<NodeState> ClusterView::Find(const std::string& node) const {
 }
 
 void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
+  if (quotas_ && Quotas::Owns(key)) return quotas_->ApplyPut(key, value);
   if (access_ && (StartsWith(key, kProjectsPrefix) || StartsWith(key, kTokensPrefix) ||
                   StartsWith(key, kTokenUsedPrefix)))
     return access_->ApplyPut(key, value);
@@ -97,6 +99,7 @@ void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
 }
 
 void ClusterView::ApplyDelete(const std::string& key) {
+  if (quotas_ && Quotas::Owns(key)) return quotas_->ApplyDelete(key);
   if (access_ && (StartsWith(key, kProjectsPrefix) || StartsWith(key, kTokensPrefix) ||
                   StartsWith(key, kTokenUsedPrefix)))
     return access_->ApplyDelete(key);
@@ -115,8 +118,10 @@ void ClusterView::ApplyDelete(const std::string& key) {
 
 void ClusterView::Reset(const std::vector<etcd::KeyValue>& kvs) {
   if (access_) access_->Reset(kvs);
+  if (quotas_) quotas_->Reset(kvs);
   std::set<std::string> present;
   for (const auto& kv : kvs) {
+    if (quotas_ && Quotas::Owns(kv.key)) continue;
     if (access_ && (StartsWith(kv.key, kProjectsPrefix) || StartsWith(kv.key, kTokensPrefix) ||
                     StartsWith(kv.key, kTokenUsedPrefix)))
       continue;
@@ -153,6 +158,7 @@ void ClusterView::Run() {
       continue;
     }
     Reset(*kvs);
+    if (quotas_) quotas_->SetRevision(revision);
     loaded_ = true;
     etcd_ok_ = true;
     stale_since_ms_ = 0;
@@ -161,13 +167,14 @@ void ClusterView::Run() {
     backoff = std::chrono::milliseconds(100);
     Status s = etcd_->Watch(
         std::string(cluster::kPrefix), revision + 1,
-        [this](const std::vector<etcd::Event>& events, int64_t) {
+        [this](const std::vector<etcd::Event>& events, int64_t revision) {
           for (const auto& e : events) {
             if (e.deleted)
               ApplyDelete(e.kv.key);
             else
               ApplyPut(e.kv.key, e.kv.value);
           }
+          if (quotas_) quotas_->SetRevision(revision);
         },
         &stop_);
     if (stop_) break;

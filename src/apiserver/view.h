@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "apiserver/access.h"
+#include "apiserver/quota.h"
 #include "base/mutex.h"
 #include "cluster/etcd.h"
 #include "cluster/node_record.h"
@@ -44,8 +45,9 @@ struct NodeState {
 
 class ClusterView {
  public:
-  // `access` (may be null) gets the projects and tokens of the same watch.
-  explicit ClusterView(etcd::Client* etcd, AccessView* access = nullptr);
+  // `access` (may be null) gets the projects and tokens of the same watch, `quotas` (may be
+  // null) the quota limits, holds and nodes' usage, and the revision each batch brings.
+  explicit ClusterView(etcd::Client* etcd, AccessView* access = nullptr, Quotas* quotas = nullptr);
   ~ClusterView();
   void Start();
   void Stop();
@@ -67,6 +69,7 @@ class ClusterView {
 
   etcd::Client* etcd_;
   AccessView* access_;
+  Quotas* quotas_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> loaded_{false};
   std::atomic<bool> etcd_ok_{false};

@@ -117,6 +117,15 @@ Status Client::Delete(const std::string& key) {
 StatusOr<bool> Client::Txn(const std::vector<Condition>& when,
                            const std::vector<std::pair<std::string, std::string>>& puts,
                            const std::vector<std::string>& deletes) {
+  std::vector<TxnPut> p;
+  p.reserve(puts.size());
+  for (const auto& [k, v] : puts) p.push_back({k, v, 0});
+  int64_t revision = 0;
+  return TxnAt(when, p, deletes, &revision);
+}
+
+StatusOr<bool> Client::TxnAt(const std::vector<Condition>& when, const std::vector<TxnPut>& puts,
+                             const std::vector<std::string>& deletes, int64_t* revision) {
   // (The gateway's JSON leaves out zero values: "create_revision": "0" with the default
   // EQUAL compare reads "the key was never created"; GREATER than 0, "it exists".)
   Json compare = Json::array(), success = Json::array();
@@ -139,8 +148,11 @@ StatusOr<bool> Client::Txn(const std::vector<Condition>& when,
     }
     compare.push_back(std::move(cmp));
   }
-  for (const auto& [k, v] : puts)
-    success.push_back({{"requestPut", {{"key", Base64Encode(k)}, {"value", Base64Encode(v)}}}});
+  for (const auto& p : puts) {
+    Json put = {{"key", Base64Encode(p.key)}, {"value", Base64Encode(p.value)}};
+    if (p.lease != 0) put["lease"] = std::to_string(p.lease);
+    success.push_back({{"requestPut", std::move(put)}});
+  }
   for (const auto& k : deletes) {
     if (!k.empty() && k.back() == '*') {
       const std::string prefix = k.substr(0, k.size() - 1);
@@ -152,6 +164,10 @@ StatusOr<bool> Client::Txn(const std::vector<Condition>& when,
     }
   }
   DSEC_ASSIGN_OR_RETURN(Json j, Call("kv/txn", {{"compare", compare}, {"success", success}}));
+  *revision = 0;
+  if (auto h = j.find("header"); h != j.end() && h->is_object())
+    if (auto r = h->find("revision"); r != h->end() && r->is_string())
+      *revision = ParseInt64(r->get<std::string>()).value_or(0);
   return j.value("succeeded", false);
 }
 

@@ -53,6 +53,14 @@ class Client {
   StatusOr<bool> Txn(const std::vector<Condition>& when,
                      const std::vector<std::pair<std::string, std::string>>& puts,
                      const std::vector<std::string>& deletes = {});
+  // The same with a lease on any put (0: none), and the store's revision after it (whether it
+  // succeeded or not) in *revision.
+  struct TxnPut {
+    std::string key, value;
+    int64_t lease = 0;
+  };
+  StatusOr<bool> TxnAt(const std::vector<Condition>& when, const std::vector<TxnPut>& puts,
+                       const std::vector<std::string>& deletes, int64_t* revision);
   // Puts every pair if none of `absent` exists (true), or changes nothing (false).
   StatusOr<bool> PutIfAbsent(const std::vector<std::pair<std::string, std::string>>& puts,
                              const std::vector<std::string>& absent);

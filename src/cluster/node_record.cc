@@ -15,6 +15,8 @@ Json NodeRecord::ToJson() const {
           {"memory_mb", memory_mb},
           {"admit_memory_mb", admit_memory_mb},
           {"max_memory_mb", max_memory_mb},
+          {"default_memory_mb", default_memory_mb},
+          {"default_cpu_milli", default_cpu_milli},
           {"sandboxes", sandboxes},
           {"used_memory_mb", used_memory_mb},
           {"started_at", started_at},
@@ -39,6 +41,8 @@ StatusOr<NodeRecord> NodeRecord::FromJson(std::string_view text) {
     r.memory_mb = j.value("memory_mb", int64_t{0});
     r.admit_memory_mb = j.value("admit_memory_mb", int64_t{0});
     r.max_memory_mb = j.value("max_memory_mb", int64_t{0});
+    r.default_memory_mb = j.value("default_memory_mb", int64_t{0});
+    r.default_cpu_milli = j.value("default_cpu_milli", int64_t{0});
     r.sandboxes = j.value("sandboxes", int64_t{0});
     r.used_memory_mb = j.value("used_memory_mb", int64_t{0});
     r.started_at = j.value("started_at", int64_t{0});
@@ -52,6 +56,40 @@ StatusOr<NodeRecord> NodeRecord::FromJson(std::string_view text) {
 
 bool NodeRecord::HasKind(std::string_view kind) const {
   return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
+Json NodeUsage::ToJson() const {
+  Json list = Json::array();
+  for (const auto& e : entries)
+    list.push_back({{"project", e.project},
+                    {"owner", e.owner},
+                    {"hold", e.hold},
+                    {"sandboxes", e.sandboxes},
+                    {"memory_mb", e.memory_mb},
+                    {"cpu_milli", e.cpu_milli}});
+  return {{"gen", gen}, {"entries", std::move(list)}};
+}
+
+StatusOr<NodeUsage> NodeUsage::FromJson(std::string_view text) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("node usage is not an object");
+  NodeUsage u;
+  try {
+    u.gen = j.value("gen", int64_t{0});
+    for (const Json& e : j.value("entries", Json::array())) {
+      UsageEntry x;
+      x.project = e.value("project", "");
+      x.owner = e.value("owner", "");
+      x.hold = e.value("hold", "");
+      x.sandboxes = e.value("sandboxes", int64_t{0});
+      x.memory_mb = e.value("memory_mb", int64_t{0});
+      x.cpu_milli = e.value("cpu_milli", int64_t{0});
+      u.entries.push_back(std::move(x));
+    }
+  } catch (const Json::exception& e) {
+    return InvalidArgument(std::string("node usage: ") + e.what());
+  }
+  return u;
 }
 
 }  // namespace dsec::cluster

@@ -145,6 +145,35 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   return std::make_pair(p, static_cast<int>(f.count.value_or(1)));
 }
 
+struct QuotaRoom {
+  std::string hold;
+  int64_t sandboxes = 0, memory_mb = 0, cpu_milli = 0;
+};
+
+// Dsec-Quota: "hold=<tag>;sandboxes=N;memory_mb=M;cpu_milli=C" (every part).
+StatusOr<QuotaRoom> ParseQuotaRoom(std::string_view text) {
+  QuotaRoom q;
+  int seen = 0;
+  for (auto part : SplitString(text, ';', /*skip_empty=*/true)) {
+    size_t eq = part.find('=');
+    std::string_view k = part.substr(0, eq),
+                     v = eq == std::string_view::npos ? "" : part.substr(eq + 1);
+    if (k == "hold" && !v.empty() && v.size() <= 64) {
+      q.hold = std::string(v);
+      seen |= 1;
+      continue;
+    }
+    auto n = ParseInt64(v);
+    if (!n || *n < 0) break;
+    if (k == "sandboxes") q.sandboxes = *n, seen |= 2;
+    if (k == "memory_mb") q.memory_mb = *n, seen |= 4;
+    if (k == "cpu_milli") q.cpu_milli = *n, seen |= 8;
+  }
+  if (seen != 15)
+    return InvalidArgument("Dsec-Quota must be hold=<tag>;sandboxes=N;memory_mb=M;cpu_milli=C");
+  return q;
+}
+
 // The project a request acts in: Dsec-Project (an apiserver names its caller's), else default.
 StatusOr<std::string> RequestProject(const http::HttpRequest& req) {
   std::string p = req.Header("dsec-project");
@@ -163,6 +192,33 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
       ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images, &count_given);
   if (!parsed.ok()) return c->Fail(parsed.status());
   parsed->first.project = *project;
+  // A cluster's quotas: who made it (the caller's token name), and the room an apiserver
+  // admitted it in ("hold=<tag>;sandboxes=N;memory_mb=M;cpu_milli=C"): a create that takes more
+  // than that room is refused with what it needs (Dsec-Quota-Need), for the apiserver to admit
+  // that much and send it again.
+  if (std::string owner = c->req.Header("dsec-owner"); !owner.empty()) {
+    if (!api::IsDnsLabel(owner))
+      return c->Fail(400, "bad_request", "Dsec-Owner must be a token name (a-z 0-9 -)");
+    parsed->first.owner = owner;
+  }
+  if (std::string quota = c->req.Header("dsec-quota"); !quota.empty()) {
+    auto room = ParseQuotaRoom(quota);
+    if (!room.ok()) return c->Fail(room.status());
+    const CreateParams& p = parsed->first;
+    const int64_t n = parsed->second;
+    const int64_t cpu_milli = static_cast<int64_t>(p.resources.cpu * 1000 + 0.5);
+    if (n > room->sandboxes || n * p.resources.memory_mb > room->memory_mb ||
+        n * cpu_milli > room->cpu_milli) {
+      http::HttpResponse r = http::JsonError(
+          409, "conflict", "the create takes more than the quota room its apiserver admitted");
+      r.headers.emplace_back("Dsec-Quota-Need",
+                             StrCat({"sandboxes=", std::to_string(n),
+                                     ";memory_mb=", std::to_string(n * p.resources.memory_mb),
+                                     ";cpu_milli=", std::to_string(n * cpu_milli)}));
+      return c->res->Send(std::move(r));
+    }
+    parsed->first.quota_hold = room->hold;
+  }
   // Another project's snapshot is an image this project does not have (the same words).
   if (!c->req.Header("dsec-project").empty() && deps.images && parsed->first.pool.empty()) {
     for (auto n : SplitString(parsed->first.image, ',', /*skip_empty=*/true)) {
@@ -179,8 +235,14 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
       parsed->first, parsed->second, wait_ready,
       [workers](std::function<void()> task) { boost::asio::post(*workers, std::move(task)); });
   if (!made.ok()) return c->Fail(made.status());
-  if (count_given) return c->Reply(201, api::SandboxListJson(*made));
-  c->Reply(201, ToJson(made->front()));
+  http::HttpResponse r;
+  r.status = 201;
+  r.body = (count_given ? api::SandboxListJson(*made) : ToJson(made->front()))
+               .dump(-1, ' ', false, Json::error_handler_t::replace);
+  // The usage generation that counts it (or a later one): an apiserver's quota hold lets go of
+  // it once the node's published usage has reached that.
+  r.headers.emplace_back("Dsec-Usage-Gen", std::to_string(c->api->deps().manager->usage_gen()));
+  c->res->Send(std::move(r));
 }
 
 void GetSandbox(const std::shared_ptr<Ctx>& c) {

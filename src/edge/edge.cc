@@ -355,6 +355,8 @@ cluster::NodeRecord NodeRecordOf(const EdgeConfig& cfg, const Manager& manager,
   r.memory_mb = n.memory_mb;
   r.admit_memory_mb = n.admit_memory_mb;
   r.max_memory_mb = n.admit_memory_mb;
+  r.default_memory_mb = cfg.defaults.memory_mb;
+  r.default_cpu_milli = static_cast<int64_t>(cfg.defaults.cpu * 1000 + 0.5);
   r.sandboxes = n.sandboxes;
   r.used_memory_mb = n.used_memory_mb;
   r.started_at = started_at;
@@ -442,6 +444,7 @@ EdgeServices::~EdgeServices() {
   if (pools_) pools_->Shutdown();    // workers and pooled sandboxes go even with --persist
   if (builds_) builds_->Shutdown();  // a build in progress goes
   if (manager_) manager_->Shutdown(serving_ ? cfg_.persist : true);
+  if (membership_) membership_->Finish();
   if (workers_) workers_->join();
   if (timer_thread_.joinable()) {
     timers_work_.reset();
@@ -627,7 +630,8 @@ Status EdgeServices::Serve() {
         [this, instance = containers_->instance_id(), started_at = WallMs()] {
           return NodeRecordOf(cfg_, *manager_, *pools_, instance, started_at, e2b_server_.get(),
                               fusion_server_.get());
-        });
+        },
+        [this] { return manager_->Usage(); });
     membership_->Start();
   }
   housekeeper_ = std::thread([this] { Housekeep(done_, &*idem_, *output_budget_); });

@@ -228,6 +228,7 @@ StatusOr<std::vector<SandboxRecord>> Manager::Create(
       made.push_back(e);
     }
     memory_mb_ += p.resources.memory_mb * count;
+    ++usage_gen_;
   }
   std::vector<StatusOr<SandboxRecord>> results(made.size(), InternalError("not run"));
   for (size_t i = 0; i < pooled.size(); ++i)
@@ -612,6 +613,32 @@ void Manager::ReleaseMemoryLocked(SandboxEntry& e) {
   if (!e.memory_counted) return;  // a failed sandbox released it already
   e.memory_counted = false;
   memory_mb_ -= e.params.resources.memory_mb;
+  ++usage_gen_;
+}
+
+cluster::NodeUsage Manager::Usage() const {
+  cluster::NodeUsage u;
+  std::map<std::tuple<std::string, std::string, std::string>, cluster::UsageEntry> by;
+  MutexLock l(mu_);
+  u.gen = usage_gen_;
+  for (const auto& [id, e] : entries_) {
+    if (!e->memory_counted) continue;  // failed: it holds nothing
+    const CreateParams& p = e->params;
+    cluster::UsageEntry& x = by[{p.project, p.owner, p.quota_hold}];
+    x.sandboxes++;
+    x.memory_mb += p.resources.memory_mb;
+    x.cpu_milli += static_cast<int64_t>(p.resources.cpu * 1000 + 0.5);
+  }
+  for (auto& [k, x] : by) {
+    std::tie(x.project, x.owner, x.hold) = k;
+    u.entries.push_back(std::move(x));
+  }
+  return u;
+}
+
+int64_t Manager::usage_gen() const {
+  MutexLock l(mu_);
+  return usage_gen_;
 }
 
 void Manager::FinishFailure(const std::shared_ptr<SandboxEntry>& e) {
@@ -734,6 +761,7 @@ StatusOr<std::pair<int, int>> Manager::Recover() {
     MutexLock l(mu_);
     entries_[e->id] = e;
     memory_mb_ += p->resources.memory_mb;
+    ++usage_gen_;
     ++adopted;
   }
   int cleaned = 0;

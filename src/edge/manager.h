@@ -27,6 +27,7 @@
 #include "base/json.h"
 #include "base/mutex.h"
 #include "base/status.h"
+#include "cluster/node_record.h"
 #include "edge/config.h"
 #include "edge/lifecycle.h"
 #include "edge/metrics.h"
@@ -54,6 +55,10 @@ struct CreateParams : backends::SandboxShape {
   // The project it belongs to (a cluster's apiserver names it in Dsec-Project; "default" on a
   // lone edge): a call naming another project finds no such sandbox.
   std::string project = "default";
+  // Who made it, for a cluster's quotas: the apiserver's caller's token name (Dsec-Owner), and
+  // the quota hold it was admitted from (Dsec-Quota); both "" on a lone edge.
+  std::string owner;
+  std::string quota_hold;
 };
 Json ToJson(const CreateParams& p);
 StatusOr<CreateParams> CreateParamsFromJson(const Json& j);
@@ -156,6 +161,10 @@ class Manager {
   // NotFound (the same words as for an unknown id) when `id` is a sandbox, or a tombstone, of
   // another project than `project`; OK otherwise, unknown ids too (the call then says so).
   Status CheckProject(const std::string& id, const std::string& project) const;
+  // What the sandboxes take, by (project, owner, quota hold), for the cluster's quotas; its
+  // generation grows with every change (usage_gen).
+  cluster::NodeUsage Usage() const;
+  int64_t usage_gen() const;
   // The tombstone of a sandbox the node removed by itself (not by an explicit delete), kept
   // for tombstone_ttl_s and at most tombstone_max of them (the oldest go first).
   std::optional<Tombstone> TombstoneOf(const std::string& id) const;
@@ -234,6 +243,9 @@ class Manager {
   // Room that pools gave up for creates not yet admitted (MakeRoomFromPools).
   int64_t reserved_ DSEC_GUARDED_BY(mu_) = 0;
   int64_t reserved_mb_ DSEC_GUARDED_BY(mu_) = 0;
+  // Bumped (under mu_) whenever what Usage() counts changes; starts from the wall clock in
+  // microseconds, so a restarted edge goes on above what it published before.
+  int64_t usage_gen_ DSEC_GUARDED_BY(mu_) = 0;
   std::unordered_map<std::string, Tombstone> tombstones_ DSEC_GUARDED_BY(mu_);
   std::deque<std::string> tombstone_order_ DSEC_GUARDED_BY(mu_);  // oldest first
 

@@ -13,10 +13,12 @@ constexpr auto kTick = std::chrono::milliseconds(50);
 }  // namespace
 
 Membership::Membership(std::vector<std::string> etcd, int64_t ttl_s,
-                       std::function<cluster::NodeRecord()> record)
+                       std::function<cluster::NodeRecord()> record,
+                       std::function<cluster::NodeUsage()> usage)
     : etcd_(std::move(etcd), std::chrono::milliseconds(std::max<int64_t>(500, ttl_s * 1000 / 4))),
       ttl_s_(ttl_s),
-      record_(std::move(record)) {}
+      record_(std::move(record)),
+      usage_(std::move(usage)) {}
 
 Membership::~Membership() { Stop(); }
 
@@ -30,10 +32,25 @@ void Membership::Stop() {
   thread_.join();
 }
 
+void Membership::Finish() {
+  if (usage_key_.empty()) return;
+  cluster::NodeUsage u = usage_();
+  Status s = u.entries.empty() ? etcd_.Delete(usage_key_)
+                               : etcd_.Put(usage_key_, u.ToJson().dump()).status();
+  if (!s.ok()) DSEC_LOG_WARN("cluster: the last usage was not written: {}", s.message());
+}
+
 void Membership::Run() {
   const auto keepalive_every = std::chrono::milliseconds(ttl_s_ * 1000 / 3);
   int64_t lease = 0;
-  std::string key, published;
+  std::string key, published, usage_published;
+  // The usage key, when its text changed (no lease: it outlives a lapse of the record's).
+  auto put_usage = [&] {
+    cluster::NodeUsage u = usage_();
+    std::string text = u.ToJson().dump();
+    if (text != usage_published && etcd_.Put(usage_key_, text).ok())
+      usage_published = std::move(text);
+  };
   Clock::time_point last_keepalive{}, last_put{};
   auto backoff = std::chrono::milliseconds(200);
   bool warned = false;
@@ -42,6 +59,7 @@ void Membership::Run() {
     if (lease == 0) {
       cluster::NodeRecord rec = record_();
       key = std::string(cluster::kNodesPrefix) + rec.node;
+      usage_key_ = std::string(cluster::kUsagePrefix) + rec.node;
       auto granted = etcd_.LeaseGrant(ttl_s_);
       Status put =
           granted.ok() ? etcd_.Put(key, rec.ToJson().dump(), *granted).status() : granted.status();
@@ -57,6 +75,8 @@ void Membership::Run() {
       }
       lease = *granted;
       published = rec.ToJson().dump();
+      usage_published.clear();  // (a restarted edge's key says what the last one left)
+      put_usage();
       last_keepalive = last_put = Clock::now();
       backoff = std::chrono::milliseconds(200);
       warned = false;
@@ -88,6 +108,7 @@ void Membership::Run() {
         if (etcd_.Put(key, text, lease).ok()) published = std::move(text);
         last_put = now;
       }
+      put_usage();
     }
     std::this_thread::sleep_for(kTick);
   }

@@ -3,6 +3,10 @@
 // third of it, and republishes the record when its load changes, at most every 250 ms. When
 // etcd is unreachable it keeps serving its sandboxes and registers again as soon as it can (a
 // lapsed lease means a new one). Stop revokes the lease, so the node leaves placement at once.
+// Beside the record it keeps /dsec/usage/<node> (what its sandboxes take, for the cluster's
+// quotas) up to date at the same pace, without a lease: a lost node's sandboxes stay counted.
+// After the sandboxes went (or were kept, --persist), Finish says so there: the key goes when
+// none is left.
 //
 // Thread safety: Start and Stop from one thread; the work runs on a thread of its own.
 #pragma once
@@ -21,10 +25,13 @@ class Membership {
  public:
   // `record` is called for the current record (load included) on the membership thread.
   Membership(std::vector<std::string> etcd, int64_t ttl_s,
-             std::function<cluster::NodeRecord()> record);
+             std::function<cluster::NodeRecord()> record,
+             std::function<cluster::NodeUsage()> usage);
   ~Membership();
   void Start();
   void Stop();
+  // After Stop, once the manager is done: the last word on the usage key.
+  void Finish();
 
   bool registered() const { return registered_.load(); }
 
@@ -34,6 +41,8 @@ class Membership {
   etcd::Client etcd_;
   int64_t ttl_s_;
   std::function<cluster::NodeRecord()> record_;
+  std::function<cluster::NodeUsage()> usage_;
+  std::string usage_key_;  // set once registered (the membership thread's until Stop)
   std::atomic<bool> stop_{false};
   std::atomic<bool> registered_{false};
   std::thread thread_;

@@ -20,6 +20,8 @@ Json ToJson(const CreateParams& p) {
             {"pool", p.pool.empty() ? Json(nullptr) : Json(p.pool)}};
   if (!p.config_from.empty()) j["config_from"] = p.config_from;
   j["project"] = p.project;
+  if (!p.owner.empty()) j["owner"] = p.owner;
+  if (!p.quota_hold.empty()) j["quota_hold"] = p.quota_hold;
   j.update(ToJson(p.resources));
   return j;
 }
@@ -50,6 +52,8 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(p.pool, GetString(j, "pool", ""));
   DSEC_ASSIGN_OR_RETURN(p.config_from, GetString(j, "config_from", ""));
   DSEC_ASSIGN_OR_RETURN(p.project, GetString(j, "project", "default"));  // (rows from before)
+  DSEC_ASSIGN_OR_RETURN(p.owner, GetString(j, "owner", ""));
+  DSEC_ASSIGN_OR_RETURN(p.quota_hold, GetString(j, "quota_hold", ""));
   return p;
 }
 

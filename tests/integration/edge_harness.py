@@ -38,6 +38,7 @@ ERROR_STATUS = {
     "bad_request": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404,
     "method_not_allowed": 405,
     "conflict": 409, "gone": 410, "too_large": 413, "unprocessable": 422, "over_capacity": 429,
+    "quota_exceeded": 429,
     "unavailable": 503, "bad_gateway": 502, "gateway_timeout": 504, "internal": 500,
 }
 

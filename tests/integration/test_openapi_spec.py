@@ -87,6 +87,12 @@ APISERVER_OPERATIONS = {
     ("GET", "/v1/projects/{project}/tokens"),
     ("POST", "/v1/projects/{project}/tokens"),
     ("DELETE", "/v1/projects/{project}/tokens/{name}"),
+    ("GET", "/v1/quota"),
+    ("PATCH", "/v1/quota"),
+    ("GET", "/v1/projects/{project}/quota"),
+    ("PATCH", "/v1/projects/{project}/quota"),
+    ("GET", "/v1/projects/{project}/tokens/{name}/quota"),
+    ("PATCH", "/v1/projects/{project}/tokens/{name}/quota"),
 }
 # In shared/API.md but not served yet: marked `x-dsec-status: planned`.
 PLANNED_OPERATIONS = set()
