@@ -43,6 +43,7 @@ std::vector<RouteSpec> Table() {
       {"PATCH", "/v1/quota", kSetOrgQuota, kApiserver},
       {"GET", "/v1/projects/:project/quota", kGetProjectQuota, kApiserver},
       {"PATCH", "/v1/projects/:project/quota", kSetProjectQuota, kApiserver},
+      {"PUT", "/v1/projects/:project/quota", kReplaceProjectQuota, kApiserver},
       {"GET", "/v1/projects/:project/tokens/:name/quota", kGetTokenQuota, kApiserver},
       {"PATCH", "/v1/projects/:project/tokens/:name/quota", kSetTokenQuota, kApiserver},
       {"GET", "/metrics", kMetrics, kLocal},

@@ -46,6 +46,7 @@ enum class RouteId : uint8_t {
   kSetOrgQuota,
   kGetProjectQuota,
   kSetProjectQuota,
+  kReplaceProjectQuota,
   kGetTokenQuota,
   kSetTokenQuota,
   kMetrics,

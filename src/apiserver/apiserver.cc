@@ -260,7 +260,8 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
        r->id == RouteId::kDeleteToken || r->id == RouteId::kNodes || r->id == RouteId::kGetNode ||
        r->id == RouteId::kCordonNode || r->id == RouteId::kUncordonNode ||
        r->id == RouteId::kDrainNode || r->id == RouteId::kSetOrgQuota ||
-       r->id == RouteId::kSetProjectQuota || r->id == RouteId::kSetTokenQuota))
+       r->id == RouteId::kSetProjectQuota || r->id == RouteId::kReplaceProjectQuota ||
+       r->id == RouteId::kSetTokenQuota))
     return deny(403, "forbidden",
                 "token " + who->token + " has the " + std::string(RoleName(who->role)) +
                     " role: " + req.method + " " + req.path + " needs admin");
@@ -390,6 +391,7 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
     case RouteId::kSetOrgQuota:
     case RouteId::kGetProjectQuota:
     case RouteId::kSetProjectQuota:
+    case RouteId::kReplaceProjectQuota:
     case RouteId::kGetTokenQuota:
     case RouteId::kSetTokenQuota:
       return on_worker([this, shared, res, id = match.route->id, params = match.params] {
@@ -1083,11 +1085,27 @@ void Apiserver::Quota(const http::HttpRequest& req, api::RouteId id,
                     " role: the organisation's quota is an admin's to see");
   }
   if (id == api::RouteId::kSetOrgQuota || id == api::RouteId::kSetProjectQuota ||
-      id == api::RouteId::kSetTokenQuota) {
+      id == api::RouteId::kReplaceProjectQuota || id == api::RouteId::kSetTokenQuota) {
     Json body = Json::parse(req.body, nullptr, false);
     const std::optional<QuotaLimits> old = quotas_->Limits(level);
-    QuotaLimits limits = old.value_or(QuotaLimits{});
+    // PATCH changes what it names; PUT says it all.
+    QuotaLimits limits =
+        id == api::RouteId::kReplaceProjectQuota ? QuotaLimits{} : old.value_or(QuotaLimits{});
     if (Status s = limits.Patch(body); !s.ok()) return Fail(res, s);
+    if (!limits.parent.empty()) {
+      const std::string project = params.at("project");
+      if (!StartsWith(level, "project/"))
+        return Fail(res, 400, "bad_request", "only a project's quota has a parent");
+      if (limits.parent == project || !access_->ProjectExists(limits.parent))
+        return Fail(res, 400, "bad_request",
+                    "\"parent\" must be another existing project, not " + limits.parent);
+      // The parent's own chain must not come back to this project.
+      for (const auto& l : quotas_->Chain(limits.parent, "-"))
+        if (l == level)
+          return Fail(res, 400, "bad_request",
+                      "project " + limits.parent + " is under " + project +
+                          " already: a parent there would make a cycle");
+    }
     // Compare-and-set on what this view had (a change elsewhere meanwhile: 409), and a new
     // version of the level: a hold being taken on the old limits fails and looks again.
     const std::string key = StrCat({kQuotasPrefix, level});
@@ -1097,7 +1115,7 @@ void Apiserver::Quota(const http::HttpRequest& req, api::RouteId id,
     std::vector<etcd::Client::TxnPut> puts = {
         {StrCat({kQuotaVersionPrefix, level}), "limits:" + std::to_string(WallMs()), 0}};
     std::vector<std::string> deletes;
-    if (limits.any())
+    if (!limits.empty())
       puts.push_back({key, limits.ToJson().dump(), 0});
     else
       deletes.push_back(key);

@@ -20,7 +20,7 @@ constexpr int64_t kBlockCreates = 8;              // a hold grows by up to this 
 constexpr int64_t kIdleMs = 1000;                 // a hold unused this long shrinks back
 constexpr int64_t kUnknownOutcomeMs = 30000;      // a create whose answer never came
 constexpr int kGrowAttempts = 8;
-constexpr int64_t kWantWaitMs = 1500;  // how long a create waits for room others give back
+constexpr int64_t kWantWaitMs = 1000;  // how long a create at a full level waits for room
 
 int64_t Window(int64_t now_ms) { return now_ms / 1000; }
 
@@ -51,13 +51,6 @@ constexpr Dim kDims[] = {{"sandboxes", &Amount::sandboxes, &QuotaLimits::sandbox
                          {"memory_mb", &Amount::memory_mb, &QuotaLimits::memory_mb},
                          {"cpu", &Amount::cpu_milli, &QuotaLimits::cpu_milli}};
 
-// A level is in a chain: "org" holds every project, "project/p" every token of p.
-bool LevelHolds(const std::string& level, const std::string& project, const std::string& owner) {
-  if (level == "org") return true;
-  if (level == "project/" + project) return true;
-  return level == "token/" + project + "/" + owner;
-}
-
 Json CpuJson(int64_t milli) { return static_cast<double>(milli) / 1000.0; }
 
 }  // namespace
@@ -69,15 +62,23 @@ Json QuotaLimits::ToJson() const {
   return {{"sandboxes", opt(sandboxes)},
           {"memory_mb", opt(memory_mb)},
           {"cpu", cpu_milli ? CpuJson(*cpu_milli) : Json(nullptr)},
-          {"creates_per_s", opt(creates_per_s)}};
+          {"creates_per_s", opt(creates_per_s)},
+          {"parent", parent.empty() ? Json(nullptr) : Json(parent)}};
 }
 
 Status QuotaLimits::Patch(const Json& body) {
   if (!body.is_object()) return InvalidArgument("body must be a JSON object");
   for (const auto& [k, v] : body.items()) {
-    if (k != "sandboxes" && k != "memory_mb" && k != "cpu" && k != "creates_per_s")
+    if (k == "parent") {
+      if (!v.is_null() && (!v.is_string() || !api::IsDnsLabel(v.get<std::string>())))
+        return InvalidArgument("\"parent\" must be a project name, or null");
+      parent = v.is_null() ? "" : v.get<std::string>();
+      continue;
+    }
+    if (k != "sandboxes" && k != "max_sandboxes" && k != "memory_mb" && k != "cpu" &&
+        k != "creates_per_s")
       return InvalidArgument("unknown field \"" + k +
-                             "\" (sandboxes, memory_mb, cpu, creates_per_s)");
+                             "\" (sandboxes, memory_mb, cpu, creates_per_s, parent)");
     std::optional<int64_t> value;
     if (!v.is_null()) {
       if (k == "cpu") {
@@ -90,7 +91,7 @@ Status QuotaLimits::Patch(const Json& body) {
         value = v.get<int64_t>();
       }
     }
-    if (k == "sandboxes") sandboxes = value;
+    if (k == "sandboxes" || k == "max_sandboxes") sandboxes = value;
     if (k == "memory_mb") memory_mb = value;
     if (k == "cpu") cpu_milli = value;
     if (k == "creates_per_s") creates_per_s = value;
@@ -137,10 +138,6 @@ StatusOr<QuotaHold> QuotaHold::FromJson(std::string_view text) {
   }
   if (h.tag.empty()) return InvalidArgument("quota hold without a tag");
   return h;
-}
-
-std::vector<std::string> QuotaChain(const std::string& project, const std::string& owner) {
-  return {"org", "project/" + project, "token/" + project + "/" + owner};
 }
 
 bool IsQuotaLevel(std::string_view level) {
@@ -276,6 +273,39 @@ bool Quotas::WaitRevision(int64_t revision, int64_t timeout_ms) {
   return cv_.WaitUntil(l, until, [&]() DSEC_REQUIRES(mu_) { return revision_ >= revision; });
 }
 
+std::vector<std::string> Quotas::Chain(const std::string& project, const std::string& owner) const {
+  MutexLock l(mu_);
+  return ChainLocked(project, owner);
+}
+
+std::vector<std::string> Quotas::ChainLocked(const std::string& project,
+                                             const std::string& owner) const {
+  std::vector<std::string> up;  // the project's ancestors, nearest first
+  std::string at = project;
+  for (int depth = 0; depth < 8; ++depth) {
+    auto q = limits_.find("project/" + at);
+    if (q == limits_.end() || q->second.parent.empty() || q->second.parent == project) break;
+    at = q->second.parent;
+    const std::string level = "project/" + at;
+    if (std::find(up.begin(), up.end(), level) != up.end()) break;  // (a cycle: stop)
+    up.push_back(level);
+  }
+  std::vector<std::string> chain = {"org"};
+  chain.insert(chain.end(), up.rbegin(), up.rend());
+  chain.push_back("project/" + project);
+  chain.push_back(StrCat({"token/", project, "/", owner}));
+  return chain;
+}
+
+bool Quotas::InLevelLocked(const std::string& level, const std::string& project,
+                           const std::string& owner) const {
+  if (level == "org") return true;
+  if (StartsWith(level, "token/")) return level == StrCat({"token/", project, "/", owner});
+  for (const auto& l : ChainLocked(project, owner))
+    if (l == level) return true;
+  return false;
+}
+
 Amount Quotas::ShownLocked(const std::string& tag) const {
   Amount a;
   for (const auto& [node, u] : usage_)
@@ -289,7 +319,7 @@ Quotas::Taken Quotas::TakenLocked(const std::string& level, int64_t window) cons
   std::map<std::string, Amount> shown;  // by live tag
   for (const auto& [node, u] : usage_)
     for (const auto& e : u.entries) {
-      if (!LevelHolds(level, e.project, e.owner)) continue;
+      if (!InLevelLocked(level, e.project, e.owner)) continue;
       const Amount a{e.sandboxes, e.memory_mb, e.cpu_milli};
       if (!e.hold.empty() && live_tags_.count(e.hold))
         shown[e.hold] = Plus(shown[e.hold], a);
@@ -297,7 +327,7 @@ Quotas::Taken Quotas::TakenLocked(const std::string& level, int64_t window) cons
         t.amount = Plus(t.amount, a);
     }
   for (const auto& [key, h] : holds_) {
-    if (!LevelHolds(level, h.project, h.owner)) continue;
+    if (!InLevelLocked(level, h.project, h.owner)) continue;
     t.amount = Plus(t.amount, Max(h.granted, shown[h.tag]));
     if (h.window == window) t.creates += h.creates;
   }
@@ -308,7 +338,7 @@ Amount Quotas::OthersSpareLocked(const std::string& level) const {
   const std::string mine = StrCat({kQuotaHoldsPrefix, apiserver_, "/"});
   Amount spare;
   for (const auto& [key, h] : holds_) {
-    if (StartsWith(key, mine) || !LevelHolds(level, h.project, h.owner)) continue;
+    if (StartsWith(key, mine) || !InLevelLocked(level, h.project, h.owner)) continue;
     spare = Plus(spare, Max(Minus(h.granted, ShownLocked(h.tag)), Amount{}));
   }
   return spare;
@@ -365,7 +395,7 @@ StatusOr<int64_t> Quotas::EnsureLease() {
 
 StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::string& owner,
                                        const Amount& need, int64_t count, QuotaRefusal* refused) {
-  const std::vector<std::string> chain = QuotaChain(project, owner);
+  std::vector<std::string> chain = Chain(project, owner);
   const std::string chain_key = project + "/" + owner;
   auto admitted = [&](Own& own) {
     Ticket t;
@@ -386,9 +416,10 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
   };
   {
     MutexLock l(mu_);
+    chain = ChainLocked(project, owner);
     bool any = false;
     for (const auto& level : chain)
-      if (auto q = limits_.find(level); q != limits_.end() && q->second.any()) any = true;
+      if (auto q = limits_.find(level); q != limits_.end() && q->second.limits()) any = true;
     if (!any) return Ticket{};
     Own& own = own_[chain_key];
     if (TryLocalLocked(own, chain, need, count, Window(WallMs()))) return admitted(own);
@@ -400,12 +431,14 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
     const int64_t window = Window(WallMs());
     std::vector<etcd::Client::Condition> when;
     std::vector<etcd::Client::TxnPut> puts;
-    std::string want;  // a level to ask the others' unused room back at
+    std::string want;         // a level that is full now: wait a little for room there
+    bool ask_others = false;  // ... and ask the other apiservers' unused room back
     Amount want_before;
     std::string hold_key = StrCat({kQuotaHoldsPrefix, apiserver_, "/", project, "/", owner});
     QuotaHold next;
     {
       MutexLock l(mu_);
+      chain = ChainLocked(project, owner);  // (a parent set meanwhile changes it)
       Own& own = own_[chain_key];
       if (TryLocalLocked(own, chain, need, count, window)) return admitted(own);
       if (!own.in_etcd) {
@@ -434,8 +467,11 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
           const int64_t taken = TakenLocked(level, window).amount.*d.field;
           const int64_t left = *(q->second.*d.limit) - taken;
           if (required - base.*d.field > left) {
-            if (!asked && required - base.*d.field <= left + OthersSpareLocked(level).*d.field) {
+            // Once, wait for room first: deletes the nodes have not shown yet, or room other
+            // apiservers hold unused (asked back), may be all that stands in the way.
+            if (!asked) {
               want = level;
+              ask_others = required - base.*d.field <= left + OthersSpareLocked(level).*d.field;
               break;
             }
             *refused = {level, d.name, *(q->second.*d.limit), taken - base.*d.field + used.*d.field,
@@ -493,17 +529,23 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
       }
     }
     if (!want.empty()) {
-      // Others keep room they do not use at `want`: ask for it, wait until what the level has
-      // taken drops (or a while), and look again.
-      (void)etcd_->Put(StrCat({kQuotaWantPrefix, want}),
-                       StrCat({apiserver_, ":", std::to_string(WallMs())}), lease);
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kWantWaitMs);
-      MutexLock l(mu_);
-      cv_.WaitUntil(l, until, [&]() DSEC_REQUIRES(mu_) {
-        const Amount now = TakenLocked(want, Window(WallMs())).amount;
-        return now.sandboxes < want_before.sandboxes || now.memory_mb < want_before.memory_mb ||
-               now.cpu_milli < want_before.cpu_milli;
-      });
+      // Wait until what the level has taken drops (or a while), and look again; other grows
+      // of this apiserver go on meanwhile.
+      if (ask_others)
+        (void)etcd_->Put(StrCat({kQuotaWantPrefix, want}),
+                         StrCat({apiserver_, ":", std::to_string(WallMs())}), lease);
+      grow.Unlock();
+      {
+        const auto until =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(kWantWaitMs);
+        MutexLock l(mu_);
+        cv_.WaitUntil(l, until, [&]() DSEC_REQUIRES(mu_) {
+          const Amount now = TakenLocked(want, Window(WallMs())).amount;
+          return now.sandboxes < want_before.sandboxes || now.memory_mb < want_before.memory_mb ||
+                 now.cpu_milli < want_before.cpu_milli;
+        });
+      }
+      grow.Lock();
       continue;
     }
     puts.push_back({hold_key, next.ToJson().dump(), lease});
@@ -570,7 +612,7 @@ Json Quotas::Report(const std::string& level) const {
   Amount running;
   for (const auto& [node, u] : usage_)
     for (const auto& e : u.entries)
-      if (LevelHolds(level, e.project, e.owner))
+      if (InLevelLocked(level, e.project, e.owner))
         running = Plus(running, {e.sandboxes, e.memory_mb, e.cpu_milli});
   const Taken t = TakenLocked(level, window);
   auto lim = limits_.find(level);
@@ -630,7 +672,7 @@ void Quotas::ReturnIdle() {
     const int64_t now = WallMs();
     for (auto& [chain, own] : own_) {
       bool pressed = false;
-      for (const auto& level : QuotaChain(own.hold.project, own.hold.owner))
+      for (const auto& level : ChainLocked(own.hold.project, own.hold.owner))
         pressed = pressed || pressed_.count(level);
       own.pressed = pressed;
       if (!own.in_etcd || (now - own.last_use_ms < kIdleMs && !pressed)) continue;

@@ -65,14 +65,20 @@ inline constexpr std::string_view kQuotaHoldsPrefix = "/dsec/quota-holds/";
 // apiservers' holds keep room they do not use asks them for it (under its lease).
 inline constexpr std::string_view kQuotaWantPrefix = "/dsec/quota-want/";
 
-// Unset: no limit at that level.
+// Unset: no limit at that level. A project's level may name a parent project: its chain goes
+// through the parent's level (and the parent's parent...) before the organisation's, so a
+// parent's limits hold its own sandboxes and its children's together.
 struct QuotaLimits {
   std::optional<int64_t> sandboxes, memory_mb, cpu_milli, creates_per_s;
-  bool any() const { return sandboxes || memory_mb || cpu_milli || creates_per_s; }
-  // {"sandboxes": N|null, "memory_mb": N|null, "cpu": cores|null, "creates_per_s": N|null}
+  std::string parent;  // a project ("" for none)
+  bool limits() const { return sandboxes || memory_mb || cpu_milli || creates_per_s; }
+  bool empty() const { return !limits() && parent.empty(); }
+  // {"sandboxes": N|null, "memory_mb": N|null, "cpu": cores|null, "creates_per_s": N|null,
+  //  "parent": "p"|null}
   Json ToJson() const;
   static StatusOr<QuotaLimits> FromJson(const Json& j);
-  // A PATCH body over these: a number sets a limit, null removes it, absent keeps it.
+  // A PATCH body over these: a number sets a limit, null removes it, absent keeps it
+  // ("max_sandboxes" is another name of "sandboxes"). A PUT is a Patch over none.
   Status Patch(const Json& body);
 };
 
@@ -91,8 +97,6 @@ struct QuotaHold {
   static StatusOr<QuotaHold> FromJson(std::string_view text);
 };
 
-// "org", "project/<p>", "token/<p>/<owner>": the chain of a create by `owner` in `project`.
-std::vector<std::string> QuotaChain(const std::string& project, const std::string& owner);
 // Whether `level` is a well-formed level name.
 bool IsQuotaLevel(std::string_view level);
 
@@ -142,6 +146,9 @@ class Quotas {
   // held (granted by holds beyond that), creates in this second.
   Json Report(const std::string& level) const;
   std::optional<QuotaLimits> Limits(const std::string& level) const;
+  // The levels of a create by `owner` in `project`: "org", the project's ancestors (parents)
+  // from the top, "project/<p>", "token/<p>/<owner>".
+  std::vector<std::string> Chain(const std::string& project, const std::string& owner) const;
 
  private:
   struct Own {  // this apiserver's hold on one chain
@@ -165,6 +172,10 @@ class Quotas {
     int64_t creates = 0;
   };
 
+  std::vector<std::string> ChainLocked(const std::string& project, const std::string& owner) const
+      DSEC_REQUIRES(mu_);
+  bool InLevelLocked(const std::string& level, const std::string& project,
+                     const std::string& owner) const DSEC_REQUIRES(mu_);
   // What the sandboxes admitted from `tag` take, as the nodes show them.
   Amount ShownLocked(const std::string& tag) const DSEC_REQUIRES(mu_);
   // What `level` has taken (the scheme above), with rate in `window`.

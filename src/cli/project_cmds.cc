@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "base/strings.h"
 #include "cli/cmd_util.h"
 #include "cli/edge_client.h"
 
@@ -52,6 +53,128 @@ int Run(const GlobalOptions& g, const std::function<int(EdgeClient&)>& fn) {
   auto c = Connect(g);
   if (!c.ok()) return Fail(c.status());
   return fn(**c);
+}
+
+// The quota path of a level: --org, or --project P (global; or $DSEC_PROJECT) with --token.
+struct QuotaLevel {
+  bool org = false;
+  std::string token;
+};
+StatusOr<std::string> QuotaPath(const GlobalOptions& g, const QuotaLevel& l) {
+  if (l.org) {
+    if (!l.token.empty()) return InvalidArgument("--org and --token do not go together");
+    return std::string("/v1/quota");
+  }
+  DSEC_ASSIGN_OR_RETURN(std::string p, TokenProject(g));
+  std::string path = "/v1/projects/" + UrlEncode(p, false);
+  if (!l.token.empty()) path += "/tokens/" + UrlEncode(l.token, false);
+  return path + "/quota";
+}
+
+// A limit as given: a number, or "none" (no limit). Cores for cpu.
+StatusOr<Json> LimitValue(const std::string& flag, const std::string& v, bool cores) {
+  if (v == "none") return Json(nullptr);
+  if (cores) {
+    char* end = nullptr;
+    double d = strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || d < 0)
+      return InvalidArgument(flag + " must be a number of cores or none, not \"" + v + "\"");
+    return Json(d);
+  }
+  auto n = ParseInt64(v);
+  if (!n || *n < 0)
+    return InvalidArgument(flag + " must be a whole number or none, not \"" + v + "\"");
+  return Json(*n);
+}
+
+void PrintQuota(const Json& r) {
+  const Json lim = r.value("limits", Json::object());
+  const Json use = r.value("usage", Json::object());
+  const Json held = r.value("held", Json::object());
+  auto show = [](const Json& v) {
+    if (v.is_null()) return std::string("-");
+    if (v.is_number_float()) return FormatNumber(v.get<double>());
+    return v.dump();
+  };
+  std::cout << "LEVEL " << r.value("level", "-");
+  if (lim.contains("parent") && lim["parent"].is_string())
+    std::cout << " (parent project " << lim["parent"].get<std::string>() << ")";
+  std::cout << "\n";
+  std::vector<std::vector<std::string>> rows;
+  for (const char* k : {"sandboxes", "memory_mb", "cpu"})
+    rows.push_back(
+        {k, show(lim.value(k, Json())), show(use.value(k, Json())), show(held.value(k, Json()))});
+  rows.push_back({"creates_per_s", show(lim.value("creates_per_s", Json())),
+                  show(r.value("creates_this_second", Json())), "-"});
+  PrintTable({"QUOTA", "LIMIT", "USAGE", "HELD"}, rows);
+}
+
+void RegisterQuotaCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
+  CLI::App* quota = app.add_subcommand(
+      "quota", "Quotas of a cluster's levels, through a dsec-apiserver: get, set");
+  quota->require_subcommand(1);
+  auto level = std::make_shared<QuotaLevel>();
+  auto add_level = [&](CLI::App* c) {
+    c->add_flag("--org", level->org, "The organisation's level (else --project P's)");
+    c->add_option("--token", level->token, "A token's level within --project P");
+  };
+  CLI::App* get = quota->add_subcommand("get", "A level's limits and usage");
+  add_level(get);
+  get->callback([=, &g] {
+    *exit_code = Run(g, [&](EdgeClient& c) {
+      auto path = QuotaPath(g, *level);
+      if (!path.ok()) return Fail(path.status());
+      auto r = c.CallJson(Verb::get, *path);
+      if (!r.ok()) return Fail(AccessError(r.status()));
+      if (g.json)
+        PrintJson(*r);
+      else
+        PrintQuota(*r);
+      return 0;
+    });
+  });
+  struct SetArgs {
+    std::string sandboxes, memory_mb, cpu, creates_per_s, parent;
+  };
+  auto a = std::make_shared<SetArgs>();
+  CLI::App* set = quota->add_subcommand(
+      "set", "Change a level's limits (admin): those named; `none` removes one");
+  add_level(set);
+  set->add_option("--sandboxes", a->sandboxes, "Sandboxes at once");
+  set->add_option("--memory-mb", a->memory_mb, "Their memory_mb together");
+  set->add_option("--cpu", a->cpu, "Their CPU caps together, in cores");
+  set->add_option("--creates-per-s", a->creates_per_s, "Creates per second");
+  set->add_option("--parent", a->parent,
+                  "A project whose limits hold this project's too (`none`: no parent)");
+  set->callback([=, &g] {
+    *exit_code = Run(g, [&](EdgeClient& c) {
+      auto path = QuotaPath(g, *level);
+      if (!path.ok()) return Fail(path.status());
+      Json body = Json::object();
+      for (auto [flag, key, v, cores] :
+           {std::tuple{"--sandboxes", "sandboxes", &a->sandboxes, false},
+            std::tuple{"--memory-mb", "memory_mb", &a->memory_mb, false},
+            std::tuple{"--cpu", "cpu", &a->cpu, true},
+            std::tuple{"--creates-per-s", "creates_per_s", &a->creates_per_s, false}}) {
+        if (v->empty()) continue;
+        auto j = LimitValue(flag, *v, cores);
+        if (!j.ok()) return Fail(j.status());
+        body[key] = *j;
+      }
+      if (!a->parent.empty())
+        body["parent"] = a->parent == "none" ? Json(nullptr) : Json(a->parent);
+      if (body.empty())
+        return Fail(InvalidArgument(
+            "name a limit to set: --sandboxes, --memory-mb, --cpu, --creates-per-s or --parent"));
+      auto r = c.CallJson(Verb::patch, *path, &body);
+      if (!r.ok()) return Fail(AccessError(r.status()));
+      if (g.json)
+        PrintJson(*r);
+      else
+        PrintQuota(*r);
+      return 0;
+    });
+  });
 }
 
 }  // namespace
@@ -175,6 +298,8 @@ void RegisterProjectCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
       return 0;
     });
   });
+
+  RegisterQuotaCommands(app, g, exit_code);
 }
 
 }  // namespace dsec::cli

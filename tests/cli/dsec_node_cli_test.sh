@@ -103,6 +103,19 @@ mid=$(DSEC_TOKEN=$tok D create --memory 64)
 check "a member's sandbox is of its project" clip "$(DSEC_TOKEN=$tok D get "$mid" --json | json 'r["project"]')"
 err=$(D --project default get "$mid" 2>&1); one_line_error "another project's sandbox" $? "$err" "not found"
 err=$(DSEC_TOKEN=$tok D project create x 2>&1); one_line_error "a member making a project" $? "$err" "needs admin"
+# Quotas: set on the project (a member may read them, not set them), a create beyond answered
+# with the level named, `none` removing a limit.
+out=$(D --project clip quota set --sandboxes 1 --cpu 2.5 | awk '$1 == "sandboxes" || $1 == "cpu" {print $1, $2, $3}' | tr '\n' ' ')
+check "quota set" "sandboxes 1 1 cpu 2.5 1 " "$out"
+check "quota get (the member)" "LEVEL project/clip" "$(DSEC_TOKEN=$tok D --project clip quota get | head -n 1)"
+check "quota get --json" "1" "$(D --project clip quota get --json | json 'r["limits"]["sandboxes"]')"
+err=$(DSEC_TOKEN=$tok D create --memory 64 2>&1); one_line_error "a create over the quota" $? "$err" "quota exceeded at project/clip: sandboxes limit 1"
+err=$(DSEC_TOKEN=$tok D --project clip quota set --sandboxes 5 2>&1); one_line_error "a member setting a quota" $? "$err" "needs admin"
+err=$(D --project clip quota set --sandboxes lots 2>&1); one_line_error "quota set with a bad number" $? "$err" "whole number"
+err=$(D --project clip quota set 2>&1); one_line_error "quota set naming nothing" $? "$err" "name a limit"
+check "quota set none" "-" "$(D --project clip quota set --sandboxes none | awk '$1 == "sandboxes" {print $2}')"
+check "quota get --token" "LEVEL token/clip/alice" "$(D --project clip quota get --token alice | head -n 1)"
+check "quota get --org" "LEVEL org" "$(D quota get --org | head -n 1)"
 DSEC_TOKEN=$tok D rm "$mid" >/dev/null; check "the member deletes its sandbox" 0 $?
 check "token revoke" "alice revoked" "$(D token revoke --project clip alice)"
 sleep 1

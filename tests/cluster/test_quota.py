@@ -108,18 +108,18 @@ def test_quota_routes_roles_and_bad_input(cl):
     s, out = call(cl, "GET", f"/v1/projects/{p}/quota")
     assert s == 200 and out["level"] == f"project/{p}", out
     assert out["limits"] == {"sandboxes": None, "memory_mb": None, "cpu": None,
-                             "creates_per_s": None}, out
+                             "creates_per_s": None, "parent": None}, out
     assert out["usage"] == {"sandboxes": 0, "memory_mb": 0, "cpu": 0}, out
     out = set_quota(cl, f"/v1/projects/{p}/quota", sandboxes=3, cpu=1.5)
     assert out["limits"]["sandboxes"] == 3 and out["limits"]["cpu"] == 1.5, out
     # PATCH keeps what it does not name; null removes a limit.
     out = set_quota(cl, f"/v1/projects/{p}/quota", memory_mb=1024)
     assert out["limits"] == {"sandboxes": 3, "memory_mb": 1024, "cpu": 1.5,
-                             "creates_per_s": None}, out
+                             "creates_per_s": None, "parent": None}, out
     out = set_quota(cl, f"/v1/projects/{p}/quota", cpu=None)
     assert out["limits"]["cpu"] is None and out["limits"]["sandboxes"] == 3, out
     for bad in ({"sandboxes": -1}, {"sandboxes": "3"}, {"cpu": "x"}, {"nope": 1}, [1],
-                {"memory_mb": 1.5}):
+                {"memory_mb": 1.5}, {"parent": p}, {"parent": "nosuch-proj"}, {"parent": 5}):
         s, e = call(cl, "PATCH", f"/v1/projects/{p}/quota", bad)
         assert s == 400 and e["error"]["code"] == "bad_request", (bad, s, e)
     # The member reads its own project's quota and its token's, changes none; the org's is
@@ -200,7 +200,8 @@ def test_memory_cpu_and_token_levels_each_hold_exactly(cl):
     assert sum(s == 201 for s, _ in results) == 2, [s for s, _ in results]
     for e in refusals(results):
         assert e["error"]["level"] == f"token/{p}/worker", e
-    assert usage(cl, f"/v1/projects/{p}/tokens/worker/quota")["usage"]["sandboxes"] == 2
+    wait_until(lambda: usage(cl, f"/v1/projects/{p}/tokens/worker/quota")["usage"]["sandboxes"]
+               == 2, 10, what="the token's usage")
     results = create_many(cl, 10, other, {"memory_mb": 32})
     assert sum(s == 201 for s, _ in results) == 8, [s for s, _ in results]
     for e in refusals(results):
@@ -292,3 +293,31 @@ def test_an_edge_lost_and_back_stays_counted_once(cl):
         wait_until(lambda: usage(cl, f"/v1/projects/{p}/quota", i)["usage"]["sandboxes"] == 0,
                    15, what=f"apiserver {i} counting 0")
     assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
+
+
+def test_a_parent_project_holds_its_children_together(cl):
+    team, a, b = new_project(cl), new_project(cl), new_project(cl)
+    ta, tb = new_token(cl, a), new_token(cl, b)
+    set_quota(cl, f"/v1/projects/{team}/quota", sandboxes=3)
+    # PUT (API.md's form: max_sandboxes, parent) says it all.
+    for child in (a, b):
+        s, out = call(cl, "PUT", f"/v1/projects/{child}/quota", {"max_sandboxes": 10,
+                                                                 "parent": team})
+        assert s == 200 and out["limits"]["parent"] == team, out
+        assert out["limits"]["sandboxes"] == 10 and out["limits"]["cpu"] is None, out
+        for i in (0, 1):
+            wait_until(lambda: usage(cl, f"/v1/projects/{child}/quota", i)["limits"]["parent"]
+                       == team, 5, what="the parent seen")
+    # A cycle is refused.
+    s, e = call(cl, "PATCH", f"/v1/projects/{team}/quota", {"parent": a})
+    assert s == 400 and "cycle" in e["error"]["message"], e
+    results = create_many(cl, 4, ta, {"memory_mb": 32}) + create_many(cl, 4, tb, {"memory_mb": 32})
+    assert sum(s == 201 for s, _ in results) == 3, [s for s, _ in results]
+    for e in refusals(results):
+        assert e["error"]["level"] == f"project/{team}", e
+    wait_until(lambda: usage(cl, f"/v1/projects/{team}/quota")["usage"]["sandboxes"] == 3, 10,
+               what="the parent counting its children's")
+    for p in (a, b):
+        remove_all(cl, p)
+    for p in (a, b, team):
+        assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204

@@ -91,6 +91,7 @@ APISERVER_OPERATIONS = {
     ("PATCH", "/v1/quota"),
     ("GET", "/v1/projects/{project}/quota"),
     ("PATCH", "/v1/projects/{project}/quota"),
+    ("PUT", "/v1/projects/{project}/quota"),
     ("GET", "/v1/projects/{project}/tokens/{name}/quota"),
     ("PATCH", "/v1/projects/{project}/tokens/{name}/quota"),
 }
