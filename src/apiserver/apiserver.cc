@@ -66,6 +66,8 @@ void PassOn(const std::shared_ptr<http::Responder>& res, const http::ClientRespo
   out.headers.emplace_back("Dsec-Node", node);
   if (std::string ra = r.Header("retry-after"); !ra.empty())
     out.headers.emplace_back("Retry-After", ra);
+  if (std::string q = r.Header("dsec-quota-exceeded"); !q.empty())
+    out.headers.emplace_back("Dsec-Quota-Exceeded", q);
   res->Send(std::move(out));
 }
 
@@ -612,8 +614,10 @@ StatusOr<http::ClientResponse> Apiserver::SendCreate(const NodeState& n, const s
       if (ticket.status().code() == StatusCode::kOverCapacity) {
         r.status = 429;
         r.body = refusal.ToJson().dump();
-        // (a rate's room comes back next second; the others when sandboxes go)
-        r.headers.emplace_back("retry-after", "1");
+        // Which quota (the SDK retries only a rate's: its room comes back next second; the
+        // others' when sandboxes go, which the caller decides).
+        r.headers.emplace_back("dsec-quota-exceeded", refusal.what);
+        if (refusal.what == "creates_per_s") r.headers.emplace_back("retry-after", "1");
       } else {
         r.status = 503;
         r.body = http::JsonError(503, "unavailable", ticket.status().message()).body;
@@ -1087,6 +1091,10 @@ void Apiserver::Quota(const http::HttpRequest& req, api::RouteId id,
   if (id == api::RouteId::kSetOrgQuota || id == api::RouteId::kSetProjectQuota ||
       id == api::RouteId::kReplaceProjectQuota || id == api::RouteId::kSetTokenQuota) {
     Json body = Json::parse(req.body, nullptr, false);
+    // (Setting limits is idempotent by itself: a request_id, which every mutating call may
+    // carry, changes nothing.)
+    if (body.is_object() && body.contains("request_id") && body["request_id"].is_string())
+      body.erase("request_id");
     const std::optional<QuotaLimits> old = quotas_->Limits(level);
     // PATCH changes what it names; PUT says it all.
     QuotaLimits limits =

@@ -297,6 +297,16 @@ std::vector<std::string> Quotas::ChainLocked(const std::string& project,
   return chain;
 }
 
+std::string Quotas::LimitsSigLocked(const std::vector<std::string>& chain) const {
+  std::string sig;
+  for (const auto& level : chain) {
+    sig += level;
+    if (auto q = limits_.find(level); q != limits_.end()) sig += q->second.ToJson().dump();
+    sig += '\n';
+  }
+  return sig;
+}
+
 bool Quotas::InLevelLocked(const std::string& level, const std::string& project,
                            const std::string& owner) const {
   if (level == "org") return true;
@@ -334,11 +344,10 @@ Quotas::Taken Quotas::TakenLocked(const std::string& level, int64_t window) cons
   return t;
 }
 
-Amount Quotas::OthersSpareLocked(const std::string& level) const {
-  const std::string mine = StrCat({kQuotaHoldsPrefix, apiserver_, "/"});
+Amount Quotas::OthersSpareLocked(const std::string& level, const std::string& except_key) const {
   Amount spare;
   for (const auto& [key, h] : holds_) {
-    if (StartsWith(key, mine) || !InLevelLocked(level, h.project, h.owner)) continue;
+    if (key == except_key || !InLevelLocked(level, h.project, h.owner)) continue;
     spare = Plus(spare, Max(Minus(h.granted, ShownLocked(h.tag)), Amount{}));
   }
   return spare;
@@ -362,7 +371,8 @@ void Quotas::SettleShownLocked(const std::string& node, int64_t gen) {
 
 bool Quotas::TryLocalLocked(Own& own, const std::vector<std::string>& chain, const Amount& need,
                             int64_t count, int64_t window) {
-  if (!own.in_etcd || own.shrinking) return false;
+  // (Limits changed since the hold was granted: it is looked at again, with a transaction.)
+  if (!own.in_etcd || own.shrinking || own.sig != LimitsSigLocked(chain)) return false;
   bool rate = false;
   const Amount used = Plus(ShownLocked(own.hold.tag), own.pending);
   for (const auto& level : chain) {
@@ -448,16 +458,24 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
         own.hold.owner = owner;
       }
       next = own.hold;
+      const std::string sig = LimitsSigLocked(chain);
       const Amount shown = ShownLocked(own.hold.tag);
       const Amount used = Plus(shown, own.pending);
-      // Never below what it has now (or covers): growing only adds.
-      const Amount base = Max(own.hold.granted, shown);
+      // What the hold counts for in the view now; the new grant never goes below `base`: what
+      // it has, or (when the chain's limits changed since it was granted: what it had in a
+      // dimension nothing limited then means nothing now) what it covers.
+      const Amount cur = Max(own.hold.granted, shown);
+      const bool same = own.in_etcd && own.sig == sig;
+      const Amount base = same ? cur : used;
       const int64_t rate_used = own.hold.window == window ? own.creates_used : 0;
-      const int64_t rate_base = own.hold.window == window ? own.hold.creates : 0;
+      const int64_t rate_cur = own.hold.window == window ? own.hold.creates : 0;
+      const int64_t rate_base = same ? rate_cur : rate_used;
       Amount grant = base;
       int64_t creates = rate_base;
       for (const Dim& d : kDims) {
         const int64_t required = std::max(base.*d.field, used.*d.field + need.*d.field);
+        // What the level's total moves by (negative when the hold shrinks).
+        const int64_t delta = required - cur.*d.field;
         int64_t headroom = kUnlimited;
         bool limited = false;
         for (const auto& level : chain) {
@@ -466,48 +484,50 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
           limited = true;
           const int64_t taken = TakenLocked(level, window).amount.*d.field;
           const int64_t left = *(q->second.*d.limit) - taken;
-          if (required - base.*d.field > left) {
+          if (delta > left) {
             // Once, wait for room first: deletes the nodes have not shown yet, or room other
             // apiservers hold unused (asked back), may be all that stands in the way.
             if (!asked) {
               want = level;
-              ask_others = required - base.*d.field <= left + OthersSpareLocked(level).*d.field;
+              ask_others = delta <= left + OthersSpareLocked(level, hold_key).*d.field;
               break;
             }
-            *refused = {level, d.name, *(q->second.*d.limit), taken - base.*d.field + used.*d.field,
+            *refused = {level, d.name, *(q->second.*d.limit), taken - cur.*d.field + used.*d.field,
                         need.*d.field};
             return Status(StatusCode::kOverCapacity, refused->Message());
           }
           headroom = std::min(headroom, left);
         }
         if (!want.empty()) break;
+        grant.*d.field = required;
         if (!limited) continue;
         // A block more, but never more than half of what would be left to the others.
-        const int64_t spare = headroom - (required - base.*d.field);
+        const int64_t spare = headroom - delta;
         const int64_t per = count > 0 ? need.*d.field / count : need.*d.field;
         grant.*d.field = required + std::min(per * kBlockCreates, spare / 2);
       }
-      for (const auto& level : chain) {
-        auto q = limits_.find(level);
-        if (!want.empty() || q == limits_.end() || !q->second.creates_per_s) continue;
+      if (want.empty()) {
         const int64_t required = std::max(rate_base, rate_used + count);
-        const int64_t taken = TakenLocked(level, window).creates;
-        const int64_t left = *q->second.creates_per_s - taken;
-        if (required - rate_base > left) {
-          *refused = {level, "creates_per_s", *q->second.creates_per_s,
-                      taken - rate_base + rate_used, count};
-          return Status(StatusCode::kOverCapacity, refused->Message());
+        int64_t headroom = kUnlimited;
+        bool limited = false;
+        for (const auto& level : chain) {
+          auto q = limits_.find(level);
+          if (q == limits_.end() || !q->second.creates_per_s) continue;
+          limited = true;
+          const int64_t taken = TakenLocked(level, window).creates;
+          const int64_t left = *q->second.creates_per_s - taken;
+          if (required - rate_cur > left) {
+            *refused = {level, "creates_per_s", *q->second.creates_per_s,
+                        taken - rate_cur + rate_used, count};
+            return Status(StatusCode::kOverCapacity, refused->Message());
+          }
+          headroom = std::min(headroom, left);
         }
-        const int64_t spare = left - (required - rate_base);
-        creates = std::max(creates, required + std::min(count * kBlockCreates, spare / 2));
+        creates = required;
+        if (limited)
+          creates += std::min(count * kBlockCreates, (headroom - (required - rate_cur)) / 2);
       }
-      // (several levels with a rate: the least room decides)
-      for (const auto& level : chain) {
-        auto q = limits_.find(level);
-        if (q == limits_.end() || !q->second.creates_per_s) continue;
-        const int64_t left = *q->second.creates_per_s - TakenLocked(level, window).creates;
-        creates = std::min(creates, rate_base + left);
-      }
+      next.sig = sig;
       if (!want.empty()) {
         asked = true;
         want_before = TakenLocked(want, window).amount;
@@ -531,9 +551,12 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
     if (!want.empty()) {
       // Wait until what the level has taken drops (or a while), and look again; other grows
       // of this apiserver go on meanwhile.
-      if (ask_others)
+      if (ask_others) {
         (void)etcd_->Put(StrCat({kQuotaWantPrefix, want}),
                          StrCat({apiserver_, ":", std::to_string(WallMs())}), lease);
+        MutexLock l(mu_);
+        pressed_.insert(want);  // (this apiserver's other holds there give theirs back too)
+      }
       grow.Unlock();
       {
         const auto until =
@@ -567,6 +590,8 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
       MutexLock l(mu_);
       Own& own = own_[chain_key];
       if (own.hold.window != next.window) own.creates_used = 0;
+      own.sig = next.sig;
+      next.sig.clear();
       own.hold = next;
       own.in_etcd = true;
     }

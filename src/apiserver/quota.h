@@ -93,6 +93,7 @@ struct QuotaHold {
   Amount granted;
   int64_t window = 0;   // the rate window (wall ms / 1000) `creates` is for
   int64_t creates = 0;  // creates it may make in that window
+  std::string sig;      // (not stored) the chain's limits it was granted under
   Json ToJson() const;
   static StatusOr<QuotaHold> FromJson(std::string_view text);
 };
@@ -153,6 +154,7 @@ class Quotas {
  private:
   struct Own {  // this apiserver's hold on one chain
     QuotaHold hold;
+    std::string sig;  // the chain's limits it was granted under (LimitsSigLocked)
     bool in_etcd = false;
     Amount pending;            // admitted and not yet shown by a node
     int64_t creates_used = 0;  // in hold.window
@@ -174,6 +176,9 @@ class Quotas {
 
   std::vector<std::string> ChainLocked(const std::string& project, const std::string& owner) const
       DSEC_REQUIRES(mu_);
+  // The chain's levels and their limits, as text: a hold granted under other limits is not
+  // admitted from without a look (a transaction).
+  std::string LimitsSigLocked(const std::vector<std::string>& chain) const DSEC_REQUIRES(mu_);
   bool InLevelLocked(const std::string& level, const std::string& project,
                      const std::string& owner) const DSEC_REQUIRES(mu_);
   // What the sandboxes admitted from `tag` take, as the nodes show them.
@@ -190,8 +195,9 @@ class Quotas {
   // Shrinks holds idle for kIdleMs, or in a level another apiserver asked room back at, to what
   // they cover; deletes the ones that cover nothing.
   void ReturnIdle();
-  // The room other apiservers' live holds in `level` keep beyond what their nodes show.
-  Amount OthersSpareLocked(const std::string& level) const DSEC_REQUIRES(mu_);
+  // The room the live holds in `level` (but `except_key`) keep beyond what their nodes show.
+  Amount OthersSpareLocked(const std::string& level, const std::string& except_key) const
+      DSEC_REQUIRES(mu_);
 
   etcd::Client* etcd_;
   const std::string apiserver_;

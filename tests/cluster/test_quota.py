@@ -321,3 +321,39 @@ def test_a_parent_project_holds_its_children_together(cl):
         remove_all(cl, p)
     for p in (a, b, team):
         assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
+
+
+def test_the_sdk_reads_and_sets_quotas_and_raises_quota_exceeded_at_once(cl):
+    import asyncio
+    sys.path.insert(0, str(cluster_harness.REPO / "sdk" / "python"))
+    import libdsec
+    p = new_project(cl)
+    member = new_token(cl, p)
+    with libdsec.DSecClient(cl.urls[0], token=cl.token, project=p) as admin:
+        q = admin.set_quota(sandboxes=1, cpu=4)
+        assert q["level"] == f"project/{p}" and q["limits"]["sandboxes"] == 1, q
+        assert admin.set_quota(token="worker", memory_mb=512)["level"] == f"token/{p}/worker"
+        assert admin.quota(org=True)["level"] == "org"
+        with pytest.raises(ValueError):
+            admin.set_quota(nope=1)
+    for i in (0, 1):
+        wait_until(lambda: usage(cl, f"/v1/projects/{p}/quota", i)["limits"]["sandboxes"] == 1,
+                   5, what="the limit on both")
+    with libdsec.DSecClient(cl.urls[1], token=member) as c:
+        assert c.quota(project=p)["limits"]["cpu"] == 4
+        sb = c.run_container(libdsec.DSecContainerRunArgs(memory_mb=64))
+        t0 = time.monotonic()
+        with pytest.raises(libdsec.QuotaExceededError) as ei:
+            c.run_container(libdsec.DSecContainerRunArgs(memory_mb=64))
+        # Not retried (a concurrency quota is final): one round trip and the wait for room.
+        assert time.monotonic() - t0 < 4, time.monotonic() - t0
+        e = ei.value
+        assert (e.code, e.level, e.quota, e.limit, e.usage, e.asked) == \
+            ("quota_exceeded", f"project/{p}", "sandboxes", 1, 1, 1), repr(e)
+
+        async def from_async():
+            async with libdsec.AsyncDSecClient(cl.urls[0], token=member) as ac:
+                return (await ac.quota(project=p, token="worker"))["limits"]["memory_mb"]
+        assert asyncio.run(from_async()) == 512
+        sb.delete()
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204

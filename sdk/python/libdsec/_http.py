@@ -324,6 +324,9 @@ def status_retry_delay(
     """The wait before retrying a response with ``status``, or None to not retry."""
     if status not in RETRY_STATUSES or attempt >= policy.retries:
         return None
+    # A quota (a cluster's) is final, but for a create rate: its room is back next second.
+    if headers.get("dsec-quota-exceeded", "creates_per_s") != "creates_per_s":
+        return None
     return policy.delay(attempt, parse_retry_after(headers.get("retry-after")))
 
 

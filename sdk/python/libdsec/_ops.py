@@ -603,5 +603,34 @@ def build_cancel(build_id: str, request_id: str | None) -> Request:
 # -- misc --------------------------------------------------------------------
 
 
+# -- quotas (a cluster) --------------------------------------------------------
+
+QUOTA_FIELDS = ("sandboxes", "memory_mb", "cpu", "creates_per_s", "parent")
+
+
+def quota_path(project: str | None, token: str | None = None, org: bool = False) -> str:
+    """``/v1/quota`` (org), ``/v1/projects/{p}/quota`` or ``.../tokens/{name}/quota``."""
+    if org:
+        if token is not None:
+            raise ValueError("org=True and token do not go together")
+        return "/v1/quota"
+    if not project:
+        raise ValueError("name the project: project=... (or DSEC_PROJECT), or org=True")
+    path = "/v1/projects/" + seg(project)
+    if token is not None:
+        path += "/tokens/" + seg(token)
+    return path + "/quota"
+
+
+def quota_patch(path: str, limits: Mapping[str, Any]) -> Request:
+    """A PATCH of the limits named (``None`` removes one)."""
+    unknown = set(limits) - set(QUOTA_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown quota field(s) {sorted(unknown)}; known: {QUOTA_FIELDS}")
+    if not limits:
+        raise ValueError("name a limit to set: " + ", ".join(QUOTA_FIELDS))
+    return json_request("PATCH", path, dict(limits))
+
+
 def simple_get(path: str) -> Request:
     return json_request("GET", path, mutating=False)

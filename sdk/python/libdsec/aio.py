@@ -167,6 +167,18 @@ class AsyncDSecClient:
     async def node(self) -> dict[str, Any]:
         return await self._json(_ops.simple_get("/v1/node"))
 
+    async def quota(self, project: str | None = None, token: str | None = None,
+                    org: bool = False) -> dict[str, Any]:
+        """See :meth:`DSecClient.quota`."""
+        return await self._json(
+            _ops.simple_get(_ops.quota_path(project or self.project, token, org)))
+
+    async def set_quota(self, project: str | None = None, token: str | None = None,
+                        org: bool = False, **limits: Any) -> dict[str, Any]:
+        """See :meth:`DSecClient.set_quota`."""
+        path = _ops.quota_path(project or self.project, token, org)
+        return await self._json(_ops.quota_patch(path, limits))
+
     async def images(self) -> list[dict[str, Any]]:
         return list((await self._json(_ops.simple_get("/v1/images"))).get("images", []))
 

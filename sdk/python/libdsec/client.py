@@ -225,6 +225,22 @@ class DSecClient:
         """Node capacity, usage, backends, pools and version."""
         return self._json(_ops.simple_get("/v1/node"))
 
+    def quota(self, project: str | None = None, token: str | None = None,
+              org: bool = False) -> dict[str, Any]:
+        """A cluster level's quota: ``{"level", "limits", "usage", "held",
+        "creates_this_second"}``. The project's (``project`` or the client's), a
+        token's within it (``token=NAME``), or the organisation's (``org=True``)."""
+        return self._json(_ops.simple_get(_ops.quota_path(project or self.project, token, org)))
+
+    def set_quota(self, project: str | None = None, token: str | None = None,
+                  org: bool = False, **limits: Any) -> dict[str, Any]:
+        """Change the limits named (admin): ``sandboxes``, ``memory_mb``, ``cpu``
+        (cores), ``creates_per_s``, and for a project ``parent`` (a project whose
+        limits hold this one's too); ``None`` removes one. Returns the level as
+        :meth:`quota` does. A create that does not fit raises QuotaExceededError."""
+        path = _ops.quota_path(project or self.project, token, org)
+        return self._json(_ops.quota_patch(path, limits))
+
     def images(self) -> list[dict[str, Any]]:
         """The image records of the node as plain dicts (see :meth:`list_images`)."""
         return list(self._json(_ops.simple_get("/v1/images")).get("images", []))

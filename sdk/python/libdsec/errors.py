@@ -25,6 +25,7 @@ __all__ = [
     "TooLargeError",
     "UnprocessableError",
     "OverCapacityError",
+    "QuotaExceededError",
     "UnavailableError",
     "InternalError",
     "DSecTimeoutError",
@@ -134,6 +135,21 @@ class OverCapacityError(DSecError):
     """429 over_capacity: node full or too many concurrent execs (after retries)."""
 
 
+class QuotaExceededError(DSecError):
+    """429 quota_exceeded: a create does not fit a quota of its chain (a cluster).
+
+    Attributes ``level`` (``"org"``, ``"project/<p>"``, ``"token/<p>/<name>"``),
+    ``quota`` (``"sandboxes"``, ``"memory_mb"``, ``"cpu"``, ``"creates_per_s"``),
+    ``limit``, ``usage`` and ``asked``. Not retried by the SDK, but for
+    ``creates_per_s`` (room comes back the next second)."""
+
+    level: str | None = None
+    quota: str | None = None
+    limit: float | None = None
+    usage: float | None = None
+    asked: float | None = None
+
+
 class UnavailableError(DSecError):
     """503 unavailable, or the server could not be reached after the retries."""
 
@@ -189,6 +205,7 @@ _CODE_CLASSES: dict[str, type[DSecError]] = {
     "too_large": TooLargeError,
     "unprocessable": UnprocessableError,
     "over_capacity": OverCapacityError,
+    "quota_exceeded": QuotaExceededError,
     "unavailable": UnavailableError,
     "internal": InternalError,
     "timeout": DSecTimeoutError,
@@ -249,6 +266,13 @@ def error_from_response(
     if not isinstance(message, str):
         message = body[:200].decode("utf-8", "replace").strip() or f"HTTP {status}"
     e = make_error(code, message, status, retry_after)
+    if isinstance(e, QuotaExceededError) and isinstance(err, dict):
+        for k in ("level", "quota"):
+            v = err.get(k)
+            setattr(e, k, v if isinstance(v, str) else None)
+        for k in ("limit", "usage", "asked"):
+            v = err.get(k)
+            setattr(e, k, v if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
     if isinstance(e, GoneError) and isinstance(err, dict):
         reason, at = err.get("reason"), err.get("at")
         e.reason = reason if isinstance(reason, str) else None

@@ -358,3 +358,23 @@ def test_port_url():
     for bad in (0, 70000, "80"):
         with pytest.raises(ValueError):
             _http.port_url(ep, "sb-1", bad)
+
+
+def test_quota_exceeded_carries_its_level_and_only_a_rate_is_retried():
+    body = (b'{"error":{"code":"quota_exceeded","message":"quota exceeded at project/a",'
+            b'"level":"project/a","quota":"cpu","limit":1.5,"usage":1.5,"asked":0.5}}')
+    e = error_from_response(429, body)
+    assert isinstance(e, libdsec.QuotaExceededError) and e.code == "quota_exceeded"
+    assert (e.level, e.quota, e.limit, e.usage, e.asked) == ("project/a", "cpu", 1.5, 1.5, 0.5)
+    policy = _http.RetryPolicy(5, 0.01, 0.05, 1.0)
+    assert _http.status_retry_delay(policy, 429, {"dsec-quota-exceeded": "sandboxes"}, 0) is None
+    assert _http.status_retry_delay(
+        policy, 429, {"dsec-quota-exceeded": "creates_per_s", "retry-after": "1"}, 0) >= 1
+    assert _http.status_retry_delay(policy, 429, {"retry-after": "1"}, 0) >= 1  # over_capacity
+    assert _ops.quota_path("p") == "/v1/projects/p/quota"
+    assert _ops.quota_path("p", token="t") == "/v1/projects/p/tokens/t/quota"
+    assert _ops.quota_path(None, org=True) == "/v1/quota"
+    with pytest.raises(ValueError):
+        _ops.quota_path(None)
+    with pytest.raises(ValueError):
+        _ops.quota_patch("/v1/quota", {"sandbox": 1})
