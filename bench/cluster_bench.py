@@ -12,12 +12,16 @@ interleaved (direct first):
   probed     the same, but every create carries a request id the client chose (as a trainer
              that resumes would), so the apiserver first asks the other candidate nodes whether
              an earlier attempt reached them (the SDK's own ids skip that on a first attempt)
+  quota      `apiserver` with a project member's token under roomy limits on every dimension
+             (sandboxes, memory_mb, cpu, creates_per_s) at all three levels (org, project,
+             token): every create is admitted from a quota hold (issue 37)
 
 and reports cycles/s, the cycle's and each call's p50/p99, the apiservers' CPU (user+system,
 from /proc) per cycle, and etcd's revision growth per create (every write to etcd is one
 revision: the edges' load updates count in both modes; the apiserver adds none).
 
     sudo python3 bench/cluster_bench.py [--concurrency 1,8] [--cycles 200] [--rounds 2]
+                                        [--modes direct,apiserver,probed,quota]
 """
 
 from __future__ import annotations
@@ -91,6 +95,25 @@ async def run_level(urls, token, clients, cycles, memory_mb, own_ids=False):
     return lat, per * clients, wall
 
 
+def setup_quota(c):
+    """A project with a member token, and roomy limits on every dimension at its org, project
+    and token levels: the member's creates are admitted from quota holds."""
+    def call(method, path, body, token=None):
+        req = urllib.request.Request(c.urls[0] + path, data=json.dumps(body).encode(),
+                                     method=method, headers={
+                                         "Authorization": f"Bearer {token or c.token}",
+                                         "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.load(r)
+    call("POST", "/v1/projects", {"name": "bench"})
+    member = call("POST", "/v1/projects/bench/tokens", {"name": "member"})["token"]
+    roomy = {"sandboxes": 100000, "memory_mb": 1 << 30, "cpu": 100000, "creates_per_s": 100000}
+    for path in ("/v1/quota", "/v1/projects/bench/quota", "/v1/projects/bench/tokens/member/quota"):
+        call("PATCH", path, roomy)
+    time.sleep(1)  # (both apiservers' views)
+    return member
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", default="1,8")
@@ -98,6 +121,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--memory-mb", type=int, default=128)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--modes", default="direct,apiserver,probed,quota",
+                    help="of direct, apiserver, probed, quota (direct is the baseline)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("cluster_bench: needs root (it starts edges)", file=sys.stderr)
@@ -106,18 +131,21 @@ def main() -> int:
     if reason:
         print(f"cluster_bench: {reason}", file=sys.stderr)
         return 1
+    modes = [m for m in ("direct", "apiserver", "probed", "quota") if m in a.modes.split(",")]
     c = cluster_harness.Cluster.start(tempfile.mkdtemp(prefix="dsec-cb-"))
     rows = []
     try:
         edge_urls = [c.edge_url(n) for n in sorted(c.edges)]
+        member = setup_quota(c) if "quota" in modes else None
         api_pids = [p.pid for p in c.apiserver_procs]
         for n in [int(x) for x in a.concurrency.split(",")]:
             acc = {m: {"lat": {k: [] for k in ("cycle", "create", "exec", "delete")},
                        "cycles": 0, "wall": 0.0, "cpu": 0.0, "revs": 0}
-                   for m in ("direct", "apiserver", "probed")}
+                   for m in modes}
             for _ in range(a.rounds):
-                for mode in ("direct", "apiserver", "probed"):
-                    urls, token = (edge_urls, c.node_token) if mode == "direct" else (c.urls, c.token)
+                for mode in modes:
+                    urls, token = {"direct": (edge_urls, c.node_token),
+                                   "quota": (c.urls, member)}.get(mode, (c.urls, c.token))
                     own = mode == "probed"
                     asyncio.run(run_level(urls, token, n, min(20, a.cycles), a.memory_mb, own))
                     cpu0 = sum(cpu_s(p) for p in api_pids)
@@ -154,8 +182,10 @@ def main() -> int:
               f"{r['etcd_revs_per_create']:.3f} ({r['etcd_revs_per_s']:.1f}) |")
     by = {(r["mode"], r["clients"]): r for r in rows}
     for n in sorted({r["clients"] for r in rows}):
-        d = by[("direct", n)]
-        for mode in ("apiserver", "probed"):
+        d = by.get(("direct", n))
+        for mode in modes:
+            if mode == "direct" or d is None:
+                continue
             p = by[(mode, n)]
             print(f"{n} clients, {mode}: throughput {p['cycles_per_s'] / d['cycles_per_s']:.2f}x "
                   f"direct; added at p50: cycle {p['cycle_p50'] - d['cycle_p50']:+.2f} ms, create "

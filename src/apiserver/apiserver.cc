@@ -1121,7 +1121,7 @@ void Apiserver::Quota(const http::HttpRequest& req, api::RouteId id,
         old ? etcd::Client::Condition{key, etcd::Client::Condition::kValueIs, old->ToJson().dump()}
             : etcd::Client::Condition{key, etcd::Client::Condition::kAbsent, ""}};
     std::vector<etcd::Client::TxnPut> puts = {
-        {StrCat({kQuotaVersionPrefix, level}), "limits:" + std::to_string(WallMs()), 0}};
+        {StrCat({kQuotaVersionPrefix, level}), quotas_->NewVersion(), 0}};
     std::vector<std::string> deletes;
     if (!limits.empty())
       puts.push_back({key, limits.ToJson().dump(), 0});

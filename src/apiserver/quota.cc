@@ -373,6 +373,16 @@ bool Quotas::TryLocalLocked(Own& own, const std::vector<std::string>& chain, con
                             int64_t count, int64_t window) {
   // (Limits changed since the hold was granted: it is looked at again, with a transaction.)
   if (!own.in_etcd || own.shrinking || own.sig != LimitsSigLocked(chain)) return false;
+  // Only while the view has it as granted: a hold gone with a lapsed lease (the keepalive may
+  // not have noticed yet) counts for nothing elsewhere.
+  auto in_view = holds_.find(
+      StrCat({kQuotaHoldsPrefix, apiserver_, "/", own.hold.project, "/", own.hold.owner}));
+  if (in_view == holds_.end() || in_view->second.tag != own.hold.tag ||
+      in_view->second.granted.sandboxes < own.hold.granted.sandboxes ||
+      in_view->second.granted.memory_mb < own.hold.granted.memory_mb ||
+      in_view->second.granted.cpu_milli < own.hold.granted.cpu_milli ||
+      in_view->second.creates < own.hold.creates)
+    return false;
   bool rate = false;
   const Amount used = Plus(ShownLocked(own.hold.tag), own.pending);
   for (const auto& level : chain) {
@@ -622,6 +632,11 @@ void Quotas::Settle(uint64_t ticket, Outcome outcome, const std::string& node, i
     ReleaseLocked(p);
     pending_.erase(it);
   }
+}
+
+std::string Quotas::NewVersion() {
+  MutexLock l(mu_);
+  return StrCat({apiserver_, ":", std::to_string(next_version_++)});
 }
 
 std::optional<QuotaLimits> Quotas::Limits(const std::string& level) const {

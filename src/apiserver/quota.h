@@ -147,6 +147,8 @@ class Quotas {
   // held (granted by holds beyond that), creates in this second.
   Json Report(const std::string& level) const;
   std::optional<QuotaLimits> Limits(const std::string& level) const;
+  // A value for a level's version key no other write ever had (limits changes write one).
+  std::string NewVersion();
   // The levels of a create by `owner` in `project`: "org", the project's ancestors (parents)
   // from the top, "project/<p>", "token/<p>/<owner>".
   std::vector<std::string> Chain(const std::string& project, const std::string& owner) const;
