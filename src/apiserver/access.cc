@@ -197,25 +197,51 @@ void AccessView::ApplyPut(const std::string& key, const std::string& value) {
   }
 }
 
-void AccessView::ApplyDelete(const std::string& key) {
+void AccessView::SetOnRevoke(
+    std::function<void(const std::string& project, const std::string& name)> fn) {
   MutexLock l(mu_);
-  if (StartsWith(key, kProjectsPrefix))
-    projects_.erase(key.substr(kProjectsPrefix.size()));
-  else if (StartsWith(key, kTokensPrefix))
-    tokens_.erase(key.substr(key.rfind('/') + 1));
-  else if (StartsWith(key, kTokenUsedPrefix))
-    used_.erase(key.substr(key.rfind('/') + 1));
+  on_revoke_ = std::move(fn);
+}
+
+void AccessView::ApplyDelete(const std::string& key) {
+  std::optional<TokenRecord> gone;
+  std::function<void(const std::string&, const std::string&)> hook;
+  {
+    MutexLock l(mu_);
+    hook = on_revoke_;
+    if (StartsWith(key, kProjectsPrefix)) {
+      projects_.erase(key.substr(kProjectsPrefix.size()));
+    } else if (StartsWith(key, kTokensPrefix)) {
+      auto it = tokens_.find(key.substr(key.rfind('/') + 1));
+      if (it != tokens_.end()) {
+        gone = it->second;
+        tokens_.erase(it);
+      }
+    } else if (StartsWith(key, kTokenUsedPrefix)) {
+      used_.erase(key.substr(key.rfind('/') + 1));
+    }
+  }
+  if (gone && hook) hook(gone->project, gone->name);
 }
 
 void AccessView::Reset(const std::vector<etcd::KeyValue>& kvs) {
   // Parsed aside and swapped in: no token is missing for a moment.
   AccessView fresh(key_);
   for (const auto& kv : kvs) fresh.ApplyPut(kv.key, kv.value);
-  MutexLock f(fresh.mu_);
-  MutexLock l(mu_);
-  projects_.swap(fresh.projects_);
-  tokens_.swap(fresh.tokens_);
-  for (const auto& [h, u] : fresh.used_) used_[h] = std::max(used_[h], u);
+  std::vector<TokenRecord> gone;  // (deletes the watch missed while it was down)
+  std::function<void(const std::string&, const std::string&)> hook;
+  {
+    MutexLock f(fresh.mu_);
+    MutexLock l(mu_);
+    hook = on_revoke_;
+    for (const auto& [h, t] : tokens_)
+      if (!fresh.tokens_.count(h)) gone.push_back(t);
+    projects_.swap(fresh.projects_);
+    tokens_.swap(fresh.tokens_);
+    for (const auto& [h, u] : fresh.used_) used_[h] = std::max(used_[h], u);
+  }
+  if (hook)
+    for (const auto& t : gone) hook(t.project, t.name);
 }
 
 }  // namespace dsec::apiserver

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -103,10 +104,14 @@ class AccessView {
   void ApplyDelete(const std::string& key);
   // After a fresh range read: exactly these keys (of every prefix) are present.
   void Reset(const std::vector<etcd::KeyValue>& kvs);
+  // Called (outside the view's lock) for each token that goes (revoked, or its project
+  // removed), by project and name: the apiserver closes what it relays for it.
+  void SetOnRevoke(std::function<void(const std::string& project, const std::string& name)> fn);
 
  private:
   const std::string key_;
   mutable Mutex mu_;
+  std::function<void(const std::string&, const std::string&)> on_revoke_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, ProjectRecord> projects_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, TokenRecord> tokens_ DSEC_GUARDED_BY(mu_);  // by hash hex
   std::map<std::string, int64_t> used_ DSEC_GUARDED_BY(mu_);        // hash -> last use

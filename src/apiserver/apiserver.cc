@@ -1,6 +1,7 @@
 #include "apiserver/apiserver.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -181,7 +182,23 @@ Apiserver::Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::
       records_(static_cast<size_t>(std::max<int64_t>(0, cfg_.record_cache))),
       workers_(static_cast<size_t>(std::max(4, cfg_.workers))),
       fanout_(static_cast<size_t>(std::max(4, cfg_.workers))),
-      rng_(std::random_device{}()) {}
+      rng_(std::random_device{}()) {
+  // A revoked token (or its project removed) keeps nothing open: on every apiserver, as its
+  // watch sees the delete.
+  if (access_)
+    access_->SetOnRevoke([this](const std::string& project, const std::string& name) {
+      CutRelaysOf(project, name);
+    });
+}
+
+void Apiserver::CutRelaysOf(const std::string& project, const std::string& name) {
+  MutexLock l(open_mu_);
+  auto it = open_.find(project + "/" + name);
+  if (it == open_.end()) return;
+  DSEC_LOG_INFO("audit: token {} of project {} is gone: closing its {} open relay(s)", name,
+                project, it->second.size());
+  for (auto& [id, fd] : it->second) ::shutdown(fd.get(), SHUT_RDWR);
+}
 
 void Apiserver::Shutdown() {
   workers_.stop();
@@ -518,9 +535,32 @@ void Apiserver::Relay(http::HttpRequest req) {
                         extra, {"x-forwarded-for", "x-forwarded-host", "dsec-project"}, &pr);
   pr.buffered = std::move(req.takeover_buffered);
   pr.target_name = "node " + node;
+  // A project token's relay is registered (a dup of the client's socket) until it ends: a
+  // revoke shuts the socket down, which ends the relay and its upstream call.
+  std::string opener;
+  uint64_t open_id = 0;
+  if (auto who = Principal::Decode(req.principal);
+      who && with_node_token && !CallerIsCluster(req)) {
+    int dup = fcntl(client.get(), F_DUPFD_CLOEXEC, 0);
+    if (dup < 0)
+      return http::SendErrorAndClose(std::move(client), 503, "unavailable",
+                                     "the apiserver is out of file descriptors: retry");
+    opener = who->project + "/" + who->token;
+    MutexLock l(open_mu_);
+    open_id = ++next_open_;
+    open_[opener].emplace(open_id, UniqueFd(dup));
+  }
   // Counted while it lasts (the relay holds the slot): past max_relays, new ones are 429.
   relays_.fetch_add(1);
-  std::shared_ptr<void> slot(nullptr, [this](void*) { relays_.fetch_sub(1); });
+  std::shared_ptr<void> slot(nullptr, [this, opener, open_id](void*) {
+    relays_.fetch_sub(1);
+    if (opener.empty()) return;
+    MutexLock l(open_mu_);
+    auto it = open_.find(opener);
+    if (it == open_.end()) return;
+    it->second.erase(open_id);
+    if (it->second.empty()) open_.erase(it);
+  });
   // Keep-alive toward the client: after the exchange its connection comes back to this server,
   // whose next request is checked and routed afresh.
   if (req.keep_alive && !req.websocket_upgrade)

@@ -163,6 +163,12 @@ class Apiserver {
   AuditLog* audit_;
   http::HttpServer* server_ = nullptr;
   std::atomic<int64_t> relays_{0};
+  // What a project token has open (relays: exec streams, attach, port proxy...), by
+  // "project/name", as duplicates of the clients' sockets: a revoke shuts them down.
+  Mutex open_mu_;
+  uint64_t next_open_ DSEC_GUARDED_BY(open_mu_) = 0;
+  std::map<std::string, std::map<uint64_t, UniqueFd>> open_ DSEC_GUARDED_BY(open_mu_);
+  void CutRelaysOf(const std::string& project, const std::string& name);
   RecordCache records_;
   boost::asio::thread_pool workers_;
   boost::asio::thread_pool fanout_;

@@ -182,11 +182,20 @@ Quotas::~Quotas() { Stop(); }
 
 void Quotas::Start() {
   thread_ = std::thread([this] { Run(); });
+  keepalive_ = std::thread([this] { KeepAlive(); });
 }
 
 void Quotas::Stop() {
   if (stop_.exchange(true)) return;
   if (thread_.joinable()) thread_.join();
+  if (keepalive_.joinable()) keepalive_.join();
+  {
+    // Creates made and not yet shown by their nodes are counted by the holds alone: give the
+    // nodes a moment (they publish within 250 ms) before the holds go.
+    MutexLock l(mu_);
+    cv_.WaitFor(l, std::chrono::milliseconds(1500),
+                [&]() DSEC_REQUIRES(mu_) { return pending_.empty(); });
+  }
   int64_t lease = 0;
   {
     MutexLock l(mu_);
@@ -204,6 +213,10 @@ bool Quotas::Owns(std::string_view key) {
 
 void Quotas::ApplyPut(const std::string& key, const std::string& value) {
   MutexLock l(mu_);
+  ApplyPutLocked(key, value);
+}
+
+void Quotas::ApplyPutLocked(const std::string& key, const std::string& value) {
   if (StartsWith(key, kQuotasPrefix)) {
     const std::string level = key.substr(kQuotasPrefix.size());
     auto q = QuotaLimits::FromJson(Json::parse(value, nullptr, false));
@@ -249,16 +262,15 @@ void Quotas::ApplyDelete(const std::string& key) {
 }
 
 void Quotas::Reset(const std::vector<etcd::KeyValue>& kvs) {
-  {
-    MutexLock l(mu_);
-    limits_.clear();
-    versions_.clear();
-    holds_.clear();
-    live_tags_.clear();
-    usage_.clear();
-  }
+  // All under one hold of the lock: no admission sees a half-read store.
+  MutexLock l(mu_);
+  limits_.clear();
+  versions_.clear();
+  holds_.clear();
+  live_tags_.clear();
+  usage_.clear();
   for (const auto& kv : kvs)
-    if (Owns(kv.key)) ApplyPut(kv.key, kv.value);
+    if (Owns(kv.key)) ApplyPutLocked(kv.key, kv.value);
 }
 
 void Quotas::SetRevision(int64_t revision) {
@@ -373,6 +385,7 @@ bool Quotas::TryLocalLocked(Own& own, const std::vector<std::string>& chain, con
                             int64_t count, int64_t window) {
   // (Limits changed since the hold was granted: it is looked at again, with a transaction.)
   if (!own.in_etcd || own.shrinking || own.sig != LimitsSigLocked(chain)) return false;
+  if (lease_ == 0 || WallMs() >= lease_ok_until_ms_) return false;
   // Only while the view has it as granted: a hold gone with a lapsed lease (the keepalive may
   // not have noticed yet) counts for nothing elsewhere.
   auto in_view = holds_.find(
@@ -405,12 +418,48 @@ bool Quotas::TryLocalLocked(Own& own, const std::vector<std::string>& chain, con
 StatusOr<int64_t> Quotas::EnsureLease() {
   {
     MutexLock l(mu_);
-    if (lease_ != 0) return lease_;
+    if (lease_ != 0 && WallMs() < lease_ok_until_ms_) return lease_;
   }
+  const int64_t asked = WallMs();
   DSEC_ASSIGN_OR_RETURN(int64_t lease, etcd_->LeaseGrant(lease_ttl_s_));
   MutexLock l(mu_);
+  // Holds of an older lease are gone, or going: new ones, under this lease, from now on.
+  for (auto& [chain, own] : own_) own.in_etcd = false;
   lease_ = lease;
+  lease_ok_until_ms_ = asked + lease_ttl_s_ * 1000 / 2;
   return lease;
+}
+
+void Quotas::LoseLeaseLocked(int64_t lease) {
+  if (lease_ != lease) return;
+  lease_ = 0;
+  lease_ok_until_ms_ = 0;
+  for (auto& [chain, own] : own_) own.in_etcd = false;
+}
+
+void Quotas::KeepAlive() {
+  while (!stop_) {
+    for (int i = 0; i < 10 && !stop_; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(lease_ttl_s_ * 1000 / 30));
+    if (stop_) break;
+    int64_t lease = 0;
+    {
+      MutexLock l(mu_);
+      lease = lease_;
+    }
+    if (lease == 0) continue;
+    const int64_t asked = WallMs();
+    auto ttl = etcd_->LeaseKeepAlive(lease);
+    MutexLock l(mu_);
+    if (ttl.ok()) {
+      // Counted on only for half the TTL from before it was asked: a hold is never used once
+      // etcd may have let it go (an apiserver cut off from etcd stops admitting from it).
+      if (lease_ == lease) lease_ok_until_ms_ = asked + lease_ttl_s_ * 1000 / 2;
+    } else if (ttl.status().code() == StatusCode::kNotFound) {
+      DSEC_LOG_WARN("quota: the holds' lease lapsed; new holds will be taken");
+      LoseLeaseLocked(lease);
+    }
+  }
 }
 
 StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::string& owner,
@@ -587,7 +636,7 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
     if (!ok.ok()) {
       if (ok.status().message().find("lease") != std::string::npos) {
         MutexLock l(mu_);  // (a lapsed lease: a new one next time)
-        lease_ = 0;
+        LoseLeaseLocked(lease);
       }
       return Status(StatusCode::kUnavailable, "quota: etcd: " + ok.status().message());
     }
@@ -628,6 +677,9 @@ void Quotas::Settle(uint64_t ticket, Outcome outcome, const std::string& node, i
   auto u = usage_.find(node);
   const int64_t shown = u == usage_.end() ? 0 : u->second.gen;
   p.gen = gen > 0 ? gen : shown + 1;
+  // No generation said (a replayed answer: the sandbox was counted by its first admission): the
+  // node's next publication, or a few seconds on a node that has nothing new to say.
+  if (gen <= 0) p.deadline_ms = WallMs() + 5000;
   if (shown >= p.gen) {
     ReleaseLocked(p);
     pending_.erase(it);
@@ -665,14 +717,11 @@ Json Quotas::Report(const std::string& level) const {
 }
 
 void Quotas::Run() {
-  int64_t last_keepalive = 0;
   while (!stop_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (stop_) break;
-    int64_t lease = 0;
     {
       MutexLock l(mu_);
-      lease = lease_;
       const int64_t now = WallMs();
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.deadline_ms > 0 && it->second.deadline_ms <= now) {
@@ -681,18 +730,6 @@ void Quotas::Run() {
         } else {
           ++it;
         }
-      }
-    }
-    if (lease != 0 && WallMs() - last_keepalive >= lease_ttl_s_ * 1000 / 3) {
-      auto ttl = etcd_->LeaseKeepAlive(lease);
-      if (ttl.ok()) {
-        last_keepalive = WallMs();
-      } else if (ttl.status().code() == StatusCode::kNotFound) {
-        // Its holds went with it: admit nothing more from them.
-        DSEC_LOG_WARN("quota: the holds' lease lapsed; new holds will be taken");
-        MutexLock l(mu_);
-        lease_ = 0;
-        for (auto& [chain, own] : own_) own.in_etcd = false;
       }
     }
     ReturnIdle();
@@ -708,6 +745,8 @@ void Quotas::ReturnIdle() {
   int64_t lease = 0;
   {
     MutexLock l(mu_);
+    // (Without a lease known alive, nothing is written: a hold kept without one would never go.)
+    if (lease_ == 0 || WallMs() >= lease_ok_until_ms_) return;
     lease = lease_;
     const int64_t now = WallMs();
     for (auto& [chain, own] : own_) {
@@ -746,8 +785,9 @@ void Quotas::ReturnIdle() {
           (WallMs() - it->second.last_use_ms < kIdleMs && !it->second.pressed))
         continue;
       if (c.hold) {
-        const Amount covers = Plus(ShownLocked(it->second.hold.tag), it->second.pending);
-        c.hold->granted = covers;
+        // From the hold as it is now (a grow may have run since the look above).
+        c.hold = it->second.hold;
+        c.hold->granted = Plus(ShownLocked(it->second.hold.tag), it->second.pending);
       } else if (it->second.pending.sandboxes != 0 || it->second.pending.memory_mb != 0 ||
                  it->second.pending.cpu_milli != 0) {
         continue;

@@ -120,6 +120,7 @@ class Quotas {
   // The keys it keeps (ClusterView forwards them).
   static bool Owns(std::string_view key);
   void ApplyPut(const std::string& key, const std::string& value);
+  void ApplyPutLocked(const std::string& key, const std::string& value) DSEC_REQUIRES(mu_);
   void ApplyDelete(const std::string& key);
   void Reset(const std::vector<etcd::KeyValue>& kvs);
   // The view has applied everything up to `revision`.
@@ -192,7 +193,11 @@ class Quotas {
                       int64_t count, int64_t window) DSEC_REQUIRES(mu_);
   void ReleaseLocked(const Pending& p) DSEC_REQUIRES(mu_);
   void SettleShownLocked(const std::string& node, int64_t gen) DSEC_REQUIRES(mu_);
+  // The lease of this apiserver's holds: a new one when there is none known alive.
   StatusOr<int64_t> EnsureLease();
+  void LoseLeaseLocked(int64_t lease) DSEC_REQUIRES(mu_);
+  // Refreshes the lease every tenth of its TTL (its own thread: ReturnIdle may wait).
+  void KeepAlive();
   void Run();
   // Shrinks holds idle for kIdleMs, or in a level another apiserver asked room back at, to what
   // they cover; deletes the ones that cover nothing.
@@ -220,8 +225,11 @@ class Quotas {
   uint64_t next_tag_ DSEC_GUARDED_BY(mu_) = 1;
   uint64_t next_version_ DSEC_GUARDED_BY(mu_) = 1;
   int64_t lease_ DSEC_GUARDED_BY(mu_) = 0;
+  // Until when its holds may be admitted from: half the TTL past the last refresh asked.
+  int64_t lease_ok_until_ms_ DSEC_GUARDED_BY(mu_) = 0;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  std::thread keepalive_;
 };
 
 }  // namespace dsec::apiserver

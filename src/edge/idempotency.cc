@@ -87,7 +87,11 @@ Idempotency::Decision Idempotency::Begin(const std::string& key, const std::stri
 
 void Idempotency::Finish(const std::string& key, const std::string& hash,
                          const http::HttpResponse& r) {
-  if (Recordable(r.status)) {
+  // (A create refused for the room its apiserver admitted it in is asked again with the same
+  // id and more room: not an answer to keep.)
+  bool quota_room = false;
+  for (const auto& [k, v] : r.headers) quota_room = quota_room || k == "Dsec-Quota-Need";
+  if (Recordable(r.status) && !quota_room) {
     StoredResponse s;
     s.status = r.status;
     s.content_type = r.content_type;

@@ -64,6 +64,8 @@ Manager::Manager(const EdgeConfig& cfg, std::vector<backends::Backend*> backends
   admit_memory_mb_ =
       static_cast<int64_t>(static_cast<double>(SandboxMemoryMb(node_mb, cfg_.reserve_memory_mb)) *
                            cfg_.memory_overcommit);
+  MutexLock l(mu_);
+  usage_gen_ = WallMs() * 1000;  // (above what an earlier edge of this node published)
 }
 
 Manager::~Manager() { Shutdown(cfg_.persist); }

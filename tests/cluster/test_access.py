@@ -333,3 +333,41 @@ def test_project_tokens_wait_while_the_view_is_out_of_step_with_etcd(make_cluste
         c.etcd_start()
     wait_until(lambda: call(c, "GET", "/v1/sandboxes", token=tok)[0] == 200, 30,
                what="project tokens taken again once etcd is back")
+
+
+def test_a_revoke_closes_what_the_token_has_open_on_every_apiserver(cl):
+    """Calls a token has in flight through the apiservers (a long exec here; streams, attach and
+    the port proxy are relayed alike) end when it is revoked, not when they finish."""
+    import threading
+    p = new_name("team")
+    assert call(cl, "POST", "/v1/projects", {"name": p})[0] == 201
+    tok = make_token(cl, p, "runner")
+    for i in (0, 1):
+        wait_until(lambda: call(cl, "GET", "/v1/sandboxes", token=tok, i=i)[0] == 200, 5,
+                   what=f"the token on apiserver {i}")
+    s, sb = call(cl, "POST", "/v1/sandboxes", {"memory_mb": 64}, token=tok)
+    assert s == 201, sb
+    ended = {}
+
+    def long_exec(i):
+        t0 = time.monotonic()
+        try:
+            r = call(cl, "POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["sleep", "30"]},
+                     token=tok, i=i)
+            ended[i] = ("answered", r[0], time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - the connection closed under it
+            ended[i] = ("closed", type(e).__name__, time.monotonic() - t0)
+    threads = [threading.Thread(target=long_exec, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    assert call(cl, "DELETE", f"/v1/projects/{p}/tokens/runner")[0] == 204
+    for t in threads:
+        t.join(15)
+    assert len(ended) == 2, ended
+    for i, (how, what, took) in ended.items():
+        assert how == "closed" and took < 10, (i, how, what, took)
+    assert time.monotonic() - t0 < 5
+    assert call(cl, "DELETE", f"/v1/sandboxes/{sb['id']}", project=p)[0] == 204
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
