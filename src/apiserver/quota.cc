@@ -218,6 +218,7 @@ void Quotas::ApplyPut(const std::string& key, const std::string& value) {
 
 void Quotas::ApplyPutLocked(const std::string& key, const std::string& value) {
   if (StartsWith(key, kQuotasPrefix)) {
+    ++limits_gen_;
     const std::string level = key.substr(kQuotasPrefix.size());
     auto q = QuotaLimits::FromJson(Json::parse(value, nullptr, false));
     if (q.ok() && IsQuotaLevel(level))
@@ -239,7 +240,9 @@ void Quotas::ApplyPutLocked(const std::string& key, const std::string& value) {
     auto u = cluster::NodeUsage::FromJson(value);
     if (!u.ok()) return DSEC_LOG_WARN("quota: ignoring bad usage at {}", key);
     const int64_t gen = u->gen;
+    ShowLocked(node, -1);
     usage_[node] = std::move(*u);
+    ShowLocked(node, +1);
     SettleShownLocked(node, gen);
   }
 }
@@ -247,6 +250,7 @@ void Quotas::ApplyPutLocked(const std::string& key, const std::string& value) {
 void Quotas::ApplyDelete(const std::string& key) {
   MutexLock l(mu_);
   if (StartsWith(key, kQuotasPrefix)) {
+    ++limits_gen_;
     limits_.erase(key.substr(kQuotasPrefix.size()));
   } else if (StartsWith(key, kQuotaVersionPrefix)) {
     versions_.erase(key.substr(kQuotaVersionPrefix.size()));
@@ -257,7 +261,9 @@ void Quotas::ApplyDelete(const std::string& key) {
     }
   } else if (StartsWith(key, cluster::kUsagePrefix)) {
     // (a node that left with no sandboxes: nothing of it to count)
-    usage_.erase(key.substr(cluster::kUsagePrefix.size()));
+    const std::string node = key.substr(cluster::kUsagePrefix.size());
+    ShowLocked(node, -1);
+    usage_.erase(node);
   }
 }
 
@@ -269,6 +275,8 @@ void Quotas::Reset(const std::vector<etcd::KeyValue>& kvs) {
   holds_.clear();
   live_tags_.clear();
   usage_.clear();
+  shown_.clear();
+  ++limits_gen_;
   for (const auto& kv : kvs)
     if (Owns(kv.key)) ApplyPutLocked(kv.key, kv.value);
 }
@@ -310,13 +318,22 @@ std::vector<std::string> Quotas::ChainLocked(const std::string& project,
 }
 
 std::string Quotas::LimitsSigLocked(const std::vector<std::string>& chain) const {
-  std::string sig;
-  for (const auto& level : chain) {
-    sig += level;
-    if (auto q = limits_.find(level); q != limits_.end()) sig += q->second.ToJson().dump();
-    sig += '\n';
+  // (Any change of any level's limits or parent counts: they are rare, and a look costs one
+  // transaction per chain.)
+  return StrCat({std::to_string(limits_gen_), "/", std::to_string(chain.size())});
+}
+
+void Quotas::ShowLocked(const std::string& node, int sign) {
+  auto u = usage_.find(node);
+  if (u == usage_.end()) return;
+  for (const auto& e : u->second.entries) {
+    if (e.hold.empty()) continue;
+    Amount& a = shown_[e.hold];
+    a.sandboxes += sign * e.sandboxes;
+    a.memory_mb += sign * e.memory_mb;
+    a.cpu_milli += sign * e.cpu_milli;
+    if (a.sandboxes == 0 && a.memory_mb == 0 && a.cpu_milli == 0) shown_.erase(e.hold);
   }
-  return sig;
 }
 
 bool Quotas::InLevelLocked(const std::string& level, const std::string& project,
@@ -329,11 +346,8 @@ bool Quotas::InLevelLocked(const std::string& level, const std::string& project,
 }
 
 Amount Quotas::ShownLocked(const std::string& tag) const {
-  Amount a;
-  for (const auto& [node, u] : usage_)
-    for (const auto& e : u.entries)
-      if (e.hold == tag) a = Plus(a, {e.sandboxes, e.memory_mb, e.cpu_milli});
-  return a;
+  auto it = shown_.find(tag);
+  return it == shown_.end() ? Amount{} : it->second;
 }
 
 Quotas::Taken Quotas::TakenLocked(const std::string& level, int64_t window) const {

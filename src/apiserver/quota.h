@@ -179,11 +179,13 @@ class Quotas {
 
   std::vector<std::string> ChainLocked(const std::string& project, const std::string& owner) const
       DSEC_REQUIRES(mu_);
-  // The chain's levels and their limits, as text: a hold granted under other limits is not
-  // admitted from without a look (a transaction).
+  // The limits a hold was granted under (a generation of every level's limits, and the chain's
+  // length): a hold granted under other limits is not admitted from without a look.
   std::string LimitsSigLocked(const std::vector<std::string>& chain) const DSEC_REQUIRES(mu_);
   bool InLevelLocked(const std::string& level, const std::string& project,
                      const std::string& owner) const DSEC_REQUIRES(mu_);
+  // Adds (+1) or takes (-1) a node's usage entries to or from shown_.
+  void ShowLocked(const std::string& node, int sign) DSEC_REQUIRES(mu_);
   // What the sandboxes admitted from `tag` take, as the nodes show them.
   Amount ShownLocked(const std::string& tag) const DSEC_REQUIRES(mu_);
   // What `level` has taken (the scheme above), with rate in `window`.
@@ -219,7 +221,9 @@ class Quotas {
   std::set<std::string> live_tags_ DSEC_GUARDED_BY(mu_);
   std::set<std::string> pressed_ DSEC_GUARDED_BY(mu_);  // levels others asked room back at
   std::map<std::string, cluster::NodeUsage> usage_ DSEC_GUARDED_BY(mu_);  // by node
-  std::map<std::string, Own> own_ DSEC_GUARDED_BY(mu_);                   // by chain
+  std::map<std::string, Amount> shown_ DSEC_GUARDED_BY(mu_);  // by hold tag, over usage_
+  uint64_t limits_gen_ DSEC_GUARDED_BY(mu_) = 0;              // bumped by any limits change
+  std::map<std::string, Own> own_ DSEC_GUARDED_BY(mu_);       // by chain
   std::map<uint64_t, Pending> pending_ DSEC_GUARDED_BY(mu_);
   uint64_t next_ticket_ DSEC_GUARDED_BY(mu_) = 1;
   uint64_t next_tag_ DSEC_GUARDED_BY(mu_) = 1;

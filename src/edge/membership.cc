@@ -103,12 +103,20 @@ void Membership::Run() {
       }
     }
     if (now - last_put >= kLoadInterval) {
+      // The record and the usage, whichever changed, in one write (one revision).
       std::string text = record_().ToJson().dump();
-      if (text != published) {
-        if (etcd_.Put(key, text, lease).ok()) published = std::move(text);
+      std::string usage = usage_().ToJson().dump();
+      std::vector<etcd::Client::TxnPut> puts;
+      if (text != published) puts.push_back({key, text, lease});
+      if (usage != usage_published) puts.push_back({usage_key_, usage, 0});
+      int64_t revision = 0;
+      if (!puts.empty()) {
+        if (etcd_.TxnAt({}, puts, {}, &revision).ok()) {
+          published = std::move(text);
+          usage_published = std::move(usage);
+        }
         last_put = now;
       }
-      put_usage();
     }
     std::this_thread::sleep_for(kTick);
   }

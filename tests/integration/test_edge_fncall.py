@@ -448,14 +448,17 @@ def test_fork_bomb(client, pools):
     assert r["timed_out"] is True and time.monotonic() - t0 < 15, r
     # Counted without forking: only this call's bash is left (PID 2), none of the bomb's.
     r = ok(fncall(client, name, "n=0; for f in /proc/[0-9]*/comm; do read c < $f; "
-                                '[ "$c" = bash ] && n=$((n+1)); done; echo survived $$ $n'))
+                                '[ "$c" = bash ] && n=$((n+1)); done; echo survived $$ $n',
+                  timeout_ms=30000))
     assert r["stdout"] == "survived 2 1\n", r
     pyname = pools(runtime="python", min_idle=1, max=1, memory_mb=256)["name"]
     r = fncall(client, pyname, "import os\nwhile True:\n    try:\n        os.fork()\n"
                                "    except OSError:\n        pass", timeout_ms=2000)
     assert r["timed_out"] is True, r
+    # (The bomb's teardown can take seconds on a loaded host: this call gets time for it.)
     ok(fncall(client, pyname, "import os\npid = os.fork()\nif pid == 0:\n    os._exit(7)\n"
-                              "print(os.getpid(), pid, os.waitpid(pid, 0)[1] >> 8)"), "2 3 7\n")
+                              "print(os.getpid(), pid, os.waitpid(pid, 0)[1] >> 8)",
+              timeout_ms=30000), "2 3 7\n")
     for n in (name, pyname):
         info = pool_info(client, n)
         assert info["replaced"] == 0, info
