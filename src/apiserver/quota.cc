@@ -16,9 +16,11 @@ namespace dsec::apiserver {
 namespace {
 
 constexpr int64_t kUnlimited = int64_t{1} << 50;  // the room of a dimension no level limits
-constexpr int64_t kBlockCreates = 8;              // a hold grows by up to this many creates' worth
-constexpr int64_t kIdleMs = 1000;                 // a hold unused this long shrinks back
-constexpr int64_t kUnknownOutcomeMs = 30000;      // a create whose answer never came
+// A hold grows by up to this many creates' worth, or by as many as it admitted in the last
+// second (at a steady rate: about one transaction a second, not one per 8 creates).
+constexpr int64_t kBlockCreates = 8;
+constexpr int64_t kIdleMs = 1000;             // a hold unused this long shrinks back
+constexpr int64_t kUnknownOutcomeMs = 30000;  // a create whose answer never came
 constexpr int kGrowAttempts = 8;
 constexpr int64_t kWantWaitMs = 1000;  // how long a create at a full level waits for room
 
@@ -425,7 +427,14 @@ bool Quotas::TryLocalLocked(Own& own, const std::vector<std::string>& chain, con
     own.creates_used += count;
   }
   own.pending = Plus(own.pending, need);
-  own.last_use_ms = WallMs();
+  const int64_t now = WallMs();
+  if (now / 1000 != own.rate_second) {
+    own.last_second_creates = own.rate_second == now / 1000 - 1 ? own.this_second_creates : 0;
+    own.this_second_creates = 0;
+    own.rate_second = now / 1000;
+  }
+  own.this_second_creates += count;
+  own.last_use_ms = now;
   return true;
 }
 
@@ -545,6 +554,8 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
       const int64_t rate_base = same ? rate_cur : rate_used;
       Amount grant = base;
       int64_t creates = rate_base;
+      const int64_t block =  // (in sandboxes)
+          std::max(kBlockCreates, std::max(own.last_second_creates, own.this_second_creates));
       for (const Dim& d : kDims) {
         const int64_t required = std::max(base.*d.field, used.*d.field + need.*d.field);
         // What the level's total moves by (negative when the hold shrinks).
@@ -577,7 +588,7 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
         // A block more, but never more than half of what would be left to the others.
         const int64_t spare = headroom - delta;
         const int64_t per = count > 0 ? need.*d.field / count : need.*d.field;
-        grant.*d.field = required + std::min(per * kBlockCreates, spare / 2);
+        grant.*d.field = required + std::min(per * block, spare / 2);
       }
       if (want.empty()) {
         const int64_t required = std::max(rate_base, rate_used + count);
@@ -597,8 +608,7 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
           headroom = std::min(headroom, left);
         }
         creates = required;
-        if (limited)
-          creates += std::min(count * kBlockCreates, (headroom - (required - rate_cur)) / 2);
+        if (limited) creates += std::min(block, (headroom - (required - rate_cur)) / 2);
       }
       next.sig = sig;
       if (!want.empty()) {

@@ -162,6 +162,8 @@ class Quotas {
     Amount pending;            // admitted and not yet shown by a node
     int64_t creates_used = 0;  // in hold.window
     int64_t last_use_ms = 0;
+    // Creates admitted from it in this second of wall clock, and in the one before.
+    int64_t rate_second = 0, this_second_creates = 0, last_second_creates = 0;
     bool shrinking = false;  // ReturnIdle is writing it smaller: nothing is admitted from it
     bool pressed = false;    // another apiserver asked for room in one of its levels
   };
