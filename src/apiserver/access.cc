@@ -95,6 +95,14 @@ std::string AccessView::TokenHash(std::string_view token) const {
   return HexEncode(http::HmacSha256(key_, token));
 }
 
+std::optional<int64_t> AccessView::TokenExpiry(std::string_view project,
+                                               std::string_view name) const {
+  MutexLock l(mu_);
+  for (const auto& [h, t] : tokens_)
+    if (t.project == project && t.name == name) return t.expires_at;
+  return std::nullopt;
+}
+
 std::string AccessView::NewToken() { return "dsec_" + RandomBase32(43); }
 
 std::optional<Principal> AccessView::Authenticate(std::string_view token, int64_t now_ms) {

@@ -96,6 +96,8 @@ class AccessView {
   std::vector<ProjectRecord> Projects() const;
   // When the project was made (0 for default); nullopt if it does not exist.
   std::optional<int64_t> ProjectCreatedAt(std::string_view name) const;
+  // When the project's token `name` expires (0: never); nullopt if there is no such token.
+  std::optional<int64_t> TokenExpiry(std::string_view project, std::string_view name) const;
   // The tokens of a project, with their etcd keys.
   std::vector<std::pair<std::string, TokenRecord>> Tokens(std::string_view project) const;
 

@@ -191,6 +191,19 @@ Apiserver::Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::
     });
 }
 
+void Apiserver::CutExpiredRelays(int64_t now_ms) {
+  std::vector<std::string> expired;
+  {
+    MutexLock l(open_mu_);
+    for (const auto& [opener, at] : open_expiry_)
+      if (at > 0 && at <= now_ms && open_.count(opener)) expired.push_back(opener);
+  }
+  for (const auto& opener : expired) {
+    const size_t slash = opener.find('/');
+    CutRelaysOf(opener.substr(0, slash), opener.substr(slash + 1));
+  }
+}
+
 void Apiserver::CutRelaysOf(const std::string& project, const std::string& name) {
   MutexLock l(open_mu_);
   auto it = open_.find(project + "/" + name);
@@ -546,9 +559,11 @@ void Apiserver::Relay(http::HttpRequest req) {
       return http::SendErrorAndClose(std::move(client), 503, "unavailable",
                                      "the apiserver is out of file descriptors: retry");
     opener = who->project + "/" + who->token;
+    const int64_t expires = access_->TokenExpiry(who->project, who->token).value_or(0);
     MutexLock l(open_mu_);
     open_id = ++next_open_;
     open_[opener].emplace(open_id, UniqueFd(dup));
+    open_expiry_[opener] = expires;
   }
   // Counted while it lasts (the relay holds the slot): past max_relays, new ones are 429.
   relays_.fetch_add(1);
@@ -559,7 +574,10 @@ void Apiserver::Relay(http::HttpRequest req) {
     auto it = open_.find(opener);
     if (it == open_.end()) return;
     it->second.erase(open_id);
-    if (it->second.empty()) open_.erase(it);
+    if (it->second.empty()) {
+      open_.erase(it);
+      open_expiry_.erase(opener);
+    }
   });
   // Keep-alive toward the client: after the exchange its connection comes back to this server,
   // whose next request is checked and routed afresh.

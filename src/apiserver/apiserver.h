@@ -45,6 +45,10 @@ struct ApiserverConfig {
   std::string etcd = "http://127.0.0.1:2379";
   std::string token_file;       // the cluster token(s) callers present
   std::string node_token_file;  // the token the apiserver presents to edges
+  // The key of the project tokens' keyed hash (the same file on every apiserver of the
+  // cluster; at least 32 characters on its first line). "" = derived from the node token
+  // (then rotating the node token invalidates every project token).
+  std::string token_hash_key_file;
   std::string log_level = "info";
   int io_threads = 2;
   int workers = 64;  // threads for calls that wait on nodes (creates, lists, jobs)
@@ -169,6 +173,14 @@ class Apiserver {
   uint64_t next_open_ DSEC_GUARDED_BY(open_mu_) = 0;
   std::map<std::string, std::map<uint64_t, UniqueFd>> open_ DSEC_GUARDED_BY(open_mu_);
   void CutRelaysOf(const std::string& project, const std::string& name);
+  // When each open relay's token expires (0: never), by "project/name".
+  std::map<std::string, int64_t> open_expiry_ DSEC_GUARDED_BY(open_mu_);
+
+ public:
+  // Closes what expired tokens have open (main calls it every second).
+  void CutExpiredRelays(int64_t now_ms);
+
+ private:
   RecordCache records_;
   boost::asio::thread_pool workers_;
   boost::asio::thread_pool fanout_;

@@ -2,6 +2,7 @@
 // own (etcd holds membership and cordons), so any number of them can run.
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -56,6 +57,9 @@ int main(int argc, char** argv) {
   app.add_option("--node-token-file", cfg.node_token_file,
                  "The token the apiserver presents to edges (first line)")
       ->required();
+  app.add_option("--token-hash-key-file", cfg.token_hash_key_file,
+                 "Key of the project tokens' keyed hash, the same file on every apiserver (first "
+                 "line, 32+ characters; default: derived from the node token)");
   app.add_option("--log-level", cfg.log_level, "trace|debug|info|warn|error");
   app.add_option("--io-threads", cfg.io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   app.add_option("--workers", cfg.workers, "Threads for calls that wait on nodes")
@@ -120,7 +124,24 @@ int main(int argc, char** argv) {
   etcd::Client etcd(*endpoints);
   // Project tokens are kept as keyed hashes; the key comes from the node token, which every
   // apiserver of the cluster has and etcd does not.
-  apiserver::AccessView access(http::DerivedKey(*node_tokens, "dsec-project-token-hash"));
+  std::string hash_key = http::DerivedKey(*node_tokens, "dsec-project-token-hash");
+  if (!cfg.token_hash_key_file.empty()) {
+    // Read, never made here: every apiserver must have the same key.
+    struct stat st {};
+    if (stat(cfg.token_hash_key_file.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+      return fail("--token-hash-key-file",
+                  PermissionDenied(cfg.token_hash_key_file +
+                                   " is readable by others: chmod 600 it (it keys every project "
+                                   "token's hash)"));
+    auto text = ReadFileToString(cfg.token_hash_key_file);
+    if (!text.ok()) return fail("--token-hash-key-file", text.status());
+    std::string key = std::string(TrimWhitespace(text->substr(0, text->find('\n'))));
+    if (key.size() < 32)
+      return fail("--token-hash-key-file",
+                  InvalidArgument("its first line must hold at least 32 characters"));
+    hash_key = http::DerivedKey({key}, "dsec-project-token-hash");
+  }
+  apiserver::AccessView access(hash_key);
   // Quota holds are this process's (its id names them; its lease bounds them).
   std::string id;
   {
@@ -203,8 +224,10 @@ int main(int argc, char** argv) {
   std::atomic<bool> stopping{false};
   std::thread uses([&] {
     while (!stopping) {
-      for (int i = 0; i < 50 && !stopping; ++i)
+      for (int i = 0; i < 50 && !stopping; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (i % 10 == 9) api.CutExpiredRelays(WallMs());  // (an expired token keeps nothing open)
+      }
       for (const auto& [key, ms] : access.TokenUses(WallMs()))
         (void)etcd.Put(key, std::to_string(ms));
     }

@@ -294,6 +294,8 @@ class Cluster:
         self.apiserver_bin = apiserver_binary()
         self.register = register
         self.node_token = os.urandom(16).hex()
+        # The key of the project tokens' keyed hash, shared by the apiservers.
+        self.token_hash_key = os.urandom(32).hex()
         self.token = os.urandom(16).hex()  # the cluster token (apiservers' callers)
         self.etcd_port, self.etcd_peer_port = free_port(), free_port()
         while self.etcd_peer_port == self.etcd_port:
@@ -374,6 +376,7 @@ class Cluster:
         try:
             (self.root / "node.token").write_text(self.node_token + "\n")
             (self.root / "cluster.token").write_text(self.token + "\n")
+            (self.root / "token-hash.key").write_text(self.token_hash_key + "\n")
             for e in self.edges.values():
                 e.root.mkdir(parents=True, exist_ok=True)
                 e.token_file.write_text(f"{self.node_token}\n{self.token}\n")
@@ -496,6 +499,7 @@ class Cluster:
         return [self.apiserver_bin, "--listen", f"127.0.0.1:{self.apiserver_ports[i]}",
                 "--etcd", self.etcd_url, "--token-file", self.root / "cluster.token",
                 "--node-token-file", self.root / "node.token", "--port-domain", PORT_DOMAIN,
+                "--token-hash-key-file", self.root / "token-hash.key",
                 "--audit-log", self.root / f"apiserver-{i + 1}.audit.log"] + \
             self.compat_args(i) + \
             list(self.apiserver_extra)

@@ -371,3 +371,54 @@ def test_a_revoke_closes_what_the_token_has_open_on_every_apiserver(cl):
     assert time.monotonic() - t0 < 5
     assert call(cl, "DELETE", f"/v1/sandboxes/{sb['id']}", project=p)[0] == 204
     assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
+
+
+def test_token_hashes_use_the_key_file_and_a_bad_key_file_is_refused(cl, tmp_path):
+    """With --token-hash-key-file, a token's etcd key is its HMAC-SHA256 under a key derived
+    from that file (not from the node token: rotating the node token keeps project tokens)."""
+    import hashlib
+    import hmac
+    import subprocess
+    p = new_name("team")
+    assert call(cl, "POST", "/v1/projects", {"name": p})[0] == 201
+    tok = make_token(cl, p, "keyed")
+    key = hmac.new(cl.token_hash_key.encode(), b"dsec-project-token-hash", hashlib.sha256).digest()
+    want = f"/dsec/tokens/{p}/" + hmac.new(key, tok.encode(), hashlib.sha256).hexdigest()
+    assert want in [k for k, _ in etcd_values(cl)]
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
+    for text, mode, why in (("short\n", 0o600, "at least 32"),
+                            ("k" * 40 + "\n", 0o644, "chmod 600")):
+        f = tmp_path / f"key-{mode:o}"
+        f.write_text(text)
+        f.chmod(mode)
+        r = subprocess.run([cl.apiserver_bin, "--listen", "127.0.0.1:0", "--etcd", cl.etcd_url,
+                            "--token-file", str(cl.root / "cluster.token"),
+                            "--node-token-file", str(cl.root / "node.token"),
+                            "--token-hash-key-file", str(f)],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and why in r.stderr, (r.returncode, r.stderr)
+
+
+def test_an_expired_token_keeps_nothing_open(cl):
+    import threading
+    p = new_name("team")
+    assert call(cl, "POST", "/v1/projects", {"name": p})[0] == 201
+    tok = make_token(cl, p, "brief", ttl_s=4)
+    s, sb = call(cl, "POST", "/v1/sandboxes", {"memory_mb": 64}, token=tok)
+    assert s == 201, sb
+    ended = {}
+
+    def long_exec():
+        t0 = time.monotonic()
+        try:
+            r = call(cl, "POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["sleep", "30"]},
+                     token=tok)
+            ended["r"] = ("answered", r[0], time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - closed under it
+            ended["r"] = ("closed", type(e).__name__, time.monotonic() - t0)
+    t = threading.Thread(target=long_exec)
+    t.start()
+    t.join(20)
+    assert ended.get("r", ("",))[0] == "closed" and ended["r"][2] < 10, ended
+    assert call(cl, "DELETE", f"/v1/sandboxes/{sb['id']}", project=p)[0] == 204
+    assert call(cl, "DELETE", f"/v1/projects/{p}")[0] == 204
