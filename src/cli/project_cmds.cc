@@ -120,11 +120,12 @@ void RegisterQuotaCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   };
   CLI::App* get = quota->add_subcommand("get", "A level's limits and usage");
   add_level(get);
-  get->callback([=, &g] {
-    *exit_code = Run(g, [&](EdgeClient& c) {
-      auto path = QuotaPath(g, *level);
+  // One call on the level's quota (a GET, or a PATCH of `body`), printed.
+  auto call = [](const GlobalOptions& g, const QuotaLevel& l, const Json* body) {
+    return Run(g, [&](EdgeClient& c) {
+      auto path = QuotaPath(g, l);
       if (!path.ok()) return Fail(path.status());
-      auto r = c.CallJson(Verb::get, *path);
+      auto r = c.CallJson(body ? Verb::patch : Verb::get, *path, body);
       if (!r.ok()) return Fail(AccessError(r.status()));
       if (g.json)
         PrintJson(*r);
@@ -132,7 +133,8 @@ void RegisterQuotaCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
         PrintQuota(*r);
       return 0;
     });
-  });
+  };
+  get->callback([=, &g] { *exit_code = call(g, *level, nullptr); });
   struct SetArgs {
     std::string sandboxes, memory_mb, cpu, creates_per_s, parent;
   };
@@ -147,9 +149,7 @@ void RegisterQuotaCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   set->add_option("--parent", a->parent,
                   "A project whose limits hold this project's too (`none`: no parent)");
   set->callback([=, &g] {
-    *exit_code = Run(g, [&](EdgeClient& c) {
-      auto path = QuotaPath(g, *level);
-      if (!path.ok()) return Fail(path.status());
+    *exit_code = [&] {
       Json body = Json::object();
       for (auto [flag, key, v, cores] :
            {std::tuple{"--sandboxes", "sandboxes", &a->sandboxes, false},
@@ -166,14 +166,8 @@ void RegisterQuotaCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
       if (body.empty())
         return Fail(InvalidArgument(
             "name a limit to set: --sandboxes, --memory-mb, --cpu, --creates-per-s or --parent"));
-      auto r = c.CallJson(Verb::patch, *path, &body);
-      if (!r.ok()) return Fail(AccessError(r.status()));
-      if (g.json)
-        PrintJson(*r);
-      else
-        PrintQuota(*r);
-      return 0;
-    });
+      return call(g, *level, &body);
+    }();
   });
 }
 

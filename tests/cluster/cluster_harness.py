@@ -117,6 +117,28 @@ def teardown(c):
     assert not residue, f"the cluster left residue: {residue}\n{logs}"
 
 
+def module_cluster(tmp_path_factory, name, **kw):
+    """A module fixture's cluster (Cluster.start(..., **kw)), skipped with a printed reason on
+    a host that cannot run one, torn down (and checked) after the module."""
+    import pytest  # (here: the benches import this module without pytest)
+    reason = why_not_runnable()
+    if reason:
+        print(f"[  SKIPPED ] {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    c = Cluster.start(tmp_path_factory.mktemp(name), **kw)
+    try:
+        yield c
+    finally:
+        teardown(c)
+
+
+def call(c, method, path, body=None, token=None, i=0, project=None):
+    """One request to apiserver i of cluster c (the cluster token unless another is given;
+    Dsec-Project when a project is named)."""
+    headers = {"Dsec-Project": project} if project else None
+    return request(c.urls[i], method, path, body, token=token or c.token, headers=headers)
+
+
 def request(url, method, path, body=None, token=None, headers=None, timeout=60):
     """One HTTP request on a new connection: (status, parsed JSON or raw bytes). A dict or list
     body is sent as JSON; bytes as they are."""

@@ -13,26 +13,13 @@ import uuid
 import pytest
 
 import cluster_harness
-from cluster_harness import Cluster, request
+from cluster_harness import call
 from edge_harness import wait_until
 
 
 @pytest.fixture(scope="module")
 def cl(tmp_path_factory):
-    reason = cluster_harness.why_not_runnable()
-    if reason:
-        print(f"[  SKIPPED ] {reason}", file=sys.stderr)
-        pytest.skip(reason)
-    c = Cluster.start(tmp_path_factory.mktemp("access"), edges=2, apiservers=2)
-    try:
-        yield c
-    finally:
-        cluster_harness.teardown(c)
-
-
-def call(c, method, path, body=None, token=None, i=0, project=None):
-    headers = {"Dsec-Project": project} if project else None
-    return request(c.urls[i], method, path, body, token=token or c.token, headers=headers)
+    yield from cluster_harness.module_cluster(tmp_path_factory, "access", edges=2, apiservers=2)
 
 
 def new_name(prefix):
