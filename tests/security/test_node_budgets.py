@@ -698,8 +698,11 @@ def test_background_output_floods_are_bounded_and_memory_returns(make_edge, figu
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 peak = max(peak, _rss_mb(e.pid))
-                states = [c.get(f"/v1/sandboxes/{sb}/execs/{x}", expect=200).json["state"]
-                          for sb, x in eids[::6]]
+                # (404: the agent forgot it, a finished job past 3/4 of the bound, oldest first,
+                # when a later one started: jobs finish before the last starts on a slow host)
+                states = [r.json["state"] if r.status == 200 else "exited"
+                          for r in (c.get(f"/v1/sandboxes/{sb}/execs/{x}", expect=(200, 404))
+                                    for sb, x in eids[::6])]
                 if all(s == "exited" for s in states):
                     break
                 time.sleep(0.2)
@@ -707,9 +710,13 @@ def test_background_output_floods_are_bounded_and_memory_returns(make_edge, figu
             n.check(figure)
         figure("edge RSS MB before", round(base, 1))
         figure("edge RSS MB peak", round(peak, 1))
-        kept, cut = 0, 0
+        kept, cut, forgotten = 0, 0, 0
         for sb, x in eids:
-            r = c.get(f"/v1/sandboxes/{sb}/execs/{x}?wait_ms=60000", expect=200).json["result"]
+            got = c.get(f"/v1/sandboxes/{sb}/execs/{x}?wait_ms=60000", expect=(200, 404))
+            if got.status == 404:  # dropped by the same bound (see above)
+                forgotten += 1
+                continue
+            r = got.json["result"]
             kept += len(r["stdout"])
             # Cut below its own 8 MiB cap: the budget's doing (and then marked truncated).
             if len(r["stdout"]) < 8 << 20:
@@ -717,8 +724,9 @@ def test_background_output_floods_are_bounded_and_memory_returns(make_edge, figu
                 assert r["stdout_truncated"], {k: v for k, v in r.items() if k != "stdout"}
         figure("output kept MB (48 x 8 MiB asked)", round(kept / MB, 1))
         figure("results cut by the budget", cut)
+        figure("results forgotten by the budget", forgotten)
         assert kept <= 4 * 64 * MB, kept
-        assert cut >= 16, cut
+        assert cut + forgotten >= 16, (cut, forgotten)
         assert peak - base < 160, (base, peak)
     finally:
         for sb in sbs:
