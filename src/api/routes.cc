@@ -87,6 +87,11 @@ std::vector<RouteSpec> Table() {
       {"POST", "/v1/sandboxes/:id/snapshot", kSnapshot, kSandbox},
       {"POST", "/v1/sandboxes/:id/fork", kFork, kSandbox},
       {"POST", "/v1/sandboxes/:id/port-urls", kPortUrl, kSandbox},
+      {"POST", "/v1/jobs/:job/preempt", kPreemptJob, kCluster},
+      {"GET", "/v1/trajectories", kListTrajectories, kLocal},
+      {"GET", "/v1/trajectories/:tid", kGetTrajectory, kLocal},
+      {"POST", "/v1/trajectories/:tid/resume", kResumeTrajectory, kLocal},
+      {"DELETE", "/v1/trajectories/:tid", kDeleteTrajectory, kLocal},
   };
   for (size_t i = 0; i < t.size(); ++i) {
     // The table is in RouteId order, one entry per id: RouteOf indexes it.

@@ -90,6 +90,12 @@ enum class RouteId : uint8_t {
   kSnapshot,
   kFork,
   kPortUrl,
+  // The trajectory log (edge/trajectory.h).
+  kPreemptJob,
+  kListTrajectories,
+  kGetTrajectory,
+  kResumeTrajectory,
+  kDeleteTrajectory,
   kCount,  // (the number of routes)
 };
 

@@ -82,7 +82,9 @@ StatusOr<CreateRequest> ParseCreateRequest(std::string_view body, const CreateLi
   (void)rid;
   const Json* network = b.Raw("network");
   const Json* pool = b.Raw("pool");
+  const Json* trajectory = b.Raw("trajectory");
   DSEC_RETURN_IF_ERROR(b.Finish());
+  DSEC_ASSIGN_OR_RETURN(r.trajectory, ParseTrajectorySpec(trajectory));
   if (kind) {
     auto k = backends::KindFromName(*kind);
     if (!k) return InvalidArgument("kind must be \"container\" or \"microvm\"");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "api/records.h"
+#include "api/trajectory_json.h"
 #include "backends/kind.h"
 #include "backends/pools/pool.h"
 #include "backends/sandbox.h"
@@ -41,10 +42,11 @@ struct CreateRequest {
   std::optional<int64_t> ttl_s, idle_ttl_s;  // 0: none
   std::optional<std::string> user, workdir;  // not yet checked (the edge does, after the pool)
   std::optional<BodyStringMap> env;
-  std::optional<BodyStringMap> labels;  // keys not yet checked (ValidateLabels)
-  net::NetworkPolicy network;           // one the node can enforce
-  std::optional<std::string> pool;      // a container pool's name
-  std::optional<int64_t> count;         // given: the answer is a list
+  std::optional<BodyStringMap> labels;       // keys not yet checked (ValidateLabels)
+  net::NetworkPolicy network;                // one the node can enforce
+  std::optional<std::string> pool;           // a container pool's name
+  std::optional<int64_t> count;              // given: the answer is a list
+  std::optional<TrajectorySpec> trajectory;  // record (or resume) a trajectory log
 };
 
 // The node's side of a create's checks.

@@ -408,6 +408,7 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
     case RouteId::kPauseJob:
     case RouteId::kResumeJob:
     case RouteId::kDeleteJob:
+    case RouteId::kPreemptJob:
       return on_worker([this, shared, res] { Jobs(*shared, res); });
     case RouteId::kListProjects:
     case RouteId::kCreateProject:
@@ -990,11 +991,18 @@ void Apiserver::Jobs(const http::HttpRequest& req, const std::shared_ptr<http::R
   }
   int64_t affected = 0;
   std::string failed;
+  // A preemption's lists, from every node.
+  Json lists = {
+      {"checkpointed", Json::array()}, {"snapshots", Json::array()}, {"failed", Json::array()}};
   for (auto& [node, f] : calls) {
     auto r = f.get();
     if (r.ok() && r->status == 200) {
       Json j = Json::parse(r->body, nullptr, false);
-      if (j.is_object()) affected += j.value("affected", int64_t{0});
+      if (!j.is_object()) continue;
+      affected += j.value("affected", int64_t{0});
+      for (auto& [k, v] : lists.items())
+        if (auto it = j.find(k); it != j.end() && it->is_array())
+          for (auto& x : *it) v.push_back(std::move(x));
       continue;
     }
     if (r.ok() && r->status >= 400 && r->status < 500)  // the request itself: the same everywhere
@@ -1008,7 +1016,9 @@ void Apiserver::Jobs(const http::HttpRequest& req, const std::shared_ptr<http::R
     return Fail(res, 503, "unavailable",
                 "not every node took the job operation (" + failed + "); " +
                     std::to_string(affected) + " sandboxes were affected on the others: retry");
-  Reply(res, 200, {{"affected", affected}});
+  Json out = {{"affected", affected}};
+  if (req.path.ends_with("/preempt")) out.update(lists);
+  Reply(res, 200, out);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include "base/logging.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
+#include "edge/trajectory.h"
 #include "http/auth.h"
 
 namespace dsec::edge {
@@ -188,6 +189,7 @@ Api::Api(Deps deps)
   RegisterFnCallRoutes(this);
   RegisterImageRoutes(this);
   RegisterPortRoutes(this);
+  RegisterTrajectoryRoutes(this);
   // Every route of the shared table that an edge serves has its handler.
   for (const auto& r : api::Routes())
     if (r.scope != api::Scope::kApiserver && !HandlerOf(r.id)) {
@@ -420,16 +422,39 @@ void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) 
     if (!taken.ok()) return ctx->Fail(taken.status());
     slot = std::move(*taken);
   }
-  boost::asio::post(*d_.workers, [ctx, fn, slot = std::move(slot)]() mutable {
-    auto release = MakeScopeGuard([&slot] { slot.reset(); });
-    try {
-      fn(ctx);
-    } catch (const std::exception& e) {
-      // Handlers return Status; this is a bug, but the daemon stays up.
-      DSEC_LOG_ERROR("handler threw: {} {}: {}", ctx->req.method, ctx->req.path, e.what());
-      ctx->Fail(500, "internal", "internal error");
-    }
-  });
+  const bool recordable = d_.trajectories && route->scope == api::Scope::kSandbox;
+  boost::asio::post(
+      *d_.workers, [this, ctx, fn, recordable, rid = route->id, slot = std::move(slot)]() mutable {
+        auto release = MakeScopeGuard([&slot] { slot.reset(); });
+        try {
+          if (recordable)
+            d_.trajectories->Serve(ctx, fn, rid);
+          else
+            fn(ctx);
+        } catch (const std::exception& e) {
+          // Handlers return Status; this is a bug, but the daemon stays up.
+          DSEC_LOG_ERROR("handler threw: {} {}: {}", ctx->req.method, ctx->req.path, e.what());
+          ctx->Fail(500, "internal", "internal error");
+        }
+      });
+}
+
+Status Api::RunInternal(http::HttpRequest req, std::shared_ptr<http::Responder> res,
+                        std::string exec_id) {
+  auto ctx = std::make_shared<Ctx>();
+  ctx->api = this;
+  if (http::HttpResponse error; !http::DecodeTarget(&req, &error))
+    return InvalidArgument("bad request target " + req.target);
+  api::RouteMatch match = api::MatchRoute(req.method, req.target, api::Server::kEdge);
+  if (!match.route || match.route->scope != api::Scope::kSandbox)
+    return NotFound("no sandbox route for " + req.method + " " + req.target);
+  ctx->params = std::move(match.params);
+  ctx->req = std::move(req);
+  ctx->internal = true;
+  ctx->exec_id = std::move(exec_id);
+  ctx->res = std::make_shared<ApiResponder>(std::move(res), d_.metrics, ctx->req.method);
+  HandlerOf(match.route->id)(ctx);
+  return OkStatus();
 }
 
 }  // namespace dsec::edge

@@ -44,6 +44,7 @@ namespace dsec::edge {
 
 class Api;
 class Builds;
+class Trajectories;
 
 // One request being handled. Shared: async handlers keep it until they answer.
 class Ctx {
@@ -52,6 +53,12 @@ class Ctx {
   std::map<std::string, std::string> params;  // from the route pattern
   std::shared_ptr<http::Responder> res;
   Api* api = nullptr;
+  // A call the edge makes itself (a trajectory's logged call run again): not recorded again.
+  bool internal = false;
+  // The id a background exec started by this call gets ("": a random one). A recorded call's
+  // is derived from its trajectory and sequence number, so that running it again gives the
+  // same id.
+  std::string exec_id;
 
   void Reply(int status, const Json& body);
   void NoContent();
@@ -102,6 +109,7 @@ class Api {
     std::function<int64_t()> accepted;  // TCP connections accepted since the start
     // Where proxied connections (api_ports.cc) are relayed: the HTTP server's I/O.
     boost::asio::io_context* proxy_io = nullptr;
+    Trajectories* trajectories = nullptr;  // the trajectory log (null: none)
   };
   explicit Api(Deps deps);
 
@@ -109,6 +117,10 @@ class Api {
   // Check without the per-sandbox upload limit.
   http::Preflight Authenticate(http::HttpRequest& headers_only);
   void Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res);
+  // Runs a sandbox call the edge makes itself (Ctx::internal) on this thread, answering to
+  // `res`; `exec_id` as Ctx::exec_id. NotFound for a target no route takes.
+  Status RunInternal(http::HttpRequest req, std::shared_ptr<http::Responder> res,
+                     std::string exec_id);
 
   const Deps& deps() const { return d_; }
   Deps& deps() { return d_; }
@@ -139,6 +151,7 @@ class Api {
   friend void RegisterFnCallRoutes(Api* api);
   friend void RegisterImageRoutes(Api* api);
   friend void RegisterPortRoutes(Api* api);
+  friend void RegisterTrajectoryRoutes(Api* api);
 
   Deps d_;
   std::string port_url_key_;  // derived from the first token (http::DerivedKey)
@@ -155,6 +168,7 @@ void RegisterFileRoutes(Api* api);
 void RegisterFnCallRoutes(Api* api);
 void RegisterImageRoutes(Api* api);
 void RegisterPortRoutes(Api* api);
+void RegisterTrajectoryRoutes(Api* api);
 
 // What an image stack's config (the topmost image that sets each) gives a new sandbox by
 // default: a workdir and a user when usable on this node (a clean absolute path; a user the

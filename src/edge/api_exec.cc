@@ -177,7 +177,7 @@ void StartBackground(const std::shared_ptr<Ctx>& c, const std::shared_ptr<Sandbo
                      std::shared_ptr<ExecTicket> ticket) {
   const auto& d = c->api->deps();
   protocol::JobStartRequest job;
-  job.job_id = "ex-" + RandomBase32(12);
+  job.job_id = c->exec_id.empty() ? "ex-" + RandomBase32(12) : c->exec_id;
   job.started_at = WallMs();
   job.meta = api::JobMeta(p.base64);
   job.keep = static_cast<uint32_t>(std::max(1, d.cfg.max_background_execs_kept));

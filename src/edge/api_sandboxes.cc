@@ -6,6 +6,7 @@
 #include "api/sandboxes_json.h"
 #include "base/strings.h"
 #include "edge/api.h"
+#include "edge/trajectory.h"
 #include "http/json_body.h"
 #include "images/store.h"
 
@@ -112,7 +113,8 @@ Status ApplyFields(const CreateFields& f, CreateParams* p) {
 
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
                                                    const Manager& manager, pools::PoolSet* pools,
-                                                   images::ImageStore* images, bool* count_given) {
+                                                   images::ImageStore* images, bool* count_given,
+                                                   std::optional<api::TrajectorySpec>* trajectory) {
   CreateParams p;
   p.resources = cfg.defaults;
   p.ttl_s = cfg.default_ttl_s;
@@ -142,6 +144,12 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   if (p.pool.empty() && p.image != "host" && images)
     DSEC_RETURN_IF_ERROR(ApplyImageConfig(images, f.workdir.has_value(), f.user.has_value(), &p));
   *count_given = f.count.has_value();
+  *trajectory = f.trajectory;
+  if (f.trajectory && f.count && *f.count != 1)
+    return InvalidArgument("a trajectory is recorded by one sandbox: \"count\" must be 1");
+  if (f.trajectory && f.trajectory->resume && (f.image || f.kind || f.pool))
+    return InvalidArgument(
+        "a resumed trajectory's sandbox is made as its first one was: no image, kind or pool");
   return std::make_pair(p, static_cast<int>(f.count.value_or(1)));
 }
 
@@ -188,10 +196,13 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   const auto& deps = c->api->deps();
   auto project = RequestProject(c->req);
   if (!project.ok()) return c->Fail(project.status());
-  auto parsed =
-      ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images, &count_given);
+  std::optional<api::TrajectorySpec> trajectory;
+  auto parsed = ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images,
+                            &count_given, &trajectory);
   if (!parsed.ok()) return c->Fail(parsed.status());
   parsed->first.project = *project;
+  if (trajectory && !deps.trajectories)
+    return c->Fail(FailedPrecondition("this edge keeps no trajectory log"));
   // A cluster's quotas: who made it (the caller's token name), and the room an apiserver
   // admitted it in ("hold=<tag>;sandboxes=N;memory_mb=M;cpu_milli=C"): a create that takes more
   // than that room is refused with what it needs (Dsec-Quota-Need), for the apiserver to admit
@@ -231,10 +242,36 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   const std::string* wait = c->req.Query("wait");
   bool wait_ready = !(wait && (*wait == "0" || *wait == "false"));
   auto* workers = c->api->deps().workers;
-  auto made = c->api->deps().manager->Create(
-      parsed->first, parsed->second, wait_ready,
-      [workers](std::function<void()> task) { boost::asio::post(*workers, std::move(task)); });
-  if (!made.ok()) return c->Fail(made.status());
+  auto post = [workers](std::function<void()> task) {
+    boost::asio::post(*workers, std::move(task));
+  };
+  StatusOr<std::vector<SandboxRecord>> made = InternalError("not made");
+  if (trajectory && trajectory->resume) {
+    // Made at its first live call (Trajectories::Serve); until then the log answers.
+    auto p = deps.trajectories->ResumeParams(parsed->first, *trajectory);
+    if (!p.ok()) return c->Fail(p.status());
+    std::function<void()> create;
+    made = deps.manager->Create(
+        *p, 1, /*wait=*/false, [&create](std::function<void()> task) { create = std::move(task); });
+    if (!made.ok()) return c->Fail(made.status());
+    if (Status s =
+            deps.trajectories->Resumed(made->front().id, *project, *trajectory, std::move(create));
+        !s.ok()) {
+      (void)deps.manager->Delete(made->front().id);
+      return c->Fail(s);
+    }
+  } else {
+    made = deps.manager->Create(parsed->first, parsed->second, wait_ready || trajectory.has_value(),
+                                post);
+    if (!made.ok()) return c->Fail(made.status());
+    if (trajectory) {
+      if (Status s = deps.trajectories->Begin(made->front().id, parsed->first, *trajectory);
+          !s.ok()) {
+        (void)deps.manager->Delete(made->front().id);
+        return c->Fail(s);
+      }
+    }
+  }
   http::HttpResponse r;
   r.status = 201;
   r.body = (count_given ? api::SandboxListJson(*made) : ToJson(made->front()))

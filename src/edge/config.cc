@@ -197,6 +197,26 @@ std::vector<Group> Fields(EdgeConfig* c) {
            {"tombstone_max", &c->tombstone_max, "count",
             "Most such sandboxes remembered (the oldest go first); 0: none"},
        }},
+      {"Trajectory log",
+       {
+           {"trajectory_log", &c->trajectory_log, "",
+            "Keep the trajectory log (`<state_dir>/trajectories.db`): sandboxes created with "
+            "`trajectory` record their calls, preempted jobs resume from it"},
+           {"trajectory_checkpoint_every", &c->trajectory_checkpoint_every, "count",
+            "Mutating calls between two checkpoints of a recording sandbox (a trajectory's own "
+            "`checkpoint_every` overrides it); 0: only when its job is preempted"},
+           {"trajectory_ttl_s", &c->trajectory_ttl_s, "s",
+            "A trajectory is kept this long after its last use, then it and its bodies and "
+            "checkpoints are collected"},
+           {"trajectory_ttl_by_project", &c->trajectory_ttl_by_project, "",
+            "Per project over `trajectory_ttl_s`: `\"project=seconds,...\"`"},
+           {"trajectory_max_body_bytes", &c->trajectory_max_body_bytes, "bytes",
+            "Largest request or response body a log keeps (a larger answer is not kept: that "
+            "call runs live on a resume; a larger upload is refused)"},
+           {"trajectory_fsync", &c->trajectory_fsync, "",
+            "fsync each group commit of entries (a power loss keeps what was answered); false: "
+            "an edge killed loses nothing, a power loss may"},
+       }},
       {"Container backend",
        {
            {"cgroup_mode", &c->cgroup_mode, "",
@@ -343,6 +363,9 @@ struct KeyRange {
 };
 constexpr KeyRange kRanges[] = {
     {"max_sandboxes", 1, 1 << 20},
+    {"trajectory_checkpoint_every", 0, 1 << 20},
+    {"trajectory_ttl_s", 60, 10 * 365 * 86400.0},
+    {"trajectory_max_body_bytes", 1 << 10, 1ull << 32},
     {"cluster_lease_ttl_s", 2, 600},
     {"port_proxy_connect_timeout_ms", 1, 600000},
     {"port_proxy_max_conns", 1, 1 << 20},
@@ -784,6 +807,16 @@ Status FinalizeConfig(EdgeConfig* c) {
     uint16_t port = 0;
     if (Status s = http::ParseHttpUrl(c->cluster_advertise, &host, &port); !s.ok())
       return InvalidArgument("cluster_advertise: " + s.message());
+  }
+  c->trajectory_project_ttl.clear();
+  for (auto part : SplitString(c->trajectory_ttl_by_project, ',', /*skip_empty=*/true)) {
+    auto eq = part.find('=');
+    auto secs = eq == std::string_view::npos ? std::nullopt : ParseInt64(part.substr(eq + 1));
+    if (!secs || *secs < 60 || !api::IsDnsLabel(part.substr(0, eq)))
+      return InvalidArgument(
+          "trajectory_ttl_by_project must be \"project=seconds,...\" (at least 60 s each), not \"" +
+          c->trajectory_ttl_by_project + "\"");
+    c->trajectory_project_ttl[std::string(part.substr(0, eq))] = *secs;
   }
   if (c->sandbox_fusion_auth != "token" && c->sandbox_fusion_auth != "none")
     return InvalidArgument("sandbox_fusion_auth must be \"token\" or \"none\", not \"" +

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -108,6 +109,15 @@ struct EdgeConfig {
   // 410 gone with the reason and time for tombstone_ttl_s; at most tombstone_max are kept.
   int64_t tombstone_ttl_s = 3600;
   int64_t tombstone_max = 65536;
+
+  // The trajectory log (edge/trajectory.h).
+  bool trajectory_log = true;
+  int64_t trajectory_checkpoint_every = 20;
+  int64_t trajectory_ttl_s = 7 * 86400;
+  std::string trajectory_ttl_by_project;                   // "project=seconds,..."
+  std::map<std::string, int64_t> trajectory_project_ttl;  // (parsed from the above)
+  uint64_t trajectory_max_body_bytes = 64 << 20;
+  bool trajectory_fsync = true;
 
   // Container backend.
   std::string cgroup_mode = "auto";

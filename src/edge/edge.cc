@@ -37,6 +37,8 @@
 #include "edge/node_budget.h"
 #include "edge/sandbox_fusion.h"
 #include "edge/state_store.h"
+#include "edge/trajectory.h"
+#include "edge/trajectory_store.h"
 #include "http/client.h"
 #include "http/server.h"
 
@@ -238,22 +240,32 @@ std::vector<std::string> MakeSocketDir(const std::string& socket) {
 }
 
 // Layers held by sandboxes that did not come back are free again.
-void ReleaseLostLayers(const Manager& manager, images::ImageStore* image_store) {
+// (`kept`: other holders that stay, a trajectory's checkpoints.)
+void ReleaseLostLayers(const Manager& manager, images::ImageStore* image_store,
+                       const std::vector<std::string>& kept) {
   auto ids = manager.Ids();
-  image_store->RetainHolders(std::set<std::string>(ids.begin(), ids.end()));
+  std::set<std::string> alive(ids.begin(), ids.end());
+  alive.insert(kept.begin(), kept.end());
+  image_store->RetainHolders(alive);
   if (auto n = image_store->Collect(); n.ok() && *n > 0)
     DSEC_LOG_INFO("image store: removed {} unreferenced layers", *n);
 }
 
 // The edge's own upkeep until `done`: idempotency records are bounded by count and age, and
 // the heap gives back what a burst of output left in it.
-void Housekeep(const std::atomic<bool>& done, Idempotency* idem, const OutputBudget& output) {
-  int64_t next = 0;
+void Housekeep(const std::atomic<bool>& done, Idempotency* idem, const OutputBudget& output,
+               Trajectories* trajectories) {
+  int64_t next = 0, next_trajectories = 0;
   uint64_t output_peak = 0;
   while (!done) {
     if (MonotonicMs() >= next) {
       idem->Prune();
       next = MonotonicMs() + 60000;
+    }
+    // Bindings of sandboxes that went, and expired trajectories.
+    if (trajectories && MonotonicMs() >= next_trajectories) {
+      trajectories->Housekeep();
+      next_trajectories = MonotonicMs() + 5000;
     }
     // Output buffers are mmap'd (see main.cc) and go back at once; whatever smaller pieces
     // a burst of output left in the heap goes back once most of it was freed again.
@@ -420,6 +432,10 @@ class EdgeServices {
   std::unique_ptr<pools::PoolSet> pools_;
   std::optional<Idempotency> idem_;
   std::optional<Api> api_;
+  // (The store after the log: destroyed first, its committer's last callbacks still find the
+  // log.)
+  std::unique_ptr<Trajectories> trajectories_;
+  std::unique_ptr<SqliteTrajectoryStore> trajectory_store_;
   std::vector<std::string> made_dirs_;  // the socket's, deepest first: removed while empty
   std::unique_ptr<http::HttpServer> server_;
   std::optional<SandboxFusion> fusion_;  // SandboxFusion's /run_code, when asked for
@@ -539,7 +555,23 @@ Status EdgeServices::StartManager() {
     return Status(recovered.status().code(), "recover: " + recovered.status().message());
   adopted_ = recovered->first;
   DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
-  ReleaseLostLayers(*manager_, images_.get());
+  std::vector<std::string> trajectory_holders;
+  if (cfg_.trajectory_log) {
+    auto ts = SqliteTrajectoryStore::Open(JoinPath(cfg_.state_dir, "trajectories.db"),
+                                          JoinPath(cfg_.state_dir, "trajectory-bodies"),
+                                          cfg_.trajectory_fsync);
+    if (!ts.ok()) return Status(ts.status().code(), "trajectory log: " + ts.status().message());
+    trajectory_store_ = std::move(*ts);
+    TrajectoryOptions to;
+    to.checkpoint_every = cfg_.trajectory_checkpoint_every;
+    to.ttl_s = cfg_.trajectory_ttl_s;
+    to.project_ttl_s = cfg_.trajectory_project_ttl;
+    to.max_body_bytes = cfg_.trajectory_max_body_bytes;
+    trajectories_ = std::make_unique<Trajectories>(to, trajectory_store_.get(), manager_.get(),
+                                                   images_.get(), nullptr);
+    trajectory_holders = trajectories_->Recover();
+  }
+  ReleaseLostLayers(*manager_, images_.get(), trajectory_holders);
   builds_ = std::make_unique<Builds>(cfg_, manager_.get(), images_.get());
   if (int n = builds_->CleanupLost(); n > 0)
     DSEC_LOG_INFO("deleted {} sandboxes of builds a previous edge left", n);
@@ -587,11 +619,13 @@ Status EdgeServices::Serve() {
   deps.store = store_.get();
   deps.images = images_.get();
   deps.builds = builds_.get();
+  deps.trajectories = trajectories_.get();
   deps.tokens = tokens_;
   deps.instance = containers_->instance_id();
   kernel_features_ = KernelFeaturesOf(*containers_);
   deps.features = [this] { return Features(); };
   api_.emplace(std::move(deps));
+  if (trajectories_) trajectories_->SetApi(&*api_);
 
   http::HttpServerOptions ho = ServerOptions(cfg_, budgets_.files);
   if (Status s = MakeDirs(ho.spool_dir, 0700); !s.ok())
@@ -634,7 +668,8 @@ Status EdgeServices::Serve() {
         [this] { return manager_->Usage(); });
     membership_->Start();
   }
-  housekeeper_ = std::thread([this] { Housekeep(done_, &*idem_, *output_budget_); });
+  housekeeper_ =
+      std::thread([this] { Housekeep(done_, &*idem_, *output_budget_, trajectories_.get()); });
   return OkStatus();
 }
 

@@ -291,7 +291,12 @@ StatusOr<SandboxRecord> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& 
   }
   Stopwatch sw;
   backends::Backend* backend = BackendFor(e->params.kind);
-  auto sb = backend ? backend->Create(SpecFor(e->id, e->params, e->params.network))
+  CreateParams params = e->params;
+  {
+    MutexLock l(e->mu_);
+    if (!e->start_image_.empty()) params.image = e->start_image_;
+  }
+  auto sb = backend ? backend->Create(SpecFor(e->id, params, e->params.network))
                     : StatusOr<std::shared_ptr<backends::Sandbox>>(Unimplemented(
                           "kind \"" + std::string(backends::KindName(e->params.kind)) +
                           "\" is not available on this node"));
@@ -379,6 +384,11 @@ Status Manager::CheckProject(const std::string& id, const std::string& project) 
   return OkStatus();
 }
 
+bool Manager::Has(const std::string& id) const {
+  MutexLock l(mu_);
+  return entries_.count(id) > 0;
+}
+
 StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
   MutexLock l(mu_);
   auto it = entries_.find(id);
@@ -387,11 +397,14 @@ StatusOr<std::shared_ptr<SandboxEntry>> Manager::Get(const std::string& id) {
     if (t == tombstones_.end() || WallMs() - t->second.at_ms > cfg_.tombstone_ttl_s * 1000)
       return NotFound("sandbox " + id + " not found");
     const Tombstone& ts = t->second;
-    std::string why = ts.reason == "ttl"    ? "its ttl_s ran out"
-                      : ts.reason == "idle" ? "it was idle for its idle_ttl_s"
-                      : ts.reason == "job"  ? "its job was deleted"
-                      : ts.reason == "lost" ? "the edge restarted and could not re-adopt it"
-                                            : "it had failed";
+    std::string why =
+        ts.reason == "ttl"    ? "its ttl_s ran out"
+        : ts.reason == "idle" ? "it was idle for its idle_ttl_s"
+        : ts.reason == "job"  ? "its job was deleted"
+        : ts.reason == "preempted"
+            ? "its job was preempted (its trajectory, if it recorded one, can be resumed)"
+        : ts.reason == "lost" ? "the edge restarted and could not re-adopt it"
+                              : "it had failed";
     return Gone("sandbox " + id + " is gone: " + why +
                 (ts.detail.empty() ? "" : " (" + ts.detail + ")") + ", at " + UtcTime(ts.at_ms));
   }
@@ -563,7 +576,7 @@ Status Manager::Delete(const std::string& id, const std::string& reason) {
   }
   // What the node removed by itself leaves a tombstone (410 gone); an explicit delete does
   // not (404, as for an id that never was: a retried delete is done).
-  if (reason == "ttl" || reason == "idle" || reason == "job") {
+  if (reason == "ttl" || reason == "idle" || reason == "job" || reason == "preempted") {
     MutexLock l(mu_);
     AddTombstoneLocked(id, {.reason = reason,
                             .detail = failed.empty() ? "" : "it had failed: " + failed,

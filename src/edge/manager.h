@@ -83,6 +83,9 @@ class SandboxEntry {
                                                        int64_t timeout_ms = 120000);
   Phase phase() const;
   int64_t created_at() const;
+  // The image (stack) a sandbox still to be made starts from instead of params.image: a
+  // trajectory's checkpoint (edge/trajectory.h).
+  void SetStartImage(std::string image);
 
  private:
   friend class Manager;
@@ -95,6 +98,7 @@ class SandboxEntry {
   std::shared_ptr<backends::Sandbox> sb_ DSEC_GUARDED_BY(mu_);
   std::string reason_ DSEC_GUARDED_BY(mu_);
   std::string create_error_ DSEC_GUARDED_BY(mu_);
+  std::string start_image_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, std::string> labels_ DSEC_GUARDED_BY(mu_);
   net::NetworkPolicy network_ DSEC_GUARDED_BY(mu_);  // the live policy (PATCH changes it)
   int64_t created_at_ DSEC_GUARDED_BY(mu_) = 0;
@@ -117,7 +121,8 @@ enum class JobOp { kPause, kResume, kDelete };
 
 // What a sandbox the node removed by itself left behind (Manager::TombstoneOf): why it went —
 // "ttl", "idle", "failed" (it had failed: `detail` says how), "job" (its job was deleted),
-// "lost" (an edge restart could not re-adopt it) — and when (ms since the epoch).
+// "lost" (an edge restart could not re-adopt it), "preempted" (its job was preempted) — and when
+// (ms since the epoch).
 struct Tombstone {
   std::string reason;
   std::string detail;
@@ -158,6 +163,8 @@ class Manager {
   // NotFound for unknown ids, Gone for ids the node removed by itself lately (a tombstone);
   // Touches the entry.
   StatusOr<std::shared_ptr<SandboxEntry>> Get(const std::string& id);
+  // Whether `id` is a sandbox here now (without touching it).
+  bool Has(const std::string& id) const;
   // NotFound (the same words as for an unknown id) when `id` is a sandbox, or a tombstone, of
   // another project than `project`; OK otherwise, unknown ids too (the call then says so).
   Status CheckProject(const std::string& id, const std::string& project) const;

@@ -74,6 +74,11 @@ Phase SandboxEntry::phase() const {
   return phase_;
 }
 
+void SandboxEntry::SetStartImage(std::string image) {
+  MutexLock l(mu_);
+  start_image_ = std::move(image);
+}
+
 int64_t SandboxEntry::created_at() const {
   MutexLock l(mu_);
   return created_at_;

@@ -75,6 +75,20 @@ std::string HmacSha256(std::string_view key, std::string_view msg) {
   return std::string(reinterpret_cast<char*>(out), n);
 }
 
+std::string Sha256Hex(std::string_view data) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_Digest(data.data(), data.size(), out, &n, EVP_sha256(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * n);
+  for (unsigned int i = 0; i < n; ++i) {
+    hex += kHex[out[i] >> 4];
+    hex += kHex[out[i] & 15];
+  }
+  return hex;
+}
+
 std::string DerivedKey(const std::vector<std::string>& tokens, std::string_view label) {
   return HmacSha256(tokens.empty() ? std::string_view() : std::string_view(tokens.front()), label);
 }

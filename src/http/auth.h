@@ -29,6 +29,8 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
 // HMAC-SHA256 of `msg` under `key` (32 raw bytes).
 std::string HmacSha256(std::string_view key, std::string_view msg);
+// SHA-256 of `data`, lowercase hex (64 characters).
+std::string Sha256Hex(std::string_view data);
 // A key for one purpose, derived from the edge's first token under `label`: the token itself is
 // never the key of anything else, and a new token file invalidates what was signed with it.
 std::string DerivedKey(const std::vector<std::string>& tokens, std::string_view label);

@@ -45,14 +45,7 @@ bool PercentDecode(std::string_view in, bool plus_is_space, std::string* out) {
   return true;
 }
 
-bool RequestFromHead(const http::request_header<>& h, HttpRequest* req, HttpResponse* error) {
-  req->method = std::string(h.method_string());
-  req->target = std::string(h.target());
-  for (const auto& f : h) {
-    std::string name(f.name_string());
-    for (auto& c : name) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-    req->headers.emplace_back(std::move(name), std::string(f.value()));
-  }
+bool DecodeTarget(HttpRequest* req, HttpResponse* error) {
   std::string_view target = req->target;
   size_t q = target.find('?');
   if (!PercentDecode(target.substr(0, q), false, &req->path) ||
@@ -77,6 +70,18 @@ bool RequestFromHead(const http::request_header<>& h, HttpRequest* req, HttpResp
       req->query.emplace_back(std::move(k), std::move(v));
     }
   }
+  return true;
+}
+
+bool RequestFromHead(const http::request_header<>& h, HttpRequest* req, HttpResponse* error) {
+  req->method = std::string(h.method_string());
+  req->target = std::string(h.target());
+  for (const auto& f : h) {
+    std::string name(f.name_string());
+    for (auto& c : name) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+    req->headers.emplace_back(std::move(name), std::string(f.value()));
+  }
+  if (!DecodeTarget(req, error)) return false;
   req->websocket_upgrade = websocket::is_upgrade(h);
   {
     bool close = false, keep = false;

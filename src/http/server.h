@@ -166,5 +166,8 @@ Status ParseHostPort(const std::string& s, std::string* host, uint16_t* port);
 
 // Percent-decoding for paths and query values ('+' is a space in queries). False on bad escapes.
 bool PercentDecode(std::string_view in, bool plus_is_space, std::string* out);
+// Sets req->path and req->query from req->target (percent-decoded); false (and a 400 in
+// `error`) on bad escapes or a NUL in the path.
+bool DecodeTarget(HttpRequest* req, HttpResponse* error);
 
 }  // namespace dsec::http

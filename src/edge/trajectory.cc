@@ -1,0 +1,897 @@
+#include "edge/trajectory.h"
+
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <set>
+
+#include "base/clock.h"
+#include "base/logging.h"
+#include "base/scope_guard.h"
+#include "base/strings.h"
+#include "edge/api.h"
+#include "edge/manager.h"
+#include "http/auth.h"
+#include "images/store.h"
+
+namespace dsec::edge {
+
+struct Trajectories::Binding {
+  std::string sandbox, project, id;
+  Mutex mu;
+  CondVar cv;
+  bool busy DSEC_GUARDED_BY(mu) = false;  // a recorded call holds the turn
+  // The rest is read and written by the turn's holder only.
+  int64_t branch = 0;
+  int64_t next_seq = 1;
+  bool live = true;              // false: replaying (the sandbox is not made yet)
+  std::function<void()> create;  // a replaying sandbox's create, run at materialization
+  int64_t checkpoint_every = 0;
+  int64_t since_checkpoint = 0;         // mutating calls since the last checkpoint
+  std::map<std::string, int64_t> jobs;  // background exec id -> the seq that started it
+  std::atomic<bool> gone{false};        // unbound (deleted, preempted)
+};
+
+namespace {
+
+using api::RouteId;
+
+enum class Recording { kNo, kRead, kMutating };
+
+Recording RecordedAs(RouteId r) {
+  switch (r) {
+    case RouteId::kExec:
+    case RouteId::kKillExec:
+    case RouteId::kDeleteExec:
+    case RouteId::kSignal:
+    case RouteId::kOpenShell:
+    case RouteId::kRunShell:
+    case RouteId::kCloseShell:
+    case RouteId::kPutFile:
+    case RouteId::kDeleteFile:
+    case RouteId::kMakeDir:
+    case RouteId::kPutArchive:
+      return Recording::kMutating;
+    case RouteId::kListExecs:
+    case RouteId::kGetExec:
+    case RouteId::kListShells:
+    case RouteId::kGetFile:
+    case RouteId::kListFiles:
+    case RouteId::kStatFile:
+    case RouteId::kGetArchive:
+      return Recording::kRead;
+    default:
+      return Recording::kNo;
+  }
+}
+
+// Calls that need no made sandbox: a replaying one answers them as it is.
+bool NeedsSandbox(RouteId r) {
+  return r != RouteId::kGetSandbox && r != RouteId::kPatchSandbox && r != RouteId::kDeleteSandbox;
+}
+
+// Answers that are not the call's result: nothing was done (429, 503), the caller was refused,
+// or the edge failed. Neither recorded nor counted.
+bool RecordableStatus(int status) {
+  return status != 401 && status != 403 && status != 429 && status < 500;
+}
+
+// "/v1/sandboxes/<id>/files?path=/a" -> "/files?path=/a".
+std::string TargetSuffix(const http::HttpRequest& req, const std::string& sandbox) {
+  const std::string prefix = "/v1/sandboxes/" + sandbox;
+  if (req.target.starts_with(prefix)) return req.target.substr(prefix.size());
+  return req.target;
+}
+
+// The request's body as the log keeps it (the spooled file read back, bounded).
+StatusOr<std::string> BodyOf(const http::HttpRequest& req, uint64_t max) {
+  if (!req.body_file) return req.body;
+  if (req.body_size > max)
+    return Status(StatusCode::kResourceExhausted,
+                  "an upload into a sandbox recording a trajectory is kept in its log: at most " +
+                      std::to_string(max) + " bytes (trajectory_max_body_bytes)");
+  std::string out;
+  out.reserve(req.body_size);
+  DSEC_RETURN_IF_ERROR(ReadFileChunks(
+      req.body_file.get(), req.body_size, 1 << 20,
+      [&](std::string_view piece) {
+        out.append(piece);
+        return OkStatus();
+      },
+      "the upload"));
+  return out;
+}
+
+// The fingerprint: method, path after the sandbox, the query in order of names, and the body
+// (JSON without its request_id, keys sorted; anything else as sent).
+std::string Fingerprint(const http::HttpRequest& req, const std::string& sandbox,
+                        const std::string& body) {
+  const std::string prefix = "/v1/sandboxes/" + sandbox;
+  std::string path = req.path.starts_with(prefix) ? req.path.substr(prefix.size()) : req.path;
+  auto query = req.query;
+  std::stable_sort(query.begin(), query.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string canon = req.method + "\n" + path + "\n";
+  for (const auto& [k, v] : query) canon += k + "=" + v + "&";
+  canon += "\n";
+  Json j = body.empty() || body[0] != '{' ? Json() : Json::parse(body, nullptr, false);
+  if (j.is_object()) {
+    j.erase("request_id");
+    canon += j.dump();
+  } else {
+    canon += body;
+  }
+  return http::Sha256Hex(canon);
+}
+
+// Collects an answer a re-run call gives (internal; nobody reads it but its status).
+class Collector : public http::Responder {
+ public:
+  void Send(http::HttpResponse r) override { Done(r.status, std::move(r.body)); }
+  void StartStream(int status, std::string,
+                   std::vector<std::pair<std::string, std::string>>) override {
+    MutexLock l(mu_);
+    status_ = status;
+  }
+  void Write(std::string chunk) override {
+    MutexLock l(mu_);
+    if (body_.size() < 4096) body_ += chunk;
+  }
+  void End(std::string last) override {
+    int st;
+    std::string body;
+    {
+      MutexLock l(mu_);
+      st = status_;
+      body = body_ + last;
+    }
+    Done(st, std::move(body));
+  }
+  void OnDisconnect(std::function<void()>) override {}
+  void AcceptWebSocket(std::shared_ptr<http::WebSocketHandler>) override { Done(400, "websocket"); }
+
+  // The status and the start of the body, once answered (or 504 past the deadline).
+  std::pair<int, std::string> Wait(int64_t timeout_ms) {
+    MutexLock l(mu_);
+    if (!cv_.WaitFor(l, std::chrono::milliseconds(timeout_ms),
+                     [&]() DSEC_REQUIRES(mu_) { return done_; }))
+      return {504, "no answer in time"};
+    return {status_, body_.substr(0, 512)};
+  }
+
+ private:
+  void Done(int status, std::string body) {
+    MutexLock l(mu_);
+    status_ = status;
+    body_ = std::move(body);
+    done_ = true;
+    cv_.NotifyAll();
+  }
+  Mutex mu_;
+  CondVar cv_;
+  bool done_ DSEC_GUARDED_BY(mu_) = false;
+  int status_ DSEC_GUARDED_BY(mu_) = 0;
+  std::string body_ DSEC_GUARDED_BY(mu_);
+};
+
+Json HeadersJson(const std::vector<std::pair<std::string, std::string>>& h) {
+  Json a = Json::array();
+  for (const auto& [k, v] : h) a.push_back({k, v});
+  return a;
+}
+
+std::vector<std::pair<std::string, std::string>> HeadersFrom(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  Json a = Json::parse(text, nullptr, false);
+  if (!a.is_array()) return out;
+  for (const auto& p : a)
+    if (p.is_array() && p.size() == 2 && p[0].is_string() && p[1].is_string())
+      out.emplace_back(p[0].get<std::string>(), p[1].get<std::string>());
+  return out;
+}
+
+}  // namespace
+
+// Wraps a recorded call's responder: keeps what is sent, and sends it on only once the entry is
+// durable; the turn goes to the next call after that (and after a checkpoint that was due).
+class TrajectoryRecorder : public http::Responder {
+ public:
+  TrajectoryRecorder(Trajectories* t, std::shared_ptr<Trajectories::Binding> b,
+                     std::shared_ptr<http::Responder> inner, TrajectoryEntry e,
+                     std::vector<TrajectoryBlob> request_blobs, uint64_t max_body)
+      : t_(t),
+        b_(std::move(b)),
+        inner_(std::move(inner)),
+        e_(std::move(e)),
+        blobs_(std::move(request_blobs)),
+        max_body_(max_body) {}
+  ~TrajectoryRecorder() override {
+    // A handler that never answered (it cannot happen, but the turn must not be lost).
+    if (!finished_.exchange(true)) t_->Recorded(b_, false, false, false);
+  }
+
+  void Send(http::HttpResponse r) override {
+    if (finished_.exchange(true)) return;
+    if (!RecordableStatus(r.status)) {
+      inner_->Send(std::move(r));
+      return t_->Recorded(b_, false, false, false);
+    }
+    e_.status = r.status;
+    e_.content_type = r.content_type;
+    e_.headers = HeadersJson(r.headers).dump();
+    Keep(r.body);
+    auto inner = inner_;
+    auto shared = std::make_shared<http::HttpResponse>(std::move(r));
+    Commit([inner, shared](bool ok) {
+      if (ok) return inner->Send(std::move(*shared));
+      inner->Send(http::JsonError(503, "unavailable",
+                                  "the call ran but its trajectory log could not record it"));
+    });
+  }
+  void StartStream(int status, std::string ct,
+                   std::vector<std::pair<std::string, std::string>> headers) override {
+    e_.status = status;
+    e_.content_type = ct;
+    e_.headers = HeadersJson(headers).dump();
+    e_.streamed = true;
+    inner_->StartStream(status, std::move(ct), std::move(headers));
+  }
+  void Write(std::string chunk) override {
+    Capture(chunk);
+    inner_->Write(std::move(chunk));
+  }
+  void End(std::string last) override {
+    if (finished_.exchange(true)) return;
+    if (!RecordableStatus(e_.status)) {
+      inner_->End(std::move(last));
+      return t_->Recorded(b_, false, false, false);
+    }
+    Capture(last);
+    std::string body = std::move(captured_);
+    Keep(body);
+    auto inner = inner_;
+    auto shared = std::make_shared<std::string>(std::move(last));
+    // A stream's last chunk (its exit event) goes once the entry is durable.
+    Commit([inner, shared](bool ok) {
+      if (!ok)
+        *shared +=
+            "{\"error\": {\"code\": \"unavailable\", \"message\": \"the call ran but its "
+            "trajectory log could not record it\"}}\n";
+      inner->End(std::move(*shared));
+    });
+  }
+  void OnDisconnect(std::function<void()> cb) override { inner_->OnDisconnect(std::move(cb)); }
+  void AcceptWebSocket(std::shared_ptr<http::WebSocketHandler> h) override {
+    inner_->AcceptWebSocket(std::move(h));
+  }
+
+ private:
+  void Capture(const std::string& c) {
+    if (too_big_) return;
+    if (captured_.size() + c.size() > max_body_) {
+      too_big_ = true;
+      captured_.clear();
+      captured_.shrink_to_fit();
+      return;
+    }
+    captured_ += c;
+  }
+  void Keep(const std::string& body) {
+    if (too_big_ || body.size() > max_body_) {
+      e_.kept = false;
+      return;
+    }
+    e_.kept = true;
+    if (body.empty()) return;
+    e_.response = http::Sha256Hex(body);
+    blobs_.push_back({e_.response, body});
+  }
+  void Commit(std::function<void(bool)> send) {
+    // A background exec's start: its id, for a checkpoint to know it and a re-run to give it.
+    if (!exec_id.empty() && e_.status == 202) e_.exec_id = exec_id;
+    e_.created_ms = WallMs();
+    Trajectories* t = t_;
+    auto b = b_;
+    const bool mutating = e_.mutating;
+    const std::string job = e_.exec_id;
+    const int64_t seq = e_.seq;
+    t_->store_->Append(
+        b_->project, b_->id, b_->branch, std::move(e_), std::move(blobs_),
+        [t, b, mutating, job, seq, send = std::move(send)](Status s) {
+          if (!s.ok())
+            DSEC_LOG_ERROR("trajectory {}: entry {} not recorded: {}", b->id, seq, s.ToString());
+          bool due = false;
+          if (s.ok()) {
+            b->next_seq = seq + 1;
+            if (!job.empty()) b->jobs[job] = seq;
+            if (mutating) ++b->since_checkpoint;
+            due = mutating && b->checkpoint_every > 0 && b->since_checkpoint >= b->checkpoint_every;
+          }
+          send(s.ok());
+          t->Recorded(b, s.ok(), mutating, due);
+        });
+  }
+
+ public:
+  std::string exec_id;  // the id a background exec of this call gets
+
+ private:
+  Trajectories* t_;
+  std::shared_ptr<Trajectories::Binding> b_;
+  std::shared_ptr<http::Responder> inner_;
+  TrajectoryEntry e_;
+  std::vector<TrajectoryBlob> blobs_;
+  uint64_t max_body_;
+  std::string captured_;
+  bool too_big_ = false;
+  std::atomic<bool> finished_{false};
+};
+
+Trajectories::Trajectories(TrajectoryOptions opts, TrajectoryStore* store, Manager* manager,
+                           images::ImageStore* images, Api* api)
+    : opts_(std::move(opts)), store_(store), manager_(manager), images_(images), api_(api) {}
+
+Trajectories::~Trajectories() = default;
+
+std::string Trajectories::HolderOf(const std::string& project, const std::string& id) {
+  return "trajectory:" + http::Sha256Hex(project + "/" + id).substr(0, 32);
+}
+
+std::string Trajectories::ExecIdFor(const std::string& project, const std::string& id,
+                                    int64_t seq) {
+  return "ex-t" + http::Sha256Hex(project + "/" + id + "#" + std::to_string(seq)).substr(0, 16);
+}
+
+int64_t Trajectories::TtlFor(const std::string& project) const {
+  auto it = opts_.project_ttl_s.find(project);
+  return it == opts_.project_ttl_s.end() ? opts_.ttl_s : it->second;
+}
+
+std::shared_ptr<Trajectories::Binding> Trajectories::Find(const std::string& sandbox) {
+  MutexLock l(mu_);
+  auto it = bindings_.find(sandbox);
+  return it == bindings_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> Trajectories::Recover() {
+  std::vector<std::string> holders;
+  auto all = store_->List();
+  if (!all.ok()) {
+    DSEC_LOG_ERROR("trajectory db: {}", all.status().ToString());
+    return holders;
+  }
+  for (TrajectoryInfo& t : *all) {
+    holders.push_back(HolderOf(t.project, t.id));
+    if (t.sandbox.empty()) continue;
+    if (t.state == "recording" && manager_->Has(t.sandbox)) {
+      auto b = std::make_shared<Binding>();
+      b->sandbox = t.sandbox;
+      b->project = t.project;
+      b->id = t.id;
+      b->branch = t.head;
+      b->checkpoint_every = t.checkpoint_every;
+      auto entries = store_->Entries(t.project, t.id, t.head, 1, INT64_MAX);
+      auto cps = store_->Checkpoints(t.project, t.id, t.head);
+      int64_t last_cp = cps.ok() && !cps->empty() ? cps->back().seq : 0;
+      if (entries.ok())
+        for (const auto& e : *entries) {
+          b->next_seq = e.seq + 1;
+          if (!e.exec_id.empty()) b->jobs[e.exec_id] = e.seq;
+          if (e.mutating && e.seq > last_cp) ++b->since_checkpoint;
+        }
+      MutexLock l(mu_);
+      bindings_[t.sandbox] = b;
+      continue;
+    }
+    // Its sandbox did not come back (or was never made: a resumed one is made at its first
+    // live call): the log stays, for a resume.
+    t.state = "stopped";
+    t.sandbox.clear();
+    t.updated_ms = WallMs();
+    (void)store_->Update(t);
+  }
+  return holders;
+}
+
+Status Trajectories::Begin(const std::string& sandbox, const CreateParams& p,
+                           const api::TrajectorySpec& spec) {
+  TrajectoryInfo t;
+  t.project = p.project;
+  t.id = spec.id;
+  t.params = ToJson(p).dump();
+  t.checkpoint_every = spec.checkpoint_every.value_or(opts_.checkpoint_every);
+  t.state = "recording";
+  t.sandbox = sandbox;
+  t.created_ms = t.updated_ms = WallMs();
+  t.expires_ms = t.created_ms + TtlFor(p.project) * 1000;
+  if (Status s = store_->Create(t); !s.ok()) {
+    if (s.code() == StatusCode::kAlreadyExists)
+      return Status(
+          StatusCode::kAlreadyExists,
+          "trajectory \"" + spec.id + "\" exists: resume it (\"resume\": true) or take another id");
+    return s;
+  }
+  auto b = std::make_shared<Binding>();
+  b->sandbox = sandbox;
+  b->project = p.project;
+  b->id = spec.id;
+  b->checkpoint_every = t.checkpoint_every;
+  MutexLock l(mu_);
+  bindings_[sandbox] = b;
+  return OkStatus();
+}
+
+StatusOr<CreateParams> Trajectories::ResumeParams(const CreateParams& request,
+                                                  const api::TrajectorySpec& spec) {
+  DSEC_ASSIGN_OR_RETURN(TrajectoryInfo t, store_->Get(request.project, spec.id));
+  if (!t.sandbox.empty())
+    return FailedPrecondition("trajectory \"" + spec.id + "\" is followed by sandbox " + t.sandbox +
+                              " now: delete it (or preempt its job) first");
+  if (spec.branch && *spec.branch >= t.branches)
+    return NotFound("trajectory \"" + spec.id + "\" has no branch " + std::to_string(*spec.branch));
+  Json j = Json::parse(t.params, nullptr, false);
+  DSEC_ASSIGN_OR_RETURN(CreateParams p, CreateParamsFromJson(j));
+  p.labels = request.labels;
+  p.ttl_s = request.ttl_s;
+  p.idle_ttl_s = request.idle_ttl_s;
+  p.project = request.project;
+  p.owner = request.owner;
+  p.quota_hold = request.quota_hold;
+  p.pool.clear();
+  if (p.config_from.empty()) p.config_from = p.image;
+  return p;
+}
+
+Status Trajectories::Resumed(const std::string& sandbox, const std::string& project,
+                             const api::TrajectorySpec& spec, std::function<void()> create) {
+  DSEC_ASSIGN_OR_RETURN(TrajectoryInfo t, store_->Get(project, spec.id));
+  auto b = std::make_shared<Binding>();
+  b->sandbox = sandbox;
+  b->project = project;
+  b->id = spec.id;
+  b->branch = spec.branch.value_or(t.head);
+  b->checkpoint_every = t.checkpoint_every;
+  b->live = false;
+  b->create = std::move(create);
+  t.head = b->branch;
+  t.state = "replaying";
+  t.sandbox = sandbox;
+  t.updated_ms = WallMs();
+  t.expires_ms = t.updated_ms + TtlFor(project) * 1000;
+  DSEC_RETURN_IF_ERROR(store_->Update(t));
+  MutexLock l(mu_);
+  bindings_[sandbox] = b;
+  return OkStatus();
+}
+
+void Trajectories::Unbind(const std::shared_ptr<Binding>& b, const std::string& state) {
+  {
+    MutexLock l(mu_);
+    auto it = bindings_.find(b->sandbox);
+    if (it == bindings_.end() || it->second != b) return;
+    bindings_.erase(it);
+  }
+  b->gone = true;
+  auto t = store_->Get(b->project, b->id);
+  if (!t.ok() || t->sandbox != b->sandbox) return;
+  t->state = state;
+  t->sandbox.clear();
+  t->head = b->branch;
+  t->updated_ms = WallMs();
+  t->expires_ms = t->updated_ms + TtlFor(b->project) * 1000;
+  if (Status s = store_->Update(*t); !s.ok())
+    DSEC_LOG_ERROR("trajectory {}: {}", b->id, s.ToString());
+}
+
+Status Trajectories::TakeTurn(const std::shared_ptr<Binding>& b) {
+  MutexLock l(b->mu);
+  if (!b->cv.WaitFor(l, std::chrono::seconds(60), [&]() DSEC_REQUIRES(b->mu) { return !b->busy; }))
+    return FailedPrecondition(
+        "calls on a sandbox that records a trajectory run one at a time, in order, and another "
+        "has been running for 60 s");
+  b->busy = true;
+  return OkStatus();
+}
+
+void Trajectories::ReleaseTurn(const std::shared_ptr<Binding>& b) {
+  MutexLock l(b->mu);
+  b->busy = false;
+  b->cv.NotifyAll();
+}
+
+void Trajectories::Recorded(const std::shared_ptr<Binding>& b, bool ok, bool mutating,
+                            bool checkpoint_due) {
+  (void)ok;
+  (void)mutating;
+  if (!checkpoint_due) return ReleaseTurn(b);
+  // The checkpoint blocks (a capture of the writable layer): on a worker, still in the turn.
+  boost::asio::post(*api_->deps().workers, [this, b] {
+    if (Status s = Checkpoint(b, b->next_seq - 1); !s.ok())
+      DSEC_LOG_WARN("trajectory {}: checkpoint at {} failed: {}", b->id, b->next_seq - 1,
+                    s.ToString());
+    ReleaseTurn(b);
+  });
+}
+
+Status Trajectories::HoldCheckpoints(const std::string& project, const std::string& id) {
+  if (!images_) return OkStatus();
+  std::set<std::string> digests;
+  DSEC_ASSIGN_OR_RETURN(auto branches, store_->Branches(project, id));
+  for (const auto& br : branches) {
+    DSEC_ASSIGN_OR_RETURN(auto cps, store_->Checkpoints(project, id, br.branch));
+    for (const auto& c : cps)
+      for (auto n : SplitString(c.image, ',', true))
+        if (n.starts_with("sha256:")) digests.insert(std::string(n));
+  }
+  return images_->Hold(HolderOf(project, id),
+                       std::vector<std::string>(digests.begin(), digests.end()));
+}
+
+Status Trajectories::Checkpoint(const std::shared_ptr<Binding>& b, int64_t seq) {
+  DSEC_ASSIGN_OR_RETURN(auto e, manager_->Get(b->sandbox));
+  DSEC_ASSIGN_OR_RETURN(auto caps, manager_->Capabilities(e->params.kind));
+  if (!caps.snapshot) return backends::NoSnapshot(e->params.kind);
+  DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox(Op::kSnapshot));
+  std::optional<images::ImageStore::Lease> lease;
+  if (images_) lease.emplace(images_);  // the new layer is unreferenced until held
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> stack, sb->CaptureStack());
+  TrajectoryCheckpoint c;
+  c.seq = seq;
+  c.image = JoinStrings(stack, ",");
+  c.created_ms = WallMs();
+  // The background execs still running: started again when a sandbox is made from it.
+  if (auto jobs = sb->ListJobs(); jobs.ok()) {
+    for (const auto& j : *jobs) {
+      if (j.done) continue;
+      auto it = b->jobs.find(j.job_id);
+      if (it != b->jobs.end()) c.jobs.push_back(it->second);
+    }
+    std::sort(c.jobs.begin(), c.jobs.end());
+  }
+  DSEC_RETURN_IF_ERROR(store_->AddCheckpoint(b->project, b->id, b->branch, c));
+  DSEC_RETURN_IF_ERROR(HoldCheckpoints(b->project, b->id));
+  b->since_checkpoint = 0;
+  return OkStatus();
+}
+
+Status Trajectories::Rerun(const std::shared_ptr<Binding>& b, const TrajectoryEntry& e) {
+  http::HttpRequest req;
+  req.method = e.method;
+  req.target = "/v1/sandboxes/" + b->sandbox + e.target;
+  DSEC_ASSIGN_OR_RETURN(req.body, store_->ReadBlob(e.request));
+  req.principal = "trajectory";
+  auto collector = std::make_shared<Collector>();
+  DSEC_RETURN_IF_ERROR(
+      api_->RunInternal(std::move(req), collector, ExecIdFor(b->project, b->id, e.seq)));
+  auto [status, body] = collector->Wait(15 * 60 * 1000);
+  // What it answered first is what it should answer again; anything else is noted, not fatal
+  // (a command whose exit code depends on time, say).
+  if (status != e.status)
+    DSEC_LOG_WARN("trajectory {}: call {} ({} {}) answered {} again, {} first: {}", b->id, e.seq,
+                  e.method, e.target, status, e.status, body);
+  return OkStatus();
+}
+
+Status Trajectories::Materialize(const std::shared_ptr<Binding>& b, int64_t seq) {
+  Stopwatch sw;
+  DSEC_ASSIGN_OR_RETURN(auto entry, store_->Entry(b->project, b->id, b->branch, seq));
+  if (entry) {
+    // The call differs from the log here (or needs the sandbox itself): a new branch holds
+    // what came before, the old one stays as it was.
+    DSEC_ASSIGN_OR_RETURN(b->branch, store_->Fork(b->project, b->id, b->branch, seq));
+    DSEC_RETURN_IF_ERROR(HoldCheckpoints(b->project, b->id));
+  }
+  DSEC_ASSIGN_OR_RETURN(auto cps, store_->Checkpoints(b->project, b->id, b->branch));
+  const TrajectoryCheckpoint* from = nullptr;
+  for (const auto& c : cps)
+    if (c.seq <= seq - 1) from = &c;
+  DSEC_ASSIGN_OR_RETURN(auto e, manager_->Get(b->sandbox));
+  if (from) e->SetStartImage(from->image);
+  auto create = std::move(b->create);
+  b->create = nullptr;
+  if (create) create();
+  DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox(Op::kUse, 0));
+  (void)sb;
+  b->live = true;
+  const int64_t base = from ? from->seq : 0;
+  b->jobs.clear();
+  // The background execs that were running at the checkpoint, then the calls after it.
+  if (from)
+    for (int64_t job : from->jobs) {
+      DSEC_ASSIGN_OR_RETURN(auto je, store_->Entry(b->project, b->id, b->branch, job));
+      if (!je) continue;
+      DSEC_RETURN_IF_ERROR(Rerun(b, *je));
+      b->jobs[je->exec_id] = je->seq;
+    }
+  DSEC_ASSIGN_OR_RETURN(auto after,
+                        store_->Entries(b->project, b->id, b->branch, base + 1, seq - 1));
+  int rerun = 0;
+  b->since_checkpoint = 0;
+  for (const auto& le : after) {
+    if (!le.exec_id.empty()) b->jobs[le.exec_id] = le.seq;
+    if (!le.mutating) continue;
+    DSEC_RETURN_IF_ERROR(Rerun(b, le));
+    ++rerun;
+    ++b->since_checkpoint;
+  }
+  b->next_seq = seq;
+  auto t = store_->Get(b->project, b->id);
+  if (t.ok()) {
+    t->state = "recording";
+    t->head = b->branch;
+    t->updated_ms = WallMs();
+    (void)store_->Update(*t);
+  }
+  DSEC_LOG_INFO(
+      "trajectory {}: sandbox {} live at call {} (branch {}) from checkpoint {}, {} calls run "
+      "again, in {:.1f} ms",
+      b->id, b->sandbox, seq, b->branch, base, rerun, sw.ElapsedMs());
+  return OkStatus();
+}
+
+void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId route) {
+  auto id = c->params.find("id");
+  auto b = id == c->params.end() ? nullptr : Find(id->second);
+  if (!b || c->internal) return fn(c);
+  const Recording kind = RecordedAs(route);
+  if (kind == Recording::kNo) {
+    if (route == RouteId::kDeleteSandbox) {
+      fn(c);
+      if (!manager_->Has(b->sandbox)) Unbind(b, "stopped");
+      return;
+    }
+    if (!b->live && NeedsSandbox(route)) {
+      if (Status s = TakeTurn(b); !s.ok()) return c->Fail(s);
+      Status s = b->live ? OkStatus() : Materialize(b, b->next_seq);
+      ReleaseTurn(b);
+      if (!s.ok()) return c->Fail(s);
+    }
+    return fn(c);
+  }
+  auto body = BodyOf(c->req, opts_.max_body_bytes);
+  if (!body.ok()) return c->Fail(body.status());
+  const std::string fp = Fingerprint(c->req, b->sandbox, *body);
+  if (Status s = TakeTurn(b); !s.ok()) return c->Fail(s);
+  if (b->gone) {
+    ReleaseTurn(b);
+    return fn(c);  // (unbound while it waited: the sandbox is gone, the handler says so)
+  }
+  const int64_t seq = b->next_seq;
+  if (!b->live) {
+    auto logged = store_->Entry(b->project, b->id, b->branch, seq);
+    if (logged.ok() && *logged && (*logged)->fingerprint == fp && (*logged)->kept) {
+      // Answered from the log, exactly as first returned.
+      const TrajectoryEntry& e = **logged;
+      auto out = store_->ReadBlob(e.response);
+      if (out.ok()) {
+        b->next_seq = seq + 1;
+        if (!e.exec_id.empty()) b->jobs[e.exec_id] = e.seq;
+        ReleaseTurn(b);
+        auto headers = HeadersFrom(e.headers);
+        headers.emplace_back("Dsec-Trajectory-Seq", std::to_string(seq));
+        headers.emplace_back("Dsec-Trajectory-Replayed", "1");
+        if (e.streamed) {
+          c->res->StartStream(e.status, e.content_type, std::move(headers));
+          return c->res->End(std::move(*out));
+        }
+        http::HttpResponse r;
+        r.status = e.status;
+        r.content_type = e.content_type;
+        r.headers = std::move(headers);
+        r.body = std::move(*out);
+        return c->res->Send(std::move(r));
+      }
+    }
+    if (Status s = Materialize(b, seq); !s.ok()) {
+      ReleaseTurn(b);
+      DSEC_LOG_WARN("trajectory {}: materializing sandbox {} failed: {}", b->id, b->sandbox,
+                    s.ToString());
+      return c->Fail(s);
+    }
+  }
+  TrajectoryEntry e;
+  e.seq = seq;
+  e.fingerprint = fp;
+  e.method = c->req.method;
+  e.target = TargetSuffix(c->req, b->sandbox);
+  e.mutating = kind == Recording::kMutating;
+  std::vector<TrajectoryBlob> blobs;
+  if (!body->empty()) {
+    e.request = http::Sha256Hex(*body);
+    blobs.push_back({e.request, std::move(*body)});
+  }
+  auto rec = std::make_shared<TrajectoryRecorder>(this, b, c->res, std::move(e), std::move(blobs),
+                                                  opts_.max_body_bytes);
+  c->exec_id = ExecIdFor(b->project, b->id, seq);
+  rec->exec_id = c->exec_id;
+  c->res = rec;
+  fn(c);
+}
+
+StatusOr<Json> Trajectories::Preempt(const std::string& job, const std::string& project,
+                                     const std::string& others) {
+  // The job's sandboxes, every page.
+  std::vector<std::string> ids;
+  ListFilter f;
+  f.project = project;
+  f.labels = {{"job", job}};
+  f.limit = 1000;
+  for (;;) {
+    DSEC_ASSIGN_OR_RETURN(auto page, manager_->List(f));
+    for (const auto& r : page.sandboxes) ids.push_back(r.id);
+    if (page.next_cursor.empty()) break;
+    f.cursor = page.next_cursor;
+  }
+  Json checkpointed = Json::array(), snapshots = Json::array(), failed = Json::array();
+  int deleted = 0;
+  for (const auto& id : ids) {
+    auto b = Find(id);
+    if (b) {
+      if (Status s = TakeTurn(b); !s.ok()) {
+        failed.push_back({{"sandbox", id}, {"error", std::string(s.message())}});
+        continue;
+      }
+      // A live one's state since its last checkpoint is captured; a replaying one changed
+      // nothing (its log is as it was).
+      Status s = OkStatus();
+      if (b->live && b->next_seq > 1) {
+        auto cps = store_->Checkpoints(b->project, b->id, b->branch);
+        bool have = cps.ok() && !cps->empty() && cps->back().seq == b->next_seq - 1;
+        if (!have) s = Checkpoint(b, b->next_seq - 1);
+      }
+      if (!s.ok()) {
+        ReleaseTurn(b);
+        failed.push_back({{"sandbox", id}, {"error", "checkpoint: " + std::string(s.message())}});
+        continue;
+      }
+      Unbind(b, "preempted");
+      ReleaseTurn(b);
+      checkpointed.push_back({{"sandbox", id},
+                              {"trajectory", b->id},
+                              {"branch", b->branch},
+                              {"seq", b->next_seq - 1}});
+    } else if (others == "snapshot") {
+      auto e = manager_->Get(id);
+      if (!e.ok()) continue;
+      auto sb = (*e)->Sandbox(Op::kSnapshot);
+      auto caps = manager_->Capabilities((*e)->params.kind);
+      if (!sb.ok() || !caps.ok() || !caps->snapshot || !images_) {
+        failed.push_back({{"sandbox", id}, {"error", "this sandbox cannot be snapshotted"}});
+        continue;
+      }
+      images::ImageStore::Lease lease(images_);
+      auto stack = (*sb)->CaptureStack();
+      if (!stack.ok()) {
+        failed.push_back({{"sandbox", id}, {"error", std::string(stack.status().message())}});
+        continue;
+      }
+      images::Image img;
+      img.name = "preempted-" + id + ":latest";
+      img.source = "snapshot";
+      img.project = (*e)->params.project;
+      for (const auto& n : *stack) {
+        if (n == "host")
+          img.base = "host";
+        else
+          img.layers.push_back(n);
+      }
+      if (Status st = images_->PutImage(img, /*replace=*/true); !st.ok()) {
+        failed.push_back({{"sandbox", id}, {"error", std::string(st.message())}});
+        continue;
+      }
+      snapshots.push_back({{"sandbox", id}, {"image", img.name}});
+    }
+    if (manager_->Delete(id, "preempted").ok()) ++deleted;
+  }
+  return Json{{"affected", deleted},
+              {"checkpointed", std::move(checkpointed)},
+              {"snapshots", std::move(snapshots)},
+              {"failed", std::move(failed)}};
+}
+
+StatusOr<Json> Trajectories::Describe(const std::string& project, const std::string& id,
+                                      std::optional<int64_t> branch, int64_t from, int64_t limit) {
+  DSEC_ASSIGN_OR_RETURN(TrajectoryInfo t, store_->Get(project, id));
+  const int64_t br = branch.value_or(t.head);
+  if (br < 0 || br >= t.branches)
+    return NotFound("trajectory \"" + id + "\" has no branch " + std::to_string(br));
+  DSEC_ASSIGN_OR_RETURN(auto branches, store_->Branches(project, id));
+  DSEC_ASSIGN_OR_RETURN(auto entries, store_->Entries(project, id, br, from, from + limit - 1));
+  DSEC_ASSIGN_OR_RETURN(auto cps, store_->Checkpoints(project, id, br));
+  Json j = {{"id", t.id},
+            {"project", t.project},
+            {"state", t.state},
+            {"sandbox", t.sandbox.empty() ? Json() : Json(t.sandbox)},
+            {"head", t.head},
+            {"branch", br},
+            {"checkpoint_every", t.checkpoint_every},
+            {"created_ms", t.created_ms},
+            {"updated_ms", t.updated_ms},
+            {"expires_ms", t.expires_ms}};
+  Json bj = Json::array();
+  for (const auto& b : branches)
+    bj.push_back({{"branch", b.branch},
+                  {"parent", b.parent < 0 ? Json() : Json(b.parent)},
+                  {"fork_seq", b.parent < 0 ? Json() : Json(b.fork_seq)},
+                  {"entries", b.entries},
+                  {"last_seq", b.last_seq},
+                  {"created_ms", b.created_ms}});
+  j["branches"] = std::move(bj);
+  Json ej = Json::array();
+  for (const auto& e : entries)
+    ej.push_back({{"seq", e.seq},
+                  {"method", e.method},
+                  {"target", e.target},
+                  {"fingerprint", e.fingerprint},
+                  {"mutating", e.mutating},
+                  {"status", e.status},
+                  {"kept", e.kept},
+                  {"streamed", e.streamed},
+                  {"exec_id", e.exec_id.empty() ? Json() : Json(e.exec_id)},
+                  {"request_digest", e.request.empty() ? Json() : Json("sha256:" + e.request)},
+                  {"response_digest", e.response.empty() ? Json() : Json("sha256:" + e.response)},
+                  {"created_ms", e.created_ms}});
+  j["entries"] = std::move(ej);
+  Json cj = Json::array();
+  for (const auto& c : cps)
+    cj.push_back(
+        {{"seq", c.seq}, {"image", c.image}, {"jobs", c.jobs}, {"created_ms", c.created_ms}});
+  j["checkpoints"] = std::move(cj);
+  return j;
+}
+
+StatusOr<Json> Trajectories::List(const std::string& project) {
+  DSEC_ASSIGN_OR_RETURN(auto all, store_->List());
+  Json a = Json::array();
+  for (const auto& t : all) {
+    if (t.project != project) continue;
+    a.push_back({{"id", t.id},
+                 {"state", t.state},
+                 {"sandbox", t.sandbox.empty() ? Json() : Json(t.sandbox)},
+                 {"head", t.head},
+                 {"branches", t.branches},
+                 {"updated_ms", t.updated_ms},
+                 {"expires_ms", t.expires_ms}});
+  }
+  return Json{{"trajectories", std::move(a)}};
+}
+
+Status Trajectories::Delete(const std::string& project, const std::string& id) {
+  DSEC_ASSIGN_OR_RETURN(TrajectoryInfo t, store_->Get(project, id));
+  if (!t.sandbox.empty())
+    return FailedPrecondition("trajectory \"" + id + "\" is followed by sandbox " + t.sandbox +
+                              ": delete the sandbox first");
+  DSEC_RETURN_IF_ERROR(store_->Delete(project, id));
+  if (images_) images_->Release(HolderOf(project, id));
+  (void)store_->CollectBlobs();
+  if (images_) (void)images_->Collect();
+  return OkStatus();
+}
+
+void Trajectories::Housekeep() {
+  std::vector<std::shared_ptr<Binding>> all;
+  {
+    MutexLock l(mu_);
+    for (const auto& [sid, b] : bindings_) all.push_back(b);
+  }
+  for (const auto& b : all)
+    if (!manager_->Has(b->sandbox)) Unbind(b, "stopped");
+  auto list = store_->List();
+  if (!list.ok()) return;
+  const int64_t now = WallMs();
+  int expired = 0;
+  for (const auto& t : *list) {
+    if (!t.sandbox.empty() || t.expires_ms > now) continue;
+    if (store_->Delete(t.project, t.id).ok()) {
+      if (images_) images_->Release(HolderOf(t.project, t.id));
+      ++expired;
+    }
+  }
+  if (expired) {
+    auto n = store_->CollectBlobs();
+    if (images_) (void)images_->Collect();
+    DSEC_LOG_INFO("trajectories: {} expired, {} bodies collected", expired, n.ok() ? *n : 0);
+  }
+}
+
+}  // namespace dsec::edge
