@@ -114,7 +114,7 @@ struct EdgeConfig {
   bool trajectory_log = true;
   int64_t trajectory_checkpoint_every = 20;
   int64_t trajectory_ttl_s = 7 * 86400;
-  std::string trajectory_ttl_by_project;                   // "project=seconds,..."
+  std::string trajectory_ttl_by_project;                  // "project=seconds,..."
   std::map<std::string, int64_t> trajectory_project_ttl;  // (parsed from the above)
   uint64_t trajectory_max_body_bytes = 64 << 20;
   bool trajectory_fsync = true;

@@ -27,9 +27,12 @@ struct Trajectories::Binding {
   bool live = true;              // false: replaying (the sandbox is not made yet)
   std::function<void()> create;  // a replaying sandbox's create, run at materialization
   int64_t checkpoint_every = 0;
-  int64_t since_checkpoint = 0;         // mutating calls since the last checkpoint
-  std::map<std::string, int64_t> jobs;  // background exec id -> the seq that started it
-  std::atomic<bool> gone{false};        // unbound (deleted, preempted)
+  int64_t since_checkpoint = 0;           // mutating calls since the last checkpoint
+  std::map<std::string, int64_t> jobs;    // background exec id -> the seq that started it
+  std::map<std::string, int64_t> shells;  // open shell (as the log knows it) -> its open's seq
+  // A shell opened again after a materialization may get another id: the log's -> the live one.
+  std::map<std::string, std::string> shell_ids;
+  std::atomic<bool> gone{false};  // unbound (deleted, preempted)
 };
 
 namespace {
@@ -174,6 +177,25 @@ class Collector : public http::Responder {
   std::string body_ DSEC_GUARDED_BY(mu_);
 };
 
+// "{"shell_id": "sh-1"}" -> "sh-1".
+std::string ShellIdOf(const std::string& body) {
+  Json j = Json::parse(body, nullptr, false);
+  return j.is_object() && j.contains("shell_id") && j["shell_id"].is_string()
+             ? j["shell_id"].get<std::string>()
+             : std::string();
+}
+
+bool IsShellOpen(const TrajectoryEntry& e) {
+  return e.method == "POST" && (e.target == "/shells" || e.target.starts_with("/shells?"));
+}
+
+// "/shells/<sid>..." -> "<sid>" ("" for another target).
+std::string ShellOfTarget(const std::string& target) {
+  if (!target.starts_with("/shells/")) return "";
+  std::string rest = target.substr(8);
+  return rest.substr(0, rest.find_first_of("/?"));
+}
+
 Json HeadersJson(const std::vector<std::pair<std::string, std::string>>& h) {
   Json a = Json::array();
   for (const auto& [k, v] : h) a.push_back({k, v});
@@ -191,6 +213,24 @@ std::vector<std::pair<std::string, std::string>> HeadersFrom(const std::string& 
 }
 
 }  // namespace
+
+// What an entry tells of the sandbox's background execs and shells (`response`: its answer).
+void Follow(Trajectories::Binding& b, const TrajectoryEntry& e, const std::string& response) {
+  if (!e.exec_id.empty()) b.jobs[e.exec_id] = e.seq;
+  if (IsShellOpen(e) && e.status == 201) {
+    if (std::string id = ShellIdOf(response); !id.empty()) b.shells[id] = e.seq;
+  } else if (e.method == "DELETE" && e.status < 300) {
+    if (std::string sid = ShellOfTarget(e.target); !sid.empty()) b.shells.erase(sid);
+  }
+}
+
+// A logged target with the live id of the shell it names.
+std::string MapShell(const Trajectories::Binding& b, const std::string& target) {
+  std::string sid = ShellOfTarget(target);
+  auto it = sid.empty() ? b.shell_ids.end() : b.shell_ids.find(sid);
+  if (it == b.shell_ids.end()) return target;
+  return "/shells/" + it->second + target.substr(8 + sid.size());
+}
 
 // Wraps a recorded call's responder: keeps what is sent, and sends it on only once the entry is
 // durable; the turn goes to the next call after that (and after a checkpoint that was due).
@@ -277,6 +317,7 @@ class TrajectoryRecorder : public http::Responder {
     captured_ += c;
   }
   void Keep(const std::string& body) {
+    if (IsShellOpen(e_)) opened_ = body;
     if (too_big_ || body.size() > max_body_) {
       e_.kept = false;
       return;
@@ -293,17 +334,18 @@ class TrajectoryRecorder : public http::Responder {
     Trajectories* t = t_;
     auto b = b_;
     const bool mutating = e_.mutating;
-    const std::string job = e_.exec_id;
     const int64_t seq = e_.seq;
+    TrajectoryEntry meta = e_;  // (digests, not bodies)
     t_->store_->Append(
         b_->project, b_->id, b_->branch, std::move(e_), std::move(blobs_),
-        [t, b, mutating, job, seq, send = std::move(send)](Status s) {
+        [t, b, mutating, seq, meta = std::move(meta), opened = std::move(opened_),
+         send = std::move(send)](Status s) {
           if (!s.ok())
             DSEC_LOG_ERROR("trajectory {}: entry {} not recorded: {}", b->id, seq, s.ToString());
           bool due = false;
           if (s.ok()) {
             b->next_seq = seq + 1;
-            if (!job.empty()) b->jobs[job] = seq;
+            Follow(*b, meta, opened);
             if (mutating) ++b->since_checkpoint;
             due = mutating && b->checkpoint_every > 0 && b->since_checkpoint >= b->checkpoint_every;
           }
@@ -323,6 +365,7 @@ class TrajectoryRecorder : public http::Responder {
   std::vector<TrajectoryBlob> blobs_;
   uint64_t max_body_;
   std::string captured_;
+  std::string opened_;  // a shell open's answer
   bool too_big_ = false;
   std::atomic<bool> finished_{false};
 };
@@ -376,7 +419,7 @@ std::vector<std::string> Trajectories::Recover() {
       if (entries.ok())
         for (const auto& e : *entries) {
           b->next_seq = e.seq + 1;
-          if (!e.exec_id.empty()) b->jobs[e.exec_id] = e.seq;
+          Follow(*b, e, IsShellOpen(e) ? store_->ReadBlob(e.response).value_or("") : "");
           if (e.mutating && e.seq > last_cp) ++b->since_checkpoint;
         }
       MutexLock l(mu_);
@@ -546,8 +589,10 @@ Status Trajectories::Checkpoint(const std::shared_ptr<Binding>& b, int64_t seq) 
       auto it = b->jobs.find(j.job_id);
       if (it != b->jobs.end()) c.jobs.push_back(it->second);
     }
-    std::sort(c.jobs.begin(), c.jobs.end());
   }
+  // The shells open (opened again, fresh, when a sandbox is made from it).
+  for (const auto& [sid, seq_open] : b->shells) c.jobs.push_back(seq_open);
+  std::sort(c.jobs.begin(), c.jobs.end());
   DSEC_RETURN_IF_ERROR(store_->AddCheckpoint(b->project, b->id, b->branch, c));
   DSEC_RETURN_IF_ERROR(HoldCheckpoints(b->project, b->id));
   b->since_checkpoint = 0;
@@ -557,7 +602,7 @@ Status Trajectories::Checkpoint(const std::shared_ptr<Binding>& b, int64_t seq) 
 Status Trajectories::Rerun(const std::shared_ptr<Binding>& b, const TrajectoryEntry& e) {
   http::HttpRequest req;
   req.method = e.method;
-  req.target = "/v1/sandboxes/" + b->sandbox + e.target;
+  req.target = "/v1/sandboxes/" + b->sandbox + MapShell(*b, e.target);
   DSEC_ASSIGN_OR_RETURN(req.body, store_->ReadBlob(e.request));
   req.principal = "trajectory";
   auto collector = std::make_shared<Collector>();
@@ -569,6 +614,12 @@ Status Trajectories::Rerun(const std::shared_ptr<Binding>& b, const TrajectoryEn
   if (status != e.status)
     DSEC_LOG_WARN("trajectory {}: call {} ({} {}) answered {} again, {} first: {}", b->id, e.seq,
                   e.method, e.target, status, e.status, body);
+  // A shell opened again: calls naming the log's id go to the one it got now.
+  if (IsShellOpen(e) && e.status == 201 && status == 201) {
+    std::string logged = ShellIdOf(store_->ReadBlob(e.response).value_or(""));
+    std::string now = ShellIdOf(body);
+    if (!logged.empty() && !now.empty() && logged != now) b->shell_ids[logged] = now;
+  }
   return OkStatus();
 }
 
@@ -595,24 +646,31 @@ Status Trajectories::Materialize(const std::shared_ptr<Binding>& b, int64_t seq)
   b->live = true;
   const int64_t base = from ? from->seq : 0;
   b->jobs.clear();
-  // The background execs that were running at the checkpoint, then the calls after it.
+  b->shells.clear();
+  b->shell_ids.clear();
+  auto follow = [&](const TrajectoryEntry& le) {
+    Follow(*b, le, IsShellOpen(le) ? store_->ReadBlob(le.response).value_or("") : "");
+  };
+  // The background execs running and the shells open at the checkpoint, then the calls after
+  // it.
   if (from)
     for (int64_t job : from->jobs) {
       DSEC_ASSIGN_OR_RETURN(auto je, store_->Entry(b->project, b->id, b->branch, job));
       if (!je) continue;
       DSEC_RETURN_IF_ERROR(Rerun(b, *je));
-      b->jobs[je->exec_id] = je->seq;
+      follow(*je);
     }
   DSEC_ASSIGN_OR_RETURN(auto after,
                         store_->Entries(b->project, b->id, b->branch, base + 1, seq - 1));
   int rerun = 0;
   b->since_checkpoint = 0;
   for (const auto& le : after) {
-    if (!le.exec_id.empty()) b->jobs[le.exec_id] = le.seq;
-    if (!le.mutating) continue;
-    DSEC_RETURN_IF_ERROR(Rerun(b, le));
-    ++rerun;
-    ++b->since_checkpoint;
+    if (le.mutating) {
+      DSEC_RETURN_IF_ERROR(Rerun(b, le));
+      ++rerun;
+      ++b->since_checkpoint;
+    }
+    follow(le);
   }
   b->next_seq = seq;
   auto t = store_->Get(b->project, b->id);
@@ -665,7 +723,6 @@ void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId
       auto out = store_->ReadBlob(e.response);
       if (out.ok()) {
         b->next_seq = seq + 1;
-        if (!e.exec_id.empty()) b->jobs[e.exec_id] = e.seq;
         ReleaseTurn(b);
         auto headers = HeadersFrom(e.headers);
         headers.emplace_back("Dsec-Trajectory-Seq", std::to_string(seq));
@@ -700,6 +757,9 @@ void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId
     e.request = http::Sha256Hex(*body);
     blobs.push_back({e.request, std::move(*body)});
   }
+  if (auto sid = c->params.find("sid"); sid != c->params.end())
+    if (auto it = b->shell_ids.find(sid->second); it != b->shell_ids.end())
+      sid->second = it->second;
   auto rec = std::make_shared<TrajectoryRecorder>(this, b, c->res, std::move(e), std::move(blobs),
                                                   opts_.max_body_bytes);
   c->exec_id = ExecIdFor(b->project, b->id, seq);

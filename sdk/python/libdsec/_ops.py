@@ -140,6 +140,35 @@ def job(action: str, job_name: str, request_id: str | None) -> Request:
     return json_request("POST", f"{path}/{action}", request_id=request_id)
 
 
+def preempt_job(job_name: str, others: str, request_id: str | None) -> Request:
+    return json_request("POST", "/v1/jobs/" + seg(job_name) + "/preempt", {"others": others},
+                        request_id=request_id, extra_wait=60.0)
+
+
+# -- trajectories --------------------------------------------------------------
+
+
+def trajectory(tid: str, branch: int | None) -> Request:
+    q = None if branch is None else [("branch", int(branch))]
+    return json_request("GET", "/v1/trajectories/" + seg(tid), query=q, mutating=False)
+
+
+def resume_trajectory(tid: str, branch: int | None, fields: Mapping[str, Any],
+                      request_id: str | None) -> Request:
+    body = {k: v for k, v in fields.items() if v is not None}
+    unknown = set(body) - {"ttl_s", "idle_ttl_s", "labels"}
+    if unknown:
+        raise TypeError(f"resume_trajectory() got unexpected keyword arguments {sorted(unknown)}")
+    if branch is not None:
+        body["branch"] = int(branch)
+    return json_request("POST", "/v1/trajectories/" + seg(tid) + "/resume", body,
+                        request_id=request_id, extra_wait=60.0)
+
+
+def delete_trajectory(tid: str, request_id: str | None) -> Request:
+    return json_request("DELETE", "/v1/trajectories/" + seg(tid), request_id=request_id)
+
+
 # -- exec --------------------------------------------------------------------
 
 

@@ -161,6 +161,29 @@ class AsyncDSecClient:
         """See :meth:`DSecClient.delete_job`."""
         return int((await self._json(_ops.job("delete", job, request_id)))["affected"])
 
+    async def preempt_job(self, job: str, others: str = "delete",
+                          request_id: str | None = None) -> dict[str, Any]:
+        """See :meth:`DSecClient.preempt_job`."""
+        return await self._json(_ops.preempt_job(job, others, request_id))
+
+    async def trajectory(self, trajectory_id: str, branch: int | None = None) -> dict[str, Any]:
+        """See :meth:`DSecClient.trajectory`."""
+        return await self._json(_ops.trajectory(trajectory_id, branch))
+
+    async def list_trajectories(self) -> list[dict[str, Any]]:
+        """See :meth:`DSecClient.list_trajectories`."""
+        return list((await self._json(_ops.simple_get("/v1/trajectories")))["trajectories"])
+
+    async def resume_trajectory(self, trajectory_id: str, branch: int | None = None,
+                                request_id: str | None = None, **fields: Any) -> "AsyncSandbox":
+        """See :meth:`DSecClient.resume_trajectory`."""
+        return AsyncSandbox(self, await self._json(
+            _ops.resume_trajectory(trajectory_id, branch, fields, request_id)))
+
+    async def delete_trajectory(self, trajectory_id: str, request_id: str | None = None) -> None:
+        """See :meth:`DSecClient.delete_trajectory`."""
+        await self._call(_ops.delete_trajectory(trajectory_id, request_id))
+
     async def health(self) -> dict[str, Any]:
         return await self._json(_ops.simple_get("/v1/health"))
 

@@ -215,6 +215,39 @@ class DSecClient:
         """Delete every sandbox labelled ``job=<job>``; returns how many."""
         return int(self._json(_ops.job("delete", job, request_id))["affected"])
 
+    def preempt_job(self, job: str, others: str = "delete",
+                    request_id: str | None = None) -> dict[str, Any]:
+        """Preempt a job: every sandbox labelled ``job=<job>`` that records a
+        trajectory is checkpointed, then all of them are deleted and their
+        resources freed (``others="snapshot"`` snapshots the ones without a
+        trajectory into images first). Returns ``{"affected", "checkpointed",
+        "snapshots", "failed"}``."""
+        return self._json(_ops.preempt_job(job, others, request_id))
+
+    # -- trajectories --------------------------------------------------------
+
+    def trajectory(self, trajectory_id: str, branch: int | None = None) -> dict[str, Any]:
+        """A trajectory's state, branches, checkpoints and entries (of ``branch``,
+        default its head)."""
+        return self._json(_ops.trajectory(trajectory_id, branch))
+
+    def list_trajectories(self) -> list[dict[str, Any]]:
+        """The trajectories of the client's project."""
+        return list(self._json(_ops.simple_get("/v1/trajectories"))["trajectories"])
+
+    def resume_trajectory(self, trajectory_id: str, branch: int | None = None,
+                          request_id: str | None = None, **fields: Any) -> "Sandbox":
+        """A sandbox that resumes the trajectory: calls that match its log are
+        answered from it without running; the first that differs, or goes past
+        it, makes the sandbox (from the latest checkpoint before it) and runs
+        live. ``fields``: ``ttl_s``, ``idle_ttl_s``, ``labels``."""
+        return Sandbox(self, self._json(_ops.resume_trajectory(trajectory_id, branch, fields,
+                                                                request_id)))
+
+    def delete_trajectory(self, trajectory_id: str, request_id: str | None = None) -> None:
+        """Delete a trajectory (not while a sandbox follows it)."""
+        self._call(_ops.delete_trajectory(trajectory_id, request_id))
+
     # -- node --------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:

@@ -114,6 +114,10 @@ class SandboxSpec:
     ``cpu_cores_limit`` (``cpu``), ``memory_limit_mb`` (``memory_mb``),
     ``pids_limit`` (``pids``), ``disk_limit_mb`` (``disk_mb``),
     ``ttl_running_stop`` (``ttl_s``), ``network_rules`` (``network``).
+
+    ``trajectory`` records the sandbox's calls in the trajectory log under that
+    id (or ``{"id": ..., "checkpoint_every": N}``): a preempted job resumes from
+    it with :meth:`DSecClient.resume_trajectory`.
     """
 
     image: str | Sequence[str] = "host"
@@ -129,6 +133,7 @@ class SandboxSpec:
     labels: dict[str, str] | None = None
     network: dict[str, Any] | None = None
     kind: str = "container"
+    trajectory: str | dict[str, Any] | None = None
 
     def to_body(self) -> dict[str, Any]:
         """The JSON body for ``POST /v1/sandboxes`` (without count/request_id)."""
@@ -148,12 +153,23 @@ class SandboxSpec:
             "env": dict(self.env) if self.env is not None else None,
             "labels": dict(self.labels) if self.labels is not None else None,
             "network": dict(self.network) if self.network is not None else None,
+            "trajectory": _trajectory_field(self.trajectory),
         }
         return {k: v for k, v in body.items() if v is not None}
 
 
 # The class's name before it covered microVMs too: the same class.
 DSecContainerRunArgs = SandboxSpec
+
+
+def _trajectory_field(t: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A trajectory id records a new trajectory under it; a dict is sent as is
+    (``{"id": ..., "checkpoint_every": 10}``)."""
+    if t is None:
+        return None
+    if isinstance(t, str):
+        return {"id": t}
+    return dict(t)
 
 
 def _opt_int(v: Any) -> int | None:
