@@ -436,7 +436,8 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
   // The node's own routes (kLocal scope); a sandbox's routes were taken over in Check.
   Fail(res, 404, "not_found",
        "no route " + shared->method + " " + shared->path +
-           " on the apiserver (images, pools, builds and metrics are served by each edge in "
+           " on the apiserver (images, pools, builds, metrics and trajectories are served by each "
+           "edge in "
            "this release)");
 }
 

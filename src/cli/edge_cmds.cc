@@ -122,6 +122,8 @@ struct CreateOpts {
   std::optional<int64_t> memory_mb, pids, disk_mb, ttl_s, idle_ttl_s, count;
   std::vector<std::string> env, labels;
   NetworkOpts net;
+  std::string trajectory;
+  std::optional<int64_t> checkpoint_every;
 };
 
 StatusOr<Json> CreateBody(const CreateOpts& o) {
@@ -144,6 +146,12 @@ StatusOr<Json> CreateBody(const CreateOpts& o) {
   if (!env.empty()) b["env"] = env;
   if (!labels.empty()) b["labels"] = labels;
   if (o.count) b["count"] = *o.count;
+  if (!o.trajectory.empty()) {
+    b["trajectory"] = {{"id", o.trajectory}};
+    if (o.checkpoint_every) b["trajectory"]["checkpoint_every"] = *o.checkpoint_every;
+  } else if (o.checkpoint_every) {
+    return InvalidArgument("--checkpoint-every is for a sandbox with --trajectory");
+  }
   if (o.net.given()) {
     DSEC_ASSIGN_OR_RETURN(b["network"], NetworkBody(o.net));
   }
@@ -189,6 +197,11 @@ void AddCreateFlags(CLI::App* cmd, CreateOpts* o) {
   cmd->add_option("--env", o->env, "KEY=VALUE (repeatable)")->expected(1)->take_all();
   cmd->add_option("--label", o->labels, "KEY=VALUE (repeatable)")->expected(1)->take_all();
   AddNetworkFlags(cmd, &o->net);
+  cmd->add_option("--trajectory", o->trajectory,
+                  "Record its calls in the trajectory log under this id (dsec trajectory)");
+  cmd->add_option("--checkpoint-every", o->checkpoint_every,
+                  "With --trajectory: mutating calls between checkpoints (0: only at preempt)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
 }
 
 struct UpdateOpts {

@@ -14,6 +14,7 @@
 #include "cli/node_cmds.h"
 #include "cli/project_cmds.h"
 #include "cli/run.h"
+#include "cli/trajectory_cmds.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dsec: sandboxes for agentic RL"};
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   dsec::cli::RegisterImageCommands(app, global, &exit_code);
   dsec::cli::RegisterNodeCommands(app, global, &exit_code);
   dsec::cli::RegisterProjectCommands(app, global, &exit_code);
+  dsec::cli::RegisterTrajectoryCommands(app, global, &exit_code);
   dsec::cli::RegisterBenchCommand(app);
   // Everything after the first "--" is the command, verbatim (CLI11 would otherwise give
   // options like "-c" to itself or to a repeatable flag before it).

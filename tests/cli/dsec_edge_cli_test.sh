@@ -282,6 +282,24 @@ else
   echo "[  SKIPPED ] image CLI cases: /bin/busybox is missing (busybox-static)"
 fi
 
+# The trajectory log: record, preempt, resume (the logged call answered from the log), rm.
+tid=$(D create --trajectory cli-traj --checkpoint-every 5 --label job=trajjob)
+out1=$(D exec "$tid" -- sh -c 'echo x >> /workspace/n; head -c 9 /dev/urandom | base64')
+out=$(D preempt --job trajjob); check "preempt --job" "preempted 1 sandboxes of job trajjob" "$(echo "$out" | head -1)"
+check "preempt names the checkpoint" 1 "$(echo "$out" | grep -c "trajectory cli-traj checkpointed at call 1")"
+check "trajectory ls" "cli-traj preempted" "$(D trajectory ls | awk '$1 == "cli-traj" {print $1, $2}')"
+rid=$(D trajectory resume cli-traj)
+out2=$(D exec "$rid" -- sh -c 'echo x >> /workspace/n; head -c 9 /dev/urandom | base64')
+check "a resumed call is answered from the log" "$out1" "$out2"
+check "then live, nothing ran twice" 1 "$(D exec "$rid" -- sh -c 'wc -l < /workspace/n')"
+check "trajectory get" 2 "$(D trajectory get cli-traj | awk '$3 == "POST" {n++} END {print n}')"
+err=$(D trajectory rm cli-traj 2>&1); one_line_error "trajectory rm while a sandbox follows it" $? "$err"
+err=$(D create --checkpoint-every 3 2>&1); one_line_error "create --checkpoint-every without --trajectory" $? "$err"
+err=$(D trajectory get nope 2>&1); one_line_error "trajectory get of an unknown id" $? "$err"
+D rm "$rid" >/dev/null
+for i in $(seq 50); do D trajectory rm cli-traj 2>/dev/null && break; sleep 0.2; done
+check "trajectory rm" 0 "$(D trajectory ls | awk 'NR>1' | grep -c cli-traj)"
+
 D rm "$id" >/dev/null; check "rm" 0 $?
 err=$(D rm "$id" 2>&1); one_line_error "rm twice" $? "$err"
 D rm -f "$id"; check "rm -f of a missing id" 0 $?

@@ -649,7 +649,7 @@ def test_a_request_only_big_nodes_can_take_goes_to_them(make_cluster):
 
 def test_every_route_of_the_spec_is_401_without_the_cluster_token(shared):
     u = urllib.parse.urlsplit(shared.urls[1])
-    ids = {"id": "sb-n1-aaaaaaaaaaaa", "eid": "ex-none", "sid": "sh-none", "name": "python",
+    ids = {"id": "sb-n1-aaaaaaaaaaaa", "eid": "ex-none", "tid": "t-none", "sid": "sh-none", "name": "python",
            "job": "j", "port": "8000", "node": "n1", "project": "default"}
     ops = [(m, t) for m, t, op in edge_harness.spec().operations() if op.get("security", True) != []]
     assert len(ops) > 40

@@ -72,6 +72,11 @@ EDGE_OPERATIONS = {
     ("GET", "/v1/pools/{name}"),
     ("PUT", "/v1/pools/{name}"),
     ("DELETE", "/v1/pools/{name}"),
+    ("POST", "/v1/jobs/{job}/preempt"),
+    ("GET", "/v1/trajectories"),
+    ("GET", "/v1/trajectories/{tid}"),
+    ("POST", "/v1/trajectories/{tid}/resume"),
+    ("DELETE", "/v1/trajectories/{tid}"),
 }
 # Served by dsec-apiserver only (tests/cluster): marked `x-dsec-served-by: apiserver`.
 APISERVER_OPERATIONS = {
@@ -139,6 +144,32 @@ EXEC_RESULT = {"exit_code": 0, "signal": None, "stdout": "1\n", "stderr": "",
                "encoding": "utf-8"}
 EXEC_EXIT = {k: v for k, v in EXEC_RESULT.items() if k not in ("stdout", "stderr")}
 ENTRY = {"name": "a.py", "type": "file", "size": 8, "mode": 420, "mtime": 1764480000000}
+DIGEST = "sha256:" + "cd" * 32
+TRAJ_ENTRY = {"seq": 1, "method": "POST", "target": "/exec", "fingerprint": "ef" * 32,
+              "mutating": True, "status": 200, "kept": True, "streamed": False,
+              "exec_id": None, "request_digest": DIGEST, "response_digest": DIGEST,
+              "created_ms": 1764480000000}
+TRAJECTORY = {
+    "id": "t-1", "project": "default", "state": "recording", "sandbox": "sb-node1-abc",
+    "head": 1, "branch": 1, "checkpoint_every": 20, "created_ms": 1764480000000,
+    "updated_ms": 1764480000000, "expires_ms": 1765084800000,
+    "branches": [{"branch": 0, "parent": None, "fork_seq": None, "entries": 40, "last_seq": 40,
+                  "created_ms": 1764480000000},
+                 {"branch": 1, "parent": 0, "fork_seq": 18, "entries": 18, "last_seq": 18,
+                  "created_ms": 1764480000000}],
+    "entries": [TRAJ_ENTRY,
+                dict(TRAJ_ENTRY, seq=2, method="PUT", target="/files?path=/a", status=204,
+                     response_digest=None),
+                dict(TRAJ_ENTRY, seq=3, status=202, exec_id="ex-t0123456789abcdef")],
+    "checkpoints": [{"seq": 10, "image": "host," + DIGEST, "jobs": [3], "created_ms": 1}],
+}
+TRAJ_SUMMARY = {"id": "t-1", "state": "preempted", "sandbox": None, "head": 0, "branches": 1,
+                "updated_ms": 1764480000000, "expires_ms": 1765084800000}
+PREEMPTED = {"affected": 2,
+             "checkpointed": [{"sandbox": "sb-node1-abc", "trajectory": "t-1", "branch": 0,
+                               "seq": 25}],
+             "snapshots": [{"sandbox": "sb-node1-def", "image": "preempted-sb-node1-def:latest"}],
+             "failed": []}
 NODE = {"node": "node1", "version": "0.1.0", "instance": "i-1", "backends": ["container"],
         "pools": [], "capacity": {"max_sandboxes": 4096, "memory_mb": 65536, "overcommit": 8,
                                   "admit_memory_mb": 524288},
@@ -340,6 +371,9 @@ def test_examples_in_the_spec_validate(spec):
     ("DELETE", "/v1/images/py:3.11", "/v1/images/{name}"),
     ("DELETE", "/v1/jobs/rollout-7", "/v1/jobs/{job}"),
     ("POST", "/v1/jobs/rollout-7/pause", "/v1/jobs/{job}/pause"),
+    ("POST", "/v1/jobs/rollout-7/preempt", "/v1/jobs/{job}/preempt"),
+    ("GET", "/v1/trajectories/t-1?branch=0", "/v1/trajectories/{tid}"),
+    ("POST", "/v1/trajectories/t-1/resume", "/v1/trajectories/{tid}/resume"),
     ("get", "/metrics", "/metrics"),
 ])
 def test_match(spec, method, path, template):
@@ -417,6 +451,21 @@ VALID_RESPONSES = [
     ("POST", "/v1/jobs/rollout-7/pause", 200, {"affected": 2}),
     ("POST", "/v1/jobs/rollout-7/resume", 200, {"affected": 0}),
     ("DELETE", "/v1/jobs/rollout-7", 200, {"affected": 5}),
+    ("POST", "/v1/jobs/rollout-7/preempt", 200, PREEMPTED),
+    ("POST", "/v1/jobs/rollout-7/preempt", 200,
+     {"affected": 0, "checkpointed": [], "snapshots": [], "failed": [
+         {"sandbox": "sb-node1-abc", "error": "checkpoint: no snapshot"}]}),
+    ("POST", "/v1/jobs/rollout-7/preempt", 409, error("conflict")),
+    ("GET", "/v1/trajectories", 200, {"trajectories": [TRAJ_SUMMARY]}),
+    ("GET", "/v1/trajectories/t-1", 200, TRAJECTORY),
+    ("GET", "/v1/trajectories/t-1?branch=0&from=5&limit=10", 200,
+     changed(TRAJECTORY, "/entries", [])),
+    ("GET", "/v1/trajectories/t-1", 404, error("not_found")),
+    ("POST", "/v1/trajectories/t-1/resume", 201, changed(RECORD, "/state", "creating")),
+    ("POST", "/v1/trajectories/t-1/resume", 409, error("conflict")),
+    ("DELETE", "/v1/trajectories/t-1", 204, None),
+    ("POST", "/v1/sandboxes", 201, changed(RECORD, "/state", "creating")),
+    ("GET", SB, 410, changed(error("gone"), "/error/reason", "preempted")),
     ("GET", "/v1/health", 200, {"ok": True}),
     ("GET", "/v1/node", 200, NODE),
     ("GET", "/v1/images", 200, {"images": [HOST_IMAGE, IMAGE]}),
@@ -456,6 +505,17 @@ def test_raw_and_stream_responses_pass(spec):
     spec.validate_response("GET", SB + "/attach?cmd=bash", 101, None)
     spec.validate_response("POST", "/v1/sandboxes", 429, error("over_capacity"),
                            headers={"retry-after": "2"})
+    # A cluster's quota: only a rate's refusal says when to come back.
+    spec.validate_response("POST", "/v1/sandboxes", 429, error("quota_exceeded"),
+                           headers={"Dsec-Quota-Exceeded": "sandboxes"})
+    spec.validate_response("POST", "/v1/sandboxes", 429, error("quota_exceeded"),
+                           headers={"Dsec-Quota-Exceeded": "creates_per_s", "Retry-After": "1"})
+    # Answered from a trajectory's log.
+    replayed = {"Dsec-Trajectory-Replayed": "1", "Dsec-Trajectory-Seq": "7"}
+    spec.validate_response("POST", SB + "/exec", 200, EXEC_RESULT, headers=replayed)
+    spec.validate_response("PUT", SB + "/files?path=/a", 204, None, headers=replayed)
+    spec.validate_response("GET", SB + "/archive?path=/w", 200, b"tar",
+                           content_type="application/x-tar", headers=replayed)
     spec.validate_response("GET", "/v1/health", 503, error("unavailable"),
                            headers={"Retry-After": "1"})
 
@@ -502,6 +562,18 @@ VALID_REQUESTS = [
                                   "packages": ["python3", "git"]}),
     ("POST", SB + "/snapshot", {"image": "name:tag"}),
     ("POST", SB + "/fork", {"count": 4}),
+    ("POST", "/v1/sandboxes", {"trajectory": {"id": "t-1", "checkpoint_every": 10},
+                               "labels": {"job": "j"}}),
+    ("POST", "/v1/sandboxes", {"trajectory": {"id": "t-1", "resume": True, "branch": 0}}),
+    ("POST", "/v1/sandboxes", {"trajectory": None}),
+    ("POST", "/v1/jobs/j/preempt", None),
+    ("POST", "/v1/jobs/j/preempt", {"others": "snapshot", "request_id": "p-1"}),
+    ("GET", "/v1/trajectories", None),
+    ("GET", "/v1/trajectories/t-1?branch=1&from=18&limit=10000", None),
+    ("POST", "/v1/trajectories/t-1/resume", None),
+    ("POST", "/v1/trajectories/t-1/resume", {"branch": 0, "ttl_s": 600, "idle_ttl_s": 60,
+                                            "labels": {"job": "j"}, "request_id": "r"}),
+    ("DELETE", "/v1/trajectories/t-1", None),
 ]
 
 
@@ -576,6 +648,32 @@ INVALID_RESPONSES = [
     ("deep in batch", "POST", "/v1/sandboxes", 201,
      {"sandboxes": [RECORD, changed(RECORD, "/ttl_s", -1)]}, "/sandboxes/1/ttl_s"),
     ("record or batch", "POST", "/v1/sandboxes", 201, {}, ""),
+    ("gone reason", "GET", SB, 410, changed(error("gone"), "/error/reason", "evicted"),
+     "/error/reason"),
+    ("preempt lists required", "POST", "/v1/jobs/j/preempt", 200, {"affected": 1},
+     "/checkpointed"),
+    ("preempt item field", "POST", "/v1/jobs/j/preempt", 200,
+     changed(PREEMPTED, "/checkpointed/0/seq", "25"), "/checkpointed/0/seq"),
+    ("snapshot image name", "POST", "/v1/jobs/j/preempt", 200,
+     changed(PREEMPTED, "/snapshots/0/image", "a b"), "/snapshots/0/image"),
+    ("trajectory state", "GET", "/v1/trajectories", 200,
+     {"trajectories": [changed(TRAJ_SUMMARY, "/state", "running")]}, "/trajectories/0/state"),
+    ("trajectory sandbox", "GET", "/v1/trajectories/t-1", 200,
+     changed(TRAJECTORY, "/sandbox", ""), "/sandbox"),
+    ("entry digest", "GET", "/v1/trajectories/t-1", 200,
+     changed(TRAJECTORY, "/entries/0/request_digest", "ab" * 32), "/entries/0/request_digest"),
+    ("entry seq", "GET", "/v1/trajectories/t-1", 200,
+     changed(TRAJECTORY, "/entries/1/seq", 0), "/entries/1/seq"),
+    ("entry exec id", "GET", "/v1/trajectories/t-1", 200,
+     changed(TRAJECTORY, "/entries/2/exec_id", "sb-1"), "/entries/2/exec_id"),
+    ("branch parent", "GET", "/v1/trajectories/t-1", 200,
+     changed(TRAJECTORY, "/branches/1/parent", -1), "/branches/1/parent"),
+    ("checkpoint jobs", "GET", "/v1/trajectories/t-1", 200,
+     changed(TRAJECTORY, "/checkpoints/0/jobs/0", "3"), "/checkpoints/0/jobs/0"),
+    ("trajectory extra", "GET", "/v1/trajectories/t-1", 200,
+     changed(TRAJECTORY, "/params", {}), "/params"),
+    ("resume is one record", "POST", "/v1/trajectories/t-1/resume", 201,
+     {"sandboxes": [RECORD]}, "/id"),
 ]
 
 
@@ -604,8 +702,14 @@ def test_invalid_raw_and_stream_responses_fail(spec):
           content_type="application/x-ndjson")
     fails("", "POST", SB + "/exec?stream=1", 200, "not json\n",
           content_type="application/x-ndjson")
-    fails("header Retry-After", "POST", "/v1/sandboxes", 429, error("over_capacity"),
+    fails("header Retry-After", "POST", SB + "/exec", 429, error("over_capacity"),
           headers={"Content-Type": "application/json"})
+    fails("header Dsec-Quota-Exceeded", "POST", "/v1/sandboxes", 429, error("quota_exceeded"),
+          headers={"Dsec-Quota-Exceeded": "disk_mb"})
+    fails("header Dsec-Trajectory-Replayed", "POST", SB + "/exec", 200, EXEC_RESULT,
+          headers={"Dsec-Trajectory-Replayed": "yes"})
+    fails("header Dsec-Trajectory-Seq", "GET", SB + "/files?path=/a", 200, b"x",
+          content_type="application/octet-stream", headers={"Dsec-Trajectory-Seq": "0"})
     fails("header Retry-After", "POST", "/v1/sandboxes", 429, error("over_capacity"),
           headers={"Retry-After": "soon"})
     fails("header Retry-After", "GET", "/v1/health", 503, error("unavailable"), headers={})
@@ -683,6 +787,27 @@ INVALID_REQUESTS = [
     ("bad id chars", "GET", "/v1/sandboxes/sb%20x", None, "{id}"),
     ("attach tty", "GET", SB + "/attach?tty=2", None, "?tty"),
     ("attach env", "GET", SB + "/attach?env=K", None, "?env/0"),
+    ("trajectory not object", "POST", "/v1/sandboxes", {"trajectory": "x"}, "/trajectory"),
+    ("trajectory without id", "POST", "/v1/sandboxes", {"trajectory": {}}, "/trajectory/id"),
+    ("trajectory bad id", "POST", "/v1/sandboxes", {"trajectory": {"id": "a/b"}},
+     "/trajectory/id"),
+    ("trajectory dotdot id", "POST", "/v1/sandboxes", {"trajectory": {"id": "a..b"}},
+     "/trajectory/id"),
+    ("trajectory extra", "POST", "/v1/sandboxes", {"trajectory": {"id": "x", "bogus": 1}},
+     "/trajectory/bogus"),
+    ("trajectory branch", "POST", "/v1/sandboxes",
+     {"trajectory": {"id": "x", "resume": True, "branch": -1}}, "/trajectory/branch"),
+    ("trajectory checkpoint_every", "POST", "/v1/sandboxes",
+     {"trajectory": {"id": "x", "checkpoint_every": 1048577}}, "/trajectory/checkpoint_every"),
+    ("preempt others", "POST", "/v1/jobs/j/preempt", {"others": "keep"}, "/others"),
+    ("preempt extra", "POST", "/v1/jobs/j/preempt", {"force": True}, "/force"),
+    ("trajectory branch query", "GET", "/v1/trajectories/t-1?branch=-1", None, "?branch"),
+    ("trajectory from", "GET", "/v1/trajectories/t-1?from=0", None, "?from"),
+    ("trajectory limit", "GET", "/v1/trajectories/t-1?limit=10001", None, "?limit"),
+    ("trajectory path id", "GET", "/v1/trajectories/a..b", None, "{tid}"),
+    ("resume image", "POST", "/v1/trajectories/t-1/resume", {"image": "host"}, "/image"),
+    ("resume ttl", "POST", "/v1/trajectories/t-1/resume", {"ttl_s": -1}, "/ttl_s"),
+    ("delete trajectory body", "DELETE", "/v1/trajectories/t-1", {"force": True}, ""),
 ]
 
 

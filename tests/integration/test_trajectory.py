@@ -67,18 +67,17 @@ def episode():
 def call(c, sid, method, suffix, body):
     path = f"/v1/sandboxes/{sid}{suffix}"
     if method == "PUT":
-        return c.request("PUT", path, body, headers={"Content-Type": "application/octet-stream"},
-                         validate=False)
+        return c.request("PUT", path, body, headers={"Content-Type": "application/octet-stream"})
     if method == "GET":
-        return c.request("GET", path, validate=False)
-    return c.request("POST", path, body if body is not None else {}, validate=False)
+        return c.request("GET", path)
+    return c.request("POST", path, body if body is not None else {})
 
 
 def test_preempt_resume_replays_then_goes_live(client):
     t = tid()
     job = "job-" + t
     sb = client.create({"memory_mb": 256, "labels": {"job": job},
-                        "trajectory": {"id": t, "checkpoint_every": 10}}, validate=False)
+                        "trajectory": {"id": t, "checkpoint_every": 10}})
     sid = sb["id"]
     calls = episode()
     first = []
@@ -89,14 +88,14 @@ def test_preempt_resume_replays_then_goes_live(client):
     assert b"hello from the server" in first[19].body
     node_before = client.get("/v1/node").json
     # Preempt after call 25: checkpointed, deleted, its memory freed, its id gone (410).
-    pr = client.post(f"/v1/jobs/{job}/preempt", {}, expect=200, validate=False).json
+    pr = client.post(f"/v1/jobs/{job}/preempt", {}, expect=200).json
     assert pr["affected"] == 1, pr
     assert pr["checkpointed"] == [{"sandbox": sid, "trajectory": t, "branch": 0, "seq": 25}], pr
     node_after = client.get("/v1/node").json
     assert (node_after["usage"]["memory_mb"] ==
             node_before["usage"]["memory_mb"] - 256), (node_before["usage"], node_after["usage"])
-    client.get(f"/v1/sandboxes/{sid}", expect=410, validate=False)
-    info = client.get(f"/v1/trajectories/{t}", expect=200, validate=False).json
+    client.get(f"/v1/sandboxes/{sid}", expect=410)
+    info = client.get(f"/v1/trajectories/{t}", expect=200).json
     assert info["state"] == "preempted" and info["sandbox"] is None
     assert [e["seq"] for e in info["entries"]] == list(range(1, 26))
     # Every 10 mutating calls (a GET is not one), and at the preemption.
@@ -106,7 +105,7 @@ def test_preempt_resume_replays_then_goes_live(client):
 
     # Resume: a sandbox at once; calls 1-25 answered from the log, byte for byte.
     rs = client.post("/v1/sandboxes", {"trajectory": {"id": t, "resume": True},
-                                       "labels": {"job": job}}, validate=False)
+                                       "labels": {"job": job}})
     assert rs.status == 201, rs.body
     rid = rs.json["id"]
     assert rid != sid
@@ -131,15 +130,15 @@ def test_preempt_resume_replays_then_goes_live(client):
         shell = body.get("shell", "") if isinstance(body, dict) else ""
         if str(PORT) in shell and "counter" in shell:
             assert "hello from the server" in r.json["stdout"], r.body
-    info = client.get(f"/v1/trajectories/{t}", expect=200, validate=False).json
+    info = client.get(f"/v1/trajectories/{t}", expect=200).json
     assert info["state"] == "recording" and info["sandbox"] == rid
     assert len(info["entries"]) == 40 and len(info["branches"]) == 1
 
     # Again, differing at call 18: a fork, live from the state of call 17.
     client.remove(rid)
-    wait_until(lambda: client.get(f"/v1/trajectories/{t}", validate=False).json["state"] ==
+    wait_until(lambda: client.get(f"/v1/trajectories/{t}").json["state"] ==
                "stopped", 15, what="the trajectory stopped")
-    rs = client.post(f"/v1/trajectories/{t}/resume", {}, expect=201, validate=False).json
+    rs = client.post(f"/v1/trajectories/{t}/resume", {}, expect=201).json
     fid = rs["id"]
     for i, (m, suffix, body) in enumerate(calls[:17]):
         r = call(client, fid, m, suffix, body)
@@ -151,11 +150,11 @@ def test_preempt_resume_replays_then_goes_live(client):
     lines, files = r18.json["stdout"].split("\n", 1)
     assert lines.strip() == str(appended17), r18.body
     assert "f15.txt" in files and "f18.txt" not in files and "f21.txt" not in files
-    info = client.get(f"/v1/trajectories/{t}", expect=200, validate=False).json
+    info = client.get(f"/v1/trajectories/{t}", expect=200).json
     assert info["head"] == 1 and len(info["branches"]) == 2
     assert info["branches"][1]["parent"] == 0 and info["branches"][1]["fork_seq"] == 18
     assert [e["seq"] for e in info["entries"]] == list(range(1, 19))
-    old = client.get(f"/v1/trajectories/{t}?branch=0", expect=200, validate=False).json
+    old = client.get(f"/v1/trajectories/{t}?branch=0", expect=200).json
     assert len(old["entries"]) == 40  # the old branch is kept
     client.remove(fid)
 
@@ -164,22 +163,21 @@ def test_kill9_loses_no_answered_entry(make_edge):
     edge = make_edge()
     c = edge.client()
     t = tid()
-    sid = c.create({"trajectory": {"id": t}}, validate=False)["id"]
+    sid = c.create({"trajectory": {"id": t}})["id"]
     outs = []
     for i in range(12):
-        r = c.post(f"/v1/sandboxes/{sid}/exec", {"shell": f"echo {i}; date +%s%N"},
-                   validate=False)
+        r = c.post(f"/v1/sandboxes/{sid}/exec", {"shell": f"echo {i}; date +%s%N"})
         assert r.status == 200
         outs.append(r.body)
     edge.kill9()
     edge.launch()
     c = edge.client()
-    info = c.get(f"/v1/trajectories/{t}", expect=200, validate=False).json
+    info = c.get(f"/v1/trajectories/{t}", expect=200).json
     assert [e["seq"] for e in info["entries"]] == list(range(1, 13))
     # It records on, after the entries it had.
-    r = c.post(f"/v1/sandboxes/{sid}/exec", {"shell": "echo after"}, validate=False)
+    r = c.post(f"/v1/sandboxes/{sid}/exec", {"shell": "echo after"})
     assert r.status == 200 and r.headers.get("dsec-trajectory-seq") is None
-    info = c.get(f"/v1/trajectories/{t}", expect=200, validate=False).json
+    info = c.get(f"/v1/trajectories/{t}", expect=200).json
     assert [e["seq"] for e in info["entries"]] == list(range(1, 14))
     c.remove(sid)
 
@@ -188,19 +186,17 @@ def test_trajectories_are_per_project(client):
     t = tid()
     a = {"Dsec-Project": "proj-a"}
     b = {"Dsec-Project": "proj-b"}
-    sid = client.create({"trajectory": {"id": t}}, headers=a, validate=False)["id"]
-    client.post(f"/v1/sandboxes/{sid}/exec", {"shell": "echo hi"}, headers=a, expect=200,
-                validate=False)
-    client.get(f"/v1/trajectories/{t}", headers=a, expect=200, validate=False)
-    assert client.get(f"/v1/trajectories/{t}", headers=b, validate=False).status == 404
-    assert client.get(f"/v1/trajectories/{t}", validate=False).status == 404
-    r = client.post("/v1/sandboxes", {"trajectory": {"id": t, "resume": True}}, headers=b,
-                    validate=False)
+    sid = client.create({"trajectory": {"id": t}}, headers=a)["id"]
+    client.post(f"/v1/sandboxes/{sid}/exec", {"shell": "echo hi"}, headers=a, expect=200)
+    client.get(f"/v1/trajectories/{t}", headers=a, expect=200)
+    assert client.get(f"/v1/trajectories/{t}", headers=b).status == 404
+    assert client.get(f"/v1/trajectories/{t}").status == 404
+    r = client.post("/v1/sandboxes", {"trajectory": {"id": t, "resume": True}}, headers=b)
     assert r.status == 404, r.body
     # The same id is another trajectory in another project.
-    other = client.create({"trajectory": {"id": t}}, headers=b, validate=False)["id"]
+    other = client.create({"trajectory": {"id": t}}, headers=b)["id"]
     # Taken in its own project: 409.
-    r = client.post("/v1/sandboxes", {"trajectory": {"id": t}}, headers=a, validate=False)
+    r = client.post("/v1/sandboxes", {"trajectory": {"id": t}}, headers=a)
     assert r.status == 409, r.body
     for s, h in ((sid, a), (other, b)):
         client.delete(f"/v1/sandboxes/{s}", headers=h, expect=204)
@@ -212,33 +208,31 @@ def test_bad_trajectory_requests(client):
                  {"trajectory": {"id": "x", "resume": True, "checkpoint_every": 3}},
                  {"trajectory": {"id": "x"}, "count": 2},
                  {"trajectory": {"id": "x", "resume": True}, "image": "host"}):
-        r = client.post("/v1/sandboxes", body, validate=False)
+        r = client.post("/v1/sandboxes", body)
         assert r.status == 400, (body, r.body)
         assert r.json["error"]["code"] == "bad_request"
-    assert client.post("/v1/sandboxes", {"trajectory": {"id": tid(), "resume": True}},
-                       validate=False).status == 404
-    assert client.get("/v1/trajectories/" + tid(), validate=False).status == 404
-    assert client.post("/v1/jobs/x/preempt", {"others": "keep"}, validate=False).status == 400
+    assert client.post("/v1/sandboxes", {"trajectory": {"id": tid(), "resume": True}}).status == 404
+    assert client.get("/v1/trajectories/" + tid()).status == 404
+    assert client.post("/v1/jobs/x/preempt", {"others": "keep"}).status == 400
     # A trajectory followed by a sandbox cannot be resumed or deleted under it.
     t = tid()
-    sid = client.create({"trajectory": {"id": t}}, validate=False)["id"]
-    assert client.post(f"/v1/trajectories/{t}/resume", {}, validate=False).status == 409
-    assert client.delete(f"/v1/trajectories/{t}", validate=False).status == 409
+    sid = client.create({"trajectory": {"id": t}})["id"]
+    assert client.post(f"/v1/trajectories/{t}/resume", {}).status == 409
+    assert client.delete(f"/v1/trajectories/{t}").status == 409
     client.remove(sid)
-    wait_until(lambda: client.delete(f"/v1/trajectories/{t}", validate=False).status == 204, 15,
+    wait_until(lambda: client.delete(f"/v1/trajectories/{t}").status == 204, 15,
                what="the trajectory deleted")
-    assert client.get(f"/v1/trajectories/{t}", validate=False).status == 404
+    assert client.get(f"/v1/trajectories/{t}").status == 404
 
 
 def test_preempt_others_snapshot_or_delete(client):
     job = "job-" + tid()
     plain = client.create({"labels": {"job": job}})["id"]
     client.put(f"/v1/sandboxes/{plain}/files?path=/workspace/keep.txt", b"kept", expect=204)
-    pr = client.post(f"/v1/jobs/{job}/preempt", {"others": "snapshot"}, expect=200,
-                     validate=False).json
+    pr = client.post(f"/v1/jobs/{job}/preempt", {"others": "snapshot"}, expect=200).json
     assert pr["affected"] == 1 and pr["snapshots"][0]["sandbox"] == plain, pr
     image = pr["snapshots"][0]["image"]
-    client.get(f"/v1/sandboxes/{plain}", expect=410, validate=False)
+    client.get(f"/v1/sandboxes/{plain}", expect=410)
     again = client.create({"image": image})["id"]
     assert client.sh(again, "cat /workspace/keep.txt") == "kept"
     client.remove(again)

@@ -528,7 +528,7 @@ def test_fuzzer_every_answer_is_a_4xx_json_error(aedge, aclient, asandbox, figur
     pools_before = c.get("/v1/pools", expect=200).json
     # port 0: the port proxy's every answer here is its own 400 (a real port with nothing
     # listening would be the proxy's 502).
-    ids = {"id": sid, "sid": shell, "eid": eid, "name": "fuzz-pool-unused",
+    ids = {"id": sid, "sid": shell, "eid": eid, "tid": "fuzz-trajectory-unused", "name": "fuzz-pool-unused",
            "job": "fuzz-job-unused", "port": "0", "project": "fuzz-project"}
     cases = build_corpus(random.Random(SEED), ids, aedge.token)
     assert len(cases) >= 2000, len(cases)
@@ -832,7 +832,7 @@ def test_bad_credentials_are_401_on_every_authenticated_route(aedge, aclient, as
         "query": None,
     }
     variants = {k: v for k, v in variants.items() if v is not None}
-    ids = {"id": asandbox, "eid": "ex-none", "sid": "sh-none", "name": "python", "job": "j",
+    ids = {"id": asandbox, "eid": "ex-none", "tid": "t-none", "sid": "sh-none", "name": "python", "job": "j",
            "port": "8000", "node": "n1", "project": "default"}
     ops = _authenticated_operations()
     assert len(ops) >= 40, ops
@@ -886,7 +886,7 @@ def test_one_projects_token_cannot_touch_another_projects_sandbox(aedge, aclient
     sid = json.loads(r[0].body)["id"]
     try:
         assert json.loads(r[0].body)["project"] == "proj-a"
-        ids = {"id": sid, "eid": "ex-none", "sid": "sh-none", "name": "python", "job": "xproj",
+        ids = {"id": sid, "eid": "ex-none", "tid": "t-none", "sid": "sh-none", "name": "python", "job": "xproj",
                "port": "8000", "node": "n1", "project": "proj-b"}
         bodies = {(m, t): json.dumps(b).encode() for m, t, b in JSON_ROUTES}
         failures, count = [], 0
