@@ -1,4 +1,5 @@
 #include "api/create_request.h"
+#include "base/resources.h"
 
 #include "base/json.h"
 
@@ -34,7 +35,16 @@ StatusOr<CreateShape> ParseCreateShape(std::string_view body) {
   if (auto it = j.find("cpu"); it != j.end() && !it->is_null()) {
     if (!it->is_number() || it->get<double>() <= 0 || it->get<double>() > 1024)
       return InvalidArgument("\"cpu\" must be a number of cores above 0, at most 1024");
-    s.cpu_milli = static_cast<int64_t>(it->get<double>() * 1000 + 0.5);
+    s.cpu_milli = CpuMilli(it->get<double>());
+  }
+  if (auto it = j.find("trajectory"); it != j.end() && it->is_object()) {
+    auto id = it->find("id");
+    auto resume = it->find("resume");
+    if (resume != it->end() && resume->is_boolean() && resume->get<bool>()) {
+      if (id == it->end() || !id->is_string() || id->get<std::string>().empty())
+        return InvalidArgument("\"trajectory\" needs an \"id\"");
+      s.resume_trajectory = id->get<std::string>();
+    }
   }
   if (s.kind.empty()) s.kind = "container";
   return s;

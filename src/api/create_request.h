@@ -20,6 +20,8 @@ struct CreateShape {
   bool count_given = false;
   std::string pool;        // a container pool: only nodes that have it
   std::string request_id;  // "" when not given
+  // A resume (`trajectory: {"id", "resume": true}`): the trajectory's id ("" for none).
+  std::string resume_trajectory;
 };
 
 // InvalidArgument for a body that is not a JSON object or has these fields of the wrong type.

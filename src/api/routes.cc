@@ -88,10 +88,11 @@ std::vector<RouteSpec> Table() {
       {"POST", "/v1/sandboxes/:id/fork", kFork, kSandbox},
       {"POST", "/v1/sandboxes/:id/port-urls", kPortUrl, kSandbox},
       {"POST", "/v1/jobs/:job/preempt", kPreemptJob, kCluster},
-      {"GET", "/v1/trajectories", kListTrajectories, kLocal},
-      {"GET", "/v1/trajectories/:tid", kGetTrajectory, kLocal},
-      {"POST", "/v1/trajectories/:tid/resume", kResumeTrajectory, kLocal},
-      {"DELETE", "/v1/trajectories/:tid", kDeleteTrajectory, kLocal},
+      // (An apiserver finds the node that keeps the trajectory and passes the call to it.)
+      {"GET", "/v1/trajectories", kListTrajectories, kCluster},
+      {"GET", "/v1/trajectories/:tid", kGetTrajectory, kCluster},
+      {"POST", "/v1/trajectories/:tid/resume", kResumeTrajectory, kCluster},
+      {"DELETE", "/v1/trajectories/:tid", kDeleteTrajectory, kCluster},
   };
   for (size_t i = 0; i < t.size(); ++i) {
     // The table is in RouteId order, one entry per id: RouteOf indexes it.

@@ -410,6 +410,13 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
     case RouteId::kDeleteJob:
     case RouteId::kPreemptJob:
       return on_worker([this, shared, res] { Jobs(*shared, res); });
+    case RouteId::kListTrajectories:
+    case RouteId::kGetTrajectory:
+    case RouteId::kResumeTrajectory:
+    case RouteId::kDeleteTrajectory:
+      return on_worker([this, shared, res, id = match.route->id, tid = match.params["tid"]] {
+        TrajectoryCall(*shared, id, tid, res);
+      });
     case RouteId::kListProjects:
     case RouteId::kCreateProject:
     case RouteId::kGetProject:
@@ -639,6 +646,9 @@ void Apiserver::PassOnCreate(const std::shared_ptr<http::Responder>& res,
 void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
   auto shape = api::ParseCreateShape(req.body);
   if (!shape.ok()) return Fail(res, shape.status());
+  // A resumed trajectory's sandbox is made on the node that keeps the trajectory.
+  if (!shape->resume_trajectory.empty())
+    return TrajectoryCall(req, api::RouteId::kResumeTrajectory, shape->resume_trajectory, res);
   PlaceAndForward(req, res, std::move(*shape), /*counted=*/true);
 }
 
@@ -974,6 +984,110 @@ void Apiserver::List(const http::HttpRequest& req, const std::shared_ptr<http::R
   Reply(res, 200,
         {{"sandboxes", out}, {"next_cursor", more ? Json(EncodeCursor(at)) : Json(nullptr)}},
         std::move(h));
+}
+
+StatusOr<std::pair<NodeState, http::ClientResponse>> Apiserver::FindTrajectory(
+    const http::HttpRequest& req, const std::string& tid, const std::string& target) {
+  DSEC_RETURN_IF_ERROR(api::ValidateId("trajectory id", tid));
+  const http::Headers headers = NodeHeaders(req);
+  std::vector<std::pair<NodeState, std::future<StatusOr<http::ClientResponse>>>> calls;
+  std::string missing;
+  for (const NodeState& n : view_->Nodes()) {
+    if (!n.alive) {
+      missing += StrCat({missing.empty() ? "" : "; ", n.rec.node, ": unavailable"});
+      continue;
+    }
+    calls.emplace_back(n, Fanout([&, client = n.client] {
+                         return client->Request("GET", target, headers, "",
+                                                milliseconds(cfg_.call_timeout_ms));
+                       }));
+  }
+  std::optional<std::pair<NodeState, http::ClientResponse>> best;
+  int64_t best_at = -1;
+  for (auto& [n, f] : calls) {
+    auto r = f.get();
+    if (r.ok() && r->status == 200) {
+      Json j = Json::parse(r->body, nullptr, false);
+      int64_t at = j.is_object() ? j.value("updated_ms", int64_t{0}) : 0;
+      if (at > best_at) {
+        best_at = at;
+        best.emplace(n, std::move(*r));
+      }
+      continue;
+    }
+    if (r.ok() && r->status == 404) continue;
+    if (r.ok() && r->status < 500) {  // the request itself (a bad branch, say): the same anywhere
+      best.emplace(n, std::move(*r));
+      best_at = INT64_MAX;
+      continue;
+    }
+    missing += StrCat({missing.empty() ? "" : "; ", n.rec.node, ": ",
+                       r.ok() ? ErrorOf(*r).message : r.status().message()});
+  }
+  if (best) return *std::move(best);
+  if (!missing.empty())
+    return Unavailable("trajectory \"" + tid + "\" is on no node that answered (" + missing +
+                       "): retry");
+  return NotFound("trajectory \"" + tid + "\" not found");
+}
+
+void Apiserver::TrajectoryCall(const http::HttpRequest& req, api::RouteId id,
+                               const std::string& tid,
+                               const std::shared_ptr<http::Responder>& res) {
+  if (id == api::RouteId::kListTrajectories) {
+    const http::Headers headers = NodeHeaders(req);
+    std::vector<std::pair<std::string, std::future<StatusOr<http::ClientResponse>>>> calls;
+    for (const NodeState& n : view_->Nodes())
+      if (n.alive)
+        calls.emplace_back(n.rec.node, Fanout([&, client = n.client] {
+                             return client->Request("GET", req.target, headers, "",
+                                                    milliseconds(cfg_.call_timeout_ms));
+                           }));
+    Json all = Json::array();
+    for (auto& [node, f] : calls) {
+      auto r = f.get();
+      if (!r.ok() || r->status != 200)
+        return Fail(res, 503, "unavailable",
+                    "node " + node + " did not list its trajectories: " +
+                        (r.ok() ? ErrorOf(*r).message : r.status().message()));
+      Json j = Json::parse(r->body, nullptr, false);
+      if (!j.is_object() || !j.contains("trajectories") || !j["trajectories"].is_array()) continue;
+      for (auto& t : j["trajectories"]) all.push_back(std::move(t));
+    }
+    return Reply(res, 200, {{"trajectories", std::move(all)}});
+  }
+  const std::string path = "/v1/trajectories/" + tid;
+  auto found =
+      FindTrajectory(req, tid, id == api::RouteId::kGetTrajectory ? req.target : path + "?limit=1");
+  if (!found.ok()) return Fail(res, found.status());
+  auto& [node, answer] = *found;
+  if (id == api::RouteId::kGetTrajectory || answer.status != 200)
+    return PassOn(res, answer, node.rec.node);
+  http::Headers headers = NodeHeaders(req);
+  if (id == api::RouteId::kDeleteTrajectory) {
+    auto r = node.client->Request("DELETE", path, headers, "", milliseconds(cfg_.call_timeout_ms));
+    if (!r.ok())
+      return Fail(res, 503, "unavailable", "node " + node.rec.node + ": " + r.status().message());
+    return PassOn(res, *r, node.rec.node);
+  }
+  // A resume makes a sandbox there: counted by the caller's quotas as its first one was made.
+  auto who = Principal::Decode(req.principal);
+  auto project = ProjectOf(req, false);
+  if (!who || !project.ok() || project->empty())
+    return Fail(res, 403, "forbidden", "no caller or project for the create");
+  QuotaCaller qc{*project, who->token};
+  headers.emplace_back("Dsec-Owner", qc.owner);
+  if (req.Header("content-type").empty()) headers.emplace_back("Content-Type", "application/json");
+  Json made = Json::parse(answer.body, nullptr, false);
+  api::CreateShape shape;
+  if (made.is_object() && made.contains("made_as") && made["made_as"].is_object()) {
+    shape.memory_mb = made["made_as"].value("memory_mb", int64_t{0});
+    shape.cpu_milli = CpuMilli(made["made_as"].value("cpu", 0.0));
+  }
+  auto r = SendCreate(node, req.target, headers, req.body, shape, 1, &qc);
+  if (!r.ok())
+    return Fail(res, 503, "unavailable", "node " + node.rec.node + ": " + r.status().message());
+  PassOnCreate(res, *r, node.rec.node);
 }
 
 void Apiserver::Jobs(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {

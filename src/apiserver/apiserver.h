@@ -140,6 +140,16 @@ class Apiserver {
   void PassOnCreate(const std::shared_ptr<http::Responder>& res, const http::ClientResponse& r,
                     const std::string& node);
   void Jobs(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res);
+  // The trajectory log's routes (and a create that resumes one): a trajectory lives on the node
+  // that recorded it, found by asking every node; its calls, and the resumed sandbox, go there.
+  void TrajectoryCall(const http::HttpRequest& req, api::RouteId id, const std::string& tid,
+                      const std::shared_ptr<http::Responder>& res);
+  // The node keeping trajectory `tid` of the caller's project (the most recently used one when
+  // several do: ids are unique per node) and its GET answer; NotFound, or Unavailable when a
+  // node that may keep it did not answer.
+  StatusOr<std::pair<NodeState, http::ClientResponse>> FindTrajectory(const http::HttpRequest& req,
+                                                                      const std::string& tid,
+                                                                      const std::string& target);
   void Nodes(const std::shared_ptr<http::Responder>& res);
   void GetNode(const std::string& node, const std::shared_ptr<http::Responder>& res);
   void ClusterAsNode(const std::shared_ptr<http::Responder>& res);

@@ -1,4 +1,5 @@
 #include "apiserver/quota.h"
+#include "base/resources.h"
 
 #include <algorithm>
 #include <chrono>
@@ -86,7 +87,7 @@ Status QuotaLimits::Patch(const Json& body) {
       if (k == "cpu") {
         if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1e6)
           return InvalidArgument("\"cpu\" must be a number of cores from 0 to 1000000, or null");
-        value = static_cast<int64_t>(v.get<double>() * 1000 + 0.5);
+        value = CpuMilli(v.get<double>());
       } else {
         if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (int64_t{1} << 40))
           return InvalidArgument("\"" + k + "\" must be an integer from 0 to 2^40, or null");

@@ -16,6 +16,9 @@ struct Resources {
   bool operator==(const Resources&) const = default;
 };
 
+// Cores in thousandths, rounded (what a quota counts and a node's default is published in).
+inline int64_t CpuMilli(double cores) { return static_cast<int64_t>(cores * 1000 + 0.5); }
+
 // The uid/gid of the default user ("sandbox") inside every sandbox, of every backend.
 inline constexpr uint32_t kSandboxUid = 1000;
 inline constexpr uint32_t kSandboxGid = 1000;

@@ -4,6 +4,7 @@
 #include <boost/asio/post.hpp>
 
 #include "api/sandboxes_json.h"
+#include "base/resources.h"
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/trajectory.h"
@@ -212,12 +213,18 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
       return c->Fail(400, "bad_request", "Dsec-Owner must be a token name (a-z 0-9 -)");
     parsed->first.owner = owner;
   }
+  // A resume is made as the trajectory's first sandbox was (its quota room is checked on that).
+  if (trajectory && trajectory->resume) {
+    auto p = deps.trajectories->ResumeParams(parsed->first, *trajectory);
+    if (!p.ok()) return c->Fail(p.status());
+    parsed->first = std::move(*p);
+  }
   if (std::string quota = c->req.Header("dsec-quota"); !quota.empty()) {
     auto room = ParseQuotaRoom(quota);
     if (!room.ok()) return c->Fail(room.status());
     const CreateParams& p = parsed->first;
     const int64_t n = parsed->second;
-    const int64_t cpu_milli = static_cast<int64_t>(p.resources.cpu * 1000 + 0.5);
+    const int64_t cpu_milli = CpuMilli(p.resources.cpu);
     if (n > room->sandboxes || n * p.resources.memory_mb > room->memory_mb ||
         n * cpu_milli > room->cpu_milli) {
       http::HttpResponse r = http::JsonError(
@@ -248,11 +255,10 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   StatusOr<std::vector<SandboxRecord>> made = InternalError("not made");
   if (trajectory && trajectory->resume) {
     // Made at its first live call (Trajectories::Serve); until then the log answers.
-    auto p = deps.trajectories->ResumeParams(parsed->first, *trajectory);
-    if (!p.ok()) return c->Fail(p.status());
     std::function<void()> create;
-    made = deps.manager->Create(
-        *p, 1, /*wait=*/false, [&create](std::function<void()> task) { create = std::move(task); });
+    made =
+        deps.manager->Create(parsed->first, 1, /*wait=*/false,
+                             [&create](std::function<void()> task) { create = std::move(task); });
     if (!made.ok()) return c->Fail(made.status());
     if (Status s =
             deps.trajectories->Resumed(made->front().id, *project, *trajectory, std::move(create));

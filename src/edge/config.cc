@@ -213,6 +213,9 @@ std::vector<Group> Fields(EdgeConfig* c) {
            {"trajectory_max_body_bytes", &c->trajectory_max_body_bytes, "bytes",
             "Largest request or response body a log keeps (a larger answer is not kept: that "
             "call runs live on a resume; a larger upload is refused)"},
+           {"trajectory_max_bytes", &c->trajectory_max_bytes, "bytes",
+            "All the bodies one trajectory keeps: past it, answers are not kept (those calls run "
+            "live on a resume) and uploads are refused"},
            {"trajectory_fsync", &c->trajectory_fsync, "",
             "fsync each group commit of entries (a power loss keeps what was answered); false: "
             "an edge killed loses nothing, a power loss may"},
@@ -364,8 +367,9 @@ struct KeyRange {
 constexpr KeyRange kRanges[] = {
     {"max_sandboxes", 1, 1 << 20},
     {"trajectory_checkpoint_every", 0, 1 << 20},
-    {"trajectory_ttl_s", 60, 10 * 365 * 86400.0},
+    {"trajectory_ttl_s", 1, 10 * 365 * 86400.0},
     {"trajectory_max_body_bytes", 1 << 10, 1ull << 32},
+    {"trajectory_max_bytes", 1 << 20, 1ull << 40},
     {"cluster_lease_ttl_s", 2, 600},
     {"port_proxy_connect_timeout_ms", 1, 600000},
     {"port_proxy_max_conns", 1, 1 << 20},
@@ -812,9 +816,9 @@ Status FinalizeConfig(EdgeConfig* c) {
   for (auto part : SplitString(c->trajectory_ttl_by_project, ',', /*skip_empty=*/true)) {
     auto eq = part.find('=');
     auto secs = eq == std::string_view::npos ? std::nullopt : ParseInt64(part.substr(eq + 1));
-    if (!secs || *secs < 60 || !api::IsDnsLabel(part.substr(0, eq)))
+    if (!secs || *secs < 1 || !api::IsDnsLabel(part.substr(0, eq)))
       return InvalidArgument(
-          "trajectory_ttl_by_project must be \"project=seconds,...\" (at least 60 s each), not \"" +
+          "trajectory_ttl_by_project must be \"project=seconds,...\" (at least 1 s each), not \"" +
           c->trajectory_ttl_by_project + "\"");
     c->trajectory_project_ttl[std::string(part.substr(0, eq))] = *secs;
   }

@@ -116,7 +116,8 @@ struct EdgeConfig {
   int64_t trajectory_ttl_s = 7 * 86400;
   std::string trajectory_ttl_by_project;                  // "project=seconds,..."
   std::map<std::string, int64_t> trajectory_project_ttl;  // (parsed from the above)
-  uint64_t trajectory_max_body_bytes = 64 << 20;
+  uint64_t trajectory_max_body_bytes = 16 << 20;
+  uint64_t trajectory_max_bytes = 1ull << 30;
   bool trajectory_fsync = true;
 
   // Container backend.

@@ -1,4 +1,5 @@
 #include "edge/edge.h"
+#include "base/resources.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -368,7 +369,7 @@ cluster::NodeRecord NodeRecordOf(const EdgeConfig& cfg, const Manager& manager,
   r.admit_memory_mb = n.admit_memory_mb;
   r.max_memory_mb = n.admit_memory_mb;
   r.default_memory_mb = cfg.defaults.memory_mb;
-  r.default_cpu_milli = static_cast<int64_t>(cfg.defaults.cpu * 1000 + 0.5);
+  r.default_cpu_milli = CpuMilli(cfg.defaults.cpu);
   r.sandboxes = n.sandboxes;
   r.used_memory_mb = n.used_memory_mb;
   r.started_at = started_at;
@@ -409,6 +410,11 @@ class EdgeServices {
   Metrics metrics_;
   std::unique_ptr<OutputBudget> output_budget_;
   std::unique_ptr<images::ImageStore> images_;
+  // The trajectory log: destroyed after the manager, the backends and the workers (a recorded
+  // call's answer may come while they go); stopped explicitly once the workers are joined. The
+  // store goes first: its committer's last callbacks still find the log.
+  std::unique_ptr<Trajectories> trajectories_;
+  std::unique_ptr<SqliteTrajectoryStore> trajectory_store_;
   Budgets budgets_;
   // The sandbox network: started by the first sandbox that needs one, removed after every
   // sandbox is gone, left in place for --persist.
@@ -432,10 +438,6 @@ class EdgeServices {
   std::unique_ptr<pools::PoolSet> pools_;
   std::optional<Idempotency> idem_;
   std::optional<Api> api_;
-  // (The store after the log: destroyed first, its committer's last callbacks still find the
-  // log.)
-  std::unique_ptr<Trajectories> trajectories_;
-  std::unique_ptr<SqliteTrajectoryStore> trajectory_store_;
   std::vector<std::string> made_dirs_;  // the socket's, deepest first: removed while empty
   std::unique_ptr<http::HttpServer> server_;
   std::optional<SandboxFusion> fusion_;  // SandboxFusion's /run_code, when asked for
@@ -462,6 +464,8 @@ EdgeServices::~EdgeServices() {
   if (manager_) manager_->Shutdown(serving_ ? cfg_.persist : true);
   if (membership_) membership_->Finish();
   if (workers_) workers_->join();
+  if (trajectory_store_) trajectory_store_->Stop();  // later answers are not recorded
+  if (trajectories_) trajectories_->Stop();          // no checkpoint runs any more
   if (timer_thread_.joinable()) {
     timers_work_.reset();
     timers_.stop();
@@ -567,6 +571,7 @@ Status EdgeServices::StartManager() {
     to.ttl_s = cfg_.trajectory_ttl_s;
     to.project_ttl_s = cfg_.trajectory_project_ttl;
     to.max_body_bytes = cfg_.trajectory_max_body_bytes;
+    to.max_bytes = cfg_.trajectory_max_bytes;
     trajectories_ = std::make_unique<Trajectories>(to, trajectory_store_.get(), manager_.get(),
                                                    images_.get(), nullptr);
     trajectory_holders = trajectories_->Recover();

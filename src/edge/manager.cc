@@ -1,4 +1,5 @@
 #include "edge/manager.h"
+#include "base/resources.h"
 
 #include <unistd.h>
 
@@ -642,7 +643,7 @@ cluster::NodeUsage Manager::Usage() const {
     cluster::UsageEntry& x = by[{p.project, p.owner, p.quota_hold}];
     x.sandboxes++;
     x.memory_mb += p.resources.memory_mb;
-    x.cpu_milli += static_cast<int64_t>(p.resources.cpu * 1000 + 0.5);
+    x.cpu_milli += CpuMilli(p.resources.cpu);
   }
   for (auto& [k, x] : by) {
     std::tie(x.project, x.owner, x.hold) = k;
@@ -684,7 +685,8 @@ void Manager::ReapOnce() {
     std::shared_ptr<backends::Sandbox> sb;
     {
       MutexLock l(e->mu_);
-      if (e->phase_ == Phase::kCreating) continue;
+      // (A sandbox made later, by its trajectory's first live call, expires as any other.)
+      if (e->phase_ == Phase::kCreating && !e->deferred) continue;
       sb = e->sb_;
       if (e->expires_at_ > 0 && now >= e->expires_at_) {
         why = "ttl";

@@ -74,6 +74,9 @@ class SandboxEntry {
   std::atomic<int> active_execs{0};
   // Its memory_mb counts against the node (guarded by the Manager's mutex); released once.
   bool memory_counted = true;
+  // Made later, by a trajectory's first live call (edge/trajectory.h): until then it stays
+  // "creating", its TTLs apply, and whatever needs it is refused at once rather than waiting.
+  std::atomic<bool> deferred{false};
 
   // Records an API call (idle TTL counts time without any).
   void Touch();

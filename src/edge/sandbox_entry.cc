@@ -62,6 +62,10 @@ StatusOr<CreateParams> CreateParamsFromJson(const Json& j) {
 void SandboxEntry::Touch() { last_used_at = clock_->NowMs(); }
 
 StatusOr<std::shared_ptr<backends::Sandbox>> SandboxEntry::Sandbox(Op op, int64_t timeout_ms) {
+  if (deferred)
+    return FailedPrecondition("sandbox " + id +
+                              " resumes a trajectory: it is made at its first live call (an exec "
+                              "or file call past the log), not before");
   MutexLock l(mu_);
   cv_.WaitFor(l, std::chrono::milliseconds(timeout_ms),
               [&]() DSEC_REQUIRES(mu_) { return phase_ != Phase::kCreating; });

@@ -21,10 +21,14 @@ struct Trajectories::Binding {
   Mutex mu;
   CondVar cv;
   bool busy DSEC_GUARDED_BY(mu) = false;  // a recorded call holds the turn
+  // (Read without the turn: Unbind's, from a delete or the housekeeper.)
+  std::atomic<int64_t> branch{0};
+  std::atomic<bool> live{true};     // false: replaying (the sandbox is not made yet)
+  std::atomic<bool> gone{false};    // unbound (deleted, preempted, failed)
+  std::atomic<bool> broken{false};  // an entry could not be recorded: calls are refused
+  std::atomic<int64_t> bytes{0};    // bodies kept (before de-duplication)
   // The rest is read and written by the turn's holder only.
-  int64_t branch = 0;
   int64_t next_seq = 1;
-  bool live = true;              // false: replaying (the sandbox is not made yet)
   std::function<void()> create;  // a replaying sandbox's create, run at materialization
   int64_t checkpoint_every = 0;
   int64_t since_checkpoint = 0;           // mutating calls since the last checkpoint
@@ -32,7 +36,6 @@ struct Trajectories::Binding {
   std::map<std::string, int64_t> shells;  // open shell (as the log knows it) -> its open's seq
   // A shell opened again after a materialization may get another id: the log's -> the live one.
   std::map<std::string, std::string> shell_ids;
-  std::atomic<bool> gone{false};  // unbound (deleted, preempted)
 };
 
 namespace {
@@ -68,22 +71,15 @@ Recording RecordedAs(RouteId r) {
   }
 }
 
-// Calls that need no made sandbox: a replaying one answers them as it is.
-bool NeedsSandbox(RouteId r) {
-  return r != RouteId::kGetSandbox && r != RouteId::kPatchSandbox && r != RouteId::kDeleteSandbox;
-}
-
-// Answers that are not the call's result: nothing was done (429, 503), the caller was refused,
-// or the edge failed. Neither recorded nor counted.
-bool RecordableStatus(int status) {
-  return status != 401 && status != 403 && status != 429 && status < 500;
-}
-
-// "/v1/sandboxes/<id>/files?path=/a" -> "/files?path=/a".
-std::string TargetSuffix(const http::HttpRequest& req, const std::string& sandbox) {
+// "/v1/sandboxes/<id>/files?path=/a" -> "/files?path=/a": the path after the sandbox (as
+// decoded: a re-run's target then names the route whatever escapes the caller used) and the
+// query as sent. nullopt for a path that does not start with the sandbox's own.
+std::optional<std::string> TargetSuffix(const http::HttpRequest& req, const std::string& sandbox) {
   const std::string prefix = "/v1/sandboxes/" + sandbox;
-  if (req.target.starts_with(prefix)) return req.target.substr(prefix.size());
-  return req.target;
+  if (!req.path.starts_with(prefix) || req.path.find('?') != std::string::npos) return {};
+  std::string out = req.path.substr(prefix.size());
+  if (auto q = req.target.find('?'); q != std::string::npos) out += req.target.substr(q);
+  return out;
 }
 
 // The request's body as the log keeps it (the spooled file read back, bounded).
@@ -234,6 +230,11 @@ std::string MapShell(const Trajectories::Binding& b, const std::string& target) 
 
 // Wraps a recorded call's responder: keeps what is sent, and sends it on only once the entry is
 // durable; the turn goes to the next call after that (and after a checkpoint that was due).
+//
+// What is recorded: every answer but 401/403 (the caller), 409 and 429 (not done now: the same
+// call may work later) and 503 (nothing was done). A mutating call's other 5xx, or a stream
+// that ended in an error, is recorded as not kept: the call may have changed the sandbox, and a
+// resume goes live there.
 class TrajectoryRecorder : public http::Responder {
  public:
   TrajectoryRecorder(Trajectories* t, std::shared_ptr<Trajectories::Binding> b,
@@ -247,19 +248,19 @@ class TrajectoryRecorder : public http::Responder {
         max_body_(max_body) {}
   ~TrajectoryRecorder() override {
     // A handler that never answered (it cannot happen, but the turn must not be lost).
-    if (!finished_.exchange(true)) t_->Recorded(b_, false, false, false);
+    if (!finished_.exchange(true)) t_->Recorded(b_, false);
   }
 
   void Send(http::HttpResponse r) override {
     if (finished_.exchange(true)) return;
-    if (!RecordableStatus(r.status)) {
-      inner_->Send(std::move(r));
-      return t_->Recorded(b_, false, false, false);
-    }
     e_.status = r.status;
+    if (!Recordable()) {
+      inner_->Send(std::move(r));
+      return t_->Recorded(b_, false);
+    }
     e_.content_type = r.content_type;
     e_.headers = HeadersJson(r.headers).dump();
-    Keep(r.body);
+    Keep(r.body, r.status < 500);
     auto inner = inner_;
     auto shared = std::make_shared<http::HttpResponse>(std::move(r));
     Commit([inner, shared](bool ok) {
@@ -282,13 +283,14 @@ class TrajectoryRecorder : public http::Responder {
   }
   void End(std::string last) override {
     if (finished_.exchange(true)) return;
-    if (!RecordableStatus(e_.status)) {
+    if (!Recordable()) {
       inner_->End(std::move(last));
-      return t_->Recorded(b_, false, false, false);
+      return t_->Recorded(b_, false);
     }
+    const bool failed = last.starts_with("{\"error\"");
     Capture(last);
     std::string body = std::move(captured_);
-    Keep(body);
+    Keep(body, !failed);
     auto inner = inner_;
     auto shared = std::make_shared<std::string>(std::move(last));
     // A stream's last chunk (its exit event) goes once the entry is durable.
@@ -306,6 +308,11 @@ class TrajectoryRecorder : public http::Responder {
   }
 
  private:
+  bool Recordable() const {
+    const int s = e_.status;
+    if (s == 401 || s == 403 || s == 409 || s == 429 || s == 503) return false;
+    return s < 500 || e_.mutating;
+  }
   void Capture(const std::string& c) {
     if (too_big_) return;
     if (captured_.size() + c.size() > max_body_) {
@@ -316,9 +323,11 @@ class TrajectoryRecorder : public http::Responder {
     }
     captured_ += c;
   }
-  void Keep(const std::string& body) {
+  // `replayable`: an answer a resume may give again (else it is noted, not kept).
+  void Keep(const std::string& body, bool replayable) {
     if (IsShellOpen(e_)) opened_ = body;
-    if (too_big_ || body.size() > max_body_) {
+    if (!replayable || too_big_ || body.size() > max_body_ ||
+        !t_->Charge(b_, static_cast<int64_t>(body.size()))) {
       e_.kept = false;
       return;
     }
@@ -333,25 +342,27 @@ class TrajectoryRecorder : public http::Responder {
     e_.created_ms = WallMs();
     Trajectories* t = t_;
     auto b = b_;
-    const bool mutating = e_.mutating;
     const int64_t seq = e_.seq;
     TrajectoryEntry meta = e_;  // (digests, not bodies)
-    t_->store_->Append(
-        b_->project, b_->id, b_->branch, std::move(e_), std::move(blobs_),
-        [t, b, mutating, seq, meta = std::move(meta), opened = std::move(opened_),
-         send = std::move(send)](Status s) {
-          if (!s.ok())
-            DSEC_LOG_ERROR("trajectory {}: entry {} not recorded: {}", b->id, seq, s.ToString());
-          bool due = false;
-          if (s.ok()) {
-            b->next_seq = seq + 1;
-            Follow(*b, meta, opened);
-            if (mutating) ++b->since_checkpoint;
-            due = mutating && b->checkpoint_every > 0 && b->since_checkpoint >= b->checkpoint_every;
-          }
-          send(s.ok());
-          t->Recorded(b, s.ok(), mutating, due);
-        });
+    t_->store_->Append(b_->project, b_->id, b_->branch, std::move(e_), std::move(blobs_),
+                       [t, b, seq, meta = std::move(meta), opened = std::move(opened_),
+                        send = std::move(send)](Status s) {
+                         if (!s.ok()) {
+                           // The log no longer matches the sandbox: it stops recording (its calls
+                           // are refused) rather than go on with a hole.
+                           DSEC_LOG_ERROR(
+                               "trajectory {}: entry {} not recorded, the sandbox stops: {}", b->id,
+                               seq, s.ToString());
+                           b->broken = true;
+                         } else {
+                           b->next_seq = seq + 1;
+                           Follow(*b, meta, opened);
+                           if (meta.mutating) ++b->since_checkpoint;
+                         }
+                         send(s.ok());
+                         t->Recorded(b, s.ok() && meta.mutating && b->checkpoint_every > 0 &&
+                                            b->since_checkpoint >= b->checkpoint_every);
+                       });
   }
 
  public:
@@ -406,9 +417,10 @@ std::vector<std::string> Trajectories::Recover() {
   for (TrajectoryInfo& t : *all) {
     holders.push_back(HolderOf(t.project, t.id));
     if (t.sandbox.empty()) continue;
-    if (t.state == "recording" && manager_->Has(t.sandbox)) {
+    const std::string sandbox = t.sandbox;
+    if (t.state == "recording" && manager_->Has(sandbox)) {
       auto b = std::make_shared<Binding>();
-      b->sandbox = t.sandbox;
+      b->sandbox = sandbox;
       b->project = t.project;
       b->id = t.id;
       b->branch = t.head;
@@ -423,15 +435,16 @@ std::vector<std::string> Trajectories::Recover() {
           if (e.mutating && e.seq > last_cp) ++b->since_checkpoint;
         }
       MutexLock l(mu_);
-      bindings_[t.sandbox] = b;
+      bindings_[sandbox] = b;
       continue;
     }
-    // Its sandbox did not come back (or was never made: a resumed one is made at its first
-    // live call): the log stays, for a resume.
+    // Its sandbox did not come back, or was being made from the log when the edge died (its
+    // replayed calls' place is lost with it): the log stays, for a resume.
+    if (t.state != "recording" && manager_->Has(sandbox)) (void)manager_->Delete(sandbox, "lost");
     t.state = "stopped";
     t.sandbox.clear();
     t.updated_ms = WallMs();
-    (void)store_->Update(t);
+    (void)store_->Update(t, sandbox);
   }
   return holders;
 }
@@ -488,6 +501,8 @@ StatusOr<CreateParams> Trajectories::ResumeParams(const CreateParams& request,
 Status Trajectories::Resumed(const std::string& sandbox, const std::string& project,
                              const api::TrajectorySpec& spec, std::function<void()> create) {
   DSEC_ASSIGN_OR_RETURN(TrajectoryInfo t, store_->Get(project, spec.id));
+  DSEC_ASSIGN_OR_RETURN(auto entry, manager_->Get(sandbox));
+  entry->deferred = true;  // made at its first live call; its TTLs apply meanwhile
   auto b = std::make_shared<Binding>();
   b->sandbox = sandbox;
   b->project = project;
@@ -501,7 +516,10 @@ Status Trajectories::Resumed(const std::string& sandbox, const std::string& proj
   t.sandbox = sandbox;
   t.updated_ms = WallMs();
   t.expires_ms = t.updated_ms + TtlFor(project) * 1000;
-  DSEC_RETURN_IF_ERROR(store_->Update(t));
+  // Only while no other sandbox took it since ResumeParams looked (two resumes at once).
+  if (Status s = store_->Update(t, ""); !s.ok())
+    return FailedPrecondition("trajectory \"" + spec.id +
+                              "\" was resumed by another sandbox meanwhile");
   MutexLock l(mu_);
   bindings_[sandbox] = b;
   return OkStatus();
@@ -522,7 +540,7 @@ void Trajectories::Unbind(const std::shared_ptr<Binding>& b, const std::string& 
   t->head = b->branch;
   t->updated_ms = WallMs();
   t->expires_ms = t->updated_ms + TtlFor(b->project) * 1000;
-  if (Status s = store_->Update(*t); !s.ok())
+  if (Status s = store_->Update(*t, b->sandbox); !s.ok())
     DSEC_LOG_ERROR("trajectory {}: {}", b->id, s.ToString());
 }
 
@@ -542,19 +560,24 @@ void Trajectories::ReleaseTurn(const std::shared_ptr<Binding>& b) {
   b->cv.NotifyAll();
 }
 
-void Trajectories::Recorded(const std::shared_ptr<Binding>& b, bool ok, bool mutating,
-                            bool checkpoint_due) {
-  (void)ok;
-  (void)mutating;
+bool Trajectories::Charge(const std::shared_ptr<Binding>& b, int64_t n) {
+  if (b->bytes + n > static_cast<int64_t>(opts_.max_bytes)) return false;
+  b->bytes += n;
+  return true;
+}
+
+void Trajectories::Recorded(const std::shared_ptr<Binding>& b, bool checkpoint_due) {
   if (!checkpoint_due) return ReleaseTurn(b);
-  // The checkpoint blocks (a capture of the writable layer): on a worker, still in the turn.
-  boost::asio::post(*api_->deps().workers, [this, b] {
+  // The checkpoint blocks (a capture of the writable layer): on its own thread, in the turn.
+  boost::asio::post(checkpointer_, [this, b] {
     if (Status s = Checkpoint(b, b->next_seq - 1); !s.ok())
       DSEC_LOG_WARN("trajectory {}: checkpoint at {} failed: {}", b->id, b->next_seq - 1,
                     s.ToString());
     ReleaseTurn(b);
   });
 }
+
+void Trajectories::Stop() { checkpointer_.join(); }
 
 Status Trajectories::HoldCheckpoints(const std::string& project, const std::string& id) {
   if (!images_) return OkStatus();
@@ -624,12 +647,30 @@ Status Trajectories::Rerun(const std::shared_ptr<Binding>& b, const TrajectoryEn
 }
 
 Status Trajectories::Materialize(const std::shared_ptr<Binding>& b, int64_t seq) {
+  const int64_t from_branch = b->branch;
+  Status s = MaterializeSteps(b, seq);
+  if (s.ok()) return s;
+  // Half made is worse than not made: the sandbox goes (its id then answers 404), the
+  // trajectory's head is the branch it was, and it can be resumed again.
+  DSEC_LOG_WARN("trajectory {}: making sandbox {} at call {} failed: {}", b->id, b->sandbox, seq,
+                s.ToString());
+  b->branch = from_branch;
+  Unbind(b, "stopped");
+  (void)manager_->Delete(b->sandbox, "api");
+  return Status(s.code(), "the sandbox resuming trajectory \"" + b->id +
+                              "\" could not be made from its log (it is deleted; resume the "
+                              "trajectory again): " +
+                              s.message());
+}
+
+Status Trajectories::MaterializeSteps(const std::shared_ptr<Binding>& b, int64_t seq) {
   Stopwatch sw;
   DSEC_ASSIGN_OR_RETURN(auto entry, store_->Entry(b->project, b->id, b->branch, seq));
   if (entry) {
-    // The call differs from the log here (or needs the sandbox itself): a new branch holds
-    // what came before, the old one stays as it was.
-    DSEC_ASSIGN_OR_RETURN(b->branch, store_->Fork(b->project, b->id, b->branch, seq));
+    // The call differs from the log here: a new branch holds what came before, the old one
+    // stays as it was.
+    DSEC_ASSIGN_OR_RETURN(int64_t fork, store_->Fork(b->project, b->id, b->branch, seq));
+    b->branch = fork;
     DSEC_RETURN_IF_ERROR(HoldCheckpoints(b->project, b->id));
   }
   DSEC_ASSIGN_OR_RETURN(auto cps, store_->Checkpoints(b->project, b->id, b->branch));
@@ -640,10 +681,11 @@ Status Trajectories::Materialize(const std::shared_ptr<Binding>& b, int64_t seq)
   if (from) e->SetStartImage(from->image);
   auto create = std::move(b->create);
   b->create = nullptr;
-  if (create) create();
+  if (!create) return FailedPrecondition("it was made already");
+  e->deferred = false;
+  create();
   DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox(Op::kUse, 0));
   (void)sb;
-  b->live = true;
   const int64_t base = from ? from->seq : 0;
   b->jobs.clear();
   b->shells.clear();
@@ -672,18 +714,18 @@ Status Trajectories::Materialize(const std::shared_ptr<Binding>& b, int64_t seq)
     }
     follow(le);
   }
+  DSEC_ASSIGN_OR_RETURN(auto t, store_->Get(b->project, b->id));
+  t.state = "recording";
+  t.head = b->branch;
+  t.updated_ms = WallMs();
+  // (Only while this sandbox still follows it: deleted meanwhile, it fails here.)
+  DSEC_RETURN_IF_ERROR(store_->Update(t, b->sandbox));
   b->next_seq = seq;
-  auto t = store_->Get(b->project, b->id);
-  if (t.ok()) {
-    t->state = "recording";
-    t->head = b->branch;
-    t->updated_ms = WallMs();
-    (void)store_->Update(*t);
-  }
+  b->live = true;
   DSEC_LOG_INFO(
       "trajectory {}: sandbox {} live at call {} (branch {}) from checkpoint {}, {} calls run "
       "again, in {:.1f} ms",
-      b->id, b->sandbox, seq, b->branch, base, rerun, sw.ElapsedMs());
+      b->id, b->sandbox, seq, b->branch.load(), base, rerun, sw.ElapsedMs());
   return OkStatus();
 }
 
@@ -693,27 +735,33 @@ void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId
   if (!b || c->internal) return fn(c);
   const Recording kind = RecordedAs(route);
   if (kind == Recording::kNo) {
-    if (route == RouteId::kDeleteSandbox) {
-      fn(c);
-      if (!manager_->Has(b->sandbox)) Unbind(b, "stopped");
-      return;
-    }
-    if (!b->live && NeedsSandbox(route)) {
-      if (Status s = TakeTurn(b); !s.ok()) return c->Fail(s);
-      Status s = b->live ? OkStatus() : Materialize(b, b->next_seq);
-      ReleaseTurn(b);
-      if (!s.ok()) return c->Fail(s);
-    }
-    return fn(c);
+    // (A replaying sandbox is not made yet: what needs it is refused, SandboxEntry::Sandbox.)
+    fn(c);
+    if (route == RouteId::kDeleteSandbox && !manager_->Has(b->sandbox)) Unbind(b, "stopped");
+    return;
   }
+  auto suffix = TargetSuffix(c->req, b->sandbox);
+  if (!suffix)
+    return c->Fail(400, "bad_request",
+                   "a sandbox that records a trajectory takes its calls at "
+                   "/v1/sandboxes/" +
+                       b->sandbox + "/... as it is written");
   auto body = BodyOf(c->req, opts_.max_body_bytes);
   if (!body.ok()) return c->Fail(body.status());
   const std::string fp = Fingerprint(c->req, b->sandbox, *body);
   if (Status s = TakeTurn(b); !s.ok()) return c->Fail(s);
-  if (b->gone) {
-    ReleaseTurn(b);
-    return fn(c);  // (unbound while it waited: the sandbox is gone, the handler says so)
-  }
+  // Until the recorder has it, the turn is this function's to give back.
+  bool handed = false;
+  auto release = MakeScopeGuard([&] {
+    if (!handed) ReleaseTurn(b);
+  });
+  if (b->gone)  // preempted or deleted while it waited
+    return c->Fail(Gone("sandbox " + b->sandbox + " no longer follows trajectory \"" + b->id +
+                        "\" (its job was preempted or it was deleted)"));
+  if (b->broken)
+    return c->Fail(Unavailable("the trajectory log could not record a call of sandbox " +
+                               b->sandbox + ": it records no more (resume trajectory \"" + b->id +
+                               "\" from its log)"));
   const int64_t seq = b->next_seq;
   if (!b->live) {
     auto logged = store_->Entry(b->project, b->id, b->branch, seq);
@@ -723,7 +771,6 @@ void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId
       auto out = store_->ReadBlob(e.response);
       if (out.ok()) {
         b->next_seq = seq + 1;
-        ReleaseTurn(b);
         auto headers = HeadersFrom(e.headers);
         headers.emplace_back("Dsec-Trajectory-Seq", std::to_string(seq));
         headers.emplace_back("Dsec-Trajectory-Replayed", "1");
@@ -739,21 +786,22 @@ void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId
         return c->res->Send(std::move(r));
       }
     }
-    if (Status s = Materialize(b, seq); !s.ok()) {
-      ReleaseTurn(b);
-      DSEC_LOG_WARN("trajectory {}: materializing sandbox {} failed: {}", b->id, b->sandbox,
-                    s.ToString());
-      return c->Fail(s);
-    }
+    if (Status s = Materialize(b, seq); !s.ok()) return c->Fail(s);
   }
   TrajectoryEntry e;
   e.seq = seq;
   e.fingerprint = fp;
   e.method = c->req.method;
-  e.target = TargetSuffix(c->req, b->sandbox);
+  e.target = std::move(*suffix);
   e.mutating = kind == Recording::kMutating;
   std::vector<TrajectoryBlob> blobs;
   if (!body->empty()) {
+    // A request is what a re-run needs: an upload past the trajectory's bytes is refused.
+    if (!Charge(b, static_cast<int64_t>(body->size())))
+      return c->Fail(TooLarge("trajectory \"" + b->id + "\" keeps " +
+                              std::to_string(opts_.max_bytes) +
+                              " bytes at most (trajectory_max_bytes), and this call's body does "
+                              "not fit"));
     e.request = http::Sha256Hex(*body);
     blobs.push_back({e.request, std::move(*body)});
   }
@@ -765,6 +813,8 @@ void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId
   c->exec_id = ExecIdFor(b->project, b->id, seq);
   rec->exec_id = c->exec_id;
   c->res = rec;
+  handed = true;  // the recorder gives the turn back once the answer is sent
+  rec.reset();
   fn(c);
 }
 
@@ -794,10 +844,11 @@ StatusOr<Json> Trajectories::Preempt(const std::string& job, const std::string& 
       // A live one's state since its last checkpoint is captured; a replaying one changed
       // nothing (its log is as it was).
       Status s = OkStatus();
-      if (b->live && b->next_seq > 1) {
+      const int64_t last = b->next_seq - 1;
+      if (b->live && last > 0 && !b->broken) {
         auto cps = store_->Checkpoints(b->project, b->id, b->branch);
-        bool have = cps.ok() && !cps->empty() && cps->back().seq == b->next_seq - 1;
-        if (!have) s = Checkpoint(b, b->next_seq - 1);
+        bool have = cps.ok() && !cps->empty() && cps->back().seq == last;
+        if (!have) s = Checkpoint(b, last);
       }
       if (!s.ok()) {
         ReleaseTurn(b);
@@ -805,12 +856,14 @@ StatusOr<Json> Trajectories::Preempt(const std::string& job, const std::string& 
         continue;
       }
       Unbind(b, "preempted");
+      // Deleted before the turn goes: a call waiting for it finds the sandbox gone.
+      if (manager_->Delete(id, "preempted").ok()) ++deleted;
       ReleaseTurn(b);
-      checkpointed.push_back({{"sandbox", id},
-                              {"trajectory", b->id},
-                              {"branch", b->branch},
-                              {"seq", b->next_seq - 1}});
-    } else if (others == "snapshot") {
+      checkpointed.push_back(
+          {{"sandbox", id}, {"trajectory", b->id}, {"branch", b->branch.load()}, {"seq", last}});
+      continue;
+    }
+    if (others == "snapshot") {
       auto e = manager_->Get(id);
       if (!e.ok()) continue;
       auto sb = (*e)->Sandbox(Op::kSnapshot);
@@ -843,6 +896,11 @@ StatusOr<Json> Trajectories::Preempt(const std::string& job, const std::string& 
     }
     if (manager_->Delete(id, "preempted").ok()) ++deleted;
   }
+  // "200 when all of that is done": a sandbox that could not be preempted makes it a 503 (a
+  // retry does the rest; what was preempted is gone).
+  if (!failed.empty())
+    return Unavailable("not every sandbox of job " + job + " was preempted (" + failed.dump() +
+                       "); " + std::to_string(deleted) + " were: retry");
   return Json{{"affected", deleted},
               {"checkpointed", std::move(checkpointed)},
               {"snapshots", std::move(snapshots)},
@@ -868,6 +926,15 @@ StatusOr<Json> Trajectories::Describe(const std::string& project, const std::str
             {"created_ms", t.created_ms},
             {"updated_ms", t.updated_ms},
             {"expires_ms", t.expires_ms}};
+  // What a resume makes (a cluster's quotas count it before it is sent to this node).
+  Json params = Json::parse(t.params, nullptr, false);
+  if (auto p = CreateParamsFromJson(params); p.ok())
+    j["made_as"] = {{"kind", backends::KindName(p->kind)},
+                    {"image", p->image},
+                    {"memory_mb", p->resources.memory_mb},
+                    {"cpu", p->resources.cpu}};
+  else
+    j["made_as"] = Json::object();
   Json bj = Json::array();
   for (const auto& b : branches)
     bj.push_back({{"branch", b.branch},
@@ -917,14 +984,10 @@ StatusOr<Json> Trajectories::List(const std::string& project) {
 }
 
 Status Trajectories::Delete(const std::string& project, const std::string& id) {
-  DSEC_ASSIGN_OR_RETURN(TrajectoryInfo t, store_->Get(project, id));
-  if (!t.sandbox.empty())
-    return FailedPrecondition("trajectory \"" + id + "\" is followed by sandbox " + t.sandbox +
-                              ": delete the sandbox first");
+  // (The store refuses while a sandbox follows it.)
   DSEC_RETURN_IF_ERROR(store_->Delete(project, id));
   if (images_) images_->Release(HolderOf(project, id));
-  (void)store_->CollectBlobs();
-  if (images_) (void)images_->Collect();
+  collect_ = true;  // bodies and layers: by the housekeeper, not on this call
   return OkStatus();
 }
 
@@ -936,22 +999,17 @@ void Trajectories::Housekeep() {
   }
   for (const auto& b : all)
     if (!manager_->Has(b->sandbox)) Unbind(b, "stopped");
-  auto list = store_->List();
-  if (!list.ok()) return;
-  const int64_t now = WallMs();
-  int expired = 0;
-  for (const auto& t : *list) {
-    if (!t.sandbox.empty() || t.expires_ms > now) continue;
-    if (store_->Delete(t.project, t.id).ok()) {
-      if (images_) images_->Release(HolderOf(t.project, t.id));
-      ++expired;
-    }
+  auto expired = store_->Expire(WallMs());
+  if (!expired.ok()) {
+    DSEC_LOG_WARN("trajectories: expiry failed: {}", expired.status().ToString());
+    return;
   }
-  if (expired) {
-    auto n = store_->CollectBlobs();
-    if (images_) (void)images_->Collect();
-    DSEC_LOG_INFO("trajectories: {} expired, {} bodies collected", expired, n.ok() ? *n : 0);
-  }
+  for (const auto& [project, id] : *expired)
+    if (images_) images_->Release(HolderOf(project, id));
+  if (expired->empty() && !collect_.exchange(false)) return;
+  auto n = store_->CollectBlobs();
+  if (images_) (void)images_->Collect();
+  DSEC_LOG_INFO("trajectories: {} expired, {} bodies collected", expired->size(), n.ok() ? *n : 0);
 }
 
 }  // namespace dsec::edge

@@ -21,6 +21,8 @@
 // may capture a checkpoint or make a sandbox) and run on worker threads.
 #pragma once
 
+#include <atomic>
+#include <boost/asio/thread_pool.hpp>
 #include <functional>
 #include <map>
 #include <memory>
@@ -51,7 +53,8 @@ struct TrajectoryOptions {
   int64_t checkpoint_every = 20;  // mutating calls between checkpoints (0: only at preempt)
   int64_t ttl_s = 7 * 86400;      // kept this long after its last use
   std::map<std::string, int64_t> project_ttl_s;  // per project, over ttl_s
-  uint64_t max_body_bytes = 64 << 20;            // a request or response kept at most
+  uint64_t max_body_bytes = 16 << 20;            // a request or response kept at most
+  uint64_t max_bytes = 1ull << 30;               // all the bodies of one trajectory
 };
 
 class Trajectories {
@@ -96,6 +99,8 @@ class Trajectories {
 
   // Bindings of sandboxes that are gone; expired trajectories and what only they held.
   void Housekeep();
+  // At shutdown, after the workers are joined: no checkpoint runs any more.
+  void Stop();
 
   // The holder of a trajectory's checkpoint layers in the image store.
   static std::string HolderOf(const std::string& project, const std::string& id);
@@ -115,9 +120,13 @@ class Trajectories {
   Status Rerun(const std::shared_ptr<Binding>& b, const TrajectoryEntry& e);
   Status Checkpoint(const std::shared_ptr<Binding>& b, int64_t seq);
   Status HoldCheckpoints(const std::string& project, const std::string& id);
-  // Records a finished call (c's answer) under the turn; sends the answer once durable.
+  // A recorded call is done (its answer sent): the turn goes on, after a checkpoint if due.
   friend class TrajectoryRecorder;
-  void Recorded(const std::shared_ptr<Binding>& b, bool ok, bool mutating, bool checkpoint_due);
+  void Recorded(const std::shared_ptr<Binding>& b, bool checkpoint_due);
+  // Counts `n` more bytes of bodies kept by b's trajectory: false (nothing counted) past
+  // max_bytes.
+  bool Charge(const std::shared_ptr<Binding>& b, int64_t n);
+  Status MaterializeSteps(const std::shared_ptr<Binding>& b, int64_t seq);
   int64_t TtlFor(const std::string& project) const;
 
   TrajectoryOptions opts_;
@@ -127,6 +136,10 @@ class Trajectories {
   Api* api_;
   Mutex mu_;
   std::map<std::string, std::shared_ptr<Binding>> bindings_ DSEC_GUARDED_BY(mu_);  // by sandbox
+  std::atomic<bool> collect_{false};  // bodies to collect (a trajectory was deleted)
+  // Checkpoints run here, not on the API's workers (which may all be waiting for a turn that
+  // a checkpoint holds).
+  boost::asio::thread_pool checkpointer_{1};
 };
 
 }  // namespace dsec::edge

@@ -91,6 +91,13 @@ std::string ColumnText(sqlite3_stmt* st, int i) {
   return p ? std::string(static_cast<const char*>(p), static_cast<size_t>(n)) : std::string();
 }
 
+// Resets a cached statement when a read returns (an active statement holds the connection's
+// read transaction open, and the WAL could not be reset).
+struct ResetOnExit {
+  sqlite3_stmt* st;
+  ~ResetOnExit() { sqlite3_reset(st); }
+};
+
 bool IsDigest(const std::string& d) {
   if (d.size() != 64) return false;
   for (char c : d)
@@ -173,13 +180,17 @@ StatusOr<std::unique_ptr<SqliteTrajectoryStore>> SqliteTrajectoryStore::Open(
   return s;
 }
 
-SqliteTrajectoryStore::~SqliteTrajectoryStore() {
+void SqliteTrajectoryStore::Stop() {
   {
     MutexLock l(qmu_);
     stopping_ = true;
     qcv_.NotifyAll();
   }
   if (committer_.joinable()) committer_.join();
+}
+
+SqliteTrajectoryStore::~SqliteTrajectoryStore() {
+  Stop();
   MutexLock l(mu_);
   for (auto& [sql, st] : stmts_) sqlite3_finalize(st);
   if (db_) sqlite3_close(db_);
@@ -256,6 +267,7 @@ StatusOr<TrajectoryInfo> SqliteTrajectoryStore::Get(const std::string& project,
   static const std::string sql =
       std::string("SELECT ") + kInfoColumns + " FROM trajectories WHERE tkey = ?1";
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare(sql.c_str()));
+  ResetOnExit reset{st};
   const std::string key = Key(project, id);
   BindText(st, 1, key);
   int rc = sqlite3_step(st);
@@ -264,21 +276,24 @@ StatusOr<TrajectoryInfo> SqliteTrajectoryStore::Get(const std::string& project,
   return NotFound("trajectory \"" + id + "\" not found");
 }
 
-Status SqliteTrajectoryStore::Update(const TrajectoryInfo& t) {
+Status SqliteTrajectoryStore::Update(const TrajectoryInfo& t, const std::string& expect_sandbox) {
   MutexLock l(mu_);
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("UPDATE trajectories SET head = ?2, branches = ?3, state = ?4, "
-                                "sandbox = ?5, updated_ms = ?6, expires_ms = ?7 WHERE tkey = ?1"));
+  DSEC_ASSIGN_OR_RETURN(
+      sqlite3_stmt * st,
+      Prepare("UPDATE trajectories SET head = ?2, state = ?3, sandbox = ?4, "
+              "updated_ms = ?5, expires_ms = ?6 WHERE tkey = ?1 AND sandbox = ?7"));
   const std::string key = Key(t.project, t.id);
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, t.head);
-  sqlite3_bind_int64(st, 3, t.branches);
-  BindText(st, 4, t.state);
-  BindText(st, 5, t.sandbox);
-  sqlite3_bind_int64(st, 6, t.updated_ms);
-  sqlite3_bind_int64(st, 7, t.expires_ms);
+  BindText(st, 3, t.state);
+  BindText(st, 4, t.sandbox);
+  sqlite3_bind_int64(st, 5, t.updated_ms);
+  sqlite3_bind_int64(st, 6, t.expires_ms);
+  BindText(st, 7, expect_sandbox);
   if (sqlite3_step(st) != SQLITE_DONE) return Error("update trajectory");
-  if (sqlite3_changes(db_) == 0) return NotFound("trajectory \"" + t.id + "\" not found");
+  if (sqlite3_changes(db_) == 0)
+    return FailedPrecondition("trajectory \"" + t.id +
+                              "\" is gone or followed by another sandbox now");
   return OkStatus();
 }
 
@@ -294,12 +309,7 @@ StatusOr<std::vector<TrajectoryInfo>> SqliteTrajectoryStore::List() {
   return out;
 }
 
-Status SqliteTrajectoryStore::Delete(const std::string& project, const std::string& id) {
-  MutexLock l(mu_);
-  DSEC_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  auto rollback =
-      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)Exec("ROLLBACK"); });
-  const std::string key = Key(project, id);
+Status SqliteTrajectoryStore::DeleteLocked(const std::string& key) {
   for (const char* sql :
        {"DELETE FROM entries WHERE tkey = ?1", "DELETE FROM checkpoints WHERE tkey = ?1",
         "DELETE FROM branches WHERE tkey = ?1", "DELETE FROM trajectories WHERE tkey = ?1"}) {
@@ -307,18 +317,70 @@ Status SqliteTrajectoryStore::Delete(const std::string& project, const std::stri
     BindText(st, 1, key);
     if (sqlite3_step(st) != SQLITE_DONE) return Error("delete trajectory");
   }
+  return OkStatus();
+}
+
+Status SqliteTrajectoryStore::Delete(const std::string& project, const std::string& id) {
+  MutexLock l(mu_);
+  DSEC_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  auto rollback =
+      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)Exec("ROLLBACK"); });
+  const std::string key = Key(project, id);
+  {
+    DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
+                          Prepare("SELECT sandbox FROM trajectories WHERE tkey = ?1"));
+    ResetOnExit reset{st};
+    BindText(st, 1, key);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE) return NotFound("trajectory \"" + id + "\" not found");
+    if (rc != SQLITE_ROW) return Error("get trajectory");
+    if (std::string sb = ColumnText(st, 0); !sb.empty())
+      return FailedPrecondition("trajectory \"" + id + "\" is followed by sandbox " + sb +
+                                ": delete the sandbox first");
+  }
+  DSEC_RETURN_IF_ERROR(DeleteLocked(key));
   DSEC_RETURN_IF_ERROR(Exec("COMMIT"));
   rollback.Dismiss();
   return OkStatus();
+}
+
+StatusOr<std::vector<std::pair<std::string, std::string>>> SqliteTrajectoryStore::Expire(
+    int64_t now_ms) {
+  MutexLock l(mu_);
+  DSEC_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  auto rollback =
+      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)Exec("ROLLBACK"); });
+  std::vector<std::pair<std::string, std::string>> out;
+  {
+    DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
+                          Prepare("SELECT project, id FROM trajectories WHERE sandbox = '' AND "
+                                  "expires_ms <= ?1"));
+    ResetOnExit reset{st};
+    sqlite3_bind_int64(st, 1, now_ms);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+      out.emplace_back(ColumnText(st, 0), ColumnText(st, 1));
+    if (rc != SQLITE_DONE) return Error("list expired trajectories");
+  }
+  for (const auto& [project, id] : out) DSEC_RETURN_IF_ERROR(DeleteLocked(Key(project, id)));
+  DSEC_RETURN_IF_ERROR(Exec("COMMIT"));
+  rollback.Dismiss();
+  return out;
 }
 
 void SqliteTrajectoryStore::Append(const std::string& project, const std::string& id,
                                    int64_t branch, TrajectoryEntry e,
                                    std::vector<TrajectoryBlob> blobs,
                                    std::function<void(Status)> done) {
-  MutexLock l(qmu_);
-  queue_.push_back({Key(project, id), branch, std::move(e), std::move(blobs), std::move(done)});
-  qcv_.NotifyAll();
+  {
+    MutexLock l(qmu_);
+    if (!stopping_) {
+      queue_.push_back({Key(project, id), branch, std::move(e), std::move(blobs), std::move(done)});
+      qcv_.NotifyAll();
+      return;
+    }
+  }
+  done(Unavailable("the trajectory log is stopped (the edge is shutting down)"));
 }
 
 void SqliteTrajectoryStore::CommitLoop() {
@@ -331,14 +393,24 @@ void SqliteTrajectoryStore::CommitLoop() {
       batch.swap(queue_);
     }
     Status s = CommitBatch(batch);
-    if (!s.ok())
-      DSEC_LOG_ERROR("trajectory commit of {} entries failed: {}", batch.size(), s.ToString());
+    std::vector<Status> each(batch.size(), s);
+    if (!s.ok() && batch.size() > 1) {
+      // One bad entry (a seq taken, say) must not fail its neighbours: each on its own.
+      for (size_t i = 0; i < batch.size(); ++i) {
+        std::vector<Pending> one;
+        one.push_back(std::move(batch[i]));
+        each[i] = CommitBatch(one);
+        batch[i] = std::move(one[0]);
+      }
+    }
+    for (const Status& e : each)
+      if (!e.ok()) DSEC_LOG_ERROR("trajectory commit failed: {}", e.ToString());
     {
       MutexLock l(qmu_);
       ++commits_;
       committed_ += static_cast<int64_t>(batch.size());
     }
-    for (auto& p : batch) p.done(s);
+    for (size_t i = 0; i < batch.size(); ++i) batch[i].done(each[i]);
   }
 }
 
@@ -385,7 +457,7 @@ Status SqliteTrajectoryStore::CommitBatch(std::vector<Pending>& batch) {
     }
     DSEC_ASSIGN_OR_RETURN(
         sqlite3_stmt * st,
-        Prepare("INSERT OR REPLACE INTO entries(tkey, branch, seq, fingerprint, method, target, "
+        Prepare("INSERT INTO entries(tkey, branch, seq, fingerprint, method, target, "
                 "request, mutating, status, content_type, headers, response, kept, streamed, "
                 "exec_id, created_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
                 "?13, ?14, ?15, ?16)"));
@@ -420,6 +492,7 @@ StatusOr<std::optional<TrajectoryEntry>> SqliteTrajectoryStore::Entry(const std:
   static const std::string sql = std::string("SELECT ") + kEntryColumns +
                                  " FROM entries WHERE tkey = ?1 AND branch = ?2 AND seq = ?3";
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare(sql.c_str()));
+  ResetOnExit reset{st};
   const std::string key = Key(project, id);
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, branch);
@@ -525,7 +598,10 @@ StatusOr<int64_t> SqliteTrajectoryStore::Fork(const std::string& project, const 
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
                         Prepare("SELECT branches FROM trajectories WHERE tkey = ?1"));
   BindText(st, 1, key);
-  if (sqlite3_step(st) != SQLITE_ROW) return NotFound("trajectory \"" + id + "\" not found");
+  if (sqlite3_step(st) != SQLITE_ROW) {
+    sqlite3_reset(st);
+    return NotFound("trajectory \"" + id + "\" not found");
+  }
   const int64_t branch = sqlite3_column_int64(st, 0);
   sqlite3_reset(st);
   const int64_t now = WallMs();
@@ -572,6 +648,7 @@ StatusOr<std::string> SqliteTrajectoryStore::ReadBlob(const std::string& digest)
   {
     MutexLock l(mu_);
     DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("SELECT data FROM blobs WHERE digest = ?1"));
+    ResetOnExit reset{st};
     BindText(st, 1, digest);
     int rc = sqlite3_step(st);
     if (rc == SQLITE_ROW) return ColumnText(st, 0);
@@ -601,6 +678,7 @@ StatusOr<int64_t> SqliteTrajectoryStore::CollectBlobs() {
       BindText(st, 1, f);
       if (sqlite3_step(st) != SQLITE_ROW) return Error("check body");
       referenced = sqlite3_column_int(st, 0) != 0;
+      sqlite3_reset(st);
     }
     if (!referenced && unlink(BlobPath(f).c_str()) == 0) ++n;
   }

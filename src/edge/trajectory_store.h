@@ -85,14 +85,20 @@ class TrajectoryStore {
 
   virtual Status Create(const TrajectoryInfo& t) = 0;  // AlreadyExists for a taken (project, id)
   virtual StatusOr<TrajectoryInfo> Get(const std::string& project, const std::string& id) = 0;
-  // Writes head, branches, state, sandbox, updated_ms and expires_ms.
-  virtual Status Update(const TrajectoryInfo& t) = 0;
+  // Writes head, state, sandbox, updated_ms and expires_ms, only while the sandbox that follows
+  // it is `expect_sandbox` ("": none): FailedPrecondition when another one took it meanwhile.
+  virtual Status Update(const TrajectoryInfo& t, const std::string& expect_sandbox) = 0;
   virtual StatusOr<std::vector<TrajectoryInfo>> List() = 0;
-  // The trajectory and its entries, checkpoints and branches (bodies go at CollectBlobs).
+  // The trajectory and its entries, checkpoints and branches (bodies go at CollectBlobs), only
+  // while no sandbox follows it (FailedPrecondition).
   virtual Status Delete(const std::string& project, const std::string& id) = 0;
+  // Deletes the trajectories no sandbox follows whose expires_ms is at most now_ms; returns
+  // them as (project, id).
+  virtual StatusOr<std::vector<std::pair<std::string, std::string>>> Expire(int64_t now_ms) = 0;
 
   // Queues an entry of `branch` and its bodies; `done` runs (on the committer) once all are
-  // durable, or with the error that kept them from it.
+  // durable, or with the error that kept them from it (an entry of that seq already there, a
+  // stopped store).
   virtual void Append(const std::string& project, const std::string& id, int64_t branch,
                       TrajectoryEntry e, std::vector<TrajectoryBlob> blobs,
                       std::function<void(Status)> done) = 0;
@@ -133,9 +139,12 @@ class SqliteTrajectoryStore : public TrajectoryStore {
 
   Status Create(const TrajectoryInfo& t) override;
   StatusOr<TrajectoryInfo> Get(const std::string& project, const std::string& id) override;
-  Status Update(const TrajectoryInfo& t) override;
+  Status Update(const TrajectoryInfo& t, const std::string& expect_sandbox) override;
   StatusOr<std::vector<TrajectoryInfo>> List() override;
   Status Delete(const std::string& project, const std::string& id) override;
+  StatusOr<std::vector<std::pair<std::string, std::string>>> Expire(int64_t now_ms) override;
+  // Commits what is queued and stops the committer: later appends fail at once.
+  void Stop();
   void Append(const std::string& project, const std::string& id, int64_t branch, TrajectoryEntry e,
               std::vector<TrajectoryBlob> blobs, std::function<void(Status)> done) override;
   StatusOr<std::optional<TrajectoryEntry>> Entry(const std::string& project, const std::string& id,
@@ -171,6 +180,7 @@ class SqliteTrajectoryStore : public TrajectoryStore {
   Status WriteBlobFile(const TrajectoryBlob& b);
   std::string BlobPath(const std::string& digest) const;
   Status Exec(const char* sql) DSEC_REQUIRES(mu_);
+  Status DeleteLocked(const std::string& key) DSEC_REQUIRES(mu_);
   StatusOr<sqlite3_stmt*> Prepare(const char* sql) DSEC_REQUIRES(mu_);
   Status Error(const char* what) DSEC_REQUIRES(mu_);
 

@@ -153,6 +153,7 @@ TRAJECTORY = {
     "id": "t-1", "project": "default", "state": "recording", "sandbox": "sb-node1-abc",
     "head": 1, "branch": 1, "checkpoint_every": 20, "created_ms": 1764480000000,
     "updated_ms": 1764480000000, "expires_ms": 1765084800000,
+    "made_as": {"kind": "container", "image": "host", "memory_mb": 512, "cpu": 1.0},
     "branches": [{"branch": 0, "parent": None, "fork_seq": None, "entries": 40, "last_seq": 40,
                   "created_ms": 1764480000000},
                  {"branch": 1, "parent": 0, "fork_seq": 18, "entries": 18, "last_seq": 18,

@@ -237,3 +237,79 @@ def test_preempt_others_snapshot_or_delete(client):
     assert client.sh(again, "cat /workspace/keep.txt") == "kept"
     client.remove(again)
     client.delete(f"/v1/images/{image}", expect=204)
+
+
+def test_expired_trajectories_are_collected(make_edge):
+    """Retention: a trajectory past its TTL (per project over the node's) goes, with its bodies
+    (a large one is a digest-named file) and its checkpoints' layers."""
+    import os
+    import sqlite3
+
+    edge = make_edge(config={"trajectory_ttl_s": 3600, "trajectory_ttl_by_project": "short=2"})
+    c = edge.client()
+    short, long_ = {"Dsec-Project": "short"}, {"Dsec-Project": "long"}
+    ids = {}
+    for name, h in (("short", short), ("long", long_)):
+        t = tid()
+        sid = c.create({"trajectory": {"id": t, "checkpoint_every": 1}}, headers=h)["id"]
+        big = os.urandom(100 << 10)  # over the inline limit: a file of its own
+        c.put(f"/v1/sandboxes/{sid}/files?path=/workspace/big.bin", big,
+              headers=dict(h, **{"Content-Type": "application/octet-stream"}), expect=204)
+        c.post(f"/v1/sandboxes/{sid}/exec", {"shell": "echo hi"}, headers=h, expect=200)
+        c.delete(f"/v1/sandboxes/{sid}", headers=h, expect=204)
+        ids[name] = t
+    bodies = edge.state_dir / "trajectory-bodies"
+    assert len(os.listdir(bodies)) == 2  # the two uploads (the same size, other bytes)
+    layers_before = len(os.listdir(edge.state_dir / "images" / "layers"))
+    assert layers_before >= 2  # the checkpoints
+    wait_until(lambda: c.get(f"/v1/trajectories/{ids['short']}", headers=short).status == 404,
+               20, what="the short-lived trajectory collected")
+    c.get(f"/v1/trajectories/{ids['long']}", headers=long_, expect=200)
+    assert len(os.listdir(bodies)) == 1
+    db = sqlite3.connect(f"file:{edge.state_dir}/trajectories.db?mode=ro", uri=True)
+    try:
+        projects = {r[0] for r in db.execute("SELECT project FROM trajectories")}
+        assert projects == {"long"}
+        assert db.execute("SELECT COUNT(*) FROM entries").fetchone()[0] == 2
+        # Only the long one's bodies are left in the table (the exec's request and answer).
+        assert db.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 2
+    finally:
+        db.close()
+    assert len(os.listdir(edge.state_dir / "images" / "layers")) < layers_before
+
+
+def test_a_resumed_sandbox_not_made_yet(client):
+    """Until its first live call a resumed sandbox is counted, refuses what needs it made (409,
+    not a wait), and expires by its TTL like any other; two resumes at once: one wins."""
+    import threading
+
+    t = tid()
+    job = "job-" + t
+    sid = client.create({"memory_mb": 128, "labels": {"job": job}, "trajectory": {"id": t}})["id"]
+    client.post(f"/v1/sandboxes/{sid}/exec", {"shell": "echo one"}, expect=200)
+    client.post(f"/v1/jobs/{job}/preempt", {}, expect=200)
+    used = client.get("/v1/node").json["usage"]["memory_mb"]
+    got = []
+
+    def resume():
+        c = type(client)(client.url, client.token)
+        got.append(c.post("/v1/sandboxes", {"trajectory": {"id": t, "resume": True},
+                                            "ttl_s": 2}))
+
+    ts = [threading.Thread(target=resume) for _ in range(2)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    assert sorted(r.status for r in got) == [201, 409], [r.body for r in got]
+    rid = next(r for r in got if r.status == 201).json["id"]
+    assert client.get("/v1/node").json["usage"]["memory_mb"] == used + 128
+    r = client.get(f"/v1/sandboxes/{rid}/stats")
+    assert r.status == 409 and "first live call" in r.json["error"]["message"], r.body
+    wait_until(lambda: client.get(f"/v1/sandboxes/{rid}").status == 410, 20,
+               what="the resumed sandbox reaped by its ttl")
+    assert client.get("/v1/node").json["usage"]["memory_mb"] == used
+    wait_until(lambda: client.get(f"/v1/trajectories/{t}").json["sandbox"] is None, 15,
+               what="the trajectory let go")
+    again = client.post("/v1/sandboxes", {"trajectory": {"id": t, "resume": True}}, expect=201)
+    client.remove(again.json["id"])
