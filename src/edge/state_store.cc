@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include "base/scope_guard.h"
+#include "edge/sqlite_db.h"
 
 namespace dsec::edge {
 
@@ -30,148 +31,100 @@ CREATE TABLE IF NOT EXISTS responses(
 CREATE INDEX IF NOT EXISTS responses_created ON responses(created_ms);
 )sql";
 
-// Binds text without copying; the caller keeps the string alive until the step.
-void BindText(sqlite3_stmt* st, int i, const std::string& s) {
-  sqlite3_bind_text(st, i, s.data(), static_cast<int>(s.size()), SQLITE_STATIC);
-}
-
-std::string ColumnText(sqlite3_stmt* st, int i) {
-  const void* p = sqlite3_column_blob(st, i);
-  int n = sqlite3_column_bytes(st, i);
-  return p ? std::string(static_cast<const char*>(p), static_cast<size_t>(n)) : std::string();
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& path) {
   std::unique_ptr<StateStore> s(new StateStore());
-  // Created 0600 before SQLite opens it: it holds every sandbox's agent secret.
-  mode_t old = umask(077);
-  int rc =
-      sqlite3_open_v2(path.c_str(), &s->db_,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
-  umask(old);
-  if (rc != SQLITE_OK) return s->Error(("open state db \"" + path + "\"").c_str());
-  (void)chmod(path.c_str(), 0600);
-  sqlite3_busy_timeout(s->db_, 5000);
-  DSEC_RETURN_IF_ERROR(s->Exec("PRAGMA journal_mode=WAL"));
-  DSEC_RETURN_IF_ERROR(s->Exec("PRAGMA synchronous=NORMAL"));
-  DSEC_RETURN_IF_ERROR(s->Exec(kSchema));
+  // (0600: it holds every sandbox's agent secret.)
+  DSEC_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(path, "state db", /*full_sync=*/false, kSchema));
+  MutexLock l(s->mu_);
+  s->db_ = std::move(db);
   return s;
 }
 
-StateStore::~StateStore() {
-  for (auto& [sql, st] : stmts_) sqlite3_finalize(st);
-  if (db_) sqlite3_close(db_);
-}
-
-Status StateStore::Error(const char* what) {
-  return InternalError(std::string(what) + ": " + (db_ ? sqlite3_errmsg(db_) : "out of memory"));
-}
-
-Status StateStore::Exec(const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string m = err ? err : "unknown error";
-    sqlite3_free(err);
-    return InternalError("state db: " + m);
-  }
-  return OkStatus();
-}
-
-StatusOr<sqlite3_stmt*> StateStore::Prepare(const char* sql) {
-  for (auto& [text, st] : stmts_) {
-    if (text == sql) {
-      sqlite3_reset(st);
-      sqlite3_clear_bindings(st);
-      return st;
-    }
-  }
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) return Error("prepare");
-  stmts_.emplace_back(sql, st);
-  return st;
-}
+StateStore::~StateStore() = default;
 
 Status StateStore::PutSandbox(const StoredSandbox& s) {
   MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("INSERT OR REPLACE INTO sandboxes(id, record, handle) "
-                                "VALUES(?1, ?2, ?3)"));
+                        db_->Prepare("INSERT OR REPLACE INTO sandboxes(id, record, handle) "
+                                     "VALUES(?1, ?2, ?3)"));
   BindText(st, 1, s.id);
   BindText(st, 2, s.record);
   BindText(st, 3, s.handle);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("store sandbox");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("store sandbox");
   return OkStatus();
 }
 
 Status StateStore::UpdateRecord(const std::string& id, const std::string& record) {
   MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("UPDATE sandboxes SET record = ?2 WHERE id = ?1"));
+                        db_->Prepare("UPDATE sandboxes SET record = ?2 WHERE id = ?1"));
   BindText(st, 1, id);
   BindText(st, 2, record);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("update sandbox");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("update sandbox");
   return OkStatus();
 }
 
 Status StateStore::DeleteSandbox(const std::string& id) {
   MutexLock l(mu_);
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("DELETE FROM sandboxes WHERE id = ?1"));
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, db_->Prepare("DELETE FROM sandboxes WHERE id = ?1"));
   BindText(st, 1, id);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("delete sandbox");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("delete sandbox");
   return OkStatus();
 }
 
 StatusOr<std::vector<StoredSandbox>> StateStore::ListSandboxes() {
   MutexLock l(mu_);
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("SELECT id, record, handle FROM sandboxes"));
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
+                        db_->Prepare("SELECT id, record, handle FROM sandboxes"));
   std::vector<StoredSandbox> out;
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW)
     out.push_back({ColumnText(st, 0), ColumnText(st, 1), ColumnText(st, 2)});
-  if (rc != SQLITE_DONE) return Error("list sandboxes");
+  if (rc != SQLITE_DONE) return db_->Error("list sandboxes");
   return out;
 }
 
 Status StateStore::PutPool(const std::string& name, const std::string& config) {
   MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("INSERT OR REPLACE INTO pools(name, config) VALUES(?1, ?2)"));
+                        db_->Prepare("INSERT OR REPLACE INTO pools(name, config) VALUES(?1, ?2)"));
   BindText(st, 1, name);
   BindText(st, 2, config);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("put pool");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("put pool");
   return OkStatus();
 }
 
 Status StateStore::DeletePool(const std::string& name) {
   MutexLock l(mu_);
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("DELETE FROM pools WHERE name = ?1"));
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, db_->Prepare("DELETE FROM pools WHERE name = ?1"));
   BindText(st, 1, name);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("delete pool");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("delete pool");
   return OkStatus();
 }
 
 StatusOr<std::vector<std::pair<std::string, std::string>>> StateStore::ListPools() {
   MutexLock l(mu_);
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("SELECT name, config FROM pools ORDER BY name"));
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
+                        db_->Prepare("SELECT name, config FROM pools ORDER BY name"));
   std::vector<std::pair<std::string, std::string>> out;
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW)
     out.emplace_back(ColumnText(st, 0), ColumnText(st, 1));
-  if (rc != SQLITE_DONE) return Error("list pools");
+  if (rc != SQLITE_DONE) return db_->Error("list pools");
   return out;
 }
 
 StatusOr<std::optional<StoredResponse>> StateStore::GetResponse(const std::string& key) {
   MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("SELECT status, content_type, body, request_hash, created_ms "
-                                "FROM responses WHERE key = ?1"));
+                        db_->Prepare("SELECT status, content_type, body, request_hash, created_ms "
+                                     "FROM responses WHERE key = ?1"));
   BindText(st, 1, key);
   int rc = sqlite3_step(st);
   if (rc == SQLITE_DONE) return std::optional<StoredResponse>();
-  if (rc != SQLITE_ROW) return Error("read response");
+  if (rc != SQLITE_ROW) return db_->Error("read response");
   StoredResponse r;
   r.status = sqlite3_column_int(st, 0);
   r.content_type = ColumnText(st, 1);
@@ -183,45 +136,47 @@ StatusOr<std::optional<StoredResponse>> StateStore::GetResponse(const std::strin
 
 Status StateStore::PutResponse(const std::string& key, const StoredResponse& r) {
   MutexLock l(mu_);
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("INSERT OR REPLACE INTO responses(key, status, content_type, "
-                                "body, request_hash, created_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6)"));
+  DSEC_ASSIGN_OR_RETURN(
+      sqlite3_stmt * st,
+      db_->Prepare("INSERT OR REPLACE INTO responses(key, status, content_type, "
+                   "body, request_hash, created_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6)"));
   BindText(st, 1, key);
   sqlite3_bind_int(st, 2, r.status);
   BindText(st, 3, r.content_type);
   sqlite3_bind_blob(st, 4, r.body.data(), static_cast<int>(r.body.size()), SQLITE_STATIC);
   BindText(st, 5, r.request_hash);
   sqlite3_bind_int64(st, 6, r.created_ms);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("store response");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("store response");
   return OkStatus();
 }
 
 StatusOr<int64_t> StateStore::PruneResponses(int64_t min_created_ms, int64_t max_records,
                                              uint64_t max_total_bytes) {
   MutexLock l(mu_);
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("DELETE FROM responses WHERE created_ms < ?1"));
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
+                        db_->Prepare("DELETE FROM responses WHERE created_ms < ?1"));
   sqlite3_bind_int64(st, 1, min_created_ms);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("prune responses");
-  int64_t n = sqlite3_changes(db_);
-  DSEC_ASSIGN_OR_RETURN(st, Prepare("DELETE FROM responses WHERE key IN (SELECT key FROM "
-                                    "responses ORDER BY created_ms DESC LIMIT -1 OFFSET ?1)"));
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("prune responses");
+  int64_t n = db_->Changes();
+  DSEC_ASSIGN_OR_RETURN(st, db_->Prepare("DELETE FROM responses WHERE key IN (SELECT key FROM "
+                                         "responses ORDER BY created_ms DESC LIMIT -1 OFFSET ?1)"));
   sqlite3_bind_int64(st, 1, max_records);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("prune responses");
-  n += sqlite3_changes(db_);
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("prune responses");
+  n += db_->Changes();
   // Newest first, keep records while their running total of body bytes fits.
   DSEC_ASSIGN_OR_RETURN(
-      st, Prepare("DELETE FROM responses WHERE key IN (SELECT key FROM (SELECT key, "
-                  "SUM(LENGTH(body)) OVER (ORDER BY created_ms DESC, key) AS total FROM "
-                  "responses) WHERE total > ?1)"));
+      st, db_->Prepare("DELETE FROM responses WHERE key IN (SELECT key FROM (SELECT key, "
+                       "SUM(LENGTH(body)) OVER (ORDER BY created_ms DESC, key) AS total FROM "
+                       "responses) WHERE total > ?1)"));
   sqlite3_bind_int64(st, 1, static_cast<int64_t>(max_total_bytes));
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("prune responses");
-  return n + sqlite3_changes(db_);
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("prune responses");
+  return n + db_->Changes();
 }
 
 StatusOr<int64_t> StateStore::CountResponses() {
   MutexLock l(mu_);
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("SELECT COUNT(*) FROM responses"));
-  if (sqlite3_step(st) != SQLITE_ROW) return Error("count responses");
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, db_->Prepare("SELECT COUNT(*) FROM responses"));
+  if (sqlite3_step(st) != SQLITE_ROW) return db_->Error("count responses");
   return sqlite3_column_int64(st, 0);
 }
 

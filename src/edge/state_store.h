@@ -15,10 +15,9 @@
 #include "base/mutex.h"
 #include "base/status.h"
 
-struct sqlite3;
-struct sqlite3_stmt;
-
 namespace dsec::edge {
+
+class SqliteDb;
 
 struct StoredSandbox {
   std::string id;
@@ -59,13 +58,9 @@ class StateStore {
 
  private:
   StateStore() = default;
-  Status Exec(const char* sql);
-  StatusOr<sqlite3_stmt*> Prepare(const char* sql) DSEC_REQUIRES(mu_);  // cached per SQL text
-  Status Error(const char* what);
 
   Mutex mu_;
-  sqlite3* db_ = nullptr;
-  std::vector<std::pair<const char*, sqlite3_stmt*>> stmts_ DSEC_GUARDED_BY(mu_);
+  std::unique_ptr<SqliteDb> db_ DSEC_PT_GUARDED_BY(mu_);
 };
 
 }  // namespace dsec::edge

@@ -14,6 +14,7 @@
 #include "base/scope_guard.h"
 #include "base/strings.h"
 #include "base/unique_fd.h"
+#include "edge/sqlite_db.h"
 
 namespace dsec::edge {
 
@@ -80,16 +81,6 @@ CREATE TABLE IF NOT EXISTS blobs(
 )sql";
 
 std::string Key(const std::string& project, const std::string& id) { return project + "/" + id; }
-
-void BindText(sqlite3_stmt* st, int i, const std::string& s) {
-  sqlite3_bind_text(st, i, s.data(), static_cast<int>(s.size()), SQLITE_STATIC);
-}
-
-std::string ColumnText(sqlite3_stmt* st, int i) {
-  const void* p = sqlite3_column_blob(st, i);
-  int n = sqlite3_column_bytes(st, i);
-  return p ? std::string(static_cast<const char*>(p), static_cast<size_t>(n)) : std::string();
-}
 
 // Resets a cached statement when a read returns (an active statement holds the connection's
 // read transaction open, and the WAL could not be reset).
@@ -162,20 +153,13 @@ StatusOr<std::unique_ptr<SqliteTrajectoryStore>> SqliteTrajectoryStore::Open(
   s->blob_dir_ = blob_dir;
   s->fsync_ = fsync;
   DSEC_RETURN_IF_ERROR(MakeDirs(blob_dir, 0700));
-  MutexLock l(s->mu_);
-  // What calls sent and saw: 0600, as the state DB.
-  mode_t old = umask(077);
-  int rc =
-      sqlite3_open_v2(path.c_str(), &s->db_,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
-  umask(old);
-  if (rc != SQLITE_OK) return s->Error(("open trajectory db \"" + path + "\"").c_str());
-  (void)chmod(path.c_str(), 0600);
-  sqlite3_busy_timeout(s->db_, 5000);
-  DSEC_RETURN_IF_ERROR(s->Exec("PRAGMA journal_mode=WAL"));
-  // FULL: a commit's WAL frames are fsync'd before it returns (one fsync per group).
-  DSEC_RETURN_IF_ERROR(s->Exec(fsync ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
-  DSEC_RETURN_IF_ERROR(s->Exec(kSchema));
+  // (0600: what calls sent and saw. FULL: a commit's WAL frames are fsync'd before it returns,
+  // one fsync per group.)
+  DSEC_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(path, "trajectory db", fsync, kSchema));
+  {
+    MutexLock l(s->mu_);
+    s->db_ = std::move(db);
+  }
   s->committer_ = std::thread([p = s.get()] { p->CommitLoop(); });
   return s;
 }
@@ -189,53 +173,20 @@ void SqliteTrajectoryStore::Stop() {
   if (committer_.joinable()) committer_.join();
 }
 
-SqliteTrajectoryStore::~SqliteTrajectoryStore() {
-  Stop();
-  MutexLock l(mu_);
-  for (auto& [sql, st] : stmts_) sqlite3_finalize(st);
-  if (db_) sqlite3_close(db_);
-}
-
-Status SqliteTrajectoryStore::Error(const char* what) {
-  return InternalError(std::string("trajectory db: ") + what + ": " +
-                       (db_ ? sqlite3_errmsg(db_) : "out of memory"));
-}
-
-Status SqliteTrajectoryStore::Exec(const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string m = err ? err : "unknown error";
-    sqlite3_free(err);
-    return InternalError("trajectory db: " + m);
-  }
-  return OkStatus();
-}
-
-StatusOr<sqlite3_stmt*> SqliteTrajectoryStore::Prepare(const char* sql) {
-  for (auto& [text, st] : stmts_) {
-    if (text == sql) {
-      sqlite3_reset(st);
-      sqlite3_clear_bindings(st);
-      return st;
-    }
-  }
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) return Error("prepare");
-  stmts_.emplace_back(sql, st);
-  return st;
-}
+SqliteTrajectoryStore::~SqliteTrajectoryStore() { Stop(); }
 
 Status SqliteTrajectoryStore::Create(const TrajectoryInfo& t) {
   MutexLock l(mu_);
-  DSEC_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  DSEC_RETURN_IF_ERROR(db_->Exec("BEGIN IMMEDIATE"));
   auto rollback =
-      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)Exec("ROLLBACK"); });
+      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)db_->Exec("ROLLBACK"); });
   const std::string key = Key(t.project, t.id);
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("INSERT OR IGNORE INTO trajectories(tkey, project, id, params, "
-                                "checkpoint_every, head, branches, state, sandbox, created_ms, "
-                                "updated_ms, expires_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
-                                "?9, ?10, ?11, ?12)"));
+  DSEC_ASSIGN_OR_RETURN(
+      sqlite3_stmt * st,
+      db_->Prepare("INSERT OR IGNORE INTO trajectories(tkey, project, id, params, "
+                   "checkpoint_every, head, branches, state, sandbox, created_ms, "
+                   "updated_ms, expires_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
+                   "?9, ?10, ?11, ?12)"));
   BindText(st, 1, key);
   BindText(st, 2, t.project);
   BindText(st, 3, t.id);
@@ -248,15 +199,15 @@ Status SqliteTrajectoryStore::Create(const TrajectoryInfo& t) {
   sqlite3_bind_int64(st, 10, t.created_ms);
   sqlite3_bind_int64(st, 11, t.updated_ms);
   sqlite3_bind_int64(st, 12, t.expires_ms);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("create trajectory");
-  if (sqlite3_changes(db_) == 0)
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("create trajectory");
+  if (db_->Changes() == 0)
     return Status(StatusCode::kAlreadyExists, "trajectory \"" + t.id + "\" exists");
-  DSEC_ASSIGN_OR_RETURN(st, Prepare("INSERT INTO branches(tkey, branch, parent, fork_seq, "
-                                    "created_ms) VALUES(?1, 0, -1, 0, ?2)"));
+  DSEC_ASSIGN_OR_RETURN(st, db_->Prepare("INSERT INTO branches(tkey, branch, parent, fork_seq, "
+                                         "created_ms) VALUES(?1, 0, -1, 0, ?2)"));
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, t.created_ms);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("create branch");
-  DSEC_RETURN_IF_ERROR(Exec("COMMIT"));
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("create branch");
+  DSEC_RETURN_IF_ERROR(db_->Exec("COMMIT"));
   rollback.Dismiss();
   return OkStatus();
 }
@@ -266,13 +217,13 @@ StatusOr<TrajectoryInfo> SqliteTrajectoryStore::Get(const std::string& project,
   MutexLock l(mu_);
   static const std::string sql =
       std::string("SELECT ") + kInfoColumns + " FROM trajectories WHERE tkey = ?1";
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare(sql.c_str()));
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, db_->Prepare(sql.c_str()));
   ResetOnExit reset{st};
   const std::string key = Key(project, id);
   BindText(st, 1, key);
   int rc = sqlite3_step(st);
   if (rc == SQLITE_ROW) return InfoFrom(st);
-  if (rc != SQLITE_DONE) return Error("get trajectory");
+  if (rc != SQLITE_DONE) return db_->Error("get trajectory");
   return NotFound("trajectory \"" + id + "\" not found");
 }
 
@@ -280,8 +231,8 @@ Status SqliteTrajectoryStore::Update(const TrajectoryInfo& t, const std::string&
   MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(
       sqlite3_stmt * st,
-      Prepare("UPDATE trajectories SET head = ?2, state = ?3, sandbox = ?4, "
-              "updated_ms = ?5, expires_ms = ?6 WHERE tkey = ?1 AND sandbox = ?7"));
+      db_->Prepare("UPDATE trajectories SET head = ?2, state = ?3, sandbox = ?4, "
+                   "updated_ms = ?5, expires_ms = ?6 WHERE tkey = ?1 AND sandbox = ?7"));
   const std::string key = Key(t.project, t.id);
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, t.head);
@@ -290,8 +241,8 @@ Status SqliteTrajectoryStore::Update(const TrajectoryInfo& t, const std::string&
   sqlite3_bind_int64(st, 5, t.updated_ms);
   sqlite3_bind_int64(st, 6, t.expires_ms);
   BindText(st, 7, expect_sandbox);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("update trajectory");
-  if (sqlite3_changes(db_) == 0)
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("update trajectory");
+  if (db_->Changes() == 0)
     return FailedPrecondition("trajectory \"" + t.id +
                               "\" is gone or followed by another sandbox now");
   return OkStatus();
@@ -301,11 +252,11 @@ StatusOr<std::vector<TrajectoryInfo>> SqliteTrajectoryStore::List() {
   MutexLock l(mu_);
   static const std::string sql =
       std::string("SELECT ") + kInfoColumns + " FROM trajectories ORDER BY tkey";
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare(sql.c_str()));
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, db_->Prepare(sql.c_str()));
   std::vector<TrajectoryInfo> out;
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) out.push_back(InfoFrom(st));
-  if (rc != SQLITE_DONE) return Error("list trajectories");
+  if (rc != SQLITE_DONE) return db_->Error("list trajectories");
   return out;
 }
 
@@ -313,33 +264,33 @@ Status SqliteTrajectoryStore::DeleteLocked(const std::string& key) {
   for (const char* sql :
        {"DELETE FROM entries WHERE tkey = ?1", "DELETE FROM checkpoints WHERE tkey = ?1",
         "DELETE FROM branches WHERE tkey = ?1", "DELETE FROM trajectories WHERE tkey = ?1"}) {
-    DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare(sql));
+    DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, db_->Prepare(sql));
     BindText(st, 1, key);
-    if (sqlite3_step(st) != SQLITE_DONE) return Error("delete trajectory");
+    if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("delete trajectory");
   }
   return OkStatus();
 }
 
 Status SqliteTrajectoryStore::Delete(const std::string& project, const std::string& id) {
   MutexLock l(mu_);
-  DSEC_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  DSEC_RETURN_IF_ERROR(db_->Exec("BEGIN IMMEDIATE"));
   auto rollback =
-      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)Exec("ROLLBACK"); });
+      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)db_->Exec("ROLLBACK"); });
   const std::string key = Key(project, id);
   {
     DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                          Prepare("SELECT sandbox FROM trajectories WHERE tkey = ?1"));
+                          db_->Prepare("SELECT sandbox FROM trajectories WHERE tkey = ?1"));
     ResetOnExit reset{st};
     BindText(st, 1, key);
     int rc = sqlite3_step(st);
     if (rc == SQLITE_DONE) return NotFound("trajectory \"" + id + "\" not found");
-    if (rc != SQLITE_ROW) return Error("get trajectory");
+    if (rc != SQLITE_ROW) return db_->Error("get trajectory");
     if (std::string sb = ColumnText(st, 0); !sb.empty())
       return FailedPrecondition("trajectory \"" + id + "\" is followed by sandbox " + sb +
                                 ": delete the sandbox first");
   }
   DSEC_RETURN_IF_ERROR(DeleteLocked(key));
-  DSEC_RETURN_IF_ERROR(Exec("COMMIT"));
+  DSEC_RETURN_IF_ERROR(db_->Exec("COMMIT"));
   rollback.Dismiss();
   return OkStatus();
 }
@@ -347,23 +298,24 @@ Status SqliteTrajectoryStore::Delete(const std::string& project, const std::stri
 StatusOr<std::vector<std::pair<std::string, std::string>>> SqliteTrajectoryStore::Expire(
     int64_t now_ms) {
   MutexLock l(mu_);
-  DSEC_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  DSEC_RETURN_IF_ERROR(db_->Exec("BEGIN IMMEDIATE"));
   auto rollback =
-      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)Exec("ROLLBACK"); });
+      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)db_->Exec("ROLLBACK"); });
   std::vector<std::pair<std::string, std::string>> out;
   {
-    DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                          Prepare("SELECT project, id FROM trajectories WHERE sandbox = '' AND "
-                                  "expires_ms <= ?1"));
+    DSEC_ASSIGN_OR_RETURN(
+        sqlite3_stmt * st,
+        db_->Prepare("SELECT project, id FROM trajectories WHERE sandbox = '' AND "
+                     "expires_ms <= ?1"));
     ResetOnExit reset{st};
     sqlite3_bind_int64(st, 1, now_ms);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW)
       out.emplace_back(ColumnText(st, 0), ColumnText(st, 1));
-    if (rc != SQLITE_DONE) return Error("list expired trajectories");
+    if (rc != SQLITE_DONE) return db_->Error("list expired trajectories");
   }
   for (const auto& [project, id] : out) DSEC_RETURN_IF_ERROR(DeleteLocked(Key(project, id)));
-  DSEC_RETURN_IF_ERROR(Exec("COMMIT"));
+  DSEC_RETURN_IF_ERROR(db_->Exec("COMMIT"));
   rollback.Dismiss();
   return out;
 }
@@ -443,24 +395,26 @@ Status SqliteTrajectoryStore::CommitBatch(std::vector<Pending>& batch) {
       }
   if (files && fsync_) DSEC_RETURN_IF_ERROR(FsyncDir(blob_dir_));
   MutexLock l(mu_);
-  DSEC_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  DSEC_RETURN_IF_ERROR(db_->Exec("BEGIN IMMEDIATE"));
   auto rollback =
-      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)Exec("ROLLBACK"); });
+      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)db_->Exec("ROLLBACK"); });
   for (const auto& p : batch) {
     for (const auto& b : p.blobs) {
       if (b.data.size() > kInlineBlobMax) continue;
-      DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                            Prepare("INSERT OR IGNORE INTO blobs(digest, data) VALUES(?1, ?2)"));
+      DSEC_ASSIGN_OR_RETURN(
+          sqlite3_stmt * st,
+          db_->Prepare("INSERT OR IGNORE INTO blobs(digest, data) VALUES(?1, ?2)"));
       BindText(st, 1, b.digest);
       sqlite3_bind_blob(st, 2, b.data.data(), static_cast<int>(b.data.size()), SQLITE_STATIC);
-      if (sqlite3_step(st) != SQLITE_DONE) return Error("store body");
+      if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("store body");
     }
     DSEC_ASSIGN_OR_RETURN(
         sqlite3_stmt * st,
-        Prepare("INSERT INTO entries(tkey, branch, seq, fingerprint, method, target, "
-                "request, mutating, status, content_type, headers, response, kept, streamed, "
-                "exec_id, created_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
-                "?13, ?14, ?15, ?16)"));
+        db_->Prepare(
+            "INSERT INTO entries(tkey, branch, seq, fingerprint, method, target, "
+            "request, mutating, status, content_type, headers, response, kept, streamed, "
+            "exec_id, created_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+            "?13, ?14, ?15, ?16)"));
     const TrajectoryEntry& e = p.e;
     BindText(st, 1, p.key);
     sqlite3_bind_int64(st, 2, p.branch);
@@ -478,9 +432,9 @@ Status SqliteTrajectoryStore::CommitBatch(std::vector<Pending>& batch) {
     sqlite3_bind_int(st, 14, e.streamed);
     BindText(st, 15, e.exec_id);
     sqlite3_bind_int64(st, 16, e.created_ms);
-    if (sqlite3_step(st) != SQLITE_DONE) return Error("store entry");
+    if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("store entry");
   }
-  DSEC_RETURN_IF_ERROR(Exec("COMMIT"));
+  DSEC_RETURN_IF_ERROR(db_->Exec("COMMIT"));
   rollback.Dismiss();
   return OkStatus();
 }
@@ -491,7 +445,7 @@ StatusOr<std::optional<TrajectoryEntry>> SqliteTrajectoryStore::Entry(const std:
   MutexLock l(mu_);
   static const std::string sql = std::string("SELECT ") + kEntryColumns +
                                  " FROM entries WHERE tkey = ?1 AND branch = ?2 AND seq = ?3";
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare(sql.c_str()));
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, db_->Prepare(sql.c_str()));
   ResetOnExit reset{st};
   const std::string key = Key(project, id);
   BindText(st, 1, key);
@@ -499,7 +453,7 @@ StatusOr<std::optional<TrajectoryEntry>> SqliteTrajectoryStore::Entry(const std:
   sqlite3_bind_int64(st, 3, seq);
   int rc = sqlite3_step(st);
   if (rc == SQLITE_ROW) return std::optional<TrajectoryEntry>(EntryFrom(st));
-  if (rc != SQLITE_DONE) return Error("read entry");
+  if (rc != SQLITE_DONE) return db_->Error("read entry");
   return std::optional<TrajectoryEntry>();
 }
 
@@ -511,7 +465,7 @@ StatusOr<std::vector<TrajectoryEntry>> SqliteTrajectoryStore::Entries(const std:
   static const std::string sql =
       std::string("SELECT ") + kEntryColumns +
       " FROM entries WHERE tkey = ?1 AND branch = ?2 AND seq >= ?3 AND seq <= ?4 ORDER BY seq";
-  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare(sql.c_str()));
+  DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, db_->Prepare(sql.c_str()));
   const std::string key = Key(project, id);
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, branch);
@@ -520,7 +474,7 @@ StatusOr<std::vector<TrajectoryEntry>> SqliteTrajectoryStore::Entries(const std:
   std::vector<TrajectoryEntry> out;
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) out.push_back(EntryFrom(st));
-  if (rc != SQLITE_DONE) return Error("read entries");
+  if (rc != SQLITE_DONE) return db_->Error("read entries");
   return out;
 }
 
@@ -528,8 +482,8 @@ Status SqliteTrajectoryStore::AddCheckpoint(const std::string& project, const st
                                             int64_t branch, const TrajectoryCheckpoint& c) {
   MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("INSERT OR REPLACE INTO checkpoints(tkey, branch, seq, image, "
-                                "jobs, created_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6)"));
+                        db_->Prepare("INSERT OR REPLACE INTO checkpoints(tkey, branch, seq, image, "
+                                     "jobs, created_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6)"));
   const std::string key = Key(project, id);
   const std::string jobs = Json(c.jobs).dump();
   BindText(st, 1, key);
@@ -538,7 +492,7 @@ Status SqliteTrajectoryStore::AddCheckpoint(const std::string& project, const st
   BindText(st, 4, c.image);
   BindText(st, 5, jobs);
   sqlite3_bind_int64(st, 6, c.created_ms);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("store checkpoint");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("store checkpoint");
   return OkStatus();
 }
 
@@ -546,8 +500,8 @@ StatusOr<std::vector<TrajectoryCheckpoint>> SqliteTrajectoryStore::Checkpoints(
     const std::string& project, const std::string& id, int64_t branch) {
   MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("SELECT seq, image, jobs, created_ms FROM checkpoints WHERE "
-                                "tkey = ?1 AND branch = ?2 ORDER BY seq"));
+                        db_->Prepare("SELECT seq, image, jobs, created_ms FROM checkpoints WHERE "
+                                     "tkey = ?1 AND branch = ?2 ORDER BY seq"));
   const std::string key = Key(project, id);
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, branch);
@@ -564,7 +518,7 @@ StatusOr<std::vector<TrajectoryCheckpoint>> SqliteTrajectoryStore::Checkpoints(
     c.created_ms = sqlite3_column_int64(st, 3);
     out.push_back(std::move(c));
   }
-  if (rc != SQLITE_DONE) return Error("read checkpoints");
+  if (rc != SQLITE_DONE) return db_->Error("read checkpoints");
   return out;
 }
 
@@ -573,9 +527,10 @@ StatusOr<std::vector<TrajectoryBranch>> SqliteTrajectoryStore::Branches(const st
   MutexLock l(mu_);
   DSEC_ASSIGN_OR_RETURN(
       sqlite3_stmt * st,
-      Prepare("SELECT b.branch, b.parent, b.fork_seq, b.created_ms, COUNT(e.seq), "
-              "COALESCE(MAX(e.seq), 0) FROM branches b LEFT JOIN entries e ON e.tkey = b.tkey "
-              "AND e.branch = b.branch WHERE b.tkey = ?1 GROUP BY b.branch ORDER BY b.branch"));
+      db_->Prepare(
+          "SELECT b.branch, b.parent, b.fork_seq, b.created_ms, COUNT(e.seq), "
+          "COALESCE(MAX(e.seq), 0) FROM branches b LEFT JOIN entries e ON e.tkey = b.tkey "
+          "AND e.branch = b.branch WHERE b.tkey = ?1 GROUP BY b.branch ORDER BY b.branch"));
   const std::string key = Key(project, id);
   BindText(st, 1, key);
   std::vector<TrajectoryBranch> out;
@@ -584,19 +539,19 @@ StatusOr<std::vector<TrajectoryBranch>> SqliteTrajectoryStore::Branches(const st
     out.push_back({sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1),
                    sqlite3_column_int64(st, 2), sqlite3_column_int64(st, 3),
                    sqlite3_column_int64(st, 4), sqlite3_column_int64(st, 5)});
-  if (rc != SQLITE_DONE) return Error("read branches");
+  if (rc != SQLITE_DONE) return db_->Error("read branches");
   return out;
 }
 
 StatusOr<int64_t> SqliteTrajectoryStore::Fork(const std::string& project, const std::string& id,
                                               int64_t from, int64_t at_seq) {
   MutexLock l(mu_);
-  DSEC_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  DSEC_RETURN_IF_ERROR(db_->Exec("BEGIN IMMEDIATE"));
   auto rollback =
-      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)Exec("ROLLBACK"); });
+      MakeScopeGuard([this]() DSEC_NO_THREAD_SAFETY_ANALYSIS { (void)db_->Exec("ROLLBACK"); });
   const std::string key = Key(project, id);
   DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
-                        Prepare("SELECT branches FROM trajectories WHERE tkey = ?1"));
+                        db_->Prepare("SELECT branches FROM trajectories WHERE tkey = ?1"));
   BindText(st, 1, key);
   if (sqlite3_step(st) != SQLITE_ROW) {
     sqlite3_reset(st);
@@ -605,39 +560,40 @@ StatusOr<int64_t> SqliteTrajectoryStore::Fork(const std::string& project, const 
   const int64_t branch = sqlite3_column_int64(st, 0);
   sqlite3_reset(st);
   const int64_t now = WallMs();
-  DSEC_ASSIGN_OR_RETURN(st, Prepare("INSERT INTO branches(tkey, branch, parent, fork_seq, "
-                                    "created_ms) VALUES(?1, ?2, ?3, ?4, ?5)"));
+  DSEC_ASSIGN_OR_RETURN(st, db_->Prepare("INSERT INTO branches(tkey, branch, parent, fork_seq, "
+                                         "created_ms) VALUES(?1, ?2, ?3, ?4, ?5)"));
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, branch);
   sqlite3_bind_int64(st, 3, from);
   sqlite3_bind_int64(st, 4, at_seq);
   sqlite3_bind_int64(st, 5, now);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("create branch");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("create branch");
   DSEC_ASSIGN_OR_RETURN(
-      st, Prepare("INSERT INTO entries SELECT tkey, ?2, seq, fingerprint, method, target, "
-                  "request, mutating, status, content_type, headers, response, kept, streamed, "
-                  "exec_id, created_ms FROM entries WHERE tkey = ?1 AND branch = ?3 AND seq < ?4"));
+      st, db_->Prepare(
+              "INSERT INTO entries SELECT tkey, ?2, seq, fingerprint, method, target, "
+              "request, mutating, status, content_type, headers, response, kept, streamed, "
+              "exec_id, created_ms FROM entries WHERE tkey = ?1 AND branch = ?3 AND seq < ?4"));
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, branch);
   sqlite3_bind_int64(st, 3, from);
   sqlite3_bind_int64(st, 4, at_seq);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("copy entries");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("copy entries");
   DSEC_ASSIGN_OR_RETURN(
-      st, Prepare("INSERT INTO checkpoints SELECT tkey, ?2, seq, image, jobs, created_ms FROM "
-                  "checkpoints WHERE tkey = ?1 AND branch = ?3 AND seq < ?4"));
+      st, db_->Prepare("INSERT INTO checkpoints SELECT tkey, ?2, seq, image, jobs, created_ms FROM "
+                       "checkpoints WHERE tkey = ?1 AND branch = ?3 AND seq < ?4"));
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, branch);
   sqlite3_bind_int64(st, 3, from);
   sqlite3_bind_int64(st, 4, at_seq);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("copy checkpoints");
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("copy checkpoints");
   // The new branch is the head: calls go to it from now on.
-  DSEC_ASSIGN_OR_RETURN(st, Prepare("UPDATE trajectories SET branches = ?2 + 1, head = ?2, "
-                                    "updated_ms = ?3 WHERE tkey = ?1"));
+  DSEC_ASSIGN_OR_RETURN(st, db_->Prepare("UPDATE trajectories SET branches = ?2 + 1, head = ?2, "
+                                         "updated_ms = ?3 WHERE tkey = ?1"));
   BindText(st, 1, key);
   sqlite3_bind_int64(st, 2, branch);
   sqlite3_bind_int64(st, 3, now);
-  if (sqlite3_step(st) != SQLITE_DONE) return Error("count branches");
-  DSEC_RETURN_IF_ERROR(Exec("COMMIT"));
+  if (sqlite3_step(st) != SQLITE_DONE) return db_->Error("count branches");
+  DSEC_RETURN_IF_ERROR(db_->Exec("COMMIT"));
   rollback.Dismiss();
   return branch;
 }
@@ -647,12 +603,13 @@ StatusOr<std::string> SqliteTrajectoryStore::ReadBlob(const std::string& digest)
   if (!IsDigest(digest)) return InvalidArgument("not a digest: " + digest);
   {
     MutexLock l(mu_);
-    DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st, Prepare("SELECT data FROM blobs WHERE digest = ?1"));
+    DSEC_ASSIGN_OR_RETURN(sqlite3_stmt * st,
+                          db_->Prepare("SELECT data FROM blobs WHERE digest = ?1"));
     ResetOnExit reset{st};
     BindText(st, 1, digest);
     int rc = sqlite3_step(st);
     if (rc == SQLITE_ROW) return ColumnText(st, 0);
-    if (rc != SQLITE_DONE) return Error("read body");
+    if (rc != SQLITE_DONE) return db_->Error("read body");
   }
   return ReadFileToString(BlobPath(digest), size_t{4} << 30);
 }
@@ -662,21 +619,22 @@ StatusOr<int64_t> SqliteTrajectoryStore::CollectBlobs() {
   int64_t n = 0;
   DSEC_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDir(blob_dir_));
   MutexLock l(mu_);
-  DSEC_RETURN_IF_ERROR(
-      Exec("DELETE FROM blobs WHERE digest NOT IN (SELECT request FROM entries) AND digest NOT "
-           "IN (SELECT response FROM entries)"));
-  n += sqlite3_changes(db_);
+  DSEC_RETURN_IF_ERROR(db_->Exec(
+      "DELETE FROM blobs WHERE digest NOT IN (SELECT request FROM entries) AND digest NOT "
+      "IN (SELECT response FROM entries)"));
+  n += db_->Changes();
   DSEC_ASSIGN_OR_RETURN(
       sqlite3_stmt * st,
-      Prepare("SELECT EXISTS(SELECT 1 FROM entries WHERE request = ?1) OR EXISTS(SELECT 1 FROM "
-              "entries WHERE response = ?1)"));
+      db_->Prepare(
+          "SELECT EXISTS(SELECT 1 FROM entries WHERE request = ?1) OR EXISTS(SELECT 1 FROM "
+          "entries WHERE response = ?1)"));
   for (const auto& f : files) {
     // A ".tmp" left by a commit that died: never named by an entry.
     bool referenced = false;
     if (IsDigest(f)) {
       sqlite3_reset(st);
       BindText(st, 1, f);
-      if (sqlite3_step(st) != SQLITE_ROW) return Error("check body");
+      if (sqlite3_step(st) != SQLITE_ROW) return db_->Error("check body");
       referenced = sqlite3_column_int(st, 0) != 0;
       sqlite3_reset(st);
     }

@@ -28,10 +28,9 @@
 #include "base/mutex.h"
 #include "base/status.h"
 
-struct sqlite3;
-struct sqlite3_stmt;
-
 namespace dsec::edge {
+
+class SqliteDb;
 
 // A trajectory is named by (project, id): another project's id is another trajectory.
 struct TrajectoryInfo {
@@ -179,16 +178,12 @@ class SqliteTrajectoryStore : public TrajectoryStore {
   Status CommitBatch(std::vector<Pending>& batch);
   Status WriteBlobFile(const TrajectoryBlob& b);
   std::string BlobPath(const std::string& digest) const;
-  Status Exec(const char* sql) DSEC_REQUIRES(mu_);
   Status DeleteLocked(const std::string& key) DSEC_REQUIRES(mu_);
-  StatusOr<sqlite3_stmt*> Prepare(const char* sql) DSEC_REQUIRES(mu_);
-  Status Error(const char* what) DSEC_REQUIRES(mu_);
 
   std::string blob_dir_;
   bool fsync_ = true;
   Mutex mu_;  // the connection
-  sqlite3* db_ DSEC_PT_GUARDED_BY(mu_) = nullptr;
-  std::vector<std::pair<const char*, sqlite3_stmt*>> stmts_ DSEC_GUARDED_BY(mu_);
+  std::unique_ptr<SqliteDb> db_ DSEC_PT_GUARDED_BY(mu_);
 
   Mutex commit_mu_;  // a commit, or a collection of bodies
   Mutex qmu_;        // the queue
