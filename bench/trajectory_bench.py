@@ -15,7 +15,8 @@ Starts a private edge (tests/integration/edge_harness.Edge) and measures:
            all 100 calls and call 101; and a fork at call 91 (made from the checkpoint of call
            80, calls 81-90 run again, then 91 live).
 
-    sudo python3 bench/trajectory_bench.py [--calls N] [--rounds N] [--json] [--edge PATH]
+    sudo python3 bench/trajectory_bench.py [--calls N] [--rounds N] [--no-fsync] [--json]
+        [--edge PATH]
 
 About a minute on a 2-vCPU host. Leaves nothing behind (the edge is stopped and checked);
 exit status 1 otherwise.
@@ -182,18 +183,22 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--edge", default=None)
+    ap.add_argument("--no-fsync", action="store_true",
+                    help="trajectory_fsync: false (an entry survives the edge's death, not a "
+                         "power loss)")
     opts = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("trajectory_bench: needs root")
     binary = find_edge(opts.edge)
     os.environ["DSEC_EDGE_BIN"] = binary
     edge = edge_harness.Edge.start(binary=binary, prefix="dsec-trajbench-",
-                                   config={"fncall_pools": False})
+                                   config={"fncall_pools": False,
+                                           "trajectory_fsync": not opts.no_fsync})
     rows = []
     try:
         c = edge.client(timeout=600, validate=False)
         for clients in (1, 8):
-            rows.append({"workload": "record+replay",
+            rows.append({"workload": "record+replay", "fsync": not opts.no_fsync,
                          **record_and_replay(edge, c, clients, opts.calls, opts.rounds)})
         rows.append({"workload": "resume", **resume_to_live(edge, c)})
     finally:
