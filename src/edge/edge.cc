@@ -574,6 +574,7 @@ Status EdgeServices::StartManager() {
     to.max_bytes = cfg_.trajectory_max_bytes;
     trajectories_ = std::make_unique<Trajectories>(to, trajectory_store_.get(), manager_.get(),
                                                    images_.get(), nullptr);
+    trajectories_->SetMetrics(&metrics_);
     trajectory_holders = trajectories_->Recover();
   }
   ReleaseLostLayers(*manager_, images_.get(), trajectory_holders);

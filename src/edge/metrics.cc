@@ -75,6 +75,10 @@ void Metrics::CountRequest(const std::string& method, int status) {
   if (status < 100 || status > 599) status = 0;
   Bump(&requests_, Label("method", m) + "," + Label("code", std::to_string(status)));
 }
+void Metrics::CountTrajectory(const std::string& event) {
+  Bump(&trajectory_, Label("event", event));
+}
+
 void Metrics::CountReject(const std::string& reason) { Bump(&rejects_, Label("reason", reason)); }
 void Metrics::CountError(const std::string& code) { Bump(&errors_, Label("code", code)); }
 void Metrics::CountFnCall(const std::string& runtime, const std::string& outcome) {
@@ -130,6 +134,11 @@ std::string Metrics::Render(const Gauges& sandboxes, int64_t connections, int64_
   RenderLabeled("dsec_errors_total", errors_, &o);
   Describe("dsec_fncalls_total", "counter", "Function calls by runtime and outcome.", &o);
   RenderLabeled("dsec_fncalls_total", fncalls_, &o);
+  Describe("dsec_trajectory_events_total", "counter",
+           "Trajectory log: calls recorded, answered from the log (replayed), sandboxes made "
+           "from it (materialized), checkpoints, calls it could not record.",
+           &o);
+  RenderLabeled("dsec_trajectory_events_total", trajectory_, &o);
   return o;
 }
 

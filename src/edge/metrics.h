@@ -42,6 +42,8 @@ class Metrics {
   void CountError(const std::string& code);
   void CountCreated() { created_++; }
   void CountDeleted(const std::string& reason);
+  // The trajectory log: recorded | replayed | materialized | checkpointed | not_recorded.
+  void CountTrajectory(const std::string& event);
 
   using Gauges = std::map<std::pair<std::string, std::string>, int64_t>;  // (state, kind)
   std::string Render(const Gauges& sandboxes, int64_t connections, int64_t accepted) const;
@@ -62,6 +64,7 @@ class Metrics {
   Labeled errors_ DSEC_GUARDED_BY(mu_);
   Labeled deleted_ DSEC_GUARDED_BY(mu_);
   Labeled fncalls_ DSEC_GUARDED_BY(mu_);
+  Labeled trajectory_ DSEC_GUARDED_BY(mu_);
 };
 
 }  // namespace dsec::edge

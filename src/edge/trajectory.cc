@@ -11,6 +11,7 @@
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/manager.h"
+#include "edge/metrics.h"
 #include "http/auth.h"
 #include "images/store.h"
 
@@ -354,7 +355,9 @@ class TrajectoryRecorder : public http::Responder {
                                "trajectory {}: entry {} not recorded, the sandbox stops: {}", b->id,
                                seq, s.ToString());
                            b->broken = true;
+                           t->Count("not_recorded");
                          } else {
+                           t->Count("recorded");
                            b->next_seq = seq + 1;
                            Follow(*b, meta, opened);
                            if (meta.mutating) ++b->since_checkpoint;
@@ -394,6 +397,10 @@ std::string Trajectories::HolderOf(const std::string& project, const std::string
 std::string Trajectories::ExecIdFor(const std::string& project, const std::string& id,
                                     int64_t seq) {
   return "ex-t" + http::Sha256Hex(project + "/" + id + "#" + std::to_string(seq)).substr(0, 16);
+}
+
+void Trajectories::Count(const char* event) const {
+  if (metrics_) metrics_->CountTrajectory(event);
 }
 
 int64_t Trajectories::TtlFor(const std::string& project) const {
@@ -619,6 +626,7 @@ Status Trajectories::Checkpoint(const std::shared_ptr<Binding>& b, int64_t seq) 
   DSEC_RETURN_IF_ERROR(store_->AddCheckpoint(b->project, b->id, b->branch, c));
   DSEC_RETURN_IF_ERROR(HoldCheckpoints(b->project, b->id));
   b->since_checkpoint = 0;
+  Count("checkpointed");
   return OkStatus();
 }
 
@@ -722,6 +730,7 @@ Status Trajectories::MaterializeSteps(const std::shared_ptr<Binding>& b, int64_t
   DSEC_RETURN_IF_ERROR(store_->Update(t, b->sandbox));
   b->next_seq = seq;
   b->live = true;
+  Count("materialized");
   DSEC_LOG_INFO(
       "trajectory {}: sandbox {} live at call {} (branch {}) from checkpoint {}, {} calls run "
       "again, in {:.1f} ms",
@@ -771,6 +780,7 @@ void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId
       auto out = store_->ReadBlob(e.response);
       if (out.ok()) {
         b->next_seq = seq + 1;
+        Count("replayed");
         auto headers = HeadersFrom(e.headers);
         headers.emplace_back("Dsec-Trajectory-Seq", std::to_string(seq));
         headers.emplace_back("Dsec-Trajectory-Replayed", "1");

@@ -46,6 +46,7 @@ namespace dsec::edge {
 class Api;
 class Ctx;
 class Manager;
+class Metrics;
 struct CreateParams;
 using RouteFn = void (*)(const std::shared_ptr<Ctx>&);
 
@@ -64,6 +65,7 @@ class Trajectories {
   ~Trajectories();
   // The API that runs logged calls again (set once, before serving).
   void SetApi(Api* api) { api_ = api; }
+  void SetMetrics(Metrics* m) { metrics_ = m; }
 
   // At start, after the manager re-adopted its sandboxes: trajectories whose sandbox came back
   // record on; the others are stopped. Returns the image-store holders of their checkpoints.
@@ -134,6 +136,8 @@ class Trajectories {
   Manager* manager_;
   images::ImageStore* images_;
   Api* api_;
+  Metrics* metrics_ = nullptr;
+  void Count(const char* event) const;
   Mutex mu_;
   std::map<std::string, std::shared_ptr<Binding>> bindings_ DSEC_GUARDED_BY(mu_);  // by sandbox
   std::atomic<bool> collect_{false};  // bodies to collect (a trajectory was deleted)

@@ -156,6 +156,9 @@ def test_preempt_resume_replays_then_goes_live(client):
     assert [e["seq"] for e in info["entries"]] == list(range(1, 19))
     old = client.get(f"/v1/trajectories/{t}?branch=0", expect=200).json
     assert len(old["entries"]) == 40  # the old branch is kept
+    metrics = client.get("/metrics").body.decode()
+    for event in ("recorded", "replayed", "materialized", "checkpointed"):
+        assert f'dsec_trajectory_events_total{{event="{event}"}}' in metrics, event
     client.remove(fid)
 
 
