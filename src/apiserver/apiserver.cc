@@ -22,6 +22,7 @@
 
 #include "api/errors.h"
 #include "api/ports_json.h"
+#include "api/quota_room.h"
 #include "api/routes.h"
 #include "base/base64.h"
 #include "base/clock.h"
@@ -715,15 +716,9 @@ StatusOr<http::ClientResponse> Apiserver::SendCreate(const NodeState& n, const s
     quotas_->Settle(ticket->id, Quotas::Outcome::kFailed);
     const std::string more = r->Header("dsec-quota-need");
     if (r->status != 409 || more.empty() || attempt > 0) return r;
-    for (auto part : SplitString(more, ';', /*skip_empty=*/true)) {
-      size_t eq = part.find('=');
-      if (eq == std::string_view::npos) continue;
-      auto v = ParseInt64(part.substr(eq + 1));
-      if (!v || *v < 0) continue;
-      if (part.substr(0, eq) == "sandboxes") need.sandboxes = *v;
-      if (part.substr(0, eq) == "memory_mb") need.memory_mb = *v;
-      if (part.substr(0, eq) == "cpu_milli") need.cpu_milli = *v;
-    }
+    auto wanted = api::ParseQuotaRoom(more, /*with_hold=*/false);
+    if (!wanted.ok()) return r;  // (the node's 409 as it is)
+    need = Amount{wanted->sandboxes, wanted->memory_mb, wanted->cpu_milli};
   }
 }
 

@@ -1,5 +1,4 @@
 #include "apiserver/quota.h"
-#include "base/resources.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,8 +7,10 @@
 #include <fmt/format.h>
 
 #include "api/ports_json.h"
+#include "api/quota_room.h"
 #include "base/clock.h"
 #include "base/logging.h"
+#include "base/resources.h"
 #include "base/strings.h"
 
 namespace dsec::apiserver {
@@ -500,11 +501,11 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
       if (auto q = limits_.find(level); q != limits_.end())
         for (const Dim& d : kDims)
           if (q->second.*d.limit) limited.insert(d.name);
-    auto room = [&](const Dim& d) {
-      return std::to_string(limited.count(d.name) ? need.*d.field : kUnlimited);
-    };
-    t.header = StrCat({"hold=", own.hold.tag, ";sandboxes=", room(kDims[0]),
-                       ";memory_mb=", room(kDims[1]), ";cpu_milli=", room(kDims[2])});
+    auto room = [&](const Dim& d) { return limited.count(d.name) ? need.*d.field : kUnlimited; };
+    t.header = api::QuotaRoomText({.hold = own.hold.tag,
+                                   .sandboxes = room(kDims[0]),
+                                   .memory_mb = room(kDims[1]),
+                                   .cpu_milli = room(kDims[2])});
     return t;
   };
   {

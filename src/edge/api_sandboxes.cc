@@ -3,6 +3,7 @@
 // api/sandboxes_json.h; these check the typed requests against the node.
 #include <boost/asio/post.hpp>
 
+#include "api/quota_room.h"
 #include "api/sandboxes_json.h"
 #include "base/resources.h"
 #include "base/strings.h"
@@ -154,36 +155,6 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   return std::make_pair(p, static_cast<int>(f.count.value_or(1)));
 }
 
-struct QuotaRoom {
-  std::string hold;
-  int64_t sandboxes = 0, memory_mb = 0, cpu_milli = 0;
-};
-
-// Dsec-Quota: "hold=<tag>;sandboxes=N;memory_mb=M;cpu_milli=C" (every part).
-StatusOr<QuotaRoom> ParseQuotaRoom(std::string_view text) {
-  QuotaRoom q;
-  int seen = 0;
-  for (auto part : SplitString(text, ';', /*skip_empty=*/true)) {
-    size_t eq = part.find('=');
-    std::string_view k = part.substr(0, eq),
-                     v = eq == std::string_view::npos ? "" : part.substr(eq + 1);
-    if (k == "hold" && !v.empty() && v.size() <= 64) {
-      q.hold = std::string(v);
-      seen |= 1;
-      continue;
-    }
-    auto n = ParseInt64(v);
-    if (!n || *n < 0) break;
-    if (k == "sandboxes") q.sandboxes = *n, seen |= 2;
-    if (k == "memory_mb") q.memory_mb = *n, seen |= 4;
-    if (k == "cpu_milli") q.cpu_milli = *n, seen |= 8;
-  }
-  if (seen != 15)
-    return InvalidArgument("Dsec-Quota must be hold=<tag>;sandboxes=N;memory_mb=M;cpu_milli=C");
-  return q;
-}
-
-// The project a request acts in: Dsec-Project (an apiserver names its caller's), else default.
 StatusOr<std::string> RequestProject(const http::HttpRequest& req) {
   std::string p = req.Header("dsec-project");
   if (p.empty()) return std::string("default");
@@ -220,7 +191,7 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
     parsed->first = std::move(*p);
   }
   if (std::string quota = c->req.Header("dsec-quota"); !quota.empty()) {
-    auto room = ParseQuotaRoom(quota);
+    auto room = api::ParseQuotaRoom(quota, /*with_hold=*/true);
     if (!room.ok()) return c->Fail(room.status());
     const CreateParams& p = parsed->first;
     const int64_t n = parsed->second;
@@ -230,9 +201,9 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
       http::HttpResponse r = http::JsonError(
           409, "conflict", "the create takes more than the quota room its apiserver admitted");
       r.headers.emplace_back("Dsec-Quota-Need",
-                             StrCat({"sandboxes=", std::to_string(n),
-                                     ";memory_mb=", std::to_string(n * p.resources.memory_mb),
-                                     ";cpu_milli=", std::to_string(n * cpu_milli)}));
+                             api::QuotaRoomText({.sandboxes = n,
+                                                 .memory_mb = n * p.resources.memory_mb,
+                                                 .cpu_milli = n * cpu_milli}));
       return c->res->Send(std::move(r));
     }
     parsed->first.quota_hold = room->hold;
