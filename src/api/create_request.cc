@@ -40,11 +40,12 @@ StatusOr<CreateShape> ParseCreateShape(std::string_view body) {
   if (auto it = j.find("trajectory"); it != j.end() && it->is_object()) {
     auto id = it->find("id");
     auto resume = it->find("resume");
-    if (resume != it->end() && resume->is_boolean() && resume->get<bool>()) {
-      if (id == it->end() || !id->is_string() || id->get<std::string>().empty())
-        return InvalidArgument("\"trajectory\" needs an \"id\"");
+    if (id == it->end() || !id->is_string() || id->get<std::string>().empty())
+      return InvalidArgument("\"trajectory\" needs an \"id\"");
+    if (resume != it->end() && resume->is_boolean() && resume->get<bool>())
       s.resume_trajectory = id->get<std::string>();
-    }
+    else
+      s.new_trajectory = id->get<std::string>();
   }
   if (s.kind.empty()) s.kind = "container";
   return s;

@@ -22,6 +22,8 @@ struct CreateShape {
   std::string request_id;  // "" when not given
   // A resume (`trajectory: {"id", "resume": true}`): the trajectory's id ("" for none).
   std::string resume_trajectory;
+  // A new trajectory (`trajectory: {"id"}`): its id ("" for none).
+  std::string new_trajectory;
 };
 
 // InvalidArgument for a body that is not a JSON object or has these fields of the wrong type.

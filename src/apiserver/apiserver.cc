@@ -650,6 +650,19 @@ void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http:
   // A resumed trajectory's sandbox is made on the node that keeps the trajectory.
   if (!shape->resume_trajectory.empty())
     return TrajectoryCall(req, api::RouteId::kResumeTrajectory, shape->resume_trajectory, res);
+  // A new trajectory's id is the project's on every node (each node checks its own): one a node
+  // keeps already is 409 wherever this create would land. (A node that does not answer cannot
+  // say; the create goes on.)
+  if (!shape->new_trajectory.empty()) {
+    auto found = FindTrajectory(req, shape->new_trajectory,
+                                "/v1/trajectories/" + shape->new_trajectory + "?limit=1");
+    if (found.ok() && found->second.status == 200)
+      return Fail(res, 409, "conflict",
+                  "trajectory \"" + shape->new_trajectory + "\" exists (on node " +
+                      found->first.rec.node + "): resume it (\"resume\": true) or take another id");
+    if (!found.ok() && found.status().code() == StatusCode::kInvalidArgument)
+      return Fail(res, found.status());
+  }
   PlaceAndForward(req, res, std::move(*shape), /*counted=*/true);
 }
 

@@ -47,6 +47,10 @@ def test_record_preempt_resume_through_the_apiserver(cl):
     assert pr["checkpointed"][0]["trajectory"] == t, pr
     s, info = call(cl, "GET", f"/v1/trajectories/{t}", token=tok)
     assert s == 200 and info["state"] == "preempted" and len(info["entries"]) == 1, info
+    # The id is taken in the project on every node, not only on the one that keeps it.
+    for _ in range(4):
+        s, out = call(cl, "POST", "/v1/sandboxes", {"trajectory": {"id": t}}, token=tok)
+        assert s == 409, out
     assert info["made_as"]["memory_mb"] == 128
     # Another project's caller finds nothing.
     assert call(cl, "GET", f"/v1/trajectories/{t}", token=other)[0] == 404
