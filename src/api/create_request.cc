@@ -1,7 +1,9 @@
 #include "api/create_request.h"
 #include "base/resources.h"
 
+#include "api/sandboxes_json.h"
 #include "base/json.h"
+#include "base/strings.h"
 
 namespace dsec::api {
 
@@ -30,6 +32,13 @@ StatusOr<CreateShape> ParseCreateShape(std::string_view body) {
   DSEC_RETURN_IF_ERROR(str("kind", &s.kind));
   DSEC_RETURN_IF_ERROR(str("pool", &s.pool));
   DSEC_RETURN_IF_ERROR(str("request_id", &s.request_id));
+  DSEC_RETURN_IF_ERROR(str("node", &s.node));
+  if (auto it = j.find("image"); it != j.end() && !it->is_null()) {
+    auto stack = ParseImageStack(&*it);
+    if (!stack.ok()) return stack.status();
+    for (auto n : SplitString(stack->value_or(""), ',', /*skip_empty=*/true))
+      if (n != "host" && !StartsWith(n, "sha256:")) s.images.emplace_back(n);
+  }
   DSEC_RETURN_IF_ERROR(num("memory_mb", 1, int64_t{1} << 30, &s.memory_mb, nullptr));
   DSEC_RETURN_IF_ERROR(num("count", 1, 1 << 20, &s.count, &s.count_given));
   if (auto it = j.find("cpu"); it != j.end() && !it->is_null()) {

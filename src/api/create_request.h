@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 
@@ -24,6 +25,10 @@ struct CreateShape {
   std::string resume_trajectory;
   // A new trajectory (`trajectory: {"id"}`): its id ("" for none).
   std::string new_trajectory;
+  // An admin's pin (`"node": "<name>"`): only that node ("" for any).
+  std::string node;
+  // The images of its stack that may be the cluster's ("name:tag"; not "host" nor layers).
+  std::vector<std::string> images;
 };
 
 // InvalidArgument for a body that is not a JSON object or has these fields of the wrong type.

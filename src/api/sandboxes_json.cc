@@ -80,6 +80,7 @@ StatusOr<CreateRequest> ParseCreateRequest(std::string_view body, const CreateLi
   DSEC_ASSIGN_OR_RETURN(r.count, b.Int("count", 1, limits.max_count));
   DSEC_ASSIGN_OR_RETURN(auto rid, b.String("request_id", 128));
   (void)rid;
+  DSEC_ASSIGN_OR_RETURN(r.node, b.String("node", 253));
   const Json* network = b.Raw("network");
   const Json* pool = b.Raw("pool");
   const Json* trajectory = b.Raw("trajectory");

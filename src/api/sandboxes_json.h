@@ -47,6 +47,8 @@ struct CreateRequest {
   std::optional<std::string> pool;           // a container pool's name
   std::optional<int64_t> count;              // given: the answer is a list
   std::optional<TrajectorySpec> trajectory;  // record (or resume) a trajectory log
+  // An admin's pin to one node (a cluster's node name; the edge checks it is its own).
+  std::optional<std::string> node;
 };
 
 // The node's side of a create's checks.

@@ -21,6 +21,7 @@
 #include <boost/asio/post.hpp>
 
 #include "api/errors.h"
+#include "api/images_json.h"
 #include "api/ports_json.h"
 #include "api/quota_room.h"
 #include "api/routes.h"
@@ -31,6 +32,7 @@
 #include "http/auth.h"
 #include "http/json_body.h"
 #include "http/relay.h"
+#include "images/store.h"
 
 namespace dsec::apiserver {
 
@@ -308,7 +310,9 @@ http::Preflight Apiserver::Check(http::HttpRequest& req) {
   }
   // (A record, GET /v1/sandboxes/{id}, is asked by the apiserver itself: it keeps what it
   // reads, to show while the node is unavailable.)
-  if ((r && r->scope == api::Scope::kSandbox && r->id != api::RouteId::kGetSandbox) || port_proxy) {
+  // An image archive goes to the node that imports it, streamed.
+  if ((r && r->scope == api::Scope::kSandbox && r->id != api::RouteId::kGetSandbox) || port_proxy ||
+      (r && r->id == RouteId::kImportImage)) {
     if (!relay_slot()) return pf;
     pf.takeover = true;
     return pf;
@@ -418,6 +422,12 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
       return on_worker([this, shared, res, id = match.route->id, tid = match.params["tid"]] {
         TrajectoryCall(*shared, id, tid, res);
       });
+    case RouteId::kListImages:
+    case RouteId::kGetImage:
+    case RouteId::kDeleteImage:
+      return on_worker([this, shared, res, id = match.route->id, name = match.params["name"]] {
+        Images(*shared, id, name, res);
+      });
     case RouteId::kListProjects:
     case RouteId::kCreateProject:
     case RouteId::kGetProject:
@@ -444,9 +454,8 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
   // The node's own routes (kLocal scope); a sandbox's routes were taken over in Check.
   Fail(res, 404, "not_found",
        "no route " + shared->method + " " + shared->path +
-           " on the apiserver (images, pools, builds, metrics and trajectories are served by each "
-           "edge in "
-           "this release)");
+           " on the apiserver (pools, builds and metrics are served by each edge in this "
+           "release)");
 }
 
 void Apiserver::Audit(const http::HttpRequest& req, const std::string& sandbox) const {
@@ -518,19 +527,35 @@ void Apiserver::Relay(http::HttpRequest req) {
   const bool signed_port = !port_host && api::ParseSignedPortTarget(req.target, &spt);
   if (signed_port) id = spt.id;
   const bool with_node_token = !(port_host || signed_port) || CallerIsCluster(req);
-  Audit(req, id);
-  if (Status s = api::ValidateId("sandbox id", id); !s.ok())
-    return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
-  const std::string node = NodeOfSandbox(id);
-  if (req.method == "DELETE" && seg.size() == 3 && KeptIsCallers(req, id)) records_.Erase(id);
-  auto n = node.empty() ? std::nullopt : view_->Find(node);
-  if (!n)
-    return http::SendErrorAndClose(
-        std::move(client), 404, "not_found",
-        "sandbox " + id + " not found" +
-            (node.empty() ? "" : " (no node " + node + " in the cluster)"));
-  if (!n->alive)
-    return http::SendErrorAndClose(std::move(client), 503, "unavailable", Unreachable(id, *n));
+  const api::RouteSpec* route =
+      api::MatchRoute(req.method, req.target, api::Server::kApiserver).route;
+  const bool import = route && route->id == api::RouteId::kImportImage && !port_host;
+  std::optional<NodeState> n;
+  std::string node;
+  if (import) {
+    Audit(req, "");
+    auto picked = ImportNode(req);
+    if (!picked.ok()) {
+      auto [status, code] = api::HttpErrorFor(picked.status().code());
+      return http::SendErrorAndClose(std::move(client), status, code, picked.status().message());
+    }
+    n = std::move(*picked);
+    node = n->rec.node;
+  } else {
+    Audit(req, id);
+    if (Status s = api::ValidateId("sandbox id", id); !s.ok())
+      return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
+    node = NodeOfSandbox(id);
+    if (req.method == "DELETE" && seg.size() == 3 && KeptIsCallers(req, id)) records_.Erase(id);
+    n = node.empty() ? std::nullopt : view_->Find(node);
+    if (!n)
+      return http::SendErrorAndClose(
+          std::move(client), 404, "not_found",
+          "sandbox " + id + " not found" +
+              (node.empty() ? "" : " (no node " + node + " in the cluster)"));
+    if (!n->alive)
+      return http::SendErrorAndClose(std::move(client), 503, "unavailable", Unreachable(id, *n));
+  }
   http::ProxiedRequest pr;
   if (Status s = http::FrameBody(req, &pr); !s.ok())
     return http::SendErrorAndClose(std::move(client), 400, "bad_request", s.message());
@@ -547,8 +572,9 @@ void Apiserver::Relay(http::HttpRequest req) {
       {"X-Forwarded-Host", req.Header("host")}};
   if (with_node_token) {
     extra.emplace_back("Authorization", "Bearer " + node_token_);
-    // Only a sandbox of the caller's project answers (an admin naming none: any).
-    if (auto p = ProjectOf(req, true); p.ok() && !p->empty())
+    // Only a sandbox of the caller's project answers (an admin naming none: any); an imported
+    // image is the project's.
+    if (auto p = ProjectOf(req, !import); p.ok() && !p->empty())
       extra.emplace_back("Dsec-Project", *p);
   }
   http::SetUpstreamHead(req, req.target,
@@ -647,6 +673,11 @@ void Apiserver::PassOnCreate(const std::shared_ptr<http::Responder>& res,
 void Apiserver::Create(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {
   auto shape = api::ParseCreateShape(req.body);
   if (!shape.ok()) return Fail(res, shape.status());
+  if (!shape->node.empty()) {
+    auto who = Principal::Decode(req.principal);
+    if (!who || who->role != Role::kAdmin)
+      return Fail(res, 403, "forbidden", "only an admin may pin a create to a node (\"node\")");
+  }
   // A resumed trajectory's sandbox is made on the node that keeps the trajectory.
   if (!shape->resume_trajectory.empty())
     return TrajectoryCall(req, api::RouteId::kResumeTrajectory, shape->resume_trajectory, res);
@@ -764,9 +795,15 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
     opts.max_tries = 1 << 20;                    // every node may take a share
     if (!shape->request_id.empty()) opts.k = 1;  // shares by rendezvous order alone
   }
+  // The cluster's images it names: nodes that hold their layers cost less.
+  std::vector<cluster::ClusterLayer> layers;
+  if (qc)
+    for (const auto& name : shape->images)
+      if (auto img = view_->Image(name); img && img->project == qc->project)
+        layers.insert(layers.end(), img->layers.begin(), img->layers.end());
   StatusOr<std::vector<NodeState>> order = [&] {
     MutexLock l(rng_mu_);
-    return PlaceCreate(nodes, *shape, opts, &rng_);
+    return PlaceCreate(nodes, *shape, opts, &rng_, layers);
   }();
 
   // 2. A retry of a create that an earlier attempt (through this or another apiserver) sent to
@@ -1163,6 +1200,104 @@ Json NodeJson(const NodeState& n) {
           {"since", n.changed_ms}};
 }
 }  // namespace
+
+StatusOr<NodeState> Apiserver::ImportNode(const http::HttpRequest& req) const {
+  if (!view_->etcd_ok())
+    return Unavailable("the cluster store (etcd) cannot be reached: imports wait until it is back");
+  if (const std::string* named = req.Query("node"); named && !named->empty()) {
+    auto who = Principal::Decode(req.principal);
+    if (!who || who->role != Role::kAdmin)
+      return PermissionDenied("only an admin may name the node that imports (?node=)");
+    auto n = view_->Find(*named);
+    if (!n) return InvalidArgument("no node " + *named + " in the cluster");
+    if (!n->alive) return Unavailable("node " + *named + " is unavailable");
+    return *n;
+  }
+  std::optional<NodeState> best;
+  double best_load = 0;
+  for (auto& n : view_->Nodes()) {
+    if (!n.alive || !n.cordon.empty()) continue;
+    const double load = static_cast<double>(n.rec.sandboxes) /
+                        static_cast<double>(std::max<int64_t>(1, n.rec.max_sandboxes));
+    if (!best || load < best_load) {
+      best_load = load;
+      best = std::move(n);
+    }
+  }
+  if (!best) return Unavailable("no node is up and not cordoned to import the image");
+  return *best;
+}
+
+void Apiserver::Images(const http::HttpRequest& req, api::RouteId id, const std::string& name,
+                       const std::shared_ptr<http::Responder>& res) {
+  auto project = ProjectOf(req, false);
+  if (!project.ok()) return Fail(res, project.status());
+  // As an edge shows an image, with where the cluster has it: the node that made it and the
+  // nodes that hold all of its layers now.
+  const std::vector<NodeState> nodes = view_->Nodes();
+  auto show = [&](const cluster::ClusterImage& img) {
+    api::ImageRecord r;
+    r.name = img.name;
+    r.base = img.base;
+    for (const auto& l : img.layers) {
+      r.layers.push_back({l.digest, l.size, "erofs"});
+      r.size += l.size;
+    }
+    auto strs = [&](const char* k) {
+      std::vector<std::string> v;
+      if (auto it = img.config.find(k); it != img.config.end() && it->is_array())
+        for (const auto& e : *it)
+          if (e.is_string()) v.push_back(e.get<std::string>());
+      return v;
+    };
+    r.env = strs("env");
+    r.entrypoint = strs("entrypoint");
+    r.cmd = strs("cmd");
+    r.workdir = img.config.value("workdir", "");
+    r.user = img.config.value("user", "");
+    r.source = img.source;
+    r.created_at = img.created_at;
+    Json j = api::ToJson(r);
+    j["in_use"] = nullptr;  // (each node counts its own)
+    j["origin"] = img.origin;
+    Json held = Json::array();
+    for (const auto& n : nodes)
+      if (n.alive && MissingShare(n, img.layers) == 0) held.push_back(n.rec.node);
+    j["nodes"] = held;
+    return j;
+  };
+  if (id == api::RouteId::kListImages) {
+    Json list = Json::array({api::HostImageJson()});
+    for (const auto& img : view_->Images())
+      if (img.project == *project) list.push_back(show(img));
+    return Reply(res, 200, {{"images", list}});
+  }
+  if (name == "host" || name == "host:latest") {
+    if (id == api::RouteId::kGetImage) return Reply(res, 200, api::HostImageJson());
+    return Fail(res, 409, "conflict", "\"host\" is the built-in image and cannot be deleted");
+  }
+  auto norm = images::NormalizeName(name);
+  if (!norm.ok()) return Fail(res, norm.status());
+  auto img = view_->Image(*norm);
+  if (!img || img->project != *project)
+    return Fail(res, 404, "not_found", "image \"" + *norm + "\" not found");
+  if (id == api::RouteId::kGetImage) return Reply(res, 200, show(*img));
+  // DELETE: the record goes (if it is still the one shown); each node drops its copy.
+  auto kv = etcd_->Get(cluster::ImageKey(*norm));
+  if (!kv.ok()) return Fail(res, 503, "unavailable", "etcd: " + kv.status().message());
+  auto cur = *kv ? cluster::ClusterImage::FromJson((*kv)->value)
+                 : StatusOr<cluster::ClusterImage>(NotFound(""));
+  if (!cur.ok() || cur->project != *project)
+    return Fail(res, 404, "not_found", "image \"" + *norm + "\" not found");
+  auto done =
+      etcd_->Txn({{cluster::ImageKey(*norm), etcd::Client::Condition::kValueIs, (*kv)->value}}, {},
+                 {cluster::ImageKey(*norm)});
+  if (!done.ok()) return Fail(res, 503, "unavailable", "etcd: " + done.status().message());
+  if (!*done) return Fail(res, 409, "conflict", "image \"" + *norm + "\" changed meanwhile: retry");
+  http::HttpResponse r;
+  r.status = 204;
+  res->Send(std::move(r));
+}
 
 void Apiserver::Nodes(const std::shared_ptr<http::Responder>& res) {
   Json a = Json::array();

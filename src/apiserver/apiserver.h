@@ -150,6 +150,13 @@ class Apiserver {
   StatusOr<std::pair<NodeState, http::ClientResponse>> FindTrajectory(const http::HttpRequest& req,
                                                                       const std::string& tid,
                                                                       const std::string& target);
+  // The cluster's images (cluster/image_record.h): listed and shown from the view, deleted in
+  // etcd (every node drops its copy); an import is relayed to the node ImportNode picks, which
+  // publishes it.
+  void Images(const http::HttpRequest& req, api::RouteId id, const std::string& name,
+              const std::shared_ptr<http::Responder>& res);
+  // Where an import goes: the node an admin names (?node=), else the least loaded ready one.
+  StatusOr<NodeState> ImportNode(const http::HttpRequest& req) const;
   void Nodes(const std::shared_ptr<http::Responder>& res);
   void GetNode(const std::string& node, const std::shared_ptr<http::Responder>& res);
   void ClusterAsNode(const std::shared_ptr<http::Responder>& res);

@@ -46,6 +46,17 @@ void RendezvousSort(std::vector<NodeState>* v, const std::string& rid) {
 
 }  // namespace
 
+double MissingShare(const NodeState& n, const std::vector<cluster::ClusterLayer>& layers) {
+  uint64_t total = 0, missing = 0;
+  for (const auto& l : layers) {
+    const uint64_t b = std::max<uint64_t>(1, l.blob_size);
+    total += b;
+    if (!n.layers || !std::binary_search(n.layers->begin(), n.layers->end(), l.digest))
+      missing += b;
+  }
+  return total == 0 ? 0 : static_cast<double>(missing) / static_cast<double>(total);
+}
+
 uint64_t RendezvousWeight(const std::string& request_id, const std::string& node) {
   // FNV-1a over id, NUL, node, then a 64-bit finalizer (splitmix64) to spread the bits.
   uint64_t h = 1469598103934665603ull;
@@ -65,9 +76,22 @@ uint64_t RendezvousWeight(const std::string& request_id, const std::string& node
 
 StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes,
                                              const api::CreateShape& shape,
-                                             const PlacementOptions& opts, std::mt19937_64* rng) {
+                                             const PlacementOptions& opts, std::mt19937_64* rng,
+                                             const std::vector<cluster::ClusterLayer>& layers) {
   const std::string what =
       shape.pool.empty() ? "kind \"" + shape.kind + "\"" : "pool \"" + shape.pool + "\"";
+  if (!shape.node.empty()) {
+    auto it = std::find_if(nodes.begin(), nodes.end(),
+                           [&](const NodeState& n) { return n.rec.node == shape.node; });
+    if (it == nodes.end()) return Unimplemented("no node " + shape.node + " in the cluster");
+    if (!Serves(*it, shape)) return Unimplemented("node " + shape.node + " does not serve " + what);
+    if (!it->alive) return Unavailable("node " + shape.node + " is unavailable");
+    if (shape.memory_mb > 0 && it->rec.max_memory_mb > 0 && shape.memory_mb > it->rec.max_memory_mb)
+      return ResourceExhausted("memory_mb " + std::to_string(shape.memory_mb) +
+                               " can never fit node " + shape.node + ": it takes " +
+                               std::to_string(it->rec.max_memory_mb) + " MiB");
+    return std::vector<NodeState>{*it};  // (cordoned or not: an admin's pin)
+  }
   int serving = 0, up = 0, uncordoned = 0;
   int64_t largest = 0;
   std::vector<NodeState> fits;
@@ -103,11 +127,28 @@ StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes
   // Those with room first, each group in that order.
   std::stable_partition(fits.begin(), fits.end(),
                         [&](const NodeState& n) { return HasRoom(n, shape.memory_mb, 1); });
-  // Power of k: the least loaded of the first k with room leads.
+  // Power of k: the cheapest of the first k with room leads (cost: load, and the share of the
+  // image it would have to fetch), and beside them the first node with room that holds the
+  // whole image. (With a request id, that one is searched only where a retry's probes look.)
+  auto cost = [&](const NodeState& n) {
+    return Load(n) + (layers.empty() ? 0 : opts.layer_weight * MissingShare(n, layers));
+  };
+  const size_t k = static_cast<size_t>(std::max(1, opts.k));
   size_t best = 0;
-  for (size_t i = 1; i < fits.size() && i < static_cast<size_t>(std::max(1, opts.k)); ++i) {
+  for (size_t i = 1; i < fits.size() && i < k; ++i) {
     if (!HasRoom(fits[i], shape.memory_mb, 1)) break;
-    if (Load(fits[i]) < Load(fits[best])) best = i;
+    if (cost(fits[i]) < cost(fits[best])) best = i;
+  }
+  if (!layers.empty() && HasRoom(fits[0], shape.memory_mb, 1)) {
+    const size_t window = shape.request_id.empty()
+                              ? fits.size()
+                              : std::min(fits.size(), k + std::max<size_t>(1, opts.max_tries));
+    for (size_t i = k; i < window; ++i) {
+      if (!HasRoom(fits[i], shape.memory_mb, 1)) break;
+      if (MissingShare(fits[i], layers) > 0) continue;
+      if (cost(fits[i]) < cost(fits[best])) best = i;
+      break;
+    }
   }
   if (best != 0)
     std::rotate(fits.begin(), fits.begin() + static_cast<long>(best),

@@ -27,12 +27,23 @@ namespace dsec::apiserver {
 struct PlacementOptions {
   int k = 2;          // power-of-k choices
   int max_tries = 3;  // nodes a create is sent to before its 429 is the answer
+  // What lacking the image counts for beside the load (0..1, its share of the sandboxes or
+  // memory a node admits): a node that lacks all of it costs this much more.
+  double layer_weight = 0.25;
 };
 
-// The nodes to try, best first (at most max_tries).
+// The nodes to try, best first (at most max_tries). `layers`: the layers of the create's image
+// (the cluster's records); a node's cost is its load plus layer_weight times the share of
+// those bytes it lacks, and one node that holds them all is a candidate beside the first k.
+// A create pinned to a node (shape.node) goes there or nowhere: 422 when it
+// cannot take it (no such node, not of the kind, too small), Unavailable while it is down.
 StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes,
                                              const api::CreateShape& shape,
-                                             const PlacementOptions& opts, std::mt19937_64* rng);
+                                             const PlacementOptions& opts, std::mt19937_64* rng,
+                                             const std::vector<cluster::ClusterLayer>& layers = {});
+
+// The share (0..1) of `layers`' bytes node `n` does not hold.
+double MissingShare(const NodeState& n, const std::vector<cluster::ClusterLayer>& layers);
 
 // For a create with a request id: the nodes that an earlier attempt of it (through any
 // apiserver) may have been sent to, to be asked for its recorded answer before it is placed

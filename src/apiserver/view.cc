@@ -38,8 +38,23 @@ std::vector<NodeState> ClusterView::Nodes() const {
     out.push_back(n);
     auto c = cordons_.find(name);
     out.back().cordon = c == cordons_.end() ? "" : c->second;
+    if (auto ls = layers_.find(name); ls != layers_.end()) out.back().layers = ls->second;
   }
   return out;
+}
+
+std::vector<cluster::ClusterImage> ClusterView::Images() const {
+  MutexLock l(mu_);
+  std::vector<cluster::ClusterImage> out;
+  for (const auto& [name, img] : images_) out.push_back(img);
+  return out;
+}
+
+std::optional<cluster::ClusterImage> ClusterView::Image(const std::string& name) const {
+  MutexLock l(mu_);
+  auto it = images_.find(name);
+  if (it == images_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::optional<NodeState> ClusterView::Find(const std::string& node) const {
@@ -49,6 +64,7 @@ std::optional<NodeState> ClusterView::Find(const std::string& node) const {
   NodeState n = it->second;
   auto c = cordons_.find(node);
   n.cordon = c == cordons_.end() ? "" : c->second;
+  if (auto ls = layers_.find(node); ls != layers_.end()) n.layers = ls->second;
   return n;
 }
 
@@ -60,6 +76,23 @@ void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
   if (StartsWith(key, cluster::kCordonPrefix)) {
     MutexLock l(mu_);
     cordons_[key.substr(cluster::kCordonPrefix.size())] = value == "drain" ? "drain" : "cordon";
+    return;
+  }
+  if (StartsWith(key, cluster::kImagesPrefix)) {
+    auto img = cluster::ClusterImage::FromJson(value);
+    MutexLock l(mu_);
+    if (img.ok())
+      images_[key.substr(cluster::kImagesPrefix.size())] = std::move(*img);
+    else
+      DSEC_LOG_WARN("view: ignoring a bad image record at {}", key);
+    return;
+  }
+  if (StartsWith(key, cluster::kLayersPrefix)) {
+    auto h = cluster::LayerHolders::FromJson(value);
+    MutexLock l(mu_);
+    layers_[key.substr(cluster::kLayersPrefix.size())] =
+        std::make_shared<const std::vector<std::string>>(h.ok() ? std::move(h->layers)
+                                                                : std::vector<std::string>{});
     return;
   }
   if (!StartsWith(key, cluster::kNodesPrefix)) return;
@@ -108,6 +141,14 @@ void ClusterView::ApplyDelete(const std::string& key) {
     cordons_.erase(key.substr(cluster::kCordonPrefix.size()));
     return;
   }
+  if (StartsWith(key, cluster::kImagesPrefix)) {
+    images_.erase(key.substr(cluster::kImagesPrefix.size()));
+    return;
+  }
+  if (StartsWith(key, cluster::kLayersPrefix)) {
+    layers_.erase(key.substr(cluster::kLayersPrefix.size()));
+    return;
+  }
   if (!StartsWith(key, cluster::kNodesPrefix)) return;
   auto it = nodes_.find(key.substr(cluster::kNodesPrefix.size()));
   if (it == nodes_.end() || !it->second.alive) return;
@@ -136,6 +177,10 @@ void ClusterView::Reset(const std::vector<etcd::KeyValue>& kvs) {
     for (auto it = cordons_.begin(); it != cordons_.end();)
       it = present.count(std::string(cluster::kCordonPrefix) + it->first) ? std::next(it)
                                                                           : cordons_.erase(it);
+    std::erase_if(images_,
+                  [&](const auto& kv) { return !present.count(cluster::ImageKey(kv.first)); });
+    std::erase_if(layers_,
+                  [&](const auto& kv) { return !present.count(cluster::LayersKey(kv.first)); });
   }
   for (const auto& name : gone) ApplyDelete(std::string(cluster::kNodesPrefix) + name);
 }

@@ -21,6 +21,7 @@
 #include "apiserver/quota.h"
 #include "base/mutex.h"
 #include "cluster/etcd.h"
+#include "cluster/image_record.h"
 #include "cluster/node_record.h"
 #include "http/client.h"
 
@@ -38,6 +39,8 @@ struct NodeState {
   // of what the node last published.
   std::shared_ptr<std::atomic<int64_t>> inflight;
   std::shared_ptr<std::atomic<int64_t>> inflight_mb;
+  // The image layers it can serve (hence holds), sorted (/dsec/layers/<node>).
+  std::shared_ptr<const std::vector<std::string>> layers;
 
   // "ready", "cordoned", "draining" or "unavailable".
   std::string State() const;
@@ -58,6 +61,9 @@ class ClusterView {
   int64_t stale_since_ms() const { return stale_since_ms_.load(); }
   std::vector<NodeState> Nodes() const;
   std::optional<NodeState> Find(const std::string& node) const;
+  // The cluster's images (/dsec/images/), by name.
+  std::vector<cluster::ClusterImage> Images() const;
+  std::optional<cluster::ClusterImage> Image(const std::string& name) const;
 
   // For tests of placement and for the view's own updates.
   void ApplyPut(const std::string& key, const std::string& value);
@@ -78,6 +84,10 @@ class ClusterView {
   mutable Mutex mu_;
   std::map<std::string, NodeState> nodes_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, std::string> cordons_ DSEC_GUARDED_BY(mu_);
+  std::map<std::string, cluster::ClusterImage> images_ DSEC_GUARDED_BY(mu_);
+  // A node's layers may come before its record (or outlive it): kept apart, joined in Nodes().
+  std::map<std::string, std::shared_ptr<const std::vector<std::string>>> layers_
+      DSEC_GUARDED_BY(mu_);
 };
 
 }  // namespace dsec::apiserver

@@ -6,12 +6,16 @@
 #include "base/logging.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
+#include "edge/cluster_images.h"
 #include "edge/trajectory.h"
 #include "http/auth.h"
 
 namespace dsec::edge {
 
 namespace {
+
+// GET /v1/layers/<digest>: a peer edge's fetch of a layer blob (not a public route).
+constexpr std::string_view kLayersPath = "/v1/layers/";
 
 // Uploads up to this size are read into memory; larger ones (and chunked ones) are spooled.
 constexpr uint64_t kUploadInMemoryMax = 1 << 20;
@@ -300,6 +304,9 @@ http::Preflight Api::Authenticate(http::HttpRequest& req) {
     if (status == 401) pf.error.headers.emplace_back("WWW-Authenticate", "Bearer");
     return pf;
   };
+  // A peer's fetch of a layer blob (cluster_images.h): sent from the blob file once the caller
+  // is authenticated, on the connection taken over.
+  pf.takeover = pf.takeover || (req.method == "GET" && StartsWith(req.path, kLayersPath));
   if (req.via_unix) {
     if (req.peer_uid != 0) return deny(403, "forbidden", "the edge socket is for root only");
     pf.principal = "unix";
@@ -325,6 +332,13 @@ http::Preflight Api::Authenticate(http::HttpRequest& req) {
 }
 
 void Api::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder> res) {
+  if (req.takeover_fd && StartsWith(req.path, kLayersPath)) {
+    std::string digest = req.path.substr(kLayersPath.size());
+    if (!d_.cluster_images)
+      return http::SendErrorAndClose(std::move(req.takeover_fd), 404, "not_found",
+                                     "this edge is in no cluster: it serves no layers");
+    return d_.cluster_images->StartServe(std::move(req.takeover_fd), std::move(digest));
+  }
   if (req.takeover_fd) {
     // Finding the sandbox may wait (a create in progress): on a worker.
     auto shared = std::make_shared<http::HttpRequest>(std::move(req));

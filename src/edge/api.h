@@ -45,6 +45,7 @@ namespace dsec::edge {
 class Api;
 class Builds;
 class Trajectories;
+class ClusterImages;
 
 // One request being handled. Shared: async handlers keep it until they answer.
 class Ctx {
@@ -110,6 +111,8 @@ class Api {
     // Where proxied connections (api_ports.cc) are relayed: the HTTP server's I/O.
     boost::asio::io_context* proxy_io = nullptr;
     Trajectories* trajectories = nullptr;  // the trajectory log (null: none)
+    // In a cluster: images across nodes (publish, fetch, serve layers); null otherwise.
+    ClusterImages* cluster_images = nullptr;
   };
   explicit Api(Deps deps);
 

@@ -9,6 +9,7 @@
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/builds.h"
+#include "edge/cluster_images.h"
 #include "images/import.h"
 #include "images/store.h"
 
@@ -87,6 +88,17 @@ void DeleteImage(const std::shared_ptr<Ctx>& c) {
   c->NoContent();
 }
 
+// An image just made here through an apiserver goes to the cluster; if it cannot, it is not
+// kept here either (the caller is told, and may try again).
+Status Publish(const std::shared_ptr<Ctx>& c, const images::Image& img) {
+  images::ImageStore* store = c->api->deps().images;
+  Status st = c->api->deps().cluster_images->Publish(img);
+  if (st.ok()) return st;
+  (void)store->DeleteImage(img.name);
+  (void)store->Collect();
+  return st;
+}
+
 void ImportImage(const std::shared_ptr<Ctx>& c) {
   auto s = Store(c);
   if (!s.ok()) return c->Fail(s.status());
@@ -102,6 +114,16 @@ void ImportImage(const std::shared_ptr<Ctx>& c) {
   }
   if (const std::string* b = c->req.Query("base"); b && !b->empty()) o.base = *b;
   o.max_archive_bytes = c->api->deps().cfg.max_import_bytes;
+  // In a cluster: the project's image (the one the apiserver names), under the cluster's name.
+  ClusterImages* cluster = c->api->deps().cluster_images;
+  std::string project = c->req.Header("dsec-project");
+  if (project.empty()) project = "default";
+  if (cluster) {
+    o.project = project;
+    auto norm = images::NormalizeName(*name);
+    if (!norm.ok()) return c->Fail(norm.status());
+    if (Status st = cluster->CheckName(*norm, project); !st.ok()) return c->Fail(st);
+  }
   auto imp = images::Importer::Start(*s, o);
   if (!imp.ok()) return c->Fail(imp.status());
   Status st;
@@ -129,6 +151,9 @@ void ImportImage(const std::shared_ptr<Ctx>& c) {
       return c->Fail(e);
     return c->Fail(400, "bad_request", e.message());
   }
+  if (cluster) {
+    if (Status st = Publish(c, *img); !st.ok()) return c->Fail(st);
+  }
   c->Reply(201, ImageJson(*s, *img));
 }
 
@@ -148,9 +173,14 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   if (!norm.ok()) return c->Fail(norm.status());
   if ((*s)->GetImage(*norm).ok())  // checked again when it is added
     return c->Fail(409, "conflict", "image \"" + *norm + "\" already exists");
+  // In a cluster, the sandbox's project's image under the cluster's name.
+  ClusterImages* cluster = c->api->deps().cluster_images;
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e, Op::kSnapshot);
   if (!sb.ok()) return c->Fail(sb.status());
+  if (cluster) {
+    if (Status st = cluster->CheckName(*norm, e->params.project); !st.ok()) return c->Fail(st);
+  }
   if (auto caps = c->api->deps().manager->Capabilities(e->params.kind); !caps.ok())
     return c->Fail(caps.status());
   else if (!caps->snapshot)
@@ -177,6 +207,9 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   if (Status st = (*s)->PutImage(img); !st.ok()) return c->Fail(st);
   auto stored = (*s)->GetImage(img.name);
   if (!stored.ok()) return c->Fail(stored.status());
+  if (cluster) {
+    if (Status st = Publish(c, *stored); !st.ok()) return c->Fail(st);
+  }
   c->Reply(201, ImageJson(*s, *stored));
 }
 

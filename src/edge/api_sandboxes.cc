@@ -3,11 +3,13 @@
 // api/sandboxes_json.h; these check the typed requests against the node.
 #include <boost/asio/post.hpp>
 
+#include "api/create_request.h"
 #include "api/quota_room.h"
 #include "api/sandboxes_json.h"
 #include "base/resources.h"
 #include "base/strings.h"
 #include "edge/api.h"
+#include "edge/cluster_images.h"
 #include "edge/trajectory.h"
 #include "http/json_body.h"
 #include "images/store.h"
@@ -132,6 +134,9 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
                                            /*worker=*/false);
       }};
   DSEC_ASSIGN_OR_RETURN(CreateFields f, api::ParseCreateRequest(body, limits));
+  if (f.node && *f.node != cfg.node)
+    return Unimplemented("this is node " + cfg.node + ", not " + *f.node +
+                         " (an apiserver places a create pinned to a node there)");
   if (f.kind) p.kind = *f.kind;
   p.network = f.network;
   if (f.pool) DSEC_RETURN_IF_ERROR(TakeFromPool(*f.pool, pools, &f, &p));
@@ -169,6 +174,13 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   auto project = RequestProject(c->req);
   if (!project.ok()) return c->Fail(project.status());
   std::optional<api::TrajectorySpec> trajectory;
+  // In a cluster, an image another node made is fetched first: its layers from nodes that hold
+  // them.
+  if (deps.cluster_images) {
+    auto shape = api::ParseCreateShape(c->req.body);
+    if (!shape.ok()) return c->Fail(shape.status());
+    if (Status s = deps.cluster_images->Ensure(*project, shape->images); !s.ok()) return c->Fail(s);
+  }
   auto parsed = ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images,
                             &count_given, &trajectory);
   if (!parsed.ok()) return c->Fail(parsed.status());

@@ -328,6 +328,14 @@ std::vector<Group> Fields(EdgeConfig* c) {
             "`http://<listen>`, which must then not be a wildcard address"},
            {"cluster_lease_ttl_s", &c->cluster_lease_ttl_s, "s",
             "TTL of the etcd lease the edge registers under"},
+           {"cluster_layer_cache_mb", &c->cluster_layer_cache_mb, "MiB",
+            "Image layers fetched from other nodes kept here at most (least recently used "
+            "images go first)"},
+           {"cluster_layer_serves", &c->cluster_layer_serves, "",
+            "Layer transfers to other nodes at once (more are refused: the peer tries another "
+            "holder)"},
+           {"cluster_layer_serve_bytes_per_s", &c->cluster_layer_serve_bytes_per_s, "B/s",
+            "Pace of each layer transfer to another node", "unpaced"},
        }},
       {"SandboxFusion /run_code API",
        {
@@ -371,6 +379,9 @@ constexpr KeyRange kRanges[] = {
     {"trajectory_max_body_bytes", 1 << 10, 4e9},
     {"trajectory_max_bytes", 1 << 20, 1e12},
     {"cluster_lease_ttl_s", 2, 600},
+    {"cluster_layer_cache_mb", 0, 1 << 30},
+    {"cluster_layer_serves", 1, 1024},
+    {"cluster_layer_serve_bytes_per_s", 0, 1e12},
     {"port_proxy_connect_timeout_ms", 1, 600000},
     {"port_proxy_max_conns", 1, 1 << 20},
     {"max_workers_per_sandbox", 1, 1 << 16},

@@ -191,6 +191,13 @@ struct EdgeConfig {
   std::string cluster_etcd;
   std::string cluster_advertise;
   int64_t cluster_lease_ttl_s = 5;
+  // Images across the cluster (edge/cluster_images.h): the layers this node fetched from its
+  // peers are kept up to this many MiB (least recently used go first); at most
+  // cluster_layer_serves layer transfers to peers at once, each paced to
+  // cluster_layer_serve_bytes_per_s (0: unpaced).
+  int64_t cluster_layer_cache_mb = 20480;
+  int64_t cluster_layer_serves = 4;
+  int64_t cluster_layer_serve_bytes_per_s = 0;
 
   // SandboxFusion's /run_code API (edge/sandbox_fusion.h) on its own listener ("" = off).
   // Callers authenticate with a token of token_file, as a bearer token or as the first path

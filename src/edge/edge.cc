@@ -30,6 +30,7 @@
 #include "base/strings.h"
 #include "edge/api.h"
 #include "edge/builds.h"
+#include "edge/cluster_images.h"
 #include "edge/e2b.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"
@@ -444,7 +445,8 @@ class EdgeServices {
   std::unique_ptr<http::HttpServer> fusion_server_;
   std::optional<E2b> e2b_;  // the E2B-compatible API, when asked for
   std::unique_ptr<http::HttpServer> e2b_server_;
-  std::unique_ptr<Membership> membership_;  // gone from placement first at shutdown
+  std::unique_ptr<ClusterImages> cluster_images_;  // in a cluster: images across nodes
+  std::unique_ptr<Membership> membership_;         // gone from placement first at shutdown
   std::atomic<bool> done_{false};
   std::thread housekeeper_;
 };
@@ -458,6 +460,7 @@ EdgeServices::~EdgeServices() {
   if (e2b_server_) e2b_server_->Stop();
   if (fusion_server_) fusion_server_->Stop();
   if (server_) server_->Stop();
+  if (cluster_images_) cluster_images_->Stop();             // (its transfers to peers end)
   for (const auto& d : made_dirs_) (void)rmdir(d.c_str());  // only while empty
   if (pools_) pools_->Shutdown();    // workers and pooled sandboxes go even with --persist
   if (builds_) builds_->Shutdown();  // a build in progress goes
@@ -626,6 +629,21 @@ Status EdgeServices::Serve() {
   deps.images = images_.get();
   deps.builds = builds_.get();
   deps.trajectories = trajectories_.get();
+  if (!cfg_.cluster_etcd.empty() && images_) {
+    auto endpoints = etcd::ParseEndpoints(cfg_.cluster_etcd);  // checked by FinalizeConfig
+    if (!endpoints.ok())
+      return Status(endpoints.status().code(), "cluster: " + endpoints.status().message());
+    cluster_images_ = std::make_unique<ClusterImages>(
+        ClusterImagesOptions{
+            .etcd = *endpoints,
+            .node = cfg_.node,
+            .token = tokens_.empty() ? std::string() : tokens_.front(),
+            .cache_bytes = static_cast<uint64_t>(cfg_.cluster_layer_cache_mb) << 20,
+            .max_serves = static_cast<int>(cfg_.cluster_layer_serves),
+            .serve_bytes_per_s = static_cast<uint64_t>(cfg_.cluster_layer_serve_bytes_per_s)},
+        images_.get(), &metrics_);
+    deps.cluster_images = cluster_images_.get();
+  }
   deps.tokens = tokens_;
   deps.instance = containers_->instance_id();
   kernel_features_ = KernelFeaturesOf(*containers_);
@@ -671,7 +689,9 @@ Status EdgeServices::Serve() {
           return NodeRecordOf(cfg_, *manager_, *pools_, instance, started_at, e2b_server_.get(),
                               fusion_server_.get());
         },
-        [this] { return manager_->Usage(); });
+        [this] { return manager_->Usage(); },
+        [c = cluster_images_.get()] { return c ? c->HoldersText() : std::string(); });
+    if (cluster_images_) cluster_images_->Start();
     membership_->Start();
   }
   housekeeper_ =

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "base/logging.h"
+#include "cluster/image_record.h"
 
 namespace dsec::edge {
 
@@ -14,11 +15,13 @@ constexpr auto kTick = std::chrono::milliseconds(50);
 
 Membership::Membership(std::vector<std::string> etcd, int64_t ttl_s,
                        std::function<cluster::NodeRecord()> record,
-                       std::function<cluster::NodeUsage()> usage)
+                       std::function<cluster::NodeUsage()> usage,
+                       std::function<std::string()> layers)
     : etcd_(std::move(etcd), std::chrono::milliseconds(std::max<int64_t>(500, ttl_s * 1000 / 4))),
       ttl_s_(ttl_s),
       record_(std::move(record)),
-      usage_(std::move(usage)) {}
+      usage_(std::move(usage)),
+      layers_(std::move(layers)) {}
 
 Membership::~Membership() { Stop(); }
 
@@ -43,7 +46,7 @@ void Membership::Finish() {
 void Membership::Run() {
   const auto keepalive_every = std::chrono::milliseconds(ttl_s_ * 1000 / 3);
   int64_t lease = 0;
-  std::string key, published, usage_published;
+  std::string key, published, usage_published, layers_key, layers_published;
   // The usage key, when its text changed (no lease: it outlives a lapse of the record's).
   auto put_usage = [&] {
     cluster::NodeUsage u = usage_();
@@ -59,6 +62,7 @@ void Membership::Run() {
     if (lease == 0) {
       cluster::NodeRecord rec = record_();
       key = std::string(cluster::kNodesPrefix) + rec.node;
+      layers_key = cluster::LayersKey(rec.node);
       usage_key_ = std::string(cluster::kUsagePrefix) + rec.node;
       auto granted = etcd_.LeaseGrant(ttl_s_);
       Status put =
@@ -77,6 +81,7 @@ void Membership::Run() {
       published = rec.ToJson().dump();
       usage_published.clear();  // (a restarted edge's key says what the last one left)
       put_usage();
+      layers_published.clear();
       last_keepalive = last_put = Clock::now();
       backoff = std::chrono::milliseconds(200);
       warned = false;
@@ -109,11 +114,14 @@ void Membership::Run() {
       std::vector<etcd::Client::TxnPut> puts;
       if (text != published) puts.push_back({key, text, lease});
       if (usage != usage_published) puts.push_back({usage_key_, usage, 0});
+      std::string layers = layers_ ? layers_() : std::string();
+      if (layers_ && layers != layers_published) puts.push_back({layers_key, layers, lease});
       int64_t revision = 0;
       if (!puts.empty()) {
         if (etcd_.TxnAt({}, puts, {}, &revision).ok()) {
           published = std::move(text);
           usage_published = std::move(usage);
+          layers_published = std::move(layers);
         }
         last_put = now;
       }

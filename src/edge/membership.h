@@ -5,6 +5,8 @@
 // lapsed lease means a new one). Stop revokes the lease, so the node leaves placement at once.
 // Beside the record it keeps /dsec/usage/<node> (what its sandboxes take, for the cluster's
 // quotas) up to date at the same pace, without a lease: a lost node's sandboxes stay counted.
+// With `layers`, /dsec/layers/<node> (cluster/image_record.h) says which image layers it can
+// serve, under the same lease, rewritten when that changes.
 // After the sandboxes went (or were kept, --persist), Finish says so there: the key goes when
 // none is left.
 //
@@ -25,8 +27,8 @@ class Membership {
  public:
   // `record` is called for the current record (load included) on the membership thread.
   Membership(std::vector<std::string> etcd, int64_t ttl_s,
-             std::function<cluster::NodeRecord()> record,
-             std::function<cluster::NodeUsage()> usage);
+             std::function<cluster::NodeRecord()> record, std::function<cluster::NodeUsage()> usage,
+             std::function<std::string()> layers = nullptr);
   ~Membership();
   void Start();
   void Stop();
@@ -42,6 +44,8 @@ class Membership {
   int64_t ttl_s_;
   std::function<cluster::NodeRecord()> record_;
   std::function<cluster::NodeUsage()> usage_;
+  // The text of /dsec/layers/<node> (under the lease, as the record): what it can serve.
+  std::function<std::string()> layers_;
   std::string usage_key_;  // set once registered (the membership thread's until Stop)
   std::atomic<bool> stop_{false};
   std::atomic<bool> registered_{false};

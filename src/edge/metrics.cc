@@ -79,6 +79,8 @@ void Metrics::CountTrajectory(const std::string& event) {
   Bump(&trajectory_, Label("event", event));
 }
 
+void Metrics::CountLayer(const std::string& event) { Bump(&layers_, Label("event", event)); }
+
 void Metrics::CountReject(const std::string& reason) { Bump(&rejects_, Label("reason", reason)); }
 void Metrics::CountError(const std::string& code) { Bump(&errors_, Label("code", code)); }
 void Metrics::CountFnCall(const std::string& runtime, const std::string& outcome) {
@@ -139,6 +141,13 @@ std::string Metrics::Render(const Gauges& sandboxes, int64_t connections, int64_
            "from it (materialized), checkpoints, calls it could not record.",
            &o);
   RenderLabeled("dsec_trajectory_events_total", trajectory_, &o);
+  Describe("dsec_layer_events_total", "counter",
+           "Image layers passed between nodes: fetched from a peer, fetches that failed (one per "
+           "holder tried), served to a peer, serves refused (busy), cached layers evicted.",
+           &o);
+  RenderLabeled("dsec_layer_events_total", layers_, &o);
+  Describe("dsec_layers_serving", "gauge", "Layer blobs being sent to peers now.", &o);
+  o += "dsec_layers_serving " + std::to_string(layers_serving.load()) + "\n";
   return o;
 }
 

@@ -44,6 +44,11 @@ class Metrics {
   void CountDeleted(const std::string& reason);
   // The trajectory log: recorded | replayed | materialized | checkpointed | not_recorded.
   void CountTrajectory(const std::string& event);
+  // Layers passed between nodes (cluster_images.h): fetched | fetch_failed | served |
+  // serve_refused | evicted.
+  void CountLayer(const std::string& event);
+  // Layer blobs being served to peers now.
+  std::atomic<int64_t> layers_serving{0};
 
   using Gauges = std::map<std::pair<std::string, std::string>, int64_t>;  // (state, kind)
   std::string Render(const Gauges& sandboxes, int64_t connections, int64_t accepted) const;
@@ -65,6 +70,7 @@ class Metrics {
   Labeled deleted_ DSEC_GUARDED_BY(mu_);
   Labeled fncalls_ DSEC_GUARDED_BY(mu_);
   Labeled trajectory_ DSEC_GUARDED_BY(mu_);
+  Labeled layers_ DSEC_GUARDED_BY(mu_);
 };
 
 }  // namespace dsec::edge

@@ -627,6 +627,7 @@ struct Importer::Impl {
     StatusOr<Image> img = format == "oci" ? Oci() : format == "docker" ? Docker() : Rootfs();
     if (!img.ok()) return img.status().WithContext("import " + format + " archive");
     if (format != "rootfs" && !opts.base.empty()) img->base = opts.base;
+    img->project = opts.project;
     if (!opts.add_image) return img;
     DSEC_RETURN_IF_ERROR(store->PutImage(*img));
     return store->GetImage(img->name);

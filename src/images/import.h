@@ -51,6 +51,7 @@ struct ImportOptions {
   // (the caller holds an ImageStore::Lease until it references the layers).
   bool add_image = true;
   bool skip_dev_nodes = false;  // see archive::TarExtractOptions
+  std::string project;          // Image::project ("": every project's)
 };
 
 class Importer {

@@ -74,6 +74,8 @@ std::string Hex(const unsigned char* p, size_t n) {
   return out;
 }
 
+}  // namespace
+
 bool ValidDigest(const std::string& d) {
   if (d.size() != 7 + 64 || d.compare(0, 7, "sha256:") != 0) return false;
   return std::all_of(d.begin() + 7, d.end(),
@@ -109,6 +111,8 @@ ImageConfig ConfigFromJson(const Json& j) {
   c.user = str("user");
   return c;
 }
+
+namespace {
 
 // The directories of a freshly extracted layer that the tar did not list (kUnlistedOwner):
 // each gets the default owner and mode (root, 0755) and its path ("." for the root) is
@@ -329,6 +333,9 @@ Status ImageStore::Load() {
       auto format = ParseLayerFormat(l.value("format", "dir"));
       if (!ValidDigest(info.digest) || !format.ok()) continue;
       info.format = *format;
+      info.blob = l.value("blob", "");
+      info.blob_size = l.value("blob_size", uint64_t{0});
+      if (!info.blob.empty() && !ValidDigest(info.blob)) info.blob.clear();
       std::string p = LayerDir(info.digest) + LayerSuffix(info.format);
       if (access(p.c_str(), F_OK) < 0) {
         DSEC_LOG_WARN("image store: layer {} is missing from disk; dropped", info.digest);
@@ -345,6 +352,8 @@ Status ImageStore::Load() {
       img.source = i.value("source", "import");
       img.created_at = i.value("created_at", int64_t{0});
       img.project = i.value("project", "");
+      img.cached = i.value("cached", false);
+      img.published = i.value("published", false);
       img.config = ConfigFromJson(i.value("config", Json::object()));
       bool whole = true;
       for (const auto& d : i.value("layers", Json::array())) {
@@ -386,8 +395,13 @@ Status ImageStore::SaveLocked() {
   Json j;
   j["version"] = 1;
   j["layers"] = Json::array();
-  for (const auto& [d, l] : layers_)
+  for (const auto& [d, l] : layers_) {
     j["layers"].push_back({{"digest", d}, {"size", l.size}, {"format", LayerFormatName(l.format)}});
+    if (!l.blob.empty()) {
+      j["layers"].back()["blob"] = l.blob;
+      j["layers"].back()["blob_size"] = l.blob_size;
+    }
+  }
   j["images"] = Json::array();
   for (const auto& [n, i] : images_) {
     j["images"].push_back({{"name", i.name},
@@ -397,6 +411,8 @@ Status ImageStore::SaveLocked() {
                            {"source", i.source},
                            {"created_at", i.created_at}});
     if (!i.project.empty()) j["images"].back()["project"] = i.project;
+    if (i.cached) j["images"].back()["cached"] = true;
+    if (i.published) j["images"].back()["published"] = true;
   }
   j["holders"] = Json::object();
   for (const auto& [h, ds] : holders_) j["holders"][h] = ds;
@@ -672,6 +688,90 @@ StatusOr<int> ImageStore::Collect() {
     if (!s.ok()) DSEC_LOG_WARN("image store: removing layer {}: {}", digest, s.ToString());
   }
   return static_cast<int>(doomed.size());
+}
+
+Status ImageStore::SetPublished(const std::string& name) {
+  MutexLock l(mu_);
+  auto it = images_.find(name);
+  if (it == images_.end()) return NotFound("image \"" + name + "\" not found");
+  it->second.published = true;
+  return SaveLocked();
+}
+
+std::string ImageStore::BlobPath(const LayerInfo& layer) const {
+  return LayerDir(layer.digest) + ".erofs";
+}
+
+StatusOr<LayerInfo> ImageStore::Blob(const std::string& digest) {
+  DSEC_ASSIGN_OR_RETURN(LayerInfo layer, GetLayer(digest));
+  if (!layer.blob.empty()) return layer;
+  DSEC_ASSIGN_OR_RETURN(std::string path, ErofsFile(layer));
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return ErrnoError("open \"" + path + "\"");
+  EVP_MD_CTX* md = EVP_MD_CTX_new();
+  if (!md || EVP_DigestInit_ex(md, EVP_sha256(), nullptr) != 1) {
+    EVP_MD_CTX_free(md);
+    return InternalError("sha256 init failed");
+  }
+  std::string buf(1 << 20, '\0');
+  uint64_t size = 0;
+  for (;;) {
+    ssize_t n = read(fd.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      EVP_MD_CTX_free(md);
+      return ErrnoError("read \"" + path + "\"");
+    }
+    if (n == 0) break;
+    EVP_DigestUpdate(md, buf.data(), static_cast<size_t>(n));
+    size += static_cast<uint64_t>(n);
+  }
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(md, out, &len);
+  EVP_MD_CTX_free(md);
+  MutexLock l(mu_);
+  auto it = layers_.find(digest);
+  if (it == layers_.end()) return NotFound("layer " + digest + " not found");
+  it->second.blob = "sha256:" + Hex(out, len);
+  it->second.blob_size = size;
+  DSEC_RETURN_IF_ERROR(SaveLocked());
+  return it->second;
+}
+
+StatusOr<LayerInfo> ImageStore::AddBlobLayer(const std::string& file, LayerInfo info) {
+  if (!ValidDigest(info.digest) || !ValidDigest(info.blob))
+    return InvalidArgument("a layer blob needs a digest and a blob digest");
+  info.format = LayerFormat::kErofs;
+  MutexLock l(mu_);
+  if (auto it = layers_.find(info.digest); it != layers_.end()) {  // it came meanwhile
+    unlink(file.c_str());
+    return it->second;
+  }
+  std::string final_path = BlobPath(info);
+  if (rename(file.c_str(), final_path.c_str()) < 0) {
+    Status s = ErrnoError("rename \"" + file + "\" -> \"" + final_path + "\"");
+    unlink(file.c_str());
+    return s;
+  }
+  layers_[info.digest] = info;
+  DSEC_RETURN_IF_ERROR(SaveLocked());
+  return info;
+}
+
+std::vector<LayerInfo> ImageStore::BlobLayers() {
+  MutexLock l(mu_);
+  std::vector<LayerInfo> out;
+  for (const auto& [d, info] : layers_)
+    if (!info.blob.empty()) out.push_back(info);
+  return out;
+}
+
+bool ImageStore::Held(const std::string& digest) {
+  MutexLock l(mu_);
+  for (const auto& [h, ds] : holders_)
+    if (std::find(ds.begin(), ds.end(), digest) != ds.end()) return true;
+  return false;
 }
 
 StatusOr<std::string> ImageStore::ErofsFile(const LayerInfo& layer) {

@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/json.h"
 #include "base/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
@@ -51,6 +52,10 @@ struct LayerInfo {
   std::string digest;  // "sha256:<hex>" of the uncompressed layer tar
   uint64_t size = 0;   // bytes of file content in the layer
   LayerFormat format = LayerFormat::kDir;
+  // The layer as nodes pass it between them (Blob): its EROFS image's "sha256:<hex>" and size;
+  // "" until first asked for.
+  std::string blob;
+  uint64_t blob_size = 0;
 };
 
 struct Image {
@@ -63,7 +68,17 @@ struct Image {
   // The project whose snapshot made it (a cluster's); "" for one every project may use (an
   // import or build on the node, a snapshot through no project). Names are node-wide.
   std::string project;
+  // A node's copy of a cluster's image (fetched from a peer; the cluster's record is the
+  // original): dropped when the record goes, or when the layer cache needs the room.
+  bool cached = false;
+  // Made on this node and published to a cluster (its record there is its truth).
+  bool published = false;
 };
+
+Json ConfigToJson(const ImageConfig& c);
+ImageConfig ConfigFromJson(const Json& j);
+// "sha256:" and 64 lowercase hex digits.
+bool ValidDigest(const std::string& d);
 
 // A resolved stack for one sandbox: the base, the layers bottom first, the merged config.
 struct Stack {
@@ -138,10 +153,25 @@ class ImageStore {
   StatusOr<std::unique_ptr<LayerBuilder>> NewLayer(bool skip_dev_nodes = false);
   StatusOr<LayerInfo> GetLayer(const std::string& digest);
 
+  // The layer as one file that can be checked by its digest, as nodes pass layers between
+  // them: its EROFS image (made once for a directory layer) with `blob` and `blob_size` set
+  // (hashed once, then kept in the index). NotFound for a layer the store does not have.
+  StatusOr<LayerInfo> Blob(const std::string& digest);
+  std::string BlobPath(const LayerInfo& layer) const;  // (after Blob)
+  // Adds a layer received as its blob: `file` (an EROFS image whose sha256 the caller checked
+  // against info.blob) is moved into the store as an EROFS layer named info.digest.
+  StatusOr<LayerInfo> AddBlobLayer(const std::string& file, LayerInfo info);
+  // The layers whose blob is known (what this node can serve to others).
+  std::vector<LayerInfo> BlobLayers();
+  // Whether any holder (sandbox) uses the layer.
+  bool Held(const std::string& digest);
+
   // Adds the image `img.name` (its layers must exist). An existing name is AlreadyExists
   // unless `replace`.
   Status PutImage(Image img, bool replace = false);
   StatusOr<Image> GetImage(const std::string& name);
+  // Marks the image as made here and published to a cluster (Image::published).
+  Status SetPublished(const std::string& name);
   std::vector<Image> ListImages();
   // Removes the name; its layers stay while other images or holders reference them.
   Status DeleteImage(const std::string& name);

@@ -171,7 +171,7 @@ def test_placement_errors_say_why(shared):
     assert status == 404 and "no node n9" in out["error"]["message"], out
     status, out = api(shared, "GET", "/v1/sandboxes/not..an-id")
     assert status == 400, out
-    status, out = api(shared, "GET", "/v1/images")
+    status, out = api(shared, "GET", "/v1/pools")
     assert status == 404 and "apiserver" in out["error"]["message"], out
 
 

@@ -1,0 +1,184 @@
+"""Images across nodes (issue 38): an image made through an apiserver on one node runs on every
+node, its layers fetched from a node that holds them, checked against the digest the cluster's
+record names; concurrent creates share one fetch; a holder killed mid-transfer is replaced by
+another; a deleted image goes from every node.
+
+Real etcd, edges and apiservers (cluster_harness.py). Each node paces what it serves to other
+nodes (cluster_layer_serve_bytes_per_s), so a transfer lasts long enough to be caught in flight.
+"""
+
+import base64
+import json
+import re
+import threading
+import urllib.request
+
+from cluster_harness import request
+from edge_harness import wait_until
+
+# A snapshot's layer is an EROFS image of a few KiB: at 2 KiB/s a transfer takes seconds.
+PACE = 2048
+
+
+def etcd_get(c, key):
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+    req = urllib.request.Request(c.etcd_url + "/v3/kv/range", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        kvs = json.loads(r.read()).get("kvs", [])
+    return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+
+
+def etcd_put(c, key, value):
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
+                       "value": base64.b64encode(value.encode()).decode()}).encode()
+    req = urllib.request.Request(c.etcd_url + "/v3/kv/put", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
+
+
+def layer_events(c, node):
+    """{event: count} of the node's dsec_layer_events_total, and its dsec_layers_serving."""
+    status, text = request(c.edge_url(node), "GET", "/metrics", token=c.node_token)
+    assert status == 200, status
+    out = {}
+    for m in re.finditer(r'^dsec_layer_events_total\{event="(\w+)"\} (\d+)$', text.decode(),
+                         re.M):
+        out[m.group(1)] = int(m.group(2))
+    m = re.search(r"^dsec_layers_serving (\d+)$", text.decode(), re.M)
+    out["serving"] = int(m.group(1)) if m else 0
+    return out
+
+
+def local_images(c, node):
+    status, body = request(c.edge_url(node), "GET", "/v1/images", token=c.node_token)
+    assert status == 200, (status, body)
+    return {i["name"] for i in body["images"]}
+
+
+def create(c, node, image, i=0):
+    return c.api("POST", "/v1/sandboxes", {"image": image, "node": node, "memory_mb": 128,
+                                            "ttl_s": 600}, i=i)
+
+
+def run(c, sid, cmd):
+    status, out = c.api("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": cmd})
+    assert status == 200, (status, out)
+    return out
+
+
+def test_an_image_made_on_one_node_runs_on_every_node(make_cluster):
+    c = make_cluster(edges=3, edge_config={"cluster_layer_serve_bytes_per_s": PACE})
+    c.wait_nodes()
+    a, b, n3 = sorted(c.edges)
+
+    # A pin names a node: one that is not in the cluster is 422, and only admins may pin.
+    status, out = create(c, "no-such-node", "host")
+    assert status == 422, (status, out)
+
+    # Made on a: a sandbox's files, snapshotted through the apiserver.
+    status, src = create(c, a, "host")
+    assert status == 201 and src["node"] == a, (status, src)
+    out = run(c, src["id"], ["sh", "-c", "echo made-on-a > /workspace/hello.txt"])
+    assert out["exit_code"] == 0, out
+    status, img = c.api("POST", f"/v1/sandboxes/{src['id']}/snapshot", {"image": "tools:v1"})
+    assert status == 201, (status, img)
+    # A second image of the same name, anywhere in the cluster, is refused.
+    status, out = c.api("POST", f"/v1/sandboxes/{src['id']}/snapshot", {"image": "tools:v1"})
+    assert status == 409, (status, out)
+
+    # The cluster lists it, made on a and held by a.
+    def listed():
+        status, body = c.api("GET", "/v1/images/tools:v1", i=1)
+        return body if status == 200 and body.get("nodes") == [a] else None
+    shown = wait_until(listed, 20, 0.1, "the image held by its origin")
+    assert shown["origin"] == a and len(shown["layers"]) == 1, shown
+    status, body = c.api("GET", "/v1/images")
+    assert status == 200 and "tools:v1" in {i["name"] for i in body["images"]}, body
+
+    # 8 creates at once on a node that lacks it: one fetch, one transfer from a.
+    before_a = layer_events(c, a).get("served", 0)
+    results = [None] * 8
+
+    def one(k):
+        results[k] = create(c, n3, "tools:v1", i=k % 2)
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for status, out in results:
+        assert status == 201 and out["node"] == n3, (status, out)
+    assert layer_events(c, n3).get("fetched", 0) == 1, layer_events(c, n3)
+    assert layer_events(c, a).get("served", 0) == before_a + 1, layer_events(c, a)
+    out = run(c, results[0][1]["id"], ["cat", "/workspace/hello.txt"])
+    assert out["stdout"] == "made-on-a\n", out
+    wait_until(lambda: c.api("GET", "/v1/images/tools:v1")[1].get("nodes") == sorted([a, n3]),
+               20, 0.1, "the copy on the third node listed as a holder")
+
+    # A record whose blob digest is not what the holders serve: refused, and nothing kept.
+    key = "/dsec/images/tools:v1"
+    good = etcd_get(c, key)
+    rec = json.loads(good)
+    rec["layers"][0]["blob"] = "sha256:" + "0" * 64
+    etcd_put(c, key, json.dumps(rec))
+    status, out = create(c, b, "tools:v1")
+    assert status == 503 and "sha256" in out["error"]["message"], (status, out)
+    assert "tools:v1" not in local_images(c, b)
+    assert layer_events(c, b).get("fetched", 0) == 0, layer_events(c, b)
+    etcd_put(c, key, good)
+
+    # A holder killed in the middle of the transfer: the node fetches it from the other holder.
+    done = {}
+
+    def slow():
+        done["r"] = create(c, b, "tools:v1")
+    t = threading.Thread(target=slow)
+    t.start()
+    serving = wait_until(
+        lambda: next((n for n in (a, n3) if layer_events(c, n)["serving"] > 0), None),
+        30, 0.05, "a holder sending the layer")
+    c.edge(serving).kill9()
+    t.join(120)
+    status, out = done["r"]
+    assert status == 201 and out["node"] == b, (status, out)
+    events = layer_events(c, b)
+    assert events.get("fetched") == 1 and events.get("fetch_failed", 0) >= 1, events
+    assert run(c, out["id"], ["cat", "/workspace/hello.txt"])["stdout"] == "made-on-a\n"
+    c.edge(serving).launch()
+    c.wait_nodes()
+
+    # Deleted through an apiserver: every node drops it; sandboxes made of it keep running.
+    status, _ = c.api("DELETE", "/v1/images/tools:v1", i=1)
+    assert status == 204, status
+    for n in (a, b, n3):
+        wait_until(lambda n=n: "tools:v1" not in local_images(c, n), 20, 0.1,
+                   f"the image gone from {n}")
+    status, out = create(c, b, "tools:v1")
+    assert status == 404, (status, out)
+    assert run(c, results[1][1]["id"], ["cat", "/workspace/hello.txt"])["exit_code"] == 0
+
+
+def test_images_are_the_projects(make_cluster):
+    c = make_cluster(edges=2)
+    c.wait_nodes()
+    status, _ = c.api("POST", "/v1/projects", {"name": "other"})
+    assert status == 201, status
+    status, src = c.api("POST", "/v1/sandboxes", {"memory_mb": 128})
+    assert status == 201, (status, src)
+    status, img = c.api("POST", f"/v1/sandboxes/{src['id']}/snapshot", {"image": "mine:v1"})
+    assert status == 201, (status, img)
+    other = {"Dsec-Project": "other"}
+    status, body = c.api("GET", "/v1/images", headers=other)
+    assert status == 200 and "mine:v1" not in {i["name"] for i in body["images"]}, body
+    status, out = c.api("GET", "/v1/images/mine:v1", headers=other)
+    assert status == 404, (status, out)
+    status, out = c.api("DELETE", "/v1/images/mine:v1", headers=other)
+    assert status == 404, (status, out)
+    for node in sorted(c.edges):
+        status, out = c.api("POST", "/v1/sandboxes", {"image": "mine:v1", "node": node},
+                            headers=other)
+        assert status == 404, (status, out)
+    status, out = c.api("GET", "/v1/images/mine:v1")
+    assert status == 200 and out["name"] == "mine:v1", (status, out)
