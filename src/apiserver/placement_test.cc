@@ -165,5 +165,57 @@ TEST(Placement, NodeOfSandboxId) {
   EXPECT_EQ(NodeOfSandbox("sb-n1_abcdefghijkl"), "");
 }
 
+TEST(Placement, PrefersNodesThatHoldTheImageWithoutFilteringOthers) {
+  std::mt19937_64 rng(7);
+  PlacementOptions o;
+  const std::string d1 = "sha256:" + std::string(64, '1'), d2 = "sha256:" + std::string(64, '2');
+  std::vector<cluster::ClusterLayer> layers = {{d1, 10, d1, 1000}, {d2, 10, d2, 3000}};
+  std::vector<NodeState> nodes;
+  for (int i = 0; i < 20; ++i) nodes.push_back(Node("n" + std::to_string(i)));
+  nodes[5].layers = std::make_shared<const std::vector<std::string>>(std::vector{d1, d2});
+  nodes[6].layers = std::make_shared<const std::vector<std::string>>(std::vector{d1});
+  EXPECT_DOUBLE_EQ(MissingShare(nodes[5], layers), 0);
+  EXPECT_DOUBLE_EQ(MissingShare(nodes[6], layers), 0.75);
+  EXPECT_DOUBLE_EQ(MissingShare(nodes[0], layers), 1);
+  // Equal loads: the holder leads (it is a candidate beside the random k).
+  std::map<std::string, int> first;
+  for (int i = 0; i < 200; ++i) ++first[PlaceCreate(nodes, {}, o, &rng, layers)->front().rec.node];
+  EXPECT_EQ(first["n5"], 200);
+  // A cost, not a filter: a loaded holder loses to idle nodes that lack the image.
+  nodes[5].rec.sandboxes = 90;
+  first.clear();
+  for (int i = 0; i < 200; ++i) ++first[PlaceCreate(nodes, {}, o, &rng, layers)->front().rec.node];
+  EXPECT_EQ(first["n5"], 0);
+  EXPECT_GT(first.size(), 10u);
+  // Without layers, placement is as before: spread.
+  nodes[5].rec.sandboxes = 0;
+  first.clear();
+  for (int i = 0; i < 200; ++i) ++first[PlaceCreate(nodes, {}, o, &rng)->front().rec.node];
+  EXPECT_LT(first["n5"], 60);
+}
+
+TEST(Placement, APinnedCreateGoesToItsNodeOrNowhere) {
+  std::mt19937_64 rng(3);
+  PlacementOptions o;
+  api::CreateShape s;
+  s.node = "b";
+  auto cordoned = Node("b");
+  cordoned.cordon = "cordon";
+  auto r = PlaceCreate({Node("a"), cordoned, Node("c")}, s, o, &rng);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Names(*r), std::vector<std::string>{"b"});
+  s.node = "zz";
+  EXPECT_EQ(PlaceCreate({Node("a")}, s, o, &rng).status().code(), StatusCode::kUnimplemented);
+  s.node = "a";
+  s.kind = "microvm";
+  EXPECT_EQ(PlaceCreate({Node("a")}, s, o, &rng).status().code(), StatusCode::kUnimplemented);
+  s.kind = "container";
+  auto down = Node("a");
+  down.alive = false;
+  EXPECT_EQ(PlaceCreate({down}, s, o, &rng).status().code(), StatusCode::kUnavailable);
+  s.memory_mb = 20000;
+  EXPECT_EQ(PlaceCreate({Node("a")}, s, o, &rng).status().code(), StatusCode::kResourceExhausted);
+}
+
 }  // namespace
 }  // namespace dsec::apiserver

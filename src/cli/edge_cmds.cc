@@ -124,6 +124,7 @@ struct CreateOpts {
   NetworkOpts net;
   std::string trajectory;
   std::optional<int64_t> checkpoint_every;
+  std::string node;
 };
 
 StatusOr<Json> CreateBody(const CreateOpts& o) {
@@ -146,6 +147,7 @@ StatusOr<Json> CreateBody(const CreateOpts& o) {
   if (!env.empty()) b["env"] = env;
   if (!labels.empty()) b["labels"] = labels;
   if (o.count) b["count"] = *o.count;
+  if (!o.node.empty()) b["node"] = o.node;
   if (!o.trajectory.empty()) {
     b["trajectory"] = {{"id", o.trajectory}};
     if (o.checkpoint_every) b["trajectory"]["checkpoint_every"] = *o.checkpoint_every;
@@ -202,6 +204,8 @@ void AddCreateFlags(CLI::App* cmd, CreateOpts* o) {
   cmd->add_option("--checkpoint-every", o->checkpoint_every,
                   "With --trajectory: mutating calls between checkpoints (0: only at preempt)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_option("--node", o->node,
+                  "Make it on this node of a cluster (admins; dsec node ls names them)");
 }
 
 struct UpdateOpts {

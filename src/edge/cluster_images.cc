@@ -26,6 +26,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+// A cached image used this recently is not evicted (a create may be between finding it and
+// holding its layers).
+constexpr int64_t kRecentMs = 10000;
+
 std::string HexOf(const unsigned char* p, size_t n) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
@@ -181,7 +185,7 @@ Status ClusterImages::Ensure(const std::string& project, const std::vector<std::
     if (!put.ok() && put.code() != StatusCode::kAlreadyExists) return put;  // (a concurrent create)
     Touch(name);
   }
-  if (fetched) Trim();
+  if (fetched) Trim();  // (what was used lately stays: this create's images among them)
   return OkStatus();
 }
 
@@ -422,7 +426,8 @@ void ClusterImages::Trim() {
         if (!img.cached) continue;
         auto it = used_.find(img.name);
         int64_t used = it == used_.end() ? img.created_at : it->second;
-        if (used >= oldest) continue;
+        // Used in the last seconds: a create may be between finding it and holding its layers.
+        if (used >= oldest || used > WallMs() - kRecentMs) continue;
         bool held = false;
         for (const auto& d : img.layers) held = held || store_->Held(d);
         if (held) continue;

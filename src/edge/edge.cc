@@ -34,7 +34,7 @@
 #include "edge/e2b.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"
-#include "edge/membership.h"
+#include "cluster/membership.h"
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
 #include "edge/sandbox_fusion.h"
@@ -446,7 +446,7 @@ class EdgeServices {
   std::optional<E2b> e2b_;  // the E2B-compatible API, when asked for
   std::unique_ptr<http::HttpServer> e2b_server_;
   std::unique_ptr<ClusterImages> cluster_images_;  // in a cluster: images across nodes
-  std::unique_ptr<Membership> membership_;         // gone from placement first at shutdown
+  std::unique_ptr<cluster::Membership> membership_;         // gone from placement first at shutdown
   std::atomic<bool> done_{false};
   std::thread housekeeper_;
 };
@@ -683,7 +683,7 @@ Status EdgeServices::Serve() {
     auto endpoints = etcd::ParseEndpoints(cfg_.cluster_etcd);  // checked by FinalizeConfig
     if (!endpoints.ok())
       return Status(endpoints.status().code(), "cluster: " + endpoints.status().message());
-    membership_ = std::make_unique<Membership>(
+    membership_ = std::make_unique<cluster::Membership>(
         *endpoints, cfg_.cluster_lease_ttl_s,
         [this, instance = containers_->instance_id(), started_at = WallMs()] {
           return NodeRecordOf(cfg_, *manager_, *pools_, instance, started_at, e2b_server_.get(),

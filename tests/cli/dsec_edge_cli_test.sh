@@ -295,6 +295,8 @@ check "then live, nothing ran twice" 1 "$(D exec "$rid" -- sh -c 'wc -l < /works
 check "trajectory get" 2 "$(D trajectory get cli-traj | awk '$3 == "POST" {n++} END {print n}')"
 err=$(D trajectory rm cli-traj 2>&1); one_line_error "trajectory rm while a sandbox follows it" $? "$err"
 err=$(D create --checkpoint-every 3 2>&1); one_line_error "create --checkpoint-every without --trajectory" $? "$err"
+err=$(D create --node not-this-node 2>&1); one_line_error "create --node naming another node" $? "$err"
+check "create --node names the node" 1 "$(printf '%s' "$err" | grep -c 'not not-this-node')"
 err=$(D trajectory get nope 2>&1); one_line_error "trajectory get of an unknown id" $? "$err"
 D rm "$rid" >/dev/null
 for i in $(seq 50); do D trajectory rm cli-traj 2>/dev/null && break; sleep 0.2; done

@@ -118,6 +118,9 @@ class SandboxSpec:
     ``trajectory`` records the sandbox's calls in the trajectory log under that
     id (or ``{"id": ..., "checkpoint_every": N}``): a preempted job resumes from
     it with :meth:`DSecClient.resume_trajectory`.
+
+    ``node`` (admins, in a cluster) makes the sandbox on that node (a name of
+    ``GET /v1/nodes``), or fails (422) if it cannot take it.
     """
 
     image: str | Sequence[str] = "host"
@@ -134,6 +137,7 @@ class SandboxSpec:
     network: dict[str, Any] | None = None
     kind: str = "container"
     trajectory: str | dict[str, Any] | None = None
+    node: str | None = None
 
     def to_body(self) -> dict[str, Any]:
         """The JSON body for ``POST /v1/sandboxes`` (without count/request_id)."""
@@ -154,6 +158,7 @@ class SandboxSpec:
             "labels": dict(self.labels) if self.labels is not None else None,
             "network": dict(self.network) if self.network is not None else None,
             "trajectory": _trajectory_field(self.trajectory),
+            "node": self.node,
         }
         return {k: v for k, v in body.items() if v is not None}
 

@@ -295,6 +295,8 @@ def test_create_with_stacked_images(client, edge, sandbox):
     client.run_containers(SandboxSpec(image=("proj:1",)), 2)
     assert edge.seen("POST", "/v1/sandboxes")[-1].json["image"] == ["proj:1"]
     assert SandboxSpec(image="x").to_body()["image"] == "x"
+    assert "node" not in SandboxSpec().to_body()
+    assert SandboxSpec(node="n7").to_body()["node"] == "n7"
     with pytest.raises(NotFoundError):
         client.run_container(SandboxSpec(image=["proj:1", "nope:2"]))
     for bad in ([], ["a", ""], [1]):

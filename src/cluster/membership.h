@@ -21,14 +21,13 @@
 #include "cluster/etcd.h"
 #include "cluster/node_record.h"
 
-namespace dsec::edge {
+namespace dsec::cluster {
 
 class Membership {
  public:
   // `record` is called for the current record (load included) on the membership thread.
-  Membership(std::vector<std::string> etcd, int64_t ttl_s,
-             std::function<cluster::NodeRecord()> record, std::function<cluster::NodeUsage()> usage,
-             std::function<std::string()> layers = nullptr);
+  Membership(std::vector<std::string> etcd, int64_t ttl_s, std::function<NodeRecord()> record,
+             std::function<NodeUsage()> usage, std::function<std::string()> layers = nullptr);
   ~Membership();
   void Start();
   void Stop();
@@ -42,8 +41,8 @@ class Membership {
 
   etcd::Client etcd_;
   int64_t ttl_s_;
-  std::function<cluster::NodeRecord()> record_;
-  std::function<cluster::NodeUsage()> usage_;
+  std::function<NodeRecord()> record_;
+  std::function<NodeUsage()> usage_;
   // The text of /dsec/layers/<node> (under the lease, as the record): what it can serve.
   std::function<std::string()> layers_;
   std::string usage_key_;  // set once registered (the membership thread's until Stop)
@@ -52,4 +51,4 @@ class Membership {
   std::thread thread_;
 };
 
-}  // namespace dsec::edge
+}  // namespace dsec::cluster

@@ -1,11 +1,11 @@
-#include "edge/membership.h"
+#include "cluster/membership.h"
 
 #include <chrono>
 
 #include "base/logging.h"
 #include "cluster/image_record.h"
 
-namespace dsec::edge {
+namespace dsec::cluster {
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -14,8 +14,7 @@ constexpr auto kTick = std::chrono::milliseconds(50);
 }  // namespace
 
 Membership::Membership(std::vector<std::string> etcd, int64_t ttl_s,
-                       std::function<cluster::NodeRecord()> record,
-                       std::function<cluster::NodeUsage()> usage,
+                       std::function<NodeRecord()> record, std::function<NodeUsage()> usage,
                        std::function<std::string()> layers)
     : etcd_(std::move(etcd), std::chrono::milliseconds(std::max<int64_t>(500, ttl_s * 1000 / 4))),
       ttl_s_(ttl_s),
@@ -37,7 +36,7 @@ void Membership::Stop() {
 
 void Membership::Finish() {
   if (usage_key_.empty()) return;
-  cluster::NodeUsage u = usage_();
+  NodeUsage u = usage_();
   Status s = u.entries.empty() ? etcd_.Delete(usage_key_)
                                : etcd_.Put(usage_key_, u.ToJson().dump()).status();
   if (!s.ok()) DSEC_LOG_WARN("cluster: the last usage was not written: {}", s.message());
@@ -49,7 +48,7 @@ void Membership::Run() {
   std::string key, published, usage_published, layers_key, layers_published;
   // The usage key, when its text changed (no lease: it outlives a lapse of the record's).
   auto put_usage = [&] {
-    cluster::NodeUsage u = usage_();
+    NodeUsage u = usage_();
     std::string text = u.ToJson().dump();
     if (text != usage_published && etcd_.Put(usage_key_, text).ok())
       usage_published = std::move(text);
@@ -60,10 +59,10 @@ void Membership::Run() {
   while (!stop_) {
     const auto now = Clock::now();
     if (lease == 0) {
-      cluster::NodeRecord rec = record_();
-      key = std::string(cluster::kNodesPrefix) + rec.node;
-      layers_key = cluster::LayersKey(rec.node);
-      usage_key_ = std::string(cluster::kUsagePrefix) + rec.node;
+      NodeRecord rec = record_();
+      key = std::string(kNodesPrefix) + rec.node;
+      layers_key = LayersKey(rec.node);
+      usage_key_ = std::string(kUsagePrefix) + rec.node;
       auto granted = etcd_.LeaseGrant(ttl_s_);
       Status put =
           granted.ok() ? etcd_.Put(key, rec.ToJson().dump(), *granted).status() : granted.status();
@@ -135,4 +134,4 @@ void Membership::Run() {
   registered_ = false;
 }
 
-}  // namespace dsec::edge
+}  // namespace dsec::cluster
