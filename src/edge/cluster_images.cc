@@ -169,7 +169,7 @@ Status ClusterImages::Ensure(const std::string& project, const std::vector<std::
     if (rec->project != project) continue;  // another project's: not found, the same words
     for (const auto& layer : rec->layers) {
       if (store_->GetLayer(layer.digest).ok()) continue;
-      DSEC_RETURN_IF_ERROR(Fetch(layer));
+      DSEC_RETURN_IF_ERROR(Fetch(layer, rec->origin));
       fetched = true;
     }
     images::Image img;
@@ -189,7 +189,7 @@ Status ClusterImages::Ensure(const std::string& project, const std::vector<std::
   return OkStatus();
 }
 
-Status ClusterImages::Fetch(const cluster::ClusterLayer& layer) {
+Status ClusterImages::Fetch(const cluster::ClusterLayer& layer, const std::string& origin) {
   std::shared_ptr<Flight> f;
   bool mine = false;
   {
@@ -205,20 +205,23 @@ Status ClusterImages::Fetch(const cluster::ClusterLayer& layer) {
       return f->result;
     }
   }
-  // The holders, in random order (the load spreads), this node left out.
+  // The holders, in random order (the load spreads), this node left out. A node publishes what
+  // it holds within a moment of having it: an image just made may not be listed yet, so its
+  // origin is tried too, and an empty list is read again for a few seconds.
   Status result = Unavailable("layer " + layer.digest + ": no node holds it");
   std::vector<std::pair<std::string, std::string>> holders;  // node, url
-  int64_t rev = 0;
-  auto layers = etcd_.RangePrefix(std::string(cluster::kLayersPrefix), &rev);
-  auto nodes = layers.ok() ? etcd_.RangePrefix(std::string(cluster::kNodesPrefix), &rev)
-                           : StatusOr<std::vector<etcd::KeyValue>>(layers.status());
-  if (!nodes.ok()) {
-    result = Unavailable("layer " + layer.digest +
-                         ": the cluster's holders cannot be read: " + nodes.status().message());
-  } else {
+  StatusOr<std::vector<etcd::KeyValue>> nodes = std::vector<etcd::KeyValue>{};
+  for (int attempt = 0; holders.empty() && attempt < 12 && !stop_; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(milliseconds(250));
+    int64_t rev = 0;
+    auto layers = etcd_.RangePrefix(std::string(cluster::kLayersPrefix), &rev);
+    nodes = layers.ok() ? etcd_.RangePrefix(std::string(cluster::kNodesPrefix), &rev)
+                        : StatusOr<std::vector<etcd::KeyValue>>(layers.status());
+    if (!nodes.ok()) break;
     std::map<std::string, std::string> urls;
     for (const auto& kv : *nodes)
       if (auto r = cluster::NodeRecord::FromJson(kv.value); r.ok()) urls[r->node] = r->url;
+    bool origin_listed = false;
     for (const auto& kv : *layers) {
       std::string node = kv.key.substr(cluster::kLayersPrefix.size());
       auto h = cluster::LayerHolders::FromJson(kv.value);
@@ -226,8 +229,16 @@ Status ClusterImages::Fetch(const cluster::ClusterLayer& layer) {
           !std::binary_search(h->layers.begin(), h->layers.end(), layer.digest))
         continue;
       holders.emplace_back(node, urls[node]);
+      origin_listed = origin_listed || node == origin;
     }
     std::shuffle(holders.begin(), holders.end(), std::mt19937_64(std::random_device{}()));
+    if (!origin_listed && origin != o_.node && urls.count(origin))
+      holders.emplace_back(origin, urls[origin]);  // (last: it may not have it any more)
+  }
+  if (!nodes.ok()) {
+    result = Unavailable("layer " + layer.digest +
+                         ": the cluster's holders cannot be read: " + nodes.status().message());
+  } else {
     std::vector<std::string> why;
     for (const auto& [node, url] : holders) {
       Status s = FetchFrom(node, url, layer);

@@ -79,7 +79,8 @@ class ClusterImages {
     Status result;
   };
   void ServeLayer(int client, const std::string& digest);
-  Status Fetch(const cluster::ClusterLayer& layer);
+  // `origin`: the node that made the image (tried when no holder is listed).
+  Status Fetch(const cluster::ClusterLayer& layer, const std::string& origin);
   Status FetchFrom(const std::string& node, const std::string& url,
                    const cluster::ClusterLayer& layer);
   // Drops the node's copy of `name` if the record `rec` (null: gone) no longer says it.

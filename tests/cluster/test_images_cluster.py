@@ -11,6 +11,7 @@ import base64
 import json
 import re
 import threading
+import time
 import urllib.request
 
 from cluster_harness import request
@@ -182,3 +183,62 @@ def test_images_are_the_projects(make_cluster):
         assert status == 404, (status, out)
     status, out = c.api("GET", "/v1/images/mine:v1")
     assert status == 200 and out["name"] == "mine:v1", (status, out)
+
+
+def rootfs_tar(files):
+    """A tar of a tiny root filesystem holding `files` ({path: text}), on the host image."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_an_import_through_an_apiserver_runs_everywhere_and_the_cache_is_bounded(make_cluster):
+    # Node caches of 0 MiB: a fetched image is kept only while in use (or just used).
+    c = make_cluster(edges=2, edge_config={"cluster_layer_cache_mb": 0})
+    c.wait_nodes()
+    a, b = sorted(c.edges)
+    body = rootfs_tar({"opt/kit/VERSION": "kit 1\n"})
+    status, img = c.api("POST", f"/v1/images/import?name=kit:1&base=host&node={a}", body,
+                        headers={"Content-Type": "application/octet-stream"})
+    assert status == 201, (status, img)
+    status, img2 = c.api("POST", f"/v1/images/import?name=kit:2&base=host&node={a}",
+                         rootfs_tar({"opt/kit/VERSION": "kit 2\n"}),
+                         headers={"Content-Type": "application/octet-stream"}, i=1)
+    assert status == 201, (status, img2)
+    status, again = c.api("POST", "/v1/images/import?name=kit:1&base=host", body,
+                          headers={"Content-Type": "application/octet-stream"})
+    assert status == 409, (status, again)
+    # Without a node named: the least loaded ready node imports it.
+    status, img3 = c.api("POST", "/v1/images/import?name=kit:3&base=host",
+                         rootfs_tar({"opt/kit/VERSION": "kit 3\n"}),
+                         headers={"Content-Type": "application/octet-stream"})
+    assert status == 201, (status, img3)
+    assert c.api("GET", "/v1/images/kit:3")[1]["origin"] in (a, b)
+    # Made on a, run on b: fetched.
+    status, sb = create(c, b, "kit:1")
+    assert status == 201, (status, sb)
+    assert run(c, sb["id"], ["cat", "/opt/kit/VERSION"])["stdout"] == "kit 1\n"
+    assert "kit:1" in local_images(c, b)
+    status, _ = c.api("DELETE", f"/v1/sandboxes/{sb['id']}")
+    assert status == 204, status
+    # Over the cache (0 MiB), unused and not used lately: the next fetch evicts it.
+    time.sleep(11)
+    status, sb2 = create(c, b, "kit:2")
+    assert status == 201, (status, sb2)
+    wait_until(lambda: "kit:1" not in local_images(c, b), 10, 0.1, "kit:1 evicted from b")
+    assert layer_events(c, b).get("evicted", 0) >= 1, layer_events(c, b)
+    assert "kit:2" in local_images(c, b)  # (in use)
+    assert "kit:1" in local_images(c, a)  # the origin keeps its own
+    # Evicted is not gone: b fetches it again.
+    status, sb3 = create(c, b, "kit:1")
+    assert status == 201, (status, sb3)
+    assert run(c, sb3["id"], ["cat", "/opt/kit/VERSION"])["stdout"] == "kit 1\n"
+    assert layer_events(c, b).get("fetched", 0) == 3, layer_events(c, b)
