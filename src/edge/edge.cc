@@ -28,13 +28,13 @@
 #include "base/logging.h"
 #include "base/scope_guard.h"
 #include "base/strings.h"
+#include "cluster/membership.h"
 #include "edge/api.h"
 #include "edge/builds.h"
 #include "edge/cluster_images.h"
 #include "edge/e2b.h"
 #include "edge/idempotency.h"
 #include "edge/manager.h"
-#include "cluster/membership.h"
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
 #include "edge/sandbox_fusion.h"
@@ -445,8 +445,8 @@ class EdgeServices {
   std::unique_ptr<http::HttpServer> fusion_server_;
   std::optional<E2b> e2b_;  // the E2B-compatible API, when asked for
   std::unique_ptr<http::HttpServer> e2b_server_;
-  std::unique_ptr<ClusterImages> cluster_images_;  // in a cluster: images across nodes
-  std::unique_ptr<cluster::Membership> membership_;         // gone from placement first at shutdown
+  std::unique_ptr<ClusterImages> cluster_images_;    // in a cluster: images across nodes
+  std::unique_ptr<cluster::Membership> membership_;  // gone from placement first at shutdown
   std::atomic<bool> done_{false};
   std::thread housekeeper_;
 };
