@@ -184,8 +184,7 @@ Apiserver::Apiserver(ApiserverConfig cfg, std::vector<std::string> tokens, std::
       audit_(audit),
       records_(static_cast<size_t>(std::max<int64_t>(0, cfg_.record_cache))),
       workers_(static_cast<size_t>(std::max(4, cfg_.workers))),
-      fanout_(static_cast<size_t>(std::max(4, cfg_.workers))),
-      rng_(std::random_device{}()) {
+      fanout_(static_cast<size_t>(std::max(4, cfg_.workers))) {
   // A revoked token (or its project removed) keeps nothing open: on every apiserver, as its
   // watch sees the delete.
   if (access_)
@@ -783,7 +782,8 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
     return Fail(res, 503, "unavailable",
                 "the cluster store (etcd) cannot be reached: creates are refused until it is "
                 "back (calls on existing sandboxes still work)");
-  const std::vector<NodeState> nodes = view_->Nodes();
+  const auto nodes_view = view_->NodesView();
+  const std::vector<NodeState>& nodes = *nodes_view;
   http::Headers headers = NodeHeaders(req);
   if (req.Header("content-type").empty()) headers.emplace_back("Content-Type", "application/json");
   if (qc) headers.emplace_back("Dsec-Owner", qc->owner);
@@ -801,10 +801,9 @@ void Apiserver::PlaceAndForward(const http::HttpRequest& req,
     for (const auto& name : shape->images)
       if (auto img = view_->Image(name); img && img->project == qc->project)
         layers.insert(layers.end(), img->layers.begin(), img->layers.end());
-  StatusOr<std::vector<NodeState>> order = [&] {
-    MutexLock l(rng_mu_);
-    return PlaceCreate(nodes, *shape, opts, &rng_, layers);
-  }();
+  // (Each worker thread's own generator: creates place in parallel.)
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  StatusOr<std::vector<NodeState>> order = PlaceCreate(nodes, *shape, opts, &rng, layers);
 
   // 2. A retry of a create that an earlier attempt (through this or another apiserver) sent to
   //    a node gets that node's recorded answer (or waits for it), never a second sandbox. The

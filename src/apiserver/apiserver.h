@@ -201,8 +201,6 @@ class Apiserver {
   RecordCache records_;
   boost::asio::thread_pool workers_;
   boost::asio::thread_pool fanout_;
-  Mutex rng_mu_;
-  std::mt19937_64 rng_ DSEC_GUARDED_BY(rng_mu_);
 };
 
 // The node named in a sandbox id ("sb-<node>-<12 random>"); "" if the id has no such shape.

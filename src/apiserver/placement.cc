@@ -34,14 +34,13 @@ double Load(const NodeState& n) {
   return std::max(s, m);
 }
 
-void RendezvousSort(std::vector<NodeState>* v, const std::string& rid) {
-  std::vector<std::pair<uint64_t, size_t>> w;
-  for (size_t i = 0; i < v->size(); ++i) w.emplace_back(RendezvousWeight(rid, (*v)[i].rec.node), i);
+// Sorts by rendezvous weight for `rid`, heaviest first.
+void RendezvousSort(std::vector<const NodeState*>* v, const std::string& rid) {
+  std::vector<std::pair<uint64_t, const NodeState*>> w;
+  w.reserve(v->size());
+  for (const NodeState* n : *v) w.emplace_back(RendezvousWeight(rid, n->rec.node), n);
   std::sort(w.begin(), w.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::vector<NodeState> out;
-  out.reserve(v->size());
-  for (const auto& [_, i] : w) out.push_back(std::move((*v)[i]));
-  *v = std::move(out);
+  for (size_t i = 0; i < w.size(); ++i) (*v)[i] = w[i].second;
 }
 
 }  // namespace
@@ -94,7 +93,7 @@ StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes
   }
   int serving = 0, up = 0, uncordoned = 0;
   int64_t largest = 0;
-  std::vector<NodeState> fits;
+  std::vector<const NodeState*> fits;  // (pointers: the nodes are many, their records big)
   for (const auto& n : nodes) {
     if (!Serves(n, shape)) continue;
     ++serving;
@@ -105,7 +104,7 @@ StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes
     largest = std::max(largest, n.rec.max_memory_mb);
     if (shape.memory_mb > 0 && n.rec.max_memory_mb > 0 && shape.memory_mb > n.rec.max_memory_mb)
       continue;
-    fits.push_back(n);
+    fits.push_back(&n);
   }
   if (serving == 0)
     return Unimplemented("no node of the cluster serves " + what + " (GET /v1/nodes lists them)");
@@ -126,7 +125,7 @@ StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes
   }
   // Those with room first, each group in that order.
   std::stable_partition(fits.begin(), fits.end(),
-                        [&](const NodeState& n) { return HasRoom(n, shape.memory_mb, 1); });
+                        [&](const NodeState* n) { return HasRoom(*n, shape.memory_mb, 1); });
   // Power of k: the cheapest of the first k with room leads (cost: load, and the share of the
   // image it would have to fetch), and beside them the first node with room that holds the
   // whole image. (With a request id, that one is searched only where a retry's probes look.)
@@ -136,17 +135,17 @@ StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes
   const size_t k = static_cast<size_t>(std::max(1, opts.k));
   size_t best = 0;
   for (size_t i = 1; i < fits.size() && i < k; ++i) {
-    if (!HasRoom(fits[i], shape.memory_mb, 1)) break;
-    if (cost(fits[i]) < cost(fits[best])) best = i;
+    if (!HasRoom(*fits[i], shape.memory_mb, 1)) break;
+    if (cost(*fits[i]) < cost(*fits[best])) best = i;
   }
-  if (!layers.empty() && HasRoom(fits[0], shape.memory_mb, 1)) {
+  if (!layers.empty() && HasRoom(*fits[0], shape.memory_mb, 1)) {
     const size_t window = shape.request_id.empty()
                               ? fits.size()
                               : std::min(fits.size(), k + std::max<size_t>(1, opts.max_tries));
     for (size_t i = k; i < window; ++i) {
-      if (!HasRoom(fits[i], shape.memory_mb, 1)) break;
-      if (MissingShare(fits[i], layers) > 0) continue;
-      if (cost(fits[i]) < cost(fits[best])) best = i;
+      if (!HasRoom(*fits[i], shape.memory_mb, 1)) break;
+      if (MissingShare(*fits[i], layers) > 0) continue;
+      if (cost(*fits[i]) < cost(*fits[best])) best = i;
       break;
     }
   }
@@ -155,18 +154,25 @@ StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes
                 fits.begin() + static_cast<long>(best) + 1);
   if (fits.size() > static_cast<size_t>(std::max(1, opts.max_tries)))
     fits.resize(static_cast<size_t>(std::max(1, opts.max_tries)));
-  return fits;
+  std::vector<NodeState> out;
+  out.reserve(fits.size());
+  for (const NodeState* n : fits) out.push_back(*n);
+  return out;
 }
 
 std::vector<NodeState> Probes(const std::vector<NodeState>& nodes, const api::CreateShape& shape,
                               const PlacementOptions& opts) {
-  std::vector<NodeState> out;
+  std::vector<const NodeState*> ps;
   for (const auto& n : nodes)
-    if (n.alive && Serves(n, shape)) out.push_back(n);
+    if (n.alive && Serves(n, shape)) ps.push_back(&n);
   const size_t cap = static_cast<size_t>(std::max(1, opts.k) + std::max(1, opts.max_tries));
-  if (out.size() <= std::max<size_t>(cap, 8)) return out;
-  RendezvousSort(&out, shape.request_id);
-  out.resize(cap);
+  if (ps.size() > std::max<size_t>(cap, 8)) {
+    RendezvousSort(&ps, shape.request_id);
+    ps.resize(cap);
+  }
+  std::vector<NodeState> out;
+  out.reserve(ps.size());
+  for (const NodeState* n : ps) out.push_back(*n);
   return out;
 }
 

@@ -30,17 +30,21 @@ void ClusterView::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::vector<NodeState> ClusterView::Nodes() const {
+std::vector<NodeState> ClusterView::Nodes() const { return *NodesView(); }
+
+std::shared_ptr<const std::vector<NodeState>> ClusterView::NodesView() const {
   MutexLock l(mu_);
-  std::vector<NodeState> out;
-  out.reserve(nodes_.size());
+  if (view_) return view_;
+  auto out = std::make_shared<std::vector<NodeState>>();
+  out->reserve(nodes_.size());
   for (const auto& [name, n] : nodes_) {
-    out.push_back(n);
+    out->push_back(n);
     auto c = cordons_.find(name);
-    out.back().cordon = c == cordons_.end() ? "" : c->second;
-    if (auto ls = layers_.find(name); ls != layers_.end()) out.back().layers = ls->second;
+    out->back().cordon = c == cordons_.end() ? "" : c->second;
+    if (auto ls = layers_.find(name); ls != layers_.end()) out->back().layers = ls->second;
   }
-  return out;
+  view_ = std::move(out);
+  return view_;
 }
 
 std::vector<cluster::ClusterImage> ClusterView::Images() const {
@@ -76,6 +80,7 @@ void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
   if (StartsWith(key, cluster::kCordonPrefix)) {
     MutexLock l(mu_);
     cordons_[key.substr(cluster::kCordonPrefix.size())] = value == "drain" ? "drain" : "cordon";
+    view_.reset();
     return;
   }
   if (StartsWith(key, cluster::kImagesPrefix)) {
@@ -93,6 +98,7 @@ void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
     layers_[key.substr(cluster::kLayersPrefix.size())] =
         std::make_shared<const std::vector<std::string>>(h.ok() ? std::move(h->layers)
                                                                 : std::vector<std::string>{});
+    view_.reset();
     return;
   }
   if (!StartsWith(key, cluster::kNodesPrefix)) return;
@@ -109,6 +115,7 @@ void ClusterView::ApplyPut(const std::string& key, const std::string& value) {
     return;
   }
   MutexLock l(mu_);
+  view_.reset();
   NodeState& n = nodes_[name];
   if (!n.client || n.client->host() != host || n.client->port() != port)
     n.client = std::make_shared<http::HttpClient>(host, port, 64);
@@ -137,6 +144,7 @@ void ClusterView::ApplyDelete(const std::string& key) {
                   StartsWith(key, kTokenUsedPrefix)))
     return access_->ApplyDelete(key);
   MutexLock l(mu_);
+  view_.reset();
   if (StartsWith(key, cluster::kCordonPrefix)) {
     cordons_.erase(key.substr(cluster::kCordonPrefix.size()));
     return;
@@ -181,6 +189,7 @@ void ClusterView::Reset(const std::vector<etcd::KeyValue>& kvs) {
                   [&](const auto& kv) { return !present.count(cluster::ImageKey(kv.first)); });
     std::erase_if(layers_,
                   [&](const auto& kv) { return !present.count(cluster::LayersKey(kv.first)); });
+    view_.reset();
   }
   for (const auto& name : gone) ApplyDelete(std::string(cluster::kNodesPrefix) + name);
 }

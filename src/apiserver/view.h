@@ -60,6 +60,9 @@ class ClusterView {
   // Since when (ms since the epoch) the view has not been in step with etcd; 0 while it is.
   int64_t stale_since_ms() const { return stale_since_ms_.load(); }
   std::vector<NodeState> Nodes() const;
+  // The same, shared: rebuilt only after something changed (creates read it without copying
+  // every node's record).
+  std::shared_ptr<const std::vector<NodeState>> NodesView() const;
   std::optional<NodeState> Find(const std::string& node) const;
   // The cluster's images (/dsec/images/), by name.
   std::vector<cluster::ClusterImage> Images() const;
@@ -85,6 +88,8 @@ class ClusterView {
   std::map<std::string, NodeState> nodes_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, std::string> cordons_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, cluster::ClusterImage> images_ DSEC_GUARDED_BY(mu_);
+  // NodesView's, until nodes_, cordons_ or layers_ change (null: to be rebuilt).
+  mutable std::shared_ptr<const std::vector<NodeState>> view_ DSEC_GUARDED_BY(mu_);
   // A node's layers may come before its record (or outlive it): kept apart, joined in Nodes().
   std::map<std::string, std::shared_ptr<const std::vector<std::string>>> layers_
       DSEC_GUARDED_BY(mu_);
