@@ -421,6 +421,14 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
       return on_worker([this, shared, res, id = match.route->id, tid = match.params["tid"]] {
         TrajectoryCall(*shared, id, tid, res);
       });
+    case RouteId::kStartBuild:
+    case RouteId::kListBuilds:
+    case RouteId::kGetBuild:
+    case RouteId::kBuildLog:
+    case RouteId::kCancelBuild:
+      return on_worker([this, shared, res, id = match.route->id, build = match.params["id"]] {
+        BuildCall(*shared, id, build, res);
+      });
     case RouteId::kListImages:
     case RouteId::kGetImage:
     case RouteId::kDeleteImage:
@@ -453,8 +461,7 @@ void Apiserver::Handle(http::HttpRequest&& req, std::shared_ptr<http::Responder>
   // The node's own routes (kLocal scope); a sandbox's routes were taken over in Check.
   Fail(res, 404, "not_found",
        "no route " + shared->method + " " + shared->path +
-           " on the apiserver (pools, builds and metrics are served by each edge in this "
-           "release)");
+           " on the apiserver (pools and metrics are served by each edge in this release)");
 }
 
 void Apiserver::Audit(const http::HttpRequest& req, const std::string& sandbox) const {
@@ -1225,6 +1232,58 @@ StatusOr<NodeState> Apiserver::ImportNode(const http::HttpRequest& req) const {
   }
   if (!best) return Unavailable("no node is up and not cordoned to import the image");
   return *best;
+}
+
+void Apiserver::BuildCall(const http::HttpRequest& req, api::RouteId id, const std::string& build,
+                          const std::shared_ptr<http::Responder>& res) {
+  const auto timeout = milliseconds(cfg_.call_timeout_ms);
+  if (id == api::RouteId::kListBuilds) {
+    std::vector<std::future<StatusOr<http::ClientResponse>>> answers;
+    std::vector<std::string> asked;
+    for (const NodeState& n : view_->Nodes()) {
+      if (!n.alive) continue;
+      asked.push_back(n.rec.node);
+      answers.push_back(Fanout([&, client = n.client] {
+        return client->Request("GET", req.target, NodeHeaders(req), "", timeout);
+      }));
+    }
+    Json all = Json::array();
+    for (size_t i = 0; i < answers.size(); ++i) {
+      auto r = answers[i].get();
+      if (r.ok() && r->status == 200) {
+        Json j = Json::parse(r->body, nullptr, false);
+        if (j.is_object() && j.contains("builds") && j["builds"].is_array())
+          for (auto& b : j["builds"]) all.push_back(std::move(b));
+      } else if (r.ok() && r->status >= 400 && r->status < 500 && r->status != 409) {
+        return PassOn(res, *r, asked[i]);  // (a bad filter: every node says so)
+      }
+    }
+    std::stable_sort(all.begin(), all.end(), [](const Json& a, const Json& b) {
+      return a.value("created_at", int64_t{0}) > b.value("created_at", int64_t{0});
+    });
+    return Reply(res, 200, {{"builds", all}});
+  }
+  std::optional<NodeState> n;
+  if (id == api::RouteId::kStartBuild) {
+    auto picked = ImportNode(req);
+    if (!picked.ok()) return Fail(res, picked.status());
+    n = std::move(*picked);
+  } else {
+    // "bld-<node>-<16 hex>"
+    const size_t dash = build.rfind('-');
+    const std::string node = StartsWith(build, "bld-") && dash != std::string::npos && dash > 4 &&
+                                     build.size() - dash == 17
+                                 ? build.substr(4, dash - 4)
+                                 : "";
+    n = node.empty() ? std::nullopt : view_->Find(node);
+    if (!n) return Fail(res, 404, "not_found", "build " + build + " not found");
+    if (!n->alive)
+      return Fail(res, 503, "unavailable", "node " + node + " (the build's) is unavailable");
+  }
+  auto r = n->client->Request(req.method, req.target, NodeHeaders(req), req.body, timeout);
+  if (!r.ok())
+    return Fail(res, 503, "unavailable", "node " + n->rec.node + ": " + r.status().message());
+  PassOn(res, *r, n->rec.node);
 }
 
 void Apiserver::Images(const http::HttpRequest& req, api::RouteId id, const std::string& name,

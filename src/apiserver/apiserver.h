@@ -155,6 +155,10 @@ class Apiserver {
   // publishes it.
   void Images(const http::HttpRequest& req, api::RouteId id, const std::string& name,
               const std::shared_ptr<http::Responder>& res);
+  // Image builds: a new one goes where an import would (ImportNode); the others to the node
+  // named in the build's id ("bld-<node>-<hex>"); the list is merged from every node's.
+  void BuildCall(const http::HttpRequest& req, api::RouteId id, const std::string& build,
+                 const std::shared_ptr<http::Responder>& res);
   // Where an import goes: the node an admin names (?node=), else the least loaded ready one.
   StatusOr<NodeState> ImportNode(const http::HttpRequest& req) const;
   void Nodes(const std::shared_ptr<http::Responder>& res);

@@ -258,9 +258,13 @@ void StartBuild(const std::shared_ptr<Ctx>& c) {
     if (req.network.mode != net::NetMode::kNone && !c->api->deps().cfg.network)
       return Unimplemented(
           "a build's network is not available: this edge runs with network: false");
+    const std::string project = c->req.Header("dsec-project");
+    // In a cluster, the images it starts from may be on other nodes: fetched first.
+    if (ClusterImages* cluster = c->api->deps().cluster_images)
+      DSEC_RETURN_IF_ERROR(cluster->Ensure(project.empty() ? "default" : project, req.from));
     for (const auto& n : req.from)
       if (n != "host") DSEC_RETURN_IF_ERROR(c->api->deps().images->GetImage(n).status());
-    return b->Start(std::move(req));
+    return b->Start(std::move(req), project);
   });
 }
 
@@ -278,26 +282,29 @@ void ListBuilds(const std::shared_ptr<Ctx>& c) {
             "state must be queued, running, canceling, succeeded, failed or canceled");
       state = *s;
     }
-    return b->List(state);
+    return b->List(state, c->req.Header("dsec-project"));
   }();
   if (!list.ok()) return c->Fail(list.status());
   c->Reply(200, api::BuildListJson(*list));
 }
 
 void GetBuild(const std::shared_ptr<Ctx>& c) {
-  WithBuilds(c, 200, [&](Builds* b) { return b->Get(c->params["id"]); });
+  WithBuilds(c, 200,
+             [&](Builds* b) { return b->Get(c->params["id"], c->req.Header("dsec-project")); });
 }
 
 void BuildLog(const std::shared_ptr<Ctx>& c) {
   WithBuilds(c, 200, [&](Builds* b) -> StatusOr<BuildLogPiece> {
     DSEC_ASSIGN_OR_RETURN(int64_t offset, c->IntQuery("offset", 0, 0, int64_t{1} << 62));
     DSEC_ASSIGN_OR_RETURN(int64_t max, c->IntQuery("max_bytes", 1 << 20, 1, 4 << 20));
-    return b->Log(c->params["id"], static_cast<uint64_t>(offset), static_cast<uint64_t>(max));
+    return b->Log(c->params["id"], static_cast<uint64_t>(offset), static_cast<uint64_t>(max),
+                  c->req.Header("dsec-project"));
   });
 }
 
 void CancelBuild(const std::shared_ptr<Ctx>& c) {
-  WithBuilds(c, 200, [&](Builds* b) { return b->Cancel(c->params["id"]); });
+  WithBuilds(c, 200,
+             [&](Builds* b) { return b->Cancel(c->params["id"], c->req.Header("dsec-project")); });
 }
 
 }  // namespace

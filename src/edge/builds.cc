@@ -7,6 +7,7 @@
 #include "base/ids.h"
 #include "base/logging.h"
 #include "base/strings.h"
+#include "edge/cluster_images.h"
 #include "images/bootstrap.h"
 #include "images/import.h"
 
@@ -81,6 +82,7 @@ size_t Utf8Prefix(std::string_view text, size_t max_bytes, bool final) {
 struct Builds::Job {
   std::string id;
   BuildRequest req;
+  std::string project;           // whose ("" : the node's own caller)
   std::string state = "queued";  // queued running canceling succeeded failed canceled
   struct Step {
     std::string name, state = "pending";  // pending running done failed canceled
@@ -170,11 +172,26 @@ void Builds::PruneLocked() {
   }
 }
 
-StatusOr<BuildRecord> Builds::Start(BuildRequest req) {
+void Builds::SetCluster(ClusterImages* cluster) { cluster_ = cluster; }
+
+std::shared_ptr<Builds::Job> Builds::FindLocked(const std::string& id,
+                                                const std::string& project) const {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end() ||
+      (!project.empty() && !it->second->project.empty() && it->second->project != project))
+    return nullptr;
+  return it->second;
+}
+
+StatusOr<BuildRecord> Builds::Start(BuildRequest req, const std::string& project) {
   if (store_->GetImage(req.name).ok())  // checked again when the image is added
     return Status(StatusCode::kAlreadyExists, "image \"" + req.name + "\" already exists");
+  if (cluster_)
+    DSEC_RETURN_IF_ERROR(cluster_->CheckName(req.name, project.empty() ? "default" : project));
   auto j = std::make_shared<Job>();
-  j->id = "bld-" + RandomHex(8);
+  // (In a cluster the id names the node: apiservers route a build's calls by it.)
+  j->id = "bld-" + (cluster_ ? cfg_.node + "-" : std::string()) + RandomHex(8);
+  j->project = project;
   j->req = std::move(req);
   j->created_at = WallMs();
   if (!j->req.suite.empty()) j->steps.push_back({"bootstrap debian:" + j->req.suite});
@@ -201,17 +218,18 @@ StatusOr<BuildRecord> Builds::Start(BuildRequest req) {
   return RecordLocked(*j);
 }
 
-StatusOr<BuildRecord> Builds::Get(const std::string& id) {
+StatusOr<BuildRecord> Builds::Get(const std::string& id, const std::string& project) {
   MutexLock l(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return NotFound("build " + id + " not found");
-  return RecordLocked(*it->second);
+  auto j = FindLocked(id, project);
+  if (!j) return NotFound("build " + id + " not found");
+  return RecordLocked(*j);
 }
 
-std::vector<BuildRecord> Builds::List(const std::string& state) {
+std::vector<BuildRecord> Builds::List(const std::string& state, const std::string& project) {
   MutexLock l(mu_);
   std::vector<const Job*> all;
-  for (const auto& [id, j] : jobs_) all.push_back(j.get());
+  for (const auto& [id, j] : jobs_)
+    if (FindLocked(id, project)) all.push_back(j.get());
   std::sort(all.begin(), all.end(), [](const Job* a, const Job* b) { return a->seq > b->seq; });
   std::vector<BuildRecord> out;
   for (const Job* j : all)
@@ -219,11 +237,12 @@ std::vector<BuildRecord> Builds::List(const std::string& state) {
   return out;
 }
 
-StatusOr<BuildLogPiece> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_bytes) {
+StatusOr<BuildLogPiece> Builds::Log(const std::string& id, uint64_t offset, uint64_t max_bytes,
+                                    const std::string& project) {
   MutexLock l(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return NotFound("build " + id + " not found");
-  const Job& j = *it->second;
+  auto found = FindLocked(id, project);
+  if (!found) return NotFound("build " + id + " not found");
+  const Job& j = *found;
   uint64_t from = std::max(offset, j.log_start);
   uint64_t end = j.log_start + j.log.size();
   if (from > end) from = end;
@@ -238,13 +257,13 @@ StatusOr<BuildLogPiece> Builds::Log(const std::string& id, uint64_t offset, uint
   return p;
 }
 
-StatusOr<BuildRecord> Builds::Cancel(const std::string& id) {
+StatusOr<BuildRecord> Builds::Cancel(const std::string& id, const std::string& project) {
   MutexLock l(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return NotFound("build " + id + " not found");
-  Job& j = *it->second;
+  auto found = FindLocked(id, project);
+  if (!found) return NotFound("build " + id + " not found");
+  Job& j = *found;
   if (j.finished_at) return RecordLocked(j);  // nothing to cancel
-  auto q = std::find(queue_.begin(), queue_.end(), it->second);
+  auto q = std::find(queue_.begin(), queue_.end(), found);
   if (q != queue_.end()) {
     queue_.erase(q);
     j.cancel = true;
@@ -540,7 +559,16 @@ Status Builds::SaveStep(Steps& s, images::Image* img) {
   }
   for (const auto& [key, v] : r.env) SetEnvEntry(&img->config.env, key, v);
   if (!r.workdir.empty()) img->config.workdir = r.workdir;
+  // In a cluster the image is its project's, and the cluster's once published (else not kept).
+  if (cluster_) img->project = s.j->project.empty() ? "default" : s.j->project;
   DSEC_RETURN_IF_ERROR(store_->PutImage(*img));
+  if (cluster_) {
+    if (Status st = cluster_->Publish(*img); !st.ok()) {
+      (void)store_->DeleteImage(img->name);
+      (void)store_->Collect();
+      return st;
+    }
+  }
   {
     MutexLock l(mu_);
     s.j->image = img->name;

@@ -54,6 +54,8 @@ size_t Utf8Prefix(std::string_view text, size_t max_bytes, bool final);
 
 }  // namespace internal
 
+class ClusterImages;
+
 class Builds {
  public:
   Builds(const EdgeConfig& cfg, Manager* manager, images::ImageStore* store);
@@ -68,17 +70,25 @@ class Builds {
 
   // Queues a build; its record (state "queued" or "running"). AlreadyExists when the name is
   // taken (checked first), OverCapacity when the queue is full.
-  StatusOr<BuildRecord> Start(BuildRequest req);
-  StatusOr<BuildRecord> Get(const std::string& id);
+  // In a cluster (`cluster` not null): build ids name this node ("bld-<node>-<hex>", so that
+  // apiservers route their calls), and each image made is published to the cluster as the
+  // project's that started its build. Call before any Start.
+  void SetCluster(ClusterImages* cluster);
+  // `project`: whose build it is ("" for a call on the node itself: any project's calls find
+  // it; in a cluster its image is then "default"'s). Get, List, Log and Cancel with a project
+  // see only its builds (NotFound for another's).
+  StatusOr<BuildRecord> Start(BuildRequest req, const std::string& project = "");
+  StatusOr<BuildRecord> Get(const std::string& id, const std::string& project = "");
   // The builds it keeps (running, queued, and the last finished ones), newest first; only
   // those in `state` when it is not empty.
-  std::vector<BuildRecord> List(const std::string& state);
+  std::vector<BuildRecord> List(const std::string& state, const std::string& project = "");
   // The log from byte `offset` (at most max_bytes).
-  StatusOr<BuildLogPiece> Log(const std::string& id, uint64_t offset, uint64_t max_bytes);
+  StatusOr<BuildLogPiece> Log(const std::string& id, uint64_t offset, uint64_t max_bytes,
+                              const std::string& project = "");
   // Cancels a queued build ("canceled" at once) or a running one ("canceling" until its
   // sandbox is deleted and its layers collected, then "canceled"). A build already saving its
   // image is past canceling and stays "running"; a finished one is returned as it is.
-  StatusOr<BuildRecord> Cancel(const std::string& id);
+  StatusOr<BuildRecord> Cancel(const std::string& id, const std::string& project = "");
 
  private:
   struct Job;
@@ -97,10 +107,14 @@ class Builds {
   BuildRecord RecordLocked(const Job& j) const DSEC_REQUIRES(mu_);
   void CancelRunningLocked(Job& j) DSEC_REQUIRES(mu_);
   void PruneLocked() DSEC_REQUIRES(mu_);
+  // The job `id` if `project` may see it ("": any), else nullptr.
+  std::shared_ptr<Job> FindLocked(const std::string& id, const std::string& project) const
+      DSEC_REQUIRES(mu_);
 
   EdgeConfig cfg_;
   Manager* manager_;
   images::ImageStore* store_;
+  ClusterImages* cluster_ = nullptr;
   Mutex mu_;
   CondVar cv_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ DSEC_GUARDED_BY(mu_);

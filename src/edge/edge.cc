@@ -643,6 +643,7 @@ Status EdgeServices::Serve() {
             .serve_bytes_per_s = static_cast<uint64_t>(cfg_.cluster_layer_serve_bytes_per_s)},
         images_.get(), &metrics_);
     deps.cluster_images = cluster_images_.get();
+    if (builds_) builds_->SetCluster(cluster_images_.get());
   }
   deps.tokens = tokens_;
   deps.instance = containers_->instance_id();

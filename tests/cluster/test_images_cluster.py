@@ -242,3 +242,47 @@ def test_an_import_through_an_apiserver_runs_everywhere_and_the_cache_is_bounded
     assert status == 201, (status, sb3)
     assert run(c, sb3["id"], ["cat", "/opt/kit/VERSION"])["stdout"] == "kit 1\n"
     assert layer_events(c, b).get("fetched", 0) == 3, layer_events(c, b)
+
+
+def test_a_build_through_an_apiserver_runs_everywhere(make_cluster):
+    c = make_cluster(edges=3)
+    c.wait_nodes()
+    a, b, n3 = sorted(c.edges)
+    status, _ = c.api("POST", f"/v1/images/import?name=kit:1&base=host&node={a}",
+                      rootfs_tar({"opt/kit/VERSION": "kit 1\n"}),
+                      headers={"Content-Type": "application/octet-stream"})
+    assert status == 201, status
+    # Built on b from an image made on a (fetched there first).
+    status, bld = c.api("POST", f"/v1/images/build?node={b}",
+                        {"name": "kit-built:1", "from": "kit:1",
+                         "run": ["echo built > /opt/kit/BUILT"]})
+    assert status == 202 and bld["id"].startswith(f"bld-{b}-"), (status, bld)
+
+    def done():
+        status, rec = c.api("GET", f"/v1/images/builds/{bld['id']}", i=1)
+        assert status == 200, (status, rec)
+        return rec if rec["state"] not in ("queued", "running") else None
+    rec = wait_until(done, 120, 0.2, "the build")
+    assert rec["state"] == "succeeded", rec
+    status, log = c.api("GET", f"/v1/images/builds/{bld['id']}/log")
+    assert status == 200 and "save image kit-built:1" in json.dumps(rec), (status, log)
+    status, body = c.api("GET", "/v1/images/builds")
+    assert status == 200 and bld["id"] in {x["id"] for x in body["builds"]}, body
+    # Another project sees neither the build nor its image.
+    status, _ = c.api("POST", "/v1/projects", {"name": "other"})
+    assert status == 201, status
+    other = {"Dsec-Project": "other"}
+    assert c.api("GET", f"/v1/images/builds/{bld['id']}", headers=other)[0] == 404
+    assert bld["id"] not in {x["id"] for x in
+                             c.api("GET", "/v1/images/builds", headers=other)[1]["builds"]}
+    assert c.api("GET", "/v1/images/kit-built:1", headers=other)[0] == 404
+    # The image is the cluster's: made on b, it runs on the third node.
+    status, img = c.api("GET", "/v1/images/kit-built:1")
+    assert status == 200 and img["origin"] == b and img["source"] == "build", (status, img)
+    status, sb = create(c, n3, "kit-built:1")
+    assert status == 201, (status, sb)
+    out = run(c, sb["id"], ["cat", "/opt/kit/VERSION", "/opt/kit/BUILT"])
+    assert out["stdout"] == "kit 1\nbuilt\n", out
+    # An unknown build id is 404; one naming no node of the cluster too.
+    assert c.api("GET", "/v1/images/builds/bld-zz-0123456789abcdef")[0] == 404
+    assert c.api("GET", "/v1/images/builds/nonsense")[0] == 404
