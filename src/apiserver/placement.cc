@@ -128,7 +128,7 @@ StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes
                         [&](const NodeState* n) { return HasRoom(*n, shape.memory_mb, 1); });
   // Power of k: the cheapest of the first k with room leads (cost: load, and the share of the
   // image it would have to fetch), and beside them the first node with room that holds the
-  // whole image. (With a request id, that one is searched only where a retry's probes look.)
+  // whole image.
   auto cost = [&](const NodeState& n) {
     return Load(n) + (layers.empty() ? 0 : opts.layer_weight * MissingShare(n, layers));
   };
@@ -139,12 +139,16 @@ StatusOr<std::vector<NodeState>> PlaceCreate(const std::vector<NodeState>& nodes
     if (cost(*fits[i]) < cost(*fits[best])) best = i;
   }
   if (!layers.empty() && HasRoom(*fits[0], shape.memory_mb, 1)) {
-    const size_t window = shape.request_id.empty()
-                              ? fits.size()
-                              : std::min(fits.size(), k + std::max<size_t>(1, opts.max_tries));
-    for (size_t i = k; i < window; ++i) {
+    // With a request id, only a node a retry's probes would ask (Probes) may be chosen.
+    std::vector<std::string> probed;
+    if (!shape.request_id.empty())
+      for (const auto& p : Probes(nodes, shape, opts)) probed.push_back(p.rec.node);
+    for (size_t i = k; i < fits.size(); ++i) {
       if (!HasRoom(*fits[i], shape.memory_mb, 1)) break;
       if (MissingShare(*fits[i], layers) > 0) continue;
+      if (!shape.request_id.empty() &&
+          std::find(probed.begin(), probed.end(), fits[i]->rec.node) == probed.end())
+        continue;
       if (cost(*fits[i]) < cost(*fits[best])) best = i;
       break;
     }

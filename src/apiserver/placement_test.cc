@@ -194,6 +194,32 @@ TEST(Placement, PrefersNodesThatHoldTheImageWithoutFilteringOthers) {
   EXPECT_LT(first["n5"], 60);
 }
 
+TEST(Placement, WithARequestIdAHolderIsChosenOnlyWhereRetriesProbe) {
+  PlacementOptions o;
+  std::mt19937_64 rng(5);
+  const std::string d = "sha256:" + std::string(64, '3');
+  std::vector<cluster::ClusterLayer> layers = {{d, 1, d, 100}};
+  int in = 0, out = 0;
+  for (int r = 0; r < 40; ++r) {
+    std::vector<NodeState> nodes;
+    for (int i = 0; i < 20; ++i) nodes.push_back(Node("n" + std::to_string(i)));
+    nodes[r % 20].layers = std::make_shared<const std::vector<std::string>>(std::vector{d});
+    api::CreateShape s;
+    s.request_id = "req-" + std::to_string(r);
+    std::vector<std::string> probed = Names(Probes(nodes, s, o));
+    const std::string holder = "n" + std::to_string(r % 20);
+    const bool probed_holder = std::find(probed.begin(), probed.end(), holder) != probed.end();
+    auto placed = PlaceCreate(nodes, s, o, &rng, layers);
+    ASSERT_TRUE(placed.ok());
+    // Wherever it goes, a retry through another apiserver asks that node first.
+    EXPECT_NE(std::find(probed.begin(), probed.end(), placed->front().rec.node), probed.end());
+    EXPECT_EQ(placed->front().rec.node == holder, probed_holder) << s.request_id;
+    (probed_holder ? in : out)++;
+  }
+  EXPECT_GT(in, 0);
+  EXPECT_GT(out, 0);
+}
+
 TEST(Placement, APinnedCreateGoesToItsNodeOrNowhere) {
   std::mt19937_64 rng(3);
   PlacementOptions o;

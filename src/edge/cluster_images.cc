@@ -167,6 +167,9 @@ Status ClusterImages::Ensure(const std::string& project, const std::vector<std::
       continue;
     }
     if (rec->project != project) continue;  // another project's: not found, the same words
+    // A layer just fetched is referenced by no image until PutImage: nothing is collected
+    // meanwhile.
+    images::ImageStore::Lease lease(store_);
     for (const auto& layer : rec->layers) {
       if (store_->GetLayer(layer.digest).ok()) continue;
       DSEC_RETURN_IF_ERROR(Fetch(layer, rec->origin));
