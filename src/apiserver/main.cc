@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
   app.add_option("--placement-tries", cfg.placement.max_tries,
                  "Nodes one create is sent to before its 429 is the answer")
       ->check(CLI::Range(1, 64));
+  app.add_option("--placement-layer-weight", cfg.placement.layer_weight,
+                 "What lacking a create's image costs a node beside its load (0..1 of its "
+                 "capacity; 0: images do not matter)")
+      ->check(CLI::Range(0.0, 1.0));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

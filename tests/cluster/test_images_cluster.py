@@ -283,6 +283,11 @@ def test_a_build_through_an_apiserver_runs_everywhere(make_cluster):
     assert status == 201, (status, sb)
     out = run(c, sb["id"], ["cat", "/opt/kit/VERSION", "/opt/kit/BUILT"])
     assert out["stdout"] == "kit 1\nbuilt\n", out
+    # Unpinned, creates of it go to the nodes that hold it (all alike loaded here).
+    for k in range(4):
+        status, sb = c.api("POST", "/v1/sandboxes", {"image": "kit-built:1", "memory_mb": 128},
+                           i=k % 2)
+        assert status == 201 and sb["node"] in (b, n3), (status, sb)
     # An unknown build id is 404; one naming no node of the cluster too.
     assert c.api("GET", "/v1/images/builds/bld-zz-0123456789abcdef")[0] == 404
     assert c.api("GET", "/v1/images/builds/nonsense")[0] == 404
