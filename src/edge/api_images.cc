@@ -88,17 +88,6 @@ void DeleteImage(const std::shared_ptr<Ctx>& c) {
   c->NoContent();
 }
 
-// An image just made here through an apiserver goes to the cluster; if it cannot, it is not
-// kept here either (the caller is told, and may try again).
-Status Publish(const std::shared_ptr<Ctx>& c, const images::Image& img) {
-  images::ImageStore* store = c->api->deps().images;
-  Status st = c->api->deps().cluster_images->Publish(img);
-  if (st.ok()) return st;
-  (void)store->DeleteImage(img.name);
-  (void)store->Collect();
-  return st;
-}
-
 void ImportImage(const std::shared_ptr<Ctx>& c) {
   auto s = Store(c);
   if (!s.ok()) return c->Fail(s.status());
@@ -152,7 +141,7 @@ void ImportImage(const std::shared_ptr<Ctx>& c) {
     return c->Fail(400, "bad_request", e.message());
   }
   if (cluster) {
-    if (Status st = Publish(c, *img); !st.ok()) return c->Fail(st);
+    if (Status st = cluster->Publish(*img); !st.ok()) return c->Fail(st);
   }
   c->Reply(201, ImageJson(*s, *img));
 }
@@ -208,7 +197,7 @@ void Snapshot(const std::shared_ptr<Ctx>& c) {
   auto stored = (*s)->GetImage(img.name);
   if (!stored.ok()) return c->Fail(stored.status());
   if (cluster) {
-    if (Status st = Publish(c, *stored); !st.ok()) return c->Fail(st);
+    if (Status st = cluster->Publish(*stored); !st.ok()) return c->Fail(st);
   }
   c->Reply(201, ImageJson(*s, *stored));
 }

@@ -3,7 +3,6 @@
 // api/sandboxes_json.h; these check the typed requests against the node.
 #include <boost/asio/post.hpp>
 
-#include "api/create_request.h"
 #include "api/quota_room.h"
 #include "api/sandboxes_json.h"
 #include "base/resources.h"
@@ -118,7 +117,9 @@ Status ApplyFields(const CreateFields& f, CreateParams* p) {
 StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
                                                    const Manager& manager, pools::PoolSet* pools,
                                                    images::ImageStore* images, bool* count_given,
-                                                   std::optional<api::TrajectorySpec>* trajectory) {
+                                                   std::optional<api::TrajectorySpec>* trajectory,
+                                                   ClusterImages* cluster,
+                                                   const std::string& project) {
   CreateParams p;
   p.resources = cfg.defaults;
   p.ttl_s = cfg.default_ttl_s;
@@ -134,6 +135,13 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
                                            /*worker=*/false);
       }};
   DSEC_ASSIGN_OR_RETURN(CreateFields f, api::ParseCreateRequest(body, limits));
+  // In a cluster, an image another node made is fetched first: its layers from nodes that hold
+  // them.
+  if (cluster && f.image) {
+    std::vector<std::string> names;
+    for (auto n : SplitString(*f.image, ',', /*skip_empty=*/true)) names.emplace_back(n);
+    DSEC_RETURN_IF_ERROR(cluster->Ensure(project, names));
+  }
   if (f.node && *f.node != cfg.node)
     return Unimplemented("this is node " + cfg.node + ", not " + *f.node +
                          " (an apiserver places a create pinned to a node there)");
@@ -174,15 +182,8 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   auto project = RequestProject(c->req);
   if (!project.ok()) return c->Fail(project.status());
   std::optional<api::TrajectorySpec> trajectory;
-  // In a cluster, an image another node made is fetched first: its layers from nodes that hold
-  // them.
-  if (deps.cluster_images) {
-    auto shape = api::ParseCreateShape(c->req.body);
-    if (!shape.ok()) return c->Fail(shape.status());
-    if (Status s = deps.cluster_images->Ensure(*project, shape->images); !s.ok()) return c->Fail(s);
-  }
   auto parsed = ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images,
-                            &count_given, &trajectory);
+                            &count_given, &trajectory, deps.cluster_images, *project);
   if (!parsed.ok()) return c->Fail(parsed.status());
   parsed->first.project = *project;
   if (trajectory && !deps.trajectories)

@@ -562,13 +562,7 @@ Status Builds::SaveStep(Steps& s, images::Image* img) {
   // In a cluster the image is its project's, and the cluster's once published (else not kept).
   if (cluster_) img->project = s.j->project.empty() ? "default" : s.j->project;
   DSEC_RETURN_IF_ERROR(store_->PutImage(*img));
-  if (cluster_) {
-    if (Status st = cluster_->Publish(*img); !st.ok()) {
-      (void)store_->DeleteImage(img->name);
-      (void)store_->Collect();
-      return st;
-    }
-  }
+  if (cluster_) DSEC_RETURN_IF_ERROR(cluster_->Publish(*img));
   {
     MutexLock l(mu_);
     s.j->image = img->name;

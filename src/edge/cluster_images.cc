@@ -105,17 +105,26 @@ void ClusterImages::StartServe(UniqueFd client, std::string digest) {
 Status ClusterImages::CheckName(const std::string& name, const std::string& project) {
   auto kv = etcd_.Get(cluster::ImageKey(name));
   if (!kv.ok()) return Unavailable("the cluster's images cannot be read: " + kv.status().message());
-  if (*kv)
-    return Status(StatusCode::kAlreadyExists,
-                  "image \"" + name + "\" already exists" +
-                      (cluster::ClusterImage::FromJson((*kv)->value).ok() &&
-                               cluster::ClusterImage::FromJson((*kv)->value)->project != project
-                           ? " in the cluster (image names are the cluster's)"
-                           : ""));
+  if (*kv) {
+    auto rec = cluster::ClusterImage::FromJson((*kv)->value);
+    return Status(
+        StatusCode::kAlreadyExists,
+        "image \"" + name + "\" already exists" +
+            (rec.ok() && rec->project != project ? " in the cluster (image names are the cluster's)"
+                                                 : ""));
+  }
   return OkStatus();
 }
 
 Status ClusterImages::Publish(const images::Image& img) {
+  Status st = PublishRecord(img);
+  if (st.ok()) return st;
+  (void)store_->DeleteImage(img.name);  // not kept here either: the caller may try again
+  (void)store_->Collect();
+  return st;
+}
+
+Status ClusterImages::PublishRecord(const images::Image& img) {
   if (img.project.empty()) return InvalidArgument("a cluster's image belongs to a project");
   cluster::ClusterImage rec;
   rec.name = img.name;

@@ -59,7 +59,8 @@ class ClusterImages {
   // that name (one project's names are every project's), Unavailable without etcd.
   Status CheckName(const std::string& name, const std::string& project);
   // `img` (already in the store, made for img.project) becomes the cluster's: the blobs of its
-  // layers, then its record (only where the name is free: AlreadyExists otherwise).
+  // layers, then its record (only where the name is free: AlreadyExists otherwise). If it
+  // cannot, the image is removed from the store too (the caller is told and may try again).
   Status Publish(const images::Image& img);
   // Each name of a create's stack (`names`: "host", layer digests and image names) that this
   // node lacks and the cluster has for `project` is fetched and stored here. A name the cluster
@@ -79,6 +80,7 @@ class ClusterImages {
     Status result;
   };
   void ServeLayer(int client, const std::string& digest);
+  Status PublishRecord(const images::Image& img);
   // `origin`: the node that made the image (tried when no holder is listed).
   Status Fetch(const cluster::ClusterLayer& layer, const std::string& origin);
   Status FetchFrom(const std::string& node, const std::string& url,

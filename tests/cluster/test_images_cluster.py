@@ -283,7 +283,15 @@ def test_a_build_through_an_apiserver_runs_everywhere(make_cluster):
     assert status == 201, (status, sb)
     out = run(c, sb["id"], ["cat", "/opt/kit/VERSION", "/opt/kit/BUILT"])
     assert out["stdout"] == "kit 1\nbuilt\n", out
-    # Unpinned, creates of it go to the nodes that hold it (all alike loaded here).
+    # Unpinned, creates of it go to the nodes that hold it: what n1 lacks (half the image's
+    # bytes or more) costs more than any load here. (Each node's published load is its
+    # sandboxes over what it admits; the views must show the holders first.)
+    nodes = wait_until(lambda: (lambda n: n if all(n[x]["usage"]["sandboxes"] >= 0 for x in n)
+                                else None)(c.nodes()), 10, 0.1, "the nodes")
+    wait_until(lambda: all(sorted(c.api("GET", "/v1/images/kit-built:1", i=i)[1]["nodes"])
+                           == sorted([b, n3]) for i in (0, 1)), 10, 0.1, "both holders listed")
+    cap = min(v["capacity"]["max_sandboxes"] for v in nodes.values())
+    assert 5 / cap < 0.1, f"the nodes admit too few sandboxes ({cap}) for loads to stay small"
     for k in range(4):
         status, sb = c.api("POST", "/v1/sandboxes", {"image": "kit-built:1", "memory_mb": 128},
                            i=k % 2)
