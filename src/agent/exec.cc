@@ -140,7 +140,9 @@ class ExecOp : public Op {
       PumpStdin();
     }
     if (spec_.timeout_ms > 0) agent_->SetDeadline(this, MonotonicMs() + spec_.timeout_ms);
-    if (!sink_) agent_->SendJson(FrameType::kEvent, channel_, {{"started", {{"pid", child_.pid}}}});
+    // An fncall has started once its call's init took it (OnCallEvent).
+    if (!sink_ && !spec_.fncall)
+      agent_->SendJson(FrameType::kEvent, channel_, {{"started", {{"pid", child_.pid}}}});
     return OkStatus();
   }
 
@@ -277,6 +279,14 @@ class ExecOp : public Op {
     std::vector<UniqueFd> fds;
     auto n = RecvWithFds(call_.get(), 1024, 0, &buf, &fds);
     if (!n.ok() && (n.status().code() == StatusCode::kUnavailable)) return;
+    if (n.ok() && *n > 0 && !taken_) {
+      auto j = protocol::ParseJson(buf);
+      if (j.ok() && j->contains("taken")) {
+        taken_ = true;
+        if (!sink_) agent_->SendJson(FrameType::kEvent, channel_, {{"started", {{"pid", 0}}}});
+        return;
+      }
+    }
     EndCall();
     int status = SIGKILL;  // gone without a word: killed (the edge checks for an OOM kill)
     if (n.ok() && *n == 0) {
@@ -285,6 +295,14 @@ class ExecOp : public Op {
       if (!why.empty()) {
         std::string msg = "dsec: fncall worker: " + why + "\n";
         Deliver(protocol::kStderr, msg.data(), msg.size());
+      } else if (!taken_ && !sink_ && out_bytes_ == 0 && err_bytes_ == 0) {
+        // No call process ever had it (its zygote died with the call still queued, or the
+        // pre-forked process failed before taking it): nothing ran. An error before "started"
+        // tells the pool to give the call to another worker.
+        Release();
+        agent_->FinishWithError(this,
+                                Unavailable("the fncall worker lost the call before it started"));
+        return;
       }
     }
     if (n.ok() && *n > 0) {
@@ -457,6 +475,7 @@ class ExecOp : public Op {
   bool pty_ = false, child_exited_ = false, timed_out_ = false, cancelled_ = false;
   bool counted_ = false, released_ = false;
   bool killed_ = false, settling_ = false;
+  bool taken_ = false;  // fncall: the call's init has the call
   int status_ = 0;
   int64_t settle_until_ = 0;
   uint64_t out_bytes_ = 0, err_bytes_ = 0;

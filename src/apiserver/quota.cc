@@ -24,7 +24,11 @@ constexpr int64_t kBlockCreates = 8;
 constexpr int64_t kIdleMs = 1000;             // a hold unused this long shrinks back
 constexpr int64_t kUnknownOutcomeMs = 30000;  // a create whose answer never came
 constexpr int kGrowAttempts = 8;
-constexpr int64_t kWantWaitMs = 1000;  // how long a create at a full level waits for room
+// How long a create at a full level waits for room: for deletes the nodes have not shown yet,
+// and longer when other apiservers hold unused room that would do (they are asked for it back:
+// a watch event, a shrink written to etcd, its event back here, on a loaded host).
+constexpr int64_t kWantWaitMs = 1000;
+constexpr int64_t kWantOthersWaitMs = 3000;
 
 int64_t Window(int64_t now_ms) { return now_ms / 1000; }
 
@@ -520,7 +524,9 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
   }
   MutexLock grow(grow_mu_);
   DSEC_ASSIGN_OR_RETURN(int64_t lease, EnsureLease());
-  bool asked = false;  // room asked back from the others once
+  // Set at the first full level met: until then (and while room may still come) wait, then
+  // refuse. Waiting rounds are bounded by the deadline, not counted as attempts.
+  std::optional<std::chrono::steady_clock::time_point> want_deadline;
   for (int attempt = 0; attempt < kGrowAttempts; ++attempt) {
     const int64_t window = Window(WallMs());
     std::vector<etcd::Client::Condition> when;
@@ -573,7 +579,7 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
           if (delta > left) {
             // Once, wait for room first: deletes the nodes have not shown yet, or room other
             // apiservers hold unused (asked back), may be all that stands in the way.
-            if (!asked) {
+            if (!want_deadline || std::chrono::steady_clock::now() < *want_deadline) {
               want = level;
               ask_others = delta <= left + OthersSpareLocked(level, hold_key).*d.field;
               break;
@@ -614,7 +620,9 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
       }
       next.sig = sig;
       if (!want.empty()) {
-        asked = true;
+        if (!want_deadline)
+          want_deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(ask_others ? kWantOthersWaitMs : kWantWaitMs);
         want_before = TakenLocked(want, window).amount;
       }
       next.granted = grant;
@@ -644,8 +652,7 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
       }
       grow.Unlock();
       {
-        const auto until =
-            std::chrono::steady_clock::now() + std::chrono::milliseconds(kWantWaitMs);
+        const auto until = *want_deadline;
         MutexLock l(mu_);
         cv_.WaitUntil(l, until, [&]() DSEC_REQUIRES(mu_) {
           const Amount now = TakenLocked(want, Window(WallMs())).amount;
@@ -654,6 +661,7 @@ StatusOr<Quotas::Ticket> Quotas::Admit(const std::string& project, const std::st
         });
       }
       grow.Lock();
+      --attempt;  // (a wait, bounded by its deadline)
       continue;
     }
     puts.push_back({hold_key, next.ToJson().dump(), lease});

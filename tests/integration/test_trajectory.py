@@ -268,7 +268,11 @@ def test_expired_trajectories_are_collected(make_edge):
     wait_until(lambda: c.get(f"/v1/trajectories/{ids['short']}", headers=short).status == 404,
                20, what="the short-lived trajectory collected")
     c.get(f"/v1/trajectories/{ids['long']}", headers=long_, expect=200)
-    assert len(os.listdir(bodies)) == 1
+    # (The record goes first; its bodies and layers right after, on the same housekeeping pass.)
+    wait_until(lambda: len(os.listdir(bodies)) == 1, 10, what="the short one's body collected")
+    layers = edge.state_dir / "images" / "layers"
+    wait_until(lambda: len(os.listdir(layers)) < layers_before, 10,
+               what="the short one's checkpoint layers collected")
     db = sqlite3.connect(f"file:{edge.state_dir}/trajectories.db?mode=ro", uri=True)
     try:
         projects = {r[0] for r in db.execute("SELECT project FROM trajectories")}
@@ -278,7 +282,6 @@ def test_expired_trajectories_are_collected(make_edge):
         assert db.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 2
     finally:
         db.close()
-    assert len(os.listdir(edge.state_dir / "images" / "layers")) < layers_before
 
 
 def test_a_resumed_sandbox_not_made_yet(client):
