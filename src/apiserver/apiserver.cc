@@ -1094,7 +1094,9 @@ void Apiserver::TrajectoryCall(const http::HttpRequest& req, api::RouteId id,
                              return client->Request("GET", req.target, headers, "",
                                                     milliseconds(cfg_.call_timeout_ms));
                            }));
-    Json all = Json::array();
+    // (A cluster's store is listed by every node: each trajectory once, as most recently
+    // updated.)
+    std::map<std::string, Json> by_id;
     for (auto& [node, f] : calls) {
       auto r = f.get();
       if (!r.ok() || r->status != 200)
@@ -1103,8 +1105,16 @@ void Apiserver::TrajectoryCall(const http::HttpRequest& req, api::RouteId id,
                         (r.ok() ? ErrorOf(*r).message : r.status().message()));
       Json j = Json::parse(r->body, nullptr, false);
       if (!j.is_object() || !j.contains("trajectories") || !j["trajectories"].is_array()) continue;
-      for (auto& t : j["trajectories"]) all.push_back(std::move(t));
+      for (auto& t : j["trajectories"]) {
+        if (!t.is_object() || !t.contains("id") || !t["id"].is_string()) continue;
+        Json& kept = by_id[t["id"].get<std::string>()];
+        if (kept.is_null() ||
+            t.value("updated_ms", int64_t{0}) > kept.value("updated_ms", int64_t{0}))
+          kept = std::move(t);
+      }
     }
+    Json all = Json::array();
+    for (auto& [id, t] : by_id) all.push_back(std::move(t));
     return Reply(res, 200, {{"trajectories", std::move(all)}});
   }
   const std::string path = "/v1/trajectories/" + tid;
@@ -1130,15 +1140,55 @@ void Apiserver::TrajectoryCall(const http::HttpRequest& req, api::RouteId id,
   headers.emplace_back("Dsec-Owner", qc.owner);
   if (req.Header("content-type").empty()) headers.emplace_back("Content-Type", "application/json");
   Json made = Json::parse(answer.body, nullptr, false);
+  if (!made.is_object()) made = Json::object();
+  // (A create that resumes may pin its node, an admin's; the resume route takes no shape.)
   api::CreateShape shape;
-  if (made.is_object() && made.contains("made_as") && made["made_as"].is_object()) {
-    shape.memory_mb = made["made_as"].value("memory_mb", int64_t{0});
-    shape.cpu_milli = CpuMilli(made["made_as"].value("cpu", 0.0));
+  if (auto given = api::ParseCreateShape(req.body); given.ok() && !given->node.empty()) {
+    if (who->role != Role::kAdmin)
+      return Fail(res, 403, "forbidden", "only an admin may pin a create to a node (\"node\")");
+    shape.node = given->node;
   }
-  auto r = SendCreate(node, req.target, headers, req.body, shape, 1, &qc);
-  if (!r.ok())
-    return Fail(res, 503, "unavailable", "node " + node.rec.node + ": " + r.status().message());
-  PassOnCreate(res, *r, node.rec.node);
+  if (made.contains("made_as") && made["made_as"].is_object()) {
+    const Json& as = made["made_as"];
+    shape.memory_mb = as.value("memory_mb", int64_t{0});
+    shape.cpu_milli = CpuMilli(as.value("cpu", 0.0));
+    shape.kind = as.value("kind", std::string("container"));
+    if (std::string image = as.value("image", std::string()); !image.empty() && image != "host")
+      shape.images.push_back(image);
+  }
+  // The sandbox that follows it is on a node that is gone: the resume takes the trajectory
+  // over (the node, if it comes back, finds its sandbox lost).
+  if (auto follower = made.find("sandbox"); follower != made.end() && follower->is_string()) {
+    auto n = view_->Find(NodeOfSandbox(follower->get<std::string>()));
+    if (!n || !n->alive)
+      headers.emplace_back("Dsec-Trajectory-Takeover", follower->get<std::string>());
+  }
+  // A node's own log: the sandbox is made where the log is. The cluster's (every node reads
+  // it): placed like any create.
+  std::vector<NodeState> order;
+  if (made.value("store", std::string()) == "cluster") {
+    const auto nodes_view = view_->NodesView();
+    std::vector<cluster::ClusterLayer> layers;
+    for (const auto& name : shape.images)
+      if (auto img = view_->Image(name); img && img->project == qc.project)
+        layers.insert(layers.end(), img->layers.begin(), img->layers.end());
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    auto placed = PlaceCreate(*nodes_view, shape, cfg_.placement, &rng, layers);
+    if (!placed.ok()) return Fail(res, placed.status());
+    order = std::move(*placed);
+  } else {
+    order.push_back(node);
+  }
+  std::string tried;
+  for (const NodeState& n : order) {
+    auto r = SendCreate(n, req.target, headers, req.body, shape, 1, &qc);
+    if (!r.ok()) {
+      tried += StrCat({tried.empty() ? "" : "; ", n.rec.node, ": ", r.status().message()});
+      continue;
+    }
+    return PassOnCreate(res, *r, n.rec.node);
+  }
+  return Fail(res, 503, "unavailable", "no node made the resumed sandbox: " + tried);
 }
 
 void Apiserver::Jobs(const http::HttpRequest& req, const std::shared_ptr<http::Responder>& res) {

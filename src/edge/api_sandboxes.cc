@@ -199,7 +199,8 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   }
   // A resume is made as the trajectory's first sandbox was (its quota room is checked on that).
   if (trajectory && trajectory->resume) {
-    auto p = deps.trajectories->ResumeParams(parsed->first, *trajectory);
+    auto p = deps.trajectories->ResumeParams(parsed->first, *trajectory,
+                                             c->req.Header("dsec-trajectory-takeover"));
     if (!p.ok()) return c->Fail(p.status());
     parsed->first = std::move(*p);
   }

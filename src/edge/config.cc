@@ -219,6 +219,14 @@ std::vector<Group> Fields(EdgeConfig* c) {
            {"trajectory_fsync", &c->trajectory_fsync, "",
             "fsync each group commit of entries (a power loss keeps what was answered); false: "
             "an edge killed loses nothing, a power loss may"},
+           {"trajectory_postgres", &c->trajectory_postgres, "",
+            "A cluster's trajectory store: a libpq connection string (`host=... port=... "
+            "dbname=... user=...`). Every edge of the cluster names the same database: entries, "
+            "bodies and checkpoint layers live there, so a trajectory outlives the node that "
+            "recorded it and any node resumes it. '' (default): the node's own SQLite log"},
+           {"trajectory_collect_grace_s", &c->trajectory_collect_grace_s, "s",
+            "With `trajectory_postgres`: a body or checkpoint layer no entry names is collected "
+            "only once nothing touched it this long (another node may be about to name it)"},
        }},
       {"Container backend",
        {
@@ -378,6 +386,7 @@ constexpr KeyRange kRanges[] = {
     {"trajectory_ttl_s", 1, 10 * 365 * 86400.0},
     {"trajectory_max_body_bytes", 1 << 10, 4e9},
     {"trajectory_max_bytes", 1 << 20, 1e12},
+    {"trajectory_collect_grace_s", 0, 30 * 86400.0},
     {"cluster_lease_ttl_s", 2, 600},
     {"cluster_layer_cache_mb", 0, 1 << 30},
     {"cluster_layer_serves", 1, 1024},
@@ -609,6 +618,8 @@ const std::vector<EdgeFlag>& EdgeFlags() {
       {"--agent", "agent_path",
        "dsec-agent binary; default: $DSEC_AGENT_PATH, else beside dsec-edge"},
       {"--cluster", "cluster_etcd", "Join a cluster: etcd://HOST:PORT[,HOST:PORT]"},
+      {"--trajectory-postgres", "trajectory_postgres",
+       "The cluster's trajectory store: a libpq connection string"},
       {"--sandbox-fusion-listen", "sandbox_fusion_listen",
        "Serve SandboxFusion's /run_code API on HOST:PORT; off by default"},
       {"--e2b-listen", "e2b_listen",

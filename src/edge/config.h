@@ -119,6 +119,8 @@ struct EdgeConfig {
   uint64_t trajectory_max_body_bytes = 16 << 20;
   uint64_t trajectory_max_bytes = 1ull << 30;
   bool trajectory_fsync = true;
+  std::string trajectory_postgres;  // a cluster's store (libpq conninfo); "": the node's own
+  int64_t trajectory_collect_grace_s = 600;
 
   // Container backend.
   std::string cgroup_mode = "auto";

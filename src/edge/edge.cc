@@ -37,6 +37,7 @@
 #include "edge/manager.h"
 #include "edge/metrics.h"
 #include "edge/node_budget.h"
+#include "edge/pg_trajectory_store.h"
 #include "edge/sandbox_fusion.h"
 #include "edge/state_store.h"
 #include "edge/trajectory.h"
@@ -415,7 +416,7 @@ class EdgeServices {
   // call's answer may come while they go); stopped explicitly once the workers are joined. The
   // store goes first: its committer's last callbacks still find the log.
   std::unique_ptr<Trajectories> trajectories_;
-  std::unique_ptr<SqliteTrajectoryStore> trajectory_store_;
+  std::unique_ptr<TrajectoryStore> trajectory_store_;
   Budgets budgets_;
   // The sandbox network: started by the first sandbox that needs one, removed after every
   // sandbox is gone, left in place for --persist.
@@ -564,17 +565,26 @@ Status EdgeServices::StartManager() {
   DSEC_LOG_INFO("recovered: adopted={} cleaned_up={}", recovered->first, recovered->second);
   std::vector<std::string> trajectory_holders;
   if (cfg_.trajectory_log) {
-    auto ts = SqliteTrajectoryStore::Open(JoinPath(cfg_.state_dir, "trajectories.db"),
-                                          JoinPath(cfg_.state_dir, "trajectory-bodies"),
-                                          cfg_.trajectory_fsync);
-    if (!ts.ok()) return Status(ts.status().code(), "trajectory log: " + ts.status().message());
-    trajectory_store_ = std::move(*ts);
+    if (!cfg_.trajectory_postgres.empty()) {
+      // The cluster's: every node reads and writes the same database.
+      auto ts =
+          PgTrajectoryStore::Open(cfg_.trajectory_postgres, cfg_.trajectory_collect_grace_s * 1000);
+      if (!ts.ok()) return Status(ts.status().code(), "trajectory log: " + ts.status().message());
+      trajectory_store_ = std::move(*ts);
+    } else {
+      auto ts = SqliteTrajectoryStore::Open(JoinPath(cfg_.state_dir, "trajectories.db"),
+                                            JoinPath(cfg_.state_dir, "trajectory-bodies"),
+                                            cfg_.trajectory_fsync);
+      if (!ts.ok()) return Status(ts.status().code(), "trajectory log: " + ts.status().message());
+      trajectory_store_ = std::move(*ts);
+    }
     TrajectoryOptions to;
     to.checkpoint_every = cfg_.trajectory_checkpoint_every;
     to.ttl_s = cfg_.trajectory_ttl_s;
     to.project_ttl_s = cfg_.trajectory_project_ttl;
     to.max_body_bytes = cfg_.trajectory_max_body_bytes;
     to.max_bytes = cfg_.trajectory_max_bytes;
+    to.node = cfg_.node;
     trajectories_ = std::make_unique<Trajectories>(to, trajectory_store_.get(), manager_.get(),
                                                    images_.get(), nullptr);
     trajectories_->SetMetrics(&metrics_);
@@ -644,6 +654,13 @@ Status EdgeServices::Serve() {
         images_.get(), &metrics_);
     deps.cluster_images = cluster_images_.get();
     if (builds_) builds_->SetCluster(cluster_images_.get());
+    // A checkpoint's base images, on a node that resumes a trajectory another recorded.
+    if (trajectories_)
+      trajectories_->SetEnsureImages(
+          [c = cluster_images_.get()](const std::string& project,
+                                      const std::vector<std::string>& names) {
+            return c->Ensure(project, names);
+          });
   }
   deps.tokens = tokens_;
   deps.instance = containers_->instance_id();

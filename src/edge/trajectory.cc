@@ -424,6 +424,7 @@ std::vector<std::string> Trajectories::Recover() {
   for (TrajectoryInfo& t : *all) {
     holders.push_back(HolderOf(t.project, t.id));
     if (t.sandbox.empty()) continue;
+    if (!Ours(t.sandbox)) continue;  // another node's (a shared store)
     const std::string sandbox = t.sandbox;
     if (t.state == "recording" && manager_->Has(sandbox)) {
       auto b = std::make_shared<Binding>();
@@ -485,8 +486,20 @@ Status Trajectories::Begin(const std::string& sandbox, const CreateParams& p,
 }
 
 StatusOr<CreateParams> Trajectories::ResumeParams(const CreateParams& request,
-                                                  const api::TrajectorySpec& spec) {
+                                                  const api::TrajectorySpec& spec,
+                                                  const std::string& takeover) {
   DSEC_ASSIGN_OR_RETURN(TrajectoryInfo t, store_->Get(request.project, spec.id));
+  if (!t.sandbox.empty() && t.sandbox == takeover && !Ours(t.sandbox)) {
+    // Its sandbox's node is gone (an apiserver says so): the log stays where it was written
+    // last; the new sandbox follows it from here (only if no one else took it meanwhile).
+    const std::string lost = t.sandbox;
+    t.state = "stopped";
+    t.sandbox.clear();
+    t.updated_ms = WallMs();
+    DSEC_RETURN_IF_ERROR(store_->Update(t, lost));
+    DSEC_LOG_INFO("trajectory {}: taken over from sandbox {} (its node is gone)", spec.id, lost);
+    Count("taken_over");
+  }
   if (!t.sandbox.empty())
     return FailedPrecondition("trajectory \"" + spec.id + "\" is followed by sandbox " + t.sandbox +
                               " now: delete it (or preempt its job) first");
@@ -586,6 +599,72 @@ void Trajectories::Recorded(const std::shared_ptr<Binding>& b, bool checkpoint_d
 
 void Trajectories::Stop() { checkpointer_.join(); }
 
+bool Trajectories::Ours(const std::string& sandbox) const {
+  if (!store_->shared() || opts_.node.empty()) return true;
+  // "sb-<node>-<12 base32>": the random part has no '-', so "sb-n1-..." of a node "n1-x" is not
+  // node n1's.
+  const std::string prefix = "sb-" + opts_.node + "-";
+  return sandbox.starts_with(prefix) && sandbox.size() == prefix.size() + 12 &&
+         sandbox.find('-', prefix.size()) == std::string::npos;
+}
+
+Status Trajectories::PutCheckpointLayers(const std::vector<std::string>& stack) {
+  if (!store_->shared() || !images_) return OkStatus();
+  for (const auto& name : stack) {
+    if (!name.starts_with("sha256:")) continue;  // an image by name: the cluster's images
+    DSEC_ASSIGN_OR_RETURN(images::LayerInfo info, images_->Blob(name));
+    DSEC_RETURN_IF_ERROR(store_->PutLayer({info.digest, info.size, info.blob, info.blob_size},
+                                          images_->BlobPath(info)));
+  }
+  return OkStatus();
+}
+
+Status Trajectories::FetchCheckpointLayers(const std::string& project, const std::string& stack) {
+  if (!images_) return OkStatus();
+  std::vector<std::string> names;
+  for (auto n : SplitString(stack, ',', true)) {
+    const std::string name(n);
+    if (!name.starts_with("sha256:")) {
+      if (name != "host") names.push_back(name);
+      continue;
+    }
+    if (!store_->shared() || images_->GetLayer(name).ok()) continue;
+    const std::string tmp = images_->TempPath("checkpoint");
+    auto layer = store_->FetchLayer(name, tmp);
+    if (!layer.ok()) {
+      unlink(tmp.c_str());
+      return layer.status();
+    }
+    auto added = images_->AddBlobLayer(
+        tmp, images::LayerInfo{layer->digest, layer->size, images::LayerFormat::kErofs, layer->blob,
+                               layer->blob_size});
+    if (!added.ok()) {
+      unlink(tmp.c_str());
+      return added.status();
+    }
+    Count("layer_fetched");
+  }
+  // Images by name (the trajectory's first image, a checkpoint's base): the cluster's, fetched
+  // like a create's.
+  if (ensure_images_ && !names.empty()) DSEC_RETURN_IF_ERROR(ensure_images_(project, names));
+  return OkStatus();
+}
+
+void Trajectories::ReleaseGoneHolders() {
+  if (!images_) return;
+  auto all = store_->List();
+  if (!all.ok()) return;
+  std::set<std::string> alive;
+  for (const auto& t : *all) alive.insert(HolderOf(t.project, t.id));
+  int released = 0;
+  for (const auto& h : images_->HolderNames())
+    if (h.starts_with("trajectory:") && !alive.count(h)) {
+      images_->Release(h);
+      ++released;
+    }
+  if (released > 0) collect_ = true;
+}
+
 Status Trajectories::HoldCheckpoints(const std::string& project, const std::string& id) {
   if (!images_) return OkStatus();
   std::set<std::string> digests;
@@ -596,6 +675,9 @@ Status Trajectories::HoldCheckpoints(const std::string& project, const std::stri
       for (auto n : SplitString(c.image, ',', true))
         if (n.starts_with("sha256:")) digests.insert(std::string(n));
   }
+  // (A shared store's checkpoints may be another node's: this one holds what it has.)
+  if (store_->shared())
+    std::erase_if(digests, [&](const std::string& d) { return !images_->GetLayer(d).ok(); });
   return images_->Hold(HolderOf(project, id),
                        std::vector<std::string>(digests.begin(), digests.end()));
 }
@@ -608,6 +690,7 @@ Status Trajectories::Checkpoint(const std::shared_ptr<Binding>& b, int64_t seq) 
   std::optional<images::ImageStore::Lease> lease;
   if (images_) lease.emplace(images_);  // the new layer is unreferenced until held
   DSEC_ASSIGN_OR_RETURN(std::vector<std::string> stack, sb->CaptureStack());
+  DSEC_RETURN_IF_ERROR(PutCheckpointLayers(stack));
   TrajectoryCheckpoint c;
   c.seq = seq;
   c.image = JoinStrings(stack, ",");
@@ -686,6 +769,10 @@ Status Trajectories::MaterializeSteps(const std::shared_ptr<Binding>& b, int64_t
   for (const auto& c : cps)
     if (c.seq <= seq - 1) from = &c;
   DSEC_ASSIGN_OR_RETURN(auto e, manager_->Get(b->sandbox));
+  // (Its layers stay until the create below holds them.)
+  std::optional<images::ImageStore::Lease> lease;
+  if (images_) lease.emplace(images_);
+  DSEC_RETURN_IF_ERROR(FetchCheckpointLayers(b->project, from ? from->image : e->params.image));
   if (from) e->SetStartImage(from->image);
   auto create = std::move(b->create);
   b->create = nullptr;
@@ -694,6 +781,7 @@ Status Trajectories::MaterializeSteps(const std::shared_ptr<Binding>& b, int64_t
   create();
   DSEC_ASSIGN_OR_RETURN(auto sb, e->Sandbox(Op::kUse, 0));
   (void)sb;
+  lease.reset();  // (the sandbox holds its layers now)
   const int64_t base = from ? from->seq : 0;
   b->jobs.clear();
   b->shells.clear();
@@ -935,7 +1023,9 @@ StatusOr<Json> Trajectories::Describe(const std::string& project, const std::str
             {"checkpoint_every", t.checkpoint_every},
             {"created_ms", t.created_ms},
             {"updated_ms", t.updated_ms},
-            {"expires_ms", t.expires_ms}};
+            {"expires_ms", t.expires_ms},
+            // "cluster": every node reads it (a resume may go anywhere); "node": this one only.
+            {"store", store_->shared() ? "cluster" : "node"}};
   // What a resume makes (a cluster's quotas count it before it is sent to this node).
   Json params = Json::parse(t.params, nullptr, false);
   if (auto p = CreateParamsFromJson(params); p.ok())
@@ -1016,6 +1106,10 @@ void Trajectories::Housekeep() {
   }
   for (const auto& [project, id] : *expired)
     if (images_) images_->Release(HolderOf(project, id));
+  if (store_->shared() && MonotonicMs() >= next_gone_check_ms_) {
+    next_gone_check_ms_ = MonotonicMs() + 30000;
+    ReleaseGoneHolders();
+  }
   if (expired->empty() && !collect_.exchange(false)) return;
   auto n = store_->CollectBlobs();
   if (images_) (void)images_->Collect();

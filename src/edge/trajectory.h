@@ -56,6 +56,7 @@ struct TrajectoryOptions {
   std::map<std::string, int64_t> project_ttl_s;  // per project, over ttl_s
   uint64_t max_body_bytes = 16 << 20;            // a request or response kept at most
   uint64_t max_bytes = 1ull << 30;               // all the bodies of one trajectory
+  std::string node;  // this node's name (its sandboxes' ids begin "sb-<node>-")
 };
 
 class Trajectories {
@@ -66,6 +67,11 @@ class Trajectories {
   // The API that runs logged calls again (set once, before serving).
   void SetApi(Api* api) { api_ = api; }
   void SetMetrics(Metrics* m) { metrics_ = m; }
+  // In a cluster: fetches the images of a checkpoint's stack the node lacks (by name: the
+  // layers of a shared store's checkpoints come from the store itself).
+  using EnsureImagesFn =
+      std::function<Status(const std::string& project, const std::vector<std::string>& names)>;
+  void SetEnsureImages(EnsureImagesFn fn) { ensure_images_ = std::move(fn); }
 
   // At start, after the manager re-adopted its sandboxes: trajectories whose sandbox came back
   // record on; the others are stopped. Returns the image-store holders of their checkpoints.
@@ -77,7 +83,11 @@ class Trajectories {
   // What a resumed sandbox is made with: the trajectory's own create parameters, with the
   // request's labels, TTLs and cluster fields (404 for an unknown id, 409 when a sandbox
   // follows it now).
-  StatusOr<CreateParams> ResumeParams(const CreateParams& request, const api::TrajectorySpec& spec);
+  // `takeover`: the sandbox an apiserver says is on a node that is gone (Dsec-Trajectory-Takeover):
+  // a trajectory it follows is freed for this resume (only in a shared store, only another
+  // node's sandbox).
+  StatusOr<CreateParams> ResumeParams(const CreateParams& request, const api::TrajectorySpec& spec,
+                                      const std::string& takeover = "");
   // Binds the resumed sandbox `sandbox` (made by the manager but not yet created: `create` does
   // it) to the trajectory.
   Status Resumed(const std::string& sandbox, const std::string& project,
@@ -122,6 +132,15 @@ class Trajectories {
   Status Rerun(const std::shared_ptr<Binding>& b, const TrajectoryEntry& e);
   Status Checkpoint(const std::shared_ptr<Binding>& b, int64_t seq);
   Status HoldCheckpoints(const std::string& project, const std::string& id);
+  // A shared store: a checkpoint's layers go to it before the checkpoint is noted, and come
+  // from it to a node that makes a sandbox from the checkpoint.
+  Status PutCheckpointLayers(const std::vector<std::string>& stack);
+  Status FetchCheckpointLayers(const std::string& project, const std::string& stack);
+  // A sandbox of this node (a shared store lists every node's trajectories).
+  bool Ours(const std::string& sandbox) const;
+  // A shared store: this node's holders of trajectories that are gone (another node expired
+  // or deleted them) are released.
+  void ReleaseGoneHolders();
   // A recorded call is done (its answer sent): the turn goes on, after a checkpoint if due.
   friend class TrajectoryRecorder;
   void Recorded(const std::shared_ptr<Binding>& b, bool checkpoint_due);
@@ -137,6 +156,8 @@ class Trajectories {
   images::ImageStore* images_;
   Api* api_;
   Metrics* metrics_ = nullptr;
+  EnsureImagesFn ensure_images_;
+  int64_t next_gone_check_ms_ = 0;  // (ReleaseGoneHolders, from the housekeeper only)
   void Count(const char* event) const;
   Mutex mu_;
   std::map<std::string, std::shared_ptr<Binding>> bindings_ DSEC_GUARDED_BY(mu_);  // by sandbox

@@ -78,6 +78,15 @@ struct TrajectoryBlob {
   std::string digest, data;
 };
 
+// A checkpoint's layer as a shared store keeps it (images::LayerInfo's fields as nodes pass
+// layers: `digest` names the layer, `blob` is its EROFS image's "sha256:<hex>").
+struct TrajectoryLayer {
+  std::string digest;
+  uint64_t size = 0;
+  std::string blob;
+  uint64_t blob_size = 0;
+};
+
 class TrajectoryStore {
  public:
   virtual ~TrajectoryStore() = default;
@@ -119,8 +128,30 @@ class TrajectoryStore {
   virtual StatusOr<int64_t> Fork(const std::string& project, const std::string& id, int64_t from,
                                  int64_t at_seq) = 0;
   virtual StatusOr<std::string> ReadBlob(const std::string& digest) = 0;
-  // Bodies no entry names any more; how many went.
+  // Bodies no entry names any more (and, in a shared store, checkpoint layers no checkpoint
+  // names); how many went.
   virtual StatusOr<int64_t> CollectBlobs() = 0;
+  // Commits what is queued and stops the committer: later appends fail at once.
+  virtual void Stop() = 0;
+
+  // Whether other nodes read this store (a cluster's): a checkpoint's layers are then put in it
+  // (PutLayer) before the checkpoint is noted, and fetched from it (FetchLayer) by a node that
+  // makes a sandbox from a checkpoint whose layers it lacks. A node's own store keeps them in
+  // its image store only.
+  virtual bool shared() const { return false; }
+  // Stores `file`, the layer's blob (its size and sha256 checked by the caller); a layer already
+  // there is only touched.
+  virtual Status PutLayer(const TrajectoryLayer& layer, const std::string& file) {
+    (void)layer;
+    (void)file;
+    return OkStatus();
+  }
+  // Writes the layer's blob to `file`, checked against its record (size and sha256): NotFound
+  // when the store does not have it, Unavailable when what it has does not match.
+  virtual StatusOr<TrajectoryLayer> FetchLayer(const std::string& digest, const std::string& file) {
+    (void)file;
+    return NotFound("no shared layer store: layer " + digest);
+  }
 };
 
 class SqliteTrajectoryStore : public TrajectoryStore {
@@ -142,8 +173,7 @@ class SqliteTrajectoryStore : public TrajectoryStore {
   StatusOr<std::vector<TrajectoryInfo>> List() override;
   Status Delete(const std::string& project, const std::string& id) override;
   StatusOr<std::vector<std::pair<std::string, std::string>>> Expire(int64_t now_ms) override;
-  // Commits what is queued and stops the committer: later appends fail at once.
-  void Stop();
+  void Stop() override;
   void Append(const std::string& project, const std::string& id, int64_t branch, TrajectoryEntry e,
               std::vector<TrajectoryBlob> blobs, std::function<void(Status)> done) override;
   StatusOr<std::optional<TrajectoryEntry>> Entry(const std::string& project, const std::string& id,

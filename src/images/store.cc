@@ -653,6 +653,14 @@ std::vector<std::string> ImageStore::HeldBy(const std::string& holder) {
   return it == holders_.end() ? std::vector<std::string>{} : it->second;
 }
 
+std::vector<std::string> ImageStore::HolderNames() {
+  MutexLock l(mu_);
+  std::vector<std::string> out;
+  out.reserve(holders_.size());
+  for (const auto& [h, ds] : holders_) out.push_back(h);
+  return out;
+}
+
 bool ImageStore::ReferencedLocked(const std::string& digest) const {
   for (const auto& [n, i] : images_)
     if (std::find(i.layers.begin(), i.layers.end(), digest) != i.layers.end()) return true;

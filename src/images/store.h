@@ -189,6 +189,7 @@ class ImageStore {
   // Drops every holder not in `alive` (sandboxes that are gone after a restart).
   void RetainHolders(const std::set<std::string>& alive);
   std::vector<std::string> HeldBy(const std::string& holder);
+  std::vector<std::string> HolderNames();
 
   // Removes unreferenced layers; returns how many.
   StatusOr<int> Collect();
