@@ -152,7 +152,7 @@ TRAJ_ENTRY = {"seq": 1, "method": "POST", "target": "/exec", "fingerprint": "ef"
 TRAJECTORY = {
     "id": "t-1", "project": "default", "state": "recording", "sandbox": "sb-node1-abc",
     "head": 1, "branch": 1, "checkpoint_every": 20, "created_ms": 1764480000000,
-    "updated_ms": 1764480000000, "expires_ms": 1765084800000,
+    "updated_ms": 1764480000000, "expires_ms": 1765084800000, "store": "node",
     "made_as": {"kind": "container", "image": "host", "memory_mb": 512, "cpu": 1.0},
     "branches": [{"branch": 0, "parent": None, "fork_seq": None, "entries": 40, "last_seq": 40,
                   "created_ms": 1764480000000},
