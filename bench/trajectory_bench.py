@@ -16,7 +16,10 @@ Starts a private edge (tests/integration/edge_harness.Edge) and measures:
            80, calls 81-90 run again, then 91 live).
 
     sudo python3 bench/trajectory_bench.py [--calls N] [--rounds N] [--no-fsync] [--json]
-        [--edge PATH]
+        [--edge PATH] [--postgres]
+
+--postgres keeps the log in the cluster's store instead: a private PostgreSQL (Debian's
+postgresql-15, tests/cluster/pg_harness.py) on loopback, the edge's trajectory_postgres.
 
 About a minute on a 2-vCPU host. Leaves nothing behind (the edge is stopped and checked);
 exit status 1 otherwise.
@@ -186,14 +189,26 @@ def main() -> int:
     ap.add_argument("--no-fsync", action="store_true",
                     help="trajectory_fsync: false (an entry survives the edge's death, not a "
                          "power loss)")
+    ap.add_argument("--postgres", action="store_true",
+                    help="the cluster's store: a private PostgreSQL (trajectory_postgres)")
     opts = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("trajectory_bench: needs root")
     binary = find_edge(opts.edge)
     os.environ["DSEC_EDGE_BIN"] = binary
-    edge = edge_harness.Edge.start(binary=binary, prefix="dsec-trajbench-",
-                                   config={"fncall_pools": False,
-                                           "trajectory_fsync": not opts.no_fsync})
+    pg = None
+    config = {"fncall_pools": False, "trajectory_fsync": not opts.no_fsync}
+    if opts.postgres:
+        sys.path.insert(0, os.path.join(REPO, "tests", "cluster"))
+        import pg_harness  # noqa: E402
+        pg = pg_harness.Postgres.start()
+        config["trajectory_postgres"] = pg.conninfo
+    try:
+        edge = edge_harness.Edge.start(binary=binary, prefix="dsec-trajbench-", config=config)
+    except BaseException:
+        if pg:
+            pg.cleanup()
+        raise
     rows = []
     try:
         c = edge.client(timeout=600, validate=False)
@@ -203,6 +218,11 @@ def main() -> int:
         rows.append({"workload": "resume", **resume_to_live(edge, c)})
     finally:
         rc = stop_edge(edge, "trajectory_bench")
+        if pg:
+            pg.cleanup()
+    store = "postgres" if pg else "sqlite"
+    for r in rows:
+        r["store"] = store
     for r in rows:
         if opts.json:
             print("JSON " + json.dumps(r))

@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <map>
 #include <optional>
 
 #include "base/clock.h"
@@ -21,6 +22,11 @@ namespace {
 
 constexpr size_t kLayerPart = 4 << 20;  // a checkpoint layer's blob goes in parts of this size
 constexpr int kMaxIdleConns = 4;
+// A collection never takes what was touched this recently, whatever the config says (a
+// transaction that touched it may still be about to name it).
+constexpr int64_t kMinGraceMs = 1000;
+// The database server's clock in ms: every node's touches and collections use the one clock.
+#define DSEC_PG_NOW "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 
 // Tables of every node of the cluster; tkey is "<project>/<id>" (a project is a DNS label).
 constexpr const char* kSchema = R"sql(
@@ -34,8 +40,8 @@ CREATE TABLE IF NOT EXISTS dsec_trajectory_branches(
   created_ms BIGINT NOT NULL, PRIMARY KEY(tkey, branch));
 CREATE TABLE IF NOT EXISTS dsec_trajectory_entries(
   tkey TEXT NOT NULL, branch BIGINT NOT NULL, seq BIGINT NOT NULL, fingerprint TEXT NOT NULL,
-  method TEXT NOT NULL, target TEXT NOT NULL, request TEXT NOT NULL, mutating BOOLEAN NOT NULL,
-  status INTEGER NOT NULL, content_type TEXT NOT NULL, headers TEXT NOT NULL,
+  method TEXT NOT NULL, target BYTEA NOT NULL, request TEXT NOT NULL, mutating BOOLEAN NOT NULL,
+  status INTEGER NOT NULL, content_type BYTEA NOT NULL, headers BYTEA NOT NULL,
   response TEXT NOT NULL, kept BOOLEAN NOT NULL, streamed BOOLEAN NOT NULL,
   exec_id TEXT NOT NULL, created_ms BIGINT NOT NULL, PRIMARY KEY(tkey, branch, seq));
 CREATE INDEX IF NOT EXISTS dsec_trajectory_entries_request ON dsec_trajectory_entries(request);
@@ -85,6 +91,17 @@ int64_t I64(const PGresult* r, int row, int col) {
   return std::strtoll(PQgetvalue(r, row, col), nullptr, 10);
 }
 bool B(const PGresult* r, int row, int col) { return PQgetvalue(r, row, col)[0] == 't'; }
+// A BYTEA column in a text result: "\\x" and hex digits.
+std::string Bytes(const PGresult* r, int row, int col) {
+  std::string_view v(PQgetvalue(r, row, col), static_cast<size_t>(PQgetlength(r, row, col)));
+  if (!v.starts_with("\\x")) return std::string(v);
+  v.remove_prefix(2);
+  auto nib = [](char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; };
+  std::string out(v.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<char>((nib(v[2 * i]) << 4) | nib(v[2 * i + 1]));
+  return out;
+}
 
 }  // namespace
 
@@ -99,8 +116,10 @@ class PgConnPool {
 
   class Conn {
    public:
-    Conn(PgConnPool* pool, PGconn* c) : pool_(pool), c_(c) {}
-    Conn(Conn&& o) noexcept : pool_(o.pool_), c_(o.c_) { o.c_ = nullptr; }
+    Conn(PgConnPool* pool, PGconn* c, bool reused) : pool_(pool), c_(c), reused_(reused) {}
+    Conn(Conn&& o) noexcept : pool_(o.pool_), c_(o.c_), reused_(o.reused_), used_(o.used_) {
+      o.c_ = nullptr;
+    }
     Conn& operator=(Conn&&) = delete;
     ~Conn() {
       if (c_) pool_->Put(c_);
@@ -118,9 +137,23 @@ class PgConnPool {
         formats.push_back(p.binary ? 1 : 0);
       }
       // Text parameters must be NUL-terminated: std::string_view of a std::string is.
-      Result r(PQexecParams(c_, sql, static_cast<int>(values.size()), nullptr, values.data(),
-                            lengths.data(), formats.data(), binary_results ? 1 : 0));
+      auto run = [&] {
+        return Result(PQexecParams(c_, sql, static_cast<int>(values.size()), nullptr, values.data(),
+                                   lengths.data(), formats.data(), binary_results ? 1 : 0));
+      };
+      Result r = run();
       ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+      if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK && reused_ && !used_ &&
+          PQstatus(c_) != CONNECTION_OK) {
+        // An idle connection the server (or the network) dropped meanwhile: once, on a new one
+        // (nothing of this checkout ran yet, so nothing is lost or done twice).
+        PQreset(c_);
+        if (PQstatus(c_) == CONNECTION_OK && PgConnPool::Setup(c_).ok()) {
+          r = run();
+          st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+        }
+      }
+      used_ = true;
       if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
       std::string msg = r ? PQresultErrorMessage(r.get()) : PQerrorMessage(c_);
       while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
@@ -129,6 +162,8 @@ class PgConnPool {
         return Unavailable("trajectory store (PostgreSQL): " + msg);
       if (state && std::string_view(state) == "23505")
         return Status(StatusCode::kAlreadyExists, "trajectory store: " + msg);
+      if (state && (std::string_view(state) == "40P01" || std::string_view(state) == "40001"))
+        return Status(StatusCode::kAborted, "trajectory store: " + msg);
       return InternalError("trajectory store (PostgreSQL): " + msg);
     }
     Status Run(const char* sql, std::initializer_list<Param> params = {}) {
@@ -150,7 +185,19 @@ class PgConnPool {
    private:
     PgConnPool* pool_;
     PGconn* c_;
+    bool reused_ = false;  // taken from the idle ones
+    bool used_ = false;    // a statement ran on this checkout
   };
+
+  // What every new connection gets: notices ignored (CREATE TABLE IF NOT EXISTS's "already
+  // exists" is no error), and no statement holding a node's thread for long.
+  static Status Setup(PGconn* c) {
+    PQsetNoticeProcessor(
+        c, [](void*, const char*) {}, nullptr);
+    Result r(PQexec(c, "SET statement_timeout = '60s'"));
+    if (r && PQresultStatus(r.get()) == PGRES_COMMAND_OK) return OkStatus();
+    return Unavailable(std::string("trajectory store: ") + PQerrorMessage(c));
+  }
 
   StatusOr<Conn> Get() {
     {
@@ -158,10 +205,14 @@ class PgConnPool {
       if (!idle_.empty()) {
         PGconn* c = idle_.back();
         idle_.pop_back();
-        return Conn(this, c);
+        return Conn(this, c, /*reused=*/true);
       }
     }
-    PGconn* c = PQconnectdb(conninfo_.c_str());
+    // The connection string may be key=value pairs or a postgresql:// URI (expand_dbname);
+    // its own connect_timeout, if any, wins over the default given first.
+    const char* keys[] = {"connect_timeout", "dbname", nullptr};
+    const char* vals[] = {"5", conninfo_.c_str(), nullptr};
+    PGconn* c = PQconnectdbParams(keys, vals, /*expand_dbname=*/1);
     if (!c) return Unavailable("trajectory store: out of memory connecting");
     if (PQstatus(c) != CONNECTION_OK) {
       std::string msg = PQerrorMessage(c);
@@ -169,12 +220,8 @@ class PgConnPool {
       while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
       return Unavailable("trajectory store: cannot reach PostgreSQL: " + msg);
     }
-    // (Notices, such as CREATE TABLE IF NOT EXISTS's "already exists", are not errors.)
-    PQsetNoticeProcessor(
-        c, [](void*, const char*) {}, nullptr);
-    Conn conn(this, c);
-    // A statement never holds a node's thread for long; what the log writes is small.
-    DSEC_RETURN_IF_ERROR(conn.Run("SET statement_timeout = '60s'"));
+    Conn conn(this, c, /*reused=*/false);
+    DSEC_RETURN_IF_ERROR(Setup(c));
     return conn;
   }
 
@@ -242,12 +289,12 @@ TrajectoryEntry EntryFrom(const PGresult* r, int i) {
   e.seq = I64(r, i, 0);
   e.fingerprint = Text(r, i, 1);
   e.method = Text(r, i, 2);
-  e.target = Text(r, i, 3);
+  e.target = Bytes(r, i, 3);
   e.request = Text(r, i, 4);
   e.mutating = B(r, i, 5);
   e.status = static_cast<int>(I64(r, i, 6));
-  e.content_type = Text(r, i, 7);
-  e.headers = Text(r, i, 8);
+  e.content_type = Bytes(r, i, 7);
+  e.headers = Bytes(r, i, 8);
   e.response = Text(r, i, 9);
   e.kept = B(r, i, 10);
   e.streamed = B(r, i, 11);
@@ -270,11 +317,8 @@ Status DeleteTrajectory(Conn& c, const std::string& key) {
 StatusOr<std::unique_ptr<PgTrajectoryStore>> PgTrajectoryStore::Open(const std::string& conninfo,
                                                                      int64_t collect_grace_ms) {
   std::unique_ptr<PgTrajectoryStore> s(new PgTrajectoryStore());
-  s->grace_ms_ = collect_grace_ms;
-  // (A node that cannot reach the database fails in seconds, not at the OS's TCP timeout.)
-  std::string info = conninfo;
-  if (info.find("connect_timeout") == std::string::npos) info += " connect_timeout=5";
-  s->pool_ = std::make_unique<PgConnPool>(info);
+  s->grace_ms_ = std::max(collect_grace_ms, kMinGraceMs);
+  s->pool_ = std::make_unique<PgConnPool>(conninfo);
   {
     DSEC_ASSIGN_OR_RETURN(Conn c, s->pool_->Get());
     DSEC_RETURN_IF_ERROR(InTxn(c, [&] {
@@ -424,9 +468,14 @@ void PgTrajectoryStore::CommitLoop() {
       batch.swap(queue_);
     }
     Status s = CommitBatch(batch);
+    // Two nodes writing the same bodies at once may deadlock: the database aborts one, which
+    // goes again.
+    for (int again = 0; again < 3 && s.code() == StatusCode::kAborted; ++again)
+      s = CommitBatch(batch);
     std::vector<Status> each(batch.size(), s);
-    if (!s.ok() && batch.size() > 1) {
-      // One bad entry (a seq taken, say) must not fail its neighbours: each on its own.
+    // One bad entry (a seq taken, say) must not fail its neighbours: each on its own. (Not when
+    // the database is unreachable: each would wait for its own connect timeout.)
+    if (!s.ok() && batch.size() > 1 && s.code() != StatusCode::kUnavailable) {
       for (size_t i = 0; i < batch.size(); ++i) {
         std::vector<Pending> one;
         one.push_back(std::move(batch[i]));
@@ -442,42 +491,58 @@ void PgTrajectoryStore::CommitLoop() {
 
 Status PgTrajectoryStore::CommitBatch(std::vector<Pending>& batch) {
   DSEC_ASSIGN_OR_RETURN(Conn c, pool_->Get());
-  const std::string now = Int(WallMs());
+  // The batch's bodies once each, in digest order (two nodes touching the same ones take their
+  // row locks in the same order), before the entries that name them.
+  std::map<std::string_view, std::string_view> blobs;
+  for (const auto& p : batch)
+    for (const auto& b : p.blobs) {
+      if (!IsDigest(b.digest)) return InvalidArgument("not a digest: " + b.digest);
+      blobs.emplace(b.digest, b.data);
+    }
   return InTxn(c, [&]() -> Status {
+    for (const auto& [digest, data] : blobs) {
+      // Touched when there: a collection on another node then leaves it alone (see
+      // CollectBlobs).
+      DSEC_RETURN_IF_ERROR(c.Run(
+          "INSERT INTO dsec_trajectory_blobs(digest, data, touched_ms) VALUES($1, $2, " DSEC_PG_NOW
+          ") ON CONFLICT (digest) DO UPDATE SET touched_ms = EXCLUDED.touched_ms",
+          {{digest}, {data, true}}));
+    }
     for (const auto& p : batch) {
-      for (const auto& b : p.blobs) {
-        if (!IsDigest(b.digest)) return InvalidArgument("not a digest: " + b.digest);
-        // Touched when there: a collection on another node then leaves it alone (see
-        // CollectBlobs).
-        DSEC_RETURN_IF_ERROR(
-            c.Run("INSERT INTO dsec_trajectory_blobs(digest, data, touched_ms) VALUES($1, $2, "
-                  "$3) ON CONFLICT (digest) DO UPDATE SET touched_ms = EXCLUDED.touched_ms",
-                  {{b.digest}, {b.data, true}, {now}}));
-      }
       const TrajectoryEntry& e = p.e;
       const std::string branch = Int(p.branch), seq = Int(e.seq), status = Int(e.status),
                         created = Int(e.created_ms);
-      DSEC_RETURN_IF_ERROR(c.Run(
-          "INSERT INTO dsec_trajectory_entries(tkey, branch, seq, fingerprint, method, target, "
-          "request, mutating, status, content_type, headers, response, kept, streamed, "
-          "exec_id, created_ms) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, "
-          "$13, $14, $15, $16)",
-          {{p.key},
-           {branch},
-           {seq},
-           {e.fingerprint},
-           {e.method},
-           {e.target},
-           {e.request},
-           {Bool(e.mutating)},
-           {status},
-           {e.content_type},
-           {e.headers},
-           {e.response},
-           {Bool(e.kept)},
-           {Bool(e.streamed)},
-           {e.exec_id},
-           {created}}));
+      // Only while this sandbox (or none) follows the trajectory: one another node's resume
+      // took over writes no more.
+      DSEC_ASSIGN_OR_RETURN(
+          Result r,
+          c.Exec("INSERT INTO dsec_trajectory_entries(tkey, branch, seq, fingerprint, method, "
+                 "target, request, mutating, status, content_type, headers, response, kept, "
+                 "streamed, exec_id, created_ms) SELECT $1::text, $2::bigint, $3::bigint, "
+                 "$4::text, $5::text, $6::bytea, $7::text, $8::boolean, $9::integer, $10::bytea, "
+                 "$11::bytea, $12::text, $13::boolean, $14::boolean, $15::text, $16::bigint "
+                 "WHERE EXISTS (SELECT 1 FROM dsec_trajectories WHERE tkey = $1 AND sandbox IN "
+                 "($17, ''))",
+                 {{p.key},
+                  {branch},
+                  {seq},
+                  {e.fingerprint},
+                  {e.method},
+                  {e.target, true},
+                  {e.request},
+                  {Bool(e.mutating)},
+                  {status},
+                  {e.content_type, true},
+                  {e.headers, true},
+                  {e.response},
+                  {Bool(e.kept)},
+                  {Bool(e.streamed)},
+                  {e.exec_id},
+                  {created},
+                  {e.follower}}));
+      if (std::string_view(PQcmdTuples(r.get())) == "0")
+        return FailedPrecondition("trajectory \"" + p.key +
+                                  "\" is gone or followed by another sandbox now");
     }
     return OkStatus();
   });
@@ -511,11 +576,32 @@ Status PgTrajectoryStore::AddCheckpoint(const std::string& project, const std::s
   DSEC_ASSIGN_OR_RETURN(Conn conn, pool_->Get());
   const std::string key = Key(project, id), b = Int(branch), seq = Int(c.seq),
                     jobs = Json(c.jobs).dump(), created = Int(c.created_ms);
-  return conn.Run(
-      "INSERT INTO dsec_trajectory_checkpoints(tkey, branch, seq, image, jobs, created_ms) "
-      "VALUES($1, $2, $3, $4, $5, $6) ON CONFLICT (tkey, branch, seq) DO UPDATE SET "
-      "image = EXCLUDED.image, jobs = EXCLUDED.jobs, created_ms = EXCLUDED.created_ms",
-      {{key}, {b}, {seq}, {c.image}, {jobs}, {created}});
+  return InTxn(conn, [&]() -> Status {
+    // Its layers, touched (a collection now skips them, and one later sees the checkpoint):
+    // each must still be there.
+    for (auto n : SplitString(c.image, ',', true)) {
+      if (!n.starts_with("sha256:")) continue;
+      const std::string d(n);
+      DSEC_ASSIGN_OR_RETURN(Result r,
+                            conn.Exec("UPDATE dsec_trajectory_layers SET touched_ms = " DSEC_PG_NOW
+                                      " WHERE digest = $1",
+                                      {{d}}));
+      if (std::string_view(PQcmdTuples(r.get())) == "0")
+        return Unavailable("checkpoint layer " + d + " is not in the store");
+    }
+    DSEC_ASSIGN_OR_RETURN(
+        Result r,
+        conn.Exec("INSERT INTO dsec_trajectory_checkpoints(tkey, branch, seq, image, jobs, "
+                  "created_ms) SELECT $1::text, $2::bigint, $3::bigint, $4::text, $5::text, "
+                  "$6::bigint WHERE EXISTS (SELECT 1 FROM dsec_trajectories WHERE tkey = $1 AND "
+                  "sandbox IN ($7, '')) ON CONFLICT (tkey, branch, seq) DO UPDATE SET image = "
+                  "EXCLUDED.image, jobs = EXCLUDED.jobs, created_ms = EXCLUDED.created_ms",
+                  {{key}, {b}, {seq}, {c.image}, {jobs}, {created}, {c.follower}}));
+    if (std::string_view(PQcmdTuples(r.get())) == "0")
+      return FailedPrecondition("trajectory \"" + id +
+                                "\" is gone or followed by another sandbox now");
+    return OkStatus();
+  });
 }
 
 StatusOr<std::vector<TrajectoryCheckpoint>> PgTrajectoryStore::Checkpoints(
@@ -609,27 +695,29 @@ StatusOr<std::string> PgTrajectoryStore::ReadBlob(const std::string& digest) {
 
 StatusOr<int64_t> PgTrajectoryStore::CollectBlobs() {
   DSEC_ASSIGN_OR_RETURN(Conn c, pool_->Get());
-  const std::string before = Int(WallMs() - grace_ms_);
+  const std::string grace = Int(grace_ms_);
   // A body or layer is taken only when nothing names it and nothing touched it for the grace:
   // a node about to name one touches it first in the same transaction (its row lock, and a
   // touch newer than the grace, keep this from taking it), and a row locked now is skipped.
   DSEC_ASSIGN_OR_RETURN(
       Result bodies,
       c.Exec("DELETE FROM dsec_trajectory_blobs WHERE digest IN (SELECT digest FROM "
-             "dsec_trajectory_blobs b WHERE b.touched_ms < $1 AND NOT EXISTS (SELECT 1 FROM "
+             "dsec_trajectory_blobs b WHERE b.touched_ms < " DSEC_PG_NOW
+             " - $1 AND NOT EXISTS (SELECT 1 FROM "
              "dsec_trajectory_entries e WHERE e.request = b.digest) AND NOT EXISTS (SELECT 1 "
              "FROM dsec_trajectory_entries e WHERE e.response = b.digest) FOR UPDATE SKIP "
-             "LOCKED) AND touched_ms < $1",
-             {{before}}));
+             "LOCKED) AND touched_ms < " DSEC_PG_NOW " - $1",
+             {{grace}}));
   int64_t n = std::strtoll(PQcmdTuples(bodies.get()), nullptr, 10);
   DSEC_RETURN_IF_ERROR(InTxn(c, [&]() -> Status {
     DSEC_ASSIGN_OR_RETURN(
         Result layers,
         c.Exec("DELETE FROM dsec_trajectory_layers WHERE digest IN (SELECT digest FROM "
-               "dsec_trajectory_layers l WHERE l.touched_ms < $1 AND NOT EXISTS (SELECT 1 FROM "
+               "dsec_trajectory_layers l WHERE l.touched_ms < " DSEC_PG_NOW
+               " - $1 AND NOT EXISTS (SELECT 1 FROM "
                "dsec_trajectory_checkpoints k WHERE strpos(k.image, l.digest) > 0) FOR UPDATE "
-               "SKIP LOCKED) AND touched_ms < $1 RETURNING digest",
-               {{before}}));
+               "SKIP LOCKED) AND touched_ms < " DSEC_PG_NOW " - $1 RETURNING digest",
+               {{grace}}));
     for (int i = 0; i < PQntuples(layers.get()); ++i) {
       const std::string d = Text(layers.get(), i, 0);
       DSEC_RETURN_IF_ERROR(
@@ -643,11 +731,11 @@ StatusOr<int64_t> PgTrajectoryStore::CollectBlobs() {
 
 Status PgTrajectoryStore::PutLayer(const TrajectoryLayer& layer, const std::string& file) {
   DSEC_ASSIGN_OR_RETURN(Conn c, pool_->Get());
-  const std::string now = Int(WallMs());
   // Already there (another checkpoint, or another node, put it): touched, so it stays.
   DSEC_ASSIGN_OR_RETURN(
-      Result r, c.Exec("UPDATE dsec_trajectory_layers SET touched_ms = $2 WHERE digest = $1",
-                       {{layer.digest}, {now}}));
+      Result r,
+      c.Exec("UPDATE dsec_trajectory_layers SET touched_ms = " DSEC_PG_NOW " WHERE digest = $1",
+             {{layer.digest}}));
   if (std::string_view(PQcmdTuples(r.get())) != "0") return OkStatus();
   UniqueFd fd(open(file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return ErrnoError("open " + file);
@@ -681,9 +769,10 @@ Status PgTrajectoryStore::PutLayer(const TrajectoryLayer& layer, const std::stri
     // (Two nodes putting the same layer at once: the same bytes; the last one's row stays.)
     return c.Run(
         "INSERT INTO dsec_trajectory_layers(digest, size, blob, blob_size, parts, touched_ms) "
-        "VALUES($1, $2, $3, $4, $5, $6) ON CONFLICT (digest) DO UPDATE SET touched_ms = "
-        "EXCLUDED.touched_ms",
-        {{layer.digest}, {size}, {layer.blob}, {blob_size}, {parts}, {now}});
+        "VALUES($1, $2, $3, $4, $5, " DSEC_PG_NOW
+        ") ON CONFLICT (digest) DO UPDATE SET "
+        "touched_ms = EXCLUDED.touched_ms",
+        {{layer.digest}, {size}, {layer.blob}, {blob_size}, {parts}});
   });
 }
 

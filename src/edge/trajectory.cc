@@ -344,6 +344,7 @@ class TrajectoryRecorder : public http::Responder {
     Trajectories* t = t_;
     auto b = b_;
     const int64_t seq = e_.seq;
+    e_.follower = b_->sandbox;
     TrajectoryEntry meta = e_;  // (digests, not bodies)
     t_->store_->Append(b_->project, b_->id, b_->branch, std::move(e_), std::move(blobs_),
                        [t, b, seq, meta = std::move(meta), opened = std::move(opened_),
@@ -651,13 +652,27 @@ Status Trajectories::FetchCheckpointLayers(const std::string& project, const std
 }
 
 void Trajectories::ReleaseGoneHolders() {
-  if (!images_) return;
+  // (The holders first: one a checkpoint adds after the list is then in the list.)
+  const std::vector<std::string> holders =
+      images_ ? images_->HolderNames() : std::vector<std::string>{};
   auto all = store_->List();
   if (!all.ok()) return;
   std::set<std::string> alive;
-  for (const auto& t : *all) alive.insert(HolderOf(t.project, t.id));
+  for (auto& t : *all) {
+    alive.insert(HolderOf(t.project, t.id));
+    // Followed by a sandbox of this node that is gone and bound to nothing here (its unbind
+    // could not reach the store): let go, or it could never be resumed.
+    if (t.sandbox.empty() || !Ours(t.sandbox) || manager_->Has(t.sandbox) || Find(t.sandbox))
+      continue;
+    const std::string gone = t.sandbox;
+    t.state = "stopped";
+    t.sandbox.clear();
+    t.updated_ms = WallMs();
+    if (store_->Update(t, gone).ok())
+      DSEC_LOG_INFO("trajectory {}: let go of sandbox {} (gone)", t.id, gone);
+  }
   int released = 0;
-  for (const auto& h : images_->HolderNames())
+  for (const auto& h : holders)
     if (h.starts_with("trajectory:") && !alive.count(h)) {
       images_->Release(h);
       ++released;
@@ -706,6 +721,7 @@ Status Trajectories::Checkpoint(const std::shared_ptr<Binding>& b, int64_t seq) 
   // The shells open (opened again, fresh, when a sandbox is made from it).
   for (const auto& [sid, seq_open] : b->shells) c.jobs.push_back(seq_open);
   std::sort(c.jobs.begin(), c.jobs.end());
+  c.follower = b->sandbox;
   DSEC_RETURN_IF_ERROR(store_->AddCheckpoint(b->project, b->id, b->branch, c));
   DSEC_RETURN_IF_ERROR(HoldCheckpoints(b->project, b->id));
   b->since_checkpoint = 0;

@@ -64,6 +64,9 @@ struct TrajectoryEntry {
   bool streamed = false;  // sent as a stream (replayed as one)
   std::string exec_id;    // the background exec it started ("" none)
   int64_t created_ms = 0;
+  // (Not stored.) The sandbox that writes it: a shared store refuses the entry unless that
+  // sandbox, or none, follows the trajectory (another node's resume took it over).
+  std::string follower;
 };
 
 struct TrajectoryCheckpoint {
@@ -71,6 +74,7 @@ struct TrajectoryCheckpoint {
   std::string image;          // the captured stack (image names or layer digests, ',' joined)
   std::vector<int64_t> jobs;  // the background execs (by seq) still running when taken
   int64_t created_ms = 0;
+  std::string follower;  // (not stored) as TrajectoryEntry::follower
 };
 
 // A body to store with an entry: its digest (lowercase hex SHA-256) and bytes.

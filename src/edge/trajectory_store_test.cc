@@ -80,9 +80,10 @@ class TrajectoryStoreTest : public ::testing::TestWithParam<std::string> {
     store_ = std::move(*s);
   }
   SqliteTrajectoryStore* sqlite() { return dynamic_cast<SqliteTrajectoryStore*>(store_.get()); }
-  // (A collection takes what was last touched before now: a millisecond passes first.)
+  // (A collection takes what was last touched before now, the shared store only what was
+  // touched over a second ago: that passes first.)
   StatusOr<int64_t> Collect() {
-    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    std::this_thread::sleep_for(std::chrono::milliseconds(pg() ? 1100 : 3));
     return store_->CollectBlobs();
   }
   TrajectoryInfo Info(const std::string& project, const std::string& id) {
@@ -107,6 +108,7 @@ class TrajectoryStoreTest : public ::testing::TestWithParam<std::string> {
     e.mutating = true;
     e.status = 200;
     e.response = http::Sha256Hex(answer);
+    e.follower = "sb-x";  // (Info's sandbox)
     std::promise<Status> done;
     store_->Append("p", id, branch, e, {{e.response, answer}},
                    [&done](Status s) { done.set_value(s); });
@@ -196,8 +198,9 @@ TEST_P(TrajectoryStoreTest, ForkKeepsTheEntriesAndCheckpointsBeforeIt) {
   for (int64_t seq : {2, 4, 6}) {
     TrajectoryCheckpoint c;
     c.seq = seq;
-    c.image = "host,sha256:" + std::string(64, 'a');
+    c.image = "host,base:1";
     c.jobs = {1};
+    c.follower = "sb-x";
     ASSERT_TRUE(store_->AddCheckpoint("p", "f", 0, c).ok());
   }
   auto b = store_->Fork("p", "f", 0, 5);
@@ -287,7 +290,32 @@ TEST_P(PgLayerTest, LayersTravelInPartsAreCheckedAndCollected) {
   TrajectoryCheckpoint c;
   c.seq = 1;
   c.image = "host," + layer.digest;
+  c.follower = "sb-x";
   ASSERT_TRUE(store_->AddCheckpoint("p", "l", 0, c).ok());
+  // Another sandbox (one taken over) writes no entry nor checkpoint any more; a layer that is
+  // not in the store cannot be named.
+  TrajectoryCheckpoint stale = c;
+  stale.seq = 2;
+  stale.follower = "sb-old";
+  EXPECT_EQ(store_->AddCheckpoint("p", "l", 0, stale).code(), StatusCode::kFailedPrecondition);
+  TrajectoryCheckpoint missing = c;
+  missing.seq = 3;
+  missing.image = "host,sha256:" + std::string(64, 'e');
+  EXPECT_EQ(store_->AddCheckpoint("p", "l", 0, missing).code(), StatusCode::kUnavailable);
+  TrajectoryEntry e;
+  e.seq = 1;
+  e.fingerprint = "fp";
+  e.method = "GET";
+  e.target = "/files/\xff\xfe";  // bytes that are no UTF-8: kept as they are
+  e.follower = "sb-old";
+  std::promise<Status> done;
+  store_->Append("p", "l", 0, e, {}, [&done](Status s) { done.set_value(s); });
+  EXPECT_EQ(done.get_future().get().code(), StatusCode::kFailedPrecondition);
+  e.follower = "sb-x";
+  std::promise<Status> done2;
+  store_->Append("p", "l", 0, e, {}, [&done2](Status s) { done2.set_value(s); });
+  ASSERT_TRUE(done2.get_future().get().ok());
+  EXPECT_EQ(store_->Entry("p", "l", 0, 1)->value().target, e.target);
   EXPECT_EQ(*Collect(), 0);
   // What the store holds changed under it: refused, never written as the layer.
   ASSERT_EQ(PgExec("UPDATE dsec_trajectory_layer_parts SET data = 'x' WHERE part = 1"), "");

@@ -312,6 +312,10 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
   if (!n.ok() || *n == 0) _exit(kExitControlClosed);
   close(control);
   if (fds.size() != 5) _exit(kExitSetupFailed);
+  // The agent counts the call as started from here, before any of its code runs: a call
+  // socket that closes without this (a zygote killed with the call still queued on its
+  // control socket) never ran, and the pool gives it to another worker.
+  SendJson(fds[0].get(), {{"taken", true}});
   if (!SendWithFds(sock, "{}", {fds[0].get()}).ok()) _exit(kExitSetupFailed);
   fds[0].Reset();
   close(sock);  // nothing but the exit code goes to the init, and only through a pipe
@@ -406,10 +410,6 @@ StatusOr<protocol::FnCallSpec> ReadRequest(int memfd) {
   }
   UniqueFd call = std::move(fds[0]);
   to_user.Reset();  // the only message it carries (with its one fd) has arrived
-  // The agent counts the call as started from here: a call socket that closes before this
-  // (a zygote killed with the call still queued on its control socket) never ran, and the
-  // pool gives it to another worker.
-  SendJson(call.get(), {{"taken", true}});
   int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
   pollfd p[3] = {{call.get(), POLLIN, 0}, {sfd, POLLIN, 0}, {rc_read.get(), POLLIN, 0}};
   while (true) {
