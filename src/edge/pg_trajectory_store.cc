@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <map>
 #include <optional>
 
@@ -22,6 +23,7 @@ namespace {
 
 constexpr size_t kLayerPart = 4 << 20;  // a checkpoint layer's blob goes in parts of this size
 constexpr int kMaxIdleConns = 4;
+constexpr int kMaxConns = 16;
 // A collection never takes what was touched this recently, whatever the config says (a
 // transaction that touched it may still be about to name it).
 constexpr int64_t kMinGraceMs = 1000;
@@ -201,13 +203,28 @@ class PgConnPool {
 
   StatusOr<Conn> Get() {
     {
+      // At most kMaxConns to the database from this node (many edges share its
+      // max_connections): past them a caller waits for one a while.
       MutexLock l(mu_);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      if (!cv_.WaitUntil(l, until,
+                         [&]() DSEC_REQUIRES(mu_) { return !idle_.empty() || open_ < kMaxConns; }))
+        return Unavailable("trajectory store: all " + std::to_string(kMaxConns) +
+                           " connections to PostgreSQL stayed busy for 30 s");
       if (!idle_.empty()) {
         PGconn* c = idle_.back();
         idle_.pop_back();
         return Conn(this, c, /*reused=*/true);
       }
+      ++open_;
     }
+    auto opened = Open();
+    if (!opened.ok()) Closed(nullptr);
+    return opened;
+  }
+
+ private:
+  StatusOr<Conn> Open() {
     // The connection string may be key=value pairs or a postgresql:// URI (expand_dbname);
     // its own connect_timeout, if any, wins over the default given first.
     const char* keys[] = {"connect_timeout", "dbname", nullptr};
@@ -220,30 +237,38 @@ class PgConnPool {
       while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
       return Unavailable("trajectory store: cannot reach PostgreSQL: " + msg);
     }
-    Conn conn(this, c, /*reused=*/false);
-    DSEC_RETURN_IF_ERROR(Setup(c));
-    return conn;
+    if (Status s = Setup(c); !s.ok()) {
+      PQfinish(c);
+      return s;
+    }
+    return Conn(this, c, /*reused=*/false);
   }
 
- private:
+  // A connection goes (nullptr: one that was never made): another caller may open one.
+  void Closed(PGconn* c) {
+    if (c) PQfinish(c);
+    MutexLock l(mu_);
+    --open_;
+    cv_.NotifyOne();
+  }
+
   void Put(PGconn* c) {
     // A lost connection, or one left inside a transaction, is not reused.
-    if (PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE) {
-      PQfinish(c);
-      return;
-    }
+    if (PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE) return Closed(c);
     MutexLock l(mu_);
     if (static_cast<int>(idle_.size()) >= kMaxIdleConns) {
       l.Unlock();
-      PQfinish(c);
-      return;
+      return Closed(c);
     }
     idle_.push_back(c);
+    cv_.NotifyOne();
   }
 
   const std::string conninfo_;
   Mutex mu_;
+  CondVar cv_;
   std::vector<PGconn*> idle_ DSEC_GUARDED_BY(mu_);
+  int open_ DSEC_GUARDED_BY(mu_) = 0;  // idle and checked out
 };
 
 namespace {
