@@ -9,9 +9,23 @@ cleanup() { rm -rf "$STATE"; }
 trap cleanup EXIT
 export DSEC_STATE_DIR=$STATE/state
 fails=0
-# Agents that exist before we start are not ours (another run, another edge).
+# This state dir's instance id (FNV-1a 64 of its canonical path, as the edge computes it).
+inst=$(python3 -c '
+import os, sys
+h = 1469598103934665603
+for c in os.path.realpath(sys.argv[1]).encode():
+    h = ((h ^ c) * 1099511628211) & (2**64 - 1)
+print(h.to_bytes(8, "big").hex()[:12])' "$STATE/state")
+# Agents that exist before we start are not ours (another run, another edge), nor those that
+# start meanwhile outside this state dir's cgroups (dsec-<inst>).
 preexisting=$(pgrep -x dsec-agent | sort)
-our_agents() { comm -13 <(echo "$preexisting") <(pgrep -x dsec-agent | sort) | grep -c . ; }
+our_agents() {
+  local p n=0
+  for p in $(comm -13 <(echo "$preexisting") <(pgrep -x dsec-agent | sort)); do
+    grep -q "dsec-$inst" "/proc/$p/cgroup" 2>/dev/null && n=$((n + 1))
+  done
+  echo "$n"
+}
 check() {  # name expected actual
   if [ "$2" == "$3" ]; then echo "ok   $1"; else echo "FAIL $1: expected [$2] got [$3]"; fails=$((fails+1)); fi
 }
@@ -49,13 +63,6 @@ done
 # Nothing left behind: no sandbox dirs, cgroups, agents.
 left=$(ls "$STATE/state/sandboxes" 2>/dev/null | wc -l); check "no sandbox dirs left" 0 "$left"
 agents=$(our_agents); check "no agents left" 0 "$agents"
-# This state dir's instance id (FNV-1a 64 of its canonical path, as the edge computes it).
-inst=$(python3 -c '
-import os, sys
-h = 1469598103934665603
-for c in os.path.realpath(sys.argv[1]).encode():
-    h = ((h ^ c) * 1099511628211) & (2**64 - 1)
-print(h.to_bytes(8, "big").hex()[:12])' "$STATE/state")
 cg=$(ls -d /sys/fs/cgroup/*/dsec-"$inst"/sb-* /sys/fs/cgroup/dsec-"$inst"/sb-* 2>/dev/null | wc -l)
 check "no sandbox cgroups left" 0 "$cg"
 parents=$(ls -d /sys/fs/cgroup/*/dsec-"$inst" /sys/fs/cgroup/dsec-"$inst" 2>/dev/null | wc -l)
