@@ -5,6 +5,8 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -157,9 +159,14 @@ class PgConnPool {
       }
       used_ = true;
       if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
-      std::string msg = r ? PQresultErrorMessage(r.get()) : PQerrorMessage(c_);
+      return ErrorOf(r.get());
+    }
+    // The server's error (AlreadyExists for a unique violation, Aborted for a deadlock or a
+    // serialization failure, Unavailable when the connection is lost).
+    Status ErrorOf(const PGresult* r) {
+      std::string msg = r ? PQresultErrorMessage(r) : PQerrorMessage(c_);
       while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
-      const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
+      const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
       if (PQstatus(c_) != CONNECTION_OK)
         return Unavailable("trajectory store (PostgreSQL): " + msg);
       if (state && std::string_view(state) == "23505")
@@ -168,8 +175,58 @@ class PgConnPool {
         return Status(StatusCode::kAborted, "trajectory store: " + msg);
       return InternalError("trajectory store (PostgreSQL): " + msg);
     }
+    Status ConnError() {
+      std::string msg = PQerrorMessage(c_);
+      while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+      return Unavailable("trajectory store (PostgreSQL): " + msg);
+    }
     Status Run(const char* sql, std::initializer_list<Param> params = {}) {
       return Exec(sql, params).status();
+    }
+    // Statements sent together and answered together (libpq's pipeline mode: one round trip),
+    // run as one implicit transaction up to the pipeline's sync: all of them, or on the first
+    // error none (that error is returned).
+    struct Stmt {
+      const char* sql;
+      std::vector<Param> params;
+    };
+    StatusOr<std::vector<Result>> Pipeline(const std::vector<Stmt>& stmts) {
+      used_ = true;
+      if (PQenterPipelineMode(c_) != 1) return ConnError();
+      std::vector<Result> out;
+      Status err = OkStatus();
+      bool sent = true;
+      for (const Stmt& st : stmts) {
+        std::vector<const char*> values;
+        std::vector<int> lengths, formats;
+        for (const Param& p : st.params) {
+          values.push_back(p.value.data());
+          lengths.push_back(static_cast<int>(p.value.size()));
+          formats.push_back(p.binary ? 1 : 0);
+        }
+        if (PQsendQueryParams(c_, st.sql, static_cast<int>(values.size()), nullptr, values.data(),
+                              lengths.data(), formats.data(), 0) != 1) {
+          sent = false;
+          break;
+        }
+      }
+      // (Mid-pipeline the connection is not idle: it is closed when given back.)
+      if (!sent || PQpipelineSync(c_) != 1) return ConnError();
+      for (size_t i = 0; i < stmts.size(); ++i) {
+        Result r(PQgetResult(c_));
+        if (r) Result(PQgetResult(c_));  // (the NULL that ends each statement's results)
+        ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+        if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+          out.push_back(std::move(r));
+        } else if (err.ok() && st != PGRES_PIPELINE_ABORTED) {
+          err = ErrorOf(r.get());
+        }
+      }
+      Result sync(PQgetResult(c_));  // PGRES_PIPELINE_SYNC
+      PQexitPipelineMode(c_);
+      if (!err.ok()) return err;
+      if (!sync || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC) return ConnError();
+      return out;
     }
     // Several statements without parameters (the simple query protocol).
     Status Script(const char* sql) {
@@ -492,20 +549,26 @@ void PgTrajectoryStore::CommitLoop() {
       if (queue_.empty()) return;  // stopping, nothing left
       batch.swap(queue_);
     }
-    Status s = CommitBatch(batch);
-    // Two nodes writing the same bodies at once may deadlock: the database aborts one, which
-    // goes again.
+    std::vector<Status> each(batch.size());
+    Status s = CommitBatch(batch, &each);
+    // Two nodes writing the same bodies at once may deadlock (the database aborts one), and an
+    // idle connection may have been dropped: the batch goes again (on a new connection).
     for (int again = 0; again < 3 && s.code() == StatusCode::kAborted; ++again)
-      s = CommitBatch(batch);
-    std::vector<Status> each(batch.size(), s);
-    // One bad entry (a seq taken, say) must not fail its neighbours: each on its own. (Not when
-    // the database is unreachable: each would wait for its own connect timeout.)
-    if (!s.ok() && batch.size() > 1 && s.code() != StatusCode::kUnavailable) {
-      for (size_t i = 0; i < batch.size(); ++i) {
-        std::vector<Pending> one;
-        one.push_back(std::move(batch[i]));
-        each[i] = CommitBatch(one);
-        batch[i] = std::move(one[0]);
+      s = CommitBatch(batch, &each);
+    if (s.code() == StatusCode::kUnavailable) s = CommitBatch(batch, &each);
+    if (!s.ok()) {
+      std::fill(each.begin(), each.end(), s);
+      // One bad entry (a seq taken, say) must not fail its neighbours: each on its own. (Not
+      // when the database is unreachable: each would wait for its own connect timeout.)
+      if (batch.size() > 1 && s.code() != StatusCode::kUnavailable) {
+        for (size_t i = 0; i < batch.size(); ++i) {
+          std::vector<Pending> one;
+          one.push_back(std::move(batch[i]));
+          std::vector<Status> st(1);
+          Status s1 = CommitBatch(one, &st);
+          each[i] = s1.ok() ? st[0] : s1;
+          batch[i] = std::move(one[0]);
+        }
       }
     }
     for (const Status& e : each)
@@ -514,8 +577,7 @@ void PgTrajectoryStore::CommitLoop() {
   }
 }
 
-Status PgTrajectoryStore::CommitBatch(std::vector<Pending>& batch) {
-  DSEC_ASSIGN_OR_RETURN(Conn c, pool_->Get());
+Status PgTrajectoryStore::CommitBatch(std::vector<Pending>& batch, std::vector<Status>* each) {
   // The batch's bodies once each, in digest order (two nodes touching the same ones take their
   // row locks in the same order), before the entries that name them.
   std::map<std::string_view, std::string_view> blobs;
@@ -524,53 +586,59 @@ Status PgTrajectoryStore::CommitBatch(std::vector<Pending>& batch) {
       if (!IsDigest(b.digest)) return InvalidArgument("not a digest: " + b.digest);
       blobs.emplace(b.digest, b.data);
     }
-  return InTxn(c, [&]() -> Status {
-    for (const auto& [digest, data] : blobs) {
-      // Touched when there: a collection on another node then leaves it alone (see
-      // CollectBlobs).
-      DSEC_RETURN_IF_ERROR(c.Run(
-          "INSERT INTO dsec_trajectory_blobs(digest, data, touched_ms) VALUES($1, $2, " DSEC_PG_NOW
-          ") ON CONFLICT (digest) DO UPDATE SET touched_ms = EXCLUDED.touched_ms",
-          {{digest}, {data, true}}));
-    }
-    for (const auto& p : batch) {
-      const TrajectoryEntry& e = p.e;
-      const std::string branch = Int(p.branch), seq = Int(e.seq), status = Int(e.status),
-                        created = Int(e.created_ms);
-      // Only while this sandbox (or none) follows the trajectory: one another node's resume
-      // took over writes no more.
-      DSEC_ASSIGN_OR_RETURN(
-          Result r,
-          c.Exec("INSERT INTO dsec_trajectory_entries(tkey, branch, seq, fingerprint, method, "
-                 "target, request, mutating, status, content_type, headers, response, kept, "
-                 "streamed, exec_id, created_ms) SELECT $1::text, $2::bigint, $3::bigint, "
-                 "$4::text, $5::text, $6::bytea, $7::text, $8::boolean, $9::integer, $10::bytea, "
-                 "$11::bytea, $12::text, $13::boolean, $14::boolean, $15::text, $16::bigint "
-                 "WHERE EXISTS (SELECT 1 FROM dsec_trajectories WHERE tkey = $1 AND sandbox IN "
-                 "($17, ''))",
-                 {{p.key},
-                  {branch},
-                  {seq},
-                  {e.fingerprint},
-                  {e.method},
-                  {e.target, true},
-                  {e.request},
-                  {Bool(e.mutating)},
-                  {status},
-                  {e.content_type, true},
-                  {e.headers, true},
-                  {e.response},
-                  {Bool(e.kept)},
-                  {Bool(e.streamed)},
-                  {e.exec_id},
-                  {created},
-                  {e.follower}}));
-      if (std::string_view(PQcmdTuples(r.get())) == "0")
-        return FailedPrecondition("trajectory \"" + p.key +
-                                  "\" is gone or followed by another sandbox now");
-    }
-    return OkStatus();
-  });
+  DSEC_ASSIGN_OR_RETURN(Conn c, pool_->Get());
+  std::vector<Conn::Stmt> stmts;
+  for (const auto& [digest, data] : blobs)
+    // Touched when there: a collection on another node then leaves it alone (see
+    // CollectBlobs).
+    stmts.push_back(
+        {"INSERT INTO dsec_trajectory_blobs(digest, data, touched_ms) VALUES($1, $2, " DSEC_PG_NOW
+         ") ON CONFLICT (digest) DO UPDATE SET touched_ms = "
+         "EXCLUDED.touched_ms",
+         {{digest}, {data, true}}});
+  std::vector<std::array<std::string, 4>> nums;  // (the numbers' text outlives the statements)
+  nums.reserve(batch.size());
+  for (const auto& p : batch) {
+    const TrajectoryEntry& e = p.e;
+    nums.push_back({Int(p.branch), Int(e.seq), Int(e.status), Int(e.created_ms)});
+    const auto& n = nums.back();
+    // Only while this sandbox (or none) follows the trajectory: one another node's resume took
+    // over writes no more (its entry is not written; the others of the batch are).
+    stmts.push_back(
+        {"INSERT INTO dsec_trajectory_entries(tkey, branch, seq, fingerprint, method, target, "
+         "request, mutating, status, content_type, headers, response, kept, streamed, exec_id, "
+         "created_ms) SELECT $1::text, $2::bigint, $3::bigint, $4::text, $5::text, $6::bytea, "
+         "$7::text, $8::boolean, $9::integer, $10::bytea, $11::bytea, $12::text, $13::boolean, "
+         "$14::boolean, $15::text, $16::bigint WHERE EXISTS (SELECT 1 FROM dsec_trajectories "
+         "WHERE tkey = $1 AND sandbox IN ($17, ''))",
+         {{p.key},
+          {n[0]},
+          {n[1]},
+          {e.fingerprint},
+          {e.method},
+          {e.target, true},
+          {e.request},
+          {Bool(e.mutating)},
+          {n[2]},
+          {e.content_type, true},
+          {e.headers, true},
+          {e.response},
+          {Bool(e.kept)},
+          {Bool(e.streamed)},
+          {e.exec_id},
+          {n[3]},
+          {e.follower}}});
+  }
+  // One round trip, one transaction (committed at the pipeline's sync: synchronous commit).
+  DSEC_ASSIGN_OR_RETURN(std::vector<Result> results, c.Pipeline(stmts));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const PGresult* r = results[blobs.size() + i].get();
+    (*each)[i] = std::string_view(PQcmdTuples(const_cast<PGresult*>(r))) == "0"
+                     ? FailedPrecondition("trajectory \"" + batch[i].key +
+                                          "\" is gone or followed by another sandbox now")
+                     : OkStatus();
+  }
+  return OkStatus();
 }
 
 StatusOr<std::optional<TrajectoryEntry>> PgTrajectoryStore::Entry(const std::string& project,

@@ -74,7 +74,9 @@ class PgTrajectoryStore : public TrajectoryStore {
     std::function<void(Status)> done;
   };
   void CommitLoop();
-  Status CommitBatch(std::vector<Pending>& batch);
+  // Writes the batch (one transaction): an error when none of it could be written, else each
+  // entry's own outcome in `each` (one another sandbox took over is not written).
+  Status CommitBatch(std::vector<Pending>& batch, std::vector<Status>* each);
 
   int64_t grace_ms_ = 0;
   std::unique_ptr<PgConnPool> pool_;
