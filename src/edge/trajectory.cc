@@ -565,12 +565,14 @@ void Trajectories::Unbind(const std::shared_ptr<Binding>& b, const std::string& 
     DSEC_LOG_ERROR("trajectory {}: {}", b->id, s.ToString());
 }
 
-Status Trajectories::TakeTurn(const std::shared_ptr<Binding>& b) {
+Status Trajectories::TakeTurn(const std::shared_ptr<Binding>& b, int wait_s) {
   MutexLock l(b->mu);
-  if (!b->cv.WaitFor(l, std::chrono::seconds(60), [&]() DSEC_REQUIRES(b->mu) { return !b->busy; }))
+  if (!b->cv.WaitFor(l, std::chrono::seconds(wait_s),
+                     [&]() DSEC_REQUIRES(b->mu) { return !b->busy; }))
     return FailedPrecondition(
         "calls on a sandbox that records a trajectory run one at a time, in order, and another "
-        "has been running for 60 s");
+        "has been running for " +
+        std::to_string(wait_s) + " s");
   b->busy = true;
   return OkStatus();
 }
@@ -848,10 +850,18 @@ void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId
   if (!b || c->internal) return fn(c);
   const Recording kind = RecordedAs(route);
   if (kind == Recording::kNo) {
+    if (route == RouteId::kDeleteSandbox) {
+      // A delete waits for the call before it and the checkpoint that call made due (on its
+      // own thread, in the turn): the log is then whole when the sandbox goes. Not for long: a
+      // delete is never refused for a busy turn.
+      const bool turn = TakeTurn(b, 30).ok();
+      fn(c);
+      if (!manager_->Has(b->sandbox)) Unbind(b, "stopped");
+      if (turn) ReleaseTurn(b);
+      return;
+    }
     // (A replaying sandbox is not made yet: what needs it is refused, SandboxEntry::Sandbox.)
-    fn(c);
-    if (route == RouteId::kDeleteSandbox && !manager_->Has(b->sandbox)) Unbind(b, "stopped");
-    return;
+    return fn(c);
   }
   auto suffix = TargetSuffix(c->req, b->sandbox);
   if (!suffix)

@@ -124,7 +124,7 @@ class Trajectories {
  private:
   std::shared_ptr<Binding> Find(const std::string& sandbox);
   void Unbind(const std::shared_ptr<Binding>& b, const std::string& state);
-  Status TakeTurn(const std::shared_ptr<Binding>& b);
+  Status TakeTurn(const std::shared_ptr<Binding>& b, int wait_s = 60);
   void ReleaseTurn(const std::shared_ptr<Binding>& b);
   // Makes a replaying sandbox live at `seq` (forking when the log has an entry there).
   Status Materialize(const std::shared_ptr<Binding>& b, int64_t seq);
