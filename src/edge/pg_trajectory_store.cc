@@ -415,11 +415,7 @@ StatusOr<std::unique_ptr<PgTrajectoryStore>> PgTrajectoryStore::Open(const std::
 PgTrajectoryStore::~PgTrajectoryStore() { Stop(); }
 
 void PgTrajectoryStore::Stop() {
-  {
-    MutexLock l(qmu_);
-    stopping_ = true;
-    qcv_.NotifyAll();
-  }
+  queue_.Stop();
   if (committer_.joinable()) committer_.join();
 }
 
@@ -529,26 +525,13 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> PgTrajectoryStore::Ex
 void PgTrajectoryStore::Append(const std::string& project, const std::string& id, int64_t branch,
                                TrajectoryEntry e, std::vector<TrajectoryBlob> blobs,
                                std::function<void(Status)> done) {
-  {
-    MutexLock l(qmu_);
-    if (!stopping_) {
-      queue_.push_back({Key(project, id), branch, std::move(e), std::move(blobs), std::move(done)});
-      qcv_.NotifyAll();
-      return;
-    }
-  }
-  done(Unavailable("the trajectory log is stopped (the edge is shutting down)"));
+  queue_.Push({Key(project, id), branch, std::move(e), std::move(blobs), std::move(done)});
 }
 
 void PgTrajectoryStore::CommitLoop() {
   for (;;) {
     std::vector<Pending> batch;
-    {
-      MutexLock l(qmu_);
-      qcv_.Wait(l, [&]() DSEC_REQUIRES(qmu_) { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
-      batch.swap(queue_);
-    }
+    if (!queue_.Take(&batch)) return;  // stopping, nothing left
     std::vector<Status> each(batch.size());
     Status s = CommitBatch(batch, &each);
     // Two nodes writing the same bodies at once may deadlock (the database aborts one), and an

@@ -66,13 +66,7 @@ class PgTrajectoryStore : public TrajectoryStore {
 
  private:
   PgTrajectoryStore() = default;
-  struct Pending {
-    std::string key;
-    int64_t branch;
-    TrajectoryEntry e;
-    std::vector<TrajectoryBlob> blobs;
-    std::function<void(Status)> done;
-  };
+  using Pending = TrajectoryPending;
   void CommitLoop();
   // Writes the batch (one transaction): an error when none of it could be written, else each
   // entry's own outcome in `each` (one another sandbox took over is not written).
@@ -81,10 +75,7 @@ class PgTrajectoryStore : public TrajectoryStore {
   int64_t grace_ms_ = 0;
   std::unique_ptr<PgConnPool> pool_;
 
-  Mutex qmu_;
-  CondVar qcv_;
-  std::vector<Pending> queue_ DSEC_GUARDED_BY(qmu_);
-  bool stopping_ DSEC_GUARDED_BY(qmu_) = false;
+  TrajectoryCommitQueue queue_;
   std::thread committer_;
 };
 

@@ -147,6 +147,32 @@ Status FsyncDir(const std::string& dir) {
 
 }  // namespace
 
+void TrajectoryCommitQueue::Push(TrajectoryPending p) {
+  {
+    MutexLock l(mu_);
+    if (!stopping_) {
+      queue_.push_back(std::move(p));
+      cv_.NotifyAll();
+      return;
+    }
+  }
+  p.done(Unavailable("the trajectory log is stopped (the edge is shutting down)"));
+}
+
+bool TrajectoryCommitQueue::Take(std::vector<TrajectoryPending>* batch) {
+  MutexLock l(mu_);
+  cv_.Wait(l, [&]() DSEC_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
+  if (queue_.empty()) return false;
+  batch->swap(queue_);
+  return true;
+}
+
+void TrajectoryCommitQueue::Stop() {
+  MutexLock l(mu_);
+  stopping_ = true;
+  cv_.NotifyAll();
+}
+
 StatusOr<std::unique_ptr<SqliteTrajectoryStore>> SqliteTrajectoryStore::Open(
     const std::string& path, const std::string& blob_dir, bool fsync) {
   std::unique_ptr<SqliteTrajectoryStore> s(new SqliteTrajectoryStore());
@@ -165,11 +191,7 @@ StatusOr<std::unique_ptr<SqliteTrajectoryStore>> SqliteTrajectoryStore::Open(
 }
 
 void SqliteTrajectoryStore::Stop() {
-  {
-    MutexLock l(qmu_);
-    stopping_ = true;
-    qcv_.NotifyAll();
-  }
+  queue_.Stop();
   if (committer_.joinable()) committer_.join();
 }
 
@@ -324,26 +346,13 @@ void SqliteTrajectoryStore::Append(const std::string& project, const std::string
                                    int64_t branch, TrajectoryEntry e,
                                    std::vector<TrajectoryBlob> blobs,
                                    std::function<void(Status)> done) {
-  {
-    MutexLock l(qmu_);
-    if (!stopping_) {
-      queue_.push_back({Key(project, id), branch, std::move(e), std::move(blobs), std::move(done)});
-      qcv_.NotifyAll();
-      return;
-    }
-  }
-  done(Unavailable("the trajectory log is stopped (the edge is shutting down)"));
+  queue_.Push({Key(project, id), branch, std::move(e), std::move(blobs), std::move(done)});
 }
 
 void SqliteTrajectoryStore::CommitLoop() {
   for (;;) {
     std::vector<Pending> batch;
-    {
-      MutexLock l(qmu_);
-      qcv_.Wait(l, [&]() DSEC_REQUIRES(qmu_) { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
-      batch.swap(queue_);
-    }
+    if (!queue_.Take(&batch)) return;  // stopping, nothing left
     Status s = CommitBatch(batch);
     std::vector<Status> each(batch.size(), s);
     if (!s.ok() && batch.size() > 1) {
@@ -357,11 +366,8 @@ void SqliteTrajectoryStore::CommitLoop() {
     }
     for (const Status& e : each)
       if (!e.ok()) DSEC_LOG_ERROR("trajectory commit failed: {}", e.ToString());
-    {
-      MutexLock l(qmu_);
-      ++commits_;
-      committed_ += static_cast<int64_t>(batch.size());
-    }
+    ++commits_;
+    committed_ += static_cast<int64_t>(batch.size());
     for (size_t i = 0; i < batch.size(); ++i) batch[i].done(each[i]);
   }
 }
@@ -644,8 +650,7 @@ StatusOr<int64_t> SqliteTrajectoryStore::CollectBlobs() {
 }
 
 std::pair<int64_t, int64_t> SqliteTrajectoryStore::commits() const {
-  MutexLock l(const_cast<Mutex&>(qmu_));
-  return {commits_, committed_};
+  return {commits_.load(), committed_.load()};
 }
 
 }  // namespace dsec::edge

@@ -14,6 +14,7 @@
 // Thread safety: all methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -89,6 +90,32 @@ struct TrajectoryLayer {
   uint64_t size = 0;
   std::string blob;
   uint64_t blob_size = 0;
+};
+
+// An entry waiting for its group commit ("<project>/<id>" as its key).
+struct TrajectoryPending {
+  std::string key;
+  int64_t branch = 0;
+  TrajectoryEntry e;
+  std::vector<TrajectoryBlob> blobs;
+  std::function<void(Status)> done;
+};
+
+// The group commit's queue (both stores): Append queues, the committer takes all that is queued
+// at once. Thread-safe.
+class TrajectoryCommitQueue {
+ public:
+  // Queues `p`, or answers it at once (Unavailable) once stopped.
+  void Push(TrajectoryPending p);
+  // Waits for entries and takes them all; false once stopped with none left.
+  bool Take(std::vector<TrajectoryPending>* batch);
+  void Stop();
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<TrajectoryPending> queue_ DSEC_GUARDED_BY(mu_);
+  bool stopping_ DSEC_GUARDED_BY(mu_) = false;
 };
 
 class TrajectoryStore {
@@ -201,13 +228,7 @@ class SqliteTrajectoryStore : public TrajectoryStore {
 
  private:
   SqliteTrajectoryStore() = default;
-  struct Pending {
-    std::string key;
-    int64_t branch;
-    TrajectoryEntry e;
-    std::vector<TrajectoryBlob> blobs;
-    std::function<void(Status)> done;
-  };
+  using Pending = TrajectoryPending;
   void CommitLoop();
   Status CommitBatch(std::vector<Pending>& batch);
   Status WriteBlobFile(const TrajectoryBlob& b);
@@ -220,11 +241,8 @@ class SqliteTrajectoryStore : public TrajectoryStore {
   std::unique_ptr<SqliteDb> db_ DSEC_PT_GUARDED_BY(mu_);
 
   Mutex commit_mu_;  // a commit, or a collection of bodies
-  Mutex qmu_;        // the queue
-  CondVar qcv_;
-  std::vector<Pending> queue_ DSEC_GUARDED_BY(qmu_);
-  bool stopping_ DSEC_GUARDED_BY(qmu_) = false;
-  int64_t commits_ DSEC_GUARDED_BY(qmu_) = 0, committed_ DSEC_GUARDED_BY(qmu_) = 0;
+  TrajectoryCommitQueue queue_;
+  std::atomic<int64_t> commits_{0}, committed_{0};
   std::thread committer_;
 };
 
