@@ -398,8 +398,15 @@ StatusOr<UniqueFd> SealAgentBinary(const std::string& path) {
     if (n == 0) break;
   }
   if (fchmod(mem.get(), 0555) < 0) return ErrnoError("fchmod agent memfd");
-  if (fcntl(mem.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
-    return ErrnoError("seal agent memfd");
+  // F_SEAL_WRITE is EBUSY while a page of the file is still pinned (the copy's pages can be
+  // for a moment, seen once in a CI run under ASan): a few tries before it is an error.
+  for (int attempt = 0;; ++attempt) {
+    if (fcntl(mem.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) ==
+        0)
+      break;
+    if (errno != EBUSY || attempt >= 50) return ErrnoError("seal agent memfd");
+    usleep(20000);
+  }
   return mem;
 }
 
