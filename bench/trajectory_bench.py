@@ -16,7 +16,7 @@ Starts a private edge (tests/integration/edge_harness.Edge) and measures:
            80, calls 81-90 run again, then 91 live).
 
     sudo python3 bench/trajectory_bench.py [--calls N] [--rounds N] [--no-fsync] [--json]
-        [--edge PATH] [--postgres]
+        [--edge PATH] [--postgres] [--clients 1,8] [--no-resume]
 
 --postgres keeps the log in the cluster's store instead: a private PostgreSQL (Debian's
 postgresql-15, tests/cluster/pg_harness.py) on loopback, the edge's trajectory_postgres.
@@ -189,6 +189,8 @@ def main() -> int:
     ap.add_argument("--no-fsync", action="store_true",
                     help="trajectory_fsync: false (an entry survives the edge's death, not a "
                          "power loss)")
+    ap.add_argument("--clients", default="1,8", help="client counts of the record+replay rows")
+    ap.add_argument("--no-resume", action="store_true", help="skip the resume-to-live rows")
     ap.add_argument("--postgres", action="store_true",
                     help="the cluster's store: a private PostgreSQL (trajectory_postgres)")
     opts = ap.parse_args()
@@ -212,10 +214,11 @@ def main() -> int:
     rows = []
     try:
         c = edge.client(timeout=600, validate=False)
-        for clients in (1, 8):
+        for clients in (int(x) for x in opts.clients.split(",")):
             rows.append({"workload": "record+replay", "fsync": not opts.no_fsync,
                          **record_and_replay(edge, c, clients, opts.calls, opts.rounds)})
-        rows.append({"workload": "resume", **resume_to_live(edge, c)})
+        if not opts.no_resume:
+            rows.append({"workload": "resume", **resume_to_live(edge, c)})
     finally:
         rc = stop_edge(edge, "trajectory_bench")
         if pg:
