@@ -10,6 +10,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <unordered_map>
 
 #include "base/clock.h"
 #include "base/file_util.h"
@@ -118,10 +119,16 @@ class PgConnPool {
     for (PGconn* c : idle_) PQfinish(c);
   }
 
+  // A connection's statements prepared on the server, by their text (each is parsed and
+  // planned once per connection, not at every call).
+  using Prepared = std::unordered_map<std::string, std::string>;
+
   class Conn {
    public:
-    Conn(PgConnPool* pool, PGconn* c, bool reused) : pool_(pool), c_(c), reused_(reused) {}
-    Conn(Conn&& o) noexcept : pool_(o.pool_), c_(o.c_), reused_(o.reused_), used_(o.used_) {
+    Conn(PgConnPool* pool, PGconn* c, Prepared* prepared, bool reused)
+        : pool_(pool), c_(c), prepared_(prepared), reused_(reused) {}
+    Conn(Conn&& o) noexcept
+        : pool_(o.pool_), c_(o.c_), prepared_(o.prepared_), reused_(o.reused_), used_(o.used_) {
       o.c_ = nullptr;
     }
     Conn& operator=(Conn&&) = delete;
@@ -142,8 +149,10 @@ class PgConnPool {
       }
       // Text parameters must be NUL-terminated: std::string_view of a std::string is.
       auto run = [&] {
-        return Result(PQexecParams(c_, sql, static_cast<int>(values.size()), nullptr, values.data(),
-                                   lengths.data(), formats.data(), binary_results ? 1 : 0));
+        const char* name = nullptr;
+        if (Result failed = Prepare(sql, static_cast<int>(values.size()), &name)) return failed;
+        return Result(PQexecPrepared(c_, name, static_cast<int>(values.size()), values.data(),
+                                     lengths.data(), formats.data(), binary_results ? 1 : 0));
       };
       Result r = run();
       ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
@@ -152,6 +161,7 @@ class PgConnPool {
         // An idle connection the server (or the network) dropped meanwhile: once, on a new one
         // (nothing of this checkout ran yet, so nothing is lost or done twice).
         PQreset(c_);
+        prepared_->clear();  // (the server's session, and its statements, went with it)
         if (PQstatus(c_) == CONNECTION_OK && PgConnPool::Setup(c_).ok()) {
           r = run();
           st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
@@ -192,11 +202,19 @@ class PgConnPool {
     };
     StatusOr<std::vector<Result>> Pipeline(const std::vector<Stmt>& stmts) {
       used_ = true;
+      std::vector<const char*> names;
+      for (const Stmt& st : stmts) {
+        const char* name = nullptr;
+        if (Result failed = Prepare(st.sql, static_cast<int>(st.params.size()), &name))
+          return ErrorOf(failed.get());
+        names.push_back(name);
+      }
       if (PQenterPipelineMode(c_) != 1) return ConnError();
       std::vector<Result> out;
       Status err = OkStatus();
       bool sent = true;
-      for (const Stmt& st : stmts) {
+      for (size_t k = 0; k < stmts.size(); ++k) {
+        const Stmt& st = stmts[k];
         std::vector<const char*> values;
         std::vector<int> lengths, formats;
         for (const Param& p : st.params) {
@@ -204,8 +222,8 @@ class PgConnPool {
           lengths.push_back(static_cast<int>(p.value.size()));
           formats.push_back(p.binary ? 1 : 0);
         }
-        if (PQsendQueryParams(c_, st.sql, static_cast<int>(values.size()), nullptr, values.data(),
-                              lengths.data(), formats.data(), 0) != 1) {
+        if (PQsendQueryPrepared(c_, names[k], static_cast<int>(values.size()), values.data(),
+                                lengths.data(), formats.data(), 0) != 1) {
           sent = false;
           break;
         }
@@ -242,8 +260,24 @@ class PgConnPool {
     void Rollback() { (void)Run("ROLLBACK"); }
 
    private:
+    // The statement's name on this connection, prepared now if it is not yet: a null Result,
+    // or the server's answer to a prepare that failed.
+    Result Prepare(const char* sql, int nparams, const char** name) {
+      auto it = prepared_->find(sql);
+      if (it == prepared_->end()) {
+        std::string n = "dsec_" + std::to_string(prepared_->size());
+        Result r(PQprepare(c_, n.c_str(), sql, nparams, nullptr));
+        if (!r || PQresultStatus(r.get()) != PGRES_COMMAND_OK)
+          return r ? std::move(r) : Result(PQmakeEmptyPGresult(c_, PGRES_FATAL_ERROR));
+        it = prepared_->emplace(sql, std::move(n)).first;
+      }
+      *name = it->second.c_str();
+      return Result();
+    }
+
     PgConnPool* pool_;
     PGconn* c_;
+    Prepared* prepared_;
     bool reused_ = false;  // taken from the idle ones
     bool used_ = false;    // a statement ran on this checkout
   };
@@ -271,7 +305,7 @@ class PgConnPool {
       if (!idle_.empty()) {
         PGconn* c = idle_.back();
         idle_.pop_back();
-        return Conn(this, c, /*reused=*/true);
+        return Conn(this, c, &prepared_[c], /*reused=*/true);
       }
       ++open_;
     }
@@ -298,13 +332,19 @@ class PgConnPool {
       PQfinish(c);
       return s;
     }
-    return Conn(this, c, /*reused=*/false);
+    Prepared* prepared;
+    {
+      MutexLock l(mu_);
+      prepared = &prepared_[c];  // (a node of its own: stable while others come and go)
+    }
+    return Conn(this, c, prepared, /*reused=*/false);
   }
 
   // A connection goes (nullptr: one that was never made): another caller may open one.
   void Closed(PGconn* c) {
     if (c) PQfinish(c);
     MutexLock l(mu_);
+    if (c) prepared_.erase(c);
     --open_;
     cv_.NotifyOne();
   }
@@ -325,6 +365,8 @@ class PgConnPool {
   Mutex mu_;
   CondVar cv_;
   std::vector<PGconn*> idle_ DSEC_GUARDED_BY(mu_);
+  // Each connection's prepared statements: used by the one caller that has it checked out.
+  std::unordered_map<PGconn*, Prepared> prepared_ DSEC_GUARDED_BY(mu_);
   int open_ DSEC_GUARDED_BY(mu_) = 0;  // idle and checked out
 };
 
@@ -365,6 +407,10 @@ TrajectoryInfo InfoFrom(const PGresult* r, int i) {
 constexpr const char* kEntryColumns =
     "seq, fingerprint, method, target, request, mutating, status, content_type, headers, "
     "response, kept, streamed, exec_id, created_ms";
+constexpr const char* kEntryColumnsOfE =
+    "e.seq, e.fingerprint, e.method, e.target, e.request, e.mutating, e.status, "
+    "e.content_type, e.headers, e.response, e.kept, e.streamed, e.exec_id, e.created_ms";
+constexpr int kEntryColumnCount = 14;
 
 TrajectoryEntry EntryFrom(const PGresult* r, int i) {
   TrajectoryEntry e;
@@ -756,6 +802,35 @@ StatusOr<int64_t> PgTrajectoryStore::Fork(const std::string& project, const std:
         {{key}, {b}, {now}});
   }));
   return branch;
+}
+
+StatusOr<std::vector<TrajectoryAnswer>> PgTrajectoryStore::Answers(const std::string& project,
+                                                                   const std::string& id,
+                                                                   int64_t branch, int64_t from,
+                                                                   int64_t to, size_t max_bytes) {
+  DSEC_ASSIGN_OR_RETURN(Conn c, pool_->Get());
+  // One round trip: the entries with their bodies, up to the one that brings the bodies past
+  // max_bytes (`before`: the bodies' bytes of the entries ahead of a row).
+  static const std::string sql =
+      std::string("SELECT * FROM (SELECT ") + kEntryColumnsOfE +
+      ", b.data, COALESCE(SUM(OCTET_LENGTH(b.data)) OVER (ORDER BY e.seq ROWS BETWEEN UNBOUNDED "
+      "PRECEDING AND 1 PRECEDING), 0) AS before FROM dsec_trajectory_entries e LEFT JOIN "
+      "dsec_trajectory_blobs b ON e.kept AND b.digest = e.response WHERE e.tkey = $1 AND "
+      "e.branch = $2 AND e.seq >= $3 AND e.seq <= $4) q WHERE before <= $5 ORDER BY seq";
+  const std::string key = Key(project, id), b = Int(branch), f = Int(from), t = Int(to),
+                    m = Int(static_cast<int64_t>(max_bytes));
+  DSEC_ASSIGN_OR_RETURN(Result r, c.Exec(sql.c_str(), {{key}, {b}, {f}, {t}, {m}}));
+  std::vector<TrajectoryAnswer> out;
+  const int data = kEntryColumnCount;
+  for (int i = 0; i < PQntuples(r.get()); ++i) {
+    TrajectoryAnswer a{EntryFrom(r.get(), i), std::nullopt};
+    if (a.e.kept && a.e.response.empty())
+      a.body.emplace();  // an empty body keeps no row
+    else if (a.e.kept && !PQgetisnull(r.get(), i, data))
+      a.body = Bytes(r.get(), i, data);
+    out.push_back(std::move(a));
+  }
+  return out;
 }
 
 StatusOr<std::string> PgTrajectoryStore::ReadBlob(const std::string& digest) {

@@ -60,6 +60,9 @@ class PgTrajectoryStore : public TrajectoryStore {
   StatusOr<int64_t> Fork(const std::string& project, const std::string& id, int64_t from,
                          int64_t at_seq) override;
   StatusOr<std::string> ReadBlob(const std::string& digest) override;
+  StatusOr<std::vector<TrajectoryAnswer>> Answers(const std::string& project, const std::string& id,
+                                                  int64_t branch, int64_t from, int64_t to,
+                                                  size_t max_bytes) override;
   StatusOr<int64_t> CollectBlobs() override;
   Status PutLayer(const TrajectoryLayer& layer, const std::string& file) override;
   StatusOr<TrajectoryLayer> FetchLayer(const std::string& digest, const std::string& file) override;

@@ -37,6 +37,9 @@ struct Trajectories::Binding {
   std::map<std::string, int64_t> shells;  // open shell (as the log knows it) -> its open's seq
   // A shell opened again after a materialization may get another id: the log's -> the live one.
   std::map<std::string, std::string> shell_ids;
+  // While replaying: the log's next entries with their bodies, read ahead in one go (a resumed
+  // episode asks for them in order).
+  std::deque<TrajectoryAnswer> ahead;
 };
 
 namespace {
@@ -755,7 +758,28 @@ Status Trajectories::Rerun(const std::shared_ptr<Binding>& b, const TrajectoryEn
   return OkStatus();
 }
 
+TrajectoryAnswer* Trajectories::Logged(const std::shared_ptr<Binding>& b, int64_t seq) {
+  // (At most this many entries and about this many bytes of bodies held per replaying sandbox.)
+  constexpr int64_t kAheadEntries = 32;
+  constexpr size_t kAheadBytes = 256 << 10;
+  while (!b->ahead.empty() && b->ahead.front().e.seq < seq) b->ahead.pop_front();
+  if (b->ahead.empty() || b->ahead.front().e.seq != seq) {
+    b->ahead.clear();
+    auto got =
+        store_->Answers(b->project, b->id, b->branch, seq, seq + kAheadEntries - 1, kAheadBytes);
+    if (!got.ok()) {
+      DSEC_LOG_WARN("trajectory {}: reading the log at {}: {}", b->id, seq,
+                    got.status().ToString());
+      return nullptr;
+    }
+    b->ahead.assign(std::make_move_iterator(got->begin()), std::make_move_iterator(got->end()));
+  }
+  if (b->ahead.empty() || b->ahead.front().e.seq != seq) return nullptr;
+  return &b->ahead.front();
+}
+
 Status Trajectories::Materialize(const std::shared_ptr<Binding>& b, int64_t seq) {
+  b->ahead.clear();  // (the log's entries past here are another branch's from now on)
   const int64_t from_branch = b->branch;
   Status s = MaterializeSteps(b, seq);
   if (s.ok()) return s;
@@ -887,28 +911,27 @@ void Trajectories::Serve(const std::shared_ptr<Ctx>& c, RouteFn fn, api::RouteId
                                "\" from its log)"));
   const int64_t seq = b->next_seq;
   if (!b->live) {
-    auto logged = store_->Entry(b->project, b->id, b->branch, seq);
-    if (logged.ok() && *logged && (*logged)->fingerprint == fp && (*logged)->kept) {
+    TrajectoryAnswer* logged = Logged(b, seq);
+    if (logged && logged->e.fingerprint == fp && logged->e.kept && logged->body) {
       // Answered from the log, exactly as first returned.
-      const TrajectoryEntry& e = **logged;
-      auto out = store_->ReadBlob(e.response);
-      if (out.ok()) {
-        b->next_seq = seq + 1;
-        Count("replayed");
-        auto headers = HeadersFrom(e.headers);
-        headers.emplace_back("Dsec-Trajectory-Seq", std::to_string(seq));
-        headers.emplace_back("Dsec-Trajectory-Replayed", "1");
-        if (e.streamed) {
-          c->res->StartStream(e.status, e.content_type, std::move(headers));
-          return c->res->End(std::move(*out));
-        }
-        http::HttpResponse r;
-        r.status = e.status;
-        r.content_type = e.content_type;
-        r.headers = std::move(headers);
-        r.body = std::move(*out);
-        return c->res->Send(std::move(r));
+      TrajectoryAnswer a = std::move(*logged);
+      b->ahead.pop_front();
+      const TrajectoryEntry& e = a.e;
+      b->next_seq = seq + 1;
+      Count("replayed");
+      auto headers = HeadersFrom(e.headers);
+      headers.emplace_back("Dsec-Trajectory-Seq", std::to_string(seq));
+      headers.emplace_back("Dsec-Trajectory-Replayed", "1");
+      if (e.streamed) {
+        c->res->StartStream(e.status, e.content_type, std::move(headers));
+        return c->res->End(std::move(*a.body));
       }
+      http::HttpResponse r;
+      r.status = e.status;
+      r.content_type = e.content_type;
+      r.headers = std::move(headers);
+      r.body = std::move(*a.body);
+      return c->res->Send(std::move(r));
     }
     if (Status s = Materialize(b, seq); !s.ok()) return c->Fail(s);
   }

@@ -126,6 +126,9 @@ class Trajectories {
   void Unbind(const std::shared_ptr<Binding>& b, const std::string& state);
   Status TakeTurn(const std::shared_ptr<Binding>& b, int wait_s = 60);
   void ReleaseTurn(const std::shared_ptr<Binding>& b);
+  // A replaying sandbox's logged call `seq` with its body (read ahead), or null: none logged
+  // (or the log could not be read; the call then goes live).
+  TrajectoryAnswer* Logged(const std::shared_ptr<Binding>& b, int64_t seq);
   // Makes a replaying sandbox live at `seq` (forking when the log has an entry there).
   Status Materialize(const std::shared_ptr<Binding>& b, int64_t seq);
   // Runs a logged call again on the sandbox (its answer is dropped).

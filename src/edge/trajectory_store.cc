@@ -173,6 +173,31 @@ void TrajectoryCommitQueue::Stop() {
   cv_.NotifyAll();
 }
 
+StatusOr<std::vector<TrajectoryAnswer>> TrajectoryStore::Answers(const std::string& project,
+                                                                 const std::string& id,
+                                                                 int64_t branch, int64_t from,
+                                                                 int64_t to, size_t max_bytes) {
+  DSEC_ASSIGN_OR_RETURN(auto entries, Entries(project, id, branch, from, to));
+  std::vector<TrajectoryAnswer> out;
+  size_t bytes = 0;
+  for (auto& e : entries) {
+    if (bytes > max_bytes) break;
+    TrajectoryAnswer a{std::move(e), std::nullopt};
+    if (a.e.kept) {
+      auto body = ReadBlob(a.e.response);
+      if (body.ok()) {
+        bytes += body->size();
+        a.body = std::move(*body);
+      } else if (body.status().code() != StatusCode::kNotFound) {
+        if (out.empty()) return body.status();
+        break;  // (the ones before are good)
+      }
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
 StatusOr<std::unique_ptr<SqliteTrajectoryStore>> SqliteTrajectoryStore::Open(
     const std::string& path, const std::string& blob_dir, bool fsync) {
   std::unique_ptr<SqliteTrajectoryStore> s(new SqliteTrajectoryStore());

@@ -83,6 +83,13 @@ struct TrajectoryBlob {
   std::string digest, data;
 };
 
+// An entry with its answer's body, for answering from the log: `body` is unset when the entry
+// kept none or its body is not in the store.
+struct TrajectoryAnswer {
+  TrajectoryEntry e;
+  std::optional<std::string> body;
+};
+
 // A checkpoint's layer as a shared store keeps it (images::LayerInfo's fields as nodes pass
 // layers: `digest` names the layer, `blob` is its EROFS image's "sha256:<hex>").
 struct TrajectoryLayer {
@@ -159,6 +166,13 @@ class TrajectoryStore {
   virtual StatusOr<int64_t> Fork(const std::string& project, const std::string& id, int64_t from,
                                  int64_t at_seq) = 0;
   virtual StatusOr<std::string> ReadBlob(const std::string& digest) = 0;
+  // Entries with from <= seq <= to, in order, each with its answer's body; it stops after the
+  // entry whose body brings the bodies past `max_bytes` (one entry at least). A store that can
+  // answers in one round trip; this one asks for the entries, then each body.
+  virtual StatusOr<std::vector<TrajectoryAnswer>> Answers(const std::string& project,
+                                                          const std::string& id, int64_t branch,
+                                                          int64_t from, int64_t to,
+                                                          size_t max_bytes);
   // Bodies no entry names any more (and, in a shared store, checkpoint layers no checkpoint
   // names); how many went.
   virtual StatusOr<int64_t> CollectBlobs() = 0;

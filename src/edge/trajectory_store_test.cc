@@ -138,6 +138,59 @@ TEST_P(TrajectoryStoreTest, EntriesAreDurableOnceAnsweredAndSurviveAReopen) {
   EXPECT_EQ(store_->Get("r", "a").status().code(), StatusCode::kNotFound);
 }
 
+TEST_P(TrajectoryStoreTest, AnswersComeWithTheirBodiesUpToABound) {
+  ASSERT_TRUE(store_->Create(Info("p", "w")).ok());
+  const std::string big(200 << 10, 'b');  // (a file in the node's store)
+  ASSERT_TRUE(Append("w", 0, 1, "one").ok());
+  ASSERT_TRUE(Append("w", 0, 2, big).ok());
+  {
+    // An empty answer keeps no body; one too large to keep is noted without one.
+    TrajectoryEntry e;
+    e.seq = 3;
+    e.fingerprint = "fp3";
+    e.method = "GET";
+    e.target = "/files?path=/x";
+    e.status = 200;
+    e.follower = "sb-x";
+    std::promise<Status> done;
+    store_->Append("p", "w", 0, e, {}, [&done](Status s) { done.set_value(s); });
+    ASSERT_TRUE(done.get_future().get().ok());
+    e.seq = 4;
+    e.kept = false;
+    std::promise<Status> done2;
+    store_->Append("p", "w", 0, e, {}, [&done2](Status s) { done2.set_value(s); });
+    ASSERT_TRUE(done2.get_future().get().ok());
+  }
+  ASSERT_TRUE(Append("w", 0, 5, "five").ok());
+  ASSERT_TRUE(Append("w", 1, 6, "other branch").ok());
+
+  auto all = store_->Answers("p", "w", 0, 1, 100, 1 << 20);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->size(), 5u);
+  EXPECT_EQ((*all)[0].e.fingerprint, "fp1");
+  EXPECT_EQ((*all)[0].body, std::optional<std::string>("one"));
+  EXPECT_EQ((*all)[1].body, std::optional<std::string>(big));
+  EXPECT_EQ((*all)[2].body, std::optional<std::string>(""));
+  EXPECT_FALSE((*all)[3].body.has_value());
+  EXPECT_EQ((*all)[4].body, std::optional<std::string>("five"));
+  EXPECT_EQ((*all)[4].e.seq, 5);
+
+  // Past max_bytes it stops after the entry that went past (one entry at least).
+  auto some = store_->Answers("p", "w", 0, 1, 100, 10);
+  ASSERT_TRUE(some.ok());
+  ASSERT_EQ(some->size(), 2u);
+  EXPECT_EQ((*some)[1].body->size(), big.size());
+  auto one = store_->Answers("p", "w", 0, 2, 100, 0);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ((*one)[0].e.seq, 2);
+  // A range holds only its entries; past the end, none.
+  auto mid = store_->Answers("p", "w", 0, 3, 4, 1 << 20);
+  ASSERT_TRUE(mid.ok());
+  ASSERT_EQ(mid->size(), 2u);
+  EXPECT_TRUE(store_->Answers("p", "w", 0, 6, 100, 1 << 20)->empty());
+}
+
 TEST_P(TrajectoryStoreTest, ConcurrentAppendsShareCommits) {
   ASSERT_TRUE(store_->Create(Info("p", "c")).ok());
   constexpr int kThreads = 8, kEach = 50;

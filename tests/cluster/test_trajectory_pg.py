@@ -216,4 +216,4 @@ def test_the_store_cases_on_postgres(pg):
     out = r.stdout + r.stderr
     assert r.returncode == 0, "\n".join(l for l in out.splitlines() if "NOTICE" not in l)[:6000]
     assert "[  SKIPPED ]" not in out, out[-4000:]
-    assert "[  PASSED  ] 7 tests" in out, out[-4000:]
+    assert "[  PASSED  ] 8 tests" in out, out[-4000:]

@@ -162,6 +162,29 @@ def test_preempt_resume_replays_then_goes_live(client):
     client.remove(fid)
 
 
+def test_a_long_replay_reads_the_log_ahead_in_pieces(client):
+    """A resumed sandbox reads the log ahead (at most 32 entries and about 256 KiB of bodies at a
+    time): 45 calls of ~20 KB answers each come back byte for byte across those pieces, then
+    the next call runs live on the state of call 45."""
+    t = tid()
+    job = "job-" + t
+    sid = client.create({"memory_mb": 128, "labels": {"job": job},
+                         "trajectory": {"id": t, "checkpoint_every": 0}})["id"]
+    calls = [{"shell": f"echo {n} >> /workspace/n; head -c 15000 /dev/urandom | base64"}
+             for n in range(1, 46)]
+    first = [client.post(f"/v1/sandboxes/{sid}/exec", b, expect=200).body for b in calls]
+    assert all(len(b) > 20000 for b in first)
+    client.post(f"/v1/jobs/{job}/preempt", {}, expect=200)
+    rid = client.post("/v1/sandboxes", {"trajectory": {"id": t, "resume": True}},
+                      expect=201).json["id"]
+    for i, b in enumerate(calls):
+        r = client.post(f"/v1/sandboxes/{rid}/exec", b, expect=200)
+        assert r.body == first[i] and r.headers.get("dsec-trajectory-replayed") == "1", i + 1
+    r = client.post(f"/v1/sandboxes/{rid}/exec", {"shell": "wc -l < /workspace/n"}, expect=200)
+    assert "dsec-trajectory-replayed" not in r.headers and r.json["stdout"].strip() == "45"
+    client.remove(rid)
+
+
 def test_kill9_loses_no_answered_entry(make_edge):
     edge = make_edge()
     c = edge.client()
