@@ -192,8 +192,11 @@ StatusOr<UniqueFd> UserCgroup() {
   return fd;
 }
 
+Status WriteStartFiles(const protocol::GuestSetup& s);
+
 // Sends hello and waits for the setup frame. A host end that goes away (a template being
-// saved; the clone restored from it gets a new one) is waited for and greeted again.
+// saved; the clone restored from it gets a new one) is waited for and greeted again. A
+// template's boot may first be asked to prepare its writable layer (GuestSetup::prepare).
 StatusOr<protocol::GuestSetup> Greet(int port) {
   std::string hello = protocol::EncodeFrameOrDie(
       FrameType::kHello, 0, 0,
@@ -212,7 +215,15 @@ StatusOr<protocol::GuestSetup> Greet(int port) {
       if (!decoder.Next(&frame)) continue;
       if (frame.type != FrameType::kSetup) return InvalidArgument("expected a setup frame");
       DSEC_ASSIGN_OR_RETURN(protocol::Json j, protocol::ParseJson(frame.payload));
-      return protocol::GuestSetupFromJson(j);
+      DSEC_ASSIGN_OR_RETURN(protocol::GuestSetup setup, protocol::GuestSetupFromJson(j));
+      if (!setup.prepare) return setup;
+      // A template's boot: the dirs and files every clone's plan makes, made once here (in
+      // the writable layer its clones start from), then the next host end is greeted.
+      DSEC_RETURN_IF_ERROR(WriteStartFiles(setup).WithContext("prepare the template"));
+      if (!WriteAll(port, protocol::EncodeFrameOrDie(
+                              FrameType::kReady, 0, 0,
+                              protocol::Encode(protocol::Ready{getpid(), -1}).dump())))
+        return ErrnoError("write ready");
     }
     SleepMs(1);
   }

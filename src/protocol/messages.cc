@@ -220,7 +220,8 @@ Json ToJson(const GuestSetup& s) {
           {"net_address", s.net_address},
           {"net_gateway", s.net_gateway},
           {"dirs", DirsToJson(s.dirs)},
-          {"files", FilesToJson(s.files)}};
+          {"files", FilesToJson(s.files)},
+          {"prepare", s.prepare}};
 }
 
 StatusOr<GuestSetup> GuestSetupFromJson(const Json& j) {
@@ -252,6 +253,7 @@ StatusOr<GuestSetup> GuestSetupFromJson(const Json& j) {
   auto dirs = j.find("dirs"), files = j.find("files");
   DSEC_ASSIGN_OR_RETURN(s.dirs, DirsFromJson(dirs != j.end() ? *dirs : kEmpty));
   DSEC_ASSIGN_OR_RETURN(s.files, FilesFromJson(files != j.end() ? *files : kEmpty));
+  DSEC_ASSIGN_OR_RETURN(s.prepare, GetBool(j, "prepare", false));
   return s;
 }
 

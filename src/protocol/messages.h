@@ -91,6 +91,11 @@ struct GuestSetup {
   // sandbox user in /etc/passwd, the workdir), made by the guest through its root overlay.
   std::vector<isolation::DirSpec> dirs;
   std::vector<isolation::FileSpec> files;
+  // A template's boot, before it is saved: only the dirs and files are made (every clone's
+  // setup then finds them made and rewrites them in place: no copy-up of the image's /etc and
+  // top-level directories in each clone, which TCG runs slowly); the guest answers kReady and
+  // greets the next host end again. Nothing else of the setup applies.
+  bool prepare = false;
 };
 Json ToJson(const GuestSetup& s);
 StatusOr<GuestSetup> GuestSetupFromJson(const Json& j);

@@ -81,6 +81,23 @@ TEST(MessagesTest, GuestSetupCarriesTheNicOrNone) {
   EXPECT_FALSE(GuestSetupFromJson(j).ok());
 }
 
+TEST(MessagesTest, GuestSetupSaysWhetherItPreparesATemplate) {
+  GuestSetup s;
+  s.sandbox_id = s.hostname = "tmpl-1";
+  s.files = {{"/etc/hostname", "localhost\n", 0644, 0, 0}};
+  EXPECT_FALSE(GuestSetupFromJson(ToJson(s))->prepare);
+  s.prepare = true;
+  auto back = GuestSetupFromJson(ToJson(s));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->prepare);
+  ASSERT_EQ(back->files.size(), 1u);
+  Json j = ToJson(s);
+  j.erase("prepare");  // an older edge's setup: a sandbox's
+  EXPECT_FALSE(GuestSetupFromJson(j)->prepare);
+  j["prepare"] = "yes";
+  EXPECT_FALSE(GuestSetupFromJson(j).ok());
+}
+
 TEST(MessagesTest, ErrorsCarryCodes) {
   Status s = StatusFromJson(ErrorJson(NotFound("no such file")));
   EXPECT_EQ(s.code(), StatusCode::kNotFound);

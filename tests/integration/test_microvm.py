@@ -104,6 +104,33 @@ def test_microvm_runs_the_image_with_its_own_kernel(edge, client, vm_image):
     assert qemu_processes(sid) == []
 
 
+def test_clones_rewrite_what_their_template_prepared(edge, vm_image):
+    """A template's writable layer starts with a sandbox's plan (made once, so no clone copies
+    /etc and the top-level directories up from the image again): each clone still gets its
+    own hostname files, and the plan's files and directories are what a container of the
+    image gets."""
+    c = edge.client(timeout=300)
+    microvms(c)
+    ids = []
+    show = ("cat /etc/hostname /etc/hosts /etc/passwd /etc/group; "
+            "stat -c '%n %u %g %a' /workspace /tmp /var/tmp /run /root /home")
+    try:
+        outs = {}
+        for kind in ("microvm", "microvm", "container"):
+            sid = c.create({"kind": kind, "image": vm_image, "memory_mb": 192,
+                            "disk_mb": 64})["id"]
+            ids.append(sid)
+            out = sh(c, sid, show)
+            assert out.splitlines()[0] == sid and f"127.0.1.1\t{sid}\n" in out, out
+            assert "localhost\n127.0.0.1" not in out  # (the template's own hostname is gone)
+            outs.setdefault(kind, []).append(out.replace(sid, "SID"))
+        assert outs["microvm"][0] == outs["microvm"][1] == outs["container"][0], outs
+        assert ":1000:" in outs["microvm"][0] and "/workspace 1000 1000 755" in outs["microvm"][0]
+    finally:
+        for x in ids:
+            c.remove(x)
+
+
 def test_microvm_snapshot_and_fork(edge, vm_image):
     """A microVM's writable layer, captured by its own agent while its processes are frozen:
     new files and directories and a file of the image deleted (a whiteout) come back in a VM

@@ -243,28 +243,36 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
   s.rlimits = b.opts_.rlimits;  // fsize 0: unlimited (a full disk is ENOSPC)
   s.max_execs = b.opts_.max_execs_per_sandbox;
   s.orphan_timeout_ms = b.opts_.orphan_timeout_ms;
+  uid_t uid = kSandboxUid;
+  gid_t gid = kSandboxGid;
+  if (auto u = ResolveUser(spec_.user); u.ok()) uid = u->uid, gid = u->gid;
+  if (net_.attached()) {
+    s.net_address = net_.Address();
+    s.net_gateway = net_.Gateway();
+  }
+  PlanFiles(b, stack_, spec_.hostname, spec_.workdir, uid, gid, net_.attached(), spec_.id, &s);
+  return s;
+}
+
+void MicrovmInstance::PlanFiles(const MicrovmBackend& b, const images::Stack& stack,
+                                const std::string& hostname, const std::string& workdir, uid_t uid,
+                                gid_t gid, bool nic, const std::string& what,
+                                protocol::GuestSetup* s) {
   // The same plan a container of this image starts from: hostname, hosts, the sandbox user,
   // the workdir.
   RootfsInputs in;
   in.host_base = false;
-  if (auto src = GatherRootSources(stack_, {}, b.opts_.image_store); src.ok())
+  if (auto src = GatherRootSources(stack, {}, b.opts_.image_store); src.ok())
     in = src->inputs;
   else
-    DSEC_LOG_WARN("microvm {}: reading its image's users: {}", spec_.id, src.status().ToString());
-  in.hostname = spec_.hostname;
-  in.workdir = spec_.workdir;
-  in.workdir_uid = kSandboxUid, in.workdir_gid = kSandboxGid;
-  if (auto u = ResolveUser(spec_.user); u.ok()) in.workdir_uid = u->uid, in.workdir_gid = u->gid;
-  in.disk_mb = spec_.resources.disk_mb;
-  if (net_.attached()) {
-    in.nameserver = b.opts_.nameserver;
-    s.net_address = net_.Address();
-    s.net_gateway = net_.Gateway();
-  }
+    DSEC_LOG_WARN("microvm {}: reading its image's users: {}", what, src.status().ToString());
+  in.hostname = hostname;
+  in.workdir = workdir;
+  in.workdir_uid = uid, in.workdir_gid = gid;
+  if (nic) in.nameserver = b.opts_.nameserver;
   RootfsPlan plan = PlanRootfs(in);
-  s.dirs = std::move(plan.dirs);
-  s.files = std::move(plan.files);
-  return s;
+  s->dirs = std::move(plan.dirs);
+  s->files = std::move(plan.files);
 }
 
 StatusOr<UniqueFd> MicrovmInstance::ConnectAgent() {

@@ -21,6 +21,7 @@
 #include "net/sandbox_net.h"
 #include "protocol/agent_ops.h"
 #include "protocol/frame.h"
+#include "protocol/messages.h"
 
 namespace dsec::backends::microvm {
 
@@ -55,8 +56,11 @@ class MicrovmInstance : public Instance {
   // Boots a template VM of `layers` (borrowed fds, bottom first) and saves it (see
   // microvm_backend.h).
   // With `nic`, the template has a NIC that goes nowhere (see microvm_backend.h).
+  // The template's writable layer starts with the dirs and files of a sandbox's plan of
+  // `stack` (see GuestSetup::prepare).
   static StatusOr<std::unique_ptr<Template>> MakeTemplate(MicrovmBackend* backend,
                                                           const std::string& key,
+                                                          const images::Stack& stack,
                                                           const std::vector<int>& layers, int cpus,
                                                           int64_t ram_mb, bool nic);
 
@@ -84,7 +88,7 @@ class MicrovmInstance : public Instance {
   Status LeaseAndCgroup();
   // A booted template VM: waits for its agent's greeting, stops it, saves its device state
   // into out->state, kills it and seals out's memfds.
-  Status SaveAsTemplate(Template* out);
+  Status SaveAsTemplate(Template* out, const protocol::GuestSetup& prepare);
   // A clone: loads the template's device state into the waiting QEMU and continues it.
   Status Restore();
   // Connects to the agent's port (queued until QEMU accepts).
@@ -99,6 +103,11 @@ class MicrovmInstance : public Instance {
   AgentCarrier Carrier();
   Status Handshake(UniqueFd* conn);
   protocol::GuestSetup BuildGuestSetup();
+  // The dirs and files of a guest's plan (rootfs_plan.h) into `s`: a sandbox's, or a
+  // template's (GuestSetup::prepare: the same paths, which each clone rewrites).
+  static void PlanFiles(const MicrovmBackend& b, const images::Stack& stack,
+                        const std::string& hostname, const std::string& workdir, uid_t uid,
+                        gid_t gid, bool nic, const std::string& what, protocol::GuestSetup* s);
   int64_t GuestRamMb() const { return spec_.resources.memory_mb + spec_.resources.disk_mb; }
 
   MicrovmBackend* backend_;

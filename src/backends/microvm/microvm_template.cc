@@ -13,6 +13,7 @@
 #include "base/file_util.h"
 #include "base/ids.h"
 #include "protocol/frame.h"
+#include "protocol/messages.h"
 
 namespace dsec::backends::microvm {
 
@@ -51,16 +52,19 @@ Status MicrovmInstance::Restore() {
   return qmp_->Execute("cont").status();
 }
 
-Status MicrovmInstance::SaveAsTemplate(Template* out) {
-  // Booted once the agent said hello; it waits in its greeting for a host end, which is where
-  // every clone starts: hung up now, the guest greets again, blocked in write() until a
+Status MicrovmInstance::SaveAsTemplate(Template* out, const protocol::GuestSetup& prepare) {
+  // Booted once the agent said hello; it makes the plan's dirs and files (so that no clone
+  // copies them up from the image again) and waits in its greeting for a host end, which is
+  // where every clone starts: hung up now, the guest greets again, blocked in write() until a
   // clone's edge connects.
   {
     DSEC_ASSIGN_OR_RETURN(UniqueFd conn, ConnectAgent());
-    DSEC_RETURN_IF_ERROR(AgentBootstrap(conn.get(), Carrier())
-                             .ExpectHello(MonotonicMs() + backend_->opts_.boot_timeout_ms)
-                             .status()
-                             .WithContext("the template's agent"));
+    const int64_t deadline = MonotonicMs() + backend_->opts_.boot_timeout_ms;
+    AgentBootstrap boot(conn.get(), Carrier());
+    DSEC_RETURN_IF_ERROR(boot.ExpectHello(deadline).status().WithContext("the template's agent"));
+    DSEC_RETURN_IF_ERROR(boot.SendSetup(protocol::ToJson(prepare)));
+    DSEC_RETURN_IF_ERROR(
+        boot.ExpectReady(deadline).status().WithContext("the template's writable layer"));
   }
   usleep(200 * 1000);  // to its next greeting (TCG is slow)
   auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
@@ -87,11 +91,9 @@ Status MicrovmInstance::SaveAsTemplate(Template* out) {
   return OkStatus();
 }
 
-StatusOr<std::unique_ptr<Template>> MicrovmInstance::MakeTemplate(MicrovmBackend* backend,
-                                                                  const std::string& key,
-                                                                  const std::vector<int>& layers,
-                                                                  int cpus, int64_t ram_mb,
-                                                                  bool nic) {
+StatusOr<std::unique_ptr<Template>> MicrovmInstance::MakeTemplate(
+    MicrovmBackend* backend, const std::string& key, const images::Stack& stack,
+    const std::vector<int>& layers, int cpus, int64_t ram_mb, bool nic) {
   int64_t t0 = MonotonicMs();
   SandboxSpec spec;
   spec.id = "tmpl-" + RandomHex(6);
@@ -118,7 +120,15 @@ StatusOr<std::unique_ptr<Template>> MicrovmInstance::MakeTemplate(MicrovmBackend
     std::vector<UniqueFd> own;
     for (int fd : layers) own.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 3));
     DSEC_RETURN_IF_ERROR(t.SpawnQemu(std::move(own)));
-    return t.SaveAsTemplate(out.get());
+    // The plan of a sandbox with the defaults (each clone rewrites the files, and sets the
+    // workdir's owner, for its own).
+    protocol::GuestSetup prepare;
+    prepare.sandbox_id = spec.id;
+    prepare.hostname = "localhost";
+    prepare.prepare = true;
+    PlanFiles(*backend, stack, prepare.hostname, SandboxSpec().workdir, kSandboxUid, kSandboxGid,
+              nic, spec.id, &prepare);
+    return t.SaveAsTemplate(out.get(), prepare);
   }();
   (void)t.Destroy();
   if (!s.ok()) return s;
