@@ -96,6 +96,9 @@ struct Template {
   int64_t ram_mb = 0;
   uint64_t state_bytes = 0;
   int64_t build_ms = 0;
+  // The dirs and files its writable layer was given (MicrovmInstance::PreparedText), "" none:
+  // a clone's setup leaves out what is already there as its own plan wants it.
+  std::string prepared;
 };
 
 class MicrovmBackend : public Backend {

@@ -250,14 +250,32 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
     s.net_address = net_.Address();
     s.net_gateway = net_.Gateway();
   }
-  PlanFiles(b, stack_, spec_.hostname, spec_.workdir, uid, gid, net_.attached(), spec_.id, &s);
+  const RootfsInputs in = PlanInputs(b, stack_, net_.attached(), spec_.id);
+  PlanFiles(in, spec_.hostname, spec_.workdir, uid, gid, &s);
+  // A clone's writable layer already holds its template's plan: what of its own plan is
+  // there as it wants it is left out (only when the template's plan is exactly the one this
+  // image and NIC give, so nothing is assumed of an older template).
+  if (template_ && !template_->prepared.empty()) {
+    protocol::GuestSetup had = TemplatePlan(in);
+    if (PreparedText(had) == template_->prepared) {
+      std::erase_if(s.dirs, [&](const isolation::DirSpec& d) {
+        return std::any_of(had.dirs.begin(), had.dirs.end(), [&](const isolation::DirSpec& h) {
+          return h.path == d.path && h.mode == d.mode && h.uid == d.uid && h.gid == d.gid;
+        });
+      });
+      std::erase_if(s.files, [&](const isolation::FileSpec& f) {
+        return std::any_of(had.files.begin(), had.files.end(), [&](const isolation::FileSpec& h) {
+          return h.path == f.path && h.content == f.content && h.mode == f.mode && h.uid == f.uid &&
+                 h.gid == f.gid;
+        });
+      });
+    }
+  }
   return s;
 }
 
-void MicrovmInstance::PlanFiles(const MicrovmBackend& b, const images::Stack& stack,
-                                const std::string& hostname, const std::string& workdir, uid_t uid,
-                                gid_t gid, bool nic, const std::string& what,
-                                protocol::GuestSetup* s) {
+RootfsInputs MicrovmInstance::PlanInputs(const MicrovmBackend& b, const images::Stack& stack,
+                                         bool nic, const std::string& what) {
   // The same plan a container of this image starts from: hostname, hosts, the sandbox user,
   // the workdir.
   RootfsInputs in;
@@ -266,13 +284,32 @@ void MicrovmInstance::PlanFiles(const MicrovmBackend& b, const images::Stack& st
     in = src->inputs;
   else
     DSEC_LOG_WARN("microvm {}: reading its image's users: {}", what, src.status().ToString());
+  if (nic) in.nameserver = b.opts_.nameserver;
+  return in;
+}
+
+void MicrovmInstance::PlanFiles(RootfsInputs in, const std::string& hostname,
+                                const std::string& workdir, uid_t uid, gid_t gid,
+                                protocol::GuestSetup* s) {
   in.hostname = hostname;
   in.workdir = workdir;
   in.workdir_uid = uid, in.workdir_gid = gid;
-  if (nic) in.nameserver = b.opts_.nameserver;
   RootfsPlan plan = PlanRootfs(in);
   s->dirs = std::move(plan.dirs);
   s->files = std::move(plan.files);
+}
+
+protocol::GuestSetup MicrovmInstance::TemplatePlan(const RootfsInputs& in) {
+  protocol::GuestSetup s;
+  s.hostname = "localhost";
+  s.prepare = true;
+  PlanFiles(in, s.hostname, SandboxSpec().workdir, kSandboxUid, kSandboxGid, &s);
+  return s;
+}
+
+std::string MicrovmInstance::PreparedText(const protocol::GuestSetup& s) {
+  const Json j = protocol::ToJson(s);
+  return Json{{"dirs", j["dirs"]}, {"files", j["files"]}}.dump();
 }
 
 StatusOr<UniqueFd> MicrovmInstance::ConnectAgent() {

@@ -12,6 +12,7 @@
 #include "backends/instance.h"
 #include "backends/microvm/qemu_cmd.h"
 #include "backends/microvm/qmp.h"
+#include "backends/rootfs_plan.h"
 #include "backends/sandbox.h"
 #include "backends/session/bootstrap.h"
 #include "base/pidfd.h"
@@ -103,11 +104,18 @@ class MicrovmInstance : public Instance {
   AgentCarrier Carrier();
   Status Handshake(UniqueFd* conn);
   protocol::GuestSetup BuildGuestSetup();
-  // The dirs and files of a guest's plan (rootfs_plan.h) into `s`: a sandbox's, or a
-  // template's (GuestSetup::prepare: the same paths, which each clone rewrites).
-  static void PlanFiles(const MicrovmBackend& b, const images::Stack& stack,
-                        const std::string& hostname, const std::string& workdir, uid_t uid,
-                        gid_t gid, bool nic, const std::string& what, protocol::GuestSetup* s);
+  // What a guest's plan (rootfs_plan.h) is made of: the image's users, the node's resolver
+  // with a NIC.
+  static RootfsInputs PlanInputs(const MicrovmBackend& b, const images::Stack& stack, bool nic,
+                                 const std::string& what);
+  // The dirs and files of a guest's plan into `s`.
+  static void PlanFiles(RootfsInputs in, const std::string& hostname, const std::string& workdir,
+                        uid_t uid, gid_t gid, protocol::GuestSetup* s);
+  // A template's plan (GuestSetup::prepare): a sandbox's with the defaults (hostname
+  // "localhost", the default workdir and user), whose paths every clone's plan has too.
+  static protocol::GuestSetup TemplatePlan(const RootfsInputs& in);
+  // The dirs and files of a plan, as text to compare (Template::prepared).
+  static std::string PreparedText(const protocol::GuestSetup& s);
   int64_t GuestRamMb() const { return spec_.resources.memory_mb + spec_.resources.disk_mb; }
 
   MicrovmBackend* backend_;

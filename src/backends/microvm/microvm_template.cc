@@ -120,14 +120,9 @@ StatusOr<std::unique_ptr<Template>> MicrovmInstance::MakeTemplate(
     std::vector<UniqueFd> own;
     for (int fd : layers) own.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 3));
     DSEC_RETURN_IF_ERROR(t.SpawnQemu(std::move(own)));
-    // The plan of a sandbox with the defaults (each clone rewrites the files, and sets the
-    // workdir's owner, for its own).
-    protocol::GuestSetup prepare;
+    protocol::GuestSetup prepare = TemplatePlan(PlanInputs(*backend, stack, nic, spec.id));
     prepare.sandbox_id = spec.id;
-    prepare.hostname = "localhost";
-    prepare.prepare = true;
-    PlanFiles(*backend, stack, prepare.hostname, SandboxSpec().workdir, kSandboxUid, kSandboxGid,
-              nic, spec.id, &prepare);
+    out->prepared = PreparedText(prepare);
     return t.SaveAsTemplate(out.get(), prepare);
   }();
   (void)t.Destroy();

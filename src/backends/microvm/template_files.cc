@@ -169,6 +169,7 @@ StatusOr<std::unique_ptr<Template>> TemplateFiles::Load(const std::string& key) 
   out->id = "tmpl-" + NameOf(key).substr(0, 12);
   out->ram_mb = meta.value("ram_mb", int64_t{0});
   out->state_bytes = meta.value("state_bytes", uint64_t{0});
+  out->prepared = meta.value("prepared", std::string());
   if (out->ram_mb <= 0 || out->state_bytes == 0) return fail("bad sizes");
   out->ram.Reset(memfd_create("dsec-vm-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   out->state.Reset(memfd_create("dsec-vm-state", MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -202,11 +203,9 @@ Status TemplateFiles::Save(const Template& t) {
   auto cleanup = [&] { (void)RemoveTree(tmp); };
   Status s = [&]() -> Status {
     DSEC_RETURN_IF_ERROR(MakeDirs(tmp, 0700));
-    Json meta = {{"key", t.key},
-                 {"env", env_},
-                 {"ram_mb", t.ram_mb},
-                 {"state_bytes", t.state_bytes},
-                 {"build_ms", t.build_ms}};
+    Json meta = {{"key", t.key},           {"env", env_},
+                 {"ram_mb", t.ram_mb},     {"state_bytes", t.state_bytes},
+                 {"build_ms", t.build_ms}, {"prepared", t.prepared}};
     for (auto [file, fd, size] :
          {std::tuple{"ram", t.ram.get(), static_cast<uint64_t>(t.ram_mb) << 20},
           std::tuple{"state", t.state.get(), t.state_bytes}}) {
