@@ -809,14 +809,16 @@ StatusOr<std::vector<TrajectoryAnswer>> PgTrajectoryStore::Answers(const std::st
                                                                    int64_t branch, int64_t from,
                                                                    int64_t to, size_t max_bytes) {
   DSEC_ASSIGN_OR_RETURN(Conn c, pool_->Get());
-  // One round trip: the entries with their bodies, up to the one that brings the bodies past
-  // max_bytes (`before`: the bodies' bytes of the entries ahead of a row).
+  // One round trip: the entries with their bodies, up to the one whose body would bring the
+  // bodies past max_bytes (`upto`: the bodies' bytes up to and with a row; the first row comes
+  // whatever its size).
   static const std::string sql =
       std::string("SELECT * FROM (SELECT ") + kEntryColumnsOfE +
       ", b.data, COALESCE(SUM(OCTET_LENGTH(b.data)) OVER (ORDER BY e.seq ROWS BETWEEN UNBOUNDED "
-      "PRECEDING AND 1 PRECEDING), 0) AS before FROM dsec_trajectory_entries e LEFT JOIN "
-      "dsec_trajectory_blobs b ON e.kept AND b.digest = e.response WHERE e.tkey = $1 AND "
-      "e.branch = $2 AND e.seq >= $3 AND e.seq <= $4) q WHERE before <= $5 ORDER BY seq";
+      "PRECEDING AND CURRENT ROW), 0) AS upto, ROW_NUMBER() OVER (ORDER BY e.seq) AS n FROM "
+      "dsec_trajectory_entries e LEFT JOIN dsec_trajectory_blobs b ON e.kept AND b.digest = "
+      "e.response WHERE e.tkey = $1 AND e.branch = $2 AND e.seq >= $3 AND e.seq <= $4) q WHERE "
+      "upto <= $5 OR n = 1 ORDER BY seq";
   const std::string key = Key(project, id), b = Int(branch), f = Int(from), t = Int(to),
                     m = Int(static_cast<int64_t>(max_bytes));
   DSEC_ASSIGN_OR_RETURN(Result r, c.Exec(sql.c_str(), {{key}, {b}, {f}, {t}, {m}}));

@@ -759,9 +759,10 @@ Status Trajectories::Rerun(const std::shared_ptr<Binding>& b, const TrajectoryEn
 }
 
 TrajectoryAnswer* Trajectories::Logged(const std::shared_ptr<Binding>& b, int64_t seq) {
-  // (At most this many entries and about this many bytes of bodies held per replaying sandbox.)
+  // At most this many entries and bytes of bodies held per replaying sandbox (or one entry,
+  // served at once): a thousand replaying sandboxes whose clients went quiet hold 64 MiB.
   constexpr int64_t kAheadEntries = 32;
-  constexpr size_t kAheadBytes = 256 << 10;
+  constexpr size_t kAheadBytes = 64 << 10;
   while (!b->ahead.empty() && b->ahead.front().e.seq < seq) b->ahead.pop_front();
   if (b->ahead.empty() || b->ahead.front().e.seq != seq) {
     b->ahead.clear();

@@ -181,11 +181,11 @@ StatusOr<std::vector<TrajectoryAnswer>> TrajectoryStore::Answers(const std::stri
   std::vector<TrajectoryAnswer> out;
   size_t bytes = 0;
   for (auto& e : entries) {
-    if (bytes > max_bytes) break;
     TrajectoryAnswer a{std::move(e), std::nullopt};
     if (a.e.kept) {
       auto body = ReadBlob(a.e.response);
       if (body.ok()) {
+        if (!out.empty() && bytes + body->size() > max_bytes) break;
         bytes += body->size();
         a.body = std::move(*body);
       } else if (body.status().code() != StatusCode::kNotFound) {

@@ -166,9 +166,10 @@ class TrajectoryStore {
   virtual StatusOr<int64_t> Fork(const std::string& project, const std::string& id, int64_t from,
                                  int64_t at_seq) = 0;
   virtual StatusOr<std::string> ReadBlob(const std::string& digest) = 0;
-  // Entries with from <= seq <= to, in order, each with its answer's body; it stops after the
-  // entry whose body brings the bodies past `max_bytes` (one entry at least). A store that can
-  // answers in one round trip; this one asks for the entries, then each body.
+  // Entries with from <= seq <= to, in order, each with its answer's body; it stops before the
+  // entry whose body would bring the bodies past `max_bytes` (the first comes whatever its
+  // size). A store that can answers in one round trip; this one asks for the entries, then
+  // each body.
   virtual StatusOr<std::vector<TrajectoryAnswer>> Answers(const std::string& project,
                                                           const std::string& id, int64_t branch,
                                                           int64_t from, int64_t to,

@@ -175,11 +175,18 @@ TEST_P(TrajectoryStoreTest, AnswersComeWithTheirBodiesUpToABound) {
   EXPECT_EQ((*all)[4].body, std::optional<std::string>("five"));
   EXPECT_EQ((*all)[4].e.seq, 5);
 
-  // Past max_bytes it stops after the entry that went past (one entry at least).
+  // It stops before the entry that would go past max_bytes (the first comes whatever its
+  // size).
   auto some = store_->Answers("p", "w", 0, 1, 100, 10);
   ASSERT_TRUE(some.ok());
-  ASSERT_EQ(some->size(), 2u);
-  EXPECT_EQ((*some)[1].body->size(), big.size());
+  ASSERT_EQ(some->size(), 1u);
+  EXPECT_EQ((*some)[0].body, std::optional<std::string>("one"));
+  auto two = store_->Answers("p", "w", 0, 1, 100, big.size() + 3);
+  ASSERT_TRUE(two.ok());
+  ASSERT_EQ(two->size(), 4u);  // (entries 3 and 4 add no bytes; 5's would go past)
+  auto less = store_->Answers("p", "w", 0, 1, 100, big.size() + 2);
+  ASSERT_TRUE(less.ok());
+  ASSERT_EQ(less->size(), 1u);
   auto one = store_->Answers("p", "w", 0, 2, 100, 0);
   ASSERT_TRUE(one.ok());
   ASSERT_EQ(one->size(), 1u);

@@ -163,9 +163,9 @@ def test_preempt_resume_replays_then_goes_live(client):
 
 
 def test_a_long_replay_reads_the_log_ahead_in_pieces(client):
-    """A resumed sandbox reads the log ahead (at most 32 entries and about 256 KiB of bodies at a
-    time): 45 calls of ~20 KB answers each come back byte for byte across those pieces, then
-    the next call runs live on the state of call 45."""
+    """A resumed sandbox reads the log ahead (at most 32 entries and 64 KiB of bodies at a time,
+    or one entry): 45 calls of ~20 KB answers each come back byte for byte across those pieces,
+    then the next call runs live on the state of call 45."""
     t = tid()
     job = "job-" + t
     sid = client.create({"memory_mb": 128, "labels": {"job": job},
