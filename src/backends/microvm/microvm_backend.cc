@@ -196,7 +196,7 @@ size_t MicrovmBackend::template_count() const {
 
 StatusOr<std::shared_ptr<const Template>> MicrovmBackend::TemplateFor(
     const std::string& key, const images::Stack& stack, const std::vector<int>& layers, int cpus,
-    int64_t ram_mb, bool nic) {
+    int64_t ram_mb, int64_t disk_mb, bool nic) {
   std::shared_ptr<TemplateSlot> slot;
   {
     MutexLock l(templates_mu_);
@@ -233,7 +233,7 @@ StatusOr<std::shared_ptr<const Template>> MicrovmBackend::TemplateFor(
     if (loaded.status().code() != StatusCode::kNotFound)
       DSEC_LOG_WARN("microvm template [{}]: {} (made again)", key, loaded.status().ToString());
   }
-  auto t = MicrovmInstance::MakeTemplate(this, key, stack, layers, cpus, ram_mb, nic);
+  auto t = MicrovmInstance::MakeTemplate(this, key, stack, layers, cpus, ram_mb, disk_mb, nic);
   if (!t.ok()) {
     slot->error = "no template: " + t.status().ToString();
     DSEC_LOG_WARN("microvm template [{}]: {} (creates of it boot cold)", key, slot->error);

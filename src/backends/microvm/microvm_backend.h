@@ -143,11 +143,13 @@ class MicrovmBackend : public Backend {
   // Destroys what is left of one VM: its QEMU (by cgroup), cgroup and directory.
   void RemoveRemains(const std::string& name);
   // The template of `key`, made now (booting a VM of `layers`) when there is none; errors
-  // are remembered, so a set that cannot be templated stays on cold boots.
+  // are remembered, so a set that cannot be templated stays on cold boots. `disk_mb`: the
+  // writable layer's size of the create that asks (of `ram_mb`): a template made now has it,
+  // so clones of that size need not resize theirs.
   StatusOr<std::shared_ptr<const Template>> TemplateFor(const std::string& key,
                                                         const images::Stack& stack,
                                                         const std::vector<int>& layers, int cpus,
-                                                        int64_t ram_mb, bool nic);
+                                                        int64_t ram_mb, int64_t disk_mb, bool nic);
 
   MicrovmBackendOptions opts_;
   std::string instance_id_;

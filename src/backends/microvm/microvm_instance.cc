@@ -368,7 +368,8 @@ StatusOr<AgentLink> MicrovmInstance::Start() {
       key += " " + stack_.layers[i].digest;
       fds.push_back(layers[i].get());
     }
-    auto t = b.TemplateFor(key, stack_, fds, Cpus(), GuestRamMb(), nic_ != Nic::kNone);
+    auto t = b.TemplateFor(key, stack_, fds, Cpus(), GuestRamMb(), spec_.resources.disk_mb,
+                           nic_ != Nic::kNone);
     if (t.ok()) {
       template_ = std::move(*t);
       mode_ = Mode::kClone;

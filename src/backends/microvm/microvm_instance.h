@@ -59,11 +59,9 @@ class MicrovmInstance : public Instance {
   // With `nic`, the template has a NIC that goes nowhere (see microvm_backend.h).
   // The template's writable layer starts with the dirs and files of a sandbox's plan of
   // `stack` (see GuestSetup::prepare).
-  static StatusOr<std::unique_ptr<Template>> MakeTemplate(MicrovmBackend* backend,
-                                                          const std::string& key,
-                                                          const images::Stack& stack,
-                                                          const std::vector<int>& layers, int cpus,
-                                                          int64_t ram_mb, bool nic);
+  static StatusOr<std::unique_ptr<Template>> MakeTemplate(
+      MicrovmBackend* backend, const std::string& key, const images::Stack& stack,
+      const std::vector<int>& layers, int cpus, int64_t ram_mb, int64_t disk_mb, bool nic);
 
   // Boots a guest under `accel` that can only report its init's failure (it has no layers):
   // OK if its agent says anything within timeout_ms (so guests run under that accelerator).

@@ -93,14 +93,15 @@ Status MicrovmInstance::SaveAsTemplate(Template* out, const protocol::GuestSetup
 
 StatusOr<std::unique_ptr<Template>> MicrovmInstance::MakeTemplate(
     MicrovmBackend* backend, const std::string& key, const images::Stack& stack,
-    const std::vector<int>& layers, int cpus, int64_t ram_mb, bool nic) {
+    const std::vector<int>& layers, int cpus, int64_t ram_mb, int64_t disk_mb, bool nic) {
   int64_t t0 = MonotonicMs();
   SandboxSpec spec;
   spec.id = "tmpl-" + RandomHex(6);
   spec.kind = Kind::kMicrovm;
   spec.hostname = "template";
   spec.resources.cpu = cpus;
-  spec.resources.disk_mb = std::min<int64_t>(64, ram_mb / 4);  // each clone resizes its own
+  // The asking create's (clones of another size resize theirs), with room for the guest.
+  spec.resources.disk_mb = std::clamp<int64_t>(disk_mb, 1, ram_mb / 2);
   spec.resources.memory_mb = ram_mb - spec.resources.disk_mb;
   MicrovmInstance t(backend, spec);
   t.mode_ = Mode::kTemplate;
