@@ -82,6 +82,22 @@ struct Param {
   bool binary = false;
 };
 
+// Parameters as libpq takes them. Text parameters must be NUL-terminated: a std::string_view
+// of a std::string is.
+struct Params {
+  template <typename Range>
+  explicit Params(const Range& params) {
+    for (const Param& p : params) {
+      values.push_back(p.value.data());
+      lengths.push_back(static_cast<int>(p.value.size()));
+      formats.push_back(p.binary ? 1 : 0);
+    }
+  }
+  int n() const { return static_cast<int>(values.size()); }
+  std::vector<const char*> values;
+  std::vector<int> lengths, formats;
+};
+
 struct ResultDeleter {
   void operator()(PGresult* r) const { PQclear(r); }
 };
@@ -140,19 +156,12 @@ class PgConnPool {
     // columns come back as their bytes.
     StatusOr<Result> Exec(const char* sql, std::initializer_list<Param> params = {},
                           bool binary_results = false) {
-      std::vector<const char*> values;
-      std::vector<int> lengths, formats;
-      for (const Param& p : params) {
-        values.push_back(p.value.data());
-        lengths.push_back(static_cast<int>(p.value.size()));
-        formats.push_back(p.binary ? 1 : 0);
-      }
-      // Text parameters must be NUL-terminated: std::string_view of a std::string is.
+      const Params p(params);
       auto run = [&] {
         const char* name = nullptr;
-        if (Result failed = Prepare(sql, static_cast<int>(values.size()), &name)) return failed;
-        return Result(PQexecPrepared(c_, name, static_cast<int>(values.size()), values.data(),
-                                     lengths.data(), formats.data(), binary_results ? 1 : 0));
+        if (Result failed = Prepare(sql, p.n(), &name)) return failed;
+        return Result(PQexecPrepared(c_, name, p.n(), p.values.data(), p.lengths.data(),
+                                     p.formats.data(), binary_results ? 1 : 0));
       };
       Result r = run();
       ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
@@ -214,16 +223,9 @@ class PgConnPool {
       Status err = OkStatus();
       bool sent = true;
       for (size_t k = 0; k < stmts.size(); ++k) {
-        const Stmt& st = stmts[k];
-        std::vector<const char*> values;
-        std::vector<int> lengths, formats;
-        for (const Param& p : st.params) {
-          values.push_back(p.value.data());
-          lengths.push_back(static_cast<int>(p.value.size()));
-          formats.push_back(p.binary ? 1 : 0);
-        }
-        if (PQsendQueryPrepared(c_, names[k], static_cast<int>(values.size()), values.data(),
-                                lengths.data(), formats.data(), 0) != 1) {
+        const Params p(stmts[k].params);
+        if (PQsendQueryPrepared(c_, names[k], p.n(), p.values.data(), p.lengths.data(),
+                                p.formats.data(), 0) != 1) {
           sent = false;
           break;
         }

@@ -46,6 +46,7 @@ struct DirSpec {
   std::string path;
   uint32_t mode = 0755;
   uint32_t uid = 0, gid = 0;
+  bool operator==(const DirSpec&) const = default;
 };
 
 struct FileSpec {
@@ -53,6 +54,7 @@ struct FileSpec {
   std::string content;
   uint32_t mode = 0644;
   uint32_t uid = 0, gid = 0;
+  bool operator==(const FileSpec&) const = default;
 };
 
 struct RootfsSpec {

@@ -258,17 +258,8 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
   if (template_ && !template_->prepared.empty()) {
     protocol::GuestSetup had = TemplatePlan(in);
     if (PreparedText(had) == template_->prepared) {
-      std::erase_if(s.dirs, [&](const isolation::DirSpec& d) {
-        return std::any_of(had.dirs.begin(), had.dirs.end(), [&](const isolation::DirSpec& h) {
-          return h.path == d.path && h.mode == d.mode && h.uid == d.uid && h.gid == d.gid;
-        });
-      });
-      std::erase_if(s.files, [&](const isolation::FileSpec& f) {
-        return std::any_of(had.files.begin(), had.files.end(), [&](const isolation::FileSpec& h) {
-          return h.path == f.path && h.content == f.content && h.mode == f.mode && h.uid == f.uid &&
-                 h.gid == f.gid;
-        });
-      });
+      std::erase_if(s.dirs, [&](const auto& d) { return std::ranges::count(had.dirs, d) > 0; });
+      std::erase_if(s.files, [&](const auto& f) { return std::ranges::count(had.files, f) > 0; });
     }
   }
   return s;
