@@ -185,6 +185,8 @@ Json ToJson(const NetworkFeatures& n) {
       {"cidr", i.cidr},  {"uplink", OrNull(i.uplink)},    {"dns_upstream", OrNull(i.dns_upstream)},
       {"dns", dns}};
   if (!i.reason.empty()) j["reason"] = i.reason;
+  // Known once the network has started: "on", or why containers have nftables alone.
+  if (!i.egress_guard.empty()) j["egress_guard"] = i.egress_guard;
   return j;
 }
 

@@ -333,6 +333,9 @@ net::NodeNetworkOptions NetworkOptions(const EdgeConfig& cfg, AuditLog* audit) {
                         : p.proto == IPPROTO_ICMP ? "icmp"
                                                   : std::to_string(p.proto)}};
     if (p.dport) e["port"] = p.dport;
+    if (p.ipv6) e["dst"] = "ipv6";
+    // Refused at connect()/send by the cgroup program, or a packet nftables refused.
+    e["layer"] = p.at_connect ? "connect" : "packet";
     log->Record(std::move(e));
   };
   return net_opts;

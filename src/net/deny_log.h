@@ -19,6 +19,8 @@ struct DeniedPacket {
   uint32_t src = 0, dst = 0;  // host byte order
   uint8_t proto = 0;          // IPPROTO_*
   uint16_t dport = 0;         // TCP/UDP only
+  bool ipv6 = false;          // an IPv6 destination (dst 0): refused at connect only
+  bool at_connect = false;    // refused at connect()/send by the egress guard, not nftables
 };
 
 // The IPv4 header (and the ports after it) at the start of `packet`; false if it is not one.

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <ifaddrs.h>
 #include <chrono>
 #include <cinttypes>
 #include <cstring>
@@ -232,17 +233,9 @@ Status NodeNetwork::Init() {
   (void)WriteSysctl("/proc/sys/net/ipv6/conf/" + bridge_ + "/disable_ipv6", "1");
   DSEC_RETURN_IF_ERROR(rtnl.AddAddress4(br, gateway_, 32).WithContext("gateway address"));
   StartDns();
+  StartGuard();
   if (opts_.on_denied) {
-    auto d = DenyLog::Start(log_group_, [this](const DeniedPacket& p) {
-      std::string label;
-      {
-        MutexLock l(mu_);
-        auto it = attached_.find(p.src);
-        if (it == attached_.end()) return;
-        label = it->second.label;
-      }
-      opts_.on_denied(label, p);
-    });
+    auto d = DenyLog::Start(log_group_, [this](const DeniedPacket& p) { Denied(p); });
     if (d.ok()) {
       deny_log_ = std::move(*d);
     } else {
@@ -252,6 +245,39 @@ Status NodeNetwork::Init() {
   }
 
   return SetUplinkForwarding();
+}
+
+void NodeNetwork::Denied(const DeniedPacket& p) {
+  if (!opts_.on_denied) return;
+  std::string label;
+  {
+    MutexLock l(mu_);
+    auto it = attached_.find(p.src);
+    if (it == attached_.end()) return;
+    label = it->second.label;
+  }
+  opts_.on_denied(label, p);
+}
+
+void NodeNetwork::StartGuard() {
+  EgressGuardOptions g;
+  g.range = opts_.range;
+  ifaddrs* ifa = nullptr;
+  if (getifaddrs(&ifa) == 0) {
+    for (ifaddrs* i = ifa; i; i = i->ifa_next)
+      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET)
+        g.node_addrs.push_back(ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr));
+    freeifaddrs(ifa);
+  }
+  g.on_denied = [this](const DeniedPacket& p) { Denied(p); };
+  auto guard = EgressGuard::Start(std::move(g));
+  if (guard.ok()) {
+    guard_ = std::move(*guard);
+  } else {
+    guard_error_ = guard.status().message();
+    DSEC_LOG_WARN("network: container sandboxes get no egress guard (nftables alone enforce): {}",
+                  guard_error_);
+  }
 }
 
 Status NodeNetwork::SetUplinkForwarding() {
@@ -517,10 +543,11 @@ uint64_t NodeNetwork::Denied(const NetAttachment& a) {
 }
 
 uint64_t NodeNetwork::DeniedTotal() {
+  uint64_t at_connect = guard_ ? guard_->DeniedTotal() : 0;
   MutexLock l(mu_);
   auto out = NftOutput("list counter inet " + table_ + " denied_total");
-  if (!out.ok()) return 0;
-  return PacketsOf(*out);
+  if (!out.ok()) return at_connect;
+  return at_connect + PacketsOf(*out);
 }
 
 void NodeNetwork::StartDns() {
@@ -658,6 +685,7 @@ LazyNodeNetwork::Info LazyNodeNetwork::Describe() {
   i.started = net_ != nullptr;
   i.dns_upstream = check_.dns_upstream;
   if (net_) {
+    i.egress_guard = net_->guard() ? "on" : net_->guard_error();
     i.uplink = net_->uplink();
     i.dns_state = net_->DnsState();
     i.dns_error = net_->dns_error();

@@ -32,6 +32,7 @@
 #include "base/status.h"
 #include "net/deny_log.h"
 #include "net/dns_forwarder.h"
+#include "net/egress_guard.h"
 #include "net/policy.h"
 #include "net/ruleset.h"
 
@@ -126,6 +127,11 @@ class NodeNetwork {
   // attached lose their egress.
   void Stop();
 
+  // The second layer of container sandboxes' egress (egress_guard.h); null if the kernel has
+  // none to give: guard_error() says why.
+  EgressGuard* guard() const { return guard_.get(); }
+  const std::string& guard_error() const { return guard_error_; }
+
   uint32_t gateway() const { return gateway_; }
   const std::string& uplink() const { return uplink_; }
   const std::string& table() const { return table_; }
@@ -158,6 +164,9 @@ class NodeNetwork {
   Status CanEnforce(const NetworkPolicy& p) const;
   Status SetUplinkForwarding();
   void StartDns();
+  void StartGuard();
+  // on_denied for a refusal from the sandbox at p.src (nothing if none is attached there).
+  void Denied(const DeniedPacket& p);
 
   NodeNetworkOptions opts_;
   uint32_t base_ = 0, gateway_ = 0;
@@ -180,6 +189,8 @@ class NodeNetwork {
   NetworkCheck check_;     // what Init found (uplink, DNS upstream)
   std::unique_ptr<DnsForwarder> dns_;
   std::unique_ptr<DenyLog> deny_log_;
+  std::unique_ptr<EgressGuard> guard_;
+  std::string guard_error_;
   uint16_t log_group_ = 0;
   bool stopped_ DSEC_GUARDED_BY(mu_) = false;
 };
@@ -202,6 +213,7 @@ class LazyNodeNetwork {
     std::string cidr, uplink, dns_upstream;
     std::string dns_state;  // "ok", "unreachable", "unknown", "none"
     std::string dns_error;
+    std::string egress_guard;  // "on", or why not; empty: not started
   };
   Info Describe();
   // Checks the node (CheckNodeNetwork) and, when it has a DNS upstream, probes it (a second

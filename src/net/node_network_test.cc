@@ -15,11 +15,15 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "base/file_util.h"
@@ -28,6 +32,7 @@
 #include "base/unique_fd.h"
 #include "net/dns.h"
 #include "net/netlink.h"
+#include "sys/bpf.h"
 
 namespace dsec::net {
 namespace {
@@ -158,6 +163,73 @@ std::string Resolve(int ns, uint32_t gateway, const std::string& name) {
   std::string out;
   for (const auto& r : a.value_or(std::vector<dns::Address>{})) out += Ipv4ToString(r.addr) + " ";
   return out;
+}
+
+// A cgroup2 directory of the test's own (the unified mount of a hybrid host, or the v2 root),
+// removed when it goes; !ok() if the host has none.
+struct TestCgroup {
+  std::string path;
+  UniqueFd fd;
+  static std::optional<TestCgroup> Make() {
+    for (const char* root : {"/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
+      if (access((std::string(root) + "/cgroup.procs").c_str(), F_OK) != 0) continue;
+      if (access((std::string(root) + "/cgroup.subtree_control").c_str(), F_OK) != 0 &&
+          std::string(root) == "/sys/fs/cgroup")
+        continue;  // v1 root
+      TestCgroup c;
+      c.path = std::string(root) + "/dsec-guard-test-" + std::to_string(getpid());
+      if (mkdir(c.path.c_str(), 0755) < 0) continue;
+      c.fd.Reset(open(c.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      return c;
+    }
+    return std::nullopt;
+  }
+  TestCgroup() = default;
+  TestCgroup(TestCgroup&&) = default;
+  ~TestCgroup() {
+    if (!path.empty() && fd) rmdir(path.c_str());
+  }
+};
+
+// From a child process in cgroup `cg` and namespace `ns`: a TCP connect (SOCK_STREAM) or a UDP
+// send (SOCK_DGRAM) to addr:port; 0 or the errno (ETIMEDOUT: no answer in 1.5 s).
+int FromCgroup(int cg, int ns, int family, int type, const char* addr, uint16_t port) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    UniqueFd procs(openat(cg, "cgroup.procs", O_WRONLY | O_CLOEXEC));
+    std::string me = std::to_string(getpid());
+    if (!procs || write(procs.get(), me.data(), me.size()) < 0 || setns(ns, CLONE_NEWNET) < 0)
+      _exit(200);
+    sockaddr_storage ss{};
+    socklen_t len;
+    if (family == AF_INET) {
+      auto* sa = reinterpret_cast<sockaddr_in*>(&ss);
+      sa->sin_family = AF_INET;
+      sa->sin_port = htons(port);
+      inet_pton(AF_INET, addr, &sa->sin_addr);
+      len = sizeof *sa;
+    } else {
+      auto* sa = reinterpret_cast<sockaddr_in6*>(&ss);
+      sa->sin6_family = AF_INET6;
+      sa->sin6_port = htons(port);
+      inet_pton(AF_INET6, addr, &sa->sin6_addr);
+      len = sizeof *sa;
+    }
+    int s = socket(family, type | SOCK_NONBLOCK, 0);
+    if (s < 0) _exit(201);
+    if (type == SOCK_DGRAM)
+      _exit(sendto(s, "x", 1, 0, reinterpret_cast<sockaddr*>(&ss), len) < 0 ? errno : 0);
+    if (connect(s, reinterpret_cast<sockaddr*>(&ss), len) < 0 && errno != EINPROGRESS) _exit(errno);
+    pollfd p{s, POLLOUT, 0};
+    if (poll(&p, 1, 1500) == 0) _exit(ETIMEDOUT);
+    int err = 0;
+    socklen_t el = sizeof err;
+    getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el);
+    _exit(err);
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
+  return WEXITSTATUS(st);
 }
 
 class NodeNetworkPrivilegedTest : public ::testing::Test {
@@ -476,6 +548,74 @@ TEST_F(NodeNetworkPrivilegedTest, DomainsResolveAndConnectOnlyWhenListed) {
   net_->Detach(none.a);
 }
 
+TEST_F(NodeNetworkPrivilegedTest, EgressGuardRefusesAtConnectWhatNoPolicyMayReach) {
+  EgressGuard* g = net_->guard();
+  if (!g) GTEST_SKIP() << "no egress guard on this kernel: " << net_->guard_error();
+  auto cg = TestCgroup::Make();
+  if (!cg) GTEST_SKIP() << "no cgroup2 hierarchy to attach cgroup BPF programs to";
+  Sandbox sb = Attach();
+  ASSERT_TRUE(sb.a);
+  int c = cg->fd.get(), ns = sb.ns.get();
+  NetworkPolicy p = Policy(PolicyBuilder(NetMode::kOpen).Allow("10.9.9.0/24", "8080", "tcp"));
+  ASSERT_TRUE(net_->Apply(sb.a, p).ok());
+  ASSERT_TRUE(g->Attach(c).ok());
+  ASSERT_TRUE(g->Set(c, sb.a.addr, p).ok());
+  const std::string gw = Ipv4ToString(net_->gateway()), me = Ipv4ToString(sb.a.addr),
+                    other = Ipv4ToString(net_->gateway() + 7);
+  // What the policy allows; its own loopback and address answer as usual.
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "198.51.100.10", 80), 0);
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "10.9.9.9", 8080), 0);  // its rule
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "127.0.0.1", 9), ECONNREFUSED);
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, me.c_str(), 9), ECONNREFUSED);
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_DGRAM, gw.c_str(), 53), 0);  // DNS
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET6, SOCK_STREAM, "::ffff:198.51.100.10", 80), 0);
+  // Refused at connect (EPERM), where nftables answers a reset (ECONNREFUSED) to a packet.
+  uint64_t before = g->Denied(c), total = g->DeniedTotal();
+  for (auto [type, addr, port] : {std::tuple{SOCK_STREAM, "169.254.169.254", 80},
+                                  {SOCK_DGRAM, "169.254.169.254", 53},
+                                  {SOCK_STREAM, gw.c_str(), 80},     // the node on the gateway
+                                  {SOCK_STREAM, gw.c_str(), 53},     // DNS is UDP only
+                                  {SOCK_STREAM, "203.0.113.1", 22},  // the node's uplink
+                                  {SOCK_STREAM, other.c_str(), 80},  // another sandbox
+                                  {SOCK_STREAM, "172.16.0.1", 80},   // private, no rule
+                                  {SOCK_DGRAM, "224.0.0.251", 5353}})
+    EXPECT_EQ(FromCgroup(c, ns, AF_INET, type, addr, port), EPERM) << addr << ":" << port;
+  for (const char* addr : {"::ffff:169.254.169.254", "2001:db8::1"})
+    EXPECT_EQ(FromCgroup(c, ns, AF_INET6, SOCK_STREAM, addr, 80), EPERM) << addr;
+  EXPECT_EQ(g->Denied(c), before + 10);
+  EXPECT_GE(g->DeniedTotal(), total + 10);
+
+  // A live change: the rule goes, then the network.
+  NetworkPolicy open = Mode(NetMode::kOpen);
+  ASSERT_TRUE(g->Set(c, sb.a.addr, open).ok());
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "10.9.9.9", 8080), EPERM);
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "198.51.100.10", 80), 0);
+  // Mode none: the network (here still the veth and nftables' refusal) answers, as for a
+  // sandbox created without one.
+  ASSERT_TRUE(g->Set(c, 0, Mode(NetMode::kNone)).ok());
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "169.254.169.254", 80), ECONNREFUSED);
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "127.0.0.1", 9), ECONNREFUSED);
+
+  // A later edge's guard replaces this one's programs (whose maps it cannot reach).
+  EgressGuardOptions o;
+  o.range = {net_->gateway() - 1, 16};
+  auto next = EgressGuard::Start(o);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  ASSERT_TRUE((*next)->Attach(c).ok());
+  // Until its first policy, the new programs refuse all but loopback.
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "198.51.100.10", 80), EPERM);
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "127.0.0.1", 9), ECONNREFUSED);
+  auto ids = bpf::AttachedPrograms(c, BPF_CGROUP_INET4_CONNECT);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->size(), 1u);
+  ASSERT_TRUE((*next)->Set(c, sb.a.addr, open).ok());
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "198.51.100.10", 80), 0);
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "169.254.169.254", 80), EPERM);
+  (*next)->Forget(c);
+  g->Forget(c);
+  net_->Detach(sb.a);
+}
+
 TEST_F(NodeNetworkPrivilegedTest, RefusedPacketsAreLoggedRateLimited) {
   net_->Stop();
   Mutex mu;
@@ -502,6 +642,49 @@ TEST_F(NodeNetworkPrivilegedTest, RefusedPacketsAreLoggedRateLimited) {
   EXPECT_EQ(seen[0].second.dport, 8080);
   EXPECT_EQ(seen[0].second.proto, IPPROTO_TCP);
   EXPECT_GE(net_->Denied(sb.a), 30u);  // every one is counted
+  net_->Detach(sb.a);
+}
+
+TEST_F(NodeNetworkPrivilegedTest, RefusalsAtConnectAreLoggedRateLimitedToo) {
+  net_->Stop();
+  Mutex mu;
+  std::vector<std::pair<std::string, DeniedPacket>> seen;
+  NodeNetworkOptions o;
+  o.tag = "t4";
+  o.on_denied = [&](const std::string& label, const DeniedPacket& p) {
+    MutexLock l(mu);
+    seen.push_back({label, p});
+  };
+  net_ = NodeNetwork::Start(o).value();
+  EgressGuard* g = net_->guard();
+  if (!g) GTEST_SKIP() << "no egress guard on this kernel: " << net_->guard_error();
+  auto cg = TestCgroup::Make();
+  if (!cg) GTEST_SKIP() << "no cgroup2 hierarchy to attach cgroup BPF programs to";
+  Sandbox sb;
+  sb.ns = NewNs();
+  NetworkPolicy open = Mode(NetMode::kOpen);
+  auto a = net_->Attach(sb.ns.get(), "sb-guarded", &open);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  sb.a = *a;
+  ASSERT_TRUE(g->Attach(cg->fd.get()).ok());
+  ASSERT_TRUE(g->Set(cg->fd.get(), sb.a.addr, open).ok());
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(FromCgroup(cg->fd.get(), sb.ns.get(), AF_INET, SOCK_STREAM, "169.254.169.254", 80),
+              EPERM);
+  EXPECT_EQ(FromCgroup(cg->fd.get(), sb.ns.get(), AF_INET6, SOCK_DGRAM, "2001:db8::1", 53), EPERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  {
+    MutexLock l(mu);
+    ASSERT_EQ(seen.size(), 5u);  // the burst, of 21
+    EXPECT_EQ(seen[0].first, "sb-guarded");
+    EXPECT_TRUE(seen[0].second.at_connect);
+    EXPECT_EQ(seen[0].second.src, sb.a.addr);
+    EXPECT_EQ(seen[0].second.dst, 0xa9fea9feu);
+    EXPECT_EQ(seen[0].second.dport, 80);
+    EXPECT_EQ(seen[0].second.proto, IPPROTO_TCP);
+  }
+  EXPECT_EQ(g->Denied(cg->fd.get()), 21u);  // every one is counted
+  g->Forget(cg->fd.get());
   net_->Detach(sb.a);
 }
 

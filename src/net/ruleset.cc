@@ -71,8 +71,8 @@ std::string RenderTable(const NodeTable& t) {
   // conntrack sees them.
   std::string r = R"(table inet {table} {
   set bind { type ifname . ipv4_addr; }
-  set never { type ipv4_addr; flags interval; elements = { 0.0.0.0/8, {range}, 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3 } }
-  set private { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15 } }
+  set never { type ipv4_addr; flags interval; elements = { {never} } }
+  set private { type ipv4_addr; flags interval; elements = { {private} } }
   map marks { type ipv4_addr : mark; }
   map denied { type ipv4_addr : counter; }
   map dispatch { type ipv4_addr : verdict; }
@@ -129,7 +129,12 @@ std::string RenderTable(const NodeTable& t) {
           ? "    update @lograte { ip saddr limit rate 6/minute burst 5 packets } log group " +
                 std::to_string(t.log_group) + "\n"
           : "";
+  std::string never = kNeverNets[0].ToString() + ", " + t.range.ToString(), priv;
+  for (size_t i = 1; i < std::size(kNeverNets); ++i) never += ", " + kNeverNets[i].ToString();
+  for (const Ipv4Net& n : kPrivateNets) priv += (priv.empty() ? "" : ", ") + n.ToString();
   const std::pair<const char*, std::string> vars[] = {
+      {"{never}", never},
+      {"{private}", priv},
       {"{table}", t.table},
       {"{range}", t.range.ToString()},
       {"{veths}", t.veth_prefix + "*"},

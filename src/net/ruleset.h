@@ -32,6 +32,14 @@ struct Ipv4Net {
   bool operator==(const Ipv4Net&) const = default;
 };
 
+// Destinations the table refuses for every policy (`never`, with the sandbox range after the
+// first): this host (0/8), loopback, link-local and metadata, multicast and reserved.
+inline constexpr Ipv4Net kNeverNets[] = {
+    {0x00000000, 8}, {0x7f000000, 8}, {0xa9fe0000, 16}, {0xe0000000, 3}};
+// Private ranges (`private`): reachable only where a rule names them.
+inline constexpr Ipv4Net kPrivateNets[] = {{0x0a000000, 8},  {0x64400000, 10}, {0xac100000, 12},
+                                           {0xc0000000, 24}, {0xc0a80000, 16}, {0xc6120000, 15}};
+
 // The node's sandbox range (network_cidr): an IPv4 network from /8 to /28 without host bits.
 // Parsed once, where the configuration is read; everything after takes the Ipv4Net.
 StatusOr<Ipv4Net> ParseSandboxRange(std::string_view cidr);

@@ -1,6 +1,7 @@
 #include "net/sandbox_net.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -22,13 +23,29 @@ StatusOr<UniqueFd> SandboxNet::AttachTap() {
   return tap;
 }
 
+Status SandboxNet::SetCgroup(int cgroup_fd) {
+  cgroup_.Reset(fcntl(cgroup_fd, F_DUPFD_CLOEXEC, 0));
+  if (!cgroup_) return ErrnoError("dup the sandbox's cgroup directory");
+  return OkStatus();
+}
+
+Status SandboxNet::Guard(const NetworkPolicy& p) {
+  EgressGuard* g = node_ && cgroup_ ? node_->guard() : nullptr;
+  if (!g) return OkStatus();
+  if (!guarded_) {
+    DSEC_RETURN_IF_ERROR(g->Attach(cgroup_.get()));
+    guarded_ = true;
+  }
+  return g->Set(cgroup_.get(), attachment_.addr, p);
+}
+
 Status SandboxNet::Apply(const NetworkPolicy& p) {
   if (tap_ && attachment_) return node_->Apply(attachment_, p);  // `none` refuses everything
   if (p.mode == NetMode::kNone) {
     // No network device at all, as a sandbox created with none: the veth and the address go.
     if (attachment_ && node_) node_->Unplug(attachment_);
     attachment_ = {};
-    return OkStatus();
+    return guarded_ ? Guard(p) : OkStatus();
   }
   if (!attachment_) {
     if (!netns_)
@@ -42,9 +59,10 @@ Status SandboxNet::Apply(const NetworkPolicy& p) {
     DSEC_ASSIGN_OR_RETURN(UniqueFd ns, netns_());
     // Attached with its policy in one transaction: nothing flows before it, nothing to flush.
     DSEC_ASSIGN_OR_RETURN(attachment_, node_->Attach(ns.get(), label_, &p));
-    return OkStatus();
+    return Guard(p);
   }
-  return node_->Apply(attachment_, p);
+  DSEC_RETURN_IF_ERROR(node_->Apply(attachment_, p));
+  return Guard(p);
 }
 
 Status SandboxNet::Readopt(const NetAttachment& a, const NetworkPolicy& p) {
@@ -54,7 +72,8 @@ Status SandboxNet::Readopt(const NetAttachment& a, const NetworkPolicy& p) {
   DSEC_RETURN_IF_ERROR(node_->Readopt(a, label_));
   attachment_ = a;
   tap_ = !netns_;
-  return node_->Apply(attachment_, p);
+  DSEC_RETURN_IF_ERROR(node_->Apply(attachment_, p));
+  return Guard(p);  // the last edge's programs make way for this one's
 }
 
 StatusOr<UniqueFd> SandboxNet::ConnectPort(uint16_t port) {
@@ -86,9 +105,14 @@ std::string SandboxNet::Gateway() const {
   return attachment_ && node_ ? Ipv4ToString(node_->gateway()) : std::string();
 }
 
-uint64_t SandboxNet::Denied() { return attachment_ && node_ ? node_->Denied(attachment_) : 0; }
+uint64_t SandboxNet::Denied() {
+  uint64_t at_connect = guarded_ && node_->guard() ? node_->guard()->Denied(cgroup_.get()) : 0;
+  return at_connect + (attachment_ && node_ ? node_->Denied(attachment_) : 0);
+}
 
 void SandboxNet::Detach() {
+  if (guarded_ && node_->guard()) node_->guard()->Forget(cgroup_.get());
+  guarded_ = false;
   if (attachment_ && node_) node_->Detach(attachment_);
   attachment_ = {};
   tap_ = false;

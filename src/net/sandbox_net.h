@@ -35,6 +35,10 @@ class SandboxNet {
   // refused until Apply.
   StatusOr<UniqueFd> AttachTap();
 
+  // The sandbox's cgroup2 directory (duplicated): its egress is also guarded at connect() by
+  // the node's EgressGuard, if it has one. Call before the first Apply or Readopt.
+  Status SetCgroup(int cgroup_fd);
+
   // Gives the namespace a network if it has none yet (eth0, an address), then applies `p`
   // atomically. Mode none takes the network away again: the sandbox is left with loopback
   // only, as if it never had one.
@@ -69,6 +73,10 @@ class SandboxNet {
   NodeNetwork* node_ = nullptr;
   NetAttachment attachment_;
   bool tap_ = false;  // attached by AttachTap
+  UniqueFd cgroup_;
+  bool guarded_ = false;  // the guard's programs are attached to cgroup_
+  // Puts `p` in the egress guard (attaching it first), if there is one.
+  Status Guard(const NetworkPolicy& p);
 };
 
 }  // namespace dsec::net

@@ -23,6 +23,18 @@ pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON or "")
 
 
 REFUSED = "ConnectionRefusedError 111"
+# What no policy may reach (the node, the sandbox range, private ranges no rule names,
+# metadata) is refused at connect() by the egress guard's cgroup programs, where the node has
+# them (GET /v1/node says), before nftables would reset it.
+DENIED = "PermissionError 1"
+
+
+def never(c):
+    """How a connection to what no policy may reach fails on this edge (its network started)."""
+    guard = c.get("/v1/node", expect=200).json["features"]["network"]["egress_guard"]
+    if guard != "on":
+        print(f"no egress guard on this edge ({guard}): nftables refuse these")
+    return DENIED if guard == "on" else REFUSED
 
 
 def probe(c, sid, host, port):
@@ -124,7 +136,7 @@ def test_allowlist_reaches_exactly_its_rules(c, nedge):
     result, ms = probe(c, sid, PUBLIC, 8080)
     assert result == REFUSED and ms < 1000  # refused at once, not a silent drop
     assert probe(c, sid, PUBLIC, 7)[0] == REFUSED
-    assert probe(c, sid, UPLINK_ADDR, 22)[0] == REFUSED  # the node itself
+    assert probe(c, sid, UPLINK_ADDR, 22)[0] == never(c)  # the node itself
     st = c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json
     assert st["network_denied"] >= 3, st
     metrics = c.get("/metrics", expect=200).body.decode()
@@ -152,10 +164,10 @@ def test_open_reaches_public_but_never_node_private_metadata_or_neighbour(c, ned
     a = create(c, {"mode": "open"})
     b = create(c, {"mode": "open"})
     assert http_get(c, a["id"], f"http://{PUBLIC}:8080/") == "200"
-    assert probe(c, a["id"], PRIVATE, 80)[0] == REFUSED
-    assert probe(c, a["id"], "169.254.169.254", 80)[0] == REFUSED
-    assert probe(c, a["id"], UPLINK_ADDR, nedge.port)[0] == REFUSED  # the edge's port
-    assert probe(c, a["id"], "10.213.0.1", nedge.port)[0] == REFUSED  # the gateway
+    assert probe(c, a["id"], PRIVATE, 80)[0] == never(c)
+    assert probe(c, a["id"], "169.254.169.254", 80)[0] == never(c)
+    assert probe(c, a["id"], UPLINK_ADDR, nedge.port)[0] == never(c)  # the edge's port
+    assert probe(c, a["id"], "10.213.0.1", nedge.port)[0] == never(c)  # the gateway
     # b serves; a cannot reach it, even when a rule names every address.
     c.exec(b["id"], "python3 -m http.server 9000 >/dev/null 2>&1 &")
     deadline = time.monotonic() + 10
@@ -164,8 +176,37 @@ def test_open_reaches_public_but_never_node_private_metadata_or_neighbour(c, ned
         time.sleep(0.1)
     c.patch(f"/v1/sandboxes/{a['id']}", {"network": {"mode": "open", "rules": [
         {"cidr": "0.0.0.0/0"}]}}, expect=200)
-    assert probe(c, a["id"], b["network"]["address"], 9000)[0] == REFUSED
+    assert probe(c, a["id"], b["network"]["address"], 9000)[0] == never(c)
     assert http_get(c, a["id"], f"http://{PRIVATE}/") == "200"  # the rule opens private ranges
+
+
+def test_the_egress_guard_holds_when_nftables_let_everything_through(c, nedge, lab):
+    """Defence in depth: with the edge's `never` and `private` sets emptied (a bug, or a root
+    on the node flushing them), nftables would pass the metadata address, a neighbour and
+    private ranges; the cgroup programs still refuse them at connect()."""
+    a = create(c, {"mode": "open"})
+    b = create(c, {"mode": "open"})
+    if never(c) != DENIED:
+        pytest.skip("this edge has no egress guard (GET /v1/node says why)")
+    table = f"inet dsec_{nedge.instance[:6]}"
+    sets = {}
+    for name in ("never", "private"):
+        listed = lab.ns(lab.node, "nft", "list", "set", *table.split(), name).stdout
+        sets[name] = listed.split("elements = {", 1)[1].split("}", 1)[0].strip()
+    try:
+        for name in sets:
+            lab.ns(lab.node, "nft", "flush", "set", *table.split(), name)
+        assert probe(c, a["id"], PRIVATE, 80)[0] == DENIED
+        assert probe(c, a["id"], "169.254.169.254", 80)[0] == DENIED
+        assert probe(c, a["id"], b["network"]["address"], 9000)[0] == DENIED
+        assert http_get(c, a["id"], f"http://{PUBLIC}/") == "200"
+        # Refusals at connect() count in the sandbox's stats.
+        st = c.get(f"/v1/sandboxes/{a['id']}/stats", expect=200).json
+        assert st["network_denied"] >= 3, st
+    finally:
+        for name, elements in sets.items():
+            lab.ns(lab.node, "nft", "add", "element", *table.split(), name, "{ " + elements + " }")
+    assert probe(c, a["id"], PRIVATE, 80)[0] == DENIED
 
 
 CUT = r"""
@@ -242,7 +283,7 @@ def test_domains_resolve_through_the_node_forwarder(c):
     assert resolve("unlisted.test") == "gaierror"  # listed nowhere: NXDOMAIN
     # A listed name resolving to a private address does not open it.
     assert resolve("internal.test") == PRIVATE
-    assert probe(c, sid, PRIVATE, 80)[0] == REFUSED
+    assert probe(c, sid, PRIVATE, 80)[0] == never(c)
     # Without domains, what they resolved to is no longer reachable.
     c.patch(f"/v1/sandboxes/{sid}", {"network": {"mode": "allowlist"}}, expect=200)
     assert probe(c, sid, PUBLIC, 80)[0] == REFUSED

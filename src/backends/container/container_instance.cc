@@ -136,6 +136,7 @@ StatusOr<AgentLink> ContainerInstance::Start() {
     DSEC_RETURN_IF_ERROR(b.socket_budget_->Attach(cgroup_->CloneIntoFd(), limit));
   }
 
+  if (cgroup_->CloneIntoFd() >= 0) DSEC_RETURN_IF_ERROR(net_.SetCgroup(cgroup_->CloneIntoFd()));
   if (b.netns_) {
     DSEC_ASSIGN_OR_RETURN(netns_, b.netns_->Acquire());
   } else if (spec_.network.mode != net::NetMode::kNone) {
@@ -248,6 +249,7 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
   holds_image_ = !stack_.layers.empty();
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->OpenSandbox(spec_.id));
   cgroup_ = std::move(cg);
+  if (cgroup_->CloneIntoFd() >= 0) DSEC_RETURN_IF_ERROR(net_.SetCgroup(cgroup_->CloneIntoFd()));
   DSEC_RETURN_IF_ERROR(net_.Readopt({h.net_addr, h.net_if}, spec_.network));
   // A frozen agent cannot answer: thaw for the handshake, freeze again after.
   bool frozen = cgroup_->IsFrozen().value_or(false);
