@@ -1,9 +1,11 @@
 #include "net/egress_guard.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,9 +32,9 @@ enum : uint32_t { kRefuse = 1, kRefuseButDns = 2, kPrivate = 3 };
 // A sandbox's entries say "allowed" by being there.
 constexpr uint32_t kAllowed = 1;
 
-// A sandbox's cgroup storage.
-// Slot modes: not set yet (everything but loopback refused: fail closed), none (no network
-// device: the kernel answers, ENETUNREACH, as for a sandbox created without one), networked.
+// A sandbox's entry in the slot table, keyed by its cgroup id. Modes: not set yet (everything but
+// loopback refused: fail closed), none (no network device: the kernel answers, ENETUNREACH, as for
+// a sandbox created without one), networked.
 enum : uint32_t { kUnset = 0, kNoNetwork = 1, kNetworked = 2 };
 struct Slot {
   uint32_t mode;
@@ -49,9 +51,17 @@ struct Event {
   uint32_t family;  // 4, or 6 for an IPv6 destination that is not v4-mapped (dst 0)
 };
 
+// The node's entry: refusals of all, and the depth of sandbox cgroups in the hierarchy.
+struct NodeEntry {
+  uint64_t total;
+  uint32_t level;
+  uint32_t pad;
+};
+
 constexpr uint64_t kLogEveryNs = 10'000'000'000;  // one a 10 s
 constexpr uint64_t kLogBurst = 5;
 constexpr uint32_t kTrieEntries = 65536;
+constexpr uint32_t kSlots = 65536;
 constexpr uint32_t kRingBytes = 64 * 1024;
 
 constexpr bpf_attach_type kTypes[4] = {BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_UDP4_SENDMSG,
@@ -61,15 +71,27 @@ constexpr const char* kNames[4] = {"connect4", "sendmsg4", "connect6", "sendmsg6
 // offsetof(struct bpf_sock_addr, ...)
 constexpr int16_t kUserIp4 = 4, kUserIp6 = 8, kUserPort = 24, kProtocol = 36;
 
-// The program of one hook; `v6`: its context carries an IPv6 destination.
-std::vector<bpf_insn> GuardProgram(bool v6, int trie, int storage, int total, int events) {
+// The program of one hook; `v6`: its context carries an IPv6 destination. Attached to the
+// sandboxes' parent cgroup, it finds the caller's sandbox by its ancestor at the sandboxes'
+// level; a process of no sandbox with a slot is not its business.
+std::vector<bpf_insn> GuardProgram(bool v6, int trie, int slots, int node, int events) {
   enum { kCheck, kAllow, kDeny, kDns, kHave, kRate, kOut };
   // r6 ctx, r7 the sandbox's slot, r8 the destination (IPv4, network order), r9 its address.
-  // Stack: -16..-4 the trie key, -20 a u32 key 0, -24 the destination's family, -48 an Event.
+  // Stack: -16..-4 the trie key, -20 a u32 key 0, -24 the destination's family, -32 the
+  // sandbox's cgroup id, -56 an Event.
   Program p;
-  p << MovReg(R6, R1);
-  p.LoadMap(R1, storage);
-  p << MovImm(R2, 0) << Call(BPF_FUNC_get_local_storage) << MovReg(R7, R0);
+  p << MovReg(R6, R1) << StoreImm(BPF_W, R10, -20, 0);
+  p.LoadMap(R1, node);
+  p << MovReg(R2, R10) << AddImm(R2, -20) << Call(BPF_FUNC_map_lookup_elem);
+  p.JumpImm(BPF_JEQ, R0, 0, kAllow);
+  p << Load(BPF_W, R1, R0, offsetof(NodeEntry, level))
+    << Call(BPF_FUNC_get_current_ancestor_cgroup_id);
+  p.JumpImm(BPF_JEQ, R0, 0, kAllow);
+  p << Store(BPF_DW, R10, R0, -32);
+  p.LoadMap(R1, slots);
+  p << MovReg(R2, R10) << AddImm(R2, -32) << Call(BPF_FUNC_map_lookup_elem);
+  p.JumpImm(BPF_JEQ, R0, 0, kAllow);
+  p << MovReg(R7, R0);
   if (!v6) {
     p << Load(BPF_W, R8, R6, kUserIp4) << StoreImm(BPF_W, R10, -24, 4);
     p.Goto(kCheck);
@@ -112,12 +134,11 @@ std::vector<bpf_insn> GuardProgram(bool v6, int trie, int storage, int total, in
   p.Place(kAllow) << MovImm(R0, 1) << Exit();
 
   // Refused: counted, and now and then logged.
-  p.Place(kDeny) << MovImm(R1, 1) << AtomicAddDw(R7, R1, offsetof(Slot, denied))
-                 << StoreImm(BPF_W, R10, -20, 0);
-  p.LoadMap(R1, total);
+  p.Place(kDeny) << MovImm(R1, 1) << AtomicAddDw(R7, R1, offsetof(Slot, denied));
+  p.LoadMap(R1, node);
   p << MovReg(R2, R10) << AddImm(R2, -20) << Call(BPF_FUNC_map_lookup_elem);
   p.JumpImm(BPF_JEQ, R0, 0, kRate);
-  p << MovImm(R1, 1) << AtomicAddDw(R0, R1, 0);
+  p << MovImm(R1, 1) << AtomicAddDw(R0, R1, offsetof(NodeEntry, total));
   p.Place(kRate) << Call(BPF_FUNC_ktime_get_ns) << MovReg(R1, R0)
                  << Load(BPF_DW, R2, R7, offsetof(Slot, next_log_ns));
   p.JumpReg(BPF_JGE, R2, R1, kHave);
@@ -128,13 +149,13 @@ std::vector<bpf_insn> GuardProgram(bool v6, int trie, int storage, int total, in
   p.LoadImm64(R4, kLogEveryNs);
   p << Insn(BPF_ALU64 | BPF_ADD | BPF_X, R2, R4, 0, 0)
     << Store(BPF_DW, R7, R2, offsetof(Slot, next_log_ns))
-    << Load(BPF_W, R1, R7, offsetof(Slot, addr)) << Store(BPF_W, R10, R1, -48 + 0)
-    << Store(BPF_W, R10, R8, -48 + 4) << Load(BPF_W, R1, R6, kUserPort)
-    << Store(BPF_W, R10, R1, -48 + 8) << Load(BPF_W, R1, R6, kProtocol)
-    << Store(BPF_W, R10, R1, -48 + 12) << Load(BPF_W, R1, R10, -24)
-    << Store(BPF_W, R10, R1, -48 + 16);
+    << Load(BPF_W, R1, R7, offsetof(Slot, addr)) << Store(BPF_W, R10, R1, -56 + 0)
+    << Store(BPF_W, R10, R8, -56 + 4) << Load(BPF_W, R1, R6, kUserPort)
+    << Store(BPF_W, R10, R1, -56 + 8) << Load(BPF_W, R1, R6, kProtocol)
+    << Store(BPF_W, R10, R1, -56 + 12) << Load(BPF_W, R1, R10, -24)
+    << Store(BPF_W, R10, R1, -56 + 16);
   p.LoadMap(R1, events);
-  p << MovReg(R2, R10) << AddImm(R2, -48) << MovImm(R3, sizeof(Event)) << MovImm(R4, 0)
+  p << MovReg(R2, R10) << AddImm(R2, -56) << MovImm(R3, sizeof(Event)) << MovImm(R4, 0)
     << Call(BPF_FUNC_ringbuf_output);
   p.Place(kOut) << MovImm(R0, 0) << Exit();
   return p.insns();
@@ -153,16 +174,16 @@ StatusOr<std::unique_ptr<EgressGuard>> EgressGuard::Start(EgressGuardOptions o) 
 Status EgressGuard::Load() {
   DSEC_ASSIGN_OR_RETURN(trie_, CreateMap(BPF_MAP_TYPE_LPM_TRIE, sizeof(TrieKey), sizeof(uint32_t),
                                          kTrieEntries, BPF_F_NO_PREALLOC, "egress trie"));
-  DSEC_ASSIGN_OR_RETURN(storage_, CreateMap(BPF_MAP_TYPE_CGROUP_STORAGE, sizeof(uint64_t),
-                                            sizeof(Slot), 0, 0, "egress cgroup storage"));
-  DSEC_ASSIGN_OR_RETURN(total_, CreateMap(BPF_MAP_TYPE_ARRAY, sizeof(uint32_t), sizeof(uint64_t), 1,
-                                          0, "egress total"));
+  DSEC_ASSIGN_OR_RETURN(slots_, CreateMap(BPF_MAP_TYPE_HASH, sizeof(uint64_t), sizeof(Slot), kSlots,
+                                          BPF_F_NO_PREALLOC, "egress slots"));
+  DSEC_ASSIGN_OR_RETURN(node_, CreateMap(BPF_MAP_TYPE_ARRAY, sizeof(uint32_t), sizeof(NodeEntry), 1,
+                                         0, "egress node entry"));
   DSEC_ASSIGN_OR_RETURN(events_,
                         CreateMap(BPF_MAP_TYPE_RINGBUF, 0, 0, kRingBytes, 0, "egress events"));
   for (int i = 0; i < 4; ++i) {
     DSEC_ASSIGN_OR_RETURN(progs_[i], LoadProgram(BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
-                                                 GuardProgram(i >= 2, trie_.get(), storage_.get(),
-                                                              total_.get(), events_.get()),
+                                                 GuardProgram(i >= 2, trie_.get(), slots_.get(),
+                                                              node_.get(), events_.get()),
                                                  kTypes[i], kNames[i]));
     DSEC_ASSIGN_OR_RETURN(prog_ids_[i], ProgramId(progs_[i].get()));
   }
@@ -204,19 +225,64 @@ EgressGuard::~EgressGuard() {
   if (thread_.joinable()) thread_.join();
   if (consumer_) munmap(consumer_, page_);
   if (producer_) munmap(producer_, page_ + 2 * ring_size_);
+  // The programs stay on the parents they hold until a later edge replaces them or the parent
+  // goes: sandboxes this edge let go of (an adopting edge's) keep the layer meanwhile.
 }
 
-Status EgressGuard::Attach(int cgroup_fd) {
-  for (int i = 0; i < 4; ++i) {
-    DSEC_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, AttachedPrograms(cgroup_fd, kTypes[i]));
-    bool ours = std::find(ids.begin(), ids.end(), prog_ids_[i]) != ids.end();
-    if (!ours)
-      DSEC_RETURN_IF_ERROR(AttachToCgroup(cgroup_fd, progs_[i].get(), kTypes[i], kNames[i]));
-    // An earlier edge's programs (their maps are out of this edge's reach) go, once ours hold.
-    for (uint32_t id : ids)
-      if (id != prog_ids_[i]) DSEC_RETURN_IF_ERROR(DetachFromCgroup(cgroup_fd, id, kTypes[i]));
+namespace {
+
+// The depth of a cgroup2 directory below its hierarchy's root (the root: 0).
+StatusOr<uint32_t> CgroupLevel(int cgroup_fd) {
+  struct stat st;
+  if (fstat(cgroup_fd, &st) < 0) return ErrnoError("fstat cgroup");
+  UniqueFd at(fcntl(cgroup_fd, F_DUPFD_CLOEXEC, 0));
+  for (uint32_t level = 0; level < 64; ++level) {
+    UniqueFd up(openat(at.get(), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    struct stat ust;
+    if (!up || fstat(up.get(), &ust) < 0) return ErrnoError("open a cgroup's parent");
+    if (ust.st_dev != st.st_dev) return level;  // `at` is the root of the hierarchy
+    at = std::move(up);
   }
-  return OkStatus();
+  return InternalError("a cgroup 64 levels deep");
+}
+
+}  // namespace
+
+Status EgressGuard::Attach(int cgroup_fd) {
+  DSEC_ASSIGN_OR_RETURN(uint64_t id, CgroupId(cgroup_fd));
+  UniqueFd parent(openat(cgroup_fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!parent) return ErrnoError("open the sandbox cgroup's parent");
+  DSEC_ASSIGN_OR_RETURN(uint64_t parent_id, CgroupId(parent.get()));
+  MutexLock l(mu_);
+  if (!parents_.count(parent_id)) {
+    DSEC_ASSIGN_OR_RETURN(uint32_t level, CgroupLevel(cgroup_fd));
+    // On the hierarchy's root the programs would run for every process of the host.
+    if (level < 2) return FailedPrecondition("sandbox cgroups sit right below the cgroup2 root");
+    if (level_ && level != level_)
+      return FailedPrecondition("sandbox cgroups at depth " + std::to_string(level) +
+                                " where earlier ones were at " + std::to_string(level_));
+    NodeEntry e{};
+    uint32_t k = 0;
+    DSEC_RETURN_IF_ERROR(bpf::LookupElem(node_.get(), &k, &e).status());
+    e.level = level;
+    DSEC_RETURN_IF_ERROR(UpdateElem(node_.get(), &k, &e, BPF_ANY, "egress node entry"));
+    level_ = level;
+    for (int i = 0; i < 4; ++i) {
+      DSEC_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, AttachedPrograms(parent.get(), kTypes[i]));
+      if (std::find(ids.begin(), ids.end(), prog_ids_[i]) == ids.end())
+        DSEC_RETURN_IF_ERROR(AttachToCgroup(parent.get(), progs_[i].get(), kTypes[i], kNames[i]));
+      // An earlier edge's programs (their maps are out of this edge's reach) go, once ours
+      // hold; its sandboxes are guarded by ours as each is adopted (until then nftables alone).
+      for (uint32_t old : ids)
+        if (old != prog_ids_[i])
+          DSEC_RETURN_IF_ERROR(DetachFromCgroup(parent.get(), old, kTypes[i]));
+    }
+    parents_.insert(parent_id);
+  }
+  // Everything but loopback refused until Set (an earlier Set's slot stays as it is).
+  Slot s{};
+  Status st = UpdateElem(slots_.get(), &id, &s, BPF_NOEXIST, "egress slots");
+  return st.code() == StatusCode::kAlreadyExists ? OkStatus() : st;
 }
 
 Status EgressGuard::Set(int cgroup_fd, uint32_t addr, const NetworkPolicy& p) {
@@ -226,7 +292,7 @@ Status EgressGuard::Set(int cgroup_fd, uint32_t addr, const NetworkPolicy& p) {
   if (next.addr)
     for (const Rule& r : p.rules) next.allowed.push_back({r.addr, r.prefix});
   Slot s{};
-  if (!bpf::LookupElem(storage_.get(), &id, &s).value_or(false))
+  if (!bpf::LookupElem(slots_.get(), &id, &s).value_or(false))
     return NotFound("the egress guard is not attached to this cgroup");
   MutexLock l(mu_);
   Entry& cur = entries_[id];
@@ -237,9 +303,9 @@ Status EgressGuard::Set(int cgroup_fd, uint32_t addr, const NetworkPolicy& p) {
   }
   s.mode = p.mode == NetMode::kNone ? kNoNetwork : kNetworked;
   s.addr = htonl(next.addr);
-  // Only mode and address: the counters are the programs' (a race loses nothing that
-  // matters: at most one refusal's count or log slot).
-  DSEC_RETURN_IF_ERROR(UpdateElem(storage_.get(), &id, &s, BPF_ANY, "egress cgroup storage"));
+  // Only mode and address are ours: the counters are the programs' (a race with a refusal
+  // loses at most its count or log slot).
+  DSEC_RETURN_IF_ERROR(UpdateElem(slots_.get(), &id, &s, BPF_EXIST, "egress slots"));
   for (const Ipv4Net& n : cur.allowed) {
     if (cur.addr == next.addr &&
         std::find(next.allowed.begin(), next.allowed.end(), n) != next.allowed.end())
@@ -254,6 +320,7 @@ Status EgressGuard::Set(int cgroup_fd, uint32_t addr, const NetworkPolicy& p) {
 void EgressGuard::Forget(int cgroup_fd) {
   auto id = CgroupId(cgroup_fd);
   if (!id.ok()) return;
+  (void)DeleteElem(slots_.get(), &*id);
   MutexLock l(mu_);
   auto it = entries_.find(*id);
   if (it == entries_.end()) return;
@@ -267,14 +334,14 @@ void EgressGuard::Forget(int cgroup_fd) {
 uint64_t EgressGuard::Denied(int cgroup_fd) {
   auto id = CgroupId(cgroup_fd);
   Slot s{};
-  if (!id.ok() || !bpf::LookupElem(storage_.get(), &*id, &s).value_or(false)) return 0;
+  if (!id.ok() || !bpf::LookupElem(slots_.get(), &*id, &s).value_or(false)) return 0;
   return s.denied;
 }
 
 uint64_t EgressGuard::DeniedTotal() {
   uint32_t k = 0;
-  uint64_t v = 0;
-  return bpf::LookupElem(total_.get(), &k, &v).value_or(false) ? v : 0;
+  NodeEntry e{};
+  return bpf::LookupElem(node_.get(), &k, &e).value_or(false) ? e.total : 0;
 }
 
 void EgressGuard::Loop() {

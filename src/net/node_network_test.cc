@@ -165,29 +165,37 @@ std::string Resolve(int ns, uint32_t gateway, const std::string& name) {
   return out;
 }
 
-// A cgroup2 directory of the test's own (the unified mount of a hybrid host, or the v2 root),
-// removed when it goes; !ok() if the host has none.
+// Cgroup2 directories of the test's own, a parent and sandboxes below it (in the unified mount
+// of a hybrid host, or the v2 root), removed when it goes; nullopt if the host has none.
 struct TestCgroup {
-  std::string path;
-  UniqueFd fd;
+  std::string parent;
+  std::vector<std::string> made;
+  UniqueFd fd;  // the first sandbox's
   static std::optional<TestCgroup> Make() {
     for (const char* root : {"/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
       if (access((std::string(root) + "/cgroup.procs").c_str(), F_OK) != 0) continue;
-      if (access((std::string(root) + "/cgroup.subtree_control").c_str(), F_OK) != 0 &&
-          std::string(root) == "/sys/fs/cgroup")
-        continue;  // v1 root
+      if (std::string(root) == "/sys/fs/cgroup" &&
+          access("/sys/fs/cgroup/cgroup.subtree_control", F_OK) != 0)
+        continue;  // a v1 root
       TestCgroup c;
-      c.path = std::string(root) + "/dsec-guard-test-" + std::to_string(getpid());
-      if (mkdir(c.path.c_str(), 0755) < 0) continue;
-      c.fd.Reset(open(c.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-      return c;
+      c.parent = std::string(root) + "/dsec-guard-test-" + std::to_string(getpid());
+      if (mkdir(c.parent.c_str(), 0755) < 0) continue;
+      c.made.push_back(c.parent);
+      c.fd = c.Sandbox("sb0");
+      if (c.fd) return c;
     }
     return std::nullopt;
+  }
+  UniqueFd Sandbox(const std::string& name) {
+    std::string path = parent + "/" + name;
+    if (mkdir(path.c_str(), 0755) < 0) return UniqueFd();
+    made.push_back(path);
+    return UniqueFd(open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   }
   TestCgroup() = default;
   TestCgroup(TestCgroup&&) = default;
   ~TestCgroup() {
-    if (!path.empty() && fd) rmdir(path.c_str());
+    for (auto it = made.rbegin(); it != made.rend(); ++it) rmdir(it->c_str());
   }
 };
 
@@ -585,6 +593,20 @@ TEST_F(NodeNetworkPrivilegedTest, EgressGuardRefusesAtConnectWhatNoPolicyMayReac
   EXPECT_EQ(g->Denied(c), before + 10);
   EXPECT_GE(g->DeniedTotal(), total + 10);
 
+  // A neighbour under the same parent has its own policy (the same namespace will do here);
+  // a cgroup with no slot is left to nftables.
+  UniqueFd sb1 = cg->Sandbox("sb1"), plain = cg->Sandbox("plain");
+  ASSERT_TRUE(sb1 && plain);
+  ASSERT_TRUE(g->Attach(sb1.get()).ok());
+  EXPECT_EQ(FromCgroup(sb1.get(), ns, AF_INET, SOCK_STREAM, "198.51.100.10", 80), EPERM);
+  ASSERT_TRUE(g->Set(sb1.get(), sb.a.addr + 100, Mode(NetMode::kOpen)).ok());
+  EXPECT_EQ(FromCgroup(sb1.get(), ns, AF_INET, SOCK_STREAM, "10.9.9.9", 8080), EPERM);
+  EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "10.9.9.9", 8080), 0);
+  EXPECT_EQ(FromCgroup(plain.get(), ns, AF_INET, SOCK_STREAM, "169.254.169.254", 80), ECONNREFUSED);
+  EXPECT_EQ(g->Denied(c), before + 10);
+  g->Forget(sb1.get());
+  EXPECT_EQ(FromCgroup(sb1.get(), ns, AF_INET, SOCK_STREAM, "169.254.169.254", 80), ECONNREFUSED);
+
   // A live change: the rule goes, then the network.
   NetworkPolicy open = Mode(NetMode::kOpen);
   ASSERT_TRUE(g->Set(c, sb.a.addr, open).ok());
@@ -605,9 +627,11 @@ TEST_F(NodeNetworkPrivilegedTest, EgressGuardRefusesAtConnectWhatNoPolicyMayReac
   // Until its first policy, the new programs refuse all but loopback.
   EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "198.51.100.10", 80), EPERM);
   EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "127.0.0.1", 9), ECONNREFUSED);
-  auto ids = bpf::AttachedPrograms(c, BPF_CGROUP_INET4_CONNECT);
+  UniqueFd parent(::open(cg->parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  auto ids = bpf::AttachedPrograms(parent.get(), BPF_CGROUP_INET4_CONNECT);
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(ids->size(), 1u);
+  EXPECT_EQ(bpf::AttachedPrograms(c, BPF_CGROUP_INET4_CONNECT).value().size(), 0u);
   ASSERT_TRUE((*next)->Set(c, sb.a.addr, open).ok());
   EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "198.51.100.10", 80), 0);
   EXPECT_EQ(FromCgroup(c, ns, AF_INET, SOCK_STREAM, "169.254.169.254", 80), EPERM);

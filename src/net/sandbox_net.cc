@@ -73,7 +73,7 @@ Status SandboxNet::Readopt(const NetAttachment& a, const NetworkPolicy& p) {
   attachment_ = a;
   tap_ = !netns_;
   DSEC_RETURN_IF_ERROR(node_->Apply(attachment_, p));
-  return Guard(p);  // the last edge's programs make way for this one's
+  return Guard(p);
 }
 
 StatusOr<UniqueFd> SandboxNet::ConnectPort(uint16_t port) {

@@ -379,6 +379,13 @@ def test_kill9_restart_readopts_the_network(lab):
         e.launch()
         c = e.client()
         assert probe(c, sb["id"], PUBLIC, 8080)[0] == "ok"
+        # The new edge's egress guard replaced the killed one's (whose maps it cannot reach): a
+        # rule that opens a private address works at once, and metadata stays refused.
+        assert probe(c, sb["id"], PRIVATE, 80)[0] == never(c)
+        c.patch(f"/v1/sandboxes/{sb['id']}", {"network": {"mode": "open", "rules": [
+            {"cidr": PRIVATE}]}}, expect=200)
+        assert probe(c, sb["id"], PRIVATE, 80)[0] == "ok"
+        assert probe(c, sb["id"], "169.254.169.254", 80)[0] == never(c)
         c.remove(sb["id"])
         c.close()
     finally:

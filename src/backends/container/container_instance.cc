@@ -249,7 +249,13 @@ StatusOr<AgentLink> ContainerInstance::Adopt(const std::string& handle) {
   holds_image_ = !stack_.layers.empty();
   DSEC_ASSIGN_OR_RETURN(auto cg, b.cgroups_->OpenSandbox(spec_.id));
   cgroup_ = std::move(cg);
-  if (cgroup_->CloneIntoFd() >= 0) DSEC_RETURN_IF_ERROR(net_.SetCgroup(cgroup_->CloneIntoFd()));
+  // Its cgroup2 directory (an adopted cgroup keeps no descriptor): the egress guard of this
+  // edge takes over from the last one's.
+  if (auto user = cgroup_->OpenUserDir(); user.ok() && *user) {
+    UniqueFd dir(openat(user->get(), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir) return ErrnoError("open the cgroup2 directory of sandbox " + spec_.id);
+    DSEC_RETURN_IF_ERROR(net_.SetCgroup(dir.get()));
+  }
   DSEC_RETURN_IF_ERROR(net_.Readopt({h.net_addr, h.net_if}, spec_.network));
   // A frozen agent cannot answer: thaw for the handshake, freeze again after.
   bool frozen = cgroup_->IsFrozen().value_or(false);
