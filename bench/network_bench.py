@@ -73,6 +73,23 @@ print(r.status, n, time.perf_counter() - t)
 """
 
 
+CONNECTS = r"""
+import json, socket, sys, time
+host, port, blocked = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ok, refused, how = [], [], ""
+for i in range(600):
+    s = socket.socket(); t = time.perf_counter()
+    s.connect((host, port)); ok.append((time.perf_counter() - t) * 1e6); s.close()
+    s = socket.socket(); t = time.perf_counter()
+    try:
+        s.connect((blocked, 80))
+    except OSError as e:
+        how = type(e).__name__
+    refused.append((time.perf_counter() - t) * 1e6); s.close()
+print(json.dumps({"ok": ok[100:], "refused": refused[100:], "refusal": how}))
+"""
+
+
 def emit(rec: dict) -> None:
     rec = {"workload": "network", **rec}
     if JSON_OUT:
@@ -210,6 +227,19 @@ def main() -> int:
                             ok = False
             print(row("PATCH network (until enforced)", patch_ms))
             emit({"case": "patch", "p50_ms": pct(patch_ms, 50), "p99_ms": pct(patch_ms, 99)})
+
+            # connect() from inside: to an allowed server, and refused (the metadata address:
+            # by the egress guard at connect, or by nftables' reset where there is none).
+            c.patch(f"/v1/sandboxes/{sid}", {"network": allow})
+            out = c.post(f"/v1/sandboxes/{sid}/exec", {
+                "cmd": ["python3", "-c", CONNECTS, netlab.PUBLIC, "80", "169.254.169.254"]},
+                timeout=120).json
+            res = json.loads(out["stdout"])
+            print(row("TCP connect to an allowed server (from the sandbox)", res["ok"], "us"))
+            print(row(f"TCP connect refused, metadata address ({res['refusal']})",
+                      res["refused"], "us"))
+            emit({"case": "connect", "p50_us": pct(res["ok"], 50),
+                  "refused_p50_us": pct(res["refused"], 50), "refusal": res["refusal"]})
 
             c.post(f"/v1/sandboxes/{sid}/exec", {
                 "cmd": ["sh", "-c", "python3 -c \"$0\" >/dev/null 2>&1 &", SERVE]})
