@@ -60,8 +60,11 @@ struct NodeEntry {
 
 constexpr uint64_t kLogEveryNs = 10'000'000'000;  // one a 10 s
 constexpr uint64_t kLogBurst = 5;
-constexpr uint32_t kTrieEntries = 65536;
+// Entries are allocated as used; the bounds only cap what a node may hold: the node-wide
+// verdicts, and per networked sandbox (65,536 at most) the rules that name private networks
+// (kMaxRules at most, few in practice).
 constexpr uint32_t kSlots = 65536;
+constexpr uint32_t kTrieEntries = 1u << 22;
 constexpr uint32_t kRingBytes = 64 * 1024;
 
 constexpr bpf_attach_type kTypes[4] = {BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_UDP4_SENDMSG,
@@ -289,8 +292,18 @@ Status EgressGuard::Set(int cgroup_fd, uint32_t addr, const NetworkPolicy& p) {
   DSEC_ASSIGN_OR_RETURN(uint64_t id, CgroupId(cgroup_fd));
   Entry next;
   if (p.mode != NetMode::kNone) next.addr = addr;
+  // Only rules that reach into a private range matter here (nothing else asks the sandbox's
+  // entries), each network once.
   if (next.addr)
-    for (const Rule& r : p.rules) next.allowed.push_back({r.addr, r.prefix});
+    for (const Rule& r : p.rules) {
+      Ipv4Net n{r.addr, r.prefix};
+      bool priv = std::any_of(std::begin(kPrivateNets), std::end(kPrivateNets), [&](Ipv4Net q) {
+        uint8_t shorter = std::min(n.prefix, q.prefix);
+        return (n.base & PrefixMask(shorter)) == (q.base & PrefixMask(shorter));
+      });
+      if (priv && std::find(next.allowed.begin(), next.allowed.end(), n) == next.allowed.end())
+        next.allowed.push_back(n);
+    }
   Slot s{};
   if (!bpf::LookupElem(slots_.get(), &id, &s).value_or(false))
     return NotFound("the egress guard is not attached to this cgroup");
