@@ -120,7 +120,9 @@ std::string Metrics::Render(const Gauges& sandboxes, int64_t connections, int64_
            &o);
   fncall_.Render("dsec_fncall_seconds", &o);
   Describe("dsec_network_denied_packets_total", "counter",
-           "Packets from sandboxes their network policy refused.", &o);
+           "Packets from sandboxes their network policy refused, and calls the egress guard "
+           "refused at connect()/send.",
+           &o);
   o += "dsec_network_denied_packets_total " +
        std::to_string(network_denied_ ? network_denied_() : 0) + "\n";
   Describe("dsec_sandboxes_created_total", "counter", "Sandboxes created.", &o);

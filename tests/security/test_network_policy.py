@@ -9,6 +9,7 @@ test "internet" of tests/integration/netlab.py (no packet leaves the machine).
   allows survives the change.
 """
 
+import json
 import time
 
 import pytest
@@ -188,4 +189,68 @@ def test_a_stricter_policy_cuts_udp_flows_and_keeps_allowed_tcp(lab, figure):
         c.close()
     finally:
         pusher.kill()
+        edge_fixtures._teardown(e)
+
+
+# Every way a socket can name a destination, each at the node's gateway (TCP), the metadata
+# address, a neighbour and an unlisted private address: connect (IPv4, and IPv6 with a
+# v4-mapped address), an unconnected UDP sendto (v4 and v4-mapped v6), TCP Fast Open's sendto
+# with MSG_FASTOPEN (a connect inside sendmsg), a UDP connect, an IPv6 destination; prints
+# {case: "ok" | errno name}.
+EVASIONS = r"""
+import errno, json, socket, sys
+out = {}
+def attempt(name, fn):
+    try:
+        fn(); out[name] = "ok"
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, repr(e))
+for label, host in json.loads(sys.argv[1]).items():
+    mapped = "::ffff:" + host
+    def tcp4(): socket.create_connection((host, 80), timeout=2).close()
+    def tcp6(): s = socket.socket(socket.AF_INET6); s.settimeout(2); s.connect((mapped, 80))
+    def udp4(): socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", (host, 53 if label == "gateway" else 9))
+    def udp6(): socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).sendto(b"x", (mapped, 9))
+    def udpc(): socket.socket(socket.AF_INET, socket.SOCK_DGRAM).connect((host, 9))
+    def tfo(): socket.socket().sendto(b"GET / HTTP/1.0\r\n\r\n", socket.MSG_FASTOPEN, (host, 80))
+    for name, fn in (("tcp4", tcp4), ("tcp6-mapped", tcp6), ("udp4", udp4), ("udp6-mapped", udp6),
+                     ("udp-connect", udpc), ("tcp-fastopen", tfo)):
+        attempt(f"{label} {name}", fn)
+attempt("ipv6 global", lambda: socket.socket(socket.AF_INET6).connect(("2001:db8::1", 80)))
+print(json.dumps(out))
+"""
+
+
+def test_the_egress_guard_refuses_every_way_of_naming_a_forbidden_destination(lab, figure):
+    """An open sandbox names the node's gateway, the metadata address, a neighbour and a private
+    address no rule names through every socket call that carries a destination (TCP and UDP
+    connect, IPv4 and v4-mapped IPv6, unconnected UDP sendto, TCP Fast Open's sendto, an IPv6
+    address): each fails EPERM at the call (the egress guard, before any packet), but DNS to
+    the gateway over UDP; every refusal is counted in the sandbox's stats."""
+    e = Edge.start(netns=lab.node, config={"network_cidr": "10.217.0.0/16",
+                                           "network_dns": netlab.DNS})
+    try:
+        c = e.client()
+        a = c.create({"network": {"mode": "open"}})
+        b = c.create({"network": {"mode": "open"}})
+        guard = c.get("/v1/node", expect=200).json["features"]["network"]["egress_guard"]
+        if guard != "on":
+            pytest.skip(f"no egress guard on this edge: {guard}")
+        targets = {"gateway": "10.217.0.1", "metadata": "169.254.169.254",
+                   "neighbour": b["network"]["address"], "private": netlab.PRIVATE}
+        out = c.exec(a["id"], cmd=["python3", "-c", EVASIONS, json.dumps(targets)])
+        assert out["exit_code"] == 0, out
+        got = json.loads(out["stdout"])
+        assert got.pop("gateway udp4") == "ok", got  # DNS to the node's forwarder
+        refused = {k: v for k, v in got.items() if v == "EPERM"}
+        assert refused == got, {k: v for k, v in got.items() if v != "EPERM"}
+        # 6 calls at each of 4 targets, but DNS, and the IPv6 address.
+        assert len(refused) == len(targets) * 6 - 1 + 1, got
+        st = c.get(f"/v1/sandboxes/{a['id']}/stats", expect=200).json
+        assert st["network_denied"] >= len(refused), st
+        figure("calls refused EPERM at the call", len(refused))
+        figure("network_denied in its stats", st["network_denied"])
+        c.remove(a["id"])
+        c.remove(b["id"])
+    finally:
         edge_fixtures._teardown(e)
