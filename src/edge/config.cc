@@ -298,6 +298,9 @@ std::vector<Group> Fields(EdgeConfig* c) {
             nullptr, "at least 1"},
            {"network_new_conns_per_s", &c->network_new_conns_per_s, "per s",
             "New connections per second per sandbox (burst twice that)", nullptr, "at least 1"},
+           {"network_bandwidth_mbit", &c->network_bandwidth_mbit, "Mbit/s",
+            "Bandwidth of a container sandbox's network, each direction (a token bucket on "
+            "each end of its veth); 0: no cap"},
            {"network_dns", &c->network_dns, "",
             "Upstream `a.b.c.d[:port]` of the sandboxes' DNS forwarder",
             "the first nameserver of `/etc/resolv.conf`"},
@@ -393,6 +396,7 @@ constexpr KeyRange kRanges[] = {
     {"cluster_layer_serve_bytes_per_s", 0, 1e12},
     {"port_proxy_connect_timeout_ms", 1, 600000},
     {"port_proxy_max_conns", 1, 1 << 20},
+    {"network_bandwidth_mbit", 0, 1000000},
     {"max_workers_per_sandbox", 1, 1 << 16},
     {"port_proxy_max_conns_per_sandbox", 1, 1 << 20},
     {"pty_max_per_sandbox", 1, 1 << 20},

@@ -166,6 +166,7 @@ struct EdgeConfig {
   std::string network_uplink;                  // "" = the interface of the default route
   int network_max_conns = 1024;                // tracked connections per sandbox
   int network_new_conns_per_s = 200;           // new connections per second per sandbox
+  int network_bandwidth_mbit = 0;  // per sandbox and direction (tc tbf on its veth); 0: none
   std::string network_dns;  // the forwarder's upstream "a.b.c.d[:port]"; "" = /etc/resolv.conf
   // An address from a DNS answer stays allowed for the answer's TTL, at most this long (1 to
   // 86400): names move between addresses others then own.

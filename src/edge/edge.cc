@@ -323,6 +323,7 @@ net::NodeNetworkOptions NetworkOptions(const EdgeConfig& cfg, AuditLog* audit) {
   net_opts.state_file = JoinPath(cfg.state_dir, "network.json");
   net_opts.max_conns = static_cast<uint32_t>(cfg.network_max_conns);
   net_opts.new_conns_per_s = static_cast<uint32_t>(cfg.network_new_conns_per_s);
+  net_opts.bandwidth_mbit = static_cast<uint32_t>(cfg.network_bandwidth_mbit);
   // Refused connections in the audit log, beside the execs (a few a minute per sandbox).
   net_opts.on_denied = [log = audit](const std::string& sandbox, const net::DeniedPacket& p) {
     Json e = {{"event", "network_denied"},

@@ -14,7 +14,11 @@
 
 #include <thread>
 
+#include <linux/pkt_sched.h>
+#include <linux/rtnetlink.h>
 #include <cerrno>
+
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -124,6 +128,29 @@ Status Netlink::Talk(Msg& m, F&& on_reply) {
       on_reply(r);
     }
   }
+}
+
+Status Netlink::SetTokenBucket(int ifindex, uint64_t rate, uint32_t burst, uint32_t latency_ms) {
+  tcmsg tcm{};
+  tcm.tcm_family = AF_UNSPEC;
+  tcm.tcm_ifindex = ifindex;
+  tcm.tcm_handle = 0x10000;  // 1:
+  tcm.tcm_parent = TC_H_ROOT;
+  Msg m(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, &tcm, sizeof tcm);
+  m.Str(TCA_KIND, "tbf");
+  size_t opts = m.Begin(TCA_OPTIONS);
+  tc_tbf_qopt q{};
+  q.rate.rate = rate > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(rate);
+  q.rate.linklayer = TC_LINKLAYER_ETHERNET;
+  q.limit = static_cast<uint32_t>(std::min<uint64_t>(rate * latency_ms / 1000 + burst, UINT32_MAX));
+  // The bucket's depth in scheduler ticks (64 ns); TCA_TBF_BURST below says it in bytes too.
+  q.buffer =
+      static_cast<uint32_t>(std::min<uint64_t>(burst * 1000000000ull / rate / 64, UINT32_MAX));
+  m.Attr(TCA_TBF_PARMS, &q, sizeof q);
+  if (rate > UINT32_MAX) m.Attr(TCA_TBF_RATE64, &rate, sizeof rate);
+  m.U32(TCA_TBF_BURST, burst);
+  m.End(opts);
+  return Talk(m).WithContext("tc tbf on interface " + std::to_string(ifindex));
 }
 
 Status Netlink::CreateVeth(const std::string& host, const std::string& peer, int peer_netns_fd) {

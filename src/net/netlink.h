@@ -30,6 +30,9 @@ class Netlink {
   Status CreateBridge(const std::string& name);
   Status DeleteLink(int ifindex);
   Status SetUp(int ifindex);
+  // A token bucket (tc tbf) as the root qdisc of an interface: `rate` bytes/s, bursts of
+  // `burst` bytes, up to `latency_ms` of queue.
+  Status SetTokenBucket(int ifindex, uint64_t rate, uint32_t burst, uint32_t latency_ms);
   // The index of a link in this socket's namespace, or NotFound.
   StatusOr<int> LinkIndex(const std::string& name);
   // addr in host byte order.

@@ -247,6 +247,14 @@ Status NodeNetwork::Init() {
   return SetUplinkForwarding();
 }
 
+Status NodeNetwork::Shape(Netlink& nl, int ifindex) const {
+  const uint64_t rate = uint64_t{opts_.bandwidth_mbit} * 1000000 / 8;  // bytes/s
+  // A burst of 10 ms at the rate, at least 64 KiB (a GSO segment must fit the bucket), and
+  // 50 ms of queue: bulk transfers keep the rate without a standing delay.
+  const uint32_t burst = static_cast<uint32_t>(std::max<uint64_t>(rate / 100, 64 * 1024));
+  return nl.SetTokenBucket(ifindex, rate, burst, 50);
+}
+
 void NodeNetwork::Denied(const DeniedPacket& p) {
   if (!opts_.on_denied) return;
   std::string label;
@@ -419,7 +427,15 @@ StatusOr<NetAttachment> NodeNetwork::Attach(int netns_fd, const std::string& lab
     Netlink inner = Netlink::FromFd(std::move(in->rtnl));
     DSEC_RETURN_IF_ERROR(inner.SetUp(eth0));
     DSEC_RETURN_IF_ERROR(inner.AddAddress4(eth0, a.addr, 32));
-    return inner.AddRoute4(0, 0, eth0, gateway_, /*onlink=*/true);
+    DSEC_RETURN_IF_ERROR(inner.AddRoute4(0, 0, eth0, gateway_, /*onlink=*/true));
+    // What it sends is shaped at eth0 (its namespace is the node's, not the sandbox's to
+    // change), what it receives at the host end.
+    if (opts_.bandwidth_mbit) {
+      DSEC_RETURN_IF_ERROR(Shape(inner, eth0));
+      DSEC_ASSIGN_OR_RETURN(int host, rtnl->LinkIndex(a.host_if));
+      DSEC_RETURN_IF_ERROR(Shape(*rtnl, host));
+    }
+    return OkStatus();
   }();
   if (!inside.ok()) {
     if (auto i = rtnl->LinkIndex(a.host_if); i.ok()) (void)rtnl->DeleteLink(*i);

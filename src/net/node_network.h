@@ -49,6 +49,9 @@ struct NodeNetworkOptions {
   std::string state_file;          // remembers the uplink's forwarding setting across crashes
   uint32_t max_conns = 1024;       // tracked connections per sandbox
   uint32_t new_conns_per_s = 200;  // new connections per second per sandbox (burst: 2x)
+  // A container sandbox's bandwidth each way, Mbit/s (a tbf qdisc on both ends of its veth:
+  // the host end shapes what it receives, eth0 what it sends); 0: none. MicroVMs: not capped.
+  uint32_t bandwidth_mbit = 0;
   // Where the DNS forwarder sends queries: "a.b.c.d" or "a.b.c.d:port"; empty: the first
   // nameserver of /etc/resolv.conf. Without one, policies with domains are refused.
   std::string dns_upstream;
@@ -165,6 +168,8 @@ class NodeNetwork {
   Status SetUplinkForwarding();
   void StartDns();
   void StartGuard();
+  // The bandwidth cap on one end of a sandbox's veth.
+  Status Shape(Netlink& nl, int ifindex) const;
   // on_denied for a refusal from the sandbox at p.src (nothing if none is attached there).
   void Denied(const DeniedPacket& p);
 

@@ -712,6 +712,46 @@ TEST_F(NodeNetworkPrivilegedTest, RefusalsAtConnectAreLoggedRateLimitedToo) {
   net_->Detach(sb.a);
 }
 
+TEST_F(NodeNetworkPrivilegedTest, BandwidthIsCappedEachWay) {
+  net_->Stop();
+  NodeNetworkOptions o;
+  o.tag = "t5";
+  o.bandwidth_mbit = 16;  // 2 MB/s each way
+  net_ = NodeNetwork::Start(o).value();
+  Sandbox sb;
+  sb.ns = NewNs();
+  NetworkPolicy open = Mode(NetMode::kOpen);
+  auto a = net_->Attach(sb.ns.get(), "sb-capped", &open);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  sb.a = *a;
+  UniqueFd c;
+  ASSERT_EQ(ConnectFrom(sb.ns.get(), kServer, 80, &c), 0);
+  // 3 MB up to the echo server and back down: at 2 MB/s each way (a 64 KiB burst) that takes
+  // at least ~1.4 s; uncapped, on loopback veths, a few ms.
+  timeval tv{10, 0};
+  setsockopt(c.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string chunk(64 * 1024, 'x');
+  constexpr size_t kTotal = 3 << 20;
+  auto t0 = std::chrono::steady_clock::now();
+  std::thread writer([&] {
+    for (size_t sent = 0; sent < kTotal; sent += chunk.size())
+      if (send(c.get(), chunk.data(), chunk.size(), MSG_NOSIGNAL) < 0) return;
+  });
+  size_t got = 0;
+  char buf[65536];
+  while (got < kTotal) {
+    ssize_t n = recv(c.get(), buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  writer.join();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(got, kTotal);
+  EXPECT_GE(secs, 1.2) << "3 MB each way in " << secs << " s: not capped at 2 MB/s";
+  EXPECT_LE(secs, 4.0) << "3 MB each way in " << secs << " s: far below the cap";
+  net_->Detach(sb.a);
+}
+
 TEST_F(NodeNetworkPrivilegedTest, ConnectionFloodStaysInItsSandbox) {
   net_->Stop();
   NodeNetworkOptions o;

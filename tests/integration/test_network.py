@@ -392,6 +392,38 @@ def test_kill9_restart_readopts_the_network(lab):
         stop_and_check(lab, e)
 
 
+ECHO_3MB = r"""
+import socket, sys, threading, time
+s = socket.create_connection((sys.argv[1], 7), timeout=10)
+t = time.monotonic()
+threading.Thread(target=lambda: s.sendall(b"x" * (3 << 20)), daemon=True).start()
+got = 0
+while got < 3 << 20:
+    b = s.recv(1 << 16)
+    if not b:
+        break
+    got += len(b)
+print(got, time.monotonic() - t)
+"""
+
+
+def test_bandwidth_is_capped_each_way_by_config(lab):
+    e = Edge.start(netns=lab.node, config={"network_cidr": "10.218.0.0/16",
+                                           "network_bandwidth_mbit": 16})
+    try:
+        c = e.client()
+        sb = c.create({"network": {"mode": "open"}})
+        out = c.exec(sb["id"], cmd=["python3", "-c", ECHO_3MB, PUBLIC])
+        got, secs = out["stdout"].split()
+        assert int(got) == 3 << 20, out
+        # 3 MB up and back at 2 MB/s each way: ~1.5 s (uncapped: milliseconds).
+        assert 1.2 <= float(secs) <= 5, out
+        c.remove(sb["id"])
+        c.close()
+    finally:
+        stop_and_check(lab, e)
+
+
 def test_node_problems_are_found_at_start_and_answered_503(lab):
     # An uplink that is not an interface, and a network_cidr whose gateway is already a local
     # address: the edge starts, says why in /v1/node, and a networked create is 503 with it.
