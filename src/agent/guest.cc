@@ -183,8 +183,11 @@ Status SwitchRoot() {
   return OkStatus();
 }
 
-// A cgroup of its own for what the agent starts (spawn.cc tracks and kills execs by it).
+// A cgroup of its own for what the agent starts (spawn.cc tracks and kills execs by it), with
+// the pids controller (the setup sets its limit).
 StatusOr<UniqueFd> UserCgroup() {
+  DSEC_RETURN_IF_ERROR(WriteStringToFile("/sys/fs/cgroup/cgroup.subtree_control", "+pids")
+                           .WithContext("the guest's pids controller"));
   if (mkdir("/sys/fs/cgroup/dsec-user", 0755) < 0 && errno != EEXIST)
     return ErrnoError("mkdir the user cgroup");
   UniqueFd fd(open("/sys/fs/cgroup/dsec-user", O_PATH | O_DIRECTORY | O_CLOEXEC));
@@ -327,6 +330,12 @@ Status ApplySetup(const protocol::GuestSetup& s, int upper_fd, int64_t boot_disk
   DSEC_RETURN_IF_ERROR(AddEntropy(s.entropy));
   DSEC_RETURN_IF_ERROR(WriteStartFiles(s));
   DSEC_RETURN_IF_ERROR(ConfigureNic(s));
+  // The sandbox's pids limit holds inside the guest as a container's does (a fork bomb stops
+  // there; the agent, outside that cgroup, keeps answering).
+  if (s.pids > 0)
+    DSEC_RETURN_IF_ERROR(
+        WriteStringToFile("/sys/fs/cgroup/dsec-user/pids.max", std::to_string(s.pids))
+            .WithContext("the guest's pids limit"));
   if (s.disk_mb > 0 && s.disk_mb != boot_disk_mb) {
     std::string path = "/proc/self/fd/" + std::to_string(upper_fd);
     std::string opts = "size=" + std::to_string(s.disk_mb) + "m";

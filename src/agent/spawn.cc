@@ -88,9 +88,11 @@ std::string EnvValue(const std::vector<std::string>& env, const std::string& key
   isolation::ExecCredentials creds;
   creds.uid = req.uid;
   creds.gid = req.gid;
-  creds.caps = req.uid == 0 && req.caps        ? *req.caps
-               : req.uid == 0 && req.root_caps ? isolation::RootCapabilities()
-                                               : 0;
+  // In a microVM the kernel is the VM's own: root there keeps every capability (modules,
+  // mounts, ptrace: what a task that needs a kernel of its own does); in a container, the
+  // reduced set.
+  const uint64_t root_caps = cfg.guest_port ? ~uint64_t{0} : isolation::RootCapabilities();
+  creds.caps = req.uid == 0 && req.caps ? *req.caps : req.uid == 0 && req.root_caps ? root_caps : 0;
   creds.rlimits = cfg.rlimits;  // seccomp: inherited from the agent
   if (Status s = isolation::ApplyExecCredentials(creds); !s.ok()) ChildFail(err_fd, s);
   umask(022);

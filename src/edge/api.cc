@@ -111,10 +111,11 @@ void Ctx::Raw(int status, std::string content_type, std::string body) {
   res->Send(std::move(r));
 }
 
-void Ctx::Fail(int status, std::string_view code, std::string_view message) {
+void Ctx::Fail(int status, std::string_view code, std::string_view message, int retry_after_s) {
   api->deps().metrics->CountError(std::string(code));
   http::HttpResponse r = http::JsonError(status, code, message);
-  if (status == 429 || status == 503) r.headers.emplace_back("Retry-After", "1");
+  if (status == 429 || status == 503)
+    r.headers.emplace_back("Retry-After", std::to_string(retry_after_s));
   if (status >= 500) DSEC_LOG_WARN("{} {} -> {}: {}", req.method, req.path, status, message);
   res->Send(std::move(r));
 }

@@ -65,7 +65,8 @@ class Ctx {
   void NoContent();
   void Raw(int status, std::string content_type, std::string body);
   void Fail(const Status& s);
-  void Fail(int status, std::string_view code, std::string_view message);
+  // 429 and 503 say Retry-After: retry_after_s.
+  void Fail(int status, std::string_view code, std::string_view message, int retry_after_s = 1);
 
   // The sandbox named by the {id} path parameter (validated; touched for idle TTL).
   StatusOr<std::shared_ptr<SandboxEntry>> Entry();

@@ -8,6 +8,7 @@
 #include "base/resources.h"
 #include "base/strings.h"
 #include "edge/api.h"
+#include "edge/builds.h"
 #include "edge/cluster_images.h"
 #include "edge/trajectory.h"
 #include "http/json_body.h"
@@ -16,6 +17,9 @@
 namespace dsec::edge {
 
 namespace {
+
+// A failed build of the node's microVM image is started again this long after it ended.
+constexpr int64_t kMicrovmImageRetryPauseMs = 5 * 60 * 1000;
 
 // A workdir from an image's config (imported, so untrusted): the same shape a caller may give.
 bool UsableWorkdir(const std::string& w) {
@@ -114,12 +118,37 @@ Status ApplyFields(const CreateFields& f, CreateParams* p) {
   return OkStatus();
 }
 
-StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, const EdgeConfig& cfg,
-                                                   const Manager& manager, pools::PoolSet* pools,
-                                                   images::ImageStore* images, bool* count_given,
-                                                   std::optional<api::TrajectorySpec>* trajectory,
-                                                   ClusterImages* cluster,
-                                                   const std::string& project) {
+// The microVM image of a create that names none (config microvm_image), made by the image
+// builder at its first use: Unavailable (with `*retry_after_s` set) while it is being built.
+Status NodeMicrovmImage(const EdgeConfig& cfg, images::ImageStore* images, Builds* builds,
+                        int* retry_after_s) {
+  if (!images || images->GetImage(cfg.microvm_image).ok()) return OkStatus();
+  if (!builds)
+    return NotFound("image \"" + cfg.microvm_image +
+                    "\" (the microVM image of creates that name none) is not on this node");
+  api::BuildRequest req;
+  req.name = cfg.microvm_image;
+  req.suite = "bookworm";
+  req.packages = {"bash", "coreutils", "python3"};
+  auto r = builds->Ensure(std::move(req), kMicrovmImageRetryPauseMs);
+  if (!r.ok() && r.status().code() == StatusCode::kAlreadyExists &&
+      images->GetImage(cfg.microvm_image).ok())
+    return OkStatus();  // made meanwhile
+  DSEC_RETURN_IF_ERROR(r.status().WithContext("the microVM image of creates that name none, \"" +
+                                              cfg.microvm_image + "\", cannot be made"));
+  // Long enough for a client's retries (the SDK waits at most 30 s each) to span a build.
+  *retry_after_s = 30;
+  return Unavailable("image \"" + cfg.microvm_image +
+                     "\", the microVM image of creates that name none, is being built (build " +
+                     r->id + ": GET /v1/images/builds/" + r->id +
+                     "); retry when it is made (a few minutes at most), or name an image");
+}
+
+StatusOr<std::pair<CreateParams, int>> ParseCreate(
+    const std::string& body, const EdgeConfig& cfg, const Manager& manager, pools::PoolSet* pools,
+    images::ImageStore* images, Builds* builds, bool* count_given, bool* node_image,
+    int* retry_after_s, std::optional<api::TrajectorySpec>* trajectory, ClusterImages* cluster,
+    const std::string& project) {
   CreateParams p;
   p.resources = cfg.defaults;
   p.ttl_s = cfg.default_ttl_s;
@@ -131,7 +160,8 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
         backends::Kind kind = r.kind.value_or(p.kind);
         DSEC_ASSIGN_OR_RETURN(backends::KindCapabilities caps, manager.Capabilities(kind));
         // (admission checks it again for every other way in)
-        return backends::CheckCapabilities(kind, caps, r.image.value_or(p.image), r.network,
+        const std::string& image = kind == backends::Kind::kMicrovm ? cfg.microvm_image : p.image;
+        return backends::CheckCapabilities(kind, caps, r.image.value_or(image), r.network,
                                            /*worker=*/false);
       }};
   DSEC_ASSIGN_OR_RETURN(CreateFields f, api::ParseCreateRequest(body, limits));
@@ -149,6 +179,12 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(const std::string& body, cons
   p.network = f.network;
   if (f.pool) DSEC_RETURN_IF_ERROR(TakeFromPool(*f.pool, pools, &f, &p));
   DSEC_RETURN_IF_ERROR(ApplyFields(f, &p));
+  if (p.kind == backends::Kind::kMicrovm && !f.image) {
+    p.image = cfg.microvm_image;
+    *node_image = true;
+    if (cluster) DSEC_RETURN_IF_ERROR(cluster->Ensure("default", {p.image}));
+    DSEC_RETURN_IF_ERROR(NodeMicrovmImage(cfg, images, builds, retry_after_s));
+  }
   if (f.ttl_s) p.ttl_s = *f.ttl_s;
   if (f.idle_ttl_s) p.idle_ttl_s = *f.idle_ttl_s;
   if (f.labels) {
@@ -182,8 +218,13 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   auto project = RequestProject(c->req);
   if (!project.ok()) return c->Fail(project.status());
   std::optional<api::TrajectorySpec> trajectory;
+  bool node_image = false;
+  int retry_after_s = 0;
   auto parsed = ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images,
-                            &count_given, &trajectory, deps.cluster_images, *project);
+                            deps.builds, &count_given, &node_image, &retry_after_s, &trajectory,
+                            deps.cluster_images, *project);
+  if (!parsed.ok() && retry_after_s > 0)
+    return c->Fail(503, "unavailable", parsed.status().message(), retry_after_s);
   if (!parsed.ok()) return c->Fail(parsed.status());
   parsed->first.project = *project;
   if (trajectory && !deps.trajectories)
@@ -223,7 +264,9 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
     parsed->first.quota_hold = room->hold;
   }
   // Another project's snapshot is an image this project does not have (the same words).
-  if (!c->req.Header("dsec-project").empty() && deps.images && parsed->first.pool.empty()) {
+  // (The node's microVM image is every project's.)
+  if (!c->req.Header("dsec-project").empty() && deps.images && parsed->first.pool.empty() &&
+      !node_image) {
     for (auto n : SplitString(parsed->first.image, ',', /*skip_empty=*/true)) {
       if (n == "host") continue;
       auto img = deps.images->GetImage(std::string(n));

@@ -225,6 +225,28 @@ StatusOr<BuildRecord> Builds::Get(const std::string& id, const std::string& proj
   return RecordLocked(*j);
 }
 
+StatusOr<BuildRecord> Builds::Ensure(BuildRequest req, int64_t pause_ms) {
+  for (int attempt = 0;; ++attempt) {
+    {
+      MutexLock l(mu_);
+      const Job* failed = nullptr;
+      for (const auto& [id, j] : jobs_) {
+        if (j->req.name != req.name || !j->project.empty()) continue;
+        if (!j->finished_at) return RecordLocked(*j);
+        if (j->state != "succeeded" && (!failed || j->seq > failed->seq)) failed = j.get();
+      }
+      if (int64_t ago = failed ? WallMs() - failed->finished_at : 0; failed && ago < pause_ms)
+        return Unavailable("build " + failed->id + " of image \"" + req.name + "\" " +
+                           failed->state + " " + std::to_string(ago / 1000) +
+                           " s ago (another starts " + std::to_string(pause_ms / 1000) +
+                           " s after it): " + failed->error);
+    }
+    auto r = Start(req);
+    // Another caller started it (or it was just made) meanwhile: look again, once.
+    if (r.ok() || r.status().code() != StatusCode::kAlreadyExists || attempt > 0) return r;
+  }
+}
+
 std::vector<BuildRecord> Builds::List(const std::string& state, const std::string& project) {
   MutexLock l(mu_);
   std::vector<const Job*> all;

@@ -79,6 +79,11 @@ class Builds {
   // see only its builds (NotFound for another's).
   StatusOr<BuildRecord> Start(BuildRequest req, const std::string& project = "");
   StatusOr<BuildRecord> Get(const std::string& id, const std::string& project = "");
+  // For an image the edge makes itself when it is first asked for: the queued or running
+  // build of req.name, else one started now (a node's build, as Start(req) makes it). A build
+  // of that name that failed or was canceled less than `pause_ms` ago is not started again:
+  // Unavailable naming it and its error.
+  StatusOr<BuildRecord> Ensure(BuildRequest req, int64_t pause_ms);
   // The builds it keeps (running, queued, and the last finished ones), newest first; only
   // those in `state` when it is not empty.
   std::vector<BuildRecord> List(const std::string& state, const std::string& project = "");

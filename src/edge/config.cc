@@ -283,6 +283,11 @@ std::vector<Group> Fields(EdgeConfig* c) {
            {"microvm_accel", &c->microvm_accel, "", "QEMU's accelerator", nullptr,
             "`auto`, `kvm`, `tcg`"},
            {"microvm_kernel_dir", &c->microvm_kernel_dir, "", "Directory of the guest kernel"},
+           {"microvm_image", &c->microvm_image, "",
+            "The image of a microVM create that names none; when the store lacks it, the first "
+            "such create starts its build (Debian bookworm with bash, coreutils and python3, "
+            "from `build_mirror`) and such creates are 503 until it is made",
+            nullptr, "an image name"},
        }},
       {"Sandbox networking",
        {
@@ -796,6 +801,11 @@ Status FinalizeConfig(EdgeConfig* c) {
   if (c->network_max_conns < 1 || c->network_new_conns_per_s < 1)
     return InvalidArgument("network_max_conns and network_new_conns_per_s must be at least 1");
   DSEC_ASSIGN_OR_RETURN(c->accel, backends::microvm::ParseAccel(c->microvm_accel));
+  if (auto n = images::NormalizeName(c->microvm_image); n.ok() && c->microvm_image != "host")
+    c->microvm_image = *n;
+  else
+    return InvalidArgument("microvm_image must be an image name (not host), not \"" +
+                           c->microvm_image + "\"");
   auto groups = Fields(c);
   for (const KeyRange& r : kRanges) {
     const Key* k = FindKey(groups, r.key);

@@ -156,6 +156,9 @@ struct EdgeConfig {
   std::string microvm_accel = "auto";                                // auto | kvm | tcg
   backends::microvm::Accel accel = backends::microvm::Accel::kAuto;  // microvm_accel, parsed
   std::string microvm_kernel_dir = "/var/cache/dsec/guest-kernel/current";
+  // The image of a microVM create that names none: made by the image builder at its first use
+  // (Debian bookworm with bash, coreutils and python3) when the store lacks it.
+  std::string microvm_image = "dsec-microvm:bookworm";
   std::string zygote_path;  // default: dsec-zygote beside dsec-edge
 
   // Sandbox networking (net/node_network.h): modes allowlist and open. Set up at the first

@@ -217,6 +217,7 @@ Json ToJson(const GuestSetup& s) {
           {"rlimits", RlimitsToJson(s.rlimits)},
           {"max_execs", s.max_execs},
           {"orphan_timeout_ms", s.orphan_timeout_ms},
+          {"pids", s.pids},
           {"net_address", s.net_address},
           {"net_gateway", s.net_gateway},
           {"dirs", DirsToJson(s.dirs)},
@@ -239,6 +240,7 @@ StatusOr<GuestSetup> GuestSetupFromJson(const Json& j) {
   DSEC_ASSIGN_OR_RETURN(int64_t max_execs, GetInt(j, "max_execs", 64, 1, 4096));
   s.max_execs = static_cast<uint32_t>(max_execs);
   DSEC_ASSIGN_OR_RETURN(s.orphan_timeout_ms, GetInt(j, "orphan_timeout_ms", -1, -1, INT64_MAX / 2));
+  DSEC_ASSIGN_OR_RETURN(s.pids, GetInt(j, "pids", 0, 0, 1 << 22));
   DSEC_ASSIGN_OR_RETURN(s.net_address, GetString(j, "net_address", ""));
   DSEC_ASSIGN_OR_RETURN(s.net_gateway, GetString(j, "net_gateway", ""));
   if (s.net_address.size() > 15 || s.net_gateway.size() > 15 ||

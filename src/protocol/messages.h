@@ -84,6 +84,7 @@ struct GuestSetup {
   isolation::Rlimits rlimits;  // fsize, nofile, ... for every process the agent starts
   uint32_t max_execs = 64;     // concurrent execs + shells
   int64_t orphan_timeout_ms = -1;  // see SetupSpec
+  int64_t pids = 0;  // processes the user's side of the guest holds at once (0: no limit)
   // The guest's NIC (eth0), when the VM has one on the node's network: its address (a /32)
   // and the gateway reached on the link; empty: no network.
   std::string net_address, net_gateway;

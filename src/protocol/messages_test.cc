@@ -86,6 +86,9 @@ TEST(MessagesTest, GuestSetupSaysWhetherItPreparesATemplate) {
   s.sandbox_id = s.hostname = "tmpl-1";
   s.files = {{"/etc/hostname", "localhost\n", 0644, 0, 0}};
   EXPECT_FALSE(GuestSetupFromJson(ToJson(s))->prepare);
+  EXPECT_EQ(GuestSetupFromJson(ToJson(s))->pids, 0);  // no limit
+  s.pids = 64;
+  EXPECT_EQ(GuestSetupFromJson(ToJson(s))->pids, 64);
   s.prepare = true;
   auto back = GuestSetupFromJson(ToJson(s));
   ASSERT_TRUE(back.ok()) << back.status().ToString();

@@ -210,7 +210,7 @@ BAD_CREATE = [
     ({"env": ["A"]}, 400), ({"env": {"A": "x\u0000y"}}, 400), ({"labels": {"": "x"}}, 400),
     ({"labels": {"bad key": "x"}}, 400), ({"labels": {"k": "v" * 257}}, 400),
     ({"labels": {f"k{i}": "v" for i in range(65)}}, 400), ({"user": "nosuchuser!"}, 400),
-    ({"user": 1000}, 400), ({"kind": "vm"}, 400), ({"kind": "microvm"}, 422),
+    ({"user": 1000}, 400), ({"kind": "vm"}, 400), ({"kind": "microvm", "image": "host"}, 422),
     ({"image": "nosuch:image"}, 404), ({"network": {"mode": "allowlist"}}, 422),
     ({"network": {"mode": "wide-open"}}, 400), ({"network": "none"}, 400),
     ({"network": {"mode": "none", "extra": 1}}, 400), ({"pool": "warm"}, 404),

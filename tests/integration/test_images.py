@@ -785,37 +785,6 @@ def debian_mirror_reachable():
         return False
 
 
-def test_build_debian_base_with_mmdebstrap(edge, client):
-    """base debian:bookworm with packages: mmdebstrap from Debian's mirror makes the root
-    filesystem (its progress in the log), then a run step on it; the image runs python3."""
-    c = client
-    if not shutil.which("mmdebstrap"):
-        pytest.skip("mmdebstrap is missing (Debian's mmdebstrap; scripts/install-deps)")
-    if not debian_mirror_reachable():
-        pytest.skip("Debian's mirror (deb.debian.org) is not reachable from this machine")
-    r = c.post("/v1/images/build", {"name": "it-deb:1", "base": "debian:bookworm",
-                                    "packages": ["python3-minimal"],
-                                    "run": ["python3 -c 'print(6*7)' > /answer"]},
-               expect=202).json
-    try:
-        rec = wait_build(c, r["id"], timeout=900)
-        log = build_log(c, r["id"])
-        assert rec["state"] == "succeeded", (rec, log[-3000:])
-        assert "I: " in log  # mmdebstrap's progress lines
-        img = c.get("/v1/images/it-deb:1", expect=200).json
-        assert img["base"] is None and len(img["layers"]) == 2
-        sb = c.create({"image": "it-deb:1"})
-        try:
-            out = sh(c, sb["id"], "cat /answer; grep -c bookworm /etc/os-release; "
-                                  "python3 -c 'import sys; print(sys.version_info[0])'")
-            assert out.splitlines()[0] == "42" and out.splitlines()[2] == "3", out
-        finally:
-            c.remove(sb["id"])
-    finally:
-        c.delete(f"/v1/images/builds/{r['id']}", expect=200)
-        c.delete("/v1/images/it-deb:1", expect=(204, 404))
-
-
 def test_shell_session_in_an_image_without_bash(edge, client):
     """Issue 41 item 16: an image with only a POSIX sh (busybox) gets shell sessions too (and so
     a piped `dsec shell`): cwd, variables and exit codes carry over; multi-line commands,

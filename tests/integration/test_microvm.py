@@ -10,13 +10,16 @@ import io
 import json
 import os
 import platform
+import re
+import shutil
 import tarfile
 import time
 
 import pytest
 
 from edge_harness import wait_until
-from test_images import busybox_rootfs, import_image, need_busybox, sh
+from test_images import (build_log, busybox_rootfs, debian_mirror_reachable, import_image,
+                         need_busybox, sh, wait_build)
 
 
 def microvms(client):
@@ -186,9 +189,69 @@ def test_microvm_snapshot_and_fork(edge, vm_image):
         assert qemu_processes(x) == []
 
 
+def test_a_microvm_naming_no_image_gets_the_node_image_made_at_first_use(edge, client):
+    """The default image of a microVM is a Debian image (bash, coreutils, python3) that the
+    node's image builder makes at its first use (mmdebstrap from Debian's mirror); until it is
+    made such creates are 503 naming the one build, with a Retry-After that a client's retries
+    span. Then a microVM of it runs Debian's bash and python3, and an image built on it (a run
+    step in a container) runs too."""
+    microvms(client)
+    if not shutil.which("mmdebstrap"):
+        pytest.skip("mmdebstrap is missing (Debian's mmdebstrap; scripts/install-deps)")
+    if not debian_mirror_reachable():
+        pytest.skip("Debian's mirror (deb.debian.org) is not reachable from this machine")
+    c = client
+    name = "dsec-microvm:bookworm"  # the config's default (microvm_image)
+    c.get(f"/v1/images/{name}", expect=404)
+    r = c.post("/v1/sandboxes", {"kind": "microvm"}, expect=503)
+    assert r.headers["retry-after"] == "30", r.headers
+    bid = re.search(r"build (bld-[0-9a-f]+)", r.json["error"]["message"]).group(1)
+    derived = None
+    try:
+        # Asked again while it is made: the same build, not a second one.
+        r = c.post("/v1/sandboxes", {"kind": "microvm", "memory_mb": 128}, expect=503)
+        assert f"build {bid}" in r.json["error"]["message"], r.json
+        builds = c.get("/v1/images/builds", expect=200).json["builds"]
+        assert [b["id"] for b in builds if b["name"] == name] == [bid], builds
+        rec = wait_build(c, bid, timeout=900)
+        log = build_log(c, bid)
+        assert rec["state"] == "succeeded", (rec, log[-3000:])
+        assert "I: " in log  # mmdebstrap's progress lines
+        img = c.get(f"/v1/images/{name}", expect=200).json
+        assert img["base"] is None and len(img["layers"]) == 1, img
+
+        sb = c.create({"kind": "microvm", "memory_mb": 256, "disk_mb": 64})
+        try:
+            assert sb["kind"] == "microvm" and sb["image"] == name, sb
+            out = sh(c, sb["id"], "bash -c 'echo ${BASH_VERSION%%.*}'; python3 -c 'print(6*7)'; "
+                                  "grep -c bookworm /etc/os-release; ls --version | head -1")
+            lines = out.splitlines()
+            assert lines[0] == "5" and lines[1] == "42" and lines[2] != "0", out
+            assert "coreutils" in lines[3], out
+        finally:
+            c.remove(sb["id"])
+        # A container of the same name, and a build on top of it with a run step.
+        derived = c.post("/v1/images/build",
+                         {"name": "it-deb:1", "from": [name],
+                          "run": ["python3 -c 'print(6*7)' > /answer"]}, expect=202).json["id"]
+        rec = wait_build(c, derived, timeout=600)
+        assert rec["state"] == "succeeded", (rec, build_log(c, derived)[-3000:])
+        sb = c.create({"image": "it-deb:1"})
+        try:
+            assert sh(c, sb["id"], "cat /answer") == "42\n"
+        finally:
+            c.remove(sb["id"])
+    finally:
+        for b in (bid, derived):
+            if b:
+                c.delete(f"/v1/images/builds/{b}", expect=(200, 404))
+        c.delete("/v1/images/it-deb:1", expect=(204, 404))
+        c.delete(f"/v1/images/{name}", expect=(204, 404))
+
+
 def test_what_a_microvm_cannot_boot_is_422(client):
     microvms(client)
-    r = client.post("/v1/sandboxes", {"kind": "microvm"}, expect=422)
+    r = client.post("/v1/sandboxes", {"kind": "microvm", "image": "host"}, expect=422)
     assert "host" in r.json["error"]["message"]
     client.post("/v1/sandboxes", {"kind": "microvm", "image": "it-no-such:1"}, expect=404)
     # What the kind cannot do is known before anything is admitted or recorded (issue 40 item

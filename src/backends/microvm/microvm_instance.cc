@@ -243,6 +243,7 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
   s.rlimits = b.opts_.rlimits;  // fsize 0: unlimited (a full disk is ENOSPC)
   s.max_execs = b.opts_.max_execs_per_sandbox;
   s.orphan_timeout_ms = b.opts_.orphan_timeout_ms;
+  s.pids = spec_.resources.pids;  // as a container's pids.max holds its processes
   uid_t uid = kSandboxUid;
   gid_t gid = kSandboxGid;
   if (auto u = ResolveUser(spec_.user); u.ok()) uid = u->uid, gid = u->gid;
