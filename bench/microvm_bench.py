@@ -13,6 +13,10 @@ dsec-edge's REST API, on a busybox image imported into a private edge.
           .../files/stat?path=/, an agent round trip that starts no process
  memory   PSS of each idle VM's QEMU process (/proc/PID/smaps_rollup), after the serial creates
  delete   DELETE of a VM (QMP-less: SIGKILL by cgroup, reaping, removing its directory)
+ standby  on a second edge with microvm_standby: 1, serial creates of one shape naming no
+          pool: each takes the VM the node keeps ready for that shape (restored after the
+          previous create); back to back (create, exec `true`, delete) and with the standby
+          refilled between
 
     sudo python3 bench/microvm_bench.py [--creates 8] [--execs 200] [--json]
     sudo python3 bench/microvm_bench.py --density 200 [--density-memory-mb 64]
@@ -197,6 +201,57 @@ def density(edge: edge_harness.Edge, api: "Api", n: int, memory_mb: int, execs: 
     return lines
 
 
+def standby_rows(opts, creates: int) -> dict[str, list[float]]:
+    """Creates naming no pool on an edge that keeps a standby VM per shape (microvm_standby)."""
+    edge = edge_harness.Edge.start(binary=opts.edge, prefix="dsec-vmbench-sb-",
+                                   config={"fncall_pools": False, "microvm_standby": 1})
+    res: dict[str, list[float]] = {}
+    try:
+        api = Api(edge)
+        c = api.client()
+        c.post("/v1/images/import?name=bench-vm:1&format=rootfs", busybox_tar(),
+               headers={"Content-Type": "application/octet-stream"}, expect=201)
+        sid, _ = api.create("microvm")  # the template, and the shape's standby pool
+        api.delete(sid)
+
+        def standby_idle() -> bool:
+            return any(p["name"].startswith("standby-") and p["workers"]["idle"] >= 1
+                       for p in c.get("/v1/pools", expect=200).json["pools"])
+
+        for how in ("the standby refilled between", "back to back: create, exec true, delete"):
+            lat, first, taken = [], [], 0
+            for _ in range(creates):
+                if how.startswith("the standby"):
+                    deadline = time.monotonic() + 120
+                    while not standby_idle():
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("the standby VM was not made in 120 s")
+                        time.sleep(0.05)
+                t0 = time.perf_counter()
+                r = api.client().post("/v1/sandboxes", {"kind": "microvm", "image": "bench-vm:1",
+                                                        "memory_mb": 128, "disk_mb": 32})
+                lat.append((time.perf_counter() - t0) * 1e3)
+                if r.status != 201:
+                    raise RuntimeError(f"create: {r.status} {r.body[:300]!r}")
+                taken += 1 if r.json.get("pool") else 0
+                t0 = time.perf_counter()
+                x = c.post(f"/v1/sandboxes/{r.json['id']}/exec", {"cmd": ["true"]},
+                           expect=200).json
+                first.append((time.perf_counter() - t0) * 1e3)
+                assert x["exit_code"] == 0, x
+                api.delete(r.json["id"])
+            res[f"create microvm naming no pool, node standby on ({how}; {taken} of "
+                f"{creates} took the standby)"] = lat
+            res[f"  first exec true in it ({how})"] = first
+    finally:
+        edge.stop()
+        left = edge.residue()
+        edge.cleanup()
+        if left:
+            raise RuntimeError(f"the standby edge left behind: {left}")
+    return res
+
+
 def main() -> int:
     global JSON_OUT
     ap = argparse.ArgumentParser()
@@ -213,7 +268,8 @@ def main() -> int:
     JSON_OUT = opts.json
     if opts.edge:
         os.environ["DSEC_EDGE_BIN"] = opts.edge
-    config = {"fncall_pools": False}
+    # The template rows measure restores: no standby VMs here (standby_rows has its own edge).
+    config = {"fncall_pools": False, "microvm_standby": 0}
     if opts.phases:
         config["log_level"] = "debug"
     if opts.density:
@@ -300,6 +356,7 @@ def main() -> int:
                     api.delete(sid)
             finally:
                 c.delete("/v1/pools/bench-vmpool", expect=204)
+            res.update(standby_rows(opts, opts.creates))
             for conc in (2, 8):
                 with cf.ThreadPoolExecutor(conc) as pool:
                     t0 = time.perf_counter()

@@ -25,10 +25,13 @@ plot_link = sys.argv[4] if len(sys.argv) > 4 else "plots"
 rows = collections.defaultdict(list)
 density, scaling, skipped, notes = [], [], {}, collections.defaultdict(dict)
 images = collections.defaultdict(list)  # bench/image_bench.py's records by kind
+microvm = []  # bench/microvm_bench.py's records
 for r in rawjson.records(raw):
     w = r.get("workload")
     if w == "images":
         images[r.get("kind")].append(r)
+    elif w == "microvm" and r.get("case") != "density":
+        microvm.append(r)
     elif w == "density":
         density.append(r)
     elif w == "scaling":
@@ -523,6 +526,21 @@ if images:
              if not all("edge_warnings" in m for m in metas) else "")
           + "".join(f"; `{w}`" for m in metas for w in m.get("first_edge_warnings", [])[:3])
           + ".")
+
+if microvm:
+    print("\n## MicroVMs (issue 16)\n")
+    print("bench/microvm_bench.py: one edge of its own, a busybox image, 128 MiB + 32 MiB disk per"
+          " sandbox, every call through the REST API; the container kind of the same image"
+          " beside it. Medians over the samples of the run.\n")
+    print("| what | n | p50 | p99 | unit |")
+    print("|---|---:|---:|---:|---|")
+    for r in microvm:
+        print(f"| {r['case'].strip()} | {r['n']} | {fmt(r['p50'], 1)} | {fmt(r['p99'], 1)} |"
+              f" {r['unit']} |")
+    boot = lat(("lifecycle", "qemu-microvm", 1), 50)
+    if not math.isnan(boot):
+        print(f"| peer: QEMU cold boot of the same kernel to a static /init (lifecycle stage) |"
+              f" | {fmt(boot, 1)} | {fmt(lat(('lifecycle', 'qemu-microvm', 1), 99), 1)} | ms |")
 
 if rows or density:
     accel = notes.get("qemu-microvm", {}).get("accel", "")

@@ -91,6 +91,7 @@ Json ToJson(const PoolConfig& c) {
     j.erase("queue_timeout_ms");
     j.erase("idle_timeout_s");
   }
+  if (c.expire_unused_s > 0) j["expire_unused_s"] = c.expire_unused_s;
   if (c.kind == PoolKind::kFncall && c.runtime == backends::FnRuntime::kPython)
     j["preload"] = c.preload;
   if (c.kind == PoolKind::kFncall && c.runtime == backends::FnRuntime::kExec)

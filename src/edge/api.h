@@ -183,6 +183,9 @@ struct ImageDefaults {
 };
 StatusOr<ImageDefaults> ImageDefaultsOf(images::ImageStore* store, const std::string& image);
 
+// A pool's image: "host", or (pools of sandboxes) an image of this node's store, normalized;
+// its sandboxes get that image config's workdir, user and env, as a create of it would.
+Status ResolvePoolImage(images::ImageStore* store, pools::PoolConfig* cfg);
 // Defaults for a new pool of `kind` (fncall | container) from the node config.
 pools::PoolConfig PoolDefaults(const EdgeConfig& cfg, pools::PoolKind kind);
 // Starts the built-in runtimes (python, bash) unless turned off, and the pools kept in the

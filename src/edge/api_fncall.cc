@@ -178,6 +178,7 @@ void PutPool(const std::shared_ptr<Ctx>& c) {
   auto cfg = api::ParsePoolPut(c->req.body, name, existing ? &existing->config() : nullptr,
                                [&](pools::PoolKind kind) { return PoolDefaults(d.cfg, kind); });
   if (!cfg.ok()) return c->Fail(cfg.status());
+  cfg->expire_unused_s = 0;  // a pool PUT by a caller is kept (also a standby pool taken over)
   if (Status s = ResolvePoolImage(d.images, &*cfg); !s.ok()) return c->Fail(s);
   if (pools::HoldsSandboxes(cfg->kind)) {
     backends::SandboxSpec spec = pools::ContainerSpecFor(*cfg);

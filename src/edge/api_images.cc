@@ -75,7 +75,16 @@ void DeleteImage(const std::shared_ptr<Ctx>& c) {
     return c->Fail(409, "conflict", "\"host\" is the built-in image and cannot be deleted");
   auto s = Store(c);
   if (!s.ok()) return c->Fail(s.status());
-  // A pool keeps making sandboxes of its image: it goes first.
+  // A pool keeps making sandboxes of its image: it goes first. The node's own standby pools
+  // (config microvm_standby) go with the image.
+  if (auto norm = images::NormalizeName(name); norm.ok() && c->api->deps().pools) {
+    c->api->deps().pools->RemoveNow([&](const pools::PoolConfig& p) {
+      if (p.expire_unused_s <= 0) return false;
+      for (auto n : SplitString(p.image, ',', /*skip_empty=*/true))
+        if (n == *norm) return true;
+      return false;
+    });
+  }
   if (auto norm = images::NormalizeName(name); norm.ok() && c->api->deps().pools)
     for (const auto& p : c->api->deps().pools->List())
       if (p.config.image == *norm)

@@ -11,6 +11,7 @@
 #include "edge/builds.h"
 #include "edge/cluster_images.h"
 #include "edge/trajectory.h"
+#include "http/auth.h"
 #include "http/json_body.h"
 #include "images/store.h"
 
@@ -147,8 +148,8 @@ Status NodeMicrovmImage(const EdgeConfig& cfg, images::ImageStore* images, Build
 StatusOr<std::pair<CreateParams, int>> ParseCreate(
     const std::string& body, const EdgeConfig& cfg, const Manager& manager, pools::PoolSet* pools,
     images::ImageStore* images, Builds* builds, bool* count_given, bool* node_image,
-    int* retry_after_s, std::optional<api::TrajectorySpec>* trajectory, ClusterImages* cluster,
-    const std::string& project) {
+    bool* image_shape, int* retry_after_s, std::optional<api::TrajectorySpec>* trajectory,
+    ClusterImages* cluster, const std::string& project) {
   CreateParams p;
   p.resources = cfg.defaults;
   p.ttl_s = cfg.default_ttl_s;
@@ -195,6 +196,7 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(
   if (p.pool.empty() && p.image != "host" && images)
     DSEC_RETURN_IF_ERROR(ApplyImageConfig(images, f.workdir.has_value(), f.user.has_value(), &p));
   *count_given = f.count.has_value();
+  *image_shape = !f.user && !f.workdir && (!f.env || f.env->empty());
   *trajectory = f.trajectory;
   if (f.trajectory && f.count && *f.count != 1)
     return InvalidArgument("a trajectory is recorded by one sandbox: \"count\" must be 1");
@@ -202,6 +204,35 @@ StatusOr<std::pair<CreateParams, int>> ParseCreate(
     return InvalidArgument(
         "a resumed trajectory's sandbox is made as its first one was: no image, kind or pool");
   return std::make_pair(p, static_cast<int>(f.count.value_or(1)));
+}
+
+// The standby pool of a microVM create's shape: a digest of its image's layers (another image
+// under the same name is another shape) and its limits.
+std::string StandbyPoolName(images::ImageStore* images, const CreateParams& p) {
+  std::string key = p.image;
+  for (auto n : SplitString(p.image, ',', /*skip_empty=*/true))
+    if (auto img = images->GetImage(std::string(n)); img.ok())
+      for (const auto& layer : img->layers) key += " " + layer;
+  key += " cpu=" + std::to_string(p.resources.cpu) +
+         " memory=" + std::to_string(p.resources.memory_mb) +
+         " pids=" + std::to_string(p.resources.pids) +
+         " disk=" + std::to_string(p.resources.disk_mb);
+  return "standby-" + http::Sha256Hex(key).substr(0, 16);
+}
+
+// Starts the standby pool `name` of the shape `p` was made with (its image's workdir, user and
+// env, network none): the node's own, not kept in the state DB, gone when unused.
+void StartStandby(const Api::Deps& deps, const CreateParams& p, const std::string& name) {
+  pools::PoolConfig cfg;
+  cfg.name = name;
+  cfg.kind = pools::PoolKind::kMicrovm;
+  cfg.image = p.image;
+  cfg.resources = p.resources;
+  cfg.min_idle = cfg.max = deps.cfg.microvm_standby;
+  cfg.expire_unused_s = deps.cfg.microvm_standby_expiry_s;
+  Status s = ResolvePoolImage(deps.images, &cfg);
+  if (s.ok()) s = deps.pools->Put(cfg).status();
+  if (!s.ok()) DSEC_LOG_WARN("standby pool {} of {}: {}", name, p.image, s.ToString());
 }
 
 StatusOr<std::string> RequestProject(const http::HttpRequest& req) {
@@ -218,11 +249,11 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
   auto project = RequestProject(c->req);
   if (!project.ok()) return c->Fail(project.status());
   std::optional<api::TrajectorySpec> trajectory;
-  bool node_image = false;
+  bool node_image = false, image_shape = false;
   int retry_after_s = 0;
   auto parsed = ParseCreate(c->req.body, deps.cfg, *deps.manager, deps.pools, deps.images,
-                            deps.builds, &count_given, &node_image, &retry_after_s, &trajectory,
-                            deps.cluster_images, *project);
+                            deps.builds, &count_given, &node_image, &image_shape, &retry_after_s,
+                            &trajectory, deps.cluster_images, *project);
   if (!parsed.ok() && retry_after_s > 0)
     return c->Fail(503, "unavailable", parsed.status().message(), retry_after_s);
   if (!parsed.ok()) return c->Fail(parsed.status());
@@ -274,6 +305,19 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
         return c->Fail(NotFound("image \"" + img->name + "\" not found"));
     }
   }
+  // A microVM of a shape created lately comes from the node's standby pool of that shape, if
+  // it has one ready (the rest are made fresh); the first create of a shape starts that pool.
+  std::string standby;
+  const CreateParams& cp = parsed->first;
+  if (deps.cfg.microvm_standby > 0 && deps.pools && deps.images && image_shape && !trajectory &&
+      cp.kind == backends::Kind::kMicrovm && cp.pool.empty() &&
+      cp.network.mode == net::NetMode::kNone) {
+    standby = StandbyPoolName(deps.images, cp);
+    if (deps.pools->Get(standby)) {
+      parsed->first.pool = standby;
+      standby.clear();
+    }
+  }
   const std::string* wait = c->req.Query("wait");
   bool wait_ready = !(wait && (*wait == "0" || *wait == "false"));
   auto* workers = c->api->deps().workers;
@@ -306,6 +350,7 @@ void CreateSandbox(const std::shared_ptr<Ctx>& c) {
       }
     }
   }
+  if (!standby.empty()) StartStandby(deps, parsed->first, standby);
   http::HttpResponse r;
   r.status = 201;
   r.body = (count_given ? api::SandboxListJson(*made) : ToJson(made->front()))

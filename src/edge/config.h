@@ -159,6 +159,11 @@ struct EdgeConfig {
   // The image of a microVM create that names none: made by the image builder at its first use
   // (Debian bookworm with bash, coreutils and python3) when the store lacks it.
   std::string microvm_image = "dsec-microvm:bookworm";
+  // Ready microVMs the edge keeps for each shape (image, limits) that creates naming no pool
+  // asked for lately (0: none): an automatic pool ("standby-<hash>"), removed when no create
+  // of that shape came for microvm_standby_expiry_s.
+  int microvm_standby = 1;
+  int64_t microvm_standby_expiry_s = 600;
   std::string zygote_path;  // default: dsec-zygote beside dsec-edge
 
   // Sandbox networking (net/node_network.h): modes allowlist and open. Set up at the first

@@ -35,7 +35,15 @@ def vm_image(edge):
     c = edge.client()
     import_image(c, "it-vm:1", busybox_rootfs([("etc/motd", "file", b"from-vm-image\n")]))
     yield "it-vm:1"
+    drop_standby_pools(c)
     c.delete("/v1/images/it-vm:1", expect=(204, 404))
+
+
+def drop_standby_pools(c):
+    """The ready VMs the node kept for the shapes created (config microvm_standby)."""
+    for p in c.get("/v1/pools", expect=200).json["pools"]:
+        if p["name"].startswith("standby-"):
+            c.delete(f"/v1/pools/{p['name']}", expect=(204, 404))
 
 
 def qemu_processes(sid):
@@ -245,8 +253,58 @@ def test_a_microvm_naming_no_image_gets_the_node_image_made_at_first_use(edge, c
         for b in (bid, derived):
             if b:
                 c.delete(f"/v1/images/builds/{b}", expect=(200, 404))
+        drop_standby_pools(c)
         c.delete("/v1/images/it-deb:1", expect=(204, 404))
         c.delete(f"/v1/images/{name}", expect=(204, 404))
+
+
+def test_creates_of_a_shape_take_the_standby_vm_the_node_keeps(make_edge):
+    """After a microVM create of a shape (image layers, limits, network none, the image's user,
+    workdir and env), the node keeps a ready VM of it (config microvm_standby: 1): the next
+    create of that shape takes it (a separate machine, with the create's labels) and another is
+    made; a create of another shape does not; the standby pool goes when unused for
+    microvm_standby_expiry_s, and its VM with it."""
+    e = make_edge(config={"microvm_standby_expiry_s": 6})
+    c = e.client(timeout=300)
+    microvms(c)
+    need_busybox()
+    import_image(c, "it-sby:1", busybox_rootfs())
+    shape = {"kind": "microvm", "image": "it-sby:1", "memory_mb": 128, "disk_mb": 32}
+    made = []
+    try:
+        made.append(c.create(shape)["id"])
+        pools = [p for p in c.get("/v1/pools", expect=200).json["pools"]
+                 if p["name"].startswith("standby-")]
+        assert len(pools) == 1, pools
+        name = pools[0]["name"]
+        assert pools[0]["kind"] == "microvm" and pools[0]["image"] == "it-sby:1", pools
+        assert pools[0]["expire_unused_s"] == 6 and pools[0]["memory_mb"] == 128, pools
+        pool = f"/v1/pools/{name}"
+        assert wait_until(lambda: c.get(pool, expect=200).json["workers"]["idle"] == 1,
+                          timeout=180), c.get(pool).json
+        b = c.create(dict(shape, labels={"it": "standby"}))
+        made.append(b["id"])
+        st = c.get(pool, expect=200).json
+        assert st["taken"] == 1, st
+        assert b["labels"] == {"it": "standby"} and b["state"] == "running", b
+        assert b["pool"] == name, b
+        assert sh(c, b["id"], "hostname") == b["id"] + "\n"
+        assert b["id"] not in qemu_processes(made[0]) and qemu_processes(b["id"])
+        # Another shape (a user of its own) is made fresh: the standby is not taken.
+        made.append(c.create(dict(shape, user="root"))["id"])
+        assert c.get(pool, expect=200).json["taken"] == 1
+        for sid in made:
+            c.remove(sid)
+        made.clear()
+        # Unused for 6 s: the pool and its ready VM go.
+        assert wait_until(lambda: c.get(pool).status == 404, timeout=60)
+        assert wait_until(lambda: not os.listdir(e.state_dir / "microvms"), timeout=30), \
+            os.listdir(e.state_dir / "microvms")
+    finally:
+        for sid in made:
+            c.remove(sid)
+        drop_standby_pools(c)
+        c.delete("/v1/images/it-sby:1", expect=(204, 404))
 
 
 def test_what_a_microvm_cannot_boot_is_422(client):
@@ -375,7 +433,8 @@ def test_microvm_pools_hold_ready_vms(edge, vm_image):
             c.remove(sb["id"])
     finally:
         c.delete(f"/v1/pools/{name}", expect=204)
-    # The pool's idle VMs go with it.
+    # The pool's idle VMs go with it (and the node's standby VMs with their pools).
+    drop_standby_pools(c)
     wait_until(lambda: not [d for d in (edge.state_dir / "microvms").iterdir()
                             if not d.name.startswith("tmpl-")], timeout=60)
 

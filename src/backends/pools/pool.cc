@@ -8,6 +8,7 @@
 #include "base/clock.h"
 #include "base/enum_names.h"
 #include "base/ids.h"
+#include "base/logging.h"
 #include "base/strings.h"
 #include "protocol/frame.h"
 
@@ -65,7 +66,15 @@ std::optional<PoolKind> PoolKindFromName(std::string_view name) {
 // --- Pool ---
 
 Pool::Pool(PoolConfig cfg, backends::Backend* backend, std::string node)
-    : cfg_(std::move(cfg)), backend_(backend), node_(std::move(node)) {}
+    : cfg_(std::move(cfg)), backend_(backend), node_(std::move(node)) {
+  MutexLock l(mu_);
+  last_asked_ms_ = MonotonicMs();
+}
+
+bool Pool::Expired(int64_t now_ms) const {
+  MutexLock l(mu_);
+  return cfg_.expire_unused_s > 0 && now_ms - last_asked_ms_ > cfg_.expire_unused_s * 1000;
+}
 
 void Pool::Submit(CallRequest req, CallDone done) {
   Queued q{std::move(req), std::move(done), MonotonicUs()};
@@ -236,6 +245,7 @@ std::shared_ptr<Sandbox> Pool::TakeSandbox() {
     } else {
       missed_++;
     }
+    last_asked_ms_ = MonotonicMs();
   }
   if (wake_) wake_();  // refill
   return w ? w->sb : nullptr;
@@ -595,6 +605,22 @@ Status PoolSet::Remove(const std::string& name) {
   return OkStatus();
 }
 
+void PoolSet::RemoveNow(const std::function<bool(const PoolConfig&)>& drop) {
+  std::vector<std::shared_ptr<Pool>> gone;
+  {
+    MutexLock l(mu_);
+    for (auto it = pools_.begin(); it != pools_.end();) {
+      if (drop(it->second->config())) {
+        gone.push_back(it->second);
+        it = pools_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& p : gone) p->Shutdown();
+}
+
 std::vector<PoolStatus> PoolSet::List() const {
   std::vector<std::shared_ptr<Pool>> pools;
   {
@@ -627,7 +653,18 @@ void PoolSet::Loop() {
                   [&]() DSEC_REQUIRES(mu_) { return stop_ || woken_; });
       if (stop_) return;
       woken_ = false;
-      for (auto& [n, p] : pools_) pools.push_back(p);
+      const int64_t now = MonotonicMs();
+      for (auto it = pools_.begin(); it != pools_.end();) {
+        if (it->second->Expired(now)) {
+          DSEC_LOG_INFO("pool {}: unused for {} s, removed", it->first,
+                        it->second->config().expire_unused_s);
+          removed_.push_back(it->second);
+          it = pools_.erase(it);
+        } else {
+          pools.push_back(it->second);
+          ++it;
+        }
+      }
       removed.swap(removed_);
     }
     for (auto& p : removed) p->Shutdown();

@@ -60,6 +60,9 @@ struct PoolConfig {
   int max_queue = 256;
   int64_t queue_timeout_ms = 10000;
   int64_t idle_timeout_s = 60;  // idle workers beyond min_idle go after this long
+  // A pool of sandboxes nobody took from (or asked to) for this long is removed by the
+  // PoolSet (0: never): the edge's own standby pools (config microvm_standby).
+  int64_t expire_unused_s = 0;
   // A container pool's sandboxes start like a create of `image` would: the edge fills these
   // from the image's config (they are not part of the pool's JSON; fncall pools, on host only,
   // keep the defaults).
@@ -127,6 +130,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
  public:
   Pool(PoolConfig cfg, backends::Backend* backend, std::string node);
   const PoolConfig& config() const { return cfg_; }
+  // Whether cfg_.expire_unused_s passed since it was made or last asked for a sandbox.
+  bool Expired(int64_t now_ms) const;
   void Submit(CallRequest req, CallDone done);
   // kind "container": a ready sandbox, now the caller's (nullptr when none is idle).
   std::shared_ptr<backends::Sandbox> TakeSandbox();
@@ -197,6 +202,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   uint64_t rejected_ DSEC_GUARDED_BY(mu_) = 0;
   uint64_t replaced_ DSEC_GUARDED_BY(mu_) = 0;
   uint64_t taken_ DSEC_GUARDED_BY(mu_) = 0;
+  int64_t last_asked_ms_ DSEC_GUARDED_BY(mu_) = 0;  // monotonic: made, or a TakeSandbox
   uint64_t missed_ DSEC_GUARDED_BY(mu_) = 0;
   uint64_t yielded_ DSEC_GUARDED_BY(mu_) = 0;  // idle ones given up for explicit creates
   int idle_low_ DSEC_GUARDED_BY(mu_) = 0;      // fewest idle workers in this window
@@ -224,6 +230,8 @@ class PoolSet {
   StatusOr<std::shared_ptr<Pool>> Put(const PoolConfig& cfg);
   std::shared_ptr<Pool> Get(const std::string& name) const;
   Status Remove(const std::string& name);
+  // Removes the pools `drop` picks and destroys their sandboxes before it returns.
+  void RemoveNow(const std::function<bool(const PoolConfig&)>& drop);
   std::vector<PoolStatus> List() const;
   // Waits (up to timeout_ms) until every pool has its min_idle workers or reported an error.
   void WaitWarm(int64_t timeout_ms) const;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "backends/pools/pool.h"
+#include "base/clock.h"
 
 namespace dsec::pools {
 namespace {
@@ -63,6 +64,25 @@ TEST(PoolScaleTest, ALoweredMaxRetiresIdleWorkersOnly) {
   p = PlanScale(c, 0, 6, false);
   EXPECT_EQ(p.retire_lru, 2);
   EXPECT_EQ(p.retire_over_max, 0);
+}
+
+// A standby pool (expire_unused_s) expires when nobody asked it for a sandbox for that long;
+// a miss counts as asking (the shape is still wanted).
+TEST(PoolExpiryTest, APoolUnaskedForItsExpiryExpires) {
+  PoolConfig cfg;
+  cfg.name = "standby-x";
+  cfg.kind = PoolKind::kMicrovm;
+  cfg.expire_unused_s = 2;
+  Pool p(cfg, nullptr, "node");
+  int64_t t0 = MonotonicMs();
+  EXPECT_FALSE(p.Expired(t0 + 1000));
+  EXPECT_TRUE(p.Expired(t0 + 2500));
+  EXPECT_EQ(p.TakeSandbox(), nullptr);  // none ready: a miss
+  EXPECT_FALSE(p.Expired(MonotonicMs() + 1500));
+  EXPECT_TRUE(p.Expired(MonotonicMs() + 2500));
+  cfg.expire_unused_s = 0;  // a caller's pool: never
+  Pool kept(cfg, nullptr, "node");
+  EXPECT_FALSE(kept.Expired(MonotonicMs() + 86400 * 1000LL));
 }
 
 }  // namespace
