@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "archive/tar.h"
+#include "base/file_util.h"
 #include "base/in_root.h"
 #include "base/strings.h"
 
@@ -579,7 +580,29 @@ StatusOr<Reply> HandleListDir(Agent*, uint32_t, protocol::ListDirRequest req) {
   return Reply(protocol::Encode(out));
 }
 
-StatusOr<Reply> HandleStat(Agent*, uint32_t, protocol::StatRequest req) {
+namespace {
+
+// The machine's memory (/proc/meminfo) and the processes in the agent's user cgroup: a
+// microVM guest's own account of itself, for its stats.
+void MachineInfo(Agent* agent, protocol::StatResponse* out) {
+  if (auto m = ReadFileToString("/proc/meminfo", 16 << 10); m.ok()) {
+    auto kb = [&](std::string_view key) -> uint64_t {
+      size_t at = m->find(key);
+      return at == std::string::npos ? 0 : strtoull(m->c_str() + at + key.size(), nullptr, 10);
+    };
+    out->mem_total = kb("MemTotal:") << 10;
+    out->mem_available = kb("MemAvailable:") << 10;
+  }
+  if (const UniqueFd& cg = agent->config().cgroup_user; cg) {
+    UniqueFd f(openat(cg.get(), "pids.current", O_RDONLY | O_CLOEXEC));
+    char buf[32] = {};
+    if (f && read(f.get(), buf, sizeof buf - 1) > 0) out->user_pids = strtoull(buf, nullptr, 10);
+  }
+}
+
+}  // namespace
+
+StatusOr<Reply> HandleStat(Agent* agent, uint32_t, protocol::StatRequest req) {
   ScopedFsIds as(req.as.uid, req.as.gid);
   DSEC_ASSIGN_OR_RETURN(UniqueFd fd, Resolve(req.path, O_PATH | O_NOFOLLOW));
   struct stat st;
@@ -590,6 +613,7 @@ StatusOr<Reply> HandleStat(Agent*, uint32_t, protocol::StatRequest req) {
     out.fs_bytes = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
     out.fs_used = static_cast<uint64_t>(fs.f_blocks - fs.f_bfree) * fs.f_frsize;
   }
+  if (req.machine) MachineInfo(agent, &out);
   return Reply(protocol::Encode(out));
 }
 

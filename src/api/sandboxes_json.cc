@@ -134,17 +134,22 @@ Status CheckActionBody(std::string_view body) {
 Json SandboxListJson(const std::vector<SandboxRecord>& rs) { return {{"sandboxes", ToJson(rs)}}; }
 
 Json StatsJson(const backends::SandboxStats& st) {
-  return {{"cpu_time_ms", static_cast<double>(st.cpu_usage_us) / 1000.0},
-          {"memory_current", st.memory_current},
-          {"memory_peak", st.memory_peak},
-          {"memory_limit", st.memory_limit},
-          {"disk_used", st.disk_used},
-          {"disk_limit", st.disk_limit},
-          {"disk_kind", st.disk_kind},
-          {"pids", st.pids},
-          {"oom_kills", st.oom_kills},
-          {"exec_count", st.exec_count},
-          {"network_denied", st.network_denied}};
+  Json j = {{"cpu_time_ms", static_cast<double>(st.cpu_usage_us) / 1000.0},
+            {"memory_current", st.memory_current},
+            {"memory_peak", st.memory_peak},
+            {"memory_limit", st.memory_limit},
+            {"disk_used", st.disk_used},
+            {"disk_limit", st.disk_limit},
+            {"disk_kind", st.disk_kind},
+            {"pids", st.pids},
+            {"oom_kills", st.oom_kills},
+            {"exec_count", st.exec_count},
+            {"network_denied", st.network_denied}};
+  if (st.guest)
+    j["guest"] = {{"memory_total", st.guest->memory_total},
+                  {"memory_used", st.guest->memory_used},
+                  {"pids", st.guest->pids}};
+  return j;
 }
 
 Json JobActionJson(int affected) { return {{"affected", affected}}; }

@@ -427,11 +427,17 @@ StatusOr<SandboxStats> Sandbox::Stats() {
     s.exec_count = exec_count_.load();
     if (net::SandboxNet* n = instance_->Network()) s.network_denied = n->Denied();
     // Only a running agent is asked (a paused sandbox stays paused).
-    if (!s.disk_used_known && state_.load() == SandboxState::kRunning) session = session_;
+    if ((!s.disk_used_known || s.ask_guest) && state_.load() == SandboxState::kRunning)
+      session = session_;
   }
-  if (session)
-    if (auto fs = session->StatFs({0, 0}, "/"); fs.ok() && fs->fs_bytes > 0)
-      s.disk_used = fs->fs_used;
+  if (session) {
+    // One agent round trip: its root's filesystem, and for a guest its own account.
+    auto fs = session->StatFs({0, 0}, "/", s.ask_guest);
+    if (fs.ok() && fs->fs_bytes > 0 && !s.disk_used_known) s.disk_used = fs->fs_used;
+    if (fs.ok() && s.ask_guest && fs->mem_total > 0 && fs->mem_available <= fs->mem_total)
+      s.guest =
+          SandboxStats::Guest{fs->mem_total, fs->mem_total - fs->mem_available, fs->user_pids};
+  }
   return s;
 }
 

@@ -159,6 +159,15 @@ struct SandboxStats {
   // False when the writable layer lives where the instance cannot see it (a microVM guest's
   // RAM): the agent is asked (statfs of its root) while the sandbox runs.
   bool disk_used_known = true;
+  // A microVM's guest, as its agent reads it while the sandbox runs (its own account: the
+  // guest's /proc/meminfo, and the processes of what the agent started): `ask_guest` set by
+  // the instance, `guest` once the agent answered.
+  bool ask_guest = false;
+  struct Guest {
+    uint64_t memory_total = 0, memory_used = 0;  // MemTotal, MemTotal - MemAvailable
+    uint64_t pids = 0;
+  };
+  std::optional<Guest> guest;
   uint64_t exec_count = 0;
   uint64_t network_denied = 0;  // packets its network policy refused
 };

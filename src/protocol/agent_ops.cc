@@ -422,9 +422,14 @@ Status Decode(const Json& j, ListDirResponse* out) {
   return OkStatus();
 }
 
-Json Encode(const StatRequest& r) { return WithOp(r.kOp, AsJson(r.as, {{"path", r.path}})); }
+Json Encode(const StatRequest& r) {
+  Json j = AsJson(r.as, {{"path", r.path}});
+  if (r.machine) j["machine"] = true;
+  return WithOp(r.kOp, std::move(j));
+}
 Status Decode(const Json& j, StatRequest* out) {
   DSEC_RETURN_IF_ERROR(DecodeRunAs(j, &out->as));
+  DSEC_ASSIGN_OR_RETURN(out->machine, GetBool(j, "machine", false));
   return DecodePath(j, &out->path);
 }
 Json Encode(const StatResponse& r) {
@@ -433,6 +438,11 @@ Json Encode(const StatResponse& r) {
   j["gid"] = r.gid;
   j["fs_bytes"] = r.fs_bytes;
   j["fs_used"] = r.fs_used;
+  if (r.mem_total > 0) {
+    j["mem_total"] = r.mem_total;
+    j["mem_available"] = r.mem_available;
+    j["user_pids"] = r.user_pids;
+  }
   return j;
 }
 Status Decode(const Json& j, StatResponse* out) {
@@ -441,6 +451,9 @@ Status Decode(const Json& j, StatResponse* out) {
   DSEC_RETURN_IF_ERROR(GetUnsigned(j, "uid", 0, UINT32_MAX, &out->uid));
   DSEC_RETURN_IF_ERROR(GetUnsigned(j, "gid", 0, UINT32_MAX, &out->gid));
   DSEC_RETURN_IF_ERROR(GetUnsigned(j, "fs_bytes", 0, INT64_MAX, &out->fs_bytes));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "mem_total", 0, INT64_MAX, &out->mem_total));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "mem_available", 0, INT64_MAX, &out->mem_available));
+  DSEC_RETURN_IF_ERROR(GetUnsigned(j, "user_pids", 0, INT64_MAX, &out->user_pids));
   return GetUnsigned(j, "fs_used", 0, INT64_MAX, &out->fs_used);
 }
 

@@ -268,12 +268,16 @@ struct StatRequest {
   static constexpr std::string_view kOp = "stat";
   RunAs as;
   std::string path;
+  bool machine = false;  // add the machine's memory and the user processes (a microVM's stats)
 };
 struct StatResponse {
   FileEntry entry;
   uint32_t uid = 0, gid = 0;
   // The filesystem holding the path (statvfs): its size and what is used; 0 from older agents.
   uint64_t fs_bytes = 0, fs_used = 0;
+  // With `machine`: /proc/meminfo's MemTotal and MemAvailable (bytes) and the processes in the
+  // agent's user cgroup; 0 when not asked or not known.
+  uint64_t mem_total = 0, mem_available = 0, user_pids = 0;
 };
 struct MakeDirRequest {
   static constexpr std::string_view kOp = "mkdir";

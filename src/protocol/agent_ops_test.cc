@@ -146,6 +146,18 @@ TEST(AgentOpsTest, ResponsesRoundTripAndCarryErrors) {
                      &old)
                   .ok());
   EXPECT_EQ(old.fs_bytes, 0u);
+  EXPECT_EQ(old.mem_total, 0u);
+  // A microVM's stats ask for the machine too: asked only when set, answered when known.
+  EXPECT_FALSE(RoundTrip(StatRequest{{0, 0}, "/"}).machine);
+  EXPECT_TRUE(RoundTrip(StatRequest{{0, 0}, "/", true}).machine);
+  StatResponse m{{"s", "dir", 0, 0755, 1}, 0, 0, 1 << 20, 1 << 10};
+  m.mem_total = 256ull << 20;
+  m.mem_available = 100ull << 20;
+  m.user_pids = 7;
+  auto mb = RoundTrip(m);
+  EXPECT_EQ(mb.mem_total, 256ull << 20);
+  EXPECT_EQ(mb.mem_available, 100ull << 20);
+  EXPECT_EQ(mb.user_pids, 7u);
   EXPECT_EQ(RoundTrip(ShellOpenResponse{"sh1"}).shell_id, "sh1");
   ShellRunResponse sr;
   sr.result.exit_code = 3;

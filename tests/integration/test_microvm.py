@@ -97,6 +97,18 @@ def test_microvm_runs_the_image_with_its_own_kernel(edge, client, vm_image):
 
         st = c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json
         assert st["memory_current"] > 16 << 20 and st["memory_limit"] == (192 + 64) << 20, st
+        # The guest's own account, through its agent: its RAM as its kernel sees it, what is in
+        # use, and the processes of what the agent started (here: none but this read's).
+        g = st["guest"]
+        assert 128 << 20 < g["memory_total"] <= (192 + 64) << 20, g
+        assert 0 < g["memory_used"] < g["memory_total"], g
+        sh(c, sid, "sleep 300 >/dev/null 2>&1 & sleep 300 >/dev/null 2>&1 &")
+        g = c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json["guest"]
+        assert g["pids"] >= 2, g
+        sh(c, sid, "head -c 20000000 /dev/zero > /dev/shm/blob")
+        g2 = c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json["guest"]
+        assert g2["memory_used"] >= g["memory_used"] + (15 << 20), (g, g2)
+        sh(c, sid, "rm /dev/shm/blob")
         # The guest's writable layer, as its agent measures it (issue 41 item 16).
         sh(c, sid, "head -c 8000000 /dev/zero > /workspace/blob")
         st = c.get(f"/v1/sandboxes/{sid}/stats", expect=200).json
@@ -595,3 +607,14 @@ def test_both_files_archives_and_pause(client, kind_sb):
     assert client.post(f"/v1/sandboxes/{sid}/pause", expect=200).json["state"] == "paused"
     assert client.sh(sid, "cat /workspace/d/a.txt") == "A\n"  # resumes it transparently
     assert client.get(f"/v1/sandboxes/{sid}", expect=200).json["state"] == "running"
+
+
+def test_both_stats_say_whose_figures_they_are(client, kind_sb):
+    """A microVM's stats add the guest's own account (its agent's reading of the guest's
+    memory and processes); a container's have no guest."""
+    kind = client.get(f"/v1/sandboxes/{kind_sb}", expect=200).json["kind"]
+    st = client.get(f"/v1/sandboxes/{kind_sb}/stats", expect=200).json
+    if kind == "microvm":
+        assert 0 < st["guest"]["memory_used"] < st["guest"]["memory_total"], st
+    else:
+        assert "guest" not in st, st

@@ -13,6 +13,7 @@ import pytest
 from edge_harness import wait_until
 from sec_util import Neighbour
 from test_images import busybox_rootfs, import_image, need_busybox
+from test_microvm import drop_standby_pools, qemu_processes
 
 GUEST_KERNEL = "/var/cache/dsec/guest-kernel/current"
 # One size for every VM here: they share one template (a cold boot once).
@@ -35,10 +36,7 @@ def image(edge):
     extra = [(f"bin/{a}", "hardlink", "bin/busybox") for a in APPLETS]
     import_image(c, "sec-vm:1", busybox_rootfs(extra))
     yield "sec-vm:1"
-    # The ready VMs the node kept for these shapes (config microvm_standby) go too.
-    for p in c.get("/v1/pools", expect=200).json["pools"]:
-        if p["name"].startswith("standby-"):
-            c.delete(f"/v1/pools/{p['name']}", expect=(204, 404))
+    drop_standby_pools(c)  # the ready VMs the node kept for these shapes
     c.delete("/v1/images/sec-vm:1", expect=(204, 404))
 
 
@@ -68,15 +66,8 @@ def vm(client, image):
 
 
 def qemu_of(sid):
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            comm = open(f"/proc/{pid}/comm").read().strip()
-            cgroups = open(f"/proc/{pid}/cgroup").read()
-        except OSError:
-            continue
-        if comm.startswith("qemu-system") and f"-vm/{sid}\n" in cgroups:
-            return int(pid)
-    return None
+    found = qemu_processes(sid)
+    return found[0] if found else None
 
 
 def status_fields(pid):

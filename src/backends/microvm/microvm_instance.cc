@@ -551,6 +551,7 @@ StatusOr<SandboxStats> MicrovmInstance::Stats() {
   s.disk_limit = static_cast<uint64_t>(spec_.resources.disk_mb) << 20;
   s.disk_kind = "tmpfs";
   s.disk_used_known = false;  // a tmpfs in the guest: its agent says
+  s.ask_guest = true;
   return s;
 }
 

@@ -261,9 +261,10 @@ StatusOr<FileEntry> AgentSession::Stat(protocol::RunAs as, const std::string& pa
   return std::move(resp.entry);
 }
 
-StatusOr<protocol::StatResponse> AgentSession::StatFs(protocol::RunAs as, const std::string& path) {
-  DSEC_ASSIGN_OR_RETURN(Json r,
-                        client_->CallSync(protocol::Encode(protocol::StatRequest{as, path})));
+StatusOr<protocol::StatResponse> AgentSession::StatFs(protocol::RunAs as, const std::string& path,
+                                                      bool machine) {
+  DSEC_ASSIGN_OR_RETURN(
+      Json r, client_->CallSync(protocol::Encode(protocol::StatRequest{as, path, machine})));
   return protocol::DecodeAs<protocol::StatResponse>(r);
 }
 

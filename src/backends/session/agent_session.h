@@ -54,7 +54,9 @@ class AgentSession {
   StatusOr<std::vector<FileEntry>> ListDir(protocol::RunAs as, const std::string& path);
   StatusOr<FileEntry> Stat(protocol::RunAs as, const std::string& path);
   // Stat with the figures of the filesystem holding the path.
-  StatusOr<protocol::StatResponse> StatFs(protocol::RunAs as, const std::string& path);
+  // `machine`: also the machine's memory and the agent's user processes (StatResponse).
+  StatusOr<protocol::StatResponse> StatFs(protocol::RunAs as, const std::string& path,
+                                          bool machine = false);
   Status MakeDir(protocol::RunAs as, const std::string& path, uint32_t mode);
   Status Remove(protocol::RunAs as, const std::string& path, bool recursive);
   // `max_bytes`: the most the archive may write (the sandbox's disk).
