@@ -130,24 +130,28 @@ def test_microvm_runs_the_image_with_its_own_kernel(edge, client, vm_image):
 def test_clones_rewrite_what_their_template_prepared(edge, vm_image):
     """A template's writable layer starts with a sandbox's plan (made once, so no clone copies
     /etc and the top-level directories up from the image again): each clone still gets its
-    own hostname files, and the plan's files and directories are what a container of the
-    image gets."""
+    own hostname files and machine-id, and the plan's files and directories are what a
+    container of the image gets."""
     c = edge.client(timeout=300)
     microvms(c)
     ids = []
     show = ("cat /etc/hostname /etc/hosts /etc/passwd /etc/group; "
             "stat -c '%n %u %g %a' /workspace /tmp /var/tmp /run /root /home")
     try:
-        outs = {}
+        outs, machine_ids = {}, []
         for kind in ("microvm", "microvm", "container"):
             sid = c.create({"kind": kind, "image": vm_image, "memory_mb": 192,
                             "disk_mb": 64})["id"]
             ids.append(sid)
+            if kind == "microvm":  # a machine of its own: its own /etc/machine-id
+                machine_ids.append(sh(c, sid, "cat /etc/machine-id"))
             out = sh(c, sid, show)
             assert out.splitlines()[0] == sid and f"127.0.1.1\t{sid}\n" in out, out
             assert "localhost\n127.0.0.1" not in out  # (the template's own hostname is gone)
             outs.setdefault(kind, []).append(out.replace(sid, "SID"))
         assert outs["microvm"][0] == outs["microvm"][1] == outs["container"][0], outs
+        assert len(set(machine_ids)) == 2, machine_ids
+        assert all(re.fullmatch(r"[0-9a-f]{32}\n", m) for m in machine_ids), machine_ids
         assert ":1000:" in outs["microvm"][0] and "/workspace 1000 1000 755" in outs["microvm"][0]
     finally:
         for x in ids:

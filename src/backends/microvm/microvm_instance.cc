@@ -253,6 +253,7 @@ protocol::GuestSetup MicrovmInstance::BuildGuestSetup() {
   }
   const RootfsInputs in = PlanInputs(b, stack_, net_.attached(), spec_.id);
   PlanFiles(in, spec_.hostname, spec_.workdir, uid, gid, &s);
+  s.files.push_back(MachineId(RandomHex(16)));  // a machine of its own
   // A clone's writable layer already holds its template's plan: what of its own plan is
   // there as it wants it is left out (only when the template's plan is exactly the one this
   // image and NIC give, so nothing is assumed of an older template).
@@ -296,7 +297,13 @@ protocol::GuestSetup MicrovmInstance::TemplatePlan(const RootfsInputs& in) {
   s.hostname = "localhost";
   s.prepare = true;
   PlanFiles(in, s.hostname, SandboxSpec().workdir, kSandboxUid, kSandboxGid, &s);
+  // (In the template's layer already, so a clone rewrites it in place: no copy-up.)
+  s.files.push_back(MachineId(std::string(32, '0')));
   return s;
+}
+
+isolation::FileSpec MicrovmInstance::MachineId(const std::string& hex) {
+  return {"/etc/machine-id", hex + "\n", 0444, 0, 0};
 }
 
 std::string MicrovmInstance::PreparedText(const protocol::GuestSetup& s) {

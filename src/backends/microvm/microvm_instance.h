@@ -112,6 +112,8 @@ class MicrovmInstance : public Instance {
   // A template's plan (GuestSetup::prepare): a sandbox's with the defaults (hostname
   // "localhost", the default workdir and user), whose paths every clone's plan has too.
   static protocol::GuestSetup TemplatePlan(const RootfsInputs& in);
+  // /etc/machine-id (32 hex digits): each VM's own (a template's is a placeholder).
+  static isolation::FileSpec MachineId(const std::string& hex);
   // The dirs and files of a plan, as text to compare (Template::prepared).
   static std::string PreparedText(const protocol::GuestSetup& s);
   int64_t GuestRamMb() const { return spec_.resources.memory_mb + spec_.resources.disk_mb; }
