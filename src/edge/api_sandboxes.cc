@@ -130,7 +130,7 @@ Status NodeMicrovmImage(const EdgeConfig& cfg, images::ImageStore* images, Build
   api::BuildRequest req;
   req.name = cfg.microvm_image;
   req.suite = "bookworm";
-  req.packages = {"bash", "coreutils", "python3"};
+  req.packages = {"bash", "coreutils", "procps", "python3"};
   auto r = builds->Ensure(std::move(req), kMicrovmImageRetryPauseMs);
   if (!r.ok() && r.status().code() == StatusCode::kAlreadyExists &&
       images->GetImage(cfg.microvm_image).ok())

@@ -266,7 +266,7 @@ if [ -x /bin/busybox ]; then
     check "create --kind microvm" "a microVM" "$(cat "$T/vm.err")"
   fi
   err=$(D create --kind vm 2>&1); one_line_error "create --kind of an unknown kind" $? "$err"
-  err=$(D create --kind microvm 2>&1); one_line_error "create --kind microvm on the host image" $? "$err"
+  err=$(D create --kind microvm --image host 2>&1); one_line_error "create --kind microvm on the host image" $? "$err"
   err=$(D image import clibb:1 "$T/rootfs" 2>&1); one_line_error "image import of a taken name" $? "$err"
   err=$(D image import cli-x:1 "$T/nothing" 2>&1); one_line_error "image import of a missing path" $? "$err"
   err=$(D image rm host 2>&1); one_line_error "image rm host" $? "$err"

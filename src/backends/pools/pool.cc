@@ -394,6 +394,7 @@ Pool::Upkeep Pool::PlanUpkeepLocked(int64_t now) {
     }
   }
   starting_ += u.create;
+  making_ += u.create;
   std::shared_ptr<Worker> nw;
   Queued nq;
   while (NextLocked(&nw, &nq)) u.start.emplace_back(std::move(nw), std::move(nq));
@@ -429,6 +430,10 @@ bool Pool::CreateWorkers(int n) {
       }
     }
     if (late) (void)(*w)->sb->Destroy();
+    {
+      MutexLock l(mu_);
+      if (--making_ == 0) made_cv_.NotifyAll();
+    }
     for (auto& q : hopeless)
       q.done(Unavailable("pool " + cfg_.name + " has no workers: " + w.status().message()));
     for (auto& [nw, nq] : next) Start(std::move(nw), std::move(nq));
@@ -479,6 +484,9 @@ void Pool::Shutdown() {
   }
   for (auto& q : queued) q.done(Unavailable("pool " + cfg_.name + " was removed"));
   for (auto& w : all) (void)w->sb->Destroy();
+  // One still being made is destroyed as it comes (CreateWorkers sees stopped_).
+  MutexLock l(mu_);
+  made_cv_.WaitFor(l, std::chrono::seconds(120), [&]() DSEC_REQUIRES(mu_) { return making_ == 0; });
 }
 
 PoolStatus Pool::State() const {

@@ -196,6 +196,10 @@ class Pool : public std::enable_shared_from_this<Pool> {
   std::vector<std::shared_ptr<Worker>> resting_ DSEC_GUARDED_BY(mu_);
   std::deque<Queued> queue_ DSEC_GUARDED_BY(mu_);
   int starting_ DSEC_GUARDED_BY(mu_) = 0;
+  // Workers CreateWorkers is still making or, made too late, destroying: Shutdown waits for
+  // them (a removed pool leaves no sandbox behind when it returns).
+  int making_ DSEC_GUARDED_BY(mu_) = 0;
+  CondVar made_cv_;
   bool stopped_ DSEC_GUARDED_BY(mu_) = false;
   std::string last_error_ DSEC_GUARDED_BY(mu_);
   uint64_t calls_ DSEC_GUARDED_BY(mu_) = 0;
