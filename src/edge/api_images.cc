@@ -78,19 +78,19 @@ void DeleteImage(const std::shared_ptr<Ctx>& c) {
   // A pool keeps making sandboxes of its image: it goes first. The node's own standby pools
   // (config microvm_standby) go with the image.
   if (auto norm = images::NormalizeName(name); norm.ok() && c->api->deps().pools) {
-    c->api->deps().pools->RemoveNow([&](const pools::PoolConfig& p) {
+    pools::PoolSet& set = *c->api->deps().pools;
+    set.RemoveNow([&](const pools::PoolConfig& p) {
       if (p.expire_unused_s <= 0) return false;
       for (auto n : SplitString(p.image, ',', /*skip_empty=*/true))
         if (n == *norm) return true;
       return false;
     });
-  }
-  if (auto norm = images::NormalizeName(name); norm.ok() && c->api->deps().pools)
-    for (const auto& p : c->api->deps().pools->List())
+    for (const auto& p : set.List())
       if (p.config.image == *norm)
         return c->Fail(409, "conflict",
                        "image \"" + *norm + "\" is the image of pool \"" + p.config.name +
                            "\"; delete the pool or give it another image first");
+  }
   if (Status st = (*s)->DeleteImage(name); !st.ok()) return c->Fail(st);
   // Its layers go now unless another image or a sandbox still uses them.
   (void)(*s)->Collect();
