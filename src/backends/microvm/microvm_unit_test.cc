@@ -116,6 +116,7 @@ TEST(QemuCmdTest, EverythingQemuTouchesIsADescriptorAndTheDisksAreReadOnly) {
   EXPECT_EQ(Arg(a, "-sandbox"),
             "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
   EXPECT_NE(std::find(a.begin(), a.end(), "-nodefaults"), a.end());
+  EXPECT_NE(std::find(a.begin(), a.end(), "dsec,debug-threads=on"), a.end());
   EXPECT_NE(std::find(a.begin(), a.end(), "-no-reboot"), a.end());
   // No network device, no host path, no monitor on stdio.
   for (const auto& s : a) {

@@ -48,8 +48,11 @@ std::vector<std::string> QemuArgv(const QemuConfig& c) {
                              : "tcg,thread=single,tb-size=" + std::to_string(c.tcg_tb_mb),
       "-cpu", c.accel == Accel::kKvm ? "host" : "max", "-smp", std::to_string(c.cpus), "-m",
       std::to_string(c.memory_mb) + "M", "-nodefaults", "-no-user-config", "-display", "none",
-      "-no-reboot", "-kernel", fd_path(c.kernel_fd), "-initrd", fd_path(c.initrd_fd), "-append",
-      GuestCmdline(c),
+      "-no-reboot",
+      // Its threads named on the host ("CPU 0/TCG", ...): the vCPUs' time and placement can
+      // be told from QEMU's own.
+      "-name", "dsec,debug-threads=on", "-kernel", fd_path(c.kernel_fd), "-initrd",
+      fd_path(c.initrd_fd), "-append", GuestCmdline(c),
       // The guest's console: a bounded ring QMP can read (a guest
       // flooding its serial port fills nothing on the host).
       "-chardev", "ringbuf,id=con,size=65536", "-serial", "chardev:con", "-device",
