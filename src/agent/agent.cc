@@ -320,12 +320,14 @@ void Agent::OnPendingReadable() {
   bool ok = n > 0 && pending_decoder_.Feed(std::string_view(buf, static_cast<size_t>(n))).ok();
   if (ok && !pending_decoder_.Next(&f)) return;  // wait for the whole auth frame
   bool authed = false;
+  Status identity;
   if (ok && f.type == FrameType::kAuth) authed = Authentic(f);
+  if (authed) identity = TakeIdentity(f);
   loop_.Remove(pending_.get());
   UniqueFd c = std::move(pending_);
   pending_deadline_ = 0;
-  if (!authed) {
-    std::string err = BadSecretFrame();
+  if (!authed || !identity.ok()) {
+    std::string err = authed ? ErrorFrame(identity) : BadSecretFrame();
     (void)!write(c.get(), err.data(), err.size());
     // A port stays ours: the next edge gets it once this one hung up.
     if (cfg_.guest_port) WaitForHost(std::move(c), true);
@@ -385,8 +387,10 @@ void Agent::HandleFrame(Frame& f) {
 }
 
 void Agent::TakeOverPort(const Frame& f) {
-  if (!Authentic(f)) {
-    std::string err = BadSecretFrame();
+  bool authed = Authentic(f);
+  Status identity = authed ? TakeIdentity(f) : OkStatus();
+  if (!authed || !identity.ok()) {
+    std::string err = authed ? ErrorFrame(identity) : BadSecretFrame();
     (void)!write(conn_.get(), err.data(), err.size());
     loop_.Remove(conn_.get());
     UniqueFd port = std::move(conn_);
@@ -416,10 +420,25 @@ bool Agent::Authentic(const Frame& f) const {
   return auth.ok() && !cfg_.secret.empty() && ConstantTimeEquals(auth->secret, cfg_.secret);
 }
 
+Status Agent::TakeIdentity(const Frame& f) {
+  auto j = protocol::ParseJson(f.payload);
+  if (!j.ok()) return j.status();
+  auto auth = protocol::DecodeAs<protocol::Auth>(*j);
+  if (!auth.ok()) return auth.status();
+  if (!auth->identity) return OkStatus();
+  if (!cfg_.apply_identity)
+    return FailedPrecondition("an identity is for a microVM's agent to take");
+  DSEC_RETURN_IF_ERROR(cfg_.apply_identity(*auth->identity));
+  cfg_.secret = auth->identity->secret;
+  return OkStatus();
+}
+
+std::string Agent::ErrorFrame(const Status& st) {
+  return protocol::EncodeFrameOrDie(FrameType::kError, 0, 0, protocol::ErrorJson(st).dump());
+}
+
 std::string Agent::BadSecretFrame() {
-  return protocol::EncodeFrameOrDie(
-      FrameType::kError, 0, 0,
-      protocol::ErrorJson(Status(StatusCode::kUnauthenticated, "bad secret")).dump());
+  return ErrorFrame(Status(StatusCode::kUnauthenticated, "bad secret"));
 }
 
 void Agent::SendHello() {

@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -79,6 +80,9 @@ struct AgentConfig {
   // end goes away, and a host end that connects again must authenticate like a reconnecting
   // edge does on the listening socket.
   bool guest_port = false;
+  // A guest's: makes this machine the one an auth's identity names (a VM restored from
+  // another's running state) before the hello. Unset: such an auth is refused.
+  std::function<Status(const protocol::GuestIdentity&)> apply_identity;
 };
 
 class Agent {
@@ -151,7 +155,10 @@ class Agent {
   void SendHello();
   // A kAuth frame carrying this sandbox's secret.
   bool Authentic(const protocol::Frame& f) const;
+  // After Authentic: the auth's identity, if any, applied (and its secret ours from here).
+  Status TakeIdentity(const protocol::Frame& f);
   static std::string BadSecretFrame();
+  static std::string ErrorFrame(const Status& st);
   void CheckPort();
   void Retire(Op* op);
   void FlushRetired();

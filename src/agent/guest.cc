@@ -320,14 +320,21 @@ Status ConfigureNic(const protocol::GuestSetup& s) {
 
 // boot_disk_mb: the writable layer's size at boot (dsec.disk_mb); a clone of a template made at
 // another size resizes it.
-Status ApplySetup(const protocol::GuestSetup& s, int upper_fd, int64_t boot_disk_mb) {
-  if (sethostname(s.hostname.data(), s.hostname.size()) < 0) return ErrnoError("sethostname");
-  if (s.realtime_ns > 0) {
-    timespec ts{static_cast<time_t>(s.realtime_ns / 1000000000),
-                static_cast<long>(s.realtime_ns % 1000000000)};
+// The machine's name, the host's clock (a restored guest is behind) and fresh entropy (restored
+// guests share their source's pool).
+Status SetNameClockEntropy(const std::string& hostname, int64_t realtime_ns,
+                           const std::string& entropy) {
+  if (sethostname(hostname.data(), hostname.size()) < 0) return ErrnoError("sethostname");
+  if (realtime_ns > 0) {
+    timespec ts{static_cast<time_t>(realtime_ns / 1000000000),
+                static_cast<long>(realtime_ns % 1000000000)};
     if (clock_settime(CLOCK_REALTIME, &ts) < 0) return ErrnoError("clock_settime");
   }
-  DSEC_RETURN_IF_ERROR(AddEntropy(s.entropy));
+  return AddEntropy(entropy);
+}
+
+Status ApplySetup(const protocol::GuestSetup& s, int upper_fd, int64_t boot_disk_mb) {
+  DSEC_RETURN_IF_ERROR(SetNameClockEntropy(s.hostname, s.realtime_ns, s.entropy));
   DSEC_RETURN_IF_ERROR(WriteStartFiles(s));
   DSEC_RETURN_IF_ERROR(ConfigureNic(s));
   // The sandbox's pids limit holds inside the guest as a container's does (a fork bomb stops
@@ -343,6 +350,14 @@ Status ApplySetup(const protocol::GuestSetup& s, int upper_fd, int64_t boot_disk
         Mount(nullptr, path.c_str(), nullptr, MS_REMOUNT | MS_NOSUID | MS_NODEV, opts.c_str()));
   }
   return OkStatus();
+}
+
+// A VM restored from another's running state becomes its own machine (protocol::GuestIdentity).
+Status ApplyIdentity(const protocol::GuestIdentity& g) {
+  DSEC_RETURN_IF_ERROR(SetNameClockEntropy(g.hostname, g.realtime_ns, g.entropy));
+  UniqueFd root(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!root) return ErrnoError("open /");
+  return isolation::WriteRootPlan(root.get(), {}, g.files, {}, InRoot::kFollowInside);
 }
 
 }  // namespace
@@ -405,6 +420,7 @@ void GuestMain() {
   cfg.secret = setup->secret;
   cfg.orphan_timeout_ms = setup->orphan_timeout_ms;
   cfg.guest_port = true;
+  cfg.apply_identity = ApplyIdentity;
   cfg.writable_layer = std::move(layer);
   WriteAll(g_port,
            protocol::EncodeFrameOrDie(FrameType::kReady, 0, 0,

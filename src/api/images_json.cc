@@ -64,12 +64,19 @@ StatusOr<ForkRequest> ParseForkRequest(std::string_view body, int max_count) {
   auto count = b.Int("count", 1, max_count);
   auto rid = b.String("request_id", 128);
   auto keep_setuid = b.Bool("keep_setuid");
+  auto memory = b.Bool("memory");
   // (checked in this order: the first error is the answer)
   DSEC_RETURN_IF_ERROR(keep_setuid.status());
+  DSEC_RETURN_IF_ERROR(memory.status());
   DSEC_RETURN_IF_ERROR(count.status());
   DSEC_RETURN_IF_ERROR(rid.status());
   DSEC_RETURN_IF_ERROR(b.Finish());
-  return ForkRequest{static_cast<int>(count->value_or(1)), keep_setuid->value_or(false)};
+  if (memory->value_or(false) && keep_setuid->value_or(false))
+    return InvalidArgument(
+        "keep_setuid is for a fork of files (a captured layer); a fork with memory copies the "
+        "machine as it is");
+  return ForkRequest{static_cast<int>(count->value_or(1)), keep_setuid->value_or(false),
+                     memory->value_or(false)};
 }
 
 }  // namespace dsec::api

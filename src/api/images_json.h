@@ -49,6 +49,8 @@ StatusOr<SnapshotRequest> ParseSnapshotRequest(std::string_view body);
 struct ForkRequest {
   int count = 1;
   bool keep_setuid = false;
+  // The running machine too (memory, processes): a microVM's; its files are in its memory.
+  bool memory = false;
 };
 StatusOr<ForkRequest> ParseForkRequest(std::string_view body, int max_count);
 

@@ -47,6 +47,12 @@ TEST(ImagesJsonTest, ForkRequests) {
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->count, 4);
   EXPECT_TRUE(f->keep_setuid);
+  EXPECT_FALSE(f->memory);
+  f = ParseForkRequest(R"({"count":2,"memory":true})", 4);
+  ASSERT_TRUE(f.ok());
+  EXPECT_TRUE(f->memory);
+  EXPECT_FALSE(ParseForkRequest(R"({"memory":1})", 4).ok());
+  EXPECT_FALSE(ParseForkRequest(R"({"memory":true,"keep_setuid":true})", 4).ok());
   EXPECT_FALSE(ParseForkRequest(R"({"count":5})", 4).ok());
   EXPECT_FALSE(ParseForkRequest(R"({"count":0})", 4).ok());
   EXPECT_FALSE(ParseForkRequest(R"({"cnt":1})", 4).ok());

@@ -79,6 +79,14 @@ class Instance {
                                                           const CaptureProgress& progress,
                                                           AgentSession* session) = 0;
 
+  // Its running machine's whole state (memory, processes, devices), which a sandbox of this
+  // kind created with it (SandboxSpec::machine) starts from; `running`: it runs (it is held
+  // still while saved and runs on after). Only where KindCapabilities::fork_memory says so.
+  virtual StatusOr<std::shared_ptr<const MachineState>> SaveMachine(bool running) {
+    (void)running;
+    return Unimplemented("this kind of sandbox cannot save its running machine");
+  }
+
   // Its network on the node's (net/sandbox_net.h: policy, address, refused packets, the port
   // proxy's connections), over a namespace the kind made; null for a kind without one
   // (Backend::Capabilities says so before anything asks).

@@ -492,6 +492,14 @@ StatusOr<std::vector<std::string>> Sandbox::CaptureStack(bool keep_setuid,
                                  running ? session_.get() : nullptr);
 }
 
+StatusOr<std::shared_ptr<const MachineState>> Sandbox::SaveMachine() {
+  MutexLock l(mu_);
+  SandboxState st = state_.load();
+  if (st != SandboxState::kRunning && st != SandboxState::kPaused)
+    return FailedPrecondition("sandbox " + id() + " is " + std::string(SandboxStateName(st)));
+  return instance_->SaveMachine(st == SandboxState::kRunning);
+}
+
 Status Sandbox::Destroy() {
   MutexLock l(mu_);
   if (state_.load() == SandboxState::kDestroyed) return OkStatus();

@@ -130,6 +130,9 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // `keep_setuid`: keep setuid/setgid bits of the sandbox's files (dropped by default).
   StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid = false,
                                                   const CaptureProgress& progress = {});
+  // Its running machine's state for forks that carry memory (Instance::SaveMachine); a
+  // running sandbox is held still meanwhile and runs on after, a paused one stays paused.
+  StatusOr<std::shared_ptr<const MachineState>> SaveMachine();
   // Removes every kernel object and file the sandbox made. Safe to call twice.
   Status Destroy();
   // What a later process needs to re-adopt this sandbox (Backend::Adopt): an opaque string
@@ -175,6 +178,7 @@ struct KindCapabilities {
   bool network = true;         // network modes other than "none", at create and later
   bool port_proxy = true;      // /ports/{port} and signed port URLs
   bool snapshot = true;        // snapshot and fork
+  bool fork_memory = false;    // forks that carry the running machine (Instance::SaveMachine)
   bool fncall_workers = true;  // warm fncall workers
 };
 // Unimplemented, naming the field, when a sandbox of `kind` with this image, network and

@@ -53,10 +53,18 @@ struct SandboxShape {
   bool operator==(const SandboxShape&) const = default;
 };
 
+// A running machine's saved state (its memory, processes and devices: Instance::SaveMachine),
+// which a fork that carries memory starts from; the kind's own, opaque elsewhere.
+struct MachineState {
+  virtual ~MachineState() = default;
+};
+
 struct SandboxSpec : SandboxShape {
   std::optional<WorkerSpec> worker;
   std::string id;        // chosen by the caller (unique per node)
   std::string hostname;  // defaults to the id
+  // Set: it starts as a copy of that machine (of its kind, shape and image), not fresh.
+  std::shared_ptr<const MachineState> machine;
 };
 
 enum class SandboxState { kCreating, kRunning, kPaused, kFailed, kDestroyed };

@@ -286,10 +286,11 @@ int Snapshot(const GlobalOptions& g, const std::string& id, const std::string& i
   return 0;
 }
 
-int Fork(const GlobalOptions& g, const std::string& id, int64_t count) {
+int Fork(const GlobalOptions& g, const std::string& id, int64_t count, bool memory) {
   auto c = Connect(g);
   if (!c.ok()) return Fail(c.status());
   Json body = {{"count", count}};
+  if (memory) body["memory"] = true;
   auto r = (*c)->CallJson(Verb::post, SbPath(id) + "/fork", &body);
   if (!r.ok()) return Fail(r.status());
   if (g.json) {
@@ -366,7 +367,10 @@ void RegisterImageCommands(CLI::App& app, GlobalOptions& g, int* exit_code) {
   fork->add_option("id", *fork_id, "Sandbox id")->required();
   fork->add_option("-n,--count", *fork_count, "How many (1-64, default 1)")
       ->check(CLI::Range(1, 64));
-  fork->callback([=, &g] { *exit_code = Fork(g, *fork_id, *fork_count); });
+  auto fork_memory = std::make_shared<bool>(false);
+  fork->add_flag("--memory", *fork_memory,
+                 "Copy the running machine (memory, processes, files): microVMs only");
+  fork->callback([=, &g] { *exit_code = Fork(g, *fork_id, *fork_count, *fork_memory); });
 }
 
 }  // namespace dsec::cli

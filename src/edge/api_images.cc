@@ -219,17 +219,29 @@ void Fork(const std::shared_ptr<Ctx>& c) {
   std::shared_ptr<SandboxEntry> e;
   auto sb = c->Sandbox(&e, Op::kSnapshot);
   if (!sb.ok()) return c->Fail(sb.status());
-  if (auto caps = c->api->deps().manager->Capabilities(e->params.kind); !caps.ok())
-    return c->Fail(caps.status());
-  else if (!caps->snapshot)
-    return c->Fail(backends::NoSnapshot(e->params.kind));
-  images::ImageStore::Lease lease(*s);  // until the forks hold the new layer
-  auto stack = (*sb)->CaptureStack(req->keep_setuid);
-  if (!stack.ok()) return c->Fail(stack.status());
+  auto caps = c->api->deps().manager->Capabilities(e->params.kind);
+  if (!caps.ok()) return c->Fail(caps.status());
+  if (!caps->snapshot) return c->Fail(backends::NoSnapshot(e->params.kind));
+  if (req->memory && !caps->fork_memory)
+    return c->Fail(Unimplemented(
+        std::string(backends::KindName(e->params.kind)) +
+        " sandboxes fork their files only (processes start fresh); memory: true forks a "
+        "microVM's running machine"));
   CreateParams p = e->params;
-  if (p.config_from.empty()) p.config_from = p.image;
-  p.image = JoinStrings(*stack, ",");
   p.pool.clear();
+  images::ImageStore::Lease lease(*s);  // until the forks hold the new layer
+  if (req->memory) {
+    // Its machine as it is now (files included: a microVM's writable layer is in its memory),
+    // restored by each fork on the same image layers.
+    auto machine = (*sb)->SaveMachine();
+    if (!machine.ok()) return c->Fail(machine.status());
+    p.machine = std::move(*machine);
+  } else {
+    auto stack = (*sb)->CaptureStack(req->keep_setuid);
+    if (!stack.ok()) return c->Fail(stack.status());
+    if (p.config_from.empty()) p.config_from = p.image;
+    p.image = JoinStrings(*stack, ",");
+  }
   auto* workers = c->api->deps().workers;
   auto made = c->api->deps().manager->Create(
       p, req->count, /*wait=*/true,

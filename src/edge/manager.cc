@@ -273,6 +273,7 @@ backends::SandboxSpec SpecFor(const std::string& id, const CreateParams& p,
   static_cast<backends::SandboxShape&>(spec) = p;
   spec.network = network;
   spec.id = id;
+  spec.machine = p.machine;
   return spec;
 }
 

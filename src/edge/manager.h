@@ -59,6 +59,9 @@ struct CreateParams : backends::SandboxShape {
   // the quota hold it was admitted from (Dsec-Quota); both "" on a lone edge.
   std::string owner;
   std::string quota_hold;
+  // A fork that carries memory: the running machine it starts as (not stored: a sandbox made
+  // from it is adopted, never made again, after a restart).
+  std::shared_ptr<const backends::MachineState> machine;
 };
 Json ToJson(const CreateParams& p);
 StatusOr<CreateParams> CreateParamsFromJson(const Json& j);

@@ -70,11 +70,19 @@ Status Decode(const Json& j, Hello* out) {
   }
   return OkStatus();
 }
-Json Encode(const Auth& a) { return {{"secret", a.secret}}; }
+Json Encode(const Auth& a) {
+  Json j = {{"secret", a.secret}};
+  if (a.identity) j["identity"] = ToJson(*a.identity);
+  return j;
+}
 Status Decode(const Json& j, Auth* out) {
   DSEC_ASSIGN_OR_RETURN(out->secret, GetString(j, "secret"));
   if (out->secret.empty() || out->secret.size() > 256)
     return InvalidArgument("field \"secret\" is malformed");
+  out->identity.reset();
+  if (auto it = j.find("identity"); it != j.end() && !it->is_null()) {
+    DSEC_ASSIGN_OR_RETURN(out->identity, GuestIdentityFromJson(*it));
+  }
   return OkStatus();
 }
 

@@ -47,6 +47,8 @@ Status CheckVersion(const Hello& h);
 // with an "unauthenticated" error frame and nothing more.
 struct Auth {
   std::string secret;  // hex, as given in the setup
+  // A microVM's only (GuestIdentity): applied before the hello; an error frame if it fails.
+  std::optional<GuestIdentity> identity;
 };
 Json Encode(const Auth& a);
 Status Decode(const Json& j, Auth* out);

@@ -188,6 +188,28 @@ TEST(AgentOpsTest, HelloVersions) {
 
 TEST(AgentOpsTest, AuthAndReady) {
   EXPECT_EQ(RoundTrip(Auth{"abc123"}).secret, "abc123");
+  EXPECT_FALSE(RoundTrip(Auth{"abc123"}).identity);
+  GuestIdentity g;
+  g.sandbox_id = "sb-1";
+  g.hostname = "sb-1";
+  g.secret = "feed";
+  g.realtime_ns = 1234567890123;
+  g.entropy = "00ff";
+  g.files.push_back({"/etc/machine-id", "0123\n", 0444, 0, 0});
+  Auth a = RoundTrip(Auth{"abc123", g});
+  ASSERT_TRUE(a.identity);
+  EXPECT_EQ(a.identity->hostname, "sb-1");
+  EXPECT_EQ(a.identity->secret, "feed");
+  EXPECT_EQ(a.identity->realtime_ns, 1234567890123);
+  EXPECT_EQ(a.identity->entropy, "00ff");
+  ASSERT_EQ(a.identity->files.size(), 1u);
+  EXPECT_EQ(a.identity->files[0].content, "0123\n");
+  Json bad = Encode(Auth{"abc123", g});
+  bad["identity"]["hostname"] = "";
+  EXPECT_EQ(DecodeAs<Auth>(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = Encode(Auth{"abc123", g});
+  bad["identity"]["secret"] = "";
+  EXPECT_EQ(DecodeAs<Auth>(bad).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(DecodeAs<Auth>(Json{{"secret", ""}}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(DecodeAs<Auth>(Json::object()).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(DecodeAs<Auth>(Json{{"secret", 7}}).status().code(), StatusCode::kInvalidArgument);

@@ -259,6 +259,31 @@ StatusOr<GuestSetup> GuestSetupFromJson(const Json& j) {
   return s;
 }
 
+Json ToJson(const GuestIdentity& g) {
+  return {{"sandbox_id", g.sandbox_id}, {"hostname", g.hostname},
+          {"secret", g.secret},         {"realtime_ns", g.realtime_ns},
+          {"entropy", g.entropy},       {"files", FilesToJson(g.files)}};
+}
+
+StatusOr<GuestIdentity> GuestIdentityFromJson(const Json& j) {
+  if (!j.is_object()) return InvalidArgument("guest identity must be an object");
+  GuestIdentity g;
+  DSEC_ASSIGN_OR_RETURN(g.sandbox_id, GetString(j, "sandbox_id"));
+  DSEC_ASSIGN_OR_RETURN(g.hostname, GetString(j, "hostname"));
+  if (g.hostname.empty() || g.hostname.size() > 64) return InvalidArgument("bad hostname");
+  DSEC_ASSIGN_OR_RETURN(g.secret, GetString(j, "secret"));
+  if (g.secret.empty() || g.secret.size() > 256)
+    return InvalidArgument("field \"secret\" is malformed");
+  DSEC_ASSIGN_OR_RETURN(g.realtime_ns, GetInt(j, "realtime_ns", 0, 0, INT64_MAX));
+  DSEC_ASSIGN_OR_RETURN(g.entropy, GetString(j, "entropy", ""));
+  if (g.entropy.size() > 1024) return InvalidArgument("entropy is at most 512 bytes");
+  auto files = j.find("files");
+  if (files != j.end() && !files->is_array()) return InvalidArgument("files must be an array");
+  static const Json kEmpty = Json::array();
+  DSEC_ASSIGN_OR_RETURN(g.files, FilesFromJson(files != j.end() ? *files : kEmpty));
+  return g;
+}
+
 StatusOr<SetupSpec> SetupSpecFromJson(const Json& j) {
   if (!j.is_object()) return InvalidArgument("setup must be an object");
   SetupSpec s;

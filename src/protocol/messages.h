@@ -101,6 +101,21 @@ struct GuestSetup {
 Json ToJson(const GuestSetup& s);
 StatusOr<GuestSetup> GuestSetupFromJson(const Json& j);
 
+// A microVM restored from another VM's running state (a fork that carries memory) becomes a
+// machine of its own on its first auth (protocol::Auth::identity): its hostname, the files
+// that name it (/etc/hostname, /etc/hosts, /etc/machine-id), the host's clock, fresh entropy,
+// and a secret of its own (its source's no longer opens it).
+struct GuestIdentity {
+  std::string sandbox_id;
+  std::string hostname;
+  std::string secret;  // hex; replaces the one the agent had
+  int64_t realtime_ns = 0;
+  std::string entropy;  // hex
+  std::vector<isolation::FileSpec> files;
+};
+Json ToJson(const GuestIdentity& g);
+StatusOr<GuestIdentity> GuestIdentityFromJson(const Json& j);
+
 // A function call served by an fncall worker's zygote (instead of starting argv).
 struct FnCallSpec {
   std::string code;

@@ -213,6 +213,76 @@ def test_microvm_snapshot_and_fork(edge, vm_image):
         assert qemu_processes(x) == []
 
 
+def test_a_fork_with_memory_carries_the_running_machine(edge, vm_image):
+    """fork with memory: true copies a microVM's running machine: a loop whose counter lives
+    only in its shell's memory runs on in each fork from where it was, a sleeping process is
+    there, files too; each fork is its own machine (hostname, /etc/hostname, machine-id) and
+    goes its own way. A paused source is forked and stays paused. A container's fork with
+    memory is 422; memory with keep_setuid is 400."""
+    c = edge.client(timeout=300)
+    microvms(c)
+    ids = []
+    vm = {"kind": "microvm", "memory_mb": 192, "disk_mb": 64, "labels": {"it": "forkmem"}}
+
+    def count(sid):
+        out = c.exec(sid, "cat /tmp/count 2>/dev/null || echo 0")["stdout"].strip()
+        return int(out or 0)
+
+    try:
+        sid = c.create(dict(vm, image=vm_image))["id"]
+        ids.append(sid)
+        sh(c, sid, "echo from-source > /workspace/file")
+        c.post(f"/v1/sandboxes/{sid}/exec", {
+            "shell": "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.5; done",
+            "background": True}, expect=202)
+        sh(c, sid, "(sleep 1000 >/dev/null 2>&1 &)")
+        wait_until(lambda: count(sid) >= 4, 60, interval=0.5, what="the source's loop")
+        r = c.post(f"/v1/sandboxes/{sid}/fork", {"count": 2, "memory": True}, expect=201).json
+        forks = [f["id"] for f in r["sandboxes"]]
+        ids += forks
+        assert len(forks) == 2 and all(f["kind"] == "microvm" for f in r["sandboxes"]), r
+        assert all(f["labels"] == {"it": "forkmem"} for f in r["sandboxes"]), r
+        at_fork = count(sid)
+        assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["state"] == "running"
+        ids_seen = set()
+        for f in forks:
+            # Its loop went on from the source's count (not from 0) and goes on.
+            first = wait_until(lambda: count(f) or None, 30, interval=0.5, what="fork's loop")
+            assert first >= 4, first
+            wait_until(lambda: count(f) > first, 30, interval=0.5, what="fork's loop advancing")
+            assert "sleep 1000" in sh(c, f, "ps")
+            out = sh(c, f, "hostname; cat /etc/hostname /workspace/file /etc/machine-id")
+            host, etc_host, file, machine_id = out.split("\n")[:4]
+            assert (host, etc_host, file) == (f, f, "from-source"), out
+            ids_seen.add(machine_id)
+        ids_seen.add(sh(c, sid, "cat /etc/machine-id").strip())
+        assert len(ids_seen) == 3, ids_seen
+        # Their own ways: the source counts on; a file written in a fork is that fork's.
+        wait_until(lambda: count(sid) > at_fork, 30, interval=0.5, what="the source's loop")
+        sh(c, forks[0], "echo mine > /workspace/file")
+        assert sh(c, sid, "cat /workspace/file") == "from-source\n"
+        assert sh(c, forks[1], "cat /workspace/file") == "from-source\n"
+
+        c.post(f"/v1/sandboxes/{sid}/pause", expect=200)
+        r = c.post(f"/v1/sandboxes/{sid}/fork", {"memory": True}, expect=201).json
+        ids.append(r["sandboxes"][0]["id"])
+        assert c.get(f"/v1/sandboxes/{sid}", expect=200).json["state"] == "paused"
+        assert sh(c, ids[-1], "cat /workspace/file") == "from-source\n"
+
+        r = c.post(f"/v1/sandboxes/{sid}/fork", {"memory": True, "keep_setuid": True},
+                   expect=400)
+        assert "keep_setuid" in r.json["error"]["message"], r.json
+        cont = c.post("/v1/sandboxes", {"memory_mb": 64}, expect=201).json["id"]
+        ids.append(cont)
+        r = c.post(f"/v1/sandboxes/{cont}/fork", {"memory": True}, expect=422)
+        assert "microVM" in r.json["error"]["message"], r.json
+    finally:
+        for x in ids:
+            c.remove(x)
+    for x in ids:
+        assert qemu_processes(x) == []
+
+
 def test_a_microvm_naming_no_image_gets_the_node_image_made_at_first_use(edge, client):
     """The default image of a microVM is a Debian image (bash, coreutils, python3) that the
     node's image builder makes at its first use (mmdebstrap from Debian's mirror); until it is

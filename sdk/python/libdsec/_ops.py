@@ -121,13 +121,15 @@ def snapshot(sandbox_id: str, image: str, request_id: str | None,
 
 
 def fork(sandbox_id: str, count: int, request_id: str | None,
-         keep_setuid: bool = False) -> Request:
+         keep_setuid: bool = False, memory: bool = False) -> Request:
     count = int(count)
     if count < 1:
         raise ValueError("count must be at least 1")
     body = {"count": count}
     if keep_setuid:
         body["keep_setuid"] = True
+    if memory:
+        body["memory"] = True
     # Like a create of `count` sandboxes, plus copying the writable layer.
     return json_request("POST", sb_path(sandbox_id, "fork"), body,
                         request_id=request_id, extra_wait=120.0)

@@ -237,9 +237,10 @@ class AsyncDSecClient:
 
     async def fork(self, sandbox_id: str, count: int = 1,
                    request_id: str | None = None,
-                   keep_setuid: bool = False) -> list["AsyncSandbox"]:
+                   keep_setuid: bool = False, memory: bool = False) -> list["AsyncSandbox"]:
         """See :meth:`DSecClient.fork`."""
-        data = await self._json(_ops.fork(sandbox_id, count, request_id, keep_setuid))
+        data = await self._json(_ops.fork(sandbox_id, count, request_id, keep_setuid,
+                                          memory))
         return [AsyncSandbox(self, r) for r in data.get("sandboxes", [])]
 
     # -- image builds ------------------------------------------------------
@@ -460,9 +461,9 @@ class AsyncSandbox:
         return await self._client.snapshot(self.id, image, request_id, keep_setuid)
 
     async def fork(self, count: int = 1, request_id: str | None = None,
-                   keep_setuid: bool = False) -> list["AsyncSandbox"]:
+                   keep_setuid: bool = False, memory: bool = False) -> list["AsyncSandbox"]:
         """See :meth:`Sandbox.fork`."""
-        return await self._client.fork(self.id, count, request_id, keep_setuid)
+        return await self._client.fork(self.id, count, request_id, keep_setuid, memory)
 
     # -- exec --------------------------------------------------------------
 

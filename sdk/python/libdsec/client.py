@@ -334,10 +334,13 @@ class DSecClient:
                                                         keep_setuid)))
 
     def fork(self, sandbox_id: str, count: int = 1,
-             request_id: str | None = None, keep_setuid: bool = False) -> list["Sandbox"]:
+             request_id: str | None = None, keep_setuid: bool = False,
+             memory: bool = False) -> list["Sandbox"]:
         """Create ``count`` (1..64) sandboxes starting from a sandbox's current
-        files; processes start fresh. All or nothing."""
-        data = self._json(_ops.fork(sandbox_id, count, request_id, keep_setuid))
+        files; processes start fresh. With ``memory=True`` (microVMs) each is a
+        copy of the running machine: memory, processes and files. All or
+        nothing."""
+        data = self._json(_ops.fork(sandbox_id, count, request_id, keep_setuid, memory))
         return [Sandbox(self, r) for r in data.get("sandboxes", [])]
 
     # -- image builds ------------------------------------------------------
@@ -650,10 +653,11 @@ class Sandbox:
         return self._client.snapshot(self.id, image, request_id, keep_setuid)
 
     def fork(self, count: int = 1, request_id: str | None = None,
-             keep_setuid: bool = False) -> list["Sandbox"]:
+             keep_setuid: bool = False, memory: bool = False) -> list["Sandbox"]:
         """``count`` new sandboxes starting from this one's current files
-        (processes start fresh); see :meth:`DSecClient.fork`."""
-        return self._client.fork(self.id, count, request_id, keep_setuid)
+        (processes start fresh), or with ``memory=True`` (microVMs) from its
+        running machine; see :meth:`DSecClient.fork`."""
+        return self._client.fork(self.id, count, request_id, keep_setuid, memory)
 
     # -- exec --------------------------------------------------------------
 

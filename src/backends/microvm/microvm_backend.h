@@ -114,6 +114,7 @@ class MicrovmBackend : public Backend {
             .network = true,
             .port_proxy = true,
             .snapshot = true,
+            .fork_memory = true,
             .fncall_workers = false};
   }
   Resources Largest() const override;

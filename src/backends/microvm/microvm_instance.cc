@@ -141,6 +141,11 @@ Status MicrovmInstance::SpawnQemu(std::vector<UniqueFd> layers, UniqueFd tap) {
     qc.ram_shared = mode_ == Mode::kTemplate;  // a clone's writes stay its own
     qc.incoming = mode_ == Mode::kClone;
   }
+  if (mode_ == Mode::kFork) {
+    qc.ram_object = fork_->ram_object;
+    qc.incoming = true;
+  }
+  ram_object_ = qc.ram_fd >= 0 || qc.ram_object;
   // QEMU keeps its uid range leased, but through a read-only description of the host-wide
   // lease file: a QEMU taken over by its guest cannot write or truncate it.
   DSEC_ASSIGN_OR_RETURN(UniqueFd lease,
@@ -359,7 +364,19 @@ StatusOr<AgentLink> MicrovmInstance::Start() {
     DSEC_ASSIGN_OR_RETURN(tap, net_.AttachTap());
     nic_ = Nic::kTap;
   }
-  if (b.opts_.templates) {
+  if (spec_.machine) {
+    // A fork that carries memory: its source's machine, on the same layers and shape.
+    fork_ = std::dynamic_pointer_cast<const VmState>(spec_.machine);
+    if (!fork_) return InvalidArgument("microVM " + spec_.id + ": not a microVM's saved state");
+    std::vector<std::string> digests;
+    for (const auto& l : stack_.layers) digests.push_back(l.digest);
+    if (nic_ != Nic::kNone || digests != fork_->layer_digests || Cpus() != fork_->cpus ||
+        GuestRamMb() != fork_->ram_mb)
+      return FailedPrecondition("microVM " + spec_.id +
+                                ": a fork with memory needs its source's image, CPUs, memory and "
+                                "disk, and no network");
+    mode_ = Mode::kFork;
+  } else if (b.opts_.templates) {
     std::string key = "cpus=" + std::to_string(Cpus()) + " ram=" + std::to_string(GuestRamMb()) +
                       (nic_ != Nic::kNone ? " nic" : "");
     std::vector<int> fds;
@@ -377,12 +394,20 @@ StatusOr<AgentLink> MicrovmInstance::Start() {
   const int64_t t_prepared = MonotonicUs();
   DSEC_RETURN_IF_ERROR(SpawnQemu(std::move(layers), std::move(tap)));
   const int64_t t_spawned = MonotonicUs();
-  if (mode_ == Mode::kClone) DSEC_RETURN_IF_ERROR(Restore());
+  if (mode_ == Mode::kClone) DSEC_RETURN_IF_ERROR(Restore(template_->state.get()));
+  if (mode_ == Mode::kFork) DSEC_RETURN_IF_ERROR(Restore(fork_->stream.get()));
   const int64_t t_restored = MonotonicUs();
 
   // The chardev's listening socket queues this connection until QEMU accepts it.
   DSEC_ASSIGN_OR_RETURN(UniqueFd conn, ConnectAgent());
-  DSEC_RETURN_IF_ERROR(Handshake(&conn));
+  std::vector<std::string> shells;
+  if (mode_ == Mode::kFork) {
+    DSEC_ASSIGN_OR_RETURN(protocol::Hello hello, TakeIdentity(&conn));
+    shells = std::move(hello.shells);
+    marks_.hello = MonotonicUs();
+  } else {
+    DSEC_RETURN_IF_ERROR(Handshake(&conn));
+  }
   const int64_t t_ready = MonotonicUs();
   // Everything was refused until now: the guest configured eth0 in its setup.
   if (net_.attached()) DSEC_RETURN_IF_ERROR(net_.Apply(spec_.network));
@@ -391,9 +416,12 @@ StatusOr<AgentLink> MicrovmInstance::Start() {
   DSEC_LOG_DEBUG(
       "microvm {}: started in {:.1f} ms ({}: prepare {:.1f}, QEMU spawn {:.1f}, restore {:.1f}, "
       "agent hello {:.1f}, setup {:.1f}, network {:.1f})",
-      spec_.id, ms(t0, MonotonicUs()), mode_ == Mode::kClone ? "clone" : "boot", ms(t0, t_prepared),
-      ms(t_prepared, t_spawned), ms(t_spawned, t_restored), ms(t_restored, marks_.hello),
-      ms(marks_.hello, t_ready), ms(t_ready, MonotonicUs()));
+      spec_.id, ms(t0, MonotonicUs()),
+      mode_ == Mode::kClone  ? "clone"
+      : mode_ == Mode::kFork ? "fork"
+                             : "boot",
+      ms(t0, t_prepared), ms(t_prepared, t_spawned), ms(t_spawned, t_restored),
+      ms(t_restored, marks_.hello), ms(marks_.hello, t_ready), ms(t_ready, MonotonicUs()));
   if (!qmp_) {
     auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
     if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);
@@ -401,6 +429,7 @@ StatusOr<AgentLink> MicrovmInstance::Start() {
   }
   AgentLink link;
   link.stream = std::move(conn);
+  link.shells = std::move(shells);
   return link;
 }
 

@@ -29,6 +29,18 @@ namespace dsec::backends::microvm {
 class MicrovmBackend;
 struct Template;
 
+// A running VM's whole state (MicrovmInstance::SaveMachine): the migration stream of its RAM,
+// processes and devices, in a sealed memfd; each fork restores it into RAM of its own.
+struct VmState : MachineState {
+  UniqueFd stream;
+  uint64_t bytes = 0;
+  std::string secret;                      // its agent's: a fork's first auth
+  std::vector<std::string> layer_digests;  // a fork boots the same layers
+  int cpus = 1;
+  int64_t ram_mb = 0;
+  bool ram_object = false;  // its RAM was a memory backend ("mem"): a fork's must be too
+};
+
 class MicrovmInstance : public Instance {
  public:
   MicrovmInstance(MicrovmBackend* backend, SandboxSpec spec);
@@ -48,6 +60,9 @@ class MicrovmInstance : public Instance {
   StatusOr<std::vector<std::string>> CaptureStack(bool keep_setuid, bool running,
                                                   const CaptureProgress& progress,
                                                   AgentSession* session) override;
+  // Its RAM, processes and devices, saved (stopped for the time it takes); a fork with them
+  // restores it. A VM with a NIC is refused: its guest would keep its source's address.
+  StatusOr<std::shared_ptr<const MachineState>> SaveMachine(bool running) override;
   // Its NIC's tap on the node (when created with a network; a live change to none refuses
   // everything and keeps the NIC).
   net::SandboxNet* Network() override { return &net_; }
@@ -88,8 +103,12 @@ class MicrovmInstance : public Instance {
   // A booted template VM: waits for its agent's greeting, stops it, saves its device state
   // into out->state, kills it and seals out's memfds.
   Status SaveAsTemplate(Template* out, const protocol::GuestSetup& prepare);
-  // A clone: loads the template's device state into the waiting QEMU and continues it.
-  Status Restore();
+  // A clone or a fork: loads a saved state (the template's devices, or a VmState's stream)
+  // into the waiting QEMU and continues it.
+  Status Restore(int state_fd);
+  // A fork, restored: authenticates as its source's edge and makes the guest a machine of its
+  // own (protocol::GuestIdentity: name, machine-id, clock, entropy, secret).
+  StatusOr<protocol::Hello> TakeIdentity(UniqueFd* conn);
   // Connects to the agent's port (queued until QEMU accepts).
   StatusOr<UniqueFd> ConnectAgent();
   // Adopt: authenticates on a fresh connection to the running agent and returns its hello.
@@ -133,9 +152,11 @@ class MicrovmInstance : public Instance {
   bool holds_image_ = false;
   bool destroyed_ = false;
   std::string secret_;  // the agent's, for a later edge's reconnect
-  enum class Mode { kBoot, kTemplate, kClone };
+  enum class Mode { kBoot, kTemplate, kClone, kFork };
   Mode mode_ = Mode::kBoot;
   std::shared_ptr<const Template> template_;  // kClone
+  std::shared_ptr<const VmState> fork_;       // kFork
+  bool ram_object_ = false;                   // its RAM is a memory backend ("mem")
   UniqueFd ram_fd_;                           // kTemplate: the RAM memfd being made
   Accel accel_ = Accel::kAuto;                // BootProbe's; kAuto: the backend's
   Nic nic_ = Nic::kNone;

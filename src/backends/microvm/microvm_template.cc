@@ -1,17 +1,22 @@
 // MicroVM templates (microvm_backend.h): saving a booted VM as a template, and a clone's restore
-// from one. The template's RAM and device state are memfds, sealed once saved.
+// from one. The template's RAM and device state are memfds, sealed once saved. Also a running
+// VM's whole state saved for forks that carry memory, and a fork's restore from it.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "backends/microvm/microvm_backend.h"
 #include "backends/microvm/microvm_instance.h"
+#include "backends/session/bootstrap.h"
 #include "base/clock.h"
 #include "base/file_util.h"
 #include "base/ids.h"
+#include "base/logging.h"
+#include "base/scope_guard.h"
 #include "protocol/frame.h"
 #include "protocol/messages.h"
 
@@ -32,7 +37,7 @@ Status Seal(int fd, const char* what) {
 
 }  // namespace
 
-Status MicrovmInstance::Restore() {
+Status MicrovmInstance::Restore(int state_fd) {
   MicrovmBackend& b = *backend_;
   auto qmp = QmpClient::Connect(JoinPath(dir_, "qmp.sock"), 5000);
   // (A QEMU that refused its command line is gone already: its log says why.)
@@ -40,16 +45,113 @@ Status MicrovmInstance::Restore() {
   qmp_.emplace(std::move(*qmp));
   DSEC_RETURN_IF_ERROR(qmp_->Execute("migrate-set-capabilities", kIgnoreShared).status());
   // A description of its own (offset 0): clones restore side by side.
-  UniqueFd state(open(("/proc/self/fd/" + std::to_string(template_->state.get())).c_str(),
-                      O_RDONLY | O_CLOEXEC));
-  if (!state) return ErrnoError("open the template's state");
+  UniqueFd state(open(("/proc/self/fd/" + std::to_string(state_fd)).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!state) return ErrnoError("open the saved state");
   DSEC_RETURN_IF_ERROR(qmp_->Execute("getfd", {{"fdname", "state"}}, 5000, state.get()).status());
   DSEC_RETURN_IF_ERROR(qmp_->Execute("migrate-incoming", {{"uri", "fd:state"}}).status());
   DSEC_ASSIGN_OR_RETURN(std::string st,
                         qmp_->WaitStatus("query-status", {"inmigrate"}, b.opts_.boot_timeout_ms));
   if (st != "paused" && st != "running")
-    return Unavailable("restoring the template of " + spec_.id + " ended " + st);
+    return Unavailable("restoring the saved state of " + spec_.id + " ended " + st);
   return qmp_->Execute("cont").status();
+}
+
+StatusOr<std::shared_ptr<const MachineState>> MicrovmInstance::SaveMachine(bool running) {
+  if (!qmp_) return FailedPrecondition("microVM " + spec_.id + " has no QMP connection");
+  if (nic_ != Nic::kNone)
+    return Unimplemented(
+        "a fork with memory of a microVM with a network is not supported (its guest would keep "
+        "its source's address); fork it without memory, or create it with network none");
+  auto out = std::make_shared<VmState>();
+  out->stream.Reset(memfd_create("dsec-vm-state", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!out->stream) return ErrnoError("memfd for the VM's state");
+  out->secret = secret_;
+  for (const auto& l : stack_.layers) out->layer_digests.push_back(l.digest);
+  out->cpus = Cpus();
+  out->ram_mb = GuestRamMb();
+  out->ram_object = ram_object_;
+  // QEMU writes the stream into a pipe and the edge copies it into the memfd: its pages are the
+  // edge's to hold, not charged to the VM's cgroup (that has room for the guest's RAM once).
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) return ErrnoError("pipe for the VM's state");
+  UniqueFd rd(p[0]), wr(p[1]);
+  Status copied;
+  std::thread copier([&copied, &rd, fd = out->stream.get(), &bytes = out->bytes] {
+    char buf[1 << 16];
+    while (true) {
+      ssize_t n = read(rd.get(), buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) copied = ErrnoError("read the VM's state");
+      if (n <= 0) return;
+      copied = WriteAllFd(fd, std::string_view(buf, static_cast<size_t>(n)), "the VM's state");
+      if (!copied.ok()) return;
+      bytes += static_cast<uint64_t>(n);
+    }
+  });
+  auto join = MakeScopeGuard([&] {
+    wr.Reset();
+    rd.Reset();  // (a QEMU still writing gets EPIPE, and the copier EOF or an error)
+    if (copier.joinable()) copier.join();
+  });
+  auto migrate = [&]() -> Status {
+    DSEC_RETURN_IF_ERROR(qmp_->Execute("migrate-set-capabilities", kIgnoreShared).status());
+    DSEC_RETURN_IF_ERROR(qmp_->Execute("getfd", {{"fdname", "fork"}}, 5000, wr.get()).status());
+    wr.Reset();  // QEMU holds the only write end: its close is the copier's EOF
+    DSEC_RETURN_IF_ERROR(qmp_->Execute("migrate", {{"uri", "fd:fork"}}).status());
+    DSEC_ASSIGN_OR_RETURN(std::string st, qmp_->WaitStatus("query-migrate",
+                                                           {"", "none", "setup", "active",
+                                                            "pre-switchover", "device"},
+                                                           backend_->opts_.boot_timeout_ms));
+    if (st != "completed") return Unavailable("saving microVM " + spec_.id + " ended " + st);
+    return OkStatus();
+  };
+  if (running) DSEC_RETURN_IF_ERROR(qmp_->Execute("stop").status());
+  Status saved = migrate();
+  // It runs on (a migration that completed leaves the source stopped; a failed one too).
+  if (running) {
+    Status cont = qmp_->Execute("cont").status();
+    if (saved.ok()) saved = cont;
+  }
+  DSEC_RETURN_IF_ERROR(saved);
+  if (copier.joinable()) copier.join();
+  DSEC_RETURN_IF_ERROR(copied);
+  DSEC_RETURN_IF_ERROR(Seal(out->stream.get(), "VM state"));
+  DSEC_LOG_INFO("microvm {}: saved its machine ({} MiB) for forks", spec_.id, out->bytes >> 20);
+  return std::shared_ptr<const MachineState>(std::move(out));
+}
+
+StatusOr<protocol::Hello> MicrovmInstance::TakeIdentity(UniqueFd* conn) {
+  MicrovmBackend& b = *backend_;
+  protocol::Auth auth;
+  auth.secret = fork_->secret;
+  protocol::GuestIdentity id;
+  id.sandbox_id = spec_.id;
+  id.hostname = spec_.hostname;
+  id.secret = RandomHex(32);
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  id.realtime_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+  id.entropy = RandomHex(64);
+  // The files that name the machine; the rest of its writable layer is its source's.
+  protocol::GuestSetup plan;
+  PlanFiles(PlanInputs(b, stack_, /*nic=*/false, spec_.id), spec_.hostname, spec_.workdir,
+            kSandboxUid, kSandboxGid, &plan);
+  for (auto& f : plan.files)
+    if (f.path == "/etc/hostname" || f.path == "/etc/hosts") id.files.push_back(std::move(f));
+  id.files.push_back(MachineId(RandomHex(16)));
+  auth.identity = std::move(id);
+  const int64_t deadline = MonotonicMs() + b.opts_.boot_timeout_ms;
+  auto hello = Reauthenticate(conn->get(), auth, deadline);
+  if (!hello.ok() && hello.status().code() == StatusCode::kDeadlineExceeded) {
+    // (a port the restored guest had not yet seen hang up) once more, on a new connection
+    DSEC_LOG_WARN("microvm {}: no hello from the forked guest; reconnecting", spec_.id);
+    conn->Reset();
+    DSEC_ASSIGN_OR_RETURN(*conn, ConnectAgent());
+    hello = Reauthenticate(conn->get(), auth, deadline);
+  }
+  if (!hello.ok()) return Carrier().explain(hello.status()).WithContext("the forked guest");
+  secret_ = auth.identity->secret;
+  return hello;
 }
 
 Status MicrovmInstance::SaveAsTemplate(Template* out, const protocol::GuestSetup& prepare) {

@@ -318,6 +318,81 @@ TEST_F(MicrovmTest, ClonesOfATemplateAreSeparateMachines) {
   EXPECT_TRUE((*b)->Destroy().ok());
 }
 
+// A fork that carries memory: its processes run on from their state at the fork (a shell loop's
+// counter in its variables, a sleeping process), its files are its source's, and it is a
+// machine of its own (hostname, machine-id, entropy, the agent's secret); source and fork go
+// their own ways afterwards. A paused source stays paused.
+TEST_F(MicrovmTest, AForkWithMemoryCarriesProcessesAndIsItsOwnMachine) {
+  auto Count = [&](Sandbox& sb) {
+    return ParseInt64(TrimWhitespace(Run(sb, "cat /tmp/count").stdout_data)).value_or(0);
+  };
+  auto src = backend_->Create(Spec("vm-src"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ASSERT_TRUE((*src)->WriteFile("/workspace/file", std::string("from the source\n"), 0644).ok());
+  // A counter only the process's memory holds, written out once a second.
+  Run(**src,
+      "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 1; done) >/dev/null 2>&1 &"
+      " sleep 2000 >/dev/null 2>&1 &");
+  ASSERT_TRUE(testing::PollUntil([&] { return Count(**src) >= 3; }, 30000));
+  auto state = (*src)->SaveMachine();
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  const auto* vm = dynamic_cast<const VmState*>(state->get());
+  ASSERT_NE(vm, nullptr);
+  EXPECT_GT(vm->bytes, 1u << 20);
+  EXPECT_TRUE(fcntl(vm->stream.get(), F_GET_SEALS) & F_SEAL_WRITE);
+  EXPECT_EQ((*src)->state(), SandboxState::kRunning);
+  const int64_t at_fork = Count(**src);
+
+  SandboxSpec fs = Spec("vm-fork");
+  fs.machine = *state;
+  auto fork = backend_->Create(fs);
+  ASSERT_TRUE(fork.ok()) << fork.status().ToString();
+  // The loop runs on in the fork from where it was (not from 0), and the sleeper is there.
+  ASSERT_TRUE(testing::PollUntil([&] { return Count(**fork) > at_fork + 1; }, 30000));
+  EXPECT_NE(Run(**fork, "ps").stdout_data.find("sleep 2000"), std::string::npos);
+  EXPECT_EQ(Run(**fork, "cat /workspace/file").stdout_data, "from the source\n");
+  const std::string probe =
+      "hostname; cat /etc/hostname /etc/machine-id; head -c 16 /dev/urandom"
+      " | od -An -tx1; date +%s";
+  const std::string out_f = Run(**fork, probe).stdout_data, out_s = Run(**src, probe).stdout_data;
+  auto of = SplitString(out_f, '\n', true);
+  auto os = SplitString(out_s, '\n', true);
+  ASSERT_EQ(of.size(), 5u);
+  ASSERT_EQ(os.size(), 5u);
+  EXPECT_EQ(of[0], "vm-fork");
+  EXPECT_EQ(of[1], "vm-fork");
+  EXPECT_EQ(os[0], "vm-src");
+  EXPECT_NE(of[2], os[2]) << "a fork has its own machine-id";
+  EXPECT_NE(of[3], os[3]) << "a fork shares its source's entropy";
+  EXPECT_LE(std::abs(ParseInt64(of[4]).value_or(0) - time(nullptr)), 10);
+  // Their own ways: a file written in one is not in the other.
+  ASSERT_TRUE((*fork)->WriteFile("/workspace/only-fork", std::string("f"), 0644).ok());
+  EXPECT_NE(Run(**src, "cat /workspace/only-fork 2>&1 || true").stdout_data, "f");
+  // The source's secret no longer opens the fork's agent; the fork's own handle does.
+  std::string handle = (*fork)->AdoptionHandle();
+  EXPECT_EQ(handle.find(vm->secret), std::string::npos);
+  (*fork)->Detach();
+  auto again = backend_->Adopt(Spec("vm-fork"), handle);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(Run(**again, "hostname").stdout_data, "vm-fork\n");
+
+  // A paused source is saved as it is and stays paused.
+  ASSERT_TRUE((*src)->Pause().ok());
+  auto paused = (*src)->SaveMachine();
+  ASSERT_TRUE(paused.ok()) << paused.status().ToString();
+  EXPECT_EQ((*src)->state(), SandboxState::kPaused);
+  // A fork whose shape differs from its source's is refused.
+  SandboxSpec bigger = Spec("vm-bad-fork");
+  bigger.machine = *paused;
+  bigger.resources.memory_mb = 256;
+  auto bad = backend_->Create(bigger);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kFailedPrecondition) << bad.status().ToString();
+  EXPECT_NE(access((GetEnv().dir->path() + "/state/microvms/vm-bad-fork").c_str(), F_OK), 0);
+  EXPECT_TRUE((*again)->Destroy().ok());
+  EXPECT_TRUE((*src)->Destroy().ok());
+}
+
 // A detached VM keeps running (QEMU, its processes, its files, paused or not) and the next
 // Adopt reconnects to its agent with the handle's secret. A handle with a wrong secret is
 // refused, and what it named is destroyed (a VM nobody can speak for is not served).

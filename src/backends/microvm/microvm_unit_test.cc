@@ -145,6 +145,14 @@ TEST(QemuCmdTest, EverythingQemuTouchesIsADescriptorAndTheDisksAreReadOnly) {
   EXPECT_EQ(Arg(a, "-object"),
             "memory-backend-file,id=mem,size=768M,mem-path=/proc/self/fd/7,share=off");
   EXPECT_EQ(Arg(a, "-incoming"), "defer");
+  // A fork: its own RAM under the name the stream it restores has.
+  c.ram_fd = -1;
+  c.ram_object = true;
+  a = QemuArgv(c);
+  EXPECT_EQ(Arg(a, "-M"), "microvm,x-option-roms=off,rtc=on,memory-backend=mem");
+  EXPECT_EQ(Arg(a, "-object"), "memory-backend-ram,id=mem,size=768M");
+  c.ram_object = false;
+  c.ram_fd = 7;
 
   // A NIC only when asked for: a tap by descriptor, or (a template's) a hub port to nowhere.
   c.nic = Nic::kTap;

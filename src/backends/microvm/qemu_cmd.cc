@@ -42,7 +42,7 @@ std::vector<std::string> QemuArgv(const QemuConfig& c) {
       c.qemu, "-M",
       // With a RAM file, the machine's RAM is that memory backend.
       std::string("microvm,x-option-roms=off,rtc=on") +
-          (c.ram_fd >= 0 ? ",memory-backend=mem" : ""),
+          (c.ram_fd >= 0 || c.ram_object ? ",memory-backend=mem" : ""),
       "-accel",
       c.accel == Accel::kKvm ? std::string("kvm")
                              : "tcg,thread=single,tb-size=" + std::to_string(c.tcg_tb_mb),
@@ -65,6 +65,9 @@ std::vector<std::string> QemuArgv(const QemuConfig& c) {
     a.insert(a.end(), {"-object", "memory-backend-file,id=mem,size=" + std::to_string(c.memory_mb) +
                                       "M,mem-path=" + fd_path(c.ram_fd) +
                                       ",share=" + (c.ram_shared ? "on" : "off")});
+  else if (c.ram_object)
+    a.insert(a.end(),
+             {"-object", "memory-backend-ram,id=mem,size=" + std::to_string(c.memory_mb) + "M"});
   if (c.incoming) a.insert(a.end(), {"-incoming", "defer"});
   for (size_t i = 0; i < c.layer_fds.size(); ++i) {
     std::string set = std::to_string(i + 1), id = "layer" + std::to_string(i);

@@ -43,6 +43,9 @@ struct QemuConfig {
   // template), a clone maps it private (copy-on-write) and waits for its device state.
   int ram_fd = -1;
   bool ram_shared = false;
+  // No RAM file: the RAM is still a memory backend named as a RAM file's is (a fork restores a
+  // stream saved from a VM whose RAM was one, and the names must match).
+  bool ram_object = false;
   bool incoming = false;  // -incoming defer: the state comes over QMP (migrate-incoming)
   int tcg_tb_mb = 32;     // TCG's translation buffer (its default is 1 GiB of address space)
   bool seccomp = true;    // QEMU's own sandbox

@@ -94,9 +94,13 @@ StatusOr<protocol::Ready> AgentBootstrap::ExpectReady(int64_t deadline_ms) {
 }
 
 StatusOr<protocol::Hello> Reauthenticate(int fd, const std::string& secret, int64_t deadline_ms) {
+  return Reauthenticate(fd, protocol::Auth{secret, std::nullopt}, deadline_ms);
+}
+
+StatusOr<protocol::Hello> Reauthenticate(int fd, const protocol::Auth& a, int64_t deadline_ms) {
   std::string auth;
-  DSEC_RETURN_IF_ERROR(protocol::EncodeFrame(
-      FrameType::kAuth, 0, 0, protocol::Encode(protocol::Auth{secret}).dump(), &auth));
+  DSEC_RETURN_IF_ERROR(
+      protocol::EncodeFrame(FrameType::kAuth, 0, 0, protocol::Encode(a).dump(), &auth));
   DSEC_RETURN_IF_ERROR(SendWithFds(fd, auth, {}).WithContext("send auth to the agent"));
   // Resync: try a frame at every magic in what arrived. Replies are small; stale output is
   // skipped, whatever it holds.

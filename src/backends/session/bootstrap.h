@@ -60,5 +60,8 @@ class AgentBootstrap {
 // whole hello or error frame in the stream (what the agent wrote to a previous edge and nobody
 // read may come first: a microVM's port keeps it). A refused secret is kUnauthenticated.
 StatusOr<protocol::Hello> Reauthenticate(int fd, const std::string& secret, int64_t deadline_ms);
+// The same with a whole auth (a microVM fork's carries the identity it takes: a failure to take
+// it is that error).
+StatusOr<protocol::Hello> Reauthenticate(int fd, const protocol::Auth& auth, int64_t deadline_ms);
 
 }  // namespace dsec::backends
