@@ -51,7 +51,7 @@ import edgeproc  # noqa: E402
 pct = edgeproc.percentile
 
 BUSYBOX = "/bin/busybox"
-APPLETS = ["sh", "true", "cat", "echo", "sleep", "ls"]
+APPLETS = ["sh", "true", "cat", "echo", "sleep", "ls", "dd"]
 JSON_OUT = False
 
 
@@ -359,6 +359,40 @@ def main() -> int:
                     api.delete(sid)
             finally:
                 c.delete("/v1/pools/bench-vmpool", expect=204)
+            # Forks of a running VM holding 16 MiB of tmpfs data: its files only (a captured
+            # layer, processes fresh) vs its whole machine (memory: true: saved, then restored).
+            src, _ = api.create("microvm")
+            try:
+                c.post(f"/v1/sandboxes/{src}/exec", {"shell": "dd if=/dev/urandom "
+                       "of=/tmp/data bs=1M count=16 2>/dev/null; sleep 1000 >/dev/null 2>&1 &"},
+                       expect=200)
+                for memory in (False, True):
+                    lat, first, made = [], [], []
+                    for _ in range(max(2, opts.creates // 2)):
+                        t0 = time.perf_counter()
+                        r = c.post(f"/v1/sandboxes/{src}/fork", {"memory": memory},
+                                   expect=201).json
+                        lat.append((time.perf_counter() - t0) * 1e3)
+                        fid = r["sandboxes"][0]["id"]
+                        made.append(fid)
+                        t0 = time.perf_counter()
+                        x = c.post(f"/v1/sandboxes/{fid}/exec", {"cmd": ["true"]},
+                                   expect=200).json
+                        first.append((time.perf_counter() - t0) * 1e3)
+                        assert x["exit_code"] == 0, x
+                    what = "its machine (memory: true)" if memory else "its files"
+                    res[f"fork of a running microVM, {what}"] = lat
+                    res[f"first exec true in a fork of {what}"] = first
+                    for fid in made:
+                        api.delete(fid)
+                t0 = time.perf_counter()
+                r = c.post(f"/v1/sandboxes/{src}/fork", {"memory": True, "count": 4},
+                           expect=201).json
+                res["fork of its machine, count 4 (wall)"] = [(time.perf_counter() - t0) * 1e3]
+                for f in r["sandboxes"]:
+                    api.delete(f["id"])
+            finally:
+                api.delete(src)
             res.update(standby_rows(opts, opts.creates))
             for conc in (2, 8):
                 with cf.ThreadPoolExecutor(conc) as pool:

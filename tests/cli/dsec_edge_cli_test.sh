@@ -274,6 +274,7 @@ if [ -x /bin/busybox ]; then
   err=$(D create --image nope:1 2>&1); one_line_error "create from an unknown image" $? "$err"
   err=$(D snapshot "$sid" 'Bad Name' 2>&1); one_line_error "snapshot with a bad name" $? "$err"
   err=$(D fork "$sid" -n 65 2>&1); one_line_error "fork of 65" $? "$err"
+  err=$(D fork "$sid" --memory 2>&1); one_line_error "fork of a container's memory" $? "$err"
   D rm "$sid" >/dev/null
   D image rm clibb:1 clilayer clisnap:1; check "image rm" 0 $?
   check "only host left" "host" "$(D image ls | awk 'NR>1 {print $1}')"
