@@ -232,9 +232,9 @@ def test_a_fork_with_memory_carries_the_running_machine(edge, vm_image):
         sid = c.create(dict(vm, image=vm_image))["id"]
         ids.append(sid)
         sh(c, sid, "echo from-source > /workspace/file")
-        c.post(f"/v1/sandboxes/{sid}/exec", {
-            "shell": "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.5; done",
-            "background": True}, expect=202)
+        loop = c.post(f"/v1/sandboxes/{sid}/exec", {
+            "shell": "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; echo $i; sleep 0.5;"
+                     " done", "background": True}, expect=202).json["exec_id"]
         sh(c, sid, "(sleep 1000 >/dev/null 2>&1 &)")
         wait_until(lambda: count(sid) >= 4, 60, interval=0.5, what="the source's loop")
         r = c.post(f"/v1/sandboxes/{sid}/fork", {"count": 2, "memory": True}, expect=201).json
@@ -251,6 +251,12 @@ def test_a_fork_with_memory_carries_the_running_machine(edge, vm_image):
             assert first >= 4, first
             wait_until(lambda: count(f) > first, 30, interval=0.5, what="fork's loop advancing")
             assert "sleep 1000" in sh(c, f, "ps")
+            # The background exec is the fork's too (the agent keeps it): listed, running, its
+            # output so far readable.
+            execs = c.get(f"/v1/sandboxes/{f}/execs", expect=200).json["execs"]
+            assert [(e["exec_id"], e["state"]) for e in execs] == [(loop, "running")], execs
+            out = c.get(f"/v1/sandboxes/{f}/execs/{loop}?stdout_offset=0", expect=200).json
+            assert out["stdout"].startswith("1\n2\n3\n"), out
             out = sh(c, f, "hostname; cat /etc/hostname /workspace/file /etc/machine-id")
             host, etc_host, file, machine_id = out.split("\n")[:4]
             assert (host, etc_host, file) == (f, f, "from-source"), out
