@@ -9,7 +9,12 @@ import subprocess
 
 import pytest
 
-from edge_harness import wait_until
+from edge_harness import CONTAINERS_ONLY, KIND, wait_until
+
+pytestmark = pytest.mark.skipif(
+    KIND == "microvm",
+    reason=CONTAINERS_ONLY + "a microVM's writable layer is a tmpfs in its guest's RAM (disk_mb "
+    "is added to the VM's RAM); disk images and their loop devices are containers'")
 
 MB = 1 << 20
 # Small enough for tests: anything above 64 MB is a disk image on these edges, made at create

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from edge_harness import wait_until
+from edge_harness import CONTAINERS_ONLY, KIND, wait_until
 
 BUSYBOX = "/bin/busybox"
 APPLETS = ["sh", "cat", "ls", "id", "rm", "echo", "mkdir", "touch", "stat", "sha256sum", "dd",
@@ -247,6 +247,9 @@ def test_snapshot_then_new_sandbox_sees_files(edge, client):
 def test_snapshot_of_a_host_sandbox_and_paused_sandbox(edge, client):
     """A sandbox on the host image snapshots to an image based on "host"; a paused sandbox
     snapshots and stays paused."""
+    if KIND == "microvm":
+        pytest.skip(CONTAINERS_ONLY + "a paused microVM cannot be snapshotted (its agent reads "
+                    "its disk: 409, test_microvm), and host-based images are containers'")
     c = client
     ids = []
     try:

@@ -10,7 +10,11 @@ import signal
 
 import pytest
 
-from edge_harness import wait_until
+from edge_harness import CONTAINERS_ONLY, KIND, wait_until
+
+pytestmark = pytest.mark.skipif(
+    KIND == "microvm",
+    reason=CONTAINERS_ONLY + "a microVM's /proc is its own kernel's (no lxcfs views)")
 
 MEMINFO = "print(next(l.split()[1] for l in open('/proc/meminfo') if l.startswith('MemTotal:')))"
 
