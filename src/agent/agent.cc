@@ -295,9 +295,13 @@ void Agent::WaitForHost(UniqueFd port, bool needs_hangup) {
 void Agent::CheckPort() {
   if (!port_ || MonotonicMs() < port_retry_ms_) return;
   pollfd p{port_.get(), POLLIN, 0};
-  bool hung_up = poll(&p, 1, 0) >= 0 && (p.revents & POLLHUP);
+  int polled = poll(&p, 1, 0);
+  bool hung_up = polled >= 0 && (p.revents & POLLHUP);
+  // Bytes waiting after a refusal: a host end is there and talking. (A new one that connected
+  // between two looks, its predecessor's hang-up never seen, sends its auth.)
+  bool talking = polled > 0 && (p.revents & POLLIN);
   if (hung_up) port_needs_hangup_ = false;
-  if (hung_up || port_needs_hangup_) {
+  if (hung_up || (port_needs_hangup_ && !talking)) {
     port_retry_ms_ = MonotonicMs() + kPortRetryMs;
     return;
   }

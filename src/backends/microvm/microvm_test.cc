@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <algorithm>
 
@@ -18,6 +20,8 @@
 #include <memory>
 
 #include "backends/microvm/microvm_backend.h"
+#include "backends/session/bootstrap.h"
+#include "base/clock.h"
 #include "base/file_util.h"
 #include "base/strings.h"
 #include "base/testing/poll.h"
@@ -371,7 +375,18 @@ TEST_F(MicrovmTest, AForkWithMemoryCarriesProcessesAndIsItsOwnMachine) {
   // The source's secret no longer opens the fork's agent; the fork's own handle does.
   std::string handle = (*fork)->AdoptionHandle();
   EXPECT_EQ(handle.find(vm->secret), std::string::npos);
+  const std::string port = static_cast<MicrovmInstance&>((*fork)->instance()).dir() + "/agent.sock";
   (*fork)->Detach();
+  {
+    UniqueFd s(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, port.data(), port.size());
+    ASSERT_EQ(connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    auto old = Reauthenticate(s.get(), vm->secret, MonotonicMs() + 20000);
+    ASSERT_FALSE(old.ok());
+    EXPECT_EQ(old.status().code(), StatusCode::kUnauthenticated) << old.status().ToString();
+  }
   auto again = backend_->Adopt(Spec("vm-fork"), handle);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(Run(**again, "hostname").stdout_data, "vm-fork\n");
