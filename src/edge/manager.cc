@@ -178,6 +178,8 @@ StatusOr<std::vector<SandboxRecord>> Manager::Create(
     const CreateParams& p, int count, bool wait,
     const std::function<void(std::function<void()>)>& background) {
   std::vector<std::shared_ptr<SandboxEntry>> made;
+  CreateParams stored = p;  // what the entries keep: not a fork's saved machine
+  stored.machine.reset();
   // Ready sandboxes from the pool first; whatever it lacks is created fresh, alike.
   std::vector<std::shared_ptr<backends::Sandbox>> pooled;
   if (!p.pool.empty()) {
@@ -217,9 +219,10 @@ StatusOr<std::vector<SandboxRecord>> Manager::Create(
     for (int i = 0; i < count; ++i) {
       std::string id = static_cast<size_t>(i) < pooled.size() ? pooled[static_cast<size_t>(i)]->id()
                                                               : NewSandboxId(cfg_.node);
-      auto e = std::make_shared<SandboxEntry>(id, p, clock_);
+      auto e = std::make_shared<SandboxEntry>(id, stored, clock_);
       {
         MutexLock el(e->mu_);  // not published yet
+        e->machine_ = p.machine;
         e->labels_ = p.labels;
         e->created_at_ = now;
         e->expires_at_ = ExpiresAt(now, p.ttl_s);
@@ -297,6 +300,8 @@ StatusOr<SandboxRecord> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& 
   {
     MutexLock l(e->mu_);
     if (!e->start_image_.empty()) params.image = e->start_image_;
+    params.machine = std::move(e->machine_);
+    e->machine_.reset();
   }
   auto sb = backend ? backend->Create(SpecFor(e->id, params, e->params.network))
                     : StatusOr<std::shared_ptr<backends::Sandbox>>(Unimplemented(

@@ -105,6 +105,9 @@ class SandboxEntry {
   std::string reason_ DSEC_GUARDED_BY(mu_);
   std::string create_error_ DSEC_GUARDED_BY(mu_);
   std::string start_image_ DSEC_GUARDED_BY(mu_);
+  // A fork with memory's saved machine (CreateParams::machine), until its create takes it:
+  // held no longer than that (params keeps none).
+  std::shared_ptr<const backends::MachineState> machine_ DSEC_GUARDED_BY(mu_);
   std::map<std::string, std::string> labels_ DSEC_GUARDED_BY(mu_);
   net::NetworkPolicy network_ DSEC_GUARDED_BY(mu_);  // the live policy (PATCH changes it)
   int64_t created_at_ DSEC_GUARDED_BY(mu_) = 0;

@@ -405,6 +405,9 @@ StatusOr<AgentLink> MicrovmInstance::Start() {
     DSEC_ASSIGN_OR_RETURN(protocol::Hello hello, TakeIdentity(&conn));
     shells = std::move(hello.shells);
     marks_.hello = MonotonicUs();
+    // Its source's state is not needed any more: its memory goes once every fork has it.
+    fork_.reset();
+    spec_.machine.reset();
   } else {
     DSEC_RETURN_IF_ERROR(Handshake(&conn));
   }
@@ -522,6 +525,10 @@ StatusOr<AgentLink> MicrovmInstance::Adopt(const std::string& handle) {
   if (!qmp.ok()) return qmp.status().WithContext("QMP of " + spec_.id);
   qmp_.emplace(std::move(*qmp));
   DSEC_ASSIGN_OR_RETURN(std::string run, qmp_->WaitStatus("query-status", {}, 5000));
+  // Whether its RAM is a memory backend (a clone's or a fork's): a fork of it must match.
+  if (auto memdevs = qmp_->Execute("query-memdev"); memdevs.ok() && memdevs->is_array())
+    for (const auto& m : *memdevs)
+      if (m.is_object() && m.value("id", "") == "mem") ram_object_ = true;
   // A stopped guest cannot answer: continued for the handshake, stopped again after.
   bool paused = run == "paused";
   if (paused) DSEC_RETURN_IF_ERROR(qmp_->Execute("cont").status());

@@ -390,6 +390,16 @@ TEST_F(MicrovmTest, AForkWithMemoryCarriesProcessesAndIsItsOwnMachine) {
   auto again = backend_->Adopt(Spec("vm-fork"), handle);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(Run(**again, "hostname").stdout_data, "vm-fork\n");
+  // A fork of that adopted fork: what its RAM is was found again (over QMP) on adoption.
+  auto state2 = (*again)->SaveMachine();
+  ASSERT_TRUE(state2.ok()) << state2.status().ToString();
+  SandboxSpec gs = Spec("vm-fork2");
+  gs.machine = *state2;
+  state2->reset();
+  auto grand = backend_->Create(gs);
+  ASSERT_TRUE(grand.ok()) << grand.status().ToString();
+  EXPECT_EQ(Run(**grand, "hostname; cat /workspace/only-fork").stdout_data, "vm-fork2\nf");
+  EXPECT_TRUE((*grand)->Destroy().ok());
 
   // A paused source is saved as it is and stays paused.
   ASSERT_TRUE((*src)->Pause().ok());
