@@ -6,7 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <poll.h>
+
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "backends/microvm/microvm_backend.h"
@@ -72,25 +75,42 @@ StatusOr<std::shared_ptr<const MachineState>> MicrovmInstance::SaveMachine(bool 
   out->ram_object = ram_object_;
   // QEMU writes the stream into a pipe and the edge copies it into the memfd: its pages are the
   // edge's to hold, not charged to the VM's cgroup (that has room for the guest's RAM once).
+  // At most the guest's RAM and its devices' state: a QEMU taken over by its guest cannot make
+  // the edge hold more.
+  const uint64_t max_bytes = (static_cast<uint64_t>(out->ram_mb) << 20) + (64u << 20);
   int p[2];
   if (pipe2(p, O_CLOEXEC) < 0) return ErrnoError("pipe for the VM's state");
   UniqueFd rd(p[0]), wr(p[1]);
   Status copied;
-  std::thread copier([&copied, &rd, fd = out->stream.get(), &bytes = out->bytes] {
+  std::atomic<bool> stop{false};  // the save is over: a QEMU that never closes is not waited for
+  std::thread copier([&, fd = out->stream.get()] {
     char buf[1 << 16];
+    int quiet = 0;  // 200-ms polls without a byte since the save was over
     while (true) {
+      pollfd pf{rd.get(), POLLIN, 0};
+      int ready = poll(&pf, 1, 200);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) {
+        if (!stop || ++quiet < 25) continue;
+        copied = DeadlineExceeded("QEMU did not finish the VM's state");
+        return;
+      }
       ssize_t n = read(rd.get(), buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) copied = ErrnoError("read the VM's state");
       if (n <= 0) return;
+      if (out->bytes + static_cast<uint64_t>(n) > max_bytes) {
+        copied = ResourceExhausted("the VM's state is larger than its memory");
+        return;
+      }
       copied = WriteAllFd(fd, std::string_view(buf, static_cast<size_t>(n)), "the VM's state");
       if (!copied.ok()) return;
-      bytes += static_cast<uint64_t>(n);
+      out->bytes += static_cast<uint64_t>(n);
     }
   });
   auto join = MakeScopeGuard([&] {
-    wr.Reset();
-    rd.Reset();  // (a QEMU still writing gets EPIPE, and the copier EOF or an error)
+    wr.Reset();  // (a save that never reached QEMU: EOF at once)
+    stop = true;
     if (copier.joinable()) copier.join();
   });
   auto migrate = [&]() -> Status {
@@ -117,7 +137,9 @@ StatusOr<std::shared_ptr<const MachineState>> MicrovmInstance::SaveMachine(bool 
     Status cont = qmp_->Execute("cont").status();
     if (saved.ok()) saved = cont;
   }
+  if (!saved.ok()) (void)qmp_->Execute("migrate_cancel");  // (QEMU closes its end)
   DSEC_RETURN_IF_ERROR(saved);
+  stop = true;
   if (copier.joinable()) copier.join();
   DSEC_RETURN_IF_ERROR(copied);
   DSEC_RETURN_IF_ERROR(Seal(out->stream.get(), "VM state"));
