@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from edge_harness import Client
+from edge_harness import KIND, Client
 
 # ---- a strict Prometheus text format (0.0.4) parser ---------------------------------------
 
@@ -219,10 +219,10 @@ def test_metrics(client, sandbox):
     # Sandboxes by state and kind agree with /v1/node.
     node = client.get("/v1/node", expect=200).json
     for state in ("creating", "running", "paused", "failed"):
-        v = value_of(fams, "dsec_sandboxes", state=state, kind="container")
+        v = value_of(fams, "dsec_sandboxes", state=state, kind=KIND or "container")
         assert v is not None, state
         assert v == node["usage"]["by_state"].get(state, 0), (state, v, node["usage"])
-    assert value_of(fams, "dsec_sandboxes", state="running") >= 1
+    assert value_of(fams, "dsec_sandboxes", state="running", kind=KIND or "container") >= 1
     assert value_of(fams, "dsec_sandbox_create_seconds", "dsec_sandbox_create_seconds_count") >= 1
     assert (value_of(fams, "dsec_exec_seconds", "dsec_exec_seconds_count")
             > value_of(fams0, "dsec_exec_seconds", "dsec_exec_seconds_count"))
