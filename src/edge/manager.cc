@@ -178,8 +178,13 @@ StatusOr<std::vector<SandboxRecord>> Manager::Create(
     const CreateParams& p, int count, bool wait,
     const std::function<void(std::function<void()>)>& background) {
   std::vector<std::shared_ptr<SandboxEntry>> made;
-  CreateParams stored = p;  // what the entries keep: not a fork's saved machine
-  stored.machine.reset();
+  // What the entries keep: not a fork's saved machine (copied only for such a fork).
+  std::optional<CreateParams> stripped;
+  if (p.machine) {
+    stripped = p;
+    stripped->machine.reset();
+  }
+  const CreateParams& stored = stripped ? *stripped : p;
   // Ready sandboxes from the pool first; whatever it lacks is created fresh, alike.
   std::vector<std::shared_ptr<backends::Sandbox>> pooled;
   if (!p.pool.empty()) {
@@ -300,8 +305,7 @@ StatusOr<SandboxRecord> Manager::CreateOne(const std::shared_ptr<SandboxEntry>& 
   {
     MutexLock l(e->mu_);
     if (!e->start_image_.empty()) params.image = e->start_image_;
-    params.machine = std::move(e->machine_);
-    e->machine_.reset();
+    params.machine = std::move(e->machine_);  // (leaves the entry's empty)
   }
   auto sb = backend ? backend->Create(SpecFor(e->id, params, e->params.network))
                     : StatusOr<std::shared_ptr<backends::Sandbox>>(Unimplemented(
